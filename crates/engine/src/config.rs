@@ -1,0 +1,143 @@
+//! Operator settings the engine applies: the default floor, limits, concurrency, uids.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plimsoll_sandbox::ResolvedLimits;
+use plimsoll_wire::{Limits, Tier};
+
+/// Default and maximum for every limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitPolicy {
+    /// Used when a request does not ask.
+    pub defaults: ResolvedLimits,
+    /// A request asking for more is refused (`request`).
+    pub maximums: ResolvedLimits,
+}
+
+impl Default for LimitPolicy {
+    fn default() -> Self {
+        const MIB: u64 = 1024 * 1024;
+        LimitPolicy {
+            defaults: ResolvedLimits {
+                timeout: Duration::from_secs(10),
+                memory_bytes: 1024 * MIB,
+                output_bytes: MIB,
+                pids: 64,
+                disk_bytes: 64 * MIB,
+                artifact_bytes: MIB,
+            },
+            maximums: ResolvedLimits {
+                timeout: Duration::from_secs(600),
+                memory_bytes: 8 * 1024 * MIB,
+                output_bytes: 64 * MIB,
+                pids: 1024,
+                disk_bytes: 4 * 1024 * MIB,
+                artifact_bytes: 64 * MIB,
+            },
+        }
+    }
+}
+
+impl LimitPolicy {
+    /// The request's ask, or the default; an ask above a maximum is an error naming it.
+    pub fn resolve(&self, asked: Option<&Limits>) -> Result<ResolvedLimits, String> {
+        let empty = Limits::default();
+        let a = asked.unwrap_or(&empty);
+        let d = &self.defaults;
+        let m = &self.maximums;
+        let pick = |name: &str, ask: Option<u64>, def: u64, max: u64| match ask {
+            None => Ok(def.min(max)),
+            Some(v) if v <= max => Ok(v),
+            Some(v) => Err(format!(
+                "limits.{name} = {v} is above this server's maximum {max}"
+            )),
+        };
+        let timeout_ms = pick(
+            "timeout_ms",
+            a.timeout_ms,
+            d.timeout.as_millis() as u64,
+            m.timeout.as_millis() as u64,
+        )?;
+        Ok(ResolvedLimits {
+            timeout: Duration::from_millis(timeout_ms),
+            memory_bytes: pick(
+                "memory_bytes",
+                a.memory_bytes,
+                d.memory_bytes,
+                m.memory_bytes,
+            )?,
+            output_bytes: pick(
+                "output_bytes",
+                a.output_bytes,
+                d.output_bytes,
+                m.output_bytes,
+            )?,
+            pids: pick("pids", a.pids, d.pids, m.pids)?,
+            disk_bytes: pick("disk_bytes", a.disk_bytes, d.disk_bytes, m.disk_bytes)?,
+            artifact_bytes: pick(
+                "artifact_bytes",
+                a.artifact_bytes,
+                d.artifact_bytes,
+                m.artifact_bytes,
+            )?,
+        })
+    }
+}
+
+/// Everything the engine needs to decide a run.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The floor a request gets when it sets none. `container` unless configured otherwise.
+    pub default_floor: Tier,
+    /// Limits.
+    pub limits: LimitPolicy,
+    /// Runs at once, over all callers.
+    pub max_concurrent: usize,
+    /// Runs at once per caller.
+    pub max_per_caller: usize,
+    /// The first of `max_concurrent` consecutive uids (and gids) runs are given; no two runs
+    /// at once share one. Must be unused on the host.
+    pub sandbox_uid_base: u32,
+    /// Where runs' directories live (`<state_dir>/runs/<run_id>`).
+    pub state_dir: PathBuf,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            default_floor: Tier::Container,
+            limits: LimitPolicy::default(),
+            max_concurrent: 8,
+            max_per_caller: 4,
+            sandbox_uid_base: 2_000_000,
+            state_dir: PathBuf::from("/var/lib/plimsoll"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_default_and_refuse_above_maximum() {
+        let p = LimitPolicy::default();
+        let r = p.resolve(None).unwrap();
+        assert_eq!(r, p.defaults);
+        let asked = Limits {
+            timeout_ms: Some(2500),
+            ..Limits::default()
+        };
+        assert_eq!(
+            p.resolve(Some(&asked)).unwrap().timeout,
+            Duration::from_millis(2500)
+        );
+        let asked = Limits {
+            pids: Some(1_000_000),
+            ..Limits::default()
+        };
+        let e = p.resolve(Some(&asked)).unwrap_err();
+        assert!(e.contains("limits.pids"), "{e}");
+    }
+}

@@ -1,0 +1,396 @@
+//! The engine proper: probes providers, checks the floor before dispatch, routes, admits,
+//! runs, and builds the response with its digests and record.
+
+use std::sync::{Arc, RwLock};
+
+use plimsoll_sandbox::{LaunchError, LaunchPlan, Probed, Provider};
+use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
+use plimsoll_wire::{
+    ErrorBody, ErrorResponse, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest,
+    RunResponse,
+};
+
+use crate::admission::Admission;
+use crate::config::EngineConfig;
+use crate::providers::AnyProvider;
+use crate::routing::{Candidate, route};
+
+/// A provider with its latest probe.
+#[derive(Debug)]
+struct Slot {
+    provider: AnyProvider,
+    probed: RwLock<Option<ProbedState>>,
+}
+
+#[derive(Debug, Clone)]
+struct ProbedState {
+    probed: Probed,
+    evidence_sha256: String,
+}
+
+/// The engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildEngineError {
+    /// No provider was configured: nothing would run, so nothing starts.
+    #[error("no provider is configured: configure at least one (for example `process`)")]
+    NoProviders,
+    /// Two providers share a name.
+    #[error("two providers are named `{0}`")]
+    DuplicateName(String),
+    /// A limit setting makes no sense.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// A run that did not give a result.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Refused before anything ran.
+    #[error("not dispatched ({reason}): {message}")]
+    Refused {
+        /// The caller's request id, when it could be read.
+        request_id: Option<String>,
+        /// Why.
+        reason: Reason,
+        /// What to do.
+        message: String,
+    },
+    /// Failed after the code may have started.
+    #[error("the run failed after it may have started on `{provider}`: {message}")]
+    Failed {
+        /// The caller's request id.
+        request_id: String,
+        /// The provider it was dispatched to.
+        provider: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+impl NotDispatched for RunError {
+    fn not_dispatched(&self) -> Option<Reason> {
+        match self {
+            RunError::Refused { reason, .. } => Some(*reason),
+            RunError::Failed { .. } => None,
+        }
+    }
+}
+
+impl RunError {
+    /// A refusal: nothing ran.
+    pub fn refused(request_id: Option<&str>, reason: Reason, message: impl Into<String>) -> Self {
+        RunError::Refused {
+            request_id: request_id.map(str::to_owned),
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// The caller's request id, if known.
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            RunError::Refused { request_id, .. } => request_id.as_deref(),
+            RunError::Failed { request_id, .. } => Some(request_id),
+        }
+    }
+
+    /// The wire form.
+    pub fn to_response(&self) -> ErrorResponse {
+        let (code, message, nd) = match self {
+            RunError::Refused {
+                reason, message, ..
+            } => (reason.as_str().to_owned(), message.clone(), Some(*reason)),
+            RunError::Failed { .. } => ("sandbox_failed".to_owned(), self.to_string(), None),
+        };
+        ErrorResponse {
+            protocol: PROTOCOL,
+            request_id: self.request_id().map(str::to_owned),
+            error: ErrorBody {
+                code,
+                message,
+                not_dispatched: nd,
+            },
+        }
+    }
+}
+
+/// The engine. Cheap to share behind an `Arc`; every method takes `&self`.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    slots: Vec<Slot>,
+    admission: Arc<Admission>,
+}
+
+impl Engine {
+    /// An engine over these providers. Refuses an empty list: with nothing configured,
+    /// nothing runs. Providers are not probed yet; call [`Engine::probe_all`].
+    pub fn new(
+        config: EngineConfig,
+        providers: Vec<AnyProvider>,
+    ) -> Result<Self, BuildEngineError> {
+        if providers.is_empty() {
+            return Err(BuildEngineError::NoProviders);
+        }
+        if config.max_concurrent == 0 || config.max_per_caller == 0 {
+            return Err(BuildEngineError::Invalid(
+                "max_concurrent and max_per_caller must be at least 1".into(),
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for p in &providers {
+            if !names.insert(p.name().to_owned()) {
+                return Err(BuildEngineError::DuplicateName(p.name().to_owned()));
+            }
+        }
+        let admission = Admission::new(config.max_concurrent, config.max_per_caller);
+        let slots = providers
+            .into_iter()
+            .map(|provider| Slot {
+                provider,
+                probed: RwLock::new(None),
+            })
+            .collect();
+        Ok(Engine {
+            config,
+            slots,
+            admission,
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Runs every provider's probe and keeps the evidence. Slow (it runs real sandboxes).
+    pub fn probe_all(&self) {
+        for slot in &self.slots {
+            self.probe_slot(slot);
+        }
+    }
+
+    /// Re-runs one provider's probe (after an unexpected failure, or periodically).
+    pub fn reprobe(&self, name: &str) {
+        if let Some(slot) = self.slots.iter().find(|s| s.provider.name() == name) {
+            self.probe_slot(slot);
+        }
+    }
+
+    fn probe_slot(&self, slot: &Slot) {
+        let probed = slot.provider.probe();
+        match &probed.available {
+            Ok(()) => {
+                tracing::info!(provider = slot.provider.name(), tier = %probed.tier, "provider available")
+            }
+            Err(why) => {
+                tracing::warn!(provider = slot.provider.name(), reason = %why, "provider withdrawn")
+            }
+        }
+        let evidence_sha256 = evidence_sha256(&probed.evidence);
+        *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
+            probed,
+            evidence_sha256,
+        });
+    }
+
+    /// Every configured provider, its tier, availability and evidence, cheapest first.
+    pub fn providers(&self) -> Vec<ProviderInfo> {
+        let mut out: Vec<(u32, ProviderInfo)> = self
+            .slots
+            .iter()
+            .filter_map(|slot| {
+                let st = slot
+                    .probed
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()?;
+                Some((
+                    slot.provider.cost(),
+                    ProviderInfo {
+                        name: slot.provider.name().to_owned(),
+                        isolation: st.probed.tier,
+                        available: st.probed.available.is_ok(),
+                        unavailable_reason: st.probed.available.err(),
+                        evidence: st.probed.evidence,
+                        evidence_sha256: st.evidence_sha256,
+                    },
+                ))
+            })
+            .collect();
+        out.sort_by_key(|(cost, _)| *cost);
+        out.into_iter().map(|(_, info)| info).collect()
+    }
+
+    /// True once every provider has been probed and at least one is available.
+    pub fn ready(&self) -> bool {
+        let states: Vec<Option<bool>> = self
+            .slots
+            .iter()
+            .map(|s| {
+                s.probed
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|st| st.probed.available.is_ok())
+            })
+            .collect();
+        states.iter().all(Option::is_some) && states.contains(&Some(true))
+    }
+
+    /// Runs in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.admission.in_flight()
+    }
+
+    /// Runs one request for `caller`. Blocks until the run is over. Every refusal comes
+    /// before anything starts and carries its reason.
+    pub fn run(&self, caller: &str, req: &RunRequest) -> Result<RunResponse, RunError> {
+        let id = Some(req.request_id.as_str());
+        req.validate()
+            .map_err(|r| RunError::refused(r.request_id.as_deref().or(id), r.reason, r.message))?;
+        let limits = self
+            .config
+            .limits
+            .resolve(req.limits.as_ref())
+            .map_err(|m| RunError::refused(id, Reason::Request, m))?;
+        if req.grant.is_some() {
+            // No grant profiles exist until the broker lands; an unknown profile and a
+            // forbidden one get the same answer so names cannot be probed.
+            return Err(RunError::refused(
+                id,
+                Reason::Permission,
+                "grant not allowed: this caller may not use that grant profile",
+            ));
+        }
+        let floor = req.minimum_isolation.unwrap_or(self.config.default_floor);
+
+        // Snapshot every provider's state once, so the floor check and the dispatch agree.
+        let states: Vec<Option<ProbedState>> = self
+            .slots
+            .iter()
+            .map(|s| s.probed.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .collect();
+        let supports: Vec<Result<(), String>> = self
+            .slots
+            .iter()
+            .map(|s| s.provider.supports(&req.run))
+            .collect();
+        let candidates: Vec<Candidate<'_>> = self
+            .slots
+            .iter()
+            .zip(&states)
+            .zip(&supports)
+            .map(|((slot, st), sup)| Candidate {
+                name: slot.provider.name(),
+                tier: st
+                    .as_ref()
+                    .map_or(slot.provider.nominal_tier(), |s| s.probed.tier),
+                cost: slot.provider.cost(),
+                available: match st {
+                    None => Err("not probed yet"),
+                    Some(s) => s
+                        .probed
+                        .available
+                        .as_ref()
+                        .map(|_| ())
+                        .map_err(String::as_str),
+                },
+                supports: sup.as_ref().map(|_| ()).map_err(String::as_str),
+            })
+            .collect();
+        let chosen = route(&candidates, floor, req.provider.as_deref())
+            .map_err(|e| RunError::refused(id, e.reason, e.message))?;
+        let index = self
+            .slots
+            .iter()
+            .position(|s| s.provider.name() == chosen)
+            .expect("routed to a slot");
+        let slot = &self.slots[index];
+        let state = states[index].clone().expect("routed providers are probed");
+        // The floor is checked once more against the exact evidence the run will carry.
+        if state.probed.tier < floor {
+            return Err(RunError::refused(
+                id,
+                Reason::Isolation,
+                "the chosen provider fell below the floor",
+            ));
+        }
+
+        let permit = self
+            .admission
+            .try_admit(caller)
+            .map_err(|m| RunError::refused(id, Reason::Capacity, m))?;
+        let run_id = new_run_id();
+        let plan = LaunchPlan {
+            run_id: run_id.clone(),
+            request_id: req.request_id.clone(),
+            spec: req.run.clone(),
+            limits,
+            uid: self.config.sandbox_uid_base + permit.slot() as u32,
+            gid: self.config.sandbox_uid_base + permit.slot() as u32,
+            run_dir: self.config.state_dir.join("runs").join(&run_id),
+        };
+        tracing::info!(
+            request_id = %req.request_id, run_id = %run_id, caller, provider = chosen,
+            tier = %state.probed.tier, "dispatching"
+        );
+        let outcome = slot.provider.run(&plan);
+        drop(permit);
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(LaunchError::NotStarted { reason, message }) => {
+                tracing::warn!(request_id = %req.request_id, provider = chosen, %message, "launch failed before start");
+                self.reprobe(chosen);
+                return Err(RunError::refused(id, reason, message));
+            }
+            Err(LaunchError::Failed { message }) => {
+                tracing::error!(request_id = %req.request_id, provider = chosen, %message, "run failed");
+                self.reprobe(chosen);
+                return Err(RunError::Failed {
+                    request_id: req.request_id.clone(),
+                    provider: chosen.to_owned(),
+                    message,
+                });
+            }
+        };
+
+        let request_sha = request_sha256(req);
+        let result_sha = result_sha256(&outcome.result);
+        let mut record = RunRecord {
+            request_id: req.request_id.clone(),
+            request_sha256: request_sha.clone(),
+            result_sha256: result_sha.clone(),
+            provider: chosen.to_owned(),
+            isolation: state.probed.tier,
+            evidence_sha256: state.evidence_sha256.clone(),
+            environment: state.probed.evidence.environment.clone(),
+            started_unix_ms: outcome.started_unix_ms,
+            ended_unix_ms: outcome.ended_unix_ms,
+            record_sha256: String::new(),
+        };
+        record.record_sha256 = record_sha256(&record);
+        tracing::info!(
+            request_id = %req.request_id, provider = chosen, exit_code = ?outcome.result.exit_code,
+            timed_out = outcome.result.timed_out, "run complete"
+        );
+        Ok(RunResponse {
+            protocol: PROTOCOL,
+            request_id: req.request_id.clone(),
+            provider: chosen.to_owned(),
+            isolation: state.probed.tier,
+            duration_ms: outcome
+                .ended_unix_ms
+                .saturating_sub(outcome.started_unix_ms),
+            request_sha256: request_sha,
+            result_sha256: result_sha,
+            result: outcome.result,
+            record,
+        })
+    }
+}
+
+fn new_run_id() -> String {
+    let bytes: [u8; 12] = rand::random();
+    hex::encode(bytes)
+}

@@ -1,0 +1,20 @@
+//! The engine: a library that runs requests on providers, usable in-process without any
+//! daemon. It decides policy (floor, provider, limits, uid) and hands providers one fully
+//! resolved [`LaunchPlan`](plimsoll_sandbox::LaunchPlan).
+
+mod admission;
+mod config;
+mod engine;
+mod providers;
+mod routing;
+
+pub use admission::{Admission, Permit};
+pub use config::{EngineConfig, LimitPolicy};
+pub use engine::{BuildEngineError, Engine, RunError};
+pub use plimsoll_sandbox::ResolvedLimits;
+pub use plimsoll_wire::{NotDispatched, Reason, not_dispatched_reason};
+pub use providers::AnyProvider;
+pub use routing::{Candidate, RouteError, route};
+
+/// The engine's version, reported as the environment identity of runs without an image.
+pub const ENGINE_VERSION: &str = concat!("plimsoll-engine/", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,41 @@
+//! The closed set of providers, dispatched through one enum.
+
+use plimsoll_process::ProcessProvider;
+use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider};
+use plimsoll_wire::{RunSpec, Tier};
+
+/// Every provider family plimsoll has.
+#[derive(Debug)]
+pub enum AnyProvider {
+    /// A hardened child process.
+    Process(ProcessProvider),
+}
+
+impl AnyProvider {
+    fn inner(&self) -> &dyn Provider {
+        match self {
+            AnyProvider::Process(p) => p,
+        }
+    }
+}
+
+impl Provider for AnyProvider {
+    fn name(&self) -> &str {
+        self.inner().name()
+    }
+    fn nominal_tier(&self) -> Tier {
+        self.inner().nominal_tier()
+    }
+    fn cost(&self) -> u32 {
+        self.inner().cost()
+    }
+    fn supports(&self, spec: &RunSpec) -> Result<(), String> {
+        self.inner().supports(spec)
+    }
+    fn probe(&self) -> Probed {
+        self.inner().probe()
+    }
+    fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+        self.inner().run(plan)
+    }
+}

@@ -1,0 +1,132 @@
+//! What every provider shares: the [`Provider`] trait, the fully resolved [`LaunchPlan`] the
+//! engine hands it, and the errors a launch can end in.
+//!
+//! Policy is decided before a plan exists (by the engine); code here and in the providers
+//! applies a plan and never re-decides it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plimsoll_wire::{Evidence, Reason, RunResult, RunSpec, Tier};
+
+/// Limits with every value decided: the request's ask, bounded by the operator's maximums,
+/// or the operator's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResolvedLimits {
+    /// Wall-clock budget of the whole run.
+    pub timeout: Duration,
+    /// Memory, in bytes.
+    pub memory_bytes: u64,
+    /// Bytes kept per output stream per step.
+    pub output_bytes: u64,
+    /// Processes and threads at once.
+    pub pids: u64,
+    /// Writable disk, in bytes.
+    pub disk_bytes: u64,
+    /// Bytes kept per artifact.
+    pub artifact_bytes: u64,
+}
+
+/// Everything a provider needs to run one request, fully decided.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    /// A fresh id for this sandbox, unique on this host; names its directory, container,
+    /// cgroup. Never the caller's request id, which the caller chooses.
+    pub run_id: String,
+    /// The caller's request id, for logs only.
+    pub request_id: String,
+    /// What to run.
+    pub spec: RunSpec,
+    /// Limits.
+    pub limits: ResolvedLimits,
+    /// The unprivileged uid the code runs as; no other run holds it at the same time.
+    pub uid: u32,
+    /// The gid the code runs as.
+    pub gid: u32,
+    /// Where the provider may keep this run's files; created by the provider, removed after.
+    pub run_dir: PathBuf,
+}
+
+/// What a provider returns for a run that happened.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The result.
+    pub result: RunResult,
+    /// When the sandbox was started, Unix milliseconds.
+    pub started_unix_ms: u64,
+    /// When the result was complete, Unix milliseconds.
+    pub ended_unix_ms: u64,
+}
+
+/// Why a launch did not give a result.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Failed before any code of the request started (setting up the sandbox). Nothing ran.
+    #[error("{message}")]
+    NotStarted {
+        /// The refusal reason (usually `environment`).
+        reason: Reason,
+        /// What failed and what to do.
+        message: String,
+    },
+    /// Failed after the code may have started. Never safe to retry blindly.
+    #[error("{message}")]
+    Failed {
+        /// What failed.
+        message: String,
+    },
+}
+
+impl LaunchError {
+    /// A setup failure before anything ran.
+    pub fn environment(message: impl Into<String>) -> Self {
+        LaunchError::NotStarted {
+            reason: Reason::Environment,
+            message: message.into(),
+        }
+    }
+
+    /// A failure after the code may have started.
+    pub fn failed(message: impl Into<String>) -> Self {
+        LaunchError::Failed {
+            message: message.into(),
+        }
+    }
+}
+
+/// The outcome of a provider's startup probe.
+#[derive(Debug, Clone)]
+pub struct Probed {
+    /// The tier the evidence supports (a VM under TCG says `kernel`).
+    pub tier: Tier,
+    /// What was checked.
+    pub evidence: Evidence,
+    /// `Ok` when every check passed; otherwise why the provider is not offered and what to do.
+    pub available: Result<(), String>,
+}
+
+/// A provider family: one kind of wall.
+pub trait Provider: Send + Sync {
+    /// The name requests and results use.
+    fn name(&self) -> &str;
+    /// The tier this provider is built to give; the probe's evidence may say less.
+    fn nominal_tier(&self) -> Tier;
+    /// A rough start-up cost, used to prefer the cheapest provider among those that meet a
+    /// floor (lower is cheaper; about a trivial run's milliseconds).
+    fn cost(&self) -> u32;
+    /// `Err(why)` when this provider cannot do this kind of run at all.
+    fn supports(&self, spec: &RunSpec) -> Result<(), String>;
+    /// Runs the probe inside the wall and judges what it saw. Slow; called at start-up and
+    /// when evidence is re-checked.
+    fn probe(&self) -> Probed;
+    /// Runs one plan. Blocks until the run is over and its sandbox is gone.
+    fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError>;
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

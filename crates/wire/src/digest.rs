@@ -1,0 +1,364 @@
+//! The digest encoding of requests, results, records and evidence (docs/protocol.md).
+//!
+//! An encoding is `frame(domain)` followed by the present fields in a fixed order, each as
+//! `frame(name) ‖ frame(value)`, where `frame(x)` is the length of `x` as a big-endian u64
+//! followed by `x`. Absent optional fields and empty lists are left out, so adding an optional
+//! field later keeps every old digest. The digest is SHA-256 of the encoding, in lowercase hex.
+
+use sha2::{Digest, Sha256};
+
+use crate::{
+    Evidence, Limits, Project, RunRecord, RunRequest, RunResult, RunSpec, Snippet, StepResult, Tier,
+};
+
+/// Domain string of the request encoding.
+pub const REQUEST_DOMAIN: &str = "plimsoll/run-request/v1";
+/// Domain string of the result encoding.
+pub const RESULT_DOMAIN: &str = "plimsoll/run-result/v1";
+/// Domain string of the record encoding.
+pub const RECORD_DOMAIN: &str = "plimsoll/run-record/v1";
+
+/// Builds one encoding: a sequence of named, length-prefixed fields.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    buf: Vec<u8>,
+}
+
+fn frame(buf: &mut Vec<u8>, bytes: &[u8]) {
+    buf.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+    buf.extend_from_slice(bytes);
+}
+
+impl Encoder {
+    /// A top-level encoding, opened by its domain string.
+    pub fn with_domain(domain: &str) -> Self {
+        let mut e = Encoder::default();
+        frame(&mut e.buf, domain.as_bytes());
+        e
+    }
+
+    /// A nested value's encoding: fields only, no domain.
+    pub fn nested() -> Self {
+        Encoder::default()
+    }
+
+    /// A field with raw bytes as its value.
+    pub fn bytes(&mut self, name: &str, value: &[u8]) -> &mut Self {
+        frame(&mut self.buf, name.as_bytes());
+        frame(&mut self.buf, value);
+        self
+    }
+
+    /// A UTF-8 string field.
+    pub fn str(&mut self, name: &str, value: &str) -> &mut Self {
+        self.bytes(name, value.as_bytes())
+    }
+
+    /// An unsigned integer field: 8 bytes, big-endian.
+    pub fn u64(&mut self, name: &str, value: u64) -> &mut Self {
+        self.bytes(name, &value.to_be_bytes())
+    }
+
+    /// A signed integer field: 8 bytes, big-endian two's complement.
+    pub fn i64(&mut self, name: &str, value: i64) -> &mut Self {
+        self.bytes(name, &value.to_be_bytes())
+    }
+
+    /// A boolean field: one byte, 0 or 1.
+    pub fn bool(&mut self, name: &str, value: bool) -> &mut Self {
+        self.bytes(name, &[u8::from(value)])
+    }
+
+    /// A float field: its IEEE 754 binary64 bits, 8 bytes, big-endian.
+    pub fn f64(&mut self, name: &str, value: f64) -> &mut Self {
+        self.bytes(name, &value.to_bits().to_be_bytes())
+    }
+
+    /// A tier field: its lowercase name.
+    pub fn tier(&mut self, name: &str, value: Tier) -> &mut Self {
+        self.str(name, value.as_str())
+    }
+
+    /// A nested value: the nested encoding's bytes.
+    pub fn nest(&mut self, name: &str, value: &Encoder) -> &mut Self {
+        self.bytes(name, &value.buf)
+    }
+
+    /// A list: the count as a big-endian u64, then each item framed. Left out when empty.
+    pub fn list<I: IntoIterator<Item = Vec<u8>>>(&mut self, name: &str, items: I) -> &mut Self {
+        let items: Vec<Vec<u8>> = items.into_iter().collect();
+        if items.is_empty() {
+            return self;
+        }
+        let mut value = (items.len() as u64).to_be_bytes().to_vec();
+        for item in &items {
+            frame(&mut value, item);
+        }
+        self.bytes(name, &value)
+    }
+
+    /// The encoding's bytes.
+    pub fn finish(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
+/// Lowercase hex SHA-256 of some bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn encode_limits(l: &Limits) -> Encoder {
+    let mut e = Encoder::nested();
+    let fields = [
+        ("timeout_ms", l.timeout_ms),
+        ("memory_bytes", l.memory_bytes),
+        ("output_bytes", l.output_bytes),
+        ("pids", l.pids),
+        ("disk_bytes", l.disk_bytes),
+        ("artifact_bytes", l.artifact_bytes),
+    ];
+    for (name, value) in fields {
+        if let Some(v) = value {
+            e.u64(name, v);
+        }
+    }
+    e
+}
+
+fn encode_run(run: &RunSpec) -> Encoder {
+    let mut e = Encoder::nested();
+    e.str("kind", run.kind());
+    match run {
+        RunSpec::Snippet(Snippet { language, code }) => {
+            e.str("language", language.as_str()).str("code", code);
+        }
+        RunSpec::Project(Project {
+            files,
+            steps,
+            artifacts,
+        }) => {
+            e.list(
+                "files",
+                files.iter().map(|f| {
+                    let mut fe = Encoder::nested();
+                    fe.str("path", &f.path)
+                        .bytes("content", f.content.as_slice())
+                        .bool("executable", f.executable);
+                    fe.finish()
+                }),
+            );
+            e.list(
+                "steps",
+                steps.iter().map(|s| {
+                    let mut se = Encoder::nested();
+                    if let Some(name) = &s.name {
+                        se.str("name", name);
+                    }
+                    se.str("run", &s.run);
+                    se.finish()
+                }),
+            );
+            e.list("artifacts", artifacts.iter().map(|a| a.as_bytes().to_vec()));
+        }
+    }
+    e
+}
+
+/// The request's digest encoding. The request id is not part of it.
+pub fn encode_request(r: &RunRequest) -> Vec<u8> {
+    let mut e = Encoder::with_domain(REQUEST_DOMAIN);
+    e.u64("protocol", u64::from(r.protocol));
+    if let Some(t) = r.minimum_isolation {
+        e.tier("minimum_isolation", t);
+    }
+    if let Some(p) = &r.provider {
+        e.str("provider", p);
+    }
+    if let Some(l) = &r.limits {
+        e.nest("limits", &encode_limits(l));
+    }
+    e.nest("run", &encode_run(&r.run));
+    if let Some(g) = &r.grant {
+        e.str("grant", g);
+    }
+    e.finish()
+}
+
+/// SHA-256 of [`encode_request`].
+pub fn request_sha256(r: &RunRequest) -> String {
+    sha256_hex(&encode_request(r))
+}
+
+/// The fields a whole result and a step share, in encoding order.
+struct Outcome<'a> {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: bool,
+    oom_killed: bool,
+    stdout: &'a [u8],
+    stdout_truncated: bool,
+    stderr: &'a [u8],
+    stderr_truncated: bool,
+}
+
+fn encode_outcome(e: &mut Encoder, o: &Outcome<'_>) {
+    if let Some(c) = o.exit_code {
+        e.i64("exit_code", i64::from(c));
+    }
+    if let Some(s) = o.signal {
+        e.i64("signal", i64::from(s));
+    }
+    e.bool("timed_out", o.timed_out)
+        .bool("oom_killed", o.oom_killed)
+        .bytes("stdout", o.stdout)
+        .bool("stdout_truncated", o.stdout_truncated)
+        .bytes("stderr", o.stderr)
+        .bool("stderr_truncated", o.stderr_truncated);
+}
+
+fn encode_step(s: &StepResult) -> Vec<u8> {
+    let mut e = Encoder::nested();
+    if let Some(name) = &s.name {
+        e.str("name", name);
+    }
+    encode_outcome(
+        &mut e,
+        &Outcome {
+            exit_code: s.exit_code,
+            signal: s.signal,
+            timed_out: s.timed_out,
+            oom_killed: s.oom_killed,
+            stdout: s.stdout.as_slice(),
+            stdout_truncated: s.stdout_truncated,
+            stderr: s.stderr.as_slice(),
+            stderr_truncated: s.stderr_truncated,
+        },
+    );
+    e.finish()
+}
+
+/// The result's digest encoding. Durations are not part of it, so a deterministic run
+/// replayed gives the same digest.
+pub fn encode_result(r: &RunResult) -> Vec<u8> {
+    let mut e = Encoder::with_domain(RESULT_DOMAIN);
+    encode_outcome(
+        &mut e,
+        &Outcome {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            timed_out: r.timed_out,
+            oom_killed: r.oom_killed,
+            stdout: r.stdout.as_slice(),
+            stdout_truncated: r.stdout_truncated,
+            stderr: r.stderr.as_slice(),
+            stderr_truncated: r.stderr_truncated,
+        },
+    );
+    e.list("steps", r.steps.iter().map(encode_step));
+    e.list(
+        "artifacts",
+        r.artifacts.iter().map(|a| {
+            let mut ae = Encoder::nested();
+            ae.str("path", &a.path)
+                .bool("found", a.found)
+                .u64("size", a.size)
+                .bytes("content", a.content.as_slice())
+                .bool("truncated", a.truncated);
+            ae.finish()
+        }),
+    );
+    e.finish()
+}
+
+/// SHA-256 of [`encode_result`].
+pub fn result_sha256(r: &RunResult) -> String {
+    sha256_hex(&encode_result(r))
+}
+
+/// The record's digest encoding: every field but `record_sha256`.
+pub fn encode_record(r: &RunRecord) -> Vec<u8> {
+    let mut e = Encoder::with_domain(RECORD_DOMAIN);
+    e.str("request_id", &r.request_id)
+        .str("request_sha256", &r.request_sha256)
+        .str("result_sha256", &r.result_sha256)
+        .str("provider", &r.provider)
+        .tier("isolation", r.isolation)
+        .str("evidence_sha256", &r.evidence_sha256)
+        .str("environment", &r.environment)
+        .u64("started_unix_ms", r.started_unix_ms)
+        .u64("ended_unix_ms", r.ended_unix_ms);
+    e.finish()
+}
+
+/// SHA-256 of [`encode_record`].
+pub fn record_sha256(r: &RunRecord) -> String {
+    sha256_hex(&encode_record(r))
+}
+
+/// The canonical JSON of evidence: object keys sorted bytewise (all keys are ASCII), no
+/// whitespace, absent optional fields left out.
+pub fn canonical_evidence_json(e: &Evidence) -> Vec<u8> {
+    // serde_json's Value keeps object keys in a BTreeMap (no `preserve_order`), so
+    // serialising through it sorts every object's keys.
+    let value = serde_json::to_value(e).expect("evidence serialises");
+    serde_json::to_vec(&value).expect("a JSON value serialises")
+}
+
+/// SHA-256 of [`canonical_evidence_json`].
+pub fn evidence_sha256(e: &Evidence) -> String {
+    sha256_hex(&canonical_evidence_json(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_length_prefixed() {
+        let mut e = Encoder::with_domain("d");
+        e.str("a", "bc");
+        assert_eq!(
+            e.finish(),
+            [
+                &[0, 0, 0, 0, 0, 0, 0, 1][..],
+                b"d",
+                &[0, 0, 0, 0, 0, 0, 0, 1],
+                b"a",
+                &[0, 0, 0, 0, 0, 0, 0, 2],
+                b"bc"
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn empty_lists_are_left_out() {
+        let mut e = Encoder::nested();
+        e.list("xs", Vec::<Vec<u8>>::new());
+        assert!(e.finish().is_empty());
+    }
+
+    #[test]
+    fn evidence_json_is_canonical() {
+        let ev = Evidence {
+            provider: "p".into(),
+            isolation: Tier::Process,
+            config: [
+                ("z".to_string(), "1".to_string()),
+                ("a".to_string(), "2".to_string()),
+            ]
+            .into(),
+            binaries: vec![],
+            probe: None,
+            checks: Default::default(),
+            environment: "e".into(),
+            checked_unix_ms: 5,
+        };
+        let json = String::from_utf8(canonical_evidence_json(&ev)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"binaries":[],"checked_unix_ms":5,"checks":{},"config":{"a":"2","z":"1"},"environment":"e","isolation":"process","provider":"p"}"#
+        );
+    }
+}

@@ -1,0 +1,31 @@
+//! The wire contract of plimsoll: every type that crosses a process boundary, the refusal
+//! marks, and the digest encoding of requests, results and records.
+//!
+//! This crate does no I/O. It is the one place that derives `Serialize`/`Deserialize` for
+//! types that travel between the daemon, its clients and the programs run inside sandboxes.
+
+mod bytes;
+pub mod digest;
+mod error;
+mod provider;
+mod request;
+mod result;
+mod tier;
+
+pub use bytes::Bytes;
+pub use error::{
+    ErrorBody, ErrorResponse, NotDispatched, Reason, RequestRejection, not_dispatched_reason,
+};
+pub use provider::{
+    BinaryIdentity, Evidence, NamespaceSeen, ProbeReport, ProviderInfo, ProvidersResponse,
+};
+pub use request::{
+    Language, Limits, Project, ProjectFile, RunRequest, RunSpec, Snippet, Step, parse_request,
+    validate_request_id,
+};
+pub use result::{Artifact, RunRecord, RunResponse, RunResult, StepResult};
+pub use tier::{ParseTierError, Tier};
+
+/// The protocol number this crate speaks. A request carrying another number is refused with
+/// [`Reason::Protocol`] before anything runs.
+pub const PROTOCOL: u32 = 1;

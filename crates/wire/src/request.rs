@@ -1,0 +1,418 @@
+//! Run requests: what a caller asks to run, under which floor and limits.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Reason, RequestRejection};
+use crate::{Bytes, PROTOCOL, Tier};
+
+/// One run, as the caller sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Must equal [`PROTOCOL`].
+    pub protocol: u32,
+    /// Chosen by the caller, echoed on every answer; 1 to 128 characters of `A-Z a-z 0-9 . _ : -`.
+    /// Not part of the request digest, so a replay has the same digest.
+    pub request_id: String,
+    /// The floor: the weakest tier the caller accepts. `None` takes the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimum_isolation: Option<Tier>,
+    /// Run on this provider only (it must still meet the floor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Limits the caller asks for; each absent one takes the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// What to run.
+    pub run: RunSpec,
+    /// The name of a grant profile defined by the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+}
+
+/// Limits a request may ask for. The operator's maximums bound every one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock budget for the whole run, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Memory for the sandbox, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// Bytes kept per output stream (stdout, stderr) per step; the rest is dropped and flagged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<u64>,
+    /// Processes and threads the sandbox may hold at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    /// Writable disk for the sandbox, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// Bytes kept per returned artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_bytes: Option<u64>,
+}
+
+/// The kinds of run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RunSpec {
+    /// A piece of code in one language.
+    Snippet(Snippet),
+    /// Files, shell steps run in order, artifacts to return.
+    Project(Project),
+}
+
+impl RunSpec {
+    /// `snippet` or `project`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RunSpec::Snippet(_) => "snippet",
+            RunSpec::Project(_) => "project",
+        }
+    }
+}
+
+/// A snippet: a language and its code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snippet {
+    /// The language.
+    pub language: Language,
+    /// The source text; must not be empty.
+    pub code: String,
+}
+
+/// Snippet languages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    /// Run by node.
+    Javascript,
+    /// Run by python3.
+    Python,
+}
+
+impl Language {
+    /// The lowercase wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Javascript => "javascript",
+            Language::Python => "python",
+        }
+    }
+}
+
+impl std::str::FromStr for Language {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "javascript" | "js" => Ok(Language::Javascript),
+            "python" | "py" => Ok(Language::Python),
+            other => Err(format!(
+                "unknown language `{other}`: use javascript or python"
+            )),
+        }
+    }
+}
+
+/// A project: files written under `/work`, steps run in order, artifacts returned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Project {
+    /// Files to write before the first step.
+    #[serde(default)]
+    pub files: Vec<ProjectFile>,
+    /// Shell steps, run in order; the first that fails stops the run. At least one.
+    pub steps: Vec<Step>,
+    /// Paths under `/work` to return after the steps.
+    #[serde(default)]
+    pub artifacts: Vec<String>,
+}
+
+/// A file of a project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectFile {
+    /// Relative path under `/work`, `/`-separated, no `.` or `..` segments.
+    pub path: String,
+    /// The exact content.
+    pub content: Bytes,
+    /// Mark the file executable.
+    #[serde(default)]
+    pub executable: bool,
+}
+
+/// One shell step of a project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    /// A label for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The command, run by `/bin/sh -c` in `/work`.
+    pub run: String,
+}
+
+/// Checks a request id: 1 to 128 characters of `A-Z a-z 0-9 . _ : -`.
+pub fn validate_request_id(id: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');
+    if id.is_empty() || id.len() > 128 || !id.chars().all(ok_char) {
+        return Err(format!(
+            "request_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : - (got {} characters)",
+            id.chars().count()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a project path: relative, `/`-separated, no empty, `.` or `..` segment, no NUL or
+/// backslash, at most 4096 bytes.
+fn validate_project_path(path: &str) -> Result<(), String> {
+    let bad = path.is_empty()
+        || path.len() > 4096
+        || path.starts_with('/')
+        || path.contains('\0')
+        || path.contains('\\')
+        || path
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..");
+    if bad {
+        return Err(format!(
+            "path `{}` must be relative to /work, with no empty, `.` or `..` segments",
+            path.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+impl RunRequest {
+    /// Structural checks that need no operator settings. Limits against maximums and the
+    /// floor against providers are the engine's job.
+    pub fn validate(&self) -> Result<(), RequestRejection> {
+        let reject = |message: String| RequestRejection {
+            request_id: Some(self.request_id.clone()),
+            reason: Reason::Request,
+            message,
+        };
+        if self.protocol != PROTOCOL {
+            return Err(RequestRejection {
+                request_id: Some(self.request_id.clone()),
+                reason: Reason::Protocol,
+                message: format!(
+                    "protocol {} is not served: this server speaks protocol {PROTOCOL}",
+                    self.protocol
+                ),
+            });
+        }
+        validate_request_id(&self.request_id).map_err(|m| RequestRejection {
+            request_id: None,
+            reason: Reason::Request,
+            message: m,
+        })?;
+        if let Some(p) = &self.provider
+            && p.is_empty()
+        {
+            return Err(reject(
+                "provider must not be empty: omit it to let the server choose".into(),
+            ));
+        }
+        if let Some(limits) = &self.limits {
+            let all = [
+                ("timeout_ms", limits.timeout_ms),
+                ("memory_bytes", limits.memory_bytes),
+                ("output_bytes", limits.output_bytes),
+                ("pids", limits.pids),
+                ("disk_bytes", limits.disk_bytes),
+                ("artifact_bytes", limits.artifact_bytes),
+            ];
+            for (name, value) in all {
+                if value == Some(0) {
+                    return Err(reject(format!("limits.{name} must be greater than 0")));
+                }
+            }
+        }
+        match &self.run {
+            RunSpec::Snippet(s) => {
+                if s.code.trim().is_empty() {
+                    return Err(reject("run.code is empty: send the code to run".into()));
+                }
+            }
+            RunSpec::Project(p) => {
+                if p.steps.is_empty() {
+                    return Err(reject(
+                        "run.steps is empty: a project needs at least one step".into(),
+                    ));
+                }
+                for (i, step) in p.steps.iter().enumerate() {
+                    if step.run.trim().is_empty() {
+                        return Err(reject(format!("run.steps[{i}].run is empty")));
+                    }
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for f in &p.files {
+                    validate_project_path(&f.path)
+                        .map_err(|m| reject(format!("run.files: {m}")))?;
+                    if !seen.insert(f.path.as_str()) {
+                        return Err(reject(format!("run.files: `{}` appears twice", f.path)));
+                    }
+                }
+                for a in &p.artifacts {
+                    validate_project_path(a).map_err(|m| reject(format!("run.artifacts: {m}")))?;
+                }
+            }
+        }
+        if let Some(g) = &self.grant
+            && g.is_empty()
+        {
+            return Err(reject(
+                "grant must not be empty: omit it for a run without grants".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses and checks a request body. The protocol number is checked before the rest, so a
+/// request from a future protocol gets `protocol`, not `request`. Nothing ran on any error.
+pub fn parse_request(body: &[u8]) -> Result<RunRequest, RequestRejection> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| RequestRejection {
+        request_id: None,
+        reason: Reason::Request,
+        message: format!("the body is not valid JSON ({e}): send a JSON run request"),
+    })?;
+    let obj = value.as_object().ok_or_else(|| RequestRejection {
+        request_id: None,
+        reason: Reason::Request,
+        message: "the body must be a JSON object".into(),
+    })?;
+    let request_id = obj
+        .get("request_id")
+        .and_then(|v| v.as_str())
+        .filter(|id| validate_request_id(id).is_ok())
+        .map(str::to_owned);
+    match obj.get("protocol") {
+        Some(v) if v.as_u64() == Some(u64::from(PROTOCOL)) => {}
+        Some(v) => {
+            return Err(RequestRejection {
+                request_id,
+                reason: Reason::Protocol,
+                message: format!(
+                    "protocol {v} is not served: this server speaks protocol {PROTOCOL}"
+                ),
+            });
+        }
+        None => {
+            return Err(RequestRejection {
+                request_id,
+                reason: Reason::Protocol,
+                message: format!("the request has no `protocol`: set \"protocol\": {PROTOCOL}"),
+            });
+        }
+    }
+    let request: RunRequest = serde_json::from_value(value).map_err(|e| RequestRejection {
+        request_id: request_id.clone(),
+        reason: Reason::Request,
+        message: format!("the request does not match protocol {PROTOCOL}: {e}"),
+    })?;
+    request.validate()?;
+    Ok(request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(extra: &str) -> String {
+        format!(
+            r#"{{"protocol":1,"request_id":"r-1","run":{{"kind":"snippet","language":"python","code":"print(1)"}}{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn parses_a_snippet() {
+        let r = parse_request(body("").as_bytes()).unwrap();
+        assert_eq!(r.request_id, "r-1");
+        assert!(matches!(
+            r.run,
+            RunSpec::Snippet(Snippet {
+                language: Language::Python,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_as_request() {
+        let e = parse_request(body(r#","colour":"red""#).as_bytes()).unwrap_err();
+        assert_eq!(e.reason, Reason::Request);
+        assert_eq!(e.request_id.as_deref(), Some("r-1"));
+        assert!(e.message.contains("colour"), "{}", e.message);
+        let nested = r#"{"protocol":1,"request_id":"r","run":{"kind":"snippet","language":"python","code":"1","x":1}}"#;
+        assert_eq!(
+            parse_request(nested.as_bytes()).unwrap_err().reason,
+            Reason::Request
+        );
+    }
+
+    #[test]
+    fn wrong_or_missing_protocol_is_protocol() {
+        let e = parse_request(
+            body("")
+                .replace(r#""protocol":1"#, r#""protocol":2"#)
+                .as_bytes(),
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, Reason::Protocol);
+        assert_eq!(e.request_id.as_deref(), Some("r-1"));
+        let e = parse_request(body("").replace(r#""protocol":1,"#, "").as_bytes()).unwrap_err();
+        assert_eq!(e.reason, Reason::Protocol);
+    }
+
+    #[test]
+    fn malformed_json_unknown_tier_and_empty_code_are_request() {
+        assert_eq!(parse_request(b"{nope").unwrap_err().reason, Reason::Request);
+        let e = parse_request(body(r#","minimum_isolation":"fortress""#).as_bytes()).unwrap_err();
+        assert_eq!(e.reason, Reason::Request);
+        assert!(e.message.contains("fortress"), "{}", e.message);
+        let e = parse_request(body("").replace("print(1)", "  ").as_bytes()).unwrap_err();
+        assert_eq!(e.reason, Reason::Request);
+        assert!(e.message.contains("empty"));
+    }
+
+    #[test]
+    fn project_paths_are_checked() {
+        for bad in ["../x", "/etc/passwd", "a//b", "a/./b", "a\\b", ""] {
+            let p = RunRequest {
+                protocol: PROTOCOL,
+                request_id: "r".into(),
+                minimum_isolation: None,
+                provider: None,
+                limits: None,
+                run: RunSpec::Project(Project {
+                    files: vec![ProjectFile {
+                        path: bad.into(),
+                        content: "x".into(),
+                        executable: false,
+                    }],
+                    steps: vec![Step {
+                        name: None,
+                        run: "true".into(),
+                    }],
+                    artifacts: vec![],
+                }),
+                grant: None,
+            };
+            assert_eq!(p.validate().unwrap_err().reason, Reason::Request, "{bad}");
+        }
+    }
+
+    #[test]
+    fn request_ids_are_checked() {
+        assert!(validate_request_id("abc-123_x.y:z").is_ok());
+        assert!(validate_request_id("").is_err());
+        assert!(validate_request_id("a b").is_err());
+        assert!(validate_request_id(&"a".repeat(129)).is_err());
+    }
+}

@@ -1,0 +1,132 @@
+//! Results, as the daemon returns them: the outcome, where it ran, and the run record.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Bytes, Tier};
+
+/// What a run produced. Every field except the durations is covered by the result digest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunResult {
+    /// The exit status of the snippet, or of the last project step that ran; `None` when it
+    /// was killed by a signal.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The wall timeout fired and the sandbox was killed.
+    pub timed_out: bool,
+    /// The memory limit was hit and the sandbox's code was killed for it.
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// Standard output, at most the output limit.
+    pub stdout: Bytes,
+    /// Standard output went past the limit; the rest was dropped.
+    pub stdout_truncated: bool,
+    /// Standard error, at most the output limit.
+    pub stderr: Bytes,
+    /// Standard error went past the limit; the rest was dropped.
+    pub stderr_truncated: bool,
+    /// One result per project step that ran, in order (empty for snippets).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepResult>,
+    /// Artifacts a project asked for, in the order asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+}
+
+/// The outcome of one project step.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepResult {
+    /// The step's label, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Exit status; `None` when killed by a signal.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The run's wall timeout fired during this step.
+    pub timed_out: bool,
+    /// Killed by the memory limit.
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// Standard output of the step.
+    pub stdout: Bytes,
+    /// Standard output went past the limit.
+    pub stdout_truncated: bool,
+    /// Standard error of the step.
+    pub stderr: Bytes,
+    /// Standard error went past the limit.
+    pub stderr_truncated: bool,
+    /// Wall time of the step. Not covered by the result digest.
+    pub duration_ms: u64,
+}
+
+/// A file returned from `/work` after a project's steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    /// The path asked for, relative to `/work`.
+    pub path: String,
+    /// `false` when the file did not exist (or was not a regular file); `content` is then empty.
+    pub found: bool,
+    /// The file's size on disk, in bytes.
+    pub size: u64,
+    /// The content, at most the artifact limit.
+    pub content: Bytes,
+    /// The file was larger than the artifact limit; the rest was dropped.
+    pub truncated: bool,
+}
+
+/// A successful answer to `POST /v1/runs`: the run happened, here is what it did and where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunResponse {
+    /// The protocol number of the answer.
+    pub protocol: u32,
+    /// The caller's request id, echoed.
+    pub request_id: String,
+    /// The provider that ran it.
+    pub provider: String,
+    /// The tier of that provider, from its evidence.
+    pub isolation: Tier,
+    /// Wall time from dispatch to result, in milliseconds.
+    pub duration_ms: u64,
+    /// SHA-256 (lowercase hex) of the request's digest encoding.
+    pub request_sha256: String,
+    /// SHA-256 (lowercase hex) of the result's digest encoding.
+    pub result_sha256: String,
+    /// What the run produced.
+    pub result: RunResult,
+    /// The run record: what ran, where, when, with its own digest.
+    pub record: RunRecord,
+}
+
+/// The run record: the facts a signer needs, with a digest over them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRecord {
+    /// The caller's request id.
+    pub request_id: String,
+    /// Digest of the request.
+    pub request_sha256: String,
+    /// Digest of the result.
+    pub result_sha256: String,
+    /// The provider that ran it.
+    pub provider: String,
+    /// Its tier.
+    pub isolation: Tier,
+    /// Digest of the provider's evidence when it ran (see `GET /v1/providers`).
+    pub evidence_sha256: String,
+    /// What the code ran on: the sandbox image identity, or the engine version for the
+    /// process tier.
+    pub environment: String,
+    /// When the sandbox was started, Unix milliseconds.
+    pub started_unix_ms: u64,
+    /// When the result was complete, Unix milliseconds.
+    pub ended_unix_ms: u64,
+    /// SHA-256 (lowercase hex) of the record's digest encoding (every field above).
+    pub record_sha256: String,
+}
