@@ -5,8 +5,10 @@
 mod admission;
 mod config;
 mod engine;
+pub mod env;
 mod providers;
 mod routing;
+pub mod settings;
 
 pub use admission::{Admission, Permit};
 pub use config::{EngineConfig, LimitPolicy};
@@ -15,6 +17,7 @@ pub use plimsoll_sandbox::ResolvedLimits;
 pub use plimsoll_wire::{NotDispatched, Reason, not_dispatched_reason};
 pub use providers::AnyProvider;
 pub use routing::{Candidate, RouteError, route};
+pub use settings::{LoadSettingsError, Settings};
 
 /// The engine's version, reported as the environment identity of runs without an image.
 pub const ENGINE_VERSION: &str = concat!("plimsoll-engine/", env!("CARGO_PKG_VERSION"));

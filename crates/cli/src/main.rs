@@ -1,0 +1,3 @@
+//! plimsoll: the command-line interface.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! The official Rust client of plimsolld.

@@ -1,0 +1,318 @@
+//! The operator's settings file (TOML), shared by plimsolld and the CLI's embedded engine:
+//! parsed, then validated against the host, then turned into an [`Engine`].
+//!
+//! ```toml
+//! default_floor = "container"      # the floor of a request that sets none
+//! providers = ["process"]          # which providers to offer; none means nothing runs
+//! state_dir = "/var/lib/plimsoll"
+//! max_concurrent = 8
+//! max_per_caller = 4
+//! sandbox_uid_base = 2000000
+//!
+//! [limits.defaults]                # any subset; the rest keep the built-in values
+//! timeout_ms = 10000
+//! [limits.maximums]
+//! timeout_ms = 600000
+//!
+//! [process]
+//! node = "/usr/bin/node"
+//! python = "/usr/bin/python3"
+//! probe = "/usr/local/lib/plimsoll/plimsoll-probe"   # default: beside the running binary
+//!
+//! [daemon]
+//! listen = "127.0.0.1:7878"
+//! callers_file = "/etc/plimsoll/callers.toml"
+//! max_body_bytes = 8388608
+//! recheck_secs = 300
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use plimsoll_process::{ProcessConfig, ProcessProvider};
+use plimsoll_sandbox::ResolvedLimits;
+use plimsoll_wire::Tier;
+use serde::Deserialize;
+
+use crate::config::{EngineConfig, LimitPolicy};
+use crate::engine::{BuildEngineError, Engine};
+use crate::providers::AnyProvider;
+
+/// The settings file, as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Floor for requests that set none (default `container`).
+    pub default_floor: Option<Tier>,
+    /// Providers to offer, by name. Absent: the caller's default (none for the daemon).
+    pub providers: Option<Vec<String>>,
+    /// Where runs' directories live.
+    pub state_dir: Option<PathBuf>,
+    /// Runs at once, in total.
+    pub max_concurrent: Option<usize>,
+    /// Runs at once per caller.
+    pub max_per_caller: Option<usize>,
+    /// First uid of the sandbox uid range.
+    pub sandbox_uid_base: Option<u32>,
+    /// Limit defaults and maximums.
+    #[serde(default)]
+    pub limits: LimitsSection,
+    /// The process provider.
+    #[serde(default)]
+    pub process: ProcessSection,
+    /// The daemon's own settings (ignored by the CLI's embedded engine).
+    #[serde(default)]
+    pub daemon: DaemonSection,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// `[limits.defaults]`.
+    #[serde(default)]
+    pub defaults: LimitValues,
+    /// `[limits.maximums]`.
+    #[serde(default)]
+    pub maximums: LimitValues,
+}
+
+/// Limit values in a settings file; each absent one keeps the built-in value.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitValues {
+    /// Milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Bytes.
+    pub memory_bytes: Option<u64>,
+    /// Bytes per stream.
+    pub output_bytes: Option<u64>,
+    /// Processes.
+    pub pids: Option<u64>,
+    /// Bytes.
+    pub disk_bytes: Option<u64>,
+    /// Bytes per artifact.
+    pub artifact_bytes: Option<u64>,
+}
+
+impl LimitValues {
+    fn apply(&self, base: ResolvedLimits) -> ResolvedLimits {
+        ResolvedLimits {
+            timeout: self.timeout_ms.map_or(base.timeout, Duration::from_millis),
+            memory_bytes: self.memory_bytes.unwrap_or(base.memory_bytes),
+            output_bytes: self.output_bytes.unwrap_or(base.output_bytes),
+            pids: self.pids.unwrap_or(base.pids),
+            disk_bytes: self.disk_bytes.unwrap_or(base.disk_bytes),
+            artifact_bytes: self.artifact_bytes.unwrap_or(base.artifact_bytes),
+        }
+    }
+}
+
+/// `[process]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessSection {
+    /// The node binary (default `/usr/bin/node`).
+    pub node: Option<PathBuf>,
+    /// The python3 binary (default `/usr/bin/python3`).
+    pub python: Option<PathBuf>,
+    /// The probe program (default: `plimsoll-probe` beside the running binary).
+    pub probe: Option<PathBuf>,
+}
+
+/// `[daemon]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonSection {
+    /// Address to listen on (default `127.0.0.1:7878`).
+    pub listen: Option<String>,
+    /// The callers file (default `/etc/plimsoll/callers.toml`).
+    pub callers_file: Option<PathBuf>,
+    /// Largest request body accepted, in bytes (default 8 MiB).
+    pub max_body_bytes: Option<u64>,
+    /// Seconds between evidence re-checks (default 300).
+    pub recheck_secs: Option<u64>,
+}
+
+/// The settings could not be read or make no sense.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadSettingsError {
+    /// The file could not be read.
+    #[error("cannot read settings file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid settings TOML.
+    #[error("settings file {path} is invalid: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with line and column.
+        message: String,
+    },
+}
+
+/// Every provider family this build knows, by name.
+pub const PROVIDER_NAMES: &[&str] = &["process"];
+
+impl Settings {
+    /// Reads and parses a settings file.
+    pub fn load(path: &Path) -> Result<Settings, LoadSettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadSettingsError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Settings::parse(&text).map_err(|message| LoadSettingsError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses settings TOML.
+    pub fn parse(text: &str) -> Result<Settings, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The engine configuration these settings describe.
+    pub fn engine_config(&self) -> EngineConfig {
+        let d = EngineConfig::default();
+        let lp = LimitPolicy::default();
+        EngineConfig {
+            default_floor: self.default_floor.unwrap_or(d.default_floor),
+            limits: LimitPolicy {
+                defaults: self.limits.defaults.apply(lp.defaults),
+                maximums: self.limits.maximums.apply(lp.maximums),
+            },
+            max_concurrent: self.max_concurrent.unwrap_or(d.max_concurrent),
+            max_per_caller: self.max_per_caller.unwrap_or(d.max_per_caller),
+            sandbox_uid_base: self.sandbox_uid_base.unwrap_or(d.sandbox_uid_base),
+            state_dir: self.state_dir.clone().unwrap_or(d.state_dir),
+        }
+    }
+
+    /// Builds the engine: validates the settings, then creates the providers named in
+    /// `providers` (or `default_providers` when the file names none). Probes nothing.
+    pub fn build_engine(&self, default_providers: &[&str]) -> Result<Engine, BuildEngineError> {
+        let config = self.engine_config();
+        let d = &config.limits.defaults;
+        let m = &config.limits.maximums;
+        if d.timeout > m.timeout
+            || d.memory_bytes > m.memory_bytes
+            || d.output_bytes > m.output_bytes
+            || d.pids > m.pids
+            || d.disk_bytes > m.disk_bytes
+            || d.artifact_bytes > m.artifact_bytes
+        {
+            return Err(BuildEngineError::Invalid(
+                "a limit default is above its maximum: lower [limits.defaults] or raise [limits.maximums]".into(),
+            ));
+        }
+        let names: Vec<String> = match &self.providers {
+            Some(list) => list.clone(),
+            None => default_providers.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let mut providers = Vec::new();
+        for name in &names {
+            match name.as_str() {
+                "process" => {
+                    providers.push(AnyProvider::Process(ProcessProvider::new(ProcessConfig {
+                        node: self
+                            .process
+                            .node
+                            .clone()
+                            .unwrap_or_else(|| "/usr/bin/node".into()),
+                        python: self
+                            .process
+                            .python
+                            .clone()
+                            .unwrap_or_else(|| "/usr/bin/python3".into()),
+                        probe: self
+                            .process
+                            .probe
+                            .clone()
+                            .unwrap_or_else(default_probe_path),
+                    })))
+                }
+                other => {
+                    return Err(BuildEngineError::Invalid(format!(
+                        "unknown provider `{other}` in `providers`: known are {}",
+                        PROVIDER_NAMES.join(", ")
+                    )));
+                }
+            }
+        }
+        Engine::new(config, providers)
+    }
+}
+
+/// `plimsoll-probe` beside the running executable (or in its parent, for test binaries
+/// under `target/*/deps`).
+pub fn default_probe_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let beside = dir.join("plimsoll-probe");
+    if beside.exists() {
+        return beside;
+    }
+    match dir.parent() {
+        Some(up) if up.join("plimsoll-probe").exists() => up.join("plimsoll-probe"),
+        _ => beside,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_file() {
+        let s = Settings::parse(
+            r#"
+default_floor = "process"
+providers = ["process"]
+max_concurrent = 3
+[limits.defaults]
+timeout_ms = 2000
+[process]
+node = "/opt/node"
+[daemon]
+listen = "127.0.0.1:0"
+"#,
+        )
+        .unwrap();
+        let c = s.engine_config();
+        assert_eq!(c.default_floor, Tier::Process);
+        assert_eq!(c.max_concurrent, 3);
+        assert_eq!(c.limits.defaults.timeout, Duration::from_secs(2));
+        assert!(s.build_engine(&[]).is_ok());
+    }
+
+    #[test]
+    fn refuses_unknown_keys_providers_and_empty_lists() {
+        assert!(
+            Settings::parse("colour = 1")
+                .unwrap_err()
+                .contains("colour")
+        );
+        let s = Settings::parse(r#"providers = ["docker"]"#).unwrap();
+        assert!(
+            s.build_engine(&[])
+                .unwrap_err()
+                .to_string()
+                .contains("docker")
+        );
+        let s = Settings::parse(r#"providers = []"#).unwrap();
+        assert!(matches!(
+            s.build_engine(&["process"]),
+            Err(BuildEngineError::NoProviders)
+        ));
+        assert!(matches!(
+            Settings::default().build_engine(&[]),
+            Err(BuildEngineError::NoProviders)
+        ));
+    }
+}

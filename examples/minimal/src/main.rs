@@ -1,0 +1,3 @@
+//! The smallest use of plimsoll.
+
+fn main() {}
