@@ -75,3 +75,57 @@ pub fn get(var: EnvVar) -> Option<String> {
 pub fn strict() -> bool {
     get(CI).is_some_and(|v| v == "true" || v == "1")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "target") {
+                    rust_files(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Every direct read of a variable by name in the workspace names a declared
+    /// variable, and reading through `env::get` needs a declared `EnvVar` by construction.
+    #[test]
+    fn every_environment_variable_read_is_declared() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = Vec::new();
+        rust_files(&root.join("crates"), &mut files);
+        rust_files(&root.join("examples"), &mut files);
+        assert!(files.len() > 10, "found only {} source files", files.len());
+        let declared: Vec<&str> = ALL.iter().map(|v| v.name).collect();
+        let mut undeclared = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            for pat in ["env::var(\"", "env::var_os(\"", "std::env::var(\"", "getenv(\""] {
+                for (i, _) in text.match_indices(pat) {
+                    let rest = &text[i + pat.len()..];
+                    let name = &rest[..rest.find('"').unwrap_or(0)];
+                    if !declared.contains(&name) {
+                        undeclared.push(format!("{}: {name}", file.display()));
+                    }
+                }
+            }
+        }
+        assert!(undeclared.is_empty(), "undeclared environment variables: {undeclared:?}");
+    }
+
+    #[test]
+    fn help_lists_every_variable() {
+        let help = help_text();
+        for v in ALL {
+            assert!(help.contains(v.name));
+        }
+    }
+}
