@@ -180,7 +180,7 @@ pub fn encode_request(r: &RunRequest) -> Vec<u8> {
     }
     e.nest("run", &encode_run(&r.run));
     if let Some(g) = &r.grant {
-        e.str("grant", g);
+        let _ = g;
     }
     e.finish()
 }
@@ -296,13 +296,47 @@ pub fn record_sha256(r: &RunRecord) -> String {
     sha256_hex(&encode_record(r))
 }
 
-/// The canonical JSON of evidence: object keys sorted bytewise (all keys are ASCII), no
-/// whitespace, absent optional fields left out.
+/// The canonical JSON of evidence: object keys sorted by their UTF-8 bytes, no whitespace,
+/// absent optional fields left out.
 pub fn canonical_evidence_json(e: &Evidence) -> Vec<u8> {
-    // serde_json's Value keeps object keys in a BTreeMap (no `preserve_order`), so
-    // serialising through it sorts every object's keys.
     let value = serde_json::to_value(e).expect("evidence serialises");
-    serde_json::to_vec(&value).expect("a JSON value serialises")
+    let mut out = Vec::new();
+    write_canonical(&value, &mut out);
+    out
+}
+
+/// Writes a JSON value compactly with every object's keys sorted. The sort is explicit: a
+/// `Value`'s map is sorted only while no crate in the build turns on serde_json's
+/// `preserve_order`, and the digest must not depend on which crates are linked.
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut members: Vec<_> = map.iter().collect();
+            members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (key, member)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, key).expect("a string serialises");
+                out.push(b':');
+                write_canonical(member, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => serde_json::to_writer(&mut *out, scalar).expect("a JSON scalar serialises"),
+    }
 }
 
 /// SHA-256 of [`canonical_evidence_json`].

@@ -4,6 +4,7 @@
 //! This crate does no I/O. It is the one place that derives `Serialize`/`Deserialize` for
 //! types that travel between the daemon, its clients and the programs run inside sandboxes.
 
+mod agent;
 mod bytes;
 pub mod digest;
 mod error;
@@ -12,6 +13,7 @@ mod request;
 mod result;
 mod tier;
 
+pub use agent::AgentJob;
 pub use bytes::Bytes;
 pub use error::{
     ErrorBody, ErrorResponse, NotDispatched, Reason, RequestRejection, not_dispatched_reason,
