@@ -1,1 +1,365 @@
-//! The official Rust client of plimsolld.
+//! The official Rust client of plimsolld: a blocking client that sends a fresh request id
+//! with every run, honours a "not dispatched" mark only when the answer echoes that id,
+//! recomputes the request, result and record digests, and re-checks the tier against the
+//! floor it asked for.
+//!
+//! ```no_run
+//! use plimsoll_client::{Client, RunOptions, Token};
+//! use plimsoll_wire::{Language, Tier, not_dispatched_reason};
+//!
+//! let client = Client::new("http://127.0.0.1:7878", Token::new("plm_..."));
+//! let opts = RunOptions::snippet(Language::Python, "print(1)").min_isolation(Tier::Container);
+//! match client.run(opts) {
+//!     Ok(resp) => println!("ran on {} ({})", resp.provider, resp.isolation),
+//!     Err(e) => match not_dispatched_reason(&e) {
+//!         Some(reason) => eprintln!("nothing ran ({reason}): {e}"),
+//!         None => eprintln!("may have run: {e}"),
+//!     },
+//! }
+//! ```
+
+mod error;
+mod token;
+mod verify;
+
+use std::io;
+use std::time::Duration;
+
+use plimsoll_wire::{
+    ErrorResponse, Language, Limits, PROTOCOL, ProvidersResponse, RunRequest, RunResponse, RunSpec,
+    Snippet, Tier,
+};
+
+pub use error::{ClientError, DigestKind, ProvidersError};
+pub use token::Token;
+pub use verify::{check_tier, verify_response};
+
+/// Largest answer read from the daemon (outputs and artifacts can be large).
+const MAX_ANSWER_BYTES: u64 = 1 << 30;
+/// How long to wait for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Added to the run's own timeout (or the protocol's largest) for the whole exchange.
+const EXCHANGE_SLACK: Duration = Duration::from_secs(120);
+/// The exchange budget of a run that sets no timeout: the built-in maximum timeout.
+const DEFAULT_RUN_BUDGET: Duration = Duration::from_secs(600);
+
+/// What to run and under which floor; the client adds the protocol and a fresh request id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOptions {
+    /// What to run.
+    pub run: RunSpec,
+    /// The floor. `None` takes the daemon's default floor, and the client then checks nothing
+    /// about the tier (it does not know that default).
+    pub minimum_isolation: Option<Tier>,
+    /// Run on this provider only.
+    pub provider: Option<String>,
+    /// Limits to ask for.
+    pub limits: Option<Limits>,
+    /// A grant profile name.
+    pub grant: Option<String>,
+}
+
+impl RunOptions {
+    /// Options that run `code` in `language`, with no floor, provider, limits or grant.
+    pub fn snippet(language: Language, code: impl Into<String>) -> Self {
+        RunOptions::new(RunSpec::Snippet(Snippet {
+            language,
+            code: code.into(),
+        }))
+    }
+
+    /// Options that run `run`.
+    pub fn new(run: RunSpec) -> Self {
+        RunOptions {
+            run,
+            minimum_isolation: None,
+            provider: None,
+            limits: None,
+            grant: None,
+        }
+    }
+
+    /// Sets the floor.
+    pub fn min_isolation(mut self, floor: Tier) -> Self {
+        self.minimum_isolation = Some(floor);
+        self
+    }
+
+    /// Names the provider.
+    pub fn provider(mut self, name: impl Into<String>) -> Self {
+        self.provider = Some(name.into());
+        self
+    }
+
+    /// Asks for a wall timeout.
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.limits.get_or_insert_with(Limits::default).timeout_ms = Some(ms);
+        self
+    }
+
+    /// The request these options make, with this id.
+    pub fn into_request(self, request_id: String) -> RunRequest {
+        RunRequest {
+            protocol: PROTOCOL,
+            request_id,
+            minimum_isolation: self.minimum_isolation,
+            provider: self.provider,
+            limits: self.limits,
+            run: self.run,
+            grant: self.grant,
+        }
+    }
+}
+
+impl From<RunRequest> for RunOptions {
+    /// Takes a request's content; its protocol and id are replaced when it is sent.
+    fn from(r: RunRequest) -> Self {
+        RunOptions {
+            run: r.run,
+            minimum_isolation: r.minimum_isolation,
+            provider: r.provider,
+            limits: r.limits,
+            grant: r.grant,
+        }
+    }
+}
+
+/// A fresh request id: 128 random bits in lowercase hex.
+pub fn new_request_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    hex::encode(bytes)
+}
+
+/// A client of one daemon. Cheap to clone; blocking; safe to share between threads.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base_url: String,
+    token: Token,
+    agent: ureq::Agent,
+}
+
+/// How an exchange ended before an answer could be read.
+enum Exchange {
+    /// Certainly nothing was sent.
+    NotSent(String),
+    /// The request may have reached the daemon.
+    MaySent(String),
+}
+
+impl Client {
+    /// A client of the daemon at `base_url` (e.g. `http://127.0.0.1:7878`), presenting `token`.
+    pub fn new(base_url: impl Into<String>, token: impl Into<Token>) -> Self {
+        let config = ureq::Agent::config_builder()
+            // Statuses are answers to read, not errors.
+            .http_status_as_error(false)
+            // No proxy from the environment: every variable read is declared (and a proxy
+            // would blur "connection refused" into "may have run").
+            .proxy(None)
+            // A fresh connection per exchange, so a connect failure proves nothing was sent.
+            .max_idle_connections(0)
+            .max_idle_connections_per_host(0)
+            // Redirects are answers too; a POST is never replayed elsewhere.
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .user_agent(concat!("plimsoll-client/", env!("CARGO_PKG_VERSION")))
+            .build();
+        Client {
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            token: token.into(),
+            agent: config.new_agent(),
+        }
+    }
+
+    /// The daemon's base URL.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// Runs a request and verifies its answer (see [`verify_response`]). Blocks until the run
+    /// is over.
+    pub fn run(&self, options: impl Into<RunOptions>) -> Result<RunResponse, ClientError> {
+        let request_id = new_request_id();
+        let request = options.into().into_request(request_id.clone());
+        request
+            .validate()
+            .map_err(|r| ClientError::InvalidRequest {
+                request_id: request_id.clone(),
+                message: r.message,
+            })?;
+        let body = serde_json::to_vec(&request).map_err(|e| ClientError::InvalidRequest {
+            request_id: request_id.clone(),
+            message: format!("the request does not serialise: {e}"),
+        })?;
+        // Digests are recomputed over exactly the bytes that leave this process.
+        let sent: RunRequest =
+            serde_json::from_slice(&body).map_err(|e| ClientError::InvalidRequest {
+                request_id: request_id.clone(),
+                message: format!("the request does not read back: {e}"),
+            })?;
+
+        let url = format!("{}/v1/runs", self.base_url);
+        let budget = request
+            .limits
+            .as_ref()
+            .and_then(|l| l.timeout_ms)
+            .map_or(DEFAULT_RUN_BUDGET, Duration::from_millis)
+            + EXCHANGE_SLACK;
+        let answer = self
+            .agent
+            .post(&url)
+            .header(
+                "authorization",
+                format!("Bearer {}", self.token.expose_secret()),
+            )
+            .header("content-type", "application/json")
+            .config()
+            .timeout_global(Some(budget))
+            .build()
+            .send(&body[..]);
+        let (status, bytes) = match read_answer(answer) {
+            Ok(v) => v,
+            Err(Exchange::NotSent(message)) => {
+                return Err(ClientError::Unreachable { url, message });
+            }
+            Err(Exchange::MaySent(message)) => {
+                return Err(ClientError::Transport {
+                    request_id,
+                    url,
+                    message,
+                });
+            }
+        };
+
+        if status == 200 {
+            let response: RunResponse =
+                serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
+                    request_id: request_id.clone(),
+                    status,
+                    message: format!("not a run response: {e}"),
+                })?;
+            return verify_response(&sent, response);
+        }
+        let answer: ErrorResponse =
+            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
+                request_id: request_id.clone(),
+                status,
+                message: format!("not an error response ({e}): {}", preview(&bytes)),
+            })?;
+        let error = answer.error;
+        match error.not_dispatched {
+            Some(reason) if answer.request_id.as_deref() == Some(request_id.as_str()) => {
+                Err(ClientError::Refused {
+                    request_id,
+                    reason,
+                    code: error.code,
+                    message: error.message,
+                })
+            }
+            Some(reason) => Err(ClientError::UnverifiedRefusal {
+                sent: request_id,
+                echoed: answer.request_id,
+                reason,
+                message: error.message,
+            }),
+            None => Err(ClientError::Failed {
+                request_id,
+                status,
+                code: error.code,
+                message: error.message,
+            }),
+        }
+    }
+
+    /// The daemon's providers, their tiers, availability and evidence.
+    pub fn providers(&self) -> Result<ProvidersResponse, ProvidersError> {
+        let url = format!("{}/v1/providers", self.base_url);
+        let answer = self
+            .agent
+            .get(&url)
+            .header(
+                "authorization",
+                format!("Bearer {}", self.token.expose_secret()),
+            )
+            .config()
+            .timeout_global(Some(EXCHANGE_SLACK))
+            .build()
+            .call();
+        let (status, bytes) = read_answer(answer).map_err(|e| match e {
+            Exchange::NotSent(message) => ProvidersError::Unreachable {
+                url: url.clone(),
+                message,
+            },
+            Exchange::MaySent(message) => ProvidersError::Transport {
+                url: url.clone(),
+                message,
+            },
+        })?;
+        if status == 200 {
+            return serde_json::from_slice(&bytes).map_err(|e| ProvidersError::BadResponse {
+                url,
+                status,
+                message: format!("not a providers response: {e}"),
+            });
+        }
+        match serde_json::from_slice::<ErrorResponse>(&bytes) {
+            Ok(answer) => Err(ProvidersError::Refused {
+                url,
+                status,
+                code: answer.error.code,
+                message: answer.error.message,
+            }),
+            Err(e) => Err(ProvidersError::BadResponse {
+                url,
+                status,
+                message: format!("not an error response ({e}): {}", preview(&bytes)),
+            }),
+        }
+    }
+}
+
+/// Reads a whole answer, or says whether the request could have been sent.
+fn read_answer(
+    answer: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> Result<(u16, Vec<u8>), Exchange> {
+    let mut response = answer.map_err(|e| {
+        if nothing_was_sent(&e) {
+            Exchange::NotSent(e.to_string())
+        } else {
+            Exchange::MaySent(e.to_string())
+        }
+    })?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_ANSWER_BYTES)
+        .read_to_vec()
+        .map_err(|e| Exchange::MaySent(format!("reading the answer: {e}")))?;
+    Ok((status, bytes))
+}
+
+/// True only for failures that can happen only before a connection exists: a bad URL, a name
+/// that does not resolve, a refused or timed-out connect. The agent keeps no idle connections and
+/// uses no proxy, so each exchange opens its own connection to the daemon itself, and no
+/// byte of the request is written before that connection is up.
+fn nothing_was_sent(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::BadUri(_) | ureq::Error::HostNotFound => true,
+        ureq::Error::Timeout(t) => matches!(t, ureq::Timeout::Resolve | ureq::Timeout::Connect),
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            // TCP reports a refusal only to a connect (a reset after it is ECONNRESET or
+            // EPIPE); unreachable kinds can also end an established connection, so they
+            // stay "may have run".
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::AddrNotAvailable
+        ),
+        _ => false,
+    }
+}
+
+/// The start of a body, for messages.
+fn preview(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]);
+    text.escape_debug().to_string()
+}

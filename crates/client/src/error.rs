@@ -1,0 +1,297 @@
+//! The client's errors, one enum per operation. Each says whether the code could have run.
+
+use std::fmt;
+
+use plimsoll_wire::{ErrorBody, ErrorResponse, NotDispatched, PROTOCOL, Reason, Tier};
+
+/// Which digest a [`ClientError::DigestMismatch`] concerns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestKind {
+    /// `request_sha256`: over the request as this client serialised it.
+    Request,
+    /// `result_sha256`: over the returned result.
+    Result,
+    /// `record.record_sha256`: over the returned run record.
+    Record,
+}
+
+impl fmt::Display for DigestKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DigestKind::Request => "request",
+            DigestKind::Result => "result",
+            DigestKind::Record => "record",
+        })
+    }
+}
+
+/// [`Client::run`](crate::Client::run) gave no verified result.
+///
+/// Only three variants promise that nothing ran ([`not_dispatched_reason`] is `Some`):
+/// [`InvalidRequest`](ClientError::InvalidRequest) and
+/// [`Unreachable`](ClientError::Unreachable) (nothing was sent), and
+/// [`Refused`](ClientError::Refused) (the daemon said so, echoing this request's id). Every
+/// other variant means the code may have run: never retry it blindly.
+///
+/// [`not_dispatched_reason`]: plimsoll_wire::not_dispatched_reason
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The request is malformed; it was not sent.
+    #[error("not dispatched (request): {message}")]
+    InvalidRequest {
+        /// The id the request would have carried.
+        request_id: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// The daemon could not be reached, and nothing was sent (connection refused, name not
+    /// resolved, connect timeout, bad URL).
+    #[error(
+        "not dispatched (environment): cannot reach the daemon at {url} ({message}): check that plimsolld is running and the URL is right"
+    )]
+    Unreachable {
+        /// The URL tried.
+        url: String,
+        /// What failed.
+        message: String,
+    },
+    /// The daemon refused the request before anything ran, and its answer echoed this
+    /// request's id.
+    #[error("not dispatched ({reason}): {message}")]
+    Refused {
+        /// The request id sent and echoed.
+        request_id: String,
+        /// Why nothing ran.
+        reason: Reason,
+        /// The daemon's error code.
+        code: String,
+        /// The daemon's message: what to do.
+        message: String,
+    },
+    /// The daemon answered with an error that does not say nothing ran.
+    #[error(
+        "the code may have run (request {request_id}, HTTP {status}, {code}): {message}; do not retry blindly"
+    )]
+    Failed {
+        /// The request id sent.
+        request_id: String,
+        /// The HTTP status.
+        status: u16,
+        /// The daemon's error code.
+        code: String,
+        /// The daemon's message.
+        message: String,
+    },
+    /// An answer claimed that nothing ran, but it echoed another request's id (or none), so
+    /// the claim cannot be about this request.
+    #[error(
+        "the code may have run: an answer claimed `not dispatched ({reason})` but echoed request id {}, not {sent}; something between this client and the daemon mixed up answers",
+        echoed.as_deref().unwrap_or("(none)")
+    )]
+    UnverifiedRefusal {
+        /// The request id sent.
+        sent: String,
+        /// The id the answer echoed.
+        echoed: Option<String>,
+        /// The reason the answer claimed.
+        reason: Reason,
+        /// The answer's message.
+        message: String,
+    },
+    /// A result echoed another request's id: it is not this request's result.
+    #[error(
+        "the code may have run: the result echoes request id {echoed}, not {sent}; something between this client and the daemon mixed up answers, so this result is not yours"
+    )]
+    RequestIdMismatch {
+        /// The request id sent.
+        sent: String,
+        /// The id the result echoed.
+        echoed: String,
+    },
+    /// A digest recomputed here differs from the one in the answer.
+    #[error(
+        "{kind} digest mismatch for request {request_id}: computed {computed}, the answer says {claimed}; the answer was altered on the way or the daemon is faulty, and the code may have run"
+    )]
+    DigestMismatch {
+        /// The request id sent.
+        request_id: String,
+        /// Which digest.
+        kind: DigestKind,
+        /// What this client computed.
+        computed: String,
+        /// What the answer stated.
+        claimed: String,
+    },
+    /// The run record disagrees with the response around it.
+    #[error(
+        "the run record disagrees with the response on `{field}` for request {request_id}: response {response}, record {record}; the answer was altered or the daemon is faulty, and the code may have run"
+    )]
+    RecordMismatch {
+        /// The request id sent.
+        request_id: String,
+        /// The field.
+        field: &'static str,
+        /// The value in the response (or computed here).
+        response: String,
+        /// The value in the record.
+        record: String,
+    },
+    /// The result says the run used a tier below the floor this request asked for. The code
+    /// ran: this is not a refusal.
+    #[error(
+        "evidence mismatch for request {request_id}: the run used `{isolation}` (provider {provider}), below the floor `{floor}` asked for; the code ran, but not behind the wall you required"
+    )]
+    EvidenceMismatch {
+        /// The request id sent.
+        request_id: String,
+        /// The provider the answer names.
+        provider: String,
+        /// The tier the answer states (the weaker of response and record).
+        isolation: Tier,
+        /// The floor the request asked for.
+        floor: Tier,
+    },
+    /// The exchange failed after the request may have been sent.
+    #[error(
+        "the code may have run: the exchange with {url} failed after the request may have been sent (request {request_id}): {message}"
+    )]
+    Transport {
+        /// The request id sent.
+        request_id: String,
+        /// The URL.
+        url: String,
+        /// What failed.
+        message: String,
+    },
+    /// The answer could not be read as a result or an error.
+    #[error(
+        "the code may have run: unreadable answer from the daemon (request {request_id}, HTTP {status}): {message}"
+    )]
+    BadResponse {
+        /// The request id sent.
+        request_id: String,
+        /// The HTTP status.
+        status: u16,
+        /// What was wrong with it.
+        message: String,
+    },
+}
+
+impl NotDispatched for ClientError {
+    fn not_dispatched(&self) -> Option<Reason> {
+        match self {
+            ClientError::InvalidRequest { .. } => Some(Reason::Request),
+            ClientError::Unreachable { .. } => Some(Reason::Environment),
+            ClientError::Refused { reason, .. } => Some(*reason),
+            ClientError::Failed { .. }
+            | ClientError::UnverifiedRefusal { .. }
+            | ClientError::RequestIdMismatch { .. }
+            | ClientError::DigestMismatch { .. }
+            | ClientError::RecordMismatch { .. }
+            | ClientError::EvidenceMismatch { .. }
+            | ClientError::Transport { .. }
+            | ClientError::BadResponse { .. } => None,
+        }
+    }
+}
+
+impl ClientError {
+    /// The request id this client sent (or would have sent); `None` only for
+    /// [`ClientError::Unreachable`].
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            ClientError::Unreachable { .. } => None,
+            ClientError::InvalidRequest { request_id, .. }
+            | ClientError::Refused { request_id, .. }
+            | ClientError::Failed { request_id, .. }
+            | ClientError::DigestMismatch { request_id, .. }
+            | ClientError::RecordMismatch { request_id, .. }
+            | ClientError::EvidenceMismatch { request_id, .. }
+            | ClientError::Transport { request_id, .. }
+            | ClientError::BadResponse { request_id, .. } => Some(request_id),
+            ClientError::UnverifiedRefusal { sent, .. }
+            | ClientError::RequestIdMismatch { sent, .. } => Some(sent),
+        }
+    }
+
+    /// A stable machine-readable code: the reason's name for refusals, the daemon's code for
+    /// its own failures, otherwise the check that failed.
+    pub fn code(&self) -> &str {
+        match self {
+            ClientError::InvalidRequest { .. } => Reason::Request.as_str(),
+            ClientError::Unreachable { .. } => Reason::Environment.as_str(),
+            ClientError::Refused { reason, .. } => reason.as_str(),
+            ClientError::Failed { code, .. } => code,
+            ClientError::UnverifiedRefusal { .. } => "unverified_refusal",
+            ClientError::RequestIdMismatch { .. } => "request_id_mismatch",
+            ClientError::DigestMismatch { .. } => "digest_mismatch",
+            ClientError::RecordMismatch { .. } => "record_mismatch",
+            ClientError::EvidenceMismatch { .. } => "evidence_mismatch",
+            ClientError::Transport { .. } => "transport",
+            ClientError::BadResponse { .. } => "bad_response",
+        }
+    }
+
+    /// The error as a wire [`ErrorResponse`], echoing the id this client sent; its
+    /// `not_dispatched` is set only when nothing ran.
+    pub fn to_response(&self) -> ErrorResponse {
+        let message = match self {
+            ClientError::Refused { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        ErrorResponse {
+            protocol: PROTOCOL,
+            request_id: self.request_id().map(str::to_owned),
+            error: ErrorBody {
+                code: self.code().to_owned(),
+                message,
+                not_dispatched: self.not_dispatched(),
+            },
+        }
+    }
+}
+
+/// [`Client::providers`](crate::Client::providers) gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvidersError {
+    /// The daemon could not be reached.
+    #[error(
+        "cannot reach the daemon at {url} ({message}): check that plimsolld is running and the URL is right"
+    )]
+    Unreachable {
+        /// The URL tried.
+        url: String,
+        /// What failed.
+        message: String,
+    },
+    /// The daemon answered with an error.
+    #[error("the daemon at {url} answered HTTP {status} ({code}): {message}")]
+    Refused {
+        /// The URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The daemon's error code.
+        code: String,
+        /// The daemon's message.
+        message: String,
+    },
+    /// The exchange failed midway.
+    #[error("the exchange with {url} failed: {message}")]
+    Transport {
+        /// The URL.
+        url: String,
+        /// What failed.
+        message: String,
+    },
+    /// The answer could not be read.
+    #[error("unreadable answer from {url} (HTTP {status}): {message}")]
+    BadResponse {
+        /// The URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// What was wrong.
+        message: String,
+    },
+}

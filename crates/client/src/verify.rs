@@ -1,0 +1,328 @@
+//! The checks on every result: the echoed request id, the tier against the floor asked for,
+//! the three digests recomputed here, and the record against the response around it.
+//!
+//! What this can catch without a signature: an answer meant for another request, a tier
+//! below the floor, and any change to the request, the result or the record that leaves a
+//! stated digest stale. A party in the middle that rewrites a field *and* recomputes every
+//! digest over it is caught only when the field is the tier and it falls below the floor;
+//! that is what signed records (plimsoll-attest) are for.
+
+use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256};
+use plimsoll_wire::{PROTOCOL, RunRequest, RunResponse, Tier};
+
+use crate::error::{ClientError, DigestKind};
+
+/// Checks the tier of a result against the floor a request asked for. With no floor, the
+/// client does not know the daemon's default, so it checks nothing (the tier is present by
+/// construction: a response without one does not parse).
+pub fn check_tier(
+    request_id: &str,
+    floor: Option<Tier>,
+    provider: &str,
+    isolation: Tier,
+) -> Result<(), ClientError> {
+    match floor {
+        Some(floor) if isolation < floor => Err(ClientError::EvidenceMismatch {
+            request_id: request_id.to_owned(),
+            provider: provider.to_owned(),
+            isolation,
+            floor,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Verifies a `200` answer to `sent` (the request exactly as serialised and sent). Returns
+/// the response when every check passes.
+pub fn verify_response(
+    sent: &RunRequest,
+    response: RunResponse,
+) -> Result<RunResponse, ClientError> {
+    let id = sent.request_id.as_str();
+    if response.request_id != sent.request_id {
+        return Err(ClientError::RequestIdMismatch {
+            sent: sent.request_id.clone(),
+            echoed: response.request_id,
+        });
+    }
+    if response.record.request_id != sent.request_id {
+        return Err(ClientError::RequestIdMismatch {
+            sent: sent.request_id.clone(),
+            echoed: response.record.request_id,
+        });
+    }
+    if response.protocol != PROTOCOL {
+        return Err(ClientError::BadResponse {
+            request_id: id.to_owned(),
+            status: 200,
+            message: format!(
+                "the result speaks protocol {}, this client protocol {PROTOCOL}",
+                response.protocol
+            ),
+        });
+    }
+    // The tier comes before the digests: whatever else is wrong, a run below the floor is
+    // the fact the caller most needs, and it is an error even if every digest matched.
+    let weakest = response.isolation.min(response.record.isolation);
+    check_tier(id, sent.minimum_isolation, &response.provider, weakest)?;
+
+    let digest = |kind, computed: String, claimed: &str| {
+        if computed == claimed {
+            Ok(computed)
+        } else {
+            Err(ClientError::DigestMismatch {
+                request_id: id.to_owned(),
+                kind,
+                computed,
+                claimed: claimed.to_owned(),
+            })
+        }
+    };
+    let request_sha = digest(
+        DigestKind::Request,
+        request_sha256(sent),
+        &response.request_sha256,
+    )?;
+    let result_sha = digest(
+        DigestKind::Result,
+        result_sha256(&response.result),
+        &response.result_sha256,
+    )?;
+    let record = &response.record;
+    digest(
+        DigestKind::Record,
+        record_sha256(record),
+        &record.record_sha256,
+    )?;
+
+    let agree = |field: &'static str, response: &str, record: &str| {
+        if response == record {
+            Ok(())
+        } else {
+            Err(ClientError::RecordMismatch {
+                request_id: id.to_owned(),
+                field,
+                response: response.to_owned(),
+                record: record.to_owned(),
+            })
+        }
+    };
+    agree("request_sha256", &request_sha, &record.request_sha256)?;
+    agree("result_sha256", &result_sha, &record.result_sha256)?;
+    agree("provider", &response.provider, &record.provider)?;
+    agree(
+        "isolation",
+        response.isolation.as_str(),
+        record.isolation.as_str(),
+    )?;
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use plimsoll_wire::{Language, RunRecord, RunResult, RunSpec, Snippet, not_dispatched_reason};
+
+    use super::*;
+
+    fn request(floor: Option<Tier>) -> RunRequest {
+        RunRequest {
+            protocol: PROTOCOL,
+            request_id: "r-1".into(),
+            minimum_isolation: floor,
+            provider: None,
+            limits: None,
+            run: RunSpec::Snippet(Snippet {
+                language: Language::Javascript,
+                code: "console.log(1)".into(),
+            }),
+            grant: None,
+        }
+    }
+
+    /// A response whose digests and record are all consistent with `req`.
+    fn honest(req: &RunRequest, isolation: Tier) -> RunResponse {
+        let result = RunResult {
+            exit_code: Some(0),
+            stdout: "1\n".into(),
+            ..RunResult::default()
+        };
+        let mut record = RunRecord {
+            request_id: req.request_id.clone(),
+            request_sha256: request_sha256(req),
+            result_sha256: result_sha256(&result),
+            provider: "p".into(),
+            isolation,
+            evidence_sha256: "e".repeat(64),
+            environment: "test".into(),
+            started_unix_ms: 1,
+            ended_unix_ms: 2,
+            record_sha256: String::new(),
+        };
+        record.record_sha256 = record_sha256(&record);
+        RunResponse {
+            protocol: PROTOCOL,
+            request_id: req.request_id.clone(),
+            provider: "p".into(),
+            isolation,
+            duration_ms: 1,
+            request_sha256: record.request_sha256.clone(),
+            result_sha256: record.result_sha256.clone(),
+            result,
+            record,
+        }
+    }
+
+    #[test]
+    fn tier_below_the_floor_is_an_evidence_mismatch_not_a_refusal() {
+        let e = check_tier("r", Some(Tier::Container), "p", Tier::Process).unwrap_err();
+        assert!(matches!(
+            e,
+            ClientError::EvidenceMismatch {
+                isolation: Tier::Process,
+                floor: Tier::Container,
+                ..
+            }
+        ));
+        assert_eq!(not_dispatched_reason(&e), None);
+        assert!(e.to_string().contains("the code ran"), "{e}");
+    }
+
+    #[test]
+    fn tier_at_or_above_the_floor_or_no_floor_passes() {
+        for floor in Tier::ALL {
+            for tier in Tier::ALL {
+                let r = check_tier("r", Some(floor), "p", tier);
+                assert_eq!(r.is_ok(), tier >= floor, "floor {floor}, tier {tier}");
+            }
+        }
+        for tier in Tier::ALL {
+            check_tier("r", None, "p", tier).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_honest_response_verifies() {
+        let req = request(Some(Tier::Process));
+        verify_response(&req, honest(&req, Tier::Process)).unwrap();
+        let req = request(None);
+        verify_response(&req, honest(&req, Tier::Process)).unwrap();
+    }
+
+    #[test]
+    fn a_consistent_response_below_the_floor_is_caught() {
+        // Every digest matches, the record agrees: only the tier check can catch it.
+        let req = request(Some(Tier::Kernel));
+        let e = verify_response(&req, honest(&req, Tier::Container)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::EvidenceMismatch {
+                    isolation: Tier::Container,
+                    floor: Tier::Kernel,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_record_below_the_floor_is_caught_even_if_the_response_is_not() {
+        let req = request(Some(Tier::Container));
+        let mut resp = honest(&req, Tier::Container);
+        resp.record.isolation = Tier::Process;
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(matches!(e, ClientError::EvidenceMismatch { .. }), "{e}");
+    }
+
+    #[test]
+    fn each_digest_is_recomputed() {
+        let req = request(None);
+        let mut resp = honest(&req, Tier::Process);
+        resp.result.stdout = "2\n".into();
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                ClientError::DigestMismatch {
+                    kind: DigestKind::Result,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+
+        // The request digest is over what this client sent, not what the daemon claims.
+        let other = RunRequest {
+            minimum_isolation: Some(Tier::Process),
+            ..req.clone()
+        };
+        let e = verify_response(&req, honest(&other, Tier::Process)).unwrap_err();
+        let ClientError::DigestMismatch {
+            kind: DigestKind::Request,
+            computed,
+            claimed,
+            ..
+        } = &e
+        else {
+            panic!("{e}")
+        };
+        assert!(e.to_string().contains(computed) && e.to_string().contains(claimed));
+
+        let mut resp = honest(&req, Tier::Process);
+        resp.record.environment = "elsewhere".into();
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::DigestMismatch {
+                    kind: DigestKind::Record,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_record_must_agree_with_the_response() {
+        let req = request(None);
+        let mut resp = honest(&req, Tier::Process);
+        resp.isolation = Tier::Vm;
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::RecordMismatch {
+                    field: "isolation",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let mut resp = honest(&req, Tier::Process);
+        resp.provider = "q".into();
+        assert!(matches!(
+            verify_response(&req, resp).unwrap_err(),
+            ClientError::RecordMismatch {
+                field: "provider",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn another_requests_result_is_not_ours() {
+        let req = request(None);
+        let other = RunRequest {
+            request_id: "r-2".into(),
+            ..req.clone()
+        };
+        let e = verify_response(&req, honest(&other, Tier::Process)).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::RequestIdMismatch { sent, echoed } if sent == "r-1" && echoed == "r-2"),
+            "{e}"
+        );
+        assert_eq!(not_dispatched_reason(&e), None);
+    }
+}
