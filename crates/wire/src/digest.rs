@@ -180,7 +180,7 @@ pub fn encode_request(r: &RunRequest) -> Vec<u8> {
     }
     e.nest("run", &encode_run(&r.run));
     if let Some(g) = &r.grant {
-        let _ = g;
+        e.str("grant", g);
     }
     e.finish()
 }
