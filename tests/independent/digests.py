@@ -1,0 +1,395 @@
+#!/usr/bin/python3
+"""An independent implementation of the plimsoll digest encoding, written from
+docs/protocol.md (not from the Rust code), checked against the golden vectors.
+
+Usage: digests.py [VECTORS.json]   (default: crates/wire/tests/golden/vectors.json)
+
+Standard library only. Exits 1 when any vector disagrees, and ends with the line
+`N passed, M failed`.
+"""
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import sys
+
+REQUEST_DOMAIN = "plimsoll/run-request/v1"
+RESULT_DOMAIN = "plimsoll/run-result/v1"
+RECORD_DOMAIN = "plimsoll/run-record/v1"
+
+TIERS = ("process", "container", "kernel", "vm")
+LANGUAGES = ("javascript", "python")
+
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+
+
+class Invalid(Exception):
+    """The input does not follow the protocol."""
+
+
+# --- JSON input ------------------------------------------------------------------------
+
+
+def no_duplicate_keys(pairs):
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise Invalid(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def check_keys(obj, where, required, optional=()):
+    if not isinstance(obj, dict):
+        raise Invalid(f"{where} must be an object")
+    unknown = set(obj) - set(required) - set(optional)
+    if unknown:
+        raise Invalid(f"{where}: unknown field(s) {sorted(unknown)}")
+    for key in required:
+        if key not in obj:
+            raise Invalid(f"{where}: missing field {key!r}")
+
+
+def opt(obj, key):
+    """An optional member: absent and null are the same."""
+    return obj.get(key)
+
+
+def want_int(value, where, lo, hi):
+    # bool is an int in Python; JSON true is not a number.
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise Invalid(f"{where} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def want_bool(value, where):
+    if not isinstance(value, bool):
+        raise Invalid(f"{where} must be true or false")
+    return value
+
+
+def want_str(value, where):
+    if not isinstance(value, str):
+        raise Invalid(f"{where} must be a string")
+    return value
+
+
+def utf8(text, where):
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate from a \\ud800 escape
+        raise Invalid(f"{where} is not valid Unicode: {e}") from None
+
+
+def wire_bytes(value, where):
+    """Bytes on the wire: a JSON string (its UTF-8), or {"base64": standard, padded}."""
+    if isinstance(value, str):
+        return utf8(value, where)
+    if isinstance(value, dict) and set(value) == {"base64"} and isinstance(value["base64"], str):
+        text = value["base64"]
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise Invalid(f"{where}: bad base64: {e}") from None
+        if base64.b64encode(raw).decode("ascii") != text:
+            raise Invalid(f"{where}: base64 is not in canonical padded form")
+        return raw
+    raise Invalid(f'{where} must be a string or {{"base64": "..."}}')
+
+
+def want_tier(value, where):
+    if value not in TIERS:
+        raise Invalid(f"{where} must be one of {TIERS}")
+    return value
+
+
+# --- The encoding ------------------------------------------------------------------------
+
+
+def frame(data):
+    """u64 big-endian length, then the bytes."""
+    return len(data).to_bytes(8, "big") + data
+
+
+class Encoding:
+    def __init__(self, domain=None):
+        self.buf = bytearray()
+        if domain is not None:
+            self.buf += frame(domain.encode("utf-8"))
+
+    def raw(self, name, value):
+        self.buf += frame(name.encode("utf-8")) + frame(value)
+
+    def string(self, name, value, where=None):
+        self.raw(name, utf8(value, where or name))
+
+    def u64(self, name, value):
+        self.raw(name, value.to_bytes(8, "big", signed=False))
+
+    def i64(self, name, value):
+        self.raw(name, value.to_bytes(8, "big", signed=True))
+
+    def boolean(self, name, value):
+        self.raw(name, b"\x01" if value else b"\x00")
+
+    def nested(self, name, inner):
+        self.raw(name, bytes(inner.buf))
+
+    def items(self, name, items):
+        """A list: left out when empty, else u64 BE count, then each item framed."""
+        if not items:
+            return
+        value = len(items).to_bytes(8, "big")
+        for item in items:
+            value += frame(item)
+        self.raw(name, value)
+
+    def bytes(self):
+        return bytes(self.buf)
+
+
+LIMITS = ("timeout_ms", "memory_bytes", "output_bytes", "pids", "disk_bytes", "artifact_bytes")
+
+
+def encode_request(r):
+    check_keys(
+        r,
+        "request",
+        ("protocol", "request_id", "run"),
+        ("minimum_isolation", "provider", "limits", "grant"),
+    )
+    want_str(r["request_id"], "request_id")  # checked, never encoded
+    e = Encoding(REQUEST_DOMAIN)
+    e.u64("protocol", want_int(r["protocol"], "protocol", 0, U32_MAX))
+    if opt(r, "minimum_isolation") is not None:
+        e.string("minimum_isolation", want_tier(r["minimum_isolation"], "minimum_isolation"))
+    if opt(r, "provider") is not None:
+        e.string("provider", want_str(r["provider"], "provider"))
+    if opt(r, "limits") is not None:
+        limits = r["limits"]
+        check_keys(limits, "limits", (), LIMITS)
+        le = Encoding()
+        for name in LIMITS:
+            if opt(limits, name) is not None:
+                le.u64(name, want_int(limits[name], f"limits.{name}", 0, U64_MAX))
+        e.nested("limits", le)  # present even when it holds no field
+    e.nested("run", encode_run(r["run"]))
+    if opt(r, "grant") is not None:
+        e.string("grant", want_str(r["grant"], "grant"))
+    return e.bytes()
+
+
+def encode_run(run):
+    if not isinstance(run, dict):
+        raise Invalid("run must be an object")
+    kind = run.get("kind")
+    e = Encoding()
+    if kind == "snippet":
+        check_keys(run, "run", ("kind", "language", "code"))
+        if run["language"] not in LANGUAGES:
+            raise Invalid(f"run.language must be one of {LANGUAGES}")
+        e.string("kind", "snippet")
+        e.string("language", run["language"])
+        e.string("code", want_str(run["code"], "run.code"))
+    elif kind == "project":
+        check_keys(run, "run", ("kind", "steps"), ("files", "artifacts"))
+        e.string("kind", "project")
+        files = []
+        for i, f in enumerate(opt(run, "files") or []):
+            where = f"run.files[{i}]"
+            check_keys(f, where, ("path", "content"), ("executable",))
+            fe = Encoding()
+            fe.string("path", want_str(f["path"], f"{where}.path"))
+            fe.raw("content", wire_bytes(f["content"], f"{where}.content"))
+            executable = opt(f, "executable")
+            fe.boolean("executable", False if executable is None else want_bool(executable, where))
+            files.append(fe.bytes())
+        e.items("files", files)
+        steps = []
+        for i, s in enumerate(run["steps"]):
+            where = f"run.steps[{i}]"
+            check_keys(s, where, ("run",), ("name",))
+            se = Encoding()
+            if opt(s, "name") is not None:
+                se.string("name", want_str(s["name"], f"{where}.name"))
+            se.string("run", want_str(s["run"], f"{where}.run"))
+            steps.append(se.bytes())
+        e.items("steps", steps)
+        artifacts = [
+            utf8(want_str(a, f"run.artifacts[{i}]"), f"run.artifacts[{i}]")
+            for i, a in enumerate(opt(run, "artifacts") or [])
+        ]
+        e.items("artifacts", artifacts)
+    else:
+        raise Invalid("run.kind must be snippet or project")
+    return e
+
+
+OUTCOME_REQUIRED = ("timed_out", "stdout", "stdout_truncated", "stderr", "stderr_truncated")
+OUTCOME_OPTIONAL = ("exit_code", "signal", "oom_killed")
+
+
+def encode_outcome(e, o, where):
+    for name in ("exit_code", "signal"):
+        if opt(o, name) is not None:
+            e.i64(name, want_int(o[name], f"{where}.{name}", I32_MIN, I32_MAX))
+    e.boolean("timed_out", want_bool(o["timed_out"], f"{where}.timed_out"))
+    oom = opt(o, "oom_killed")
+    e.boolean("oom_killed", False if oom is None else want_bool(oom, f"{where}.oom_killed"))
+    e.raw("stdout", wire_bytes(o["stdout"], f"{where}.stdout"))
+    e.boolean("stdout_truncated", want_bool(o["stdout_truncated"], f"{where}.stdout_truncated"))
+    e.raw("stderr", wire_bytes(o["stderr"], f"{where}.stderr"))
+    e.boolean("stderr_truncated", want_bool(o["stderr_truncated"], f"{where}.stderr_truncated"))
+
+
+def encode_result(r):
+    check_keys(r, "result", OUTCOME_REQUIRED, OUTCOME_OPTIONAL + ("steps", "artifacts"))
+    e = Encoding(RESULT_DOMAIN)
+    encode_outcome(e, r, "result")
+    steps = []
+    for i, s in enumerate(opt(r, "steps") or []):
+        where = f"result.steps[{i}]"
+        check_keys(s, where, OUTCOME_REQUIRED + ("duration_ms",), OUTCOME_OPTIONAL + ("name",))
+        want_int(s["duration_ms"], f"{where}.duration_ms", 0, U64_MAX)  # checked, never encoded
+        se = Encoding()
+        if opt(s, "name") is not None:
+            se.string("name", want_str(s["name"], f"{where}.name"))
+        encode_outcome(se, s, where)
+        steps.append(se.bytes())
+    e.items("steps", steps)
+    artifacts = []
+    for i, a in enumerate(opt(r, "artifacts") or []):
+        where = f"result.artifacts[{i}]"
+        check_keys(a, where, ("path", "found", "size", "content", "truncated"))
+        ae = Encoding()
+        ae.string("path", want_str(a["path"], f"{where}.path"))
+        ae.boolean("found", want_bool(a["found"], f"{where}.found"))
+        ae.u64("size", want_int(a["size"], f"{where}.size", 0, U64_MAX))
+        ae.raw("content", wire_bytes(a["content"], f"{where}.content"))
+        ae.boolean("truncated", want_bool(a["truncated"], f"{where}.truncated"))
+        artifacts.append(ae.bytes())
+    e.items("artifacts", artifacts)
+    return e.bytes()
+
+
+RECORD_STRINGS = ("request_id", "request_sha256", "result_sha256", "provider")
+
+
+def encode_record(r):
+    check_keys(
+        r,
+        "record",
+        RECORD_STRINGS
+        + (
+            "isolation",
+            "evidence_sha256",
+            "environment",
+            "started_unix_ms",
+            "ended_unix_ms",
+            "record_sha256",
+        ),
+    )
+    e = Encoding(RECORD_DOMAIN)
+    for name in RECORD_STRINGS:
+        e.string(name, want_str(r[name], name))
+    e.string("isolation", want_tier(r["isolation"], "isolation"))
+    e.string("evidence_sha256", want_str(r["evidence_sha256"], "evidence_sha256"))
+    e.string("environment", want_str(r["environment"], "environment"))
+    e.u64("started_unix_ms", want_int(r["started_unix_ms"], "started_unix_ms", 0, U64_MAX))
+    e.u64("ended_unix_ms", want_int(r["ended_unix_ms"], "ended_unix_ms", 0, U64_MAX))
+    return e.bytes()
+
+
+def drop_nulls(value):
+    """Absent optional members are left out of canonical JSON; null means absent."""
+    if isinstance(value, dict):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
+
+
+def canonical_evidence(ev):
+    check_keys(
+        ev,
+        "evidence",
+        ("provider", "isolation", "config", "binaries", "checks", "environment", "checked_unix_ms"),
+        ("probe",),
+    )
+    want_tier(ev["isolation"], "isolation")
+    # Keys sorted by code point, which is the order of their UTF-8 bytes; compact; UTF-8
+    # as is (no \\u escapes but the ones JSON requires).
+    text = json.dumps(drop_nulls(ev), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return utf8(text, "evidence")
+
+
+ENCODERS = {
+    "request": encode_request,
+    "result": encode_result,
+    "record": encode_record,
+    "evidence": canonical_evidence,
+}
+
+
+# --- Checking the vectors -------------------------------------------------------------------
+
+
+def check(vector, by_name):
+    """Returns a list of problems with one vector (empty when it agrees)."""
+    kind = vector["kind"]
+    if kind not in ENCODERS:
+        return [f"unknown kind {kind!r}"]
+    encoding = ENCODERS[kind](vector["input"])
+    digest = hashlib.sha256(encoding).hexdigest()
+    problems = []
+    if encoding.hex() != vector["encoding_hex"]:
+        problems.append(
+            f"encoding differs\n    stored   {vector['encoding_hex']}\n    computed {encoding.hex()}"
+        )
+    if digest != vector["sha256"]:
+        problems.append(f"sha256 differs: stored {vector['sha256']}, computed {digest}")
+    if kind == "record" and vector["input"]["record_sha256"] != digest:
+        problems.append("input.record_sha256 is not the record's digest")
+    if kind == "evidence" and vector.get("canonical_json") != encoding.decode("utf-8"):
+        problems.append("canonical_json differs")
+    other = vector.get("same_digest_as")
+    if other is not None:
+        if other not in by_name:
+            problems.append(f"same_digest_as names no vector {other!r}")
+        elif by_name[other]["sha256"] != digest:
+            problems.append(f"digest differs from {other}'s")
+    return problems
+
+
+def main(argv):
+    here = os.path.dirname(os.path.abspath(__file__))
+    default = os.path.join(here, "..", "..", "crates", "wire", "tests", "golden", "vectors.json")
+    path = argv[1] if len(argv) > 1 else default
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f, object_pairs_hook=no_duplicate_keys)
+    vectors = data["vectors"]
+    by_name = {v["name"]: v for v in vectors}
+    passed = failed = 0
+    for vector in vectors:
+        try:
+            problems = check(vector, by_name)
+        except (Invalid, KeyError) as e:
+            problems = [f"input refused: {e!r}"]
+        if problems:
+            failed += 1
+            print(f"FAIL {vector['name']}")
+            for p in problems:
+                print(f"  {p}")
+        else:
+            passed += 1
+            print(f"ok   {vector['name']}  {vector['sha256']}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed or not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
