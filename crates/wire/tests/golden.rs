@@ -487,8 +487,39 @@ fn every_field_change_changes_the_digest_and_only_those() {
     assert!(checked > 300, "only {checked} mutations parsed");
 }
 
+/// docs/protocol.md's worked example is the vector `request/minimal-snippet`, byte for byte.
+#[test]
+fn the_worked_example_in_the_docs_is_the_vector() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/protocol.md");
+    let doc = std::fs::read_to_string(&doc_path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", doc_path.display()));
+    let (_, file) = load();
+    let v = file
+        .vectors
+        .iter()
+        .find(|v| v.name == "request/minimal-snippet")
+        .expect("the worked example's vector");
+    let fresh = recompute(&file);
+    let f = fresh.vectors.iter().find(|f| f.name == v.name).unwrap();
+    for (what, text) in [("encoding", &f.encoding_hex), ("sha256", &f.sha256)] {
+        assert!(
+            doc.contains(text.as_str()),
+            "docs/protocol.md's worked example does not show the {what} of request/minimal-snippet ({text}): update it"
+        );
+    }
+    let bytes = f.encoding_hex.len() / 2;
+    assert!(
+        doc.contains(&format!("{bytes} bytes")),
+        "docs/protocol.md should give the example's length, {bytes} bytes"
+    );
+}
+
 /// The independent implementation (plain Python, standard library) agrees with every vector.
 #[test]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "runs the Python checker on a file of test data, with an empty environment; the wire crate cannot depend on plimsoll-sandbox's spawn helper"
+)]
 fn independent_python_implementation_agrees() {
     let python = Path::new("/usr/bin/python3");
     if !python.exists() {
