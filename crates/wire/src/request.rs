@@ -311,7 +311,9 @@ pub fn parse_request(body: &[u8]) -> Result<RunRequest, RequestRejection> {
             });
         }
     }
-    let request: RunRequest = serde_json::from_value(value).map_err(|e| RequestRejection {
+    // Deserialise from the original bytes, not from `value`: the derived types refuse a
+    // duplicated key, where a `Value` would keep the last one silently.
+    let request: RunRequest = serde_json::from_slice(body).map_err(|e| RequestRejection {
         request_id: request_id.clone(),
         reason: Reason::Request,
         message: format!("the request does not match protocol {PROTOCOL}: {e}"),
@@ -406,6 +408,20 @@ mod tests {
             };
             assert_eq!(p.validate().unwrap_err().reason, Reason::Request, "{bad}");
         }
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused() {
+        let dup = r#"{"protocol":1,"request_id":"r","run":{"kind":"snippet","language":"python","code":"1","code":"2"}}"#;
+        assert_eq!(
+            parse_request(dup.as_bytes()).unwrap_err().reason,
+            Reason::Request
+        );
+        let dup = r#"{"protocol":1,"request_id":"r","minimum_isolation":"vm","minimum_isolation":"process","run":{"kind":"snippet","language":"python","code":"1"}}"#;
+        assert_eq!(
+            parse_request(dup.as_bytes()).unwrap_err().reason,
+            Reason::Request
+        );
     }
 
     #[test]
