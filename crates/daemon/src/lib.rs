@@ -1,24 +1,18 @@
 //! plimsolld: HTTP/JSON in front of the engine. The only crate that knows HTTP servers.
+//!
+//! Routes, statuses, authentication and settings are described in docs/daemon.md; the
+//! OpenAPI document is docs/openapi.json (also served at `GET /v1/openapi.json`).
 
-pub mod testing {
-    //! An in-process daemon for tests of other crates.
+pub mod callers;
+mod daemon;
+pub mod logging;
+mod metrics;
+mod server;
+pub mod testing;
 
-    /// A daemon serving on a loopback port, stopped when dropped.
-    #[derive(Debug)]
-    pub struct TestDaemon {
-        /// Base URL, e.g. `http://127.0.0.1:43121`.
-        pub url: String,
-        /// A caller token valid on it (caller name `test`).
-        pub token: String,
-    }
-
-    impl TestDaemon {
-        /// Starts a daemon with these settings (TOML, as in a settings file; `[daemon]` keys
-        /// other than limits are overridden: it listens on an ephemeral loopback port and uses
-        /// a fresh callers file holding one caller `test`).
-        pub fn start(settings_toml: &str) -> TestDaemon {
-            let _ = settings_toml;
-            unimplemented!("TestDaemon::start")
-        }
-    }
-}
+pub use callers::{AddCallerError, Token, add_caller};
+pub use daemon::{
+    DEFAULT_CALLERS_FILE, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_RECHECK_SECS, Daemon,
+    DaemonOptions, SHUTDOWN_SLACK, StartDaemonError, build_engine, run,
+};
+pub use server::{OPENAPI_JSON, RETRY_AFTER_SECS, ROUTES, Route, status_for};

@@ -1,6 +1,60 @@
 //! plimsolld: parses arguments and settings, then serves.
 
-fn main() {
-    eprintln!("plimsolld: not built yet");
-    std::process::exit(1);
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser;
+use plimsoll_engine::env;
+use plimsoll_engine::settings::Settings;
+
+/// The plimsoll daemon: HTTP/JSON in front of the sandbox engine (see docs/daemon.md).
+#[derive(Debug, Parser)]
+#[command(name = "plimsolld", version, after_help = env::help_text())]
+struct Args {
+    /// Settings file (TOML). Default: PLIMSOLL_CONFIG, else /etc/plimsoll/plimsoll.toml if it
+    /// exists.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on, overriding [daemon].listen (default 127.0.0.1:7878).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+}
+
+const DEFAULT_CONFIG: &str = "/etc/plimsoll/plimsoll.toml";
+
+fn load_settings(args: &Args) -> anyhow::Result<Settings> {
+    let path = args
+        .config
+        .clone()
+        .or_else(|| env::get(env::PLIMSOLL_CONFIG).map(PathBuf::from))
+        .or_else(|| {
+            let default = PathBuf::from(DEFAULT_CONFIG);
+            default.exists().then_some(default)
+        });
+    match path {
+        Some(p) => Ok(Settings::load(&p)?),
+        None => Ok(Settings::default()),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    plimsoll_daemon::logging::init();
+    let result = load_settings(&args).and_then(|settings| {
+        let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+        let served = rt.block_on(plimsoll_daemon::run(&settings, args.listen.as_deref()));
+        // Dropping a runtime waits for every blocking task; a run abandoned at the shutdown
+        // bound must not hold the process open.
+        rt.shutdown_timeout(std::time::Duration::from_secs(1));
+        Ok(served?)
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "plimsolld stopped");
+            eprintln!("plimsolld: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,180 @@
+//! Counters behind `GET /metrics`, written in the Prometheus text exposition format by hand.
+//! Labels are bounded sets (provider names, outcomes, reasons, known routes, status codes);
+//! nothing secret, and no caller-chosen text, ever becomes a label.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use plimsoll_engine::Engine;
+use plimsoll_wire::{Reason, RunResult};
+
+/// How a run that happened ended, as a metrics label.
+pub fn outcome_label(result: &RunResult) -> &'static str {
+    if result.timed_out {
+        "timed_out"
+    } else if result.oom_killed {
+        "oom_killed"
+    } else if result.exit_code == Some(0) {
+        "ok"
+    } else {
+        "error"
+    }
+}
+
+/// The outcome label of a run that failed after it may have started.
+pub const OUTCOME_SANDBOX_FAILED: &str = "sandbox_failed";
+
+#[derive(Debug, Default)]
+struct Inner {
+    runs: BTreeMap<(String, &'static str), u64>,
+    refusals: BTreeMap<&'static str, u64>,
+    duration: BTreeMap<String, (u64, u64)>,
+    http: BTreeMap<(&'static str, u16), u64>,
+}
+
+/// The daemon's counters.
+#[derive(Debug)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut inner = Inner::default();
+        for r in Reason::ALL {
+            inner.refusals.insert(r.as_str(), 0);
+        }
+        Metrics {
+            inner: Mutex::new(inner),
+        }
+    }
+}
+
+impl Metrics {
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A run happened on `provider` and gave a result.
+    pub fn run_completed(&self, provider: &str, outcome: &'static str, duration_ms: u64) {
+        self.with(|m| {
+            *m.runs.entry((provider.to_owned(), outcome)).or_default() += 1;
+            let d = m.duration.entry(provider.to_owned()).or_default();
+            d.0 += duration_ms;
+            d.1 += 1;
+        });
+    }
+
+    /// A run was dispatched to `provider` and failed after it may have started.
+    pub fn run_failed(&self, provider: &str) {
+        self.with(|m| {
+            *m.runs
+                .entry((provider.to_owned(), OUTCOME_SANDBOX_FAILED))
+                .or_default() += 1;
+        });
+    }
+
+    /// A run request was refused before anything ran.
+    pub fn refused(&self, reason: Reason) {
+        self.with(|m| *m.refusals.entry(reason.as_str()).or_default() += 1);
+    }
+
+    /// An HTTP answer was sent.
+    pub fn http(&self, route: &'static str, status: u16) {
+        self.with(|m| *m.http.entry((route, status)).or_default() += 1);
+    }
+
+    /// The exposition text, with the engine's live gauges.
+    pub fn render(&self, engine: &Engine) -> String {
+        let mut out = String::new();
+        let providers = engine.providers();
+        self.with(|m| {
+            out.push_str("# HELP plimsoll_runs_total Runs that were dispatched, by provider and outcome (ok, error, timed_out, oom_killed, sandbox_failed).\n");
+            out.push_str("# TYPE plimsoll_runs_total counter\n");
+            for ((provider, outcome), n) in &m.runs {
+                let _ = writeln!(
+                    out,
+                    "plimsoll_runs_total{{provider=\"{}\",outcome=\"{outcome}\"}} {n}",
+                    escape(provider)
+                );
+            }
+            out.push_str("# HELP plimsoll_refusals_total Run requests refused before anything ran, by not-dispatched reason.\n");
+            out.push_str("# TYPE plimsoll_refusals_total counter\n");
+            for (reason, n) in &m.refusals {
+                let _ = writeln!(out, "plimsoll_refusals_total{{reason=\"{reason}\"}} {n}");
+            }
+            out.push_str("# HELP plimsoll_run_duration_seconds Wall time of runs that gave a result, by provider.\n");
+            out.push_str("# TYPE plimsoll_run_duration_seconds summary\n");
+            for (provider, (sum_ms, count)) in &m.duration {
+                let p = escape(provider);
+                let _ = writeln!(
+                    out,
+                    "plimsoll_run_duration_seconds_sum{{provider=\"{p}\"}} {}",
+                    *sum_ms as f64 / 1000.0
+                );
+                let _ = writeln!(
+                    out,
+                    "plimsoll_run_duration_seconds_count{{provider=\"{p}\"}} {count}"
+                );
+            }
+            out.push_str(
+                "# HELP plimsoll_http_requests_total HTTP answers, by route and status code.\n",
+            );
+            out.push_str("# TYPE plimsoll_http_requests_total counter\n");
+            for ((route, status), n) in &m.http {
+                let _ = writeln!(
+                    out,
+                    "plimsoll_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+                );
+            }
+        });
+        out.push_str("# HELP plimsoll_runs_in_flight Runs admitted and not finished.\n");
+        out.push_str("# TYPE plimsoll_runs_in_flight gauge\n");
+        let _ = writeln!(out, "plimsoll_runs_in_flight {}", engine.in_flight());
+        out.push_str(
+            "# HELP plimsoll_provider_available 1 when the provider's last probe passed, else 0.\n",
+        );
+        out.push_str("# TYPE plimsoll_provider_available gauge\n");
+        for p in &providers {
+            let _ = writeln!(
+                out,
+                "plimsoll_provider_available{{provider=\"{}\",isolation=\"{}\"}} {}",
+                escape(&p.name),
+                p.isolation,
+                u8::from(p.available)
+            );
+        }
+        out.push_str("# HELP plimsoll_ready 1 when the daemon is ready to run requests.\n");
+        out.push_str("# TYPE plimsoll_ready gauge\n");
+        let _ = writeln!(out, "plimsoll_ready {}", u8::from(engine.ready()));
+        out
+    }
+}
+
+/// Escapes a label value: backslash, double quote and newline.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_and_escapes() {
+        let mut r = RunResult {
+            exit_code: Some(0),
+            ..RunResult::default()
+        };
+        assert_eq!(outcome_label(&r), "ok");
+        r.exit_code = Some(3);
+        assert_eq!(outcome_label(&r), "error");
+        r.timed_out = true;
+        assert_eq!(outcome_label(&r), "timed_out");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,485 @@
+//! The HTTP surface: routes, authentication, status codes, and one log line per run answer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get, post};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use plimsoll_engine::{Engine, RunError};
+use plimsoll_wire::{
+    ErrorBody, ErrorResponse, PROTOCOL, ProvidersResponse, Reason, parse_request,
+    validate_request_id,
+};
+
+use crate::callers::{CallerStore, Token};
+use crate::metrics::{Metrics, outcome_label};
+
+/// The OpenAPI document of this daemon (docs/openapi.json), served at `GET /v1/openapi.json`.
+pub const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
+
+/// Seconds a client is told to wait after a `capacity` refusal.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct Shared {
+    /// The engine runs are handed to.
+    pub engine: Arc<Engine>,
+    /// Who may call.
+    pub callers: CallerStore,
+    /// Counters for `/metrics`.
+    pub metrics: Metrics,
+    /// Largest accepted `POST /v1/runs` body.
+    pub max_body_bytes: usize,
+}
+
+/// Handler state: cheap to clone.
+pub type AppState = Arc<Shared>;
+
+/// One route the router serves.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    /// The HTTP method.
+    pub method: &'static str,
+    /// The path.
+    pub path: &'static str,
+    /// Whether it needs a bearer token.
+    pub auth: bool,
+    make: fn() -> MethodRouter<AppState>,
+}
+
+/// Every route, in one table: the router is built from it, and a test checks that each one
+/// appears in the OpenAPI document.
+pub const ROUTES: &[Route] = &[
+    Route {
+        method: "POST",
+        path: "/v1/runs",
+        auth: true,
+        make: || post(runs),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/providers",
+        auth: true,
+        make: || get(providers),
+    },
+    Route {
+        method: "GET",
+        path: "/healthz",
+        auth: false,
+        make: || get(healthz),
+    },
+    Route {
+        method: "GET",
+        path: "/readyz",
+        auth: false,
+        make: || get(readyz),
+    },
+    Route {
+        method: "GET",
+        path: "/metrics",
+        auth: false,
+        make: || get(metrics),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/openapi.json",
+        auth: false,
+        make: || get(openapi),
+    },
+];
+
+/// The router over [`ROUTES`], with JSON 404 and 405 answers and request counting.
+pub fn router(state: AppState) -> Router {
+    let mut r: Router<AppState> = Router::new();
+    for route in ROUTES {
+        r = r.route(route.path, (route.make)());
+    }
+    r.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), count_http))
+        .with_state(state)
+}
+
+/// The HTTP status of a refusal with this reason.
+pub fn status_for(reason: Reason) -> StatusCode {
+    match reason {
+        Reason::Request | Reason::Protocol => StatusCode::BAD_REQUEST,
+        Reason::Permission => StatusCode::FORBIDDEN,
+        Reason::Unsupported | Reason::Isolation => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::Environment => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::Capacity => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
+async fn count_http(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    // Only known paths become labels, so arbitrary URLs cannot grow the metrics.
+    let route = ROUTES
+        .iter()
+        .find(|r| r.path == path)
+        .map_or("other", |r| r.path);
+    let resp = next.run(req).await;
+    st.metrics.http(route, resp.status().as_u16());
+    resp
+}
+
+fn error_json(status: StatusCode, body: &ErrorResponse) -> Response {
+    let mut resp = (status, axum::Json(body)).into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    resp
+}
+
+fn refusal(
+    request_id: Option<String>,
+    code: &str,
+    reason: Reason,
+    message: String,
+) -> ErrorResponse {
+    ErrorResponse {
+        protocol: PROTOCOL,
+        request_id,
+        error: ErrorBody {
+            code: code.to_owned(),
+            message,
+            not_dispatched: Some(reason),
+        },
+    }
+}
+
+/// Why a request could not be authenticated.
+enum AuthFailure {
+    Missing,
+    Invalid,
+    Unavailable(String),
+}
+
+impl AuthFailure {
+    fn into_response(self, request_id: Option<String>) -> (StatusCode, ErrorResponse) {
+        match self {
+            AuthFailure::Missing => (
+                StatusCode::UNAUTHORIZED,
+                refusal(
+                    request_id,
+                    "unauthenticated",
+                    Reason::Permission,
+                    "no bearer token: send `Authorization: Bearer <token>` (an operator creates one with `plimsoll callers add NAME`)".into(),
+                ),
+            ),
+            AuthFailure::Invalid => (
+                StatusCode::UNAUTHORIZED,
+                refusal(
+                    request_id,
+                    "unauthenticated",
+                    Reason::Permission,
+                    "the bearer token is not valid on this daemon: check PLIMSOLL_TOKEN, or ask the operator for a token (`plimsoll callers add NAME`)".into(),
+                ),
+            ),
+            AuthFailure::Unavailable(message) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                refusal(request_id, "callers_unavailable", Reason::Environment, message),
+            ),
+        }
+    }
+}
+
+fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<String, AuthFailure> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or(AuthFailure::Missing)?;
+    let text = value.to_str().map_err(|_| AuthFailure::Invalid)?;
+    let (scheme, rest) = text.split_once(' ').ok_or(AuthFailure::Invalid)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(AuthFailure::Invalid);
+    }
+    let token = Token::new(rest.trim());
+    let callers = st
+        .callers
+        .current()
+        .map_err(|e| AuthFailure::Unavailable(e.to_string()))?;
+    callers
+        .authenticate(&token)
+        .map(str::to_owned)
+        .ok_or(AuthFailure::Invalid)
+}
+
+/// The request id of a body that will not be run, if one can be read from it.
+fn readable_request_id(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let id = value.get("request_id")?.as_str()?;
+    validate_request_id(id).ok()?;
+    Some(id.to_owned())
+}
+
+/// The end of a `POST /v1/runs`: counts, logs one line, answers.
+struct Answer<'a> {
+    st: &'a Shared,
+    started: Instant,
+    caller: Option<&'a str>,
+}
+
+impl Answer<'_> {
+    fn refused(&self, status: StatusCode, body: ErrorResponse) -> Response {
+        let reason = body.error.not_dispatched;
+        if let Some(r) = reason {
+            self.st.metrics.refused(r);
+        }
+        tracing::info!(
+            request_id = body.request_id.as_deref().unwrap_or(""),
+            caller = self.caller.unwrap_or(""),
+            outcome = "refused",
+            reason = reason.map_or("", Reason::as_str),
+            code = %body.error.code,
+            status = status.as_u16(),
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            "run refused"
+        );
+        error_json(status, &body)
+    }
+}
+
+async fn runs(State(st): State<AppState>, req: Request) -> Response {
+    let mut answer = Answer {
+        st: &st,
+        started: Instant::now(),
+        caller: None,
+    };
+    let (parts, body) = req.into_parts();
+    let too_large = || {
+        refusal(
+            None,
+            "request",
+            Reason::Request,
+            format!(
+                "the request body is larger than this daemon's limit of {} bytes: send less (the operator sets [daemon].max_body_bytes)",
+                st.max_body_bytes
+            ),
+        )
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > st.max_body_bytes as u64) {
+        return answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large());
+    }
+    let bytes = match Limited::new(body, st.max_body_bytes).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            return answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large());
+        }
+        Err(e) => {
+            return answer.refused(
+                StatusCode::BAD_REQUEST,
+                refusal(
+                    None,
+                    "request",
+                    Reason::Request,
+                    format!("the request body could not be read ({e}): send it again"),
+                ),
+            );
+        }
+    };
+
+    let caller = match authenticate(&st, &parts.headers) {
+        Ok(c) => c,
+        Err(failure) => {
+            // The body is read only for its id, so the refusal can be matched; it never runs.
+            let (status, body) = failure.into_response(readable_request_id(&bytes));
+            return answer.refused(status, body);
+        }
+    };
+    answer.caller = Some(&caller);
+
+    let request = match parse_request(&bytes) {
+        Ok(r) => r,
+        Err(rejection) => {
+            return answer.refused(status_for(rejection.reason), rejection.to_response());
+        }
+    };
+    let request_id = request.request_id.clone();
+    let engine = Arc::clone(&st.engine);
+    let who = caller.clone();
+    let joined = tokio::task::spawn_blocking(move || engine.run(&who, &request)).await;
+    let duration_ms = answer.started.elapsed().as_millis() as u64;
+    match joined {
+        Ok(Ok(resp)) => {
+            let outcome = outcome_label(&resp.result);
+            st.metrics
+                .run_completed(&resp.provider, outcome, resp.duration_ms);
+            tracing::info!(
+                request_id = %resp.request_id,
+                caller = %caller,
+                provider = %resp.provider,
+                isolation = %resp.isolation,
+                outcome,
+                exit_code = ?resp.result.exit_code,
+                status = 200,
+                run_ms = resp.duration_ms,
+                duration_ms,
+                "run answered"
+            );
+            (StatusCode::OK, axum::Json(resp)).into_response()
+        }
+        Ok(Err(err @ RunError::Refused { .. })) => {
+            let reason = plimsoll_wire::not_dispatched_reason(&err).unwrap_or(Reason::Request);
+            answer.refused(status_for(reason), err.to_response())
+        }
+        Ok(Err(err @ RunError::Failed { .. })) => {
+            if let RunError::Failed { provider, .. } = &err {
+                st.metrics.run_failed(provider);
+            }
+            tracing::error!(
+                request_id = %request_id,
+                caller = %caller,
+                outcome = "sandbox_failed",
+                error = %err,
+                status = 500,
+                duration_ms,
+                "run failed after it may have started"
+            );
+            error_json(StatusCode::INTERNAL_SERVER_ERROR, &err.to_response())
+        }
+        Err(join) => {
+            // The engine panicked: the code may have started, so no not-dispatched mark.
+            tracing::error!(
+                request_id = %request_id,
+                caller = %caller,
+                outcome = "internal",
+                error = %join,
+                status = 500,
+                duration_ms,
+                "the engine failed while handling a run"
+            );
+            let body = ErrorResponse {
+                protocol: PROTOCOL,
+                request_id: Some(request_id),
+                error: ErrorBody {
+                    code: "internal".into(),
+                    message: "the daemon failed while handling this run; it may have started: do not retry blindly, and report this to the operator".into(),
+                    not_dispatched: None,
+                },
+            };
+            error_json(StatusCode::INTERNAL_SERVER_ERROR, &body)
+        }
+    }
+}
+
+async fn providers(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(failure) = authenticate(&st, &headers) {
+        let (status, body) = failure.into_response(None);
+        return error_json(status, &body);
+    }
+    let body = ProvidersResponse {
+        protocol: PROTOCOL,
+        default_floor: st.engine.config().default_floor,
+        providers: st.engine.providers(),
+    };
+    axum::Json(body).into_response()
+}
+
+async fn healthz() -> Response {
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if st.engine.ready() {
+        axum::Json(serde_json::json!({"ready": true})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({
+                "ready": false,
+                "message": "no provider has passed its probe yet (or every one was withdrawn): see the daemon's log and GET /v1/providers"
+            })),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    let text = st.metrics.render(&st.engine);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from(OPENAPI_JSON),
+    )
+        .into_response()
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
+    let body = refusal(
+        None,
+        "not_found",
+        Reason::Request,
+        format!(
+            "no route {method} {}: see GET /v1/openapi.json for the routes this daemon serves",
+            uri.path()
+        ),
+    );
+    error_json(StatusCode::NOT_FOUND, &body)
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
+    let body = refusal(
+        None,
+        "method_not_allowed",
+        Reason::Request,
+        format!(
+            "{} does not accept {method}: see GET /v1/openapi.json",
+            uri.path()
+        ),
+    );
+    error_json(StatusCode::METHOD_NOT_ALLOWED, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_a_client_error_or_unavailable_status() {
+        for r in Reason::ALL {
+            let s = status_for(r);
+            assert!(
+                s.is_client_error() || s == StatusCode::SERVICE_UNAVAILABLE,
+                "{r}"
+            );
+        }
+        assert_eq!(status_for(Reason::Capacity), StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[test]
+    fn request_ids_are_read_only_when_valid() {
+        assert_eq!(
+            readable_request_id(br#"{"request_id":"r-1","x":1}"#).as_deref(),
+            Some("r-1")
+        );
+        assert_eq!(readable_request_id(br#"{"request_id":"a b"}"#), None);
+        assert_eq!(readable_request_id(b"{nope"), None);
+    }
+}

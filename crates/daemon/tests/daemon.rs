@@ -1,0 +1,962 @@
+//! plimsolld over real HTTP on loopback: refusals, authentication, capacity, providers,
+//! readiness, metrics, the OpenAPI document, logs, start-up refusal and graceful shutdown.
+//! Runs use the real process provider; where it is unavailable on this host the tests that
+//! need it print `SKIP` (and fail under CI=true).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use plimsoll_daemon::testing::TestDaemon;
+use plimsoll_daemon::{ROUTES, add_caller};
+use plimsoll_engine::env;
+use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
+use plimsoll_wire::{ErrorResponse, ProvidersResponse, Reason, RunRequest, RunResponse, Tier};
+
+const PROCESS: &str = "default_floor = \"process\"\nproviders = [\"process\"]\n";
+
+/// One HTTP answer.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+impl Answer {
+    fn error(&self) -> ErrorResponse {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not an ErrorResponse ({e}): {}", self.body))
+    }
+    fn run(&self) -> RunResponse {
+        assert_eq!(self.status, 200, "{}", self.body);
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not a RunResponse ({e}): {}", self.body))
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+fn answer(resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
+    let mut resp = resp.expect("an HTTP answer");
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    Answer {
+        status: resp.status().as_u16(),
+        headers,
+        body: resp
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024 * 1024)
+            .read_to_string()
+            .expect("a readable body"),
+    }
+}
+
+fn post(url: &str, token: Option<&str>, body: &[u8]) -> Answer {
+    let mut req = agent()
+        .post(format!("{url}/v1/runs"))
+        .header("Content-Type", "application/json");
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    answer(req.send(body))
+}
+
+fn get(url: &str, path: &str, token: Option<&str>) -> Answer {
+    let mut req = agent().get(format!("{url}{path}"));
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    answer(req.call())
+}
+
+fn snippet(id: &str, language: &str, code: &str) -> String {
+    serde_json::json!({
+        "protocol": 1,
+        "request_id": id,
+        "run": {"kind": "snippet", "language": language, "code": code},
+    })
+    .to_string()
+}
+
+/// True when the process provider is available on this daemon; otherwise prints SKIP (or
+/// fails under CI=true).
+fn process_available(test: &str, url: &str, token: &str) -> bool {
+    let a = get(url, "/v1/providers", Some(token));
+    assert_eq!(a.status, 200, "{}", a.body);
+    let p: ProvidersResponse = serde_json::from_str(&a.body).expect("a ProvidersResponse");
+    let why = match p.providers.iter().find(|p| p.name == "process") {
+        Some(info) if info.available => return true,
+        Some(info) => info
+            .unavailable_reason
+            .clone()
+            .unwrap_or_else(|| "unavailable".into()),
+        None => "the process provider was never probed (see the daemon's log)".into(),
+    };
+    if env::strict() {
+        panic!("{test}: the process provider is unavailable under CI=true: {why}");
+    }
+    eprintln!("SKIP {test}: the process provider is unavailable: {why}");
+    false
+}
+
+/// `name{labels} value` lines of a Prometheus exposition.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("a sample line");
+            (k.to_owned(), v.parse().expect("a number"))
+        })
+        .collect()
+}
+
+/// A bad request and the refusal it must get.
+struct Case<'a> {
+    what: &'a str,
+    body: String,
+    token: Option<&'a str>,
+    status: u16,
+    reason: Reason,
+    code: &'a str,
+    id: Option<&'a str>,
+    needle: &'a str,
+}
+
+#[test]
+fn bad_input_is_refused_with_a_clear_reason_and_the_daemon_keeps_serving() {
+    let d = TestDaemon::start(&format!("{PROCESS}[daemon]\nmax_body_bytes = 4096\n"));
+    let tok = Some(d.token.as_str());
+    let good = snippet("good-1", "python", "print(1)");
+    let case = |what, body: String, token, (status, reason, code), id, needle| Case {
+        what,
+        body,
+        token,
+        status,
+        reason,
+        code,
+        id,
+        needle,
+    };
+    let bad_request = (400, Reason::Request, "request");
+    let bad_protocol = (400, Reason::Protocol, "protocol");
+    let unauthenticated = (401, Reason::Permission, "unauthenticated");
+    let wrong = Some("plm_not-a-token");
+    let cases = vec![
+        case(
+            "malformed JSON",
+            "{nope".into(),
+            tok,
+            bad_request,
+            None,
+            "not valid JSON",
+        ),
+        case(
+            "unknown field",
+            good.replace("\"protocol\"", "\"colour\":\"red\",\"protocol\""),
+            tok,
+            bad_request,
+            Some("good-1"),
+            "colour",
+        ),
+        case(
+            "wrong protocol",
+            good.replace("\"protocol\":1", "\"protocol\":2"),
+            tok,
+            bad_protocol,
+            Some("good-1"),
+            "protocol 2",
+        ),
+        case(
+            "missing protocol",
+            good.replace("\"protocol\":1,", ""),
+            tok,
+            bad_protocol,
+            Some("good-1"),
+            "protocol",
+        ),
+        case(
+            "oversized body",
+            snippet("big-1", "python", &format!("print('{}')", "x".repeat(5000))),
+            tok,
+            (413, Reason::Request, "request"),
+            None,
+            "4096",
+        ),
+        case(
+            "unknown tier",
+            good.replace(
+                "\"protocol\"",
+                "\"minimum_isolation\":\"fortress\",\"protocol\"",
+            ),
+            tok,
+            bad_request,
+            Some("good-1"),
+            "fortress",
+        ),
+        case(
+            "empty code",
+            snippet("empty-1", "python", "  "),
+            tok,
+            bad_request,
+            Some("empty-1"),
+            "empty",
+        ),
+        case(
+            "missing token",
+            good.clone(),
+            None,
+            unauthenticated,
+            Some("good-1"),
+            "Authorization: Bearer",
+        ),
+        case(
+            "wrong token",
+            good.clone(),
+            wrong,
+            unauthenticated,
+            Some("good-1"),
+            "not valid",
+        ),
+        case(
+            "wrong token, malformed body",
+            "{nope".into(),
+            wrong,
+            unauthenticated,
+            None,
+            "not valid",
+        ),
+    ];
+    let n = cases.len();
+    for Case {
+        what,
+        body,
+        token,
+        status,
+        reason,
+        code,
+        id,
+        needle,
+    } in cases
+    {
+        let a = post(&d.url, token, body.as_bytes());
+        assert_eq!(a.status, status, "{what}: {}", a.body);
+        let e = a.error();
+        assert_eq!(e.error.not_dispatched, Some(reason), "{what}: {}", a.body);
+        assert_eq!(e.error.code, code, "{what}");
+        assert_eq!(e.request_id.as_deref(), id, "{what}");
+        assert!(
+            e.error.message.contains(needle),
+            "{what}: {}",
+            e.error.message
+        );
+        if status == 401 {
+            assert_eq!(
+                a.headers.get("www-authenticate").map(String::as_str),
+                Some("Bearer")
+            );
+        }
+        let h = get(&d.url, "/healthz", None);
+        assert_eq!(h.status, 200, "{what}: the daemon stopped serving");
+    }
+
+    // A `Basic` credential is not a bearer token.
+    let mut req = agent()
+        .post(format!("{}/v1/runs", d.url))
+        .header("Authorization", format!("Basic {}", d.token));
+    req = req.header("Content-Type", "application/json");
+    assert_eq!(answer(req.send(good.as_bytes())).status, 401);
+
+    // Unknown routes and methods answer JSON too.
+    let a = get(&d.url, "/v2/nothing", Some(&d.token));
+    assert_eq!(a.status, 404);
+    assert_eq!(a.error().error.code, "not_found");
+    let a = get(&d.url, "/v1/runs", Some(&d.token));
+    assert_eq!(a.status, 405);
+    assert_eq!(a.error().error.code, "method_not_allowed");
+
+    // Nothing ran: no run was counted, and every refusal was.
+    let m = samples(&get(&d.url, "/metrics", None).body);
+    assert!(
+        !m.keys().any(|k| k.starts_with("plimsoll_runs_total")),
+        "a refused request ran: {m:?}"
+    );
+    let refused: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("plimsoll_refusals_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(refused as usize, n + 1);
+}
+
+#[test]
+fn runs_answer_with_their_tier_digests_and_the_request_id() {
+    let d = TestDaemon::start(PROCESS);
+    if !process_available(
+        "runs_answer_with_their_tier_digests_and_the_request_id",
+        &d.url,
+        &d.token,
+    ) {
+        return;
+    }
+    for (lang, code) in [
+        ("python", "print('hi from python')"),
+        ("javascript", "console.log('hi from javascript')"),
+    ] {
+        let body = snippet(&format!("ok-{lang}"), lang, code);
+        let r = post(&d.url, Some(&d.token), body.as_bytes()).run();
+        assert_eq!(r.request_id, format!("ok-{lang}"));
+        assert_eq!(r.provider, "process");
+        assert_eq!(r.isolation, Tier::Process);
+        assert_eq!(r.result.exit_code, Some(0), "{r:?}");
+        assert_eq!(
+            r.result.stdout.to_string_lossy(),
+            format!("hi from {lang}\n")
+        );
+        let sent: RunRequest = serde_json::from_str(&body).unwrap();
+        assert_eq!(r.request_sha256, request_sha256(&sent));
+        assert_eq!(r.result_sha256, result_sha256(&r.result));
+        assert_eq!(r.record.record_sha256, record_sha256(&r.record));
+        assert_eq!(r.record.request_id, r.request_id);
+    }
+
+    // Refusals the engine decides, with their statuses.
+    let floor = snippet("floor-1", "python", "print(1)")
+        .replace("\"protocol\"", "\"minimum_isolation\":\"vm\",\"protocol\"");
+    let a = post(&d.url, Some(&d.token), floor.as_bytes());
+    assert_eq!(a.status, 422, "{}", a.body);
+    let e = a.error();
+    assert_eq!(e.error.not_dispatched, Some(Reason::Isolation));
+    assert_eq!(e.request_id.as_deref(), Some("floor-1"));
+
+    let project = serde_json::json!({
+        "protocol": 1, "request_id": "proj-1",
+        "run": {"kind": "project", "steps": [{"run": "true"}]},
+    })
+    .to_string();
+    let a = post(&d.url, Some(&d.token), project.as_bytes());
+    assert_eq!(a.status, 422, "{}", a.body);
+    assert_eq!(a.error().error.not_dispatched, Some(Reason::Unsupported));
+
+    let too_long = snippet("limit-1", "python", "print(1)").replace(
+        "\"protocol\"",
+        "\"limits\":{\"timeout_ms\":999999999},\"protocol\"",
+    );
+    let a = post(&d.url, Some(&d.token), too_long.as_bytes());
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.error().error.not_dispatched, Some(Reason::Request));
+    assert_eq!(a.error().request_id.as_deref(), Some("limit-1"));
+}
+
+#[test]
+fn authentication_needs_a_current_token_and_follows_the_callers_file() {
+    let d = TestDaemon::start(PROCESS);
+    let text = std::fs::read_to_string(d.callers_file()).unwrap();
+    assert!(!text.contains(&d.token), "the callers file holds a token");
+
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
+    for bad in [None, Some("plm_wrong"), Some(&format!("{}x", d.token)[..])] {
+        let a = get(&d.url, "/v1/providers", bad);
+        assert_eq!(a.status, 401, "{bad:?}");
+        assert_eq!(a.error().error.code, "unauthenticated");
+    }
+    // The routes that need no token.
+    for path in ["/healthz", "/readyz", "/metrics", "/v1/openapi.json"] {
+        let a = get(&d.url, path, None);
+        assert!(
+            a.status == 200 || (path == "/readyz" && a.status == 503),
+            "{path}: {}",
+            a.status
+        );
+    }
+
+    // A caller added while the daemon runs is seen on the next request.
+    let other = d.add_caller("other");
+    assert_eq!(get(&d.url, "/v1/providers", Some(&other)).status, 200);
+
+    // A broken callers file refuses everyone (environment) until it is fixed.
+    let good = std::fs::read_to_string(d.callers_file()).unwrap();
+    std::fs::write(d.callers_file(), "[[caller]]\nname = 1\n").unwrap();
+    let a = post(
+        &d.url,
+        Some(&d.token),
+        snippet("cf-1", "python", "print(1)").as_bytes(),
+    );
+    assert_eq!(a.status, 503, "{}", a.body);
+    let e = a.error();
+    assert_eq!(e.error.code, "callers_unavailable");
+    assert_eq!(e.error.not_dispatched, Some(Reason::Environment));
+    assert_eq!(e.request_id.as_deref(), Some("cf-1"));
+    std::fs::write(d.callers_file(), good).unwrap();
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
+
+    // Removing a caller revokes its token.
+    let only_other: String = {
+        let text = std::fs::read_to_string(d.callers_file()).unwrap();
+        let start = text.find("[[caller]]\nname = \"other\"").unwrap();
+        text[start..].to_owned()
+    };
+    std::fs::write(d.callers_file(), only_other).unwrap();
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 401);
+    assert_eq!(get(&d.url, "/v1/providers", Some(&other)).status, 200);
+}
+
+#[test]
+fn capacity_refuses_over_the_limit_and_loses_no_request() {
+    let d = TestDaemon::start(&format!(
+        "{PROCESS}max_per_caller = 1\nmax_concurrent = 4\n"
+    ));
+    if !process_available(
+        "capacity_refuses_over_the_limit_and_loses_no_request",
+        &d.url,
+        &d.token,
+    ) {
+        return;
+    }
+    let sleeper = |id: &str| snippet(id, "python", "import time\ntime.sleep(3)\nprint('done')");
+
+    // A burst from one caller: some run, the rest are refused with capacity; none is lost.
+    let n = 4;
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (url, token, barrier) = (d.url.clone(), d.token.clone(), Arc::clone(&barrier));
+            let body = sleeper(&format!("burst-{i}"));
+            std::thread::spawn(move || {
+                barrier.wait();
+                (i, post(&url, Some(&token), body.as_bytes()))
+            })
+        })
+        .collect();
+    let (mut ran, mut refused) = (0, 0);
+    for h in handles {
+        let (i, a) = h.join().expect("a client thread");
+        match a.status {
+            200 => {
+                let r = a.run();
+                assert_eq!(r.request_id, format!("burst-{i}"));
+                assert_eq!(r.result.stdout.to_string_lossy(), "done\n");
+                ran += 1;
+            }
+            429 => {
+                let e = a.error();
+                assert_eq!(e.error.not_dispatched, Some(Reason::Capacity), "{}", a.body);
+                assert_eq!(e.error.code, "capacity");
+                assert_eq!(e.request_id.as_deref(), Some(&format!("burst-{i}")[..]));
+                assert_eq!(a.headers.get("retry-after").map(String::as_str), Some("1"));
+                refused += 1;
+            }
+            other => panic!("burst-{i}: unexpected status {other}: {}", a.body),
+        }
+    }
+    assert_eq!(ran + refused, n);
+    assert!(ran >= 1 && refused >= 1, "ran {ran}, refused {refused}");
+
+    // While `test` holds its one place, `test` is refused and `other` is not.
+    let other = d.add_caller("other");
+    let long = {
+        let (url, token) = (d.url.clone(), d.token.clone());
+        let body = snippet(
+            "hold-1",
+            "python",
+            "import time\ntime.sleep(4)\nprint('held')",
+        );
+        std::thread::spawn(move || post(&url, Some(&token), body.as_bytes()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d.engine().in_flight() == 0 {
+        assert!(Instant::now() < deadline, "the long run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let a = post(
+        &d.url,
+        Some(&d.token),
+        snippet("second-1", "python", "print(2)").as_bytes(),
+    );
+    assert_eq!(a.status, 429, "{}", a.body);
+    let r = post(
+        &d.url,
+        Some(&other),
+        snippet("other-1", "python", "print(3)").as_bytes(),
+    )
+    .run();
+    assert_eq!(r.result.stdout.to_string_lossy(), "3\n");
+    let held = long.join().unwrap().run();
+    assert_eq!(held.result.stdout.to_string_lossy(), "held\n");
+}
+
+#[test]
+fn providers_show_the_process_provider_with_its_evidence() {
+    let d = TestDaemon::start(PROCESS);
+    if !process_available(
+        "providers_show_the_process_provider_with_its_evidence",
+        &d.url,
+        &d.token,
+    ) {
+        return;
+    }
+    let a = get(&d.url, "/v1/providers", Some(&d.token));
+    let p: ProvidersResponse = serde_json::from_str(&a.body).unwrap();
+    assert_eq!(p.protocol, 1);
+    assert_eq!(p.default_floor, Tier::Process);
+    assert_eq!(p.providers.len(), 1);
+    let info = &p.providers[0];
+    assert_eq!(info.name, "process");
+    assert_eq!(info.isolation, Tier::Process);
+    assert!(info.available);
+    assert_eq!(info.evidence.provider, "process");
+    assert_eq!(info.evidence.isolation, Tier::Process);
+    assert!(
+        info.evidence.probe.is_some(),
+        "no probe report in the evidence"
+    );
+    assert!(!info.evidence.checks.is_empty());
+    assert_eq!(info.evidence_sha256, evidence_sha256(&info.evidence));
+}
+
+#[test]
+fn readyz_follows_the_providers() {
+    let d = TestDaemon::start(PROCESS);
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
+    if process_available("readyz_follows_the_providers", &d.url, &d.token) {
+        let a = get(&d.url, "/readyz", None);
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    // A provider whose probe cannot run is not offered, and the daemon is not ready.
+    let broken = TestDaemon::start(&format!(
+        "{PROCESS}[process]\nprobe = \"/nonexistent/plimsoll-probe\"\n"
+    ));
+    assert_eq!(get(&broken.url, "/healthz", None).status, 200);
+    let a = get(&broken.url, "/readyz", None);
+    assert_eq!(a.status, 503, "{}", a.body);
+    let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+    assert_eq!(v["ready"], false);
+}
+
+#[test]
+fn metrics_count_runs_refusals_and_requests() {
+    let d = TestDaemon::start(PROCESS);
+    if !process_available("metrics_count_runs_refusals_and_requests", &d.url, &d.token) {
+        return;
+    }
+    for i in 0..2 {
+        post(
+            &d.url,
+            Some(&d.token),
+            snippet(&format!("m-{i}"), "python", "print(1)").as_bytes(),
+        )
+        .run();
+    }
+    let r = post(
+        &d.url,
+        Some(&d.token),
+        snippet("m-err", "python", "import sys\nsys.exit(3)").as_bytes(),
+    )
+    .run();
+    assert_eq!(r.result.exit_code, Some(3));
+    assert_eq!(post(&d.url, Some(&d.token), b"{nope").status, 400);
+    assert_eq!(
+        post(
+            &d.url,
+            None,
+            snippet("m-anon", "python", "print(1)").as_bytes()
+        )
+        .status,
+        401
+    );
+
+    let a = get(&d.url, "/metrics", None);
+    assert_eq!(a.status, 200);
+    assert!(a.headers["content-type"].starts_with("text/plain"));
+    assert!(!a.body.contains(&d.token));
+    let m = samples(&a.body);
+    let at = |k: &str| {
+        m.get(k)
+            .copied()
+            .unwrap_or_else(|| panic!("no sample {k} in\n{}", a.body))
+    };
+    assert_eq!(
+        at(r#"plimsoll_runs_total{provider="process",outcome="ok"}"#),
+        2.0
+    );
+    assert_eq!(
+        at(r#"plimsoll_runs_total{provider="process",outcome="error"}"#),
+        1.0
+    );
+    assert_eq!(at(r#"plimsoll_refusals_total{reason="request"}"#), 1.0);
+    assert_eq!(at(r#"plimsoll_refusals_total{reason="permission"}"#), 1.0);
+    assert_eq!(at(r#"plimsoll_refusals_total{reason="capacity"}"#), 0.0);
+    assert_eq!(
+        at(r#"plimsoll_run_duration_seconds_count{provider="process"}"#),
+        3.0
+    );
+    assert!(at(r#"plimsoll_run_duration_seconds_sum{provider="process"}"#) >= 0.0);
+    assert_eq!(at("plimsoll_runs_in_flight"), 0.0);
+    assert_eq!(
+        at(r#"plimsoll_provider_available{provider="process",isolation="process"}"#),
+        1.0
+    );
+    assert_eq!(at("plimsoll_ready"), 1.0);
+    assert_eq!(
+        at(r#"plimsoll_http_requests_total{route="/v1/runs",status="200"}"#),
+        3.0
+    );
+    assert_eq!(
+        at(r#"plimsoll_http_requests_total{route="/v1/runs",status="400"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"plimsoll_http_requests_total{route="/v1/runs",status="401"}"#),
+        1.0
+    );
+    // The probe in process_available() counted too.
+    assert_eq!(
+        at(r#"plimsoll_http_requests_total{route="/v1/providers",status="200"}"#),
+        1.0
+    );
+}
+
+#[test]
+fn the_served_openapi_document_is_the_file_byte_for_byte() {
+    let d = TestDaemon::start(PROCESS);
+    let file = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/openapi.json"
+    ))
+    .expect("docs/openapi.json");
+    let a = get(&d.url, "/v1/openapi.json", None);
+    assert_eq!(a.status, 200);
+    assert_eq!(a.headers["content-type"], "application/json");
+    assert!(
+        a.body == file,
+        "GET /v1/openapi.json differs from docs/openapi.json"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&file).expect("docs/openapi.json is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+}
+
+#[test]
+fn every_route_served_is_in_the_openapi_document_and_nothing_else() {
+    let d = TestDaemon::start(PROCESS);
+    let doc: serde_json::Value = serde_json::from_str(plimsoll_daemon::OPENAPI_JSON).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented: Vec<(String, String)> = paths
+        .iter()
+        .flat_map(|(p, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.to_uppercase(), p.clone()))
+        })
+        .collect();
+    let mut served: Vec<(String, String)> = ROUTES
+        .iter()
+        .map(|r| (r.method.to_owned(), r.path.to_owned()))
+        .collect();
+    documented.sort();
+    served.sort();
+    assert_eq!(served, documented);
+
+    for r in ROUTES {
+        let op = &paths[r.path][r.method.to_lowercase()];
+        let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
+        assert_eq!(
+            secured, r.auth,
+            "{} {}: security in the document",
+            r.method, r.path
+        );
+        // The route is really served: not 404 or 405, and 401 exactly when it needs a token.
+        let a = match r.method {
+            "GET" => get(&d.url, r.path, None),
+            "POST" => post(&d.url, None, b"{}"),
+            other => panic!("untested method {other}"),
+        };
+        assert!(
+            a.status != 404 && a.status != 405,
+            "{} {}: {}",
+            r.method,
+            r.path,
+            a.status
+        );
+        assert_eq!(
+            a.status == 401,
+            r.auth,
+            "{} {}: {}",
+            r.method,
+            r.path,
+            a.status
+        );
+        for (status, _) in op["responses"].as_object().unwrap() {
+            assert!(
+                status.parse::<u16>().is_ok(),
+                "{} {}: {status}",
+                r.method,
+                r.path
+            );
+        }
+    }
+}
+
+/// The daemon binary under test, run with the test's environment.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test runs the plimsolld binary itself, as an operator would, not a sandboxed child"
+)]
+fn plimsolld() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_plimsolld"))
+}
+
+/// `plimsolld` as a child process with its log lines collected.
+struct Spawned {
+    child: Child,
+    url: String,
+    token: String,
+    logs: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Spawned {
+    fn start(extra: &str) -> Spawned {
+        let dir = tempfile::tempdir().unwrap();
+        let callers = dir.path().join("callers.toml");
+        let token = add_caller(&callers, "test").unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        let config = dir.path().join("plimsoll.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{PROCESS}state_dir = \"{}\"\n{extra}\n[daemon]\ncallers_file = \"{}\"\n",
+                state.display(),
+                callers.display()
+            ),
+        )
+        .unwrap();
+        let mut child = plimsolld()
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("PLIMSOLL_LOG", "trace")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start plimsolld");
+        let logs = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = Arc::clone(&logs);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                    && v["message"] == "listening"
+                {
+                    let _ = tx.send(v["addr"].as_str().unwrap_or_default().to_owned());
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "plimsolld never said it was listening: {}",
+                    logs.lock().unwrap()
+                )
+            });
+        let url = format!("http://{addr}");
+        // Wait for the start-up probe to settle (ready, or withdrawn).
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if get(&url, "/readyz", None).status == 200 {
+                break;
+            }
+            let l = logs.lock().unwrap().clone();
+            if l.contains("no provider passed its probe") || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Spawned {
+            child,
+            url,
+            token,
+            logs,
+            reader: Some(reader),
+            _dir: dir,
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)
+            .expect("signal plimsolld");
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for plimsolld") {
+                // The log pipe closes when the daemon is gone (nothing it started keeps it).
+                if let Some(reader) = self.reader.take() {
+                    reader.join().expect("the log reader");
+                }
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plimsolld did not exit after the signal"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_token_never_reaches_the_logs() {
+    let mut d = Spawned::start("");
+    if !process_available("the_token_never_reaches_the_logs", &d.url, &d.token) {
+        return;
+    }
+    let r = post(
+        &d.url,
+        Some(&d.token),
+        snippet("log-1", "python", "print('logged')").as_bytes(),
+    )
+    .run();
+    assert_eq!(r.result.stdout.to_string_lossy(), "logged\n");
+    let wrong = format!("{}Q", d.token);
+    assert_eq!(
+        post(
+            &d.url,
+            Some(&wrong),
+            snippet("log-2", "python", "print(2)").as_bytes()
+        )
+        .status,
+        401
+    );
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.wait_exit();
+    let logs = d.logs();
+    // The capture works: the run and its caller are there...
+    assert!(logs.contains("\"request_id\":\"log-1\""), "{logs}");
+    assert!(logs.contains("\"caller\":\"test\""), "{logs}");
+    assert!(logs.contains("\"request_id\":\"log-2\""), "{logs}");
+    // ...and no token, valid or not, nor its secret part.
+    let secret = d.token.trim_start_matches("plm_");
+    assert!(!logs.contains(secret), "the token reached the logs");
+    assert!(!logs.contains(&wrong), "a presented token reached the logs");
+    assert!(
+        !logs.to_lowercase().contains("bearer"),
+        "an Authorization header reached the logs"
+    );
+}
+
+#[test]
+fn sigterm_lets_the_run_in_flight_finish_then_exits_zero() {
+    let mut d = Spawned::start("");
+    if !process_available(
+        "sigterm_lets_the_run_in_flight_finish_then_exits_zero",
+        &d.url,
+        &d.token,
+    ) {
+        return;
+    }
+    let run = {
+        let (url, token) = (d.url.clone(), d.token.clone());
+        let body = snippet(
+            "term-1",
+            "python",
+            "import time\ntime.sleep(2)\nprint('finished')",
+        );
+        std::thread::spawn(move || post(&url, Some(&token), body.as_bytes()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = samples(&get(&d.url, "/metrics", None).body);
+        if m.get("plimsoll_runs_in_flight") == Some(&1.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let r = run.join().unwrap().run();
+    assert_eq!(r.request_id, "term-1");
+    assert_eq!(r.result.stdout.to_string_lossy(), "finished\n");
+    let status = d.wait_exit();
+    assert_eq!(status.code(), Some(0), "logs:\n{}", d.logs());
+    assert!(d.logs().contains("\"message\":\"stopped\""), "{}", d.logs());
+}
+
+#[test]
+fn the_daemon_refuses_to_start_with_no_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("plimsoll.toml");
+    std::fs::write(
+        &config,
+        "default_floor = \"process\"\n[daemon]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let out = plimsolld()
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run plimsolld");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("providers = [\\\"process\\\"]")
+            || stderr.contains("providers = [\"process\"]"),
+        "{stderr}"
+    );
+    // PLIMSOLL_CONFIG is read when --config is absent.
+    let out = plimsolld()
+        .env("PLIMSOLL_CONFIG", &config)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run plimsolld");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no provider is configured"));
+}
+
+#[test]
+fn help_lists_every_environment_variable() {
+    let out = plimsolld()
+        .arg("--help")
+        .output()
+        .expect("run plimsolld --help");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for v in env::ALL {
+        assert!(text.contains(v.name), "--help does not list {}", v.name);
+    }
+    assert!(text.contains("--config") && text.contains("--listen"));
+}
