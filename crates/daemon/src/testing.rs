@@ -28,11 +28,10 @@ pub struct TestDaemon {
 }
 
 impl TestDaemon {
-    /// Starts a daemon with these settings (TOML, as in a settings file; `[daemon]` keys
-    /// other than limits are overridden: it listens on an ephemeral loopback port and uses
-    /// a fresh callers file holding one caller `test`).
-    ///
-    /// Also: when the settings name no `providers`, it offers `process`; when they set no
+    /// Starts a daemon with these settings (TOML, as in a settings file). `[daemon].listen`
+    /// and `callers_file` are overridden: it listens on an ephemeral loopback port and uses a
+    /// fresh callers file holding one caller `test`; `max_body_bytes` and `recheck_secs` are
+    /// kept. When the settings name no `providers`, it offers `process`; when they set no
     /// `state_dir`, runs live in a fresh temporary directory. Returns once every provider has
     /// been probed (whether or not one passed: see `GET /readyz`). Panics on invalid settings.
     pub fn start(settings_toml: &str) -> TestDaemon {
