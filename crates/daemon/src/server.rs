@@ -13,7 +13,7 @@ use axum::routing::{MethodRouter, get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use plimsoll_engine::{Engine, RunError};
 use plimsoll_wire::{
-    ErrorBody, ErrorResponse, PROTOCOL, ProvidersResponse, Reason, parse_request,
+    ErrorBody, ErrorResponse, PROTOCOL, ProvidersResponse, Reason, RunResponse, parse_request,
     validate_request_id,
 };
 
@@ -249,6 +249,52 @@ impl Answer<'_> {
         );
         error_json(status, &body)
     }
+
+    /// Accounts for what the engine answered and turns it into HTTP.
+    fn ran(&self, result: Result<RunResponse, RunError>, request_id: &str) -> Response {
+        let caller = self.caller.unwrap_or("");
+        let duration_ms = self.started.elapsed().as_millis() as u64;
+        match result {
+            Ok(resp) => {
+                let outcome = outcome_label(&resp.result);
+                self.st
+                    .metrics
+                    .run_completed(&resp.provider, outcome, resp.duration_ms);
+                tracing::info!(
+                    request_id = %resp.request_id,
+                    caller,
+                    provider = %resp.provider,
+                    isolation = %resp.isolation,
+                    outcome,
+                    exit_code = ?resp.result.exit_code,
+                    status = 200,
+                    run_ms = resp.duration_ms,
+                    duration_ms,
+                    "run answered"
+                );
+                (StatusCode::OK, axum::Json(resp)).into_response()
+            }
+            Err(err @ RunError::Refused { .. }) => {
+                let reason = plimsoll_wire::not_dispatched_reason(&err).unwrap_or(Reason::Request);
+                self.refused(status_for(reason), err.to_response())
+            }
+            Err(err @ RunError::Failed { .. }) => {
+                if let RunError::Failed { provider, .. } = &err {
+                    self.st.metrics.run_failed(provider);
+                }
+                tracing::error!(
+                    request_id,
+                    caller,
+                    outcome = "sandbox_failed",
+                    error = %err,
+                    status = 500,
+                    duration_ms,
+                    "run failed after it may have started"
+                );
+                error_json(StatusCode::INTERNAL_SERVER_ERROR, &err.to_response())
+            }
+        }
+    }
 }
 
 async fn runs(State(st): State<AppState>, req: Request) -> Response {
@@ -311,49 +357,23 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
             return answer.refused(status_for(rejection.reason), rejection.to_response());
         }
     };
+    // The run, its counting and its log line happen on the blocking thread, so they are
+    // accounted for even when the client goes away before the answer.
     let request_id = request.request_id.clone();
-    let engine = Arc::clone(&st.engine);
+    let shared = Arc::clone(&st);
+    let started = answer.started;
     let who = caller.clone();
-    let joined = tokio::task::spawn_blocking(move || engine.run(&who, &request)).await;
-    let duration_ms = answer.started.elapsed().as_millis() as u64;
+    let joined = tokio::task::spawn_blocking(move || {
+        let answer = Answer {
+            st: &shared,
+            started,
+            caller: Some(&who),
+        };
+        answer.ran(shared.engine.run(&who, &request), &request.request_id)
+    })
+    .await;
     match joined {
-        Ok(Ok(resp)) => {
-            let outcome = outcome_label(&resp.result);
-            st.metrics
-                .run_completed(&resp.provider, outcome, resp.duration_ms);
-            tracing::info!(
-                request_id = %resp.request_id,
-                caller = %caller,
-                provider = %resp.provider,
-                isolation = %resp.isolation,
-                outcome,
-                exit_code = ?resp.result.exit_code,
-                status = 200,
-                run_ms = resp.duration_ms,
-                duration_ms,
-                "run answered"
-            );
-            (StatusCode::OK, axum::Json(resp)).into_response()
-        }
-        Ok(Err(err @ RunError::Refused { .. })) => {
-            let reason = plimsoll_wire::not_dispatched_reason(&err).unwrap_or(Reason::Request);
-            answer.refused(status_for(reason), err.to_response())
-        }
-        Ok(Err(err @ RunError::Failed { .. })) => {
-            if let RunError::Failed { provider, .. } = &err {
-                st.metrics.run_failed(provider);
-            }
-            tracing::error!(
-                request_id = %request_id,
-                caller = %caller,
-                outcome = "sandbox_failed",
-                error = %err,
-                status = 500,
-                duration_ms,
-                "run failed after it may have started"
-            );
-            error_json(StatusCode::INTERNAL_SERVER_ERROR, &err.to_response())
-        }
+        Ok(resp) => resp,
         Err(join) => {
             // The engine panicked: the code may have started, so no not-dispatched mark.
             tracing::error!(
@@ -362,7 +382,7 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
                 outcome = "internal",
                 error = %join,
                 status = 500,
-                duration_ms,
+                duration_ms = started.elapsed().as_millis() as u64,
                 "the engine failed while handling a run"
             );
             let body = ErrorResponse {

@@ -272,6 +272,17 @@ fn bad_input_is_refused_with_a_clear_reason_and_the_daemon_keeps_serving() {
         assert_eq!(h.status, 200, "{what}: the daemon stopped serving");
     }
 
+    // A chunked body (no Content-Length) over the limit is cut off as it streams.
+    let big = snippet("big-2", "python", &format!("print('{}')", "y".repeat(5000)));
+    let a = answer(
+        agent()
+            .post(format!("{}/v1/runs", d.url))
+            .header("Authorization", format!("Bearer {}", d.token))
+            .send(ureq::SendBody::from_owned_reader(std::io::Cursor::new(big))),
+    );
+    assert_eq!(a.status, 413, "{}", a.body);
+    assert_eq!(a.error().error.not_dispatched, Some(Reason::Request));
+
     // A `Basic` credential is not a bearer token.
     let mut req = agent()
         .post(format!("{}/v1/runs", d.url))
@@ -298,7 +309,7 @@ fn bad_input_is_refused_with_a_clear_reason_and_the_daemon_keeps_serving() {
         .filter(|(k, _)| k.starts_with("plimsoll_refusals_total"))
         .map(|(_, v)| v)
         .sum();
-    assert_eq!(refused as usize, n + 1);
+    assert_eq!(refused as usize, n + 2);
 }
 
 #[test]
