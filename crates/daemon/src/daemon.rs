@@ -208,8 +208,16 @@ impl Daemon {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartDaemonError> {
         let (fired_tx, mut fired_rx) = watch::channel(false);
+        let engine = Arc::clone(&self.state.engine);
+        let fired_at = Arc::new(std::sync::OnceLock::new());
+        let stamp = Arc::clone(&fired_at);
         let signal = async move {
             shutdown.await;
+            let _ = stamp.set(tokio::time::Instant::now());
+            tracing::info!(
+                in_flight = engine.in_flight(),
+                "shutting down: no new connections; waiting for runs in flight"
+            );
             let _ = fired_tx.send(true);
         };
         let app = router(Arc::clone(&self.state));
@@ -217,13 +225,8 @@ impl Daemon {
         let grace = self.options.shutdown_grace;
         let deadline = async move {
             let _ = fired_rx.wait_for(|f| *f).await;
-            tracing::info!(
-                in_flight = self.state.engine.in_flight(),
-                "shutting down: no new connections; waiting for runs in flight"
-            );
             tokio::time::sleep(grace).await;
         };
-        let start = tokio::time::Instant::now();
         tokio::select! {
             served = serve => served.map_err(StartDaemonError::Serve)?,
             () = deadline => {
@@ -234,7 +237,7 @@ impl Daemon {
             }
         }
         // A run whose client disconnected is still running in the blocking pool: wait for it.
-        let limit = start + grace;
+        let limit = *fired_at.get_or_init(tokio::time::Instant::now) + grace;
         while self.state.engine.in_flight() > 0 {
             if tokio::time::Instant::now() >= limit {
                 return Err(StartDaemonError::ShutdownTimedOut {
