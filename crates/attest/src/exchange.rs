@@ -1,0 +1,292 @@
+//! A stored exchange (the request as sent, the response as received) and the checks that must
+//! pass before it is signed and again whenever it is verified: every digest recomputed, every
+//! echoed field consistent, the tier at or above the floor.
+
+use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256, sha256_hex};
+use plimsoll_wire::{PROTOCOL, RunRequest, RunResponse, Tier};
+use serde::{Deserialize, Serialize};
+
+/// One request and the daemon's answer to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exchange {
+    /// The request as sent.
+    pub request: RunRequest,
+    /// The full response.
+    pub response: RunResponse,
+}
+
+impl Exchange {
+    /// The canonical JSON of the exchange: serde's field order, no whitespace. A bundle line
+    /// stores exactly these bytes.
+    pub fn canonical_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an exchange serialises")
+    }
+
+    /// SHA-256 (lowercase hex) of [`Exchange::canonical_json`].
+    pub fn sha256(&self) -> String {
+        sha256_hex(&self.canonical_json())
+    }
+}
+
+/// The digests of an exchange that passed [`check_exchange`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedDigests {
+    /// Recomputed from the stored request.
+    pub request_sha256: String,
+    /// Recomputed from the stored result.
+    pub result_sha256: String,
+    /// Recomputed from the stored record.
+    pub record_sha256: String,
+    /// Of the whole exchange.
+    pub exchange_sha256: String,
+}
+
+/// Why an exchange does not check; nothing is signed then.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckExchangeError {
+    /// A protocol this version does not know.
+    #[error("the {side} speaks protocol {found}; plimsoll-attest checks protocol {PROTOCOL}")]
+    Protocol {
+        /// `request` or `response`.
+        side: &'static str,
+        /// The number found.
+        found: u32,
+    },
+    /// A digest stated in the response is not the one recomputed.
+    #[error(
+        "{field} recomputed from the stored {from} is {recomputed}, but {stated_in} says {stated}"
+    )]
+    Digest {
+        /// Which digest.
+        field: &'static str,
+        /// What it was recomputed from.
+        from: &'static str,
+        /// Where the differing value is.
+        stated_in: &'static str,
+        /// The value stated.
+        stated: String,
+        /// The value recomputed.
+        recomputed: String,
+    },
+    /// Two places that must agree do not.
+    #[error("{field} differs: {a_name} says `{a}`, {b_name} says `{b}`")]
+    Disagree {
+        /// Which field.
+        field: &'static str,
+        /// First place.
+        a_name: &'static str,
+        /// Its value.
+        a: String,
+        /// Second place.
+        b_name: &'static str,
+        /// Its value.
+        b: String,
+    },
+    /// The run's tier is below the floor the request set.
+    #[error("ran at tier {ran}, below the floor {floor} the request set")]
+    BelowFloor {
+        /// The tier it ran at.
+        ran: Tier,
+        /// The floor.
+        floor: Tier,
+    },
+    /// A digest that is not 64 lowercase hex digits.
+    #[error("{field} `{value}` is not 64 lowercase hex digits")]
+    NotHex {
+        /// Which field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+    },
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn agree(
+    field: &'static str,
+    a_name: &'static str,
+    a: &str,
+    b_name: &'static str,
+    b: &str,
+) -> Result<(), CheckExchangeError> {
+    if a == b {
+        return Ok(());
+    }
+    Err(CheckExchangeError::Disagree {
+        field,
+        a_name,
+        a: a.to_owned(),
+        b_name,
+        b: b.to_owned(),
+    })
+}
+
+fn digest(
+    field: &'static str,
+    from: &'static str,
+    recomputed: &str,
+    stated: &[(&'static str, &str)],
+) -> Result<(), CheckExchangeError> {
+    for (stated_in, value) in stated {
+        if *value != recomputed {
+            return Err(CheckExchangeError::Digest {
+                field,
+                from,
+                stated_in,
+                stated: (*value).to_owned(),
+                recomputed: recomputed.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Recomputes the request, result and record digests from the exchange and checks that the
+/// response and its record state exactly those, that the echoed fields agree, and that the
+/// tier meets the request's floor (and the provider is the one the request named, if any).
+pub fn check_exchange(ex: &Exchange) -> Result<CheckedDigests, CheckExchangeError> {
+    let (req, resp, rec) = (&ex.request, &ex.response, &ex.response.record);
+    for (side, found) in [("request", req.protocol), ("response", resp.protocol)] {
+        if found != PROTOCOL {
+            return Err(CheckExchangeError::Protocol { side, found });
+        }
+    }
+    agree(
+        "request_id",
+        "the request",
+        &req.request_id,
+        "the response",
+        &resp.request_id,
+    )?;
+    agree(
+        "request_id",
+        "the request",
+        &req.request_id,
+        "the record",
+        &rec.request_id,
+    )?;
+    let request = request_sha256(req);
+    digest(
+        "request_sha256",
+        "request",
+        &request,
+        &[
+            ("the response", &resp.request_sha256),
+            ("the record", &rec.request_sha256),
+        ],
+    )?;
+    let result = result_sha256(&resp.result);
+    digest(
+        "result_sha256",
+        "result",
+        &result,
+        &[
+            ("the response", &resp.result_sha256),
+            ("the record", &rec.result_sha256),
+        ],
+    )?;
+    let record = record_sha256(rec);
+    digest(
+        "record_sha256",
+        "record",
+        &record,
+        &[("the record", &rec.record_sha256)],
+    )?;
+    agree(
+        "provider",
+        "the response",
+        &resp.provider,
+        "the record",
+        &rec.provider,
+    )?;
+    agree(
+        "isolation",
+        "the response",
+        resp.isolation.as_str(),
+        "the record",
+        rec.isolation.as_str(),
+    )?;
+    if !is_sha256_hex(&rec.evidence_sha256) {
+        return Err(CheckExchangeError::NotHex {
+            field: "record.evidence_sha256",
+            value: rec.evidence_sha256.clone(),
+        });
+    }
+    if let Some(floor) = req.minimum_isolation
+        && rec.isolation < floor
+    {
+        return Err(CheckExchangeError::BelowFloor {
+            ran: rec.isolation,
+            floor,
+        });
+    }
+    if let Some(named) = &req.provider {
+        agree(
+            "provider",
+            "the request",
+            named,
+            "the record",
+            &rec.provider,
+        )?;
+    }
+    Ok(CheckedDigests {
+        request_sha256: request,
+        result_sha256: result,
+        record_sha256: record,
+        exchange_sha256: ex.sha256(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::sample_exchange;
+
+    #[test]
+    fn a_consistent_exchange_checks_and_each_break_is_named() {
+        let ex = sample_exchange(0);
+        let d = check_exchange(&ex).unwrap();
+        assert_eq!(d.record_sha256, ex.response.record.record_sha256);
+
+        let mut e = ex.clone();
+        e.response.result.stdout = "other".into();
+        let msg = check_exchange(&e).unwrap_err().to_string();
+        assert!(
+            msg.starts_with("result_sha256 recomputed from the stored result"),
+            "{msg}"
+        );
+
+        let mut e = ex.clone();
+        e.request.limits = Some(Default::default());
+        e.request.limits.as_mut().unwrap().timeout_ms = Some(1);
+        let msg = check_exchange(&e).unwrap_err().to_string();
+        assert!(msg.starts_with("request_sha256 recomputed"), "{msg}");
+
+        let mut e = ex.clone();
+        e.response.record.ended_unix_ms += 1;
+        let msg = check_exchange(&e).unwrap_err().to_string();
+        assert!(msg.starts_with("record_sha256 recomputed"), "{msg}");
+
+        let mut e = ex.clone();
+        e.request.minimum_isolation = Some(Tier::Vm);
+        // The request digest changes with the floor; restate it so the floor check is reached.
+        crate::sample::restate_digests(&mut e);
+        assert!(matches!(
+            check_exchange(&e),
+            Err(CheckExchangeError::BelowFloor { .. })
+        ));
+
+        let mut e = ex.clone();
+        e.response.request_id = "other".into();
+        assert!(matches!(
+            check_exchange(&e),
+            Err(CheckExchangeError::Disagree {
+                field: "request_id",
+                ..
+            })
+        ));
+    }
+}

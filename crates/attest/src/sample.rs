@@ -1,0 +1,70 @@
+//! Fixed, internally consistent exchanges for golden vectors, tests and the `bench`
+//! subcommand. Nothing here ran: the digests are computed, not received.
+
+use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256, sha256_hex};
+use plimsoll_wire::{
+    Language, PROTOCOL, RunRecord, RunRequest, RunResponse, RunResult, RunSpec, Snippet, Tier,
+};
+
+use crate::exchange::Exchange;
+
+/// The `n`th sample: a Python snippet printing `n`, run on the process tier at fixed times.
+pub fn sample_exchange(n: u64) -> Exchange {
+    let request = RunRequest {
+        protocol: PROTOCOL,
+        request_id: format!("sample-{n}"),
+        minimum_isolation: Some(Tier::Process),
+        provider: None,
+        limits: None,
+        run: RunSpec::Snippet(Snippet {
+            language: Language::Python,
+            code: format!("print({n})"),
+        }),
+        grant: None,
+    };
+    let result = RunResult {
+        exit_code: Some(0),
+        stdout: format!("{n}\n").as_str().into(),
+        ..Default::default()
+    };
+    let started = 1_700_000_000_000 + n * 1000;
+    let record = RunRecord {
+        request_id: request.request_id.clone(),
+        request_sha256: String::new(),
+        result_sha256: String::new(),
+        provider: "process".into(),
+        isolation: Tier::Process,
+        evidence_sha256: sha256_hex(b"sample evidence"),
+        environment: "plimsoll-engine 0.1.0".into(),
+        started_unix_ms: started,
+        ended_unix_ms: started + 42,
+        record_sha256: String::new(),
+    };
+    let mut ex = Exchange {
+        response: RunResponse {
+            protocol: PROTOCOL,
+            request_id: request.request_id.clone(),
+            provider: "process".into(),
+            isolation: Tier::Process,
+            duration_ms: 42,
+            request_sha256: String::new(),
+            result_sha256: String::new(),
+            result,
+            record,
+        },
+        request,
+    };
+    restate_digests(&mut ex);
+    ex
+}
+
+/// Recomputes and writes every digest the response states, as a daemon would.
+pub fn restate_digests(ex: &mut Exchange) {
+    let req = request_sha256(&ex.request);
+    let res = result_sha256(&ex.response.result);
+    ex.response.request_sha256 = req.clone();
+    ex.response.result_sha256 = res.clone();
+    ex.response.record.request_sha256 = req;
+    ex.response.record.result_sha256 = res;
+    ex.response.record.record_sha256 = record_sha256(&ex.response.record);
+}

@@ -1,0 +1,782 @@
+//! Integration tests of plimsoll-attest: golden vectors, tampering of every kind refused with a
+//! precise message, concurrent appends, the independent Python check, and run/verify/replay
+//! against a real in-process daemon.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use plimsoll_attest::bundle::{close_statement, entry_statement};
+use plimsoll_attest::dsse::{PAYLOAD_TYPE, pae};
+use plimsoll_attest::line::envelope_sha256;
+use plimsoll_attest::sample::{restate_digests, sample_exchange};
+use plimsoll_attest::statement::{GENESIS_SHA256, to_payload};
+use plimsoll_attest::{
+    AppendError, AttestKey, BundleLine, LineProblem, PublicKey, SignExchangeError,
+    VerifyBundleError, append_entry, check_exchange, close_bundle, sign_close, sign_exchange,
+    verify_bundle, verify_bundle_bytes,
+};
+use plimsoll_engine::env;
+
+fn golden_key() -> AttestKey {
+    // The golden seed: bytes 0x00, 0x01, ..., 0x1f.
+    AttestKey::from_seed(&std::array::from_fn(|i| i as u8))
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Prints `SKIP` and returns true, or panics under CI=true.
+fn skip(test: &str, reason: &str) -> bool {
+    assert!(
+        !env::strict(),
+        "SKIP not allowed under CI=true: {test}: {reason}"
+    );
+    eprintln!("SKIP {test}: {reason}");
+    true
+}
+
+/// A bundle of `n` entries (sample exchanges), closed, signed by `key`.
+fn bundle_bytes(key: &AttestKey, n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut previous = GENESIS_SHA256.to_owned();
+    for i in 0..n {
+        let line = sign_exchange(key, &sample_exchange(i), i, &previous).unwrap();
+        previous = envelope_sha256(&line.envelope);
+        out.extend_from_slice(&line.to_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(&sign_close(key, n, &previous).to_bytes());
+    out.push(b'\n');
+    out
+}
+
+fn lines_of(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = bytes.split(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
+    assert_eq!(v.pop(), Some(vec![]), "a bundle ends with a newline");
+    v
+}
+
+fn join(lines: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in lines {
+        out.extend_from_slice(l);
+        out.push(b'\n');
+    }
+    out
+}
+
+fn refusal(bytes: &[u8], key: &PublicKey) -> String {
+    match verify_bundle_bytes(bytes, key) {
+        Ok(_) => panic!("the bundle verified, but it should have been refused"),
+        Err(e) => e.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------- golden vectors
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+/// The golden files: name and expected content (text files end with one newline).
+fn golden_files() -> Vec<(&'static str, Vec<u8>)> {
+    let key = golden_key();
+    let ex = sample_exchange(0);
+    let d = check_exchange(&ex).unwrap();
+    let entry_payload = to_payload(&entry_statement(&ex, &d, 0, GENESIS_SHA256));
+    let entry_pae = pae(PAYLOAD_TYPE, &entry_payload);
+    let entry_line = sign_exchange(&key, &ex, 0, GENESIS_SHA256).unwrap();
+    let last = envelope_sha256(&entry_line.envelope);
+    let close_payload = to_payload(&close_statement(1, &last));
+    let close_pae = pae(PAYLOAD_TYPE, &close_payload);
+    let text = |mut b: Vec<u8>| {
+        b.push(b'\n');
+        b
+    };
+    vec![
+        ("public.pem", key.public_pem().into_bytes()),
+        ("key_id", text(key.key_id().as_bytes().to_vec())),
+        ("entry.statement.json", text(entry_payload)),
+        ("entry.pae.hex", text(hex::encode(&entry_pae).into_bytes())),
+        (
+            "entry.sig.hex",
+            text(hex::encode(key.sign(&entry_pae)).into_bytes()),
+        ),
+        ("close.statement.json", text(close_payload)),
+        ("close.pae.hex", text(hex::encode(&close_pae).into_bytes())),
+        (
+            "close.sig.hex",
+            text(hex::encode(key.sign(&close_pae)).into_bytes()),
+        ),
+        ("bundle.jsonl", bundle_bytes(&key, 1)),
+    ]
+}
+
+fn line_diff(old: &str, new: &str) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
+    let mut out = String::new();
+    for i in 0..a.len().max(b.len()) {
+        match (a.get(i), b.get(i)) {
+            (Some(x), Some(y)) if x == y => {}
+            (x, y) => {
+                if let Some(x) = x {
+                    out.push_str(&format!("-{x}\n"));
+                }
+                if let Some(y) = y {
+                    out.push_str(&format!("+{y}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The statement JSON, PAE bytes, signatures and a whole bundle for a fixed key and exchange.
+/// `PLIMSOLL_BLESS=1` rewrites the files and prints the diff (refused under CI=true).
+#[test]
+fn golden_vectors() {
+    let bless = env::get(env::PLIMSOLL_BLESS).is_some_and(|v| v == "1");
+    assert!(
+        !(bless && env::strict()),
+        "PLIMSOLL_BLESS=1 is refused under CI=true: bless on a developer machine and commit"
+    );
+    let dir = golden_dir();
+    let mut stale = Vec::new();
+    for (name, want) in golden_files() {
+        let path = dir.join(name);
+        let have = std::fs::read(&path).unwrap_or_default();
+        if have == want {
+            continue;
+        }
+        let diff = line_diff(
+            &String::from_utf8_lossy(&have),
+            &String::from_utf8_lossy(&want),
+        );
+        if bless {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &want).unwrap();
+            eprintln!("blessed {}:\n{diff}", path.display());
+        } else {
+            stale.push(format!("{}:\n{diff}", path.display()));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "golden vectors differ (if the change is intended: PLIMSOLL_BLESS=1 cargo nextest run -p plimsoll-attest golden_vectors):\n{}",
+        stale.join("\n")
+    );
+}
+
+/// The golden statement is the in-toto shape the docs promise, and the PAE is exactly DSSE's.
+#[test]
+fn golden_statement_shape() {
+    let files = golden_files();
+    let stmt = &files
+        .iter()
+        .find(|(n, _)| *n == "entry.statement.json")
+        .unwrap()
+        .1;
+    let v: serde_json::Value = serde_json::from_slice(stmt).unwrap();
+    assert_eq!(v["_type"], "https://in-toto.io/Statement/v1");
+    assert_eq!(v["predicateType"], "urn:plimsoll:attest:run:v1");
+    assert_eq!(v["subject"][0]["name"], "run:sample-0");
+    assert_eq!(
+        v["subject"][0]["digest"]["sha256"],
+        sample_exchange(0).response.record.record_sha256.as_str()
+    );
+    assert_eq!(v["predicate"]["sequence"], 0);
+    assert_eq!(v["predicate"]["previous_sha256"], GENESIS_SHA256);
+    let body = &stmt[..stmt.len() - 1];
+    let pae_bytes = pae(PAYLOAD_TYPE, body);
+    let prefix = format!("DSSEv1 28 application/vnd.in-toto+json {} ", body.len());
+    assert!(pae_bytes.starts_with(prefix.as_bytes()));
+    assert_eq!(&pae_bytes[prefix.len()..], body);
+}
+
+// ---------------------------------------------------------------- tampering
+
+/// Flipping any bit of a small bundle is refused. Every byte position is flipped; in debug
+/// builds one bit per position (rotating) plus all eight bits of every structural byte, in
+/// release builds (`cargo nextest run --release`) all eight bits of every byte.
+#[test]
+fn every_bit_flip_is_refused() {
+    let key = golden_key();
+    let bundle = bundle_bytes(&key, 1);
+    verify_bundle_bytes(&bundle, key.public()).expect("the untouched bundle verifies");
+    let all_bits = !cfg!(debug_assertions);
+    let mut flips: Vec<(usize, u8)> = Vec::new();
+    for (pos, &b) in bundle.iter().enumerate() {
+        let structural = !b.is_ascii_alphanumeric();
+        if all_bits || structural {
+            flips.extend((0..8).map(|bit| (pos, bit)));
+        } else {
+            flips.push((pos, (pos % 8) as u8));
+        }
+    }
+    let threads = 2;
+    let chunk = flips.len().div_ceil(threads);
+    let results: Vec<(Vec<String>, std::collections::BTreeMap<String, usize>)> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = flips
+                .chunks(chunk)
+                .map(|part| {
+                    let (bundle, key) = (&bundle, &key);
+                    s.spawn(move || {
+                        let mut accepted = Vec::new();
+                        let mut kinds = std::collections::BTreeMap::new();
+                        let mut copy = bundle.clone();
+                        for &(pos, bit) in part {
+                            copy[pos] ^= 1 << bit;
+                            match verify_bundle_bytes(&copy, key.public()) {
+                                Ok(_) => accepted.push(format!(
+                                    "byte {pos} bit {bit} ({:?} -> {:?})",
+                                    bundle[pos] as char, copy[pos] as char
+                                )),
+                                Err(e) => *kinds.entry(kind_of(&e)).or_insert(0) += 1,
+                            }
+                            copy[pos] ^= 1 << bit;
+                        }
+                        (accepted, kinds)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+    let mut accepted = Vec::new();
+    let mut kinds = std::collections::BTreeMap::new();
+    for (a, k) in results {
+        accepted.extend(a);
+        for (name, n) in k {
+            *kinds.entry(name).or_insert(0) += n;
+        }
+    }
+    eprintln!(
+        "{} flips over {} bytes, refused as: {kinds:?}",
+        flips.len(),
+        bundle.len()
+    );
+    assert!(
+        accepted.is_empty(),
+        "{} flips verified: {:?}",
+        accepted.len(),
+        &accepted[..accepted.len().min(20)]
+    );
+}
+
+fn kind_of(e: &VerifyBundleError) -> String {
+    match e {
+        VerifyBundleError::Line { problem, .. } => {
+            let d = format!("{problem:?}");
+            d[..d.find(['(', ' ', '{']).unwrap_or(d.len())].to_owned()
+        }
+        other => {
+            let d = format!("{other:?}");
+            d[..d.find(['(', ' ', '{']).unwrap_or(d.len())].to_owned()
+        }
+    }
+}
+
+#[test]
+fn dropped_duplicated_reordered_and_unclosed_are_refused_by_name() {
+    let key = golden_key();
+    let bundle = bundle_bytes(&key, 3);
+    let ok = verify_bundle_bytes(&bundle, key.public()).unwrap();
+    assert_eq!(ok.entries.len(), 3);
+    assert!(
+        ok.summary().starts_with("bundle OK: 3 entries"),
+        "{}",
+        ok.summary()
+    );
+    let lines = lines_of(&bundle);
+    assert_eq!(lines.len(), 4);
+    let pk = key.public();
+
+    // An entry dropped from the middle.
+    let mut l = lines.clone();
+    l.remove(1);
+    assert_eq!(
+        refusal(&join(&l), pk),
+        "line 2 (sequence 2): sequence 2 where 1 was expected: 1 entry missing before it, or out of order"
+    );
+    // The last entry dropped (the close then counts one more).
+    let mut l = lines.clone();
+    l.remove(2);
+    assert_eq!(
+        refusal(&join(&l), pk),
+        "line 3 (sequence 3): sequence 3 where 2 was expected: 1 entry missing before it, or out of order"
+    );
+    // The first entry dropped.
+    let mut l = lines.clone();
+    l.remove(0);
+    assert!(
+        refusal(&join(&l), pk).starts_with("line 1 (sequence 1): sequence 1 where 0 was expected")
+    );
+    // An entry duplicated.
+    let mut l = lines.clone();
+    l.insert(2, lines[1].clone());
+    assert_eq!(
+        refusal(&join(&l), pk),
+        "line 3 (sequence 1): sequence 1 where 2 was expected: an entry is repeated or out of order"
+    );
+    // Two entries swapped.
+    let mut l = lines.clone();
+    l.swap(0, 1);
+    assert_eq!(
+        refusal(&join(&l), pk),
+        "line 1 (sequence 1): sequence 1 where 0 was expected: 1 entry missing before it, or out of order"
+    );
+    // The close dropped.
+    let l = lines[..3].to_vec();
+    assert_eq!(
+        refusal(&join(&l), pk),
+        "no close: the bundle ends at line 3 (sequence 2) after 3 entries; it was cut short, or never closed (`plimsoll-attest close`)"
+    );
+    // The close moved before the last entry.
+    let mut l = lines.clone();
+    l.swap(2, 3);
+    assert!(
+        refusal(&join(&l), pk).starts_with("line 3 (sequence 3): sequence 3 where 2 was expected")
+    );
+    // A line after the close.
+    let mut l = lines.clone();
+    l.push(lines[0].clone());
+    assert_eq!(
+        refusal(&join(&l), pk),
+        "line 5 (expected sequence 3): follows the close at line 4: nothing may follow a close"
+    );
+    // The close duplicated.
+    let mut l = lines.clone();
+    l.push(lines[3].clone());
+    assert!(refusal(&join(&l), pk).contains("follows the close at line 4"));
+    // An entry with the right sequence from another bundle of the same signer.
+    let other = lines_of(&bundle_bytes_from(&key, 10, 3));
+    let mut l = lines.clone();
+    l[1] = other[1].clone();
+    let msg = refusal(&join(&l), pk);
+    assert!(
+        msg.starts_with("line 2 (sequence 1): names ") && msg.contains("as its predecessor"),
+        "{msg}"
+    );
+    // Cut short in the middle of the last line.
+    let cut = &bundle[..bundle.len() - 10];
+    assert_eq!(
+        refusal(cut, pk),
+        "line 4 (expected sequence 3): does not end with a newline: the bundle was cut short while being written"
+    );
+    assert_eq!(
+        refusal(b"", pk),
+        "the bundle is empty: it holds no entry and no close"
+    );
+    assert!(refusal(b"\n", pk).starts_with("line 1 (expected sequence 0): empty line"));
+}
+
+/// Like [`bundle_bytes`] but with exchanges numbered from `first`.
+fn bundle_bytes_from(key: &AttestKey, first: u64, n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut previous = GENESIS_SHA256.to_owned();
+    for i in 0..n {
+        let line = sign_exchange(key, &sample_exchange(first + i), i, &previous).unwrap();
+        previous = envelope_sha256(&line.envelope);
+        out.extend_from_slice(&line.to_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(&sign_close(key, n, &previous).to_bytes());
+    out.push(b'\n');
+    out
+}
+
+#[test]
+fn the_wrong_key_is_refused() {
+    let key = golden_key();
+    let bundle = bundle_bytes(&key, 2);
+    let other = AttestKey::from_seed(&[7; 32]);
+    let msg = refusal(&bundle, other.public());
+    assert_eq!(
+        msg,
+        format!(
+            "line 1 (expected sequence 0): signed by key {}, not by the key given ({}): check --pub",
+            key.key_id(),
+            other.key_id()
+        )
+    );
+    // Claiming the other key's id does not help: the signature is checked against the key.
+    let mut l = lines_of(&bundle);
+    let mut line: BundleLine = serde_json::from_slice(&l[0]).unwrap();
+    line.envelope.signatures[0].keyid = other.key_id().to_owned();
+    l[0] = line.to_bytes();
+    assert!(refusal(&join(&l), other.public()).ends_with(
+        "the signature does not verify: the signed statement was changed or signed by another key"
+    ));
+}
+
+#[test]
+fn edits_to_the_stored_exchange_are_refused_by_name() {
+    let key = golden_key();
+    let bundle = bundle_bytes(&key, 2);
+    let lines = lines_of(&bundle);
+    let pk = key.public();
+    let edit = |f: &dyn Fn(&mut BundleLine)| {
+        let mut l = lines.clone();
+        let mut line: BundleLine = serde_json::from_slice(&l[1]).unwrap();
+        f(&mut line);
+        l[1] = line.to_bytes();
+        refusal(&join(&l), pk)
+    };
+    // The output changed, digests left stale.
+    let msg = edit(&|l| l.exchange.as_mut().unwrap().response.result.stdout = "9\n".into());
+    assert!(
+        msg.starts_with("line 2 (sequence 1): the stored exchange does not check: result_sha256 recomputed from the stored result is "),
+        "{msg}"
+    );
+    // The output changed and every digest restated (no key needed for that): the signature
+    // still names the old record.
+    let msg = edit(&|l| {
+        let ex = l.exchange.as_mut().unwrap();
+        ex.response.result.stdout = "9\n".into();
+        restate_digests(ex);
+    });
+    assert!(
+        msg.starts_with("line 2 (sequence 1): the signed subject is run:sample-1 sha256:"),
+        "{msg}"
+    );
+    // The request changed and restated.
+    let msg = edit(&|l| {
+        let ex = l.exchange.as_mut().unwrap();
+        ex.request.minimum_isolation = None;
+        restate_digests(ex);
+    });
+    assert!(msg.contains("the signed subject is"), "{msg}");
+    // A field no protocol digest covers.
+    let msg = edit(&|l| l.exchange.as_mut().unwrap().response.duration_ms += 1);
+    assert!(
+        msg.starts_with("line 2 (sequence 1): the signed exchange_sha256 is `"),
+        "{msg}"
+    );
+    // The exchange removed.
+    let msg = edit(&|l| l.exchange = None);
+    assert!(
+        msg.ends_with(
+            "a signed run without its stored exchange: the request and response were removed"
+        ),
+        "{msg}"
+    );
+    // A signature byte changed.
+    let msg = edit(&|l| {
+        let s = &mut l.envelope.signatures[0].sig;
+        let c = if s.starts_with('A') { "B" } else { "A" };
+        s.replace_range(0..1, c);
+    });
+    assert!(msg.ends_with("the signature does not verify: the signed statement was changed or signed by another key"), "{msg}");
+    // The same content, written with a space: refused as non-canonical.
+    let mut l = lines.clone();
+    let text = String::from_utf8(l[1].clone())
+        .unwrap()
+        .replacen(":", ": ", 1);
+    l[1] = text.into_bytes();
+    assert!(
+        refusal(&join(&l), pk).starts_with("line 2 (expected sequence 1): not in canonical form")
+    );
+}
+
+// ---------------------------------------------------------------- appending
+
+#[test]
+fn appends_chain_close_and_refuse_after_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.jsonl");
+    let key = golden_key();
+    for i in 0..3 {
+        let a = append_entry(&path, &key, &sample_exchange(i)).unwrap();
+        assert_eq!((a.sequence, a.line), (i, i + 1));
+    }
+    let c = close_bundle(&path, &key).unwrap();
+    assert_eq!(c.sequence, 3);
+    // Same bytes as signing in memory: appending adds nothing of its own.
+    assert_eq!(std::fs::read(&path).unwrap(), bundle_bytes(&key, 3));
+    let v = verify_bundle(&path, key.public()).unwrap();
+    assert_eq!(v.close_line, 4);
+
+    let e = append_entry(&path, &key, &sample_exchange(9)).unwrap_err();
+    assert!(matches!(e, AppendError::Closed { sequence: 3, .. }), "{e}");
+    assert!(e.to_string().contains("is closed"), "{e}");
+    assert!(matches!(
+        close_bundle(&path, &key),
+        Err(AppendError::Closed { .. })
+    ));
+
+    // Another signer's bundle, or a damaged last line: nothing is chained onto it.
+    let open = dir.path().join("open.jsonl");
+    append_entry(&open, &key, &sample_exchange(0)).unwrap();
+    let other = AttestKey::from_seed(&[7; 32]);
+    let e = append_entry(&open, &other, &sample_exchange(1)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AppendError::Tail {
+                problem: LineProblem::Envelope(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut bytes = std::fs::read(&open).unwrap();
+    let n = bytes.len();
+    bytes[n - 20] ^= 1;
+    std::fs::write(&open, &bytes).unwrap();
+    let e = append_entry(&open, &key, &sample_exchange(1)).unwrap_err();
+    assert!(matches!(e, AppendError::Tail { .. }), "{e}");
+    assert_eq!(std::fs::read(&open).unwrap(), bytes, "nothing was written");
+}
+
+#[test]
+fn an_exchange_that_does_not_check_is_never_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.jsonl");
+    let key = golden_key();
+    let mut ex = sample_exchange(0);
+    ex.response.result.exit_code = Some(1);
+    let e = append_entry(&path, &key, &ex).unwrap_err();
+    assert!(
+        matches!(e, AppendError::Sign(SignExchangeError::Check(_))),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with("refusing to sign: result_sha256"),
+        "{e}"
+    );
+    assert!(!path.exists(), "no bundle was created");
+    let e = sign_exchange(&key, &ex, 0, GENESIS_SHA256).unwrap_err();
+    assert!(matches!(e, SignExchangeError::Check(_)));
+    // Below the floor, digests restated: still refused.
+    let mut ex = sample_exchange(0);
+    ex.request.minimum_isolation = Some(plimsoll_wire::Tier::Container);
+    restate_digests(&mut ex);
+    let e = sign_exchange(&key, &ex, 0, GENESIS_SHA256).unwrap_err();
+    assert!(e.to_string().contains("below the floor"), "{e}");
+}
+
+/// Appends from several threads, each with its own open file (flock is per open file, as
+/// between processes), take turns: the chain verifies with every entry present.
+#[test]
+fn concurrent_appends_take_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.jsonl");
+    let key = golden_key();
+    let (threads, each) = (4u64, 8u64);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (path, key) = (&path, &key);
+            s.spawn(move || {
+                for i in 0..each {
+                    append_entry(path, key, &sample_exchange(t * 100 + i)).unwrap();
+                }
+            });
+        }
+    });
+    close_bundle(&path, &key).unwrap();
+    let v = verify_bundle(&path, key.public()).unwrap();
+    assert_eq!(v.entries.len() as u64, threads * each);
+    let mut ids: Vec<String> = v
+        .entries
+        .iter()
+        .map(|e| e.exchange.request.request_id.clone())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len() as u64,
+        threads * each,
+        "every append is there once"
+    );
+}
+
+// ---------------------------------------------------------------- the binary
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "tests run the binary under test and the independent checker with chosen environments"
+)]
+fn command(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    let mut c = std::process::Command::new(program);
+    c.env_clear();
+    c
+}
+
+fn attest(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut c = command(env!("CARGO_BIN_EXE_plimsoll-attest"));
+    c.args(args).envs(envs.iter().copied());
+    c.output().expect("run plimsoll-attest")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn cli_keygen_close_verify_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).display().to_string();
+    let o = attest(&["keygen", "--out", &d("k")], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = attest(&["keygen", "--out", &d("k")], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("already exists"), "{:?}", text(&o));
+
+    let key = plimsoll_attest::load_private_key(Path::new(&d("k.key"))).unwrap();
+    for i in 0..2 {
+        append_entry(Path::new(&d("b")), &key, &sample_exchange(i)).unwrap();
+    }
+    let o = attest(&["verify", "--pub", &d("k.pub"), &d("b")], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("no close"), "{:?}", text(&o));
+    let o = attest(&["close", "--key", &d("k.key"), &d("b")], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(text(&o).0.contains("after 2 entries"), "{:?}", text(&o));
+    let o = attest(&["verify", "--pub", &d("k.pub"), &d("b")], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o).0.starts_with("bundle OK: 2 entries"),
+        "{:?}",
+        text(&o)
+    );
+
+    let o = attest(&["keygen", "--out", &d("other")], &[]);
+    assert!(o.status.success());
+    let o = attest(&["verify", "--pub", &d("other.pub"), &d("b")], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o).1;
+    assert!(
+        err.contains("REFUSED") && err.contains("line 1 (expected sequence 0): signed by key"),
+        "{err}"
+    );
+    // Replay verifies first and sends nothing (there is no daemon at this address).
+    let o = attest(
+        &[
+            "replay",
+            "--daemon",
+            "http://127.0.0.1:9",
+            "--pub",
+            &d("other.pub"),
+            &d("b"),
+        ],
+        &[("PLIMSOLL_TOKEN", "x")],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o)
+            .1
+            .contains("nothing was sent: the bundle does not verify"),
+        "{:?}",
+        text(&o)
+    );
+}
+
+// ---------------------------------------------------------------- independent check
+
+/// A Python with the `cryptography` package: `python3` on PATH if it has it, otherwise a venv
+/// made under target/attest-pyenv with `cryptography` installed from PyPI.
+fn python_with_cryptography() -> Result<PathBuf, String> {
+    let has = |python: &Path| {
+        command(python)
+            .args(["-c", "import cryptography"])
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let venv = root().join("target/attest-pyenv");
+    let venv_python = venv.join("bin/python3");
+    if venv_python.exists() && has(&venv_python) {
+        return Ok(venv_python);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let on_path = std::env::split_paths(&path)
+        .map(|d| d.join("python3"))
+        .find(|p| p.exists())
+        .ok_or("no python3 on PATH")?;
+    if has(&on_path) {
+        return Ok(on_path);
+    }
+    let o = command(&on_path)
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", on_path.display()))?;
+    if !o.status.success() {
+        return Err(format!("python3 -m venv failed: {:?}", text(&o)));
+    }
+    let o = command(venv.join("bin/pip"))
+        .args(["install", "--quiet", "cryptography"])
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", root().join("target"))
+        .output()
+        .map_err(|e| format!("cannot run pip: {e}"))?;
+    if !o.status.success() || !has(&venv_python) {
+        return Err(format!("pip install cryptography failed: {:?}", text(&o)));
+    }
+    Ok(venv_python)
+}
+
+fn attest_check(python: &Path, args: &[&Path]) -> Output {
+    let script = root().join("tests/independent/attest_check.py");
+    command(python)
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("run attest_check.py")
+}
+
+#[test]
+fn independent_python_check_agrees() {
+    let python = match python_with_cryptography() {
+        Ok(p) => p,
+        Err(why) => {
+            skip("independent_python_check_agrees", &why);
+            return;
+        }
+    };
+    let golden = golden_dir();
+    let o = command(&python)
+        .arg(root().join("tests/independent/attest_check.py"))
+        .arg("golden")
+        .arg(&golden)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "golden: {:?}", text(&o));
+
+    // A bundle written by append/close with a key from keygen, with non-ASCII and binary output.
+    let dir = tempfile::tempdir().unwrap();
+    let files = plimsoll_attest::keygen(&dir.path().join("k")).unwrap();
+    let key = plimsoll_attest::load_private_key(&files.private).unwrap();
+    let bundle = dir.path().join("b.jsonl");
+    for i in 0..3 {
+        let mut ex = sample_exchange(i);
+        ex.response.result.stdout = format!("é\t\"{i}\"\u{1}\n").as_str().into();
+        ex.response.result.stderr = plimsoll_wire::Bytes(vec![0xff, 0, i as u8]);
+        restate_digests(&mut ex);
+        append_entry(&bundle, &key, &ex).unwrap();
+    }
+    close_bundle(&bundle, &key).unwrap();
+    let o = attest_check(&python, &[Path::new("bundle"), &files.public, &bundle]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(text(&o).0.contains("OK: 3 entries"), "{:?}", text(&o));
+
+    // It refuses too: a changed byte, and the wrong key.
+    let mut bytes = std::fs::read(&bundle).unwrap();
+    // The escaped tab of the first entry's stdout becomes an escaped newline.
+    let at = bytes.windows(2).position(|w| w == b"\\t").unwrap();
+    bytes[at + 1] = b'n';
+    let tampered = dir.path().join("t.jsonl");
+    std::fs::write(&tampered, &bytes).unwrap();
+    let o = attest_check(&python, &[Path::new("bundle"), &files.public, &tampered]);
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    assert!(text(&o).1.contains("REFUSED: line 1"), "{:?}", text(&o));
+    let o = attest_check(
+        &python,
+        &[Path::new("bundle"), &golden.join("public.pem"), &bundle],
+    );
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+}
