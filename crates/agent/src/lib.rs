@@ -1,0 +1,30 @@
+//! plimsoll-agent: the program inside a sandbox that runs one job. It reads an
+//! [`AgentJob`](plimsoll_wire::AgentJob) as JSON on stdin, writes a project's files under the
+//! work directory and runs its steps (or runs a snippet), and answers one
+//! [`RunResult`](plimsoll_wire::RunResult) as JSON on stdout. docs/agent.md is the contract.
+//!
+//! The agent runs beside the untrusted code, as the same uid. The host trusts it only to
+//! report what happened inside; code that interferes with it can only make it lie about that
+//! code's own output.
+
+mod fsops;
+mod job;
+mod oom;
+mod run;
+mod supervise;
+
+pub use job::{MAX_JOB_BYTES, ReadJobError, read_job};
+pub use run::{RunJobError, run_job};
+
+/// An error and its sources on one line (`a: b: c`), with line breaks replaced, for the one
+/// line the agent prints on stderr when it cannot do a job.
+pub fn one_line(err: &dyn std::error::Error) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line.replace(['\n', '\r'], " ")
+}

@@ -1,0 +1,54 @@
+//! `plimsoll-agent`: reads one AgentJob (JSON) on stdin, runs it, writes one RunResult
+//! (JSON) on stdout and exits 0; exits 2 with one line on stderr when it cannot do the job.
+//! See docs/agent.md.
+
+use std::io::{self, Write as _};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use plimsoll_agent::{one_line, read_job, run_job};
+
+const USAGE: &str = "usage: plimsoll-agent < job.json > result.json
+Runs one plimsoll job inside a sandbox: reads an AgentJob as JSON on stdin, writes a
+RunResult as JSON on stdout. Exit status 0 with a result, 2 with one line on stderr when the
+job cannot be done. See docs/agent.md.";
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("plimsoll-agent: {message}");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let mut args = std::env::args_os().skip(1);
+    match args.next() {
+        None => {}
+        Some(a) if a == "--help" || a == "-h" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(a) => {
+            return fail(&format!(
+                "unexpected argument {}: the job comes on stdin (see --help)",
+                a.to_string_lossy()
+            ));
+        }
+    }
+    let job = match read_job(io::stdin().lock()) {
+        Ok(job) => job,
+        Err(e) => return fail(&one_line(&e)),
+    };
+    let result = match run_job(&job, started) {
+        Ok(result) => result,
+        Err(e) => return fail(&one_line(&e)),
+    };
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let written = serde_json::to_writer(&mut out, &result)
+        .map_err(io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("cannot write the result to stdout: {e}")),
+    }
+}

@@ -1,0 +1,239 @@
+//! Running one job: check every path, open the work directory, then run a snippet, or write
+//! a project's files, run its steps in order and collect its artifacts; answer one
+//! [`RunResult`].
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use plimsoll_wire::{AgentJob, Bytes, Language, Project, RunResult, RunSpec, Snippet, StepResult};
+
+use crate::fsops::{
+    BadPath, OpenWorkDirError, SnippetFile, WorkDir, WriteFileError, WriteSnippetError, segments,
+};
+use crate::supervise::{Outcome, RunChildError, StartSupervisorError, Supervisor, command};
+
+/// Where the snippet's source file goes: the sandbox's per-run tmpfs (and `HOME`).
+const SNIPPET_BASE: &str = "/tmp";
+
+/// The job could not be done. The agent prints this on one line on stderr and exits 2; the
+/// host reports an error (code may have run when the failure came after a step started).
+#[derive(Debug, thiserror::Error)]
+pub enum RunJobError {
+    /// A file or artifact path is not a plain relative path; nothing was written.
+    #[error("{what}[{index}] is refused")]
+    Path {
+        /// `run.files` or `run.artifacts`.
+        what: &'static str,
+        /// Its index in the job.
+        index: usize,
+        /// Why.
+        #[source]
+        source: BadPath,
+    },
+    /// The work directory cannot be used.
+    #[error(transparent)]
+    WorkDir(#[from] OpenWorkDirError),
+    /// The agent cannot watch children.
+    #[error(transparent)]
+    Supervisor(#[from] StartSupervisorError),
+    /// A project file could not be written; no step ran.
+    #[error(transparent)]
+    WriteFile(#[from] WriteFileError),
+    /// The snippet's file could not be written; nothing ran.
+    #[error(transparent)]
+    WriteSnippet(#[from] WriteSnippetError),
+    /// A step could not be started or watched; the steps before it ran.
+    #[error("cannot run step #{index}")]
+    Step {
+        /// Its index in the job.
+        index: usize,
+        /// Why.
+        #[source]
+        source: RunChildError,
+    },
+    /// The snippet's interpreter could not be started or watched.
+    #[error("cannot run the snippet")]
+    Snippet(#[source] RunChildError),
+}
+
+/// Runs `job`, whose deadline counts from `started` (the agent's start). Blocks SIGCHLD in
+/// the calling thread: meant for the agent binary, a single-threaded process. Every process
+/// the job started has been killed when this returns.
+pub fn run_job(job: &AgentJob, started: Instant) -> Result<RunResult, RunJobError> {
+    mark_inherited_descriptors_cloexec();
+    // A deadline too far to represent is as good as none (the host kills the sandbox anyway).
+    let deadline = started
+        .checked_add(Duration::from_millis(job.deadline_ms))
+        .or_else(|| started.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(started);
+    match &job.spec {
+        RunSpec::Snippet(snippet) => run_snippet(job, snippet, deadline),
+        RunSpec::Project(project) => run_project(job, project, deadline),
+    }
+}
+
+fn run_project(
+    job: &AgentJob,
+    project: &Project,
+    deadline: Instant,
+) -> Result<RunResult, RunJobError> {
+    // Every path is checked before anything is written.
+    let paths = project
+        .files
+        .iter()
+        .map(|f| ("run.files", &f.path))
+        .chain(project.artifacts.iter().map(|a| ("run.artifacts", a)));
+    let mut counts = [0usize; 2];
+    for (what, path) in paths {
+        let slot = usize::from(what == "run.artifacts");
+        let index = counts[slot];
+        counts[slot] += 1;
+        segments(path).map_err(|source| RunJobError::Path {
+            what,
+            index,
+            source,
+        })?;
+    }
+    let work = WorkDir::open(&job.work_dir)?;
+    for f in &project.files {
+        work.write_file(&f.path, f.content.as_slice(), f.executable)?;
+    }
+    let mut sup = Supervisor::new(deadline)?;
+    let mut steps = Vec::with_capacity(project.steps.len());
+    let mut stopped_by_deadline = false;
+    for (index, step) in project.steps.iter().enumerate() {
+        if sup.past_deadline() {
+            stopped_by_deadline = true;
+            break;
+        }
+        let mut cmd = command("/bin/sh");
+        cmd.arg("-c").arg(&step.run).current_dir(&job.work_dir);
+        let outcome = sup
+            .run(cmd, job.output_bytes)
+            .map_err(|source| RunJobError::Step { index, source })?;
+        let ok = outcome.succeeded();
+        steps.push(step_result(step.name.clone(), outcome));
+        if !ok {
+            break;
+        }
+    }
+    sup.end_all();
+    let artifacts = project
+        .artifacts
+        .iter()
+        .map(|a| work.read_artifact(a, job.artifact_bytes))
+        .collect();
+    let mut result = steps.last().map(mirror).unwrap_or_default();
+    // The deadline stopped the run between steps: not every step ran.
+    if stopped_by_deadline {
+        result.timed_out = true;
+    }
+    result.steps = steps;
+    result.artifacts = artifacts;
+    Ok(result)
+}
+
+fn run_snippet(
+    job: &AgentJob,
+    snippet: &Snippet,
+    deadline: Instant,
+) -> Result<RunResult, RunJobError> {
+    let _work = WorkDir::open(&job.work_dir)?;
+    let mut sup = Supervisor::new(deadline)?;
+    if sup.past_deadline() {
+        return Ok(RunResult {
+            timed_out: true,
+            ..RunResult::default()
+        });
+    }
+    let (program, args, file_name) = interpreter(snippet.language);
+    let file = SnippetFile::write(Path::new(SNIPPET_BASE), file_name, snippet.code.as_bytes())?;
+    let mut cmd = command(program);
+    cmd.args(args).arg(file.path()).current_dir(&job.work_dir);
+    let outcome = sup.run(cmd, job.output_bytes);
+    sup.end_all();
+    file.remove();
+    let outcome = outcome.map_err(RunJobError::Snippet)?;
+    Ok(mirror(&step_result(None, outcome)))
+}
+
+/// The interpreter for a language: Debian's path first, else a search of `PATH` (by exec,
+/// so the agent itself reads no variable), its arguments, and the source file's name.
+fn interpreter(language: Language) -> (&'static str, &'static [&'static str], &'static str) {
+    let pick = |fixed: &'static str, bare: &'static str| {
+        if Path::new(fixed).exists() {
+            fixed
+        } else {
+            bare
+        }
+    };
+    match language {
+        Language::Javascript => (pick("/usr/bin/node", "node"), &[], "main.js"),
+        Language::Python => (pick("/usr/bin/python3", "python3"), &["-I"], "main.py"),
+    }
+}
+
+fn step_result(name: Option<String>, o: Outcome) -> StepResult {
+    StepResult {
+        name,
+        exit_code: o.exit_code,
+        signal: o.signal,
+        timed_out: o.timed_out,
+        oom_killed: o.oom_killed,
+        stdout: Bytes(o.stdout),
+        stdout_truncated: o.stdout_truncated,
+        stderr: Bytes(o.stderr),
+        stderr_truncated: o.stderr_truncated,
+        duration_ms: o.duration_ms,
+    }
+}
+
+/// The top-level fields of a result, from the last step that ran.
+fn mirror(step: &StepResult) -> RunResult {
+    RunResult {
+        exit_code: step.exit_code,
+        signal: step.signal,
+        timed_out: step.timed_out,
+        oom_killed: step.oom_killed,
+        stdout: step.stdout.clone(),
+        stdout_truncated: step.stdout_truncated,
+        stderr: step.stderr.clone(),
+        stderr_truncated: step.stderr_truncated,
+        steps: Vec::new(),
+        artifacts: Vec::new(),
+    }
+}
+
+/// Marks every descriptor above 2 close-on-exec, so nothing the agent inherited reaches a
+/// step (the agent's own descriptors are opened close-on-exec, and each child gets fresh
+/// pipes as 0, 1 and 2). close_range where the kernel has it, else one by one from
+/// /proc/self/fd; without either, inherited descriptors stay as they are.
+fn mark_inherited_descriptors_cloexec() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on open descriptors;
+    // the arguments are plain integers.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc == 0 {
+        return;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD only changes the descriptor's flags; the listing's own descriptor
+        // is closed by now and fails harmlessly with EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+}

@@ -1,0 +1,518 @@
+//! Running the job's children: each in a process group of its own with fresh pipes, both
+//! streams read at once into capped buffers while the deadline is watched, every child reaped
+//! (the agent is a child subreaper, so orphans come back to it), and at the end every process
+//! the job started is killed.
+//!
+//! Needs a single-threaded process (the agent binary): SIGCHLD is blocked in the calling
+//! thread and read from a signalfd, which another thread with SIGCHLD unblocked would take.
+//! A capped poll timeout re-checks for exited children anyway, so a lost signal only delays.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal, kill, killpg};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
+
+use crate::oom::OomCounter;
+
+/// How long the pipes are still read after a step's first process has exited: output its
+/// background processes print in that time is kept; after it, pipes they hold are drained
+/// and dropped while later steps run.
+const DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// How long to wait for a killed step's first process to be reaped before giving up on it.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+/// How long the final clean-up keeps killing what is left.
+const END_WAIT: Duration = Duration::from_secs(2);
+/// The longest single poll: exited children are looked for at least this often.
+const POLL_CAP: Duration = Duration::from_millis(250);
+/// Reads per stream per wake-up, so one busy stream cannot starve the deadline.
+const READS_PER_WAKE: usize = 16;
+
+/// Bytes kept from one stream: the first `cap`, the rest counted as dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Sink {
+    buf: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl Sink {
+    pub(crate) fn new(cap: u64) -> Self {
+        Sink {
+            buf: Vec::new(),
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            truncated: false,
+        }
+    }
+
+    pub(crate) fn push(&mut self, data: &[u8]) {
+        let keep = data.len().min(self.cap.saturating_sub(self.buf.len()));
+        self.buf.extend_from_slice(&data[..keep]);
+        if keep < data.len() {
+            self.truncated = true;
+        }
+    }
+}
+
+/// How one child ended and what it printed.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub stdout: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr: Vec<u8>,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+impl Outcome {
+    /// Exit status 0, no signal, no timeout.
+    pub(crate) fn succeeded(&self) -> bool {
+        self.exit_code == Some(0) && self.signal.is_none() && !self.timed_out
+    }
+}
+
+/// The agent cannot watch its children; nothing has run.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot watch for exiting children (blocking SIGCHLD or creating a signalfd failed)")]
+pub struct StartSupervisorError(#[source] Errno);
+
+/// A child could not be started, or watching it failed (it has then been killed).
+#[derive(Debug, thiserror::Error)]
+pub enum RunChildError {
+    /// Fork or exec failed: nothing of this child ran.
+    #[error("cannot start `{program}`")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting on the child's pipes failed.
+    #[error("cannot watch child {pid}")]
+    Watch {
+        /// The child's pid.
+        pid: i32,
+        /// Why.
+        #[source]
+        source: Errno,
+    },
+}
+
+/// A command for a child of the agent: a step's shell or a snippet's interpreter. The rest of
+/// its setup (process group, pipes) is [`Supervisor::run`]'s.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the agent's own spawn, inside the sandbox: children keep the environment the provider gave the agent, get an empty stdin pipe (no /dev/null needed), and inherit no descriptor because the agent marked them all close-on-exec at its start"
+)]
+pub(crate) fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    Command::new(program)
+}
+
+/// Runs children one at a time and cleans up after all of them.
+#[derive(Debug)]
+pub(crate) struct Supervisor {
+    sigchld: SignalFd,
+    deadline: Instant,
+    /// Read ends of earlier steps' pipes, still held open by their background processes:
+    /// drained and dropped so those processes never block on a full pipe.
+    leftovers: Vec<OwnedFd>,
+    /// Process group ids of every child started (each child leads its own group).
+    groups: Vec<i32>,
+    oom: OomCounter,
+    scratch: Vec<u8>,
+    ended: bool,
+}
+
+/// A status from waitpid, decoded.
+#[derive(Debug, Clone, Copy)]
+struct Ended {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+}
+
+fn decode(status: libc::c_int) -> Ended {
+    if libc::WIFEXITED(status) {
+        Ended {
+            exit_code: Some(libc::WEXITSTATUS(status)),
+            signal: None,
+        }
+    } else if libc::WIFSIGNALED(status) {
+        Ended {
+            exit_code: None,
+            signal: Some(libc::WTERMSIG(status)),
+        }
+    } else {
+        Ended {
+            exit_code: None,
+            signal: None,
+        }
+    }
+}
+
+/// Reads what a non-blocking pipe holds now, into `sink` (or nowhere). True at end of file
+/// or on an error (the stream is then given up).
+fn drain(fd: BorrowedFd<'_>, scratch: &mut [u8], mut sink: Option<&mut Sink>) -> bool {
+    let mut reads = 0;
+    while reads < READS_PER_WAKE {
+        match nix::unistd::read(fd, scratch) {
+            Ok(0) => return true,
+            Ok(n) => {
+                reads += 1;
+                if let Some(s) = sink.as_deref_mut() {
+                    s.push(&scratch[..n]);
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => return false,
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> Result<(), Errno> {
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map(drop)
+}
+
+/// Milliseconds until `wake`, rounded up, at most [`POLL_CAP`].
+fn poll_timeout(now: Instant, wake: Instant) -> PollTimeout {
+    let wait = wake.saturating_duration_since(now).min(POLL_CAP);
+    let ms = wait.as_micros().div_ceil(1000);
+    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+}
+
+impl Supervisor {
+    /// Blocks SIGCHLD into a signalfd and makes the agent a child subreaper (best effort:
+    /// without it, orphans go to the sandbox's init and only the host ends them).
+    pub(crate) fn new(deadline: Instant) -> Result<Self, StartSupervisorError> {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGCHLD);
+        set.thread_block().map_err(StartSupervisorError)?;
+        let sigchld = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(StartSupervisorError)?;
+        let _ = nix::sys::prctl::set_child_subreaper(true);
+        Ok(Supervisor {
+            sigchld,
+            deadline,
+            leftovers: Vec::new(),
+            groups: Vec::new(),
+            oom: OomCounter::find(),
+            scratch: vec![0; 64 * 1024],
+            ended: false,
+        })
+    }
+
+    /// True once the job's deadline has passed.
+    pub(crate) fn past_deadline(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    /// Reaps every child that has ended, noting `leader`'s status. Returns whether any
+    /// child is left.
+    fn reap(&mut self, leader: Option<i32>, found: &mut Option<Ended>) -> bool {
+        while let Ok(Some(_)) = self.sigchld.read_signal() {}
+        loop {
+            let mut status: libc::c_int = 0;
+            // SAFETY: waitpid writes one int through a pointer to a local; -1 means any
+            // child, WNOHANG never blocks.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            match pid {
+                0 => return true,
+                p if p > 0 => {
+                    if Some(p) == leader {
+                        *found = Some(decode(status));
+                    }
+                }
+                _ if Errno::last() == Errno::EINTR => {}
+                _ => return false,
+            }
+        }
+    }
+
+    /// Drains the pipes left over from earlier steps, dropping what they hold.
+    fn drain_leftovers(&mut self) {
+        let scratch = &mut self.scratch;
+        self.leftovers
+            .retain(|fd| !drain(fd.as_fd(), scratch, None));
+    }
+
+    /// Runs one child to its end (or the deadline): stdin empty, stdout and stderr to fresh
+    /// pipes, in a process group of its own. At the deadline the whole group is killed.
+    /// Background processes it leaves outlive it (a later step may use them) until
+    /// [`Supervisor::end_all`].
+    pub(crate) fn run(
+        &mut self,
+        mut cmd: Command,
+        output_bytes: u64,
+    ) -> Result<Outcome, RunChildError> {
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        cmd.process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let oom_before = self.oom.read();
+        let started = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| RunChildError::Spawn { program, source })?;
+        let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+        self.groups.push(pid);
+        // Closing our end of stdin at once: the child reads end of file.
+        drop(child.stdin.take());
+        let mut out = child.stdout.take().map(OwnedFd::from);
+        let mut err = child.stderr.take().map(OwnedFd::from);
+        // The child is reaped through waitpid(-1) below, never through `child`.
+        drop(child);
+        for fd in out.iter().chain(err.iter()) {
+            // A blocking pipe would only make a read wait; keep going.
+            let _ = set_nonblocking(fd);
+        }
+        let watched = self.watch(pid, &mut out, &mut err, output_bytes);
+        // Pipes still held open by background processes: keep draining them.
+        self.leftovers.extend(out.into_iter().chain(err));
+        let (ended, timed_out, stdout, stderr) = match watched {
+            Ok(w) => w,
+            Err(source) => {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                return Err(RunChildError::Watch { pid, source });
+            }
+        };
+        let ended = ended.unwrap_or(Ended {
+            exit_code: None,
+            signal: None,
+        });
+        let killed = ended.signal == Some(libc::SIGKILL) || ended.exit_code == Some(128 + 9);
+        let oom_killed =
+            killed && matches!((oom_before, self.oom.read()), (Some(b), Some(a)) if a > b);
+        Ok(Outcome {
+            exit_code: ended.exit_code,
+            signal: ended.signal,
+            timed_out,
+            oom_killed,
+            stdout: stdout.buf,
+            stdout_truncated: stdout.truncated,
+            stderr: stderr.buf,
+            stderr_truncated: stderr.truncated,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// The capture loop of [`Supervisor::run`]. Returns the leader's status (`None` when it
+    /// could not be reaped in time after the kill), whether the deadline fired, and both
+    /// streams. Streams still open at the end are left in `out`/`err`.
+    fn watch(
+        &mut self,
+        pid: i32,
+        out: &mut Option<OwnedFd>,
+        err: &mut Option<OwnedFd>,
+        output_bytes: u64,
+    ) -> Result<(Option<Ended>, bool, Sink, Sink), Errno> {
+        let mut stdout = Sink::new(output_bytes);
+        let mut stderr = Sink::new(output_bytes);
+        let mut ended: Option<Ended> = None;
+        let mut timed_out = false;
+        let mut killed_at: Option<Instant> = None;
+        let mut drain_until: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if let Some(until) = drain_until
+                && (now >= until || (out.is_none() && err.is_none()))
+            {
+                break;
+            }
+            if ended.is_none() {
+                match killed_at {
+                    None if now >= self.deadline => {
+                        // The leader is not reaped yet, so its group id is still ours.
+                        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                        timed_out = true;
+                        killed_at = Some(now);
+                    }
+                    Some(at) if now >= at + KILL_WAIT => break,
+                    _ => {}
+                }
+            }
+            let wake = match (drain_until, killed_at) {
+                (Some(until), _) => until,
+                (None, Some(at)) => at + KILL_WAIT,
+                (None, None) => self.deadline,
+            };
+            {
+                let mut fds = Vec::with_capacity(3 + self.leftovers.len());
+                fds.push(PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN));
+                for fd in out.iter().chain(err.iter()).chain(self.leftovers.iter()) {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                }
+                match poll(&mut fds, poll_timeout(now, wake)) {
+                    Ok(_) | Err(Errno::EINTR) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if let Some(fd) = out.as_ref()
+                && drain(fd.as_fd(), &mut self.scratch, Some(&mut stdout))
+            {
+                *out = None;
+            }
+            if let Some(fd) = err.as_ref()
+                && drain(fd.as_fd(), &mut self.scratch, Some(&mut stderr))
+            {
+                *err = None;
+            }
+            self.drain_leftovers();
+            if ended.is_none() {
+                self.reap(Some(pid), &mut ended);
+                if ended.is_some() {
+                    let mut until = Instant::now() + DRAIN_GRACE;
+                    if !timed_out {
+                        // A step that finished in time is not held past the deadline.
+                        until = until.min(self.deadline.max(now));
+                    }
+                    drain_until = Some(until);
+                }
+            }
+        }
+        Ok((ended, timed_out, stdout, stderr))
+    }
+
+    /// Kills every process the job started that is still alive (its descendants, found in
+    /// /proc; or, without /proc, the process groups of its steps), reaps them, and drops the
+    /// leftover pipes. Best effort for at most [`END_WAIT`]: the host destroys the sandbox
+    /// anyway. Idempotent.
+    pub(crate) fn end_all(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let until = Instant::now() + END_WAIT;
+        let me = std::process::id() as i32;
+        loop {
+            let mut none = None;
+            if !self.reap(None, &mut none) || Instant::now() >= until {
+                break;
+            }
+            match descendants(me) {
+                Some(found) => {
+                    for (pid, pgid) in found {
+                        // Killing the whole group at once stops a member forking away.
+                        if self.groups.contains(&pgid) {
+                            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+                        }
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
+                }
+                None => {
+                    for g in &self.groups {
+                        let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
+                    }
+                }
+            }
+            self.drain_leftovers();
+            let mut fds = [PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(10u16));
+        }
+        self.leftovers.clear();
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.end_all();
+    }
+}
+
+/// Parses `/proc/PID/stat`: the pid, parent pid and process group. The command name (field
+/// 2) may hold spaces and parentheses, so fields are counted from its last `)`.
+pub(crate) fn parse_stat(stat: &str) -> Option<(i32, i32, i32)> {
+    let open = stat.find(" (")?;
+    let close = stat.rfind(')')?;
+    let pid = stat[..open].trim().parse().ok()?;
+    let mut rest = stat.get(close + 1..)?.split_whitespace();
+    let _state = rest.next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    let pgrp = rest.next()?.parse().ok()?;
+    Some((pid, ppid, pgrp))
+}
+
+/// Every descendant of `root` now alive (or a zombie), with its process group, found by
+/// walking /proc. `None` when /proc cannot be read.
+fn descendants(root: i32) -> Option<Vec<(i32, i32)>> {
+    let mut children: HashMap<i32, Vec<(i32, i32)>> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{name}/stat")) else {
+            continue;
+        };
+        if let Some((pid, ppid, pgrp)) = parse_stat(&stat) {
+            children.entry(ppid).or_default().push((pid, pgrp));
+        }
+    }
+    let mut found = Vec::new();
+    let mut seen = HashSet::from([root]);
+    let mut queue = VecDeque::from([root]);
+    while let Some(parent) = queue.pop_front() {
+        for &(pid, pgrp) in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+            if seen.insert(pid) {
+                found.push((pid, pgrp));
+                queue.push_back(pid);
+            }
+        }
+    }
+    Some(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_keeps_the_first_cap_bytes_and_flags_the_rest() {
+        let mut s = Sink::new(5);
+        s.push(b"abc");
+        assert!(!s.truncated);
+        s.push(b"defg");
+        s.push(b"h");
+        assert_eq!(s.buf, b"abcde");
+        assert!(s.truncated);
+        let mut exact = Sink::new(3);
+        exact.push(b"abc");
+        exact.push(b"");
+        assert!(!exact.truncated);
+    }
+
+    #[test]
+    fn stat_lines_with_odd_command_names() {
+        assert_eq!(
+            parse_stat("42 (a) b) (c) S 7 42 42 0 -1 4194560"),
+            Some((42, 7, 42))
+        );
+        assert_eq!(parse_stat("9 (sleep) Z 1 9 9"), Some((9, 1, 9)));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x"), None);
+    }
+
+    #[test]
+    fn exit_statuses_decode() {
+        let exited = decode(3 << 8);
+        assert_eq!((exited.exit_code, exited.signal), (Some(3), None));
+        let killed = decode(9);
+        assert_eq!((killed.exit_code, killed.signal), (None, Some(9)));
+    }
+}

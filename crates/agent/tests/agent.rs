@@ -1,0 +1,711 @@
+//! The agent binary, run the way a sandbox runs it: a job on stdin, an almost empty
+//! environment, a result on stdout (or exit 2 and one line on stderr).
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use plimsoll_wire::{
+    AgentJob, Bytes, Language, Project, ProjectFile, RunResult, RunSpec, Snippet, Step,
+};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_plimsoll-agent");
+
+/// What the agent did: its exit status, stdout and stderr.
+struct Ran {
+    code: Option<i32>,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test runs the agent binary itself, as a provider does"
+)]
+fn agent_command() -> Command {
+    Command::new(AGENT)
+}
+
+fn agent_with(input: Vec<u8>, cwd: &Path, configure: impl FnOnce(&mut Command)) -> Ran {
+    let mut cmd = agent_command();
+    cmd.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    configure(&mut cmd);
+    let mut child = cmd.spawn().expect("start the agent");
+    let mut stdin = child.stdin.take().unwrap();
+    // A writer thread: the input may be larger than a pipe holds. The agent may stop reading
+    // early (and the write then fails), which is its right.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut stderr = String::new();
+    let mut err_pipe = child.stderr.take().unwrap();
+    let err_reader = std::thread::spawn(move || {
+        let _ = err_pipe.read_to_string(&mut stderr);
+        stderr
+    });
+    let mut stdout = Vec::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    let status = child.wait().unwrap();
+    writer.join().unwrap();
+    Ran {
+        code: status.code(),
+        stdout,
+        stderr: err_reader.join().unwrap(),
+    }
+}
+
+fn agent(input: Vec<u8>, cwd: &Path) -> Ran {
+    agent_with(input, cwd, |_| {})
+}
+
+fn job(work: &Path, spec: RunSpec) -> AgentJob {
+    AgentJob {
+        spec,
+        work_dir: work.to_str().unwrap().to_owned(),
+        output_bytes: 1 << 20,
+        artifact_bytes: 1 << 20,
+        deadline_ms: 60_000,
+    }
+}
+
+fn project(files: Vec<ProjectFile>, steps: &[&str], artifacts: &[&str]) -> RunSpec {
+    RunSpec::Project(Project {
+        files,
+        steps: steps
+            .iter()
+            .map(|s| Step {
+                name: None,
+                run: (*s).to_owned(),
+            })
+            .collect(),
+        artifacts: artifacts.iter().map(|s| (*s).to_owned()).collect(),
+    })
+}
+
+fn file(path: &str, content: &[u8], executable: bool) -> ProjectFile {
+    ProjectFile {
+        path: path.into(),
+        content: Bytes(content.to_vec()),
+        executable,
+    }
+}
+
+/// Runs a job that must succeed (exit 0) and parses its result.
+fn run(job: &AgentJob) -> RunResult {
+    let ran = agent(serde_json::to_vec(job).unwrap(), Path::new(&job.work_dir));
+    assert_eq!(ran.code, Some(0), "agent failed: {}", ran.stderr);
+    assert!(
+        ran.stderr.is_empty(),
+        "agent wrote to stderr: {}",
+        ran.stderr
+    );
+    serde_json::from_slice(&ran.stdout)
+        .unwrap_or_else(|e| panic!("bad result ({e}): {}", String::from_utf8_lossy(&ran.stdout)))
+}
+
+/// Runs a job that must be refused (exit 2, one line on stderr, nothing on stdout). The
+/// agent starts in `/`: the work directory may be missing.
+fn refused(job: &AgentJob) -> String {
+    let ran = agent(serde_json::to_vec(job).unwrap(), Path::new("/"));
+    assert_eq!(
+        ran.code,
+        Some(2),
+        "stdout: {}",
+        String::from_utf8_lossy(&ran.stdout)
+    );
+    assert!(ran.stdout.is_empty());
+    one_line(&ran.stderr)
+}
+
+fn one_line(stderr: &str) -> String {
+    assert!(stderr.starts_with("plimsoll-agent: "), "{stderr:?}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+    stderr.trim_end().to_owned()
+}
+
+fn text(b: &Bytes) -> String {
+    b.to_string_lossy()
+}
+
+/// The process `pid` (a `sleep`) has ended: waits up to 5 s for it to go (or be a zombie).
+fn sleep_is_gone(pid: i32) -> bool {
+    for _ in 0..100 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(s) if !s.contains("(sleep)") || s.contains(") Z ") => return true,
+            Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    // Do not leave it behind for the next test run.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    false
+}
+
+fn read_pid(work: &Path, name: &str) -> i32 {
+    std::fs::read_to_string(work.join(name))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn skip(test: &str, reason: &str) {
+    assert!(
+        !plimsoll_engine::env::strict(),
+        "{test} needs {reason} (CI=true forbids skipping)"
+    );
+    println!("SKIP {test}: {reason}");
+}
+
+#[test]
+fn files_are_written_exactly_with_their_modes() {
+    let work = tempfile::tempdir().unwrap();
+    let all_bytes: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+    let spec = project(
+        vec![
+            file("data/all.bin", &all_bytes, false),
+            file("bin/tool.sh", b"#!/bin/sh\necho tool \"$@\"\n", true),
+            file("empty", b"", false),
+        ],
+        &[
+            "./bin/tool.sh a b",
+            "test -x bin/tool.sh && ! test -x data/all.bin && echo modes",
+        ],
+        &[],
+    );
+    let r = run(&job(work.path(), spec));
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(text(&r.steps[0].stdout), "tool a b\n");
+    assert_eq!(text(&r.steps[1].stdout), "modes\n");
+    assert_eq!(
+        std::fs::read(work.path().join("data/all.bin")).unwrap(),
+        all_bytes
+    );
+    assert_eq!(std::fs::read(work.path().join("empty")).unwrap(), b"");
+    let mode = |p: &str| {
+        std::fs::metadata(work.path().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("bin/tool.sh"), 0o755);
+    assert_eq!(mode("data/all.bin"), 0o644);
+}
+
+#[test]
+fn steps_run_in_order_and_stop_at_the_first_failure() {
+    let work = tempfile::tempdir().unwrap();
+    let mut spec = project(
+        vec![],
+        &[
+            "echo one >> log; echo out1; echo err1 >&2",
+            "echo two >> log; printf out2; exit 3",
+            "echo three >> log",
+        ],
+        &["log"],
+    );
+    if let RunSpec::Project(p) = &mut spec {
+        p.steps[0].name = Some("first".into());
+    }
+    let r = run(&job(work.path(), spec));
+    assert_eq!(r.steps.len(), 2);
+    assert_eq!(r.steps[0].name.as_deref(), Some("first"));
+    assert_eq!(r.steps[1].name, None);
+    assert_eq!(
+        (
+            r.steps[0].exit_code,
+            text(&r.steps[0].stdout),
+            text(&r.steps[0].stderr)
+        ),
+        (Some(0), "out1\n".into(), "err1\n".into())
+    );
+    assert_eq!(r.steps[1].exit_code, Some(3));
+    // The top level mirrors the last step that ran.
+    assert_eq!(
+        (r.exit_code, text(&r.stdout), text(&r.stderr)),
+        (Some(3), "out2".into(), "".into())
+    );
+    assert!(!r.timed_out && !r.oom_killed);
+    assert_eq!(text(&r.artifacts[0].content), "one\ntwo\n");
+}
+
+#[test]
+fn a_step_killed_by_a_signal_stops_the_run() {
+    let work = tempfile::tempdir().unwrap();
+    let spec = project(vec![], &["echo before", "kill -TERM $$", "echo never"], &[]);
+    let r = run(&job(work.path(), spec));
+    assert_eq!(r.steps.len(), 2);
+    assert_eq!((r.exit_code, r.signal), (None, Some(15)));
+    assert_eq!((r.steps[1].exit_code, r.steps[1].signal), (None, Some(15)));
+    assert!(!r.timed_out);
+}
+
+#[test]
+fn artifacts_found_missing_truncated_and_links_never_followed() {
+    let work = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"secret").unwrap();
+    let out = outside.path().to_str().unwrap();
+    let setup = format!(
+        "mkdir d dir && printf 12345678 > d/big && ln -s {out}/secret esc && \
+         ln -s {out} outdir && ln -s five inside && mkfifo fifo"
+    );
+    let spec = project(
+        vec![file("five", b"\x00\xff345", false)],
+        &[&setup],
+        &[
+            "five",
+            "d/big",
+            "missing",
+            "esc",
+            "outdir/secret",
+            "inside",
+            "dir",
+            "fifo",
+            "five",
+        ],
+    );
+    let mut j = job(work.path(), spec);
+    j.artifact_bytes = 5;
+    let r = run(&j);
+    assert_eq!(r.exit_code, Some(0), "{}", text(&r.stderr));
+    let a = &r.artifacts;
+    assert_eq!(a.len(), 9, "one per artifact asked, in order");
+    assert_eq!(
+        (a[0].path.as_str(), a[0].found, a[0].size, a[0].truncated),
+        ("five", true, 5, false)
+    );
+    assert_eq!(a[0].content.as_slice(), b"\x00\xff345");
+    assert_eq!((a[1].found, a[1].size, a[1].truncated), (true, 8, true));
+    assert_eq!(text(&a[1].content), "12345");
+    for (i, what) in [
+        (2, "missing"),
+        (3, "esc"),
+        (4, "outdir/secret"),
+        (5, "inside"),
+        (6, "dir"),
+        (7, "fifo"),
+    ] {
+        assert_eq!(a[i].path, what);
+        assert!(!a[i].found, "{what} must not be found");
+        assert!(
+            a[i].content.is_empty() && a[i].size == 0 && !a[i].truncated,
+            "{what}"
+        );
+    }
+    assert_eq!(a[8], a[0]);
+}
+
+#[test]
+fn snippet_in_python() {
+    if !Path::new("/usr/bin/python3").exists() {
+        return skip("snippet_in_python", "/usr/bin/python3");
+    }
+    let work = tempfile::tempdir().unwrap();
+    let code = "import os, sys\nprint(os.getcwd(), sys.flags.isolated)\nsys.stderr.write('é')\nsys.exit(5)\n";
+    let r = run(&job(
+        work.path(),
+        RunSpec::Snippet(Snippet {
+            language: Language::Python,
+            code: code.into(),
+        }),
+    ));
+    let cwd = work.path().canonicalize().unwrap();
+    assert_eq!(text(&r.stdout), format!("{} 1\n", cwd.display()));
+    assert_eq!(text(&r.stderr), "é");
+    assert_eq!(r.exit_code, Some(5));
+    assert!(r.steps.is_empty() && r.artifacts.is_empty());
+    assert_eq!(
+        std::fs::read_dir(work.path()).unwrap().count(),
+        0,
+        "nothing written to work_dir"
+    );
+}
+
+#[test]
+fn snippet_in_javascript() {
+    if !Path::new("/usr/bin/node").exists() && which("node").is_none() {
+        return skip("snippet_in_javascript", "node");
+    }
+    let work = tempfile::tempdir().unwrap();
+    let code =
+        "console.log(6 * 7, process.cwd());\nprocess.stderr.write('err');\nprocess.exitCode = 4;\n";
+    let r = run(&job(
+        work.path(),
+        RunSpec::Snippet(Snippet {
+            language: Language::Javascript,
+            code: code.into(),
+        }),
+    ));
+    let cwd = work.path().canonicalize().unwrap();
+    assert_eq!(text(&r.stdout), format!("42 {}\n", cwd.display()));
+    assert_eq!(text(&r.stderr), "err");
+    assert_eq!(r.exit_code, Some(4));
+    assert_eq!(
+        std::fs::read_dir(work.path()).unwrap().count(),
+        0,
+        "nothing written to work_dir"
+    );
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    ["/usr/local/bin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
+}
+
+#[test]
+fn output_past_the_cap_is_drained_and_flagged() {
+    let work = tempfile::tempdir().unwrap();
+    // 100 MB on each stream at once: far more than a pipe holds, so the step would block
+    // for ever if the agent stopped reading either stream at the cap.
+    let spec = project(
+        vec![],
+        &["head -c 100000000 /dev/zero & head -c 100000000 /dev/zero >&2; wait; echo done"],
+        &[],
+    );
+    let mut j = job(work.path(), spec);
+    j.output_bytes = 1000;
+    let r = run(&j);
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.stdout.as_slice(), &[0u8; 1000][..]);
+    assert_eq!(r.stderr.as_slice(), &[0u8; 1000][..]);
+    assert!(r.stdout_truncated && r.stderr_truncated);
+    assert!(r.steps[0].stdout_truncated && r.steps[0].stderr_truncated);
+
+    let small = project(vec![], &["printf 12345"], &[]);
+    let mut j = job(work.path(), small);
+    j.output_bytes = 5;
+    let r = run(&j);
+    assert_eq!(text(&r.stdout), "12345");
+    assert!(!r.stdout_truncated, "exactly the cap is not truncated");
+}
+
+#[test]
+fn the_deadline_kills_the_step_and_its_children() {
+    let work = tempfile::tempdir().unwrap();
+    let spec = project(
+        vec![],
+        &[
+            "echo started; sleep 100 & echo $! > bg.pid; sleep 100",
+            "echo never",
+        ],
+        &["bg.pid"],
+    );
+    let mut j = job(work.path(), spec);
+    j.deadline_ms = 1500;
+    let r = run(&j);
+    assert!(r.timed_out);
+    assert_eq!((r.exit_code, r.signal), (None, Some(9)));
+    assert_eq!(r.steps.len(), 1, "the second step must not run");
+    assert!(r.steps[0].timed_out);
+    assert_eq!(text(&r.stdout), "started\n");
+    assert!(
+        r.artifacts[0].found,
+        "artifacts are collected after a timeout"
+    );
+    assert!(
+        sleep_is_gone(read_pid(work.path(), "bg.pid")),
+        "the background sleep survived"
+    );
+}
+
+#[test]
+fn a_deadline_already_past_runs_nothing_and_a_huge_one_is_none() {
+    let work = tempfile::tempdir().unwrap();
+    let mut j = job(work.path(), project(vec![], &["echo ran > ran"], &[]));
+    j.deadline_ms = 0;
+    let r = run(&j);
+    assert!(r.timed_out);
+    assert!(r.steps.is_empty());
+    assert_eq!((r.exit_code, r.signal), (None, None));
+    assert!(!work.path().join("ran").exists());
+    j.deadline_ms = u64::MAX;
+    let r = run(&j);
+    assert_eq!(r.exit_code, Some(0));
+    assert!(!r.timed_out);
+    assert!(work.path().join("ran").exists());
+}
+
+#[test]
+fn background_processes_live_until_the_last_step_then_die() {
+    let work = tempfile::tempdir().unwrap();
+    let spec = project(
+        vec![],
+        &[
+            "sleep 100 >/dev/null 2>&1 & echo $! > quiet.pid",
+            "kill -0 $(cat quiet.pid) && echo alive",
+            // Holds the step's stdout open: the agent must not wait for it.
+            "sleep 100 & echo $! > holder.pid",
+            // Leaves the step's process group and session.
+            "setsid sleep 100 & echo $! > escaped.pid",
+        ],
+        &[],
+    );
+    let r = run(&job(work.path(), spec));
+    assert_eq!(r.exit_code, Some(0), "{}", text(&r.stderr));
+    assert_eq!(r.steps.len(), 4);
+    assert_eq!(text(&r.steps[1].stdout), "alive\n");
+    for name in ["quiet.pid", "holder.pid", "escaped.pid"] {
+        assert!(
+            sleep_is_gone(read_pid(work.path(), name)),
+            "{name} survived the agent"
+        );
+    }
+}
+
+#[test]
+fn non_utf8_output_is_exact() {
+    let work = tempfile::tempdir().unwrap();
+    let spec = project(
+        vec![],
+        &[r"printf '\377\376\000a'; printf '\200\n' >&2"],
+        &[],
+    );
+    let r = run(&job(work.path(), spec));
+    assert_eq!(r.stdout.as_slice(), b"\xff\xfe\x00a");
+    assert_eq!(r.stderr.as_slice(), b"\x80\n");
+}
+
+#[test]
+fn steps_see_no_inherited_descriptor_or_blocked_signal() {
+    let work = tempfile::tempdir().unwrap();
+    let spec = project(
+        vec![],
+        &[
+            "test -e /proc/self/fd/50 && echo leaked || echo closed; grep SigBlk /proc/self/status; echo \"$HOME\"; ls /proc/self/fd | wc -l",
+        ],
+        &[],
+    );
+    let input = serde_json::to_vec(&job(work.path(), spec)).unwrap();
+    let leak = std::fs::File::open("/dev/null").unwrap();
+    let leak_fd = std::os::fd::AsRawFd::as_raw_fd(&leak);
+    let ran = agent_with(input, work.path(), |cmd| {
+        // SAFETY: dup2 in the child between fork and exec, on a descriptor the parent holds
+        // open; it leaves fd 50 without close-on-exec, as a careless parent would.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(leak_fd, 50) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let r: RunResult = serde_json::from_slice(&ran.stdout).unwrap();
+    // 0, 1, 2 and the one `ls` opens to list the directory.
+    assert_eq!(
+        text(&r.stdout),
+        "closed\nSigBlk:\t0000000000000000\n/tmp\n4\n"
+    );
+}
+
+#[test]
+fn bad_job_json_is_refused_with_exit_2() {
+    let work = tempfile::tempdir().unwrap();
+    let msg = one_line(&agent(b"{not json".to_vec(), work.path()).stderr);
+    assert!(msg.contains("not a valid AgentJob in JSON"), "{msg}");
+    let ran = agent(b"{not json".to_vec(), work.path());
+    assert_eq!(ran.code, Some(2));
+    assert!(ran.stdout.is_empty());
+
+    let mut value =
+        serde_json::to_value(job(work.path(), project(vec![], &["true"], &[]))).unwrap();
+    value["colour"] = "red".into();
+    let ran = agent(serde_json::to_vec(&value).unwrap(), work.path());
+    assert_eq!(ran.code, Some(2));
+    assert!(one_line(&ran.stderr).contains("colour"), "{}", ran.stderr);
+
+    let ran = agent(Vec::new(), work.path());
+    assert_eq!(ran.code, Some(2));
+    assert!(one_line(&ran.stderr).contains("empty"), "{}", ran.stderr);
+
+    let huge = vec![b' '; 256 * 1024 * 1024 + 1];
+    let ran = agent(huge, work.path());
+    assert_eq!(ran.code, Some(2));
+    assert!(
+        one_line(&ran.stderr).contains("larger than"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[test]
+fn an_unusable_work_dir_is_refused_with_exit_2() {
+    let parent = tempfile::tempdir().unwrap();
+    let missing = parent.path().join("missing");
+    let mut j = job(parent.path(), project(vec![], &["echo ran > ../ran"], &[]));
+    j.work_dir = missing.to_str().unwrap().to_owned();
+    let msg = refused(&j);
+    assert!(msg.contains("cannot open the work directory"), "{msg}");
+    // A file where the directory should be.
+    std::fs::write(&missing, b"a file").unwrap();
+    let msg = refused(&j);
+    assert!(msg.contains("cannot open the work directory"), "{msg}");
+    assert!(!parent.path().join("ran").exists());
+}
+
+#[test]
+fn path_escapes_are_refused_before_anything_is_written() {
+    let parent = tempfile::tempdir().unwrap();
+    let work = parent.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    for bad in [
+        "../escape",
+        "/tmp/plimsoll-agent-abs",
+        "a/../../escape",
+        "a//b",
+        "./a",
+        "a/./b",
+        "",
+    ] {
+        let spec = project(
+            vec![file("first", b"x", false), file(bad, b"x", false)],
+            &["echo ran > ran"],
+            &[],
+        );
+        let msg = refused(&job(&work, spec));
+        assert!(
+            msg.contains("run.files[1] is refused: path"),
+            "{bad:?}: {msg}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&work).unwrap().count(),
+            0,
+            "{bad:?}: something was written"
+        );
+    }
+    assert!(!parent.path().join("escape").exists());
+    assert!(!Path::new("/tmp/plimsoll-agent-abs").exists());
+    let spec = project(vec![], &["echo ran > ran"], &["ok", "../x"]);
+    let msg = refused(&job(&work, spec));
+    assert!(msg.contains("run.artifacts[1] is refused"), "{msg}");
+    assert!(!work.join("ran").exists());
+
+    // Links already in the work directory are not followed, last component or not.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("target"), b"untouched").unwrap();
+    std::os::unix::fs::symlink(outside.path(), work.join("dirlink")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("target"), work.join("filelink")).unwrap();
+    for path in ["dirlink/new", "dirlink/target", "filelink"] {
+        let spec = project(vec![file(path, b"overwritten", false)], &["true"], &[]);
+        let msg = refused(&job(&work, spec));
+        assert!(msg.contains("symbolic link"), "{path}: {msg}");
+    }
+    assert_eq!(
+        std::fs::read(outside.path().join("target")).unwrap(),
+        b"untouched"
+    );
+    assert!(!outside.path().join("new").exists());
+}
+
+/// A memory cgroup the test creates (root only), removed on drop.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemoryCgroup {
+    fn create(limit: u64) -> Result<Self, String> {
+        let name = format!("plimsoll-agent-test-{}", std::process::id());
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let v2_controllers = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control");
+        let (dir, files): (_, Vec<(&str, String)>) = if v1.join("memory.limit_in_bytes").exists() {
+            let mut f = vec![("memory.limit_in_bytes", limit.to_string())];
+            if v1.join("memory.memsw.limit_in_bytes").exists() {
+                f.push(("memory.memsw.limit_in_bytes", limit.to_string()));
+            }
+            (v1.join(&name), f)
+        } else if v2_controllers.is_ok_and(|c| c.split_whitespace().any(|w| w == "memory")) {
+            let f = vec![
+                ("memory.max", limit.to_string()),
+                ("memory.swap.max", "0".into()),
+            ];
+            (Path::new("/sys/fs/cgroup").join(&name), f)
+        } else {
+            return Err("a writable memory cgroup controller".into());
+        };
+        std::fs::create_dir(&dir)
+            .map_err(|e| format!("creating {} ({e}; root?)", dir.display()))?;
+        let cg = MemoryCgroup { dir };
+        for (file, value) in files {
+            std::fs::write(cg.dir.join(file), value)
+                .map_err(|e| format!("writing {file} ({e})"))?;
+        }
+        Ok(cg)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_step_killed_by_the_memory_limit_is_marked() {
+    let cg = match MemoryCgroup::create(64 * 1024 * 1024) {
+        Ok(cg) => cg,
+        Err(reason) => return skip("a_step_killed_by_the_memory_limit_is_marked", &reason),
+    };
+    let work = tempfile::tempdir().unwrap();
+    let spec = project(
+        vec![],
+        &[
+            "echo small",
+            "/usr/bin/python3 -c 'x = bytes(range(256)) * (2 * 1024 * 1024); print(len(x))'",
+        ],
+        &[],
+    );
+    let input = serde_json::to_vec(&job(work.path(), spec)).unwrap();
+    let procs = cg.dir.join("cgroup.procs");
+    let ran = agent_with(input, work.path(), move |cmd| {
+        let procs = std::ffi::CString::new(procs.to_str().unwrap()).unwrap();
+        // SAFETY: in the child before exec: open, write and close only (no allocation: the
+        // path was built before fork), moving the agent into the test's memory cgroup.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0\n".as_ptr().cast(), 2) == 2;
+                libc::close(fd);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    });
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let r: RunResult = serde_json::from_slice(&ran.stdout).unwrap();
+    assert!(!r.steps[0].oom_killed);
+    assert_eq!(r.steps.len(), 2);
+    assert!(
+        r.signal == Some(9) || r.exit_code == Some(137),
+        "python was not killed: {:?} {:?} {}",
+        r.exit_code,
+        r.signal,
+        text(&r.stderr)
+    );
+    assert!(r.oom_killed && r.steps[1].oom_killed);
+    assert!(!r.timed_out);
+}
