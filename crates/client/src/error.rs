@@ -235,8 +235,14 @@ impl ClientError {
     /// The error as a wire [`ErrorResponse`], echoing the id this client sent; its
     /// `not_dispatched` is set only when nothing ran.
     pub fn to_response(&self) -> ErrorResponse {
+        // Not-dispatched errors carry the bare message: the mark is a field of its own.
         let message = match self {
-            ClientError::Refused { message, .. } => message.clone(),
+            ClientError::Refused { message, .. } | ClientError::InvalidRequest { message, .. } => {
+                message.clone()
+            }
+            ClientError::Unreachable { url, message } => format!(
+                "cannot reach the daemon at {url} ({message}): check that plimsolld is running and the URL is right"
+            ),
             other => other.to_string(),
         };
         ErrorResponse {

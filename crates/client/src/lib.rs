@@ -271,6 +271,20 @@ impl Client {
         }
     }
 
+    /// True when the daemon answers `GET /readyz` with `200` (every provider probed, at least
+    /// one available); false when it is not ready or cannot be reached.
+    pub fn is_ready(&self) -> bool {
+        let url = format!("{}/readyz", self.base_url);
+        let answer = self
+            .agent
+            .get(&url)
+            .config()
+            .timeout_global(Some(CONNECT_TIMEOUT))
+            .build()
+            .call();
+        matches!(read_answer(answer), Ok((200, _)))
+    }
+
     /// The daemon's providers, their tiers, availability and evidence.
     pub fn providers(&self) -> Result<ProvidersResponse, ProvidersError> {
         let url = format!("{}/v1/providers", self.base_url);

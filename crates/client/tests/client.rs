@@ -1,0 +1,545 @@
+//! The client against a real in-process daemon over real HTTP, and against a real proxy on
+//! loopback that swaps, alters or downgrades what passes through it.
+
+use std::collections::HashMap;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt as _;
+use std::sync::{Arc, Condvar, Mutex};
+
+use plimsoll_client::{Client, ClientError, DigestKind, RunOptions, Token};
+use plimsoll_daemon::testing::TestDaemon;
+use plimsoll_wire::digest::request_sha256;
+use plimsoll_wire::{Language, Reason, Tier, not_dispatched_reason};
+use serde_json::Value;
+
+/// True when the test may go on; prints `SKIP` (or fails under CI=true) otherwise.
+fn need_root(test: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    let why = "running sandboxes needs root (the process tier switches to a sandbox uid)";
+    if plimsoll_engine::env::strict() {
+        panic!("{test}: {why}");
+    }
+    eprintln!("SKIP {test}: {why}");
+    false
+}
+
+/// A daemon offering the process provider, with a state directory sandbox uids can enter and
+/// a sandbox uid range of its own (`slot` is unique per test: tests run in parallel, and the
+/// end of a run kills every process of its uid).
+struct Fixture {
+    daemon: TestDaemon,
+    _state: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn start(slot: u32) -> Fixture {
+        let state = tempfile::Builder::new()
+            .prefix("plimsoll-client-test-")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let daemon = TestDaemon::start(&format!(
+            "providers = [\"process\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n",
+            state.path().display(),
+            2_400_000 + 100 * slot
+        ));
+        Fixture {
+            daemon,
+            _state: state,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::new(&self.daemon.url, Token::new(self.daemon.token.clone()))
+    }
+}
+
+fn js(code: &str) -> RunOptions {
+    RunOptions::snippet(Language::Javascript, code)
+}
+
+#[test]
+fn a_run_works_and_its_digests_verify() {
+    if !need_root("a_run_works_and_its_digests_verify") {
+        return;
+    }
+    let f = Fixture::start(1);
+    let options = js("console.log(6 * 7)").min_isolation(Tier::Process);
+    let resp = f.client().run(options.clone()).unwrap();
+    assert_eq!(resp.result.stdout.as_slice(), b"42\n");
+    assert_eq!(resp.result.exit_code, Some(0));
+    assert_eq!(resp.isolation, Tier::Process);
+    assert_eq!(resp.provider, "process");
+    assert_eq!(
+        resp.request_id.len(),
+        32,
+        "128-bit hex id: {}",
+        resp.request_id
+    );
+    // The id is not part of the request digest: any id gives the same digest.
+    assert_eq!(
+        resp.request_sha256,
+        request_sha256(&options.into_request("any".into()))
+    );
+    assert_eq!(resp.record.record_sha256.len(), 64);
+
+    // Each run gets a fresh id.
+    let again = f
+        .client()
+        .run(js("console.log(6 * 7)").min_isolation(Tier::Process))
+        .unwrap();
+    assert_ne!(again.request_id, resp.request_id);
+    assert_eq!(again.request_sha256, resp.request_sha256);
+    assert_eq!(again.result_sha256, resp.result_sha256);
+}
+
+#[test]
+fn a_refusal_that_echoes_our_id_is_honoured() {
+    if !need_root("a_refusal_that_echoes_our_id_is_honoured") {
+        return;
+    }
+    let f = Fixture::start(2);
+    let e = f
+        .client()
+        .run(js("console.log(1)").min_isolation(Tier::Vm))
+        .unwrap_err();
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Isolation), "{e}");
+    assert!(
+        matches!(
+            &e,
+            ClientError::Refused {
+                reason: Reason::Isolation,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().starts_with("not dispatched (isolation): "),
+        "{e}"
+    );
+
+    // The daemon's default floor (container) is above what it offers: refused the same way.
+    let e = f.client().run(js("console.log(1)")).unwrap_err();
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Isolation), "{e}");
+}
+
+#[test]
+fn a_bad_token_is_refused_and_never_printed() {
+    if !need_root("a_bad_token_is_refused_and_never_printed") {
+        return;
+    }
+    let f = Fixture::start(3);
+    let secret = "plm_not-a-valid-token-but-still-secret";
+    let client = Client::new(&f.daemon.url, Token::new(secret));
+    let e = client
+        .run(js("console.log(1)").min_isolation(Tier::Process))
+        .unwrap_err();
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Permission), "{e}");
+    for text in [
+        e.to_string(),
+        format!("{e:?}"),
+        serde_json::to_string(&e.to_response()).unwrap(),
+        format!("{client:?}"),
+        format!("{:?}", f.client()),
+    ] {
+        assert!(!text.contains(secret), "{text}");
+        assert!(!text.contains(&f.daemon.token), "{text}");
+    }
+}
+
+#[test]
+fn providers_lists_the_process_provider() {
+    if !need_root("providers_lists_the_process_provider") {
+        return;
+    }
+    let f = Fixture::start(4);
+    let p = f.client().providers().unwrap();
+    assert_eq!(p.default_floor, Tier::Container);
+    let process = p.providers.iter().find(|p| p.name == "process").unwrap();
+    assert_eq!(process.isolation, Tier::Process);
+    assert!(process.available, "{:?}", process.unavailable_reason);
+    assert!(f.client().is_ready());
+}
+
+#[test]
+fn a_refused_connection_is_not_dispatched() {
+    // A port that was just free: nothing listens, so the connect is refused.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client = Client::new(format!("http://127.0.0.1:{port}"), Token::new("t"));
+    let e = client.run(js("console.log(1)")).unwrap_err();
+    assert!(matches!(e, ClientError::Unreachable { .. }), "{e:?}");
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Environment));
+    assert!(!client.is_ready());
+}
+
+#[test]
+fn an_invalid_request_is_not_sent() {
+    let client = Client::new("http://127.0.0.1:9", Token::new("t"));
+    let e = client.run(js("   ")).unwrap_err();
+    assert!(matches!(e, ClientError::InvalidRequest { .. }), "{e:?}");
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Request));
+}
+
+// ---------------------------------------------------------------------------------------
+// A real HTTP proxy on loopback.
+
+/// What the proxy does to what passes through it.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Rewrites request bodies (JSON) on the way in and answers on the way out.
+    Rewrite {
+        request: fn(&mut Value),
+        response: fn(&mut Value),
+    },
+    /// Holds the answers of two requests until both are in, then gives each the other's.
+    Swap,
+}
+
+fn keep(_: &mut Value) {}
+
+/// One answer from upstream: status and body.
+type Answer = (u16, Vec<u8>);
+
+/// Answers held by a swapping proxy, by connection number.
+#[derive(Default)]
+struct Held {
+    answers: HashMap<usize, Answer>,
+    taken: usize,
+}
+
+/// A proxy serving on loopback, forwarding to `upstream`. Its threads end with the test.
+struct Proxy {
+    url: String,
+}
+
+impl Proxy {
+    fn start(upstream: &str, mode: Mode) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.to_owned();
+        let held = Arc::new((Mutex::new(Held::default()), Condvar::new()));
+        std::thread::spawn(move || {
+            for (n, conn) in listener.incoming().enumerate() {
+                let Ok(conn) = conn else { return };
+                let upstream = upstream.clone();
+                let held = Arc::clone(&held);
+                std::thread::spawn(move || serve(n, conn, &upstream, mode, &held));
+            }
+        });
+        Proxy { url }
+    }
+}
+
+fn serve(n: usize, mut conn: TcpStream, upstream: &str, mode: Mode, held: &(Mutex<Held>, Condvar)) {
+    let (method, path, headers, mut body) = read_request(&conn);
+    if let Mode::Rewrite { request, .. } = mode {
+        body = rewrite(&body, request);
+    }
+    let mut answer = forward(upstream, &method, &path, &headers, &body);
+    match mode {
+        Mode::Rewrite { response, .. } => answer.1 = rewrite(&answer.1, response),
+        Mode::Swap => {
+            let (lock, cv) = held;
+            let mut h = lock.lock().unwrap();
+            h.answers.insert(n, answer);
+            cv.notify_all();
+            while h.answers.len() + h.taken < 2 {
+                h = cv.wait(h).unwrap();
+            }
+            let other = *h
+                .answers
+                .keys()
+                .find(|k| **k != n)
+                .expect("the other answer");
+            answer = h.answers.remove(&other).unwrap();
+            h.taken += 1;
+        }
+    }
+    let head = format!(
+        "HTTP/1.1 {} Proxied\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        answer.0,
+        answer.1.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&answer.1).unwrap();
+    conn.flush().unwrap();
+}
+
+fn rewrite(body: &[u8], f: fn(&mut Value)) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(body).unwrap();
+    f(&mut v);
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// Reads one HTTP/1.1 request with a content-length body.
+fn read_request(conn: &TcpStream) -> (String, String, Vec<(String, String)>, Vec<u8>) {
+    let mut r = BufReader::new(conn);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap().to_owned();
+    let path = parts.next().unwrap().to_owned();
+    let mut headers = Vec::new();
+    let mut length = 0usize;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':').unwrap();
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_owned());
+        if k == "content-length" {
+            length = v.parse().unwrap();
+        }
+        assert_ne!(k, "transfer-encoding", "the client sends a content-length");
+        headers.push((k, v));
+    }
+    let mut body = vec![0; length];
+    r.read_exact(&mut body).unwrap();
+    (method, path, headers, body)
+}
+
+/// Sends the request on to the daemon, passing the caller's authorization through.
+fn forward(
+    upstream: &str,
+    method: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Answer {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .build()
+        .into();
+    let auth = headers
+        .iter()
+        .find(|(k, _)| k == "authorization")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let url = format!("{upstream}{path}");
+    let mut resp = match method {
+        "POST" => agent
+            .post(&url)
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .send(body)
+            .unwrap(),
+        _ => agent
+            .get(&url)
+            .header("authorization", &auth)
+            .call()
+            .unwrap(),
+    };
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_vec().unwrap())
+}
+
+#[test]
+fn a_proxy_that_swaps_answers_cannot_make_a_run_read_not_dispatched() {
+    if !need_root("a_proxy_that_swaps_answers_cannot_make_a_run_read_not_dispatched") {
+        return;
+    }
+    let f = Fixture::start(5);
+    let proxy = Proxy::start(&f.daemon.url, Mode::Swap);
+    let client = Client::new(&proxy.url, Token::new(f.daemon.token.clone()));
+    let refused_client = client.clone();
+    // One request is refused (floor vm: nothing offers it), the other runs.
+    let refused = std::thread::spawn(move || {
+        refused_client.run(js("console.log('refused')").min_isolation(Tier::Vm))
+    });
+    let ran = client.run(js("console.log('ran')").min_isolation(Tier::Process));
+    let refused = refused.join().unwrap();
+
+    // The run that ran got the other's refusal: it must not read "nothing ran".
+    let ran = ran.unwrap_err();
+    assert_eq!(not_dispatched_reason(&ran), None, "{ran}");
+    assert!(
+        matches!(
+            &ran,
+            ClientError::UnverifiedRefusal {
+                reason: Reason::Isolation,
+                ..
+            }
+        ),
+        "{ran:?}"
+    );
+    assert!(ran.to_string().contains("may have run"), "{ran}");
+
+    // The refused one got the other's result: it must not take it as its own.
+    let refused = refused.unwrap_err();
+    assert!(
+        matches!(&refused, ClientError::RequestIdMismatch { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(not_dispatched_reason(&refused), None);
+}
+
+#[test]
+fn a_proxy_that_alters_one_byte_of_stdout_is_caught() {
+    if !need_root("a_proxy_that_alters_one_byte_of_stdout_is_caught") {
+        return;
+    }
+    let f = Fixture::start(6);
+    fn bump(v: &mut Value) {
+        assert_eq!(v["result"]["stdout"], "42\n", "{v}");
+        v["result"]["stdout"] = "43\n".into();
+    }
+    let proxy = Proxy::start(
+        &f.daemon.url,
+        Mode::Rewrite {
+            request: keep,
+            response: bump,
+        },
+    );
+    let client = Client::new(&proxy.url, Token::new(f.daemon.token.clone()));
+    let e = client
+        .run(js("console.log(6 * 7)").min_isolation(Tier::Process))
+        .unwrap_err();
+    let ClientError::DigestMismatch {
+        kind: DigestKind::Result,
+        computed,
+        claimed,
+        ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_ne!(computed, claimed);
+    assert!(e.to_string().contains(computed.as_str()) && e.to_string().contains(claimed.as_str()));
+    assert_eq!(not_dispatched_reason(&e), None);
+}
+
+#[test]
+fn a_proxy_that_lowers_the_floor_on_the_way_in_is_an_evidence_mismatch() {
+    if !need_root("a_proxy_that_lowers_the_floor_on_the_way_in_is_an_evidence_mismatch") {
+        return;
+    }
+    let f = Fixture::start(7);
+    fn lower(v: &mut Value) {
+        assert_eq!(v["minimum_isolation"], "kernel", "{v}");
+        v["minimum_isolation"] = "process".into();
+    }
+    let proxy = Proxy::start(
+        &f.daemon.url,
+        Mode::Rewrite {
+            request: lower,
+            response: keep,
+        },
+    );
+    let client = Client::new(&proxy.url, Token::new(f.daemon.token.clone()));
+    let e = client
+        .run(js("console.log(1)").min_isolation(Tier::Kernel))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::EvidenceMismatch {
+                isolation: Tier::Process,
+                floor: Tier::Kernel,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The code ran: this is not a refusal.
+    assert_eq!(not_dispatched_reason(&e), None);
+}
+
+#[test]
+fn a_proxy_that_rewrites_the_tier_or_the_record_is_caught() {
+    if !need_root("a_proxy_that_rewrites_the_tier_or_the_record_is_caught") {
+        return;
+    }
+    let f = Fixture::start(8);
+    let run_through = |response: fn(&mut Value)| {
+        let proxy = Proxy::start(
+            &f.daemon.url,
+            Mode::Rewrite {
+                request: keep,
+                response,
+            },
+        );
+        Client::new(&proxy.url, Token::new(f.daemon.token.clone()))
+            .run(js("console.log(1)").min_isolation(Tier::Process))
+            .unwrap_err()
+    };
+
+    // The record claims a stronger tier: its digest no longer matches.
+    fn record_to_vm(v: &mut Value) {
+        assert_eq!(v["record"]["isolation"], "process", "{v}");
+        v["record"]["isolation"] = "vm".into();
+    }
+    let e = run_through(record_to_vm);
+    assert!(
+        matches!(
+            e,
+            ClientError::DigestMismatch {
+                kind: DigestKind::Record,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+
+    // The response claims a stronger tier than its record.
+    fn response_to_vm(v: &mut Value) {
+        v["isolation"] = "vm".into();
+    }
+    let e = run_through(response_to_vm);
+    assert!(
+        matches!(
+            e,
+            ClientError::RecordMismatch {
+                field: "isolation",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+
+    // The echoed id is rewritten: not ours.
+    fn other_id(v: &mut Value) {
+        v["request_id"] = "someone-else".into();
+    }
+    let e = run_through(other_id);
+    assert!(matches!(e, ClientError::RequestIdMismatch { .. }), "{e:?}");
+    assert_eq!(not_dispatched_reason(&e), None);
+}
+
+#[test]
+fn a_refusal_whose_echo_is_rewritten_is_not_honoured() {
+    if !need_root("a_refusal_whose_echo_is_rewritten_is_not_honoured") {
+        return;
+    }
+    let f = Fixture::start(9);
+    fn drop_id(v: &mut Value) {
+        assert!(v["error"]["not_dispatched"].is_string(), "{v}");
+        v["request_id"] = Value::Null;
+    }
+    let proxy = Proxy::start(
+        &f.daemon.url,
+        Mode::Rewrite {
+            request: keep,
+            response: drop_id,
+        },
+    );
+    let e = Client::new(&proxy.url, Token::new(f.daemon.token.clone()))
+        .run(js("console.log(1)").min_isolation(Tier::Vm))
+        .unwrap_err();
+    assert!(
+        matches!(&e, ClientError::UnverifiedRefusal { echoed: None, .. }),
+        "{e:?}"
+    );
+    assert_eq!(not_dispatched_reason(&e), None);
+}
