@@ -179,6 +179,12 @@ pub enum AppendError {
         /// What is wrong.
         problem: LineProblem,
     },
+    /// There is no bundle to close.
+    #[error("there is no bundle at {}: check the path (close never creates a bundle)", path.display())]
+    Missing {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The bundle is closed.
     #[error("bundle {} is closed (its close is sequence {sequence}): nothing may follow a close; sign into a new bundle", path.display())]
     Closed {
@@ -258,7 +264,12 @@ fn read_tail(file: &File, path: &Path, key: &AttestKey) -> Result<Tail, AppendEr
 
 /// Appends the line `make` builds for the tail, holding an exclusive lock on the bundle from
 /// reading the tail to the end of the fsync.
-fn append_line<F>(path: &Path, key: &AttestKey, make: F) -> Result<Appended, AppendError>
+fn append_line<F>(
+    path: &Path,
+    key: &AttestKey,
+    create: bool,
+    make: F,
+) -> Result<Appended, AppendError>
 where
     F: FnOnce(&Tail) -> Result<BundleLine, AppendError>,
 {
@@ -270,10 +281,15 @@ where
     let file = OpenOptions::new()
         .read(true)
         .append(true)
-        .create(true)
+        .create(create)
         .mode(0o644)
         .open(path)
-        .map_err(|e| io("open", e))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound if !create => AppendError::Missing {
+                path: path.to_owned(),
+            },
+            _ => io("open", e),
+        })?;
     // Held until `file` is dropped at the end of this function.
     flock(&file, FlockOperation::LockExclusive).map_err(|e| io("lock", e.into()))?;
     let tail = read_tail(&file, path, key)?;
@@ -338,14 +354,15 @@ pub fn preflight(path: &Path, key: &AttestKey) -> Result<u64, AppendError> {
 /// sign through it too. Nothing is signed or written unless the exchange checks.
 pub fn append_entry(path: &Path, key: &AttestKey, ex: &Exchange) -> Result<Appended, AppendError> {
     check_exchange(ex).map_err(SignExchangeError::from)?;
-    append_line(path, key, |tail| {
+    append_line(path, key, true, |tail| {
         Ok(sign_exchange(key, ex, tail.next_sequence, &tail.previous)?)
     })
 }
 
-/// Appends a signed close (count of entries, last entry's digest). Nothing may follow it.
+/// Appends a signed close (count of entries, last entry's digest) to an existing bundle.
+/// Nothing may follow it.
 pub fn close_bundle(path: &Path, key: &AttestKey) -> Result<Appended, AppendError> {
-    append_line(path, key, |tail| {
+    append_line(path, key, false, |tail| {
         Ok(sign_close(key, tail.next_sequence, &tail.previous))
     })
 }

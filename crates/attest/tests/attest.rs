@@ -504,6 +504,12 @@ fn appends_chain_close_and_refuse_after_close() {
         close_bundle(&path, &key),
         Err(AppendError::Closed { .. })
     ));
+    let missing = dir.path().join("typo.jsonl");
+    assert!(matches!(
+        close_bundle(&missing, &key),
+        Err(AppendError::Missing { .. })
+    ));
+    assert!(!missing.exists());
 
     // Another signer's bundle, or a damaged last line: nothing is chained onto it.
     let open = dir.path().join("open.jsonl");
@@ -779,4 +785,311 @@ fn independent_python_check_agrees() {
         &[Path::new("bundle"), &golden.join("public.pem"), &bundle],
     );
     assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+}
+
+// ---------------------------------------------------------------- against a real daemon
+
+/// A daemon offering the process provider (default floor `process`), with a state directory
+/// sandbox uids can enter.
+struct Daemon {
+    daemon: plimsoll_daemon::testing::TestDaemon,
+    _state: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// Starts one, or prints SKIP (fails under CI=true) when the process provider is not
+    /// available on this host.
+    fn start(test: &str) -> Option<Daemon> {
+        let state = tempfile::Builder::new()
+            .prefix("plimsoll-attest-test-")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(
+            state.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .unwrap();
+        let daemon = plimsoll_daemon::testing::TestDaemon::start(&format!(
+            "providers = [\"process\"]\ndefault_floor = \"process\"\nstate_dir = \"{}\"\n",
+            state.path().display()
+        ));
+        let client = plimsoll_client::Client::new(
+            daemon.url.clone(),
+            plimsoll_client::Token::new(daemon.token.clone()),
+        );
+        let providers = client.providers().expect("GET /v1/providers");
+        let why = match providers.providers.iter().find(|p| p.name == "process") {
+            Some(p) if p.available => None,
+            Some(p) => Some(
+                p.unavailable_reason
+                    .clone()
+                    .unwrap_or_else(|| "unavailable".into()),
+            ),
+            None => Some("no process provider".into()),
+        };
+        if let Some(why) = why {
+            skip(test, &format!("the process provider is unavailable: {why}"));
+            return None;
+        }
+        Some(Daemon {
+            daemon,
+            _state: state,
+        })
+    }
+
+    fn run_args<'a>(&'a self, key: &'a str, bundle: &'a str) -> Vec<&'a str> {
+        vec![
+            "run",
+            "--daemon",
+            &self.daemon.url,
+            "--key",
+            key,
+            "--bundle",
+            bundle,
+        ]
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        vec![("PLIMSOLL_TOKEN", self.daemon.token.as_str())]
+    }
+}
+
+/// Three deterministic snippets signed into a bundle through the binary, closed, verified
+/// (by us and by the Python check), replayed with the same results; then tampering is
+/// refused, and replay sends nothing for a bundle that does not verify.
+#[test]
+fn run_close_verify_replay_against_a_daemon() {
+    let Some(d) = Daemon::start("run_close_verify_replay_against_a_daemon") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    assert!(attest(&["keygen", "--out", &p("k")], &[]).status.success());
+    let (key, bundle) = (p("k.key"), p("runs.jsonl"));
+    std::fs::write(p("hello.js"), "console.log('hello from a file')\n").unwrap();
+
+    let runs: [&[&str]; 3] = [
+        &[
+            "--lang",
+            "python",
+            "-e",
+            "print(6 * 7)",
+            "--min-isolation",
+            "process",
+        ],
+        &[&p("hello.js"), "--timeout-ms", "20000"],
+        &[
+            "--lang",
+            "js",
+            "-e",
+            "process.stdout.write('é\\t' + [3, 1, 2].sort().join(','))",
+            "--provider",
+            "process",
+        ],
+    ];
+    for (i, extra) in runs.iter().enumerate() {
+        let mut args = d.run_args(&key, &bundle);
+        args.extend_from_slice(extra);
+        let o = attest(&args, &d.env());
+        assert!(o.status.success(), "run {i}: {:?}", text(&o));
+        let out = text(&o).0;
+        assert!(
+            out.starts_with(&format!("signed entry {i} (line {}) run:", i + 1))
+                && out.contains("process (process), exit 0"),
+            "{out}"
+        );
+    }
+    let entry_sizes: Vec<usize> = lines_of(&std::fs::read(&bundle).unwrap())
+        .iter()
+        .map(|l| l.len() + 1)
+        .collect();
+    eprintln!("entry line sizes from real runs: {entry_sizes:?} bytes");
+
+    // A floor nobody here meets: refused before anything ran, nothing signed.
+    let before = std::fs::read(&bundle).unwrap();
+    let mut args = d.run_args(&key, &bundle);
+    args.extend_from_slice(&[
+        "--lang",
+        "python",
+        "-e",
+        "print(1)",
+        "--min-isolation",
+        "vm",
+    ]);
+    let o = attest(&args, &d.env());
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    assert!(
+        text(&o).1.contains("not dispatched (isolation)"),
+        "{:?}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read(&bundle).unwrap(),
+        before,
+        "nothing was signed"
+    );
+
+    let o = attest(&["close", "--key", &key, &bundle], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = attest(&["verify", "--pub", &p("k.pub"), &bundle], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .0
+            .starts_with("bundle OK: 3 entries (sequences 0..3), closed at line 4"),
+        "{:?}",
+        text(&o)
+    );
+    let v = verify_bundle(
+        Path::new(&bundle),
+        &plimsoll_attest::load_public_key(Path::new(&p("k.pub"))).unwrap(),
+    )
+    .unwrap();
+    let outs: Vec<String> = v
+        .entries
+        .iter()
+        .map(|e| e.exchange.response.result.stdout.to_string_lossy())
+        .collect();
+    assert_eq!(outs, ["42\n", "hello from a file\n", "é\t1,2,3"]);
+    match python_with_cryptography() {
+        Ok(python) => {
+            let o = attest_check(
+                &python,
+                &[
+                    Path::new("bundle"),
+                    Path::new(&p("k.pub")),
+                    Path::new(&bundle),
+                ],
+            );
+            assert!(o.status.success(), "{:?}", text(&o));
+        }
+        Err(why) => {
+            skip(
+                "run_close_verify_replay_against_a_daemon (python part)",
+                &why,
+            );
+        }
+    }
+
+    // Closed: a further run is refused before anything is sent.
+    let mut args = d.run_args(&key, &bundle);
+    args.extend_from_slice(&["--lang", "python", "-e", "print(1)"]);
+    let o = attest(&args, &d.env());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("nothing was sent") && text(&o).1.contains("is closed"),
+        "{:?}",
+        text(&o)
+    );
+
+    let replay = |b: &str| {
+        attest(
+            &["replay", "--daemon", &d.daemon.url, "--pub", &p("k.pub"), b],
+            &d.env(),
+        )
+    };
+    let o = replay(&bundle);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .0
+            .ends_with("replay: 3 entries, 3 same, 0 differ, 0 failed\n"),
+        "{:?}",
+        text(&o)
+    );
+
+    // Tampered: the output of the first run changed.
+    let bytes = std::fs::read(&bundle).unwrap();
+    let at = bytes.windows(4).position(|w| w == b"\"42\\").unwrap();
+    let mut t = bytes.clone();
+    t[at + 2] = b'3';
+    std::fs::write(p("tampered.jsonl"), &t).unwrap();
+    let o = attest(&["verify", "--pub", &p("k.pub"), &p("tampered.jsonl")], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o)
+            .1
+            .contains("line 1 (sequence 0): the stored exchange does not check: result_sha256"),
+        "{:?}",
+        text(&o)
+    );
+    let o = replay(&p("tampered.jsonl"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("nothing was sent"), "{:?}", text(&o));
+    assert!(text(&o).0.is_empty());
+
+    // A run that is not deterministic: replay reports it and fails.
+    let random = p("random.jsonl");
+    let mut args = d.run_args(&key, &random);
+    args.extend_from_slice(&[
+        "--lang",
+        "python",
+        "-e",
+        "import os; print(os.urandom(8).hex())",
+    ]);
+    assert!(attest(&args, &d.env()).status.success());
+    assert!(
+        attest(&["close", "--key", &key, &random], &[])
+            .status
+            .success()
+    );
+    let o = replay(&random);
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    assert!(
+        text(&o).0.contains("DIFFERS: signed result sha256:"),
+        "{:?}",
+        text(&o)
+    );
+    assert!(
+        text(&o)
+            .0
+            .ends_with("replay: 1 entries, 0 same, 1 differ, 0 failed\n")
+    );
+}
+
+/// Concurrent `plimsoll-attest run` processes into one bundle take turns on the lock.
+#[test]
+fn concurrent_run_processes_keep_one_chain() {
+    let Some(d) = Daemon::start("concurrent_run_processes_keep_one_chain") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    assert!(attest(&["keygen", "--out", &p("k")], &[]).status.success());
+    let (key, bundle) = (p("k.key"), p("b.jsonl"));
+    let n = 4; // the default per-caller limit
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            let code = format!("print({i})");
+            let mut args = d.run_args(&key, &bundle);
+            args.extend_from_slice(&["--lang", "python", "-e", &code]);
+            let mut c = command(env!("CARGO_BIN_EXE_plimsoll-attest"));
+            c.args(&args).envs(d.env());
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{:?}", text(&o));
+    }
+    assert!(
+        attest(&["close", "--key", &key, &bundle], &[])
+            .status
+            .success()
+    );
+    let v = verify_bundle(
+        Path::new(&bundle),
+        &plimsoll_attest::load_public_key(Path::new(&p("k.pub"))).unwrap(),
+    )
+    .unwrap();
+    let mut outs: Vec<String> = v
+        .entries
+        .iter()
+        .map(|e| e.exchange.response.result.stdout.to_string_lossy())
+        .collect();
+    outs.sort();
+    assert_eq!(outs, (0..n).map(|i| format!("{i}\n")).collect::<Vec<_>>());
 }
