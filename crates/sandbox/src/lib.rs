@@ -4,10 +4,18 @@
 //! Policy is decided before a plan exists (by the engine); code here and in the providers
 //! applies a plan and never re-decides it.
 
+pub mod capture;
+pub mod reap;
+pub mod spawn;
+pub mod testing;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use capture::{CaptureError, CaptureLimits, Captured, capture};
 use plimsoll_wire::{Evidence, Reason, RunResult, RunSpec, Tier};
+pub use reap::{EndProcessesError, end_processes_of_uid};
+pub use spawn::{PreExecHook, Running, Spawn, SpawnError, Stage};
 
 /// Limits with every value decided: the request's ask, bounded by the operator's maximums,
 /// or the operator's default.
