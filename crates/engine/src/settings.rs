@@ -235,6 +235,9 @@ impl Settings {
                             .probe
                             .clone()
                             .unwrap_or_else(default_probe_path),
+                        state_dir: config.state_dir.clone(),
+                        // One past the run uids, so a probe never shares a uid with a run.
+                        probe_uid: config.sandbox_uid_base + config.max_concurrent as u32,
                     })))
                 }
                 other => {

@@ -1,10 +1,23 @@
 //! The process-tier provider: JavaScript and Python snippets as a hardened child process.
 //! No wall for hostile code (docs/isolation-tiers.md).
+//!
+//! Each run gets a fresh directory (`code/` root-owned and read-only to the run, `work/` its
+//! own and its working directory), its own unprivileged uid, an empty environment, rlimits,
+//! landlock and a seccomp deny list ([`policy`]). When it ends, every process of its uid is
+//! killed and the directory removed.
+
+mod harden;
+mod launch;
+pub mod policy;
+mod probe;
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider};
-use plimsoll_wire::{RunSpec, Tier};
+use plimsoll_wire::{Bytes, Language, Reason, RunResult, RunSpec, Tier};
+
+use crate::launch::{Launch, RunDir, error_chain, launch_and_clean};
 
 /// Where the process provider finds what it runs.
 #[derive(Debug, Clone)]
@@ -15,20 +28,40 @@ pub struct ProcessConfig {
     pub python: PathBuf,
     /// The probe program (`plimsoll-probe`).
     pub probe: PathBuf,
+    /// The daemon's state directory; the probe runs under `<state_dir>/runs/` and checks
+    /// that it cannot write here.
+    pub state_dir: PathBuf,
+    /// The uid (and gid) the probe runs as. Must not be one of the run uids: the probe may
+    /// run while runs are in flight, and the end of a run kills every process of its uid.
+    pub probe_uid: u32,
 }
 
 /// The process-tier provider.
 #[derive(Debug)]
 pub struct ProcessProvider {
     config: ProcessConfig,
+    /// Probes share one uid and must not overlap.
+    probing: Mutex<()>,
 }
 
 impl ProcessProvider {
     /// A provider with this configuration. Nothing is checked until [`Provider::probe`].
     pub fn new(config: ProcessConfig) -> Self {
-        ProcessProvider { config }
+        ProcessProvider {
+            config,
+            probing: Mutex::new(()),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProcessConfig {
+        &self.config
     }
 }
+
+/// Python's flags: isolated mode (no environment, no user site, script directory not on the
+/// path) and no bytecode written.
+pub const PYTHON_FLAGS: &[&str] = &["-I", "-B"];
 
 impl Provider for ProcessProvider {
     fn name(&self) -> &str {
@@ -50,10 +83,69 @@ impl Provider for ProcessProvider {
         }
     }
     fn probe(&self) -> Probed {
-        let _ = &self.config;
-        unimplemented!("process probe")
+        let _one_at_a_time = self.probing.lock().unwrap_or_else(|p| p.into_inner());
+        probe::probe(self)
     }
-    fn run(&self, _plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
-        unimplemented!("process run")
+    fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+        let RunSpec::Snippet(snippet) = &plan.spec else {
+            return Err(LaunchError::NotStarted {
+                reason: Reason::Unsupported,
+                message: "the process tier runs snippets only".into(),
+            });
+        };
+        if !rustix::process::geteuid().is_root() {
+            return Err(LaunchError::environment(
+                "the process provider must run as root to give each run its own uid: start the daemon as root, or configure another provider",
+            ));
+        }
+        let dir = RunDir::create(&plan.run_dir, plan.uid, plan.gid)
+            .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+        let (file, interpreter, mut args) = match snippet.language {
+            Language::Javascript => ("main.js", &self.config.node, Vec::new()),
+            Language::Python => (
+                "main.py",
+                &self.config.python,
+                PYTHON_FLAGS.iter().map(Into::into).collect(),
+            ),
+        };
+        match dir.add_code(file, snippet.code.as_bytes(), 0o644) {
+            Ok(path) => args.push(path.into_os_string()),
+            Err(e) => {
+                let message = error_chain(&e);
+                return Err(match launch::clean(plan.uid, &dir) {
+                    Ok(()) => LaunchError::environment(message),
+                    Err(c) => {
+                        LaunchError::environment(format!("{message}; and cleanup failed too: {c}"))
+                    }
+                });
+            }
+        }
+        let launched = launch_and_clean(
+            &Launch {
+                program: interpreter,
+                args,
+                uid: plan.uid,
+                gid: plan.gid,
+                limits: &plan.limits,
+            },
+            dir,
+        )?;
+        let c = launched.captured;
+        Ok(Outcome {
+            result: RunResult {
+                exit_code: c.exit_code,
+                signal: c.signal,
+                timed_out: c.timed_out,
+                oom_killed: false,
+                stdout: Bytes(c.stdout),
+                stdout_truncated: c.stdout_truncated,
+                stderr: Bytes(c.stderr),
+                stderr_truncated: c.stderr_truncated,
+                steps: Vec::new(),
+                artifacts: Vec::new(),
+            },
+            started_unix_ms: launched.started_unix_ms,
+            ended_unix_ms: launched.ended_unix_ms,
+        })
     }
 }

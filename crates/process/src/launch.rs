@@ -1,0 +1,271 @@
+//! One hardened launch, shared by runs and the probe: the run directory, the child, its
+//! output, and the cleanup that leaves nothing behind (no process of the uid, no files).
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use plimsoll_sandbox::{
+    CaptureLimits, Captured, LaunchError, ResolvedLimits, Spawn, capture, end_processes_of_uid,
+    unix_ms_now,
+};
+
+use crate::harden::{Hardening, STAGES};
+
+/// How long leftover processes of a run's uid get to die after SIGKILL.
+const KILL_PATIENCE: Duration = Duration::from_secs(5);
+
+/// A run's directory: `<run_dir>/code` (root, read-only to the run) and `<run_dir>/work`
+/// (the run's uid, its only writable place and its working directory).
+#[derive(Debug)]
+pub struct RunDir {
+    /// The run directory.
+    pub root: PathBuf,
+    /// Root-owned, 0755: the code.
+    pub code: PathBuf,
+    /// Owned by the run's uid, 0700: the working directory.
+    pub work: PathBuf,
+}
+
+/// The run directory could not be made (nothing was started).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareRunDirError {
+    /// The run directory has no parent.
+    #[error("run directory {0} has no parent directory")]
+    NoParent(PathBuf),
+    /// A directory or file could not be created or set up.
+    #[error("cannot create {path}")]
+    Create {
+        /// What.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The runs root is owned by someone else or writable by others.
+    #[error(
+        "{path} must be owned by root and writable by nobody else (it is uid {uid}, mode {mode:o}): fix it with chown root {path} && chmod 0711 {path}"
+    )]
+    UnsafeRoot {
+        /// The runs root.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// Its mode.
+        mode: u32,
+    },
+    /// A parent directory cannot be traversed by the run's uid.
+    #[error(
+        "{path} (mode {mode:o}) cannot be traversed by the sandbox uid, so the run could not reach its files: chmod o+x {path}, or choose a state_dir whose every parent is traversable (e.g. /var/lib/plimsoll)"
+    )]
+    Untraversable {
+        /// The directory.
+        path: PathBuf,
+        /// Its mode.
+        mode: u32,
+    },
+}
+
+impl RunDir {
+    /// Creates `run_dir` (which must not exist) for a run as `uid`:`gid`. The runs root (its
+    /// parent) is created 0711 and root-owned if missing, and every ancestor is checked to
+    /// be traversable by others.
+    pub fn create(run_dir: &Path, uid: u32, gid: u32) -> Result<RunDir, PrepareRunDirError> {
+        let create_err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| PrepareRunDirError::Create { path, source }
+        };
+        let runs_root = run_dir
+            .parent()
+            .ok_or_else(|| PrepareRunDirError::NoParent(run_dir.to_owned()))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(runs_root)
+            .map_err(create_err(runs_root))?;
+        let meta = fs::metadata(runs_root).map_err(create_err(runs_root))?;
+        if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+            return Err(PrepareRunDirError::UnsafeRoot {
+                path: runs_root.to_owned(),
+                uid: meta.uid(),
+                mode: meta.mode() & 0o7777,
+            });
+        }
+        for dir in runs_root.ancestors() {
+            let meta = fs::metadata(dir).map_err(create_err(dir))?;
+            if meta.mode() & 0o001 == 0 {
+                return Err(PrepareRunDirError::Untraversable {
+                    path: dir.to_owned(),
+                    mode: meta.mode() & 0o7777,
+                });
+            }
+        }
+        let mkdir = |path: &Path, mode: u32| -> Result<(), PrepareRunDirError> {
+            fs::DirBuilder::new()
+                .mode(mode)
+                .create(path)
+                .map_err(create_err(path))?;
+            // The umask may have cleared bits; set the mode exactly.
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(create_err(path))
+        };
+        mkdir(run_dir, 0o711)?;
+        let dir = RunDir {
+            root: run_dir.to_owned(),
+            code: run_dir.join("code"),
+            work: run_dir.join("work"),
+        };
+        let made = (|| {
+            mkdir(&dir.code, 0o755)?;
+            mkdir(&dir.work, 0o700)?;
+            rustix::fs::chown(
+                &dir.work,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+            )
+            .map_err(|e| create_err(&dir.work)(e.into()))
+        })();
+        if let Err(e) = made {
+            let _ = fs::remove_dir_all(&dir.root);
+            return Err(e);
+        }
+        Ok(dir)
+    }
+
+    /// Writes a file into the code directory, root-owned, with `mode`.
+    pub fn add_code(
+        &self,
+        name: &str,
+        content: &[u8],
+        mode: u32,
+    ) -> Result<PathBuf, PrepareRunDirError> {
+        let path = self.code.join(name);
+        let err = |source| PrepareRunDirError::Create {
+            path: path.clone(),
+            source,
+        };
+        fs::write(&path, content).map_err(err)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(err)?;
+        Ok(path)
+    }
+
+    /// Copies a file into the code directory, root-owned, with `mode`.
+    pub fn copy_code(
+        &self,
+        name: &str,
+        from: &Path,
+        mode: u32,
+    ) -> Result<PathBuf, PrepareRunDirError> {
+        let path = self.code.join(name);
+        let err = |source| PrepareRunDirError::Create {
+            path: path.clone(),
+            source,
+        };
+        fs::copy(from, &path).map_err(err)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(err)?;
+        Ok(path)
+    }
+}
+
+/// What to launch.
+#[derive(Debug)]
+pub struct Launch<'a> {
+    /// The program (an interpreter, or a binary in the code directory).
+    pub program: &'a Path,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// The uid and gid the code runs as.
+    pub uid: u32,
+    /// The gid.
+    pub gid: u32,
+    /// Limits.
+    pub limits: &'a ResolvedLimits,
+}
+
+/// How a launch went: the output, and when it started and ended.
+#[derive(Debug)]
+pub struct Launched {
+    /// Exit, output, flags.
+    pub captured: Captured,
+    /// Unix ms at spawn.
+    pub started_unix_ms: u64,
+    /// Unix ms when the output was complete.
+    pub ended_unix_ms: u64,
+}
+
+/// Runs `launch` in `dir` (already holding its code) and always cleans up: every process of
+/// the uid is killed and the run directory is removed, whether the launch worked or not.
+pub fn launch_and_clean(launch: &Launch<'_>, dir: RunDir) -> Result<Launched, LaunchError> {
+    let outcome = launch_in(launch, &dir);
+    let cleaned = clean(launch.uid, &dir);
+    match (outcome, cleaned) {
+        (Ok(l), Ok(())) => Ok(l),
+        (Ok(_), Err(c)) => Err(LaunchError::failed(format!(
+            "the run finished but its cleanup failed: {c}"
+        ))),
+        (Err(e), Ok(())) => Err(e),
+        (Err(LaunchError::NotStarted { reason, message }), Err(c)) => {
+            Err(LaunchError::NotStarted {
+                reason,
+                message: format!("{message}; and cleanup failed too: {c}"),
+            })
+        }
+        (Err(LaunchError::Failed { message }), Err(c)) => Err(LaunchError::failed(format!(
+            "{message}; and cleanup failed too: {c}"
+        ))),
+    }
+}
+
+/// Kills whatever the uid still runs, then removes the run directory.
+pub fn clean(uid: u32, dir: &RunDir) -> Result<(), String> {
+    let mut problems = Vec::new();
+    // Processes first: a live one could keep writing into the directory.
+    if let Err(e) = end_processes_of_uid(uid, KILL_PATIENCE) {
+        problems.push(e.to_string());
+    }
+    if let Err(e) = fs::remove_dir_all(&dir.root)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        problems.push(format!("cannot remove {}: {e}", dir.root.display()));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+fn launch_in(launch: &Launch<'_>, dir: &RunDir) -> Result<Launched, LaunchError> {
+    let hardening = Hardening::prepare(launch.limits, launch.uid, launch.gid, &dir.code, &dir.work)
+        .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+    // A daemon that crashed mid-run could have left processes of this uid behind.
+    plimsoll_sandbox::reap::signal_all_as(launch.uid)
+        .map_err(|e| LaunchError::environment(format!("cannot clear uid {}: {e}", launch.uid)))?;
+    let limits = CaptureLimits::new(launch.limits.output_bytes, launch.limits.timeout);
+    let started_unix_ms = unix_ms_now();
+    let running = Spawn::new(launch.program, &dir.work)
+        .args(&launch.args)
+        .before_exec(STAGES, move |stage| hardening.apply(stage))
+        .spawn()
+        .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+    let captured = capture(running, &limits).map_err(|e| LaunchError::failed(error_chain(&e)))?;
+    Ok(Launched {
+        captured,
+        started_unix_ms,
+        ended_unix_ms: unix_ms_now(),
+    })
+}
+
+/// An error with its sources, `: `-separated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}

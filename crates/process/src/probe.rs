@@ -1,0 +1,492 @@
+//! The process provider's probe: identifies the binaries, runs `plimsoll-probe` through the
+//! exact launch path a run takes, runs a trivial snippet in each language, and judges what
+//! it saw. Any failed check withdraws the provider.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use plimsoll_sandbox::{
+    CaptureLimits, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture,
+    reap::processes_of_uid, unix_ms_now,
+};
+use plimsoll_wire::{
+    BinaryIdentity, Evidence, Language, NamespaceSeen, ProbeReport, RunSpec, Snippet, Tier,
+};
+use sha2::{Digest as _, Sha256};
+
+use crate::launch::{Launch, RunDir, error_chain, launch_and_clean};
+use crate::{PYTHON_FLAGS, ProcessProvider, policy};
+
+/// The limits the probe and its snippets run with (the engine's defaults).
+pub const PROBE_LIMITS: ResolvedLimits = ResolvedLimits {
+    timeout: Duration::from_secs(20),
+    memory_bytes: 1024 * 1024 * 1024,
+    output_bytes: 1024 * 1024,
+    pids: 64,
+    disk_bytes: 64 * 1024 * 1024,
+    artifact_bytes: 1024 * 1024,
+};
+
+/// Runs the probe and builds the evidence.
+pub fn probe(provider: &ProcessProvider) -> Probed {
+    let release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let mut evidence = Evidence {
+        provider: "process".into(),
+        isolation: Tier::Process,
+        config: config_map(provider),
+        binaries: Vec::new(),
+        probe: None,
+        checks: BTreeMap::new(),
+        environment: format!(
+            "plimsoll-engine/{} on Linux {release}",
+            env!("CARGO_PKG_VERSION")
+        ),
+        checked_unix_ms: unix_ms_now(),
+    };
+    let available = judge(provider, &mut evidence);
+    Probed {
+        tier: Tier::Process,
+        evidence,
+        available,
+    }
+}
+
+fn config_map(provider: &ProcessProvider) -> BTreeMap<String, String> {
+    let cfg = provider.config();
+    let mut m = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        m.insert(k.to_owned(), v);
+    };
+    put("state_dir", cfg.state_dir.display().to_string());
+    put("probe_uid", cfg.probe_uid.to_string());
+    put(
+        "identity",
+        "each run: its own uid and gid, no supplementary groups, no capabilities".into(),
+    );
+    put("environment", "empty".into());
+    put("python_flags", PYTHON_FLAGS.join(" "));
+    put("no_new_privs", "set".into());
+    put("namespaces", "the host's (none created)".into());
+    for r in policy::rlimits(&PROBE_LIMITS) {
+        let rule = match r.name {
+            "RLIMIT_CPU" => "ceil(timeout seconds) + 1 (hard + 1)".to_owned(),
+            "RLIMIT_AS" => "limits.memory_bytes".into(),
+            "RLIMIT_NPROC" => "limits.pids (per uid)".into(),
+            "RLIMIT_FSIZE" => "limits.disk_bytes (per file)".into(),
+            _ => r.soft.to_string(),
+        };
+        put(&format!("rlimit.{}", r.name), rule);
+    }
+    let l = &PROBE_LIMITS;
+    put("probe_limits.timeout_ms", l.timeout.as_millis().to_string());
+    put("probe_limits.memory_bytes", l.memory_bytes.to_string());
+    put("probe_limits.output_bytes", l.output_bytes.to_string());
+    put("probe_limits.pids", l.pids.to_string());
+    put("probe_limits.disk_bytes", l.disk_bytes.to_string());
+    let kernel_abi = policy::kernel_landlock_abi();
+    put("landlock.abi_kernel", kernel_abi.to_string());
+    put(
+        "landlock.abi_enforced",
+        match policy::enforced_landlock_abi() {
+            0 => "none (the kernel has no landlock)".to_owned(),
+            v => v.to_string(),
+        },
+    );
+    put(
+        "landlock.read_exec",
+        format!("{} <code dir>", policy::READ_EXEC_DIRS.join(" ")),
+    );
+    put("landlock.read", policy::READ_ONLY_DIRS.join(" "));
+    put("landlock.read_write_devices", policy::DEVICES.join(" "));
+    put("landlock.full", "<work dir>".into());
+    put(
+        "landlock.net",
+        "TCP bind and connect denied (ABI 4+)".into(),
+    );
+    put(
+        "landlock.scope",
+        "abstract Unix sockets and signals scoped to the run (ABI 6+)".into(),
+    );
+    for (k, v) in policy::seccomp_summary() {
+        put(&k, v);
+    }
+    m
+}
+
+/// Fills binaries, probe report and checks; `Err` names every failed check.
+fn judge(provider: &ProcessProvider, ev: &mut Evidence) -> Result<(), String> {
+    let cfg = provider.config();
+    let check = |ev: &mut Evidence, name: &str, outcome: Result<(), String>| {
+        ev.checks.insert(
+            name.to_owned(),
+            outcome.err().unwrap_or_else(|| "ok".into()),
+        );
+    };
+
+    let root = rustix::process::geteuid().is_root();
+    check(
+        ev,
+        "daemon_is_root",
+        if root {
+            Ok(())
+        } else {
+            Err("the process provider must run as root to give each run its own uid: start the daemon as root, or configure another provider".into())
+        },
+    );
+    check(
+        ev,
+        "probe_uid",
+        if cfg.probe_uid == 0 {
+            Err("probe_uid is 0: it must be an unused unprivileged uid".into())
+        } else {
+            Ok(())
+        },
+    );
+    for (name, path, version_arg) in [
+        ("node", &cfg.node, Some("--version")),
+        ("python3", &cfg.python, Some("--version")),
+        ("plimsoll-probe", &cfg.probe, None),
+    ] {
+        match identify(name, path, version_arg) {
+            Ok(id) => {
+                ev.binaries.push(id);
+                check(ev, &format!("binary.{name}"), Ok(()));
+            }
+            Err(why) => check(ev, &format!("binary.{name}"), Err(why)),
+        }
+    }
+    verdict(ev)?;
+
+    match run_probe(cfg) {
+        Ok(report) => {
+            for (name, outcome) in judge_report(&report, cfg) {
+                check(ev, name, outcome);
+            }
+            ev.probe = Some(report);
+        }
+        Err(why) => check(ev, "probe_run", Err(why)),
+    }
+    for (language, code, name) in [
+        (
+            Language::Javascript,
+            "console.log('ok')",
+            "snippet.javascript",
+        ),
+        (Language::Python, "print('ok')", "snippet.python"),
+    ] {
+        check(ev, name, run_snippet(provider, language, code));
+    }
+    verdict(ev)
+}
+
+/// `Err` naming every check that is not `ok`.
+fn verdict(ev: &Evidence) -> Result<(), String> {
+    let failed: Vec<String> = ev
+        .checks
+        .iter()
+        .filter(|(_, v)| v.as_str() != "ok")
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the process provider failed its checks: {}",
+            failed.join("; ")
+        ))
+    }
+}
+
+/// Path, version and SHA-256 of a binary.
+fn identify(name: &str, path: &Path, version_arg: Option<&str>) -> Result<BinaryIdentity, String> {
+    let sha256 = sha256_file(path).map_err(|e| {
+        format!(
+            "cannot read {}: {e}; install it or set its path in the [process] settings",
+            path.display()
+        )
+    })?;
+    let version = match version_arg {
+        None => env!("CARGO_PKG_VERSION").to_owned(),
+        Some(arg) => {
+            let running = Spawn::new(path, "/")
+                .arg(arg)
+                .spawn()
+                .map_err(|e| format!("cannot run {} {arg}: {}", path.display(), error_chain(&e)))?;
+            let out = capture(running, &CaptureLimits::new(4096, Duration::from_secs(10)))
+                .map_err(|e| format!("cannot run {} {arg}: {}", path.display(), error_chain(&e)))?;
+            if out.exit_code != Some(0) {
+                return Err(format!(
+                    "{} {arg} failed ({:?}): {}",
+                    path.display(),
+                    out.exit_code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            // Old Pythons print their version on stderr.
+            let text = if out.stdout.is_empty() {
+                out.stderr
+            } else {
+                out.stdout
+            };
+            String::from_utf8_lossy(&text).trim().to_owned()
+        }
+    };
+    Ok(BinaryIdentity {
+        name: name.to_owned(),
+        path: path.display().to_string(),
+        version,
+        sha256,
+    })
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// A fresh run directory for a probe launch.
+fn probe_run_dir(cfg: &crate::ProcessConfig, what: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    cfg.state_dir
+        .join("runs")
+        .join(format!("probe-{what}-{}-{nanos}", std::process::id()))
+}
+
+/// Runs plimsoll-probe as a run would run, and reads its report.
+fn run_probe(cfg: &crate::ProcessConfig) -> Result<ProbeReport, String> {
+    let run_dir = probe_run_dir(cfg, "report");
+    let dir =
+        RunDir::create(&run_dir, cfg.probe_uid, cfg.probe_uid).map_err(|e| error_chain(&e))?;
+    let program = match dir.copy_code("plimsoll-probe", &cfg.probe, 0o755) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = crate::launch::clean(cfg.probe_uid, &dir);
+            return Err(error_chain(&e));
+        }
+    };
+    let runs_root = cfg.state_dir.join("runs");
+    let launched = launch_and_clean(
+        &Launch {
+            program: &program,
+            args: vec![
+                "--try-write".into(),
+                cfg.state_dir.clone().into_os_string(),
+                "--try-write".into(),
+                runs_root.into_os_string(),
+            ],
+            uid: cfg.probe_uid,
+            gid: cfg.probe_uid,
+            limits: &PROBE_LIMITS,
+        },
+        dir,
+    )
+    .map_err(|e| e.to_string())?;
+    let c = &launched.captured;
+    if c.exit_code != Some(0) {
+        return Err(format!(
+            "plimsoll-probe ended with {:?} (signal {:?}, timed out {}): {}",
+            c.exit_code,
+            c.signal,
+            c.timed_out,
+            String::from_utf8_lossy(&c.stderr).trim()
+        ));
+    }
+    let mut report: ProbeReport = serde_json::from_slice(&c.stdout)
+        .map_err(|e| format!("plimsoll-probe printed no report ({e})"))?;
+    mark_host_namespaces(&mut report.namespaces);
+    // Cleanup is part of the wall: nothing of the probe's uid may be left, nor its files.
+    let left = processes_of_uid(cfg.probe_uid);
+    if !left.is_empty() {
+        return Err(format!(
+            "processes of uid {} survived the probe run: {left:?}",
+            cfg.probe_uid
+        ));
+    }
+    if run_dir.exists() {
+        return Err(format!(
+            "the probe's run directory {} was not removed",
+            run_dir.display()
+        ));
+    }
+    Ok(report)
+}
+
+/// Compares each namespace the probe saw with ours.
+fn mark_host_namespaces(seen: &mut BTreeMap<String, NamespaceSeen>) {
+    for (name, ns) in seen.iter_mut() {
+        let ours = fs::read_link(format!("/proc/self/ns/{name}")).map(|t| t.display().to_string());
+        ns.same_as_host = ours.ok().map(|o| o == ns.id);
+    }
+}
+
+/// Every check on the report, with its outcome.
+fn judge_report(
+    r: &ProbeReport,
+    cfg: &crate::ProcessConfig,
+) -> Vec<(&'static str, Result<(), String>)> {
+    let uid = cfg.probe_uid;
+    let expect = |ok: bool, why: String| if ok { Ok(()) } else { Err(why) };
+    let caps_zero = ["CapEff", "CapPrm", "CapInh", "CapAmb"].iter().all(|set| {
+        r.capabilities
+            .get(*set)
+            .is_some_and(|v| v.trim_start_matches('0').is_empty())
+    });
+    let open_sockets: Vec<&str> = r
+        .socket_attempts
+        .iter()
+        .filter(|(_, v)| v.as_str() == "allowed")
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let writable_outside: Vec<&str> = r
+        .write_attempts
+        .iter()
+        .filter(|(path, v)| **path != r.cwd && v.as_str() == "writable")
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let state_dir = cfg.state_dir.display().to_string();
+    let required_write_checks = ["/", "/tmp", "/etc", state_dir.as_str()];
+    let missing: Vec<&str> = required_write_checks
+        .iter()
+        .copied()
+        .filter(|p| !r.write_attempts.contains_key(*p))
+        .collect();
+    let shadow = r.read_attempts.get("/etc/shadow").map(String::as_str);
+    vec![
+        (
+            "uid",
+            expect(
+                r.uid == uid && r.euid == uid && uid != 0,
+                format!(
+                    "the probe ran as uid {} / euid {}, expected {uid}",
+                    r.uid, r.euid
+                ),
+            ),
+        ),
+        (
+            "gid",
+            expect(
+                r.gid == uid && r.groups.is_empty(),
+                format!(
+                    "the probe ran as gid {} with groups {:?}, expected {uid} and none",
+                    r.gid, r.groups
+                ),
+            ),
+        ),
+        (
+            "capabilities",
+            expect(
+                caps_zero,
+                format!("the probe holds capabilities: {:?}", r.capabilities),
+            ),
+        ),
+        (
+            "environment",
+            expect(
+                r.environment.is_empty(),
+                format!("the environment is not empty: {:?}", r.environment),
+            ),
+        ),
+        (
+            "no_new_privs",
+            expect(r.no_new_privs, "NoNewPrivs is not set".into()),
+        ),
+        (
+            "seccomp",
+            expect(
+                r.seccomp_mode == 2,
+                format!("seccomp mode is {}, expected 2 (filter)", r.seccomp_mode),
+            ),
+        ),
+        (
+            "sockets_denied",
+            expect(
+                open_sockets.is_empty() && r.socket_attempts.len() >= 3,
+                format!("the probe could open sockets: {open_sockets:?}"),
+            ),
+        ),
+        (
+            "work_dir_writable",
+            expect(
+                r.write_attempts.get(&r.cwd).map(String::as_str) == Some("writable")
+                    && r.cwd.ends_with("/work"),
+                format!(
+                    "the probe's working directory {} is not its writable work dir",
+                    r.cwd
+                ),
+            ),
+        ),
+        (
+            "writes_outside_work_denied",
+            expect(
+                writable_outside.is_empty() && missing.is_empty(),
+                if missing.is_empty() {
+                    format!(
+                        "the probe could write outside its work dir: {writable_outside:?}; the kernel may lack landlock (5.13+)"
+                    )
+                } else {
+                    format!("the probe did not try {missing:?}")
+                },
+            ),
+        ),
+        (
+            "shadow_unreadable",
+            expect(
+                shadow.is_some_and(|s| s != "readable"),
+                format!("/etc/shadow: {shadow:?}"),
+            ),
+        ),
+    ]
+}
+
+/// Runs a trivial snippet through the provider's own run path.
+fn run_snippet(provider: &ProcessProvider, language: Language, code: &str) -> Result<(), String> {
+    let cfg = provider.config();
+    let run_dir = probe_run_dir(cfg, language.as_str());
+    let plan = LaunchPlan {
+        run_id: run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        request_id: "probe".into(),
+        spec: RunSpec::Snippet(Snippet {
+            language,
+            code: code.into(),
+        }),
+        limits: PROBE_LIMITS,
+        uid: cfg.probe_uid,
+        gid: cfg.probe_uid,
+        run_dir,
+    };
+    let out = provider.run(&plan).map_err(|e| e.to_string())?;
+    let r = &out.result;
+    if r.exit_code == Some(0) && r.stdout.as_slice() == b"ok\n" {
+        Ok(())
+    } else {
+        Err(format!(
+            "a trivial {} snippet gave exit {:?} signal {:?}, stdout {:?}, stderr {:?}",
+            language.as_str(),
+            r.exit_code,
+            r.signal,
+            String::from_utf8_lossy(r.stdout.as_slice()),
+            String::from_utf8_lossy(r.stderr.as_slice()),
+        ))
+    }
+}
