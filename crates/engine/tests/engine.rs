@@ -1,0 +1,229 @@
+//! The engine with the real process provider: probing, floors, refusals that ran nothing,
+//! admission, and digests a client can recompute. Runs real sandboxes (needs root).
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
+use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
+use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunSpec, Snippet, Tier};
+
+/// A directory under /tmp, mode 0711 (every sandbox uid must traverse it), removed on drop.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(name: &str) -> TestDir {
+        let dir =
+            std::env::temp_dir().join(format!("plimsoll-engine-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        TestDir(dir)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A probed engine offering only the process provider. `uid_base` is the test's own: tests
+/// run in parallel, and the end of a run kills every process of its uid.
+fn engine(test: &str, uid_base: u32, extra: &str) -> Option<(Engine, TestDir)> {
+    if !is_root() {
+        skip_or_fail(test, "needs root to run the process provider");
+        return None;
+    }
+    let dir = TestDir::new(test);
+    let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
+    let toml = format!(
+        "providers = [\"process\"]\n\
+         state_dir = {state:?}\n\
+         sandbox_uid_base = {uid_base}\n\
+         max_concurrent = 4\n\
+         {extra}\n\
+         [process]\n\
+         probe = {probe:?}\n",
+        state = dir.path().join("state").display().to_string(),
+        probe = probe.display().to_string(),
+    );
+    let settings = Settings::parse(&toml).unwrap();
+    let engine = settings.build_engine(&[]).unwrap();
+    engine.probe_all();
+    Some((engine, dir))
+}
+
+fn request(id: &str, floor: Option<Tier>, language: Language, code: &str) -> RunRequest {
+    RunRequest {
+        protocol: PROTOCOL,
+        request_id: id.into(),
+        minimum_isolation: floor,
+        provider: None,
+        limits: None,
+        run: RunSpec::Snippet(Snippet {
+            language,
+            code: code.into(),
+        }),
+        grant: None,
+    }
+}
+
+#[test]
+fn the_process_provider_is_offered_with_its_evidence() {
+    let Some((engine, _dir)) = engine("offered", 2_320_000, "") else {
+        return;
+    };
+    let providers = engine.providers();
+    assert_eq!(providers.len(), 1);
+    let p = &providers[0];
+    assert_eq!(p.name, "process");
+    assert_eq!(p.isolation, Tier::Process);
+    assert!(p.available, "{:?}", p.unavailable_reason);
+    let report = p
+        .evidence
+        .probe
+        .as_ref()
+        .expect("the evidence holds a probe report");
+    assert_eq!(
+        report.uid,
+        2_320_000 + 4,
+        "the probe runs as the uid past the run uids"
+    );
+    assert_eq!(p.evidence_sha256, evidence_sha256(&p.evidence));
+    assert!(engine.ready());
+}
+
+#[test]
+fn a_run_at_the_process_floor_works_and_its_digests_verify() {
+    let Some((engine, _dir)) = engine("digests", 2_320_100, "") else {
+        return;
+    };
+    let req = request(
+        "r-digest",
+        Some(Tier::Process),
+        Language::Javascript,
+        "console.log(6 * 7)",
+    );
+    let resp = engine.run("alice", &req).unwrap();
+    assert_eq!(resp.result.stdout.as_slice(), b"42\n");
+    assert_eq!(resp.result.exit_code, Some(0));
+    assert_eq!(
+        (resp.provider.as_str(), resp.isolation),
+        ("process", Tier::Process)
+    );
+    assert_eq!(resp.request_id, "r-digest");
+    // What a client recomputes:
+    assert_eq!(resp.request_sha256, request_sha256(&req));
+    assert_eq!(resp.result_sha256, result_sha256(&resp.result));
+    assert_eq!(resp.record.request_sha256, resp.request_sha256);
+    assert_eq!(resp.record.result_sha256, resp.result_sha256);
+    assert_eq!(resp.record.record_sha256, record_sha256(&resp.record));
+    assert_eq!(
+        resp.record.evidence_sha256,
+        engine.providers()[0].evidence_sha256
+    );
+    assert!(resp.record.environment.starts_with("plimsoll-engine/"));
+    assert!(resp.record.started_unix_ms <= resp.record.ended_unix_ms);
+    // And a changed result no longer matches.
+    let mut tampered = resp.result.clone();
+    tampered.stdout.0.push(b'!');
+    assert_ne!(result_sha256(&tampered), resp.result_sha256);
+}
+
+#[test]
+fn a_refused_run_ran_nothing() {
+    let Some((engine, dir)) = engine("refused", 2_320_200, "") else {
+        return;
+    };
+    let drop_box = dir.path().join("drop");
+    std::fs::create_dir(&drop_box).unwrap();
+    std::fs::set_permissions(&drop_box, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let marker = drop_box.join("marker");
+    let code = format!("open({:?}, 'w').write('ran')", marker.display().to_string());
+    let req = request("r-refused", Some(Tier::Container), Language::Python, &code);
+    let err = engine.run("alice", &req).unwrap_err();
+    assert_eq!(
+        not_dispatched_reason(&err),
+        Some(Reason::Isolation),
+        "{err}"
+    );
+    assert_eq!(err.request_id(), Some("r-refused"));
+    let wire = err.to_response();
+    assert_eq!(wire.error.not_dispatched, Some(Reason::Isolation));
+    assert_eq!(wire.request_id.as_deref(), Some("r-refused"));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!marker.exists(), "a refused run wrote its marker");
+    assert_eq!(engine.in_flight(), 0);
+}
+
+#[test]
+fn no_floor_means_the_default_floor_container() {
+    let Some((engine, _dir)) = engine("default-floor", 2_320_300, "") else {
+        return;
+    };
+    let req = request("r-nofloor", None, Language::Javascript, "console.log(1)");
+    let err = engine.run("alice", &req).unwrap_err();
+    assert_eq!(
+        not_dispatched_reason(&err),
+        Some(Reason::Isolation),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(message.contains("container"), "{message}");
+    assert!(message.contains("--min-isolation process"), "{message}");
+}
+
+#[test]
+fn a_second_run_of_the_same_caller_is_refused_for_capacity() {
+    let Some((engine, _dir)) = engine("capacity", 2_320_400, "max_per_caller = 1") else {
+        return;
+    };
+    let slow = request(
+        "r-slow",
+        Some(Tier::Process),
+        Language::Python,
+        "import time\ntime.sleep(3)\nprint('slept')",
+    );
+    std::thread::scope(|s| {
+        let first = s.spawn(|| engine.run("alice", &slow));
+        let mut waited = 0;
+        while engine.in_flight() == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+            waited += 1;
+            assert!(waited < 2000, "the first run never started");
+        }
+        let second = request(
+            "r-second",
+            Some(Tier::Process),
+            Language::Python,
+            "print(2)",
+        );
+        let err = engine.run("alice", &second).unwrap_err();
+        assert_eq!(not_dispatched_reason(&err), Some(Reason::Capacity), "{err}");
+        // Another caller still gets in: the limit is per caller.
+        let other = engine.run("bob", &second).unwrap();
+        assert_eq!(other.result.stdout.as_slice(), b"2\n");
+        let first = first.join().unwrap().unwrap();
+        assert_eq!(first.result.stdout.as_slice(), b"slept\n");
+    });
+    assert_eq!(engine.in_flight(), 0);
+}
+
+#[test]
+fn errors_after_the_start_carry_no_refusal_mark() {
+    let failed = RunError::Failed {
+        request_id: "r".into(),
+        provider: "process".into(),
+        message: "lost".into(),
+    };
+    assert_eq!(not_dispatched_reason(&failed), None);
+    assert_eq!(failed.to_response().error.not_dispatched, None);
+    let refused = RunError::refused(Some("r"), Reason::Capacity, "full");
+    assert_eq!(not_dispatched_reason(&refused), Some(Reason::Capacity));
+}
