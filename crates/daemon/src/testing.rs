@@ -1,6 +1,7 @@
 //! An in-process daemon for tests of other crates: a real HTTP server on a loopback port,
 //! with its own tokio runtime thread, stopped when dropped.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -11,6 +12,16 @@ use tokio::sync::oneshot;
 
 use crate::callers::add_caller;
 use crate::daemon::{Daemon, DaemonOptions, build_engine};
+
+/// How many uids each port's range holds (runs at once, plus the probe's).
+pub const UIDS_PER_PORT: u32 = 1024;
+
+/// The first sandbox uid of the range a test daemon bound to `port` uses when its settings
+/// set none: `1_000_000_000 + port * 1024`. A test holding a bound port can use it for a daemon
+/// of its own (e.g. `plimsolld` as a child process) without meeting any other test's uids.
+pub fn uid_base_for_port(port: u16) -> u32 {
+    1_000_000_000 + u32::from(port) * UIDS_PER_PORT
+}
 
 /// A daemon serving on a loopback port, stopped when dropped.
 #[derive(Debug)]
@@ -32,10 +43,15 @@ impl TestDaemon {
     /// and `callers_file` are overridden: it listens on an ephemeral loopback port and uses a
     /// fresh callers file holding one caller `test`; `max_body_bytes` and `recheck_secs` are
     /// kept. When the settings name no `providers`, it offers `process`; when they set no
-    /// `state_dir`, runs live in a fresh temporary directory. Returns once every provider has
+    /// `state_dir`, runs live in a fresh temporary directory; when they set no
+    /// `sandbox_uid_base`, it takes [`uid_base_for_port`] of its port, so test daemons running
+    /// at once never share a sandbox uid. Returns once every provider has
     /// been probed (whether or not one passed: see `GET /readyz`). Panics on invalid settings.
     pub fn start(settings_toml: &str) -> TestDaemon {
         let dir = tempfile::tempdir().expect("create a temporary directory for the test daemon");
+        // Sandbox uids must traverse it to reach their run directories under `state`.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("make the test daemon's directory traversable");
         let mut settings = Settings::parse(settings_toml)
             .unwrap_or_else(|e| panic!("TestDaemon: invalid settings: {e}"));
         if settings.providers.is_none() {
@@ -46,20 +62,31 @@ impl TestDaemon {
             std::fs::create_dir_all(&state).expect("create the test daemon's state directory");
             settings.state_dir = Some(state);
         }
+        // The port is bound first: it is unique on the host while this daemon lives, so it
+        // also picks a sandbox uid range no other test daemon uses (the end of a run kills
+        // every process of its uid, so two daemons must never share one).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        listener
+            .set_nonblocking(true)
+            .expect("make the listener non-blocking");
+        let addr = listener.local_addr().expect("the listener's address");
+        if settings.sandbox_uid_base.is_none() {
+            let wanted = settings.max_concurrent.unwrap_or(8);
+            assert!(
+                wanted < UIDS_PER_PORT as usize,
+                "TestDaemon: max_concurrent {wanted} needs an explicit sandbox_uid_base"
+            );
+            settings.sandbox_uid_base = Some(uid_base_for_port(addr.port()));
+        }
         let callers_file = dir.path().join("callers.toml");
         let token = add_caller(&callers_file, "test").expect("write the test callers file");
-        settings.daemon.listen = Some("127.0.0.1:0".into());
+        settings.daemon.listen = Some(addr.to_string());
         settings.daemon.callers_file = Some(callers_file.clone());
 
         let options = DaemonOptions::from_settings(&settings, None)
             .unwrap_or_else(|e| panic!("TestDaemon: {e}"));
         let engine =
             Arc::new(build_engine(&settings).unwrap_or_else(|e| panic!("TestDaemon: {e}")));
-        let listener = std::net::TcpListener::bind(options.listen).expect("bind a loopback port");
-        listener
-            .set_nonblocking(true)
-            .expect("make the listener non-blocking");
-        let addr = listener.local_addr().expect("the listener's address");
         let daemon = Daemon::new(Arc::clone(&engine), options);
 
         let (stop_tx, stop_rx) = oneshot::channel::<()>();

@@ -5,11 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use plimsoll_daemon::testing::TestDaemon;
+use plimsoll_daemon::testing::{TestDaemon, uid_base_for_port};
 use plimsoll_daemon::{ROUTES, add_caller};
 use plimsoll_engine::env;
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
@@ -458,7 +459,7 @@ fn capacity_refuses_over_the_limit_and_loses_no_request() {
             200 => {
                 let r = a.run();
                 assert_eq!(r.request_id, format!("burst-{i}"));
-                assert_eq!(r.result.stdout.to_string_lossy(), "done\n");
+                assert_eq!(r.result.stdout.to_string_lossy(), "done\n", "{r:?}");
                 ran += 1;
             }
             429 => {
@@ -736,21 +737,28 @@ struct Spawned {
     token: String,
     logs: Arc<Mutex<String>>,
     reader: Option<std::thread::JoinHandle<()>>,
+    _uid_port: std::net::TcpListener,
     _dir: tempfile::TempDir,
 }
 
 impl Spawned {
     fn start(extra: &str) -> Spawned {
         let dir = tempfile::tempdir().unwrap();
+        // Sandbox uids must traverse it to reach their run directories under `state`.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let callers = dir.path().join("callers.toml");
         let token = add_caller(&callers, "test").unwrap();
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();
+        // A port held for the daemon's life picks a sandbox uid range no other test uses.
+        let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uid_base = uid_base_for_port(uid_port.local_addr().unwrap().port());
         let config = dir.path().join("plimsoll.toml");
         std::fs::write(
             &config,
             format!(
-                "{PROCESS}state_dir = \"{}\"\n{extra}\n[daemon]\ncallers_file = \"{}\"\n",
+                "{PROCESS}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n{extra}\n\
+                 [daemon]\ncallers_file = \"{}\"\n",
                 state.display(),
                 callers.display()
             ),
@@ -810,6 +818,7 @@ impl Spawned {
             token,
             logs,
             reader: Some(reader),
+            _uid_port: uid_port,
             _dir: dir,
         }
     }
@@ -920,7 +929,7 @@ fn sigterm_lets_the_run_in_flight_finish_then_exits_zero() {
     d.signal(nix::sys::signal::Signal::SIGTERM);
     let r = run.join().unwrap().run();
     assert_eq!(r.request_id, "term-1");
-    assert_eq!(r.result.stdout.to_string_lossy(), "finished\n");
+    assert_eq!(r.result.stdout.to_string_lossy(), "finished\n", "{r:?}");
     let status = d.wait_exit();
     assert_eq!(status.code(), Some(0), "logs:\n{}", d.logs());
     assert!(d.logs().contains("\"message\":\"stopped\""), "{}", d.logs());
