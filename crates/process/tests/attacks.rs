@@ -226,6 +226,40 @@ fn the_environment_is_empty() {
 }
 
 #[test]
+fn namespaces_cannot_be_created_but_subprocesses_can() {
+    let Some(env) = setup("namespaces_cannot_be_created_but_subprocesses_can", 28) else {
+        return;
+    };
+    let r = run(
+        &env,
+        29,
+        Py,
+        "import ctypes, os, subprocess\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         for flag in (0x10000000, 0x40000000, 0x20000000):\n\
+         \x20   rc = libc.unshare(flag)\n\
+         \x20   print('unshare', rc, ctypes.get_errno())\n\
+         print(subprocess.run(['/bin/echo', 'child ok'], capture_output=True).stdout.decode(), end='')\n\
+         r = subprocess.run(['/usr/bin/unshare', '--user', '/bin/true'], capture_output=True)\n\
+         print('unshare(1) exit', r.returncode)\n",
+    );
+    assert_eq!(r.exit_code, Some(0), "{}", explain(&r));
+    assert_eq!(
+        stdout(&r),
+        "unshare -1 1\nunshare -1 1\nunshare -1 1\nchild ok\nunshare(1) exit 1\n",
+        "{}",
+        explain(&r)
+    );
+    let r = run(
+        &env,
+        29,
+        Js,
+        "console.log(require('child_process').execFileSync('/bin/echo', ['node child ok']).toString().trim())",
+    );
+    assert_eq!(stdout(&r), "node child ok\n", "{}", explain(&r));
+}
+
+#[test]
 fn etc_shadow_is_unreadable() {
     let Some(env) = setup("etc_shadow_is_unreadable", 6) else {
         return;
