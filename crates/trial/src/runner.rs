@@ -1,0 +1,191 @@
+//! A run of the trial runner, in the order that keeps scenarios secret: check everything,
+//! drop privileges, load the simulator, read and delete every scenario file, and only then
+//! start a controller for each trial in turn.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::controller::{
+    ControllerCommand, ResolveProgramError, become_subreaper, resolve_program,
+};
+use crate::creds::{DropPrivilegesError, Identities, IdentitiesError, drop_privileges};
+use crate::scenario::{self, TakeScenarioError};
+use crate::sim::{LoadSimulatorError, SimulatorError, SimulatorModule};
+use crate::trial::{Deadlines, RunTrialError, run_trial};
+use crate::verdict::{VERDICT_FORMAT, Verdict};
+
+/// Where the simulator comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SimSource {
+    /// The cart-pole built into the runner ([`crate::CARTPOLE_WASM`]).
+    BuiltIn,
+    /// A module file.
+    File(PathBuf),
+}
+
+/// Everything a run needs, as parsed from the command line.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The simulator.
+    pub sim: SimSource,
+    /// The scenario files, in order.
+    pub scenarios: Vec<PathBuf>,
+    /// One trajectory path per scenario; may be empty for a single scenario
+    /// (then `trajectory.bin`).
+    pub trajectories: Vec<PathBuf>,
+    /// The runner's and the controller's ids.
+    pub ids: Identities,
+    /// The controller command (program first).
+    pub controller: Vec<OsString>,
+    /// The answer deadlines.
+    pub deadlines: Deadlines,
+}
+
+/// The default trajectory path for a single scenario.
+pub const DEFAULT_TRAJECTORY: &str = "trajectory.bin";
+
+/// A run failed without a verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The command line does not make sense.
+    #[error("{0}")]
+    Usage(String),
+    /// Bad ids.
+    #[error(transparent)]
+    Identities(#[from] IdentitiesError),
+    /// The controller program is not there.
+    #[error(transparent)]
+    Program(#[from] ResolveProgramError),
+    /// The runner cannot become a child subreaper.
+    #[error("cannot become a child subreaper: {0}")]
+    Subreaper(std::io::Error),
+    /// Dropping privileges failed.
+    #[error(transparent)]
+    Privileges(#[from] DropPrivilegesError),
+    /// The simulator does not load.
+    #[error(transparent)]
+    LoadSimulator(#[from] LoadSimulatorError),
+    /// A scenario could not be taken (every scenario file was deleted anyway).
+    #[error("{0} (every scenario file given was deleted; no controller was started)")]
+    Scenario(#[from] TakeScenarioError),
+    /// A scenario does not fit the simulator (every scenario file was deleted anyway).
+    #[error(
+        "scenario {path}: {detail} (every scenario file given was deleted; no controller was started)"
+    )]
+    ScenarioCheck {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The simulator failed while checking a scenario.
+    #[error("scenario {path}")]
+    ScenarioSimulator {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: SimulatorError,
+    },
+    /// A trial could not be carried out.
+    #[error(transparent)]
+    Trial(#[from] RunTrialError),
+}
+
+impl RunError {
+    /// The exit status: 2 when nothing of the controller ran, 3 when a trial was under way.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Trial(_) => 3,
+            _ => 2,
+        }
+    }
+}
+
+/// Checks the parts that need no privilege and no file: usage, ids, the controller program.
+pub fn validate(config: &RunConfig) -> Result<ControllerCommand, RunError> {
+    if config.scenarios.is_empty() {
+        return Err(RunError::Usage("give at least one --scenario FILE".into()));
+    }
+    if config.scenarios.len() > 1 && config.trajectories.len() != config.scenarios.len() {
+        return Err(RunError::Usage(format!(
+            "{} scenarios need {} --trajectory paths (one per scenario, in order), not {}",
+            config.scenarios.len(),
+            config.scenarios.len(),
+            config.trajectories.len()
+        )));
+    }
+    if config.scenarios.len() == 1 && config.trajectories.len() > 1 {
+        return Err(RunError::Usage(
+            "one scenario takes at most one --trajectory".into(),
+        ));
+    }
+    config.ids.validate()?;
+    let (program, args) = config
+        .controller
+        .split_first()
+        .ok_or(ResolveProgramError::Missing)?;
+    Ok(ControllerCommand {
+        program: resolve_program(program)?,
+        args: args.to_vec(),
+        uid: config.ids.controller_uid,
+        gid: config.ids.controller_gid,
+    })
+}
+
+/// Runs every trial and returns the verdict. Must be called while the process has one thread.
+pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
+    let command = validate(config)?;
+    let trajectories: Vec<PathBuf> = if config.trajectories.is_empty() {
+        vec![PathBuf::from(DEFAULT_TRAJECTORY)]
+    } else {
+        config.trajectories.clone()
+    };
+    become_subreaper().map_err(RunError::Subreaper)?;
+    drop_privileges(&config.ids)?;
+    let module = match &config.sim {
+        SimSource::BuiltIn => SimulatorModule::from_bytes(crate::CARTPOLE_WASM)?,
+        SimSource::File(path) => SimulatorModule::from_file(path)?,
+    };
+
+    // Read, delete, and only then check: the files are gone before anything else can fail.
+    let scenarios = scenario::take_all(&config.scenarios)?;
+    for (scenario, path) in scenarios.iter().zip(&config.scenarios) {
+        let check_err = |source| RunError::ScenarioSimulator {
+            path: path.clone(),
+            source,
+        };
+        let mut sim = module.instantiate().map_err(check_err)?;
+        sim.init(&scenario.initial.into()).map_err(check_err)?;
+        if sim.fallen().map_err(check_err)? {
+            return Err(RunError::ScenarioCheck {
+                path: path.clone(),
+                detail: "the initial state is already fallen".into(),
+            });
+        }
+    }
+
+    let mut trials = Vec::with_capacity(scenarios.len());
+    for ((scenario, path), trajectory) in scenarios.iter().zip(&config.scenarios).zip(&trajectories)
+    {
+        trials.push(run_trial(
+            &module,
+            scenario,
+            path,
+            &command,
+            config.deadlines,
+            trajectory,
+        )?);
+    }
+    Ok(Verdict {
+        format: VERDICT_FORMAT,
+        simulator_sha256: module.sha256().to_owned(),
+        controller: config
+            .controller
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        pass: trials.iter().all(|t| t.pass),
+        trials,
+    })
+}

@@ -1,0 +1,254 @@
+//! One trial: a fresh simulator instance, a fresh controller, the tick loop, the verdict.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::controller::{
+    Controller, ControllerCommand, Fault, SpawnControllerError, SurvivorsError,
+};
+use crate::protocol::{parse_force, shown, state_line};
+use crate::scenario::Scenario;
+use crate::sim::{SimulatorError, SimulatorModule};
+use crate::trajectory::{TrajectoryError, TrajectoryWriter};
+use crate::verdict::{EndReason, TrialVerdict};
+
+/// The answer deadlines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// For the first tick (the controller's interpreter starts meanwhile).
+    pub first: Duration,
+    /// For every later tick.
+    pub tick: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            first: Duration::from_millis(1000),
+            tick: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A trial could not be carried out (not a controller fault: those end the trial with a
+/// verdict).
+#[derive(Debug, thiserror::Error)]
+pub enum RunTrialError {
+    /// The simulator failed.
+    #[error("trial {scenario}: simulator failure at tick {tick}")]
+    Simulator {
+        /// The scenario.
+        scenario: String,
+        /// The tick.
+        tick: u64,
+        /// What failed.
+        #[source]
+        source: SimulatorError,
+    },
+    /// The trajectory could not be written.
+    #[error("trial {scenario}")]
+    Trajectory {
+        /// The scenario.
+        scenario: String,
+        /// What failed.
+        #[source]
+        source: TrajectoryError,
+    },
+    /// The controller could not be started.
+    #[error("trial {scenario}")]
+    Spawn {
+        /// The scenario.
+        scenario: String,
+        /// What failed.
+        #[source]
+        source: SpawnControllerError,
+    },
+    /// Polling the controller's pipes failed.
+    #[error("trial {scenario}: cannot poll the controller's pipes: {detail}")]
+    Poll {
+        /// The scenario.
+        scenario: String,
+        /// What failed.
+        detail: String,
+    },
+    /// Processes of the controller survived.
+    #[error("trial {scenario}")]
+    Survivors {
+        /// The scenario.
+        scenario: String,
+        /// Which.
+        #[source]
+        source: SurvivorsError,
+    },
+    /// A failure, and then cleaning up the controller failed too.
+    #[error("{first}; and then: {cleanup}")]
+    AndCleanup {
+        /// The first failure.
+        first: Box<RunTrialError>,
+        /// The cleanup failure.
+        cleanup: Box<RunTrialError>,
+    },
+}
+
+/// Where a loop stopped.
+enum Stop {
+    Completed,
+    Fell(u64),
+    Fault(EndReason, String),
+}
+
+/// Runs one trial. The controller is ended (every process of its uid killed and reaped)
+/// whatever happens.
+pub fn run_trial(
+    module: &SimulatorModule,
+    scenario: &Scenario,
+    scenario_path: &Path,
+    command: &ControllerCommand,
+    deadlines: Deadlines,
+    trajectory_path: &Path,
+) -> Result<TrialVerdict, RunTrialError> {
+    let label = scenario_path.display().to_string();
+    let sim_err = |tick: u64| {
+        let label = label.clone();
+        move |source| RunTrialError::Simulator {
+            scenario: label,
+            tick,
+            source,
+        }
+    };
+    let mut sim = module.instantiate().map_err(sim_err(0))?;
+    sim.init(&scenario.initial.into()).map_err(sim_err(0))?;
+    let tps = sim.ticks_per_second().map_err(sim_err(0))?;
+    let mut trajectory =
+        TrajectoryWriter::create(trajectory_path).map_err(|source| RunTrialError::Trajectory {
+            scenario: label.clone(),
+            source,
+        })?;
+
+    let started = Instant::now();
+    let mut controller = Controller::spawn(command).map_err(|source| RunTrialError::Spawn {
+        scenario: label.clone(),
+        source,
+    })?;
+    let mut ticks = 0u64;
+    let looped = (|| -> Result<Stop, RunTrialError> {
+        for k in 0..scenario.ticks {
+            let state = sim.state().map_err(sim_err(k))?;
+            let line = state_line(&state);
+            let deadline = Instant::now()
+                + if k == 0 {
+                    deadlines.first
+                } else {
+                    deadlines.tick
+                };
+            let answer = match controller.exchange(line.as_bytes(), deadline) {
+                Ok(a) => a,
+                Err(Fault::Timeout) => {
+                    let limit = if k == 0 {
+                        deadlines.first
+                    } else {
+                        deadlines.tick
+                    };
+                    return Ok(Stop::Fault(
+                        EndReason::ControllerTimeout,
+                        format!("no answer within {} ms at tick {k}", limit.as_millis()),
+                    ));
+                }
+                Err(Fault::Exited) => {
+                    return Ok(Stop::Fault(
+                        EndReason::ControllerExited,
+                        format!("the controller closed its output or input at tick {k}"),
+                    ));
+                }
+                Err(Fault::Flood(what)) => {
+                    return Ok(Stop::Fault(
+                        EndReason::ControllerFlood,
+                        format!("{what} at tick {k}"),
+                    ));
+                }
+                Err(Fault::Poll(detail)) => {
+                    return Err(RunTrialError::Poll {
+                        scenario: label.clone(),
+                        detail,
+                    });
+                }
+            };
+            let force = match parse_force(&answer) {
+                Ok(f) => f,
+                Err(e) => {
+                    return Ok(Stop::Fault(
+                        EndReason::ControllerGarbage,
+                        format!("{e} at tick {k} (answer {})", shown(&answer)),
+                    ));
+                }
+            };
+            trajectory
+                .append(&state, force)
+                .map_err(|source| RunTrialError::Trajectory {
+                    scenario: label.clone(),
+                    source,
+                })?;
+            let fell = sim.step(force).map_err(sim_err(k))?;
+            ticks = k + 1;
+            if fell {
+                return Ok(Stop::Fell(ticks));
+            }
+        }
+        Ok(Stop::Completed)
+    })();
+    let ended = controller.finish();
+    let wall_ms = started.elapsed().as_millis() as u64;
+    let (stop, ended) = match (looped, ended) {
+        (Ok(stop), Ok(ended)) => (stop, ended),
+        (Err(first), Ok(_)) => return Err(first),
+        (Ok(_), Err(source)) => {
+            return Err(RunTrialError::Survivors {
+                scenario: label,
+                source,
+            });
+        }
+        (Err(first), Err(source)) => {
+            return Err(RunTrialError::AndCleanup {
+                first: Box::new(first),
+                cleanup: Box::new(RunTrialError::Survivors {
+                    scenario: label,
+                    source,
+                }),
+            });
+        }
+    };
+    let written = trajectory
+        .finish()
+        .map_err(|source| RunTrialError::Trajectory {
+            scenario: label.clone(),
+            source,
+        })?;
+    let final_state = sim.state().map_err(sim_err(ticks))?;
+    let (end_reason, detail, fell_at_tick) = match stop {
+        Stop::Completed => (EndReason::Completed, None, None),
+        Stop::Fell(k) => (EndReason::Fell, None, Some(k)),
+        Stop::Fault(reason, detail) => (reason, Some(detail), None),
+    };
+    let held = fell_at_tick.map_or(ticks, |k| k - 1);
+    let pass = !end_reason.is_controller_fault() && held >= scenario.pass_ticks;
+    Ok(TrialVerdict {
+        scenario: label,
+        name: scenario.name.clone(),
+        end_reason,
+        detail,
+        pass,
+        ticks,
+        scenario_ticks: scenario.ticks,
+        pass_ticks: scenario.pass_ticks,
+        fell_at_tick,
+        fell_at_seconds: fell_at_tick.map(|k| k as f64 / f64::from(tps)),
+        final_state: final_state.into(),
+        fingerprint: written.fingerprint,
+        trajectory: trajectory_path.display().to_string(),
+        trajectory_bytes: written.bytes,
+        controller_exit: ended.exit.map(Into::into),
+        controller_stderr: String::from_utf8_lossy(&ended.stderr).into_owned(),
+        controller_stderr_truncated: ended.stderr_truncated,
+        wall_ms,
+    })
+}
