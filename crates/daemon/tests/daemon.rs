@@ -539,6 +539,28 @@ fn providers_show_the_process_provider_with_its_evidence() {
 }
 
 #[test]
+fn evidence_is_rechecked_every_recheck_secs() {
+    let d = TestDaemon::start(&format!("{PROCESS}[daemon]\nrecheck_secs = 1\n"));
+    if !process_available("evidence_is_rechecked_every_recheck_secs", &d.url, &d.token) {
+        return;
+    }
+    let checked = || {
+        let a = get(&d.url, "/v1/providers", Some(&d.token));
+        let p: ProvidersResponse = serde_json::from_str(&a.body).unwrap();
+        p.providers[0].evidence.checked_unix_ms
+    };
+    let first = checked();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while checked() == first {
+        assert!(
+            Instant::now() < deadline,
+            "the evidence was never re-checked"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
 fn readyz_follows_the_providers() {
     let d = TestDaemon::start(PROCESS);
     assert_eq!(get(&d.url, "/healthz", None).status, 200);
