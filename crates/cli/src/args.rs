@@ -1,0 +1,150 @@
+//! The command line, as clap parses it. Nothing here acts.
+
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use plimsoll_wire::{Language, Tier};
+
+/// Exit statuses, as `run --help` and docs/cli.md describe them.
+pub const EXIT_STATUSES: &str = "\
+Exit status:
+  0  the run happened (whatever the program's own exit code, which the header and --json show)
+  1  another command failed (providers, callers, bench)
+  2  usage: bad arguments, an unreadable file, no token, invalid settings; nothing was sent
+  3  not dispatched: refused before anything ran (`not dispatched (REASON): ...`)
+  4  the code may have run, but no verified result came back: do not retry blindly";
+
+/// plimsoll runs untrusted code in a sandbox and says how strong that sandbox was.
+///
+/// Without --daemon (or PLIMSOLL_DAEMON) commands use an embedded engine in this process,
+/// offering every provider this build has; with it they talk to plimsolld.
+#[derive(Debug, Parser)]
+#[command(name = "plimsoll", version, after_help = after_help())]
+pub struct Cli {
+    /// Settings file (TOML) for the embedded engine and `callers add`.
+    /// Default: PLIMSOLL_CONFIG, else /etc/plimsoll/plimsoll.toml if it exists.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+fn after_help() -> String {
+    format!("{EXIT_STATUSES}\n\n{}", plimsoll_engine::env::help_text())
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a JavaScript or Python snippet and print its output, tier and provider.
+    #[command(after_help = after_help())]
+    Run(RunArgs),
+    /// List providers: tier, availability, and the evidence behind it.
+    Providers(ProvidersArgs),
+    /// Manage the callers of a daemon.
+    #[command(subcommand)]
+    Callers(CallersCommand),
+    /// Measure start-up: median and p90 of a trivial snippet per provider, through the
+    /// embedded engine and through a plimsolld it starts, beside bare node and python3.
+    Bench(BenchArgs),
+}
+
+/// `plimsoll run`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["code", "file"])))]
+pub struct RunArgs {
+    /// The code to run (JavaScript unless --lang says otherwise).
+    #[arg(short = 'e', long = "eval", value_name = "CODE")]
+    pub code: Option<String>,
+    /// A file to run; `-` reads standard input. The language comes from the extension
+    /// (.js .mjs .cjs, .py) unless --lang is given.
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// The language: javascript (js) or python (py).
+    #[arg(long, value_name = "LANG", value_parser = parse_language)]
+    pub lang: Option<Language>,
+    /// The floor: the weakest tier to accept (process, container, kernel, vm). Default: the
+    /// settings' default_floor, `container` unless configured.
+    #[arg(long, value_name = "TIER", value_parser = parse_tier)]
+    pub min_isolation: Option<Tier>,
+    /// Run on this provider only (it must still meet the floor).
+    #[arg(long, value_name = "NAME")]
+    pub provider: Option<String>,
+    /// Wall-clock timeout in milliseconds.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: Option<u64>,
+    /// Send the run to this daemon (token from PLIMSOLL_TOKEN). Default: PLIMSOLL_DAEMON,
+    /// else the embedded engine.
+    #[arg(long, value_name = "URL")]
+    pub daemon: Option<String>,
+    /// Print the whole response (or the error object) as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `plimsoll providers`.
+#[derive(Debug, Args)]
+pub struct ProvidersArgs {
+    /// Print the providers response as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Ask this daemon (token from PLIMSOLL_TOKEN). Default: PLIMSOLL_DAEMON, else the
+    /// embedded engine.
+    #[arg(long, value_name = "URL")]
+    pub daemon: Option<String>,
+}
+
+/// `plimsoll callers ...`.
+#[derive(Debug, Subcommand)]
+pub enum CallersCommand {
+    /// Add a caller and print its new token, once, on stdout. The file keeps only its SHA-256.
+    Add {
+        /// The caller's name: 1 to 64 characters of a-z 0-9 . _ -.
+        name: String,
+        /// The callers file. Default: the settings' [daemon].callers_file, else
+        /// /etc/plimsoll/callers.toml.
+        #[arg(long, value_name = "PATH")]
+        file: Option<PathBuf>,
+    },
+}
+
+/// `plimsoll bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Measured runs per case.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Unmeasured runs per case first.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+}
+
+fn parse_tier(s: &str) -> Result<Tier, String> {
+    s.parse::<Tier>().map_err(|e| e.to_string())
+}
+
+fn parse_language(s: &str) -> Result<Language, String> {
+    s.parse::<Language>()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_lists_every_environment_variable_and_exit_status() {
+        let help = Cli::command().render_long_help().to_string();
+        for v in plimsoll_engine::env::ALL {
+            assert!(help.contains(v.name), "{} missing from --help", v.name);
+        }
+        assert!(help.contains("not dispatched"));
+    }
+}
