@@ -1,0 +1,482 @@
+//! The host's cgroup layout (v1, hybrid or v2), the per-run cgroup directories under the
+//! provider's cgroup parent, their removal, and what the memory controller saw of a run.
+//!
+//! A run's container lives in `<parent>/<run_id>/ctr` (the runtime creates it from
+//! `linux.cgroupsPath` and removes it); `<parent>/<run_id>` stays behind the runtime's back,
+//! so the run's memory peak (v1) or OOM-kill count (v2, hierarchical) can be read after the
+//! runtime has deleted the container. plimsoll removes `<parent>/<run_id>` itself, in every
+//! hierarchy, after each run; `reap` removes what a killed daemon left.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// One mounted cgroup hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    /// Where it is mounted.
+    pub mount: PathBuf,
+    /// Its controllers (`memory`, `cpu`, ...; `name=systemd` for a named v1 hierarchy;
+    /// empty for cgroup2).
+    pub controllers: Vec<String>,
+    /// `true` for cgroup2.
+    pub v2: bool,
+}
+
+/// How cgroups are mounted on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// cgroup v1 only.
+    V1,
+    /// cgroup v1 with a cgroup2 mount beside it (systemd's "hybrid").
+    Hybrid,
+    /// cgroup v2 only (the unified hierarchy).
+    V2,
+    /// No cgroup file system is mounted.
+    None,
+}
+
+impl CgroupMode {
+    /// `v1`, `hybrid`, `v2` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupMode::V1 => "v1",
+            CgroupMode::Hybrid => "hybrid",
+            CgroupMode::V2 => "v2",
+            CgroupMode::None => "none",
+        }
+    }
+}
+
+/// Every cgroup hierarchy mounted in this mount namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupLayout {
+    /// The hierarchies, in mountinfo order.
+    pub hierarchies: Vec<Hierarchy>,
+}
+
+/// What the memory controller recorded for a run's cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemorySeen {
+    /// The highest usage, bytes (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`).
+    pub peak_bytes: Option<u64>,
+    /// OOM kills counted (v2 `memory.events`, hierarchical). v1 counts them only in the
+    /// container's own cgroup, which the runtime has removed by then.
+    pub oom_kills: Option<u64>,
+}
+
+impl MemorySeen {
+    /// Whether the memory limit ended something: an OOM kill was counted, or (where kills
+    /// are not counted) the usage reached the limit. `limit` in bytes.
+    pub fn hit_limit(&self, limit: u64) -> bool {
+        match (self.oom_kills, self.peak_bytes) {
+            (Some(n), _) => n > 0,
+            // Charges come in batches, so the peak stops a little short of the limit.
+            (None, Some(peak)) => peak.saturating_add(PEAK_SLACK) >= limit,
+            (None, None) => false,
+        }
+    }
+}
+
+/// How far below the limit a v1 peak may stop and still count as having reached it.
+const PEAK_SLACK: u64 = 1024 * 1024;
+
+/// A cgroup directory could not be removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveCgroupError {
+    /// Reading or removing failed.
+    #[error("cannot remove cgroup {path}")]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Processes stayed in it after SIGKILL.
+    #[error("cgroup {path} still holds processes {pids:?} after SIGKILL; check them with ps")]
+    Busy {
+        /// The directory.
+        path: PathBuf,
+        /// What was left.
+        pids: Vec<i32>,
+    },
+}
+
+impl CgroupLayout {
+    /// The layout of this process's mount namespace.
+    pub fn detect() -> io::Result<CgroupLayout> {
+        Ok(CgroupLayout::parse(&fs::read_to_string(
+            "/proc/self/mountinfo",
+        )?))
+    }
+
+    /// Parses /proc/self/mountinfo text.
+    pub fn parse(mountinfo: &str) -> CgroupLayout {
+        let mut hierarchies = Vec::new();
+        for line in mountinfo.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let Some(sep) = fields.iter().position(|f| *f == "-") else {
+                continue;
+            };
+            let (Some(mount), Some(fstype), Some(superopts)) =
+                (fields.get(4), fields.get(sep + 1), fields.get(sep + 3))
+            else {
+                continue;
+            };
+            let v2 = match *fstype {
+                "cgroup2" => true,
+                "cgroup" => false,
+                _ => continue,
+            };
+            let controllers = if v2 {
+                Vec::new()
+            } else {
+                superopts
+                    .split(',')
+                    .filter(|o| {
+                        !matches!(
+                            *o,
+                            "rw" | "ro"
+                                | "relatime"
+                                | "noexec"
+                                | "nosuid"
+                                | "nodev"
+                                | "clone_children"
+                        ) && !o.starts_with("release_agent=")
+                    })
+                    .map(str::to_owned)
+                    .collect()
+            };
+            hierarchies.push(Hierarchy {
+                mount: PathBuf::from(unescape(mount)),
+                controllers,
+                v2,
+            });
+        }
+        CgroupLayout { hierarchies }
+    }
+
+    /// v1, hybrid, v2 or none.
+    pub fn mode(&self) -> CgroupMode {
+        let v1 = self.hierarchies.iter().any(|h| !h.v2);
+        let v2 = self.hierarchies.iter().any(|h| h.v2);
+        match (v1, v2) {
+            (true, true) => CgroupMode::Hybrid,
+            (true, false) => CgroupMode::V1,
+            (false, true) => CgroupMode::V2,
+            (false, false) => CgroupMode::None,
+        }
+    }
+
+    /// The cgroup2 mount crun refuses to run beside (hybrid mode with controllers enabled
+    /// in cgroup2): crun runs in a mount namespace without it.
+    pub fn crun_must_hide(&self) -> Option<&Path> {
+        if self.mode() != CgroupMode::Hybrid {
+            return None;
+        }
+        self.hierarchies
+            .iter()
+            .filter(|h| h.v2)
+            .find(|h| {
+                fs::read_to_string(h.mount.join("cgroup.controllers"))
+                    .is_ok_and(|c| !c.trim().is_empty())
+            })
+            .map(|h| h.mount.as_path())
+    }
+
+    /// Whether a memory controller is mounted (v1 `memory`, or v2 with `memory` available).
+    pub fn has_memory(&self) -> bool {
+        self.memory_hierarchy().is_some()
+    }
+
+    fn memory_hierarchy(&self) -> Option<&Hierarchy> {
+        match self.mode() {
+            CgroupMode::V2 => self.hierarchies.iter().find(|h| {
+                h.v2 && fs::read_to_string(h.mount.join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+            }),
+            _ => self
+                .hierarchies
+                .iter()
+                .find(|h| !h.v2 && h.controllers.iter().any(|c| c == "memory")),
+        }
+    }
+
+    /// `rel` (a cgroup path such as `/plimsoll/crun/<run_id>`) in every hierarchy, one
+    /// directory per distinct mount.
+    pub fn dirs(&self, rel: &str) -> Vec<PathBuf> {
+        let rel = rel.trim_start_matches('/');
+        let mut out: Vec<PathBuf> = Vec::new();
+        for h in &self.hierarchies {
+            let d = h.mount.join(rel);
+            if !out.contains(&d) {
+                out.push(d);
+            }
+        }
+        out
+    }
+
+    /// What the memory controller recorded for cgroup `rel` (and everything below it).
+    pub fn memory_seen(&self, rel: &str) -> MemorySeen {
+        let Some(h) = self.memory_hierarchy() else {
+            return MemorySeen::default();
+        };
+        let dir = h.mount.join(rel.trim_start_matches('/'));
+        let read_u64 = |f: &str| {
+            fs::read_to_string(dir.join(f))
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        };
+        if h.v2 {
+            let oom_kills = fs::read_to_string(dir.join("memory.events"))
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("oom_kill "))
+                        .and_then(|v| v.trim().parse().ok())
+                });
+            MemorySeen {
+                peak_bytes: read_u64("memory.peak"),
+                oom_kills,
+            }
+        } else {
+            MemorySeen {
+                peak_bytes: read_u64("memory.max_usage_in_bytes"),
+                oom_kills: None,
+            }
+        }
+    }
+
+    /// Names of the cgroup directories directly below `rel`, over every hierarchy.
+    pub fn children(&self, rel: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for dir in self.dirs(rel) {
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+            }
+        }
+        names.sort();
+        names
+    }
+
+    /// Removes cgroup `rel` and everything below it in every hierarchy, killing what is
+    /// still inside. A directory that does not exist is fine.
+    pub fn remove(&self, rel: &str) -> Result<usize, RemoveCgroupError> {
+        let mut removed = 0;
+        let mut first_err = None;
+        for dir in self.dirs(rel) {
+            match remove_tree(&dir) {
+                Ok(n) => removed += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(removed),
+        }
+    }
+}
+
+/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Removes one cgroup directory tree, deepest first. Returns how many were removed.
+fn remove_tree(dir: &Path) -> Result<usize, RemoveCgroupError> {
+    let io_err = |source| RemoveCgroupError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err(e)),
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            removed += remove_tree(&e.path())?;
+        }
+    }
+    empty_cgroup(dir)?;
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(removed + 1),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(removed),
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+/// Kills every process in one cgroup (thawing it first) and waits until it is empty.
+fn empty_cgroup(dir: &Path) -> Result<(), RemoveCgroupError> {
+    let procs = || -> Vec<i32> {
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    if procs().is_empty() {
+        return Ok(());
+    }
+    // A frozen task does not die of SIGKILL until it is thawed.
+    let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    let _ = fs::write(dir.join("cgroup.freeze"), "0");
+    let start = Instant::now();
+    loop {
+        let left = procs();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            return Err(RemoveCgroupError::Busy {
+                path: dir.to_owned(),
+                pids: left,
+            });
+        }
+        if fs::write(dir.join("cgroup.kill"), "1").is_err() {
+            for pid in &left {
+                if let Some(p) = rustix::process::Pid::from_raw(*pid) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+25 1 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+30 25 0:26 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+31 30 0:27 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+32 30 0:28 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+33 30 0:29 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+34 30 0:30 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+35 30 0:31 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn parses_a_hybrid_layout() {
+        let l = CgroupLayout::parse(HYBRID);
+        assert_eq!(l.mode(), CgroupMode::Hybrid);
+        assert_eq!(l.hierarchies.len(), 5);
+        assert_eq!(l.hierarchies[1].controllers, ["memory"]);
+        assert_eq!(l.hierarchies[3].controllers, ["name=systemd"]);
+        assert!(l.hierarchies[4].v2);
+        let dirs = l.dirs("/plimsoll/crun/abc");
+        assert_eq!(dirs.len(), 5);
+        assert_eq!(
+            dirs[1],
+            Path::new("/sys/fs/cgroup/memory/plimsoll/crun/abc")
+        );
+        assert_eq!(
+            dirs[4],
+            Path::new("/sys/fs/cgroup/unified/plimsoll/crun/abc")
+        );
+    }
+
+    #[test]
+    fn parses_v1_and_v2_only() {
+        let v2 = "40 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
+        let l = CgroupLayout::parse(v2);
+        assert_eq!(l.mode(), CgroupMode::V2);
+        assert_eq!(l.crun_must_hide(), None);
+        assert_eq!(
+            l.dirs("plimsoll/x"),
+            [PathBuf::from("/sys/fs/cgroup/plimsoll/x")]
+        );
+        let v1: String = HYBRID
+            .lines()
+            .filter(|l| !l.contains("cgroup2"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(CgroupLayout::parse(&v1).mode(), CgroupMode::V1);
+        assert_eq!(CgroupLayout::parse("").mode(), CgroupMode::None);
+    }
+
+    #[test]
+    fn co_mounted_controllers_are_one_directory() {
+        let text = "31 30 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n";
+        let l = CgroupLayout::parse(text);
+        assert_eq!(l.hierarchies[0].controllers, ["cpu", "cpuacct"]);
+        assert_eq!(l.dirs("/a").len(), 1);
+    }
+
+    #[test]
+    fn the_limit_counts_as_hit_by_kills_or_by_the_peak() {
+        let limit = 256 << 20;
+        assert!(
+            MemorySeen {
+                peak_bytes: Some(limit),
+                oom_kills: None
+            }
+            .hit_limit(limit)
+        );
+        assert!(
+            MemorySeen {
+                peak_bytes: Some(limit - 4096),
+                oom_kills: None
+            }
+            .hit_limit(limit)
+        );
+        assert!(
+            !MemorySeen {
+                peak_bytes: Some(limit / 2),
+                oom_kills: None
+            }
+            .hit_limit(limit)
+        );
+        assert!(
+            !MemorySeen {
+                peak_bytes: Some(limit),
+                oom_kills: Some(0)
+            }
+            .hit_limit(limit)
+        );
+        assert!(
+            MemorySeen {
+                peak_bytes: None,
+                oom_kills: Some(1)
+            }
+            .hit_limit(limit)
+        );
+        assert!(!MemorySeen::default().hit_limit(limit));
+    }
+
+    #[test]
+    fn removing_a_missing_cgroup_is_fine() {
+        let l = CgroupLayout::parse(HYBRID);
+        assert_eq!(l.remove("/plimsoll-test-does-not-exist/x").unwrap(), 0);
+    }
+}

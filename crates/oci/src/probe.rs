@@ -1,0 +1,720 @@
+//! The startup probe of an OCI provider: reap what a previous daemon left, identify the
+//! binaries and the image, run `plimsoll-probe` inside a real container, and judge its
+//! report against what the tier claims. The provider is offered only when every check is
+//! `ok`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use plimsoll_sandbox::{LaunchPlan, Probed, ResolvedLimits, unix_ms_now};
+use plimsoll_wire::{BinaryIdentity, Evidence, Language, ProbeReport, RunSpec, Snippet};
+
+use crate::provider::{LaunchSpec, OciProvider};
+use crate::runtime::RuntimeKind;
+use crate::spec;
+
+/// The namespaces a container must not share with the host.
+pub const SEPARATE_NAMESPACES: [&str; 5] = ["pid", "net", "mnt", "ipc", "uts"];
+/// The only places a container may write.
+pub const WRITABLE: [&str; 3] = ["/work", "/tmp", "/dev/shm"];
+/// Mount points that may be mounted read-write (kernel file systems and root-owned
+/// tmpfs besides the writable ones; what the sandbox uid can write is checked by trying).
+/// Masked paths (`/dev/null` bound over them, shown read-write) and runc's root-owned tmpfs
+/// at /sys/fs/cgroup are among them.
+pub const RW_MOUNTS: [&str; 8] = [
+    "/work",
+    "/tmp",
+    "/dev/shm",
+    "/dev",
+    "/dev/pts",
+    "/dev/mqueue",
+    "/proc",
+    "/sys/fs/cgroup",
+];
+/// Directories the probe tries to write in, besides its own list.
+pub const TRY_WRITE: [&str; 7] = [
+    "/work",
+    "/opt/plimsoll/bin",
+    "/sys/fs/cgroup",
+    "/dev",
+    "/home",
+    "/root",
+    "/var/tmp",
+];
+/// Memory of the probe's container.
+pub const PROBE_MEMORY: u64 = 256 << 20;
+/// Pids of the probe's container (before runsc's allowance).
+pub const PROBE_PIDS: u64 = 32;
+
+/// The limits the probe runs under.
+pub fn probe_limits() -> ResolvedLimits {
+    ResolvedLimits {
+        timeout: Duration::from_secs(60),
+        memory_bytes: PROBE_MEMORY,
+        output_bytes: 1 << 20,
+        pids: PROBE_PIDS,
+        disk_bytes: 16 << 20,
+        artifact_bytes: 1 << 20,
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<String, String> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let mut f =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The host's own namespace identities (`/proc/self/ns/<name>` link targets).
+pub fn host_namespaces() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for name in ["pid", "net", "mnt", "ipc", "uts", "cgroup", "user"] {
+        if let Ok(t) = std::fs::read_link(format!("/proc/self/ns/{name}")) {
+            out.insert(name.to_owned(), t.display().to_string());
+        }
+    }
+    out
+}
+
+/// Runs the whole probe.
+pub fn probe(p: &OciProvider) -> Probed {
+    let kind = p.config().kind;
+    let mut checks: BTreeMap<String, String> = BTreeMap::new();
+    let mut config: BTreeMap<String, String> = BTreeMap::new();
+    let mut binaries = Vec::new();
+
+    let reaped = p.reap();
+    checks.insert(
+        "reap".into(),
+        if reaped.errors.is_empty() {
+            "ok".into()
+        } else {
+            reaped.summary()
+        },
+    );
+    config.insert("reap_at_probe".into(), reaped.summary());
+
+    config.insert("runtime".into(), kind.name().into());
+    config.insert(
+        "runtime_root".into(),
+        p.runtime().root().display().to_string(),
+    );
+    config.insert("state_dir".into(), p.state().base().display().to_string());
+    config.insert("image".into(), p.config().image.display().to_string());
+    config.insert("cgroup_parent".into(), p.cgroup_parent().to_owned());
+    config.insert(
+        "cgroup_path".into(),
+        format!("{}/<run_id>/{}", p.cgroup_parent(), spec::CONTAINER_CGROUP),
+    );
+    config.insert("cpu".into(), format!("{} ms per s", p.config().cpu_millis));
+    config.insert(
+        "namespaces".into(),
+        match kind {
+            RuntimeKind::Runsc => "pid net ipc uts mnt (gVisor sandbox, --network=none)".into(),
+            _ => "pid net ipc uts mnt cgroup (net: loopback only)".into(),
+        },
+    );
+    config.insert(
+        "tmpfs".into(),
+        "/work 3/4, /tmp 1/8, /dev/shm 1/8 of disk_bytes".into(),
+    );
+    config.insert(
+        "pids".into(),
+        match kind {
+            RuntimeKind::Runsc => "64 + 8 x pids (Sentry threads count)".into(),
+            _ => "pids".into(),
+        },
+    );
+    config.insert("seccomp".into(), match kind {
+        RuntimeKind::Runsc => "not applied inside gVisor (the Sentry is the syscall boundary; see docs/container-tier.md)".into(),
+        _ => format!("data/seccomp.json sha256:{}", crate::seccomp::profile_sha256()),
+    });
+    if kind == RuntimeKind::Runsc {
+        config.insert("platform".into(), p.config().platform.clone());
+        config.insert("network".into(), "none".into());
+    }
+    match p.layout() {
+        Ok(l) => {
+            config.insert("cgroup_mode".into(), l.mode().as_str().into());
+            config.insert(
+                "crun_hides_cgroup2".into(),
+                p.runtime().hides_unified().to_string(),
+            );
+            checks.insert(
+                "cgroups".into(),
+                if l.has_memory() {
+                    "ok".into()
+                } else {
+                    format!(
+                        "no memory cgroup controller is mounted ({} layout): mount cgroups",
+                        l.mode().as_str()
+                    )
+                },
+            );
+        }
+        Err(e) => {
+            checks.insert("cgroups".into(), e.to_owned());
+        }
+    }
+
+    let version = p.runtime().version();
+    match (&version, sha256_file(p.runtime().binary())) {
+        (Ok(v), Ok(sha)) => {
+            binaries.push(BinaryIdentity {
+                name: kind.name().into(),
+                path: p.runtime().binary().display().to_string(),
+                version: v.clone(),
+                sha256: sha,
+            });
+            checks.insert("runtime".into(), "ok".into());
+        }
+        (Err(e), _) => {
+            checks.insert(
+                "runtime".into(),
+                format!("{e}: install {} or configure its path", kind.name()),
+            );
+        }
+        (_, Err(e)) => {
+            checks.insert("runtime".into(), e);
+        }
+    }
+    for (name, path) in [
+        ("plimsoll-probe", &p.config().probe),
+        ("plimsoll-agent", &p.config().agent),
+    ] {
+        match sha256_file(path) {
+            Ok(sha) => binaries.push(BinaryIdentity {
+                name: name.into(),
+                path: path.display().to_string(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                sha256: sha,
+            }),
+            Err(e) => {
+                checks.insert(
+                    format!("{name}_binary"),
+                    format!("{e}: build it (cargo build) or configure its path"),
+                );
+            }
+        }
+    }
+    let environment = match p.image_identity() {
+        Ok(id) => id,
+        Err(e) => {
+            checks.insert("image".into(), e);
+            String::new()
+        }
+    };
+    match p.rootfs() {
+        Ok(r) => {
+            config.insert("rootfs".into(), r.display().to_string());
+            checks.entry("image".into()).or_insert_with(|| "ok".into());
+        }
+        Err(e) => {
+            checks.insert("image".into(), e);
+        }
+    }
+
+    let mut report = None;
+    let ready = checks.values().all(|v| v == "ok");
+    if ready {
+        match run_probe(p) {
+            Ok(mut r) => {
+                judge(kind, p.config().probe_uid, &mut r, &mut checks);
+                report = Some(r);
+            }
+            Err(e) => {
+                checks.insert("probe_ran".into(), e);
+            }
+        }
+        let leftovers = p.reap();
+        let left = leftovers.containers.len() + leftovers.cgroups.len() + leftovers.run_dirs.len();
+        checks.insert(
+            "cleanup".into(),
+            if left == 0 && leftovers.errors.is_empty() {
+                "ok".into()
+            } else {
+                format!(
+                    "the probe run left something behind: {}",
+                    leftovers.summary()
+                )
+            },
+        );
+    }
+
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|(_, v)| *v != "ok")
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let available = if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not offered: {}",
+            kind.name(),
+            failed.join("; ")
+        ))
+    };
+    Probed {
+        tier: kind.tier(),
+        evidence: Evidence {
+            provider: kind.name().into(),
+            isolation: kind.tier(),
+            config,
+            binaries,
+            probe: report,
+            checks,
+            environment,
+            checked_unix_ms: unix_ms_now(),
+        },
+        available,
+    }
+}
+
+/// A host file the container must not be able to read.
+fn canary(p: &OciProvider) -> Result<std::path::PathBuf, String> {
+    p.state()
+        .ensure()
+        .map_err(|e| format!("cannot create {}: {e}", p.state().base().display()))?;
+    let path = p.state().base().join("canary");
+    std::fs::write(
+        &path,
+        "plimsoll host file: a sandbox must never read this\n",
+    )
+    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let canary = canary(p)?;
+    let run_id = format!(
+        "probe{:x}{:x}{}",
+        unix_ms_now(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let uid = p.config().probe_uid;
+    let plan = LaunchPlan {
+        run_id: run_id.clone(),
+        request_id: "probe".into(),
+        spec: RunSpec::Snippet(Snippet {
+            language: Language::Python,
+            code: "probe".into(),
+        }),
+        limits: probe_limits(),
+        uid,
+        gid: uid,
+        run_dir: p.state().runs().join(&run_id),
+    };
+    let launch = LaunchSpec {
+        args: [
+            format!("{}/plimsoll-probe", spec::TOOLS_DIR),
+            "--try-read".into(),
+            canary.display().to_string(),
+        ]
+        .into_iter()
+        .chain(
+            TRY_WRITE
+                .iter()
+                .flat_map(|p| ["--try-write".to_owned(), (*p).to_owned()]),
+        )
+        .collect(),
+        files: Vec::new(),
+        binds: vec![("plimsoll-probe".into(), p.config().probe.clone())],
+        output_bytes: 1 << 20,
+        deadline: plan.limits.timeout,
+    };
+    let l = p
+        .launch(&plan, &launch)
+        .map_err(|e| format!("the probe container did not run: {e}"))?;
+    let c = &l.captured;
+    if l.timed_out || c.exit_code != Some(0) {
+        return Err(format!(
+            "the probe exited with {:?} (timed out: {}): {}",
+            c.exit_code,
+            l.timed_out,
+            String::from_utf8_lossy(&c.stderr)
+                .lines()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" / ")
+        ));
+    }
+    serde_json::from_slice(&c.stdout)
+        .map_err(|e| format!("the probe's report is not a ProbeReport: {e}"))
+}
+
+/// Compares the report with what the tier claims; fills in `same_as_host`.
+pub fn judge(
+    kind: RuntimeKind,
+    probe_uid: u32,
+    r: &mut ProbeReport,
+    checks: &mut BTreeMap<String, String>,
+) {
+    let mut check = |name: &str, problems: Vec<String>| {
+        checks.insert(
+            name.into(),
+            if problems.is_empty() {
+                "ok".into()
+            } else {
+                problems.join("; ")
+            },
+        );
+    };
+    let gvisor = kind == RuntimeKind::Runsc;
+
+    let mut p = Vec::new();
+    if r.uid != probe_uid || r.euid != probe_uid || r.gid != probe_uid {
+        p.push(format!(
+            "runs as uid {} euid {} gid {}, expected {probe_uid}",
+            r.uid, r.euid, r.gid
+        ));
+    }
+    if r.groups.iter().any(|g| *g != probe_uid) {
+        p.push(format!("supplementary groups {:?}", r.groups));
+    }
+    check("uid", p);
+
+    let mut p = Vec::new();
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        match r.capabilities.get(set) {
+            Some(v) if v.trim_start_matches('0').is_empty() => {}
+            // gVisor's /proc/self/status has no CapAmb line.
+            Some(v) if gvisor && set == "CapAmb" && v.starts_with("error: not in") => {}
+            other => p.push(format!(
+                "{set} = {}",
+                other.map_or("missing", String::as_str)
+            )),
+        }
+    }
+    check("capabilities", p);
+    // gVisor's /proc/self/status has no NoNewPrivs line (the attack tests ask prctl).
+    check(
+        "no_new_privs",
+        if r.no_new_privs || gvisor {
+            vec![]
+        } else {
+            vec!["NoNewPrivs is off".into()]
+        },
+    );
+    check(
+        "seccomp",
+        match (gvisor, r.seccomp_mode) {
+            (false, 2) | (true, _) => vec![],
+            (false, m) => vec![format!("seccomp mode {m}, expected 2 (filter)")],
+        },
+    );
+
+    let host = host_namespaces();
+    let mut p = Vec::new();
+    for (name, seen) in r.namespaces.iter_mut() {
+        if let Some(h) = host.get(name) {
+            seen.same_as_host = Some(*h == seen.id);
+        }
+    }
+    for name in SEPARATE_NAMESPACES {
+        match r.namespaces.get(name) {
+            Some(seen) if seen.same_as_host == Some(false) => {}
+            Some(seen) if seen.same_as_host == Some(true) => {
+                p.push(format!("{name} namespace is the host's ({})", seen.id))
+            }
+            // gVisor's /proc may not list every namespace; the Sentry is the boundary there.
+            None if gvisor => {}
+            _ => p.push(format!("{name} namespace not reported")),
+        }
+    }
+    check("namespaces", p);
+
+    let mut p = Vec::new();
+    match r.mounts.get("/") {
+        Some(m) if m == "ro" => {}
+        other => p.push(format!(
+            "/ is mounted {}",
+            other.map_or("?", String::as_str)
+        )),
+    }
+    for (point, mode) in &r.mounts {
+        if mode == "rw"
+            && !RW_MOUNTS.contains(&point.as_str())
+            && !spec::MASKED_PATHS.contains(&point.as_str())
+        {
+            p.push(format!("{point} is mounted read-write"));
+        }
+    }
+    for (path, outcome) in &r.write_attempts {
+        let allowed = WRITABLE.iter().any(|w| path == w);
+        if outcome == "writable" && !allowed {
+            p.push(format!("{path} is writable"));
+        }
+    }
+    for need in ["/work", "/tmp"] {
+        if r.write_attempts.get(need).map(String::as_str) != Some("writable") {
+            p.push(format!(
+                "{need} is not writable: {:?}",
+                r.write_attempts.get(need)
+            ));
+        }
+    }
+    check("filesystem", p);
+
+    let mut p = Vec::new();
+    for (path, outcome) in &r.read_attempts {
+        if outcome == "readable" {
+            p.push(format!("{path} is readable"));
+        }
+    }
+    check("host_files", p);
+
+    check(
+        "network",
+        if r.network_interfaces == ["lo"] {
+            vec![]
+        } else {
+            vec![format!(
+                "interfaces {:?}, expected only lo",
+                r.network_interfaces
+            )]
+        },
+    );
+
+    let allowed_env: Vec<&str> = spec::ENVIRONMENT
+        .iter()
+        .map(|e| e.split('=').next().unwrap_or(""))
+        .collect();
+    let extra: Vec<&String> = r
+        .environment
+        .iter()
+        .filter(|n| !allowed_env.contains(&n.as_str()))
+        .collect();
+    check(
+        "environment",
+        if extra.is_empty() {
+            vec![]
+        } else {
+            vec![format!("unexpected variables {extra:?}")]
+        },
+    );
+
+    let mut p = Vec::new();
+    if !gvisor {
+        let mem = [
+            r.limits.get("cgroup_v1.memory.limit_in_bytes"),
+            r.limits.get("cgroup_v2.memory.max"),
+        ];
+        if !mem
+            .iter()
+            .flatten()
+            .any(|v| v.trim() == PROBE_MEMORY.to_string())
+        {
+            p.push(format!("memory limit {mem:?}, expected {PROBE_MEMORY}"));
+        }
+        let pids = [
+            r.limits.get("cgroup_v1.pids.max"),
+            r.limits.get("cgroup_v2.pids.max"),
+        ];
+        if !pids
+            .iter()
+            .flatten()
+            .any(|v| v.trim() == PROBE_PIDS.to_string())
+        {
+            p.push(format!("pids limit {pids:?}, expected {PROBE_PIDS}"));
+        }
+    }
+    check("limits", p);
+
+    let host_release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    check(
+        "kernel",
+        match (gvisor, r.kernel_release == host_release) {
+            (false, true) | (true, false) => vec![],
+            (false, false) => vec![format!(
+                "kernel {} differs from the host's {host_release}: not a container?",
+                r.kernel_release
+            )],
+            (true, true) => vec![format!(
+                "kernel {} is the host's: gVisor's Sentry is not in the way",
+                r.kernel_release
+            )],
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use plimsoll_wire::NamespaceSeen;
+
+    use super::*;
+
+    fn good_report(uid: u32) -> ProbeReport {
+        let mut r = ProbeReport {
+            uid,
+            euid: uid,
+            gid: uid,
+            groups: vec![uid],
+            no_new_privs: true,
+            seccomp_mode: 2,
+            environment: vec!["HOME".into(), "LANG".into(), "PATH".into()],
+            cwd: "/work".into(),
+            network_interfaces: vec!["lo".into()],
+            kernel_release: rustix::system::uname()
+                .release()
+                .to_string_lossy()
+                .into_owned(),
+            hostname: "sandbox".into(),
+            ..ProbeReport::default()
+        };
+        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            r.capabilities.insert(set.into(), "0000000000000000".into());
+        }
+        for ns in SEPARATE_NAMESPACES {
+            r.namespaces.insert(
+                ns.into(),
+                NamespaceSeen {
+                    id: format!("{ns}:[1]"),
+                    same_as_host: None,
+                },
+            );
+        }
+        for (m, mode) in [("/", "ro"), ("/work", "rw"), ("/tmp", "rw")] {
+            r.mounts.insert(m.into(), mode.into());
+        }
+        for (w, o) in [
+            ("/work", "writable"),
+            ("/tmp", "writable"),
+            ("/", "error: Read-only file system"),
+            ("/etc", "error: EROFS"),
+        ] {
+            r.write_attempts.insert(w.into(), o.into());
+        }
+        r.read_attempts
+            .insert("/etc/shadow".into(), "error: not found".into());
+        r.limits.insert(
+            "cgroup_v1.memory.limit_in_bytes".into(),
+            PROBE_MEMORY.to_string(),
+        );
+        r.limits
+            .insert("cgroup_v1.pids.max".into(), PROBE_PIDS.to_string());
+        r
+    }
+
+    #[test]
+    fn a_good_report_passes_every_check() {
+        let mut checks = BTreeMap::new();
+        let mut r = good_report(2_000_008);
+        judge(RuntimeKind::Crun, 2_000_008, &mut r, &mut checks);
+        let bad: Vec<_> = checks.iter().filter(|(_, v)| *v != "ok").collect();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(r.namespaces["pid"].same_as_host, Some(false));
+    }
+
+    #[test]
+    fn each_breach_fails_its_check() {
+        let uid = 2_000_008;
+        type Breach = Box<dyn Fn(&mut ProbeReport)>;
+        let cases: Vec<(&str, Breach)> = vec![
+            ("uid", Box::new(|r| r.uid = 0)),
+            (
+                "capabilities",
+                Box::new(|r| {
+                    r.capabilities
+                        .insert("CapEff".into(), "00000000a80425fb".into());
+                }),
+            ),
+            ("no_new_privs", Box::new(|r| r.no_new_privs = false)),
+            ("seccomp", Box::new(|r| r.seccomp_mode = 0)),
+            (
+                "namespaces",
+                Box::new(|r| {
+                    let host = host_namespaces();
+                    r.namespaces.insert(
+                        "net".into(),
+                        NamespaceSeen {
+                            id: host["net"].clone(),
+                            same_as_host: None,
+                        },
+                    );
+                }),
+            ),
+            (
+                "filesystem",
+                Box::new(|r| {
+                    r.write_attempts.insert("/etc".into(), "writable".into());
+                }),
+            ),
+            (
+                "filesystem",
+                Box::new(|r| {
+                    r.mounts.insert("/".into(), "rw".into());
+                }),
+            ),
+            (
+                "filesystem",
+                Box::new(|r| {
+                    r.mounts.insert("/sys/fs/cgroup/memory".into(), "rw".into());
+                }),
+            ),
+            (
+                "host_files",
+                Box::new(|r| {
+                    r.read_attempts
+                        .insert("/run/plimsoll/canary".into(), "readable".into());
+                }),
+            ),
+            (
+                "network",
+                Box::new(|r| r.network_interfaces.push("eth0".into())),
+            ),
+            (
+                "environment",
+                Box::new(|r| r.environment.push("NODE_EXTRA_CA_CERTS".into())),
+            ),
+            (
+                "limits",
+                Box::new(|r| {
+                    r.limits.insert("cgroup_v1.pids.max".into(), "max".into());
+                }),
+            ),
+            ("kernel", Box::new(|r| r.kernel_release = "4.4.0".into())),
+        ];
+        for (name, breach) in cases {
+            let mut r = good_report(uid);
+            breach(&mut r);
+            let mut checks = BTreeMap::new();
+            judge(RuntimeKind::Runc, uid, &mut r, &mut checks);
+            assert_ne!(checks[name], "ok", "{name} should fail");
+        }
+    }
+
+    #[test]
+    fn gvisor_must_show_its_own_kernel() {
+        let uid = 7;
+        let mut checks = BTreeMap::new();
+        let mut r = good_report(uid);
+        judge(RuntimeKind::Runsc, uid, &mut r, &mut checks);
+        assert_ne!(checks["kernel"], "ok");
+        r.kernel_release = "4.4.0".into();
+        r.seccomp_mode = 0;
+        r.limits.clear();
+        judge(RuntimeKind::Runsc, uid, &mut r, &mut checks);
+        let bad: Vec<_> = checks.iter().filter(|(_, v)| *v != "ok").collect();
+        assert!(bad.is_empty(), "{bad:?}");
+    }
+}

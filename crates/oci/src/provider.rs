@@ -1,0 +1,848 @@
+//! The OCI providers (`crun`, `runc`, `runsc`): one type parameterised by the runtime kind.
+//! A run is one bundle, one `<runtime> run`, and a cleanup that leaves no container, cgroup,
+//! process or directory behind.
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::{
+    CaptureLimits, Captured, LaunchError, LaunchPlan, Outcome, Probed, Provider, capture,
+    unix_ms_now,
+};
+use plimsoll_wire::{AgentJob, Bytes, Language, RunResult, RunSpec, Tier};
+
+use crate::cgroup::{CgroupLayout, MemorySeen};
+use crate::runtime::{Runtime, RuntimeKind};
+use crate::spec::{self, SpecInputs};
+use crate::state::{RunDir, StateDir};
+
+/// Where a provider finds what it runs with, and where it keeps its state.
+#[derive(Debug, Clone)]
+pub struct OciConfig {
+    /// Which runtime.
+    pub kind: RuntimeKind,
+    /// The runtime binary.
+    pub binary: PathBuf,
+    /// The image directory (`build/images/sandbox`): `rootfs/` and `identity`.
+    pub image: PathBuf,
+    /// The state root; this provider keeps its state in `<state_root>/<name>`.
+    pub state_root: PathBuf,
+    /// The cgroup parent; this provider's runs live in `<cgroup_parent>/<name>/<run_id>`.
+    pub cgroup_parent: String,
+    /// The in-sandbox agent (`plimsoll-agent`), for projects.
+    pub agent: PathBuf,
+    /// The probe program (`plimsoll-probe`).
+    pub probe: PathBuf,
+    /// The uid (and gid) the startup probe runs as; never one a run holds.
+    pub probe_uid: u32,
+    /// runsc's `--platform` (`ptrace` works on these hosts; `kvm` hangs on PVM).
+    pub platform: String,
+    /// CPU time per wall second for a run, in thousandths of a CPU.
+    pub cpu_millis: u32,
+}
+
+impl OciConfig {
+    /// Defaults for a runtime kind: the Debian binary, state under `/run/plimsoll`, cgroups
+    /// under `/plimsoll`, ptrace for runsc, one CPU per run. Image, agent and probe paths
+    /// and the probe uid must be given.
+    pub fn new(
+        kind: RuntimeKind,
+        image: PathBuf,
+        agent: PathBuf,
+        probe: PathBuf,
+        probe_uid: u32,
+    ) -> Self {
+        OciConfig {
+            kind,
+            binary: PathBuf::from(kind.default_binary()),
+            image,
+            state_root: PathBuf::from("/run/plimsoll"),
+            cgroup_parent: "/plimsoll".into(),
+            agent,
+            probe,
+            probe_uid,
+            platform: "ptrace".into(),
+            cpu_millis: 1000,
+        }
+    }
+}
+
+/// An OCI provider.
+#[derive(Debug)]
+pub struct OciProvider {
+    config: OciConfig,
+    state: StateDir,
+    runtime: Runtime,
+    layout: Result<CgroupLayout, String>,
+    cgroup_parent: String,
+}
+
+/// What `reap` removed, and what it could not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Containers deleted.
+    pub containers: Vec<String>,
+    /// Run cgroups removed (by run id).
+    pub cgroups: Vec<String>,
+    /// Run directories removed.
+    pub run_dirs: Vec<String>,
+    /// What failed.
+    pub errors: Vec<String>,
+}
+
+impl ReapReport {
+    /// One line for evidence and logs.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "removed {} containers, {} cgroups, {} run directories",
+            self.containers.len(),
+            self.cgroups.len(),
+            self.run_dirs.len()
+        );
+        if !self.errors.is_empty() {
+            s.push_str(&format!("; failed: {}", self.errors.join("; ")));
+        }
+        s
+    }
+}
+
+/// What one container run gave, before it is turned into a result.
+#[derive(Debug)]
+pub(crate) struct Launched {
+    pub captured: Captured,
+    /// The watchdog killed the container at the deadline.
+    pub timed_out: bool,
+    pub memory: MemorySeen,
+    pub started_unix_ms: u64,
+}
+
+/// One run's container process and the files it is handed.
+#[derive(Debug)]
+pub(crate) struct LaunchSpec {
+    pub args: Vec<String>,
+    /// Files written into the tools directory (name, content).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Host files bound read-only into the tools directory (name, host path).
+    pub binds: Vec<(String, PathBuf)>,
+    pub output_bytes: u64,
+    /// When the watchdog kills the container.
+    pub deadline: Duration,
+}
+
+/// Bytes of the agent's answer beyond what its content can need (JSON framing, names).
+const AGENT_ANSWER_SLACK: u64 = 1024 * 1024;
+/// How long after the deadline the runtime process itself is killed if the container
+/// still has not ended.
+const BACKSTOP: Duration = Duration::from_secs(10);
+/// The agent gets the plan's timeout; the host waits this much longer for its answer.
+const AGENT_GRACE: Duration = Duration::from_secs(2);
+
+impl OciProvider {
+    /// A provider with this configuration. Reads the cgroup layout; creates nothing and
+    /// starts nothing (see [`OciProvider::reap`] and [`Provider::probe`]).
+    pub fn new(config: OciConfig) -> Self {
+        let name = config.kind.name();
+        let state = StateDir::new(config.state_root.join(name));
+        let layout =
+            CgroupLayout::detect().map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"));
+        let hide = layout
+            .as_ref()
+            .ok()
+            .and_then(CgroupLayout::crun_must_hide)
+            .map(Path::to_path_buf);
+        let runtime = Runtime::new(
+            config.kind,
+            config.binary.clone(),
+            state.runtime_root(),
+            config.platform.clone(),
+            hide.as_deref(),
+        );
+        let cgroup_parent = format!("{}/{name}", config.cgroup_parent.trim_end_matches('/'));
+        OciProvider {
+            config,
+            state,
+            runtime,
+            layout,
+            cgroup_parent,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OciConfig {
+        &self.config
+    }
+
+    /// The runtime driver (for tests and tools: `list`, `delete`).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// The state directory.
+    pub fn state(&self) -> &StateDir {
+        &self.state
+    }
+
+    /// The cgroup layout, as detected.
+    pub fn layout(&self) -> Result<&CgroupLayout, &str> {
+        self.layout.as_ref().map_err(String::as_str)
+    }
+
+    /// This provider's cgroup parent (`<cgroup_parent>/<name>`).
+    pub fn cgroup_parent(&self) -> &str {
+        &self.cgroup_parent
+    }
+
+    /// The image's root file system, checked: absolute, a real directory, not a symlink.
+    pub fn rootfs(&self) -> Result<PathBuf, String> {
+        let rootfs = self.config.image.join("rootfs");
+        if !rootfs.is_absolute() {
+            return Err(format!(
+                "the image path {} is not absolute: configure an absolute [oci] image",
+                rootfs.display()
+            ));
+        }
+        let meta = fs::symlink_metadata(&rootfs).map_err(|e| {
+            format!(
+                "no image root file system at {} ({e}): run scripts/build-image",
+                rootfs.display()
+            )
+        })?;
+        if !meta.is_dir() {
+            return Err(format!(
+                "{} is not a directory (a symlink?): runc refuses those; point [oci] image at the real directory",
+                rootfs.display()
+            ));
+        }
+        let real = fs::canonicalize(&rootfs)
+            .map_err(|e| format!("cannot resolve {}: {e}", rootfs.display()))?;
+        if real != rootfs {
+            return Err(format!(
+                "{} goes through a symlink (it is {}): configure the real path",
+                rootfs.display(),
+                real.display()
+            ));
+        }
+        Ok(rootfs)
+    }
+
+    /// The image identity (`sha256:...`), the environment results report.
+    pub fn image_identity(&self) -> Result<String, String> {
+        let path = self.config.image.join("identity");
+        let text = fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "cannot read the image identity {} ({e}): run scripts/build-image",
+                path.display()
+            )
+        })?;
+        let id = text.trim();
+        if !id.starts_with("sha256:") || id.len() != 71 {
+            return Err(format!(
+                "{} does not hold a sha256:<hex> identity: rebuild the image",
+                path.display()
+            ));
+        }
+        Ok(id.to_owned())
+    }
+
+    /// Deletes every container, run cgroup and run directory of this provider that no live
+    /// run holds (a run's lock dies with its process, so after a daemon was SIGKILLed all of
+    /// its runs are leftovers). Safe while other runs are in flight.
+    pub fn reap(&self) -> ReapReport {
+        let mut report = ReapReport::default();
+        let _exclusive = match self.state.global_lock(true) {
+            Ok(l) => l,
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("cannot lock {}: {e}", self.state.base().display()));
+                return report;
+            }
+        };
+        let mut ids: Vec<String> = Vec::new();
+        match self.runtime.list() {
+            Ok(list) => ids.extend(list.into_iter().filter(|i| i.starts_with("plimsoll-"))),
+            Err(e) => report.errors.push(e.to_string()),
+        }
+        ids.extend(self.state.run_ids());
+        if let Ok(layout) = &self.layout {
+            ids.extend(
+                layout
+                    .children(&self.cgroup_parent)
+                    .into_iter()
+                    .map(|run_id| format!("plimsoll-{run_id}")),
+            );
+        }
+        ids.sort();
+        ids.dedup();
+        for id in ids {
+            if self.state.is_live(&id) {
+                continue;
+            }
+            // The dead daemon's runtime process (`<runtime> run`) first, so that it does not
+            // race the deletion below.
+            if let Some(pid) = self.orphaned_runtime(&id) {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+            if self.runtime.has_state(&id) || self.runtime.list().is_ok_and(|l| l.contains(&id)) {
+                match self.runtime.delete_force(&id) {
+                    Ok(()) => report.containers.push(id.clone()),
+                    // Gone anyway (the runtime's own teardown got there first).
+                    Err(_) if !self.runtime.has_state(&id) => report.containers.push(id.clone()),
+                    Err(e) => report.errors.push(e.to_string()),
+                }
+            }
+            let run_id = id.trim_start_matches("plimsoll-");
+            if let Ok(layout) = &self.layout {
+                match layout.remove(&spec::run_cgroup(&self.cgroup_parent, run_id)) {
+                    Ok(0) => {}
+                    Ok(_) => report.cgroups.push(run_id.to_owned()),
+                    Err(e) => report.errors.push(e.to_string()),
+                }
+            }
+            if self.state.runs().join(&id).exists() {
+                match self.state.remove_run(&id) {
+                    Ok(()) => report.run_dirs.push(id.clone()),
+                    Err(e) => report
+                        .errors
+                        .push(format!("cannot remove run directory of {id}: {e}")),
+                }
+            }
+        }
+        report
+    }
+
+    /// The runtime process a dead daemon left for container `id`, if it is still there
+    /// (its pid as recorded, and its command line still naming this runtime and `id`).
+    fn orphaned_runtime(&self, id: &str) -> Option<rustix::process::Pid> {
+        let text = fs::read_to_string(self.state.runs().join(id).join("runtime.pid")).ok()?;
+        let pid: i32 = text.trim().parse().ok()?;
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let binary = self.runtime.binary().as_os_str().as_encoded_bytes();
+        let ours = args.first() == Some(&binary) && args.contains(&id.as_bytes());
+        if ours {
+            rustix::process::Pid::from_raw(pid)
+        } else {
+            None
+        }
+    }
+
+    /// Runs one container for `plan` and cleans everything up. `Err` only when the container
+    /// never started (nothing ran) or cleanup failed.
+    pub(crate) fn launch(
+        &self,
+        plan: &LaunchPlan,
+        launch: &LaunchSpec,
+    ) -> Result<Launched, LaunchError> {
+        let layout = self
+            .layout
+            .as_ref()
+            .map_err(|e| LaunchError::environment(e.clone()))?;
+        if plan.run_id.is_empty()
+            || !plan
+                .run_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(LaunchError::environment(format!(
+                "run id `{}` is not usable as a container id",
+                plan.run_id.escape_debug()
+            )));
+        }
+        let rootfs = self.rootfs().map_err(LaunchError::environment)?;
+        let id = format!("plimsoll-{}", plan.run_id);
+        let run_dir = self.state.create_run(&id).map_err(|e| {
+            LaunchError::environment(format!(
+                "cannot create the run directory {}: {e}",
+                self.state.runs().join(&id).display()
+            ))
+        })?;
+        let prepared = self.write_bundle(plan, launch, &run_dir, &rootfs);
+        let pid_file = run_dir.path().join("pid");
+        let started_unix_ms = unix_ms_now();
+        let spawned = prepared.and_then(|bundle| {
+            self.runtime
+                .spawn_run(&bundle, &id, &pid_file)
+                .map_err(|e| {
+                    format!(
+                        "cannot start {}: {}",
+                        self.runtime.binary().display(),
+                        error_chain(&e)
+                    )
+                })
+        });
+        let running = match spawned {
+            Ok(r) => {
+                // For `reap`: the runtime process outlives a daemon that is killed.
+                let _ = fs::write(run_dir.path().join("runtime.pid"), r.child.id().to_string());
+                r
+            }
+            Err(message) => {
+                return Err(match self.clean(plan, &id, run_dir, false) {
+                    Ok(()) => LaunchError::environment(message),
+                    Err(c) => {
+                        LaunchError::environment(format!("{message}; and cleanup failed too: {c}"))
+                    }
+                });
+            }
+        };
+
+        // The watchdog kills the container at the deadline, so the runtime sees its child
+        // end and tears the container down itself; the capture's own deadline (later) kills
+        // the runtime only if that does not work.
+        let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let fired = Arc::new(AtomicBool::new(false));
+        let watchdog = {
+            let done = Arc::clone(&done);
+            let fired = Arc::clone(&fired);
+            let runtime = self.runtime.clone();
+            let id = id.clone();
+            let deadline = Instant::now() + launch.deadline;
+            std::thread::spawn(move || {
+                let (lock, cv) = &*done;
+                let mut finished = lock.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if *finished {
+                        return;
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    finished = cv
+                        .wait_timeout(finished, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                fired.store(true, Ordering::SeqCst);
+                // Retry: the container may not exist yet at the first attempt.
+                loop {
+                    drop(finished);
+                    let _ = runtime.kill(&id);
+                    finished = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    if *finished {
+                        return;
+                    }
+                    finished = cv
+                        .wait_timeout(finished, Duration::from_millis(200))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    if *finished {
+                        return;
+                    }
+                }
+            })
+        };
+        let limits = CaptureLimits::new(launch.output_bytes, launch.deadline + BACKSTOP);
+        let captured = capture(running, &limits);
+        {
+            let (lock, cv) = &*done;
+            *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            cv.notify_all();
+        }
+        let _ = watchdog.join();
+        let timed_out = fired.load(Ordering::SeqCst);
+        let started = fs::read_to_string(&pid_file).is_ok_and(|p| !p.trim().is_empty());
+        let backstop = captured.as_ref().map_or(true, |c| c.timed_out);
+        let memory = layout.memory_seen(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id));
+        let cleaned = self.clean(plan, &id, run_dir, backstop);
+
+        let captured = match captured {
+            Ok(c) => c,
+            Err(e) => {
+                let mut message = format!("lost the container's output: {}", error_chain(&e));
+                if let Err(c) = cleaned {
+                    message.push_str(&format!("; and cleanup failed too: {c}"));
+                }
+                return Err(if started {
+                    LaunchError::failed(message)
+                } else {
+                    LaunchError::environment(message)
+                });
+            }
+        };
+        if !started {
+            let stderr = String::from_utf8_lossy(&captured.stderr);
+            let first: Vec<&str> = stderr
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(3)
+                .collect();
+            let mut message = format!(
+                "{} did not start the container (exit {:?}): {}",
+                self.config.kind.name(),
+                captured.exit_code,
+                first.join(" / ")
+            );
+            if let Err(c) = cleaned {
+                message.push_str(&format!("; and cleanup failed too: {c}"));
+            }
+            return Err(LaunchError::environment(message));
+        }
+        if let Err(c) = cleaned {
+            return Err(LaunchError::failed(format!(
+                "the run ended but its sandbox was not fully removed: {c}"
+            )));
+        }
+        Ok(Launched {
+            captured,
+            timed_out,
+            memory,
+            started_unix_ms,
+        })
+    }
+
+    fn write_bundle(
+        &self,
+        plan: &LaunchPlan,
+        launch: &LaunchSpec,
+        run_dir: &RunDir,
+        rootfs: &Path,
+    ) -> Result<PathBuf, String> {
+        let err = |what: &Path, e: std::io::Error| format!("cannot write {}: {e}", what.display());
+        let bundle = run_dir.path().join("bundle");
+        let tools = run_dir.path().join("bin");
+        for d in [&bundle, &tools] {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(d)
+                .map_err(|e| err(d, e))?;
+            // The mode given to mkdir is filtered by the umask.
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).map_err(|e| err(d, e))?;
+        }
+        let write = |path: &Path, content: &[u8]| -> Result<(), String> {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(path)
+                .map_err(|e| err(path, e))?;
+            f.write_all(content).map_err(|e| err(path, e))?;
+            fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(|e| err(path, e))
+        };
+        for (name, content) in &launch.files {
+            write(&tools.join(name), content)?;
+        }
+        for (name, host) in &launch.binds {
+            if !host.is_file() {
+                return Err(format!(
+                    "{} is missing: build it (cargo build) or configure its path",
+                    host.display()
+                ));
+            }
+            // The mount point, inside the per-run directory, never in the shared image.
+            write(&tools.join(name), b"")?;
+        }
+        let binds: Vec<(&str, &Path)> = launch
+            .binds
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.as_path()))
+            .collect();
+        let cgroup_v1_mounts: Vec<String> = self
+            .layout
+            .as_ref()
+            .map(|l| {
+                l.hierarchies
+                    .iter()
+                    .filter(|h| !h.v2 && h.mount.starts_with("/sys/fs/cgroup/"))
+                    .map(|h| h.mount.display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let config = spec::container_config(
+            plan,
+            &SpecInputs {
+                kind: self.config.kind,
+                rootfs,
+                cgroup_parent: &self.cgroup_parent,
+                cpu_millis: self.config.cpu_millis,
+                tools_dir: &tools,
+                tool_binds: &binds,
+                args: &launch.args,
+                cgroup_v1_mounts: &cgroup_v1_mounts,
+            },
+        );
+        let text = serde_json::to_vec_pretty(&config)
+            .map_err(|e| format!("cannot encode config.json: {e}"))?;
+        write(&bundle.join("config.json"), &text)?;
+        Ok(bundle)
+    }
+
+    /// Removes everything of one run: the container (if the runtime left it), its cgroups,
+    /// stray processes (only after the backstop killed the runtime), the run directory.
+    fn clean(
+        &self,
+        plan: &LaunchPlan,
+        id: &str,
+        run_dir: RunDir,
+        backstop: bool,
+    ) -> Result<(), String> {
+        let mut errors = Vec::new();
+        if (backstop || self.runtime.has_state(id))
+            && let Err(e) = self.runtime.delete_force(id)
+            && self.runtime.has_state(id)
+        {
+            errors.push(e.to_string());
+        }
+        if let Ok(layout) = &self.layout
+            && let Err(e) = layout.remove(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id))
+        {
+            errors.push(e.to_string());
+        }
+        if backstop
+            && let Err(e) = plimsoll_sandbox::end_processes_of_uid(plan.uid, Duration::from_secs(5))
+        {
+            errors.push(e.to_string());
+        }
+        if let Err(e) = self.state.remove_run(id) {
+            errors.push(format!("cannot remove {}: {e}", run_dir.path().display()));
+        }
+        drop(run_dir);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    fn snippet_launch(&self, plan: &LaunchPlan, language: Language, code: &str) -> LaunchSpec {
+        let (file, mut args) = match language {
+            Language::Javascript => ("main.js", vec!["/usr/bin/node".to_owned()]),
+            Language::Python => (
+                "main.py",
+                vec!["/usr/bin/python3".to_owned(), "-I".into(), "-B".into()],
+            ),
+        };
+        args.push(format!("{}/{file}", spec::TOOLS_DIR));
+        LaunchSpec {
+            args,
+            files: vec![(file.to_owned(), code.as_bytes().to_vec())],
+            binds: Vec::new(),
+            output_bytes: plan.limits.output_bytes,
+            deadline: plan.limits.timeout,
+        }
+    }
+
+    fn project_launch(&self, plan: &LaunchPlan) -> Result<LaunchSpec, LaunchError> {
+        let RunSpec::Project(project) = &plan.spec else {
+            return Err(LaunchError::environment("not a project"));
+        };
+        let job = AgentJob {
+            spec: plan.spec.clone(),
+            work_dir: spec::WORK_DIR.to_owned(),
+            output_bytes: plan.limits.output_bytes,
+            artifact_bytes: plan.limits.artifact_bytes,
+            deadline_ms: plan.limits.timeout.as_millis() as u64,
+        };
+        let text = serde_json::to_vec(&job)
+            .map_err(|e| LaunchError::environment(format!("cannot encode the agent job: {e}")))?;
+        // JSON may spell one byte as six (`\u0000`).
+        let content = 2 * plan.limits.output_bytes * (project.steps.len() as u64 + 1)
+            + plan.limits.artifact_bytes * project.artifacts.len() as u64;
+        Ok(LaunchSpec {
+            args: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("exec {0}/plimsoll-agent < {0}/job.json", spec::TOOLS_DIR),
+            ],
+            files: vec![("job.json".to_owned(), text)],
+            binds: vec![("plimsoll-agent".to_owned(), self.config.agent.clone())],
+            output_bytes: content.saturating_mul(6).saturating_add(AGENT_ANSWER_SLACK),
+            deadline: plan.limits.timeout + AGENT_GRACE,
+        })
+    }
+}
+
+/// The exit status of the container's process as the runtime reports it: `128 + N` is
+/// death by signal N (an exit status of 129 to 192 chosen by the program itself reads the
+/// same way; documented).
+pub(crate) fn status_of(c: &Captured) -> (Option<i32>, Option<i32>) {
+    match (c.exit_code, c.signal) {
+        (Some(code), _) if (129..=192).contains(&code) => (None, Some(code - 128)),
+        (Some(code), _) => (Some(code), None),
+        (None, signal) => (None, signal),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}
+
+impl Provider for OciProvider {
+    fn name(&self) -> &str {
+        self.config.kind.name()
+    }
+
+    fn nominal_tier(&self) -> Tier {
+        self.config.kind.tier()
+    }
+
+    fn cost(&self) -> u32 {
+        self.config.kind.cost()
+    }
+
+    fn supports(&self, _spec: &RunSpec) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn probe(&self) -> Probed {
+        crate::probe::probe(self)
+    }
+
+    fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+        match &plan.spec {
+            RunSpec::Snippet(s) => {
+                let launch = self.snippet_launch(plan, s.language, &s.code);
+                let l = self.launch(plan, &launch)?;
+                let (exit_code, signal) = status_of(&l.captured);
+                let killed = signal == Some(libc::SIGKILL);
+                let c = l.captured;
+                Ok(Outcome {
+                    result: RunResult {
+                        exit_code,
+                        signal,
+                        timed_out: l.timed_out,
+                        oom_killed: killed
+                            && !l.timed_out
+                            && l.memory.hit_limit(plan.limits.memory_bytes),
+                        stdout: Bytes(c.stdout),
+                        stdout_truncated: c.stdout_truncated,
+                        stderr: Bytes(c.stderr),
+                        stderr_truncated: c.stderr_truncated,
+                        steps: Vec::new(),
+                        artifacts: Vec::new(),
+                    },
+                    started_unix_ms: l.started_unix_ms,
+                    ended_unix_ms: unix_ms_now(),
+                })
+            }
+            RunSpec::Project(_) => {
+                let launch = self.project_launch(plan)?;
+                let l = self.launch(plan, &launch)?;
+                let result = agent_result(plan, &l)?;
+                Ok(Outcome {
+                    result,
+                    started_unix_ms: l.started_unix_ms,
+                    ended_unix_ms: unix_ms_now(),
+                })
+            }
+        }
+    }
+}
+
+/// The agent's answer, or the result of an agent that never answered (killed at the
+/// deadline or by the memory limit).
+fn agent_result(plan: &LaunchPlan, l: &Launched) -> Result<RunResult, LaunchError> {
+    let c = &l.captured;
+    let (exit_code, signal) = status_of(c);
+    if exit_code == Some(0) {
+        return serde_json::from_slice::<RunResult>(&c.stdout).map_err(|e| {
+            LaunchError::failed(format!(
+                "the agent's answer is not a result ({e}; {} bytes{}): check plimsoll-agent",
+                c.stdout.len(),
+                if c.stdout_truncated {
+                    ", truncated"
+                } else {
+                    ""
+                }
+            ))
+        });
+    }
+    if exit_code.is_some() && !l.timed_out {
+        let stderr = String::from_utf8_lossy(&c.stderr);
+        let line = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim();
+        return Err(LaunchError::failed(format!(
+            "the agent could not do the job (exit {}): {line}",
+            exit_code.unwrap_or(-1)
+        )));
+    }
+    Ok(RunResult {
+        exit_code,
+        signal,
+        timed_out: l.timed_out,
+        oom_killed: signal == Some(libc::SIGKILL)
+            && !l.timed_out
+            && l.memory.hit_limit(plan.limits.memory_bytes),
+        ..RunResult::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn captured(code: Option<i32>, signal: Option<i32>) -> Captured {
+        Captured {
+            exit_code: code,
+            signal,
+            ..Captured::default()
+        }
+    }
+
+    #[test]
+    fn runtime_statuses_map_to_exit_codes_and_signals() {
+        assert_eq!(status_of(&captured(Some(0), None)), (Some(0), None));
+        assert_eq!(status_of(&captured(Some(3), None)), (Some(3), None));
+        assert_eq!(status_of(&captured(Some(128), None)), (Some(128), None));
+        assert_eq!(status_of(&captured(Some(137), None)), (None, Some(9)));
+        assert_eq!(status_of(&captured(Some(143), None)), (None, Some(15)));
+        assert_eq!(status_of(&captured(Some(255), None)), (Some(255), None));
+        assert_eq!(status_of(&captured(None, Some(9))), (None, Some(9)));
+    }
+
+    #[test]
+    fn a_relative_or_missing_image_is_refused() {
+        let mut c = OciConfig::new(
+            RuntimeKind::Crun,
+            "relative/img".into(),
+            "/a".into(),
+            "/p".into(),
+            1,
+        );
+        let p = OciProvider::new(c.clone());
+        assert!(p.rootfs().unwrap_err().contains("not absolute"));
+        c.image = "/nonexistent/plimsoll-image".into();
+        let p = OciProvider::new(c);
+        assert!(p.rootfs().unwrap_err().contains("build-image"));
+        assert!(p.image_identity().unwrap_err().contains("build-image"));
+    }
+
+    #[test]
+    fn a_symlinked_rootfs_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real");
+        fs::create_dir_all(real.join("rootfs")).unwrap();
+        let link = tmp.path().join("link");
+        fs::create_dir(&link).unwrap();
+        std::os::unix::fs::symlink(real.join("rootfs"), link.join("rootfs")).unwrap();
+        let mk = |image: PathBuf| {
+            OciProvider::new(OciConfig::new(
+                RuntimeKind::Runc,
+                image,
+                "/a".into(),
+                "/p".into(),
+                1,
+            ))
+        };
+        assert!(mk(link).rootfs().unwrap_err().contains("not a directory"));
+        let ok = mk(fs::canonicalize(&real).unwrap()).rootfs().unwrap();
+        assert!(ok.ends_with("rootfs"));
+    }
+}

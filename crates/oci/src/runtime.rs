@@ -1,0 +1,437 @@
+//! The runtime driver: how crun, runc and runsc are invoked (global flags, the state root,
+//! crun's cgroup workaround) for `run`, `kill`, `delete -f`, `list` and `--version`.
+//!
+//! Every invocation goes through [`plimsoll_sandbox::Spawn`] (empty environment, no inherited
+//! descriptors, own session). crun on a hybrid cgroup layout (cgroup v1 plus a cgroup2 mount
+//! holding controllers) refuses to run; each crun child therefore first moves into a mount
+//! namespace of its own, made a slave of the host's, and unmounts the cgroup2 mount there.
+//! That happens in the child between fork and exec: `unshare` in the multithreaded daemon
+//! would only move one thread.
+
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use plimsoll_sandbox::{CaptureLimits, Running, Spawn, SpawnError, capture};
+use plimsoll_wire::Tier;
+
+/// The OCI runtimes plimsoll drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RuntimeKind {
+    /// crun: the container tier, cheapest.
+    Crun,
+    /// runc: the container tier, the reference runtime.
+    Runc,
+    /// gVisor's runsc: the kernel tier (a user-space kernel between the code and the host).
+    Runsc,
+}
+
+impl RuntimeKind {
+    /// Every kind, cheapest first.
+    pub const ALL: [RuntimeKind; 3] = [RuntimeKind::Crun, RuntimeKind::Runc, RuntimeKind::Runsc];
+
+    /// The provider name: `crun`, `runc` or `runsc`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeKind::Crun => "crun",
+            RuntimeKind::Runc => "runc",
+            RuntimeKind::Runsc => "runsc",
+        }
+    }
+
+    /// Where Debian installs the binary.
+    pub fn default_binary(self) -> &'static str {
+        match self {
+            RuntimeKind::Crun => "/usr/bin/crun",
+            RuntimeKind::Runc => "/usr/sbin/runc",
+            RuntimeKind::Runsc => "/usr/bin/runsc",
+        }
+    }
+
+    /// The tier the runtime is built to give.
+    pub fn tier(self) -> Tier {
+        match self {
+            RuntimeKind::Crun | RuntimeKind::Runc => Tier::Container,
+            RuntimeKind::Runsc => Tier::Kernel,
+        }
+    }
+
+    /// Rough milliseconds of a trivial run (host-findings.md, `/bin/true`).
+    pub fn cost(self) -> u32 {
+        match self {
+            RuntimeKind::Crun => 15,
+            RuntimeKind::Runc => 45,
+            RuntimeKind::Runsc => 170,
+        }
+    }
+
+    /// Parses a provider name.
+    pub fn from_name(name: &str) -> Option<RuntimeKind> {
+        RuntimeKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// A runtime command that is not `run` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeCommandError {
+    /// The runtime could not be started.
+    #[error("cannot start `{binary} {command}`")]
+    Spawn {
+        /// The binary.
+        binary: PathBuf,
+        /// The subcommand.
+        command: String,
+        /// Why.
+        #[source]
+        source: SpawnError,
+    },
+    /// Its output could not be read.
+    #[error("cannot read the output of `{binary} {command}`")]
+    Capture {
+        /// The binary.
+        binary: PathBuf,
+        /// The subcommand.
+        command: String,
+        /// Why.
+        #[source]
+        source: plimsoll_sandbox::CaptureError,
+    },
+    /// It ran and failed.
+    #[error("`{binary} {command}` failed (exit {status}): {stderr}")]
+    Status {
+        /// The binary.
+        binary: PathBuf,
+        /// The subcommand.
+        command: String,
+        /// Exit status, or `signal N`.
+        status: String,
+        /// The first lines of its standard error.
+        stderr: String,
+    },
+}
+
+/// How one runtime binary is driven.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    kind: RuntimeKind,
+    binary: PathBuf,
+    root: PathBuf,
+    platform: String,
+    /// The cgroup2 mount crun must not see (hybrid layout), as a C string for the child.
+    hide_unified: Option<CString>,
+}
+
+/// What a short runtime command printed.
+#[derive(Debug)]
+struct CommandOutput {
+    stdout: String,
+}
+
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+const CONTROL_OUTPUT: u64 = 1024 * 1024;
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+impl Runtime {
+    /// A driver for `binary` of this kind, keeping container state under `root` (the
+    /// runtime's `--root`). `platform` is runsc's `--platform`, ignored otherwise.
+    /// `hide_unified` is the cgroup2 mount to unmount in crun's own mount namespace (from
+    /// [`crate::cgroup::CgroupLayout::crun_must_hide`]); ignored for runc and runsc.
+    pub fn new(
+        kind: RuntimeKind,
+        binary: PathBuf,
+        root: PathBuf,
+        platform: String,
+        hide_unified: Option<&Path>,
+    ) -> Self {
+        let hide_unified = match kind {
+            RuntimeKind::Crun => {
+                hide_unified.and_then(|p| CString::new(p.as_os_str().as_bytes()).ok())
+            }
+            _ => None,
+        };
+        Runtime {
+            kind,
+            binary,
+            root,
+            platform,
+            hide_unified,
+        }
+    }
+
+    /// The runtime kind.
+    pub fn kind(&self) -> RuntimeKind {
+        self.kind
+    }
+
+    /// The binary.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// The state root given as `--root`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Whether crun children unmount a cgroup2 mount first.
+    pub fn hides_unified(&self) -> bool {
+        self.hide_unified.is_some()
+    }
+
+    /// The global flags, in order, before the subcommand.
+    pub fn global_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["--root".into(), self.root.clone().into()];
+        if self.kind == RuntimeKind::Runsc {
+            args.push(format!("--platform={}", self.platform).into());
+            args.push("--network=none".into());
+        }
+        args
+    }
+
+    /// The full argument list of `run` (after the global flags).
+    pub fn run_args(bundle: &Path, id: &str, pid_file: &Path) -> Vec<OsString> {
+        vec![
+            "run".into(),
+            "--bundle".into(),
+            bundle.into(),
+            "--pid-file".into(),
+            pid_file.into(),
+            id.into(),
+        ]
+    }
+
+    fn command(&self, args: &[OsString]) -> Spawn {
+        let spawn = Spawn::new(&self.binary, "/")
+            .env("PATH", PATH)
+            .args(self.global_args())
+            .args(args);
+        match self.hide_unified.clone() {
+            Some(unified) => spawn.before_exec(
+                &[
+                    "unshare(CLONE_NEWNS)",
+                    "make / a recursive slave mount",
+                    "unmount the cgroup2 mount",
+                ],
+                move |stage| {
+                    stage.enter(0);
+                    // SAFETY: unshare with a constant flag; this is the single-threaded child.
+                    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    stage.enter(1);
+                    // SAFETY: constant NUL-terminated strings; changes only this namespace's
+                    // propagation, so nothing below propagates back to the host.
+                    let rc = unsafe {
+                        libc::mount(
+                            std::ptr::null(),
+                            c"/".as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REC | libc::MS_SLAVE,
+                            std::ptr::null(),
+                        )
+                    };
+                    if rc != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    stage.enter(2);
+                    // SAFETY: `unified` is a valid C string owned by this closure.
+                    let rc = unsafe { libc::umount2(unified.as_ptr(), libc::MNT_DETACH) };
+                    if rc != 0 {
+                        let e = io::Error::last_os_error();
+                        // Not mounted (any more): nothing to hide.
+                        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
+                            return Err(e);
+                        }
+                    }
+                    Ok(())
+                },
+            ),
+            None => spawn,
+        }
+    }
+
+    /// Starts `run` for the bundle; stdout and stderr of the container are the pipes of the
+    /// returned child.
+    pub fn spawn_run(
+        &self,
+        bundle: &Path,
+        id: &str,
+        pid_file: &Path,
+    ) -> Result<Running, SpawnError> {
+        self.command(&Runtime::run_args(bundle, id, pid_file))
+            .spawn()
+    }
+
+    fn control(&self, args: &[&str]) -> Result<CommandOutput, RuntimeCommandError> {
+        let command = args.join(" ");
+        let os: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let running = self
+            .command(&os)
+            .spawn()
+            .map_err(|source| RuntimeCommandError::Spawn {
+                binary: self.binary.clone(),
+                command: command.clone(),
+                source,
+            })?;
+        let captured = capture(
+            running,
+            &CaptureLimits::new(CONTROL_OUTPUT, CONTROL_TIMEOUT),
+        )
+        .map_err(|source| RuntimeCommandError::Capture {
+            binary: self.binary.clone(),
+            command: command.clone(),
+            source,
+        })?;
+        if captured.exit_code != Some(0) {
+            let status = match (captured.exit_code, captured.signal) {
+                (Some(c), _) => c.to_string(),
+                (None, Some(s)) => format!("signal {s}"),
+                (None, None) => "unknown".into(),
+            };
+            let stderr = String::from_utf8_lossy(&captured.stderr);
+            let stderr: Vec<&str> = stderr
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(3)
+                .collect();
+            return Err(RuntimeCommandError::Status {
+                binary: self.binary.clone(),
+                command,
+                status,
+                stderr: stderr.join(" / "),
+            });
+        }
+        Ok(CommandOutput {
+            stdout: String::from_utf8_lossy(&captured.stdout).into_owned(),
+        })
+    }
+
+    /// `kill ID KILL`: ends the container's init (and with it its pid namespace).
+    pub fn kill(&self, id: &str) -> Result<(), RuntimeCommandError> {
+        self.control(&["kill", id, "KILL"]).map(|_| ())
+    }
+
+    /// `delete --force ID`: kills what is left and removes the container and its cgroup.
+    pub fn delete_force(&self, id: &str) -> Result<(), RuntimeCommandError> {
+        self.control(&["delete", "--force", id]).map(|_| ())
+    }
+
+    /// The ids of every container under the state root (`list -q`).
+    pub fn list(&self) -> Result<Vec<String>, RuntimeCommandError> {
+        if !self.root.exists() {
+            return Ok(Vec::new());
+        }
+        let out = self.control(&["list", "--quiet"])?;
+        Ok(out
+            .stdout
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// Whether the state root holds anything for this container (its state directory or,
+    /// for runsc, its state files).
+    pub fn has_state(&self, id: &str) -> bool {
+        let Ok(dir) = std::fs::read_dir(&self.root) else {
+            return false;
+        };
+        dir.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name == id || name.starts_with(&format!("{id}_")) || name.contains(&format!(":{id}."))
+        })
+    }
+
+    /// `--version`, as one line (`crun version 1.8.1 (commit ...)`).
+    pub fn version(&self) -> Result<String, RuntimeCommandError> {
+        let out = Spawn::new(&self.binary, "/")
+            .env("PATH", PATH)
+            .arg("--version")
+            .spawn()
+            .map_err(|source| RuntimeCommandError::Spawn {
+                binary: self.binary.clone(),
+                command: "--version".into(),
+                source,
+            })?;
+        let captured =
+            capture(out, &CaptureLimits::new(64 * 1024, CONTROL_TIMEOUT)).map_err(|source| {
+                RuntimeCommandError::Capture {
+                    binary: self.binary.clone(),
+                    command: "--version".into(),
+                    source,
+                }
+            })?;
+        let text = String::from_utf8_lossy(&captured.stdout);
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('+'))
+            .collect();
+        if captured.exit_code != Some(0) || lines.is_empty() {
+            return Err(RuntimeCommandError::Status {
+                binary: self.binary.clone(),
+                command: "--version".into(),
+                status: format!("{:?}", captured.exit_code),
+                stderr: String::from_utf8_lossy(&captured.stderr).trim().to_owned(),
+            });
+        }
+        Ok(lines.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_costs_and_tiers() {
+        for k in RuntimeKind::ALL {
+            assert_eq!(RuntimeKind::from_name(k.name()), Some(k));
+        }
+        assert!(RuntimeKind::Crun.cost() < RuntimeKind::Runc.cost());
+        assert!(RuntimeKind::Runc.cost() < RuntimeKind::Runsc.cost());
+        assert_eq!(RuntimeKind::Runsc.tier(), Tier::Kernel);
+        assert_eq!(RuntimeKind::Crun.tier(), Tier::Container);
+        assert_eq!(RuntimeKind::from_name("docker"), None);
+    }
+
+    #[test]
+    fn global_flags_per_runtime() {
+        let rt = |k| {
+            Runtime::new(
+                k,
+                "/x".into(),
+                "/run/r".into(),
+                "ptrace".into(),
+                Some(Path::new("/sys/fs/cgroup/unified")),
+            )
+        };
+        assert_eq!(
+            rt(RuntimeKind::Crun).global_args(),
+            ["--root", "/run/r"].map(OsString::from)
+        );
+        assert!(rt(RuntimeKind::Crun).hides_unified());
+        assert!(!rt(RuntimeKind::Runc).hides_unified());
+        assert_eq!(
+            rt(RuntimeKind::Runsc).global_args(),
+            ["--root", "/run/r", "--platform=ptrace", "--network=none"].map(OsString::from)
+        );
+        let run = Runtime::run_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"));
+        assert_eq!(
+            run,
+            [
+                "run",
+                "--bundle",
+                "/b",
+                "--pid-file",
+                "/b/pid",
+                "plimsoll-x"
+            ]
+            .map(OsString::from)
+        );
+    }
+}

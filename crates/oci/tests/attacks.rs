@@ -1,0 +1,807 @@
+//! Attacks on the container and kernel tiers, each run against crun, runc and runsc: what
+//! sandboxed code tries (read host files, write outside /work, reach the network, fork,
+//! allocate, fill the disk, flood the output, outlive the run, read another run) and what
+//! must remain after every run (nothing: no container, cgroup, mount, process or directory).
+//!
+//! Needs root, the runtime, the sandbox image (`scripts/build-image`) and the probe and agent
+//! binaries (built on demand). Without them a test prints `SKIP` and returns, unless
+//! `CI=true`, where it fails.
+
+use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::net::{TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
+use plimsoll_sandbox::reap::processes_of_uid;
+use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_sandbox::{LaunchPlan, Provider, ResolvedLimits, Spawn};
+use plimsoll_wire::{
+    Bytes, Language, Project, ProjectFile, RunResult, RunSpec, Snippet, Step, Tier,
+};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn image() -> PathBuf {
+    repo().join("build/images/sandbox")
+}
+
+/// `plimsoll-agent` of this build, built first when missing (as `probe_binary` does).
+fn agent_binary() -> Result<PathBuf, String> {
+    let probe = probe_binary()?;
+    let dir = probe.parent().unwrap().to_owned();
+    let agent = dir.join("plimsoll-agent");
+    if agent.exists() {
+        return Ok(agent);
+    }
+    let target = dir.parent().unwrap();
+    let mut args = vec!["build", "-p", "plimsoll-agent", "--target-dir"];
+    let target_s = target.display().to_string();
+    args.push(&target_s);
+    if dir.ends_with("release") {
+        args.push("--release");
+    }
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "building a test fixture needs the developer's own environment (PATH, CARGO_HOME)"
+    )]
+    let status = std::process::Command::new("cargo")
+        .args(&args)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() || !agent.exists() {
+        return Err(format!(
+            "`cargo {}` did not produce {}",
+            args.join(" "),
+            agent.display()
+        ));
+    }
+    Ok(agent)
+}
+
+/// One provider with a state root and a cgroup parent of its own, so tests running at the
+/// same time never reap each other's runs. Removed on drop.
+struct Rig {
+    p: OciProvider,
+    state_root: PathBuf,
+    cgroup_parent: String,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = self.p.reap();
+        let _ = std::fs::remove_dir_all(&self.state_root);
+        if let Ok(layout) = self.p.layout() {
+            let _ = layout.remove(&self.cgroup_parent);
+            // The shared parent goes too once the last test is done with it.
+            for dir in layout.dirs("/plimsoll-test") {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+}
+
+fn kind_index(kind: RuntimeKind) -> u32 {
+    RuntimeKind::ALL.iter().position(|k| *k == kind).unwrap() as u32
+}
+
+/// A uid of its own for each scenario and runtime.
+fn uid(scenario: u32, kind: RuntimeKind) -> u32 {
+    2_100_000 + scenario * 10 + kind_index(kind)
+}
+
+fn rig(kind: RuntimeKind, test: &str) -> Option<Rig> {
+    if !is_root() {
+        skip_or_fail(
+            test,
+            "needs root (cgroups, namespaces, the runtime's state)",
+        );
+        return None;
+    }
+    if !Path::new(kind.default_binary()).exists() {
+        skip_or_fail(
+            test,
+            &format!(
+                "{} is not installed (scripts/install-deps)",
+                kind.default_binary()
+            ),
+        );
+        return None;
+    }
+    if !image().join("identity").exists() {
+        skip_or_fail(test, "the sandbox image is not built (scripts/build-image)");
+        return None;
+    }
+    let (probe, agent) = match (probe_binary(), agent_binary()) {
+        (Ok(p), Ok(a)) => (p, a),
+        (Err(e), _) | (_, Err(e)) => {
+            skip_or_fail(test, &e);
+            return None;
+        }
+    };
+    let tag = format!("{test}-{}", std::process::id());
+    let state_root = PathBuf::from("/run/plimsoll-test").join(&tag);
+    let cgroup_parent = format!("/plimsoll-test/{tag}");
+    let mut c = OciConfig::new(kind, image(), agent, probe, 2_199_000 + kind_index(kind));
+    c.state_root = state_root.clone();
+    c.cgroup_parent = cgroup_parent.clone();
+    Some(Rig {
+        p: OciProvider::new(c),
+        state_root,
+        cgroup_parent,
+    })
+}
+
+fn limits() -> ResolvedLimits {
+    ResolvedLimits {
+        timeout: Duration::from_secs(30),
+        memory_bytes: 256 << 20,
+        output_bytes: 1 << 20,
+        pids: 64,
+        disk_bytes: 16 << 20,
+        artifact_bytes: 1 << 20,
+    }
+}
+
+fn py(code: &str) -> RunSpec {
+    RunSpec::Snippet(Snippet {
+        language: Language::Python,
+        code: code.into(),
+    })
+}
+
+fn js(code: &str) -> RunSpec {
+    RunSpec::Snippet(Snippet {
+        language: Language::Javascript,
+        code: code.into(),
+    })
+}
+
+fn fresh_id(scenario: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{scenario}{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl Rig {
+    fn plan(&self, spec: RunSpec, limits: ResolvedLimits, uid: u32) -> LaunchPlan {
+        LaunchPlan {
+            run_id: fresh_id("t"),
+            request_id: "attack".into(),
+            spec,
+            limits,
+            uid,
+            gid: uid,
+            run_dir: self.state_root.join("unused"),
+        }
+    }
+
+    /// Runs, then checks that nothing of the run is left.
+    fn run(&self, spec: RunSpec, limits: ResolvedLimits, uid: u32) -> RunResult {
+        let plan = self.plan(spec, limits, uid);
+        let outcome = self.p.run(&plan);
+        self.assert_clean(&plan.run_id, uid);
+        match outcome {
+            Ok(o) => o.result,
+            Err(e) => panic!("{} run failed: {e}", self.p.name()),
+        }
+    }
+
+    fn assert_clean(&self, run_id: &str, uid: u32) {
+        let id = format!("plimsoll-{run_id}");
+        let name = self.p.name();
+        let list = self.p.runtime().list().expect("list containers");
+        assert!(
+            !list.contains(&id),
+            "{name}: container {id} is still listed: {list:?}"
+        );
+        assert!(
+            !self.p.runtime().has_state(&id),
+            "{name}: runtime state of {id} remains"
+        );
+        let layout = self.p.layout().expect("cgroup layout");
+        for dir in layout.dirs(&spec::run_cgroup(self.p.cgroup_parent(), run_id)) {
+            assert!(!dir.exists(), "{name}: cgroup {} remains", dir.display());
+        }
+        let run_dir = self.p.state().runs().join(&id);
+        assert!(
+            !run_dir.exists(),
+            "{name}: run directory {} remains",
+            run_dir.display()
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(run_id),
+            "{name}: a mount of {run_id} remains"
+        );
+        let left = processes_of_uid(uid);
+        assert!(
+            left.is_empty(),
+            "{name}: processes of uid {uid} remain: {left:?}"
+        );
+        let runtimes = processes_naming(&id);
+        assert!(
+            runtimes.is_empty(),
+            "{name}: processes naming {id} remain: {runtimes:?}"
+        );
+    }
+}
+
+/// Reaps the dead processes of `uid` whose parent is this process; fails on a live one.
+fn reap_our_zombies(uid: u32) {
+    let me = std::process::id().to_string();
+    for pid in processes_of_uid(uid) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .unwrap_or("")
+                .to_owned()
+        };
+        assert!(
+            field("State:").starts_with('Z'),
+            "process {pid} of uid {uid} is alive: {}",
+            field("State:")
+        );
+        if field("PPid:") == me {
+            let p = rustix::process::Pid::from_raw(pid).unwrap();
+            let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+        }
+    }
+}
+
+/// Processes whose command line names `needle` (a runtime, runsc's sandbox and gofer).
+fn processes_naming(needle: &str) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+fn text(b: &Bytes) -> String {
+    b.to_string_lossy()
+}
+
+macro_rules! on_every_runtime {
+    ($($scenario:ident),* $(,)?) => {
+        mod crun {
+            $(#[test] fn $scenario() { super::$scenario(plimsoll_oci::RuntimeKind::Crun, concat!("crun::", stringify!($scenario))) })*
+        }
+        mod runc {
+            $(#[test] fn $scenario() { super::$scenario(plimsoll_oci::RuntimeKind::Runc, concat!("runc::", stringify!($scenario))) })*
+        }
+        mod runsc {
+            $(#[test] fn $scenario() { super::$scenario(plimsoll_oci::RuntimeKind::Runsc, concat!("runsc::", stringify!($scenario))) })*
+        }
+    };
+}
+
+on_every_runtime!(
+    snippets_run_as_the_run_uid,
+    the_probe_passes,
+    host_files_are_unreadable,
+    writes_outside_work_fail,
+    the_network_is_loopback_only,
+    a_fork_bomb_ends_at_the_pids_limit,
+    the_memory_limit_kills_and_the_run_returns,
+    filling_work_hits_its_size,
+    a_flood_of_output_is_truncated,
+    sleeping_past_the_timeout_is_timed_out,
+    background_processes_do_not_outlive_the_run,
+    a_concurrent_run_cannot_be_read,
+    a_project_runs_its_steps_and_returns_artifacts,
+);
+
+fn snippets_run_as_the_run_uid(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let uid = uid(1, kind);
+    let r = rig.run(
+        py("import os\nprint(6*7, os.getuid(), os.getgid(), os.getcwd())"),
+        limits(),
+        uid,
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(text(&r.stdout), format!("42 {uid} {uid} /work\n"));
+    let r = rig.run(
+        js("console.log(6*7, process.getuid(), Object.keys(process.env).sort().join(','))"),
+        limits(),
+        uid,
+    );
+    assert_eq!(
+        text(&r.stdout),
+        format!("42 {uid} HOME,LANG,PATH\n"),
+        "{r:?}"
+    );
+    // PR_GET_NO_NEW_PRIVS (39): gVisor does not show it in /proc/self/status.
+    let r = rig.run(
+        py("import ctypes\nprint(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"),
+        limits(),
+        uid,
+    );
+    assert_eq!(text(&r.stdout), "1\n", "{r:?}");
+    let r = rig.run(
+        py("import sys\nprint('to err', file=sys.stderr)\nsys.exit(3)"),
+        limits(),
+        uid,
+    );
+    assert_eq!(r.exit_code, Some(3));
+    assert_eq!(r.signal, None);
+    assert_eq!(text(&r.stderr), "to err\n");
+    assert!(!r.timed_out && !r.oom_killed);
+}
+
+fn the_probe_passes(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let probed = rig.p.probe();
+    let e = &probed.evidence;
+    assert_eq!(probed.available, Ok(()), "checks: {:#?}", e.checks);
+    assert_eq!(probed.tier, kind.tier());
+    assert_eq!(e.isolation, kind.tier());
+    let identity = std::fs::read_to_string(image().join("identity")).unwrap();
+    assert_eq!(e.environment, identity.trim());
+    let rt = &e.binaries[0];
+    assert_eq!(rt.name, kind.name());
+    assert!(rt.version.contains(kind.name()), "{rt:?}");
+    assert_eq!(rt.sha256.len(), 64);
+    let report = e.probe.as_ref().expect("a probe report");
+    assert_eq!(report.uid, rig.p.config().probe_uid);
+    assert_eq!(report.network_interfaces, ["lo"]);
+    for (check, outcome) in &e.checks {
+        assert_eq!(outcome, "ok", "{check}");
+    }
+    if kind == RuntimeKind::Runsc {
+        assert_eq!(e.config["platform"], "ptrace");
+        assert_ne!(
+            report.kernel_release,
+            rustix::system::uname().release().to_string_lossy()
+        );
+    } else {
+        for ns in ["pid", "net", "mnt", "ipc", "uts"] {
+            assert_eq!(report.namespaces[ns].same_as_host, Some(false), "{ns}");
+        }
+        assert_eq!(report.seccomp_mode, 2);
+    }
+    assert!(rig.p.state().run_ids().is_empty());
+}
+
+fn host_files_are_unreadable(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    rig.p.state().ensure().unwrap();
+    let secret = rig.p.state().base().join("daemon-secret");
+    std::fs::write(&secret, "TOPSECRET-daemon-file").unwrap();
+    let code = format!(
+        r#"
+for p in ["/etc/shadow", "{}", "/proc/1/root/etc/shadow", "/proc/1/root{}"]:
+    try:
+        print(p, "READ", open(p).read()[:40])
+    except Exception as e:
+        print(p, "denied", type(e).__name__)
+"#,
+        secret.display(),
+        secret.display()
+    );
+    let r = rig.run(py(&code), limits(), uid(2, kind));
+    let out = text(&r.stdout);
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(out.matches(" denied ").count(), 4, "{out}");
+    assert!(!out.contains("READ") && !out.contains("TOPSECRET"), "{out}");
+}
+
+fn writes_outside_work_fail(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let code = r#"
+import os
+for d in ["/", "/etc", "/usr/bin", "/opt/plimsoll/bin", "/var/tmp", "/root", "/home", "/sys/fs/cgroup", "/proc/sys/kernel", "/dev", "/work", "/tmp"]:
+    try:
+        with open(os.path.join(d, "plimsoll-was-here"), "w") as f:
+            f.write("x")
+        print(d, "WROTE")
+    except Exception as e:
+        print(d, "denied", type(e).__name__)
+"#;
+    // The shared image must come out untouched: no mount point or file created in it.
+    let rootfs = image().join("rootfs");
+    let listing = |d: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(rootfs.join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let dirs = ["", "opt/plimsoll/bin", "work", "tmp", "dev", "etc"];
+    let before: Vec<Vec<String>> = dirs.iter().map(|d| listing(d)).collect();
+    let r = rig.run(py(code), limits(), uid(3, kind));
+    let out = text(&r.stdout);
+    let wrote: Vec<&str> = out.lines().filter(|l| l.ends_with("WROTE")).collect();
+    assert_eq!(
+        wrote,
+        ["/work WROTE", "/tmp WROTE"],
+        "{out}\n{}",
+        text(&r.stderr)
+    );
+    let after: Vec<Vec<String>> = dirs.iter().map(|d| listing(d)).collect();
+    assert_eq!(before, after, "the run changed the image ({dirs:?})");
+    assert!(!rootfs.join("plimsoll-was-here").exists());
+}
+
+fn the_network_is_loopback_only(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let local = TcpListener::bind("127.0.0.1:0").unwrap();
+    let any = TcpListener::bind("0.0.0.0:0").unwrap();
+    local.set_nonblocking(true).unwrap();
+    any.set_nonblocking(true).unwrap();
+    // The host's own address on its default route (no packet is sent).
+    let host_ip = UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|_| "127.0.0.1".into());
+    let targets = [
+        ("127.0.0.1".to_owned(), local.local_addr().unwrap().port()),
+        (host_ip, any.local_addr().unwrap().port()),
+        ("192.0.2.1".to_owned(), 80),
+    ];
+    let mut code = String::from("import socket\n");
+    for (host, port) in &targets {
+        code.push_str(&format!(
+            "try:\n    socket.create_connection(('{host}', {port}), timeout=3)\n    print('{host}', 'CONNECTED')\nexcept Exception as e:\n    print('{host}', 'refused', type(e).__name__)\n"
+        ));
+    }
+    let r = rig.run(py(&code), limits(), uid(4, kind));
+    let out = text(&r.stdout);
+    assert_eq!(
+        out.matches(" refused ").count(),
+        3,
+        "{out}{}",
+        text(&r.stderr)
+    );
+    assert!(!out.contains("CONNECTED"), "{out}");
+    for l in [&local, &any] {
+        assert!(
+            matches!(l.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the server got a connection"
+        );
+    }
+}
+
+fn a_fork_bomb_ends_at_the_pids_limit(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let uid = uid(5, kind);
+    let mut l = limits();
+    l.pids = 24;
+    l.timeout = Duration::from_secs(20);
+    let code = r#"
+import os, time
+kids = 0
+try:
+    for _ in range(1000):
+        if os.fork() == 0:
+            time.sleep(5)
+            os._exit(0)
+        kids += 1
+    print("forked", kids, "without limit")
+except OSError as e:
+    print("forked", kids, "then", type(e).__name__)
+"#;
+    let r = rig.run(py(code), l, uid);
+    let out = text(&r.stdout);
+    if kind == RuntimeKind::Runsc {
+        // gVisor: the host pids limit counts the Sentry's threads; when it bites, guest forks
+        // fail or the sandbox ends. Either way the run ends and nothing stays (checked).
+        assert!(!out.contains("without limit"), "{out}");
+    } else {
+        let kids: u64 = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX);
+        assert!(kids < 24, "forked {kids} with a limit of 24: {out}");
+        assert!(out.contains("then"), "{out}");
+    }
+    // A real bomb: every process forks forever. The limit holds it; the deadline ends it.
+    l.timeout = Duration::from_secs(3);
+    let r = rig.run(py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"), l, uid);
+    assert!(
+        r.timed_out || r.exit_code.is_some() || r.signal.is_some(),
+        "{r:?}"
+    );
+}
+
+fn the_memory_limit_kills_and_the_run_returns(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let mut l = limits();
+    l.memory_bytes = 128 << 20;
+    let r = rig.run(
+        js("const a = []; for (;;) { a.push(Buffer.alloc(1 << 20).fill(1)); }"),
+        l,
+        uid(6, kind),
+    );
+    assert!(!r.timed_out, "{r:?}");
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert!(
+        r.oom_killed || r.signal == Some(9),
+        "neither oom_killed nor killed: {r:?}"
+    );
+    if kind != RuntimeKind::Runsc {
+        assert!(r.oom_killed, "{r:?}");
+    }
+}
+
+fn filling_work_hits_its_size(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let code = r#"
+import errno
+n = 0
+try:
+    with open("/work/big", "wb") as f:
+        while n < 200 << 20:
+            f.write(b"\0" * 65536)
+            f.flush()
+            n += 65536
+    print("wrote", n, "no error")
+except OSError as e:
+    print("wrote", n, errno.errorcode.get(e.errno, e.errno))
+"#;
+    let r = rig.run(py(code), limits(), uid(7, kind));
+    let out = text(&r.stdout);
+    let written: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    let work = spec::tmpfs_sizes(limits().disk_bytes).work;
+    assert!(
+        written <= work,
+        "wrote {written} bytes into a {work}-byte /work: {out}"
+    );
+    assert!(out.contains("ENOSPC"), "{out}{}", text(&r.stderr));
+}
+
+fn a_flood_of_output_is_truncated(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let r = rig.run(
+        py("import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)\nsys.stdout.flush()\nprint('done', file=sys.stderr)"),
+        limits(),
+        uid(8, kind),
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout_truncated);
+    assert_eq!(r.stdout.len() as u64, limits().output_bytes);
+    assert!(r.stdout.as_slice().iter().all(|b| *b == b'x'));
+    assert_eq!(text(&r.stderr), "done\n");
+    assert!(!r.stderr_truncated);
+}
+
+fn sleeping_past_the_timeout_is_timed_out(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let mut l = limits();
+    l.timeout = Duration::from_secs(2);
+    let r = rig.run(
+        py("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\nprint('woke')"),
+        l,
+        uid(9, kind),
+    );
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.signal, Some(9));
+    assert!(!r.oom_killed);
+    assert_eq!(text(&r.stdout), "sleeping\n");
+}
+
+fn background_processes_do_not_outlive_the_run(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let code = r#"
+import os, subprocess, time
+subprocess.Popen(["sleep", "300"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(300)
+    os._exit(0)
+time.sleep(0.5)
+print("left them running")
+"#;
+    // assert_clean (in run) checks that no process of the uid and no container remains.
+    let r = rig.run(py(code), limits(), uid(10, kind));
+    assert_eq!(text(&r.stdout), "left them running\n", "{r:?}");
+}
+
+fn a_concurrent_run_cannot_be_read(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let secret = format!("SECRET-{}", fresh_id("s"));
+    let writer = format!(
+        "import time\nfor p in ['/work/secret', '/tmp/secret']:\n    open(p, 'w').write('{secret}')\nprint('written', flush=True)\ntime.sleep(6)\n"
+    );
+    let reader = r#"
+import glob, os
+found = []
+for p in ["/work/secret", "/tmp/secret"] + glob.glob("/proc/*/root/work/secret") + glob.glob("/proc/*/root/tmp/secret"):
+    try:
+        found.append(open(p).read())
+    except Exception:
+        pass
+print("found", found)
+print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+"#;
+    std::thread::scope(|s| {
+        let a = s.spawn(|| rig.run(py(&writer), limits(), uid(11, kind)));
+        // Give the writer time to start; the reader then runs while it sleeps.
+        std::thread::sleep(Duration::from_secs(if kind == RuntimeKind::Runsc {
+            3
+        } else {
+            2
+        }));
+        let b = rig.run(py(reader), limits(), uid(12, kind));
+        let out = text(&b.stdout);
+        assert!(out.contains("found []"), "{out}{}", text(&b.stderr));
+        assert!(!out.contains(&secret), "{out}");
+        let a = a.join().unwrap();
+        assert_eq!(text(&a.stdout), "written\n", "{a:?}");
+    });
+}
+
+fn a_project_runs_its_steps_and_returns_artifacts(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let spec = RunSpec::Project(Project {
+        files: vec![
+            ProjectFile {
+                path: "main.py".into(),
+                content: "import sys\nprint(open('data/in.txt').read().upper(), end='')\n".into(),
+                executable: false,
+            },
+            ProjectFile {
+                path: "data/in.txt".into(),
+                content: "hello from a project\n".into(),
+                executable: false,
+            },
+        ],
+        steps: vec![
+            Step {
+                name: Some("build".into()),
+                run: "python3 main.py > out.txt && echo built".into(),
+            },
+            Step {
+                name: Some("check".into()),
+                run: "wc -c < out.txt; node -e 'console.log(require(\"fs\").readFileSync(\"out.txt\", \"utf8\").length)'".into(),
+            },
+        ],
+        artifacts: vec!["out.txt".into(), "missing.txt".into()],
+    });
+    let r = rig.run(spec, limits(), uid(13, kind));
+    assert_eq!(r.steps.len(), 2, "{r:?}");
+    assert_eq!(r.steps[0].exit_code, Some(0), "{:?}", r.steps[0]);
+    assert_eq!(text(&r.steps[0].stdout), "built\n");
+    assert_eq!(text(&r.steps[1].stdout), "21\n21\n", "{:?}", r.steps[1]);
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.artifacts.len(), 2);
+    assert!(r.artifacts[0].found);
+    assert_eq!(text(&r.artifacts[0].content), "HELLO FROM A PROJECT\n");
+    assert!(!r.artifacts[1].found);
+}
+
+/// The daemon is SIGKILLed mid-run: the container, its cgroup and its run directory stay.
+/// The next provider's `reap` removes them all.
+#[test]
+fn crun_reap_after_the_daemon_was_killed() {
+    let test = "crun_reap_after_the_daemon_was_killed";
+    let Some(rig) = rig(RuntimeKind::Crun, test) else {
+        return;
+    };
+    let uid = uid(14, RuntimeKind::Crun);
+    let run_id = fresh_id("killed");
+    let id = format!("plimsoll-{run_id}");
+    let mut child = Spawn::new(env!("CARGO_BIN_EXE_plimsoll-oci-run"), "/")
+        .args(["run", "crun", "python", "import time\ntime.sleep(120)"])
+        .arg("--state-root")
+        .arg(&rig.state_root)
+        .args([
+            "--cgroup-parent",
+            &rig.cgroup_parent,
+            "--run-id",
+            &run_id,
+            "--timeout-ms",
+            "100000",
+        ])
+        .args(["--uid", &uid.to_string(), "--image"])
+        .arg(image())
+        .spawn()
+        .expect("start plimsoll-oci-run");
+    let start = Instant::now();
+    let mut seen = BTreeMap::new();
+    loop {
+        let listed = rig.p.runtime().list().unwrap_or_default().contains(&id);
+        let procs = !processes_of_uid(uid).is_empty();
+        seen.insert("listed", listed);
+        seen.insert("processes", procs);
+        if listed && procs {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the run never started: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGKILL the "daemon" alone: its runtime child and the container carry on.
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.child.wait().unwrap();
+    let mut drained = Vec::new();
+    let _ = child.stdout.read_to_end(&mut drained);
+    assert!(
+        rig.p.runtime().list().unwrap().contains(&id),
+        "the container should have outlived the daemon"
+    );
+    assert!(
+        !rig.p.state().is_live(&id),
+        "the dead daemon's lock is released"
+    );
+
+    // A new daemon starts: a fresh provider on the same state root reaps.
+    let mut c = rig.p.config().clone();
+    c.state_root = rig.state_root.clone();
+    let again = OciProvider::new(c);
+    let report = again.reap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.containers, std::slice::from_ref(&id));
+    assert_eq!(report.run_dirs, std::slice::from_ref(&id));
+    assert_eq!(report.cgroups, std::slice::from_ref(&run_id));
+    // The container's init lost its parent (the killed runtime) and came to this test
+    // process, the nearest child subreaper: dead, it waits here to be reaped. A restarted
+    // daemon is not its parent; init reaps it there.
+    reap_our_zombies(uid);
+    rig.assert_clean(&run_id, uid);
+    assert!(
+        again
+            .reap()
+            .summary()
+            .starts_with("removed 0 containers, 0 cgroups, 0 run directories")
+    );
+}
+
+/// A provider whose runtime is missing is not offered, and says why.
+#[test]
+fn a_missing_runtime_is_not_offered() {
+    let mut c = OciConfig::new(
+        RuntimeKind::Crun,
+        image(),
+        "/nonexistent/agent".into(),
+        "/nonexistent/probe".into(),
+        2_199_100,
+    );
+    c.binary = "/nonexistent/crun".into();
+    c.state_root = std::env::temp_dir().join(format!("plimsoll-missing-{}", std::process::id()));
+    c.cgroup_parent = format!("/plimsoll-test/missing-{}", std::process::id());
+    let p = OciProvider::new(c.clone());
+    let probed = p.probe();
+    let why = probed.available.unwrap_err();
+    assert!(
+        why.contains("runtime") && why.contains("/nonexistent/crun"),
+        "{why}"
+    );
+    assert_eq!(probed.tier, Tier::Container);
+    assert!(probed.evidence.probe.is_none(), "nothing ran");
+    let _ = std::fs::remove_dir_all(&c.state_root);
+}
