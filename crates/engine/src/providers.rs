@@ -1,5 +1,6 @@
 //! The closed set of providers, dispatched through one enum.
 
+use plimsoll_oci::OciProvider;
 use plimsoll_process::ProcessProvider;
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider};
 use plimsoll_wire::{RunSpec, Tier};
@@ -9,12 +10,15 @@ use plimsoll_wire::{RunSpec, Tier};
 pub enum AnyProvider {
     /// A hardened child process.
     Process(ProcessProvider),
+    /// An OCI runtime driven directly: crun or runc (`container`), runsc (`kernel`).
+    Oci(Box<OciProvider>),
 }
 
 impl AnyProvider {
     fn inner(&self) -> &dyn Provider {
         match self {
             AnyProvider::Process(p) => p,
+            AnyProvider::Oci(p) => p.as_ref(),
         }
     }
 }

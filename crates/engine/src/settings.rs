@@ -19,6 +19,18 @@
 //! python = "/usr/bin/python3"
 //! probe = "/usr/local/lib/plimsoll/plimsoll-probe"   # default: beside the running binary
 //!
+//! [oci]                            # the crun, runc and runsc providers (docs/container-tier.md)
+//! image = "/var/lib/plimsoll/build/images/sandbox"   # default: the repository's build/images/sandbox
+//! agent = "/usr/local/lib/plimsoll/plimsoll-agent"   # default: beside the running binary
+//! probe = "/usr/local/lib/plimsoll/plimsoll-probe"   # default: beside the running binary
+//! state_root = "/run/plimsoll"     # each provider keeps its state in <state_root>/<name>
+//! cgroup_parent = "/plimsoll"      # runs' cgroups: <cgroup_parent>/<name>/<run_id>
+//! cpu_millis = 1000                # CPU per run, in thousandths of a CPU
+//! crun = "/usr/bin/crun"
+//! runc = "/usr/sbin/runc"
+//! runsc = "/usr/bin/runsc"
+//! runsc_platform = "ptrace"
+//!
 //! [daemon]
 //! listen = "127.0.0.1:7878"
 //! callers_file = "/etc/plimsoll/callers.toml"
@@ -29,6 +41,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind};
 use plimsoll_process::{ProcessConfig, ProcessProvider};
 use plimsoll_sandbox::ResolvedLimits;
 use plimsoll_wire::Tier;
@@ -60,6 +73,9 @@ pub struct Settings {
     /// The process provider.
     #[serde(default)]
     pub process: ProcessSection,
+    /// The OCI providers (crun, runc, runsc).
+    #[serde(default)]
+    pub oci: OciSection,
     /// The daemon's own settings (ignored by the CLI's embedded engine).
     #[serde(default)]
     pub daemon: DaemonSection,
@@ -120,6 +136,120 @@ pub struct ProcessSection {
     pub probe: Option<PathBuf>,
 }
 
+/// `[oci]`: the crun, runc and runsc providers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OciSection {
+    /// The sandbox image directory, holding `rootfs/` and `identity` (default:
+    /// `build/images/sandbox` of the repository the running binary was built in, else
+    /// `/var/lib/plimsoll/build/images/sandbox`).
+    pub image: Option<PathBuf>,
+    /// The in-sandbox agent for projects (default: `plimsoll-agent` beside the running binary).
+    pub agent: Option<PathBuf>,
+    /// The probe program (default: `plimsoll-probe` beside the running binary).
+    pub probe: Option<PathBuf>,
+    /// Runtime state, bundles and locks, per provider in `<state_root>/<name>` (default
+    /// `/run/plimsoll`).
+    pub state_root: Option<PathBuf>,
+    /// The cgroup parent, absolute (default `/plimsoll`).
+    pub cgroup_parent: Option<String>,
+    /// CPU per run, in thousandths of a CPU (default 1000).
+    pub cpu_millis: Option<u32>,
+    /// The crun binary (default `/usr/bin/crun`).
+    pub crun: Option<PathBuf>,
+    /// The runc binary (default `/usr/sbin/runc`).
+    pub runc: Option<PathBuf>,
+    /// The runsc binary (default `/usr/bin/runsc`).
+    pub runsc: Option<PathBuf>,
+    /// runsc's `--platform` (default `ptrace`).
+    pub runsc_platform: Option<String>,
+}
+
+impl OciSection {
+    /// Checks the values that make no sense whatever the host.
+    fn validate(&self) -> Result<(), String> {
+        if let Some(parent) = &self.cgroup_parent {
+            let ok = parent.starts_with('/')
+                && parent.len() > 1
+                && parent.trim_start_matches('/').split('/').all(|s| {
+                    !s.is_empty()
+                        && s != "."
+                        && s != ".."
+                        && s.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                });
+            if !ok {
+                return Err(format!(
+                    "[oci] cgroup_parent `{parent}` must be an absolute cgroup path such as /plimsoll"
+                ));
+            }
+        }
+        for (key, path) in [
+            ("image", &self.image),
+            ("agent", &self.agent),
+            ("probe", &self.probe),
+            ("state_root", &self.state_root),
+            ("crun", &self.crun),
+            ("runc", &self.runc),
+            ("runsc", &self.runsc),
+        ] {
+            if let Some(p) = path
+                && !p.is_absolute()
+            {
+                return Err(format!(
+                    "[oci] {key} `{}` must be an absolute path",
+                    p.display()
+                ));
+            }
+        }
+        if self.cpu_millis == Some(0) {
+            return Err("[oci] cpu_millis must be at least 1".into());
+        }
+        if let Some(p) = &self.runsc_platform
+            && (p.is_empty() || !p.chars().all(|c| c.is_ascii_lowercase()))
+        {
+            return Err(format!(
+                "[oci] runsc_platform `{p}` is not a platform name (ptrace, kvm)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The provider configuration for one runtime.
+    fn config(&self, kind: RuntimeKind, probe_uid: u32) -> OciConfig {
+        let mut c = OciConfig::new(
+            kind,
+            self.image.clone().unwrap_or_else(default_image_dir),
+            self.agent
+                .clone()
+                .unwrap_or_else(|| default_tool_path("plimsoll-agent")),
+            self.probe.clone().unwrap_or_else(default_probe_path),
+            probe_uid,
+        );
+        let binary = match kind {
+            RuntimeKind::Crun => &self.crun,
+            RuntimeKind::Runc => &self.runc,
+            RuntimeKind::Runsc => &self.runsc,
+        };
+        if let Some(b) = binary {
+            c.binary = b.clone();
+        }
+        if let Some(r) = &self.state_root {
+            c.state_root = r.clone();
+        }
+        if let Some(p) = &self.cgroup_parent {
+            c.cgroup_parent = p.clone();
+        }
+        if let Some(m) = self.cpu_millis {
+            c.cpu_millis = m;
+        }
+        if let Some(p) = &self.runsc_platform {
+            c.platform = p.clone();
+        }
+        c
+    }
+}
+
 /// `[daemon]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -157,7 +287,7 @@ pub enum LoadSettingsError {
 }
 
 /// Every provider family this build knows, by name.
-pub const PROVIDER_NAMES: &[&str] = &["process"];
+pub const PROVIDER_NAMES: &[&str] = &["process", "crun", "runc", "runsc"];
 
 impl Settings {
     /// Reads and parses a settings file.
@@ -215,8 +345,17 @@ impl Settings {
             Some(list) => list.clone(),
             None => default_providers.iter().map(|s| (*s).to_owned()).collect(),
         };
+        self.oci.validate().map_err(BuildEngineError::Invalid)?;
+        // One past the run uids, so a probe never shares a uid with a run.
+        let probe_uid = config.sandbox_uid_base + config.max_concurrent as u32;
         let mut providers = Vec::new();
         for name in &names {
+            if let Some(kind) = RuntimeKind::from_name(name) {
+                providers.push(AnyProvider::Oci(Box::new(OciProvider::new(
+                    self.oci.config(kind, probe_uid),
+                ))));
+                continue;
+            }
             match name.as_str() {
                 "process" => {
                     providers.push(AnyProvider::Process(ProcessProvider::new(ProcessConfig {
@@ -236,8 +375,7 @@ impl Settings {
                             .clone()
                             .unwrap_or_else(default_probe_path),
                         state_dir: config.state_dir.clone(),
-                        // One past the run uids, so a probe never shares a uid with a run.
-                        probe_uid: config.sandbox_uid_base + config.max_concurrent as u32,
+                        probe_uid,
                     })))
                 }
                 other => {
@@ -255,16 +393,32 @@ impl Settings {
 /// `plimsoll-probe` beside the running executable (or in its parent, for test binaries
 /// under `target/*/deps`).
 pub fn default_probe_path() -> PathBuf {
+    default_tool_path("plimsoll-probe")
+}
+
+/// A plimsoll binary (`plimsoll-probe`, `plimsoll-agent`) beside the running executable, or
+/// in its parent directory (test binaries live in `target/*/deps`).
+pub fn default_tool_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let beside = dir.join("plimsoll-probe");
+    let beside = dir.join(name);
     if beside.exists() {
         return beside;
     }
     match dir.parent() {
-        Some(up) if up.join("plimsoll-probe").exists() => up.join("plimsoll-probe"),
+        Some(up) if up.join(name).exists() => up.join(name),
         _ => beside,
     }
+}
+
+/// The sandbox image: `build/images/sandbox` of the repository the running executable was
+/// built in (found by walking up from it), else `/var/lib/plimsoll/build/images/sandbox`.
+pub fn default_image_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.ancestors()
+        .map(|d| d.join("build/images/sandbox"))
+        .find(|d| d.join("identity").is_file())
+        .unwrap_or_else(|| PathBuf::from("/var/lib/plimsoll/build/images/sandbox"))
 }
 
 #[cfg(test)]
@@ -292,6 +446,56 @@ listen = "127.0.0.1:0"
         assert_eq!(c.max_concurrent, 3);
         assert_eq!(c.limits.defaults.timeout, Duration::from_secs(2));
         assert!(s.build_engine(&[]).is_ok());
+    }
+
+    #[test]
+    fn builds_the_oci_providers() {
+        let s = Settings::parse(
+            r#"
+providers = ["crun", "runc", "runsc", "process"]
+sandbox_uid_base = 3000000
+max_concurrent = 4
+[oci]
+image = "/srv/images/sandbox"
+state_root = "/run/plimsoll-x"
+cgroup_parent = "/plimsoll-x"
+cpu_millis = 500
+runc = "/opt/runc"
+runsc_platform = "kvm"
+"#,
+        )
+        .unwrap();
+        let oci: Vec<_> = RuntimeKind::ALL
+            .iter()
+            .map(|k| s.oci.config(*k, 7))
+            .collect();
+        assert_eq!(oci[0].binary, Path::new("/usr/bin/crun"));
+        assert_eq!(oci[1].binary, Path::new("/opt/runc"));
+        assert_eq!(oci[2].platform, "kvm");
+        assert!(
+            oci.iter()
+                .all(|c| c.image == Path::new("/srv/images/sandbox")
+                    && c.state_root == Path::new("/run/plimsoll-x")
+                    && c.cgroup_parent == "/plimsoll-x"
+                    && c.cpu_millis == 500
+                    && c.probe_uid == 7)
+        );
+        let engine = s.build_engine(&[]).unwrap();
+        assert!(engine.providers().is_empty(), "nothing is probed yet");
+        for bad in [
+            "[oci]\ncgroup_parent = \"plimsoll\"",
+            "[oci]\ncgroup_parent = \"/a/../b\"",
+            "[oci]\nimage = \"relative\"",
+            "[oci]\ncpu_millis = 0",
+            "[oci]\nrunsc_platform = \"--debug\"",
+        ] {
+            let s = Settings::parse(&format!("providers = [\"crun\"]\n{bad}")).unwrap();
+            assert!(
+                matches!(s.build_engine(&[]), Err(BuildEngineError::Invalid(_))),
+                "{bad}"
+            );
+        }
+        assert!(Settings::parse("[oci]\ncolour = 1").is_err());
     }
 
     #[test]
