@@ -108,7 +108,12 @@ mod tests {
         let mut undeclared = Vec::new();
         for file in &files {
             let text = std::fs::read_to_string(file).unwrap();
-            for pat in ["env::var(\"", "env::var_os(\"", "std::env::var(\"", "getenv(\""] {
+            for pat in [
+                "env::var(\"",
+                "env::var_os(\"",
+                "std::env::var(\"",
+                "getenv(\"",
+            ] {
                 for (i, _) in text.match_indices(pat) {
                     let rest = &text[i + pat.len()..];
                     let name = &rest[..rest.find('"').unwrap_or(0)];
@@ -118,7 +123,10 @@ mod tests {
                 }
             }
         }
-        assert!(undeclared.is_empty(), "undeclared environment variables: {undeclared:?}");
+        assert!(
+            undeclared.is_empty(),
+            "undeclared environment variables: {undeclared:?}"
+        );
     }
 
     #[test]
