@@ -146,8 +146,17 @@ fn a_refused_run_ran_nothing() {
     std::fs::set_permissions(&drop_box, std::fs::Permissions::from_mode(0o777)).unwrap();
     let marker = drop_box.join("marker");
     let code = format!("open({:?}, 'w').write('ran')", marker.display().to_string());
+    // The marker's directory is open to everyone, but landlock confines a process-tier run
+    // to its own work directory, so the marker alone could not catch a run that slipped
+    // through. The spawn counter can: a positive control below shows it moves for a real run.
+    let spawned_before = plimsoll_sandbox::spawned_total();
     let req = request("r-refused", Some(Tier::Container), Language::Python, &code);
     let err = engine.run("alice", &req).unwrap_err();
+    assert_eq!(
+        plimsoll_sandbox::spawned_total(),
+        spawned_before,
+        "a refused run started a process"
+    );
     assert_eq!(
         not_dispatched_reason(&err),
         Some(Reason::Isolation),
@@ -159,6 +168,12 @@ fn a_refused_run_ran_nothing() {
     assert_eq!(wire.request_id.as_deref(), Some("r-refused"));
     assert!(!marker.exists(), "a refused run wrote its marker");
     assert_eq!(engine.in_flight(), 0);
+
+    // Positive control: the same snippet at a floor the process tier meets does start.
+    let req = request("r-ran", Some(Tier::Process), Language::Python, &code);
+    let ran = engine.run("alice", &req).unwrap();
+    assert!(plimsoll_sandbox::spawned_total() > spawned_before);
+    assert_eq!(ran.isolation, Tier::Process);
 }
 
 #[test]

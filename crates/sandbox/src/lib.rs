@@ -15,7 +15,7 @@ use std::time::Duration;
 pub use capture::{CaptureError, CaptureLimits, Captured, capture};
 use plimsoll_wire::{Evidence, Reason, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
-pub use spawn::{PreExecHook, Running, Spawn, SpawnError, Stage};
+pub use spawn::{PreExecHook, Running, Spawn, SpawnError, Stage, spawned_total};
 
 /// Limits with every value decided: the request's ask, bounded by the operator's maximums,
 /// or the operator's default.

@@ -19,7 +19,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// A child-side setup hook: runs after fork, before exec, in the child.
 pub type PreExecHook = Box<dyn FnMut(&Stage) -> io::Result<()> + Send + Sync>;
 
-/// A child process to start.
+static SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many children this process has tried to start through [`Spawn`]: the witness that a
+/// refused run started nothing.
+pub fn spawned_total() -> u64 {
+    SPAWNED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// A child process to start, with a cleared environment.
 pub struct Spawn {
     program: PathBuf,
     args: Vec<OsString>,
@@ -201,6 +209,7 @@ impl Spawn {
     /// Starts the child: stdin from /dev/null, stdout and stderr to pipes.
     pub fn spawn(self) -> Result<Running, SpawnError> {
         become_subreaper();
+        SPAWNED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let start_err = |program: &Path, source| SpawnError::Start {
             program: program.to_owned(),
             source,
