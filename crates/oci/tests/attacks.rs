@@ -699,6 +699,53 @@ fn a_project_runs_its_steps_and_returns_artifacts(kind: RuntimeKind, test: &str)
     assert!(r.artifacts[0].found);
     assert_eq!(text(&r.artifacts[0].content), "HELLO FROM A PROJECT\n");
     assert!(!r.artifacts[1].found);
+
+    // A step past the deadline: the agent stops it and still answers.
+    let mut l = limits();
+    l.timeout = Duration::from_secs(2);
+    let sleepy = RunSpec::Project(Project {
+        files: vec![],
+        steps: vec![
+            Step {
+                name: None,
+                run: "echo first".into(),
+            },
+            Step {
+                name: None,
+                run: "sleep 60".into(),
+            },
+            Step {
+                name: None,
+                run: "echo never".into(),
+            },
+        ],
+        artifacts: vec![],
+    });
+    let r = rig.run(sleepy, l, uid(13, kind));
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.steps.len(), 2, "{r:?}");
+    assert!(r.steps[1].timed_out);
+    assert_eq!(text(&r.steps[0].stdout), "first\n");
+
+    // A step past the memory limit.
+    let mut l = limits();
+    l.memory_bytes = 128 << 20;
+    let hungry = RunSpec::Project(Project {
+        files: vec![],
+        steps: vec![Step {
+            name: None,
+            run: "node -e 'const a = []; for (;;) a.push(Buffer.alloc(1 << 20).fill(1))'".into(),
+        }],
+        artifacts: vec![],
+    });
+    let r = rig.run(hungry, l, uid(13, kind));
+    assert!(!r.timed_out, "{r:?}");
+    // crun, runc: the agent sees the step die and the OOM count rise. runsc: the whole
+    // sandbox is killed, agent included; the provider reports it from the run's cgroup.
+    assert!(r.oom_killed, "{r:?}");
+    if kind != RuntimeKind::Runsc {
+        assert!(r.steps[0].oom_killed, "{r:?}");
+    }
 }
 
 /// The daemon is SIGKILLed mid-run: the container, its cgroup and its run directory stay.
