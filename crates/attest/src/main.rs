@@ -30,6 +30,7 @@ enum Command {
         out: PathBuf,
     },
     /// Run code through a daemon, check the result, and sign it into a bundle.
+    #[command(after_help = env_help())]
     Run(RunArgs),
     /// Append a signed close (count of entries, last entry's digest) to a bundle.
     Close {
@@ -48,6 +49,7 @@ enum Command {
         bundle: PathBuf,
     },
     /// Verify a bundle, then resend each request and compare the result digests.
+    #[command(after_help = env_help())]
     Replay {
         /// The daemon URL (default: $PLIMSOLL_DAEMON).
         #[arg(long, value_name = "URL")]

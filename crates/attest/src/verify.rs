@@ -49,11 +49,14 @@ impl VerifiedBundle {
                 .or_default() += 1;
         }
         let ran: Vec<String> = tiers.iter().map(|(k, n)| format!("{n} on {k}")).collect();
+        let entries = match self.entries.len() {
+            0 => "no entries".to_owned(),
+            1 => "1 entry (sequence 0)".to_owned(),
+            n => format!("{n} entries (sequences 0 to {})", n - 1),
+        };
         format!(
-            "bundle OK: {} entries (sequences 0..{}), closed at line {}, all signed by key {}\n\
+            "bundle OK: {entries}, closed at line {}, all signed by key {}\n\
              ran: {}\nlast entry: sha256:{}\n",
-            self.entries.len(),
-            self.entries.len(),
             self.close_line,
             self.key_id,
             if ran.is_empty() {

@@ -510,6 +510,17 @@ fn appends_chain_close_and_refuse_after_close() {
         Err(AppendError::Missing { .. })
     ));
     assert!(!missing.exists());
+    // An existing empty bundle can be closed: it then verifies with no entries.
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, b"").unwrap();
+    assert_eq!(close_bundle(&empty, &key).unwrap().sequence, 0);
+    let v = verify_bundle(&empty, key.public()).unwrap();
+    assert!(
+        v.summary()
+            .starts_with("bundle OK: no entries, closed at line 1"),
+        "{}",
+        v.summary()
+    );
 
     // Another signer's bundle, or a damaged last line: nothing is chained onto it.
     let open = dir.path().join("open.jsonl");
@@ -936,7 +947,7 @@ fn run_close_verify_replay_against_a_daemon() {
     assert!(
         text(&o)
             .0
-            .starts_with("bundle OK: 3 entries (sequences 0..3), closed at line 4"),
+            .starts_with("bundle OK: 3 entries (sequences 0 to 2), closed at line 4"),
         "{:?}",
         text(&o)
     );
