@@ -706,6 +706,12 @@ fn python_with_cryptography() -> Result<PathBuf, String> {
     };
     let venv = root().join("target/attest-pyenv");
     let venv_python = venv.join("bin/python3");
+    // Test processes run in parallel: one makes the venv while the others wait on this lock.
+    std::fs::create_dir_all(root().join("target")).map_err(|e| e.to_string())?;
+    let lock = std::fs::File::create(root().join("target/attest-pyenv.lock"))
+        .map_err(|e| format!("cannot create the venv lock: {e}"))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("cannot lock the venv lock: {e}"))?;
     if venv_python.exists() && has(&venv_python) {
         return Ok(venv_python);
     }
