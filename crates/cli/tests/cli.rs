@@ -26,9 +26,10 @@ fn need_root(test: &str) -> bool {
     false
 }
 
-/// A settings file whose runs live in a fresh state directory sandbox uids can enter, with a
-/// sandbox uid range of its own (`slot` is unique per test: tests run in parallel, and the end
-/// of a run kills every process of its uid).
+/// A settings file offering the process provider only (so a run without a floor is refused
+/// whatever else the host has), whose runs live in a fresh state directory sandbox uids can
+/// enter, with a sandbox uid range of its own (`slot` is unique per test: tests run in
+/// parallel, and the end of a run kills every process of its uid).
 struct Config {
     dir: tempfile::TempDir,
 }
@@ -44,7 +45,7 @@ impl Config {
         std::fs::write(
             dir.path().join("plimsoll.toml"),
             format!(
-                "state_dir = \"{}\"\nsandbox_uid_base = {}\n",
+                "providers = [\"process\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n",
                 state.display(),
                 uid_base(slot)
             ),
