@@ -5,12 +5,23 @@
 //! plimsoll-example-minimal`, or `make demo`.
 
 use std::os::unix::fs::PermissionsExt as _;
+use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use plimsoll_engine::settings::Settings;
 use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunSpec, Snippet, Tier};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("plimsoll-example-minimal: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     // Runs live under a fresh directory; mode 0711 lets the sandbox's uid reach its own run
     // directory without listing anyone else's.
     let state = tempfile::Builder::new()
@@ -33,7 +44,9 @@ fn main() -> anyhow::Result<()> {
     engine.probe_all();
     if let Some(p) = engine.providers().iter().find(|p| !p.available) {
         bail!(
-            "provider `{}` is not available: {} (build the workspace first: cargo build --workspace)",
+            "provider `{}` is not available: {}\n(run it as root; and if the probe program is \
+             missing: `cargo run -p plimsoll-example-minimal` builds only this package, so run \
+             `cargo build --workspace` or `make demo` first)",
             p.name,
             p.unavailable_reason.as_deref().unwrap_or("no reason given")
         );
@@ -60,7 +73,10 @@ fn main() -> anyhow::Result<()> {
         "tier: {} (provider {})",
         response.isolation, response.provider
     );
-    println!("exit code: {:?}", response.result.exit_code);
+    match response.result.exit_code {
+        Some(code) => println!("exit code: {code}"),
+        None => println!("killed by signal {:?}", response.result.signal),
+    }
     println!("request sha256: {}", response.request_sha256);
     println!("result sha256:  {}", response.result_sha256);
     println!("record sha256:  {}", response.record.record_sha256);
