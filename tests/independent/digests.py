@@ -247,7 +247,7 @@ def encode_outcome(e, o, where):
 
 
 def encode_result(r):
-    check_keys(r, "result", OUTCOME_REQUIRED, OUTCOME_OPTIONAL + ("steps", "artifacts"))
+    check_keys(r, "result", OUTCOME_REQUIRED, OUTCOME_OPTIONAL + ("steps", "artifacts", "calls"))
     e = Encoding(RESULT_DOMAIN)
     encode_outcome(e, r, "result")
     steps = []
@@ -273,6 +273,28 @@ def encode_result(r):
         ae.boolean("truncated", want_bool(a["truncated"], f"{where}.truncated"))
         artifacts.append(ae.bytes())
     e.items("artifacts", artifacts)
+    calls = []
+    for i, c in enumerate(opt(r, "calls") or []):
+        where = f"result.calls[{i}]"
+        check_keys(
+            c,
+            where,
+            ("method", "request_bytes", "response_bytes", "latency_ms"),
+            ("route", "status", "error"),
+        )
+        want_int(c["latency_ms"], f"{where}.latency_ms", 0, U64_MAX)  # checked, never encoded
+        ce = Encoding()
+        ce.string("method", want_str(c["method"], f"{where}.method"))
+        if opt(c, "route") is not None:
+            ce.string("route", want_str(c["route"], f"{where}.route"))
+        if opt(c, "status") is not None:
+            ce.u64("status", want_int(c["status"], f"{where}.status", 0, 65535))
+        if opt(c, "error") is not None:
+            ce.string("error", want_str(c["error"], f"{where}.error"))
+        ce.u64("request_bytes", want_int(c["request_bytes"], f"{where}.request_bytes", 0, U64_MAX))
+        ce.u64("response_bytes", want_int(c["response_bytes"], f"{where}.response_bytes", 0, U64_MAX))
+        calls.append(ce.bytes())
+    e.items("calls", calls)
     return e.bytes()
 
 

@@ -201,6 +201,7 @@ fn mirror(step: &StepResult) -> RunResult {
         stderr_truncated: step.stderr_truncated,
         steps: Vec::new(),
         artifacts: Vec::new(),
+        calls: Vec::new(),
     }
 }
 

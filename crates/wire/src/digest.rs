@@ -238,8 +238,8 @@ fn encode_step(s: &StepResult) -> Vec<u8> {
     e.finish()
 }
 
-/// The result's digest encoding. Durations are not part of it, so a deterministic run
-/// replayed gives the same digest.
+/// The result's digest encoding. Durations (steps' `duration_ms`, calls' `latency_ms`) are
+/// not part of it, so a deterministic run replayed gives the same digest.
 pub fn encode_result(r: &RunResult) -> Vec<u8> {
     let mut e = Encoder::with_domain(RESULT_DOMAIN);
     encode_outcome(
@@ -266,6 +266,25 @@ pub fn encode_result(r: &RunResult) -> Vec<u8> {
                 .bytes("content", a.content.as_slice())
                 .bool("truncated", a.truncated);
             ae.finish()
+        }),
+    );
+    e.list(
+        "calls",
+        r.calls.iter().map(|c| {
+            let mut ce = Encoder::nested();
+            ce.str("method", &c.method);
+            if let Some(route) = &c.route {
+                ce.str("route", route);
+            }
+            if let Some(status) = c.status {
+                ce.u64("status", u64::from(status));
+            }
+            if let Some(error) = &c.error {
+                ce.str("error", error);
+            }
+            ce.u64("request_bytes", c.request_bytes)
+                .u64("response_bytes", c.response_bytes);
+            ce.finish()
         }),
     );
     e.finish()

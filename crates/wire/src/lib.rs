@@ -25,7 +25,7 @@ pub use request::{
     Language, Limits, Project, ProjectFile, RunRequest, RunSpec, Snippet, Step, parse_request,
     validate_request_id,
 };
-pub use result::{Artifact, RunRecord, RunResponse, RunResult, StepResult};
+pub use result::{Artifact, GrantCall, RunRecord, RunResponse, RunResult, StepResult};
 pub use tier::{ParseTierError, Tier};
 
 /// The protocol number this crate speaks. A request carrying another number is refused with

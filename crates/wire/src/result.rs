@@ -33,6 +33,36 @@ pub struct RunResult {
     /// Artifacts a project asked for, in the order asked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Artifact>,
+    /// Every call the run made through its grant's broker, in order (empty without a grant).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<GrantCall>,
+}
+
+/// One call a run made through its grant's broker. Never carries the credential, the
+/// request's own path (only the route template it matched) or any body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantCall {
+    /// `GET`, `POST`, `PUT`, `PATCH` or `DELETE`; `OTHER` for a request naming none of them.
+    pub method: String,
+    /// The granted route's path template it matched (e.g. `/orders/*`); absent when it
+    /// matched none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// The API's HTTP status; absent when the API was not called or did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Why the broker refused the call or it failed (`route_not_allowed`,
+    /// `path_not_canonical`, `budget_exhausted`, ... see docs/capability-grants.md); absent
+    /// when the API answered and the answer went back to the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Bytes of the request body sent to the API.
+    pub request_bytes: u64,
+    /// Bytes of the response body received from the API.
+    pub response_bytes: u64,
+    /// Wall time of the call in the broker. Not covered by the result digest.
+    pub latency_ms: u64,
 }
 
 /// The outcome of one project step.

@@ -85,7 +85,10 @@ impl Parsed {
         let mut p = self.clone();
         match &mut p {
             Parsed::Request(r) => r.request_id.clear(),
-            Parsed::Result(r) => r.steps.iter_mut().for_each(|s| s.duration_ms = 0),
+            Parsed::Result(r) => {
+                r.steps.iter_mut().for_each(|s| s.duration_ms = 0);
+                r.calls.iter_mut().for_each(|c| c.latency_ms = 0);
+            }
             Parsed::Record(r) => r.record_sha256.clear(),
             Parsed::Evidence(_) => {}
         }
@@ -259,6 +262,7 @@ fn the_vectors_cover_every_kind_and_case() {
         "result/killed-by-signal",
         "result/truncated-binary-output",
         "result/project",
+        "result/grant-calls",
         "record/plain",
         "evidence/process",
         "evidence/container-with-probe",
