@@ -3,7 +3,8 @@
 
 use std::sync::{Arc, RwLock};
 
-use plimsoll_sandbox::{LaunchError, LaunchPlan, Probed, Provider};
+use plimsoll_broker::{Broker, GrantProfiles};
+use plimsoll_sandbox::{BrokerChannel, LaunchError, LaunchPlan, Probed, Provider};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
     ErrorBody, ErrorResponse, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest,
@@ -120,6 +121,7 @@ pub struct Engine {
     config: EngineConfig,
     slots: Vec<Slot>,
     admission: Arc<Admission>,
+    grants: GrantProfiles,
 }
 
 impl Engine {
@@ -155,7 +157,21 @@ impl Engine {
             config,
             slots,
             admission,
+            grants: GrantProfiles::none(),
         })
+    }
+
+    /// The engine with these grant profiles (by default there are none, and every request
+    /// naming a grant is refused). Load them with
+    /// `GrantProfiles::load(path, plimsoll_engine::env::get_named_by_grants)`.
+    pub fn with_grants(mut self, grants: GrantProfiles) -> Self {
+        self.grants = grants;
+        self
+    }
+
+    /// The grant profiles in force.
+    pub fn grants(&self) -> &GrantProfiles {
+        &self.grants
     }
 
     /// The settings in force.
@@ -254,15 +270,16 @@ impl Engine {
             .limits
             .resolve(req.limits.as_ref())
             .map_err(|m| RunError::refused(id, Reason::Request, m))?;
-        if req.grant.is_some() {
-            // No grant profiles exist until the broker lands; an unknown profile and a
-            // forbidden one get the same answer so names cannot be probed.
-            return Err(RunError::refused(
-                id,
-                Reason::Permission,
-                "grant not allowed: this caller may not use that grant profile",
-            ));
-        }
+        // An unknown profile and a forbidden one get the same answer, so names cannot be
+        // probed.
+        let profile = match &req.grant {
+            None => None,
+            Some(name) => Some(
+                self.grants
+                    .authorize(name, caller)
+                    .map_err(|e| RunError::refused(id, Reason::Permission, e.to_string()))?,
+            ),
+        };
         let floor = req.minimum_isolation.unwrap_or(self.config.default_floor);
 
         // Snapshot every provider's state once, so the floor check and the dispatch agree.
@@ -274,7 +291,15 @@ impl Engine {
         let supports: Vec<Result<(), String>> = self
             .slots
             .iter()
-            .map(|s| s.provider.supports(&req.run))
+            .map(|s| {
+                s.provider.supports(&req.run)?;
+                if profile.is_some() && !supports_broker(&s.provider) {
+                    return Err(
+                        "this provider cannot carry a grant's broker channel yet: use the process provider for runs with a grant".into(),
+                    );
+                }
+                Ok(())
+            })
             .collect();
         let candidates: Vec<Candidate<'_>> = self
             .slots
@@ -322,6 +347,8 @@ impl Engine {
             .try_admit(caller)
             .map_err(|m| RunError::refused(id, Reason::Capacity, m))?;
         let run_id = new_run_id();
+        // The run's broker: mints its credential now, lives as long as the run.
+        let broker = profile.map(|p| Broker::start(p, caller, &run_id, limits.timeout));
         let plan = LaunchPlan {
             run_id: run_id.clone(),
             request_id: req.request_id.clone(),
@@ -330,14 +357,19 @@ impl Engine {
             uid: self.config.sandbox_uid_base + permit.slot() as u32,
             gid: self.config.sandbox_uid_base + permit.slot() as u32,
             run_dir: self.config.state_dir.join("runs").join(&run_id),
+            broker: broker
+                .as_ref()
+                .map(|b| BrokerChannel::new(Arc::new(b.clone()))),
         };
         tracing::info!(
             request_id = %req.request_id, run_id = %run_id, caller, provider = chosen,
-            tier = %state.probed.tier, "dispatching"
+            tier = %state.probed.tier, grant = req.grant.as_deref().unwrap_or("-"), "dispatching"
         );
         let outcome = slot.provider.run(&plan);
+        // The sandbox is gone: close the channel and collect the calls it made.
+        let calls = broker.map(|b| b.finish()).unwrap_or_default();
         drop(permit);
-        let outcome = match outcome {
+        let mut outcome = match outcome {
             Ok(o) => o,
             Err(LaunchError::NotStarted { reason, message }) => {
                 tracing::warn!(request_id = %req.request_id, provider = chosen, %message, "launch failed before start");
@@ -355,6 +387,7 @@ impl Engine {
             }
         };
 
+        outcome.result.calls = calls;
         let request_sha = request_sha256(req);
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
@@ -387,6 +420,20 @@ impl Engine {
             result: outcome.result,
             record,
         })
+    }
+}
+
+/// Whether a provider carries a plan's broker channel into its sandbox. `AnyProvider` does
+/// not delegate `Provider::supports_broker` yet (providers.rs), so each variant is asked
+/// here; a variant not listed carries none, and runs with a grant are not routed to it.
+fn supports_broker(p: &AnyProvider) -> bool {
+    match p {
+        AnyProvider::Process(p) => p.supports_broker(),
+        #[allow(
+            unreachable_patterns,
+            reason = "variants added later carry no broker until listed"
+        )]
+        _ => false,
     }
 }
 

@@ -57,10 +57,18 @@ pub const ALL: &[EnvVar] = &[
     NO_COLOR,
 ];
 
+/// The variables the grants file names, as a pattern: each profile's `credential.secret_env`
+/// (a static API token) or `credential.key_env` (an HS256 key), read once when the grants
+/// file is loaded, through [`get_named_by_grants`] only.
+pub const NAMED_BY_GRANTS: EnvVar = EnvVar {
+    name: "<secret_env>, <key_env>",
+    doc: "variables the grants file names (credential.secret_env / key_env): each profile's API secret or HMAC key, read when the grants file loads; never logged, never passed to a sandbox",
+};
+
 /// The `--help` section listing them.
 pub fn help_text() -> String {
     let mut s = String::from("Environment:\n");
-    for v in ALL {
+    for v in ALL.iter().chain([&NAMED_BY_GRANTS]) {
         s.push_str(&format!("  {:<16} {}\n", v.name, v.doc));
     }
     s
@@ -69,6 +77,21 @@ pub fn help_text() -> String {
 /// Reads a declared variable.
 pub fn get(var: EnvVar) -> Option<String> {
     std::env::var(var.name).ok().filter(|v| !v.is_empty())
+}
+
+/// Reads a variable the grants file names ([`NAMED_BY_GRANTS`]): the one way a name not
+/// declared here is read. plimsoll's own variables are never handed out this way (a grant
+/// naming `PLIMSOLL_TOKEN` would send the caller's token to an API), nor is anything but a
+/// plain `[A-Z_][A-Z0-9_]*` name.
+pub fn get_named_by_grants(name: &str) -> Option<String> {
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if !plain || name.starts_with("PLIMSOLL_") || ALL.iter().any(|v| v.name == name) {
+        return None;
+    }
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// True when tests run strictly (`CI=true`): a missing runtime fails instead of skipping.
@@ -127,6 +150,62 @@ mod tests {
             undeclared.is_empty(),
             "undeclared environment variables: {undeclared:?}"
         );
+    }
+
+    /// A read by a name that is not a string literal would escape the check above. Only
+    /// this module ([`get`], [`get_named_by_grants`]) and build scripts (Cargo's own
+    /// variables) may read one.
+    #[test]
+    fn every_read_by_a_computed_name_goes_through_this_module() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let this = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/env.rs");
+        let mut files = Vec::new();
+        rust_files(&root.join("crates"), &mut files);
+        rust_files(&root.join("examples"), &mut files);
+        let mut computed = Vec::new();
+        for file in &files {
+            if file.ends_with("build.rs") || file.canonicalize().ok() == this.canonicalize().ok() {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap();
+            // Spelt in pieces so that this file does not match the other test's patterns.
+            for pat in [
+                concat!("env::", "var("),
+                concat!("env::", "var_os("),
+                concat!("get", "env("),
+            ] {
+                for (i, _) in text.match_indices(pat) {
+                    if !text[i + pat.len()..].starts_with('"') {
+                        computed.push(format!(
+                            "{}: {}",
+                            file.display(),
+                            &text[i..(i + 40).min(text.len())]
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(
+            computed.is_empty(),
+            "environment read by a computed name outside plimsoll_engine::env: {computed:?}"
+        );
+    }
+
+    #[test]
+    fn grants_cannot_name_plimsolls_own_variables() {
+        for name in [
+            "PLIMSOLL_TOKEN",
+            "PLIMSOLL_ANYTHING",
+            "CI",
+            "NO_COLOR",
+            "lower",
+            "A-B",
+            "",
+        ] {
+            assert_eq!(get_named_by_grants(name), None, "{name}");
+        }
+        // PATH is set in any test environment and is an ordinary name.
+        assert!(get_named_by_grants("PATH").is_some());
     }
 
     #[test]

@@ -56,6 +56,7 @@ fn main() {
             uid: 2_390_000,
             gid: 2_390_000,
             run_dir: state.join("runs").join(format!("bench-{i}")),
+            broker: None,
         };
         let t = Instant::now();
         let out = provider.run(&plan).expect("sandboxed run");

@@ -1,12 +1,13 @@
 //! The hardened child: everything is prepared in the parent (landlock ruleset, seccomp
 //! programs, limits), and the child, between fork and exec, only makes system calls in a
-//! fixed order: rlimits, drop groups, gid, uid, no_new_privs, landlock, seccomp.
+//! fixed order: rlimits, drop groups, gid, uid, no_new_privs, landlock, the broker channel
+//! to its descriptor, seccomp.
 
 use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::Path;
 
-use plimsoll_sandbox::{ResolvedLimits, Stage};
+use plimsoll_sandbox::{BROKER_FD, ResolvedLimits, Stage};
 use rustix::process::{Gid, Uid};
 
 use crate::policy::{self, BpfProgram, Rlimit};
@@ -19,6 +20,7 @@ pub const STAGES: &[&str] = &[
     "setresuid",
     "no_new_privs",
     "landlock",
+    "broker_channel",
     "seccomp",
 ];
 
@@ -30,6 +32,7 @@ pub struct Hardening {
     gid: u32,
     landlock: Option<OwnedFd>,
     filters: Vec<BpfProgram>,
+    channel: Option<OwnedFd>,
 }
 
 /// Preparing the hardening failed (nothing was started).
@@ -55,13 +58,15 @@ pub enum PrepareHardeningError {
 
 impl Hardening {
     /// Prepares the hardening of a run as `uid`:`gid` with `limits`, its code read-only in
-    /// `code_dir` and its files in `work_dir`.
+    /// `code_dir` and its files in `work_dir`; `channel`, when given, is the sandbox's end of
+    /// the broker channel, which the child inherits at [`BROKER_FD`] (and nothing else does).
     pub fn prepare(
         limits: &ResolvedLimits,
         uid: u32,
         gid: u32,
         code_dir: &Path,
         work_dir: &Path,
+        channel: Option<OwnedFd>,
     ) -> Result<Self, PrepareHardeningError> {
         if uid == 0 || gid == 0 {
             return Err(PrepareHardeningError::Root { uid, gid });
@@ -74,6 +79,7 @@ impl Hardening {
             gid,
             landlock,
             filters: policy::seccomp_filters()?,
+            channel,
         })
     }
 
@@ -112,6 +118,22 @@ impl Hardening {
             }
         }
         stage.enter(6);
+        if let Some(fd) = &self.channel {
+            // The spawn helper marked every inherited descriptor close-on-exec; this one
+            // alone is kept, at its fixed number. After landlock, whose ruleset descriptor
+            // could sit at that number.
+            if fd.as_raw_fd() == BROKER_FD {
+                rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+            } else {
+                // SAFETY: dup2 between two descriptor numbers; it touches no memory, and the
+                // number it replaces was marked close-on-exec by the spawn helper, so nothing
+                // the program expects lived there.
+                if unsafe { libc::dup2(fd.as_raw_fd(), BROKER_FD) } < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        stage.enter(7);
         for program in &self.filters {
             install_filter(program)?;
         }

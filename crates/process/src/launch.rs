@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -182,6 +183,9 @@ pub struct Launch<'a> {
     pub gid: u32,
     /// Limits.
     pub limits: &'a ResolvedLimits,
+    /// The sandbox's end of the broker channel, inherited by the child at
+    /// [`plimsoll_sandbox::BROKER_FD`] and closed in this process once the child is started.
+    pub channel: Option<OwnedFd>,
 }
 
 /// How a launch went: the output, and when it started and ended.
@@ -197,9 +201,10 @@ pub struct Launched {
 
 /// Runs `launch` in `dir` (already holding its code) and always cleans up: every process of
 /// the uid is killed and the run directory is removed, whether the launch worked or not.
-pub fn launch_and_clean(launch: &Launch<'_>, dir: RunDir) -> Result<Launched, LaunchError> {
+pub fn launch_and_clean(launch: Launch<'_>, dir: RunDir) -> Result<Launched, LaunchError> {
+    let uid = launch.uid;
     let outcome = launch_in(launch, &dir);
-    let cleaned = clean(launch.uid, &dir);
+    let cleaned = clean(uid, &dir);
     match (outcome, cleaned) {
         (Ok(l), Ok(())) => Ok(l),
         (Ok(_), Err(c)) => Err(LaunchError::failed(format!(
@@ -237,9 +242,16 @@ pub fn clean(uid: u32, dir: &RunDir) -> Result<(), String> {
     }
 }
 
-fn launch_in(launch: &Launch<'_>, dir: &RunDir) -> Result<Launched, LaunchError> {
-    let hardening = Hardening::prepare(launch.limits, launch.uid, launch.gid, &dir.code, &dir.work)
-        .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+fn launch_in(launch: Launch<'_>, dir: &RunDir) -> Result<Launched, LaunchError> {
+    let hardening = Hardening::prepare(
+        launch.limits,
+        launch.uid,
+        launch.gid,
+        &dir.code,
+        &dir.work,
+        launch.channel,
+    )
+    .map_err(|e| LaunchError::environment(error_chain(&e)))?;
     // A daemon that crashed mid-run could have left processes of this uid behind.
     plimsoll_sandbox::reap::signal_all_as(launch.uid)
         .map_err(|e| LaunchError::environment(format!("cannot clear uid {}: {e}", launch.uid)))?;

@@ -5,12 +5,20 @@
 //! own and its working directory), its own unprivileged uid, an empty environment, rlimits,
 //! landlock and a seccomp deny list ([`policy`]). When it ends, every process of its uid is
 //! killed and the directory removed.
+//!
+//! A run with a grant also gets its broker channel: one end of a socketpair, inherited at
+//! descriptor 3 and by nothing else, with the in-sandbox client preloaded (`node --require`,
+//! or the code directory put on Python's path). seccomp still denies `socket()`, so the
+//! channel is the run's only way out.
 
 mod harden;
 mod launch;
 pub mod policy;
 mod probe;
 
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -63,6 +71,63 @@ impl ProcessProvider {
 /// path) and no bytecode written.
 pub const PYTHON_FLAGS: &[&str] = &["-I", "-B"];
 
+/// With a broker channel, Python starts here: `-I` keeps every directory off `sys.path`, so
+/// this puts the code directory (holding `plimsoll_host.py`) there and runs the snippet as
+/// `__main__`, its line numbers unchanged. The snippet's path is the argument after `-c`.
+pub const PYTHON_BOOT: &str = "import sys, runpy; p = sys.argv.pop(1); sys.argv[0] = p; \
+sys.path.insert(0, p.rpartition('/')[0]); runpy.run_path(p, run_name='__main__')";
+
+/// Writes the snippet (and, with a broker, its client) into the code directory; returns the
+/// interpreter, its arguments, and the sandbox's end of the broker channel, already being
+/// served. `Err` is a message: nothing was started.
+fn prepare_code<'a>(
+    dir: &RunDir,
+    language: &Language,
+    code: &str,
+    plan: &LaunchPlan,
+    config: &'a ProcessConfig,
+) -> Result<(&'a std::path::Path, Vec<OsString>, Option<OwnedFd>), String> {
+    use plimsoll_sandbox::broker::{JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE};
+    let add = |name: &str, content: &str| {
+        dir.add_code(name, content.as_bytes(), 0o644)
+            .map(PathBuf::into_os_string)
+            .map_err(|e| error_chain(&e))
+    };
+    let broker = plan.broker.as_ref();
+    let (interpreter, args) = match language {
+        Language::Javascript => {
+            let mut args = Vec::new();
+            if broker.is_some() {
+                args.push("--require".into());
+                args.push(add(JS_CLIENT_FILE, JS_CLIENT)?);
+            }
+            args.push(add("main.js", code)?);
+            (config.node.as_path(), args)
+        }
+        Language::Python => {
+            let mut args: Vec<OsString> = PYTHON_FLAGS.iter().map(Into::into).collect();
+            if broker.is_some() {
+                add(PYTHON_CLIENT_FILE, PYTHON_CLIENT)?;
+                args.push("-c".into());
+                args.push(PYTHON_BOOT.into());
+            }
+            args.push(add("main.py", code)?);
+            (config.python.as_path(), args)
+        }
+    };
+    let channel = match broker {
+        None => None,
+        Some(b) => {
+            let (ours, theirs) =
+                UnixStream::pair().map_err(|e| format!("cannot make the broker channel: {e}"))?;
+            b.serve_stream(ours)
+                .map_err(|e| format!("cannot start serving the broker channel: {e}"))?;
+            Some(OwnedFd::from(theirs))
+        }
+    };
+    Ok((interpreter, args, channel))
+}
+
 impl Provider for ProcessProvider {
     fn name(&self) -> &str {
         "process"
@@ -86,6 +151,9 @@ impl Provider for ProcessProvider {
         let _one_at_a_time = self.probing.lock().unwrap_or_else(|p| p.into_inner());
         probe::probe(self)
     }
+    fn supports_broker(&self) -> bool {
+        true
+    }
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
         let RunSpec::Snippet(snippet) = &plan.spec else {
             return Err(LaunchError::NotStarted {
@@ -100,18 +168,10 @@ impl Provider for ProcessProvider {
         }
         let dir = RunDir::create(&plan.run_dir, plan.uid, plan.gid)
             .map_err(|e| LaunchError::environment(error_chain(&e)))?;
-        let (file, interpreter, mut args) = match snippet.language {
-            Language::Javascript => ("main.js", &self.config.node, Vec::new()),
-            Language::Python => (
-                "main.py",
-                &self.config.python,
-                PYTHON_FLAGS.iter().map(Into::into).collect(),
-            ),
-        };
-        match dir.add_code(file, snippet.code.as_bytes(), 0o644) {
-            Ok(path) => args.push(path.into_os_string()),
-            Err(e) => {
-                let message = error_chain(&e);
+        let prepared = prepare_code(&dir, &snippet.language, &snippet.code, plan, &self.config);
+        let (interpreter, args, channel) = match prepared {
+            Ok(p) => p,
+            Err(message) => {
                 return Err(match launch::clean(plan.uid, &dir) {
                     Ok(()) => LaunchError::environment(message),
                     Err(c) => {
@@ -119,14 +179,15 @@ impl Provider for ProcessProvider {
                     }
                 });
             }
-        }
+        };
         let launched = launch_and_clean(
-            &Launch {
+            Launch {
                 program: interpreter,
                 args,
                 uid: plan.uid,
                 gid: plan.gid,
                 limits: &plan.limits,
+                channel,
             },
             dir,
         )?;
@@ -143,6 +204,7 @@ impl Provider for ProcessProvider {
                 stderr_truncated: c.stderr_truncated,
                 steps: Vec::new(),
                 artifacts: Vec::new(),
+                calls: Vec::new(),
             },
             started_unix_ms: launched.started_unix_ms,
             ended_unix_ms: launched.ended_unix_ms,

@@ -284,7 +284,7 @@ fn run_probe(cfg: &crate::ProcessConfig) -> Result<ProbeReport, String> {
     };
     let runs_root = cfg.state_dir.join("runs");
     let launched = launch_and_clean(
-        &Launch {
+        Launch {
             program: &program,
             args: vec![
                 "--try-write".into(),
@@ -295,6 +295,7 @@ fn run_probe(cfg: &crate::ProcessConfig) -> Result<ProbeReport, String> {
             uid: cfg.probe_uid,
             gid: cfg.probe_uid,
             limits: &PROBE_LIMITS,
+            channel: None,
         },
         dir,
     )
@@ -474,6 +475,7 @@ fn run_snippet(provider: &ProcessProvider, language: Language, code: &str) -> Re
         uid: cfg.probe_uid,
         gid: cfg.probe_uid,
         run_dir,
+        broker: None,
     };
     let out = provider.run(&plan).map_err(|e| e.to_string())?;
     let r = &out.result;

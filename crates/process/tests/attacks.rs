@@ -72,6 +72,7 @@ fn plan(env: &Env, uid: u32, language: Language, code: &str, limits: ResolvedLim
         limits,
         uid: UID_BASE + uid,
         gid: UID_BASE + uid,
+        broker: None,
     }
 }
 

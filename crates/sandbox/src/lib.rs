@@ -4,6 +4,7 @@
 //! Policy is decided before a plan exists (by the engine); code here and in the providers
 //! applies a plan and never re-decides it.
 
+pub mod broker;
 pub mod capture;
 pub mod reap;
 pub mod spawn;
@@ -12,6 +13,7 @@ pub mod testing;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use broker::{BROKER_FD, BrokerChannel, BrokerPort};
 pub use capture::{CaptureError, CaptureLimits, Captured, capture};
 use plimsoll_wire::{Evidence, Reason, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
@@ -53,6 +55,10 @@ pub struct LaunchPlan {
     pub gid: u32,
     /// Where the provider may keep this run's files; created by the provider, removed after.
     pub run_dir: PathBuf,
+    /// The run's broker, when the request named a grant the caller may use: the provider
+    /// hands it a stream connected to the sandbox (see [`broker`]) and preloads the
+    /// in-sandbox client. `None`: the run has no channel out at all.
+    pub broker: Option<BrokerChannel>,
 }
 
 /// What a provider returns for a run that happened.
@@ -129,6 +135,11 @@ pub trait Provider: Send + Sync {
     fn probe(&self) -> Probed;
     /// Runs one plan. Blocks until the run is over and its sandbox is gone.
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError>;
+    /// True when [`Provider::run`] carries a plan's [`LaunchPlan::broker`] into the sandbox.
+    /// The engine never gives a run with a grant to a provider that says no.
+    fn supports_broker(&self) -> bool {
+        false
+    }
 }
 
 /// Milliseconds since the Unix epoch, now.

@@ -1,0 +1,84 @@
+//! The channel's framing: each message is a 4-byte big-endian length, then that many bytes
+//! of UTF-8 JSON (docs/capability-grants.md, "The channel").
+
+use std::io::{self, Read, Write};
+
+/// A frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadFrameError {
+    /// The length is over the cap; the frame's bytes are still in the stream.
+    #[error("a frame of {0} bytes is over the cap")]
+    TooLarge(u32),
+    /// The stream failed or ended inside a frame.
+    #[error("the channel failed")]
+    Io(#[from] io::Error),
+}
+
+/// Reads one frame of at most `max` bytes. `Ok(None)` at a clean end of stream.
+pub(crate) fn read_frame(r: &mut impl Read, max: u32) -> Result<Option<Vec<u8>>, ReadFrameError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < len.len() {
+        match r.read(&mut len[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = u32::from_be_bytes(len);
+    if len > max {
+        return Err(ReadFrameError::TooLarge(len));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf)?;
+    Ok(Some(buf))
+}
+
+/// Reads and drops `len` bytes (the body of a frame over the cap).
+pub(crate) fn skip(r: &mut impl Read, len: u32) -> io::Result<()> {
+    let copied = io::copy(&mut r.take(u64::from(len)), &mut io::sink())?;
+    if copied < u64::from(len) {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+/// Writes one frame.
+pub(crate) fn write_frame(w: &mut impl Write, value: &serde_json::Value) -> io::Result<()> {
+    let body = serde_json::to_vec(value).map_err(io::Error::other)?;
+    let len = u32::try_from(body.len()).map_err(|_| io::Error::other("frame too large"))?;
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&body);
+    w.write_all(&out)?;
+    w.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_caps_hold() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &serde_json::json!({"a": 1})).unwrap();
+        assert_eq!(&buf[..4], &[0, 0, 0, 7]);
+        let mut r = &buf[..];
+        assert_eq!(read_frame(&mut r, 100).unwrap().unwrap(), br#"{"a":1}"#);
+        assert!(read_frame(&mut r, 100).unwrap().is_none(), "clean end");
+        let mut r = &buf[..];
+        assert!(matches!(
+            read_frame(&mut r, 3),
+            Err(ReadFrameError::TooLarge(7))
+        ));
+        skip(&mut r, 7).unwrap();
+        assert!(r.is_empty());
+        let mut r = &buf[..6];
+        assert!(matches!(
+            read_frame(&mut r, 100),
+            Err(ReadFrameError::Io(_))
+        ));
+    }
+}

@@ -1,0 +1,681 @@
+//! Grants end to end, for real: the engine with the process provider (needs root), a real
+//! HTTP API on loopback that demands the minted credential, and snippets that use the
+//! in-sandbox clients, skip them, and attack the broker.
+
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use plimsoll_broker::GrantProfiles;
+use plimsoll_broker::testing::{Expect, TestApi};
+use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
+use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_wire::{Language, Limits, PROTOCOL, RunRequest, RunResponse, RunSpec, Snippet, Tier};
+
+const TOKEN: &str = "tok-3f9a1c7e5b2d4a6c8e0f";
+const HMAC_KEY: &str = "k3y-for-the-orders-api-0123456789abcdef";
+
+/// A directory under /tmp, mode 0711 (sandbox uids traverse it), removed on drop.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(name: &str) -> TestDir {
+        let dir =
+            std::env::temp_dir().join(format!("plimsoll-grants-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        TestDir(dir)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The grants file of these tests: `orders` (static token) and `orders-jwt` (HS256), both for
+/// caller `alice`, against `api`.
+fn grants_text(api: &str, budget: u32) -> String {
+    format!(
+        r#"
+[profiles.orders]
+base_url = "{api}"
+routes = ["GET /orders/*", "POST /orders", "GET /status/*", "GET /redirect", "GET /echo-auth", "GET /big", "GET /search?", "GET /slow"]
+callers = ["alice"]
+call_budget = {budget}
+max_request_bytes = 65536
+max_response_bytes = 1048576
+timeout_ms = 2000
+[profiles.orders.credential]
+kind = "static"
+secret_env = "ORDERS_API_TOKEN"
+
+[profiles.orders-jwt]
+base_url = "{api}"
+routes = ["GET /orders/*"]
+callers = ["alice"]
+call_budget = 5
+[profiles.orders-jwt.credential]
+kind = "jwt"
+key_env = "ORDERS_JWT_KEY"
+audience = "orders-api"
+issuer = "plimsoll-test"
+"#
+    )
+}
+
+fn test_env(name: &str) -> Option<String> {
+    match name {
+        "ORDERS_API_TOKEN" => Some(TOKEN.into()),
+        "ORDERS_JWT_KEY" => Some(HMAC_KEY.into()),
+        _ => None,
+    }
+}
+
+/// A probed engine offering only the process provider, with the grants above.
+fn engine(test: &str, uid_base: u32, grants: GrantProfiles) -> Option<(Engine, TestDir)> {
+    if !is_root() {
+        skip_or_fail(test, "needs root to run the process provider");
+        return None;
+    }
+    let dir = TestDir::new(test);
+    let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
+    let toml = format!(
+        "providers = [\"process\"]\nstate_dir = {state:?}\nsandbox_uid_base = {uid_base}\nmax_concurrent = 2\n[process]\nprobe = {probe:?}\n",
+        state = dir.path().join("state").display().to_string(),
+        probe = probe.display().to_string(),
+    );
+    let engine = Settings::parse(&toml)
+        .unwrap()
+        .build_engine(&[])
+        .unwrap()
+        .with_grants(grants);
+    engine.probe_all();
+    assert!(engine.ready(), "{:?}", engine.providers());
+    Some((engine, dir))
+}
+
+fn request(language: Language, code: &str, grant: Option<&str>) -> RunRequest {
+    RunRequest {
+        protocol: PROTOCOL,
+        request_id: "r-grant".into(),
+        minimum_isolation: Some(Tier::Process),
+        provider: None,
+        limits: Some(Limits {
+            timeout_ms: Some(20_000),
+            ..Limits::default()
+        }),
+        run: RunSpec::Snippet(Snippet {
+            language,
+            code: code.into(),
+        }),
+        grant: grant.map(str::to_owned),
+    }
+}
+
+fn stdout(r: &RunResponse) -> String {
+    String::from_utf8_lossy(r.result.stdout.as_slice()).into_owned()
+}
+
+fn stderr(r: &RunResponse) -> String {
+    String::from_utf8_lossy(r.result.stderr.as_slice()).into_owned()
+}
+
+fn static_api() -> TestApi {
+    TestApi::start(Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {TOKEN}"),
+    })
+}
+
+fn run_ok(engine: &Engine, language: Language, code: &str, grant: Option<&str>) -> RunResponse {
+    let resp = engine
+        .run("alice", &request(language, code, grant))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        resp.result.exit_code,
+        Some(0),
+        "stdout: {}\nstderr: {}",
+        stdout(&resp),
+        stderr(&resp)
+    );
+    resp
+}
+
+#[test]
+fn a_granted_route_works_from_javascript_and_python() {
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 10), test_env).unwrap();
+    let Some((engine, _dir)) = engine("works", 2_450_000, grants) else {
+        return;
+    };
+    let js = r#"
+(async () => {
+  const order = await host.get('/orders/42');
+  console.log(JSON.stringify(order));
+  const made = await host.post('/orders', { item: 'tea', n: 2 });
+  console.log(JSON.stringify(made));
+})();
+"#;
+    let resp = run_ok(&engine, Language::Javascript, js, Some("orders"));
+    let out = stdout(&resp);
+    let answers: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            serde_json::json!({"method": "GET", "path": "/orders/42", "body": null}),
+            serde_json::json!({"method": "POST", "path": "/orders", "body": {"item": "tea", "n": 2}}),
+        ]
+    );
+    let seen = api.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen.iter().all(|s| s.authorized),
+        "the API got the token: {seen:?}"
+    );
+    assert_eq!(
+        resp.result
+            .calls
+            .iter()
+            .map(|c| (c.method.as_str(), c.route.as_deref(), c.status))
+            .collect::<Vec<_>>(),
+        [
+            ("GET", Some("/orders/*"), Some(200)),
+            ("POST", Some("/orders"), Some(200))
+        ]
+    );
+    assert_eq!(
+        resp.result.calls[1].request_bytes,
+        br#"{"item":"tea","n":2}"#.len() as u64
+    );
+    assert!(
+        resp.result
+            .calls
+            .iter()
+            .all(|c| c.error.is_none() && c.response_bytes > 0)
+    );
+    // The calls are covered by the result digest the client recomputes.
+    assert_eq!(
+        resp.result_sha256,
+        plimsoll_wire::digest::result_sha256(&resp.result)
+    );
+
+    let py = r#"
+import plimsoll_host as host
+print(host.get("/orders/7")["path"])
+print(host.put("/orders", {"x": 1}) if False else "skip-put")
+try:
+    host.get("/status/404")
+except host.HostError as e:
+    print("rejected", e.status, e.code)
+"#;
+    let resp = run_ok(&engine, Language::Python, py, Some("orders"));
+    assert_eq!(stdout(&resp), "/orders/7\nskip-put\nrejected 404 status\n");
+    assert_eq!(resp.result.calls.len(), 2);
+    assert_eq!(resp.result.calls[1].status, Some(404));
+    assert_eq!(resp.result.calls[1].route.as_deref(), Some("/status/*"));
+}
+
+#[test]
+fn ungranted_routes_wrong_methods_and_path_tricks_are_refused() {
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 100), test_env).unwrap();
+    let Some((engine, _dir)) = engine("refused", 2_450_016, grants) else {
+        return;
+    };
+    // Each line: method, path, the code the sandbox must see.
+    let cases: &[(&str, &str, &str)] = &[
+        ("GET", "/admin", "route_not_allowed"),
+        ("GET", "/orders", "route_not_allowed"),
+        ("GET", "/orders/1/items", "route_not_allowed"),
+        ("DELETE", "/orders/1", "route_not_allowed"),
+        ("PUT", "/orders", "route_not_allowed"),
+        ("GET", "/orders/1?admin=1", "route_not_allowed"),
+        ("GET", "/orders/../admin", "path_not_canonical"),
+        ("GET", "/orders/./1", "path_not_canonical"),
+        ("GET", "/orders/..", "path_not_canonical"),
+        ("GET", "/orders/%2e%2e", "path_not_canonical"),
+        ("GET", "/orders/%2F..%2Fadmin", "path_not_canonical"),
+        ("GET", "/orders/%5c..%5cadmin", "path_not_canonical"),
+        ("GET", "/orders/%252e", "path_not_canonical"),
+        ("GET", "/orders\\..\\admin", "path_not_canonical"),
+        ("GET", "/orders/..;/admin", "path_not_canonical"),
+        ("GET", "/orders/1;jsessionid=x", "path_not_canonical"),
+        ("GET", "/orders/1\r\nX-Injected: 1", "path_not_canonical"),
+        ("GET", "/orders/\u{0}", "path_not_canonical"),
+        ("GET", "/orders/a b", "path_not_canonical"),
+        ("GET", "/orders//1", "path_not_canonical"),
+        ("GET", "/orders/1#frag", "path_not_canonical"),
+        ("GET", "orders/1", "path_not_canonical"),
+        ("GET", "//evil.example/orders/1", "path_not_canonical"),
+        ("GET", "/orders/%zz", "path_not_canonical"),
+    ];
+    let table: Vec<String> = cases
+        .iter()
+        .map(|(m, p, _)| {
+            format!(
+                "[{}, {}]",
+                serde_json::to_string(m).unwrap(),
+                serde_json::to_string(p).unwrap()
+            )
+        })
+        .collect();
+    let js = format!(
+        r#"
+const cases = [{}];
+(async () => {{
+  for (const [m, p] of cases) {{
+    try {{
+      const call = {{GET: host.get, DELETE: host.delete, PUT: (x) => host.put(x, {{}})}}[m];
+      await call(p);
+      console.log('allowed');
+    }} catch (e) {{
+      console.log(e.code);
+    }}
+  }}
+  // A query where the route allows one, and a redirect that is answered, not followed.
+  console.log(JSON.stringify(await host.get('/search?q=tea')));
+  try {{ await host.get('/redirect'); }} catch (e) {{ console.log('redirect', e.status); }}
+}})();
+"#,
+        table.join(", ")
+    );
+    let resp = run_ok(&engine, Language::Javascript, &js, Some("orders"));
+    let out = stdout(&resp);
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, (m, p, code)) in cases.iter().enumerate() {
+        assert_eq!(lines.get(i).copied(), Some(*code), "{m} {p:?}\n{out}");
+    }
+    assert!(out.contains(r#""path":"/search?q=tea""#), "{out}");
+    assert!(out.contains("redirect 302"), "{out}");
+    let seen: Vec<String> = api.seen().iter().map(|s| s.target.clone()).collect();
+    assert_eq!(
+        seen,
+        ["/search?q=tea", "/redirect"],
+        "only granted calls reached the API"
+    );
+    let calls = &resp.result.calls;
+    assert_eq!(calls.len(), cases.len() + 2);
+    for (c, (m, _, code)) in calls.iter().zip(cases) {
+        assert_eq!(
+            (c.method.as_str(), c.error.as_deref(), c.status),
+            (*m, Some(*code), None)
+        );
+    }
+}
+
+#[test]
+fn code_that_skips_the_client_reaches_nothing() {
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 10), test_env).unwrap();
+    let Some((engine, _dir)) = engine("direct", 2_450_032, grants) else {
+        return;
+    };
+    let url = api.url();
+    let port = api.addr.port();
+    // With a grant: only the broker channel; a direct connection to the API fails.
+    let js = format!(
+        r#"
+const net = require('net');
+const fs = require('fs');
+const links = fs.readdirSync('/proc/self/fd').map((fd) => {{ try {{ return fd + '=' + fs.readlinkSync('/proc/self/fd/' + fd); }} catch (e) {{ return ''; }} }});
+console.log('sockets:', links.filter((l) => l.includes('=socket:')).join(' ').replace(/socket:\[\d+\]/g, 'socket'));
+(async () => {{
+  // (Not fetch: its WebAssembly parser wants more address space than the run's limit.)
+  await new Promise((resolve) => {{
+    require('http').get('{url}/orders/1', () => {{ console.log('http reached the API'); resolve(); }})
+      .on('error', (e) => {{ console.log('http failed:', e.code); resolve(); }});
+  }});
+  await new Promise((resolve) => {{
+    const s = net.connect({port}, '127.0.0.1');
+    s.on('connect', () => {{ console.log('connect reached the API'); s.destroy(); resolve(); }});
+    s.on('error', (e) => {{ console.log('connect failed:', e.code); resolve(); }});
+  }});
+  console.log('host is', typeof host);
+}})();
+"#
+    );
+    let resp = run_ok(&engine, Language::Javascript, &js, Some("orders"));
+    let out = stdout(&resp);
+    assert!(
+        out.contains("sockets: 3=socket\n"),
+        "the channel, and nothing else: {out}"
+    );
+    assert!(out.contains("http failed: EPERM"), "{out}");
+    assert!(out.contains("connect failed: EPERM"), "{out}");
+    assert!(out.contains("host is object"), "{out}");
+    let py = format!(
+        r#"
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    print("reached")
+except OSError as e:
+    print("failed", e.errno)
+"#
+    );
+    let resp = run_ok(&engine, Language::Python, &py, Some("orders"));
+    assert_eq!(stdout(&resp), "failed 1\n");
+    assert!(
+        api.seen().is_empty(),
+        "nothing reached the API: {:?}",
+        api.seen()
+    );
+    assert!(resp.result.calls.is_empty());
+
+    // Without a grant: no channel at all (nothing at descriptor 3, no `host`), no network.
+    let js = r#"
+const fs = require('fs');
+const links = fs.readdirSync('/proc/self/fd').map((fd) => { try { return fs.readlinkSync('/proc/self/fd/' + fd); } catch (e) { return ''; } });
+console.log('sockets:', links.filter((l) => l.startsWith('socket:')).length);
+console.log('host is', typeof host);
+"#;
+    let resp = run_ok(&engine, Language::Javascript, js, None);
+    assert_eq!(stdout(&resp), "sockets: 0\nhost is undefined\n");
+    let py = r#"
+import os, socket
+try:
+    os.fstat(3); print("fd 3 open")
+except OSError as e:
+    print("fd 3", e.errno)
+try:
+    import plimsoll_host; print("client present")
+except ImportError:
+    print("no client")
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); print("socket made")
+except OSError as e:
+    print("socket", e.errno)
+"#;
+    let resp = run_ok(&engine, Language::Python, py, None);
+    assert_eq!(stdout(&resp), "fd 3 9\nno client\nsocket 1\n");
+    assert!(resp.result.calls.is_empty());
+}
+
+#[test]
+fn the_budget_runs_out_cleanly() {
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 2), test_env).unwrap();
+    let Some((engine, _dir)) = engine("budget", 2_450_048, grants) else {
+        return;
+    };
+    let js = r#"
+(async () => {
+  for (let i = 1; i <= 4; i++) {
+    try { await host.get('/orders/' + i); console.log(i, 'ok'); }
+    catch (e) { console.log(i, e.code, e.message); }
+  }
+})();
+"#;
+    let resp = run_ok(&engine, Language::Javascript, js, Some("orders"));
+    let out = stdout(&resp);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "1 ok");
+    assert_eq!(lines[1], "2 ok");
+    assert!(
+        lines[2].starts_with("3 budget_exhausted GET /orders/3: this run has used all 2 calls"),
+        "{out}"
+    );
+    assert!(lines[3].starts_with("4 budget_exhausted"), "{out}");
+    assert_eq!(api.seen().len(), 2);
+    let errors: Vec<Option<&str>> = resp
+        .result
+        .calls
+        .iter()
+        .map(|c| c.error.as_deref())
+        .collect();
+    // The first call past the budget is listed; later ones are answered but not listed.
+    assert_eq!(errors, [None, None, Some("budget_exhausted")]);
+}
+
+#[test]
+fn request_and_response_caps_hold_and_echoed_credentials_are_withheld() {
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 10), test_env).unwrap();
+    let Some((engine, _dir)) = engine("caps", 2_450_064, grants) else {
+        return;
+    };
+    let js = r#"
+(async () => {
+  for (const [what, f] of [
+    ['big response', () => host.get('/big')],
+    ['body over the cap', () => host.post('/orders', { s: 'x'.repeat(70000) })],
+    ['frame over the cap', () => host.post('/orders', { s: 'x'.repeat(300000) })],
+    ['echo', () => host.get('/echo-auth')],
+    ['slow', () => host.get('/slow')],
+    ['after', () => host.get('/orders/1')],
+  ]) {
+    try { const r = await f(); console.log(what, 'ok', JSON.stringify(r).slice(0, 80)); }
+    catch (e) { console.log(what, e.code); }
+  }
+})();
+"#;
+    let resp = run_ok(&engine, Language::Javascript, js, Some("orders"));
+    let out = stdout(&resp);
+    assert_eq!(
+        out,
+        "big response response_too_large\nbody over the cap request_too_large\nframe over the cap request_too_large\necho response_rejected\nslow upstream_timeout\nafter ok {\"body\":null,\"method\":\"GET\",\"path\":\"/orders/1\"}\n",
+        "{}",
+        stderr(&resp)
+    );
+    assert!(!out.contains(TOKEN));
+    let seen: Vec<String> = api.seen().iter().map(|s| s.target.clone()).collect();
+    assert_eq!(seen, ["/big", "/echo-auth", "/slow", "/orders/1"]);
+    let echo = &resp.result.calls[3];
+    assert_eq!(
+        (echo.status, echo.error.as_deref()),
+        (Some(200), Some("response_rejected"))
+    );
+}
+
+/// A buffer the tracing subscriber writes into, shared with the test.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The snippet that looks everywhere the sandbox can: its environment, every /proc/*/cmdline
+/// and /proc/*/environ it can read, its own descriptors' targets, every file under its code
+/// and work directories and /tmp, and what a call's answer gave it. It prints all of it; the
+/// test (which knows the token) searches the output.
+const LOOK_EVERYWHERE: &str = r#"
+const fs = require('fs');
+const path = require('path');
+const dump = [];
+dump.push('ENV ' + JSON.stringify(process.env));
+dump.push('ARGV ' + JSON.stringify(process.argv));
+for (const pid of fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+  for (const f of ['cmdline', 'environ']) {
+    try { dump.push(pid + ' ' + f + ' ' + fs.readFileSync('/proc/' + pid + '/' + f).toString('latin1')); } catch (e) {}
+  }
+}
+for (const fd of fs.readdirSync('/proc/self/fd')) {
+  try { dump.push('FD ' + fd + ' ' + fs.readlinkSync('/proc/self/fd/' + fd)); } catch (e) {}
+}
+let files = 0;
+function walk(dir) {
+  let entries = [];
+  try { entries = fs.readdirSync(dir, { withFileTypes: true }); } catch (e) { return; }
+  for (const e of entries) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) walk(p);
+    else if (e.isFile()) { try { dump.push('FILE ' + p + ' ' + fs.readFileSync(p).toString('latin1')); files++; } catch (err) {} }
+  }
+}
+walk(path.dirname(process.argv[1]));
+walk(process.cwd());
+walk('/tmp');
+(async () => {
+  dump.push('ANSWER ' + JSON.stringify(await host.get('/orders/9')));
+  try { await host.get('/echo-auth'); } catch (e) { dump.push('ECHO ' + e.message); }
+  console.log(dump.join('\n'));
+  console.error('files read:', files, 'procs:', dump.filter((l) => / cmdline /.test(l)).length);
+})();
+"#;
+
+#[test]
+fn the_credential_is_nowhere_but_the_request_to_the_api() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .init();
+
+    // The static secret lives in this process's environment, as in a daemon's.
+    // SAFETY: nextest runs each test in a process of its own; no other thread of this test
+    // reads the environment yet.
+    unsafe { std::env::set_var("ORDERS_API_TOKEN", TOKEN) };
+    let api = TestApi::start(Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {TOKEN}"),
+    });
+    // Only the static profile: its secret is read from this process's environment.
+    let full = grants_text(&api.url(), 10);
+    let text = full.split("[profiles.orders-jwt]").next().unwrap();
+    let grants = GrantProfiles::load(
+        &write_grants(text),
+        plimsoll_engine::env::get_named_by_grants,
+    )
+    .unwrap();
+    let Some((engine, _dir)) = engine("nowhere", 2_450_080, grants) else {
+        return;
+    };
+    let resp = run_ok(
+        &engine,
+        Language::Javascript,
+        LOOK_EVERYWHERE,
+        Some("orders"),
+    );
+    let out = stdout(&resp);
+    assert!(
+        out.contains("ANSWER {\"body\":null,\"method\":\"GET\""),
+        "the call worked: {out}"
+    );
+    assert!(
+        out.contains(" cmdline "),
+        "it could read process command lines"
+    );
+    assert!(
+        out.contains("FILE "),
+        "it could read files: {}",
+        stderr(&resp)
+    );
+    assert!(!out.contains(TOKEN), "the token reached the sandbox");
+    assert!(!stderr(&resp).contains(TOKEN));
+    let result_json = serde_json::to_string(&resp).unwrap();
+    assert!(
+        !result_json.contains(TOKEN),
+        "the token is in the result or record"
+    );
+    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.contains("grant call"),
+        "the broker logged its calls: {logged}"
+    );
+    assert!(!logged.contains(TOKEN), "the token is in the logs");
+    assert!(api.seen().iter().all(|s| s.authorized));
+}
+
+fn write_grants(text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("plimsoll-grants-{}.toml", std::process::id()));
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn a_jwt_names_the_caller_and_dies_with_the_run() {
+    let api = TestApi::start(Expect::Jwt {
+        key: HMAC_KEY.as_bytes().to_vec(),
+        audience: "orders-api".into(),
+        subject: "alice".into(),
+    });
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 10), test_env).unwrap();
+    let Some((engine, _dir)) = engine("jwt", 2_450_096, grants) else {
+        return;
+    };
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let mut req = request(
+        Language::Python,
+        "import plimsoll_host as host\nprint(host.get('/orders/5')['path'])\nprint(host.get('/orders/6')['path'])\n",
+        Some("orders-jwt"),
+    );
+    let budget = Duration::from_millis(7_500);
+    req.limits = Some(Limits {
+        timeout_ms: Some(budget.as_millis() as u64),
+        ..Limits::default()
+    });
+    let resp = engine.run("alice", &req).unwrap();
+    assert_eq!(stdout(&resp), "/orders/5\n/orders/6\n", "{}", stderr(&resp));
+    let seen = api.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert!(
+            s.authorized,
+            "the API verified the signature, subject, audience and expiry"
+        );
+        let claims = s.claims.as_ref().unwrap();
+        assert_eq!(claims["sub"], "alice");
+        assert_eq!(claims["aud"], "orders-api");
+        assert_eq!(claims["iss"], "plimsoll-test");
+        let (iat, exp) = (
+            claims["iat"].as_u64().unwrap(),
+            claims["exp"].as_u64().unwrap(),
+        );
+        assert!(
+            exp - iat <= budget.as_secs() + 1,
+            "lifetime {} s",
+            exp - iat
+        );
+        assert!(
+            exp <= (started + budget).as_secs() + 1,
+            "expires with the run"
+        );
+    }
+    // One token per run: both calls carried the same one.
+    assert_eq!(seen[0].claims, seen[1].claims);
+    // Another run gets another token.
+    let again = engine.run("alice", &req).unwrap();
+    assert_eq!(again.result.exit_code, Some(0));
+    assert_ne!(
+        api.seen()[2].claims.as_ref().unwrap()["jti"],
+        seen[0].claims.as_ref().unwrap()["jti"]
+    );
+
+    // A caller the profile does not list is refused before anything runs, exactly as for a
+    // profile that does not exist.
+    let forbidden = engine.run("mallory", &req).unwrap_err();
+    let mut unknown_req = req.clone();
+    unknown_req.grant = Some("no-such-profile".into());
+    let unknown = engine.run("alice", &unknown_req).unwrap_err();
+    for e in [&forbidden, &unknown] {
+        assert_eq!(not_dispatched_reason(e), Some(Reason::Permission));
+        assert!(matches!(e, RunError::Refused { .. }));
+    }
+    assert_eq!(forbidden.to_string(), unknown.to_string());
+    assert_eq!(
+        serde_json::to_value(forbidden.to_response().error).unwrap(),
+        serde_json::to_value(unknown.to_response().error).unwrap()
+    );
+    assert_eq!(api.seen().len(), 4, "refused runs called nothing");
+}
