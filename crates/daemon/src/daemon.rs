@@ -3,12 +3,13 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use plimsoll_broker::{GrantProfiles, LoadGrantsError};
 use plimsoll_engine::settings::Settings;
-use plimsoll_engine::{BuildEngineError, Engine};
+use plimsoll_engine::{BuildEngineError, Engine, env};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -41,6 +42,9 @@ pub struct DaemonOptions {
     /// How long shutdown waits for runs in flight: the longest run timeout the settings
     /// allow, plus [`SHUTDOWN_SLACK`].
     pub shutdown_grace: Duration,
+    /// The grants file (docs/capability-grants.md), if any: without one, every request
+    /// naming a grant is refused.
+    pub grants_file: Option<PathBuf>,
 }
 
 /// The daemon could not start.
@@ -76,6 +80,9 @@ pub enum StartDaemonError {
     /// Serving failed.
     #[error("serving failed")]
     Serve(#[source] std::io::Error),
+    /// The grants file could not be loaded.
+    #[error("cannot load the grants file")]
+    Grants(#[source] LoadGrantsError),
     /// Shutdown waited its bound and runs were still in flight.
     #[error(
         "shutdown waited {waited:?} and {in_flight} run(s) were still in flight: they were abandoned"
@@ -130,6 +137,8 @@ impl DaemonOptions {
             max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
             recheck: Duration::from_secs(recheck),
             shutdown_grace: settings.engine_config().limits.maximums.timeout + SHUTDOWN_SLACK,
+            // Set by `plimsolld --grants`; a `grants_file` settings key is not there yet.
+            grants_file: None,
         })
     }
 }
@@ -141,6 +150,17 @@ pub fn build_engine(settings: &Settings) -> Result<Engine, StartDaemonError> {
         BuildEngineError::NoProviders => StartDaemonError::NoProviders,
         other => StartDaemonError::Engine(other),
     })
+}
+
+/// Loads the grants file, reading each secret it names from this process's environment
+/// (through `plimsoll_engine::env::get_named_by_grants`); no file means no grants.
+pub fn load_grants(path: Option<&Path>) -> Result<GrantProfiles, StartDaemonError> {
+    match path {
+        None => Ok(GrantProfiles::none()),
+        Some(p) => {
+            GrantProfiles::load(p, env::get_named_by_grants).map_err(StartDaemonError::Grants)
+        }
+    }
 }
 
 /// A built daemon, not yet serving.
@@ -272,9 +292,18 @@ async fn terminate_signal() {
 /// provider), bind, probe in the background (`/readyz` answers 503 until a provider passes),
 /// re-check evidence periodically, reload callers on SIGHUP, and shut down gracefully on
 /// SIGTERM/SIGINT.
-pub async fn run(settings: &Settings, listen: Option<&str>) -> Result<(), StartDaemonError> {
-    let options = DaemonOptions::from_settings(settings, listen)?;
-    let engine = Arc::new(build_engine(settings)?);
+/// `grants_file` overrides the options' grants file.
+pub async fn run(
+    settings: &Settings,
+    listen: Option<&str>,
+    grants_file: Option<&Path>,
+) -> Result<(), StartDaemonError> {
+    let mut options = DaemonOptions::from_settings(settings, listen)?;
+    if let Some(g) = grants_file {
+        options.grants_file = Some(g.to_owned());
+    }
+    let grants = load_grants(options.grants_file.as_deref())?;
+    let engine = Arc::new(build_engine(settings)?.with_grants(grants));
     let listener =
         TcpListener::bind(options.listen)
             .await
@@ -288,6 +317,7 @@ pub async fn run(settings: &Settings, listen: Option<&str>) -> Result<(), StartD
         addr = %addr,
         callers_file = %daemon.options.callers_file.display(),
         default_floor = %daemon.engine().config().default_floor,
+        grant_profiles = daemon.engine().grants().names().collect::<Vec<_>>().join(","),
         "listening"
     );
 

@@ -19,6 +19,10 @@ struct Args {
     /// Address to listen on, overriding [daemon].listen (default 127.0.0.1:7878).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Grant profiles (TOML, docs/capability-grants.md). The secrets it names are read from
+    /// this process's environment at start-up. Without it, every grant is refused.
+    #[arg(long, value_name = "FILE")]
+    grants: Option<PathBuf>,
 }
 
 const DEFAULT_CONFIG: &str = "/etc/plimsoll/plimsoll.toml";
@@ -43,7 +47,11 @@ fn main() -> ExitCode {
     plimsoll_daemon::logging::init();
     let result = load_settings(&args).and_then(|settings| {
         let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-        let served = rt.block_on(plimsoll_daemon::run(&settings, args.listen.as_deref()));
+        let served = rt.block_on(plimsoll_daemon::run(
+            &settings,
+            args.listen.as_deref(),
+            args.grants.as_deref(),
+        ));
         // Dropping a runtime waits for every blocking task; a run abandoned at the shutdown
         // bound must not hold the process open.
         rt.shutdown_timeout(std::time::Duration::from_secs(1));

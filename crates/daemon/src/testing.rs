@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use plimsoll_broker::GrantProfiles;
 use plimsoll_engine::Engine;
 use plimsoll_engine::settings::Settings;
 use tokio::sync::oneshot;
@@ -48,6 +49,11 @@ impl TestDaemon {
     /// at once never share a sandbox uid. Returns once every provider has
     /// been probed (whether or not one passed: see `GET /readyz`). Panics on invalid settings.
     pub fn start(settings_toml: &str) -> TestDaemon {
+        TestDaemon::start_with_grants(settings_toml, GrantProfiles::none())
+    }
+
+    /// [`TestDaemon::start`], with these grant profiles in its engine.
+    pub fn start_with_grants(settings_toml: &str, grants: GrantProfiles) -> TestDaemon {
         let dir = tempfile::tempdir().expect("create a temporary directory for the test daemon");
         // Sandbox uids must traverse it to reach their run directories under `state`.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
@@ -85,8 +91,11 @@ impl TestDaemon {
 
         let options = DaemonOptions::from_settings(&settings, None)
             .unwrap_or_else(|e| panic!("TestDaemon: {e}"));
-        let engine =
-            Arc::new(build_engine(&settings).unwrap_or_else(|e| panic!("TestDaemon: {e}")));
+        let engine = Arc::new(
+            build_engine(&settings)
+                .unwrap_or_else(|e| panic!("TestDaemon: {e}"))
+                .with_grants(grants),
+        );
         let daemon = Daemon::new(Arc::clone(&engine), options);
 
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
