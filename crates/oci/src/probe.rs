@@ -320,6 +320,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         uid,
         gid: uid,
         run_dir: p.state().runs().join(&run_id),
+        broker: None,
     };
     let launch = LaunchSpec {
         args: [
@@ -338,6 +339,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         binds: vec![("plimsoll-probe".into(), p.config().probe.clone())],
         output_bytes: 1 << 20,
         deadline: plan.limits.timeout,
+        env: Vec::new(),
     };
     let l = p
         .launch(&plan, &launch)

@@ -132,7 +132,18 @@ pub(crate) struct LaunchSpec {
     pub output_bytes: u64,
     /// When the watchdog kills the container.
     pub deadline: Duration,
+    /// Environment added to the container's fixed one (`NAME=value`).
+    pub env: Vec<String>,
 }
+
+/// The broker socket's file name in the tools directory.
+pub const BROKER_SOCKET: &str = "broker.sock";
+
+/// With a broker, Python starts here: `-I` keeps every directory off `sys.path`, so this puts
+/// the tools directory (holding `plimsoll_host.py`) there and runs the snippet as
+/// `__main__`, its line numbers unchanged (as the process tier does).
+pub const PYTHON_BOOT: &str = "import sys, runpy; p = sys.argv.pop(1); sys.argv[0] = p; \
+sys.path.insert(0, p.rpartition('/')[0]); runpy.run_path(p, run_name='__main__')";
 
 /// Bytes of the agent's answer beyond what its content can need (JSON framing, names).
 const AGENT_ANSWER_SLACK: u64 = 1024 * 1024;
@@ -263,11 +274,17 @@ impl OciProvider {
                 return report;
             }
         };
-        let mut ids: Vec<String> = Vec::new();
-        match self.runtime.list() {
-            Ok(list) => ids.extend(list.into_iter().filter(|i| i.starts_with("plimsoll-"))),
-            Err(e) => report.errors.push(e.to_string()),
-        }
+        let listed: Vec<String> = match self.runtime.list() {
+            Ok(list) => list
+                .into_iter()
+                .filter(|i| i.starts_with("plimsoll-"))
+                .collect(),
+            Err(e) => {
+                report.errors.push(e.to_string());
+                Vec::new()
+            }
+        };
+        let mut ids = listed.clone();
         ids.extend(self.state.run_ids());
         if let Ok(layout) = &self.layout {
             ids.extend(
@@ -288,7 +305,7 @@ impl OciProvider {
             if let Some(pid) = self.orphaned_runtime(&id) {
                 let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
             }
-            if self.runtime.has_state(&id) || self.runtime.list().is_ok_and(|l| l.contains(&id)) {
+            if listed.contains(&id) || self.runtime.has_state(&id) {
                 match self.runtime.delete_force(&id) {
                     Ok(()) => report.containers.push(id.clone()),
                     // Gone anyway (the runtime's own teardown got there first).
@@ -362,12 +379,14 @@ impl OciProvider {
                 self.state.runs().join(&id).display()
             ))
         })?;
-        let prepared = self.write_bundle(plan, launch, &run_dir, &rootfs);
+        let prepared = self
+            .write_bundle(plan, launch, &run_dir, &rootfs)
+            .and_then(|bundle| self.open_broker(plan, &run_dir).map(|()| bundle));
         let pid_file = run_dir.path().join("pid");
         let started_unix_ms = unix_ms_now();
         let spawned = prepared.and_then(|bundle| {
             self.runtime
-                .spawn_run(&bundle, &id, &pid_file)
+                .spawn_run(&bundle, &id, &pid_file, plan.broker.is_some())
                 .map_err(|e| {
                     format!(
                         "cannot start {}: {}",
@@ -497,6 +516,38 @@ impl OciProvider {
         })
     }
 
+    /// With a broker: a Unix socket in the run's tools directory (so inside the container
+    /// at `/opt/plimsoll/bin/broker.sock`, and on the host only under the run's 0700
+    /// directory), handed to the broker to serve.
+    fn open_broker(&self, plan: &LaunchPlan, run_dir: &RunDir) -> Result<(), String> {
+        let Some(broker) = &plan.broker else {
+            return Ok(());
+        };
+        let dir = run_dir.path().join("bin");
+        let path = dir.join(BROKER_SOCKET);
+        // A socket path must fit in 108 bytes; bind through the directory's descriptor,
+        // whatever the length of the state root.
+        let dir_fd = rustix::fs::open(
+            &dir,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+        let short = format!(
+            "/proc/self/fd/{}/{BROKER_SOCKET}",
+            std::os::fd::AsRawFd::as_raw_fd(&dir_fd)
+        );
+        let listener = std::os::unix::net::UnixListener::bind(&short)
+            .map_err(|e| format!("cannot create the broker socket {}: {e}", path.display()))?;
+        drop(dir_fd);
+        // The run's uid connects; nothing else can reach the path.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666))
+            .map_err(|e| format!("cannot open up {}: {e}", path.display()))?;
+        broker
+            .serve_listener(listener)
+            .map_err(|e| format!("cannot start serving the broker socket: {e}"))
+    }
+
     fn write_bundle(
         &self,
         plan: &LaunchPlan,
@@ -564,6 +615,7 @@ impl OciProvider {
                 tools_dir: &tools,
                 tool_binds: &binds,
                 args: &launch.args,
+                extra_env: &launch.env,
                 cgroup_v1_mounts: &cgroup_v1_mounts,
             },
         );
@@ -611,20 +663,42 @@ impl OciProvider {
     }
 
     fn snippet_launch(&self, plan: &LaunchPlan, language: Language, code: &str) -> LaunchSpec {
-        let (file, mut args) = match language {
-            Language::Javascript => ("main.js", vec!["/usr/bin/node".to_owned()]),
-            Language::Python => (
-                "main.py",
-                vec!["/usr/bin/python3".to_owned(), "-I".into(), "-B".into()],
-            ),
+        use plimsoll_sandbox::broker::{
+            JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE,
         };
-        args.push(format!("{}/{file}", spec::TOOLS_DIR));
+        let tool = |name: &str| format!("{}/{name}", spec::TOOLS_DIR);
+        let broker = plan.broker.is_some();
+        let mut files = Vec::new();
+        let (file, mut args) = match language {
+            Language::Javascript => {
+                let mut args = vec!["/usr/bin/node".to_owned()];
+                if broker {
+                    files.push((JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()));
+                    args.extend(["--require".to_owned(), tool(JS_CLIENT_FILE)]);
+                }
+                ("main.js", args)
+            }
+            Language::Python => {
+                let mut args = vec!["/usr/bin/python3".to_owned(), "-I".into(), "-B".into()];
+                if broker {
+                    files.push((
+                        PYTHON_CLIENT_FILE.to_owned(),
+                        PYTHON_CLIENT.as_bytes().to_vec(),
+                    ));
+                    args.extend(["-c".to_owned(), PYTHON_BOOT.to_owned()]);
+                }
+                ("main.py", args)
+            }
+        };
+        args.push(tool(file));
+        files.push((file.to_owned(), code.as_bytes().to_vec()));
         LaunchSpec {
             args,
-            files: vec![(file.to_owned(), code.as_bytes().to_vec())],
+            files,
             binds: Vec::new(),
             output_bytes: plan.limits.output_bytes,
             deadline: plan.limits.timeout,
+            env: broker_env(plan, false),
         }
     }
 
@@ -644,18 +718,51 @@ impl OciProvider {
         // JSON may spell one byte as six (`\u0000`).
         let content = 2 * plan.limits.output_bytes * (project.steps.len() as u64 + 1)
             + plan.limits.artifact_bytes * project.artifacts.len() as u64;
+        let mut files = vec![("job.json".to_owned(), text)];
+        if plan.broker.is_some() {
+            use plimsoll_sandbox::broker::{
+                JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE,
+            };
+            files.push((JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()));
+            files.push((
+                PYTHON_CLIENT_FILE.to_owned(),
+                PYTHON_CLIENT.as_bytes().to_vec(),
+            ));
+        }
         Ok(LaunchSpec {
             args: vec![
                 "/bin/sh".into(),
                 "-c".into(),
                 format!("exec {0}/plimsoll-agent < {0}/job.json", spec::TOOLS_DIR),
             ],
-            files: vec![("job.json".to_owned(), text)],
+            files,
+            env: broker_env(plan, true),
             binds: vec![("plimsoll-agent".to_owned(), self.config.agent.clone())],
             output_bytes: content.saturating_mul(6).saturating_add(AGENT_ANSWER_SLACK),
             deadline: plan.limits.timeout + AGENT_GRACE,
         })
     }
+}
+
+/// The environment a run with a broker gets: where the socket is and, for a project's
+/// steps, the clients preloaded (`NODE_OPTIONS`) or importable (`PYTHONPATH`).
+fn broker_env(plan: &LaunchPlan, project: bool) -> Vec<String> {
+    use plimsoll_sandbox::broker::JS_CLIENT_FILE;
+    if plan.broker.is_none() {
+        return Vec::new();
+    }
+    let mut env = vec![format!(
+        "PLIMSOLL_BROKER_SOCKET={}/{BROKER_SOCKET}",
+        spec::TOOLS_DIR
+    )];
+    if project {
+        env.push(format!(
+            "NODE_OPTIONS=--require {}/{JS_CLIENT_FILE}",
+            spec::TOOLS_DIR
+        ));
+        env.push(format!("PYTHONPATH={}", spec::TOOLS_DIR));
+    }
+    env
 }
 
 /// The exit status of the container's process as the runtime reports it: `128 + N` is
@@ -697,6 +804,10 @@ impl Provider for OciProvider {
         Ok(())
     }
 
+    fn supports_broker(&self) -> bool {
+        true
+    }
+
     fn probe(&self) -> Probed {
         crate::probe::probe(self)
     }
@@ -721,8 +832,7 @@ impl Provider for OciProvider {
                         stdout_truncated: c.stdout_truncated,
                         stderr: Bytes(c.stderr),
                         stderr_truncated: c.stderr_truncated,
-                        steps: Vec::new(),
-                        artifacts: Vec::new(),
+                        ..RunResult::default()
                     },
                     started_unix_ms: l.started_unix_ms,
                     ended_unix_ms: unix_ms_now(),

@@ -253,15 +253,21 @@ impl Runtime {
     }
 
     /// Starts `run` for the bundle; stdout and stderr of the container are the pipes of the
-    /// returned child.
+    /// returned child. `host_sockets`: the container connects to a host Unix socket bound
+    /// into it (the broker); runsc needs `--host-uds=open` for that, crun and runc nothing.
     pub fn spawn_run(
         &self,
         bundle: &Path,
         id: &str,
         pid_file: &Path,
+        host_sockets: bool,
     ) -> Result<Running, SpawnError> {
-        self.command(&Runtime::run_args(bundle, id, pid_file))
-            .spawn()
+        let mut args = Vec::new();
+        if host_sockets && self.kind == RuntimeKind::Runsc {
+            args.push(OsString::from("--host-uds=open"));
+        }
+        args.extend(Runtime::run_args(bundle, id, pid_file));
+        self.command(&args).spawn()
     }
 
     fn control(&self, args: &[&str]) -> Result<CommandOutput, RuntimeCommandError> {

@@ -65,6 +65,8 @@ pub struct SpecInputs<'a> {
     pub tool_binds: &'a [(&'a str, &'a Path)],
     /// The container's process: program and arguments.
     pub args: &'a [String],
+    /// Environment variables added to [`ENVIRONMENT`] (`NAME=value`), e.g. the broker socket.
+    pub extra_env: &'a [String],
     /// The host's cgroup v1 hierarchies under /sys/fs/cgroup (`/sys/fs/cgroup/memory`, ...),
     /// which crun mirrors into the container; empty on a cgroup v2 host.
     pub cgroup_v1_mounts: &'a [String],
@@ -187,13 +189,18 @@ pub fn container_config(plan: &LaunchPlan, inputs: &SpecInputs<'_>) -> Value {
         linux["seccomp"] = crate::seccomp::profile().clone();
     }
 
+    let env: Vec<String> = ENVIRONMENT
+        .iter()
+        .map(|e| (*e).to_owned())
+        .chain(inputs.extra_env.iter().cloned())
+        .collect();
     json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
             "user": {"uid": uid, "gid": gid, "additionalGids": []},
             "args": inputs.args,
-            "env": ENVIRONMENT,
+            "env": env,
             "cwd": WORK_DIR,
             "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
             "rlimits": [
@@ -239,6 +246,7 @@ mod tests {
             uid: 2_000_003,
             gid: 2_000_003,
             run_dir: PathBuf::from("/unused"),
+            broker: None,
         }
     }
 
@@ -258,6 +266,7 @@ mod tests {
                 tools_dir: Path::new("/run/plimsoll/crun/runs/plimsoll-0123abcd/bin"),
                 tool_binds: &[("plimsoll-agent", agent.as_path())],
                 args: &args,
+                extra_env: &[],
                 cgroup_v1_mounts: &[
                     "/sys/fs/cgroup/memory".to_owned(),
                     "/sys/fs/cgroup/pids".to_owned(),

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
+use plimsoll_sandbox::broker::{BrokerChannel, BrokerPort};
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
 use plimsoll_sandbox::{LaunchPlan, Provider, ResolvedLimits, Spawn};
@@ -183,13 +184,18 @@ impl Rig {
             uid,
             gid: uid,
             run_dir: self.state_root.join("unused"),
+            broker: None,
         }
     }
 
     /// Runs, then checks that nothing of the run is left.
     fn run(&self, spec: RunSpec, limits: ResolvedLimits, uid: u32) -> RunResult {
-        let plan = self.plan(spec, limits, uid);
-        let outcome = self.p.run(&plan);
+        self.run_plan(&self.plan(spec, limits, uid))
+    }
+
+    fn run_plan(&self, plan: &LaunchPlan) -> RunResult {
+        let uid = plan.uid;
+        let outcome = self.p.run(plan);
         self.assert_clean(&plan.run_id, uid);
         match outcome {
             Ok(o) => o.result,
@@ -312,6 +318,7 @@ on_every_runtime!(
     background_processes_do_not_outlive_the_run,
     a_concurrent_run_cannot_be_read,
     a_project_runs_its_steps_and_returns_artifacts,
+    a_grant_run_reaches_its_broker_through_its_socket,
 );
 
 fn snippets_run_as_the_run_uid(kind: RuntimeKind, test: &str) {
@@ -746,6 +753,82 @@ fn a_project_runs_its_steps_and_returns_artifacts(kind: RuntimeKind, test: &str)
     if kind != RuntimeKind::Runsc {
         assert!(r.steps[0].oom_killed, "{r:?}");
     }
+}
+
+/// A broker that answers every line it reads with `pong:<line>`.
+#[derive(Debug)]
+struct EchoBroker;
+
+impl BrokerPort for EchoBroker {
+    fn serve_stream(&self, _stream: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        Err(std::io::Error::other(
+            "containers are served through a listener",
+        ))
+    }
+
+    fn serve_listener(&self, listener: std::os::unix::net::UnixListener) -> std::io::Result<()> {
+        use std::io::{BufRead as _, Write as _};
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                std::thread::spawn(move || {
+                    let mut line = String::new();
+                    let mut reader = std::io::BufReader::new(&conn);
+                    if reader.read_line(&mut line).is_ok() {
+                        let _ = (&conn).write_all(format!("pong:{line}").as_bytes());
+                    }
+                });
+            }
+        });
+        Ok(())
+    }
+}
+
+fn a_grant_run_reaches_its_broker_through_its_socket(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let uid = uid(15, kind);
+    let broker = || Some(BrokerChannel::new(std::sync::Arc::new(EchoBroker)));
+    let code = r#"
+import os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["PLIMSOLL_BROKER_SOCKET"])
+s.sendall(b"ping\n")
+print(s.recv(100).decode(), end="")
+import plimsoll_host
+print("client", callable(plimsoll_host.get))
+"#;
+    let mut plan = rig.plan(py(code), limits(), uid);
+    plan.broker = broker();
+    let r = rig.run_plan(&plan);
+    assert_eq!(
+        text(&r.stdout),
+        "pong:ping\nclient True\n",
+        "{}",
+        text(&r.stderr)
+    );
+    let mut plan = rig.plan(
+        js("console.log(typeof host, typeof host.get)"),
+        limits(),
+        uid,
+    );
+    plan.broker = broker();
+    let r = rig.run_plan(&plan);
+    assert_eq!(text(&r.stdout), "object function\n", "{}", text(&r.stderr));
+    let project = RunSpec::Project(Project {
+        files: vec![],
+        steps: vec![Step {
+            name: None,
+            run: "node -e 'console.log(typeof host)' && python3 -c 'import plimsoll_host; print(plimsoll_host.__name__)'".into(),
+        }],
+        artifacts: vec![],
+    });
+    let mut plan = rig.plan(project, limits(), uid);
+    plan.broker = broker();
+    let r = rig.run_plan(&plan);
+    assert_eq!(text(&r.steps[0].stdout), "object\nplimsoll_host\n", "{r:?}");
+    // Without a grant there is no socket and no client.
+    let r = rig.run(py("import os\nprint(sorted(os.listdir('/opt/plimsoll/bin')), os.environ.get('PLIMSOLL_BROKER_SOCKET'))"), limits(), uid);
+    assert_eq!(text(&r.stdout), "['main.py'] None\n", "{r:?}");
 }
 
 /// The daemon is SIGKILLed mid-run: the container, its cgroup and its run directory stay.

@@ -116,6 +116,7 @@ fn plan(run_id: String, language: Language, code: &str, uid: u32, timeout: Durat
         uid,
         gid: uid,
         run_dir: PathBuf::from("/nonexistent"),
+        broker: None,
     }
 }
 
