@@ -1,18 +1,16 @@
 //! Who the runner is, and what the controller can see of it (docs/trials.md, "Two uids").
 //!
 //! The runner starts with CAP_SETUID and CAP_SETGID (root in the container with only those two
-//! capabilities, or root on a host) and, before it reads any scenario, becomes
-//! `ruid=R euid=C suid=R fsuid=R` (and the same shape for gids), with no capability left, no
-//! supplementary group and no_new_privs, where R is the runner's uid and C the controller's:
-//! - it touches files as R (fsuid), so scenario files and trajectories are R's;
-//! - the controller (ruid=euid=suid=C) cannot signal it (the kernel compares the sender's ids
-//!   with the target's real and saved uid, both R) nor ptrace it or read its /proc files
-//!   (that needs all three of its uids to be C, and it is not dumpable anyway);
-//! - it can start the controller as C (an unprivileged process may set any uid it holds) and
-//!   signal every process of C (its euid is C) without any capability.
+//! capabilities, or root on a host). While it still has them it starts the launcher
+//! (crate::launcher), the one process that keeps the controller uid C; then it drops to its
+//! own uid R as real, effective, saved and filesystem uid (gids alike), with no supplementary
+//! group, no capability, no_new_privs, not dumpable. Only then does it read anything. The
+//! controller (uid C) cannot signal it, ptrace it or read its /proc files.
 //!
-//! It also re-executes itself with its arguments in a memfd, so /proc/<runner>/cmdline, which
-//! any process may read, shows only `--args-fd N`.
+//! It also re-executes itself with its arguments in a memfd and an empty environment, so
+//! /proc/<runner>/cmdline, which any process may read, shows only `--args-fd N`, and
+//! /proc/<runner>/environ (closed by the non-dumpable flag on Linux, but readable in gVisor)
+//! holds nothing.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read as _, Seek as _, Write as _};
@@ -99,39 +97,21 @@ pub fn make_undumpable() -> io::Result<()> {
     Ok(())
 }
 
-/// Becomes `ruid=R euid=C suid=R fsuid=R` (gids alike), with no supplementary groups, no
-/// capabilities, no_new_privs set and not dumpable, then checks it in /proc/self/status.
-/// Must run while the process has a single thread (capability sets are per thread).
+/// Becomes uid R and gid R (real, effective, saved, filesystem) with no supplementary
+/// groups, no capabilities, no_new_privs set and not dumpable, then checks it in
+/// /proc/self/status. Must run while the process has a single thread (capability sets are
+/// per thread).
 pub fn drop_privileges(ids: &Identities) -> Result<(), DropPrivilegesError> {
-    let step = |step: &'static str, rc: libc::c_int| {
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(DropPrivilegesError::Step {
-                step,
-                source: io::Error::last_os_error(),
-            })
-        }
-    };
-    let (r, c) = (ids.runner_uid, ids.controller_uid);
-    let (rg, cg) = (ids.runner_gid, ids.controller_gid);
+    let (r, rg) = (ids.runner_uid, ids.runner_gid);
     // SAFETY: setgroups with an empty list; the glibc wrapper applies it to every thread.
     step("clear the supplementary groups", unsafe {
         libc::setgroups(0, std::ptr::null())
     })?;
     // SAFETY: plain integer arguments; glibc applies the change to every thread.
-    step("set the gids", unsafe { libc::setresgid(rg, cg, rg) })?;
+    step("set the gids", unsafe { libc::setresgid(rg, rg, rg) })?;
     // SAFETY: as above. With every uid now non-zero, the kernel clears the permitted and
-    // effective capability sets (we also clear them explicitly below).
-    step("set the uids", unsafe { libc::setresuid(r, c, r) })?;
-    // setresuid/setresgid set the filesystem ids to the effective ones (C); files are the
-    // runner's own. Allowed without privilege: R is the real and saved id.
-    // SAFETY: plain integer arguments; the call cannot fail in a way that matters here (the
-    // check below reads the result back).
-    unsafe {
-        libc::setfsgid(rg);
-        libc::setfsuid(r);
-    }
+    // effective capability sets (they are also cleared explicitly below).
+    step("set the uids", unsafe { libc::setresuid(r, r, r) })?;
     let none = rustix::thread::CapabilitySet::empty();
     rustix::thread::set_capabilities(
         None,
@@ -145,10 +125,17 @@ pub fn drop_privileges(ids: &Identities) -> Result<(), DropPrivilegesError> {
         step: "clear the capabilities",
         source: e.into(),
     })?;
-    rustix::thread::clear_ambient_capability_set().map_err(|e| DropPrivilegesError::Step {
-        step: "clear the ambient capabilities",
-        source: e.into(),
-    })?;
+    // gVisor has no ambient capabilities and answers EINVAL; the status check below still
+    // reads CapAmb where the kernel has it.
+    match rustix::thread::clear_ambient_capability_set() {
+        Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+        Err(e) => {
+            return Err(DropPrivilegesError::Step {
+                step: "clear the ambient capabilities",
+                source: e.into(),
+            });
+        }
+    }
     rustix::thread::set_no_new_privs(true).map_err(|e| DropPrivilegesError::Step {
         step: "set no_new_privs",
         source: e.into(),
@@ -157,11 +144,23 @@ pub fn drop_privileges(ids: &Identities) -> Result<(), DropPrivilegesError> {
         step: "make the runner not dumpable",
         source,
     })?;
-    check_status(ids).map_err(DropPrivilegesError::Check)
+    check_status([r; 4], [rg; 4]).map_err(DropPrivilegesError::Check)
 }
 
-/// Reads /proc/self/status and checks the ids, groups, capabilities and flags.
-fn check_status(ids: &Identities) -> Result<(), String> {
+fn step(step: &'static str, rc: libc::c_int) -> Result<(), DropPrivilegesError> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(DropPrivilegesError::Step {
+            step,
+            source: io::Error::last_os_error(),
+        })
+    }
+}
+
+/// Reads /proc/self/status and checks the ids (real, effective, saved, filesystem), the
+/// groups, the capabilities and no_new_privs.
+pub(crate) fn check_status(uids: [u32; 4], gids: [u32; 4]) -> Result<(), String> {
     let status = std::fs::read_to_string("/proc/self/status")
         .map_err(|e| format!("cannot read /proc/self/status: {e}"))?;
     let field = |name: &str| {
@@ -170,31 +169,36 @@ fn check_status(ids: &Identities) -> Result<(), String> {
             .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
             .ok_or_else(|| format!("/proc/self/status has no {name}"))
     };
-    let want_uid = format!(
-        "{r}\t{c}\t{r}\t{r}",
-        r = ids.runner_uid,
-        c = ids.controller_uid
-    );
-    let want_gid = format!(
-        "{r}\t{c}\t{r}\t{r}",
-        r = ids.runner_gid,
-        c = ids.controller_gid
-    );
+    let tabbed = |ids: [u32; 4]| {
+        ids.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join("\t")
+    };
+    let (want_uid, want_gid) = (tabbed(uids), tabbed(gids));
     let mut wrong = Vec::new();
-    for (name, want) in [
-        ("Uid:", want_uid.as_str()),
-        ("Gid:", want_gid.as_str()),
-        ("Groups:", ""),
-        ("CapInh:", "0000000000000000"),
-        ("CapPrm:", "0000000000000000"),
-        ("CapEff:", "0000000000000000"),
-        ("CapAmb:", "0000000000000000"),
-        ("NoNewPrivs:", "1"),
+    let zero = "0000000000000000";
+    // CapAmb is absent where the kernel has no ambient capabilities (gVisor).
+    for (name, want, required) in [
+        ("Uid:", want_uid.as_str(), true),
+        ("Gid:", want_gid.as_str(), true),
+        ("Groups:", "", true),
+        ("CapInh:", zero, true),
+        ("CapPrm:", zero, true),
+        ("CapEff:", zero, true),
+        ("CapAmb:", zero, false),
     ] {
-        let got = field(name)?;
+        let got = match field(name) {
+            Ok(got) => got,
+            Err(_) if !required => continue,
+            Err(e) => return Err(e),
+        };
         if got != want {
             wrong.push(format!("{name} is `{got}`, not `{want}`"));
         }
+    }
+    if rustix::thread::no_new_privs() != Ok(true) {
+        wrong.push("no_new_privs is not set".into());
     }
     if wrong.is_empty() {
         Ok(())
@@ -218,8 +222,9 @@ pub enum ReexecError {
 }
 
 /// The arguments (without argv\[0\]). If they are not the `--args-fd N` form, stores them in a
-/// memfd and re-executes the runner with only `--args-fd N`, which does not return; in the
-/// re-executed runner, reads them back from the descriptor and closes it.
+/// memfd and re-executes the runner with only `--args-fd N` and an empty environment (the
+/// runner reads no environment variable), which does not return; in the re-executed runner,
+/// reads them back from the descriptor and closes it.
 pub fn args_with_hidden_command_line() -> Result<Vec<OsString>, ReexecError> {
     let mut argv: Vec<OsString> = std::env::args_os().collect();
     let argv0 = if argv.is_empty() {
@@ -255,12 +260,13 @@ pub fn args_with_hidden_command_line() -> Result<Vec<OsString>, ReexecError> {
     let fd = memfd.as_raw_fd();
     #[allow(
         clippy::disallowed_methods,
-        reason = "exec of this very program (no fork): the environment and the memfd are kept on purpose"
+        reason = "exec of this very program (no fork), the memfd kept on purpose"
     )]
     let err = std::process::Command::new("/proc/self/exe")
         .arg0(&argv0)
         .arg(ARGS_FD_FLAG)
         .arg(fd.to_string())
+        .env_clear()
         .exec();
     Err(ReexecError::Exec(err))
 }

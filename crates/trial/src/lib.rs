@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod creds;
+pub mod launcher;
 pub mod protocol;
 pub mod runner;
 pub mod scenario;

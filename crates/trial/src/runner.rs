@@ -1,16 +1,16 @@
 //! A run of the trial runner, in the order that keeps scenarios secret: check everything,
-//! drop privileges, load the simulator, read and delete every scenario file, and only then
-//! start a controller for each trial in turn.
+//! start the launcher, drop privileges, load the simulator, read and delete every scenario
+//! file, and only then start a controller for each trial in turn.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::controller::{
-    ControllerCommand, ResolveProgramError, become_subreaper, resolve_program,
-};
+use crate::controller::{ControllerCommand, ResolveProgramError, resolve_program};
 use crate::creds::{DropPrivilegesError, Identities, IdentitiesError, drop_privileges};
+use crate::launcher::{Launcher, LauncherError, StartLauncherError, processes_of_uid};
 use crate::scenario::{self, TakeScenarioError};
 use crate::sim::{LoadSimulatorError, SimulatorError, SimulatorModule};
+use crate::trajectory::{TrajectoryError, TrajectoryWriter};
 use crate::trial::{Deadlines, RunTrialError, run_trial};
 use crate::verdict::{VERDICT_FORMAT, Verdict};
 
@@ -56,9 +56,25 @@ pub enum RunError {
     /// The controller program is not there.
     #[error(transparent)]
     Program(#[from] ResolveProgramError),
-    /// The runner cannot become a child subreaper.
-    #[error("cannot become a child subreaper: {0}")]
-    Subreaper(std::io::Error),
+    /// Processes of the controller uid exist before the run.
+    #[error(
+        "processes of the controller uid {uid} already exist ({pids:?}); the controller uid must be used by nothing else"
+    )]
+    ControllerUidBusy {
+        /// The uid.
+        uid: u32,
+        /// Its processes.
+        pids: Vec<i32>,
+    },
+    /// A trajectory file could not be created.
+    #[error(transparent)]
+    Trajectory(#[from] TrajectoryError),
+    /// The launcher did not start.
+    #[error(transparent)]
+    StartLauncher(#[from] StartLauncherError),
+    /// The launcher failed at the end of the run.
+    #[error("at the end of the run")]
+    Launcher(#[source] LauncherError),
     /// Dropping privileges failed.
     #[error(transparent)]
     Privileges(#[from] DropPrivilegesError),
@@ -96,7 +112,7 @@ impl RunError {
     /// The exit status: 2 when nothing of the controller ran, 3 when a trial was under way.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RunError::Trial(_) => 3,
+            RunError::Trial(_) | RunError::Launcher(_) => 3,
             _ => 2,
         }
     }
@@ -141,7 +157,14 @@ pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
     } else {
         config.trajectories.clone()
     };
-    become_subreaper().map_err(RunError::Subreaper)?;
+    let busy = processes_of_uid(config.ids.controller_uid, std::process::id() as i32);
+    if !busy.is_empty() {
+        return Err(RunError::ControllerUidBusy {
+            uid: config.ids.controller_uid,
+            pids: busy,
+        });
+    }
+    let mut launcher = Launcher::start(&config.ids, &command)?;
     drop_privileges(&config.ids)?;
     let module = match &config.sim {
         SimSource::BuiltIn => SimulatorModule::from_bytes(crate::CARTPOLE_WASM)?,
@@ -164,19 +187,30 @@ pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
             });
         }
     }
+    // Every file the run writes is created before the first controller starts.
+    let writers = trajectories
+        .iter()
+        .map(|p| TrajectoryWriter::create(p))
+        .collect::<Result<Vec<_>, _>>()?;
 
     let mut trials = Vec::with_capacity(scenarios.len());
-    for ((scenario, path), trajectory) in scenarios.iter().zip(&config.scenarios).zip(&trajectories)
+    for (((scenario, path), trajectory), writer) in scenarios
+        .iter()
+        .zip(&config.scenarios)
+        .zip(&trajectories)
+        .zip(writers)
     {
         trials.push(run_trial(
             &module,
             scenario,
             path,
-            &command,
+            &mut launcher,
             config.deadlines,
             trajectory,
+            writer,
         )?);
     }
+    launcher.shutdown().map_err(RunError::Launcher)?;
     Ok(Verdict {
         format: VERDICT_FORMAT,
         simulator_sha256: module.sha256().to_owned(),

@@ -120,6 +120,12 @@ impl SimulatorModule {
         // Determinism: NaN bit patterns canonical, relaxed SIMD in its deterministic mode.
         config.cranelift_nan_canonicalization(true);
         config.relaxed_simd_deterministic(true);
+        // Reserve only the memory an instance may have (plus a small guard), not wasmtime's
+        // default 4 GiB of address space per memory: the runner must also work under an
+        // address-space limit (RLIMIT_AS). Bounds are then checked explicitly.
+        config.memory_reservation(MEMORY_LIMIT_BYTES as u64);
+        config.memory_guard_size(64 * 1024);
+        config.memory_reservation_for_growth(0);
         let engine = Engine::new(&config).map_err(|e| LoadSimulatorError::Engine(e.to_string()))?;
         let module = Module::new(&engine, bytes)
             .map_err(|e| LoadSimulatorError::Invalid(format!("{e:#}")))?;

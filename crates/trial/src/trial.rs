@@ -3,9 +3,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::controller::{
-    Controller, ControllerCommand, Fault, SpawnControllerError, SurvivorsError,
-};
+use crate::controller::{Controller, Fault, SpawnControllerError};
+use crate::launcher::{Launcher, LauncherError};
 use crate::protocol::{parse_force, shown, state_line};
 use crate::scenario::Scenario;
 use crate::sim::{SimulatorError, SimulatorModule};
@@ -71,14 +70,14 @@ pub enum RunTrialError {
         /// What failed.
         detail: String,
     },
-    /// Processes of the controller survived.
-    #[error("trial {scenario}")]
-    Survivors {
+    /// The launcher could not end the controller (processes survived, or it is gone).
+    #[error("trial {scenario}: cannot end the controller")]
+    End {
         /// The scenario.
         scenario: String,
-        /// Which.
+        /// Why.
         #[source]
-        source: SurvivorsError,
+        source: LauncherError,
     },
     /// A failure, and then cleaning up the controller failed too.
     #[error("{first}; and then: {cleanup}")]
@@ -97,15 +96,17 @@ enum Stop {
     Fault(EndReason, String),
 }
 
-/// Runs one trial. The controller is ended (every process of its uid killed and reaped)
-/// whatever happens.
+/// Runs one trial, writing to `trajectory` (created at `trajectory_path`), the controller
+/// started by `launcher`. The controller is ended (every process of its uid killed and
+/// reaped) whatever happens.
 pub fn run_trial(
     module: &SimulatorModule,
     scenario: &Scenario,
     scenario_path: &Path,
-    command: &ControllerCommand,
+    launcher: &mut Launcher,
     deadlines: Deadlines,
     trajectory_path: &Path,
+    mut trajectory: TrajectoryWriter,
 ) -> Result<TrialVerdict, RunTrialError> {
     let label = scenario_path.display().to_string();
     let sim_err = |tick: u64| {
@@ -119,14 +120,9 @@ pub fn run_trial(
     let mut sim = module.instantiate().map_err(sim_err(0))?;
     sim.init(&scenario.initial.into()).map_err(sim_err(0))?;
     let tps = sim.ticks_per_second().map_err(sim_err(0))?;
-    let mut trajectory =
-        TrajectoryWriter::create(trajectory_path).map_err(|source| RunTrialError::Trajectory {
-            scenario: label.clone(),
-            source,
-        })?;
 
     let started = Instant::now();
-    let mut controller = Controller::spawn(command).map_err(|source| RunTrialError::Spawn {
+    let mut controller = Controller::start(launcher).map_err(|source| RunTrialError::Spawn {
         scenario: label.clone(),
         source,
     })?;
@@ -196,13 +192,13 @@ pub fn run_trial(
         }
         Ok(Stop::Completed)
     })();
-    let ended = controller.finish();
+    let ended = controller.finish(launcher);
     let wall_ms = started.elapsed().as_millis() as u64;
     let (stop, ended) = match (looped, ended) {
         (Ok(stop), Ok(ended)) => (stop, ended),
         (Err(first), Ok(_)) => return Err(first),
         (Ok(_), Err(source)) => {
-            return Err(RunTrialError::Survivors {
+            return Err(RunTrialError::End {
                 scenario: label,
                 source,
             });
@@ -210,7 +206,7 @@ pub fn run_trial(
         (Err(first), Err(source)) => {
             return Err(RunTrialError::AndCleanup {
                 first: Box::new(first),
-                cleanup: Box::new(RunTrialError::Survivors {
+                cleanup: Box::new(RunTrialError::End {
                     scenario: label,
                     source,
                 }),

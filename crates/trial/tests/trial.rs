@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use plimsoll_trial::State;
-use plimsoll_trial::controller::processes_of_uid;
+use plimsoll_trial::launcher::processes_of_uid;
 use plimsoll_trial::trajectory::decode;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
@@ -363,12 +363,16 @@ def attempt(what, f):
         print(f"{{what}}: read {{f()!r}}", file=sys.stderr)
     except OSError as e:
         print(f"{{what}}: {{type(e).__name__}} errno {{e.errno}}", file=sys.stderr)
-runner = os.getppid()
+launcher = os.getppid()
+with open(f"/proc/{{launcher}}/status") as f:
+    runner = int([l.split()[1] for l in f if l.startswith("PPid:")][0])
 attempt("scenario", lambda: open({scenario:?}, "rb").read())
-attempt("mem", lambda: open(f"/proc/{{runner}}/mem", "rb").read(16))
-attempt("environ", lambda: open(f"/proc/{{runner}}/environ", "rb").read())
-attempt("cmdline", lambda: open(f"/proc/{{runner}}/cmdline", "rb").read())
-attempt("signal", lambda: os.kill(runner, 0))
+for who, pid in (("runner", runner), ("launcher", launcher)):
+    attempt(f"{{who}} mem", lambda pid=pid: open(f"/proc/{{pid}}/mem", "rb").read(16))
+    attempt(f"{{who}} environ", lambda pid=pid: open(f"/proc/{{pid}}/environ", "rb").read())
+    attempt(f"{{who}} cmdline", lambda pid=pid: open(f"/proc/{{pid}}/cmdline", "rb").read())
+    attempt(f"{{who}} signal", lambda pid=pid: os.kill(pid, 0))
+    attempt(f"{{who}} renice", lambda pid=pid: os.setpriority(os.PRIO_PROCESS, pid, 19))
 print("ids:", os.getresuid(), os.getresgid(), os.getgroups(), file=sys.stderr)
 print("env:", sorted(os.environ), file=sys.stderr)
 sys.stderr.flush()
@@ -385,25 +389,37 @@ for line in sys.stdin:
     assert_eq!(t["end_reason"], "completed", "{t}");
     let seen = t["controller_stderr"].as_str().unwrap();
     let (c, u) = (fx.cuid, fx.uid);
-    for want in [
+    let mut wants = vec![
         "scenario: FileNotFoundError errno 2".to_owned(),
-        "mem: PermissionError errno 13".to_owned(),
-        "environ: PermissionError errno 13".to_owned(),
-        "signal: PermissionError errno 1".to_owned(),
         format!("ids: ({c}, {c}, {c}) ({c}, {c}, {c}) []"),
         "env: ['HOME', 'LANG', 'PATH']".to_owned(),
-    ] {
+        // The runner holds nothing of the controller uid: not even a renice.
+        "runner renice: PermissionError errno 1".to_owned(),
+    ];
+    for who in ["runner", "launcher"] {
+        wants.push(format!("{who} mem: PermissionError errno 13"));
+        wants.push(format!("{who} environ: PermissionError errno 13"));
+        wants.push(format!("{who} signal: PermissionError errno 1"));
+    }
+    for want in wants {
         assert!(seen.contains(&want), "want {want:?} in:\n{seen}");
     }
     // /proc/<pid>/cmdline is readable by every process; the runner re-executed itself so that
-    // it shows only the descriptor its arguments came through.
-    let cmdline = seen
-        .lines()
-        .find(|l| l.starts_with("cmdline:"))
-        .unwrap_or_else(|| panic!("{seen}"));
-    assert!(cmdline.contains("--args-fd"), "{cmdline}");
-    for hidden in ["scenario", "uid", "python", &u.to_string()] {
-        assert!(!cmdline.contains(hidden), "{hidden} in {cmdline}");
+    // it shows only the descriptor its arguments came through (the launcher is its fork).
+    let line = |prefix: &str| {
+        seen.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("{seen}"))
+            .to_owned()
+    };
+    let runner_cmdline = line("runner cmdline:");
+    assert!(runner_cmdline.contains("--args-fd"), "{runner_cmdline}");
+    let launcher_cmdline = line("launcher cmdline:");
+    assert!(launcher_cmdline.contains("--args-fd"), "{launcher_cmdline}");
+    for cmdline in [&runner_cmdline, &launcher_cmdline] {
+        for hidden in ["scenario", "uid", "python", &u.to_string()] {
+            assert!(!cmdline.contains(hidden), "{hidden} in {cmdline}");
+        }
     }
     assert!(!seen.contains("s3cr3t"), "{seen}");
 }
