@@ -23,6 +23,21 @@ use crate::profile::Profile;
 use crate::route::{METHODS, canonical};
 use crate::upstream::{Call, CallUpstreamError};
 
+/// Every code the broker answers a refused or failed call with (and lists on the result);
+/// docs/capability-grants.md explains each.
+pub const ERROR_CODES: &[&str] = &[
+    "bad_request",
+    "budget_exhausted",
+    "path_not_canonical",
+    "route_not_allowed",
+    "request_too_large",
+    "response_too_large",
+    "deadline",
+    "upstream_timeout",
+    "upstream_failed",
+    "response_rejected",
+];
+
 /// Room in a request frame beyond the body cap, for the method, path and id.
 const FRAME_OVERHEAD: u64 = 8 * 1024;
 
@@ -523,6 +538,30 @@ fn parse_request(v: &Value) -> Result<Request, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_code_is_listed_and_documented() {
+        let source = include_str!("broker.rs");
+        let doc = include_str!("../../../docs/capability-grants.md");
+        let quoted: Vec<&str> = source.split('"').skip(1).step_by(2).collect();
+        for code in ERROR_CODES {
+            assert!(quoted.contains(code), "{code} is listed but never used");
+            assert!(
+                doc.contains(&format!("| `{code}` |")),
+                "docs/capability-grants.md does not explain `{code}`"
+            );
+        }
+        // Every literal a Refusal is made with is a listed code.
+        for chunk in source.split(concat!("Refusal::", "new(")).skip(1) {
+            if let Some(rest) = chunk.trim_start().strip_prefix('"') {
+                let code = &rest[..rest.find('"').unwrap()];
+                assert!(
+                    ERROR_CODES.contains(&code),
+                    "`{code}` is not in ERROR_CODES"
+                );
+            }
+        }
+    }
 
     #[test]
     fn requests_are_read_strictly() {

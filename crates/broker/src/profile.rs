@@ -564,6 +564,22 @@ audience = "orders"
     }
 
     #[test]
+    fn the_documented_example_loads() {
+        let doc = include_str!("../../../docs/capability-grants.md");
+        let start = doc.find("```toml\n").expect("the doc has a TOML example") + 8;
+        let example = &doc[start..start + doc[start..].find("```").unwrap()];
+        let g = GrantProfiles::parse(example, |name| match name {
+            "ORDERS_DEV_TOKEN" => Some("dev-token".into()),
+            "ORDERS_JWT_KEY" => Some(KEY.into()),
+            _ => None,
+        })
+        .unwrap_or_else(|e| panic!("the example in docs/capability-grants.md: {e}"));
+        assert_eq!(g.names().collect::<Vec<_>>(), ["orders", "orders-dev"]);
+        assert!(g.authorize("orders-dev", "local").is_ok());
+        assert!(g.authorize("orders", "local").is_err());
+    }
+
+    #[test]
     fn a_static_profile_reads_its_secret() {
         let text = r#"
 base_url = "http://127.0.0.1:9"

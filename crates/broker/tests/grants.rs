@@ -679,3 +679,50 @@ fn a_jwt_names_the_caller_and_dies_with_the_run() {
     );
     assert_eq!(api.seen().len(), 4, "refused runs called nothing");
 }
+
+#[test]
+fn through_the_daemon_the_caller_is_the_tokens_caller() {
+    if !is_root() {
+        skip_or_fail("daemon", "needs root to run the process provider");
+        return;
+    }
+    let api = TestApi::start(Expect::Jwt {
+        key: HMAC_KEY.as_bytes().to_vec(),
+        audience: "orders-api".into(),
+        subject: "test".into(),
+    });
+    // The daemon's caller is `test`; `bob` is another caller the profile does not list.
+    let text =
+        grants_text(&api.url(), 10).replace(r#"callers = ["alice"]"#, r#"callers = ["test"]"#);
+    let grants = GrantProfiles::parse(&text, test_env).unwrap();
+    let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
+    let daemon = plimsoll_daemon::testing::TestDaemon::start_with_grants(
+        &format!("[process]\nprobe = {:?}\n", probe.display().to_string()),
+        grants,
+    );
+    let run = |token: &str, grant: &str| {
+        let mut options = plimsoll_client::RunOptions::snippet(
+            Language::Javascript,
+            "host.get('/orders/3').then((r) => console.log(r.path));",
+        )
+        .min_isolation(Tier::Process);
+        options.grant = Some(grant.into());
+        plimsoll_client::Client::new(&daemon.url, token).run(options)
+    };
+    // The client recomputes the result digest, calls included.
+    let resp = run(&daemon.token, "orders-jwt").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stdout(&resp), "/orders/3\n", "{}", stderr(&resp));
+    assert_eq!(resp.result.calls.len(), 1);
+    let seen = api.seen();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].authorized);
+    assert_eq!(seen[0].claims.as_ref().unwrap()["sub"], "test");
+
+    let bob = daemon.add_caller("bob");
+    let forbidden = run(&bob, "orders-jwt").unwrap_err();
+    let unknown = run(&daemon.token, "nope").unwrap_err();
+    assert_eq!(not_dispatched_reason(&forbidden), Some(Reason::Permission));
+    assert_eq!(not_dispatched_reason(&unknown), Some(Reason::Permission));
+    assert_eq!(forbidden.to_string(), unknown.to_string());
+    assert_eq!(api.seen().len(), 1);
+}
