@@ -319,6 +319,7 @@ on_every_runtime!(
     a_concurrent_run_cannot_be_read,
     a_project_runs_its_steps_and_returns_artifacts,
     a_grant_run_reaches_its_broker_through_its_socket,
+    grant_calls_go_through_the_real_broker,
 );
 
 fn snippets_run_as_the_run_uid(kind: RuntimeKind, test: &str) {
@@ -829,6 +830,62 @@ print("client", callable(plimsoll_host.get))
     // Without a grant there is no socket and no client.
     let r = rig.run(py("import os\nprint(sorted(os.listdir('/opt/plimsoll/bin')), os.environ.get('PLIMSOLL_BROKER_SOCKET'))"), limits(), uid);
     assert_eq!(text(&r.stdout), "['main.py'] None\n", "{r:?}");
+}
+
+/// The in-sandbox clients, the run's socket, the real broker and an API behind it: the API
+/// sees the credential, the sandbox never does.
+fn grant_calls_go_through_the_real_broker(kind: RuntimeKind, test: &str) {
+    use plimsoll_broker::testing::{Expect, TestApi};
+    use plimsoll_broker::{Broker, GrantProfiles};
+    let Some(rig) = rig(kind, test) else { return };
+    let uid = uid(16, kind);
+    let secret = "tok-never-in-the-sandbox";
+    let api = TestApi::start(Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {secret}"),
+    });
+    let grants = GrantProfiles::parse(
+        &format!(
+            "[profiles.orders]\nbase_url = \"{}\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"alice\"]\ncall_budget = 5\n[profiles.orders.credential]\nkind = \"static\"\nsecret_env = \"ORDERS_API_TOKEN\"\n",
+            api.url()
+        ),
+        |name| (name == "ORDERS_API_TOKEN").then(|| secret.to_owned()),
+    )
+    .unwrap();
+    let profile = grants.authorize("orders", "alice").unwrap();
+    let cases = [
+        py(
+            "import os, plimsoll_host as host\nprint(host.get('/orders/3')['path'])\ntry:\n    host.get('/admin')\nexcept host.HostError as e:\n    print('refused', e.code)\nprint(any('tok-' in v for v in os.environ.values()))",
+        ),
+        js(
+            "host.get('/orders/4').then((r) => console.log(r.path)).then(() => host.get('/admin')).catch((e) => console.log('refused', e.code))",
+        ),
+    ];
+    for (i, spec) in cases.into_iter().enumerate() {
+        let mut plan = rig.plan(spec, limits(), uid);
+        let broker = Broker::start(
+            std::sync::Arc::clone(&profile),
+            "alice",
+            &plan.run_id,
+            Duration::from_secs(30),
+        );
+        plan.broker = Some(BrokerChannel::new(std::sync::Arc::new(broker.clone())));
+        let r = rig.run_plan(&plan);
+        let calls = broker.finish();
+        let out = text(&r.stdout);
+        assert!(
+            out.starts_with(&format!("/orders/{}\nrefused ", 3 + i)),
+            "{out}{}",
+            text(&r.stderr)
+        );
+        assert!(!out.contains(secret) && !text(&r.stderr).contains(secret));
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[0].status, Some(200));
+        assert!(calls[1].error.is_some(), "{calls:?}");
+    }
+    let seen = api.seen();
+    assert_eq!(seen.len(), 2, "only the allowed calls reached the API");
+    assert!(seen.iter().all(|s| s.authorized));
 }
 
 /// The daemon is SIGKILLed mid-run: the container, its cgroup and its run directory stay.
