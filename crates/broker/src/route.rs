@@ -90,9 +90,6 @@ pub enum PathRefused {
         "the path percent-encodes a slash, backslash, dot, percent sign, `;` or control character"
     )]
     EncodedSeparator,
-    /// A query where the route allows none.
-    #[error("the route allows no query")]
-    Query,
 }
 
 /// Characters allowed unencoded in a path segment (RFC 3986 `pchar` without `;`).
