@@ -42,4 +42,7 @@ impl Provider for AnyProvider {
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
         self.inner().run(plan)
     }
+    fn supports_broker(&self) -> bool {
+        self.inner().supports_broker()
+    }
 }
