@@ -1,13 +1,18 @@
 //! Admission: how many runs at once, globally and per caller, and which uid slot each holds.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+
+use plimsoll_sandbox::{UidLease, try_lease};
 
 /// Counts runs in flight. Over a limit, a run is refused at once (`capacity`), never queued.
 #[derive(Debug)]
 pub struct Admission {
     max_total: usize,
     max_per_caller: usize,
+    /// With `Some((dir, base))`, slot `i` also needs the host-wide lease on uid `base + i`.
+    uid_leases: Option<(PathBuf, u32)>,
     state: Mutex<State>,
 }
 
@@ -24,6 +29,7 @@ pub struct Permit {
     admission: Arc<Admission>,
     caller: String,
     slot: usize,
+    _lease: Option<UidLease>,
 }
 
 impl Permit {
@@ -53,9 +59,30 @@ impl Drop for Permit {
 impl Admission {
     /// Limits: runs at once in total, and per caller.
     pub fn new(max_total: usize, max_per_caller: usize) -> Arc<Self> {
+        Self::build(max_total, max_per_caller, None)
+    }
+
+    /// Limits as [`Admission::new`], and slot `i` is only handed out while this process holds
+    /// the host-wide lease on uid `uid_base + i` (leases in `lease_dir`), so no other engine
+    /// on the host runs code as that uid at the same time.
+    pub fn with_uid_leases(
+        max_total: usize,
+        max_per_caller: usize,
+        lease_dir: PathBuf,
+        uid_base: u32,
+    ) -> Arc<Self> {
+        Self::build(max_total, max_per_caller, Some((lease_dir, uid_base)))
+    }
+
+    fn build(
+        max_total: usize,
+        max_per_caller: usize,
+        uid_leases: Option<(PathBuf, u32)>,
+    ) -> Arc<Self> {
         Arc::new(Admission {
             max_total,
             max_per_caller,
+            uid_leases,
             state: Mutex::new(State {
                 slots: vec![false; max_total],
                 per_caller: HashMap::new(),
@@ -73,9 +100,38 @@ impl Admission {
                 self.max_per_caller
             ));
         }
-        let Some(slot) = st.slots.iter().position(|busy| !busy) else {
+        let mut taken = None;
+        let mut held_elsewhere = 0;
+        for slot in (0..st.slots.len()).filter(|i| !st.slots[*i]) {
+            let Some((dir, base)) = &self.uid_leases else {
+                taken = Some((slot, None));
+                break;
+            };
+            let uid = base + slot as u32;
+            match try_lease(dir, uid) {
+                Ok(Some(lease)) => {
+                    taken = Some((slot, Some(lease)));
+                    break;
+                }
+                Ok(None) => held_elsewhere += 1,
+                Err(e) => {
+                    return Err(format!(
+                        "cannot lease sandbox uid {uid} in {}: {e}",
+                        dir.display()
+                    ));
+                }
+            }
+        }
+        let Some((slot, lease)) = taken else {
+            let also = if held_elsewhere > 0 {
+                format!(
+                    " ({held_elsewhere} of its sandbox uids are held by another plimsoll engine on this host: give each engine its own sandbox_uid_base)"
+                )
+            } else {
+                String::new()
+            };
             return Err(format!(
-                "the server is running its limit of {} runs at once: retry shortly",
+                "the server is running its limit of {} runs at once{also}: retry shortly",
                 self.max_total
             ));
         };
@@ -85,6 +141,7 @@ impl Admission {
             admission: Arc::clone(self),
             caller: caller.to_owned(),
             slot,
+            _lease: lease,
         })
     }
 
@@ -112,5 +169,25 @@ mod tests {
         assert_eq!(a.in_flight(), 2);
         drop((p2, p3));
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn two_engines_never_share_a_uid() {
+        let dir = std::env::temp_dir().join(format!("plimsoll-admission-{}", std::process::id()));
+        let one = Admission::with_uid_leases(2, 2, dir.clone(), 5000);
+        let two = Admission::with_uid_leases(2, 2, dir.clone(), 5000);
+        let a = one.try_admit("x").unwrap();
+        let b = two.try_admit("x").unwrap();
+        assert_ne!(
+            a.slot(),
+            b.slot(),
+            "both engines took uid {}",
+            5000 + a.slot()
+        );
+        let refused = one.try_admit("y").unwrap_err();
+        assert!(refused.contains("another plimsoll engine"), "{refused}");
+        drop(b);
+        assert!(one.try_admit("y").is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

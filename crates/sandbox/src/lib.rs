@@ -9,6 +9,7 @@ pub mod capture;
 pub mod reap;
 pub mod spawn;
 pub mod testing;
+pub mod uidlease;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,6 +19,7 @@ pub use capture::{CaptureError, CaptureLimits, Captured, capture};
 use plimsoll_wire::{Evidence, Reason, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
 pub use spawn::{PreExecHook, Running, Spawn, SpawnError, Stage, spawned_total};
+pub use uidlease::{UidLease, lease_dir, try_lease};
 
 /// Limits with every value decided: the request's ask, bounded by the operator's maximums,
 /// or the operator's default.
