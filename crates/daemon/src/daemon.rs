@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use plimsoll_broker::{GrantProfiles, LoadGrantsError};
 use plimsoll_engine::settings::Settings;
-use plimsoll_engine::{BuildEngineError, Engine, env};
+use plimsoll_engine::{BuildEngineError, Engine};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -153,13 +153,11 @@ pub fn build_engine(settings: &Settings) -> Result<Engine, StartDaemonError> {
 }
 
 /// Loads the grants file, reading each secret it names from this process's environment
-/// (through `plimsoll_engine::env::get_named_by_grants`); no file means no grants.
+/// ([`Engine::load_grants`]); no file means no grants.
 pub fn load_grants(path: Option<&Path>) -> Result<GrantProfiles, StartDaemonError> {
     match path {
         None => Ok(GrantProfiles::none()),
-        Some(p) => {
-            GrantProfiles::load(p, env::get_named_by_grants).map_err(StartDaemonError::Grants)
-        }
+        Some(p) => Engine::load_grants(p).map_err(StartDaemonError::Grants),
     }
 }
 

@@ -1,9 +1,10 @@
 //! The engine proper: probes providers, checks the floor before dispatch, routes, admits,
 //! runs, and builds the response with its digests and record.
 
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use plimsoll_broker::{Broker, GrantProfiles};
+use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
 use plimsoll_sandbox::{BrokerChannel, LaunchError, LaunchPlan, Probed, Provider};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
@@ -161,9 +162,14 @@ impl Engine {
         })
     }
 
+    /// Loads a grants file (docs/capability-grants.md), reading every secret it names from
+    /// this process's environment now, through [`crate::env::get_named_by_grants`].
+    pub fn load_grants(path: &Path) -> Result<GrantProfiles, LoadGrantsError> {
+        GrantProfiles::load(path, crate::env::get_named_by_grants)
+    }
+
     /// The engine with these grant profiles (by default there are none, and every request
-    /// naming a grant is refused). Load them with
-    /// `GrantProfiles::load(path, plimsoll_engine::env::get_named_by_grants)`.
+    /// naming a grant is refused); see [`Engine::load_grants`].
     pub fn with_grants(mut self, grants: GrantProfiles) -> Self {
         self.grants = grants;
         self
