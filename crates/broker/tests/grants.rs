@@ -552,11 +552,7 @@ fn the_credential_is_nowhere_but_the_request_to_the_api() {
     // Only the static profile: its secret is read from this process's environment.
     let full = grants_text(&api.url(), 10);
     let text = full.split("[profiles.orders-jwt]").next().unwrap();
-    let grants = GrantProfiles::load(
-        &write_grants(text),
-        plimsoll_engine::env::get_named_by_grants,
-    )
-    .unwrap();
+    let grants = Engine::load_grants(&write_grants(text)).unwrap();
     let Some((engine, _dir)) = engine("nowhere", 2_450_080, grants) else {
         return;
     };
