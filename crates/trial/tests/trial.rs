@@ -764,3 +764,96 @@ fn without_privileges_the_runner_refuses_and_reads_nothing() {
     assert!(stderr(&out).contains("another uid"), "{}", stderr(&out));
     assert!(s.exists());
 }
+
+#[test]
+fn a_busy_controller_uid_is_refused() {
+    if !can_run("a_busy_controller_uid_is_refused", &["/bin/sleep"]) {
+        return;
+    }
+    let fx = Fixture::new(13);
+    let s = fx.scenario("s.json", 10, 10);
+    // A process of the controller uid that is not the runner's: the launcher would kill it,
+    // so the runner refuses to start.
+    #[allow(clippy::disallowed_methods, reason = "the test starts a stray process")]
+    let mut stray =
+        std::os::unix::process::CommandExt::uid(&mut Command::new("/bin/sleep"), fx.cuid)
+            .arg("30")
+            .spawn()
+            .unwrap();
+    #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
+    let out = Command::new(RUNNER)
+        .current_dir(fx.dir.path())
+        .args(["--uid", &fx.uid.to_string(), "--gid", &fx.uid.to_string()])
+        .args([
+            "--controller-uid",
+            &fx.cuid.to_string(),
+            "--controller-gid",
+            &fx.cuid.to_string(),
+        ])
+        .args(["--scenario", "s.json", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    stray.kill().unwrap();
+    stray.wait().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("already exist"), "{}", stderr(&out));
+    assert!(s.exists(), "nothing was read");
+}
+
+#[test]
+fn a_killed_runner_leaves_no_controller_behind() {
+    if !can_run("a_killed_runner_leaves_no_controller_behind", &["/bin/sh"]) {
+        return;
+    }
+    let fx = Fixture::new(14);
+    fx.scenario("s.json", 10, 10);
+    #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
+    let mut runner = Command::new(RUNNER)
+        .current_dir(fx.dir.path())
+        .args(["--uid", &fx.uid.to_string(), "--gid", &fx.uid.to_string()])
+        .args([
+            "--controller-uid",
+            &fx.cuid.to_string(),
+            "--controller-gid",
+            &fx.cuid.to_string(),
+        ])
+        .args(["--scenario", "s.json", "--first-deadline-ms", "60000"])
+        .args(["--", "/bin/sh", "-c", "setsid sleep 60 & sleep 60"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the controller runs (the launcher plus at least one more process of the uid).
+    let me = std::process::id() as i32;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while processes_of_uid(fx.cuid, me).len() < 3 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the controller never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    // The launcher sees its socket close, ends every process of the uid and exits; its
+    // zombie goes to init. Wait for that to happen (a bound, not a timing assertion).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left: Vec<i32> = processes_of_uid(fx.cuid, me)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    !s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+            })
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "left behind: {left:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
