@@ -11,7 +11,7 @@ demo: deps build
 	./target/debug/plimsoll-example-minimal
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build lint unit independent
+test: deps build images lint unit independent
 
 deps:
 	@scripts/install-deps
@@ -20,7 +20,7 @@ build:
 	$(CARGO) build --workspace --all-targets --locked
 
 ## images: the sandbox image (root filesystem + manifest) used by the container and kernel tiers
-images: deps
+images:
 	scripts/build-image
 
 lint:
