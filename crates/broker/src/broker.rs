@@ -132,10 +132,9 @@ impl Broker {
             for s in served.streams.drain(..) {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
-            if let Some(stop) = served.stop.take() {
-                let _ = rustix::io::write(&stop, &1u64.to_ne_bytes());
-                // Kept open until the accept loops have seen it.
-                served.stop = Some(stop);
+            if let Some(stop) = &served.stop {
+                // Wakes every accept loop (each polls a duplicate of this eventfd).
+                let _ = rustix::io::write(stop, &1u64.to_ne_bytes());
             }
             std::mem::take(&mut served.threads)
         };

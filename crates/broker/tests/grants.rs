@@ -733,3 +733,68 @@ fn through_the_daemon_the_caller_is_the_tokens_caller() {
     assert_eq!(forbidden.to_string(), unknown.to_string());
     assert_eq!(api.seen().len(), 1);
 }
+
+/// The container and VM tiers hand the broker a listening socket, and the clients find it
+/// through `PLIMSOLL_BROKER_SOCKET`: both clients, several connections, and a prompt end.
+#[test]
+fn the_clients_reach_a_listening_broker_by_its_socket_path() {
+    use plimsoll_sandbox::BrokerPort as _;
+    use std::io::Read as _;
+
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 10), test_env).unwrap();
+    let profile = grants.authorize("orders", "alice").unwrap();
+    let broker =
+        plimsoll_broker::Broker::start(profile, "alice", "listener-test", Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    broker
+        .serve_listener(std::os::unix::net::UnixListener::bind(&socket).unwrap())
+        .unwrap();
+    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sandbox-clients");
+    let run = |program: &str, args: &[&str]| -> String {
+        let running = plimsoll_sandbox::Spawn::new(program, dir.path())
+            .args(args)
+            .env("PLIMSOLL_BROKER_SOCKET", &socket)
+            .spawn()
+            .unwrap();
+        let mut out = String::new();
+        let mut stdout = running.stdout;
+        stdout.read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        let mut stderr = running.stderr;
+        stderr.read_to_string(&mut err).unwrap();
+        let mut child = running.child;
+        assert!(child.wait().unwrap().success(), "{program}: {err}");
+        out
+    };
+    let js = clients.join("js/plimsoll-host.js");
+    let out = run(
+        "/usr/bin/node",
+        &[
+            "--require",
+            js.to_str().unwrap(),
+            "-e",
+            "host.get('/orders/1').then((r) => console.log(r.path))",
+        ],
+    );
+    assert_eq!(out, "/orders/1\n");
+    let py = format!(
+        "import sys; sys.path.insert(0, {:?}); import plimsoll_host as h; print(h.get('/orders/2')['path'])",
+        clients.join("python").display().to_string()
+    );
+    let out = run("/usr/bin/python3", &["-I", "-c", &py]);
+    assert_eq!(out, "/orders/2\n");
+    // Returns once the accept loop has seen the end (it would hang otherwise).
+    let calls = broker.finish();
+    assert_eq!(
+        calls.iter().map(|c| c.status).collect::<Vec<_>>(),
+        [Some(200), Some(200)]
+    );
+    // After the end, nothing more is served.
+    assert!(
+        broker
+            .serve_stream(std::os::unix::net::UnixStream::pair().unwrap().0)
+            .is_err()
+    );
+}
