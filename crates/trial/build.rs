@@ -8,18 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Cargo's build-script output directory variable (set by cargo for build scripts, not one of
-/// the programs' environment variables).
-const CARGO_OUT_DIR: &str = "OUT_DIR";
-/// Cargo's manifest directory variable, also set by cargo for build scripts.
-const CARGO_MANIFEST_DIR: &str = "CARGO_MANIFEST_DIR";
-
 /// wasi-libc's static library on Debian. Its libm.a is an empty stub: sin and cos live here.
 const WASI_LIBC: &str = "/usr/lib/wasm32-wasi/libc.a";
 
 fn main() {
-    let manifest_dir = PathBuf::from(std::env::var_os(CARGO_MANIFEST_DIR).expect("cargo sets it"));
-    let out_dir = PathBuf::from(std::env::var_os(CARGO_OUT_DIR).expect("cargo sets it"));
+    let manifest_dir =
+        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"));
     let source = manifest_dir.join("../../sims/cartpole/cartpole.c");
     println!("cargo:rerun-if-changed={}", source.display());
     println!("cargo:rerun-if-changed=build.rs");
