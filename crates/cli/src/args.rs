@@ -81,6 +81,15 @@ pub struct RunArgs {
     /// Print the whole response (or the error object) as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Let the code call the API of this grant profile through the broker (`host.get(...)`
+    /// in JavaScript, `plimsoll_host` in Python); see docs/capability-grants.md.
+    #[arg(long, value_name = "PROFILE")]
+    pub grant: Option<String>,
+    /// Grant profiles for the embedded engine (TOML, docs/capability-grants.md); the secrets
+    /// it names are read from this environment, and runs are by caller `local`. A daemon's
+    /// grants are its operator's.
+    #[arg(long, value_name = "FILE", conflicts_with = "daemon")]
+    pub grants: Option<PathBuf>,
 }
 
 /// `plimsoll providers`.

@@ -5,7 +5,8 @@ use std::path::Path;
 
 use anyhow::{Context as _, anyhow};
 use plimsoll_client::{RunOptions, new_request_id};
-use plimsoll_wire::{ErrorResponse, Language, Reason, RunResponse, RunResult, Tier};
+use plimsoll_engine::Engine;
+use plimsoll_wire::{ErrorResponse, GrantCall, Language, Reason, RunResponse, RunResult, Tier};
 
 use crate::args::RunArgs;
 use crate::local::{client, daemon_url, embedded_engine, load_settings};
@@ -23,8 +24,14 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
     if let Some(ms) = a.timeout_ms {
         options = options.timeout_ms(ms);
     }
+    options.grant = a.grant.clone();
     match daemon_url(a.daemon.as_deref()) {
         Some(url) => {
+            if a.grants.is_some() {
+                return Err(Failure::usage(anyhow!(
+                    "--grants is for the embedded engine: a daemon's grant profiles are its operator's (plimsolld --grants); name one with --grant"
+                )));
+            }
             let client = client(&url)?;
             match client.run(options) {
                 Ok(resp) => Ok(print_result(&resp, a.json)),
@@ -38,7 +45,15 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
         }
         None => {
             let settings = load_settings(config)?;
-            let engine = embedded_engine(&settings)?;
+            // Read before the engine is built and probed: a missing secret fails at once.
+            let grants = match &a.grants {
+                Some(path) => Some(Engine::load_grants(path).map_err(Failure::usage)?),
+                None => None,
+            };
+            let mut engine = embedded_engine(&settings)?;
+            if let Some(grants) = grants {
+                engine = engine.with_grants(grants);
+            }
             let request = options.into_request(new_request_id());
             match engine.run(LOCAL_CALLER, &request) {
                 Ok(resp) => Ok(print_result(&resp, a.json)),
@@ -146,6 +161,9 @@ fn print_result(resp: &RunResponse, json: bool) -> u8 {
     if resp.isolation == Tier::Process {
         eprintln!("plimsoll: note: the process tier is no wall for hostile code");
     }
+    for c in &resp.result.calls {
+        eprintln!("plimsoll: {}", call_line(c));
+    }
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(resp.result.stdout.as_slice());
     let _ = out.flush();
@@ -153,6 +171,21 @@ fn print_result(resp: &RunResponse, json: bool) -> u8 {
     let _ = err.write_all(resp.result.stderr.as_slice());
     let _ = err.flush();
     EXIT_OK
+}
+
+/// One call through the broker, for the human output.
+pub fn call_line(c: &GrantCall) -> String {
+    let route = c.route.as_deref().unwrap_or("(no granted route)");
+    let outcome = match (c.status, c.error.as_deref()) {
+        (Some(status), None) => format!("status {status}"),
+        (Some(status), Some(error)) => format!("status {status}, {error}"),
+        (None, Some(error)) => error.to_owned(),
+        (None, None) => "no answer".to_owned(),
+    };
+    format!(
+        "call {} {route}: {outcome}, {} bytes out, {} bytes in, {} ms",
+        c.method, c.request_bytes, c.response_bytes, c.latency_ms
+    )
 }
 
 /// Prints an error: the error object as JSON on stdout, or its message on stderr. Exit 3
@@ -191,6 +224,27 @@ mod tests {
         assert_eq!(language_of(Path::new("dir/a.py")), Some(Language::Python));
         assert_eq!(language_of(Path::new("a.rb")), None);
         assert_eq!(language_of(Path::new("Makefile")), None);
+    }
+
+    #[test]
+    fn a_call_line_says_what_happened() {
+        let mut c = GrantCall {
+            method: "GET".into(),
+            route: Some("/orders/*".into()),
+            status: Some(200),
+            error: None,
+            request_bytes: 0,
+            response_bytes: 27,
+            latency_ms: 3,
+        };
+        assert_eq!(
+            call_line(&c),
+            "call GET /orders/*: status 200, 0 bytes out, 27 bytes in, 3 ms"
+        );
+        c.route = None;
+        c.status = None;
+        c.error = Some("route_not_allowed".into());
+        assert!(call_line(&c).contains("(no granted route): route_not_allowed"));
     }
 
     #[test]
