@@ -1,0 +1,617 @@
+//! One VM's whole life: its run directory, the jailed QEMU process, the conversation over the
+//! channel (hello, limits and job, the agent's answer, ack), and the teardown that leaves
+//! nothing behind (no QEMU, no process of the uid, no run directory).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead as _, Read, Write as _};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::{
+    DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::{Spawn, end_processes_of_uid, unix_ms_now};
+
+use crate::channel::{self, GuestLimits};
+use crate::jail::{self, Jail, JailSpec, inside};
+use crate::qemu::{self, QemuShape};
+use crate::tier::AccelEvidence;
+
+/// The lock file a live run holds; [`crate::VmProvider::reap`] removes run directories whose
+/// lock is free and that hold this file.
+pub const LOCK_FILE: &str = "qemu.lock";
+/// Bytes kept of QEMU's console (the guest's serial port) and of QEMU's stderr: the tail.
+const CONSOLE_KEPT: usize = 64 * 1024;
+/// How long QEMU gets to exit by itself after the ack before it is killed.
+const POWER_OFF_WAIT: Duration = Duration::from_secs(3);
+/// How long processes of the run's uid get to die after SIGKILL.
+const KILL_PATIENCE: Duration = Duration::from_secs(5);
+/// Largest agent stderr accepted.
+const STDERR_MAX: usize = 64 * 1024;
+
+/// What to boot, fully decided.
+#[derive(Debug)]
+pub struct BootPlan<'a> {
+    /// The QEMU binary.
+    pub qemu: &'a Path,
+    /// The kernel on the host.
+    pub kernel: &'a Path,
+    /// The run initramfs on the host.
+    pub initrd: &'a Path,
+    /// The image disk on the host.
+    pub disk: &'a Path,
+    /// The run directory (created here, removed here).
+    pub run_dir: &'a Path,
+    /// QEMU's uid and gid.
+    pub uid: u32,
+    /// The gid.
+    pub gid: u32,
+    /// The command line's shape.
+    pub shape: QemuShape,
+    /// `/dev/kvm`'s device number (KVM only).
+    pub kvm_device: Option<u64>,
+    /// `RLIMIT_AS` of QEMU.
+    pub address_space: u64,
+    /// QEMU start to the guest's hello.
+    pub boot_timeout: Duration,
+    /// The job, or `None` to boot and power off (the KVM check).
+    pub job: Option<Job>,
+}
+
+/// A job for the guest.
+#[derive(Debug)]
+pub struct Job {
+    /// Limits the guest applies.
+    pub limits: GuestLimits,
+    /// The `AgentJob`, JSON.
+    pub json: Vec<u8>,
+    /// Hello to the agent's exit record.
+    pub answer_timeout: Duration,
+    /// Most bytes of agent stdout accepted.
+    pub answer_max: usize,
+}
+
+/// How the conversation ended.
+#[derive(Debug)]
+pub enum Answer {
+    /// No hello: the guest never booted, nothing of the job was sent.
+    NotBooted(String),
+    /// The guest booted and no job was given.
+    BootedOnly,
+    /// The agent exited.
+    Exited {
+        /// Its exit status.
+        code: Option<i32>,
+        /// The signal that ended it.
+        signal: Option<i32>,
+        /// Its stdout (the `RunResult` JSON when it exited 0).
+        stdout: Vec<u8>,
+        /// Its stderr (one line when it failed).
+        stderr: Vec<u8>,
+        /// The exit record (timings).
+        record: BTreeMap<String, String>,
+    },
+    /// The agent did not answer in time; the VM was killed.
+    TimedOut,
+    /// The job was sent, then the conversation broke (the guest died, lied or failed).
+    Lost(String),
+}
+
+/// What one boot gave.
+#[derive(Debug)]
+pub struct BootReport {
+    /// When QEMU was started, Unix ms.
+    pub started_unix_ms: u64,
+    /// The guest's hello record.
+    pub hello: Option<BTreeMap<String, String>>,
+    /// QEMU start to hello, ms.
+    pub boot_ms: Option<u64>,
+    /// QEMU's own account of the accelerator (when a QMP monitor was asked for).
+    pub accel: Option<Result<AccelEvidence, String>>,
+    /// How it ended.
+    pub answer: Answer,
+    /// The tail of the guest's console.
+    pub console: Vec<u8>,
+    /// The tail of QEMU's stderr.
+    pub qemu_stderr: Vec<u8>,
+    /// QEMU's peak resident memory (VmHWM), KiB.
+    pub peak_rss_kib: Option<u64>,
+    /// Teardown: `Err` when something of the run could not be removed.
+    pub cleanup: Result<(), String>,
+}
+
+impl BootReport {
+    /// The last lines of QEMU's stderr and the console, for error messages.
+    pub fn diagnostics(&self) -> String {
+        let tail = |b: &[u8], n: usize| {
+            let text = String::from_utf8_lossy(b);
+            let lines: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            lines[lines.len().saturating_sub(n)..].join(" / ")
+        };
+        let mut parts = Vec::new();
+        let q = tail(&self.qemu_stderr, 3);
+        if !q.is_empty() {
+            parts.push(format!("qemu: {q}"));
+        }
+        let c = tail(&self.console, 4);
+        if !c.is_empty() {
+            parts.push(format!("console: {c}"));
+        }
+        if parts.is_empty() {
+            "no output from QEMU or the guest".into()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
+/// The VM could not be started (nothing ran).
+#[derive(Debug, thiserror::Error)]
+pub enum StartVmError {
+    /// The run directory.
+    #[error("cannot prepare the run directory {path}")]
+    RunDir {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The jail.
+    #[error(transparent)]
+    Jail(#[from] jail::PrepareJailError),
+    /// QEMU did not start (or its jail failed in the hook).
+    #[error(transparent)]
+    Spawn(#[from] plimsoll_sandbox::SpawnError),
+    /// A socket pair for the channel.
+    #[error("cannot create the channel")]
+    Channel(#[source] io::Error),
+}
+
+/// A run directory, locked while this value lives.
+#[derive(Debug)]
+struct RunDir {
+    path: PathBuf,
+    _lock: File,
+}
+
+impl RunDir {
+    fn create(path: &Path) -> Result<RunDir, StartVmError> {
+        let err = |p: &Path| {
+            let p = p.to_owned();
+            move |source| StartVmError::RunDir { path: p, source }
+        };
+        let parent = path
+            .parent()
+            .ok_or_else(|| err(path)(io::Error::other("no parent directory")))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(parent)
+            .map_err(err(parent))?;
+        let meta = fs::metadata(parent).map_err(err(parent))?;
+        if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+            return Err(err(parent)(io::Error::other(format!(
+                "the runs root must be owned by root and writable by nobody else (uid {}, mode {:o}): chown root {p} && chmod 0711 {p}",
+                meta.uid(),
+                meta.mode() & 0o7777,
+                p = parent.display()
+            ))));
+        }
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(path)
+            .map_err(err(path))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(err(path))?;
+        let lock_path = path.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&lock_path)
+            .map_err(err(&lock_path))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| err(&lock_path)(e.into()))?;
+        let jail = path.join("jail");
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&jail)
+            .map_err(err(&jail))?;
+        Ok(RunDir {
+            path: path.to_owned(),
+            _lock: lock,
+        })
+    }
+}
+
+/// Removes a run directory without crossing into another file system.
+pub fn remove_run_dir(path: &Path) -> io::Result<()> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    fn walk(p: &Path, dev: u64) -> io::Result<()> {
+        let meta = fs::symlink_metadata(p)?;
+        if meta.is_dir() {
+            if meta.dev() != dev {
+                return Err(io::Error::other(format!(
+                    "{} is a mount point; unmount it first",
+                    p.display()
+                )));
+            }
+            for e in fs::read_dir(p)? {
+                walk(&e?.path(), dev)?;
+            }
+            fs::remove_dir(p)
+        } else {
+            fs::remove_file(p)
+        }
+    }
+    walk(path, meta.dev())
+}
+
+/// Reads with one overall deadline, however the bytes trickle in.
+struct DeadlineReader<'a> {
+    stream: &'a UnixStream,
+    deadline: Instant,
+}
+
+impl Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut s = self.stream;
+        match s.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::ErrorKind::TimedOut.into()),
+            other => other,
+        }
+    }
+}
+
+/// Keeps the last `keep` bytes of a stream until its end.
+fn drain_tail(mut r: impl Read, keep: usize) -> Vec<u8> {
+    let mut kept: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > 2 * keep {
+                    kept.drain(..kept.len() - keep);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    if kept.len() > keep {
+        kept.drain(..kept.len() - keep);
+    }
+    kept
+}
+
+/// VmHWM of a live process, KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix("VmHWM:")?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Boots one VM for `plan`, talks to it, tears everything down.
+pub fn boot(plan: BootPlan<'_>) -> Result<BootReport, StartVmError> {
+    let run_dir = RunDir::create(plan.run_dir)?;
+    let started = boot_in(&plan, &run_dir);
+    let mut problems = Vec::new();
+    // Whatever happened: no process of the uid outlives the run, nor its directory.
+    if let Err(e) = end_processes_of_uid(plan.uid, KILL_PATIENCE) {
+        problems.push(e.to_string());
+    }
+    let path = run_dir.path.clone();
+    drop(run_dir);
+    if let Err(e) = remove_run_dir(&path) {
+        problems.push(format!("cannot remove {}: {e}", path.display()));
+    }
+    let mut report = started?;
+    if !problems.is_empty() {
+        report.cleanup = Err(problems.join("; "));
+    }
+    Ok(report)
+}
+
+fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmError> {
+    let (host_end, guest_end) = UnixStream::pair().map_err(StartVmError::Channel)?;
+    let qmp = if plan.shape.qmp {
+        Some(UnixStream::pair().map_err(StartVmError::Channel)?)
+    } else {
+        None
+    };
+    let mut fds = vec![(guest_end.as_raw_fd(), inside::CHANNEL_FD)];
+    if let Some((_, q)) = &qmp {
+        fds.push((q.as_raw_fd(), inside::QMP_FD));
+    }
+    let jail = Jail::prepare(&JailSpec {
+        root: &run_dir.path.join("jail"),
+        kernel: plan.kernel,
+        initrd: plan.initrd,
+        disk: plan.disk,
+        kvm_device: plan.kvm_device,
+        uid: plan.uid,
+        gid: plan.gid,
+        address_space: plan.address_space,
+        fds,
+    })?;
+    // A daemon that crashed mid-run could have left processes of this uid behind.
+    let _ = plimsoll_sandbox::reap::signal_all_as(plan.uid);
+    let started_unix_ms = unix_ms_now();
+    let t0 = Instant::now();
+    let running = Spawn::new(plan.qemu, "/")
+        .args(qemu::args(&plan.shape))
+        .before_exec(jail::STAGES, move |stage| jail.apply(stage))
+        .spawn()?;
+    // QEMU holds its ends now; ours must go, or the channel never reaches end of file.
+    drop(guest_end);
+    let (qmp_host, qmp_guest) = match qmp {
+        Some((h, g)) => (Some(h), Some(g)),
+        None => (None, None),
+    };
+    drop(qmp_guest);
+    let plimsoll_sandbox::Running {
+        mut child,
+        stdout,
+        stderr,
+    } = running;
+    let console = std::thread::spawn(move || drain_tail(stdout, CONSOLE_KEPT));
+    let qemu_err = std::thread::spawn(move || drain_tail(stderr, CONSOLE_KEPT));
+    let pid = child.id();
+
+    let mut report = BootReport {
+        started_unix_ms,
+        hello: None,
+        boot_ms: None,
+        accel: None,
+        answer: Answer::BootedOnly,
+        console: Vec::new(),
+        qemu_stderr: Vec::new(),
+        peak_rss_kib: None,
+        cleanup: Ok(()),
+    };
+    let acked = converse(plan, &host_end, qmp_host.as_ref(), t0, &mut report);
+    report.peak_rss_kib = peak_rss_kib(pid);
+
+    // Teardown: after the ack the guest powers off (QEMU exits by itself); otherwise, or if
+    // it lingers, the whole process group is killed.
+    if acked {
+        let until = Instant::now() + POWER_OFF_WAIT;
+        while Instant::now() < until {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    if let Some(p) = rustix::process::Pid::from_raw(pid as i32)
+        && matches!(child.try_wait(), Ok(None))
+    {
+        let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+    }
+    let _ = child.wait();
+    drop(host_end);
+    report.console = console.join().unwrap_or_default();
+    report.qemu_stderr = qemu_err.join().unwrap_or_default();
+    Ok(report)
+}
+
+/// The conversation. Returns whether the guest got its ack (and will power off by itself).
+fn converse(
+    plan: &BootPlan<'_>,
+    sock: &UnixStream,
+    qmp: Option<&UnixStream>,
+    t0: Instant,
+    report: &mut BootReport,
+) -> bool {
+    let mut hello_reader = DeadlineReader {
+        stream: sock,
+        deadline: t0 + plan.boot_timeout,
+    };
+    match channel::read_frame(&mut hello_reader, channel::RECORD_MAX) {
+        Ok(Some((channel::HELLO, payload))) => match channel::decode_record(&payload) {
+            Ok(h) => {
+                report.hello = Some(h);
+                report.boot_ms = Some(t0.elapsed().as_millis() as u64);
+            }
+            Err(e) => {
+                report.answer = Answer::NotBooted(format!("the guest's hello is malformed: {e}"));
+                return false;
+            }
+        },
+        Ok(Some((channel::FATAL, payload))) => {
+            report.answer = Answer::NotBooted(format!(
+                "the guest init failed: {}",
+                String::from_utf8_lossy(&payload)
+            ));
+            return false;
+        }
+        Ok(Some((tag, _))) => {
+            report.answer = Answer::NotBooted(format!(
+                "the guest sent `{}` before its hello",
+                tag.escape_ascii()
+            ));
+            return false;
+        }
+        Ok(None) => {
+            report.answer = Answer::NotBooted("QEMU exited before the guest booted".into());
+            return false;
+        }
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+            report.answer = Answer::NotBooted(format!(
+                "the guest did not boot within {} s",
+                plan.boot_timeout.as_secs_f64()
+            ));
+            return false;
+        }
+        Err(e) => {
+            report.answer = Answer::NotBooted(format!("reading the guest's hello: {e}"));
+            return false;
+        }
+    }
+    if let Some(q) = qmp {
+        report.accel = Some(query_kvm(
+            q,
+            plan.shape.accelerator,
+            Instant::now() + Duration::from_secs(10),
+        ));
+    }
+    let Some(job) = &plan.job else {
+        report.answer = Answer::BootedOnly;
+        return false;
+    };
+    let send = || -> io::Result<()> {
+        sock.set_write_timeout(Some(plan.boot_timeout))?;
+        let mut w = sock;
+        channel::write_frame(&mut w, channel::LIMITS, &job.limits.encode())?;
+        channel::write_frame(&mut w, channel::JOB, &job.json)
+    };
+    if let Err(e) = send() {
+        report.answer = Answer::Lost(format!("sending the job to the guest: {e}"));
+        return false;
+    }
+    let mut reader = DeadlineReader {
+        stream: sock,
+        deadline: Instant::now() + job.answer_timeout,
+    };
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    loop {
+        let frame = match channel::read_frame(&mut reader, channel::CHUNK.max(channel::RECORD_MAX))
+        {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                report.answer = Answer::Lost("the VM ended before the agent answered".into());
+                return false;
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                report.answer = Answer::TimedOut;
+                return false;
+            }
+            Err(e) => {
+                report.answer = Answer::Lost(format!("reading the agent's answer: {e}"));
+                return false;
+            }
+        };
+        match frame {
+            (channel::STDOUT, p) => {
+                if stdout.len() + p.len() > job.answer_max {
+                    report.answer = Answer::Lost(format!(
+                        "the agent's answer is over {} bytes",
+                        job.answer_max
+                    ));
+                    return false;
+                }
+                stdout.extend_from_slice(&p);
+            }
+            (channel::STDERR, p) => {
+                if stderr.len() + p.len() > STDERR_MAX {
+                    report.answer = Answer::Lost("the agent's stderr is too long".into());
+                    return false;
+                }
+                stderr.extend_from_slice(&p);
+            }
+            (channel::EXIT, p) => {
+                let record = match channel::decode_record(&p) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        report.answer = Answer::Lost(format!("the exit record is malformed: {e}"));
+                        return false;
+                    }
+                };
+                let num = |k: &str| record.get(k).and_then(|v| v.parse::<i32>().ok());
+                report.answer = Answer::Exited {
+                    code: num("code"),
+                    signal: num("signal"),
+                    stdout,
+                    stderr,
+                    record,
+                };
+                let mut w = sock;
+                return channel::write_frame(&mut w, channel::ACK, b"").is_ok();
+            }
+            (channel::FATAL, p) => {
+                report.answer = Answer::Lost(format!(
+                    "the guest init failed: {}",
+                    String::from_utf8_lossy(&p)
+                ));
+                return false;
+            }
+            (tag, _) => {
+                report.answer = Answer::Lost(format!(
+                    "the guest sent an unexpected frame `{}`",
+                    tag.escape_ascii()
+                ));
+                return false;
+            }
+        }
+    }
+}
+
+/// Asks QEMU's monitor which accelerator runs the guest.
+fn query_kvm(
+    sock: &UnixStream,
+    requested: crate::tier::Accelerator,
+    deadline: Instant,
+) -> Result<AccelEvidence, String> {
+    let mut reader = io::BufReader::new(DeadlineReader {
+        stream: sock,
+        deadline,
+    });
+    // One JSON object per line; events (`{"event": ...}`) may come in between.
+    let mut next = |what: &str| -> Result<serde_json::Value, String> {
+        loop {
+            let mut line = String::new();
+            let n = reader
+                .read_line(&mut line)
+                .map_err(|e| format!("QMP: reading {what}: {e}"))?;
+            if n == 0 {
+                return Err(format!("QMP: the monitor closed before {what}"));
+            }
+            let v: serde_json::Value = serde_json::from_str(&line)
+                .map_err(|e| format!("QMP: {what} is not JSON ({e})"))?;
+            if v.get("event").is_none() {
+                return Ok(v);
+            }
+        }
+    };
+    let greeting = next("the greeting")?;
+    if greeting.get("QMP").is_none() {
+        return Err(format!("QMP: unexpected greeting {greeting}"));
+    }
+    let mut w = sock;
+    w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
+        .map_err(|e| format!("QMP: {e}"))?;
+    let caps = next("the capabilities answer")?;
+    if caps.get("return").is_none() {
+        return Err(format!("QMP: qmp_capabilities failed: {caps}"));
+    }
+    w.write_all(b"{\"execute\":\"query-kvm\"}\n")
+        .map_err(|e| format!("QMP: {e}"))?;
+    let answer = next("the query-kvm answer")?;
+    AccelEvidence::from_query_kvm(requested, &answer.to_string())
+}

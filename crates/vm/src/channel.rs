@@ -1,0 +1,207 @@
+//! The host–guest channel: length-prefixed frames over the VM's one virtio-serial port.
+//!
+//! A frame is one tag byte, a little-endian `u32` payload length, then the payload. Small
+//! records (hello, limits, exit) are `key=value` lines of text; the job is the wire crate's
+//! `AgentJob` as JSON and the agent's answer travels as raw chunks of its stdout (a
+//! `RunResult` as JSON), so no type here is a serialisable IPC contract of its own.
+//!
+//! ```text
+//! guest                                   host
+//!   H hello (uptime, kernel, cpu)  ──────▶   the guest booted
+//!                                  ◀──────   L limits (memory, pids, /work, /tmp sizes)
+//!                                  ◀──────   J job (AgentJob JSON)
+//!   O agent stdout chunk ...       ──────▶
+//!   E agent stderr chunk ...       ──────▶
+//!   X exit (status, timings)       ──────▶
+//!                                  ◀──────   A ack: the guest powers off
+//!   F fatal (one line), any time   ──────▶   the guest could not do its part
+//! ```
+//!
+//! Everything the guest sends is untrusted (code in the guest may own the guest kernel):
+//! the host bounds every frame and the total, and parses strictly.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+
+/// Guest → host: the guest is up; `key=value` lines.
+pub const HELLO: u8 = b'H';
+/// Host → guest: the run's limits; `key=value` lines.
+pub const LIMITS: u8 = b'L';
+/// Host → guest: the `AgentJob`, JSON.
+pub const JOB: u8 = b'J';
+/// Guest → host: a chunk of the agent's stdout.
+pub const STDOUT: u8 = b'O';
+/// Guest → host: a chunk of the agent's stderr.
+pub const STDERR: u8 = b'E';
+/// Guest → host: the agent ended; `key=value` lines.
+pub const EXIT: u8 = b'X';
+/// Host → guest: the answer arrived; power off.
+pub const ACK: u8 = b'A';
+/// Guest → host: the guest init failed; one line of text.
+pub const FATAL: u8 = b'F';
+
+/// Largest chunk the guest sends in one frame.
+pub const CHUNK: usize = 64 * 1024;
+/// Largest small record (hello, limits, exit, fatal).
+pub const RECORD_MAX: usize = 16 * 1024;
+
+/// Writes one frame.
+pub fn write_frame(w: &mut impl Write, tag: u8, payload: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(payload.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame over 4 GiB"))?;
+    let mut head = [0u8; 5];
+    head[0] = tag;
+    head[1..].copy_from_slice(&len.to_le_bytes());
+    w.write_all(&head)?;
+    w.write_all(payload)?;
+    w.flush()
+}
+
+/// Reads one frame's header: its tag and payload length. `Ok(None)` at a clean end of stream.
+pub fn read_header(r: &mut impl Read) -> io::Result<Option<(u8, usize)>> {
+    let mut head = [0u8; 5];
+    let mut got = 0;
+    while got < head.len() {
+        match r.read(&mut head[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+    Ok(Some((head[0], len as usize)))
+}
+
+/// Reads one whole frame whose payload may be at most `max` bytes.
+pub fn read_frame(r: &mut impl Read, max: usize) -> io::Result<Option<(u8, Vec<u8>)>> {
+    let Some((tag, len)) = read_header(r)? else {
+        return Ok(None);
+    };
+    if len > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "frame `{}` of {len} bytes is over its limit of {max}",
+                tag.escape_ascii()
+            ),
+        ));
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    Ok(Some((tag, payload)))
+}
+
+/// Encodes `key=value` lines (keys and values must hold no newline; values no `=` rule).
+pub fn encode_record<'a>(pairs: impl IntoIterator<Item = (&'a str, String)>) -> Vec<u8> {
+    let mut out = String::new();
+    for (k, v) in pairs {
+        out.push_str(k);
+        out.push('=');
+        out.push_str(&v.replace('\n', " "));
+        out.push('\n');
+    }
+    out.into_bytes()
+}
+
+/// Decodes `key=value` lines; a line without `=`, a repeated key or non-UTF-8 is an error.
+pub fn decode_record(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "record is not UTF-8".to_owned())?;
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("record line without `=`: {:?}", line))?;
+        if out.insert(k.to_owned(), v.to_owned()).is_some() {
+            return Err(format!("record repeats key {k:?}"));
+        }
+    }
+    Ok(out)
+}
+
+/// The run's limits, as the guest applies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestLimits {
+    /// `memory.max` of the run's cgroup in the guest.
+    pub memory_bytes: u64,
+    /// `pids.max` of the run's cgroup.
+    pub pids: u64,
+    /// Size of the `/work` tmpfs.
+    pub work_bytes: u64,
+    /// Size of the `/tmp` tmpfs.
+    pub tmp_bytes: u64,
+}
+
+impl GuestLimits {
+    /// As a `key=value` record.
+    pub fn encode(&self) -> Vec<u8> {
+        encode_record([
+            ("memory_bytes", self.memory_bytes.to_string()),
+            ("pids", self.pids.to_string()),
+            ("work_bytes", self.work_bytes.to_string()),
+            ("tmp_bytes", self.tmp_bytes.to_string()),
+        ])
+    }
+
+    /// From a `key=value` record; every key must be there and be a number.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let r = decode_record(bytes)?;
+        let num = |k: &str| -> Result<u64, String> {
+            r.get(k)
+                .ok_or_else(|| format!("limits record lacks {k}"))?
+                .parse()
+                .map_err(|e| format!("limits record: {k}: {e}"))
+        };
+        Ok(GuestLimits {
+            memory_bytes: num("memory_bytes")?,
+            pids: num("pids")?,
+            work_bytes: num("work_bytes")?,
+            tmp_bytes: num("tmp_bytes")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_are_bounded() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, JOB, b"{\"a\":1}").unwrap();
+        write_frame(&mut buf, ACK, b"").unwrap();
+        let mut r = &buf[..];
+        assert_eq!(
+            read_frame(&mut r, 100).unwrap(),
+            Some((JOB, b"{\"a\":1}".to_vec()))
+        );
+        assert_eq!(read_frame(&mut r, 100).unwrap(), Some((ACK, Vec::new())));
+        assert_eq!(read_frame(&mut r, 100).unwrap(), None);
+
+        let mut big = Vec::new();
+        write_frame(&mut big, STDOUT, &[7u8; 200]).unwrap();
+        let e = read_frame(&mut &big[..], 100).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        // A stream cut inside a header is an error, not a clean end.
+        let e = read_frame(&mut &big[..3], 1000).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn limits_round_trip_and_records_are_strict() {
+        let l = GuestLimits {
+            memory_bytes: 1 << 28,
+            pids: 64,
+            work_bytes: 48 << 20,
+            tmp_bytes: 16 << 20,
+        };
+        assert_eq!(GuestLimits::decode(&l.encode()).unwrap(), l);
+        assert!(GuestLimits::decode(b"pids=1\n").is_err());
+        assert!(decode_record(b"a=1\na=2\n").is_err());
+        assert!(decode_record(b"no equals sign\n").is_err());
+        assert!(decode_record(&[0xff, b'=', b'1']).is_err());
+        let r = decode_record(&encode_record([("k", "v=w\nx".to_owned())])).unwrap();
+        assert_eq!(r["k"], "v=w x");
+    }
+}

@@ -1,0 +1,535 @@
+//! The guest's PID 1 (`plimsoll-guest-init`), started by the initramfs stage
+//! (`crates/vm/guest/init`) once the sandbox image is mounted read-only under a tmpfs overlay
+//! and switched to: it opens the channel, says hello, receives the run's limits and job,
+//! sets up `/dev`, `/work`, `/tmp`, the run's cgroup and loopback, remounts the root
+//! read-only, runs `plimsoll-agent` as the unprivileged `sandbox` user, streams its answer
+//! back and powers the VM off.
+//!
+//! Everything here runs inside the guest as root; nothing here is trusted by the host.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::process::Stdio;
+use std::time::Instant;
+
+use crate::channel::{self, GuestLimits};
+
+/// Where the initramfs stage puts the tools.
+pub const TOOLS_DIR: &str = "/opt/plimsoll/bin";
+/// The agent.
+pub const AGENT: &str = "/opt/plimsoll/bin/plimsoll-agent";
+/// The name of the virtio-serial port (QEMU `virtserialport,name=`).
+pub const PORT_NAME: &str = "plimsoll";
+/// The uid and gid code runs as in the guest (the image's `sandbox` user).
+pub const SANDBOX_UID: u32 = 1000;
+/// The agent's environment (the same as the container tier's).
+pub const ENVIRONMENT: [(&str, &str); 3] = [
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("HOME", "/tmp"),
+    ("LANG", "C.UTF-8"),
+];
+/// The run's cgroup (cgroup v2, below the guest's root).
+pub const RUN_CGROUP: &str = "/sys/fs/cgroup/run";
+/// A root-only scratch directory for the guest's own mounts.
+const PRIVATE: &str = "/.plimsoll";
+/// Stderr of the agent kept (it is one line when it fails).
+const STDERR_KEPT: usize = 64 * 1024;
+/// Largest job accepted (the agent's own limit is 256 MiB).
+const JOB_MAX: usize = 256 * 1024 * 1024 + 1024;
+/// How long to wait for the host's ack before powering off anyway.
+const ACK_WAIT_MS: i32 = 10_000;
+
+/// The guest init failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestInitError {
+    /// A mount failed.
+    #[error("cannot mount {fstype} on {target}")]
+    Mount {
+        /// Where.
+        target: String,
+        /// What.
+        fstype: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A file or directory operation failed.
+    #[error("cannot set up {path}")]
+    Setup {
+        /// What.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The virtio-serial port is missing.
+    #[error("no virtio-serial port named `{PORT_NAME}` under /sys/class/virtio-ports")]
+    NoPort,
+    /// Talking to the host failed.
+    #[error("the channel to the host failed")]
+    Channel(#[source] io::Error),
+    /// The host sent something unexpected.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The agent could not be started.
+    #[error("cannot start {AGENT}")]
+    Agent(#[source] io::Error),
+}
+
+fn setup_err(path: &str) -> impl FnOnce(io::Error) -> GuestInitError + '_ {
+    move |source| GuestInitError::Setup {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn cstr(s: &str) -> CString {
+    // Only our own constant paths and options come here; none holds a NUL.
+    CString::new(s).unwrap_or_default()
+}
+
+fn mount(
+    source: &str,
+    target: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> Result<(), GuestInitError> {
+    let (s, t, f, d) = (cstr(source), cstr(target), cstr(fstype), cstr(data));
+    // SAFETY: mount(2) with valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            s.as_ptr(),
+            t.as_ptr(),
+            f.as_ptr(),
+            flags,
+            if data.is_empty() {
+                std::ptr::null()
+            } else {
+                d.as_ptr().cast()
+            },
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(GuestInitError::Mount {
+            target: target.to_owned(),
+            fstype: fstype.to_owned(),
+            source: io::Error::last_os_error(),
+        })
+    }
+}
+
+/// Seconds since the guest kernel started, from /proc/uptime.
+fn uptime() -> f64 {
+    fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(-1.0)
+}
+
+/// The guest init's whole life: never returns, ends by powering the VM off.
+pub fn main() -> ! {
+    let mut port: Option<File> = None;
+    if let Err(e) = run(&mut port) {
+        let mut line = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            line.push_str(": ");
+            line.push_str(&s.to_string());
+            source = s.source();
+        }
+        eprintln!("plimsoll-guest-init: {line}");
+        if let Some(p) = port.as_mut() {
+            let _ = channel::write_frame(p, channel::FATAL, line.as_bytes());
+            wait_for_ack(p);
+        }
+    }
+    power_off()
+}
+
+fn power_off() -> ! {
+    // SAFETY: sync(2) and reboot(2) take no pointers. With `reboot=t` on the kernel command
+    // line and QEMU's `-no-reboot`, a reboot ends QEMU.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_AUTOBOOT);
+    }
+    // reboot(2) does not return for PID 1 with CAP_SYS_BOOT; if it did, panic the kernel
+    // (`panic=-1` reboots, which also ends QEMU).
+    std::process::exit(1)
+}
+
+fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
+    let nosuid_nodev_noexec = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    mount("proc", "/proc", "proc", nosuid_nodev_noexec, "")?;
+    let uptime_init = uptime();
+    mount(
+        "sysfs",
+        "/sys",
+        "sysfs",
+        nosuid_nodev_noexec | libc::MS_RDONLY,
+        "",
+    )?;
+
+    // The port is found on a private devtmpfs that is gone before any code runs: code in the
+    // guest gets a /dev with only the harmless nodes below.
+    let private_dev = format!("{PRIVATE}/dev");
+    fs::create_dir_all(&private_dev).map_err(setup_err(&private_dev))?;
+    fs::set_permissions(PRIVATE, fs::Permissions::from_mode(0o700)).map_err(setup_err(PRIVATE))?;
+    mount("devtmpfs", &private_dev, "devtmpfs", libc::MS_NOSUID, "")?;
+    let port_dev = find_port()?;
+    let port_path = format!("{private_dev}/{port_dev}");
+    let port = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&port_path)
+        .map_err(setup_err(&port_path))?;
+    let port = port_slot.insert(port);
+    let pd = cstr(&private_dev);
+    // SAFETY: umount2(2) with a valid path.
+    unsafe { libc::umount2(pd.as_ptr(), libc::MNT_DETACH) };
+    let _ = fs::remove_dir(&private_dev);
+    let _ = fs::remove_dir(PRIVATE);
+    make_dev()?;
+
+    let uname = rustix::system::uname();
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_default();
+    let hypervisor = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| l.split_whitespace().any(|f| f == "hypervisor"));
+    let hello = channel::encode_record([
+        ("uptime_s", format!("{uptime_init:.3}")),
+        ("kernel", uname.release().to_string_lossy().into_owned()),
+        ("cpu", model),
+        ("hypervisor_flag", hypervisor.to_string()),
+        (
+            "cpus",
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(0)
+                .to_string(),
+        ),
+    ]);
+    channel::write_frame(port, channel::HELLO, &hello).map_err(GuestInitError::Channel)?;
+
+    let limits = match channel::read_frame(port, channel::RECORD_MAX) {
+        Ok(Some((channel::LIMITS, p))) => {
+            GuestLimits::decode(&p).map_err(GuestInitError::Protocol)?
+        }
+        Ok(other) => {
+            return Err(GuestInitError::Protocol(format!(
+                "expected the limits, got {:?}",
+                other.map(|(t, _)| t as char)
+            )));
+        }
+        Err(e) => return Err(GuestInitError::Channel(e)),
+    };
+    let job = match channel::read_frame(port, JOB_MAX) {
+        Ok(Some((channel::JOB, p))) => p,
+        Ok(other) => {
+            return Err(GuestInitError::Protocol(format!(
+                "expected the job, got {:?}",
+                other.map(|(t, _)| t as char)
+            )));
+        }
+        Err(e) => return Err(GuestInitError::Channel(e)),
+    };
+
+    let procs = prepare_run(&limits)?;
+    let uptime_agent = uptime();
+    let started = Instant::now();
+    let status = run_agent(port, &job, procs)?;
+    let agent_ms = started.elapsed().as_millis();
+    let mut exit = vec![
+        ("uptime_init_s", format!("{uptime_init:.3}")),
+        ("uptime_agent_s", format!("{uptime_agent:.3}")),
+        ("agent_ms", agent_ms.to_string()),
+    ];
+    match (status.code(), status.signal()) {
+        (Some(c), _) => exit.push(("code", c.to_string())),
+        (None, Some(s)) => exit.push(("signal", s.to_string())),
+        (None, None) => {}
+    }
+    channel::write_frame(port, channel::EXIT, &channel::encode_record(exit))
+        .map_err(GuestInitError::Channel)?;
+    wait_for_ack(port);
+    Ok(())
+}
+
+/// The device name (`vport1p1`) of the port named [`PORT_NAME`].
+fn find_port() -> Result<String, GuestInitError> {
+    let dir = fs::read_dir("/sys/class/virtio-ports").map_err(|_| GuestInitError::NoPort)?;
+    for e in dir.flatten() {
+        let name = fs::read_to_string(e.path().join("name")).unwrap_or_default();
+        if name.trim() == PORT_NAME {
+            return Ok(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    Err(GuestInitError::NoPort)
+}
+
+/// A fresh, small /dev: null, zero, full, random, urandom, tty and the fd links.
+fn make_dev() -> Result<(), GuestInitError> {
+    mount(
+        "dev",
+        "/dev",
+        "tmpfs",
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        "mode=0755,size=64k",
+    )?;
+    for (name, major, minor) in [
+        ("null", 1, 3),
+        ("zero", 1, 5),
+        ("full", 1, 7),
+        ("random", 1, 8),
+        ("urandom", 1, 9),
+        ("tty", 5, 0),
+    ] {
+        let path = format!("/dev/{name}");
+        let c = cstr(&path);
+        // SAFETY: mknod(2) with a valid path; a character device in our own tmpfs.
+        let rc = unsafe {
+            libc::mknod(
+                c.as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(major, minor),
+            )
+        };
+        if rc != 0 {
+            return Err(setup_err(&path)(io::Error::last_os_error()));
+        }
+        // The umask filtered the mode given to mknod.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).map_err(setup_err(&path))?;
+    }
+    for (link, target) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, link).map_err(setup_err(link))?;
+    }
+    Ok(())
+}
+
+/// `/work` and `/tmp`, the run's cgroup, loopback, the hostname, a read-only root. Returns
+/// the run cgroup's `cgroup.procs`, opened for the agent to move itself in.
+fn prepare_run(l: &GuestLimits) -> Result<File, GuestInitError> {
+    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
+    mount(
+        "work",
+        "/work",
+        "tmpfs",
+        nosuid_nodev,
+        &format!(
+            "size={},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}",
+            l.work_bytes.max(4096)
+        ),
+    )?;
+    mount(
+        "tmp",
+        "/tmp",
+        "tmpfs",
+        nosuid_nodev,
+        &format!("size={},mode=1777", l.tmp_bytes.max(4096)),
+    )?;
+    mount(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        "",
+    )?;
+    let write = |path: &str, value: &str| -> Result<(), GuestInitError> {
+        fs::write(path, value).map_err(setup_err(path))
+    };
+    write("/sys/fs/cgroup/cgroup.subtree_control", "+memory +pids")?;
+    fs::create_dir(RUN_CGROUP).map_err(setup_err(RUN_CGROUP))?;
+    write(
+        &format!("{RUN_CGROUP}/memory.max"),
+        &l.memory_bytes.to_string(),
+    )?;
+    // No swap in the guest; the file exists only with swap accounting.
+    let _ = fs::write(format!("{RUN_CGROUP}/memory.swap.max"), "0");
+    write(&format!("{RUN_CGROUP}/pids.max"), &l.pids.to_string())?;
+    let procs_path = format!("{RUN_CGROUP}/cgroup.procs");
+    let procs = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&procs_path)
+        .map_err(setup_err(&procs_path))?;
+    loopback_up().map_err(setup_err("the loopback interface"))?;
+    rustix::system::sethostname(b"sandbox").map_err(|e| setup_err("the hostname")(e.into()))?;
+    mount(
+        "",
+        "/",
+        "",
+        libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID,
+        "",
+    )?;
+    Ok(procs)
+}
+
+/// `ip link set lo up`, so a server and its client inside one run can talk (as in a
+/// container's own network namespace). There is no other interface: QEMU gives the VM no
+/// network device.
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the union's flags member is the one SIOCGIFFLAGS filled in.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The job in an anonymous memory file, to be the agent's stdin.
+fn job_file(job: &[u8]) -> io::Result<File> {
+    let name = cstr("plimsoll-job");
+    // SAFETY: memfd_create(2) with a valid name; the result is checked.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let mut f = unsafe { File::from_raw_fd(fd) };
+    f.write_all(job)?;
+    io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
+    Ok(f)
+}
+
+/// Runs the agent as the sandbox user in the run's cgroup, streaming its stdout to the host
+/// as it comes and its stderr (kept short) at the end.
+fn run_agent(
+    port: &mut File,
+    job: &[u8],
+    procs: File,
+) -> Result<std::process::ExitStatus, GuestInitError> {
+    let stdin = job_file(job).map_err(GuestInitError::Agent)?;
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "inside the guest, PID 1 starts the agent with its job on stdin; the host's Spawn helper gives /dev/null"
+    )]
+    let mut cmd = std::process::Command::new(AGENT);
+    cmd.env_clear()
+        .envs(ENVIRONMENT)
+        .current_dir("/work")
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let procs_fd = procs.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only makes system calls
+    // on values prepared before the fork (no allocation, no locks).
+    unsafe {
+        cmd.pre_exec(move || {
+            // "0" moves the writing process; the descriptor was opened by root.
+            if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(io::Error::last_os_error());
+            }
+            let core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // No capability can come back: empty the bounding and ambient sets while still
+            // root (CAP_SETPCAP); numbers past the kernel's last capability fail, harmlessly.
+            for cap in 0..64 {
+                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            }
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            if libc::setrlimit(libc::RLIMIT_CORE, &core) != 0
+                || libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
+                || libc::setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
+                || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(GuestInitError::Agent)?;
+    drop(procs);
+    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        let _ = child.kill();
+        return Err(GuestInitError::Agent(io::Error::other("no pipes")));
+    };
+    let errors = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stderr.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = STDERR_KEPT.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+        kept
+    });
+    let mut buf = vec![0u8; channel::CHUNK];
+    loop {
+        match stdout.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => channel::write_frame(port, channel::STDOUT, &buf[..n])
+                .map_err(GuestInitError::Channel)?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(GuestInitError::Channel(e)),
+        }
+    }
+    let status = child.wait().map_err(GuestInitError::Agent)?;
+    let kept = errors.join().unwrap_or_default();
+    if !kept.is_empty() {
+        channel::write_frame(port, channel::STDERR, &kept).map_err(GuestInitError::Channel)?;
+    }
+    Ok(status)
+}
+
+/// Waits (bounded) for the host's ack, so the last frame is out of QEMU before power-off.
+fn wait_for_ack(port: &mut File) {
+    let mut fds = [libc::pollfd {
+        fd: port.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: poll(2) on one descriptor we own, with a bounded timeout.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, ACK_WAIT_MS) };
+    if ready > 0 {
+        let _ = channel::read_frame(port, channel::RECORD_MAX);
+    }
+}

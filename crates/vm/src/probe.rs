@@ -1,0 +1,838 @@
+//! The `qemu` provider's startup probe: identify QEMU and the assets, find the accelerator
+//! that really runs a guest (KVM tried first under `auto`, with a short boot budget; QEMU's
+//! monitor says which one ran), then boot one guest through the ordinary run path running
+//! `plimsoll-probe`, a JavaScript and a Python step, and judge what it saw. The tier comes
+//! from [`crate::tier::tier_for`] applied to the accelerator QEMU reported.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use plimsoll_sandbox::reap::processes_of_uid;
+use plimsoll_sandbox::{
+    CaptureLimits, LaunchError, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture,
+    unix_ms_now,
+};
+use plimsoll_wire::{BinaryIdentity, Evidence, ProbeReport, Project, RunResult, RunSpec, Step};
+
+use crate::assets::sha256_file;
+use crate::boot::{Answer, BootReport};
+use crate::config::AccelChoice;
+use crate::guest::{ENVIRONMENT, SANDBOX_UID};
+use crate::provider::{Prepared, VmProvider, error_chain, job_for, result_of};
+use crate::qemu;
+use crate::tier::{AccelEvidence, Accelerator, tier_for};
+
+/// Memory limit of the probe run (its cgroup in the guest must show it).
+pub const PROBE_MEMORY: u64 = 256 << 20;
+/// Pids limit of the probe run.
+pub const PROBE_PIDS: u64 = 32;
+/// Mount points that may be read-write in the guest (what the sandbox user can actually
+/// write is checked by trying): the two tmpfs, and root-owned kernel file systems.
+pub const RW_MOUNTS: [&str; 5] = ["/work", "/tmp", "/dev", "/proc", "/sys/fs/cgroup"];
+/// The only places the code may write.
+pub const WRITABLE: [&str; 2] = ["/work", "/tmp"];
+/// Directories the probe tries to write in, besides its own list.
+pub const TRY_WRITE: [&str; 8] = [
+    "/work",
+    "/opt/plimsoll/bin",
+    "/sys/fs/cgroup",
+    "/sys/fs/cgroup/run",
+    "/dev",
+    "/home",
+    "/root",
+    "/var/tmp",
+];
+
+/// The limits the probe run has.
+pub fn probe_limits() -> ResolvedLimits {
+    ResolvedLimits {
+        timeout: Duration::from_secs(60),
+        memory_bytes: PROBE_MEMORY,
+        output_bytes: 1 << 20,
+        pids: PROBE_PIDS,
+        disk_bytes: 16 << 20,
+        artifact_bytes: 1 << 20,
+    }
+}
+
+fn fresh_run_id(what: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "probe-qemu-{what}-{:x}-{}-{}",
+        unix_ms_now(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn probe_plan(p: &VmProvider, what: &str, spec: RunSpec) -> LaunchPlan {
+    let run_id = fresh_run_id(what);
+    let uid = p.config().probe_uid;
+    LaunchPlan {
+        run_dir: p.config().runs_root().join(&run_id),
+        run_id,
+        request_id: "probe".into(),
+        spec,
+        limits: probe_limits(),
+        uid,
+        gid: uid,
+        broker: None,
+    }
+}
+
+/// Runs the whole probe.
+pub fn probe(p: &VmProvider) -> Probed {
+    let _one_at_a_time = p.probing();
+    let cfg = p.config();
+    let mut checks: BTreeMap<String, String> = BTreeMap::new();
+    let mut config: BTreeMap<String, String> = BTreeMap::new();
+    let mut binaries = Vec::new();
+    let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
+        m.insert(k.to_owned(), v);
+    };
+    let ok = |m: &mut BTreeMap<String, String>, k: &str, r: Result<(), String>| {
+        m.insert(k.to_owned(), r.err().unwrap_or_else(|| "ok".into()));
+    };
+
+    put(&mut config, "reap_at_start", p.reaped_at_start().summary());
+    let dirs = p.reap_run_dirs();
+    ok(
+        &mut checks,
+        "reap",
+        if dirs.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(dirs.summary())
+        },
+    );
+    put(&mut config, "reap_at_probe", dirs.summary());
+    put(&mut config, "qemu", cfg.qemu.display().to_string());
+    put(
+        &mut config,
+        "accelerator_choice",
+        cfg.accelerator.as_str().into(),
+    );
+    put(&mut config, "machine", qemu::MACHINE.into());
+    put(&mut config, "cpus", cfg.cpus.to_string());
+    put(&mut config, "sandbox", qemu::SANDBOX.into());
+    put(
+        &mut config,
+        "devices",
+        "virtio-blk (image disk, read-only), virtio-serial (one port on a socket pair), serial console; no network device (-nic none)".into(),
+    );
+    put(
+        &mut config,
+        "memory",
+        format!(
+            "-m limits.memory_bytes + {} MiB; the run's cgroup in the guest has memory.max = limits.memory_bytes",
+            crate::provider::GUEST_OVERHEAD_MIB
+        ),
+    );
+    put(
+        &mut config,
+        "address_space",
+        format!(
+            "RLIMIT_AS = guest RAM + TCG cache ({} MiB) + {} MiB",
+            qemu::TCG_TB_MIB,
+            crate::provider::QEMU_ADDRESS_SLACK_MIB
+        ),
+    );
+    put(
+        &mut config,
+        "jail",
+        "own mount namespace; tmpfs root (read-only) with read-only binds of /usr, /dev/{null,zero,urandom}, kernel, initramfs, disk; private /tmp; pivot_root; run uid and gid, no groups; PR_SET_PDEATHSIG; no_new_privs".into(),
+    );
+    put(
+        &mut config,
+        "guest",
+        format!(
+            "image disk read-only under a tmpfs overlay, remounted read-only; /work (3/4 of disk_bytes) and /tmp (1/4) tmpfs; cgroup v2 memory.max and pids.max; uid {SANDBOX_UID}; no capabilities; no_new_privs"
+        ),
+    );
+    put(
+        &mut config,
+        "timeout",
+        format!(
+            "the agent's deadline is limits.timeout from its start; boot has its own budget ({} s TCG, {} s KVM); the VM is killed {} s after the deadline",
+            cfg.boot_timeout.as_secs(),
+            cfg.kvm_boot_timeout.as_secs(),
+            crate::provider::AGENT_GRACE.as_secs()
+        ),
+    );
+
+    ok(
+        &mut checks,
+        "daemon_is_root",
+        if rustix::process::geteuid().is_root() {
+            Ok(())
+        } else {
+            Err("the qemu provider must run as root (mount namespace, uid switch): start the daemon as root".into())
+        },
+    );
+    match identify_qemu(&cfg.qemu) {
+        Ok(id) => {
+            binaries.push(id);
+            ok(&mut checks, "qemu", Ok(()));
+        }
+        Err(e) => ok(&mut checks, "qemu", Err(e)),
+    }
+    let prepared = match p.prepared(true) {
+        Ok(pr) => {
+            ok(
+                &mut checks,
+                "assets",
+                check_assets(&pr, &mut binaries, &mut config),
+            );
+            Some(pr)
+        }
+        Err(e) => {
+            ok(&mut checks, "assets", Err(e));
+            None
+        }
+    };
+    let environment = prepared
+        .as_ref()
+        .map(|pr| pr.assets.image_identity.clone())
+        .unwrap_or_default();
+
+    let mut tier = p.nominal_tier();
+    let mut report = None;
+    if let (Some(pr), true) = (&prepared, checks.values().all(|v| v == "ok")) {
+        let accelerator = choose_accelerator(p, pr, &mut checks, &mut config);
+        match accelerator {
+            None => {
+                p.set_accelerator(None);
+            }
+            Some(a) => {
+                put(&mut config, "accelerator", a.as_str().into());
+                if a == Accelerator::Tcg
+                    && let Some(khz) = pr.tsc_khz
+                {
+                    put(&mut config, "tsc_early_khz", khz.to_string());
+                }
+                put(
+                    &mut config,
+                    "kernel_cmdline",
+                    qemu::kernel_cmdline(&qemu::QemuShape {
+                        accelerator: a,
+                        cpus: cfg.cpus,
+                        memory_mib: 0,
+                        tsc_khz: pr.tsc_khz,
+                        qmp: false,
+                    }),
+                );
+                match probe_run(p, pr, a) {
+                    Ok((mut r, result, boot, evidence)) => {
+                        judge(&mut r, &pr.assets.kernel_release, &mut checks);
+                        judge_steps(&result, &mut checks);
+                        if let Some(ms) = boot {
+                            put(&mut config, "probe_boot_ms", ms.to_string());
+                        }
+                        match evidence {
+                            Ok(ev) => {
+                                put(
+                                    &mut config,
+                                    "query_kvm",
+                                    format!(
+                                        "enabled={} present={}",
+                                        ev.kvm_enabled, ev.kvm_present
+                                    ),
+                                );
+                                ok(&mut checks, "accelerator", ev.consistent());
+                                tier = tier_for(ev.ran());
+                                put(&mut config, "accelerator_ran", ev.ran().as_str().into());
+                            }
+                            Err(e) => ok(&mut checks, "accelerator", Err(e)),
+                        }
+                        report = Some(r);
+                    }
+                    Err(e) => ok(&mut checks, "probe_run", Err(e)),
+                }
+                let uid = cfg.probe_uid;
+                let left = processes_of_uid(uid);
+                let dirs_left = p.reap_run_dirs();
+                ok(
+                    &mut checks,
+                    "cleanup",
+                    if left.is_empty() && dirs_left.run_dirs.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "the probe run left processes of uid {uid} {left:?} or run directories {:?}",
+                            dirs_left.run_dirs
+                        ))
+                    },
+                );
+                let passed = checks.values().all(|v| v == "ok");
+                p.set_accelerator(if passed {
+                    Some(a)
+                } else {
+                    fixed(cfg.accelerator)
+                });
+            }
+        }
+    }
+
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|(_, v)| *v != "ok")
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let available = if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("qemu is not offered: {}", failed.join("; ")))
+    };
+    Probed {
+        tier,
+        evidence: Evidence {
+            provider: "qemu".into(),
+            isolation: tier,
+            config,
+            binaries,
+            probe: report,
+            checks,
+            environment,
+            checked_unix_ms: unix_ms_now(),
+        },
+        available,
+    }
+}
+
+fn fixed(c: AccelChoice) -> Option<Accelerator> {
+    match c {
+        AccelChoice::Tcg => Some(Accelerator::Tcg),
+        AccelChoice::Kvm => Some(Accelerator::Kvm),
+        AccelChoice::Auto => None,
+    }
+}
+
+fn identify_qemu(path: &PathBuf) -> Result<BinaryIdentity, String> {
+    let sha256 = sha256_file(path).map_err(|e| {
+        format!(
+            "cannot read {} ({e}): install qemu-system-x86 (scripts/install-deps) or set its path",
+            path.display()
+        )
+    })?;
+    let running = Spawn::new(path, "/").arg("-version").spawn().map_err(|e| {
+        format!(
+            "cannot run {} -version: {}",
+            path.display(),
+            error_chain(&e)
+        )
+    })?;
+    let out =
+        capture(running, &CaptureLimits::new(4096, Duration::from_secs(10))).map_err(|e| {
+            format!(
+                "cannot run {} -version: {}",
+                path.display(),
+                error_chain(&e)
+            )
+        })?;
+    if out.exit_code != Some(0) {
+        return Err(format!(
+            "{} -version failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let version = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    Ok(BinaryIdentity {
+        name: "qemu-system-x86_64".into(),
+        path: path.display().to_string(),
+        version,
+        sha256,
+    })
+}
+
+/// Hashes the kernel, initramfs and disk, checks them against the manifest, and lists them
+/// (and the tools inside the run initramfs) as binaries.
+fn check_assets(
+    pr: &Prepared,
+    binaries: &mut Vec<BinaryIdentity>,
+    config: &mut BTreeMap<String, String>,
+) -> Result<(), String> {
+    let a = &pr.assets;
+    config.insert("assets".into(), a.dir.display().to_string());
+    config.insert("kernel_release".into(), a.kernel_release.clone());
+    if let Some(pkg) = a
+        .manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("kernel_package "))
+    {
+        config.insert("kernel_package".into(), pkg.to_owned());
+    }
+    config.insert("run_initrd".into(), pr.initrd.path.display().to_string());
+    let mut problems = Vec::new();
+    for (name, key, path, version) in [
+        ("vmlinux", "vmlinux", &a.kernel, a.kernel_release.clone()),
+        ("initramfs", "initramfs", &a.initramfs, "base".to_owned()),
+        ("disk", "disk", &a.disk, a.image_identity.clone()),
+    ] {
+        match sha256_file(path) {
+            Ok(sha) => {
+                if a.manifest_sha256(key) != Some(sha.as_str()) {
+                    problems.push(format!(
+                        "{} does not match build/vm/manifest: rebuild with scripts/build-vm-assets --force",
+                        path.display()
+                    ));
+                }
+                binaries.push(BinaryIdentity {
+                    name: name.into(),
+                    path: path.display().to_string(),
+                    version,
+                    sha256: sha,
+                });
+            }
+            Err(e) => problems.push(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+    binaries.push(BinaryIdentity {
+        name: "run-initrd".into(),
+        path: pr.initrd.path.display().to_string(),
+        version: "base + tools".into(),
+        sha256: pr.initrd.sha256.clone(),
+    });
+    binaries.extend(pr.initrd.tools.iter().cloned());
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// Under `auto`, boots a bare guest with KVM (short budget) and keeps KVM only when QEMU says
+/// KVM ran it; otherwise TCG. Records what happened.
+fn choose_accelerator(
+    p: &VmProvider,
+    pr: &Prepared,
+    checks: &mut BTreeMap<String, String>,
+    config: &mut BTreeMap<String, String>,
+) -> Option<Accelerator> {
+    let cfg = p.config();
+    match cfg.accelerator {
+        AccelChoice::Tcg => {
+            config.insert("kvm_attempt".into(), "not tried (accelerator = tcg)".into());
+            Some(Accelerator::Tcg)
+        }
+        AccelChoice::Kvm | AccelChoice::Auto => {
+            let attempt = try_kvm(p, pr);
+            let outcome = match &attempt {
+                Ok(()) => "booted under KVM (query-kvm: enabled)".to_owned(),
+                Err(e) => format!("unusable: {e}"),
+            };
+            config.insert("kvm_attempt".into(), outcome);
+            match (attempt, cfg.accelerator) {
+                (Ok(()), _) => Some(Accelerator::Kvm),
+                (Err(_), AccelChoice::Auto) => Some(Accelerator::Tcg),
+                (Err(e), _) => {
+                    checks.insert(
+                        "kvm".into(),
+                        format!("{e}: set the accelerator to auto or tcg to run under emulation (tier kernel)"),
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
+
+fn try_kvm(p: &VmProvider, pr: &Prepared) -> Result<(), String> {
+    VmProvider::kvm_device()?;
+    let plan = probe_plan(
+        p,
+        "kvm",
+        RunSpec::Project(Project {
+            files: vec![],
+            steps: vec![Step {
+                name: None,
+                run: "true".into(),
+            }],
+            artifacts: vec![],
+        }),
+    );
+    let report = p
+        .boot_plan(
+            &plan,
+            pr,
+            Accelerator::Kvm,
+            true,
+            None,
+            p.config().kvm_boot_timeout,
+        )
+        .map_err(|e| e.to_string())?;
+    if let Err(c) = &report.cleanup {
+        return Err(format!("cleanup failed: {c}"));
+    }
+    match (&report.answer, &report.accel) {
+        (Answer::BootedOnly, Some(Ok(ev))) if ev.ran() == Accelerator::Kvm => Ok(()),
+        (Answer::BootedOnly, Some(Ok(ev))) => Err(format!("QEMU ran the guest with {}", ev.ran())),
+        (Answer::BootedOnly, Some(Err(e))) => Err(e.clone()),
+        (Answer::NotBooted(why), _) => Err(format!("{why} ({})", report.diagnostics())),
+        (other, _) => Err(format!("unexpected: {other:?}")),
+    }
+}
+
+type ProbeRun = (
+    ProbeReport,
+    RunResult,
+    Option<u64>,
+    Result<AccelEvidence, String>,
+);
+
+/// One guest through the ordinary run path, with QEMU's monitor on: the probe, then a
+/// JavaScript and a Python step.
+fn probe_run(p: &VmProvider, pr: &Prepared, a: Accelerator) -> Result<ProbeRun, String> {
+    let canary = canary(p)?;
+    let mut probe_cmd = format!(
+        "/opt/plimsoll/bin/plimsoll-probe --try-read {}",
+        canary.display()
+    );
+    for w in TRY_WRITE {
+        probe_cmd.push_str(&format!(" --try-write {w}"));
+    }
+    let spec = RunSpec::Project(Project {
+        files: vec![],
+        steps: vec![
+            Step {
+                name: Some("probe".into()),
+                run: probe_cmd,
+            },
+            Step {
+                name: Some("javascript".into()),
+                run: "node -e 'console.log(\"ok\")'".into(),
+            },
+            Step {
+                name: Some("python".into()),
+                run: "python3 -I -c 'print(\"ok\")'".into(),
+            },
+        ],
+        artifacts: vec![],
+    });
+    let plan = probe_plan(p, "run", spec);
+    let job = job_for(&plan).map_err(|e| e.to_string())?;
+    let report: BootReport = p
+        .boot_plan(&plan, pr, a, true, Some(job), p.config().boot_timeout)
+        .map_err(|e| e.to_string())?;
+    if let Err(c) = &report.cleanup {
+        return Err(format!("the probe VM was not fully removed: {c}"));
+    }
+    let accel = report
+        .accel
+        .clone()
+        .unwrap_or_else(|| Err("QEMU's monitor gave no answer".into()));
+    let result = result_of(&report).map_err(|e| match e {
+        LaunchError::NotStarted { message, .. } | LaunchError::Failed { message } => message,
+    })?;
+    let first = result
+        .steps
+        .first()
+        .ok_or_else(|| format!("the probe step did not run: {result:?}"))?;
+    if first.exit_code != Some(0) {
+        return Err(format!(
+            "plimsoll-probe in the guest ended with {:?} (signal {:?}): {}",
+            first.exit_code,
+            first.signal,
+            first.stderr.to_string_lossy().trim()
+        ));
+    }
+    let r: ProbeReport = serde_json::from_slice(first.stdout.as_slice())
+        .map_err(|e| format!("plimsoll-probe printed no report ({e})"))?;
+    Ok((r, result, report.boot_ms, accel))
+}
+
+/// A host file the guest must not be able to read (it has no way to the host's files).
+fn canary(p: &VmProvider) -> Result<PathBuf, String> {
+    let dir = p.config().own_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join("canary");
+    std::fs::write(&path, "plimsoll host file: a VM must never read this\n")
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// The JavaScript and Python steps printed `ok`.
+fn judge_steps(r: &RunResult, checks: &mut BTreeMap<String, String>) {
+    for (i, name) in [(1, "snippet.javascript"), (2, "snippet.python")] {
+        let outcome = match r.steps.get(i) {
+            Some(s) if s.exit_code == Some(0) && s.stdout.as_slice() == b"ok\n" => "ok".into(),
+            Some(s) => format!(
+                "gave exit {:?} signal {:?}, stdout {:?}, stderr {:?}",
+                s.exit_code,
+                s.signal,
+                s.stdout.to_string_lossy(),
+                s.stderr.to_string_lossy()
+            ),
+            None => "did not run".into(),
+        };
+        checks.insert(name.into(), outcome);
+    }
+}
+
+/// Compares the guest's report with what the tier claims.
+pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<String, String>) {
+    let mut check = |name: &str, problems: Vec<String>| {
+        checks.insert(
+            name.into(),
+            if problems.is_empty() {
+                "ok".into()
+            } else {
+                problems.join("; ")
+            },
+        );
+    };
+    let mut p = Vec::new();
+    if r.uid != SANDBOX_UID || r.euid != SANDBOX_UID || r.gid != SANDBOX_UID {
+        p.push(format!(
+            "runs as uid {} euid {} gid {}, expected {SANDBOX_UID}",
+            r.uid, r.euid, r.gid
+        ));
+    }
+    if r.groups.iter().any(|g| *g != SANDBOX_UID) {
+        p.push(format!("supplementary groups {:?}", r.groups));
+    }
+    check("uid", p);
+
+    let mut p = Vec::new();
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        match r.capabilities.get(set) {
+            Some(v) if v.trim_start_matches('0').is_empty() => {}
+            other => p.push(format!(
+                "{set} = {}",
+                other.map_or("missing", String::as_str)
+            )),
+        }
+    }
+    check("capabilities", p);
+    check(
+        "no_new_privs",
+        if r.no_new_privs {
+            vec![]
+        } else {
+            vec!["NoNewPrivs is off".into()]
+        },
+    );
+
+    let mut p = Vec::new();
+    match r.mounts.get("/") {
+        Some(m) if m == "ro" => {}
+        other => p.push(format!(
+            "/ is mounted {}",
+            other.map_or("?", String::as_str)
+        )),
+    }
+    for (point, mode) in &r.mounts {
+        if mode == "rw" && !RW_MOUNTS.contains(&point.as_str()) {
+            p.push(format!("{point} is mounted read-write"));
+        }
+    }
+    for (path, outcome) in &r.write_attempts {
+        if outcome == "writable" && !WRITABLE.contains(&path.as_str()) {
+            p.push(format!("{path} is writable"));
+        }
+    }
+    for need in WRITABLE {
+        if r.write_attempts.get(need).map(String::as_str) != Some("writable") {
+            p.push(format!(
+                "{need} is not writable: {:?}",
+                r.write_attempts.get(need)
+            ));
+        }
+    }
+    check("filesystem", p);
+
+    let p: Vec<String> = r
+        .read_attempts
+        .iter()
+        .filter(|(_, o)| *o == "readable")
+        .map(|(path, _)| format!("{path} is readable"))
+        .collect();
+    check("host_files", p);
+
+    check(
+        "network",
+        if r.network_interfaces == ["lo"] {
+            vec![]
+        } else {
+            vec![format!(
+                "interfaces {:?}, expected only lo (QEMU gives the VM no network device)",
+                r.network_interfaces
+            )]
+        },
+    );
+    // The provider's three, and PWD, which the step's shell sets itself.
+    let mut allowed: Vec<&str> = ENVIRONMENT.iter().map(|(k, _)| *k).collect();
+    allowed.push("PWD");
+    let extra: Vec<&String> = r
+        .environment
+        .iter()
+        .filter(|n| !allowed.contains(&n.as_str()))
+        .collect();
+    check(
+        "environment",
+        if extra.is_empty() {
+            vec![]
+        } else {
+            vec![format!("unexpected variables {extra:?}")]
+        },
+    );
+    let mut p = Vec::new();
+    if r.limits.get("cgroup_v2.memory.max").map(|v| v.trim()) != Some(&PROBE_MEMORY.to_string()) {
+        p.push(format!(
+            "memory.max {:?}, expected {PROBE_MEMORY}",
+            r.limits.get("cgroup_v2.memory.max")
+        ));
+    }
+    if r.limits.get("cgroup_v2.pids.max").map(|v| v.trim()) != Some(&PROBE_PIDS.to_string()) {
+        p.push(format!(
+            "pids.max {:?}, expected {PROBE_PIDS}",
+            r.limits.get("cgroup_v2.pids.max")
+        ));
+    }
+    check("limits", p);
+
+    let host_release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let mut p = Vec::new();
+    if r.kernel_release != kernel_release {
+        p.push(format!(
+            "the guest runs kernel {}, expected {kernel_release}",
+            r.kernel_release
+        ));
+    }
+    if r.kernel_release == host_release {
+        p.push(format!(
+            "the guest kernel {} is the host's: not a VM?",
+            r.kernel_release
+        ));
+    }
+    check("kernel", p);
+    // Namespace identities inside a VM are the guest kernel's own; the initial namespaces
+    // of every kernel have the same fixed numbers, so comparing them with the host's says
+    // nothing. They are reported, not judged.
+    for ns in r.namespaces.values_mut() {
+        ns.same_as_host = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> ProbeReport {
+        let mut r = ProbeReport {
+            uid: SANDBOX_UID,
+            euid: SANDBOX_UID,
+            gid: SANDBOX_UID,
+            no_new_privs: true,
+            environment: vec!["HOME".into(), "LANG".into(), "PATH".into()],
+            cwd: "/work".into(),
+            network_interfaces: vec!["lo".into()],
+            kernel_release: "6.1.0-57-cloud-amd64".into(),
+            hostname: "sandbox".into(),
+            ..ProbeReport::default()
+        };
+        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            r.capabilities.insert(set.into(), "0000000000000000".into());
+        }
+        for (m, mode) in [
+            ("/", "ro"),
+            ("/work", "rw"),
+            ("/tmp", "rw"),
+            ("/sys", "ro"),
+            ("/proc", "rw"),
+        ] {
+            r.mounts.insert(m.into(), mode.into());
+        }
+        for (w, o) in [
+            ("/work", "writable"),
+            ("/tmp", "writable"),
+            ("/", "error: EROFS"),
+            ("/dev", "error: EACCES"),
+        ] {
+            r.write_attempts.insert(w.into(), o.into());
+        }
+        r.read_attempts
+            .insert("/etc/shadow".into(), "error: not found".into());
+        r.limits
+            .insert("cgroup_v2.memory.max".into(), PROBE_MEMORY.to_string());
+        r.limits
+            .insert("cgroup_v2.pids.max".into(), PROBE_PIDS.to_string());
+        r
+    }
+
+    #[test]
+    fn a_good_report_passes_and_each_breach_fails() {
+        let kernel = "6.1.0-57-cloud-amd64";
+        let mut checks = BTreeMap::new();
+        judge(&mut good(), kernel, &mut checks);
+        let bad: Vec<_> = checks.iter().filter(|(_, v)| *v != "ok").collect();
+        assert!(bad.is_empty(), "{bad:?}");
+
+        type Breach = Box<dyn Fn(&mut ProbeReport)>;
+        let cases: Vec<(&str, Breach)> = vec![
+            ("uid", Box::new(|r| r.uid = 0)),
+            (
+                "capabilities",
+                Box::new(|r| {
+                    r.capabilities
+                        .insert("CapBnd".into(), "000001ffffffffff".into());
+                }),
+            ),
+            ("no_new_privs", Box::new(|r| r.no_new_privs = false)),
+            (
+                "filesystem",
+                Box::new(|r| {
+                    r.write_attempts.insert("/etc".into(), "writable".into());
+                }),
+            ),
+            (
+                "filesystem",
+                Box::new(|r| {
+                    r.mounts.insert("/".into(), "rw".into());
+                }),
+            ),
+            (
+                "host_files",
+                Box::new(|r| {
+                    r.read_attempts
+                        .insert("/var/lib/plimsoll/qemu/canary".into(), "readable".into());
+                }),
+            ),
+            (
+                "network",
+                Box::new(|r| r.network_interfaces.push("eth0".into())),
+            ),
+            (
+                "environment",
+                Box::new(|r| r.environment.push("NODE_EXTRA_CA_CERTS".into())),
+            ),
+            (
+                "limits",
+                Box::new(|r| {
+                    r.limits.insert("cgroup_v2.pids.max".into(), "max".into());
+                }),
+            ),
+            (
+                "kernel",
+                Box::new(|r| r.kernel_release = "6.18.44-other".into()),
+            ),
+        ];
+        for (name, breach) in cases {
+            let mut r = good();
+            breach(&mut r);
+            let mut checks = BTreeMap::new();
+            judge(&mut r, kernel, &mut checks);
+            assert_ne!(checks[name], "ok", "{name} should fail");
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! [`VmProvider`], the `qemu` provider: every run (snippet or project) is one fresh microVM
+//! whose guest runs `plimsoll-agent`; the VM is destroyed when the run ends.
+
+use std::fs;
+use std::sync::{Mutex, RwLock};
+use std::time::Duration;
+
+use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider, unix_ms_now};
+use plimsoll_wire::{AgentJob, RunResult, RunSpec, Tier};
+
+use crate::assets::{self, Assets, RunInitrd};
+use crate::boot::{self, Answer, BootPlan, BootReport, Job, LOCK_FILE};
+use crate::channel::GuestLimits;
+use crate::config::{AccelChoice, VmConfig};
+use crate::qemu::{self, QemuShape};
+use crate::tier::{Accelerator, tier_for};
+
+/// Guest RAM beyond the run's memory limit: the guest kernel, its init and the tools (the
+/// run's cgroup inside the guest holds the limit itself).
+pub const GUEST_OVERHEAD_MIB: u64 = 128;
+/// QEMU's address space beyond guest RAM and the TCG cache: its code, libraries, thread
+/// stacks and allocator arenas. Measured: VmPeak = guest RAM + TCG cache + about 650 MiB
+/// (Debian's QEMU 7.2, 2 vCPUs).
+pub const QEMU_ADDRESS_SLACK_MIB: u64 = 1024;
+/// The agent's deadline is the run's timeout; the host waits this much longer for its
+/// answer (the agent's own kill and clean-up take up to 4 s) before it kills the VM.
+pub const AGENT_GRACE: Duration = Duration::from_secs(6);
+/// Assumed worst channel throughput under TCG, bytes per second, for the answer's budget.
+pub const CHANNEL_BYTES_PER_SEC: u64 = 8 << 20;
+/// Bytes of the agent's answer beyond its content (JSON framing, names).
+const ANSWER_SLACK: u64 = 1 << 20;
+
+/// The files a run needs, made once (and again at each probe).
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared {
+    pub assets: Assets,
+    pub initrd: RunInitrd,
+    pub tsc_khz: Option<u64>,
+}
+
+/// What [`VmProvider::reap`] removed, and what it could not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// QEMU processes killed (pid, uid).
+    pub killed: Vec<(i32, u32)>,
+    /// Run directories removed.
+    pub run_dirs: Vec<String>,
+    /// What failed.
+    pub errors: Vec<String>,
+}
+
+impl ReapReport {
+    /// One line for evidence and logs.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "killed {} QEMU processes, removed {} run directories",
+            self.killed.len(),
+            self.run_dirs.len()
+        );
+        if !self.errors.is_empty() {
+            s.push_str(&format!("; failed: {}", self.errors.join("; ")));
+        }
+        s
+    }
+}
+
+/// Timings and memory of one run, for benchmarks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunStats {
+    /// QEMU start to the guest's hello, ms.
+    pub boot_ms: u64,
+    /// The guest's own uptime when its init started, ms.
+    pub guest_uptime_at_init_ms: u64,
+    /// The agent's run inside the guest, ms.
+    pub agent_ms: u64,
+    /// QEMU start to the answer, ms.
+    pub total_ms: u64,
+    /// QEMU's peak resident set, KiB.
+    pub peak_rss_kib: u64,
+}
+
+/// The `qemu` provider.
+#[derive(Debug)]
+pub struct VmProvider {
+    config: VmConfig,
+    prepared: Mutex<Option<Prepared>>,
+    /// The accelerator the last successful probe found (or the configured one).
+    accelerator: RwLock<Option<Accelerator>>,
+    probing: Mutex<()>,
+    reaped_at_start: ReapReport,
+}
+
+impl VmProvider {
+    /// A provider with this configuration. Reaps first: kills QEMU processes of the
+    /// provider's uids and removes run directories that a daemon killed mid-run left (see
+    /// [`VmProvider::reap`]). Boots nothing.
+    pub fn new(config: VmConfig) -> Self {
+        let fixed = match config.accelerator {
+            AccelChoice::Tcg => Some(Accelerator::Tcg),
+            AccelChoice::Kvm => Some(Accelerator::Kvm),
+            AccelChoice::Auto => None,
+        };
+        let mut p = VmProvider {
+            config,
+            prepared: Mutex::new(None),
+            accelerator: RwLock::new(fixed),
+            probing: Mutex::new(()),
+            reaped_at_start: ReapReport::default(),
+        };
+        p.reaped_at_start = p.reap();
+        p
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
+    /// What the reap at construction removed.
+    pub fn reaped_at_start(&self) -> &ReapReport {
+        &self.reaped_at_start
+    }
+
+    /// The accelerator runs use now: the configured one, or under `auto` the one the last
+    /// probe booted a guest with (`None` before any probe).
+    pub fn accelerator(&self) -> Option<Accelerator> {
+        *self.accelerator.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn set_accelerator(&self, a: Option<Accelerator>) {
+        *self.accelerator.write().unwrap_or_else(|p| p.into_inner()) = a;
+    }
+
+    pub(crate) fn probing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.probing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Kills every QEMU process (this provider's binary) of the provider's uids, then
+    /// [`VmProvider::reap_run_dirs`]. Only for start-up, when no run of this daemon is in
+    /// flight: a live run's QEMU has one of these uids too.
+    pub fn reap(&self) -> ReapReport {
+        let mut report = ReapReport::default();
+        let qemu = fs::canonicalize(&self.config.qemu).unwrap_or_else(|_| self.config.qemu.clone());
+        // A uid another engine on this host holds (its host-wide lease) may be running that
+        // engine's VM: only uids whose lease we can take are ours to clear.
+        let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
+        let mut leases = std::collections::BTreeMap::new();
+        let mut ours = |uid: u32| {
+            if !(self.config.run_uids.contains(&uid) || uid == self.config.probe_uid) {
+                return false;
+            }
+            leases
+                .entry(uid)
+                .or_insert_with(|| plimsoll_sandbox::try_lease(&lease_dir, uid).ok().flatten())
+                .is_some()
+        };
+        let mut victims = Vec::new();
+        if let Ok(dir) = fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
+                    continue;
+                };
+                if exe != qemu {
+                    continue;
+                }
+                let uid = fs::read_to_string(format!("/proc/{pid}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find_map(|l| l.strip_prefix("Uid:"))
+                            .and_then(|v| v.split_whitespace().next()?.parse::<u32>().ok())
+                    });
+                if let Some(uid) = uid.filter(|u| ours(*u)) {
+                    victims.push((pid, uid));
+                }
+            }
+        }
+        for (pid, uid) in victims {
+            if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                match rustix::process::kill_process(p, rustix::process::Signal::KILL) {
+                    Ok(()) => report.killed.push((pid, uid)),
+                    Err(rustix::io::Errno::SRCH) => {}
+                    Err(e) => report.errors.push(format!("cannot kill QEMU {pid}: {e}")),
+                }
+            }
+        }
+        drop(leases);
+        // Wait (briefly) until they are gone, so their jails release the run directories.
+        for (pid, _) in &report.killed {
+            for _ in 0..200 {
+                let alive = fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    !s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                });
+                if !alive {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let dirs = self.reap_run_dirs();
+        report.run_dirs = dirs.run_dirs;
+        report.errors.extend(dirs.errors);
+        report
+    }
+
+    /// Removes every run directory under `<state_dir>/runs` that holds a `qemu.lock` no live
+    /// run holds (a run holds its lock from before QEMU starts until its directory is gone,
+    /// and the lock dies with the daemon). Safe while runs are in flight.
+    pub fn reap_run_dirs(&self) -> ReapReport {
+        let mut report = ReapReport::default();
+        let runs = self.config.runs_root();
+        if let Ok(dir) = fs::read_dir(&runs) {
+            for e in dir.flatten() {
+                let path = e.path();
+                let lock = path.join(LOCK_FILE);
+                let Ok(f) = fs::OpenOptions::new().read(true).open(&lock) else {
+                    continue;
+                };
+                match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => {}
+                    // Held: a live run.
+                    Err(_) => continue,
+                }
+                drop(f);
+                match boot::remove_run_dir(&path) {
+                    Ok(()) => report
+                        .run_dirs
+                        .push(e.file_name().to_string_lossy().into_owned()),
+                    Err(err) => report
+                        .errors
+                        .push(format!("cannot remove {}: {err}", path.display())),
+                }
+            }
+        }
+        report
+    }
+
+    /// Makes the run initramfs and reads the host facts, or returns what was made before.
+    pub(crate) fn prepared(&self, fresh: bool) -> Result<Prepared, String> {
+        let mut slot = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
+        if !fresh && let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let assets = Assets::open(&self.config.assets).map_err(|e| error_chain(&e))?;
+        let initrd = assets::build_run_initrd(
+            &assets.initramfs,
+            &[
+                ("plimsoll-guest-init", &self.config.guest_init),
+                ("plimsoll-agent", &self.config.agent),
+                ("plimsoll-probe", &self.config.probe),
+            ],
+            &self.config.own_dir(),
+        )
+        .map_err(|e| error_chain(&e))?;
+        // Only TCG guests need it; a KVM-only host without the line is fine.
+        let tsc_khz = qemu::host_tsc_khz().ok();
+        let p = Prepared {
+            assets,
+            initrd,
+            tsc_khz,
+        };
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+
+    /// `/dev/kvm`'s device number.
+    pub(crate) fn kvm_device() -> Result<u64, String> {
+        use std::os::unix::fs::FileTypeExt as _;
+        use std::os::unix::fs::MetadataExt as _;
+        let m = fs::metadata("/dev/kvm").map_err(|e| format!("/dev/kvm: {e}"))?;
+        if !m.file_type().is_char_device() {
+            return Err("/dev/kvm is not a character device".into());
+        }
+        Ok(m.rdev())
+    }
+
+    /// Boots one VM for `plan` with `accelerator`; `qmp` adds QEMU's monitor (probes).
+    pub(crate) fn boot_plan(
+        &self,
+        plan: &LaunchPlan,
+        prepared: &Prepared,
+        accelerator: Accelerator,
+        qmp: bool,
+        job: Option<Job>,
+        boot_timeout: Duration,
+    ) -> Result<BootReport, LaunchError> {
+        let runs = self.config.runs_root();
+        if plan.run_dir.parent() != Some(runs.as_path()) {
+            return Err(LaunchError::environment(format!(
+                "run directory {} is not under {}: the qemu provider's state_dir must be the engine's",
+                plan.run_dir.display(),
+                runs.display()
+            )));
+        }
+        let kvm_device = match accelerator {
+            Accelerator::Kvm => Some(Self::kvm_device().map_err(LaunchError::environment)?),
+            Accelerator::Tcg => None,
+        };
+        if accelerator == Accelerator::Tcg && prepared.tsc_khz.is_none() {
+            return Err(LaunchError::environment(
+                qemu::host_tsc_khz().err().unwrap_or_default(),
+            ));
+        }
+        let memory_mib = plan.limits.memory_bytes.div_ceil(1 << 20) + GUEST_OVERHEAD_MIB;
+        let shape = QemuShape {
+            accelerator,
+            cpus: self.config.cpus.max(1),
+            memory_mib,
+            tsc_khz: prepared.tsc_khz,
+            qmp,
+        };
+        let tb = match accelerator {
+            Accelerator::Tcg => qemu::TCG_TB_MIB,
+            Accelerator::Kvm => 0,
+        };
+        boot::boot(BootPlan {
+            qemu: &self.config.qemu,
+            kernel: &prepared.assets.kernel,
+            initrd: &prepared.initrd.path,
+            disk: &prepared.assets.disk,
+            run_dir: &plan.run_dir,
+            uid: plan.uid,
+            gid: plan.gid,
+            shape,
+            kvm_device,
+            address_space: (memory_mib + tb + QEMU_ADDRESS_SLACK_MIB) << 20,
+            boot_timeout,
+            job,
+        })
+        .map_err(|e| LaunchError::environment(error_chain(&e)))
+    }
+
+    /// Runs `plan` and also returns its timings and QEMU's peak memory.
+    pub fn run_measured(&self, plan: &LaunchPlan) -> Result<(Outcome, RunStats), LaunchError> {
+        if !rustix::process::geteuid().is_root() {
+            return Err(LaunchError::environment(
+                "the qemu provider must run as root (it jails QEMU in a mount namespace under the run's uid): start the daemon as root",
+            ));
+        }
+        let prepared = self.prepared(false).map_err(LaunchError::environment)?;
+        let accelerator = self.accelerator().ok_or_else(|| {
+            LaunchError::environment(
+                "the qemu provider has not been probed yet: its accelerator is not known",
+            )
+        })?;
+        let job = job_for(plan)?;
+        let report = self.boot_plan(
+            plan,
+            &prepared,
+            accelerator,
+            false,
+            Some(job),
+            self.config.boot_timeout,
+        )?;
+        let ended = unix_ms_now();
+        let stats = stats_of(&report, ended);
+        let result = result_of(&report)?;
+        if let Err(c) = &report.cleanup {
+            return Err(LaunchError::failed(format!(
+                "the run ended but its VM was not fully removed: {c}"
+            )));
+        }
+        Ok((
+            Outcome {
+                result,
+                started_unix_ms: report.started_unix_ms,
+                ended_unix_ms: ended,
+            },
+            stats,
+        ))
+    }
+}
+
+fn stats_of(r: &BootReport, ended_unix_ms: u64) -> RunStats {
+    let secs = |m: Option<&std::collections::BTreeMap<String, String>>, k: &str| {
+        m.and_then(|m| m.get(k))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |s| (s * 1000.0) as u64)
+    };
+    let (record, agent_ms) = match &r.answer {
+        Answer::Exited { record, .. } => (
+            Some(record),
+            record
+                .get("agent_ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        ),
+        _ => (None, 0),
+    };
+    RunStats {
+        boot_ms: r.boot_ms.unwrap_or(0),
+        guest_uptime_at_init_ms: secs(r.hello.as_ref(), "uptime_s")
+            .max(secs(record, "uptime_init_s")),
+        agent_ms,
+        total_ms: ended_unix_ms.saturating_sub(r.started_unix_ms),
+        peak_rss_kib: r.peak_rss_kib.unwrap_or(0),
+    }
+}
+
+/// The agent's job and the guest's limits for a plan.
+pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
+    let l = &plan.limits;
+    let job = AgentJob {
+        spec: plan.spec.clone(),
+        work_dir: "/work".into(),
+        output_bytes: l.output_bytes,
+        artifact_bytes: l.artifact_bytes,
+        deadline_ms: l.timeout.as_millis() as u64,
+    };
+    let json = serde_json::to_vec(&job)
+        .map_err(|e| LaunchError::environment(format!("cannot encode the agent job: {e}")))?;
+    let (steps, artifacts) = match &plan.spec {
+        RunSpec::Snippet(_) => (1u64, 0u64),
+        RunSpec::Project(p) => (p.steps.len() as u64, p.artifacts.len() as u64),
+    };
+    // JSON may spell one byte as six (`\u0000`).
+    let content = 2 * l.output_bytes * (steps + 1) + l.artifact_bytes * artifacts;
+    let answer_max = content.saturating_mul(6).saturating_add(ANSWER_SLACK);
+    let transfer = Duration::from_millis(answer_max.saturating_mul(1000) / CHANNEL_BYTES_PER_SEC);
+    Ok(Job {
+        limits: GuestLimits {
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            work_bytes: l.disk_bytes / 4 * 3,
+            tmp_bytes: l.disk_bytes / 4,
+        },
+        json,
+        answer_timeout: l.timeout + AGENT_GRACE + transfer,
+        answer_max: usize::try_from(answer_max).unwrap_or(usize::MAX),
+    })
+}
+
+/// The run's result from what the VM said, or why there is none.
+pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
+    match &r.answer {
+        Answer::NotBooted(why) => Err(LaunchError::environment(format!(
+            "the VM did not boot: {why} ({})",
+            r.diagnostics()
+        ))),
+        Answer::BootedOnly => Err(LaunchError::failed("the VM was given no job")),
+        Answer::Exited {
+            code: Some(0),
+            stdout,
+            ..
+        } => serde_json::from_slice::<RunResult>(stdout).map_err(|e| {
+            LaunchError::failed(format!(
+                "the agent's answer is not a result ({e}; {} bytes): check plimsoll-agent",
+                stdout.len()
+            ))
+        }),
+        Answer::Exited {
+            code: Some(code),
+            stderr,
+            ..
+        } => {
+            let text = String::from_utf8_lossy(stderr);
+            let line = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim();
+            Err(LaunchError::failed(format!(
+                "the agent could not do the job (exit {code}): {line}"
+            )))
+        }
+        Answer::Exited { signal, .. } => Ok(RunResult {
+            signal: *signal,
+            ..RunResult::default()
+        }),
+        Answer::TimedOut => Ok(RunResult {
+            timed_out: true,
+            signal: Some(libc::SIGKILL),
+            ..RunResult::default()
+        }),
+        Answer::Lost(why) => Err(LaunchError::failed(format!("{why} ({})", r.diagnostics()))),
+    }
+}
+
+/// An error with its sources, `: `-separated.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+impl Provider for VmProvider {
+    fn name(&self) -> &str {
+        "qemu"
+    }
+
+    fn nominal_tier(&self) -> Tier {
+        match self.config.accelerator {
+            AccelChoice::Tcg => tier_for(Accelerator::Tcg),
+            AccelChoice::Kvm | AccelChoice::Auto => tier_for(Accelerator::Kvm),
+        }
+    }
+
+    fn cost(&self) -> u32 {
+        match self.accelerator() {
+            Some(Accelerator::Kvm) => 400,
+            _ => 4000,
+        }
+    }
+
+    fn supports(&self, _spec: &RunSpec) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn probe(&self) -> Probed {
+        crate::probe::probe(self)
+    }
+
+    fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+        self.run_measured(plan).map(|(o, _)| o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plimsoll_sandbox::ResolvedLimits;
+    use plimsoll_wire::{Language, Snippet};
+
+    fn plan() -> LaunchPlan {
+        LaunchPlan {
+            run_id: "r".into(),
+            request_id: "q".into(),
+            spec: RunSpec::Snippet(Snippet {
+                language: Language::Python,
+                code: "print(1)".into(),
+            }),
+            limits: ResolvedLimits {
+                timeout: Duration::from_secs(10),
+                memory_bytes: 256 << 20,
+                output_bytes: 1 << 20,
+                pids: 64,
+                disk_bytes: 64 << 20,
+                artifact_bytes: 1 << 20,
+            },
+            uid: 5,
+            gid: 5,
+            run_dir: "/x/runs/r".into(),
+            broker: None,
+        }
+    }
+
+    #[test]
+    fn the_job_carries_the_limits() {
+        let j = job_for(&plan()).unwrap();
+        assert_eq!(j.limits.memory_bytes, 256 << 20);
+        assert_eq!(j.limits.pids, 64);
+        assert_eq!(j.limits.work_bytes + j.limits.tmp_bytes, 64 << 20);
+        let job: AgentJob = serde_json::from_slice(&j.json).unwrap();
+        assert_eq!(job.deadline_ms, 10_000);
+        assert_eq!(job.work_dir, "/work");
+        assert!(j.answer_timeout > Duration::from_secs(16));
+    }
+
+    fn report(answer: Answer) -> BootReport {
+        BootReport {
+            started_unix_ms: 0,
+            hello: None,
+            boot_ms: None,
+            accel: None,
+            answer,
+            console: b"[    0.1] hello\nKernel panic - not syncing\n".to_vec(),
+            qemu_stderr: Vec::new(),
+            peak_rss_kib: None,
+            cleanup: Ok(()),
+        }
+    }
+
+    #[test]
+    fn answers_map_to_results_and_errors() {
+        let ok = RunResult {
+            exit_code: Some(0),
+            stdout: b"hi\n".to_vec().into(),
+            ..RunResult::default()
+        };
+        let r = result_of(&report(Answer::Exited {
+            code: Some(0),
+            signal: None,
+            stdout: serde_json::to_vec(&ok).unwrap(),
+            stderr: Vec::new(),
+            record: Default::default(),
+        }))
+        .unwrap();
+        assert_eq!(r, ok);
+        let t = result_of(&report(Answer::TimedOut)).unwrap();
+        assert!(t.timed_out && t.signal == Some(9));
+        match result_of(&report(Answer::NotBooted("slow".into()))) {
+            Err(LaunchError::NotStarted { message, .. }) => {
+                assert!(message.contains("Kernel panic"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            result_of(&report(Answer::Lost("gone".into()))),
+            Err(LaunchError::Failed { .. })
+        ));
+        assert!(matches!(
+            result_of(&report(Answer::Exited {
+                code: Some(2),
+                signal: None,
+                stdout: Vec::new(),
+                stderr: b"plimsoll-agent: bad job\n".to_vec(),
+                record: Default::default(),
+            })),
+            Err(LaunchError::Failed { message }) if message.contains("bad job")
+        ));
+        // A lie from the guest is an error, never a result.
+        assert!(matches!(
+            result_of(&report(Answer::Exited {
+                code: Some(0),
+                signal: None,
+                stdout: b"{\"exit_code\": \"zero\"}".to_vec(),
+                stderr: Vec::new(),
+                record: Default::default(),
+            })),
+            Err(LaunchError::Failed { .. })
+        ));
+    }
+}

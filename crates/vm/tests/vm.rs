@@ -1,0 +1,672 @@
+//! The `qemu` provider booting real VMs (TCG on hosts without usable KVM): snippets and a
+//! project run; the probe finds the accelerator and the tier follows it; and the attacks of
+//! the container tier (read host files, write outside /work, reach the network, fork,
+//! allocate, fill the disk, flood the output, outlive the run) end as they must. After every
+//! run no QEMU, no process of the run's uid and no run directory may be left, even when the
+//! daemon running it is killed with SIGKILL.
+//!
+//! Needs root, QEMU, the VM assets (`scripts/build-vm-assets`) and the probe and agent
+//! binaries (built on demand). Without them a test prints `SKIP` and returns, unless
+//! `CI=true`, where it fails.
+
+use std::io::Read as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::reap::processes_of_uid;
+use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_sandbox::{LaunchPlan, Provider, ResolvedLimits, Spawn};
+use plimsoll_vm::{AccelChoice, Accelerator, VmConfig, VmProvider, tier_for};
+use plimsoll_wire::{
+    Bytes, Language, Project, ProjectFile, RunResult, RunSpec, Snippet, Step, Tier,
+};
+
+const QEMU: &str = "/usr/bin/qemu-system-x86_64";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn assets() -> PathBuf {
+    repo().join("build/vm")
+}
+
+/// `plimsoll-agent` of this build, built first when missing (as `probe_binary` does).
+fn agent_binary() -> Result<PathBuf, String> {
+    let probe = probe_binary()?;
+    let dir = probe.parent().unwrap().to_owned();
+    let agent = dir.join("plimsoll-agent");
+    if agent.exists() {
+        return Ok(agent);
+    }
+    let target = dir.parent().unwrap().display().to_string();
+    let mut args = vec!["build", "-p", "plimsoll-agent", "--target-dir", &target];
+    if dir.ends_with("release") {
+        args.push("--release");
+    }
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "building a test fixture needs the developer's own environment (PATH, CARGO_HOME)"
+    )]
+    let status = std::process::Command::new("cargo")
+        .args(&args)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() || !agent.exists() {
+        return Err(format!(
+            "`cargo {}` did not produce {}",
+            args.join(" "),
+            agent.display()
+        ));
+    }
+    Ok(agent)
+}
+
+/// One provider with a state directory and uids of its own, so tests running at the same
+/// time never reap each other's VMs. Removed on drop.
+struct Rig {
+    p: VmProvider,
+    state_dir: PathBuf,
+    uid: u32,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = self.p.reap_run_dirs();
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// Checks what a test needs; `None` (after printing SKIP, or panicking under CI) if absent.
+fn config(test: &str, scenario: u32, accelerator: AccelChoice) -> Option<(VmConfig, u32)> {
+    if !is_root() {
+        skip_or_fail(test, "needs root (mount namespace and uid switch for QEMU)");
+        return None;
+    }
+    if !Path::new(QEMU).exists() {
+        skip_or_fail(
+            test,
+            "qemu-system-x86_64 is not installed (scripts/install-deps)",
+        );
+        return None;
+    }
+    if !assets().join("recipe.sha256").exists()
+        || !repo().join("build/images/sandbox/identity").exists()
+    {
+        skip_or_fail(
+            test,
+            "the VM assets are not built (scripts/build-vm-assets)",
+        );
+        return None;
+    }
+    let (probe, agent) = match (probe_binary(), agent_binary()) {
+        (Ok(p), Ok(a)) => (p, a),
+        (Err(e), _) | (_, Err(e)) => {
+            skip_or_fail(test, &e);
+            return None;
+        }
+    };
+    let uid = 2_400_000 + scenario * 10;
+    let state_dir =
+        PathBuf::from("/run/plimsoll-vm-test").join(format!("{test}-{}", std::process::id()));
+    let mut c = VmConfig::new(
+        assets(),
+        agent,
+        probe,
+        PathBuf::from(env!("CARGO_BIN_EXE_plimsoll-guest-init")),
+        state_dir,
+        uid + 9,
+        uid..uid + 1,
+    );
+    c.accelerator = accelerator;
+    Some((c, uid))
+}
+
+fn rig(test: &str, scenario: u32) -> Option<Rig> {
+    let (c, uid) = config(test, scenario, AccelChoice::Tcg)?;
+    let state_dir = c.state_dir.clone();
+    Some(Rig {
+        p: VmProvider::new(c),
+        state_dir,
+        uid,
+    })
+}
+
+fn limits() -> ResolvedLimits {
+    ResolvedLimits {
+        timeout: Duration::from_secs(30),
+        memory_bytes: 256 << 20,
+        output_bytes: 1 << 20,
+        pids: 64,
+        disk_bytes: 16 << 20,
+        artifact_bytes: 1 << 20,
+    }
+}
+
+fn py(code: &str) -> RunSpec {
+    RunSpec::Snippet(Snippet {
+        language: Language::Python,
+        code: code.into(),
+    })
+}
+
+fn js(code: &str) -> RunSpec {
+    RunSpec::Snippet(Snippet {
+        language: Language::Javascript,
+        code: code.into(),
+    })
+}
+
+fn text(b: &Bytes) -> String {
+    b.to_string_lossy()
+}
+
+fn fresh_id(scenario: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{scenario}{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// QEMU processes whose command line or uid ties them to `uid`.
+fn qemus_of(uid: u32) -> Vec<i32> {
+    processes_of_uid(uid)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|e| e.to_string_lossy().contains("qemu-system"))
+        })
+        .collect()
+}
+
+impl Rig {
+    fn plan(&self, spec: RunSpec, limits: ResolvedLimits) -> LaunchPlan {
+        let run_id = fresh_id("t");
+        LaunchPlan {
+            run_dir: self.p.config().runs_root().join(&run_id),
+            run_id,
+            request_id: "vm-test".into(),
+            spec,
+            limits,
+            uid: self.uid,
+            gid: self.uid,
+            broker: None,
+        }
+    }
+
+    /// Runs, then checks that nothing of the run is left.
+    fn run(&self, spec: RunSpec, limits: ResolvedLimits) -> RunResult {
+        let plan = self.plan(spec, limits);
+        let outcome = self.p.run(&plan);
+        self.assert_clean(&plan);
+        match outcome {
+            Ok(o) => o.result,
+            Err(e) => panic!("qemu run failed: {e}"),
+        }
+    }
+
+    fn assert_clean(&self, plan: &LaunchPlan) {
+        let left = processes_of_uid(plan.uid);
+        assert!(
+            left.is_empty(),
+            "processes of uid {} remain: {left:?}",
+            plan.uid
+        );
+        assert!(
+            !plan.run_dir.exists(),
+            "run directory {} remains",
+            plan.run_dir.display()
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(&plan.run_id),
+            "a mount of {} remains",
+            plan.run_id
+        );
+    }
+}
+
+#[test]
+fn the_probe_finds_the_accelerator_and_the_tier_follows_it() {
+    let test = "the_probe_finds_the_accelerator_and_the_tier_follows_it";
+    let Some((c, _)) = config(test, 1, AccelChoice::Auto) else {
+        return;
+    };
+    let state_dir = c.state_dir.clone();
+    let probe_uid = c.probe_uid;
+    let p = VmProvider::new(c);
+    let probed = p.probe();
+    let ev = &probed.evidence;
+    assert_eq!(probed.available, Ok(()), "{:#?}", ev.checks);
+    let ran = match ev.config.get("accelerator_ran").map(String::as_str) {
+        Some("kvm") => Accelerator::Kvm,
+        Some("tcg") => Accelerator::Tcg,
+        other => panic!("no accelerator in the evidence: {other:?}"),
+    };
+    assert_eq!(probed.tier, tier_for(ran));
+    assert_eq!(ev.isolation, probed.tier);
+    assert_eq!(p.accelerator(), Some(ran));
+    if ran == Accelerator::Tcg {
+        // This host's /dev/kvm (PVM) cannot run the guest: emulation, so `kernel`, never `vm`.
+        assert_eq!(probed.tier, Tier::Kernel);
+        assert!(
+            ev.config["query_kvm"].starts_with("enabled=false"),
+            "{:?}",
+            ev.config
+        );
+    }
+    assert!(ev.config.contains_key("kvm_attempt"), "{:?}", ev.config);
+    let report = ev.probe.as_ref().expect("a probe report");
+    let host = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    assert_ne!(report.kernel_release, host, "the guest runs its own kernel");
+    assert_eq!(report.network_interfaces, ["lo"]);
+    assert_eq!(report.uid, 1000);
+    for name in [
+        "plimsoll-agent",
+        "plimsoll-probe",
+        "plimsoll-guest-init",
+        "vmlinux",
+        "disk",
+        "qemu-system-x86_64",
+    ] {
+        assert!(
+            ev.binaries.iter().any(|b| b.name == name),
+            "{name} not identified"
+        );
+    }
+    assert!(qemus_of(probe_uid).is_empty());
+    let _ = std::fs::remove_dir_all(state_dir);
+}
+
+#[test]
+fn snippets_run_in_javascript_and_python() {
+    let Some(rig) = rig("snippets_run_in_javascript_and_python", 2) else {
+        return;
+    };
+    let r = rig.run(
+        js("console.log(process.version, require('os').release(), process.getuid())"),
+        limits(),
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let out = text(&r.stdout);
+    assert!(out.starts_with("v22."), "{out}");
+    assert!(out.contains("cloud-amd64 1000"), "{out}");
+    let r = rig.run(
+        py("import os, sys\nprint(sys.version_info[0], os.getcwd(), os.uname().nodename)\nsys.exit(3)"),
+        limits(),
+    );
+    assert_eq!(r.exit_code, Some(3), "{r:?}");
+    assert_eq!(text(&r.stdout), "3 /work sandbox\n");
+}
+
+#[test]
+fn a_project_runs_its_steps_and_returns_artifacts() {
+    let Some(rig) = rig("a_project_runs_its_steps_and_returns_artifacts", 3) else {
+        return;
+    };
+    let spec = RunSpec::Project(Project {
+        files: vec![
+            ProjectFile {
+                path: "main.py".into(),
+                content: "print(open('data/in.txt').read().upper(), end='')\n".into(),
+                executable: false,
+            },
+            ProjectFile {
+                path: "data/in.txt".into(),
+                content: "hello from a project\n".into(),
+                executable: false,
+            },
+        ],
+        steps: vec![
+            Step {
+                name: Some("build".into()),
+                run: "python3 main.py > out.txt && echo built".into(),
+            },
+            Step {
+                name: Some("check".into()),
+                run: "wc -c < out.txt; node -e 'console.log(require(\"fs\").readFileSync(\"out.txt\", \"utf8\").length)'".into(),
+            },
+        ],
+        artifacts: vec!["out.txt".into(), "missing.txt".into()],
+    });
+    let r = rig.run(spec, limits());
+    assert_eq!(r.steps.len(), 2, "{r:?}");
+    assert_eq!(text(&r.steps[0].stdout), "built\n", "{:?}", r.steps[0]);
+    assert_eq!(text(&r.steps[1].stdout), "21\n21\n", "{:?}", r.steps[1]);
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.artifacts.len(), 2);
+    assert!(r.artifacts[0].found);
+    assert_eq!(text(&r.artifacts[0].content), "HELLO FROM A PROJECT\n");
+    assert!(!r.artifacts[1].found);
+}
+
+#[test]
+fn host_files_are_unreadable() {
+    let Some(rig) = rig("host_files_are_unreadable", 4) else {
+        return;
+    };
+    std::fs::create_dir_all(&rig.state_dir).unwrap();
+    let marker = rig.state_dir.join("host-marker");
+    std::fs::write(&marker, "TOPSECRET-host-marker").unwrap();
+    let host_shadow_root = std::fs::read_to_string("/etc/shadow")
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_owned))
+        .unwrap_or_else(|| "root:".into());
+    let code = format!(
+        r#"
+for p in ["/etc/shadow", "{m}", "/proc/1/root{m}", "/proc/1/root/etc/shadow"]:
+    try:
+        print(p, "READ", open(p).read()[:200])
+    except Exception as e:
+        print(p, "denied", type(e).__name__)
+"#,
+        m = marker.display()
+    );
+    let r = rig.run(py(&code), limits());
+    let out = text(&r.stdout);
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(!out.contains("TOPSECRET"), "{out}");
+    assert!(
+        !out.contains(&host_shadow_root),
+        "the host's /etc/shadow leaked: {out}"
+    );
+    assert_eq!(out.matches(" denied ").count(), 4, "{out}");
+}
+
+#[test]
+fn writes_outside_work_fail() {
+    let Some(rig) = rig("writes_outside_work_fail", 5) else {
+        return;
+    };
+    let code = r#"
+import os
+for d in ["/", "/etc", "/usr/bin", "/opt/plimsoll/bin", "/var/tmp", "/root", "/home", "/sys/fs/cgroup", "/sys/fs/cgroup/run", "/proc/sys/kernel", "/dev", "/work", "/tmp"]:
+    try:
+        with open(os.path.join(d, "plimsoll-was-here"), "w") as f:
+            f.write("x")
+        print(d, "WROTE")
+    except Exception as e:
+        print(d, "denied", type(e).__name__)
+"#;
+    let disk = assets().join("disk.ext4");
+    let before = std::fs::metadata(&disk).unwrap().modified().unwrap();
+    let r = rig.run(py(code), limits());
+    let out = text(&r.stdout);
+    let wrote: Vec<&str> = out.lines().filter(|l| l.ends_with("WROTE")).collect();
+    assert_eq!(
+        wrote,
+        ["/work WROTE", "/tmp WROTE"],
+        "{out}\n{}",
+        text(&r.stderr)
+    );
+    assert_eq!(
+        std::fs::metadata(&disk).unwrap().modified().unwrap(),
+        before
+    );
+}
+
+#[test]
+fn there_is_no_network() {
+    let Some(rig) = rig("there_is_no_network", 6) else {
+        return;
+    };
+    let local = TcpListener::bind("127.0.0.1:0").unwrap();
+    local.set_nonblocking(true).unwrap();
+    let port = local.local_addr().unwrap().port();
+    let code = format!(
+        r#"
+import os, socket
+print("interfaces", sorted(os.listdir("/sys/class/net")))
+for host in ["127.0.0.1", "10.0.2.2", "192.0.2.1"]:
+    try:
+        socket.create_connection((host, {port}), timeout=3)
+        print(host, "CONNECTED")
+    except Exception as e:
+        print(host, "refused", type(e).__name__)
+"#
+    );
+    let r = rig.run(py(&code), limits());
+    let out = text(&r.stdout);
+    assert!(
+        out.contains("interfaces ['lo']"),
+        "{out}{}",
+        text(&r.stderr)
+    );
+    assert_eq!(out.matches(" refused ").count(), 3, "{out}");
+    assert!(
+        matches!(local.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host's server got a connection"
+    );
+}
+
+#[test]
+fn a_fork_bomb_ends_at_the_pids_limit() {
+    let Some(rig) = rig("a_fork_bomb_ends_at_the_pids_limit", 7) else {
+        return;
+    };
+    let mut l = limits();
+    l.pids = 24;
+    let code = r#"
+import os, time
+kids = 0
+try:
+    for _ in range(1000):
+        if os.fork() == 0:
+            time.sleep(5)
+            os._exit(0)
+        kids += 1
+    print("forked", kids, "without limit")
+except OSError as e:
+    print("forked", kids, "then", type(e).__name__)
+"#;
+    let r = rig.run(py(code), l);
+    let out = text(&r.stdout);
+    let kids: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(
+        kids < 24,
+        "forked {kids} with a limit of 24: {out}{}",
+        text(&r.stderr)
+    );
+    assert!(out.contains("then"), "{out}");
+    // A real bomb: every process forks forever. The limit holds it; the deadline ends it.
+    l.timeout = Duration::from_secs(3);
+    let r = rig.run(
+        py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"),
+        l,
+    );
+    assert!(r.timed_out, "{r:?}");
+}
+
+#[test]
+fn the_memory_limit_kills_and_the_run_returns() {
+    let Some(rig) = rig("the_memory_limit_kills_and_the_run_returns", 8) else {
+        return;
+    };
+    let mut l = limits();
+    l.memory_bytes = 128 << 20;
+    let r = rig.run(
+        js("const a = []; for (;;) { a.push(Buffer.alloc(1 << 20).fill(1)); }"),
+        l,
+    );
+    assert!(!r.timed_out, "{r:?}");
+    assert_eq!(r.signal, Some(9), "{r:?}");
+    assert!(r.oom_killed, "{r:?}");
+}
+
+#[test]
+fn filling_work_hits_its_size() {
+    let Some(rig) = rig("filling_work_hits_its_size", 9) else {
+        return;
+    };
+    let code = r#"
+import errno
+n = 0
+try:
+    with open("/work/big", "wb") as f:
+        while n < 200 << 20:
+            f.write(b"\0" * 65536)
+            f.flush()
+            n += 65536
+    print("wrote", n, "no error")
+except OSError as e:
+    print("wrote", n, errno.errorcode.get(e.errno, e.errno))
+"#;
+    let r = rig.run(py(code), limits());
+    let out = text(&r.stdout);
+    let written: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    let work = limits().disk_bytes / 4 * 3;
+    assert!(
+        written <= work,
+        "wrote {written} bytes into a {work}-byte /work: {out}"
+    );
+    assert!(out.contains("ENOSPC"), "{out}{}", text(&r.stderr));
+}
+
+#[test]
+fn a_flood_of_output_is_truncated() {
+    let Some(rig) = rig("a_flood_of_output_is_truncated", 10) else {
+        return;
+    };
+    // 100 MB through a pipe in an emulated guest takes a while: a longer timeout.
+    let mut l = limits();
+    l.timeout = Duration::from_secs(90);
+    let r = rig.run(
+        py("import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)\nsys.stdout.flush()\nprint('done', file=sys.stderr)"),
+        l,
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout_truncated);
+    assert_eq!(r.stdout.len() as u64, l.output_bytes);
+    assert!(r.stdout.as_slice().iter().all(|b| *b == b'x'));
+    assert_eq!(text(&r.stderr), "done\n");
+    assert!(!r.stderr_truncated);
+}
+
+#[test]
+fn sleeping_past_the_timeout_is_timed_out() {
+    let Some(rig) = rig("sleeping_past_the_timeout_is_timed_out", 11) else {
+        return;
+    };
+    let mut l = limits();
+    l.timeout = Duration::from_secs(3);
+    let r = rig.run(
+        py("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\nprint('woke')"),
+        l,
+    );
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.signal, Some(9));
+    assert!(!r.oom_killed);
+    assert_eq!(text(&r.stdout), "sleeping\n");
+}
+
+#[test]
+fn background_processes_do_not_outlive_the_run() {
+    let Some(rig) = rig("background_processes_do_not_outlive_the_run", 12) else {
+        return;
+    };
+    let code = r#"
+import os, subprocess, time
+subprocess.Popen(["sleep", "300"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(300)
+    os._exit(0)
+time.sleep(0.5)
+print("left them running")
+"#;
+    // `run` checks that no process of the uid (QEMU included) and no run directory remains.
+    let r = rig.run(py(code), limits());
+    assert_eq!(text(&r.stdout), "left them running\n", "{r:?}");
+    assert!(qemus_of(rig.uid).is_empty());
+}
+
+/// The "daemon" (plimsoll-vm-run) is SIGKILLed mid-run: its QEMU dies with it (parent-death
+/// signal), and the next provider's reap removes the run directory left behind.
+#[test]
+fn nothing_outlives_a_killed_daemon() {
+    let test = "nothing_outlives_a_killed_daemon";
+    let Some(rig) = rig(test, 13) else {
+        return;
+    };
+    let run_id = fresh_id("killed");
+    let run_dir = rig.p.config().runs_root().join(&run_id);
+    let mut child = Spawn::new(env!("CARGO_BIN_EXE_plimsoll-vm-run"), "/")
+        .args(["run", "python", "import time\ntime.sleep(120)"])
+        .arg("--state-dir")
+        .arg(&rig.state_dir)
+        .arg("--assets")
+        .arg(assets())
+        .args([
+            "--uid",
+            &rig.uid.to_string(),
+            "--run-id",
+            &run_id,
+            "--timeout-ms",
+            "100000",
+        ])
+        .spawn()
+        .expect("start plimsoll-vm-run");
+    let start = Instant::now();
+    while qemus_of(rig.uid).is_empty() || start.elapsed() < Duration::from_secs(2) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "QEMU never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(run_dir.exists());
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.child.wait().unwrap();
+    let mut drained = Vec::new();
+    let _ = child.stdout.read_to_end(&mut drained);
+    // QEMU got SIGKILL when its parent died. It was re-parented to us (the nearest child
+    // subreaper): reap it as it turns into a zombie.
+    let start = Instant::now();
+    loop {
+        let left = processes_of_uid(rig.uid);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "QEMU outlived its daemon: {left:?} (QEMU among them: {:?})",
+            qemus_of(rig.uid)
+        );
+        for pid in left {
+            let p = rustix::process::Pid::from_raw(pid).unwrap();
+            let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        run_dir.exists(),
+        "the killed daemon's run directory should still be there"
+    );
+    // A new daemon starts: its provider reaps at construction.
+    let again = VmProvider::new(rig.p.config().clone());
+    let report = again.reaped_at_start();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.run_dirs, std::slice::from_ref(&run_id));
+    assert!(!run_dir.exists());
+    assert!(processes_of_uid(rig.uid).is_empty());
+}
