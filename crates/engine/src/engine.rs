@@ -435,10 +435,6 @@ impl Engine {
 fn supports_broker(p: &AnyProvider) -> bool {
     match p {
         AnyProvider::Process(p) => p.supports_broker(),
-        #[allow(
-            unreachable_patterns,
-            reason = "variants added later carry no broker until listed"
-        )]
         _ => false,
     }
 }
