@@ -299,7 +299,7 @@ impl Engine {
             .iter()
             .map(|s| {
                 s.provider.supports(&req.run)?;
-                if profile.is_some() && !supports_broker(&s.provider) {
+                if profile.is_some() && !s.provider.supports_broker() {
                     return Err(
                         "this provider cannot carry a grant's broker channel yet: use the process provider for runs with a grant".into(),
                     );
@@ -426,16 +426,6 @@ impl Engine {
             result: outcome.result,
             record,
         })
-    }
-}
-
-/// Whether a provider carries a plan's broker channel into its sandbox. `AnyProvider` does
-/// not delegate `Provider::supports_broker` yet (providers.rs), so each variant is asked
-/// here; a variant not listed carries none, and runs with a grant are not routed to it.
-fn supports_broker(p: &AnyProvider) -> bool {
-    match p {
-        AnyProvider::Process(p) => p.supports_broker(),
-        _ => false,
     }
 }
 
