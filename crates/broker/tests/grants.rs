@@ -783,7 +783,7 @@ fn the_clients_reach_a_listening_broker_by_its_socket_path() {
         "import sys; sys.path.insert(0, {:?}); import plimsoll_host as h; print(h.get('/orders/2')['path'])",
         clients.join("python").display().to_string()
     );
-    let out = run("/usr/bin/python3", &["-I", "-c", &py]);
+    let out = run("/usr/bin/python3", &["-I", "-B", "-c", &py]);
     assert_eq!(out, "/orders/2\n");
     // Returns once the accept loop has seen the end (it would hang otherwise).
     let calls = broker.finish();
