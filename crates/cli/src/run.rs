@@ -46,7 +46,8 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
         None => {
             let settings = load_settings(config)?;
             // Read before the engine is built and probed: a missing secret fails at once.
-            let grants = match &a.grants {
+            let grants_file = a.grants.clone().or_else(|| settings.grants_file.clone());
+            let grants = match &grants_file {
                 Some(path) => Some(Engine::load_grants(path).map_err(Failure::usage)?),
                 None => None,
             };

@@ -137,8 +137,8 @@ impl DaemonOptions {
             max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
             recheck: Duration::from_secs(recheck),
             shutdown_grace: settings.engine_config().limits.maximums.timeout + SHUTDOWN_SLACK,
-            // Set by `plimsolld --grants`; a `grants_file` settings key is not there yet.
-            grants_file: None,
+            // `plimsolld --grants` overrides it.
+            grants_file: settings.grants_file.clone(),
         })
     }
 }

@@ -123,6 +123,8 @@ pub struct Engine {
     slots: Vec<Slot>,
     admission: Arc<Admission>,
     grants: GrantProfiles,
+    /// Probes run one at a time: every provider's probe runs as the one probe uid.
+    probe_lock: std::sync::Mutex<()>,
 }
 
 impl Engine {
@@ -146,7 +148,12 @@ impl Engine {
                 return Err(BuildEngineError::DuplicateName(p.name().to_owned()));
             }
         }
-        let admission = Admission::new(config.max_concurrent, config.max_per_caller);
+        let admission = Admission::with_uid_leases(
+            config.max_concurrent,
+            config.max_per_caller,
+            plimsoll_sandbox::lease_dir(&config.state_dir),
+            config.sandbox_uid_base,
+        );
         let slots = providers
             .into_iter()
             .map(|provider| Slot {
@@ -159,6 +166,7 @@ impl Engine {
             slots,
             admission,
             grants: GrantProfiles::none(),
+            probe_lock: std::sync::Mutex::new(()),
         })
     }
 
@@ -200,6 +208,31 @@ impl Engine {
     }
 
     fn probe_slot(&self, slot: &Slot) {
+        let _one_at_a_time = self.probe_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // The probe uid (one past the run uids) is leased host-wide too, so another engine
+        // with the same uid base never probes as it at the same moment.
+        let probe_uid = self.config.sandbox_uid_base + self.config.max_concurrent as u32;
+        let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let _lease = loop {
+            match plimsoll_sandbox::try_lease(&lease_dir, probe_uid) {
+                Ok(Some(lease)) => break Some(lease),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Ok(None) => {
+                    tracing::warn!(
+                        probe_uid,
+                        "probe uid still leased elsewhere after 120 s; probing anyway"
+                    );
+                    break None;
+                }
+                Err(e) => {
+                    tracing::warn!(probe_uid, error = %e, "cannot lease the probe uid; probing anyway");
+                    break None;
+                }
+            }
+        };
         let probed = slot.provider.probe();
         match &probed.available {
             Ok(()) => {

@@ -8,6 +8,7 @@
 //! max_concurrent = 8
 //! max_per_caller = 4
 //! sandbox_uid_base = 2000000
+//! grants_file = "/etc/plimsoll/grants.toml"   # grant profiles; absent: every grant is refused
 //!
 //! [limits.defaults]                # any subset; the rest keep the built-in values
 //! timeout_ms = 10000
@@ -67,6 +68,8 @@ pub struct Settings {
     pub max_per_caller: Option<usize>,
     /// First uid of the sandbox uid range.
     pub sandbox_uid_base: Option<u32>,
+    /// The grants file (docs/capability-grants.md); absent: every grant is refused.
+    pub grants_file: Option<PathBuf>,
     /// Limit defaults and maximums.
     #[serde(default)]
     pub limits: LimitsSection,
