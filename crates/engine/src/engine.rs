@@ -137,6 +137,7 @@ impl Engine {
         if providers.is_empty() {
             return Err(BuildEngineError::NoProviders);
         }
+        validate_uid_range(config.sandbox_uid_base, config.max_concurrent)?;
         if config.max_concurrent == 0 || config.max_per_caller == 0 {
             return Err(BuildEngineError::Invalid(
                 "max_concurrent and max_per_caller must be at least 1".into(),
@@ -214,26 +215,26 @@ impl Engine {
         let probe_uid = self.config.sandbox_uid_base + self.config.max_concurrent as u32;
         let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        let _lease = loop {
+        let lease = loop {
             match plimsoll_sandbox::try_lease(&lease_dir, probe_uid) {
-                Ok(Some(lease)) => break Some(lease),
+                Ok(Some(lease)) => break Ok(lease),
                 Ok(None) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
                 Ok(None) => {
-                    tracing::warn!(
-                        probe_uid,
-                        "probe uid still leased elsewhere after 120 s; probing anyway"
-                    );
-                    break None;
+                    break Err(format!(
+                        "the probe uid {probe_uid} is still held by another plimsoll engine after 120 s: give each engine its own sandbox_uid_base"
+                    ));
                 }
-                Err(e) => {
-                    tracing::warn!(probe_uid, error = %e, "cannot lease the probe uid; probing anyway");
-                    break None;
-                }
+                Err(e) => break Err(format!("cannot lease the probe uid {probe_uid}: {e}")),
             }
         };
-        let probed = slot.provider.probe();
+        // Probing as a uid another engine is using would let each kill the other's
+        // processes, so without the lease the provider is withdrawn instead.
+        let probed = match &lease {
+            Ok(_) => slot.provider.probe(),
+            Err(why) => unprobed(slot.provider.name(), slot.provider.nominal_tier(), why.clone()),
+        };
         match &probed.available {
             Ok(()) => {
                 tracing::info!(provider = slot.provider.name(), tier = %probed.tier, "provider available")
@@ -459,6 +460,40 @@ impl Engine {
             result: outcome.result,
             record,
         })
+    }
+}
+
+/// The state of a provider whose probe could not run: withdrawn, with the reason as evidence.
+fn unprobed(name: &str, tier: plimsoll_wire::Tier, why: String) -> Probed {
+    Probed {
+        tier,
+        evidence: plimsoll_wire::Evidence {
+            provider: name.to_owned(),
+            isolation: tier,
+            config: Default::default(),
+            binaries: Vec::new(),
+            probe: None,
+            checks: [("probe".to_owned(), why.clone())].into(),
+            environment: String::new(),
+            checked_unix_ms: plimsoll_sandbox::unix_ms_now(),
+        },
+        available: Err(why),
+    }
+}
+
+/// Sandbox uids must sit above the 16-bit range where system and login accounts live, and the
+/// whole range (runs, then the probe uid) must fit in a uid.
+pub(crate) fn validate_uid_range(base: u32, max_concurrent: usize) -> Result<(), BuildEngineError> {
+    const LOWEST: u32 = 65_536;
+    let top = u32::try_from(max_concurrent)
+        .ok()
+        .and_then(|n| base.checked_add(n));
+    match top {
+        Some(top) if base >= LOWEST && top < u32::MAX - 1 => Ok(()),
+        _ => Err(BuildEngineError::Invalid(format!(
+            "sandbox_uid_base = {base} with max_concurrent = {max_concurrent} is out of range: the uids base..=base+max_concurrent must lie between {LOWEST} and {}, unused on this host",
+            u32::MAX - 2
+        ))),
     }
 }
 

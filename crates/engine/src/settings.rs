@@ -349,6 +349,7 @@ impl Settings {
             None => default_providers.iter().map(|s| (*s).to_owned()).collect(),
         };
         self.oci.validate().map_err(BuildEngineError::Invalid)?;
+        crate::engine::validate_uid_range(config.sandbox_uid_base, config.max_concurrent)?;
         // One past the run uids, so a probe never shares a uid with a run.
         let probe_uid = config.sandbox_uid_base + config.max_concurrent as u32;
         let mut providers = Vec::new();
@@ -499,6 +500,19 @@ runsc_platform = "kvm"
             );
         }
         assert!(Settings::parse("[oci]\ncolour = 1").is_err());
+    }
+
+    #[test]
+    fn refuses_uid_ranges_that_reach_system_accounts_or_wrap() {
+        for bad in [
+            "sandbox_uid_base = 0",
+            "sandbox_uid_base = 1000",
+            "sandbox_uid_base = 4294967290",
+        ] {
+            let s = Settings::parse(&format!("providers = [\"process\"]\n{bad}")).unwrap();
+            let e = s.build_engine(&[]).unwrap_err().to_string();
+            assert!(e.contains("out of range"), "{bad}: {e}");
+        }
     }
 
     #[test]
