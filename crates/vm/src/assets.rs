@@ -150,8 +150,43 @@ pub enum BuildInitrdError {
     },
 }
 
+/// An ELF64 executable cut after the last byte any program header covers, without its
+/// section header table: what the kernel and the dynamic loader use stays byte for byte, the
+/// debug data and symbol tables (most of a debug build) go. `None` when `elf` is not a
+/// little-endian ELF64 file or has nothing past its segments.
+pub fn strip_elf(elf: &[u8]) -> Option<Vec<u8>> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
+    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
+    let phentsize = usize::from(u16_at(0x36)?);
+    let phnum = usize::from(u16_at(0x38)?);
+    if phentsize < 56 || phnum == 0 {
+        return None;
+    }
+    let mut end = phoff.checked_add(phentsize.checked_mul(phnum)?)?.max(64);
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let offset = u64_at(ph + 8)?;
+        let filesz = u64_at(ph + 32)?;
+        end = end.max(usize::try_from(offset.checked_add(filesz)?).ok()?);
+    }
+    if end >= elf.len() {
+        return None;
+    }
+    let mut out = elf[..end].to_vec();
+    // e_shoff = 0, e_shnum = 0, e_shstrndx = 0: no section headers.
+    out[0x28..0x30].fill(0);
+    out[0x3c..0x40].fill(0);
+    Some(out)
+}
+
 /// Writes `<out_dir>/initrd-<sha256 prefix>.img`: the base initramfs, then a `tools/`
-/// archive with each `(name, path)` (mode 0755). Unchanged inputs give the same file.
+/// archive with each `(name, path)` (mode 0755), ELF files without their debug data
+/// ([`strip_elf`]; the identities name the files as configured). Unchanged inputs give the
+/// same file.
 pub fn build_run_initrd(
     base: &Path,
     tools: &[(&str, &Path)],
@@ -170,12 +205,13 @@ pub fn build_run_initrd(
     }];
     let mut identities = Vec::new();
     for (name, path) in tools {
-        let data = read(path)?;
+        let file = read(path)?;
+        let data = strip_elf(&file).unwrap_or_else(|| file.clone());
         identities.push(BinaryIdentity {
             name: (*name).to_owned(),
             path: path.display().to_string(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            sha256: hex::encode(Sha256::digest(&data)),
+            sha256: hex::encode(Sha256::digest(&file)),
         });
         entries.push(cpio::Entry::File {
             path: format!("tools/{name}"),
@@ -240,6 +276,30 @@ mod tests {
         let b = build_run_initrd(&base, &[("plimsoll-agent", &tool)], &out).unwrap();
         assert_eq!(a.path, b.path);
         assert!(build_run_initrd(&base, &[("x", &tmp.path().join("missing"))], &out).is_err());
+    }
+
+    /// The test binary itself, stripped, still runs.
+    #[test]
+    fn a_stripped_executable_runs() {
+        let me = std::env::current_exe().unwrap();
+        let full = fs::read(&me).unwrap();
+        let stripped = strip_elf(&full).expect("a debug test binary has debug data to drop");
+        assert!(stripped.len() < full.len());
+        assert_eq!(&stripped[..4], b"\x7fELF");
+        let tmp = tempfile::tempdir().unwrap();
+        let copy = tmp.path().join("stripped");
+        fs::write(&copy, &stripped).unwrap();
+        fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
+        let mut r = plimsoll_sandbox::Spawn::new(&copy, tmp.path())
+            .args(["--list", "--format", "terse"])
+            .spawn()
+            .unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut r.stdout, &mut out).unwrap();
+        assert!(r.child.wait().unwrap().success());
+        assert!(out.contains("a_stripped_executable_runs: test"), "{out}");
+        assert_eq!(strip_elf(b"#!/bin/sh\n"), None);
+        assert_eq!(strip_elf(&stripped), None, "nothing left to strip");
     }
 
     #[test]

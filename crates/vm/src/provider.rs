@@ -135,9 +135,10 @@ impl VmProvider {
         self.probing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Kills every QEMU process (this provider's binary) of the provider's uids, then
-    /// [`VmProvider::reap_run_dirs`]. Only for start-up, when no run of this daemon is in
-    /// flight: a live run's QEMU has one of these uids too.
+    /// Kills every QEMU process (this provider's binary) of the provider's uids that no other
+    /// engine holds (host-wide uid leases), then [`VmProvider::reap_run_dirs`], then removes
+    /// old run initramfs files. Only for start-up, when no run of this daemon is in flight: a
+    /// live run's QEMU has one of these uids too.
     pub fn reap(&self) -> ReapReport {
         let mut report = ReapReport::default();
         let qemu = fs::canonicalize(&self.config.qemu).unwrap_or_else(|_| self.config.qemu.clone());
@@ -207,6 +208,19 @@ impl VmProvider {
         let dirs = self.reap_run_dirs();
         report.run_dirs = dirs.run_dirs;
         report.errors.extend(dirs.errors);
+        // Run initramfs files of earlier binaries (no run is in flight yet to use one).
+        if let Ok(dir) = fs::read_dir(self.config.own_dir()) {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if (name.starts_with("initrd-") || name.starts_with(".initrd-"))
+                    && let Err(err) = fs::remove_file(e.path())
+                {
+                    report
+                        .errors
+                        .push(format!("cannot remove {}: {err}", e.path().display()));
+                }
+            }
+        }
         report
     }
 

@@ -670,3 +670,44 @@ fn nothing_outlives_a_killed_daemon() {
     assert!(!run_dir.exists());
     assert!(processes_of_uid(rig.uid).is_empty());
 }
+
+/// Without its assets the provider is not offered, and says how to get them. Boots nothing.
+#[test]
+fn missing_assets_are_not_offered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = VmConfig::new(
+        tmp.path().join("no-such-assets"),
+        "/nonexistent/plimsoll-agent".into(),
+        "/nonexistent/plimsoll-probe".into(),
+        "/nonexistent/plimsoll-guest-init".into(),
+        tmp.path().join("state"),
+        2_400_999,
+        2_400_990..2_400_991,
+    );
+    c.accelerator = AccelChoice::Tcg;
+    let p = VmProvider::new(c);
+    let probed = p.probe();
+    let why = probed.available.unwrap_err();
+    assert!(why.contains("scripts/build-vm-assets"), "{why}");
+    assert!(probed.evidence.probe.is_none());
+    assert_eq!(
+        probed.tier,
+        Tier::Kernel,
+        "a tcg-only provider never claims vm"
+    );
+    let plan = LaunchPlan {
+        run_id: "r".into(),
+        request_id: "q".into(),
+        spec: py("print(1)"),
+        limits: limits(),
+        uid: 2_400_990,
+        gid: 2_400_990,
+        run_dir: tmp.path().join("state/runs/r"),
+        broker: None,
+    };
+    match p.run(&plan) {
+        Err(plimsoll_sandbox::LaunchError::NotStarted { .. }) => {}
+        other => panic!("expected a refusal before anything ran: {other:?}"),
+    }
+    assert!(!plan.run_dir.exists());
+}
