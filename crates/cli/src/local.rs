@@ -61,6 +61,14 @@ pub fn settings_path(config: Option<&Path>) -> Option<PathBuf> {
 /// The embedded engine: the settings' providers (default: every provider this build has),
 /// probed. Slow: probing runs real sandboxes.
 pub fn embedded_engine(settings: &Settings) -> Result<Engine, Failure> {
+    let engine = unprobed_engine(settings)?;
+    engine.probe_all();
+    Ok(engine)
+}
+
+/// The embedded engine, not probed yet: the caller probes what it needs
+/// ([`Engine::probe_for`]).
+pub fn unprobed_engine(settings: &Settings) -> Result<Engine, Failure> {
     let mut settings = settings.clone();
     if settings.state_dir.is_none() {
         settings.state_dir = Some(default_state_dir());
@@ -71,7 +79,6 @@ pub fn embedded_engine(settings: &Settings) -> Result<Engine, Failure> {
     let engine = settings
         .build_engine(PROVIDER_NAMES)
         .map_err(|e| Failure::usage(anyhow!(e).context("cannot build the embedded engine")))?;
-    engine.probe_all();
     Ok(engine)
 }
 

@@ -9,7 +9,7 @@ use plimsoll_engine::Engine;
 use plimsoll_wire::{ErrorResponse, GrantCall, Language, Reason, RunResponse, RunResult, Tier};
 
 use crate::args::RunArgs;
-use crate::local::{client, daemon_url, embedded_engine, load_settings};
+use crate::local::{client, daemon_url, load_settings, unprobed_engine};
 use crate::{EXIT_MAY_HAVE_RUN, EXIT_NOT_DISPATCHED, EXIT_OK, Failure};
 
 /// The caller name of runs on the embedded engine.
@@ -51,11 +51,16 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
                 Some(path) => Some(Engine::load_grants(path).map_err(Failure::usage)?),
                 None => None,
             };
-            let mut engine = embedded_engine(&settings)?;
+            let mut engine = unprobed_engine(&settings)?;
             if let Some(grants) = grants {
                 engine = engine.with_grants(grants);
             }
             let request = options.into_request(new_request_id());
+            engine.probe_for(
+                request.minimum_isolation,
+                request.provider.as_deref(),
+                &request.run,
+            );
             match engine.run(LOCAL_CALLER, &request) {
                 Ok(resp) => Ok(print_result(&resp, a.json)),
                 Err(e) => Ok(print_error(

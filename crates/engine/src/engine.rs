@@ -201,6 +201,48 @@ impl Engine {
         }
     }
 
+    /// Probes only what a run with this floor and provider needs: providers that could meet
+    /// the floor, cheapest first, until one is available. For one-shot use (the CLI), where
+    /// probing every provider would cost seconds. When none is available, the cheapest
+    /// provider overall is probed too, so a refusal can say what this host does offer.
+    pub fn probe_for(
+        &self,
+        floor: Option<plimsoll_wire::Tier>,
+        named: Option<&str>,
+        spec: &plimsoll_wire::RunSpec,
+    ) {
+        let floor = floor.unwrap_or(self.config.default_floor);
+        let mut order: Vec<&Slot> = self
+            .slots
+            .iter()
+            .filter(|s| named.is_none_or(|n| s.provider.name() == n))
+            .filter(|s| s.provider.nominal_tier() >= floor && s.provider.supports(spec).is_ok())
+            .collect();
+        order.sort_by_key(|s| s.provider.cost());
+        for slot in order {
+            self.probe_slot(slot);
+            let ok = slot
+                .probed
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(|st| st.probed.available.is_ok() && st.probed.tier >= floor);
+            if ok {
+                return;
+            }
+        }
+        if let Some(cheapest) = self.slots.iter().min_by_key(|s| s.provider.cost()) {
+            let probed = cheapest
+                .probed
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some();
+            if !probed {
+                self.probe_slot(cheapest);
+            }
+        }
+    }
+
     /// Re-runs one provider's probe (after an unexpected failure, or periodically).
     pub fn reprobe(&self, name: &str) {
         if let Some(slot) = self.slots.iter().find(|s| s.provider.name() == name) {
@@ -233,7 +275,11 @@ impl Engine {
         // processes, so without the lease the provider is withdrawn instead.
         let probed = match &lease {
             Ok(_) => slot.provider.probe(),
-            Err(why) => unprobed(slot.provider.name(), slot.provider.nominal_tier(), why.clone()),
+            Err(why) => unprobed(
+                slot.provider.name(),
+                slot.provider.nominal_tier(),
+                why.clone(),
+            ),
         };
         match &probed.available {
             Ok(()) => {
