@@ -1,10 +1,15 @@
 //! Ending every process of a sandbox uid, so nothing a run started outlives it, even a
 //! process that left the run's session.
 //!
-//! The kill is sent as the uid itself (`kill(-1, SIGKILL)` from a throwaway thread whose
-//! credentials are switched, which Linux allows per thread): it reaches exactly the processes
-//! that uid owns, atomically with respect to fork. Then we wait until none is left, reaping
-//! those that are our children.
+//! The kill is sent as the uid itself (`kill(-1, SIGKILL)` from a short-lived forked child
+//! that switches to the uid): it reaches exactly the processes that uid owns, atomically with
+//! respect to fork. Then we wait until none is left, reaping those that are our children.
+//!
+//! Why a child process and not a thread of ours: while a task runs as the uid, every process of
+//! that uid may signal it, and a SIGKILL or SIGSTOP sent to one thread (tgkill) ends or freezes
+//! the whole thread group. A leftover of the run could thus take down the daemon; only Landlock
+//! signal scoping (ABI 6, Linux 6.12) would stop it. A forked child is its own thread group: the
+//! worst a leftover can do is kill or stop that child, which we notice, end, and retry.
 //!
 //! Finding what is left: every process a run starts descends from us, and we are a child
 //! subreaper ([`crate::spawn`]), so an orphan is re-parented to us, never to init. Hence no
@@ -54,7 +59,14 @@ pub fn end_processes_of_uid(uid: u32, patience: Duration) -> Result<(), EndProce
     }
     let start = Instant::now();
     loop {
-        signal_all_as(uid).map_err(|source| EndProcessesError::Signal { uid, source })?;
+        match signal_all_as(uid) {
+            Ok(()) => {}
+            // A leftover interfered with the signalling child: retry within the patience.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted && start.elapsed() < patience => {
+                continue;
+            }
+            Err(source) => return Err(EndProcessesError::Signal { uid, source }),
+        }
         let left = if crate::spawn::become_subreaper() {
             reap_children_of_uid(uid)
         } else {
@@ -74,28 +86,117 @@ pub fn end_processes_of_uid(uid: u32, patience: Duration) -> Result<(), EndProce
     }
 }
 
-/// Sends SIGKILL to every process `uid` may signal, from a thread running as `uid`.
-/// Only that thread's credentials change; it ends right after.
+/// The gid the signalling child takes: the kernel's overflow gid ("nogroup"), so the child
+/// holds neither root's group nor any group a file could be shared with.
+const SIGNALLER_GID: u32 = 65534;
+
+/// Sends SIGKILL to every process `uid` may signal, from a short-lived child process that
+/// drops its groups and switches to `uid`. No thread of this process ever changes credentials.
+///
+/// If a process of the uid kills or stops the child before it could send the kill, the child
+/// is ended and the error is [`io::ErrorKind::Interrupted`]: try again.
 pub fn signal_all_as(uid: u32) -> io::Result<()> {
     if uid == 0 {
         return Err(io::Error::other("refusing to signal as uid 0"));
     }
-    std::thread::scope(|s| {
-        s.spawn(|| -> io::Result<()> {
-            let u = rustix::process::Uid::from_raw(uid);
-            rustix::thread::set_thread_res_uid(u, u, u)?;
-            // SAFETY: kill(2) with plain integer arguments. As `uid`, -1 reaches only the
-            // processes `uid` owns (never this process: the kernel skips the caller).
-            let rc = unsafe { libc::kill(-1, libc::SIGKILL) };
-            // ESRCH: nothing to signal at all.
-            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
-                return Err(io::Error::last_os_error());
+    // SAFETY: fork(2) in a possibly multithreaded process. The child runs only raw system
+    // calls that are async-signal-safe (setgroups, setresgid, setresuid, kill, _exit): no
+    // allocation, no lock, no return into Rust code that could touch the parent's state.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: the child of the fork above; raw syscalls with integer arguments only, and
+        // _exit never returns. Exit codes: 0 sent (or nothing to signal), 1 cannot drop to
+        // the uid, 2 kill failed.
+        unsafe { signaller_child(uid) }
+    }
+    wait_signaller(pid, uid)
+}
+
+/// The body of the forked child. Never returns.
+///
+/// # Safety
+///
+/// Call only in the child of `fork`: it switches credentials and calls `_exit`.
+unsafe fn signaller_child(uid: u32) -> ! {
+    let (u, g) = (libc::c_long::from(uid), libc::c_long::from(SIGNALLER_GID));
+    // SAFETY: raw system calls with integer (or null with count 0) arguments; the libc
+    // wrappers of the credential calls are avoided because glibc's broadcast them to threads
+    // through locks.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_setgroups,
+            0 as libc::c_long,
+            std::ptr::null::<u32>(),
+        ) != 0
+            || libc::syscall(libc::SYS_setresgid, g, g, g) != 0
+            || libc::syscall(libc::SYS_setresuid, u, u, u) != 0
+        {
+            libc::_exit(1);
+        }
+        // As `uid`, -1 reaches only the processes `uid` owns (never this child: the kernel
+        // skips the caller). ESRCH: nothing to signal at all.
+        if libc::syscall(
+            libc::SYS_kill,
+            -1 as libc::c_long,
+            libc::SIGKILL as libc::c_long,
+        ) != 0
+            && *libc::__errno_location() != libc::ESRCH
+        {
+            libc::_exit(2);
+        }
+        libc::_exit(0)
+    }
+}
+
+/// Waits for the signalling child `pid`; ends it if a process of the uid stopped it.
+fn wait_signaller(pid: libc::pid_t, uid: u32) -> io::Result<()> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid(2) on our own child with a valid out-pointer.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // Reaped by someone else's waitpid(-1): its outcome is unknown.
+                Some(libc::ECHILD) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        format!("the child signalling as uid {uid} was reaped elsewhere; retry"),
+                    ));
+                }
+                _ => return Err(e),
             }
-            Ok(())
-        })
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("the signalling thread panicked")))
-    })
+        }
+        if libc::WIFSTOPPED(status) {
+            // A process of the uid stopped it: end it (we are root) and reap it next turn.
+            // SAFETY: kill(2) on our own, not yet reaped, child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            continue;
+        }
+        if libc::WIFEXITED(status) {
+            return match libc::WEXITSTATUS(status) {
+                0 => Ok(()),
+                1 => Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "cannot switch to uid {uid} to signal its processes (is this process root?)"
+                    ),
+                )),
+                code => Err(io::Error::other(format!(
+                    "kill(-1, SIGKILL) as uid {uid} failed (signalling child exited {code})"
+                ))),
+            };
+        }
+        // Killed (or stopped, then killed) before it could finish: a leftover interfered.
+        return Err(io::Error::new(
+            io::ErrorKind::Interrupted,
+            format!("the child signalling as uid {uid} was ended by a signal; retry"),
+        ));
+    }
 }
 
 /// The pids of every process of `uid` on the host (zombies included), from the whole of
@@ -227,6 +328,84 @@ mod tests {
         assert_eq!(i.uids, [7, 8, 9]);
         assert_eq!(i.ppid, 1);
         assert!(i.zombie);
+    }
+
+    /// A uid of this test only (the kill reaches every process of it).
+    const TEST_UID: u32 = 2_395_000;
+
+    fn uid_line(path: &str) -> String {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .unwrap()
+            .to_owned()
+    }
+
+    /// The kill is sent from a child process: no thread of ours ever runs as the uid (one
+    /// that did could be SIGSTOPped or SIGKILLed by a leftover of the run, freezing or ending
+    /// the daemon). The calling thread's credentials are unchanged right after the call, and
+    /// a watcher that reads every thread of this process during a hundred calls never sees
+    /// the uid. (The watcher can only catch a thread-based switch probabilistically: the
+    /// window lasts microseconds and no deterministic hook into it exists.)
+    #[test]
+    fn the_kill_is_sent_from_a_child_process_not_a_thread() {
+        if !crate::testing::is_root() {
+            crate::testing::skip_or_fail(
+                "the_kill_is_sent_from_a_child_process_not_a_thread",
+                "needs root to switch uids",
+            );
+            return;
+        }
+        use std::os::unix::process::CommandExt as _;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a plain victim process of the uid, not a sandboxed run"
+        )]
+        let mut victim = std::process::Command::new("sleep")
+            .arg("300")
+            .uid(TEST_UID)
+            .gid(TEST_UID)
+            .spawn()
+            .unwrap();
+        let before_thread = uid_line("/proc/thread-self/status");
+        let before_process = uid_line("/proc/self/status");
+        let done = AtomicBool::new(false);
+        let seen = std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let mut seen = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+                        let Ok(st) = std::fs::read_to_string(task.path().join("status")) else {
+                            continue;
+                        };
+                        if let Some(i) = StatusInfo::parse(&st)
+                            && i.uids.contains(&TEST_UID)
+                        {
+                            seen.push(task.file_name());
+                        }
+                    }
+                }
+                seen
+            });
+            for _ in 0..100 {
+                signal_all_as(TEST_UID).unwrap();
+                assert_eq!(uid_line("/proc/thread-self/status"), before_thread);
+            }
+            done.store(true, Ordering::Relaxed);
+            watcher.join().unwrap()
+        });
+        assert_eq!(
+            seen,
+            Vec::<std::ffi::OsString>::new(),
+            "threads of ours ran as the uid"
+        );
+        assert_eq!(uid_line("/proc/self/status"), before_process);
+        // And the kill did reach the uid's process.
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(victim.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert_eq!(processes_of_uid(TEST_UID), Vec::<i32>::new());
     }
 
     #[test]
