@@ -19,16 +19,20 @@ use crate::harden::{Hardening, STAGES};
 /// How long leftover processes of a run's uid get to die after SIGKILL.
 const KILL_PATIENCE: Duration = Duration::from_secs(5);
 
-/// A run's directory: `<run_dir>/code` (root, read-only to the run) and `<run_dir>/work`
-/// (the run's uid, its only writable place and its working directory).
+/// A run's directory: `<run_dir>/code` (root with the run's group, read-only to the run and
+/// closed to every other uid) and `<run_dir>/work` (the run's uid, its only writable place and
+/// its working directory).
 #[derive(Debug)]
 pub struct RunDir {
     /// The run directory.
     pub root: PathBuf,
-    /// Root-owned, 0755: the code.
+    /// Owned by root and the run's gid, 0750: the code (its files 0640 or 0750, same owners),
+    /// so no other local user can read it while the run is in flight.
     pub code: PathBuf,
     /// Owned by the run's uid, 0700: the working directory.
     pub work: PathBuf,
+    /// The run's gid: the group of the code directory and its files.
+    pub gid: u32,
 }
 
 /// The run directory could not be made (nothing was started).
@@ -117,9 +121,12 @@ impl RunDir {
             root: run_dir.to_owned(),
             code: run_dir.join("code"),
             work: run_dir.join("work"),
+            gid,
         };
         let made = (|| {
-            mkdir(&dir.code, 0o755)?;
+            mkdir(&dir.code, 0o750)?;
+            dir.give_to_run_group(&dir.code)
+                .map_err(create_err(&dir.code))?;
             mkdir(&dir.work, 0o700)?;
             rustix::fs::chown(
                 &dir.work,
@@ -135,7 +142,19 @@ impl RunDir {
         Ok(dir)
     }
 
-    /// Writes a file into the code directory, root-owned, with `mode`.
+    /// Makes `path` root-owned with the run's group (set before any mode that opens it to
+    /// the group, so the group never has access to a file of another run's group).
+    fn give_to_run_group(&self, path: &Path) -> io::Result<()> {
+        rustix::fs::chown(
+            path,
+            Some(rustix::fs::Uid::ROOT),
+            Some(rustix::fs::Gid::from_raw(self.gid)),
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// Writes a file into the code directory, owned by root and the run's gid, with `mode`
+    /// (give the group read, never others: 0640, or 0750 for a program).
     pub fn add_code(
         &self,
         name: &str,
@@ -148,11 +167,12 @@ impl RunDir {
             source,
         };
         fs::write(&path, content).map_err(err)?;
+        self.give_to_run_group(&path).map_err(err)?;
         fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(err)?;
         Ok(path)
     }
 
-    /// Copies a file into the code directory, root-owned, with `mode`.
+    /// Copies a file into the code directory, owned by root and the run's gid, with `mode`.
     pub fn copy_code(
         &self,
         name: &str,
@@ -165,6 +185,7 @@ impl RunDir {
             source,
         };
         fs::copy(from, &path).map_err(err)?;
+        self.give_to_run_group(&path).map_err(err)?;
         fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(err)?;
         Ok(path)
     }

@@ -89,7 +89,7 @@ fn prepare_code<'a>(
 ) -> Result<(&'a std::path::Path, Vec<OsString>, Option<OwnedFd>), String> {
     use plimsoll_sandbox::broker::{JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE};
     let add = |name: &str, content: &str| {
-        dir.add_code(name, content.as_bytes(), 0o644)
+        dir.add_code(name, content.as_bytes(), 0o640)
             .map(PathBuf::into_os_string)
             .map_err(|e| error_chain(&e))
     };

@@ -275,7 +275,7 @@ fn run_probe(cfg: &crate::ProcessConfig) -> Result<ProbeReport, String> {
     let run_dir = probe_run_dir(cfg, "report");
     let dir =
         RunDir::create(&run_dir, cfg.probe_uid, cfg.probe_uid).map_err(|e| error_chain(&e))?;
-    let program = match dir.copy_code("plimsoll-probe", &cfg.probe, 0o755) {
+    let program = match dir.copy_code("plimsoll-probe", &cfg.probe, 0o750) {
         Ok(p) => p,
         Err(e) => {
             let _ = crate::launch::clean(cfg.probe_uid, &dir);

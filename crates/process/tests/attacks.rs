@@ -464,24 +464,105 @@ fn a_background_process_does_not_outlive_the_run() {
     let Some(env) = setup("a_background_process_does_not_outlive_the_run", 19) else {
         return;
     };
+    // The escapee leaves the run's session, sends its pid back through a pipe and sleeps;
+    // the run checks it is alive (not a zombie, in another session) before it exits.
     let r = run(
         &env,
         20,
         Py,
         "import os, time\n\
+         r, w = os.pipe()\n\
          pid = os.fork()\n\
          if pid == 0:\n\
+         \x20   os.close(r)\n\
          \x20   os.setsid()\n\
          \x20   if os.fork() == 0:\n\
+         \x20       null = os.open('/dev/null', os.O_RDWR)\n\
+         \x20       for fd in (0, 1, 2):\n\
+         \x20           os.dup2(null, fd)\n\
+         \x20       os.write(w, str(os.getpid()).encode())\n\
+         \x20       os.close(w)\n\
          \x20       time.sleep(300)\n\
          \x20   os._exit(0)\n\
+         os.close(w)\n\
          os.waitpid(pid, 0)\n\
-         time.sleep(0.2)\n\
-         print(os.getpid())\n",
+         esc = int(os.read(r, 32))\n\
+         os.kill(esc, 0)\n\
+         state = open(f'/proc/{esc}/stat').read().rpartition(')')[2].split()[0]\n\
+         print('ESCAPEE', esc, state, os.getsid(esc) != os.getsid(0))\n",
     );
     assert_eq!(r.exit_code, Some(0), "{}", explain(&r));
-    // run() already checked no process of the uid is left; the escapee really existed:
-    assert!(!stdout(&r).trim().is_empty());
+    let out = stdout(&r);
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert!(
+        matches!(fields.as_slice(), ["ESCAPEE", _, "S", "True"]),
+        "the escapee was not alive in its own session during the run: {}",
+        explain(&r)
+    );
+    // run() already checked no process of the uid is left; the escapee's pid in particular
+    // is gone (or reused by a process of another uid).
+    let pid: i32 = fields[1].parse().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let uid = (UID_BASE + 20).to_string();
+    assert!(
+        !status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().any(|u| u == uid)),
+        "the escapee {pid} outlived the run: {status}"
+    );
+}
+
+/// The code directory is closed to other uids: its path (with the random run id) shows in
+/// `/proc/PID/cmdline`, so knowing it must not be enough to read a run's code.
+#[test]
+fn another_user_cannot_read_a_running_snippets_code() {
+    let Some(env) = setup("another_user_cannot_read_a_running_snippets_code", 40) else {
+        return;
+    };
+    let p = plan(
+        &env,
+        41,
+        Py,
+        "import time\ntime.sleep(3)\nprint(open(__file__).read().count('sleep'))",
+        limits(),
+    );
+    let code_dir = p.run_dir.join("code");
+    let main = code_dir.join("main.py");
+    std::thread::scope(|s| {
+        let running = s.spawn(|| run_plan(&env, &p));
+        // Wait until the code is in place with its final mode.
+        let mut waited = 0;
+        while !std::fs::metadata(&main).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o640) {
+            std::thread::sleep(Duration::from_millis(10));
+            waited += 1;
+            assert!(waited < 1000, "the run never started");
+        }
+        for (what, args) in [
+            ("read the code", ["cat", main.to_str().unwrap()]),
+            ("list the code dir", ["ls", code_dir.to_str().unwrap()]),
+        ] {
+            use std::os::unix::process::CommandExt as _;
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "another local user's plain process, not a sandboxed run"
+            )]
+            let out = std::process::Command::new(args[0])
+                .arg(args[1])
+                .env("LC_ALL", "C")
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && stderr.contains("Permission denied"),
+                "nobody could {what}: {:?} {stderr}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        let r = running.join().unwrap().unwrap().result;
+        assert_eq!(stdout(&r), "2\n", "{}", explain(&r));
+    });
 }
 
 #[test]
