@@ -1,16 +1,16 @@
 //! The HTTP surface: routes, authentication, status codes, and one log line per run answer.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use plimsoll_engine::{Engine, RunError};
 use plimsoll_wire::{
     ErrorBody, ErrorResponse, PROTOCOL, ProvidersResponse, Reason, RunResponse, parse_request,
@@ -216,12 +216,133 @@ fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<String, AuthFailure>
         .ok_or(AuthFailure::Invalid)
 }
 
-/// The request id of a body that will not be run, if one can be read from it.
-fn readable_request_id(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let id = value.get("request_id")?.as_str()?;
+/// How much of a body that will not be read whole (no valid token, or over the size limit)
+/// is read anyway, only to find its request id.
+pub const ID_PREFIX_BYTES: usize = 4096;
+/// How long reading that prefix may take.
+pub const ID_PREFIX_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an authenticated caller's whole body may take to arrive.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The request id of a body that will not be run, if one can be read from its first bytes.
+///
+/// A whole JSON body is parsed; a cut-off prefix is scanned tolerantly for the first
+/// `"request_id"`, a colon and a string without escapes. Either way the id must be a valid
+/// request id. A client puts `request_id` early (before `run`) to be sure it is echoed.
+fn scanned_request_id(prefix: &[u8]) -> Option<String> {
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(prefix) {
+        let id = value.get("request_id")?.as_str()?;
+        validate_request_id(id).ok()?;
+        return Some(id.to_owned());
+    }
+    const KEY: &[u8] = b"\"request_id\"";
+    let at = prefix.windows(KEY.len()).position(|w| w == KEY)?;
+    let rest = &prefix[at + KEY.len()..];
+    let rest = rest.trim_ascii_start().strip_prefix(b":")?;
+    let rest = rest.trim_ascii_start().strip_prefix(b"\"")?;
+    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+    if rest[end] != b'"' {
+        return None;
+    }
+    let id = std::str::from_utf8(&rest[..end]).ok()?;
     validate_request_id(id).ok()?;
     Some(id.to_owned())
+}
+
+/// Reads at most `limit` bytes of `body`, for at most `timeout` and only until a request id
+/// can be read from them, and returns what arrived.
+async fn read_prefix(mut body: Body, limit: usize, timeout: Duration) -> Vec<u8> {
+    let mut prefix = Vec::new();
+    let read = async {
+        while prefix.len() < limit {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        let take = data.len().min(limit - prefix.len());
+                        prefix.extend_from_slice(&data[..take]);
+                    }
+                    // Found already: no need to wait for more.
+                    if scanned_request_id(&prefix).is_some() {
+                        break;
+                    }
+                }
+                Some(Err(_)) | None => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, read).await;
+    prefix
+}
+
+/// Why a request body could not be read whole.
+#[derive(Debug)]
+enum ReadBodyError {
+    /// It is longer than the limit.
+    TooLarge { prefix: Vec<u8> },
+    /// It did not arrive in time.
+    TimedOut { prefix: Vec<u8> },
+    /// The connection failed.
+    Failed { prefix: Vec<u8>, message: String },
+}
+
+/// Reads a whole body of at most `limit` bytes within `timeout`. On failure, returns the
+/// first [`ID_PREFIX_BYTES`] that arrived, to find the request id in.
+async fn read_body(
+    mut body: Body,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, ReadBodyError> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut failed = None;
+    let read = async {
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if buf.len() + data.len() > limit {
+                            let room = ID_PREFIX_BYTES.saturating_sub(buf.len());
+                            buf.extend_from_slice(&data[..data.len().min(room)]);
+                            return false;
+                        }
+                        buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    failed = Some(e.to_string());
+                    return true;
+                }
+                None => return true,
+            }
+        }
+    };
+    let within = tokio::time::timeout(timeout, read).await;
+    let prefix = |mut buf: Vec<u8>| {
+        buf.truncate(ID_PREFIX_BYTES);
+        buf
+    };
+    match within {
+        Err(_) => Err(ReadBodyError::TimedOut {
+            prefix: prefix(buf),
+        }),
+        Ok(false) => Err(ReadBodyError::TooLarge {
+            prefix: prefix(buf),
+        }),
+        Ok(true) => match failed {
+            Some(message) => Err(ReadBodyError::Failed {
+                prefix: prefix(buf),
+                message,
+            }),
+            None => Ok(Bytes::from(buf)),
+        },
+    }
+}
+
+/// Marks an answer given before its body was read whole: the connection is closed after it,
+/// so the rest of the body is never read.
+fn closing(mut resp: Response) -> Response {
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 /// The end of a `POST /v1/runs`: counts, logs one line, answers.
@@ -304,9 +425,22 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
         caller: None,
     };
     let (parts, body) = req.into_parts();
-    let too_large = || {
+
+    // The token comes from the headers, before any of the body is read: a client without
+    // one gets only a small prefix read (for its request id), never `max_body_bytes`.
+    let caller = match authenticate(&st, &parts.headers) {
+        Ok(c) => c,
+        Err(failure) => {
+            let prefix = read_prefix(body, ID_PREFIX_BYTES, ID_PREFIX_TIMEOUT).await;
+            let (status, body) = failure.into_response(scanned_request_id(&prefix));
+            return closing(answer.refused(status, body));
+        }
+    };
+    answer.caller = Some(&caller);
+
+    let too_large = |request_id: Option<String>| {
         refusal(
-            None,
+            request_id,
             "request",
             Reason::Request,
             format!(
@@ -321,35 +455,40 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > st.max_body_bytes as u64) {
-        return answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large());
+        let prefix = read_prefix(body, ID_PREFIX_BYTES, ID_PREFIX_TIMEOUT).await;
+        let id = scanned_request_id(&prefix);
+        return closing(answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large(id)));
     }
-    let bytes = match Limited::new(body, st.max_body_bytes).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<LengthLimitError>() => {
-            return answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large());
+    let bytes = match read_body(body, st.max_body_bytes, BODY_READ_TIMEOUT).await {
+        Ok(bytes) => bytes,
+        Err(ReadBodyError::TooLarge { prefix }) => {
+            let id = scanned_request_id(&prefix);
+            return closing(answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large(id)));
         }
-        Err(e) => {
-            return answer.refused(
-                StatusCode::BAD_REQUEST,
-                refusal(
-                    None,
-                    "request",
-                    Reason::Request,
-                    format!("the request body could not be read ({e}): send it again"),
+        Err(ReadBodyError::TimedOut { prefix }) => {
+            let body = refusal(
+                scanned_request_id(&prefix),
+                "request",
+                Reason::Request,
+                format!(
+                    "the request body did not arrive within {} s: send it whole and promptly",
+                    BODY_READ_TIMEOUT.as_secs()
                 ),
             );
+            return closing(answer.refused(StatusCode::REQUEST_TIMEOUT, body));
+        }
+        Err(ReadBodyError::Failed { prefix, message }) => {
+            return closing(answer.refused(
+                StatusCode::BAD_REQUEST,
+                refusal(
+                    scanned_request_id(&prefix),
+                    "request",
+                    Reason::Request,
+                    format!("the request body could not be read ({message}): send it again"),
+                ),
+            ));
         }
     };
-
-    let caller = match authenticate(&st, &parts.headers) {
-        Ok(c) => c,
-        Err(failure) => {
-            // The body is read only for its id, so the refusal can be matched; it never runs.
-            let (status, body) = failure.into_response(readable_request_id(&bytes));
-            return answer.refused(status, body);
-        }
-    };
-    answer.caller = Some(&caller);
 
     let request = match parse_request(&bytes) {
         Ok(r) => r,
@@ -496,10 +635,85 @@ mod tests {
     #[test]
     fn request_ids_are_read_only_when_valid() {
         assert_eq!(
-            readable_request_id(br#"{"request_id":"r-1","x":1}"#).as_deref(),
+            scanned_request_id(br#"{"request_id":"r-1","x":1}"#).as_deref(),
             Some("r-1")
         );
-        assert_eq!(readable_request_id(br#"{"request_id":"a b"}"#), None);
-        assert_eq!(readable_request_id(b"{nope"), None);
+        assert_eq!(scanned_request_id(br#"{"request_id":"a b"}"#), None);
+        assert_eq!(scanned_request_id(b"{nope"), None);
+    }
+
+    #[test]
+    fn request_ids_are_found_in_a_cut_off_prefix() {
+        let cut =
+            br#"{"protocol":1, "request_id" : "r-2", "run":{"kind":"snippet","code":"print('xx"#;
+        assert_eq!(scanned_request_id(cut).as_deref(), Some("r-2"));
+        // An id cut off before its closing quote, or with an escape, is not guessed at.
+        assert_eq!(scanned_request_id(br#"{"request_id":"r-3"#), None);
+        assert_eq!(
+            scanned_request_id(br#"{"request_id":"r\u002d4","run":"#),
+            None
+        );
+        // A key quoted inside a string is escaped, so it is not the request's id.
+        let inner = br#"{"run":{"code":"x = {\"request_id\":\"evil\"}"#;
+        assert_eq!(scanned_request_id(inner), None);
+        assert_eq!(
+            scanned_request_id(br#"{"request_id":"bad id","run":"#),
+            None
+        );
+    }
+
+    /// A body that sends one chunk and then nothing, never ending.
+    struct Stalled(Option<Bytes>);
+
+    impl http_body::Body for Stalled {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            match self.0.take() {
+                Some(b) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b)))),
+                None => std::task::Poll::Pending,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stalls_is_given_up_on_with_its_prefix() {
+        let first = Bytes::from_static(br#"{"request_id":"slow-1","run":"#);
+        let body = Body::new(Stalled(Some(first.clone())));
+        let e = read_body(body, 1 << 20, Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        let ReadBodyError::TimedOut { prefix } = e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(scanned_request_id(&prefix).as_deref(), Some("slow-1"));
+
+        let body = Body::new(Stalled(Some(first.clone())));
+        let prefix = read_prefix(body, 4096, Duration::from_millis(50)).await;
+        assert_eq!(prefix, first.to_vec());
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_cut_off_with_its_prefix() {
+        let body = Body::from(format!(
+            r#"{{"request_id":"big-1","run":"{}"}}"#,
+            "x".repeat(10_000)
+        ));
+        let e = read_body(body, 5000, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        let ReadBodyError::TooLarge { prefix } = e else {
+            panic!("{e:?}")
+        };
+        assert!(prefix.len() <= ID_PREFIX_BYTES);
+        assert_eq!(scanned_request_id(&prefix).as_deref(), Some("big-1"));
+        let body = Body::from(r#"{"request_id":"ok-1"}"#);
+        let bytes = read_body(body, 5000, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(&bytes[..], br#"{"request_id":"ok-1"}"#);
     }
 }

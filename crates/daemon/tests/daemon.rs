@@ -193,7 +193,7 @@ fn bad_input_is_refused_with_a_clear_reason_and_the_daemon_keeps_serving() {
             snippet("big-1", "python", &format!("print('{}')", "x".repeat(5000))),
             tok,
             (413, Reason::Request, "request"),
-            None,
+            Some("big-1"),
             "4096",
         ),
         case(
@@ -283,6 +283,7 @@ fn bad_input_is_refused_with_a_clear_reason_and_the_daemon_keeps_serving() {
     );
     assert_eq!(a.status, 413, "{}", a.body);
     assert_eq!(a.error().error.not_dispatched, Some(Reason::Request));
+    assert_eq!(a.error().request_id.as_deref(), Some("big-2"));
 
     // A `Basic` credential is not a bearer token.
     let mut req = agent()
@@ -311,6 +312,85 @@ fn bad_input_is_refused_with_a_clear_reason_and_the_daemon_keeps_serving() {
         .map(|(_, v)| v)
         .sum();
     assert_eq!(refused as usize, n + 2);
+}
+
+/// Sends headers announcing a 7 MiB body and its first `sent` bytes, keeps the connection
+/// open without sending the rest, and returns the status and body of the answer.
+fn post_partial(url: &str, auth: Option<&str>, id: &str, sent: usize) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the daemon");
+    // Generous: only a daemon waiting for the whole body takes this long.
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("set a read timeout");
+    let declared = 7 * 1024 * 1024;
+    let auth = auth.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let head = format!(
+        "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{auth}Content-Length: {declared}\r\n\r\n"
+    );
+    let mut body = format!(
+        r#"{{"protocol":1,"request_id":"{id}","run":{{"kind":"snippet","language":"python","code":"print('"#
+    );
+    body.push_str(&"z".repeat(sent - body.len()));
+    conn.write_all(head.as_bytes()).expect("send the headers");
+    conn.write_all(body.as_bytes())
+        .expect("send the first bytes");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The answer ends when the daemon closes the connection.
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) => panic!(
+                "no complete answer while the body was unfinished ({e}); got {:?}",
+                String::from_utf8_lossy(&answer)
+            ),
+        }
+    }
+    let text = String::from_utf8(answer).expect("a UTF-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    (status, body.to_owned())
+}
+
+#[test]
+fn an_unauthenticated_body_is_not_read_before_the_401() {
+    // The limit is the default 8 MiB: the body announced (7 MiB) is under it, so only the
+    // missing token can end the exchange before the body does.
+    let d = TestDaemon::start(PROCESS);
+    for (auth, id) in [(None, "unauth-1"), (Some("plm_wrong"), "unauth-2")] {
+        let (status, body) = post_partial(&d.url, auth, id, 3000);
+        assert_eq!(status, 401, "{body}");
+        let e: ErrorResponse = serde_json::from_str(&body).expect("an ErrorResponse");
+        assert_eq!(e.error.code, "unauthenticated");
+        assert_eq!(e.error.not_dispatched, Some(Reason::Permission));
+        assert_eq!(
+            e.request_id.as_deref(),
+            Some(id),
+            "the id in the first bytes is echoed"
+        );
+    }
+    // More than the prefix arrived: still answered, and the id is still found.
+    let (status, body) = post_partial(&d.url, None, "unauth-3", 6000);
+    assert_eq!(status, 401, "{body}");
+    let e: ErrorResponse = serde_json::from_str(&body).expect("an ErrorResponse");
+    assert_eq!(e.request_id.as_deref(), Some("unauth-3"));
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
+}
+
+#[test]
+fn an_oversized_announced_body_is_refused_with_its_request_id() {
+    let d = TestDaemon::start(&format!("{PROCESS}[daemon]\nmax_body_bytes = 4096\n"));
+    let (status, body) = post_partial(&d.url, Some(&d.token), "huge-1", 3000);
+    assert_eq!(status, 413, "{body}");
+    let e: ErrorResponse = serde_json::from_str(&body).expect("an ErrorResponse");
+    assert_eq!(e.error.not_dispatched, Some(Reason::Request));
+    assert_eq!(e.request_id.as_deref(), Some("huge-1"));
 }
 
 #[test]
