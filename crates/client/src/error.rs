@@ -151,6 +151,19 @@ pub enum ClientError {
         /// The floor the request asked for.
         floor: Tier,
     },
+    /// The result says the run used another provider than the one this request named. The
+    /// code ran: this is not a refusal.
+    #[error(
+        "evidence mismatch for request {request_id}: the run used provider `{provider}`, not `{asked}` as asked; the code ran, but not where you required"
+    )]
+    ProviderMismatch {
+        /// The request id sent.
+        request_id: String,
+        /// The provider the request named.
+        asked: String,
+        /// The provider the answer (response or record) names.
+        provider: String,
+    },
     /// The exchange failed after the request may have been sent.
     #[error(
         "the code may have run: the exchange with {url} failed after the request may have been sent (request {request_id}): {message}"
@@ -189,6 +202,7 @@ impl NotDispatched for ClientError {
             | ClientError::DigestMismatch { .. }
             | ClientError::RecordMismatch { .. }
             | ClientError::EvidenceMismatch { .. }
+            | ClientError::ProviderMismatch { .. }
             | ClientError::Transport { .. }
             | ClientError::BadResponse { .. } => None,
         }
@@ -207,6 +221,7 @@ impl ClientError {
             | ClientError::DigestMismatch { request_id, .. }
             | ClientError::RecordMismatch { request_id, .. }
             | ClientError::EvidenceMismatch { request_id, .. }
+            | ClientError::ProviderMismatch { request_id, .. }
             | ClientError::Transport { request_id, .. }
             | ClientError::BadResponse { request_id, .. } => Some(request_id),
             ClientError::UnverifiedRefusal { sent, .. }
@@ -226,7 +241,9 @@ impl ClientError {
             ClientError::RequestIdMismatch { .. } => "request_id_mismatch",
             ClientError::DigestMismatch { .. } => "digest_mismatch",
             ClientError::RecordMismatch { .. } => "record_mismatch",
-            ClientError::EvidenceMismatch { .. } => "evidence_mismatch",
+            ClientError::EvidenceMismatch { .. } | ClientError::ProviderMismatch { .. } => {
+                "evidence_mismatch"
+            }
             ClientError::Transport { .. } => "transport",
             ClientError::BadResponse { .. } => "bad_response",
         }

@@ -40,6 +40,9 @@ const MAX_ANSWER_BYTES: u64 = 1 << 30;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Added to the run's own timeout (or the protocol's largest) for the whole exchange.
 const EXCHANGE_SLACK: Duration = Duration::from_secs(120);
+/// The largest request body a client sends unless told otherwise: the daemon's default
+/// `[daemon].max_body_bytes` (8 MiB). A larger one would be refused with `413`.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// The exchange budget of a run that sets no timeout: the built-in maximum timeout.
 const DEFAULT_RUN_BUDGET: Duration = Duration::from_secs(600);
 
@@ -136,6 +139,7 @@ pub struct Client {
     base_url: String,
     token: Token,
     agent: ureq::Agent,
+    max_body_bytes: usize,
 }
 
 /// How an exchange ended before an answer could be read.
@@ -168,7 +172,21 @@ impl Client {
             base_url: base_url.into().trim_end_matches('/').to_owned(),
             token: token.into(),
             agent: config.new_agent(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
+    }
+
+    /// Sets the largest request body this client sends (default [`DEFAULT_MAX_BODY_BYTES`]);
+    /// set it to the daemon's `[daemon].max_body_bytes` when that differs. A larger request is
+    /// refused here ([`ClientError::InvalidRequest`], not dispatched) and nothing is sent.
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    /// The largest request body this client sends.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
     }
 
     /// The daemon's base URL.
@@ -191,6 +209,18 @@ impl Client {
             request_id: request_id.clone(),
             message: format!("the request does not serialise: {e}"),
         })?;
+        // Over the daemon's limit it would be refused after being sent, and the refusal may
+        // arrive as a closed connection ("may have run"): refuse it here, sending nothing.
+        if body.len() > self.max_body_bytes {
+            return Err(ClientError::InvalidRequest {
+                request_id,
+                message: format!(
+                    "the request is {} bytes, over this client's limit of {} bytes (the daemon's max_body_bytes): send less, or raise the limit to match the daemon's",
+                    body.len(),
+                    self.max_body_bytes
+                ),
+            });
+        }
         // Digests are recomputed over exactly the bytes that leave this process.
         let sent: RunRequest =
             serde_json::from_slice(&body).map_err(|e| ClientError::InvalidRequest {

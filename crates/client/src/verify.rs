@@ -1,5 +1,5 @@
 //! The checks on every result: the echoed request id, the tier against the floor asked for,
-//! the three digests recomputed here, and the record against the response around it.
+//! the provider against the one asked for (if any), the three digests recomputed here, and the record against the response around it.
 //!
 //! What this can catch without a signature: an answer meant for another request, a tier
 //! below the floor, and any change to the request, the result or the record that leaves a
@@ -65,6 +65,18 @@ pub fn verify_response(
     // the fact the caller most needs, and it is an error even if every digest matched.
     let weakest = response.isolation.min(response.record.isolation);
     check_tier(id, sent.minimum_isolation, &response.provider, weakest)?;
+    // So does the provider, when the request named one.
+    if let Some(asked) = &sent.provider {
+        for named in [&response.provider, &response.record.provider] {
+            if named != asked {
+                return Err(ClientError::ProviderMismatch {
+                    request_id: id.to_owned(),
+                    asked: asked.clone(),
+                    provider: named.clone(),
+                });
+            }
+        }
+    }
 
     let digest = |kind, computed: String, claimed: &str| {
         if computed == claimed {
@@ -324,5 +336,38 @@ mod tests {
             "{e}"
         );
         assert_eq!(not_dispatched_reason(&e), None);
+    }
+
+    #[test]
+    fn another_provider_than_the_one_asked_for_is_an_evidence_mismatch() {
+        let req = RunRequest {
+            provider: Some("p".into()),
+            ..request(None)
+        };
+        verify_response(&req, honest(&req, Tier::Process)).unwrap();
+
+        // Consistent everywhere (digests, record), but not the provider asked for.
+        let other = RunRequest {
+            provider: Some("q".into()),
+            ..req.clone()
+        };
+        let e = verify_response(&other, honest(&other, Tier::Process)).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::ProviderMismatch { asked, provider, .. } if asked == "q" && provider == "p"),
+            "{e}"
+        );
+        assert_eq!(not_dispatched_reason(&e), None);
+        assert_eq!(e.code(), "evidence_mismatch");
+        assert!(e.to_string().contains("the code ran"), "{e}");
+
+        // The record alone naming another provider is caught too.
+        let mut resp = honest(&req, Tier::Process);
+        resp.record.provider = "r".into();
+        resp.record.record_sha256 = record_sha256(&resp.record);
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::ProviderMismatch { provider, .. } if provider == "r"),
+            "{e}"
+        );
     }
 }

@@ -188,6 +188,57 @@ fn an_invalid_request_is_not_sent() {
     assert_eq!(not_dispatched_reason(&e), Some(Reason::Request));
 }
 
+#[test]
+fn a_request_over_the_body_limit_is_refused_here_and_not_sent() {
+    // A real listener that nothing should ever connect to.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+
+    let client = Client::new(&url, Token::new("t"));
+    assert_eq!(
+        client.max_body_bytes(),
+        plimsoll_client::DEFAULT_MAX_BODY_BYTES
+    );
+    let big = format!("console.log('{}')", "x".repeat(9 * 1024 * 1024));
+    let small = format!("console.log('{}')", "x".repeat(5000));
+    for (client, code) in [
+        (client.clone(), big),
+        (client.with_max_body_bytes(4096), small),
+    ] {
+        let e = client.run(js(&code)).unwrap_err();
+        assert!(matches!(e, ClientError::InvalidRequest { .. }), "{e:?}");
+        assert_eq!(not_dispatched_reason(&e), Some(Reason::Request));
+        assert!(e.to_string().contains("limit"), "{e}");
+    }
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the client connected although the request was over its limit"
+    );
+}
+
+#[test]
+fn the_daemons_413_echoes_our_id_so_it_reads_not_dispatched() {
+    // A client that does not know the daemon's smaller limit: the daemon's refusal must still
+    // be recognised as this request's, so it reads "nothing ran", not "may have run".
+    let d = TestDaemon::start("providers = [\"process\"]\n[daemon]\nmax_body_bytes = 4096\n");
+    let client = Client::new(&d.url, Token::new(d.token.clone()));
+    let e = client
+        .run(js(&format!("console.log('{}')", "x".repeat(5000))))
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ClientError::Refused {
+                reason: Reason::Request,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Request));
+}
+
 // ---------------------------------------------------------------------------------------
 // A real HTTP proxy on loopback.
 
