@@ -4,14 +4,14 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images lint unit independent bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent bench clean
 
 ## demo: build, then run the minimal example (one JavaScript snippet; prints its tier)
 demo: deps build
 	./target/debug/plimsoll-example-minimal
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images lint unit independent
+test: deps build images vm-assets lint unit independent
 
 deps:
 	@scripts/install-deps
@@ -22,6 +22,10 @@ build:
 ## images: the sandbox image (root filesystem + manifest) used by the container and kernel tiers
 images:
 	scripts/build-image
+
+## vm-assets: the kernel, initramfs and image disk the VM provider boots (builds the image first)
+vm-assets:
+	scripts/build-vm-assets
 
 lint:
 	$(CARGO) fmt --all -- --check

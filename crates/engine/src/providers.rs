@@ -3,6 +3,7 @@
 use plimsoll_oci::OciProvider;
 use plimsoll_process::ProcessProvider;
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider};
+use plimsoll_vm::VmProvider;
 use plimsoll_wire::{RunSpec, Tier};
 
 /// Every provider family plimsoll has.
@@ -12,6 +13,8 @@ pub enum AnyProvider {
     Process(ProcessProvider),
     /// An OCI runtime driven directly: crun or runc (`container`), runsc (`kernel`).
     Oci(Box<OciProvider>),
+    /// A QEMU microVM per run: `vm` under KVM, `kernel` under TCG emulation.
+    Vm(Box<VmProvider>),
 }
 
 impl AnyProvider {
@@ -19,6 +22,7 @@ impl AnyProvider {
         match self {
             AnyProvider::Process(p) => p,
             AnyProvider::Oci(p) => p.as_ref(),
+            AnyProvider::Vm(p) => p.as_ref(),
         }
     }
 }

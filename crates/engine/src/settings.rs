@@ -20,6 +20,9 @@
 //! python = "/usr/bin/python3"
 //! probe = "/usr/local/lib/plimsoll/plimsoll-probe"   # default: beside the running binary
 //!
+//! [qemu]                           # the VM provider (docs/vm-tier.md)
+//! accelerator = "auto"             # auto | kvm | tcg
+//!
 //! [oci]                            # the crun, runc and runsc providers (docs/container-tier.md)
 //! image = "/var/lib/plimsoll/build/images/sandbox"   # default: the repository's build/images/sandbox
 //! agent = "/usr/local/lib/plimsoll/plimsoll-agent"   # default: beside the running binary
@@ -45,6 +48,7 @@ use std::time::Duration;
 use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind};
 use plimsoll_process::{ProcessConfig, ProcessProvider};
 use plimsoll_sandbox::ResolvedLimits;
+use plimsoll_vm::{AccelChoice, VmConfig, VmProvider};
 use plimsoll_wire::Tier;
 use serde::Deserialize;
 
@@ -79,6 +83,9 @@ pub struct Settings {
     /// The OCI providers (crun, runc, runsc).
     #[serde(default)]
     pub oci: OciSection,
+    /// The QEMU provider.
+    #[serde(default)]
+    pub qemu: QemuSection,
     /// The daemon's own settings (ignored by the CLI's embedded engine).
     #[serde(default)]
     pub daemon: DaemonSection,
@@ -137,6 +144,63 @@ pub struct ProcessSection {
     pub python: Option<PathBuf>,
     /// The probe program (default: `plimsoll-probe` beside the running binary).
     pub probe: Option<PathBuf>,
+}
+
+/// `[qemu]`: the VM provider (docs/vm-tier.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QemuSection {
+    /// The QEMU binary (default `/usr/bin/qemu-system-x86_64`).
+    pub qemu: Option<PathBuf>,
+    /// What scripts/build-vm-assets built (default: `build/vm` of the repository the running
+    /// binary was built in, else `/var/lib/plimsoll/build/vm`).
+    pub assets: Option<PathBuf>,
+    /// `auto` (KVM if a guest boots under it, else TCG), `kvm` or `tcg` (default `auto`).
+    pub accelerator: Option<String>,
+    /// vCPUs per VM (default 2).
+    pub cpus: Option<u32>,
+    /// Seconds a guest may take to boot under TCG (default 30).
+    pub boot_timeout_secs: Option<u64>,
+    /// Seconds a guest may take to boot under KVM before KVM is judged unusable (default 5).
+    pub kvm_boot_timeout_secs: Option<u64>,
+}
+
+impl QemuSection {
+    fn config(
+        &self,
+        state_dir: &Path,
+        probe_uid: u32,
+        run_uids: std::ops::Range<u32>,
+    ) -> Result<VmConfig, String> {
+        let mut c = VmConfig::new(
+            self.assets.clone().unwrap_or_else(default_vm_assets_dir),
+            default_tool_path("plimsoll-agent"),
+            default_probe_path(),
+            default_tool_path("plimsoll-guest-init"),
+            state_dir.to_owned(),
+            probe_uid,
+            run_uids,
+        );
+        if let Some(q) = &self.qemu {
+            c.qemu = q.clone();
+        }
+        if let Some(a) = &self.accelerator {
+            c.accelerator = AccelChoice::parse(a).map_err(|e| format!("[qemu] {e}"))?;
+        }
+        if let Some(n) = self.cpus {
+            if n == 0 {
+                return Err("[qemu] cpus must be at least 1".into());
+            }
+            c.cpus = n;
+        }
+        if let Some(s) = self.boot_timeout_secs {
+            c.boot_timeout = Duration::from_secs(s);
+        }
+        if let Some(s) = self.kvm_boot_timeout_secs {
+            c.kvm_boot_timeout = Duration::from_secs(s);
+        }
+        Ok(c)
+    }
 }
 
 /// `[oci]`: the crun, runc and runsc providers.
@@ -290,7 +354,7 @@ pub enum LoadSettingsError {
 }
 
 /// Every provider family this build knows, by name.
-pub const PROVIDER_NAMES: &[&str] = &["process", "crun", "runc", "runsc"];
+pub const PROVIDER_NAMES: &[&str] = &["process", "crun", "runc", "runsc", "qemu"];
 
 impl Settings {
     /// Reads and parses a settings file.
@@ -361,6 +425,14 @@ impl Settings {
                 continue;
             }
             match name.as_str() {
+                "qemu" => {
+                    let base = config.sandbox_uid_base;
+                    let vm = self
+                        .qemu
+                        .config(&config.state_dir, probe_uid, base..probe_uid)
+                        .map_err(BuildEngineError::Invalid)?;
+                    providers.push(AnyProvider::Vm(Box::new(VmProvider::new(vm))));
+                }
                 "process" => {
                     providers.push(AnyProvider::Process(ProcessProvider::new(ProcessConfig {
                         node: self
@@ -413,6 +485,16 @@ pub fn default_tool_path(name: &str) -> PathBuf {
         Some(up) if up.join(name).exists() => up.join(name),
         _ => beside,
     }
+}
+
+/// The VM assets: `build/vm` of the repository the running executable was built in (found by
+/// walking up from it), else `/var/lib/plimsoll/build/vm`.
+pub fn default_vm_assets_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.ancestors()
+        .map(|d| d.join("build/vm"))
+        .find(|d| d.join("vmlinux").is_file())
+        .unwrap_or_else(|| PathBuf::from("/var/lib/plimsoll/build/vm"))
 }
 
 /// The sandbox image: `build/images/sandbox` of the repository the running executable was
