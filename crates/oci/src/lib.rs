@@ -6,6 +6,7 @@
 //! - [`seccomp`]: the allowlist, checked in as `data/seccomp.json`.
 //! - [`runtime`]: how each runtime binary is invoked (and crun's cgroup workaround).
 //! - [`cgroup`]: the host's cgroup layout and the removal of a run's cgroups.
+//! - `follow`: `create`, then `start`, then the container's output until it exits.
 //! - [`state`]: run directories and the locks that tell live runs from leftovers.
 //! - [`provider`]: [`OciProvider`], the `crun`, `runc` and `runsc` providers.
 //! - [`probe`]: the startup probe and its checks.
@@ -13,6 +14,7 @@
 //! docs/container-tier.md describes the policy these modules apply.
 
 pub mod cgroup;
+mod follow;
 pub mod probe;
 pub mod provider;
 pub mod runtime;

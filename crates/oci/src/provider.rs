@@ -1,5 +1,5 @@
 //! The OCI providers (`crun`, `runc`, `runsc`): one type parameterised by the runtime kind.
-//! A run is one bundle, one `<runtime> run`, and a cleanup that leaves no container, cgroup,
+//! A run is one bundle, `<runtime> create` then `start`, and a cleanup that leaves no container, cgroup,
 //! process or directory behind.
 
 use std::fs;
@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use plimsoll_sandbox::{
-    CaptureLimits, Captured, LaunchError, LaunchPlan, Outcome, Probed, Provider, capture,
-    unix_ms_now,
+    CaptureLimits, Captured, LaunchError, LaunchPlan, Outcome, Probed, Provider, unix_ms_now,
 };
 use plimsoll_wire::{AgentJob, Bytes, Language, RunResult, RunSpec, Tier};
 
 use crate::cgroup::{CgroupLayout, MemorySeen};
+use crate::follow;
 use crate::runtime::{Runtime, RuntimeKind};
 use crate::spec::{self, SpecInputs};
 use crate::state::{RunDir, StateDir};
@@ -152,6 +152,8 @@ const AGENT_ANSWER_SLACK: u64 = 1024 * 1024;
 const BACKSTOP: Duration = Duration::from_secs(10);
 /// The agent gets the plan's timeout; the host waits this much longer for its answer.
 const AGENT_GRACE: Duration = Duration::from_secs(2);
+/// How long `<runtime> create` may take (runsc starts its sandbox there).
+const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl OciProvider {
     /// A provider with this configuration. Reads the cgroup layout; creates nothing and
@@ -300,7 +302,7 @@ impl OciProvider {
             if self.state.is_live(&id) {
                 continue;
             }
-            // The dead daemon's runtime process (`<runtime> run`) first, so that it does not
+            // The dead daemon's runtime process (`<runtime> create`) first, so that it does not
             // race the deletion below.
             if let Some(pid) = self.orphaned_runtime(&id) {
                 let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
@@ -349,8 +351,9 @@ impl OciProvider {
         }
     }
 
-    /// Runs one container for `plan` and cleans everything up. `Err` only when the container
-    /// never started (nothing ran) or cleanup failed.
+    /// Runs one container for `plan` and cleans everything up. `Err` is
+    /// [`LaunchError::NotStarted`] only up to and including `create` (nothing of the request
+    /// ran); from `start` on, a failure is [`LaunchError::Failed`].
     pub(crate) fn launch(
         &self,
         plan: &LaunchPlan,
@@ -383,10 +386,9 @@ impl OciProvider {
             .write_bundle(plan, launch, &run_dir, &rootfs)
             .and_then(|bundle| self.open_broker(plan, &run_dir).map(|()| bundle));
         let pid_file = run_dir.path().join("pid");
-        let started_unix_ms = unix_ms_now();
         let spawned = prepared.and_then(|bundle| {
             self.runtime
-                .spawn_run(&bundle, &id, &pid_file, plan.broker.is_some())
+                .spawn_create(&bundle, &id, &pid_file, plan.broker.is_some())
                 .map_err(|e| {
                     format!(
                         "cannot start {}: {}",
@@ -395,12 +397,22 @@ impl OciProvider {
                     )
                 })
         });
-        let running = match spawned {
-            Ok(r) => {
-                // For `reap`: the runtime process outlives a daemon that is killed.
-                let _ = fs::write(run_dir.path().join("runtime.pid"), r.child.id().to_string());
-                r
-            }
+        // Up to here, and through `create`, nothing of the request ran: its process waits in
+        // the runtime's init until `start`. A failure is not dispatched (`environment`).
+        let created = spawned.and_then(|r| {
+            // For `reap`: the runtime process outlives a daemon that is killed.
+            let _ = fs::write(run_dir.path().join("runtime.pid"), r.child.id().to_string());
+            follow::created(
+                self.config.kind.name(),
+                r,
+                &pid_file,
+                launch.output_bytes,
+                CREATE_TIMEOUT,
+            )
+            .map_err(|e| e.to_string())
+        });
+        let mut created = match created {
+            Ok(c) => c,
             Err(message) => {
                 return Err(match self.clean(plan, &id, run_dir, false) {
                     Ok(()) => LaunchError::environment(message),
@@ -411,9 +423,27 @@ impl OciProvider {
             }
         };
 
-        // The watchdog kills the container at the deadline, so the runtime sees its child
-        // end and tears the container down itself; the capture's own deadline (later) kills
-        // the runtime only if that does not work.
+        created.also_reap(self.runtime.helper_pids(&id));
+        // From `start` on the code may have run: every failure is `Failed`, never "not
+        // dispatched".
+        let started_unix_ms = unix_ms_now();
+        if let Err(e) = self.runtime.start(&id) {
+            // Kill and reap the container's process before the cleanup.
+            drop(created);
+            let mut message = format!(
+                "{} may have started the container, then failed: {}",
+                self.config.kind.name(),
+                error_chain(&e)
+            );
+            if let Err(c) = self.clean(plan, &id, run_dir, false) {
+                message.push_str(&format!("; and cleanup failed too: {c}"));
+            }
+            return Err(LaunchError::failed(message));
+        }
+
+        // The watchdog kills the container at the deadline, so its process ends and the
+        // runtime tears the container down; the follow's own deadline (later) kills the
+        // container's process directly only if that does not work.
         let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
         let fired = Arc::new(AtomicBool::new(false));
         let watchdog = {
@@ -439,7 +469,7 @@ impl OciProvider {
                         .0;
                 }
                 fired.store(true, Ordering::SeqCst);
-                // Retry: the container may not exist yet at the first attempt.
+                // Retry until the container has ended.
                 loop {
                     drop(finished);
                     let _ = runtime.kill(&id);
@@ -458,7 +488,7 @@ impl OciProvider {
             })
         };
         let limits = CaptureLimits::new(launch.output_bytes, launch.deadline + BACKSTOP);
-        let captured = capture(running, &limits);
+        let captured = created.follow(&limits);
         {
             let (lock, cv) = &*done;
             *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -466,7 +496,6 @@ impl OciProvider {
         }
         let _ = watchdog.join();
         let timed_out = fired.load(Ordering::SeqCst);
-        let started = fs::read_to_string(&pid_file).is_ok_and(|p| !p.trim().is_empty());
         let backstop = captured.as_ref().map_or(true, |c| c.timed_out);
         let memory = layout.memory_seen(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id));
         let cleaned = self.clean(plan, &id, run_dir, backstop);
@@ -478,31 +507,9 @@ impl OciProvider {
                 if let Err(c) = cleaned {
                     message.push_str(&format!("; and cleanup failed too: {c}"));
                 }
-                return Err(if started {
-                    LaunchError::failed(message)
-                } else {
-                    LaunchError::environment(message)
-                });
+                return Err(LaunchError::failed(message));
             }
         };
-        if !started {
-            let stderr = String::from_utf8_lossy(&captured.stderr);
-            let first: Vec<&str> = stderr
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .take(3)
-                .collect();
-            let mut message = format!(
-                "{} did not start the container (exit {:?}): {}",
-                self.config.kind.name(),
-                captured.exit_code,
-                first.join(" / ")
-            );
-            if let Err(c) = cleaned {
-                message.push_str(&format!("; and cleanup failed too: {c}"));
-            }
-            return Err(LaunchError::environment(message));
-        }
         if let Err(c) = cleaned {
             return Err(LaunchError::failed(format!(
                 "the run ended but its sandbox was not fully removed: {c}"

@@ -1,5 +1,6 @@
 //! The runtime driver: how crun, runc and runsc are invoked (global flags, the state root,
-//! crun's cgroup workaround) for `run`, `kill`, `delete -f`, `list` and `--version`.
+//! crun's cgroup workaround) for `create`, `start`, `kill`, `delete -f`, `list` and
+//! `--version`.
 //!
 //! Every invocation goes through [`plimsoll_sandbox::Spawn`] (empty environment, no inherited
 //! descriptors, own session). crun on a hybrid cgroup layout (cgroup v1 plus a cgroup2 mount
@@ -73,7 +74,7 @@ impl RuntimeKind {
     }
 }
 
-/// A runtime command that is not `run` failed.
+/// A runtime command that is not `create` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeCommandError {
     /// The runtime could not be started.
@@ -190,10 +191,10 @@ impl Runtime {
         args
     }
 
-    /// The full argument list of `run` (after the global flags).
-    pub fn run_args(bundle: &Path, id: &str, pid_file: &Path) -> Vec<OsString> {
+    /// The full argument list of `create` (after the global flags).
+    pub fn create_args(bundle: &Path, id: &str, pid_file: &Path) -> Vec<OsString> {
         vec![
-            "run".into(),
+            "create".into(),
             "--bundle".into(),
             bundle.into(),
             "--pid-file".into(),
@@ -252,10 +253,11 @@ impl Runtime {
         }
     }
 
-    /// Starts `run` for the bundle; stdout and stderr of the container are the pipes of the
-    /// returned child. `host_sockets`: the container connects to a host Unix socket bound
-    /// into it (the broker); runsc needs `--host-uds=open` for that, crun and runc nothing.
-    pub fn spawn_run(
+    /// Starts `create` for the bundle: the container's process, waiting for `start`,
+    /// inherits the pipes of the returned child as its stdout and stderr. `host_sockets`: the
+    /// container connects to a host Unix socket bound into it (the broker); runsc needs
+    /// `--host-uds=open` for that, crun and runc nothing.
+    pub fn spawn_create(
         &self,
         bundle: &Path,
         id: &str,
@@ -266,8 +268,13 @@ impl Runtime {
         if host_sockets && self.kind == RuntimeKind::Runsc {
             args.push(OsString::from("--host-uds=open"));
         }
-        args.extend(Runtime::run_args(bundle, id, pid_file));
+        args.extend(Runtime::create_args(bundle, id, pid_file));
         self.command(&args).spawn()
+    }
+
+    /// `start ID`: lets a created container's process run the code.
+    pub fn start(&self, id: &str) -> Result<(), RuntimeCommandError> {
+        self.control(&["start", id]).map(|_| ())
     }
 
     fn control(&self, args: &[&str]) -> Result<CommandOutput, RuntimeCommandError> {
@@ -352,6 +359,25 @@ impl Runtime {
         })
     }
 
+    /// The runtime's helper processes for a created container that outlive `create` beside
+    /// the container's own process: runsc's gofer (`goferPid` of its state file); none for
+    /// crun and runc.
+    pub fn helper_pids(&self, id: &str) -> Vec<rustix::process::Pid> {
+        if self.kind != RuntimeKind::Runsc {
+            return Vec::new();
+        }
+        let path = self.root.join(format!("{id}_sandbox:{id}.state"));
+        let Ok(text) = std::fs::read(&path) else {
+            return Vec::new();
+        };
+        serde_json::from_slice::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("goferPid")?.as_i64())
+            .and_then(|p| rustix::process::Pid::from_raw(i32::try_from(p).ok()?))
+            .into_iter()
+            .collect()
+    }
+
     /// `--version`, as one line (`crun version 1.8.1 (commit ...)`).
     pub fn version(&self) -> Result<String, RuntimeCommandError> {
         let out = Spawn::new(&self.binary, "/")
@@ -426,11 +452,11 @@ mod tests {
             rt(RuntimeKind::Runsc).global_args(),
             ["--root", "/run/r", "--platform=ptrace", "--network=none"].map(OsString::from)
         );
-        let run = Runtime::run_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"));
+        let create = Runtime::create_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"));
         assert_eq!(
-            run,
+            create,
             [
-                "run",
+                "create",
                 "--bundle",
                 "/b",
                 "--pid-file",

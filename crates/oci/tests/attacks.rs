@@ -17,9 +17,9 @@ use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
 use plimsoll_sandbox::broker::{BrokerChannel, BrokerPort};
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
-use plimsoll_sandbox::{LaunchPlan, Provider, ResolvedLimits, Spawn};
+use plimsoll_sandbox::{LaunchError, LaunchPlan, Provider, ResolvedLimits, Spawn};
 use plimsoll_wire::{
-    Bytes, Language, Project, ProjectFile, RunResult, RunSpec, Snippet, Step, Tier,
+    Bytes, Language, Project, ProjectFile, Reason, RunResult, RunSpec, Snippet, Step, Tier,
 };
 
 fn repo() -> PathBuf {
@@ -320,6 +320,7 @@ on_every_runtime!(
     a_project_runs_its_steps_and_returns_artifacts,
     a_grant_run_reaches_its_broker_through_its_socket,
     grant_calls_go_through_the_real_broker,
+    only_a_failed_create_is_not_dispatched,
 );
 
 fn snippets_run_as_the_run_uid(kind: RuntimeKind, test: &str) {
@@ -529,13 +530,59 @@ except OSError as e:
         assert!(kids < 24, "forked {kids} with a limit of 24: {out}");
         assert!(out.contains("then"), "{out}");
     }
-    // A real bomb: every process forks forever. The limit holds it; the deadline ends it.
-    l.timeout = Duration::from_secs(3);
-    let r = rig.run(py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"), l, uid);
+    // A real bomb: every child forks forever. The first process counts its own forks until
+    // one fails and then exits, which (as the container's init) ends the whole container:
+    // the limit held if that fork failed with EAGAIN long before the deadline.
+    l.timeout = Duration::from_secs(20);
+    let bomb = r#"
+import errno, os, time
+kids = 0
+failed = None
+while kids < 5000:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        failed = errno.errorcode.get(e.errno, e.errno)
+        break
+    if pid == 0:
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                time.sleep(0.001)
+    kids += 1
+print("bomb forked", kids, "then", failed, flush=True)
+os._exit(0)
+"#;
+    let r = rig.run(py(bomb), l, uid);
+    let out = text(&r.stdout);
+    eprintln!("{test}: {out:?} {:?} {:?}", r.exit_code, r.signal);
     assert!(
-        r.timed_out || r.exit_code.is_some() || r.signal.is_some(),
-        "{r:?}"
+        !r.timed_out,
+        "the bomb was ended by the deadline, not the limit: {r:?}"
     );
+    if kind == RuntimeKind::Runsc {
+        // gVisor: the limit (64 + 8 x pids host tasks) counts the Sentry's threads and a stub
+        // per guest process; when it bites either a guest fork fails or the Sentry cannot
+        // start a thread and the sandbox ends with an error. Either way the bomb is stopped.
+        assert!(
+            out.contains("then EAGAIN") || (r.exit_code.is_some_and(|c| c != 0) && out.is_empty()),
+            "the bomb was not stopped by the limit: {out} {r:?}"
+        );
+    } else {
+        assert!(out.starts_with("bomb forked "), "{out}{}", text(&r.stderr));
+        assert!(out.trim_end().ends_with("then EAGAIN"), "{out}");
+        assert_eq!(r.exit_code, Some(0), "{r:?}");
+        let kids: u64 = out
+            .split_whitespace()
+            .nth(2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX);
+        assert!(
+            kids < 24,
+            "the bomb forked {kids} with a limit of 24: {out}"
+        );
+    }
 }
 
 fn the_memory_limit_kills_and_the_run_returns(kind: RuntimeKind, test: &str) {
@@ -639,34 +686,68 @@ print("left them running")
 fn a_concurrent_run_cannot_be_read(kind: RuntimeKind, test: &str) {
     let Some(rig) = rig(kind, test) else { return };
     let secret = format!("SECRET-{}", fresh_id("s"));
+    // The writer stamps (wall clock, shared with the host and every container) when its
+    // secret exists and when it stops existing; the reader stamps its attempts; the test
+    // checks the attempts fell inside the writer's window, so the reader did run beside it.
+    let hold = if kind == RuntimeKind::Runsc { 12 } else { 8 };
     let writer = format!(
-        "import time\nfor p in ['/work/secret', '/tmp/secret']:\n    open(p, 'w').write('{secret}')\nprint('written', flush=True)\ntime.sleep(6)\n"
+        "import time\nfor p in ['/work/secret', '/tmp/secret']:\n    open(p, 'w').write('{secret}')\nprint('written', time.time(), flush=True)\ntime.sleep({hold})\nprint('ending', time.time(), flush=True)\n"
     );
     let reader = r#"
-import glob, os
+import glob, os, time
+began = time.time()
 found = []
-for p in ["/work/secret", "/tmp/secret"] + glob.glob("/proc/*/root/work/secret") + glob.glob("/proc/*/root/tmp/secret"):
+tried = 0
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+paths = ["/work/secret", "/tmp/secret"] + glob.glob("/proc/*/root/work/secret") + glob.glob("/proc/*/root/tmp/secret")
+paths += [f"/proc/{p}/root{f}" for p in pids for f in ("/work/secret", "/tmp/secret")]
+for p in paths:
+    tried += 1
     try:
         found.append(open(p).read())
     except Exception:
         pass
 print("found", found)
-print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+print("tried", tried)
+print("pids", pids)
+print("attempts", began, time.time())
 "#;
+    let mut l = limits();
+    l.timeout = Duration::from_secs(hold + 20);
     std::thread::scope(|s| {
-        let a = s.spawn(|| rig.run(py(&writer), limits(), uid(11, kind)));
-        // Give the writer time to start; the reader then runs while it sleeps.
+        let a = s.spawn(|| rig.run(py(&writer), l, uid(11, kind)));
+        // Give the writer time to start (checked below, not assumed).
         std::thread::sleep(Duration::from_secs(if kind == RuntimeKind::Runsc {
-            3
+            4
         } else {
             2
         }));
         let b = rig.run(py(reader), limits(), uid(12, kind));
         let out = text(&b.stdout);
+        assert_eq!(b.exit_code, Some(0), "{b:?}");
         assert!(out.contains("found []"), "{out}{}", text(&b.stderr));
         assert!(!out.contains(&secret), "{out}");
         let a = a.join().unwrap();
-        assert_eq!(text(&a.stdout), "written\n", "{a:?}");
+        let written = text(&a.stdout);
+        let stamp = |text: &str, key: &str, nth: usize| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|rest| rest.split_whitespace().nth(nth))
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("no `{key}` stamp in {text:?}"))
+        };
+        let (window_start, window_end) = (
+            stamp(&written, "written ", 0),
+            stamp(&written, "ending ", 0),
+        );
+        let (tried_start, tried_end) = (stamp(&out, "attempts ", 0), stamp(&out, "attempts ", 1));
+        assert!(
+            window_start < tried_start && tried_end < window_end,
+            "the reader did not run while the secret existed: secret from {window_start} to \
+             {window_end}, attempts from {tried_start} to {tried_end}"
+        );
+        let tried: u64 = stamp(&out, "tried ", 0) as u64;
+        assert!(tried >= 2, "{out}");
     });
 }
 
@@ -966,6 +1047,58 @@ fn crun_reap_after_the_daemon_was_killed() {
             .summary()
             .starts_with("removed 0 containers, 0 cgroups, 0 run directories")
     );
+}
+
+/// The real runtime behind a wrapper that makes `create` fail (while `fail-create` exists)
+/// or runs the real `start` and then reports failure: a failed `create` ran nothing and is
+/// refused as not dispatched; a failure from `start` on may have run code and is `Failed`.
+fn only_a_failed_create_is_not_dispatched(kind: RuntimeKind, test: &str) {
+    let Some(mut rig) = rig(kind, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("fail-create");
+    let wrapper = dir.path().join(kind.name());
+    let real = kind.default_binary();
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = start ]; then\n    {real} \"$@\"\n    echo 'wrapper: start failed after starting' >&2\n    exit 1\n  fi\n  if [ \"$a\" = create ] && [ -e {flag} ]; then\n    echo 'wrapper: create refused' >&2\n    exit 1\n  fi\ndone\nexec {real} \"$@\"\n",
+            flag = flag.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut c = rig.p.config().clone();
+    c.binary = wrapper;
+    rig.p = OciProvider::new(c);
+    let uid = uid(13, kind);
+
+    let plan = rig.plan(py("print('ran')"), limits(), uid);
+    let e = rig.p.run(&plan).expect_err("start was made to fail");
+    rig.assert_clean(&plan.run_id, uid);
+    match e {
+        LaunchError::Failed { message } => {
+            assert!(message.contains("start failed after starting"), "{message}")
+        }
+        other => panic!("a failure after start was refused as not dispatched: {other:?}"),
+    }
+
+    std::fs::write(&flag, b"").unwrap();
+    let plan = rig.plan(py("print('ran')"), limits(), uid);
+    let e = rig.p.run(&plan).expect_err("create was made to fail");
+    rig.assert_clean(&plan.run_id, uid);
+    match e {
+        LaunchError::NotStarted { reason, message } => {
+            assert_eq!(reason, Reason::Environment);
+            assert!(message.contains("create refused"), "{message}");
+        }
+        other => panic!("a failed create was not refused: {other:?}"),
+    }
 }
 
 /// A provider whose runtime is missing is not offered, and says why.

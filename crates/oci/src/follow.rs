@@ -1,0 +1,413 @@
+//! Create, start and follow one container, so that "not dispatched" is only ever said of
+//! code that cannot have run.
+//!
+//! `<runtime> create` gets the capture pipes; the container's process inherits them
+//! (crun's and runc's "detached pass-through", runsc's sandbox likewise) and waits in the
+//! runtime's init until `<runtime> start`. `create` exits once the container exists, and its
+//! init (crun, runc) or sandbox process (runsc), named by the pid file, is re-parented to
+//! this process (a child subreaper, see [`plimsoll_sandbox::Spawn`]): it is followed through
+//! a pidfd and reaped here, its wait status being the container's.
+//!
+//! - [`created`]: waits for `create`. Any failure here is [`FollowError::NotStarted`]:
+//!   nothing of the request ran (its process never got past the runtime's init).
+//! - [`Created::follow`]: after `start`, reads both pipes (capped per stream) until the
+//!   container's process has exited, kills it at the backstop deadline, and reaps it.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::process::{ChildStderr, ChildStdout};
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::{CaptureLimits, Captured, Running};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions, pidfd_open, pidfd_send_signal};
+
+/// How long the container's process may take to die after SIGKILL before it is left to
+/// the cleanup (`delete --force`) unreaped.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How long a runtime helper (runsc's gofer) may take to end after the container's process.
+const HELPER_WAIT: Duration = Duration::from_secs(1);
+
+/// `create` did not give a container waiting to start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CreateError {
+    /// Waiting for `create` or reading its pipes failed.
+    #[error("cannot follow `{runtime} create`: {source}")]
+    Io {
+        /// The runtime's name.
+        runtime: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `create` did not finish in time and was killed.
+    #[error("`{runtime} create` did not finish within {secs} s and was killed")]
+    Timeout {
+        /// The runtime's name.
+        runtime: &'static str,
+        /// The time it had.
+        secs: u64,
+    },
+    /// `create` failed.
+    #[error("{runtime} could not create the container (exit {status}): {stderr}")]
+    Status {
+        /// The runtime's name.
+        runtime: &'static str,
+        /// Exit status or `signal N`.
+        status: String,
+        /// The first lines of the runtime's standard error.
+        stderr: String,
+    },
+    /// `create` succeeded but left no usable pid file.
+    #[error("{runtime} created the container but its pid file {path} is unusable: {why}")]
+    PidFile {
+        /// The runtime's name.
+        runtime: &'static str,
+        /// The pid file.
+        path: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// One output stream being drained.
+#[derive(Debug)]
+struct Stream {
+    buf: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+    eof: bool,
+}
+
+impl Stream {
+    fn new(cap: usize) -> Self {
+        Stream {
+            buf: Vec::new(),
+            cap,
+            truncated: false,
+            eof: false,
+        }
+    }
+
+    /// Reads what is available now, keeping at most `cap` bytes in all.
+    fn drain(&mut self, fd: BorrowedFd<'_>, scratch: &mut [u8]) -> io::Result<()> {
+        while !self.eof {
+            match rustix::io::read(fd, &mut *scratch) {
+                Ok(0) => self.eof = true,
+                Ok(n) => {
+                    let keep = n.min(self.cap.saturating_sub(self.buf.len()));
+                    self.buf.extend_from_slice(&scratch[..keep]);
+                    self.truncated |= keep < n;
+                }
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The pipes `create` was given, which the container's process holds.
+#[derive(Debug)]
+struct Pipes {
+    stdout: ChildStdout,
+    stderr: ChildStderr,
+    out: Stream,
+    err: Stream,
+    scratch: Vec<u8>,
+}
+
+impl Pipes {
+    fn new(stdout: ChildStdout, stderr: ChildStderr, cap: u64) -> io::Result<Self> {
+        for fd in [stdout.as_fd(), stderr.as_fd()] {
+            let flags = fcntl_getfl(fd)?;
+            fcntl_setfl(fd, flags | OFlags::NONBLOCK)?;
+        }
+        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+        Ok(Pipes {
+            stdout,
+            stderr,
+            out: Stream::new(cap),
+            err: Stream::new(cap),
+            scratch: vec![0u8; 64 * 1024],
+        })
+    }
+
+    fn eof(&self) -> bool {
+        self.out.eof && self.err.eof
+    }
+
+    /// Waits until `pidfd`'s process exits, a pipe is readable, or `until`; drains the pipes.
+    /// Returns whether the process has exited.
+    fn wait(&mut self, pidfd: &OwnedFd, until: Instant) -> io::Result<bool> {
+        let wait = until.saturating_duration_since(Instant::now());
+        let timeout = Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        };
+        let mut fds = Vec::with_capacity(3);
+        fds.push(PollFd::new(pidfd, PollFlags::IN));
+        if !self.out.eof {
+            fds.push(PollFd::new(&self.stdout, PollFlags::IN));
+        }
+        if !self.err.eof {
+            fds.push(PollFd::new(&self.stderr, PollFlags::IN));
+        }
+        let exited = match poll(&mut fds, Some(&timeout)) {
+            Ok(_) => fds[0].revents().contains(PollFlags::IN),
+            Err(rustix::io::Errno::INTR) => false,
+            Err(e) => return Err(e.into()),
+        };
+        drop(fds);
+        self.out.drain(self.stdout.as_fd(), &mut self.scratch)?;
+        self.err.drain(self.stderr.as_fd(), &mut self.scratch)?;
+        Ok(exited)
+    }
+}
+
+/// A created container whose process waits for `start`; killed and reaped when dropped
+/// unless [`Created::follow`] reaped it.
+#[derive(Debug)]
+pub(crate) struct Created {
+    pid: Pid,
+    pidfd: OwnedFd,
+    pipes: Pipes,
+    reaped: bool,
+    /// The runtime's helper processes re-parented here (runsc's gofer), reaped after it.
+    helpers: Vec<(Pid, OwnedFd)>,
+}
+
+/// Waits (at most `timeout`) for `create`, started as `running` with the capture pipes, and
+/// opens the container's process named by `pid_file`. `output_bytes`: the cap per stream.
+pub(crate) fn created(
+    runtime: &'static str,
+    running: Running,
+    pid_file: &Path,
+    output_bytes: u64,
+    timeout: Duration,
+) -> Result<Created, CreateError> {
+    let io_err = |source| CreateError::Io { runtime, source };
+    let Running {
+        mut child,
+        stdout,
+        stderr,
+    } = running;
+    let waited = (|| {
+        let mut pipes = Pipes::new(stdout, stderr, output_bytes)?;
+        let pid = Pid::from_raw(child.id() as i32).ok_or_else(|| io::Error::other("pid 0"))?;
+        let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if pipes.wait(&pidfd, until)? {
+                return Ok((pipes, true));
+            }
+        }
+        Ok((pipes, false))
+    })();
+    if !matches!(waited, Ok((_, true))) {
+        // Its group: `create` and whatever it forked that is still there.
+        if let Some(pid) = Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+        }
+    }
+    let status = child.wait().map_err(io_err)?;
+    let (mut pipes, exited) = waited.map_err(io_err)?;
+    // Whatever of the container's process exists now is ours to end: open it first.
+    let opened = open_pid_file(pid_file);
+    let container = |pipes| {
+        opened.as_ref().ok().and_then(|&pid| {
+            let pidfd = pidfd_open(pid, PidfdFlags::empty()).ok()?;
+            Some(Created {
+                pid,
+                pidfd,
+                pipes,
+                reaped: false,
+                helpers: Vec::new(),
+            })
+        })
+    };
+    if !exited {
+        drop(container(pipes));
+        return Err(CreateError::Timeout {
+            runtime,
+            secs: timeout.as_secs(),
+        });
+    }
+    if !status.success() {
+        // Only the runtime has written to the pipes: its process never started.
+        pipes
+            .err
+            .drain(pipes.stderr.as_fd(), &mut pipes.scratch)
+            .map_err(io_err)?;
+        let stderr = String::from_utf8_lossy(&pipes.err.buf);
+        let stderr: Vec<&str> = stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .take(3)
+            .collect();
+        let stderr = stderr.join(" / ");
+        drop(container(pipes));
+        return Err(CreateError::Status {
+            runtime,
+            status: status_text(
+                status.code(),
+                std::os::unix::process::ExitStatusExt::signal(&status),
+            ),
+            stderr,
+        });
+    }
+    let path = pid_file.display().to_string();
+    let pid = opened.map_err(|why| CreateError::PidFile {
+        runtime,
+        path: path.clone(),
+        why,
+    })?;
+    let pidfd = pidfd_open(pid, PidfdFlags::empty()).map_err(|e| CreateError::PidFile {
+        runtime,
+        path,
+        why: format!("cannot open process {}: {e}", pid.as_raw_nonzero()),
+    })?;
+    Ok(Created {
+        pid,
+        pidfd,
+        pipes,
+        reaped: false,
+        helpers: Vec::new(),
+    })
+}
+
+fn open_pid_file(pid_file: &Path) -> Result<Pid, String> {
+    let text = fs::read_to_string(pid_file).map_err(|e| e.to_string())?;
+    let raw: i32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{}` is not a pid", text.trim().escape_debug()))?;
+    Pid::from_raw(raw).ok_or_else(|| format!("`{raw}` is not a pid"))
+}
+
+fn status_text(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
+        (Some(c), _) => c.to_string(),
+        (None, Some(s)) => format!("signal {s}"),
+        (None, None) => "unknown".into(),
+    }
+}
+
+impl Created {
+    /// Also reaps these helper processes of the runtime once the container's process is
+    /// gone (runsc's gofer: a zombie left unreaped makes `runsc delete` wait 5 s for it).
+    pub(crate) fn also_reap(&mut self, pids: Vec<Pid>) {
+        self.helpers.extend(
+            pids.into_iter()
+                .filter_map(|p| Some((p, pidfd_open(p, PidfdFlags::empty()).ok()?))),
+        );
+    }
+
+    /// Waits a moment for each helper to end (it does once the sandbox is gone), kills it
+    /// if it does not, and reaps it if it is this process's child.
+    fn reap_helpers(&mut self) {
+        for (pid, pidfd) in std::mem::take(&mut self.helpers) {
+            let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+            let timeout = Timespec {
+                tv_sec: HELPER_WAIT.as_secs() as i64,
+                tv_nsec: i64::from(HELPER_WAIT.subsec_nanos()),
+            };
+            let exited = matches!(poll(&mut fds, Some(&timeout)), Ok(n) if n > 0);
+            if !exited {
+                let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+                let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+                let _ = poll(&mut fds, Some(&timeout));
+            }
+            // ECHILD: not ours (the runtime's parent reaps it).
+            let _ = rustix::process::waitpid(Some(pid), WaitOptions::NOHANG);
+        }
+    }
+
+    /// After `start`: captures the container's output until its process has exited (and the
+    /// pipes are drained, for at most `limits.drain_grace` after), kills it with SIGKILL at
+    /// `limits.deadline` (`timed_out`), and reaps it; its wait status is the result's.
+    pub(crate) fn follow(mut self, limits: &CaptureLimits) -> io::Result<Captured> {
+        let mut timed_out = false;
+        let mut drain_until: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if let Some(until) = drain_until
+                && (now >= until || self.pipes.eof())
+            {
+                break;
+            }
+            if drain_until.is_none() && !timed_out && now >= limits.deadline {
+                let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
+                timed_out = true;
+            }
+            let wake = match drain_until {
+                Some(until) => until,
+                None if timed_out => now + Duration::from_millis(50),
+                None => limits.deadline,
+            };
+            if self.pipes.wait(&self.pidfd, wake)? && drain_until.is_none() {
+                drain_until = Some(Instant::now() + limits.drain_grace);
+            }
+        }
+        let status = self.reap(None)?;
+        self.reap_helpers();
+        let pipes = &mut self.pipes;
+        Ok(Captured {
+            exit_code: status.and_then(|s| s.exit_status()),
+            signal: status.and_then(|s| s.terminating_signal()),
+            timed_out,
+            stdout: std::mem::take(&mut pipes.out.buf),
+            stdout_truncated: pipes.out.truncated,
+            stderr: std::mem::take(&mut pipes.err.buf),
+            stderr_truncated: pipes.err.truncated,
+        })
+    }
+
+    /// Reaps the container's process, waiting at most `within` (`None`: it has exited).
+    fn reap(
+        &mut self,
+        within: Option<Duration>,
+    ) -> io::Result<Option<rustix::process::WaitStatus>> {
+        if let Some(within) = within {
+            let until = Instant::now() + within;
+            while Instant::now() < until {
+                if self.pipes.wait(&self.pidfd, until)? {
+                    break;
+                }
+            }
+        }
+        let options = if within.is_some() {
+            WaitOptions::NOHANG
+        } else {
+            WaitOptions::empty()
+        };
+        match rustix::process::waitpid(Some(self.pid), options) {
+            Ok(found) => {
+                self.reaped = found.is_some();
+                Ok(found.map(|(_, s)| s))
+            }
+            Err(e) => {
+                // Not (or no longer) our child: nothing to reap.
+                self.reaped = true;
+                Err(io::Error::other(format!(
+                    "cannot reap the container's process {}: {e}",
+                    self.pid.as_raw_nonzero()
+                )))
+            }
+        }
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
+            let _ = self.reap(Some(KILL_WAIT));
+        }
+        self.reap_helpers();
+    }
+}
