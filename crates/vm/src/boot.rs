@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use plimsoll_sandbox::{Spawn, end_processes_of_uid, unix_ms_now};
+use plimsoll_sandbox::{BrokerChannel, Spawn, end_processes_of_uid, unix_ms_now};
 
 use crate::channel::{self, GuestLimits};
 use crate::jail::{self, Jail, JailSpec, inside};
@@ -59,6 +59,9 @@ pub struct BootPlan<'a> {
     pub boot_timeout: Duration,
     /// The job, or `None` to boot and power off (the KVM check).
     pub job: Option<Job>,
+    /// The run's broker, served on the host end of the `plimsoll.broker` port (the shape's
+    /// `broker` must be set with it).
+    pub broker: Option<&'a BrokerChannel>,
 }
 
 /// A job for the guest.
@@ -173,6 +176,9 @@ pub enum StartVmError {
     /// A socket pair for the channel.
     #[error("cannot create the channel")]
     Channel(#[source] io::Error),
+    /// The broker would not serve the run's channel.
+    #[error("cannot hand the broker channel to the run's broker")]
+    Broker(#[source] io::Error),
 }
 
 /// A run directory, locked while this value lives.
@@ -344,9 +350,19 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
     } else {
         None
     };
+    // The broker's channel: a socketpair, QEMU's end a chardev on the `plimsoll.broker` port.
+    let broker = match plan.broker {
+        Some(b) if plan.shape.broker => {
+            Some((b, UnixStream::pair().map_err(StartVmError::Channel)?))
+        }
+        _ => None,
+    };
     let mut fds = vec![(guest_end.as_raw_fd(), inside::CHANNEL_FD)];
     if let Some((_, q)) = &qmp {
         fds.push((q.as_raw_fd(), inside::QMP_FD));
+    }
+    if let Some((_, (_, q))) = &broker {
+        fds.push((q.as_raw_fd(), inside::BROKER_FD));
     }
     let jail = Jail::prepare(&JailSpec {
         root: &run_dir.path.join("jail"),
@@ -361,6 +377,14 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
     })?;
     // A daemon that crashed mid-run could have left processes of this uid behind.
     let _ = plimsoll_sandbox::reap::signal_all_as(plan.uid);
+    // The broker reads its end until QEMU's closes (QEMU exits) or the run ends.
+    let broker_guest = match broker {
+        Some((channel, (ours, theirs))) => {
+            channel.serve_stream(ours).map_err(StartVmError::Broker)?;
+            Some(theirs)
+        }
+        None => None,
+    };
     let started_unix_ms = unix_ms_now();
     let t0 = Instant::now();
     let running = Spawn::new(plan.qemu, "/")
@@ -374,6 +398,7 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
         None => (None, None),
     };
     drop(qmp_guest);
+    drop(broker_guest);
     let plimsoll_sandbox::Running {
         mut child,
         stdout,

@@ -24,6 +24,31 @@ pub const TOOLS_DIR: &str = "/opt/plimsoll/bin";
 pub const AGENT: &str = "/opt/plimsoll/bin/plimsoll-agent";
 /// The name of the virtio-serial port (QEMU `virtserialport,name=`).
 pub const PORT_NAME: &str = "plimsoll";
+/// The name of the broker's virtio-serial port, present only in a run with a grant.
+pub const BROKER_PORT_NAME: &str = "plimsoll.broker";
+/// The directory of the broker socket (a small tmpfs of its own, writable by root only).
+pub const BROKER_DIR: &str = "/run/plimsoll";
+/// The socket the in-guest clients connect to; the guest init relays it to the broker port.
+pub const BROKER_SOCKET: &str = plimsoll_sandbox::broker::BROKER_SOCKET_IN_SANDBOX;
+/// The JavaScript client, preloaded by every node (`NODE_OPTIONS=--require ...`).
+pub const JS_CLIENT_PATH: &str = "/opt/plimsoll/bin/plimsoll-host.js";
+/// The Python client's directory (`PYTHONPATH`, and a `.pth` file for `python3 -I`).
+pub const PYTHON_CLIENT_DIR: &str = "/opt/plimsoll/bin";
+/// Debian's system-wide module directory, read even under `python3 -I` (the agent runs
+/// Python snippets isolated): a `.pth` file here puts [`PYTHON_CLIENT_DIR`] on `sys.path`.
+const PYTHON_SITE_DIR: &str = "/usr/lib/python3/dist-packages";
+/// The environment a run with a grant adds to [`ENVIRONMENT`].
+pub const BROKER_ENVIRONMENT: [(&str, &str); 3] = [
+    ("PLIMSOLL_BROKER_SOCKET", BROKER_SOCKET),
+    (
+        "NODE_OPTIONS",
+        "--require /opt/plimsoll/bin/plimsoll-host.js",
+    ),
+    ("PYTHONPATH", PYTHON_CLIENT_DIR),
+];
+/// Largest request frame the relay forwards (the broker's largest `max_request_bytes` is
+/// 16 MiB, plus the JSON around the body); a larger one is refused in the guest.
+const RELAY_REQUEST_MAX: usize = (16 << 20) + (64 << 10);
 /// The uid and gid code runs as in the guest (the image's `sandbox` user).
 pub const SANDBOX_UID: u32 = 1000;
 /// The agent's environment (the same as the container tier's).
@@ -191,6 +216,21 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         .custom_flags(libc::O_CLOEXEC)
         .open(&port_path)
         .map_err(setup_err(&port_path))?;
+    // The broker's port exists only in a run with a grant.
+    let broker_port = match find_named_port(BROKER_PORT_NAME) {
+        Some(dev) => {
+            let path = format!("{private_dev}/{dev}");
+            Some(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_CLOEXEC)
+                    .open(&path)
+                    .map_err(setup_err(&path))?,
+            )
+        }
+        None => None,
+    };
     let port = port_slot.insert(port);
     let pd = cstr(&private_dev);
     // SAFETY: umount2(2) with a valid path.
@@ -248,10 +288,17 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         Err(e) => return Err(GuestInitError::Channel(e)),
     };
 
+    let broker = match broker_port {
+        Some(p) => {
+            start_broker_relay(p)?;
+            true
+        }
+        None => false,
+    };
     let procs = prepare_run(&limits)?;
     let uptime_agent = uptime();
     let started = Instant::now();
-    let status = run_agent(port, &job, procs)?;
+    let status = run_agent(port, &job, procs, broker)?;
     let agent_ms = started.elapsed().as_millis();
     let mut exit = vec![
         ("uptime_init_s", format!("{uptime_init:.3}")),
@@ -271,14 +318,118 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
 
 /// The device name (`vport1p1`) of the port named [`PORT_NAME`].
 fn find_port() -> Result<String, GuestInitError> {
-    let dir = fs::read_dir("/sys/class/virtio-ports").map_err(|_| GuestInitError::NoPort)?;
+    find_named_port(PORT_NAME).ok_or(GuestInitError::NoPort)
+}
+
+/// The device name of the virtio-serial port called `wanted`, if there is one.
+fn find_named_port(wanted: &str) -> Option<String> {
+    let dir = fs::read_dir("/sys/class/virtio-ports").ok()?;
     for e in dir.flatten() {
         let name = fs::read_to_string(e.path().join("name")).unwrap_or_default();
-        if name.trim() == PORT_NAME {
-            return Ok(e.file_name().to_string_lossy().into_owned());
+        if name.trim() == wanted {
+            return Some(e.file_name().to_string_lossy().into_owned());
         }
     }
-    Err(GuestInitError::NoPort)
+    None
+}
+
+/// A run with a grant: the clients in the image (the JavaScript one preloaded through
+/// `NODE_OPTIONS`, the Python one importable), a socket at [`BROKER_SOCKET`] that only the
+/// sandbox user may connect to, and a thread relaying it to the broker's port. Runs before
+/// the root is remounted read-only.
+fn start_broker_relay(port: File) -> Result<(), GuestInitError> {
+    use plimsoll_sandbox::broker::{JS_CLIENT, PYTHON_CLIENT, PYTHON_CLIENT_FILE};
+    let write = |path: &str, text: &str| -> Result<(), GuestInitError> {
+        fs::write(path, text).map_err(setup_err(path))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(setup_err(path))
+    };
+    write(JS_CLIENT_PATH, JS_CLIENT)?;
+    write(
+        &format!("{PYTHON_CLIENT_DIR}/{PYTHON_CLIENT_FILE}"),
+        PYTHON_CLIENT,
+    )?;
+    if fs::metadata(PYTHON_SITE_DIR).is_ok_and(|m| m.is_dir()) {
+        write(
+            &format!("{PYTHON_SITE_DIR}/plimsoll-host.pth"),
+            &format!("{PYTHON_CLIENT_DIR}\n"),
+        )?;
+    }
+    fs::create_dir_all(BROKER_DIR).map_err(setup_err(BROKER_DIR))?;
+    mount(
+        "plimsoll",
+        BROKER_DIR,
+        "tmpfs",
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        "mode=0755,size=16k",
+    )?;
+    let listener =
+        std::os::unix::net::UnixListener::bind(BROKER_SOCKET).map_err(setup_err(BROKER_SOCKET))?;
+    std::os::unix::fs::chown(BROKER_SOCKET, Some(SANDBOX_UID), Some(SANDBOX_UID))
+        .map_err(setup_err(BROKER_SOCKET))?;
+    fs::set_permissions(BROKER_SOCKET, fs::Permissions::from_mode(0o600))
+        .map_err(setup_err(BROKER_SOCKET))?;
+    std::thread::Builder::new()
+        .name("broker-relay".into())
+        .spawn(move || relay(&listener, port))
+        .map_err(setup_err("the broker relay thread"))?;
+    Ok(())
+}
+
+/// Serves the broker socket's connections one at a time, each until it closes, forwarding
+/// whole request frames to the port and each reply back. A request frame is read whole
+/// before any of it goes to the port, and each reply is read whole from the port even when
+/// its client has gone, so a client that dies mid-call never leaves the port out of step.
+fn relay(listener: &std::os::unix::net::UnixListener, mut port: File) {
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        if let Err(e) = relay_connection(&mut conn, &mut port) {
+            eprintln!("plimsoll-guest-init: the broker port failed: {e}");
+            return;
+        }
+    }
+}
+
+/// One client: `Ok` when it is gone, `Err` when the port failed.
+fn relay_connection(conn: &mut std::os::unix::net::UnixStream, port: &mut File) -> io::Result<()> {
+    loop {
+        let mut head = [0u8; 4];
+        if conn.read_exact(&mut head).is_err() {
+            return Ok(());
+        }
+        let len = u32::from_be_bytes(head) as usize;
+        if len > RELAY_REQUEST_MAX {
+            let body = format!(
+                "{{\"error\":{{\"code\":\"request_too_large\",\"message\":\"a request frame of {len} bytes is over the relay's limit of {RELAY_REQUEST_MAX}\"}}}}"
+            );
+            let mut reply = (body.len() as u32).to_be_bytes().to_vec();
+            reply.extend_from_slice(body.as_bytes());
+            let _ = conn.write_all(&reply);
+            return Ok(());
+        }
+        let mut frame = vec![0u8; 4 + len];
+        frame[..4].copy_from_slice(&head);
+        if conn.read_exact(&mut frame[4..]).is_err() {
+            return Ok(());
+        }
+        port.write_all(&frame)?;
+        drop(frame);
+        let mut head = [0u8; 4];
+        port.read_exact(&mut head)?;
+        let mut left = u32::from_be_bytes(head) as usize;
+        let mut alive = conn.write_all(&head).is_ok();
+        let mut buf = vec![0u8; 64 * 1024];
+        while left > 0 {
+            let n = port.read(&mut buf[..left.min(64 * 1024)])?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            left -= n;
+            alive = alive && conn.write_all(&buf[..n]).is_ok();
+        }
+        if !alive {
+            return Ok(());
+        }
+    }
 }
 
 /// A fresh, small /dev: null, zero, full, random, urandom, tty and the fd links.
@@ -433,6 +584,7 @@ fn run_agent(
     port: &mut File,
     job: &[u8],
     procs: File,
+    broker: bool,
 ) -> Result<std::process::ExitStatus, GuestInitError> {
     let stdin = job_file(job).map_err(GuestInitError::Agent)?;
     #[expect(
@@ -442,6 +594,7 @@ fn run_agent(
     let mut cmd = std::process::Command::new(AGENT);
     cmd.env_clear()
         .envs(ENVIRONMENT)
+        .envs(BROKER_ENVIRONMENT.into_iter().filter(|_| broker))
         .current_dir("/work")
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::piped())

@@ -49,6 +49,8 @@ pub mod inside {
     pub const CHANNEL_FD: i32 = 3;
     /// The QMP monitor's descriptor in QEMU (probe boots only).
     pub const QMP_FD: i32 = 4;
+    /// The broker channel's descriptor in QEMU (runs with a grant only).
+    pub const BROKER_FD: i32 = 5;
 }
 
 /// One read-only bind mount into the jail.

@@ -221,6 +221,7 @@ pub fn probe(p: &VmProvider) -> Probed {
                         memory_mib: 0,
                         tsc_khz: pr.tsc_khz,
                         qmp: false,
+                        broker: false,
                     }),
                 );
                 match probe_run(p, pr, a) {

@@ -329,6 +329,7 @@ impl VmProvider {
             memory_mib,
             tsc_khz: prepared.tsc_khz,
             qmp,
+            broker: plan.broker.is_some(),
         };
         let tb = match accelerator {
             Accelerator::Tcg => qemu::TCG_TB_MIB,
@@ -347,6 +348,7 @@ impl VmProvider {
             address_space: (memory_mib + tb + QEMU_ADDRESS_SLACK_MIB) << 20,
             boot_timeout,
             job,
+            broker: plan.broker.as_ref(),
         })
         .map_err(|e| LaunchError::environment(error_chain(&e)))
     }
@@ -539,6 +541,12 @@ impl Provider for VmProvider {
 
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
         self.run_measured(plan).map(|(o, _)| o)
+    }
+
+    /// A run with a grant gets a second virtio-serial port, `plimsoll.broker`, whose host
+    /// end the broker serves; the guest init relays it to `/run/plimsoll/broker.sock`.
+    fn supports_broker(&self) -> bool {
+        true
     }
 }
 

@@ -26,6 +26,9 @@ pub struct QemuShape {
     pub tsc_khz: Option<u64>,
     /// A QMP monitor on descriptor 4 (probe boots, to ask QEMU which accelerator ran).
     pub qmp: bool,
+    /// A second virtio-serial port, [`crate::guest::BROKER_PORT_NAME`], on descriptor 5: the
+    /// run's broker channel (runs with a grant only).
+    pub broker: bool,
 }
 
 /// The guest kernel's command line.
@@ -114,6 +117,20 @@ pub fn args(shape: &QemuShape) -> Vec<String> {
     .into_iter()
     .map(str::to_owned)
     .collect();
+    if shape.broker {
+        a.extend(
+            [
+                "-chardev",
+                &format!("socket,id=broker,fd={}", inside::BROKER_FD),
+                "-device",
+                &format!(
+                    "virtserialport,chardev=broker,name={}",
+                    crate::guest::BROKER_PORT_NAME
+                ),
+            ]
+            .map(str::to_owned),
+        );
+    }
     if shape.qmp {
         a.extend(
             [
@@ -159,6 +176,7 @@ mod tests {
             memory_mib: 384,
             tsc_khz: Some(2_445_428),
             qmp: false,
+            broker: false,
         }
     }
 
@@ -183,6 +201,17 @@ mod tests {
         assert!(k.contains("-accel kvm -machine microvm,pit=on -cpu host"));
         assert!(!k.contains("tsc_early_khz"));
         assert!(k.contains("socket,id=qmp,fd=4 -mon chardev=qmp,mode=control"));
+        assert!(!k.contains("broker"));
+        let b = args(&QemuShape {
+            broker: true,
+            ..shape(Accelerator::Tcg)
+        })
+        .join(" ");
+        assert!(b.contains(
+            "-chardev socket,id=broker,fd=5 -device virtserialport,chardev=broker,name=plimsoll.broker"
+        ));
+        // The broker is a serial port, never a network device.
+        assert!(b.contains("-nic none") && !b.contains("netdev"));
     }
 
     #[test]

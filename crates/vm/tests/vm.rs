@@ -12,11 +12,16 @@
 use std::io::Read as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use plimsoll_broker::GrantProfiles;
+use plimsoll_broker::testing::{Expect, TestApi};
+use sha2::{Digest as _, Sha256};
 
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
-use plimsoll_sandbox::{LaunchPlan, Provider, ResolvedLimits, Spawn};
+use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Provider, ResolvedLimits, Spawn};
 use plimsoll_vm::{AccelChoice, Accelerator, VmConfig, VmProvider, tier_for};
 use plimsoll_wire::{
     Bytes, Language, Project, ProjectFile, RunResult, RunSpec, Snippet, Step, Tier,
@@ -710,4 +715,194 @@ fn missing_assets_are_not_offered() {
         other => panic!("expected a refusal before anything ran: {other:?}"),
     }
     assert!(!plan.run_dir.exists());
+}
+
+/// The token the test API demands; the broker attaches it, the guest must never see it.
+const GRANT_TOKEN: &str = "tok-vm-9c4e1a7f3b5d2e8a6c0f";
+
+/// A broker for `plan`'s run with the `orders` profile (static token) against `api`.
+fn grant_broker(api: &TestApi, run_id: &str) -> plimsoll_broker::Broker {
+    let text = format!(
+        r#"
+[profiles.orders]
+base_url = "{}"
+routes = ["GET /orders/*"]
+callers = ["alice"]
+call_budget = 20
+timeout_ms = 5000
+[profiles.orders.credential]
+kind = "static"
+secret_env = "ORDERS_API_TOKEN"
+"#,
+        api.url()
+    );
+    let profiles = GrantProfiles::parse(&text, |n| {
+        (n == "ORDERS_API_TOKEN").then(|| GRANT_TOKEN.to_owned())
+    })
+    .unwrap();
+    let profile = profiles.authorize("orders", "alice").unwrap();
+    plimsoll_broker::Broker::start(profile, "alice", run_id, Duration::from_secs(60))
+}
+
+/// Where `needle` occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// One boot: a JS snippet in a VM with a grant calls a granted route (and Python `-I`, as
+/// the agent runs snippets, does too, through the same relay), is refused an ungranted one,
+/// and dumps every place the token could hide (every readable environment and command
+/// line, every file under /run/plimsoll and /opt/plimsoll: small ones whole, large ones as
+/// SHA-256 matched against the host's binaries, which are then searched).
+#[test]
+fn a_grant_reaches_the_api_from_the_vm_and_the_token_stays_out() {
+    let Some(rig) = rig(
+        "a_grant_reaches_the_api_from_the_vm_and_the_token_stays_out",
+        16,
+    ) else {
+        return;
+    };
+    let api = TestApi::start(Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {GRANT_TOKEN}"),
+    });
+    let code = r#"
+const fs = require('fs');
+const crypto = require('crypto');
+const { execFileSync } = require('child_process');
+const out = [];
+const say = (s) => out.push(Buffer.from(s + '\n'));
+(async () => {
+  // Python first: the relay serves one connection at a time and node keeps its own open.
+  const py = execFileSync('/usr/bin/python3', ['-I', '-c',
+    'import plimsoll_host as h\nprint(h.get("/orders/7")["path"])']).toString().trim();
+  say('PY ' + py);
+  const a = await host.get('/orders/42');
+  say('GRANTED ' + a.method + ' ' + a.path);
+  try { await host.get('/secret/1'); say('UNGRANTED answered'); }
+  catch (e) { say('UNGRANTED ' + e.code + ' ' + e.status); }
+  const n = 10, t0 = process.hrtime.bigint();
+  for (let i = 0; i < n; i++) await host.get('/orders/' + i);
+  say('LATENCY_US ' + Number((process.hrtime.bigint() - t0) / 1000n) / n);
+  say('SOCKET ' + process.env.PLIMSOLL_BROKER_SOCKET);
+  // Every place the token could hide.
+  out.push(Buffer.from(JSON.stringify(process.env)));
+  for (const p of fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    for (const f of ['cmdline', 'environ']) {
+      try { out.push(fs.readFileSync(`/proc/${p}/${f}`)); } catch (e) {}
+    }
+  }
+  const walk = (d) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = d + '/' + e.name;
+      if (e.isDirectory()) { walk(p); continue; }
+      if (!e.isFile()) { say('NOTFILE ' + p); continue; }
+      const b = fs.readFileSync(p);
+      if (b.length <= 256 * 1024) { say('FILE ' + p); out.push(b); }
+      else { say('HASH ' + crypto.createHash('sha256').update(b).digest('hex') + ' ' + p); }
+    }
+  };
+  walk('/run/plimsoll');
+  walk('/opt/plimsoll');
+  process.stdout.write(Buffer.concat(out));
+})();
+"#;
+    let mut plan = rig.plan(js(code), limits());
+    let broker = grant_broker(&api, &plan.run_id);
+    plan.broker = Some(BrokerChannel::new(Arc::new(broker.clone())));
+    let outcome = rig.p.run(&plan);
+    let calls = broker.finish();
+    rig.assert_clean(&plan);
+    let r = match outcome {
+        Ok(o) => o.result,
+        Err(e) => panic!("qemu run failed: {e}"),
+    };
+    let out = text(&r.stdout);
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(out.contains("PY /orders/7\n"), "{}", text(&r.stderr));
+    assert!(out.contains("GRANTED GET /orders/42\n"), "{out:.2000}");
+    assert!(
+        out.contains("UNGRANTED route_not_allowed undefined\n"),
+        "{out:.2000}"
+    );
+    assert!(out.contains("SOCKET /run/plimsoll/broker.sock\n"));
+    assert!(out.contains("NOTFILE /run/plimsoll/broker.sock\n"));
+    assert!(out.contains("FILE /opt/plimsoll/bin/plimsoll-host.js\n"));
+    if let Some(l) = out.lines().find(|l| l.starts_with("LATENCY_US ")) {
+        eprintln!(
+            "one brokered call from the VM (TCG), mean of 10: {} us",
+            &l[11..]
+        );
+    }
+    // The token: nowhere in what the guest could read, nor in its answer.
+    let raw = &r.stdout.0;
+    let token = GRANT_TOKEN.as_bytes();
+    for w in token.windows(8) {
+        assert!(
+            find(raw, w).is_none(),
+            "a piece of the token is in the guest"
+        );
+    }
+    assert!(find(&r.stderr.0, &token[4..12]).is_none());
+    // Large files: the host's own tools, which hold no token either.
+    let c = rig.p.config();
+    let host_files: Vec<(String, Vec<u8>)> = [&c.agent, &c.probe, &c.guest_init]
+        .into_iter()
+        .map(|p| {
+            // As the run initramfs carries them: stripped.
+            let b = std::fs::read(p).unwrap();
+            let b = plimsoll_vm::assets::strip_elf(&b).unwrap_or(b);
+            (hex::encode(Sha256::digest(&b)), b)
+        })
+        .collect();
+    for l in out.lines().filter(|l| l.starts_with("HASH ")) {
+        let hash = l.split_whitespace().nth(1).unwrap();
+        let (_, bytes) = host_files
+            .iter()
+            .find(|(h, _)| h == hash)
+            .unwrap_or_else(|| panic!("a large guest file that is no host binary: {l}"));
+        assert!(find(bytes, &token[4..12]).is_none(), "{l}");
+    }
+    // The API saw the credential on every call, and never the refused path.
+    let seen = api.seen();
+    assert_eq!(seen.len(), 12, "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|s| s.authorized && s.target.starts_with("/orders/"))
+    );
+    // The broker listed every call, the refused one with its code.
+    assert_eq!(calls.len(), 13, "{calls:?}");
+    assert_eq!(calls[0].method, "GET");
+    assert_eq!(calls[0].route.as_deref(), Some("/orders/*"));
+    assert_eq!(calls[0].status, Some(200));
+    assert_eq!(calls[2].error.as_deref(), Some("route_not_allowed"));
+}
+
+/// One boot: a run without a grant has no broker port, no socket, no client, no variable.
+#[test]
+fn a_run_without_a_grant_has_no_broker() {
+    let Some(rig) = rig("a_run_without_a_grant_has_no_broker", 17) else {
+        return;
+    };
+    let r = rig.run(
+        js(r#"
+const fs = require('fs');
+console.log([
+  fs.existsSync('/run/plimsoll'),
+  fs.existsSync('/opt/plimsoll/bin/plimsoll-host.js'),
+  fs.existsSync('/usr/lib/python3/dist-packages/plimsoll-host.pth'),
+  typeof host,
+  'PLIMSOLL_BROKER_SOCKET' in process.env,
+  'NODE_OPTIONS' in process.env,
+  fs.readdirSync('/sys/class/virtio-ports').map(
+    (p) => fs.readFileSync(`/sys/class/virtio-ports/${p}/name`, 'utf8').trim()).join(','),
+].join(' '));
+"#),
+        limits(),
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(
+        text(&r.stdout),
+        "false false false undefined false false plimsoll\n"
+    );
 }
