@@ -381,7 +381,7 @@ impl Engine {
                 s.provider.supports(&req.run)?;
                 if profile.is_some() && !s.provider.supports_broker() {
                     return Err(
-                        "this provider cannot carry a grant's broker channel yet: use the process provider for runs with a grant".into(),
+                        "this provider cannot carry a grant's broker channel: name a provider that can (process, crun, runc, runsc, qemu)".into(),
                     );
                 }
                 Ok(())
