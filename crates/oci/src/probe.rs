@@ -4,10 +4,10 @@
 //! `ok`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use plimsoll_sandbox::evidence::{self, sha256_file};
 use plimsoll_sandbox::{LaunchPlan, Probed, ResolvedLimits, unix_ms_now};
 use plimsoll_wire::{BinaryIdentity, Evidence, Language, ProbeReport, RunSpec, Snippet};
 
@@ -58,25 +58,6 @@ pub fn probe_limits() -> ResolvedLimits {
         disk_bytes: 16 << 20,
         artifact_bytes: 1 << 20,
     }
-}
-
-fn sha256_file(path: &Path) -> Result<String, String> {
-    use sha2::Digest as _;
-    use std::io::Read as _;
-    let mut f =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
 }
 
 /// The host's own namespace identities (`/proc/self/ns/<name>` link targets).
@@ -255,20 +236,7 @@ pub fn probe(p: &OciProvider) -> Probed {
         );
     }
 
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|(_, v)| *v != "ok")
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect();
-    let available = if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} is not offered: {}",
-            kind.name(),
-            failed.join("; ")
-        ))
-    };
+    let available = evidence::availability(kind.name(), &checks);
     Probed {
         tier: kind.tier(),
         evidence: Evidence {
@@ -368,29 +336,10 @@ pub fn judge(
     r: &mut ProbeReport,
     checks: &mut BTreeMap<String, String>,
 ) {
-    let mut check = |name: &str, problems: Vec<String>| {
-        checks.insert(
-            name.into(),
-            if problems.is_empty() {
-                "ok".into()
-            } else {
-                problems.join("; ")
-            },
-        );
-    };
+    let mut check = |name: &str, problems: Vec<String>| evidence::record(checks, name, problems);
     let gvisor = kind == RuntimeKind::Runsc;
 
-    let mut p = Vec::new();
-    if r.uid != probe_uid || r.euid != probe_uid || r.gid != probe_uid {
-        p.push(format!(
-            "runs as uid {} euid {} gid {}, expected {probe_uid}",
-            r.uid, r.euid, r.gid
-        ));
-    }
-    if r.groups.iter().any(|g| *g != probe_uid) {
-        p.push(format!("supplementary groups {:?}", r.groups));
-    }
-    check("uid", p);
+    check("uid", evidence::uid_problems(r, probe_uid));
 
     let mut p = Vec::new();
     for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
@@ -442,14 +391,7 @@ pub fn judge(
     }
     check("namespaces", p);
 
-    let mut p = Vec::new();
-    match r.mounts.get("/") {
-        Some(m) if m == "ro" => {}
-        other => p.push(format!(
-            "/ is mounted {}",
-            other.map_or("?", String::as_str)
-        )),
-    }
+    let mut p: Vec<String> = evidence::root_read_only_problem(r).into_iter().collect();
     for (point, mode) in &r.mounts {
         if mode == "rw"
             && !RW_MOUNTS.contains(&point.as_str())
@@ -474,13 +416,7 @@ pub fn judge(
     }
     check("filesystem", p);
 
-    let mut p = Vec::new();
-    for (path, outcome) in &r.read_attempts {
-        if outcome == "readable" {
-            p.push(format!("{path} is readable"));
-        }
-    }
-    check("host_files", p);
+    check("host_files", evidence::readable_host_files(r));
 
     check(
         "network",
@@ -498,18 +434,9 @@ pub fn judge(
         .iter()
         .map(|e| e.split('=').next().unwrap_or(""))
         .collect();
-    let extra: Vec<&String> = r
-        .environment
-        .iter()
-        .filter(|n| !allowed_env.contains(&n.as_str()))
-        .collect();
     check(
         "environment",
-        if extra.is_empty() {
-            vec![]
-        } else {
-            vec![format!("unexpected variables {extra:?}")]
-        },
+        evidence::environment_problems(r, &allowed_env),
     );
 
     let mut p = Vec::new();
@@ -539,10 +466,7 @@ pub fn judge(
     }
     check("limits", p);
 
-    let host_release = rustix::system::uname()
-        .release()
-        .to_string_lossy()
-        .into_owned();
+    let host_release = evidence::host_kernel_release();
     check(
         "kernel",
         match (gvisor, r.kernel_release == host_release) {

@@ -9,61 +9,22 @@
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
-use std::net::{TcpListener, UdpSocket};
+use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
 use plimsoll_sandbox::broker::{BrokerChannel, BrokerPort};
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
-use plimsoll_sandbox::{LaunchError, LaunchPlan, Provider, ResolvedLimits, Spawn};
-use plimsoll_wire::{
-    Bytes, Language, Project, ProjectFile, Reason, RunResult, RunSpec, Snippet, Step, Tier,
+use plimsoll_sandbox::testing::{
+    fresh_id, is_root, js, limits, no_connection_came, probe_and_agent, py, quiet_listener,
+    skip_or_fail, text, workspace_root,
 };
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
+use plimsoll_sandbox::{LaunchError, LaunchPlan, Provider, ResolvedLimits, Spawn};
+use plimsoll_wire::{Project, ProjectFile, Reason, RunResult, RunSpec, Step, Tier};
 
 fn image() -> PathBuf {
-    repo().join("build/images/sandbox")
-}
-
-/// `plimsoll-agent` of this build, built first when missing (as `probe_binary` does).
-fn agent_binary() -> Result<PathBuf, String> {
-    let probe = probe_binary()?;
-    let dir = probe.parent().unwrap().to_owned();
-    let agent = dir.join("plimsoll-agent");
-    if agent.exists() {
-        return Ok(agent);
-    }
-    let target = dir.parent().unwrap();
-    let mut args = vec!["build", "-p", "plimsoll-agent", "--target-dir"];
-    let target_s = target.display().to_string();
-    args.push(&target_s);
-    if dir.ends_with("release") {
-        args.push("--release");
-    }
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "building a test fixture needs the developer's own environment (PATH, CARGO_HOME)"
-    )]
-    let status = std::process::Command::new("cargo")
-        .args(&args)
-        .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if !status.success() || !agent.exists() {
-        return Err(format!(
-            "`cargo {}` did not produce {}",
-            args.join(" "),
-            agent.display()
-        ));
-    }
-    Ok(agent)
+    workspace_root().join("build/images/sandbox")
 }
 
 /// One provider with a state root and a cgroup parent of its own, so tests running at the
@@ -119,9 +80,9 @@ fn rig(kind: RuntimeKind, test: &str) -> Option<Rig> {
         skip_or_fail(test, "the sandbox image is not built (scripts/build-image)");
         return None;
     }
-    let (probe, agent) = match (probe_binary(), agent_binary()) {
-        (Ok(p), Ok(a)) => (p, a),
-        (Err(e), _) | (_, Err(e)) => {
+    let (probe, agent) = match probe_and_agent() {
+        Ok(pa) => pa,
+        Err(e) => {
             skip_or_fail(test, &e);
             return None;
         }
@@ -137,41 +98,6 @@ fn rig(kind: RuntimeKind, test: &str) -> Option<Rig> {
         state_root,
         cgroup_parent,
     })
-}
-
-fn limits() -> ResolvedLimits {
-    ResolvedLimits {
-        timeout: Duration::from_secs(30),
-        memory_bytes: 256 << 20,
-        output_bytes: 1 << 20,
-        pids: 64,
-        disk_bytes: 16 << 20,
-        artifact_bytes: 1 << 20,
-    }
-}
-
-fn py(code: &str) -> RunSpec {
-    RunSpec::Snippet(Snippet {
-        language: Language::Python,
-        code: code.into(),
-    })
-}
-
-fn js(code: &str) -> RunSpec {
-    RunSpec::Snippet(Snippet {
-        language: Language::Javascript,
-        code: code.into(),
-    })
-}
-
-fn fresh_id(scenario: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{scenario}{}x{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 impl Rig {
@@ -284,10 +210,6 @@ fn processes_naming(needle: &str) -> Vec<(i32, String)> {
         }
     }
     out
-}
-
-fn text(b: &Bytes) -> String {
-    b.to_string_lossy()
 }
 
 macro_rules! on_every_runtime {
@@ -458,10 +380,8 @@ for d in ["/", "/etc", "/usr/bin", "/opt/plimsoll/bin", "/var/tmp", "/root", "/h
 
 fn the_network_is_loopback_only(kind: RuntimeKind, test: &str) {
     let Some(rig) = rig(kind, test) else { return };
-    let local = TcpListener::bind("127.0.0.1:0").unwrap();
-    let any = TcpListener::bind("0.0.0.0:0").unwrap();
-    local.set_nonblocking(true).unwrap();
-    any.set_nonblocking(true).unwrap();
+    let local = quiet_listener("127.0.0.1:0");
+    let any = quiet_listener("0.0.0.0:0");
     // The host's own address on its default route (no packet is sent).
     let host_ip = UdpSocket::bind("0.0.0.0:0")
         .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
@@ -489,10 +409,7 @@ fn the_network_is_loopback_only(kind: RuntimeKind, test: &str) {
     );
     assert!(!out.contains("CONNECTED"), "{out}");
     for l in [&local, &any] {
-        assert!(
-            matches!(l.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
-            "the server got a connection"
-        );
+        assert!(no_connection_came(l), "the server got a connection");
     }
 }
 

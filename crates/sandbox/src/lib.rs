@@ -6,6 +6,7 @@
 
 pub mod broker;
 pub mod capture;
+pub mod evidence;
 pub mod reap;
 pub mod spawn;
 pub mod testing;

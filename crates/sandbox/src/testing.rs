@@ -1,7 +1,10 @@
 //! Helpers for tests that need something real from the host (root, a runtime, the probe
 //! binary): skip with a visible line, or fail when tests run strictly (CI).
 
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+
+use plimsoll_wire::{Bytes, Language, RunSpec, Snippet};
 
 /// True when tests run strictly: env `CI` is `true` or `1` (declared as
 /// `plimsoll_engine::env::CI`; read here directly because this crate sits below the engine).
@@ -23,19 +26,46 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// The `plimsoll-probe` binary of this build: beside the running test binary's directory
-/// (`target/<profile>/`), built with `cargo build -p plimsoll-probe` first when it is not
-/// there yet (a `cargo nextest run -p <crate>` does not build other packages' binaries).
+/// The `plimsoll-probe` binary of this build, built first when missing (see [`tool_binary`]).
 pub fn probe_binary() -> Result<PathBuf, String> {
+    tool_binary("plimsoll-probe", "plimsoll-probe")
+}
+
+/// The `plimsoll-agent` binary of this build, built first when missing (see [`tool_binary`]).
+pub fn agent_binary() -> Result<PathBuf, String> {
+    tool_binary("plimsoll-agent", "plimsoll-agent")
+}
+
+/// The probe and agent binaries a provider's tests hand it, each built first when missing.
+pub fn probe_and_agent() -> Result<(PathBuf, PathBuf), String> {
+    match (probe_binary(), agent_binary()) {
+        (Ok(p), Ok(a)) => Ok((p, a)),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+/// The workspace's root directory (where `build/` and `scripts/` are).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("cannot find the workspace root: {e}"))
+}
+
+/// The binary `name` of workspace package `package` in this build: beside the running test
+/// binary's directory (`target/<profile>/`), built with `cargo build -p <package>` first when
+/// it is not there yet (a `cargo nextest run -p <crate>` does not build other packages'
+/// binaries).
+pub fn tool_binary(name: &str, package: &str) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the test binary: {e}"))?;
     // target/<profile>/deps/<test> -> target/<profile>
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
         .ok_or_else(|| format!("unexpected test binary path {}", exe.display()))?;
-    let probe = profile_dir.join("plimsoll-probe");
-    if probe.exists() {
-        return Ok(probe);
+    let binary = profile_dir.join(name);
+    if binary.exists() {
+        return Ok(binary);
     }
     let profile = profile_dir
         .file_name()
@@ -45,7 +75,7 @@ pub fn probe_binary() -> Result<PathBuf, String> {
     let mut args = vec![
         "build".to_owned(),
         "-p".into(),
-        "plimsoll-probe".into(),
+        package.into(),
         "--target-dir".into(),
         target_dir.display().to_string(),
     ];
@@ -59,13 +89,72 @@ pub fn probe_binary() -> Result<PathBuf, String> {
     let status = std::process::Command::new("cargo")
         .args(&args)
         .status()
-        .map_err(|e| format!("cannot run cargo to build plimsoll-probe: {e}"))?;
-    if !status.success() || !probe.exists() {
+        .map_err(|e| format!("cannot run cargo to build {package}: {e}"))?;
+    if !status.success() || !binary.exists() {
         return Err(format!(
             "`cargo {}` did not produce {}",
             args.join(" "),
-            probe.display()
+            binary.display()
         ));
     }
-    Ok(probe)
+    Ok(binary)
+}
+
+/// The limits a sandbox attack test starts from: 30 s, 256 MiB, 1 MiB of output per stream,
+/// 64 processes, 16 MiB of disk, 1 MiB per artifact.
+pub fn limits() -> crate::ResolvedLimits {
+    crate::ResolvedLimits {
+        timeout: std::time::Duration::from_secs(30),
+        memory_bytes: 256 << 20,
+        output_bytes: 1 << 20,
+        pids: 64,
+        disk_bytes: 16 << 20,
+        artifact_bytes: 1 << 20,
+    }
+}
+
+/// A Python snippet.
+pub fn py(code: &str) -> RunSpec {
+    RunSpec::Snippet(Snippet {
+        language: Language::Python,
+        code: code.into(),
+    })
+}
+
+/// A JavaScript snippet.
+pub fn js(code: &str) -> RunSpec {
+    RunSpec::Snippet(Snippet {
+        language: Language::Javascript,
+        code: code.into(),
+    })
+}
+
+/// Output bytes as text (lossy), for assertions and messages.
+pub fn text(b: &Bytes) -> String {
+    b.to_string_lossy()
+}
+
+/// An id unique in this host for a while: `<scenario><pid>x<counter>`.
+pub fn fresh_id(scenario: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{scenario}{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A non-blocking TCP listener on `addr` (port 0: any free one), for a test to show that
+/// sandboxed code cannot reach the host: see [`no_connection_came`].
+pub fn quiet_listener(addr: &str) -> TcpListener {
+    let l = TcpListener::bind(addr).unwrap_or_else(|e| panic!("cannot listen on {addr}: {e}"));
+    l.set_nonblocking(true)
+        .unwrap_or_else(|e| panic!("cannot make the listener on {addr} non-blocking: {e}"));
+    l
+}
+
+/// True when no connection is waiting on a [`quiet_listener`].
+pub fn no_connection_came(l: &TcpListener) -> bool {
+    matches!(l.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }

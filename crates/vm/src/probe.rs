@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use plimsoll_sandbox::evidence;
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::{
     CaptureLimits, LaunchError, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture,
@@ -276,16 +277,7 @@ pub fn probe(p: &VmProvider) -> Probed {
         }
     }
 
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|(_, v)| *v != "ok")
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect();
-    let available = if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("qemu is not offered: {}", failed.join("; ")))
-    };
+    let available = evidence::availability("qemu", &checks);
     Probed {
         tier,
         evidence: Evidence {
@@ -579,27 +571,8 @@ fn judge_steps(r: &RunResult, checks: &mut BTreeMap<String, String>) {
 
 /// Compares the guest's report with what the tier claims.
 pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<String, String>) {
-    let mut check = |name: &str, problems: Vec<String>| {
-        checks.insert(
-            name.into(),
-            if problems.is_empty() {
-                "ok".into()
-            } else {
-                problems.join("; ")
-            },
-        );
-    };
-    let mut p = Vec::new();
-    if r.uid != SANDBOX_UID || r.euid != SANDBOX_UID || r.gid != SANDBOX_UID {
-        p.push(format!(
-            "runs as uid {} euid {} gid {}, expected {SANDBOX_UID}",
-            r.uid, r.euid, r.gid
-        ));
-    }
-    if r.groups.iter().any(|g| *g != SANDBOX_UID) {
-        p.push(format!("supplementary groups {:?}", r.groups));
-    }
-    check("uid", p);
+    let mut check = |name: &str, problems: Vec<String>| evidence::record(checks, name, problems);
+    check("uid", evidence::uid_problems(r, SANDBOX_UID));
 
     let mut p = Vec::new();
     for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
@@ -621,14 +594,7 @@ pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<St
         },
     );
 
-    let mut p = Vec::new();
-    match r.mounts.get("/") {
-        Some(m) if m == "ro" => {}
-        other => p.push(format!(
-            "/ is mounted {}",
-            other.map_or("?", String::as_str)
-        )),
-    }
+    let mut p: Vec<String> = evidence::root_read_only_problem(r).into_iter().collect();
     for (point, mode) in &r.mounts {
         if mode == "rw" && !RW_MOUNTS.contains(&point.as_str()) {
             p.push(format!("{point} is mounted read-write"));
@@ -649,13 +615,7 @@ pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<St
     }
     check("filesystem", p);
 
-    let p: Vec<String> = r
-        .read_attempts
-        .iter()
-        .filter(|(_, o)| *o == "readable")
-        .map(|(path, _)| format!("{path} is readable"))
-        .collect();
-    check("host_files", p);
+    check("host_files", evidence::readable_host_files(r));
 
     check(
         "network",
@@ -671,19 +631,7 @@ pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<St
     // The provider's three, and PWD, which the step's shell sets itself.
     let mut allowed: Vec<&str> = ENVIRONMENT.iter().map(|(k, _)| *k).collect();
     allowed.push("PWD");
-    let extra: Vec<&String> = r
-        .environment
-        .iter()
-        .filter(|n| !allowed.contains(&n.as_str()))
-        .collect();
-    check(
-        "environment",
-        if extra.is_empty() {
-            vec![]
-        } else {
-            vec![format!("unexpected variables {extra:?}")]
-        },
-    );
+    check("environment", evidence::environment_problems(r, &allowed));
     let mut p = Vec::new();
     if r.limits.get("cgroup_v2.memory.max").map(|v| v.trim()) != Some(&PROBE_MEMORY.to_string()) {
         p.push(format!(
@@ -699,10 +647,7 @@ pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<St
     }
     check("limits", p);
 
-    let host_release = rustix::system::uname()
-        .release()
-        .to_string_lossy()
-        .into_owned();
+    let host_release = evidence::host_kernel_release();
     let mut p = Vec::new();
     if r.kernel_release != kernel_release {
         p.push(format!(

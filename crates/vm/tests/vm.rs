@@ -10,7 +10,6 @@
 //! `CI=true`, where it fails.
 
 use std::io::Read as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,55 +19,18 @@ use plimsoll_broker::testing::{Expect, TestApi};
 use sha2::{Digest as _, Sha256};
 
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_sandbox::testing::{
+    fresh_id, is_root, js, limits, no_connection_came, probe_and_agent, py, quiet_listener,
+    skip_or_fail, text, workspace_root,
+};
 use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Provider, ResolvedLimits, Spawn};
 use plimsoll_vm::{AccelChoice, Accelerator, VmConfig, VmProvider, tier_for};
-use plimsoll_wire::{
-    Bytes, Language, Project, ProjectFile, RunResult, RunSpec, Snippet, Step, Tier,
-};
+use plimsoll_wire::{Project, ProjectFile, RunResult, RunSpec, Step, Tier};
 
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
 fn assets() -> PathBuf {
-    repo().join("build/vm")
-}
-
-/// `plimsoll-agent` of this build, built first when missing (as `probe_binary` does).
-fn agent_binary() -> Result<PathBuf, String> {
-    let probe = probe_binary()?;
-    let dir = probe.parent().unwrap().to_owned();
-    let agent = dir.join("plimsoll-agent");
-    if agent.exists() {
-        return Ok(agent);
-    }
-    let target = dir.parent().unwrap().display().to_string();
-    let mut args = vec!["build", "-p", "plimsoll-agent", "--target-dir", &target];
-    if dir.ends_with("release") {
-        args.push("--release");
-    }
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "building a test fixture needs the developer's own environment (PATH, CARGO_HOME)"
-    )]
-    let status = std::process::Command::new("cargo")
-        .args(&args)
-        .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if !status.success() || !agent.exists() {
-        return Err(format!(
-            "`cargo {}` did not produce {}",
-            args.join(" "),
-            agent.display()
-        ));
-    }
-    Ok(agent)
+    workspace_root().join("build/vm")
 }
 
 /// One provider with a state directory and uids of its own, so tests running at the same
@@ -100,7 +62,9 @@ fn config(test: &str, scenario: u32, accelerator: AccelChoice) -> Option<(VmConf
         return None;
     }
     if !assets().join("recipe.sha256").exists()
-        || !repo().join("build/images/sandbox/identity").exists()
+        || !workspace_root()
+            .join("build/images/sandbox/identity")
+            .exists()
     {
         skip_or_fail(
             test,
@@ -108,9 +72,9 @@ fn config(test: &str, scenario: u32, accelerator: AccelChoice) -> Option<(VmConf
         );
         return None;
     }
-    let (probe, agent) = match (probe_binary(), agent_binary()) {
-        (Ok(p), Ok(a)) => (p, a),
-        (Err(e), _) | (_, Err(e)) => {
+    let (probe, agent) = match probe_and_agent() {
+        Ok(pa) => pa,
+        Err(e) => {
             skip_or_fail(test, &e);
             return None;
         }
@@ -139,45 +103,6 @@ fn rig(test: &str, scenario: u32) -> Option<Rig> {
         state_dir,
         uid,
     })
-}
-
-fn limits() -> ResolvedLimits {
-    ResolvedLimits {
-        timeout: Duration::from_secs(30),
-        memory_bytes: 256 << 20,
-        output_bytes: 1 << 20,
-        pids: 64,
-        disk_bytes: 16 << 20,
-        artifact_bytes: 1 << 20,
-    }
-}
-
-fn py(code: &str) -> RunSpec {
-    RunSpec::Snippet(Snippet {
-        language: Language::Python,
-        code: code.into(),
-    })
-}
-
-fn js(code: &str) -> RunSpec {
-    RunSpec::Snippet(Snippet {
-        language: Language::Javascript,
-        code: code.into(),
-    })
-}
-
-fn text(b: &Bytes) -> String {
-    b.to_string_lossy()
-}
-
-fn fresh_id(scenario: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{scenario}{}x{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// QEMU processes whose command line or uid ties them to `uid`.
@@ -425,8 +350,7 @@ fn there_is_no_network() {
     let Some(rig) = rig("there_is_no_network", 6) else {
         return;
     };
-    let local = TcpListener::bind("127.0.0.1:0").unwrap();
-    local.set_nonblocking(true).unwrap();
+    let local = quiet_listener("127.0.0.1:0");
     let port = local.local_addr().unwrap().port();
     let code = format!(
         r#"
@@ -449,7 +373,7 @@ for host in ["127.0.0.1", "10.0.2.2", "192.0.2.1"]:
     );
     assert_eq!(out.matches(" refused ").count(), 3, "{out}");
     assert!(
-        matches!(local.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        no_connection_came(&local),
         "the host's server got a connection"
     );
 }

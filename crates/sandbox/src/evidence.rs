@@ -1,0 +1,182 @@
+//! Judging a probe, the parts every provider does alike: a check's verdict in the checks
+//! map, a binary's digest, and the tier-neutral checks of a [`ProbeReport`] (uid, host files,
+//! environment, the host's kernel). Tier-specific checks stay with their provider.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use plimsoll_wire::ProbeReport;
+
+/// What a passed check says in the checks map.
+pub const OK: &str = "ok";
+
+/// Records check `name`: `ok` when `problems` is empty, otherwise the problems joined by `; `.
+pub fn record(checks: &mut BTreeMap<String, String>, name: &str, problems: Vec<String>) {
+    checks.insert(
+        name.into(),
+        if problems.is_empty() {
+            OK.into()
+        } else {
+            problems.join("; ")
+        },
+    );
+}
+
+/// `Ok` when every check passed; otherwise `<provider> is not offered: ` and each failed
+/// check as `name: why`.
+pub fn availability(provider: &str, checks: &BTreeMap<String, String>) -> Result<(), String> {
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|(_, v)| *v != OK)
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{provider} is not offered: {}", failed.join("; ")))
+    }
+}
+
+/// The hex SHA-256 of a file; the error names the file.
+pub fn sha256_file(path: &Path) -> Result<String, String> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let mut f =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The probe ran as `expected` (uid, euid, gid) with no other group.
+pub fn uid_problems(r: &ProbeReport, expected: u32) -> Vec<String> {
+    let mut p = Vec::new();
+    if r.uid != expected || r.euid != expected || r.gid != expected {
+        p.push(format!(
+            "runs as uid {} euid {} gid {}, expected {expected}",
+            r.uid, r.euid, r.gid
+        ));
+    }
+    if r.groups.iter().any(|g| *g != expected) {
+        p.push(format!("supplementary groups {:?}", r.groups));
+    }
+    p
+}
+
+/// `/` is mounted read-only: `None`, or the problem.
+pub fn root_read_only_problem(r: &ProbeReport) -> Option<String> {
+    match r.mounts.get("/") {
+        Some(m) if m == "ro" => None,
+        other => Some(format!(
+            "/ is mounted {}",
+            other.map_or("?", String::as_str)
+        )),
+    }
+}
+
+/// Every host file the probe could read.
+pub fn readable_host_files(r: &ProbeReport) -> Vec<String> {
+    r.read_attempts
+        .iter()
+        .filter(|(_, o)| *o == "readable")
+        .map(|(path, _)| format!("{path} is readable"))
+        .collect()
+}
+
+/// Variables the probe saw beyond `allowed` (names only, never values).
+pub fn environment_problems(r: &ProbeReport, allowed: &[&str]) -> Vec<String> {
+    let extra: Vec<&String> = r
+        .environment
+        .iter()
+        .filter(|n| !allowed.contains(&n.as_str()))
+        .collect();
+    if extra.is_empty() {
+        vec![]
+    } else {
+        vec![format!("unexpected variables {extra:?}")]
+    }
+}
+
+/// The host's kernel release (`uname -r`), to tell a sandbox's kernel from the host's.
+pub fn host_kernel_release() -> String {
+    rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_is_ok_or_its_problems_and_any_failure_withholds_the_provider() {
+        let mut checks = BTreeMap::new();
+        record(&mut checks, "uid", vec![]);
+        assert_eq!(availability("crun", &checks), Ok(()));
+        record(&mut checks, "network", vec!["a".into(), "b".into()]);
+        assert_eq!(checks["uid"], "ok");
+        assert_eq!(checks["network"], "a; b");
+        assert_eq!(
+            availability("crun", &checks),
+            Err("crun is not offered: network: a; b".into())
+        );
+    }
+
+    #[test]
+    fn the_shared_report_checks_name_each_breach() {
+        let mut r = ProbeReport {
+            uid: 7,
+            euid: 7,
+            gid: 7,
+            environment: vec!["PATH".into()],
+            ..ProbeReport::default()
+        };
+        r.mounts.insert("/".into(), "ro".into());
+        r.read_attempts
+            .insert("/etc/shadow".into(), "error: EACCES".into());
+        assert!(uid_problems(&r, 7).is_empty());
+        assert!(root_read_only_problem(&r).is_none());
+        assert!(readable_host_files(&r).is_empty());
+        assert!(environment_problems(&r, &["PATH"]).is_empty());
+
+        r.groups.push(0);
+        r.mounts.insert("/".into(), "rw".into());
+        r.read_attempts.insert("/root/x".into(), "readable".into());
+        r.environment.push("SECRET_NAME".into());
+        assert_eq!(uid_problems(&r, 7), ["supplementary groups [0]"]);
+        assert_eq!(
+            root_read_only_problem(&r).as_deref(),
+            Some("/ is mounted rw")
+        );
+        assert_eq!(readable_host_files(&r), ["/root/x is readable"]);
+        assert_eq!(
+            environment_problems(&r, &["PATH"]),
+            [r#"unexpected variables ["SECRET_NAME"]"#]
+        );
+        assert_eq!(uid_problems(&r, 8).len(), 2);
+    }
+
+    #[test]
+    fn a_file_hashes_to_its_sha256_and_a_missing_one_is_named() {
+        let path = std::env::temp_dir().join(format!("plimsoll-evidence-{}", std::process::id()));
+        std::fs::write(&path, b"abc").unwrap();
+        let sha = sha256_file(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            sha.as_deref(),
+            Ok("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        );
+        let e = sha256_file(&path).unwrap_err();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+    }
+}
