@@ -8,6 +8,7 @@ pub mod controller;
 pub mod creds;
 pub mod launcher;
 pub mod protocol;
+pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod sim;
