@@ -15,11 +15,12 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::Path;
 use std::process::{ChildStderr, ChildStdout};
 use std::time::{Duration, Instant};
 
+use plimsoll_sandbox::capture::Stream;
 use plimsoll_sandbox::{CaptureLimits, Captured, Running};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
@@ -71,44 +72,6 @@ pub(crate) enum CreateError {
         /// Why.
         why: String,
     },
-}
-
-/// One output stream being drained.
-#[derive(Debug)]
-struct Stream {
-    buf: Vec<u8>,
-    cap: usize,
-    truncated: bool,
-    eof: bool,
-}
-
-impl Stream {
-    fn new(cap: usize) -> Self {
-        Stream {
-            buf: Vec::new(),
-            cap,
-            truncated: false,
-            eof: false,
-        }
-    }
-
-    /// Reads what is available now, keeping at most `cap` bytes in all.
-    fn drain(&mut self, fd: BorrowedFd<'_>, scratch: &mut [u8]) -> io::Result<()> {
-        while !self.eof {
-            match rustix::io::read(fd, &mut *scratch) {
-                Ok(0) => self.eof = true,
-                Ok(n) => {
-                    let keep = n.min(self.cap.saturating_sub(self.buf.len()));
-                    self.buf.extend_from_slice(&scratch[..keep]);
-                    self.truncated |= keep < n;
-                }
-                Err(rustix::io::Errno::AGAIN) => break,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The pipes `create` was given, which the container's process holds.

@@ -83,16 +83,22 @@ pub enum CaptureError {
     },
 }
 
-/// One output stream being drained.
-struct Stream {
-    buf: Vec<u8>,
+/// One output stream being drained into a capped buffer: what providers that follow a
+/// sandbox's pipes themselves (rather than through [`capture`]) share with it.
+#[derive(Debug)]
+pub struct Stream {
+    /// What was kept, at most the cap.
+    pub buf: Vec<u8>,
     cap: usize,
-    truncated: bool,
-    eof: bool,
+    /// More arrived than the cap; the rest was read and dropped.
+    pub truncated: bool,
+    /// The writer closed its end.
+    pub eof: bool,
 }
 
 impl Stream {
-    fn new(cap: usize) -> Self {
+    /// An empty stream keeping at most `cap` bytes.
+    pub fn new(cap: usize) -> Self {
         Stream {
             buf: Vec::new(),
             cap,
@@ -101,8 +107,9 @@ impl Stream {
         }
     }
 
-    /// Reads what is available now, keeping at most `cap` bytes in all.
-    fn drain(&mut self, fd: BorrowedFd<'_>, scratch: &mut [u8]) -> io::Result<()> {
+    /// Reads what is available now (the descriptor must be non-blocking), keeping at most
+    /// `cap` bytes in all.
+    pub fn drain(&mut self, fd: BorrowedFd<'_>, scratch: &mut [u8]) -> io::Result<()> {
         while !self.eof {
             match rustix::io::read(fd, &mut *scratch) {
                 Ok(0) => self.eof = true,
