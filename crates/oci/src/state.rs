@@ -159,33 +159,7 @@ impl StateDir {
     }
 }
 
-/// `rm -rf --one-file-system`: removes `path`, refusing to descend into mount points.
-pub fn remove_tree_one_fs(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    fn walk(p: &Path, dev: u64) -> io::Result<()> {
-        let meta = fs::symlink_metadata(p)?;
-        if meta.is_dir() {
-            if meta.dev() != dev {
-                return Err(io::Error::other(format!(
-                    "{} is on another file system (a mount left behind?); unmount it first",
-                    p.display()
-                )));
-            }
-            for e in fs::read_dir(p)? {
-                walk(&e?.path(), dev)?;
-            }
-            fs::remove_dir(p)
-        } else {
-            fs::remove_file(p)
-        }
-    }
-    walk(path, meta.dev())
-}
+pub use plimsoll_sandbox::reap::remove_tree_one_fs;
 
 #[cfg(test)]
 mod tests {

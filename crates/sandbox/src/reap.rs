@@ -317,6 +317,36 @@ impl StatusInfo {
     }
 }
 
+/// `rm -rf --one-file-system`: removes a run's directory tree, refusing to descend into a
+/// mount point (a mount a run left inside is never followed; the error says to unmount it).
+/// A path that does not exist is already removed.
+pub fn remove_tree_one_fs(path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    fn walk(p: &std::path::Path, dev: u64) -> io::Result<()> {
+        let meta = std::fs::symlink_metadata(p)?;
+        if meta.is_dir() {
+            if meta.dev() != dev {
+                return Err(io::Error::other(format!(
+                    "{} is a mount point (left behind?); unmount it first",
+                    p.display()
+                )));
+            }
+            for e in std::fs::read_dir(p)? {
+                walk(&e?.path(), dev)?;
+            }
+            std::fs::remove_dir(p)
+        } else {
+            std::fs::remove_file(p)
+        }
+    }
+    walk(path, meta.dev())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -240,29 +240,7 @@ impl RunDir {
 
 /// Removes a run directory without crossing into another file system.
 pub fn remove_run_dir(path: &Path) -> io::Result<()> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    fn walk(p: &Path, dev: u64) -> io::Result<()> {
-        let meta = fs::symlink_metadata(p)?;
-        if meta.is_dir() {
-            if meta.dev() != dev {
-                return Err(io::Error::other(format!(
-                    "{} is a mount point; unmount it first",
-                    p.display()
-                )));
-            }
-            for e in fs::read_dir(p)? {
-                walk(&e?.path(), dev)?;
-            }
-            fs::remove_dir(p)
-        } else {
-            fs::remove_file(p)
-        }
-    }
-    walk(path, meta.dev())
+    plimsoll_sandbox::reap::remove_tree_one_fs(path)
 }
 
 /// Reads with one overall deadline, however the bytes trickle in.
