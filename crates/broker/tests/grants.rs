@@ -3,7 +3,6 @@
 //! in-sandbox clients, skip them, and attack the broker.
 
 use std::io::Write as _;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,34 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use plimsoll_broker::GrantProfiles;
 use plimsoll_broker::testing::{Expect, TestApi};
 use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
-use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_sandbox::testing::{TestDir, is_root, probe_binary, skip_or_fail};
 use plimsoll_wire::{Language, Limits, PROTOCOL, RunRequest, RunResponse, RunSpec, Snippet, Tier};
 
 const TOKEN: &str = "tok-3f9a1c7e5b2d4a6c8e0f";
 const HMAC_KEY: &str = "k3y-for-the-orders-api-0123456789abcdef";
-
-/// A directory under /tmp, mode 0711 (sandbox uids traverse it), removed on drop.
-struct TestDir(PathBuf);
-
-impl TestDir {
-    fn new(name: &str) -> TestDir {
-        let dir =
-            std::env::temp_dir().join(format!("plimsoll-grants-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
-        TestDir(dir)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The grants file of these tests: `orders` (static token) and `orders-jwt` (HS256), both for
 /// caller `alice`, against `api`.
@@ -85,7 +61,7 @@ fn engine(test: &str, uid_base: u32, grants: GrantProfiles) -> Option<(Engine, T
         skip_or_fail(test, "needs root to run the process provider");
         return None;
     }
-    let dir = TestDir::new(test);
+    let dir = TestDir::new("grants", test);
     let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
     let toml = format!(
         "providers = [\"process\"]\nstate_dir = {state:?}\nsandbox_uid_base = {uid_base}\nmax_concurrent = 2\n[process]\nprobe = {probe:?}\n",

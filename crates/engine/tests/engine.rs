@@ -2,36 +2,12 @@
 //! admission, and digests a client can recompute. Runs real sandboxes (needs root).
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
-use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_sandbox::testing::{TestDir, is_root, probe_binary, skip_or_fail};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunSpec, Snippet, Tier};
-
-/// A directory under /tmp, mode 0711 (every sandbox uid must traverse it), removed on drop.
-struct TestDir(PathBuf);
-
-impl TestDir {
-    fn new(name: &str) -> TestDir {
-        let dir =
-            std::env::temp_dir().join(format!("plimsoll-engine-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
-        TestDir(dir)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A probed engine offering only the process provider. `uid_base` is the test's own: tests
 /// run in parallel, and the end of a run kills every process of its uid.
@@ -40,7 +16,7 @@ fn engine(test: &str, uid_base: u32, extra: &str) -> Option<(Engine, TestDir)> {
         skip_or_fail(test, "needs root to run the process provider");
         return None;
     }
-    let dir = TestDir::new(test);
+    let dir = TestDir::new("engine", test);
     let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
     let toml = format!(
         "providers = [\"process\"]\n\

@@ -158,3 +158,32 @@ pub fn quiet_listener(addr: &str) -> TcpListener {
 pub fn no_connection_came(l: &TcpListener) -> bool {
     matches!(l.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
+
+/// A directory under the system temp dir with mode 0711, so sandbox uids can traverse it to
+/// their run directories (a plain `tempdir()` is 0700 and fails every probe). Removed on drop.
+#[derive(Debug)]
+pub struct TestDir(PathBuf);
+
+impl TestDir {
+    /// `<tmp>/plimsoll-<prefix>-<name>-<pid>`, emptied first.
+    pub fn new(prefix: &str, name: &str) -> TestDir {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir =
+            std::env::temp_dir().join(format!("plimsoll-{prefix}-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        TestDir(dir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
