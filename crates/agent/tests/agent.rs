@@ -79,6 +79,7 @@ fn job(work: &Path, spec: RunSpec) -> AgentJob {
         output_bytes: 1 << 20,
         artifact_bytes: 1 << 20,
         deadline_ms: 60_000,
+        trial: None,
     }
 }
 

@@ -127,7 +127,8 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
             None => String::new(),
         };
         let engine_uids = engine_settings.engine_config();
-        let uid_base = engine_uids.sandbox_uid_base + engine_uids.max_concurrent as u32;
+        // Past the embedded engine's whole range: run uids, probe uid, controller uids.
+        let uid_base = engine_uids.sandbox_uid_base + 2 * engine_uids.max_concurrent as u32 + 1;
         Some(
             BenchDaemon::start(&config_text, &available, uid_base, dir.path())
                 .map_err(Failure::failed)?,

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use crate::callers::add_caller;
 use crate::daemon::{Daemon, DaemonOptions, build_engine};
 
-/// How many uids each port's range holds (runs at once, plus the probe's).
+/// How many uids each port's range holds (run uids, the probe's, controller uids).
 pub const UIDS_PER_PORT: u32 = 1024;
 
 /// The first sandbox uid of the range a test daemon bound to `port` uses when its settings
@@ -79,7 +79,7 @@ impl TestDaemon {
         if settings.sandbox_uid_base.is_none() {
             let wanted = settings.max_concurrent.unwrap_or(8);
             assert!(
-                wanted < UIDS_PER_PORT as usize,
+                2 * wanted < UIDS_PER_PORT as usize,
                 "TestDaemon: max_concurrent {wanted} needs an explicit sandbox_uid_base"
             );
             settings.sandbox_uid_base = Some(uid_base_for_port(addr.port()));

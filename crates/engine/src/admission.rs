@@ -6,12 +6,24 @@ use std::sync::{Arc, Mutex};
 
 use plimsoll_sandbox::{UidLease, try_lease};
 
+/// The run uid of slot `slot`: `base + slot`.
+pub fn run_uid(base: u32, slot: usize) -> u32 {
+    base + slot as u32
+}
+
+/// The controller uid of slot `slot` (a run's second uid, for a trial's controller):
+/// `base + max_total + 1 + slot`, past the run uids and the probe uid (`base + max_total`).
+pub fn controller_uid(base: u32, max_total: usize, slot: usize) -> u32 {
+    base + max_total as u32 + 1 + slot as u32
+}
+
 /// Counts runs in flight. Over a limit, a run is refused at once (`capacity`), never queued.
 #[derive(Debug)]
 pub struct Admission {
     max_total: usize,
     max_per_caller: usize,
-    /// With `Some((dir, base))`, slot `i` also needs the host-wide lease on uid `base + i`.
+    /// With `Some((dir, base))`, slot `i` also needs the host-wide leases on its two uids,
+    /// [`run_uid`] and [`controller_uid`].
     uid_leases: Option<(PathBuf, u32)>,
     state: Mutex<State>,
 }
@@ -29,7 +41,7 @@ pub struct Permit {
     admission: Arc<Admission>,
     caller: String,
     slot: usize,
-    _lease: Option<UidLease>,
+    _leases: Vec<UidLease>,
 }
 
 impl Permit {
@@ -63,8 +75,8 @@ impl Admission {
     }
 
     /// Limits as [`Admission::new`], and slot `i` is only handed out while this process holds
-    /// the host-wide lease on uid `uid_base + i` (leases in `lease_dir`), so no other engine
-    /// on the host runs code as that uid at the same time.
+    /// the host-wide leases on its run uid and its controller uid (leases in `lease_dir`), so
+    /// no other engine on the host runs code as either at the same time.
     pub fn with_uid_leases(
         max_total: usize,
         max_per_caller: usize,
@@ -104,23 +116,31 @@ impl Admission {
         let mut held_elsewhere = 0;
         for slot in (0..st.slots.len()).filter(|i| !st.slots[*i]) {
             let Some((dir, base)) = &self.uid_leases else {
-                taken = Some((slot, None));
+                taken = Some((slot, Vec::new()));
                 break;
             };
-            let uid = base + slot as u32;
-            match try_lease(dir, uid) {
-                Ok(Some(lease)) => {
-                    taken = Some((slot, Some(lease)));
-                    break;
-                }
-                Ok(None) => held_elsewhere += 1,
-                Err(e) => {
-                    return Err(format!(
-                        "cannot lease sandbox uid {uid} in {}: {e}",
-                        dir.display()
-                    ));
+            let uids = [
+                run_uid(*base, slot),
+                controller_uid(*base, self.max_total, slot),
+            ];
+            let mut leases = Vec::with_capacity(2);
+            for uid in uids {
+                match try_lease(dir, uid) {
+                    Ok(Some(lease)) => leases.push(lease),
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Err(format!(
+                            "cannot lease sandbox uid {uid} in {}: {e}",
+                            dir.display()
+                        ));
+                    }
                 }
             }
+            if leases.len() == uids.len() {
+                taken = Some((slot, leases));
+                break;
+            }
+            held_elsewhere += 1;
         }
         let Some((slot, lease)) = taken else {
             let also = if held_elsewhere > 0 {
@@ -141,7 +161,7 @@ impl Admission {
             admission: Arc::clone(self),
             caller: caller.to_owned(),
             slot,
-            _lease: lease,
+            _leases: lease,
         })
     }
 
@@ -188,6 +208,25 @@ mod tests {
         assert!(refused.contains("another plimsoll engine"), "{refused}");
         drop(b);
         assert!(one.try_admit("y").is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_slot_needs_its_controller_uid_too() {
+        let dir = std::env::temp_dir().join(format!("plimsoll-ctl-{}", std::process::id()));
+        assert_eq!((run_uid(5000, 1), controller_uid(5000, 2, 1)), (5001, 5004));
+        // Another engine holds slot 0's controller uid (5003) only: slot 0 is skipped.
+        let held = try_lease(&dir, controller_uid(5000, 2, 0))
+            .unwrap()
+            .unwrap();
+        let one = Admission::with_uid_leases(2, 2, dir.clone(), 5000);
+        let a = one.try_admit("x").unwrap();
+        assert_eq!(a.slot(), 1);
+        // Its run uid was given back: a lease of 5000 now succeeds.
+        assert!(try_lease(&dir, run_uid(5000, 0)).unwrap().is_some());
+        let refused = one.try_admit("x").unwrap_err();
+        assert!(refused.contains("another plimsoll engine"), "{refused}");
+        drop(held);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

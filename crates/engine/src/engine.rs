@@ -12,7 +12,7 @@ use plimsoll_wire::{
     RunResponse,
 };
 
-use crate::admission::Admission;
+use crate::admission::{Admission, controller_uid, run_uid};
 use crate::config::EngineConfig;
 use crate::providers::AnyProvider;
 use crate::routing::{Candidate, route};
@@ -440,8 +440,18 @@ impl Engine {
             request_id: req.request_id.clone(),
             spec: req.run.clone(),
             limits,
-            uid: self.config.sandbox_uid_base + permit.slot() as u32,
-            gid: self.config.sandbox_uid_base + permit.slot() as u32,
+            uid: run_uid(self.config.sandbox_uid_base, permit.slot()),
+            gid: run_uid(self.config.sandbox_uid_base, permit.slot()),
+            controller_uid: controller_uid(
+                self.config.sandbox_uid_base,
+                self.config.max_concurrent,
+                permit.slot(),
+            ),
+            controller_gid: controller_uid(
+                self.config.sandbox_uid_base,
+                self.config.max_concurrent,
+                permit.slot(),
+            ),
             run_dir: self.config.state_dir.join("runs").join(&run_id),
             broker: broker
                 .as_ref()
@@ -528,16 +538,17 @@ fn unprobed(name: &str, tier: plimsoll_wire::Tier, why: String) -> Probed {
 }
 
 /// Sandbox uids must sit above the 16-bit range where system and login accounts live, and the
-/// whole range (runs, then the probe uid) must fit in a uid.
+/// whole range (run uids, the probe uid, then the controller uids) must fit in a uid.
 pub(crate) fn validate_uid_range(base: u32, max_concurrent: usize) -> Result<(), BuildEngineError> {
     const LOWEST: u32 = 65_536;
     let top = u32::try_from(max_concurrent)
         .ok()
+        .and_then(|n| n.checked_mul(2))
         .and_then(|n| base.checked_add(n));
     match top {
         Some(top) if base >= LOWEST && top < u32::MAX - 1 => Ok(()),
         _ => Err(BuildEngineError::Invalid(format!(
-            "sandbox_uid_base = {base} with max_concurrent = {max_concurrent} is out of range: the uids base..=base+max_concurrent must lie between {LOWEST} and {}, unused on this host",
+            "sandbox_uid_base = {base} with max_concurrent = {max_concurrent} is out of range: the uids base..=base+2*max_concurrent must lie between {LOWEST} and {}, unused on this host",
             u32::MAX - 2
         ))),
     }

@@ -22,11 +22,13 @@
 //!
 //! [qemu]                           # the VM provider (docs/vm-tier.md)
 //! accelerator = "auto"             # auto | kvm | tcg
+//! trial_runner = "/usr/local/lib/plimsoll/plimsoll-trial-runner"   # default: beside the running binary
 //!
 //! [oci]                            # the crun, runc and runsc providers (docs/container-tier.md)
 //! image = "/var/lib/plimsoll/build/images/sandbox"   # default: the repository's build/images/sandbox
 //! agent = "/usr/local/lib/plimsoll/plimsoll-agent"   # default: beside the running binary
 //! probe = "/usr/local/lib/plimsoll/plimsoll-probe"   # default: beside the running binary
+//! trial_runner = "/usr/local/lib/plimsoll/plimsoll-trial-runner"   # default: beside the running binary
 //! state_root = "/run/plimsoll"     # each provider keeps its state in <state_root>/<name>
 //! cgroup_parent = "/plimsoll"      # runs' cgroups: <cgroup_parent>/<name>/<run_id>
 //! cpu_millis = 1000                # CPU per run, in thousandths of a CPU
@@ -157,6 +159,9 @@ pub struct QemuSection {
     pub assets: Option<PathBuf>,
     /// `auto` (KVM if a guest boots under it, else TCG), `kvm` or `tcg` (default `auto`).
     pub accelerator: Option<String>,
+    /// The trial runner copied into guests of runs with a trial step (default:
+    /// `plimsoll-trial-runner` beside the running binary).
+    pub trial_runner: Option<PathBuf>,
     /// vCPUs per VM (default 2).
     pub cpus: Option<u32>,
     /// Seconds a guest may take to boot under TCG (default 30).
@@ -181,6 +186,10 @@ impl QemuSection {
             probe_uid,
             run_uids,
         );
+        c.trial_runner = self
+            .trial_runner
+            .clone()
+            .unwrap_or_else(|| default_tool_path("plimsoll-trial-runner"));
         if let Some(q) = &self.qemu {
             c.qemu = q.clone();
         }
@@ -215,6 +224,9 @@ pub struct OciSection {
     pub agent: Option<PathBuf>,
     /// The probe program (default: `plimsoll-probe` beside the running binary).
     pub probe: Option<PathBuf>,
+    /// The trial runner for runs with a trial step (default: `plimsoll-trial-runner` beside
+    /// the running binary).
+    pub trial_runner: Option<PathBuf>,
     /// Runtime state, bundles and locks, per provider in `<state_root>/<name>` (default
     /// `/run/plimsoll`).
     pub state_root: Option<PathBuf>,
@@ -255,6 +267,7 @@ impl OciSection {
             ("image", &self.image),
             ("agent", &self.agent),
             ("probe", &self.probe),
+            ("trial_runner", &self.trial_runner),
             ("state_root", &self.state_root),
             ("crun", &self.crun),
             ("runc", &self.runc),
@@ -293,6 +306,10 @@ impl OciSection {
             self.probe.clone().unwrap_or_else(default_probe_path),
             probe_uid,
         );
+        c.trial_runner = self
+            .trial_runner
+            .clone()
+            .unwrap_or_else(|| default_tool_path("plimsoll-trial-runner"));
         let binary = match kind {
             RuntimeKind::Crun => &self.crun,
             RuntimeKind::Runc => &self.runc,

@@ -287,6 +287,8 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         limits: probe_limits(),
         uid,
         gid: uid,
+        controller_uid: uid + 1,
+        controller_gid: uid + 1,
         run_dir: p.state().runs().join(&run_id),
         broker: None,
     };

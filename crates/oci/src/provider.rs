@@ -38,6 +38,10 @@ pub struct OciConfig {
     pub agent: PathBuf,
     /// The probe program (`plimsoll-probe`).
     pub probe: PathBuf,
+    /// The trial runner (`plimsoll-trial-runner`), shown at
+    /// [`plimsoll_wire::trial_step::TRIAL_RUNNER_PATH`] in runs with a trial step (default:
+    /// beside the agent).
+    pub trial_runner: PathBuf,
     /// The uid (and gid) the startup probe runs as; never one a run holds.
     pub probe_uid: u32,
     /// runsc's `--platform` (`ptrace` works on these hosts; `kvm` hangs on PVM).
@@ -63,6 +67,7 @@ impl OciConfig {
             image,
             state_root: PathBuf::from("/run/plimsoll"),
             cgroup_parent: "/plimsoll".into(),
+            trial_runner: agent.with_file_name("plimsoll-trial-runner"),
             agent,
             probe,
             probe_uid,
@@ -719,6 +724,7 @@ impl OciProvider {
             output_bytes: plan.limits.output_bytes,
             artifact_bytes: plan.limits.artifact_bytes,
             deadline_ms: plan.limits.timeout.as_millis() as u64,
+            trial: None,
         };
         let text = serde_json::to_vec(&job)
             .map_err(|e| LaunchError::environment(format!("cannot encode the agent job: {e}")))?;

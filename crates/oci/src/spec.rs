@@ -245,6 +245,8 @@ mod tests {
             },
             uid: 2_000_003,
             gid: 2_000_003,
+            controller_uid: 2_000_003 + 1,
+            controller_gid: 2_000_003 + 1,
             run_dir: PathBuf::from("/unused"),
             broker: None,
         }

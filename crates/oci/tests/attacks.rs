@@ -109,6 +109,8 @@ impl Rig {
             limits,
             uid,
             gid: uid,
+            controller_uid: uid + 1,
+            controller_gid: uid + 1,
             run_dir: self.state_root.join("unused"),
             broker: None,
         }

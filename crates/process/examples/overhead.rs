@@ -55,6 +55,8 @@ fn main() {
             limits,
             uid: 2_390_000,
             gid: 2_390_000,
+            controller_uid: 2_390_000 + 1,
+            controller_gid: 2_390_000 + 1,
             run_dir: state.join("runs").join(format!("bench-{i}")),
             broker: None,
         };

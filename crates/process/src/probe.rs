@@ -474,6 +474,8 @@ fn run_snippet(provider: &ProcessProvider, language: Language, code: &str) -> Re
         limits: PROBE_LIMITS,
         uid: cfg.probe_uid,
         gid: cfg.probe_uid,
+        controller_uid: cfg.probe_uid + 1,
+        controller_gid: cfg.probe_uid + 1,
         run_dir,
         broker: None,
     };

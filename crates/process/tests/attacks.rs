@@ -72,6 +72,8 @@ fn plan(env: &Env, uid: u32, language: Language, code: &str, limits: ResolvedLim
         limits,
         uid: UID_BASE + uid,
         gid: UID_BASE + uid,
+        controller_uid: UID_BASE + uid + 1,
+        controller_gid: UID_BASE + uid + 1,
         broker: None,
     }
 }

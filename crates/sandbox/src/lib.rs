@@ -56,6 +56,11 @@ pub struct LaunchPlan {
     pub uid: u32,
     /// The gid the code runs as.
     pub gid: u32,
+    /// The run's second uid, also unique to it: a trial's controller runs as this uid
+    /// (docs/trials.md). Unused by runs without a trial step.
+    pub controller_uid: u32,
+    /// The controller's gid.
+    pub controller_gid: u32,
     /// Where the provider may keep this run's files; created by the provider, removed after.
     pub run_dir: PathBuf,
     /// The run's broker, when the request named a grant the caller may use: the provider

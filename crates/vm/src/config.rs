@@ -50,6 +50,9 @@ pub struct VmConfig {
     pub agent: PathBuf,
     /// `plimsoll-probe`, copied into each guest.
     pub probe: PathBuf,
+    /// `plimsoll-trial-runner`, copied into the guests of runs with a trial step (default:
+    /// beside the agent).
+    pub trial_runner: PathBuf,
     /// `plimsoll-guest-init` (this crate's binary), the guest's PID 1.
     pub guest_init: PathBuf,
     /// The daemon's state directory: runs live in `<state_dir>/runs/<run_id>` (the engine's
@@ -86,6 +89,7 @@ impl VmConfig {
         VmConfig {
             qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
             assets,
+            trial_runner: agent.with_file_name("plimsoll-trial-runner"),
             agent,
             probe,
             guest_init,

@@ -79,6 +79,8 @@ fn probe_plan(p: &VmProvider, what: &str, spec: RunSpec) -> LaunchPlan {
         limits: probe_limits(),
         uid,
         gid: uid,
+        controller_uid: uid + 1,
+        controller_gid: uid + 1,
         broker: None,
     }
 }

@@ -429,6 +429,7 @@ pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
         output_bytes: l.output_bytes,
         artifact_bytes: l.artifact_bytes,
         deadline_ms: l.timeout.as_millis() as u64,
+        trial: None,
     };
     let json = serde_json::to_vec(&job)
         .map_err(|e| LaunchError::environment(format!("cannot encode the agent job: {e}")))?;
@@ -574,6 +575,8 @@ mod tests {
             },
             uid: 5,
             gid: 5,
+            controller_uid: 5 + 1,
+            controller_gid: 5 + 1,
             run_dir: "/x/runs/r".into(),
             broker: None,
         }

@@ -127,6 +127,8 @@ impl Rig {
             limits,
             uid: self.uid,
             gid: self.uid,
+            controller_uid: self.uid + 1,
+            controller_gid: self.uid + 1,
             broker: None,
         }
     }
@@ -631,6 +633,8 @@ fn missing_assets_are_not_offered() {
         limits: limits(),
         uid: 2_400_990,
         gid: 2_400_990,
+        controller_uid: 2_400_990 + 1,
+        controller_gid: 2_400_990 + 1,
         run_dir: tmp.path().join("state/runs/r"),
         broker: None,
     };

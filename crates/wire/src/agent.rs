@@ -21,4 +21,9 @@ pub struct AgentJob {
     /// Milliseconds the agent has, from its start, before it must stop the step in progress
     /// (mark it timed out) and answer. The host kills the sandbox a little later regardless.
     pub deadline_ms: u64,
+    /// Present when a step is a trial step (see [`crate::trial_step`]): the agent then starts
+    /// as uid 0 with exactly CAP_SETUID and CAP_SETGID, works as `uid`, runs every ordinary
+    /// step as `uid` with no capability, and only the runner with the two capabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial: Option<crate::TrialIds>,
 }

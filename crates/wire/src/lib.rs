@@ -12,6 +12,7 @@ mod provider;
 mod request;
 mod result;
 mod tier;
+pub mod trial_step;
 
 pub use agent::AgentJob;
 pub use bytes::Bytes;
@@ -27,6 +28,7 @@ pub use request::{
 };
 pub use result::{Artifact, GrantCall, RunRecord, RunResponse, RunResult, StepResult};
 pub use tier::{ParseTierError, Tier};
+pub use trial_step::TrialIds;
 
 /// The protocol number this crate speaks. A request carrying another number is refused with
 /// [`Reason::Protocol`] before anything runs.

@@ -249,6 +249,9 @@ impl RunRequest {
                     if step.run.trim().is_empty() {
                         return Err(reject(format!("run.steps[{i}].run is empty")));
                     }
+                    if let Some(Err(e)) = crate::trial_step::trial_step(step) {
+                        return Err(reject(format!("run.steps[{i}] {e}")));
+                    }
                 }
                 let mut seen = std::collections::BTreeSet::new();
                 for f in &p.files {

@@ -115,6 +115,8 @@ fn plan(run_id: String, language: Language, code: &str, uid: u32, timeout: Durat
         },
         uid,
         gid: uid,
+        controller_uid: uid + 1,
+        controller_gid: uid + 1,
         run_dir: PathBuf::from("/nonexistent"),
         broker: None,
     }

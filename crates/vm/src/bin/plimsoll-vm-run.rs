@@ -120,6 +120,8 @@ fn plan(o: &Options, spec: RunSpec, n: usize) -> LaunchPlan {
         },
         uid: o.uid,
         gid: o.uid,
+        controller_uid: o.uid + 1,
+        controller_gid: o.uid + 1,
         broker: None,
     }
 }
