@@ -1,0 +1,3 @@
+//! The oracle example: not written yet.
+
+fn main() {}
