@@ -414,6 +414,45 @@ mod tests {
     }
 
     #[test]
+    fn a_malformed_trial_step_is_refused_before_anything_runs() {
+        let with_step = |run: &str| RunRequest {
+            protocol: PROTOCOL,
+            request_id: "r".into(),
+            minimum_isolation: None,
+            provider: None,
+            limits: None,
+            run: RunSpec::Project(Project {
+                files: vec![],
+                steps: vec![
+                    Step {
+                        name: None,
+                        run: "echo ok; ls".into(),
+                    },
+                    Step {
+                        name: None,
+                        run: run.into(),
+                    },
+                ],
+                artifacts: vec![],
+            }),
+            grant: None,
+        };
+        assert!(
+            with_step("plimsoll-trial-runner --scenario s.json -- node a.js")
+                .validate()
+                .is_ok()
+        );
+        for bad in [
+            "plimsoll-trial-runner -- node a.js; cat /etc/shadow",
+            "plimsoll-trial-runner --uid 0 -- node a.js",
+        ] {
+            let e = with_step(bad).validate().unwrap_err();
+            assert_eq!(e.reason, Reason::Request, "{bad}");
+            assert!(e.message.starts_with("run.steps[1] "), "{}", e.message);
+        }
+    }
+
+    #[test]
     fn duplicate_keys_are_refused() {
         let dup = r#"{"protocol":1,"request_id":"r","run":{"kind":"snippet","language":"python","code":"1","code":"2"}}"#;
         assert_eq!(
