@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, open, openat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, fstatat, mkdirat};
-use nix::unistd::{AccessFlags, access};
+use nix::unistd::{AccessFlags, eaccess};
 use plimsoll_wire::{Artifact, Bytes};
 
 /// The longest path accepted, as the host's own check.
@@ -155,7 +155,9 @@ impl WorkDir {
             path: path.to_owned(),
             source,
         })?;
-        access(path, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|source| {
+        // Checked with the effective ids: a trial job's agent has real uid 0 but works as
+        // the run's uid.
+        eaccess(path, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|source| {
             OpenWorkDirError::NotWritable {
                 path: path.to_owned(),
                 source,

@@ -10,10 +10,12 @@
 mod fsops;
 mod job;
 mod oom;
+mod privilege;
 mod run;
 mod supervise;
 
 pub use job::{MAX_JOB_BYTES, ReadJobError, read_job};
+pub use privilege::{RestoreUidError, TakePrivilegesError};
 pub use run::{RunJobError, run_job};
 
 /// An error and its sources on one line (`a: b: c`), with line breaks replaced, for the one

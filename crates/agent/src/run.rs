@@ -3,12 +3,19 @@
 //! [`RunResult`].
 
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plimsoll_wire::{AgentJob, Bytes, Language, Project, RunResult, RunSpec, Snippet, StepResult};
+use plimsoll_wire::trial_step::{BadTrialStep, TRIAL_RUNNER, TRIAL_RUNNER_PATH, trial_step};
+use plimsoll_wire::{
+    AgentJob, Bytes, Language, Project, RunResult, RunSpec, Snippet, StepResult, TrialIds,
+};
 
 use crate::fsops::{
     BadPath, OpenWorkDirError, SnippetFile, WorkDir, WriteFileError, WriteSnippetError, segments,
+};
+use crate::privilege::{
+    Privileges, RestoreUidError, TakePrivilegesError, as_run_uid, as_runner, take,
 };
 use crate::supervise::{Outcome, RunChildError, StartSupervisorError, Supervisor, command};
 
@@ -29,6 +36,27 @@ pub enum RunJobError {
         /// Why.
         #[source]
         source: BadPath,
+    },
+    /// The agent may not run this job with the privileges it was started with.
+    #[error(transparent)]
+    Privileges(#[from] TakePrivilegesError),
+    /// A trial step is malformed; nothing was written.
+    #[error("step #{index} ({TRIAL_RUNNER}) is refused")]
+    TrialStep {
+        /// Its index in the job.
+        index: usize,
+        /// Why.
+        #[source]
+        source: BadTrialStep,
+    },
+    /// A trial step in a job without trial ids; nothing was written.
+    #[error(
+        "step #{index} runs {TRIAL_RUNNER}, but the job has no trial ids: the host must send \
+         them and start the agent for a trial job (docs/trials.md)"
+    )]
+    TrialWithoutIds {
+        /// Its index in the job.
+        index: usize,
     },
     /// The work directory cannot be used.
     #[error(transparent)]
@@ -54,12 +82,20 @@ pub enum RunJobError {
     /// The snippet's interpreter could not be started or watched.
     #[error("cannot run the snippet")]
     Snippet(#[source] RunChildError),
+    /// The agent could not become the run's uid again; it stopped before reading artifacts.
+    #[error(transparent)]
+    RestoreUid(#[from] RestoreUidError),
 }
 
 /// Runs `job`, whose deadline counts from `started` (the agent's start). Blocks SIGCHLD in
 /// the calling thread: meant for the agent binary, a single-threaded process. Every process
 /// the job started has been killed when this returns.
+///
+/// Refuses to run as root unless the job is a trial job; for a trial job, first checks that
+/// the agent started as uid 0 with exactly CAP_SETUID and CAP_SETGID and becomes the run's
+/// uid (docs/agent.md, "Trial jobs").
 pub fn run_job(job: &AgentJob, started: Instant) -> Result<RunResult, RunJobError> {
+    let privileges = take(job)?;
     mark_inherited_descriptors_cloexec();
     // A deadline too far to represent is as good as none (the host kills the sandbox anyway).
     let deadline = started
@@ -68,15 +104,37 @@ pub fn run_job(job: &AgentJob, started: Instant) -> Result<RunResult, RunJobErro
         .unwrap_or(started);
     match &job.spec {
         RunSpec::Snippet(snippet) => run_snippet(job, snippet, deadline),
-        RunSpec::Project(project) => run_project(job, project, deadline),
+        RunSpec::Project(project) => run_project(job, project, privileges, deadline),
     }
+}
+
+/// How one step runs.
+enum StepKind {
+    /// `/bin/sh -c RUN`.
+    Shell,
+    /// The trial runner, with these words after its name, in a trial job.
+    Trial(Vec<String>, TrialIds),
 }
 
 fn run_project(
     job: &AgentJob,
     project: &Project,
+    privileges: Privileges,
     deadline: Instant,
 ) -> Result<RunResult, RunJobError> {
+    // Every step is read before anything is written: the host refuses a malformed trial
+    // step already, but the agent does not rely on it.
+    let mut kinds = Vec::with_capacity(project.steps.len());
+    for (index, step) in project.steps.iter().enumerate() {
+        kinds.push(match (trial_step(step), privileges) {
+            (None, _) => StepKind::Shell,
+            (Some(Err(source)), _) => return Err(RunJobError::TrialStep { index, source }),
+            (Some(Ok(_)), Privileges::Plain) => {
+                return Err(RunJobError::TrialWithoutIds { index });
+            }
+            (Some(Ok(args)), Privileges::Trial(ids)) => StepKind::Trial(args, ids),
+        });
+    }
     // Every path is checked before anything is written.
     let paths = project
         .files
@@ -99,15 +157,17 @@ fn run_project(
         work.write_file(&f.path, f.content.as_slice(), f.executable)?;
     }
     let mut sup = Supervisor::new(deadline)?;
+    if let Privileges::Trial(ids) = privileges {
+        sup.end_controller_too(ids);
+    }
     let mut steps = Vec::with_capacity(project.steps.len());
     let mut stopped_by_deadline = false;
-    for (index, step) in project.steps.iter().enumerate() {
+    for (index, (step, kind)) in project.steps.iter().zip(kinds).enumerate() {
         if sup.past_deadline() {
             stopped_by_deadline = true;
             break;
         }
-        let mut cmd = command("/bin/sh");
-        cmd.arg("-c").arg(&step.run).current_dir(&job.work_dir);
+        let cmd = step_command(&step.run, kind, privileges, &job.work_dir);
         let outcome = sup
             .run(cmd, job.output_bytes)
             .map_err(|source| RunJobError::Step { index, source })?;
@@ -118,6 +178,9 @@ fn run_project(
         }
     }
     sup.end_all();
+    if let Some(e) = sup.take_restore_error() {
+        return Err(e.into());
+    }
     let artifacts = project
         .artifacts
         .iter()
@@ -131,6 +194,30 @@ fn run_project(
     result.steps = steps;
     result.artifacts = artifacts;
     Ok(result)
+}
+
+/// The command for one step: the shell, or for a trial step the runner (never through a
+/// shell) with the run's ids first. In a trial job an ordinary step runs as the run's uid
+/// with no capability, the runner as uid 0 with the two the agent kept.
+fn step_command(run: &str, kind: StepKind, privileges: Privileges, work_dir: &str) -> Command {
+    let mut cmd = match kind {
+        StepKind::Shell => {
+            let mut cmd = command("/bin/sh");
+            cmd.arg("-c").arg(run);
+            if let Privileges::Trial(ids) = privileges {
+                as_run_uid(&mut cmd, ids);
+            }
+            cmd
+        }
+        StepKind::Trial(args, ids) => {
+            let mut cmd = command(TRIAL_RUNNER_PATH);
+            cmd.args(ids.runner_options()).args(args);
+            as_runner(&mut cmd);
+            cmd
+        }
+    };
+    cmd.current_dir(work_dir);
+    cmd
 }
 
 fn run_snippet(

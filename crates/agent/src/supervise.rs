@@ -21,7 +21,10 @@ use nix::sys::signal::{SigSet, Signal, kill, killpg};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 
+use plimsoll_wire::TrialIds;
+
 use crate::oom::OomCounter;
+use crate::privilege::{RestoreUidError, end_controller_processes};
 
 /// How long the pipes are still read after a step's first process has exited: output its
 /// background processes print in that time is kept; after it, pipes they hold are drained
@@ -134,6 +137,10 @@ pub(crate) struct Supervisor {
     oom: OomCounter,
     scratch: Vec<u8>,
     ended: bool,
+    /// A trial job's ids: the controller uid's processes are ended too.
+    trial: Option<TrialIds>,
+    /// Becoming the run's uid again failed after ending the controller's processes.
+    restore_error: Option<RestoreUidError>,
 }
 
 /// A status from waitpid, decoded.
@@ -213,7 +220,30 @@ impl Supervisor {
             oom: OomCounter::find(),
             scratch: vec![0; 64 * 1024],
             ended: false,
+            trial: None,
+            restore_error: None,
         })
+    }
+
+    /// Makes [`Supervisor::end_all`] also end every process of the trial's controller uid.
+    pub(crate) fn end_controller_too(&mut self, ids: TrialIds) {
+        self.trial = Some(ids);
+    }
+
+    /// The failure to become the run's uid again, if ending the controller's processes had
+    /// one: the job must stop.
+    pub(crate) fn take_restore_error(&mut self) -> Option<RestoreUidError> {
+        self.restore_error.take()
+    }
+
+    /// Kills every process of the controller uid (a trial job only).
+    fn end_controller(&mut self) {
+        if let Some(ids) = self.trial
+            && self.restore_error.is_none()
+            && let Err(e) = end_controller_processes(&ids)
+        {
+            self.restore_error = Some(e);
+        }
     }
 
     /// True once the job's deadline has passed.
@@ -389,8 +419,8 @@ impl Supervisor {
     }
 
     /// Kills every process the job started that is still alive (its descendants, found in
-    /// /proc; or, without /proc, the process groups of its steps), reaps them, and drops the
-    /// leftover pipes. Best effort for at most [`END_WAIT`]: the host destroys the sandbox
+    /// /proc; or, without /proc, the process groups of its steps) and, for a trial job, every
+    /// process of the controller uid, reaps them, and drops the leftover pipes. Best effort for at most [`END_WAIT`]: the host destroys the sandbox
     /// anyway. Idempotent.
     pub(crate) fn end_all(&mut self) {
         if self.ended {
@@ -420,10 +450,14 @@ impl Supervisor {
                     }
                 }
             }
+            // The agent (uid R) cannot signal the controller's processes as a descendant.
+            self.end_controller();
             self.drain_leftovers();
             let mut fds = [PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN)];
             let _ = poll(&mut fds, PollTimeout::from(10u16));
         }
+        // Those that are not the agent's descendants (orphans given to the sandbox's init).
+        self.end_controller();
         self.leftovers.clear();
     }
 }

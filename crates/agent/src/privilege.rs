@@ -1,0 +1,338 @@
+//! The privilege split of a trial job (docs/agent.md, "Trial jobs: the one step with two
+//! capabilities"). A trial job starts the agent as uid 0 with exactly CAP_SETUID and
+//! CAP_SETGID and no_new_privs. The agent keeps uid 0 only as its real and saved uid, works
+//! as the run's uid R, runs every ordinary step as R with no capability at all, and only the
+//! trial runner as uid 0 with the two capabilities. Any other job refuses to run as root.
+//!
+//! Only setresuid, setresgid, setgroups, prctl and kill are used: they behave the same in
+//! gVisor (which lacks setfsuid and pidfd_open, and resets the effective uid to the real one
+//! on exec under no_new_privs).
+
+use std::os::unix::process::CommandExt as _;
+use std::process::Command;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use plimsoll_wire::{AgentJob, RunSpec, TrialIds};
+
+/// CAP_SETGID's bit.
+const CAP_SETGID: u32 = 6;
+/// CAP_SETUID's bit.
+const CAP_SETUID: u32 = 7;
+/// The two capabilities a trial job's agent starts with, as /proc/self/status shows them.
+const TRIAL_CAPS: u64 = (1 << CAP_SETGID) | (1 << CAP_SETUID);
+/// "Leave this id unchanged" for setresuid and setresgid.
+const UNCHANGED: u32 = u32::MAX;
+
+/// What the sandbox must provide for a trial job, for the refusal line.
+const TRIAL_START: &str = "for a trial job the sandbox must start the agent as uid 0 and gid 0 \
+    with capabilities effective = permitted = {CAP_SETUID, CAP_SETGID}, inheritable and \
+    ambient empty, and no_new_privs set (docs/trials.md, \"What the sandbox must provide for a \
+    trial step\")";
+
+/// How the agent runs this job's children.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Privileges {
+    /// An ordinary job: the agent runs as the run's uid (never root) and its children inherit
+    /// it.
+    Plain,
+    /// A trial job: the agent's real and saved uid and gid are 0, its effective ones R and G,
+    /// the two capabilities permitted but not effective.
+    Trial(TrialIds),
+}
+
+/// The agent may not run this job with the privileges it was started with; nothing was
+/// written and nothing ran.
+#[derive(Debug, thiserror::Error)]
+pub enum TakePrivilegesError {
+    /// Root without a trial job.
+    #[error(
+        "the agent runs as uid 0 but the job is not a trial job: only a trial job may start \
+         it as root; start it as the run's own uid"
+    )]
+    RootWithoutTrial,
+    /// A snippet with trial ids.
+    #[error("the job is a snippet with trial ids: only a project runs the trial runner")]
+    TrialSnippet,
+    /// Unusable trial ids.
+    #[error(
+        "the job's trial ids are refused ({0}): the run's and the controller's uid and gid \
+         must be non-zero, and the two sides must differ"
+    )]
+    BadIds(&'static str),
+    /// The agent was not started the way a trial job needs.
+    #[error("the agent was not started for a trial job ({found}): {TRIAL_START}")]
+    NotProvided {
+        /// What is wrong.
+        found: String,
+    },
+    /// Becoming the run's uid failed.
+    #[error("cannot {step} for a trial job")]
+    Drop {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: Errno,
+    },
+}
+
+/// The agent could not become the run's uid again after ending the controller's processes.
+/// It stops at once: it must not go on with more than the run's uid.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot become uid {uid} again after ending the controller's processes")]
+pub struct RestoreUidError {
+    /// The run's uid.
+    pub uid: u32,
+    /// Why.
+    #[source]
+    pub source: Errno,
+}
+
+/// Decides how the job runs and, for a trial job, checks how the agent was started and
+/// becomes the run's uid (effective), keeping uid 0 as real and saved uid. Called before the
+/// agent writes anything.
+pub(crate) fn take(job: &AgentJob) -> Result<Privileges, TakePrivilegesError> {
+    let Some(ids) = job.trial else {
+        // Any root id would let the children become root again.
+        let res = nix::unistd::getresuid().map_err(|source| TakePrivilegesError::Drop {
+            step: "read the uids",
+            source,
+        })?;
+        if [res.real, res.effective, res.saved]
+            .iter()
+            .any(|u| u.is_root())
+        {
+            return Err(TakePrivilegesError::RootWithoutTrial);
+        }
+        return Ok(Privileges::Plain);
+    };
+    if matches!(job.spec, RunSpec::Snippet(_)) {
+        return Err(TakePrivilegesError::TrialSnippet);
+    }
+    check_ids(&ids).map_err(TakePrivilegesError::BadIds)?;
+    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| {
+        TakePrivilegesError::NotProvided {
+            found: format!("cannot read /proc/self/status: {e}"),
+        }
+    })?;
+    let no_new_privs = nix::sys::prctl::get_no_new_privs().unwrap_or(false);
+    check_trial_start(&status, no_new_privs)
+        .map_err(|found| TakePrivilegesError::NotProvided { found })?;
+    let step = |step: &'static str| move |source| TakePrivilegesError::Drop { step, source };
+    nix::sys::prctl::set_dumpable(false).map_err(step("make the agent not dumpable"))?;
+    raw_setgroups_empty().map_err(step("clear the supplementary groups"))?;
+    raw_setresgid(0, ids.gid, 0).map_err(step("take the run's gid as effective gid"))?;
+    // Effective uid R: the kernel clears the effective capabilities and keeps the permitted
+    // ones, since the real and saved uids stay 0.
+    raw_setresuid(0, ids.uid, 0).map_err(step("take the run's uid as effective uid"))?;
+    // A change of effective ids resets the flag to the system's default; set it again.
+    nix::sys::prctl::set_dumpable(false).map_err(step("make the agent not dumpable"))?;
+    Ok(Privileges::Trial(ids))
+}
+
+fn check_ids(ids: &TrialIds) -> Result<(), &'static str> {
+    if [ids.uid, ids.gid, ids.controller_uid, ids.controller_gid].contains(&0) {
+        return Err("an id is 0");
+    }
+    if ids.uid == ids.controller_uid {
+        return Err("the same uid for both");
+    }
+    if ids.gid == ids.controller_gid {
+        return Err("the same gid for both");
+    }
+    Ok(())
+}
+
+/// Checks /proc/self/status (and the no_new_privs flag, read with prctl because gVisor's
+/// status file may lack the line) against what a trial job needs: every uid and gid 0,
+/// CapEff = CapPrm = {CAP_SETUID, CAP_SETGID}, CapInh and CapAmb empty (CapAmb may be absent,
+/// as in gVisor), no_new_privs set. Returns what differs.
+pub(crate) fn check_trial_start(status: &str, no_new_privs: bool) -> Result<(), String> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+    };
+    let mut wrong = Vec::new();
+    for name in ["Uid:", "Gid:"] {
+        match field(name) {
+            Some(v) if v.split_whitespace().all(|w| w == "0") && !v.is_empty() => {}
+            Some(v) => wrong.push(format!("{name} is `{}`, not all 0", v.replace('\t', " "))),
+            None => wrong.push(format!("/proc/self/status has no {name}")),
+        }
+    }
+    for (name, want, required) in [
+        ("CapEff:", TRIAL_CAPS, true),
+        ("CapPrm:", TRIAL_CAPS, true),
+        ("CapInh:", 0, true),
+        ("CapAmb:", 0, false),
+    ] {
+        match field(name).map(|v| (v, u64::from_str_radix(v, 16))) {
+            Some((_, Ok(got))) if got == want => {}
+            Some((v, _)) => wrong.push(format!("{name} is {v}, not {want:016x}")),
+            None if required => wrong.push(format!("/proc/self/status has no {name}")),
+            None => {}
+        }
+    }
+    if let Some(v) = field("NoNewPrivs:")
+        && v != "1"
+    {
+        wrong.push(format!("NoNewPrivs: is {v}, not 1"));
+    } else if !no_new_privs {
+        wrong.push("no_new_privs is not set".into());
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+/// Makes a trial job's ordinary step run as R (real, effective, saved uid; gid G) with no
+/// supplementary group and no capability: in the child, the effective uid goes back to 0
+/// (the permitted capabilities become effective), then groups, gids and uids are set, and
+/// the kernel clears every capability when no uid is 0 any more.
+pub(crate) fn as_run_uid(cmd: &mut Command, ids: TrialIds) {
+    let (uid, gid) = (ids.uid, ids.gid);
+    // SAFETY: runs in the child between fork and exec: only raw syscalls on integers
+    // captured before the fork, no allocation, no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            raw_setresuid(UNCHANGED, 0, UNCHANGED)?;
+            raw_setgroups_empty()?;
+            raw_setresgid(gid, gid, gid)?;
+            raw_setresuid(uid, uid, uid)?;
+            Ok(())
+        });
+    }
+}
+
+/// Makes the trial runner start as uid 0 and gid 0 (real, effective, saved), no
+/// supplementary group: exec under no_new_privs gives it permitted = effective = the two
+/// capabilities the agent kept, and nothing more.
+pub(crate) fn as_runner(cmd: &mut Command) {
+    // SAFETY: runs in the child between fork and exec: only raw syscalls on constants, no
+    // allocation, no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            raw_setresuid(UNCHANGED, 0, UNCHANGED)?;
+            raw_setgroups_empty()?;
+            raw_setresgid(0, 0, 0)?;
+            raw_setresuid(0, 0, 0)?;
+            Ok(())
+        });
+    }
+}
+
+/// Kills every process whose real or saved uid is the controller's (those the kernel lets
+/// euid C signal; the runner's launcher, whose real and saved uid are R, is one of the
+/// agent's descendants, which it kills as R). The agent (euid R) may not signal them, so it
+/// takes the controller uid as effective uid for the kills (its real and saved uid stay 0, so those processes cannot signal or trace it
+/// meanwhile), then becomes R again. Best effort, except that failing to become R again is an
+/// error the agent must stop on.
+pub(crate) fn end_controller_processes(ids: &TrialIds) -> Result<(), RestoreUidError> {
+    if raw_setresuid(UNCHANGED, 0, UNCHANGED).is_err() {
+        return Ok(());
+    }
+    if raw_setresuid(UNCHANGED, ids.controller_uid, UNCHANGED).is_ok() {
+        for pid in processes_of(ids.controller_uid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+    let restore = |source| RestoreUidError {
+        uid: ids.uid,
+        source,
+    };
+    raw_setresuid(UNCHANGED, 0, UNCHANGED).map_err(restore)?;
+    raw_setresuid(UNCHANGED, ids.uid, UNCHANGED).map_err(restore)?;
+    let _ = nix::sys::prctl::set_dumpable(false);
+    Ok(())
+}
+
+/// Every process but the agent (not a zombie) with `uid` as real or saved uid, found in
+/// /proc.
+fn processes_of(uid: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    // The agent itself shows `uid` as its effective uid while it kills.
+    let me = std::process::id();
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| u32::try_from(pid).is_ok_and(|p| p != me))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|s| status_has_uid(&s, uid))
+        })
+        .collect()
+}
+
+/// Whether a /proc/PID/status text shows `uid` as real or saved uid, and the process is not
+/// a zombie.
+fn status_has_uid(status: &str, uid: u32) -> bool {
+    let mut zombie = false;
+    let mut found = false;
+    for line in status.lines() {
+        if let Some(state) = line.strip_prefix("State:") {
+            zombie = state.trim_start().starts_with('Z');
+        } else if let Some(ids) = line.strip_prefix("Uid:") {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            found = [ids.first(), ids.get(2)]
+                .into_iter()
+                .flatten()
+                .any(|w| w.parse() == Ok(uid));
+        }
+    }
+    found && !zombie
+}
+
+/// The raw syscall's result: async-signal-safe (reads errno, allocates nothing), for use
+/// between fork and exec too.
+fn syscall_result(rc: libc::c_long) -> Result<(), Errno> {
+    if rc == 0 { Ok(()) } else { Err(Errno::last()) }
+}
+
+/// setresuid as a raw syscall: changes only the calling thread (the agent is single-threaded,
+/// and a forked child has one thread), unlike glibc's wrapper, which is not
+/// async-signal-safe.
+fn raw_setresuid(r: u32, e: u32, s: u32) -> Result<(), Errno> {
+    // SAFETY: a syscall with three integer arguments and no memory access.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_setresuid,
+            libc::c_long::from(r),
+            libc::c_long::from(e),
+            libc::c_long::from(s),
+        )
+    };
+    syscall_result(rc)
+}
+
+/// setresgid as a raw syscall (see [`raw_setresuid`]).
+fn raw_setresgid(r: u32, e: u32, s: u32) -> Result<(), Errno> {
+    // SAFETY: a syscall with three integer arguments and no memory access.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_setresgid,
+            libc::c_long::from(r),
+            libc::c_long::from(e),
+            libc::c_long::from(s),
+        )
+    };
+    syscall_result(rc)
+}
+
+/// setgroups with an empty list, as a raw syscall (see [`raw_setresuid`]).
+fn raw_setgroups_empty() -> Result<(), Errno> {
+    // SAFETY: a count of 0 and a null list: the kernel reads no memory.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            0 as libc::c_long,
+            std::ptr::null::<libc::gid_t>(),
+        )
+    };
+    syscall_result(rc)
+}
