@@ -457,7 +457,12 @@ fn controller_child_setup(uid: u32, gid: u32, parent: Pid) -> io::Result<()> {
     // all three. Gid first: after the uid switch it would not be allowed.
     rustix::thread::set_thread_res_gid(g, g, g)?;
     rustix::thread::set_thread_res_uid(u, u, u)?;
-    rustix::process::setsid()?;
+    // Not rustix's setsid: gVisor returns 0 rather than the new session's id, which trips
+    // rustix's `Pid` assertion in debug builds. Only the error matters here.
+    // SAFETY: setsid(2) takes no argument and touches no memory of ours.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(io::Error::last_os_error());
+    }
     // Set after the uid switch, which clears it.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
     if rustix::process::getppid() != Some(parent) {
