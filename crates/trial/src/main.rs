@@ -62,6 +62,10 @@ struct Args {
     /// Answer deadline for every later tick, in ms.
     #[arg(long, value_name = "MS", default_value_t = 100)]
     tick_deadline_ms: u64,
+    /// Leave the wall time out of the verdict (`wall_ms` null): identical trials then print
+    /// identical verdicts, byte for byte, so a replayed run gives the same result digest.
+    #[arg(long)]
+    reproducible: bool,
     /// Write the built-in simulator module to PATH, print its SHA-256, and exit.
     #[arg(long, value_name = "PATH")]
     export_sim: Option<PathBuf>,
@@ -127,7 +131,12 @@ fn main() -> ExitCode {
         },
     };
     match plimsoll_trial::run(&config) {
-        Ok(verdict) => {
+        Ok(mut verdict) => {
+            if args.reproducible {
+                for t in &mut verdict.trials {
+                    t.wall_ms = None;
+                }
+            }
             println!("{}", verdict.to_json_line());
             if verdict.pass {
                 ExitCode::SUCCESS

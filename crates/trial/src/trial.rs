@@ -245,6 +245,6 @@ pub fn run_trial(
         controller_exit: ended.exit.map(Into::into),
         controller_stderr: String::from_utf8_lossy(&ended.stderr).into_owned(),
         controller_stderr_truncated: ended.stderr_truncated,
-        wall_ms,
+        wall_ms: Some(wall_ms),
     })
 }

@@ -130,8 +130,9 @@ pub struct TrialVerdict {
     pub controller_stderr: String,
     /// It wrote more stderr than that.
     pub controller_stderr_truncated: bool,
-    /// Wall time of the trial, controller start to end, in milliseconds (not fingerprinted).
-    pub wall_ms: u64,
+    /// Wall time of the trial, controller start to end, in milliseconds (not fingerprinted);
+    /// None (null) under `--reproducible`.
+    pub wall_ms: Option<u64>,
 }
 
 impl Verdict {
