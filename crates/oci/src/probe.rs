@@ -306,6 +306,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         )
         .collect(),
         files: Vec::new(),
+        owner_only: Vec::new(),
         binds: vec![("plimsoll-probe".into(), p.config().probe.clone())],
         output_bytes: 1 << 20,
         deadline: plan.limits.timeout,

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use plimsoll_sandbox::{
     CaptureLimits, Captured, LaunchError, LaunchPlan, Outcome, Probed, Provider, unix_ms_now,
 };
+use plimsoll_wire::trial_step::{TRIAL_RUNNER, TrialIds, has_trial_step, trial_step};
 use plimsoll_wire::{AgentJob, Bytes, Language, RunResult, RunSpec, Tier};
 
 use crate::cgroup::{CgroupLayout, MemorySeen};
@@ -132,6 +133,9 @@ pub(crate) struct LaunchSpec {
     pub args: Vec<String>,
     /// Files written into the tools directory (name, content).
     pub files: Vec<(String, Vec<u8>)>,
+    /// Names among `files` written mode 0600 (root's, the rest 0644): a trial run's job
+    /// holds the scenarios its controller must not read; its shell opens it as uid 0.
+    pub owner_only: Vec<String>,
     /// Host files bound read-only into the tools directory (name, host path).
     pub binds: Vec<(String, PathBuf)>,
     pub output_bytes: u64,
@@ -578,18 +582,24 @@ impl OciProvider {
             // The mode given to mkdir is filtered by the umask.
             fs::set_permissions(d, fs::Permissions::from_mode(0o755)).map_err(|e| err(d, e))?;
         }
-        let write = |path: &Path, content: &[u8]| -> Result<(), String> {
+        let write_mode = |path: &Path, content: &[u8], mode: u32| -> Result<(), String> {
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(0o644)
+                .mode(mode)
                 .open(path)
                 .map_err(|e| err(path, e))?;
             f.write_all(content).map_err(|e| err(path, e))?;
-            fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(|e| err(path, e))
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| err(path, e))
         };
+        let write = |path: &Path, content: &[u8]| write_mode(path, content, 0o644);
         for (name, content) in &launch.files {
-            write(&tools.join(name), content)?;
+            let mode = if launch.owner_only.contains(name) {
+                0o600
+            } else {
+                0o644
+            };
+            write_mode(&tools.join(name), content, mode)?;
         }
         for (name, host) in &launch.binds {
             if !host.is_file() {
@@ -658,10 +668,14 @@ impl OciProvider {
         {
             errors.push(e.to_string());
         }
-        if backstop
-            && let Err(e) = plimsoll_sandbox::end_processes_of_uid(plan.uid, Duration::from_secs(5))
-        {
-            errors.push(e.to_string());
+        // The controller uid too: leased to this run alone, a trial's controllers run as it.
+        if backstop {
+            for uid in [plan.uid, plan.controller_uid] {
+                if let Err(e) = plimsoll_sandbox::end_processes_of_uid(uid, Duration::from_secs(5))
+                {
+                    errors.push(e.to_string());
+                }
+            }
         }
         if let Err(e) = self.state.remove_run(id) {
             errors.push(format!("cannot remove {}: {e}", run_dir.path().display()));
@@ -707,6 +721,7 @@ impl OciProvider {
         LaunchSpec {
             args,
             files,
+            owner_only: Vec::new(),
             binds: Vec::new(),
             output_bytes: plan.limits.output_bytes,
             deadline: plan.limits.timeout,
@@ -718,13 +733,49 @@ impl OciProvider {
         let RunSpec::Project(project) = &plan.spec else {
             return Err(LaunchError::environment("not a project"));
         };
+        // A run with a trial step: the agent starts as uid 0 with CAP_SETUID and CAP_SETGID
+        // (spec.rs) and is told the run's two uids; the runner is bound read-only at
+        // TRIAL_RUNNER_PATH. Nothing of this in any other run.
+        let trial = has_trial_step(&plan.spec).then_some(TrialIds {
+            uid: plan.uid,
+            gid: plan.gid,
+            controller_uid: plan.controller_uid,
+            controller_gid: plan.controller_gid,
+        });
+        // RunRequest::validate refuses these first; a plan that still holds one never gets
+        // the privileges (the agent would refuse it too, but only after starting as root).
+        if let Some((i, Some(Err(e)))) = project
+            .steps
+            .iter()
+            .map(trial_step)
+            .enumerate()
+            .find(|(_, t)| matches!(t, Some(Err(_))))
+        {
+            return Err(LaunchError::NotStarted {
+                reason: plimsoll_wire::Reason::Request,
+                message: format!("step {} {e}", i + 1),
+            });
+        }
+        let mut binds = vec![("plimsoll-agent".to_owned(), self.config.agent.clone())];
+        if trial.is_some() {
+            let runner = &self.config.trial_runner;
+            if !runner.is_file() {
+                return Err(LaunchError::environment(format!(
+                    "the run has a {TRIAL_RUNNER} step but the runner {} is missing: build it \
+                     (`cargo build -p plimsoll-trial`, beside plimsoll-agent) or set [oci] \
+                     trial_runner",
+                    runner.display()
+                )));
+            }
+            binds.push((TRIAL_RUNNER.to_owned(), runner.clone()));
+        }
         let job = AgentJob {
             spec: plan.spec.clone(),
             work_dir: spec::WORK_DIR.to_owned(),
             output_bytes: plan.limits.output_bytes,
             artifact_bytes: plan.limits.artifact_bytes,
             deadline_ms: plan.limits.timeout.as_millis() as u64,
-            trial: None,
+            trial,
         };
         let text = serde_json::to_vec(&job)
             .map_err(|e| LaunchError::environment(format!("cannot encode the agent job: {e}")))?;
@@ -749,8 +800,16 @@ impl OciProvider {
                 format!("exec {0}/plimsoll-agent < {0}/job.json", spec::TOOLS_DIR),
             ],
             files,
+            // The agent's shell opens the job as uid 0 (CAP_DAC_OVERRIDE is not among its
+            // two capabilities, so only the owner's bits let it); the controller, another
+            // uid, cannot read the scenarios there.
+            owner_only: if trial.is_some() {
+                vec!["job.json".to_owned()]
+            } else {
+                Vec::new()
+            },
             env: broker_env(plan, true),
-            binds: vec![("plimsoll-agent".to_owned(), self.config.agent.clone())],
+            binds,
             output_bytes: content.saturating_mul(6).saturating_add(AGENT_ANSWER_SLACK),
             deadline: plan.limits.timeout + AGENT_GRACE,
         })
@@ -928,6 +987,111 @@ mod tests {
         assert_eq!(status_of(&captured(Some(143), None)), (None, Some(15)));
         assert_eq!(status_of(&captured(Some(255), None)), (Some(255), None));
         assert_eq!(status_of(&captured(None, Some(9))), (None, Some(9)));
+    }
+
+    fn project_plan(steps: &[&str]) -> LaunchPlan {
+        use plimsoll_wire::{Project, Step};
+        LaunchPlan {
+            run_id: "trial0".into(),
+            request_id: "r".into(),
+            spec: RunSpec::Project(Project {
+                files: vec![],
+                steps: steps
+                    .iter()
+                    .map(|s| Step {
+                        name: None,
+                        run: (*s).to_owned(),
+                    })
+                    .collect(),
+                artifacts: vec![],
+            }),
+            limits: plimsoll_sandbox::testing::limits(),
+            uid: 2_000_010,
+            gid: 2_000_011,
+            controller_uid: 2_000_020,
+            controller_gid: 2_000_021,
+            run_dir: PathBuf::from("/unused"),
+            broker: None,
+        }
+    }
+
+    fn job_of(launch: &LaunchSpec) -> AgentJob {
+        let (_, text) = launch.files.iter().find(|(n, _)| n == "job.json").unwrap();
+        serde_json::from_slice(text).unwrap()
+    }
+
+    #[test]
+    fn a_trial_run_gets_the_runner_and_both_uids() {
+        let tmp = tempfile::tempdir().unwrap();
+        let agent = tmp.path().join("plimsoll-agent");
+        fs::write(&agent, b"").unwrap();
+        let c = OciConfig::new(
+            RuntimeKind::Runc,
+            "/img".into(),
+            agent.clone(),
+            "/p".into(),
+            1,
+        );
+        assert_eq!(c.trial_runner, tmp.path().join("plimsoll-trial-runner"));
+        let p = OciProvider::new(c.clone());
+        let trial = project_plan(&["plimsoll-trial-runner --scenario s.json -- node c.js"]);
+
+        // No runner: refused before anything is written or started.
+        match p.project_launch(&trial) {
+            Err(LaunchError::NotStarted { reason, message }) => {
+                assert_eq!(reason, plimsoll_wire::Reason::Environment);
+                assert!(
+                    message.contains("cargo build -p plimsoll-trial")
+                        && message.contains("[oci] trial_runner")
+                        && message.contains(&c.trial_runner.display().to_string()),
+                    "{message}"
+                );
+            }
+            other => panic!("a missing runner was not refused: {other:?}"),
+        }
+
+        fs::write(&c.trial_runner, b"").unwrap();
+        let launch = p.project_launch(&trial).unwrap();
+        assert_eq!(
+            launch.binds,
+            [
+                ("plimsoll-agent".to_owned(), agent.clone()),
+                (TRIAL_RUNNER.to_owned(), c.trial_runner.clone()),
+            ]
+        );
+        assert_eq!(
+            job_of(&launch).trial,
+            Some(TrialIds {
+                uid: 2_000_010,
+                gid: 2_000_011,
+                controller_uid: 2_000_020,
+                controller_gid: 2_000_021,
+            })
+        );
+        // The job holds the scenarios: root's alone in a trial run.
+        assert_eq!(launch.owner_only, ["job.json"]);
+
+        // Without a trial step: no runner, no ids, whether or not the runner exists.
+        let plain = project_plan(&["echo plimsoll-trial-runner"]);
+        let launch = p.project_launch(&plain).unwrap();
+        assert_eq!(launch.binds, [("plimsoll-agent".to_owned(), agent)]);
+        assert_eq!(job_of(&launch).trial, None);
+        assert!(launch.owner_only.is_empty());
+        fs::remove_file(&c.trial_runner).unwrap();
+        assert!(p.project_launch(&plain).is_ok());
+
+        // A trial step smuggling shell: refused as the request's fault, runner or not.
+        let bad = project_plan(&[
+            "echo ok",
+            "plimsoll-trial-runner --scenario s.json -- node c.js; id",
+        ]);
+        match p.project_launch(&bad) {
+            Err(LaunchError::NotStarted { reason, message }) => {
+                assert_eq!(reason, plimsoll_wire::Reason::Request);
+                assert!(message.starts_with("step 2 holds `;`"), "{message}");
+            }
+            other => panic!("a smuggling trial step was not refused: {other:?}"),
+        }
     }
 
     #[test]

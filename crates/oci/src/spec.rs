@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use plimsoll_sandbox::LaunchPlan;
+use plimsoll_wire::trial_step::has_trial_step;
 use serde_json::{Value, json};
 
 use crate::runtime::RuntimeKind;
@@ -23,6 +24,11 @@ pub const ENVIRONMENT: [&str; 3] = [
 ];
 /// The leaf cgroup of the container below the run's cgroup.
 pub const CONTAINER_CGROUP: &str = "ctr";
+/// The capabilities a run with a trial step starts with (bounding, effective and permitted;
+/// inheritable and ambient stay empty): what the agent needs to start the trial runner as
+/// uid 0 and what the runner needs to give the controller a uid of its own. Every other run
+/// has none.
+pub const TRIAL_CAPABILITIES: [&str; 2] = ["CAP_SETUID", "CAP_SETGID"];
 /// `RLIMIT_NOFILE` in the container.
 pub const NOFILE: u64 = 1024;
 
@@ -189,6 +195,22 @@ pub fn container_config(plan: &LaunchPlan, inputs: &SpecInputs<'_>) -> Value {
         linux["seccomp"] = crate::seccomp::profile().clone();
     }
 
+    // A run with a trial step starts as uid 0 with CAP_SETUID and CAP_SETGID; the agent
+    // works as the run's uid from its first instruction on and gives every ordinary step
+    // neither (docs/container-tier.md, "Trial runs"). Every other run starts as its own uid
+    // with no capability at all.
+    let (user, capabilities) = if has_trial_step(&plan.spec) {
+        (
+            json!({"uid": 0, "gid": 0, "additionalGids": []}),
+            json!({"bounding": TRIAL_CAPABILITIES, "effective": TRIAL_CAPABILITIES,
+                   "inheritable": [], "permitted": TRIAL_CAPABILITIES, "ambient": []}),
+        )
+    } else {
+        (
+            json!({"uid": uid, "gid": gid, "additionalGids": []}),
+            json!({"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []}),
+        )
+    };
     let env: Vec<String> = ENVIRONMENT
         .iter()
         .map(|e| (*e).to_owned())
@@ -198,11 +220,11 @@ pub fn container_config(plan: &LaunchPlan, inputs: &SpecInputs<'_>) -> Value {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
-            "user": {"uid": uid, "gid": gid, "additionalGids": []},
+            "user": user,
             "args": inputs.args,
             "env": env,
             "cwd": WORK_DIR,
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "capabilities": capabilities,
             "rlimits": [
                 {"type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE},
                 {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
@@ -223,7 +245,7 @@ mod tests {
     use std::time::Duration;
 
     use plimsoll_sandbox::ResolvedLimits;
-    use plimsoll_wire::{Language, RunSpec, Snippet};
+    use plimsoll_wire::{Language, Project, RunSpec, Snippet, Step};
 
     use super::*;
 
@@ -253,20 +275,26 @@ mod tests {
     }
 
     fn config(kind: RuntimeKind) -> Value {
+        config_for(&plan(), kind, &[("plimsoll-agent", Path::new(AGENT))])
+    }
+
+    const AGENT: &str = "/host/plimsoll-agent";
+    const RUNNER: &str = "/host/plimsoll-trial-runner";
+
+    fn config_for(plan: &LaunchPlan, kind: RuntimeKind, binds: &[(&str, &Path)]) -> Value {
         let args = vec![
             "/usr/bin/python3".to_owned(),
             "/opt/plimsoll/bin/main.py".to_owned(),
         ];
-        let agent = PathBuf::from("/host/plimsoll-agent");
         container_config(
-            &plan(),
+            plan,
             &SpecInputs {
                 kind,
                 rootfs: Path::new("/images/sandbox/rootfs"),
                 cgroup_parent: "/plimsoll/crun",
                 cpu_millis: 1500,
                 tools_dir: Path::new("/run/plimsoll/crun/runs/plimsoll-0123abcd/bin"),
-                tool_binds: &[("plimsoll-agent", agent.as_path())],
+                tool_binds: binds,
                 args: &args,
                 extra_env: &[],
                 cgroup_v1_mounts: &[
@@ -275,6 +303,55 @@ mod tests {
                 ],
             },
         )
+    }
+
+    /// A project plan with these steps.
+    fn project_plan(steps: &[&str]) -> LaunchPlan {
+        LaunchPlan {
+            spec: RunSpec::Project(Project {
+                files: vec![],
+                steps: steps
+                    .iter()
+                    .map(|s| Step {
+                        name: None,
+                        run: (*s).to_owned(),
+                    })
+                    .collect(),
+                artifacts: vec![],
+            }),
+            ..plan()
+        }
+    }
+
+    /// SHA-256 of a config's JSON without its seccomp profile (data, checked on its own).
+    fn digest_without_seccomp(mut c: Value) -> String {
+        use sha2::Digest as _;
+        if let Some(linux) = c["linux"].as_object_mut() {
+            linux.remove("seccomp");
+        }
+        hex::encode(sha2::Sha256::digest(serde_json::to_vec(&c).unwrap()))
+    }
+
+    #[test]
+    fn runs_without_a_trial_step_are_what_they_were() {
+        // Computed from this module before trial runs existed: a run without a trial step
+        // must keep exactly that config (the run uid, no capability, no runner).
+        const CRUN: &str = "cfeaace90e2d622c058edabfe1949de7231939829c71bb36c42d08f5a58fd83c";
+        const RUNC: &str = "c37483a020c3273a003ef647d5d96f845b4a35414d44c49b25a4d3a7acd1bb8d";
+        const RUNSC: &str = "cf875716b1c764c47a5fa4e003326a1f5edd35d384cf686528fcee5a0669c18c";
+        let agent: &[(&str, &Path)] = &[("plimsoll-agent", Path::new(AGENT))];
+        let project = project_plan(&["echo plimsoll-trial-runner", "node main.js"]);
+        for (kind, plan, want) in [
+            (RuntimeKind::Crun, plan(), CRUN),
+            (RuntimeKind::Runc, plan(), RUNC),
+            (RuntimeKind::Runsc, plan(), RUNSC),
+            (RuntimeKind::Crun, project.clone(), CRUN),
+            (RuntimeKind::Runc, project.clone(), RUNC),
+            (RuntimeKind::Runsc, project.clone(), RUNSC),
+        ] {
+            let got = digest_without_seccomp(config_for(&plan, kind, agent));
+            assert_eq!(got, want, "{kind:?}, {:?}", plan.spec);
+        }
     }
 
     fn mount<'a>(c: &'a Value, dest: &str) -> &'a Value {
@@ -387,6 +464,70 @@ mod tests {
             );
             assert!(ro || writable_ok, "{d} is writable");
         }
+    }
+
+    #[test]
+    fn a_trial_run_starts_as_root_with_exactly_setuid_and_setgid() {
+        use plimsoll_wire::trial_step::{TRIAL_RUNNER, TRIAL_RUNNER_PATH};
+        assert_eq!(format!("{TOOLS_DIR}/{TRIAL_RUNNER}"), TRIAL_RUNNER_PATH);
+        let plan = project_plan(&[
+            "id -u",
+            "plimsoll-trial-runner --scenario standard.json -- node accepted.js",
+        ]);
+        let binds: &[(&str, &Path)] = &[
+            ("plimsoll-agent", Path::new(AGENT)),
+            (TRIAL_RUNNER, Path::new(RUNNER)),
+        ];
+        for kind in RuntimeKind::ALL {
+            let c = config_for(&plan, kind, binds);
+            let p = &c["process"];
+            assert_eq!(
+                p["user"],
+                json!({"uid": 0, "gid": 0, "additionalGids": []}),
+                "{kind:?}"
+            );
+            let two = json!(["CAP_SETUID", "CAP_SETGID"]);
+            for set in ["bounding", "effective", "permitted"] {
+                assert_eq!(p["capabilities"][set], two, "{kind:?} {set}");
+            }
+            for set in ["inheritable", "ambient"] {
+                assert_eq!(p["capabilities"][set], json!([]), "{kind:?} {set}");
+            }
+            assert_eq!(p["noNewPrivileges"], true);
+            // /work stays the run uid's, mode 0755; /proc has no hidepid.
+            let work = mount(&c, WORK_DIR)["options"].to_string();
+            assert!(
+                work.contains("\"uid=2000003\"")
+                    && work.contains("\"gid=2000003\"")
+                    && work.contains("\"mode=0755\""),
+                "{work}"
+            );
+            assert!(
+                !mount(&c, "/proc")["options"]
+                    .to_string()
+                    .contains("hidepid")
+            );
+            let runner = mount(&c, TRIAL_RUNNER_PATH);
+            assert_eq!(runner["type"], "bind");
+            assert_eq!(runner["source"], RUNNER);
+            assert_eq!(runner["options"], json!(["bind", "ro", "nosuid", "nodev"]));
+            // Nothing else differs from the same run without its trial step.
+            let mut plain = config_for(&project_plan(&["id -u"]), kind, binds);
+            plain["process"]["user"] = p["user"].clone();
+            plain["process"]["capabilities"] = p["capabilities"].clone();
+            assert_eq!(plain, c, "{kind:?}");
+        }
+        // The runner named by its path is a trial step too; a mention of it is not.
+        let by_path =
+            project_plan(&["/opt/plimsoll/bin/plimsoll-trial-runner --scenario s.json -- x"]);
+        assert_eq!(
+            config_for(&by_path, RuntimeKind::Runc, binds)["process"]["user"]["uid"],
+            0
+        );
+        let mention = project_plan(&["echo plimsoll-trial-runner"]);
+        let c = config_for(&mention, RuntimeKind::Runc, binds);
+        assert_eq!(c["process"]["user"]["uid"], 2_000_003);
+        assert_eq!(c["process"]["capabilities"]["bounding"], json!([]));
     }
 
     #[test]

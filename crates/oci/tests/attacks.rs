@@ -10,165 +10,25 @@
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::net::UdpSocket;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+#[macro_use]
+mod common;
 
 use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
 use plimsoll_sandbox::broker::{BrokerChannel, BrokerPort};
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{
-    fresh_id, is_root, js, limits, no_connection_came, probe_and_agent, py, quiet_listener,
-    skip_or_fail, text, workspace_root,
+    fresh_id, js, limits, no_connection_came, py, quiet_listener, text,
 };
-use plimsoll_sandbox::{LaunchError, LaunchPlan, Provider, ResolvedLimits, Spawn};
-use plimsoll_wire::{Project, ProjectFile, Reason, RunResult, RunSpec, Step, Tier};
+use plimsoll_sandbox::{LaunchError, Provider, Spawn};
+use plimsoll_wire::{Project, ProjectFile, Reason, RunSpec, Step, Tier};
 
-fn image() -> PathBuf {
-    workspace_root().join("build/images/sandbox")
-}
+use common::{image, kind_index, rig};
 
-/// One provider with a state root and a cgroup parent of its own, so tests running at the
-/// same time never reap each other's runs. Removed on drop.
-struct Rig {
-    p: OciProvider,
-    state_root: PathBuf,
-    cgroup_parent: String,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        let _ = self.p.reap();
-        let _ = std::fs::remove_dir_all(&self.state_root);
-        if let Ok(layout) = self.p.layout() {
-            let _ = layout.remove(&self.cgroup_parent);
-            // The shared parent goes too once the last test is done with it.
-            for dir in layout.dirs("/plimsoll-test") {
-                let _ = std::fs::remove_dir(dir);
-            }
-        }
-    }
-}
-
-fn kind_index(kind: RuntimeKind) -> u32 {
-    RuntimeKind::ALL.iter().position(|k| *k == kind).unwrap() as u32
-}
-
-/// A uid of its own for each scenario and runtime.
+/// A uid of its own for each scenario and runtime (common/mod.rs: the ranges).
 fn uid(scenario: u32, kind: RuntimeKind) -> u32 {
     2_100_000 + scenario * 10 + kind_index(kind)
-}
-
-fn rig(kind: RuntimeKind, test: &str) -> Option<Rig> {
-    if !is_root() {
-        skip_or_fail(
-            test,
-            "needs root (cgroups, namespaces, the runtime's state)",
-        );
-        return None;
-    }
-    if !Path::new(kind.default_binary()).exists() {
-        skip_or_fail(
-            test,
-            &format!(
-                "{} is not installed (scripts/install-deps)",
-                kind.default_binary()
-            ),
-        );
-        return None;
-    }
-    if !image().join("identity").exists() {
-        skip_or_fail(test, "the sandbox image is not built (scripts/build-image)");
-        return None;
-    }
-    let (probe, agent) = match probe_and_agent() {
-        Ok(pa) => pa,
-        Err(e) => {
-            skip_or_fail(test, &e);
-            return None;
-        }
-    };
-    let tag = format!("{test}-{}", std::process::id());
-    let state_root = PathBuf::from("/run/plimsoll-test").join(&tag);
-    let cgroup_parent = format!("/plimsoll-test/{tag}");
-    let mut c = OciConfig::new(kind, image(), agent, probe, 2_199_000 + kind_index(kind));
-    c.state_root = state_root.clone();
-    c.cgroup_parent = cgroup_parent.clone();
-    Some(Rig {
-        p: OciProvider::new(c),
-        state_root,
-        cgroup_parent,
-    })
-}
-
-impl Rig {
-    fn plan(&self, spec: RunSpec, limits: ResolvedLimits, uid: u32) -> LaunchPlan {
-        LaunchPlan {
-            run_id: fresh_id("t"),
-            request_id: "attack".into(),
-            spec,
-            limits,
-            uid,
-            gid: uid,
-            controller_uid: uid + 1,
-            controller_gid: uid + 1,
-            run_dir: self.state_root.join("unused"),
-            broker: None,
-        }
-    }
-
-    /// Runs, then checks that nothing of the run is left.
-    fn run(&self, spec: RunSpec, limits: ResolvedLimits, uid: u32) -> RunResult {
-        self.run_plan(&self.plan(spec, limits, uid))
-    }
-
-    fn run_plan(&self, plan: &LaunchPlan) -> RunResult {
-        let uid = plan.uid;
-        let outcome = self.p.run(plan);
-        self.assert_clean(&plan.run_id, uid);
-        match outcome {
-            Ok(o) => o.result,
-            Err(e) => panic!("{} run failed: {e}", self.p.name()),
-        }
-    }
-
-    fn assert_clean(&self, run_id: &str, uid: u32) {
-        let id = format!("plimsoll-{run_id}");
-        let name = self.p.name();
-        let list = self.p.runtime().list().expect("list containers");
-        assert!(
-            !list.contains(&id),
-            "{name}: container {id} is still listed: {list:?}"
-        );
-        assert!(
-            !self.p.runtime().has_state(&id),
-            "{name}: runtime state of {id} remains"
-        );
-        let layout = self.p.layout().expect("cgroup layout");
-        for dir in layout.dirs(&spec::run_cgroup(self.p.cgroup_parent(), run_id)) {
-            assert!(!dir.exists(), "{name}: cgroup {} remains", dir.display());
-        }
-        let run_dir = self.p.state().runs().join(&id);
-        assert!(
-            !run_dir.exists(),
-            "{name}: run directory {} remains",
-            run_dir.display()
-        );
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        assert!(
-            !mounts.contains(run_id),
-            "{name}: a mount of {run_id} remains"
-        );
-        let left = processes_of_uid(uid);
-        assert!(
-            left.is_empty(),
-            "{name}: processes of uid {uid} remain: {left:?}"
-        );
-        let runtimes = processes_naming(&id);
-        assert!(
-            runtimes.is_empty(),
-            "{name}: processes naming {id} remain: {runtimes:?}"
-        );
-    }
 }
 
 /// Reaps the dead processes of `uid` whose parent is this process; fails on a live one.
@@ -194,38 +54,6 @@ fn reap_our_zombies(uid: u32) {
             let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
         }
     }
-}
-
-/// Processes whose command line names `needle` (a runtime, runsc's sandbox and gofer).
-fn processes_naming(needle: &str) -> Vec<(i32, String)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(needle) {
-            out.push((pid, cmd));
-        }
-    }
-    out
-}
-
-macro_rules! on_every_runtime {
-    ($($scenario:ident),* $(,)?) => {
-        mod crun {
-            $(#[test] fn $scenario() { super::$scenario(plimsoll_oci::RuntimeKind::Crun, concat!("crun::", stringify!($scenario))) })*
-        }
-        mod runc {
-            $(#[test] fn $scenario() { super::$scenario(plimsoll_oci::RuntimeKind::Runc, concat!("runc::", stringify!($scenario))) })*
-        }
-        mod runsc {
-            $(#[test] fn $scenario() { super::$scenario(plimsoll_oci::RuntimeKind::Runsc, concat!("runsc::", stringify!($scenario))) })*
-        }
-    };
 }
 
 on_every_runtime!(
