@@ -1,12 +1,18 @@
-//! Running the daemon: settings to options, the listener, the evidence re-check loop, callers
-//! reload on SIGHUP, and graceful shutdown on SIGTERM/SIGINT.
+//! Running the daemon: settings to options, the accept loop (HTTP/1.1 with a header-read
+//! timeout), the evidence re-check loop, callers reload on SIGHUP, and graceful shutdown on
+//! SIGTERM/SIGINT.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use plimsoll_broker::{GrantProfiles, LoadGrantsError};
 use plimsoll_engine::settings::Settings;
 use plimsoll_engine::{BuildEngineError, Engine};
@@ -25,6 +31,15 @@ pub const DEFAULT_CALLERS_FILE: &str = "/etc/plimsoll/callers.toml";
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
 /// Default seconds between evidence re-checks.
 pub const DEFAULT_RECHECK_SECS: u64 = 300;
+/// Default seconds a client has to send a whole request head (request line and headers),
+/// and the longest a kept-alive connection may sit idle between requests.
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+/// The largest `header_timeout_secs` accepted: an hour (far beyond any honest client, and
+/// small enough that no deadline overflows).
+pub const MAX_HEADER_TIMEOUT_SECS: u64 = 3600;
+/// How long the accept loop pauses after an accept error other than a connection's own
+/// failure (e.g. `EMFILE`, out of file descriptors), before accepting again.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 /// How long shutdown waits beyond the longest run the settings allow.
 pub const SHUTDOWN_SLACK: Duration = Duration::from_secs(10);
 
@@ -39,6 +54,10 @@ pub struct DaemonOptions {
     pub max_body_bytes: usize,
     /// Time between evidence re-checks.
     pub recheck: Duration,
+    /// How long a client has to send a whole request head, counted from the connection's
+    /// start or the end of the previous answer on it; past it the connection is closed
+    /// without an answer.
+    pub header_timeout: Duration,
     /// How long shutdown waits for runs in flight: the longest run timeout the settings
     /// allow, plus [`SHUTDOWN_SLACK`].
     pub shutdown_grace: Duration,
@@ -128,6 +147,15 @@ impl DaemonOptions {
                 message: "must be at least 1".into(),
             });
         }
+        let header_timeout = d.header_timeout_secs.unwrap_or(DEFAULT_HEADER_TIMEOUT_SECS);
+        if !(1..=MAX_HEADER_TIMEOUT_SECS).contains(&header_timeout) {
+            return Err(StartDaemonError::Invalid {
+                key: "header_timeout_secs",
+                message: format!(
+                    "must be from 1 to {MAX_HEADER_TIMEOUT_SECS} (default {DEFAULT_HEADER_TIMEOUT_SECS}): the seconds a client has to send its request headers"
+                ),
+            });
+        }
         Ok(DaemonOptions {
             listen,
             callers_file: d
@@ -136,6 +164,7 @@ impl DaemonOptions {
                 .unwrap_or_else(|| DEFAULT_CALLERS_FILE.into()),
             max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
             recheck: Duration::from_secs(recheck),
+            header_timeout: Duration::from_secs(header_timeout),
             shutdown_grace: settings.engine_config().limits.maximums.timeout + SHUTDOWN_SLACK,
             // `plimsolld --grants` overrides it.
             grants_file: settings.grants_file.clone(),
@@ -239,14 +268,14 @@ impl Daemon {
             let _ = fired_tx.send(true);
         };
         let app = router(Arc::clone(&self.state));
-        let serve = axum::serve(listener, app).with_graceful_shutdown(signal);
+        let serve = accept_loop(listener, app, self.options.header_timeout, signal);
         let grace = self.options.shutdown_grace;
         let deadline = async move {
             let _ = fired_rx.wait_for(|f| *f).await;
             tokio::time::sleep(grace).await;
         };
         tokio::select! {
-            served = serve => served.map_err(StartDaemonError::Serve)?,
+            () = serve => {}
             () = deadline => {
                 return Err(StartDaemonError::ShutdownTimedOut {
                     waited: grace,
@@ -267,6 +296,74 @@ impl Daemon {
         }
         Ok(())
     }
+}
+
+/// Accepts connections on `listener` and serves `app` on each (HTTP/1.1, as `axum::serve`
+/// with axum's default features did), until `signal` completes; then stops accepting, asks
+/// every connection to close once its request in flight is answered, and returns when all
+/// have closed.
+///
+/// Each connection must send a whole request head within `header_timeout` of its start, or of
+/// the end of the previous answer on it (an idle kept-alive connection); otherwise hyper
+/// closes it without an answer. So a client that sends nothing, or a byte a minute, holds a
+/// socket for at most `header_timeout`. An accept error other than a connection's own
+/// failure (e.g. `EMFILE`) is logged and retried after [`ACCEPT_BACKOFF`]: it never ends the
+/// server.
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    header_timeout: Duration,
+    signal: impl Future<Output = ()>,
+) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let service = TowerToHyperService::new(app);
+    let graceful = GracefulShutdown::new();
+    let mut signal = pin!(signal);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut signal => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                tracing::error!(
+                    error = %e,
+                    backoff_ms = ACCEPT_BACKOFF.as_millis() as u64,
+                    "cannot accept a connection (out of file descriptors?); retrying"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                    () = &mut signal => break,
+                }
+            }
+        };
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::debug!(
+        connections = graceful.count(),
+        "no longer accepting; waiting for open connections to close"
+    );
+    graceful.shutdown().await;
+}
+
+/// An accept error that concerns only the connection being accepted.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
 }
 
 async fn probe_all(engine: Arc<Engine>) {
@@ -349,4 +446,41 @@ pub async fn run(
         tracing::info!("stopped");
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(daemon: &str) -> Result<DaemonOptions, StartDaemonError> {
+        let settings = Settings::parse(&format!("[daemon]\n{daemon}")).expect("valid TOML");
+        DaemonOptions::from_settings(&settings, None)
+    }
+
+    #[test]
+    fn the_header_timeout_defaults_to_ten_seconds_and_is_bounded() {
+        let o = options("").unwrap();
+        assert_eq!(
+            o.header_timeout,
+            Duration::from_secs(DEFAULT_HEADER_TIMEOUT_SECS)
+        );
+        assert_eq!(DEFAULT_HEADER_TIMEOUT_SECS, 10);
+        let o = options("header_timeout_secs = 1").unwrap();
+        assert_eq!(o.header_timeout, Duration::from_secs(1));
+        let e = options("header_timeout_secs = 0").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StartDaemonError::Invalid {
+                    key: "header_timeout_secs",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("from 1 to 3600"), "{e}");
+        assert!(options("header_timeout_secs = 3600").is_ok());
+        // Far past any deadline a timer can hold: refused, rather than panicking later.
+        assert!(options(&format!("header_timeout_secs = {}", i64::MAX)).is_err());
+    }
 }

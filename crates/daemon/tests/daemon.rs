@@ -1,5 +1,6 @@
 //! plimsolld over real HTTP on loopback: refusals, authentication, capacity, providers,
-//! readiness, metrics, the OpenAPI document, logs, start-up refusal and graceful shutdown.
+//! readiness, metrics, the OpenAPI document, logs, start-up refusal, graceful shutdown, and
+//! connections that never finish their headers.
 //! Runs use the real process provider; where it is unavailable on this host the tests that
 //! need it print `SKIP` (and fail under CI=true).
 
@@ -844,7 +845,8 @@ struct Spawned {
 }
 
 impl Spawned {
-    fn start(extra: &str) -> Spawned {
+    /// Starts `plimsolld`; `daemon_extra` is more keys of its `[daemon]` section.
+    fn start(daemon_extra: &str) -> Spawned {
         let dir = tempfile::tempdir().unwrap();
         // Sandbox uids must traverse it to reach their run directories under `state`.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
@@ -859,8 +861,8 @@ impl Spawned {
         std::fs::write(
             &config,
             format!(
-                "{PROCESS}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n{extra}\n\
-                 [daemon]\ncallers_file = \"{}\"\n",
+                "{PROCESS}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n\
+                 [daemon]\ncallers_file = \"{}\"\n{daemon_extra}\n",
                 state.display(),
                 callers.display()
             ),
@@ -1081,4 +1083,163 @@ fn help_lists_every_environment_variable() {
         assert!(text.contains(v.name), "--help does not list {}", v.name);
     }
     assert!(text.contains("--config") && text.contains("--listen"));
+}
+
+/// Reads `conn` until the daemon closes it, for at most `bound`: what it sent, or why the
+/// connection was still open.
+fn read_until_closed(conn: &mut std::net::TcpStream, bound: Duration) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    conn.set_read_timeout(Some(bound))
+        .expect("set a read timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(got),
+            Err(e) => {
+                return Err(format!(
+                    "still open after {bound:?} ({e}); got {:?}",
+                    String::from_utf8_lossy(&got)
+                ));
+            }
+        }
+    }
+}
+
+/// A raw connection to the daemon at `url`.
+fn connect(url: &str) -> std::net::TcpStream {
+    std::net::TcpStream::connect(url.trim_start_matches("http://")).expect("connect to the daemon")
+}
+
+/// Far longer than the 1 s header timeout the tests set: only a daemon without one is slower.
+const CLOSED_WITHIN: Duration = Duration::from_secs(15);
+
+#[test]
+fn a_connection_that_never_finishes_its_request_head_is_closed_while_others_are_served() {
+    use std::io::Write;
+    let d = TestDaemon::start(&format!("{PROCESS}[daemon]\nheader_timeout_secs = 1\n"));
+    // Half a request line, and then nothing.
+    let mut half = connect(&d.url);
+    half.write_all(b"GET /heal")
+        .expect("send half a request line");
+    // A connection that sends nothing at all.
+    let mut silent = connect(&d.url);
+    // Headers without their blank line, before the token would be looked at.
+    let mut unfinished = connect(&d.url);
+    unfinished
+        .write_all(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n")
+        .expect("send unfinished headers");
+
+    // Meanwhile, other connections are served.
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
+
+    for (what, conn) in [
+        ("half a request line", &mut half),
+        ("nothing", &mut silent),
+        ("unfinished headers", &mut unfinished),
+    ] {
+        let got = read_until_closed(conn, CLOSED_WITHIN)
+            .unwrap_or_else(|e| panic!("a connection that sent {what}: {e}"));
+        // Closed without an answer (docs/daemon.md).
+        assert!(
+            got.is_empty(),
+            "a connection that sent {what} got {:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
+}
+
+#[test]
+fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
+    use std::io::{Read, Write};
+    let d = TestDaemon::start(&format!("{PROCESS}[daemon]\nheader_timeout_secs = 1\n"));
+    let mut conn = connect(&d.url);
+    conn.set_read_timeout(Some(CLOSED_WITHIN))
+        .expect("set a read timeout");
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("send a request");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains(r#"{"status":"ok"}"#) {
+        let n = conn.read(&mut buf).expect("read the answer");
+        assert!(
+            n > 0,
+            "closed before answering: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    // Kept alive, then idle: closed, with nothing more sent.
+    let more = read_until_closed(&mut conn, CLOSED_WITHIN)
+        .unwrap_or_else(|e| panic!("an idle kept-alive connection: {e}"));
+    assert!(more.is_empty(), "{:?}", String::from_utf8_lossy(&more));
+}
+
+#[test]
+fn the_daemon_serves_while_many_idle_connections_are_open_and_after_they_are_dropped() {
+    use std::io::Write;
+    let d = TestDaemon::start(PROCESS);
+    let mut idle: Vec<std::net::TcpStream> = (0..200).map(|_| connect(&d.url)).collect();
+    for (i, conn) in idle.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            conn.write_all(b"GET / HTTP/1.1\r\nHo")
+                .expect("send the start of a request");
+        }
+    }
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
+    drop(idle);
+    for _ in 0..20 {
+        assert_eq!(get(&d.url, "/healthz", None).status, 200);
+    }
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
+}
+
+#[test]
+fn the_daemon_keeps_serving_after_running_out_of_file_descriptors() {
+    let mut d = Spawned::start("header_timeout_secs = 1");
+    let pid = rustix::process::Pid::from_child(&d.child);
+    // Room for only a few more descriptors than it holds now.
+    let open = std::fs::read_dir(format!("/proc/{}/fd", d.child.id()))
+        .expect("list the daemon's descriptors")
+        .count() as u64;
+    let limit = open + 16;
+    rustix::process::prlimit(
+        Some(pid),
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(limit),
+            maximum: Some(limit),
+        },
+    )
+    .expect("lower the daemon's descriptor limit");
+    // More connections than descriptors left, fewer than the listen backlog (128), so every
+    // connect succeeds whether or not the daemon accepts it.
+    let conns: Vec<std::net::TcpStream> = (0..64).map(|_| connect(&d.url)).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !d.logs().contains("cannot accept a connection") {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon never ran out of descriptors (limit {limit}); logs:\n{}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(conns);
+    // Still serving, now that descriptors are free again.
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = d.wait_exit();
+    assert_eq!(status.code(), Some(0), "logs:\n{}", d.logs());
 }

@@ -42,6 +42,7 @@
 //! callers_file = "/etc/plimsoll/callers.toml"
 //! max_body_bytes = 8388608
 //! recheck_secs = 300
+//! header_timeout_secs = 10         # request head must arrive within it; also the idle keep-alive cap
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -346,6 +347,9 @@ pub struct DaemonSection {
     pub max_body_bytes: Option<u64>,
     /// Seconds between evidence re-checks (default 300).
     pub recheck_secs: Option<u64>,
+    /// Seconds a client has to send a whole request head, and the longest a kept-alive
+    /// connection may idle between requests (default 10; 1 to 3600).
+    pub header_timeout_secs: Option<u64>,
 }
 
 /// The settings could not be read or make no sense.
