@@ -6,9 +6,13 @@ export CARGO_TERM_COLOR ?= never
 
 .PHONY: demo test deps build images vm-assets lint unit independent bench clean
 
-## demo: build, then run the minimal example (one JavaScript snippet; prints its tier)
-demo: deps build
-	./target/debug/plimsoll-example-minimal
+## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
+## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
+## the report is written, and make prints its path. The smallest example, one snippet at the
+## process tier: ./target/debug/plimsoll-example-minimal
+demo: deps build images
+	./target/debug/plimsoll-example-oracle --out target/oracle
+	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
 test: deps build images vm-assets lint unit independent
