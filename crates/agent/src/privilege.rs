@@ -336,3 +336,84 @@ fn raw_setgroups_empty() -> Result<(), Errno> {
     };
     syscall_result(rc)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATUS: &str = "Name:\tplimsoll-agent\nState:\tR (running)\nUid:\t0\t0\t0\t0\n\
+        Gid:\t0\t0\t0\t0\nGroups:\t\nCapInh:\t0000000000000000\nCapPrm:\t00000000000000c0\n\
+        CapEff:\t00000000000000c0\nCapBnd:\t00000000000000c0\nCapAmb:\t0000000000000000\n\
+        NoNewPrivs:\t1\n";
+
+    #[test]
+    fn a_trial_start_needs_root_the_two_caps_and_no_new_privs() {
+        assert_eq!(check_trial_start(STATUS, true), Ok(()));
+        // gVisor: no CapAmb and no NoNewPrivs line; the flag comes from prctl.
+        let gvisor = STATUS.replace("CapAmb:\t0000000000000000\n", "");
+        let gvisor = gvisor.replace("NoNewPrivs:\t1\n", "");
+        assert_eq!(check_trial_start(&gvisor, true), Ok(()));
+        let e = check_trial_start(&gvisor, false).unwrap_err();
+        assert_eq!(e, "no_new_privs is not set");
+        let full = STATUS.replace("00000000000000c0", "000001ffffffffff");
+        let e = check_trial_start(&full, true).unwrap_err();
+        assert!(
+            e.contains("CapEff: is 000001ffffffffff, not 00000000000000c0")
+                && e.contains("CapPrm:"),
+            "{e}"
+        );
+        let user = STATUS.replace("Uid:\t0\t0\t0\t0", "Uid:\t1000\t1000\t1000\t1000");
+        let e = check_trial_start(&user, true).unwrap_err();
+        assert_eq!(e, "Uid: is `1000 1000 1000 1000`, not all 0");
+        let inh = STATUS.replace("CapInh:\t0000000000000000", "CapInh:\t0000000000000080");
+        assert!(check_trial_start(&inh, true).is_err());
+        let one_cap = STATUS.replace("CapEff:\t00000000000000c0", "CapEff:\t0000000000000080");
+        assert!(check_trial_start(&one_cap, true).is_err());
+        let nnp = STATUS.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
+        assert_eq!(
+            check_trial_start(&nnp, true).unwrap_err(),
+            "NoNewPrivs: is 0, not 1"
+        );
+        assert!(check_trial_start("", true).is_err());
+    }
+
+    #[test]
+    fn trial_ids_must_be_non_zero_and_differ() {
+        let ids = TrialIds {
+            uid: 10,
+            gid: 11,
+            controller_uid: 12,
+            controller_gid: 13,
+        };
+        assert_eq!(check_ids(&ids), Ok(()));
+        assert!(check_ids(&TrialIds { gid: 0, ..ids }).is_err());
+        assert!(
+            check_ids(&TrialIds {
+                controller_uid: 10,
+                ..ids
+            })
+            .is_err()
+        );
+        assert!(
+            check_ids(&TrialIds {
+                controller_gid: 11,
+                ..ids
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn controller_processes_by_real_or_saved_uid_not_zombies() {
+        let status = |state: &str, uids: &str| format!("State:\t{state}\nUid:\t{uids}\n");
+        assert!(status_has_uid(&status("S (sleeping)", "7\t7\t7\t7"), 7));
+        assert!(status_has_uid(&status("R (running)", "5\t5\t7\t7"), 7));
+        // The launcher: real and saved uid R, effective uid C; the agent kills it as R.
+        assert!(!status_has_uid(&status("S (sleeping)", "5\t7\t5\t7"), 7));
+        assert!(!status_has_uid(&status("Z (zombie)", "7\t7\t7\t7"), 7));
+        assert!(!status_has_uid(
+            &status("S (sleeping)", "70\t70\t70\t70"),
+            7
+        ));
+    }
+}

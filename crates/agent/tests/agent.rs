@@ -4,7 +4,7 @@
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -29,7 +29,57 @@ fn agent_command() -> Command {
     Command::new(AGENT)
 }
 
+/// The uid (and gid) the agent runs as in an ordinary job when the tests run as root: the
+/// agent refuses root for anything but a trial job.
+const AGENT_UID: u32 = 2_190_998;
+
+/// How a test starts the agent.
+enum Start {
+    /// As a sandbox starts it for an ordinary job: as [`AGENT_UID`] when the test is root,
+    /// else as the test's own uid.
+    Unprivileged,
+    /// As the test's root, with every capability.
+    Root,
+    /// As a sandbox starts it for a trial job: uid 0, capabilities bounding = effective =
+    /// permitted = {CAP_SETUID, CAP_SETGID}, no_new_privs. With a runner, in a private mount
+    /// namespace where that file is bound at TRIAL_RUNNER_PATH (under a tmpfs on /opt).
+    Trial { runner: Option<PathBuf> },
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A temporary directory the agent's uid can use (mode 0755, owned by [`AGENT_UID`] when the
+/// test is root).
+fn tempdir() -> tempfile::TempDir {
+    owned_tempdir(AGENT_UID)
+}
+
+/// A temporary directory owned by `uid` (when root; gid alike), mode 0755.
+fn owned_tempdir(uid: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    give(dir.path(), uid);
+    dir
+}
+
+fn give(path: &Path, uid: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if is_root() {
+        std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+    }
+}
+
 fn agent_with(input: Vec<u8>, cwd: &Path, configure: impl FnOnce(&mut Command)) -> Ran {
+    agent_started(input, cwd, &Start::Unprivileged, configure)
+}
+
+fn agent_started(
+    input: Vec<u8>,
+    cwd: &Path,
+    start: &Start,
+    configure: impl FnOnce(&mut Command),
+) -> Ran {
     let mut cmd = agent_command();
     cmd.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -39,6 +89,16 @@ fn agent_with(input: Vec<u8>, cwd: &Path, configure: impl FnOnce(&mut Command)) 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     configure(&mut cmd);
+    match start {
+        Start::Unprivileged if is_root() => become_uid(&mut cmd, AGENT_UID),
+        Start::Unprivileged | Start::Root => {}
+        Start::Trial { runner } => {
+            if let Some(runner) = runner {
+                runner_at_its_path(&mut cmd, runner);
+            }
+            keep_two_capabilities(&mut cmd);
+        }
+    }
     let mut child = cmd.spawn().expect("start the agent");
     let mut stdin = child.stdin.take().unwrap();
     // A writer thread: the input may be larger than a pipe holds. The agent may stop reading
@@ -174,7 +234,7 @@ fn skip(test: &str, reason: &str) {
 
 #[test]
 fn files_are_written_exactly_with_their_modes() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let all_bytes: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
     let spec = project(
         vec![
@@ -210,7 +270,7 @@ fn files_are_written_exactly_with_their_modes() {
 
 #[test]
 fn steps_run_in_order_and_stop_at_the_first_failure() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let mut spec = project(
         vec![],
         &[
@@ -247,7 +307,7 @@ fn steps_run_in_order_and_stop_at_the_first_failure() {
 
 #[test]
 fn a_step_killed_by_a_signal_stops_the_run() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let spec = project(vec![], &["echo before", "kill -TERM $$", "echo never"], &[]);
     let r = run(&job(work.path(), spec));
     assert_eq!(r.steps.len(), 2);
@@ -258,8 +318,8 @@ fn a_step_killed_by_a_signal_stops_the_run() {
 
 #[test]
 fn artifacts_found_missing_truncated_and_links_never_followed() {
-    let work = tempfile::tempdir().unwrap();
-    let outside = tempfile::tempdir().unwrap();
+    let work = tempdir();
+    let outside = tempdir();
     std::fs::write(outside.path().join("secret"), b"secret").unwrap();
     let out = outside.path().to_str().unwrap();
     let setup = format!(
@@ -317,7 +377,7 @@ fn snippet_in_python() {
     if !Path::new("/usr/bin/python3").exists() {
         return skip("snippet_in_python", "/usr/bin/python3");
     }
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let code = "import os, sys\nprint(os.getcwd(), sys.flags.isolated)\nsys.stderr.write('é')\nsys.exit(5)\n";
     let r = run(&job(
         work.path(),
@@ -343,7 +403,7 @@ fn snippet_in_javascript() {
     if !Path::new("/usr/bin/node").exists() && which("node").is_none() {
         return skip("snippet_in_javascript", "node");
     }
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let code =
         "console.log(6 * 7, process.cwd());\nprocess.stderr.write('err');\nprocess.exitCode = 4;\n";
     let r = run(&job(
@@ -373,7 +433,7 @@ fn which(name: &str) -> Option<std::path::PathBuf> {
 
 #[test]
 fn output_past_the_cap_is_drained_and_flagged() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     // 100 MB on each stream at once: far more than a pipe holds, so the step would block
     // for ever if the agent stopped reading either stream at the cap.
     let spec = project(
@@ -400,7 +460,7 @@ fn output_past_the_cap_is_drained_and_flagged() {
 
 #[test]
 fn the_deadline_kills_the_step_and_its_children() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let spec = project(
         vec![],
         &[
@@ -429,7 +489,7 @@ fn the_deadline_kills_the_step_and_its_children() {
 
 #[test]
 fn a_deadline_already_past_runs_nothing_and_a_huge_one_is_none() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let mut j = job(work.path(), project(vec![], &["echo ran > ran"], &[]));
     j.deadline_ms = 0;
     let r = run(&j);
@@ -446,7 +506,7 @@ fn a_deadline_already_past_runs_nothing_and_a_huge_one_is_none() {
 
 #[test]
 fn background_processes_live_until_the_last_step_then_die() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let spec = project(
         vec![],
         &[
@@ -473,7 +533,7 @@ fn background_processes_live_until_the_last_step_then_die() {
 
 #[test]
 fn non_utf8_output_is_exact() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let spec = project(
         vec![],
         &[r"printf '\377\376\000a'; printf '\200\n' >&2"],
@@ -486,7 +546,7 @@ fn non_utf8_output_is_exact() {
 
 #[test]
 fn steps_see_no_inherited_descriptor_or_blocked_signal() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let spec = project(
         vec![],
         &[
@@ -520,7 +580,7 @@ fn steps_see_no_inherited_descriptor_or_blocked_signal() {
 
 #[test]
 fn bad_job_json_is_refused_with_exit_2() {
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let msg = one_line(&agent(b"{not json".to_vec(), work.path()).stderr);
     assert!(msg.contains("not a valid AgentJob in JSON"), "{msg}");
     let ran = agent(b"{not json".to_vec(), work.path());
@@ -550,7 +610,7 @@ fn bad_job_json_is_refused_with_exit_2() {
 
 #[test]
 fn an_unusable_work_dir_is_refused_with_exit_2() {
-    let parent = tempfile::tempdir().unwrap();
+    let parent = tempdir();
     let missing = parent.path().join("missing");
     let mut j = job(parent.path(), project(vec![], &["echo ran > ../ran"], &[]));
     j.work_dir = missing.to_str().unwrap().to_owned();
@@ -565,9 +625,10 @@ fn an_unusable_work_dir_is_refused_with_exit_2() {
 
 #[test]
 fn path_escapes_are_refused_before_anything_is_written() {
-    let parent = tempfile::tempdir().unwrap();
+    let parent = tempdir();
     let work = parent.path().join("work");
     std::fs::create_dir(&work).unwrap();
+    give(&work, AGENT_UID);
     for bad in [
         "../escape",
         "/tmp/plimsoll-agent-abs",
@@ -601,7 +662,7 @@ fn path_escapes_are_refused_before_anything_is_written() {
     assert!(!work.join("ran").exists());
 
     // Links already in the work directory are not followed, last component or not.
-    let outside = tempfile::tempdir().unwrap();
+    let outside = tempdir();
     std::fs::write(outside.path().join("target"), b"untouched").unwrap();
     std::os::unix::fs::symlink(outside.path(), work.join("dirlink")).unwrap();
     std::os::unix::fs::symlink(outside.path().join("target"), work.join("filelink")).unwrap();
@@ -665,7 +726,7 @@ fn a_step_killed_by_the_memory_limit_is_marked() {
         Ok(cg) => cg,
         Err(reason) => return skip("a_step_killed_by_the_memory_limit_is_marked", &reason),
     };
-    let work = tempfile::tempdir().unwrap();
+    let work = tempdir();
     let spec = project(
         vec![],
         &[
@@ -709,4 +770,586 @@ fn a_step_killed_by_the_memory_limit_is_marked() {
     );
     assert!(r.oom_killed && r.steps[1].oom_killed);
     assert!(!r.timed_out);
+}
+
+// ---- Trial jobs: the privilege split (docs/agent.md, "Trial jobs") ----
+
+/// In the child before exec: becomes `uid` (gid alike, no supplementary group), as a sandbox
+/// starts the agent for an ordinary job.
+fn become_uid(cmd: &mut Command, uid: u32) {
+    // SAFETY: in the child between fork and exec: raw syscalls on integers only (the test
+    // process has threads, so nothing that allocates or locks).
+    unsafe {
+        cmd.pre_exec(move || {
+            let uid = libc::c_long::from(uid);
+            for rc in [
+                libc::syscall(
+                    libc::SYS_setgroups,
+                    0 as libc::c_long,
+                    std::ptr::null::<u32>(),
+                ),
+                libc::syscall(libc::SYS_setresgid, uid, uid, uid),
+                libc::syscall(libc::SYS_setresuid, uid, uid, uid),
+            ] {
+                if rc != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`'s header for capset.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// One half (capabilities 0..32, 32..64) of capset's data.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
+
+/// In the child before exec, as root: reduces the bounding set to {CAP_SETUID, CAP_SETGID},
+/// sets effective = permitted = those two, inheritable and ambient empty, and no_new_privs:
+/// what a container or guest gives the agent for a trial job.
+fn keep_two_capabilities(cmd: &mut Command) {
+    // SAFETY: in the child between fork and exec: prctl and capset as raw syscalls, on
+    // integers and on structs that live on this closure's stack.
+    unsafe {
+        cmd.pre_exec(|| {
+            let err = std::io::Error::last_os_error;
+            for cap in 0..64 {
+                if cap != CAP_SETGID && cap != CAP_SETUID {
+                    // Past the kernel's last capability, EINVAL: nothing to drop.
+                    libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0);
+                }
+            }
+            let mut header = CapHeader {
+                version: 0x2008_0522,
+                pid: 0,
+            };
+            let two = (1 << CAP_SETGID) | (1 << CAP_SETUID);
+            let data = [
+                CapData {
+                    effective: two,
+                    permitted: two,
+                    inheritable: 0,
+                },
+                CapData {
+                    effective: 0,
+                    permitted: 0,
+                    inheritable: 0,
+                },
+            ];
+            if libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) != 0 {
+                return Err(err());
+            }
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(err());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// In the child before exec, as root: a private mount namespace with a tmpfs on /opt and
+/// `runner` bound read-only at TRIAL_RUNNER_PATH (the host has no /opt/plimsoll).
+fn runner_at_its_path(cmd: &mut Command, runner: &Path) {
+    use std::ffi::CString;
+    let c = |s: &str| CString::new(s).unwrap();
+    let (root, opt, tmpfs, mode) = (c("/"), c("/opt"), c("tmpfs"), c("mode=0755"));
+    let (dir, bin) = (c("/opt/plimsoll"), c("/opt/plimsoll/bin"));
+    let target = c(plimsoll_wire::trial_step::TRIAL_RUNNER_PATH);
+    let source = c(runner.to_str().unwrap());
+    // SAFETY: in the child between fork and exec: unshare, mount, mkdir, open and close as
+    // plain libc calls on C strings built before the fork; nothing allocates.
+    unsafe {
+        cmd.pre_exec(move || {
+            let check = |rc: libc::c_int| {
+                if rc < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(rc)
+                }
+            };
+            let null = std::ptr::null::<libc::c_char>();
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            let private = libc::MS_REC | libc::MS_PRIVATE;
+            check(libc::mount(
+                null,
+                root.as_ptr(),
+                null,
+                private,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                tmpfs.as_ptr(),
+                opt.as_ptr(),
+                tmpfs.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                mode.as_ptr().cast(),
+            ))?;
+            check(libc::mkdir(dir.as_ptr(), 0o755))?;
+            check(libc::mkdir(bin.as_ptr(), 0o755))?;
+            let fd = check(libc::open(
+                target.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                0o755,
+            ))?;
+            libc::close(fd);
+            check(libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                null,
+                libc::MS_BIND,
+                std::ptr::null(),
+            ))?;
+            let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+            check(libc::mount(
+                null,
+                target.as_ptr(),
+                null,
+                ro,
+                std::ptr::null(),
+            ))?;
+            Ok(())
+        });
+    }
+}
+
+/// The run's ids for a trial test: R = G = `base`, C = D = `base + 1`. Each test has its own
+/// base, so parallel tests never share a uid.
+fn trial_ids(base: u32) -> plimsoll_wire::TrialIds {
+    plimsoll_wire::TrialIds {
+        uid: base,
+        gid: base,
+        controller_uid: base + 1,
+        controller_gid: base + 1,
+    }
+}
+
+fn trial_job(work: &Path, spec: RunSpec, ids: plimsoll_wire::TrialIds) -> AgentJob {
+    AgentJob {
+        trial: Some(ids),
+        ..job(work, spec)
+    }
+}
+
+/// Runs a trial job started as `start`, which must succeed.
+fn run_started(job: &AgentJob, start: &Start) -> RunResult {
+    let input = serde_json::to_vec(job).unwrap();
+    let ran = agent_started(input, Path::new(&job.work_dir), start, |_| {});
+    assert_eq!(ran.code, Some(0), "agent failed: {}", ran.stderr);
+    assert!(
+        ran.stderr.is_empty(),
+        "agent wrote to stderr: {}",
+        ran.stderr
+    );
+    serde_json::from_slice(&ran.stdout)
+        .unwrap_or_else(|e| panic!("bad result ({e}): {}", String::from_utf8_lossy(&ran.stdout)))
+}
+
+/// Runs a job started as `start` that must be refused: exit 2, one line, nothing on stdout.
+fn refused_started(job: &AgentJob, start: &Start) -> String {
+    let input = serde_json::to_vec(job).unwrap();
+    let ran = agent_started(input, Path::new("/"), start, |_| {});
+    assert_eq!(
+        ran.code,
+        Some(2),
+        "stdout: {}",
+        String::from_utf8_lossy(&ran.stdout)
+    );
+    assert!(ran.stdout.is_empty());
+    one_line(&ran.stderr)
+}
+
+/// The owner (uid, gid) of a file.
+fn owner(path: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.gid())
+}
+
+/// Processes (not zombies) whose real uid is `uid`, after waiting up to 5 s for them to go.
+fn processes_left(uid: u32) -> Vec<String> {
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left.clear();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+                continue;
+            };
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned()
+            };
+            let real = field("Uid:");
+            let real = real.split_whitespace().next().unwrap_or("");
+            if real == uid.to_string() && !field("State:").starts_with('Z') {
+                left.push(format!(
+                    "{} {}",
+                    field("Name:"),
+                    entry.file_name().display()
+                ));
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    left
+}
+
+/// The status lines a step prints with `grep -E '^(Uid|Gid|Groups|Cap...|NoNewPrivs)'`, as
+/// name → value.
+fn status_lines(out: &str) -> std::collections::HashMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().replace('\t', " ")))
+        .collect()
+}
+
+const STATUS_GREP: &str =
+    "grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs):' /proc/self/status";
+
+#[test]
+fn a_trial_job_works_as_the_run_uid_and_its_steps_have_no_capability() {
+    if !is_root() {
+        return skip(
+            "a_trial_job_works_as_the_run_uid_and_its_steps_have_no_capability",
+            "root (the agent starts as uid 0 for a trial job)",
+        );
+    }
+    let ids = trial_ids(2_190_000);
+    let r_id = ids.uid;
+    let work = owned_tempdir(r_id);
+    let spec = project(
+        vec![file("sub/written.txt", b"by the agent", false)],
+        &[
+            &format!("id -u; id -g; id -G; {STATUS_GREP}"),
+            "if python3 -c 'import os; os.setuid(0)' 2>err; then echo became-root; \
+             else tail -n 1 err; fi",
+            "kill -0 $PPID 2>/dev/null && echo signalled-the-agent || echo agent-out-of-reach; \
+             echo step > by-step.txt",
+        ],
+        &["sub/written.txt"],
+    );
+    let r = run_started(
+        &trial_job(work.path(), spec, ids),
+        &Start::Trial { runner: None },
+    );
+    assert_eq!(r.exit_code, Some(0), "{}", text(&r.stderr));
+    assert_eq!(r.steps.len(), 3);
+    let out = text(&r.steps[0].stdout);
+    assert!(
+        out.starts_with(&format!("{r_id}\n{r_id}\n{r_id}\n")),
+        "{out}"
+    );
+    let status = status_lines(&out);
+    let four = format!("{r_id} {r_id} {r_id} {r_id}");
+    let zero = "0000000000000000";
+    for (name, want) in [
+        ("Uid", four.as_str()),
+        ("Gid", four.as_str()),
+        ("Groups", ""),
+        ("CapInh", zero),
+        ("CapPrm", zero),
+        ("CapEff", zero),
+        ("CapAmb", zero),
+        ("NoNewPrivs", "1"),
+    ] {
+        assert_eq!(
+            status.get(name).map(String::as_str),
+            Some(want),
+            "{name}: {out}"
+        );
+    }
+    assert_eq!(
+        text(&r.steps[1].stdout),
+        "PermissionError: [Errno 1] Operation not permitted\n"
+    );
+    assert_eq!(text(&r.steps[2].stdout), "agent-out-of-reach\n");
+    assert_eq!(text(&r.artifacts[0].content), "by the agent");
+    for path in ["sub", "sub/written.txt", "by-step.txt"] {
+        assert_eq!(owner(&work.path().join(path)), (r_id, r_id), "{path}");
+    }
+    assert_eq!(processes_left(r_id), Vec::<String>::new());
+}
+
+#[test]
+fn the_trial_step_starts_as_root_with_only_the_two_capabilities_and_c_is_ended() {
+    let test = "the_trial_step_starts_as_root_with_only_the_two_capabilities_and_c_is_ended";
+    if !is_root() {
+        return skip(test, "root (mount namespace, uid 0 agent)");
+    }
+    if which("setpriv").is_none() {
+        return skip(test, "setpriv (util-linux)");
+    }
+    // A stand-in for the runner: shows its credentials and arguments, and leaves a process
+    // of the controller uid behind in a session of its own, which only the agent's end of
+    // run can kill (the agent's descendant kills, as R, cannot reach a process of C).
+    let tools = tempfile::tempdir().unwrap();
+    give(tools.path(), 0);
+    let fake = tools.path().join("fake-runner");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho \"args: $*\"\n{STATUS_GREP}\n\
+             setpriv --reuid \"$6\" --regid \"$8\" --clear-groups setsid sleep 1000 \
+             </dev/null >/dev/null 2>&1 &\n\
+             # Until it is a sleep of C (else the end of the step kills it still as root).\n\
+             i=0; until [ $i -ge 500 ] || awk -v c=\"$6\" '/^Name:/ {{ n = $2 }} \
+             /^Uid:/ {{ u = $2 }} END {{ exit !(n == \"sleep\" && u == c) }}' /proc/$!/status; \
+             do i=$((i + 1)); sleep 0.01; done\n\
+             echo \"left $!\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ids = trial_ids(2_190_002);
+    let work = owned_tempdir(ids.uid);
+    let spec = project(
+        vec![],
+        &["plimsoll-trial-runner --scenario s.json -- node c.js --uid 3"],
+        &[],
+    );
+    let r = run_started(
+        &trial_job(work.path(), spec, ids),
+        &Start::Trial { runner: Some(fake) },
+    );
+    assert_eq!(r.exit_code, Some(0), "{}", text(&r.stderr));
+    let out = text(&r.stdout);
+    let (c_id, r_id) = (ids.controller_uid, ids.uid);
+    assert!(
+        out.starts_with(&format!(
+            "args: --uid {r_id} --gid {r_id} --controller-uid {c_id} --controller-gid {c_id} \
+             --scenario s.json -- node c.js --uid 3\n"
+        )),
+        "{out}"
+    );
+    let status = status_lines(&out);
+    for (name, want) in [
+        ("Uid", "0 0 0 0"),
+        ("Gid", "0 0 0 0"),
+        ("Groups", ""),
+        ("CapInh", "0000000000000000"),
+        ("CapPrm", "00000000000000c0"),
+        ("CapEff", "00000000000000c0"),
+        ("CapAmb", "0000000000000000"),
+        ("NoNewPrivs", "1"),
+    ] {
+        assert_eq!(
+            status.get(name).map(String::as_str),
+            Some(want),
+            "{name}: {out}"
+        );
+    }
+    let left: i32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("left "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(sleep_is_gone(left), "the controller uid's sleep survived");
+    assert_eq!(processes_left(c_id), Vec::<String>::new());
+    assert_eq!(processes_left(r_id), Vec::<String>::new());
+}
+
+#[test]
+fn the_accepted_controller_passes_through_the_agent() {
+    let test = "the_accepted_controller_passes_through_the_agent";
+    if !is_root() {
+        return skip(test, "root (mount namespace, uid 0 agent)");
+    }
+    if which("node").is_none() {
+        return skip(test, "node");
+    }
+    let runner =
+        match plimsoll_sandbox::testing::tool_binary("plimsoll-trial-runner", "plimsoll-trial") {
+            Ok(r) => r,
+            Err(e) => return skip(test, &e),
+        };
+    let root = plimsoll_sandbox::testing::workspace_root();
+    let read = |p: &str| std::fs::read(root.join(p)).unwrap();
+    let ids = trial_ids(2_190_004);
+    let work = owned_tempdir(ids.uid);
+    let spec = project(
+        vec![
+            file(
+                "accepted.js",
+                &read("examples/controllers/accepted.js"),
+                false,
+            ),
+            file(
+                "standard.json",
+                &read("sims/cartpole/scenarios/standard.json"),
+                false,
+            ),
+        ],
+        &[
+            "test -f standard.json && echo scenario-present",
+            // A loaded host may take seconds to start node.
+            "plimsoll-trial-runner --scenario standard.json --first-deadline-ms 20000 \
+             -- node accepted.js",
+            "test -e standard.json && echo scenario-still-there || echo scenario-gone; \
+             sha256sum trajectory.bin",
+        ],
+        &["trajectory.bin"],
+    );
+    let r = run_started(
+        &trial_job(work.path(), spec, ids),
+        &Start::Trial {
+            runner: Some(runner),
+        },
+    );
+    const FINGERPRINT: &str = "93585277088f4cfbd7683a2db52ab4a44906d74c74468ab9a49d4ddc8e959d41";
+    assert_eq!(r.steps.len(), 3, "{}", text(&r.stderr));
+    assert_eq!(text(&r.steps[0].stdout), "scenario-present\n");
+    let trial = &r.steps[1];
+    assert_eq!(trial.exit_code, Some(0), "{}", text(&trial.stderr));
+    let verdict: serde_json::Value = serde_json::from_slice(trial.stdout.as_slice())
+        .unwrap_or_else(|e| panic!("not a verdict ({e}): {}", text(&trial.stdout)));
+    assert_eq!(verdict["pass"], true, "{verdict}");
+    assert_eq!(
+        verdict["trials"][0]["fingerprint"], FINGERPRINT,
+        "{verdict}"
+    );
+    assert_eq!(
+        text(&r.steps[2].stdout),
+        format!("scenario-gone\n{FINGERPRINT}  trajectory.bin\n")
+    );
+    assert!(!work.path().join("standard.json").exists());
+    assert!(r.artifacts[0].found && r.artifacts[0].size == 80_000);
+    assert_eq!(
+        owner(&work.path().join("trajectory.bin")),
+        (ids.uid, ids.gid)
+    );
+    assert_eq!(processes_left(ids.controller_uid), Vec::<String>::new());
+    assert_eq!(processes_left(ids.uid), Vec::<String>::new());
+}
+
+#[test]
+fn root_is_refused_without_a_trial_and_a_trial_without_its_start() {
+    if !is_root() {
+        return skip(
+            "root_is_refused_without_a_trial_and_a_trial_without_its_start",
+            "root",
+        );
+    }
+    let ids = trial_ids(2_190_006);
+    let work = owned_tempdir(ids.uid);
+    let spec = || {
+        project(
+            vec![file("f", b"x", false)],
+            &["echo ran > ran", "plimsoll-trial-runner -- node a.js"],
+            &[],
+        )
+    };
+    let nothing_written = |why: &str| {
+        assert_eq!(
+            std::fs::read_dir(work.path()).unwrap().count(),
+            0,
+            "{why}: something was written"
+        );
+    };
+
+    // Root, an ordinary job (even one without a trial step).
+    let plain = job(work.path(), project(vec![], &["echo ran > ran"], &[]));
+    let msg = refused_started(&plain, &Start::Root);
+    assert!(
+        msg.contains("runs as uid 0 but the job is not a trial job"),
+        "{msg}"
+    );
+    nothing_written("root without trial ids");
+
+    // A trial job, but the agent has every capability, or none (not root).
+    let trial = trial_job(work.path(), spec(), ids);
+    for (start, what) in [
+        (Start::Root, "CapEff: is 000001"),
+        (
+            Start::Unprivileged,
+            "Uid: is `2190998 2190998 2190998 2190998`, not all 0",
+        ),
+    ] {
+        let msg = refused_started(&trial, &start);
+        assert!(
+            msg.contains("the agent was not started for a trial job")
+                && msg.contains(what)
+                && msg.contains(
+                    "the sandbox must start the agent as uid 0 and gid 0 with capabilities \
+                     effective = permitted = {CAP_SETUID, CAP_SETGID}"
+                ),
+            "{msg}"
+        );
+        nothing_written(what);
+    }
+
+    // A trial step that smuggles shell, with the right start: nothing runs.
+    let mut smuggled = spec();
+    if let RunSpec::Project(p) = &mut smuggled {
+        p.steps[1].run = "plimsoll-trial-runner -- node a.js; id".into();
+    }
+    let msg = refused_started(
+        &trial_job(work.path(), smuggled, ids),
+        &Start::Trial { runner: None },
+    );
+    assert!(
+        msg.contains("step #1 (plimsoll-trial-runner) is refused: holds `;`"),
+        "{msg}"
+    );
+    nothing_written("a smuggled shell step");
+
+    // A trial step in a job without trial ids (an ordinary start).
+    let msg = refused_started(&job(work.path(), spec()), &Start::Unprivileged);
+    assert!(
+        msg.contains("step #1 runs plimsoll-trial-runner, but the job has no trial ids"),
+        "{msg}"
+    );
+    nothing_written("no trial ids");
+
+    // Unusable ids, and a snippet with trial ids.
+    let same = plimsoll_wire::TrialIds {
+        controller_uid: ids.uid,
+        ..ids
+    };
+    let msg = refused_started(
+        &trial_job(work.path(), spec(), same),
+        &Start::Trial { runner: None },
+    );
+    assert!(
+        msg.contains("trial ids are refused (the same uid for both)"),
+        "{msg}"
+    );
+    let snippet = RunSpec::Snippet(Snippet {
+        language: Language::Python,
+        code: "print(1)".into(),
+    });
+    let msg = refused_started(
+        &trial_job(work.path(), snippet, ids),
+        &Start::Trial { runner: None },
+    );
+    assert!(msg.contains("a snippet with trial ids"), "{msg}");
+    nothing_written("bad ids");
 }
