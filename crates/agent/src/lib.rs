@@ -3,9 +3,10 @@
 //! work directory and runs its steps (or runs a snippet), and answers one
 //! [`RunResult`](plimsoll_wire::RunResult) as JSON on stdout. docs/agent.md is the contract.
 //!
-//! The agent runs beside the untrusted code, as the same uid. The host trusts it only to
-//! report what happened inside; code that interferes with it can only make it lie about that
-//! code's own output.
+//! The agent runs beside the untrusted code, as the same uid (a trial job starts it as root
+//! with two capabilities, which it keeps for the trial runner alone: see `privilege`). The
+//! host trusts it only to report what happened inside; code that interferes with it can only
+//! make it lie about that code's own output.
 
 mod fsops;
 mod job;
