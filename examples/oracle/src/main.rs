@@ -45,8 +45,8 @@ const PROVIDERS: [&str; 4] = ["crun", "runc", "runsc", "qemu"];
     )
 )]
 struct Args {
-    /// Run on this provider (crun, runc, runsc, qemu) instead of the strongest available.
-    #[arg(long, value_name = "NAME")]
+    /// Run on this provider instead of the strongest available.
+    #[arg(long, value_name = "NAME", value_parser = PROVIDERS)]
     provider: Option<String>,
     /// Use this running daemon instead of starting one (the token from PLIMSOLL_TOKEN).
     #[arg(long, value_name = "URL")]
@@ -201,8 +201,13 @@ fn run(args: &Args) -> anyhow::Result<Summary> {
         };
         eprintln!("  {:<7} {:<9} {state}", p.name, p.isolation.as_str());
     }
-    let chosen = pick::pick(&listed.providers, args.provider.as_deref(), trial::FLOOR)
-        .map_err(Unavailable)?;
+    let chosen = pick::pick(&listed.providers, args.provider.as_deref(), trial::FLOOR).map_err(
+        |e| match e {
+            pick::PickProviderError::Unavailable { .. }
+            | pick::PickProviderError::NoneAvailable { .. } => Unavailable(e).into(),
+            e => anyhow::Error::from(e),
+        },
+    )?;
     let (provider, tier) = (chosen.name.clone(), chosen.isolation);
     eprintln!(
         "running at {provider} ({tier}): {}",
@@ -336,6 +341,8 @@ mod tests {
         assert_eq!(a.timeout_ms, trial::DEFAULT_TIMEOUT_MS);
         // --bundle and --key go together; --plimsolld makes no sense with --daemon.
         assert!(Args::try_parse_from(["oracle", "--bundle", "b"]).is_err());
+        // Only the providers of tier container or above.
+        assert!(Args::try_parse_from(["oracle", "--provider", "process"]).is_err());
         assert!(Args::try_parse_from(["oracle", "--key", "k.key"]).is_err());
         assert!(
             Args::try_parse_from(["oracle", "--daemon", "http://x", "--plimsolld", "p"]).is_err()
