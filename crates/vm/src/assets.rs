@@ -1,7 +1,8 @@
 //! The VM assets (built by scripts/build-vm-assets) and the run initramfs the provider makes
 //! from them: the base initramfs with a second archive appended that holds the tools
-//! (`plimsoll-guest-init`, `plimsoll-agent`, `plimsoll-probe`) as configured, so the guest
-//! always runs the binaries the evidence names.
+//! (`plimsoll-guest-init`, `plimsoll-agent`, `plimsoll-probe`, and for trial runs a second
+//! one with `plimsoll-trial-runner` too) as configured, so the guest always runs the binaries
+//! the evidence names.
 
 use std::fs;
 use std::io::{self, Read as _, Write as _};

@@ -8,7 +8,7 @@
 //! ```text
 //! guest                                   host
 //!   H hello (uptime, kernel, cpu)  ──────▶   the guest booted
-//!                                  ◀──────   L limits (memory, pids, /work, /tmp sizes)
+//!                                  ◀──────   L limits (memory, pids, /work, /tmp sizes, trial)
 //!                                  ◀──────   J job (AgentJob JSON)
 //!   O agent stdout chunk ...       ──────▶
 //!   E agent stderr chunk ...       ──────▶
@@ -131,6 +131,9 @@ pub struct GuestLimits {
     pub work_bytes: u64,
     /// Size of the `/tmp` tmpfs.
     pub tmp_bytes: u64,
+    /// The job has a trial step: the agent starts as uid 0 with exactly CAP_SETUID and
+    /// CAP_SETGID (docs/vm-tier.md, "Trial runs") instead of as the sandbox user.
+    pub trial: bool,
 }
 
 impl GuestLimits {
@@ -141,6 +144,7 @@ impl GuestLimits {
             ("pids", self.pids.to_string()),
             ("work_bytes", self.work_bytes.to_string()),
             ("tmp_bytes", self.tmp_bytes.to_string()),
+            ("trial", u8::from(self.trial).to_string()),
         ])
     }
 
@@ -158,6 +162,11 @@ impl GuestLimits {
             pids: num("pids")?,
             work_bytes: num("work_bytes")?,
             tmp_bytes: num("tmp_bytes")?,
+            trial: match num("trial")? {
+                0 => false,
+                1 => true,
+                n => return Err(format!("limits record: trial is {n}, not 0 or 1")),
+            },
         })
     }
 }
@@ -195,8 +204,15 @@ mod tests {
             pids: 64,
             work_bytes: 48 << 20,
             tmp_bytes: 16 << 20,
+            trial: false,
         };
         assert_eq!(GuestLimits::decode(&l.encode()).unwrap(), l);
+        let t = GuestLimits { trial: true, ..l };
+        assert_eq!(GuestLimits::decode(&t.encode()).unwrap(), t);
+        let bad = String::from_utf8(l.encode())
+            .unwrap()
+            .replace("trial=0", "trial=2");
+        assert!(GuestLimits::decode(bad.as_bytes()).is_err());
         assert!(GuestLimits::decode(b"pids=1\n").is_err());
         assert!(decode_record(b"a=1\na=2\n").is_err());
         assert!(decode_record(b"no equals sign\n").is_err());

@@ -2,8 +2,9 @@
 //! (`crates/vm/guest/init`) once the sandbox image is mounted read-only under a tmpfs overlay
 //! and switched to: it opens the channel, says hello, receives the run's limits and job,
 //! sets up `/dev`, `/work`, `/tmp`, the run's cgroup and loopback, remounts the root
-//! read-only, runs `plimsoll-agent` as the unprivileged `sandbox` user, streams its answer
-//! back and powers the VM off.
+//! read-only, runs `plimsoll-agent` as the unprivileged `sandbox` user (for a job with a
+//! trial step: as uid 0 with exactly CAP_SETUID and CAP_SETGID, which the agent splits
+//! itself), streams its answer back and powers the VM off.
 //!
 //! Everything here runs inside the guest as root; nothing here is trusted by the host.
 
@@ -51,6 +52,8 @@ pub const BROKER_ENVIRONMENT: [(&str, &str); 3] = [
 const RELAY_REQUEST_MAX: usize = (16 << 20) + (64 << 10);
 /// The uid and gid code runs as in the guest (the image's `sandbox` user).
 pub const SANDBOX_UID: u32 = 1000;
+/// The uid and gid of a trial's controller in the guest (the image's `controller` user).
+pub const CONTROLLER_UID: u32 = 1001;
 /// The agent's environment (the same as the container tier's).
 pub const ENVIRONMENT: [(&str, &str); 3] = [
     ("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -296,9 +299,22 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         None => false,
     };
     let procs = prepare_run(&limits)?;
+    if limits.trial {
+        // The host puts the runner in the initramfs of trial runs only.
+        let runner = plimsoll_wire::trial_step::TRIAL_RUNNER_PATH;
+        match fs::metadata(runner) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(setup_err(runner)(io::Error::other(
+                    "not a file: the run initramfs of a trial run must carry it",
+                )));
+            }
+            Err(e) => return Err(setup_err(runner)(e)),
+        }
+    }
     let uptime_agent = uptime();
     let started = Instant::now();
-    let status = run_agent(port, &job, procs, broker)?;
+    let status = run_agent(port, &job, procs, broker, limits.trial)?;
     let agent_ms = started.elapsed().as_millis();
     let mut exit = vec![
         ("uptime_init_s", format!("{uptime_init:.3}")),
@@ -563,6 +579,136 @@ fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// `CAP_SETGID`: the runner's launcher takes the controller's gid with it.
+pub const CAP_SETGID: u32 = 6;
+/// `CAP_SETUID`: the runner's launcher takes the controller's uid with it.
+pub const CAP_SETUID: u32 = 7;
+/// The capability sets of a trial job's agent: bounding = permitted = effective =
+/// {CAP_SETUID, CAP_SETGID}, as `/proc/<pid>/status` prints them (`CapEff: 00000000000000c0`).
+pub const TRIAL_CAPS: u64 = (1 << CAP_SETUID) | (1 << CAP_SETGID);
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// The steps both agents take first, as root: into the run's cgroup (`procs_fd`, opened by
+/// PID 1; `None` only in tests), no core dumps, the ambient set emptied, and the bounding set
+/// reduced to `keep` (a bit mask; numbers past the kernel's last capability fail, harmlessly).
+///
+/// # Safety
+/// Runs between fork and exec: async-signal-safe system calls only, nothing allocated.
+unsafe fn agent_common(procs_fd: Option<libc::c_int>, keep: u64) -> io::Result<()> {
+    // SAFETY: write(2), setrlimit(2) and prctl(2) on values that live on this stack.
+    unsafe {
+        // "0" moves the writing process; the descriptor was opened by root.
+        if let Some(fd) = procs_fd
+            && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::setrlimit(libc::RLIMIT_CORE, &core) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // While still root (CAP_SETPCAP): nothing outside `keep` can ever come back.
+        for cap in 0..64u32 {
+            if keep & (1 << cap) == 0 {
+                libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0);
+            }
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+    }
+    Ok(())
+}
+
+/// The agent of an ordinary job: uid and gid 1000 (`sandbox`), no supplementary groups, no
+/// capability in any set, no_new_privs, in the run's cgroup.
+///
+/// # Safety
+/// Runs between fork and exec: async-signal-safe system calls only, nothing allocated.
+pub unsafe fn become_sandbox_agent(procs_fd: Option<libc::c_int>) -> io::Result<()> {
+    // SAFETY: async-signal-safe system calls with constant arguments.
+    unsafe {
+        agent_common(procs_fd, 0)?;
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
+            || libc::setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
+            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The agent of a trial job (design: docs/trials.md, "What the sandbox must provide for a
+/// trial step"): uid and gid 0, no supplementary groups, bounding = permitted = effective =
+/// {CAP_SETUID, CAP_SETGID}, inheritable and ambient empty, no_new_privs, in the run's
+/// cgroup. After exec the agent, still uid 0, has exactly the two capabilities (the new
+/// permitted set is the bounding set, no_new_privs caps it at the old permitted set); it
+/// checks that itself, becomes euid 1000 at once, and keeps the two only to start the trial
+/// runner.
+///
+/// # Safety
+/// Runs between fork and exec: async-signal-safe system calls only, nothing allocated.
+pub unsafe fn become_trial_agent(procs_fd: Option<libc::c_int>) -> io::Result<()> {
+    let header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // Capabilities 0..32 are in the first word; both of ours are there.
+    let data = [
+        CapData {
+            effective: TRIAL_CAPS as u32,
+            permitted: TRIAL_CAPS as u32,
+            inheritable: 0,
+        },
+        CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: async-signal-safe system calls; capset(2) reads the header and the two data
+    // words, which live on this stack for the call.
+    unsafe {
+        agent_common(procs_fd, TRIAL_CAPS)?;
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setresgid(0, 0, 0) != 0
+            || libc::setresuid(0, 0, 0) != 0
+            || libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) != 0
+            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// The job in an anonymous memory file, to be the agent's stdin.
 fn job_file(job: &[u8]) -> io::Result<File> {
     let name = cstr("plimsoll-job");
@@ -578,13 +724,15 @@ fn job_file(job: &[u8]) -> io::Result<File> {
     Ok(f)
 }
 
-/// Runs the agent as the sandbox user in the run's cgroup, streaming its stdout to the host
+/// Runs the agent in the run's cgroup, as the sandbox user (or, for a trial job, as uid 0
+/// with exactly CAP_SETUID and CAP_SETGID), streaming its stdout to the host
 /// as it comes and its stderr (kept short) at the end.
 fn run_agent(
     port: &mut File,
     job: &[u8],
     procs: File,
     broker: bool,
+    trial: bool,
 ) -> Result<std::process::ExitStatus, GuestInitError> {
     let stdin = job_file(job).map_err(GuestInitError::Agent)?;
     #[expect(
@@ -604,35 +752,11 @@ fn run_agent(
     // on values prepared before the fork (no allocation, no locks).
     unsafe {
         cmd.pre_exec(move || {
-            // "0" moves the writing process; the descriptor was opened by root.
-            if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
-                return Err(io::Error::last_os_error());
+            if trial {
+                become_trial_agent(Some(procs_fd))
+            } else {
+                become_sandbox_agent(Some(procs_fd))
             }
-            let core = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            // No capability can come back: empty the bounding and ambient sets while still
-            // root (CAP_SETPCAP); numbers past the kernel's last capability fail, harmlessly.
-            for cap in 0..64 {
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            }
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            if libc::setrlimit(libc::RLIMIT_CORE, &core) != 0
-                || libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
-                || libc::setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
-                || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
         });
     }
     let mut child = cmd.spawn().map_err(GuestInitError::Agent)?;
@@ -684,5 +808,93 @@ fn wait_for_ack(port: &mut File) {
     let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, ACK_WAIT_MS) };
     if ready > 0 {
         let _ = channel::read_frame(port, channel::RECORD_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plimsoll_sandbox::Spawn;
+    use plimsoll_sandbox::testing::{is_root, skip_or_fail};
+
+    /// `/proc/self/status` and `/proc/self/limits` of a real process started with `hook`
+    /// between fork and exec, as the guest init starts the agent (without the cgroup).
+    fn status_after(hook: unsafe fn(Option<libc::c_int>) -> io::Result<()>) -> String {
+        let mut r = Spawn::new("/bin/cat", "/")
+            .args(["/proc/self/status", "/proc/self/limits"])
+            // SAFETY: the hooks make async-signal-safe system calls only.
+            .before_exec(&[], move |_| unsafe { hook(None) })
+            .spawn()
+            .unwrap();
+        let mut out = String::new();
+        r.stdout.read_to_string(&mut out).unwrap();
+        assert!(r.child.wait().unwrap().success(), "{out}");
+        out
+    }
+
+    fn field<'a>(status: &'a str, name: &str) -> &'a str {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+            .trim()
+    }
+
+    #[test]
+    fn a_trial_agent_is_root_with_exactly_setuid_and_setgid() {
+        let test = "a_trial_agent_is_root_with_exactly_setuid_and_setgid";
+        if !is_root() {
+            skip_or_fail(
+                test,
+                "needs root (it sets the credentials the guest init sets)",
+            );
+            return;
+        }
+        let s = status_after(become_trial_agent);
+        assert_eq!(TRIAL_CAPS, 0xc0);
+        for (name, want) in [
+            ("Uid", "0\t0\t0\t0"),
+            ("Gid", "0\t0\t0\t0"),
+            ("Groups", ""),
+            ("CapInh", "0000000000000000"),
+            ("CapPrm", "00000000000000c0"),
+            ("CapEff", "00000000000000c0"),
+            ("CapBnd", "00000000000000c0"),
+            ("CapAmb", "0000000000000000"),
+            ("NoNewPrivs", "1"),
+        ] {
+            assert_eq!(field(&s, name), want, "{name}: {s}");
+        }
+        assert!(
+            s.lines()
+                .any(|l| l.starts_with("Max core file size") && l.contains(" 0 ")),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn an_ordinary_agent_is_the_sandbox_user_without_capabilities() {
+        let test = "an_ordinary_agent_is_the_sandbox_user_without_capabilities";
+        if !is_root() {
+            skip_or_fail(
+                test,
+                "needs root (it sets the credentials the guest init sets)",
+            );
+            return;
+        }
+        let s = status_after(become_sandbox_agent);
+        for (name, want) in [
+            ("Uid", "1000\t1000\t1000\t1000"),
+            ("Gid", "1000\t1000\t1000\t1000"),
+            ("Groups", ""),
+            ("CapInh", "0000000000000000"),
+            ("CapPrm", "0000000000000000"),
+            ("CapEff", "0000000000000000"),
+            ("CapBnd", "0000000000000000"),
+            ("CapAmb", "0000000000000000"),
+            ("NoNewPrivs", "1"),
+        ] {
+            assert_eq!(field(&s, name), want, "{name}: {s}");
+        }
     }
 }

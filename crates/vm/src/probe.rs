@@ -188,6 +188,7 @@ pub fn probe(p: &VmProvider) -> Probed {
                 "assets",
                 check_assets(&pr, &mut binaries, &mut config),
             );
+            trial_evidence(p, &pr, &mut binaries, &mut config);
             Some(pr)
         }
         Err(e) => {
@@ -400,6 +401,42 @@ fn check_assets(
         Ok(())
     } else {
         Err(problems.join("; "))
+    }
+}
+
+/// The run initramfs of trial runs and the runner in it, named in the evidence when the
+/// runner is there. Not a check: runs without a trial step do not need it, and a trial run
+/// without it is refused (`environment`) with the fix.
+fn trial_evidence(
+    p: &VmProvider,
+    pr: &Prepared,
+    binaries: &mut Vec<BinaryIdentity>,
+    config: &mut BTreeMap<String, String>,
+) {
+    match p.for_trial(pr) {
+        Ok(t) => {
+            config.insert(
+                "trial_run_initrd".into(),
+                t.initrd.path.display().to_string(),
+            );
+            config.insert("trial_extra_memory_mib".into(), t.extra_mib.to_string());
+            binaries.push(BinaryIdentity {
+                name: "run-initrd-trial".into(),
+                path: t.initrd.path.display().to_string(),
+                version: "base + tools + plimsoll-trial-runner".into(),
+                sha256: t.initrd.sha256.clone(),
+            });
+            binaries.extend(
+                t.initrd
+                    .tools
+                    .iter()
+                    .filter(|b| b.name == plimsoll_wire::trial_step::TRIAL_RUNNER)
+                    .cloned(),
+            );
+        }
+        Err(e) => {
+            config.insert("trial_run_initrd".into(), format!("unavailable: {e}"));
+        }
     }
 }
 

@@ -6,7 +6,8 @@ use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider, unix_ms_now};
-use plimsoll_wire::{AgentJob, RunResult, RunSpec, Tier};
+use plimsoll_wire::trial_step::has_trial_step;
+use plimsoll_wire::{AgentJob, RunResult, RunSpec, Tier, TrialIds};
 
 use crate::assets::{self, Assets, RunInitrd};
 use crate::boot::{self, Answer, BootPlan, BootReport, Job, LOCK_FILE};
@@ -29,6 +30,19 @@ pub const AGENT_GRACE: Duration = Duration::from_secs(6);
 pub const CHANNEL_BYTES_PER_SEC: u64 = 8 << 20;
 /// Bytes of the agent's answer beyond its content (JSON framing, names).
 const ANSWER_SLACK: u64 = 1 << 20;
+/// The ids of a trial inside the guest: the image's `sandbox` (1000, the run's uid, as for
+/// every run) and `controller` (1001). A guest holds one run, so the host's leased pair
+/// (`LaunchPlan::controller_uid`) is not needed inside it.
+pub const GUEST_TRIAL_IDS: TrialIds = TrialIds {
+    uid: crate::guest::SANDBOX_UID,
+    gid: crate::guest::SANDBOX_UID,
+    controller_uid: crate::guest::CONTROLLER_UID,
+    controller_gid: crate::guest::CONTROLLER_UID,
+};
+/// Guest RAM a trial run gets beyond the runner's own size: the runner lives in the guest's
+/// root overlay (a tmpfs, outside the run's cgroup) once the initramfs is gone; measured
+/// (docs/vm-tier.md, "Trial runs").
+pub const TRIAL_MARGIN_MIB: u64 = 32;
 
 /// The files a run needs, made once (and again at each probe).
 #[derive(Debug, Clone)]
@@ -36,6 +50,19 @@ pub(crate) struct Prepared {
     pub assets: Assets,
     pub initrd: RunInitrd,
     pub tsc_khz: Option<u64>,
+    /// Guest RAM beyond [`GUEST_OVERHEAD_MIB`] and the run's memory limit (a trial run's
+    /// initramfs carries the runner).
+    pub extra_mib: u64,
+}
+
+/// The run initramfs of trial runs, made from a base run initramfs.
+#[derive(Debug, Clone)]
+struct TrialInitrd {
+    /// What it was made from: the SHA-256 of the base run initramfs, and the runner file's
+    /// size, modification time and inode (a rebuilt runner makes a new one).
+    made_from: (String, u64, i64, u64),
+    initrd: RunInitrd,
+    extra_mib: u64,
 }
 
 /// What [`VmProvider::reap`] removed, and what it could not.
@@ -84,6 +111,7 @@ pub struct RunStats {
 pub struct VmProvider {
     config: VmConfig,
     prepared: Mutex<Option<Prepared>>,
+    trial: Mutex<Option<TrialInitrd>>,
     /// The accelerator the last successful probe found (or the configured one).
     accelerator: RwLock<Option<Accelerator>>,
     probing: Mutex<()>,
@@ -103,6 +131,7 @@ impl VmProvider {
         let mut p = VmProvider {
             config,
             prepared: Mutex::new(None),
+            trial: Mutex::new(None),
             accelerator: RwLock::new(fixed),
             probing: Mutex::new(()),
             reaped_at_start: ReapReport::default(),
@@ -263,25 +292,77 @@ impl VmProvider {
             return Ok(p.clone());
         }
         let assets = Assets::open(&self.config.assets).map_err(|e| error_chain(&e))?;
-        let initrd = assets::build_run_initrd(
-            &assets.initramfs,
-            &[
-                ("plimsoll-guest-init", &self.config.guest_init),
-                ("plimsoll-agent", &self.config.agent),
-                ("plimsoll-probe", &self.config.probe),
-            ],
-            &self.config.own_dir(),
-        )
-        .map_err(|e| error_chain(&e))?;
+        let initrd =
+            assets::build_run_initrd(&assets.initramfs, &self.tools(), &self.config.own_dir())
+                .map_err(|e| error_chain(&e))?;
         // Only TCG guests need it; a KVM-only host without the line is fine.
         let tsc_khz = qemu::host_tsc_khz().ok();
         let p = Prepared {
             assets,
             initrd,
             tsc_khz,
+            extra_mib: 0,
         };
         *slot = Some(p.clone());
         Ok(p)
+    }
+
+    /// The tools of every run initramfs, as configured.
+    fn tools(&self) -> [(&'static str, &std::path::Path); 3] {
+        [
+            ("plimsoll-guest-init", &self.config.guest_init),
+            ("plimsoll-agent", &self.config.agent),
+            ("plimsoll-probe", &self.config.probe),
+        ]
+    }
+
+    /// `prepared` for a run with a trial step: a second run initramfs, the tools and
+    /// `plimsoll-trial-runner` (stripped like the others; ~34 MB of a ~180 MB debug build),
+    /// made on first use (a trial run, or a probe) and kept while the base initramfs and the
+    /// runner file are unchanged; and the guest RAM the runner needs. A missing runner
+    /// refuses the run (`environment`) before anything starts.
+    pub(crate) fn for_trial(&self, prepared: &Prepared) -> Result<Prepared, LaunchError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let runner = &self.config.trial_runner;
+        let meta = fs::metadata(runner).map_err(|e| {
+            LaunchError::environment(format!(
+                "the trial runner {} is unreadable ({e}): build it with `cargo build -p plimsoll-trial`, or set [qemu] trial_runner to its path",
+                runner.display()
+            ))
+        })?;
+        let made_from = (
+            prepared.initrd.sha256.clone(),
+            meta.len(),
+            meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+            meta.ino(),
+        );
+        let mut slot = self.trial.lock().unwrap_or_else(|p| p.into_inner());
+        let t = match slot.as_ref() {
+            Some(t) if t.made_from == made_from => t.clone(),
+            _ => {
+                let [a, b, c] = self.tools();
+                let initrd = assets::build_run_initrd(
+                    &prepared.assets.initramfs,
+                    &[a, b, c, (plimsoll_wire::trial_step::TRIAL_RUNNER, runner)],
+                    &self.config.own_dir(),
+                )
+                .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+                let size = |p: &std::path::Path| fs::metadata(p).map_or(0, |m| m.len());
+                let runner_bytes = size(&initrd.path).saturating_sub(size(&prepared.initrd.path));
+                let t = TrialInitrd {
+                    made_from,
+                    initrd,
+                    extra_mib: runner_bytes.div_ceil(1 << 20) + TRIAL_MARGIN_MIB,
+                };
+                *slot = Some(t.clone());
+                t
+            }
+        };
+        Ok(Prepared {
+            initrd: t.initrd,
+            extra_mib: t.extra_mib,
+            ..prepared.clone()
+        })
     }
 
     /// `/dev/kvm`'s device number.
@@ -322,7 +403,8 @@ impl VmProvider {
                 qemu::host_tsc_khz().err().unwrap_or_default(),
             ));
         }
-        let memory_mib = plan.limits.memory_bytes.div_ceil(1 << 20) + GUEST_OVERHEAD_MIB;
+        let memory_mib =
+            plan.limits.memory_bytes.div_ceil(1 << 20) + GUEST_OVERHEAD_MIB + prepared.extra_mib;
         let shape = QemuShape {
             accelerator,
             cpus: self.config.cpus.max(1),
@@ -360,7 +442,10 @@ impl VmProvider {
                 "the qemu provider must run as root (it jails QEMU in a mount namespace under the run's uid): start the daemon as root",
             ));
         }
-        let prepared = self.prepared(false).map_err(LaunchError::environment)?;
+        let mut prepared = self.prepared(false).map_err(LaunchError::environment)?;
+        if has_trial_step(&plan.spec) {
+            prepared = self.for_trial(&prepared)?;
+        }
         let accelerator = self.accelerator().ok_or_else(|| {
             LaunchError::environment(
                 "the qemu provider has not been probed yet: its accelerator is not known",
@@ -423,13 +508,14 @@ fn stats_of(r: &BootReport, ended_unix_ms: u64) -> RunStats {
 /// The agent's job and the guest's limits for a plan.
 pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
     let l = &plan.limits;
+    let trial = has_trial_step(&plan.spec);
     let job = AgentJob {
         spec: plan.spec.clone(),
         work_dir: "/work".into(),
         output_bytes: l.output_bytes,
         artifact_bytes: l.artifact_bytes,
         deadline_ms: l.timeout.as_millis() as u64,
-        trial: None,
+        trial: trial.then_some(GUEST_TRIAL_IDS),
     };
     let json = serde_json::to_vec(&job)
         .map_err(|e| LaunchError::environment(format!("cannot encode the agent job: {e}")))?;
@@ -447,6 +533,7 @@ pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
             pids: l.pids,
             work_bytes: l.disk_bytes / 4 * 3,
             tmp_bytes: l.disk_bytes / 4,
+            trial,
         },
         json,
         answer_timeout: l.timeout + AGENT_GRACE + transfer,
@@ -592,6 +679,133 @@ mod tests {
         assert_eq!(job.deadline_ms, 10_000);
         assert_eq!(job.work_dir, "/work");
         assert!(j.answer_timeout > Duration::from_secs(16));
+    }
+
+    fn trial_spec() -> RunSpec {
+        RunSpec::Project(plimsoll_wire::Project {
+            files: vec![],
+            steps: vec![
+                plimsoll_wire::Step {
+                    name: None,
+                    run: "id -u".into(),
+                },
+                plimsoll_wire::Step {
+                    name: None,
+                    run: "plimsoll-trial-runner --scenario s.json -- node a.js".into(),
+                },
+            ],
+            artifacts: vec![],
+        })
+    }
+
+    #[test]
+    fn a_trial_job_carries_the_guest_ids_and_says_so_in_the_limits() {
+        let j = job_for(&plan()).unwrap();
+        assert!(!j.limits.trial);
+        let job: AgentJob = serde_json::from_slice(&j.json).unwrap();
+        assert_eq!(job.trial, None);
+        let mut p = plan();
+        p.spec = trial_spec();
+        let j = job_for(&p).unwrap();
+        assert!(j.limits.trial);
+        let job: AgentJob = serde_json::from_slice(&j.json).unwrap();
+        assert_eq!(
+            job.trial,
+            Some(TrialIds {
+                uid: 1000,
+                gid: 1000,
+                controller_uid: 1001,
+                controller_gid: 1001
+            })
+        );
+    }
+
+    /// A provider over fake assets (nothing boots): the base run initramfs and the trial one.
+    #[test]
+    fn a_trial_run_gets_its_own_initrd_and_more_memory_or_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let assets = d.join("assets");
+        fs::create_dir(&assets).unwrap();
+        for f in ["vmlinux", "initramfs.cpio.gz", "disk.ext4"] {
+            fs::write(assets.join(f), b"x").unwrap();
+        }
+        fs::write(assets.join("kernel-release"), "6.1.0-57-cloud-amd64\n").unwrap();
+        fs::write(assets.join("image-identity"), "sha256:abc\n").unwrap();
+        fs::write(assets.join("manifest"), "# plimsoll-vm-assets/v1\n").unwrap();
+        let tool = |name: &str, bytes: &[u8]| {
+            let p = d.join(name);
+            fs::write(&p, bytes).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let mut c = VmConfig::new(
+            assets,
+            tool("plimsoll-agent", b"agent"),
+            tool("plimsoll-probe", b"probe"),
+            tool("plimsoll-guest-init", b"init"),
+            d.join("state"),
+            2_401_999,
+            2_401_990..2_401_991,
+        );
+        c.accelerator = crate::AccelChoice::Tcg;
+        let p = VmProvider::new(c);
+        let base = p.prepared(false).unwrap();
+        assert_eq!(base.extra_mib, 0);
+
+        // No runner: refused before anything starts, with the fix.
+        match p.for_trial(&base) {
+            Err(LaunchError::NotStarted { reason, message }) => {
+                assert_eq!(reason, plimsoll_wire::Reason::Environment);
+                assert!(
+                    message.contains("cargo build -p plimsoll-trial"),
+                    "{message}"
+                );
+                assert!(message.contains("[qemu] trial_runner"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut plan = plan();
+        plan.spec = trial_spec();
+        plan.run_dir = d.join("state/runs/r");
+        assert!(matches!(p.run(&plan), Err(LaunchError::NotStarted { .. })));
+        assert!(!plan.run_dir.exists());
+
+        // A 3 MiB runner: a second initrd with it, 3 + margin MiB more guest RAM, cached.
+        tool("plimsoll-trial-runner", &vec![7u8; (3 << 20) - 4096]);
+        let t = p.for_trial(&base).unwrap();
+        assert_ne!(t.initrd.path, base.initrd.path);
+        assert_eq!(t.extra_mib, 3 + TRIAL_MARGIN_MIB);
+        let bytes = fs::read(&t.initrd.path).unwrap();
+        let name = b"tools/plimsoll-trial-runner";
+        assert!(bytes.windows(name.len()).any(|w| w == name));
+        assert!(
+            !fs::read(&base.initrd.path)
+                .unwrap()
+                .windows(name.len())
+                .any(|w| w == name)
+        );
+        assert_eq!(
+            t.initrd
+                .tools
+                .iter()
+                .map(|b| b.name.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "plimsoll-guest-init",
+                "plimsoll-agent",
+                "plimsoll-probe",
+                "plimsoll-trial-runner"
+            ]
+        );
+        assert_eq!(p.for_trial(&base).unwrap().initrd.path, t.initrd.path);
+        // A rebuilt runner gives a new one.
+        std::thread::sleep(Duration::from_millis(20));
+        tool("plimsoll-trial-runner", &vec![8u8; (1 << 20) - 4096]);
+        let t2 = p.for_trial(&base).unwrap();
+        assert_ne!(t2.initrd.sha256, t.initrd.sha256);
+        assert_eq!(t2.extra_mib, 1 + TRIAL_MARGIN_MIB);
     }
 
     fn report(answer: Answer) -> BootReport {
