@@ -271,12 +271,15 @@ impl Controller {
         }
     }
 
-    /// Ends the controller: closes its stdin, has the launcher kill and reap every process of
-    /// the controller uid, and collects what is left of its stderr. No grace period: a
-    /// trial's end is decided by the runner.
+    /// Ends the controller: has the launcher kill and reap every process of the controller
+    /// uid, then closes its stdin, and collects what is left of its stderr. No grace period:
+    /// a trial's end is decided by the runner. The kill comes before the end of input, so a
+    /// controller waiting for its next state line always ends by SIGKILL, never by exiting
+    /// at end of input first: identical trials give identical verdicts.
     pub fn finish(mut self, launcher: &mut Launcher) -> Result<Ended, LauncherError> {
+        let exit = launcher.end();
         self.stdin = None;
-        let exit = launcher.end()?;
+        let exit = exit?;
         // Every writer is gone: read stderr to its end (bounded by the flood cap).
         self.drain_stderr();
         Ok(Ended {

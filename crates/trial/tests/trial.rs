@@ -857,3 +857,42 @@ fn a_killed_runner_leaves_no_controller_behind() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// `--reproducible` leaves the one timing field out, and the controller is always ended by
+/// the runner (SIGKILL before the end of its input), so two runs of a deterministic
+/// controller print the same verdict, byte for byte: what a replay compares.
+#[test]
+fn reproducible_verdicts_are_identical_byte_for_byte() {
+    if !can_run(
+        "reproducible_verdicts_are_identical_byte_for_byte",
+        &[NODE, PYTHON],
+    ) {
+        return;
+    }
+    let fx = Fixture::new(15);
+    let mut args = vec!["--scenario", "standard.json", "--reproducible"];
+    args.extend(RELAXED);
+    for (interpreter, name) in [
+        (NODE, "accepted.js"),
+        (PYTHON, "accepted.py"),
+        (NODE, "draft.js"),
+    ] {
+        let c = controllers_dir().join(name);
+        let mut verdicts = Vec::new();
+        for _ in 0..3 {
+            fx.file("standard.json", STANDARD);
+            let out = fx.run(&args, &[interpreter, c.to_str().unwrap()]);
+            let t = trial(&out);
+            assert_eq!(t["wall_ms"], Value::Null, "{t}");
+            assert_eq!(t["controller_exit"]["signal"], 9, "{t}");
+            verdicts.push(out.stdout);
+        }
+        assert_eq!(verdicts[0], verdicts[1], "{name}");
+        assert_eq!(verdicts[1], verdicts[2], "{name}");
+    }
+    // Without the flag the verdict carries the wall time.
+    fx.file("standard.json", STANDARD);
+    let c = controllers_dir().join("accepted.py");
+    let out = fx.run(&args[..2], &[PYTHON, c.to_str().unwrap()]);
+    assert!(trial(&out)["wall_ms"].is_u64());
+}
