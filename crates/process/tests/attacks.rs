@@ -496,8 +496,10 @@ fn a_background_process_does_not_outlive_the_run() {
     assert_eq!(r.exit_code, Some(0), "{}", explain(&r));
     let out = stdout(&r);
     let fields: Vec<&str> = out.split_whitespace().collect();
+    // Alive: sleeping, or still running on its way to the sleep (seen once under load);
+    // never a zombie or dead.
     assert!(
-        matches!(fields.as_slice(), ["ESCAPEE", _, "S", "True"]),
+        matches!(fields.as_slice(), ["ESCAPEE", _, "S" | "R", "True"]),
         "the escapee was not alive in its own session during the run: {}",
         explain(&r)
     );
