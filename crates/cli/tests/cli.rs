@@ -396,10 +396,23 @@ fn canned_server(status: u16, body: &'static str) -> String {
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { return };
-            // Read the request head and body (small), then answer.
+            // Read the request head and its whole body, then answer: closing with unread
+            // bytes would reset the connection before the client reads the answer.
             let mut buf = vec![0u8; 64 * 1024];
             let mut got = Vec::new();
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let complete = |got: &[u8]| {
+                let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    return false;
+                };
+                let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                got.len() >= end + 4 + length
+            };
+            while !complete(&got) {
                 let n = conn.read(&mut buf).unwrap_or(0);
                 if n == 0 {
                     break;
