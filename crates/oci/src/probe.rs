@@ -192,6 +192,19 @@ pub fn probe(p: &OciProvider) -> Probed {
             }
         }
     }
+    // The trial runner runs inside trial runs only, so a missing one is not a check (a trial
+    // run is refused then); when it is there, the evidence names the binary trials run.
+    let runner = &p.config().trial_runner;
+    if runner.is_file()
+        && let Ok(sha) = sha256_file(runner)
+    {
+        binaries.push(BinaryIdentity {
+            name: "plimsoll-trial-runner".into(),
+            path: runner.display().to_string(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            sha256: sha,
+        });
+    }
     let environment = match p.image_identity() {
         Ok(id) => id,
         Err(e) => {

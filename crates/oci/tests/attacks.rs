@@ -126,6 +126,20 @@ fn the_probe_passes(kind: RuntimeKind, test: &str) {
     assert_eq!(rt.name, kind.name());
     assert!(rt.version.contains(kind.name()), "{rt:?}");
     assert_eq!(rt.sha256.len(), 64);
+    // The trial runner, when built, is named with its digest (trials run it).
+    let runner = &rig.p.config().trial_runner;
+    if runner.is_file() {
+        let named = e
+            .binaries
+            .iter()
+            .find(|b| b.name == "plimsoll-trial-runner")
+            .expect("the trial runner in the evidence");
+        let bytes = std::fs::read(runner).unwrap();
+        assert_eq!(
+            named.sha256,
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))
+        );
+    }
     let report = e.probe.as_ref().expect("a probe report");
     assert_eq!(report.uid, rig.p.config().probe_uid);
     assert_eq!(report.network_interfaces, ["lo"]);
