@@ -800,69 +800,19 @@ fn become_uid(cmd: &mut Command, uid: u32) {
     }
 }
 
-/// `_LINUX_CAPABILITY_VERSION_3`'s header for capset.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-/// One half (capabilities 0..32, 32..64) of capset's data.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const CAP_SETGID: u32 = 6;
-const CAP_SETUID: u32 = 7;
-
 /// In the child before exec, as root: reduces the bounding set to {CAP_SETUID, CAP_SETGID},
 /// sets effective = permitted = those two, inheritable and ambient empty, and no_new_privs:
 /// what a container or guest gives the agent for a trial job.
 fn keep_two_capabilities(cmd: &mut Command) {
+    use plimsoll_sandbox::caps::{TRIAL_CAPS, limit_bounding_set, set_effective_and_permitted};
     // SAFETY: in the child between fork and exec: prctl and capset as raw syscalls, on
-    // integers and on structs that live on this closure's stack.
+    // integers and on structs that live on the stack.
     unsafe {
         cmd.pre_exec(|| {
-            let err = std::io::Error::last_os_error;
-            for cap in 0..64 {
-                if cap != CAP_SETGID && cap != CAP_SETUID {
-                    // Past the kernel's last capability, EINVAL: nothing to drop.
-                    libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0);
-                }
-            }
-            let mut header = CapHeader {
-                version: 0x2008_0522,
-                pid: 0,
-            };
-            let two = (1 << CAP_SETGID) | (1 << CAP_SETUID);
-            let data = [
-                CapData {
-                    effective: two,
-                    permitted: two,
-                    inheritable: 0,
-                },
-                CapData {
-                    effective: 0,
-                    permitted: 0,
-                    inheritable: 0,
-                },
-            ];
-            if libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) != 0 {
-                return Err(err());
-            }
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
+            limit_bounding_set(TRIAL_CAPS);
+            set_effective_and_permitted(TRIAL_CAPS)?;
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(err());
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });

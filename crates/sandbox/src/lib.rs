@@ -5,6 +5,7 @@
 //! applies a plan and never re-decides it.
 
 pub mod broker;
+pub mod caps;
 pub mod capture;
 pub mod evidence;
 pub mod reap;

@@ -579,32 +579,7 @@ fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// `CAP_SETGID`: the runner's launcher takes the controller's gid with it.
-pub const CAP_SETGID: u32 = 6;
-/// `CAP_SETUID`: the runner's launcher takes the controller's uid with it.
-pub const CAP_SETUID: u32 = 7;
-/// The capability sets of a trial job's agent: bounding = permitted = effective =
-/// {CAP_SETUID, CAP_SETGID}, as `/proc/<pid>/status` prints them (`CapEff: 00000000000000c0`).
-pub const TRIAL_CAPS: u64 = (1 << CAP_SETUID) | (1 << CAP_SETGID);
-
-/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
-const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-/// `struct __user_cap_header_struct`.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-/// `struct __user_cap_data_struct`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
+pub use plimsoll_sandbox::caps::TRIAL_CAPS;
 
 /// The steps both agents take first, as root: into the run's cgroup (`procs_fd`, opened by
 /// PID 1; `None` only in tests), no core dumps, the ambient set emptied, and the bounding set
@@ -629,18 +604,7 @@ unsafe fn agent_common(procs_fd: Option<libc::c_int>, keep: u64) -> io::Result<(
             return Err(io::Error::last_os_error());
         }
         // While still root (CAP_SETPCAP): nothing outside `keep` can ever come back.
-        for cap in 0..64u32 {
-            if keep & (1 << cap) == 0 {
-                libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0);
-            }
-        }
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
+        plimsoll_sandbox::caps::limit_bounding_set(keep);
     }
     Ok(())
 }
@@ -676,33 +640,18 @@ pub unsafe fn become_sandbox_agent(procs_fd: Option<libc::c_int>) -> io::Result<
 /// # Safety
 /// Runs between fork and exec: async-signal-safe system calls only, nothing allocated.
 pub unsafe fn become_trial_agent(procs_fd: Option<libc::c_int>) -> io::Result<()> {
-    let header = CapHeader {
-        version: CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    // Capabilities 0..32 are in the first word; both of ours are there.
-    let data = [
-        CapData {
-            effective: TRIAL_CAPS as u32,
-            permitted: TRIAL_CAPS as u32,
-            inheritable: 0,
-        },
-        CapData {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        },
-    ];
-    // SAFETY: async-signal-safe system calls; capset(2) reads the header and the two data
-    // words, which live on this stack for the call.
+    // SAFETY: async-signal-safe system calls with constant arguments; capset(2) through
+    // plimsoll_sandbox::caps, on values on its stack.
     unsafe {
         agent_common(procs_fd, TRIAL_CAPS)?;
         if libc::setgroups(0, std::ptr::null()) != 0
             || libc::setresgid(0, 0, 0) != 0
             || libc::setresuid(0, 0, 0) != 0
-            || libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) != 0
-            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
         {
+            return Err(io::Error::last_os_error());
+        }
+        plimsoll_sandbox::caps::set_effective_and_permitted(TRIAL_CAPS)?;
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
         }
     }
