@@ -122,7 +122,9 @@ pub struct Engine {
     config: EngineConfig,
     slots: Vec<Slot>,
     admission: Arc<Admission>,
-    grants: GrantProfiles,
+    /// Swapped whole by [`Engine::replace_grants`]; a run takes its profile out once, so a
+    /// run in flight keeps the profile it started with.
+    grants: RwLock<Arc<GrantProfiles>>,
     /// Probes run one at a time: every provider's probe runs as the one probe uid.
     probe_lock: std::sync::Mutex<()>,
 }
@@ -166,7 +168,7 @@ impl Engine {
             config,
             slots,
             admission,
-            grants: GrantProfiles::none(),
+            grants: RwLock::new(Arc::new(GrantProfiles::none())),
             probe_lock: std::sync::Mutex::new(()),
         })
     }
@@ -179,14 +181,21 @@ impl Engine {
 
     /// The engine with these grant profiles (by default there are none, and every request
     /// naming a grant is refused); see [`Engine::load_grants`].
-    pub fn with_grants(mut self, grants: GrantProfiles) -> Self {
-        self.grants = grants;
+    pub fn with_grants(self, grants: GrantProfiles) -> Self {
+        self.replace_grants(grants);
         self
     }
 
-    /// The grant profiles in force.
-    pub fn grants(&self) -> &GrantProfiles {
-        &self.grants
+    /// Replaces every grant profile at once (the daemon does this on SIGHUP). Runs already
+    /// dispatched keep the profile they started with; later runs see only the new set.
+    pub fn replace_grants(&self, grants: GrantProfiles) {
+        *self.grants.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(grants);
+    }
+
+    /// The grant profiles in force now (a snapshot: a later [`Engine::replace_grants`] does
+    /// not change it).
+    pub fn grants(&self) -> Arc<GrantProfiles> {
+        Arc::clone(&self.grants.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The settings in force.
@@ -361,7 +370,7 @@ impl Engine {
         let profile = match &req.grant {
             None => None,
             Some(name) => Some(
-                self.grants
+                self.grants()
                     .authorize(name, caller)
                     .map_err(|e| RunError::refused(id, Reason::Permission, e.to_string()))?,
             ),
