@@ -1,6 +1,6 @@
 //! Running the daemon: settings to options, the accept loop (HTTP/1.1 with a header-read
-//! timeout), the evidence re-check loop, callers reload on SIGHUP, and graceful shutdown on
-//! SIGTERM/SIGINT.
+//! timeout), the evidence re-check loop, callers and grants reload on SIGHUP, and graceful
+//! shutdown on SIGTERM/SIGINT.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -224,6 +224,38 @@ impl Daemon {
         self.state.callers.reload();
     }
 
+    /// Re-reads the grants file the daemon was started with, if any (on SIGHUP), reading
+    /// every secret it names from this process's environment ([`Engine::load_grants`]).
+    /// Only a file that loads whole replaces the profiles, all at once (runs in flight keep
+    /// theirs); otherwise the profiles in force stay and one error line says why (the
+    /// loader's errors name variables, never their values). Returns the number of profiles
+    /// now in force, or `None` when there is no grants file.
+    pub fn reload_grants(&self) -> Option<Result<usize, LoadGrantsError>> {
+        let path = self.options.grants_file.as_deref()?;
+        match Engine::load_grants(path) {
+            Ok(grants) => {
+                let profiles = grants.names().count();
+                let names = grants.names().collect::<Vec<_>>().join(",");
+                self.state.engine.replace_grants(grants);
+                tracing::info!(
+                    grants_file = %path.display(),
+                    profiles,
+                    grant_profiles = names,
+                    "grants file reloaded"
+                );
+                Some(Ok(profiles))
+            }
+            Err(e) => {
+                tracing::error!(
+                    grants_file = %path.display(),
+                    error = %error_chain(&e),
+                    "cannot reload the grants file: the grant profiles in force are kept; fix the file and send SIGHUP again"
+                );
+                Some(Err(e))
+            }
+        }
+    }
+
     /// Probes every provider now, off the async threads. A probe that panics is logged and
     /// leaves that provider unoffered; the daemon keeps serving.
     pub async fn probe_all(&self) {
@@ -372,6 +404,18 @@ async fn probe_all(engine: Arc<Engine>) {
     }
 }
 
+/// `e` and every error under it, joined by `: `.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Resolves on the first SIGTERM or SIGINT.
 async fn terminate_signal() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -385,7 +429,7 @@ async fn terminate_signal() {
 
 /// The whole daemon, as `plimsolld` runs it: build the engine (refusing to start with no
 /// provider), bind, probe in the background (`/readyz` answers 503 until a provider passes),
-/// re-check evidence periodically, reload callers on SIGHUP, and shut down gracefully on
+/// re-check evidence periodically, reload callers and grants on SIGHUP, and shut down gracefully on
 /// SIGTERM/SIGINT.
 /// `grants_file` overrides the options' grants file.
 pub async fn run(
@@ -408,11 +452,17 @@ pub async fn run(
             })?;
     let addr = listener.local_addr().map_err(StartDaemonError::Serve)?;
     let daemon = Arc::new(Daemon::new(engine, options));
+    let grant_names = daemon
+        .engine()
+        .grants()
+        .names()
+        .collect::<Vec<_>>()
+        .join(",");
     tracing::info!(
         addr = %addr,
         callers_file = %daemon.options.callers_file.display(),
         default_floor = %daemon.engine().config().default_floor,
-        grant_profiles = daemon.engine().grants().names().collect::<Vec<_>>().join(","),
+        grant_profiles = grant_names,
         "listening"
     );
 
@@ -434,8 +484,9 @@ pub async fn run(
             return;
         };
         while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: re-reading the callers file");
+            tracing::info!("SIGHUP: re-reading the callers file and the grants file");
             reloader.reload_callers();
+            reloader.reload_grants();
         }
     });
 

@@ -847,6 +847,11 @@ struct Spawned {
 impl Spawned {
     /// Starts `plimsolld`; `daemon_extra` is more keys of its `[daemon]` section.
     fn start(daemon_extra: &str) -> Spawned {
+        Spawned::start_with(daemon_extra, &[], &[])
+    }
+
+    /// [`Spawned::start`] with more arguments and environment variables.
+    fn start_with(daemon_extra: &str, args: &[&std::ffi::OsStr], envs: &[(&str, &str)]) -> Spawned {
         let dir = tempfile::tempdir().unwrap();
         // Sandbox uids must traverse it to reach their run directories under `state`.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
@@ -872,7 +877,9 @@ impl Spawned {
             .arg("--config")
             .arg(&config)
             .args(["--listen", "127.0.0.1:0"])
+            .args(args)
             .env("PLIMSOLL_LOG", "trace")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -1242,4 +1249,159 @@ fn the_daemon_keeps_serving_after_running_out_of_file_descriptors() {
     d.signal(nix::sys::signal::Signal::SIGTERM);
     let status = d.wait_exit();
     assert_eq!(status.code(), Some(0), "logs:\n{}", d.logs());
+}
+
+const GRANT_TOKEN: &str = "tok-7d2e9b41c0a85f36e1d4";
+const SHORT_KEY: &str = "short-key-5c1e0a";
+
+/// A grants file: each named profile grants caller `test` `GET /orders/*` on `api` with the
+/// static token in `ORDERS_API_TOKEN`.
+fn grants_file_text(api: &str, profiles: &[&str]) -> String {
+    profiles
+        .iter()
+        .map(|p| {
+            format!(
+                "[profiles.{p}]\nbase_url = \"{api}\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"test\"]\n\
+                 call_budget = 5\n[profiles.{p}.credential]\nkind = \"static\"\nsecret_env = \"ORDERS_API_TOKEN\"\n\n"
+            )
+        })
+        .collect()
+}
+
+fn grant_run(id: &str, grant: &str, code: &str) -> String {
+    serde_json::json!({
+        "protocol": 1,
+        "request_id": id,
+        "grant": grant,
+        "run": {"kind": "snippet", "language": "python", "code": code},
+    })
+    .to_string()
+}
+
+const GET_ORDER: &str = "import plimsoll_host as host\nprint(host.get('/orders/7')['path'])";
+
+/// Sends SIGHUP and waits for the `n`th log line carrying `message`.
+fn hup_and_wait(d: &Spawned, message: &str, n: usize) {
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let needle = format!("\"message\":\"{message}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.logs().matches(&needle).count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "no {n}th `{message}` line after SIGHUP; logs:\n{}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken() {
+    let test = "sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken";
+    let api = plimsoll_broker::testing::TestApi::start(plimsoll_broker::testing::Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {GRANT_TOKEN}"),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let grants = dir.path().join("grants.toml");
+    std::fs::write(&grants, grants_file_text(&api.url(), &["orders"])).unwrap();
+    let mut d = Spawned::start_with(
+        "",
+        &["--grants".as_ref(), grants.as_os_str()],
+        &[("ORDERS_API_TOKEN", GRANT_TOKEN), ("SHORT_KEY", SHORT_KEY)],
+    );
+    if !process_available(test, &d.url, &d.token) {
+        return;
+    }
+    let run = |id: &str, grant: &str| {
+        post(
+            &d.url,
+            Some(&d.token),
+            grant_run(id, grant, GET_ORDER).as_bytes(),
+        )
+    };
+    let passes = |id: &str, grant: &str| {
+        let r = run(id, grant).run();
+        assert_eq!(r.result.stdout.to_string_lossy(), "/orders/7\n", "{r:?}");
+    };
+    let refused = |id: &str, grant: &str| {
+        let a = run(id, grant);
+        assert_eq!(a.status, 403, "{}", a.body);
+        assert_eq!(a.error().error.not_dispatched, Some(Reason::Permission));
+    };
+
+    // A profile the file does not hold yet is refused; the one it holds works.
+    refused("g-1", "orders-new");
+    passes("g-2", "orders");
+
+    // Added to the file, it works after SIGHUP, through the broker, with the credential.
+    std::fs::write(
+        &grants,
+        grants_file_text(&api.url(), &["orders", "orders-new"]),
+    )
+    .unwrap();
+    hup_and_wait(&d, "grants file reloaded", 1);
+    assert!(d.logs().contains("\"profiles\":2"), "{}", d.logs());
+    passes("g-3", "orders-new");
+    passes("g-4", "orders");
+    let seen = api.seen();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.iter().all(|s| s.authorized), "{seen:?}");
+
+    // A broken file (a JWT key too short: the error names the variable, not its value)
+    // keeps every profile in force.
+    let broken = format!(
+        "{}[profiles.bad]\nbase_url = \"{}\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"test\"]\ncall_budget = 1\n\
+         [profiles.bad.credential]\nkind = \"jwt\"\nkey_env = \"SHORT_KEY\"\naudience = \"orders-api\"\n",
+        grants_file_text(&api.url(), &["orders"]),
+        api.url()
+    );
+    std::fs::write(&grants, broken).unwrap();
+    hup_and_wait(&d, "cannot reload the grants file", 1);
+    let logs = d.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("cannot reload the grants file"))
+        .unwrap();
+    assert!(line.contains("\"level\":\"ERROR\""), "{line}");
+    assert!(line.contains(&grants.display().to_string()), "{line}");
+    assert!(line.contains("SHORT_KEY"), "{line}");
+    passes("g-5", "orders-new");
+    passes("g-6", "orders");
+    refused("g-7", "bad");
+
+    // Revoking a profile takes effect for later runs; a run in flight keeps its profile.
+    let in_flight = {
+        let (url, token) = (d.url.clone(), d.token.clone());
+        let body = grant_run(
+            "g-8",
+            "orders",
+            &format!("import time\ntime.sleep(2)\n{GET_ORDER}"),
+        );
+        std::thread::spawn(move || post(&url, Some(&token), body.as_bytes()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while samples(&get(&d.url, "/metrics", None).body).get("plimsoll_runs_in_flight") != Some(&1.0)
+    {
+        assert!(Instant::now() < deadline, "the run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&grants, grants_file_text(&api.url(), &["orders-new"])).unwrap();
+    hup_and_wait(&d, "grants file reloaded", 2);
+    let r = in_flight.join().unwrap().run();
+    assert_eq!(r.result.stdout.to_string_lossy(), "/orders/7\n", "{r:?}");
+    refused("g-9", "orders");
+    passes("g-10", "orders-new");
+
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(d.wait_exit().code(), Some(0), "logs:\n{}", d.logs());
+    let logs = d.logs();
+    assert!(
+        !logs.contains(GRANT_TOKEN),
+        "the grant's token reached the logs"
+    );
+    assert!(
+        !logs.contains(SHORT_KEY),
+        "a secret's value reached the logs"
+    );
 }
