@@ -174,6 +174,7 @@ impl WorkDir {
         path: &str,
         content: &[u8],
         executable: bool,
+        private: bool,
     ) -> Result<(), WriteFileError> {
         let segs = segments(path)?;
         let (name, dirs) = segs.split_last().ok_or_else(|| BadPath {
@@ -211,7 +212,14 @@ impl WorkDir {
             }
         }
         let parent = held.as_ref().map_or(self.fd.as_fd(), AsFd::as_fd);
-        let mode = Mode::from_bits_truncate(if executable { 0o755 } else { 0o644 });
+        // `private`: the owner's bits only (a trial's scenario, kept from its controller).
+        let mode = match (executable, private) {
+            (true, false) => 0o755,
+            (false, false) => 0o644,
+            (true, true) => 0o700,
+            (false, true) => 0o600,
+        };
+        let mode = Mode::from_bits_truncate(mode);
         // O_NONBLOCK: opening a FIFO someone left there must not hang the agent.
         let flags = OFlag::O_WRONLY
             | OFlag::O_CREAT
@@ -402,12 +410,13 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         std::fs::write(outside.path().join("secret"), b"secret").unwrap();
         let wd = WorkDir::open(tmp.path().to_str().unwrap()).unwrap();
-        wd.write_file("d/e/f.bin", &[0, 255, 10], true).unwrap();
+        wd.write_file("d/e/f.bin", &[0, 255, 10], true, false)
+            .unwrap();
         let a = wd.read_artifact("d/e/f.bin", 2);
         assert!(a.found && a.truncated);
         assert_eq!((a.size, a.content.as_slice()), (3, &[0u8, 255][..]));
         std::os::unix::fs::symlink(outside.path(), tmp.path().join("link")).unwrap();
-        let e = wd.write_file("link/x", b"x", false).unwrap_err();
+        let e = wd.write_file("link/x", b"x", false, false).unwrap_err();
         assert!(matches!(e, WriteFileError::Symlink { .. }), "{e:?}");
         assert!(!outside.path().join("x").exists());
         assert!(!wd.read_artifact("link/secret", 100).found);

@@ -251,6 +251,83 @@ pub(crate) fn end_controller_processes(ids: &TrialIds) -> Result<(), RestoreUidE
     Ok(())
 }
 
+/// The directories a controller can write to in a sandbox (the image's root is read-only and
+/// the work directory belongs to the run's uid): its files there are removed after a trial
+/// step.
+pub(crate) const CONTROLLER_WRITABLE: [&str; 3] = ["/tmp", "/dev/shm", "/var/tmp"];
+
+/// Files the controller left behind could not all be removed; the run stops before its next
+/// step (a later step, as the run's uid, must not meet them: `HOME` is /tmp, so a planted
+/// `/tmp/.local/lib/python3.11/site-packages/x.pth` would run as that uid).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot remove what the trial's controller left in {}: the run stops here, so no later step meets it",
+    .left.join(", ")
+)]
+pub struct ClearControllerFilesError {
+    /// The entries left, each with why.
+    pub left: Vec<String>,
+}
+
+/// After a trial step: kills every process of the controller uid, then removes every entry
+/// the controller owns at the top of `roots` (recursively, without following symbolic
+/// links), acting as the controller uid (the agent keeps real uid 0, so nothing of C can
+/// touch it meanwhile), and becomes the run's uid again.
+pub(crate) fn clear_controller(
+    ids: &TrialIds,
+    roots: &[&str],
+) -> Result<(), ClearControllerFilesError> {
+    end_controller_processes(ids).map_err(|e| ClearControllerFilesError {
+        left: vec![crate::one_line(&e)],
+    })?;
+    let mut left = Vec::new();
+    let became = raw_setresuid(UNCHANGED, 0, UNCHANGED)
+        .and_then(|()| raw_setresuid(UNCHANGED, ids.controller_uid, UNCHANGED));
+    if let Err(e) = became {
+        left.push(format!("cannot act as uid {}: {e}", ids.controller_uid));
+    } else {
+        for root in roots {
+            let Ok(entries) = std::fs::read_dir(root) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let owned = std::fs::symlink_metadata(&path)
+                    .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == ids.controller_uid);
+                if owned && let Err(e) = remove_tree(&path) {
+                    left.push(format!("{}: {e}", path.display()));
+                }
+            }
+        }
+    }
+    let restored = raw_setresuid(UNCHANGED, 0, UNCHANGED)
+        .and_then(|()| raw_setresuid(UNCHANGED, ids.uid, UNCHANGED));
+    let _ = nix::sys::prctl::set_dumpable(false);
+    if let Err(e) = restored {
+        left.push(format!("cannot become uid {} again: {e}", ids.uid));
+    }
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(ClearControllerFilesError { left })
+    }
+}
+
+/// Removes `path` and, for a directory, everything below it, never following a symbolic
+/// link; a directory its owner closed (mode 0) is opened up first.
+fn remove_tree(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.is_dir() {
+        return std::fs::remove_file(path);
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
+    for entry in std::fs::read_dir(path)? {
+        remove_tree(&entry?.path())?;
+    }
+    std::fs::remove_dir(path)
+}
+
 /// Every process but the agent (not a zombie) with `uid` as real or saved uid, found in
 /// /proc.
 fn processes_of(uid: u32) -> Vec<i32> {

@@ -6,7 +6,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plimsoll_wire::trial_step::{BadTrialStep, TRIAL_RUNNER, TRIAL_RUNNER_PATH, trial_step};
+use plimsoll_wire::trial_step::{
+    BadTrialStep, TRIAL_RUNNER, TRIAL_RUNNER_PATH, scenario_paths, trial_step,
+};
 use plimsoll_wire::{
     AgentJob, Bytes, Language, Project, RunResult, RunSpec, Snippet, StepResult, TrialIds,
 };
@@ -15,7 +17,8 @@ use crate::fsops::{
     BadPath, OpenWorkDirError, SnippetFile, WorkDir, WriteFileError, WriteSnippetError, segments,
 };
 use crate::privilege::{
-    Privileges, RestoreUidError, TakePrivilegesError, as_run_uid, as_runner, take,
+    CONTROLLER_WRITABLE, ClearControllerFilesError, Privileges, RestoreUidError,
+    TakePrivilegesError, as_run_uid, as_runner, clear_controller, take,
 };
 use crate::supervise::{Outcome, RunChildError, StartSupervisorError, Supervisor, command};
 
@@ -85,6 +88,9 @@ pub enum RunJobError {
     /// The agent could not become the run's uid again; it stopped before reading artifacts.
     #[error(transparent)]
     RestoreUid(#[from] RestoreUidError),
+    /// What a trial's controller left could not be removed; no later step ran.
+    #[error(transparent)]
+    ClearController(#[from] ClearControllerFilesError),
 }
 
 /// Runs `job`, whose deadline counts from `started` (the agent's start). Blocks SIGCHLD in
@@ -152,9 +158,20 @@ fn run_project(
             source,
         })?;
     }
+    // A trial's scenarios are readable by the run's uid only, so a controller of an earlier
+    // trial step of the run cannot read a later step's scenario.
+    let scenarios: Vec<String> = kinds
+        .iter()
+        .filter_map(|k| match k {
+            StepKind::Trial(args, _) => Some(scenario_paths(args)),
+            StepKind::Shell => None,
+        })
+        .flatten()
+        .collect();
     let work = WorkDir::open(&job.work_dir)?;
     for f in &project.files {
-        work.write_file(&f.path, f.content.as_slice(), f.executable)?;
+        let private = scenarios.contains(&f.path);
+        work.write_file(&f.path, f.content.as_slice(), f.executable, private)?;
     }
     let mut sup = Supervisor::new(deadline)?;
     if let Privileges::Trial(ids) = privileges {
@@ -167,12 +184,21 @@ fn run_project(
             stopped_by_deadline = true;
             break;
         }
+        let trial = match &kind {
+            StepKind::Trial(_, ids) => Some(*ids),
+            StepKind::Shell => None,
+        };
         let cmd = step_command(&step.run, kind, privileges, &job.work_dir);
         let outcome = sup
             .run(cmd, job.output_bytes)
             .map_err(|source| RunJobError::Step { index, source })?;
         let ok = outcome.succeeded();
         steps.push(step_result(step.name.clone(), outcome));
+        // Nothing of the controller may meet a later step: its processes and its files in
+        // the directories it could write (HOME=/tmp for both uids) go now.
+        if let Some(ids) = trial {
+            clear_controller(&ids, &CONTROLLER_WRITABLE)?;
+        }
         if !ok {
             break;
         }

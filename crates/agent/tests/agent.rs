@@ -1303,3 +1303,77 @@ fn root_is_refused_without_a_trial_and_a_trial_without_its_start() {
     assert!(msg.contains("a snippet with trial ids"), "{msg}");
     nothing_written("bad ids");
 }
+
+/// What a controller writes where it can (/tmp, /dev/shm: `HOME` is /tmp for every uid) is
+/// gone before the next step, which runs as the run's uid and must not meet it (a planted
+/// `~/.local/.../x.pth` would run as that uid); and the files a trial step names as
+/// scenarios are written readable by the run's uid only, so no controller of an earlier
+/// trial step reads them.
+#[test]
+fn the_controllers_files_go_before_the_next_step_and_scenarios_are_private() {
+    let test = "the_controllers_files_go_before_the_next_step_and_scenarios_are_private";
+    if !is_root() {
+        return skip(test, "root (mount namespace, uid 0 agent)");
+    }
+    if which("setpriv").is_none() {
+        return skip(test, "setpriv (util-linux)");
+    }
+    let ids = trial_ids(2_190_010);
+    let c_id = ids.controller_uid;
+    let planted = [
+        format!("/tmp/plimsoll-agent-test-planted-{c_id}"),
+        format!("/dev/shm/plimsoll-agent-test-planted-{c_id}"),
+    ];
+    // A stand-in for the runner whose "controller" (uid C) plants a tree (closed with mode
+    // 0) in /tmp and a file in /dev/shm, and reads the next trial step's scenario.
+    let tools = tempfile::tempdir().unwrap();
+    give(tools.path(), 0);
+    let fake = tools.path().join("fake-runner");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nsetpriv --reuid \"$6\" --regid \"$8\" --clear-groups sh -c '\
+             mkdir -p {0}/.local/lib && echo x > {0}/.local/lib/x.pth && chmod 0 {0}; \
+             echo y > {1}; cat later.json || echo later-unreadable'\n",
+            planted[0], planted[1]
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let work = owned_tempdir(ids.uid);
+    let spec = project(
+        vec![
+            file("first.json", b"{}", false),
+            file("later.json", b"the hidden scenario", false),
+            file("c.js", b"", false),
+        ],
+        &[
+            "stat -c '%n %a' first.json later.json c.js",
+            "plimsoll-trial-runner --scenario first.json -- node c.js",
+            &format!("ls -d {} {} 2>&1 || true", planted[0], planted[1]),
+            "plimsoll-trial-runner --scenario=./later.json -- node c.js",
+        ],
+        &[],
+    );
+    let r = run_started(
+        &trial_job(work.path(), spec, ids),
+        &Start::Trial { runner: Some(fake) },
+    );
+    assert_eq!(r.steps.len(), 4, "{}", text(&r.stderr));
+    assert_eq!(
+        text(&r.steps[0].stdout),
+        "first.json 600\nlater.json 600\nc.js 644\n"
+    );
+    assert_eq!(text(&r.steps[1].stdout), "later-unreadable\n");
+    assert!(
+        text(&r.steps[1].stderr).contains("Permission denied"),
+        "{}",
+        text(&r.steps[1].stderr)
+    );
+    let seen = text(&r.steps[2].stdout);
+    for p in &planted {
+        assert!(seen.contains(&format!("{p}': No such file")), "{seen}");
+        assert!(!Path::new(p).exists(), "{p} is still there");
+    }
+    assert_eq!(processes_left(c_id), Vec::<String>::new());
+}

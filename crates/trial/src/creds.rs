@@ -207,6 +207,20 @@ pub(crate) fn check_status(uids: [u32; 4], gids: [u32; 4]) -> Result<(), String>
     }
 }
 
+/// Whether this process holds any capability (effective or permitted), from
+/// /proc/self/status; an unreadable status counts as holding some.
+pub fn holds_capabilities() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return true;
+    };
+    ["CapEff:", "CapPrm:"].iter().any(|name| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .is_none_or(|v| u64::from_str_radix(v.trim(), 16) != Ok(0))
+    })
+}
+
 /// Hiding the command line failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReexecError {

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use plimsoll_trial::creds::{Identities, args_with_hidden_command_line, make_undumpable};
+use plimsoll_trial::creds::{
+    Identities, args_with_hidden_command_line, holds_capabilities, make_undumpable,
+};
 use plimsoll_trial::runner::{RunConfig, SimSource};
 use plimsoll_trial::sim::{SimulatorModule, bench};
 use plimsoll_trial::trial::Deadlines;
@@ -98,6 +100,17 @@ fn main() -> ExitCode {
     let args =
         Args::parse_from(std::iter::once(OsString::from("plimsoll-trial-runner")).chain(args));
 
+    // Both modes act before any privilege is given up (the benchmark runs the `--sim` file,
+    // the export writes where it is told): never with a capability, e.g. as the trial step
+    // of a sandbox, where the runner starts with CAP_SETUID and CAP_SETGID.
+    if (args.export_sim.is_some() || args.bench_sim.is_some()) && holds_capabilities() {
+        return fail(
+            2,
+            anyhow::anyhow!(
+                "--export-sim and --bench-sim run only without capabilities: run them as an unprivileged user (e.g. `setpriv --reuid=nobody --regid=nogroup --clear-groups plimsoll-trial-runner ...`)"
+            ),
+        );
+    }
     if let Some(path) = &args.export_sim {
         return export_sim(path);
     }

@@ -14,14 +14,16 @@ pub const TRIAL_RUNNER: &str = "plimsoll-trial-runner";
 /// Where the runner is inside a sandbox (read-only, put there by the provider).
 pub const TRIAL_RUNNER_PATH: &str = "/opt/plimsoll/bin/plimsoll-trial-runner";
 
-/// Options the sandbox supplies or that only the runner itself may use.
-const RESERVED: [&str; 6] = [
+/// Options the sandbox supplies, that only the runner itself may use, or that act before
+/// the runner gives up its privileges (`--export-sim`, `--bench-sim`).
+const RESERVED: [&str; 7] = [
     "--uid",
     "--gid",
     "--controller-uid",
     "--controller-gid",
     "--args-fd",
     "--export-sim",
+    "--bench-sim",
 ];
 
 /// The two uids and gids of a run with a trial step: the run's own (the runner's, `R`) and
@@ -102,6 +104,36 @@ pub fn trial_step(step: &Step) -> Option<Result<Vec<String>, BadTrialStep>> {
     Some(Ok(args))
 }
 
+/// The files a trial step's runner reads as scenarios (`--scenario F`, `--scenario=F`,
+/// before `--`), as project paths: a leading `./` or `/work/` is taken off. The agent writes
+/// these files readable by the run's uid only, so no controller of an earlier trial step
+/// of the run can read a later one's scenario.
+pub fn scenario_paths(args: &[String]) -> Vec<String> {
+    let own: Vec<&String> = args.iter().take_while(|a| *a != "--").collect();
+    let mut paths = Vec::new();
+    for (i, a) in own.iter().enumerate() {
+        let named = if *a == "--scenario" {
+            own.get(i + 1).map(|s| s.as_str())
+        } else {
+            a.strip_prefix("--scenario=")
+        };
+        if let Some(p) = named {
+            let mut p = p;
+            loop {
+                if let Some(rest) = p.strip_prefix("./") {
+                    p = rest;
+                } else if let Some(rest) = p.strip_prefix("/work/") {
+                    p = rest;
+                } else {
+                    break;
+                }
+            }
+            paths.push(p.to_owned());
+        }
+    }
+    paths
+}
+
 /// Whether any step of `spec` is a trial step (well-formed or not).
 pub fn has_trial_step(spec: &RunSpec) -> bool {
     match spec {
@@ -177,7 +209,13 @@ mod tests {
                 assert_eq!(got, Err(BadTrialStep::Character(c)), "{run}");
             }
         }
-        for opt in ["--uid", "--controller-gid", "--args-fd", "--export-sim"] {
+        for opt in [
+            "--uid",
+            "--controller-gid",
+            "--args-fd",
+            "--export-sim",
+            "--bench-sim",
+        ] {
             let run = format!("plimsoll-trial-runner {opt} 7 -- node a.js");
             let got = trial_step(&step(&run)).unwrap().unwrap_err();
             assert_eq!(got, BadTrialStep::Reserved(opt.into()));
@@ -188,6 +226,25 @@ mod tests {
         // The controller's own arguments are its business.
         let ctl = trial_step(&step("plimsoll-trial-runner -- node a.js --uid 3")).unwrap();
         assert!(ctl.is_ok());
+    }
+
+    #[test]
+    fn scenario_paths_are_read_from_the_runners_own_options() {
+        let args: Vec<String> = [
+            "--scenario",
+            "a.json",
+            "--scenario=./b.json",
+            "--scenario",
+            "/work/sub/c.json",
+            "--",
+            "node",
+            "--scenario",
+            "x.json",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(scenario_paths(&args), ["a.json", "b.json", "sub/c.json"]);
+        assert!(scenario_paths(&["--".to_owned()]).is_empty());
     }
 
     #[test]
