@@ -1,5 +1,5 @@
 //! Running the daemon: settings to options, the accept loop (HTTP/1.1 with a header-read
-//! timeout), the evidence re-check loop, callers and grants reload on SIGHUP, and graceful
+//! timeout and a cap on connections open at once), the evidence re-check loop, callers and grants reload on SIGHUP, and graceful
 //! shutdown on SIGTERM/SIGINT.
 
 use std::future::Future;
@@ -17,7 +17,7 @@ use plimsoll_broker::{GrantProfiles, LoadGrantsError};
 use plimsoll_engine::settings::Settings;
 use plimsoll_engine::{BuildEngineError, Engine};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use crate::callers::CallerStore;
 use crate::metrics::Metrics;
@@ -37,6 +37,12 @@ pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
 /// The largest `header_timeout_secs` accepted: an hour (far beyond any honest client, and
 /// small enough that no deadline overflows).
 pub const MAX_HEADER_TIMEOUT_SECS: u64 = 3600;
+/// Default largest number of connections open at once.
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 512;
+/// The largest `max_connections` accepted.
+pub const MAX_MAX_CONNECTIONS: u64 = 65536;
+/// The shortest interval between two log lines saying the connection cap was reached.
+pub const CAP_WARN_INTERVAL: Duration = Duration::from_secs(1);
 /// How long the accept loop pauses after an accept error other than a connection's own
 /// failure (e.g. `EMFILE`, out of file descriptors), before accepting again.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
@@ -58,6 +64,9 @@ pub struct DaemonOptions {
     /// start or the end of the previous answer on it; past it the connection is closed
     /// without an answer.
     pub header_timeout: Duration,
+    /// The most connections open at once; one accepted beyond it is closed at once,
+    /// without an answer.
+    pub max_connections: usize,
     /// How long shutdown waits for runs in flight: the longest run timeout the settings
     /// allow, plus [`SHUTDOWN_SLACK`].
     pub shutdown_grace: Duration,
@@ -156,6 +165,15 @@ impl DaemonOptions {
                 ),
             });
         }
+        let max_connections = d.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if !(1..=MAX_MAX_CONNECTIONS).contains(&max_connections) {
+            return Err(StartDaemonError::Invalid {
+                key: "max_connections",
+                message: format!(
+                    "must be from 1 to {MAX_MAX_CONNECTIONS} (default {DEFAULT_MAX_CONNECTIONS}): the connections open at once; raise the process's open-file limit to match"
+                ),
+            });
+        }
         Ok(DaemonOptions {
             listen,
             callers_file: d
@@ -165,6 +183,7 @@ impl DaemonOptions {
             max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
             recheck: Duration::from_secs(recheck),
             header_timeout: Duration::from_secs(header_timeout),
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
             shutdown_grace: settings.engine_config().limits.maximums.timeout + SHUTDOWN_SLACK,
             // `plimsolld --grants` overrides it.
             grants_file: settings.grants_file.clone(),
@@ -300,7 +319,13 @@ impl Daemon {
             let _ = fired_tx.send(true);
         };
         let app = router(Arc::clone(&self.state));
-        let serve = accept_loop(listener, app, self.options.header_timeout, signal);
+        let serve = accept_loop(
+            listener,
+            app,
+            self.options.header_timeout,
+            self.options.max_connections,
+            signal,
+        );
         let grace = self.options.shutdown_grace;
         let deadline = async move {
             let _ = fired_rx.wait_for(|f| *f).await;
@@ -338,15 +363,22 @@ impl Daemon {
 /// Each connection must send a whole request head within `header_timeout` of its start, or of
 /// the end of the previous answer on it (an idle kept-alive connection); otherwise hyper
 /// closes it without an answer. So a client that sends nothing, or a byte a minute, holds a
-/// socket for at most `header_timeout`. An accept error other than a connection's own
+/// socket for at most `header_timeout`. At most `max_connections` are open at once: each holds
+/// a permit until it ends, and one accepted while none is left is closed at once, nothing
+/// written, with a `warn` line at most every [`CAP_WARN_INTERVAL`]. An accept error other than a connection's own
 /// failure (e.g. `EMFILE`) is logged and retried after [`ACCEPT_BACKOFF`]: it never ends the
 /// server.
 async fn accept_loop(
     listener: TcpListener,
     app: Router,
     header_timeout: Duration,
+    max_connections: usize,
     signal: impl Future<Output = ()>,
 ) {
+    let permits = Arc::new(Semaphore::new(max_connections));
+    // When the last line about the cap was logged, and connections refused since.
+    let mut last_cap_warn: Option<tokio::time::Instant> = None;
+    let mut refused_since_warn: u64 = 0;
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
@@ -373,11 +405,29 @@ async fn accept_loop(
                 }
             }
         };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            // Over the cap: closed without a byte written.
+            drop(stream);
+            refused_since_warn += 1;
+            let now = tokio::time::Instant::now();
+            if last_cap_warn.is_none_or(|t| now.duration_since(t) >= CAP_WARN_INTERVAL) {
+                tracing::warn!(
+                    max_connections,
+                    refused = refused_since_warn,
+                    "connection cap reached: closing new connections without an answer; raise [daemon].max_connections if clients are honest"
+                );
+                last_cap_warn = Some(now);
+                refused_since_warn = 0;
+            }
+            continue;
+        };
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection closed with an error");
             }
+            // Held until the connection ends.
+            drop(permit);
         });
     }
     drop(listener);
@@ -533,5 +583,29 @@ mod tests {
         assert!(options("header_timeout_secs = 3600").is_ok());
         // Far past any deadline a timer can hold: refused, rather than panicking later.
         assert!(options(&format!("header_timeout_secs = {}", i64::MAX)).is_err());
+    }
+
+    #[test]
+    fn max_connections_defaults_to_512_and_is_bounded() {
+        assert_eq!(options("").unwrap().max_connections, 512);
+        assert_eq!(options("max_connections = 1").unwrap().max_connections, 1);
+        assert_eq!(
+            options("max_connections = 65536").unwrap().max_connections,
+            65536
+        );
+        for bad in ["0", "65537"] {
+            let e = options(&format!("max_connections = {bad}")).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    StartDaemonError::Invalid {
+                        key: "max_connections",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains("from 1 to 65536"), "{e}");
+        }
     }
 }

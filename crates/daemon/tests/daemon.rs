@@ -1212,6 +1212,92 @@ fn the_daemon_serves_while_many_idle_connections_are_open_and_after_they_are_dro
     assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
 }
 
+/// True while the daemon holds `conn` open: no data and no close within a short wait.
+fn still_open(conn: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    conn.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("set a read timeout");
+    let mut buf = [0u8; 64];
+    matches!(
+        conn.read(&mut buf),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    )
+}
+
+#[test]
+fn connections_beyond_max_connections_are_closed_unanswered_until_others_end() {
+    use std::io::Write;
+    // A long header timeout, so the idle connections hold their places for the whole test.
+    let d = Spawned::start("max_connections = 4\nheader_timeout_secs = 120");
+    // Four idle connections, sending nothing. One the daemon closed (a permit still held by
+    // a start-up request not yet seen to end) is replaced.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle: Vec<std::net::TcpStream> = Vec::new();
+    loop {
+        while idle.len() < 4 {
+            idle.push(connect(&d.url));
+        }
+        idle.retain_mut(still_open);
+        if idle.len() == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "could not hold 4 idle connections; logs:\n{}",
+            d.logs()
+        );
+    }
+    // A fifth connection's request gets no answer: it is closed at once.
+    let mut fifth = connect(&d.url);
+    // The daemon may close it before the request is written: then the write fails, fine.
+    let _ = fifth.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let got = read_until_closed(&mut fifth, CLOSED_WITHIN)
+        .unwrap_or_else(|e| panic!("a connection beyond the cap: {e}"));
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    // The idle ones were not touched.
+    for conn in &mut idle {
+        assert!(
+            still_open(conn),
+            "an idle connection within the cap was closed"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.logs().contains("connection cap reached") {
+        assert!(
+            Instant::now() < deadline,
+            "no `connection cap reached` line; logs:\n{}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        d.logs()
+            .lines()
+            .any(|l| l.contains("connection cap reached") && l.contains("\"max_connections\":4")),
+        "logs:\n{}",
+        d.logs()
+    );
+
+    // Once they are gone, requests are served again (their ends are seen shortly after).
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let served = agent()
+            .get(format!("{}/healthz", d.url))
+            .call()
+            .map(|r| r.status().as_u16());
+        if matches!(served, Ok(200)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not served 10 s after the idle connections were dropped: {served:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
+}
+
 #[test]
 fn the_daemon_keeps_serving_after_running_out_of_file_descriptors() {
     let mut d = Spawned::start("header_timeout_secs = 1");

@@ -43,6 +43,7 @@
 //! max_body_bytes = 8388608
 //! recheck_secs = 300
 //! header_timeout_secs = 10         # request head must arrive within it; also the idle keep-alive cap
+//! max_connections = 512            # connections open at once; more are closed unanswered
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -350,6 +351,9 @@ pub struct DaemonSection {
     /// Seconds a client has to send a whole request head, and the longest a kept-alive
     /// connection may idle between requests (default 10; 1 to 3600).
     pub header_timeout_secs: Option<u64>,
+    /// Connections open at once; one beyond it is closed at once, unanswered (default 512;
+    /// 1 to 65536).
+    pub max_connections: Option<u64>,
 }
 
 /// The settings could not be read or make no sense.
