@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use plimsoll_sandbox::{
 use plimsoll_wire::{
     BinaryIdentity, Evidence, Language, NamespaceSeen, ProbeReport, RunSpec, Snippet, Tier,
 };
-use sha2::{Digest as _, Sha256};
+
 
 use crate::launch::{Launch, RunDir, error_chain, launch_and_clean};
 use crate::{PYTHON_FLAGS, ProcessProvider, policy};
@@ -205,12 +204,8 @@ fn verdict(ev: &Evidence) -> Result<(), String> {
 
 /// Path, version and SHA-256 of a binary.
 fn identify(name: &str, path: &Path, version_arg: Option<&str>) -> Result<BinaryIdentity, String> {
-    let sha256 = sha256_file(path).map_err(|e| {
-        format!(
-            "cannot read {}: {e}; install it or set its path in the [process] settings",
-            path.display()
-        )
-    })?;
+    let sha256 = plimsoll_sandbox::evidence::sha256_file(path)
+        .map_err(|e| format!("{e}; install it or set its path in the [process] settings"))?;
     let version = match version_arg {
         None => env!("CARGO_PKG_VERSION").to_owned(),
         Some(arg) => {
@@ -243,20 +238,6 @@ fn identify(name: &str, path: &Path, version_arg: Option<&str>) -> Result<Binary
         version,
         sha256,
     })
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
 }
 
 /// A fresh run directory for a probe launch.

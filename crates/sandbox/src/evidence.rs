@@ -38,23 +38,56 @@ pub fn availability(provider: &str, checks: &BTreeMap<String, String>) -> Result
 }
 
 /// The hex SHA-256 of a file; the error names the file.
+///
+/// Probes name every binary they rely on by digest, at start-up and at every re-check, and
+/// several providers name the same files (the agent, the probe, the trial runner: 10 to
+/// 200 MB each). So a digest is remembered per path together with the file's identity
+/// (device, inode, size, modification and change times, to the nanosecond) and computed
+/// again only when any of those changed: any write or replacement changes the change time.
 pub fn sha256_file(path: &Path) -> Result<String, String> {
     use sha2::Digest as _;
+    use std::collections::HashMap;
     use std::io::Read as _;
-    let mut f =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    use std::os::unix::fs::MetadataExt as _;
+    use std::path::PathBuf;
+    use std::sync::{Mutex, OnceLock};
+
+    type Identity = (u64, u64, u64, i64, i64, i64, i64);
+    static KNOWN: OnceLock<Mutex<HashMap<PathBuf, (Identity, String)>>> = OnceLock::new();
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+
+    let mut f = std::fs::File::open(path).map_err(cannot)?;
+    let m = f.metadata().map_err(cannot)?;
+    let identity = (
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    );
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some((seen, digest)) = known.lock().unwrap_or_else(|p| p.into_inner()).get(path)
+        && *seen == identity
+    {
+        return Ok(digest.clone());
+    }
     let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
+    let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let n = f.read(&mut buf).map_err(cannot)?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
     }
-    Ok(hex::encode(h.finalize()))
+    let digest = hex::encode(h.finalize());
+    known
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(path.to_owned(), (identity, digest.clone()));
+    Ok(digest)
 }
 
 /// The probe ran as `expected` (uid, euid, gid) with no other group.
@@ -178,5 +211,23 @@ mod tests {
         );
         let e = sha256_file(&path).unwrap_err();
         assert!(e.contains(&path.display().to_string()), "{e}");
+    }
+
+    /// The remembered digest never outlives the file it was taken of: a rewrite of the same
+    /// size, within the same second, is hashed again.
+    #[test]
+    fn a_rewritten_file_is_hashed_again() {
+        let path = std::env::temp_dir().join(format!("plimsoll-rehash-{}", std::process::id()));
+        std::fs::write(&path, b"abc").unwrap();
+        let first = sha256_file(&path).unwrap();
+        assert_eq!(sha256_file(&path).unwrap(), first, "remembered");
+        std::fs::write(&path, b"abd").unwrap();
+        let second = sha256_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_ne!(second, first);
+        assert_eq!(
+            second,
+            "a52d159f262b2c6ddb724a61840befc36eb30c88877a4030b65cbe86298449c9"
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! the evidence names.
 
 use std::fs;
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
@@ -102,20 +102,7 @@ impl Assets {
     }
 }
 
-/// SHA-256 of a file, hex.
-pub fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut f = fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
-}
+pub use plimsoll_sandbox::evidence::sha256_file;
 
 /// The initramfs a run boots: base + tools.
 #[derive(Debug, Clone)]

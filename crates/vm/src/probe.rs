@@ -307,10 +307,7 @@ fn fixed(c: AccelChoice) -> Option<Accelerator> {
 
 fn identify_qemu(path: &PathBuf) -> Result<BinaryIdentity, String> {
     let sha256 = sha256_file(path).map_err(|e| {
-        format!(
-            "cannot read {} ({e}): install qemu-system-x86 (scripts/install-deps) or set its path",
-            path.display()
-        )
+        format!("{e}: install qemu-system-x86 (scripts/install-deps) or set its path")
     })?;
     let running = Spawn::new(path, "/").arg("-version").spawn().map_err(|e| {
         format!(
