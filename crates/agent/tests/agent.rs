@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use plimsoll_wire::{
-    AgentJob, Bytes, Language, Project, ProjectFile, RunResult, RunSpec, Snippet, Step,
-};
+use plimsoll_sandbox::testing::project;
+
+use plimsoll_wire::{AgentJob, Bytes, Language, ProjectFile, RunResult, RunSpec, Snippet};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_plimsoll-agent");
 
@@ -141,20 +141,6 @@ fn job(work: &Path, spec: RunSpec) -> AgentJob {
         deadline_ms: 60_000,
         trial: None,
     }
-}
-
-fn project(files: Vec<ProjectFile>, steps: &[&str], artifacts: &[&str]) -> RunSpec {
-    RunSpec::Project(Project {
-        files,
-        steps: steps
-            .iter()
-            .map(|s| Step {
-                name: None,
-                run: (*s).to_owned(),
-            })
-            .collect(),
-        artifacts: artifacts.iter().map(|s| (*s).to_owned()).collect(),
-    })
 }
 
 fn file(path: &str, content: &[u8], executable: bool) -> ProjectFile {

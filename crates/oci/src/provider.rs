@@ -990,21 +990,10 @@ mod tests {
     }
 
     fn project_plan(steps: &[&str]) -> LaunchPlan {
-        use plimsoll_wire::{Project, Step};
         LaunchPlan {
             run_id: "trial0".into(),
             request_id: "r".into(),
-            spec: RunSpec::Project(Project {
-                files: vec![],
-                steps: steps
-                    .iter()
-                    .map(|s| Step {
-                        name: None,
-                        run: (*s).to_owned(),
-                    })
-                    .collect(),
-                artifacts: vec![],
-            }),
+            spec: plimsoll_sandbox::testing::project(vec![], steps, &[]),
             limits: plimsoll_sandbox::testing::limits(),
             uid: 2_000_010,
             gid: 2_000_011,

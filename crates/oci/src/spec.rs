@@ -245,7 +245,7 @@ mod tests {
     use std::time::Duration;
 
     use plimsoll_sandbox::ResolvedLimits;
-    use plimsoll_wire::{Language, Project, RunSpec, Snippet, Step};
+    use plimsoll_wire::{Language, RunSpec, Snippet};
 
     use super::*;
 
@@ -308,17 +308,7 @@ mod tests {
     /// A project plan with these steps.
     fn project_plan(steps: &[&str]) -> LaunchPlan {
         LaunchPlan {
-            spec: RunSpec::Project(Project {
-                files: vec![],
-                steps: steps
-                    .iter()
-                    .map(|s| Step {
-                        name: None,
-                        run: (*s).to_owned(),
-                    })
-                    .collect(),
-                artifacts: vec![],
-            }),
+            spec: plimsoll_sandbox::testing::project(vec![], steps, &[]),
             ..plan()
         }
     }

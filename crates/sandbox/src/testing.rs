@@ -4,7 +4,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 
-use plimsoll_wire::{Bytes, Language, RunSpec, Snippet};
+use plimsoll_wire::{Bytes, Language, Project, ProjectFile, RunSpec, Snippet, Step};
 
 /// True when tests run strictly: env `CI` is `true` or `1` (declared as
 /// `plimsoll_engine::env::CI`; read here directly because this crate sits below the engine).
@@ -126,6 +126,21 @@ pub fn js(code: &str) -> RunSpec {
     RunSpec::Snippet(Snippet {
         language: Language::Javascript,
         code: code.into(),
+    })
+}
+
+/// A project of these files, shell steps (unnamed) and artifact paths.
+pub fn project(files: Vec<ProjectFile>, steps: &[&str], artifacts: &[&str]) -> RunSpec {
+    RunSpec::Project(Project {
+        files,
+        steps: steps
+            .iter()
+            .map(|s| Step {
+                name: None,
+                run: (*s).to_owned(),
+            })
+            .collect(),
+        artifacts: artifacts.iter().map(|s| (*s).to_owned()).collect(),
     })
 }
 
