@@ -323,31 +323,7 @@ fn mirror(step: &StepResult) -> RunResult {
 /// pipes as 0, 1 and 2). close_range where the kernel has it, else one by one from
 /// /proc/self/fd; without either, inherited descriptors stay as they are.
 fn mark_inherited_descriptors_cloexec() {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on open descriptors;
-    // the arguments are plain integers.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if rc == 0 {
-        return;
-    }
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let fds: Vec<i32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|&fd| fd > 2)
-        .collect();
-    for fd in fds {
-        // SAFETY: F_SETFD only changes the descriptor's flags; the listing's own descriptor
-        // is closed by now and fails harmlessly with EBADF.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    if plimsoll_sandbox::fds::close_range_cloexec().is_err() {
+        let _ = plimsoll_sandbox::fds::mark_cloexec_from_proc();
     }
 }

@@ -237,7 +237,8 @@ impl Spawn {
         unsafe {
             cmd.pre_exec(move || {
                 rustix::process::setsid()?;
-                close_inherited_descriptors()?;
+                // Nothing the parent opened without O_CLOEXEC reaches the program.
+                crate::fds::close_range_cloexec()?;
                 match hook.as_mut() {
                     Some(h) => h(&child_stage),
                     None => Ok(()),
@@ -270,26 +271,6 @@ impl Spawn {
             stdout,
             stderr,
         })
-    }
-}
-
-/// Marks every descriptor above 2 close-on-exec, so nothing the parent opened without
-/// `O_CLOEXEC` leaks into the program. Async-signal-safe.
-fn close_inherited_descriptors() -> io::Result<()> {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: close_range only changes descriptor flags; the arguments are plain integers.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

@@ -26,6 +26,7 @@ use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use plimsoll_sandbox::fds::{close_range_cloexec, close_range_unsupported, mark_cloexec_from_proc};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -418,8 +419,7 @@ fn spawn_controller(
     stdout: OwnedFd,
     stderr: OwnedFd,
 ) -> Result<Pid, String> {
-    mark_descriptors_cloexec()
-        .map_err(|e| format!("cannot mark descriptors close-on-exec: {e}"))?;
+    mark_cloexec_from_proc().map_err(|e| format!("cannot mark descriptors close-on-exec: {e}"))?;
     let (uid, gid) = (command.uid, command.gid);
     let parent = rustix::process::getpid();
     #[allow(
@@ -478,46 +478,13 @@ fn controller_child_setup(uid: u32, gid: u32, parent: Pid) -> io::Result<()> {
     close_inherited_descriptors()
 }
 
-/// Before a spawn: marks every open descriptor above 2 close-on-exec, so nothing opened
-/// without `O_CLOEXEC` reaches the controller. The child repeats it with close_range where
-/// the kernel supports it (gVisor's close_range has no CLOEXEC flag).
-fn mark_descriptors_cloexec() -> io::Result<()> {
-    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-        .filter(|fd| *fd > 2)
-        .collect();
-    for fd in fds {
-        // SAFETY: fcntl on a descriptor number with plain integer arguments; the directory
-        // listing's own descriptor, closed by now, answers EBADF, which is fine.
-        let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-        if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EBADF) {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// Marks every descriptor above 2 close-on-exec. Async-signal-safe. Where close_range lacks
-/// the CLOEXEC flag (EINVAL) or is missing (ENOSYS), [`mark_descriptors_cloexec`] has done it.
+/// Marks every descriptor above 2 close-on-exec, in the child. Async-signal-safe. Where
+/// close_range lacks the CLOEXEC flag (EINVAL, gVisor) or is missing (ENOSYS), the parent
+/// has done it before the fork (`mark_cloexec_from_proc`).
 fn close_inherited_descriptors() -> io::Result<()> {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: close_range only changes descriptor flags; the arguments are plain integers.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EINVAL | libc::ENOSYS) => Ok(()),
-        _ => Err(e),
+    match close_range_cloexec() {
+        Err(e) if !close_range_unsupported(&e) => Err(e),
+        _ => Ok(()),
     }
 }
 
