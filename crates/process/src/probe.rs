@@ -15,7 +15,6 @@ use plimsoll_wire::{
     BinaryIdentity, Evidence, Language, NamespaceSeen, ProbeReport, RunSpec, Snippet, Tier,
 };
 
-
 use crate::launch::{Launch, RunDir, error_chain, launch_and_clean};
 use crate::{PYTHON_FLAGS, ProcessProvider, policy};
 
