@@ -896,3 +896,33 @@ fn reproducible_verdicts_are_identical_byte_for_byte() {
     let out = fx.run(&args[..2], &[PYTHON, c.to_str().unwrap()]);
     assert!(trial(&out)["wall_ms"].is_u64());
 }
+
+/// `--bench-sim` and `--export-sim` act before the runner gives anything up (the benchmark
+/// runs the `--sim` file, the export writes where told), so a runner holding a capability
+/// (as root here, or as a sandbox's trial step) refuses both and touches nothing.
+#[test]
+fn the_privileged_modes_are_refused_with_capabilities() {
+    if !can_run("the_privileged_modes_are_refused_with_capabilities", &[]) {
+        return;
+    }
+    let fx = Fixture::new(16);
+    let out_path = fx.path("exported.wasm");
+    for args in [
+        vec!["--bench-sim".to_owned(), "10".to_owned()],
+        vec![
+            "--export-sim".to_owned(),
+            out_path.to_str().unwrap().to_owned(),
+        ],
+    ] {
+        #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
+        let out = Command::new(RUNNER).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("run only without capabilities"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(out.stdout.is_empty());
+    }
+    assert!(!out_path.exists(), "the export wrote as root");
+}
