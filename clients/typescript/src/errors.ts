@@ -1,0 +1,254 @@
+/**
+ * The client's errors. Each says whether the code could have run: only a
+ * {@link NotDispatchedError} promises that nothing ran; every {@link MayHaveRunError} (and its
+ * subclasses, the failed checks on a result) means it may have, so never retry one blindly.
+ * @module
+ */
+
+import type { Reason, Tier } from "./types.js";
+
+/** Every error this client throws. */
+export abstract class PlimsollError extends Error {
+  /** A stable machine-readable code: a reason's name, the daemon's code, or the check that failed. */
+  abstract readonly code: string;
+  /** The request id this client sent (or would have sent), when there was a run request. */
+  readonly requestId: string | undefined;
+
+  protected constructor(message: string, requestId: string | undefined, options?: ErrorOptions) {
+    super(message, options);
+    this.requestId = requestId;
+    this.name = new.target.name;
+  }
+}
+
+/** What a {@link NotDispatchedError} came from. */
+export type NotDispatchedSource =
+  /** The daemon refused, echoing this request's id. */
+  | "daemon"
+  /** This client refused the request before sending it. */
+  | "client"
+  /** The daemon could not be reached: the connection never opened. */
+  | "unreachable";
+
+/**
+ * Nothing ran: the daemon refused the request (echoing this request's id), or this client
+ * never sent it. `reason` says why; retrying may help for `capacity`.
+ */
+export class NotDispatchedError extends PlimsollError {
+  readonly code: string;
+
+  constructor(
+    /** Why nothing ran. */
+    readonly reason: Reason,
+    message: string,
+    requestId: string | undefined,
+    readonly source: NotDispatchedSource,
+    details: { code?: string; status?: number; cause?: unknown } = {},
+  ) {
+    super(`not dispatched (${reason}): ${message}`, requestId, { cause: details.cause });
+    this.code = details.code ?? reason;
+    this.status = details.status;
+  }
+
+  /** The HTTP status of the daemon's refusal, when it came from the daemon. */
+  readonly status: number | undefined;
+}
+
+/** The request body is larger than this client sends (the daemon's limit): it was not sent. */
+export class RequestTooLargeError extends NotDispatchedError {
+  constructor(
+    /** The body's size in bytes. */
+    readonly size: number,
+    /** This client's limit in bytes. */
+    readonly limit: number,
+    requestId: string,
+  ) {
+    super(
+      "request",
+      `the request is ${size} bytes, over this client's limit of ${limit} bytes (the daemon's max_body_bytes): send less, or raise maxBodyBytes to match the daemon's`,
+      requestId,
+      "client",
+    );
+  }
+}
+
+/** Why a {@link MayHaveRunError} was thrown. */
+export type MayHaveRunKind =
+  /** The daemon answered an error without the not-dispatched mark. */
+  | "failed"
+  /** An answer claimed "not dispatched" but echoed another request's id, or none. */
+  | "unverified_refusal"
+  /** A result echoed another request's id: it is not this request's result. */
+  | "request_id_mismatch"
+  /** The exchange failed after the request may have been sent (reset, timeout, abort). */
+  | "transport"
+  /** The answer could not be read as a result or an error. */
+  | "bad_response"
+  /** A digest recomputed here differs from the answer's ({@link DigestMismatchError}). */
+  | "digest_mismatch"
+  /** The record disagrees with the response around it ({@link RecordMismatchError}). */
+  | "record_mismatch"
+  /** The run used a tier below the floor ({@link EvidenceMismatchError}). */
+  | "evidence_mismatch"
+  /** The run used another provider than the one named ({@link ProviderMismatchError}). */
+  | "provider_mismatch";
+
+/** The code may have run: there is no verified result, and a retry may run it twice. */
+export class MayHaveRunError extends PlimsollError {
+  readonly code: string;
+  /** The HTTP status of the answer, if one was read. */
+  readonly status: number | undefined;
+  /** For `unverified_refusal` and `request_id_mismatch`: the id the answer echoed. */
+  readonly echoedRequestId: string | null | undefined;
+  /** For `unverified_refusal`: the reason the answer claimed (not honoured). */
+  readonly claimedReason: Reason | undefined;
+
+  constructor(
+    readonly kind: MayHaveRunKind,
+    message: string,
+    requestId: string | undefined,
+    details: {
+      code?: string;
+      status?: number;
+      echoedRequestId?: string | null;
+      claimedReason?: Reason;
+      cause?: unknown;
+    } = {},
+  ) {
+    super(message, requestId, { cause: details.cause });
+    this.code = details.code ?? kind;
+    this.status = details.status;
+    this.echoedRequestId = details.echoedRequestId;
+    this.claimedReason = details.claimedReason;
+  }
+}
+
+/** Which digest a {@link DigestMismatchError} concerns. */
+export type DigestKind = "request" | "result" | "record";
+
+/** A digest recomputed here differs from the one in the answer: never use that result. */
+export class DigestMismatchError extends MayHaveRunError {
+  constructor(
+    /** Which digest. */
+    readonly digest: DigestKind,
+    /** What this client computed. */
+    readonly computed: string,
+    /** What the answer stated. */
+    readonly claimed: string,
+    requestId: string,
+  ) {
+    super(
+      "digest_mismatch",
+      `${digest} digest mismatch for request ${requestId}: computed ${computed}, the answer says ${claimed}; the answer was altered on the way or the daemon is faulty, and the code may have run`,
+      requestId,
+    );
+  }
+}
+
+/** The run record disagrees with the response around it. */
+export class RecordMismatchError extends MayHaveRunError {
+  constructor(
+    /** The member that differs. */
+    readonly field: string,
+    /** Its value in the response (or as computed here). */
+    readonly response: string,
+    /** Its value in the record. */
+    readonly record: string,
+    requestId: string,
+  ) {
+    super(
+      "record_mismatch",
+      `the run record disagrees with the response on \`${field}\` for request ${requestId}: response ${response}, record ${record}; the answer was altered or the daemon is faulty, and the code may have run`,
+      requestId,
+    );
+  }
+}
+
+/** Where the floor an {@link EvidenceMismatchError} was checked against came from. */
+export type FloorSource =
+  /** The request's `minimum_isolation`. */
+  | "request"
+  /** None was sent: the daemon's `default_floor` from `GET /v1/providers`. */
+  | "daemon_default";
+
+/**
+ * The result says the run used a tier below the floor. The code ran (this is not a refusal),
+ * but not behind the wall required.
+ */
+export class EvidenceMismatchError extends MayHaveRunError {
+  constructor(
+    /** The provider the answer names. */
+    readonly provider: string,
+    /** The tier the answer states (the weaker of response and record). */
+    readonly isolation: Tier,
+    /** The floor. */
+    readonly floor: Tier,
+    /** Whether the floor was sent or was the daemon's default. */
+    readonly floorSource: FloorSource,
+    requestId: string,
+  ) {
+    const which = floorSource === "request" ? "asked for" : "the daemon's default floor, none having been sent";
+    super(
+      "evidence_mismatch",
+      `evidence mismatch for request ${requestId}: the run used \`${isolation}\` (provider ${provider}), below the floor \`${floor}\` (${which}); the code ran, but not behind the wall you required`,
+      requestId,
+      { code: "evidence_mismatch" },
+    );
+  }
+}
+
+/** The result says the run used another provider than the one named. The code ran. */
+export class ProviderMismatchError extends MayHaveRunError {
+  constructor(
+    /** The provider the request named. */
+    readonly asked: string,
+    /** The provider the answer (response or record) names. */
+    readonly provider: string,
+    requestId: string,
+  ) {
+    super(
+      "provider_mismatch",
+      `evidence mismatch for request ${requestId}: the run used provider \`${provider}\`, not \`${asked}\` as asked; the code ran, but not where you required`,
+      requestId,
+      { code: "evidence_mismatch" },
+    );
+  }
+}
+
+/** What went wrong with `GET /v1/providers`. */
+export type ProvidersErrorKind =
+  | "unreachable"
+  | "refused"
+  | "transport"
+  | "bad_response"
+  /** A provider's `evidence_sha256` is not the digest of its evidence. */
+  | "evidence_digest_mismatch";
+
+/** `providers()` gave no verified answer. Nothing runs on this call, so nothing ran. */
+export class ProvidersError extends PlimsollError {
+  readonly code: string;
+
+  constructor(
+    readonly kind: ProvidersErrorKind,
+    message: string,
+    details: { code?: string; status?: number; reason?: Reason; cause?: unknown } = {},
+  ) {
+    super(message, undefined, { cause: details.cause });
+    this.code = details.code ?? kind;
+    this.status = details.status;
+    this.reason = details.reason;
+  }
+
+  /** The HTTP status, if an answer was read. */
+  readonly status: number | undefined;
+  /** The daemon's not-dispatched reason, if its error answer carried one. */
+  readonly reason: Reason | undefined;
+}
+
+/**
+ * Did nothing run? The reason when `err` promises that nothing ran (a
+ * {@link NotDispatchedError}), otherwise `undefined`: the code may have run.
+ */
+export function notDispatchedReason(err: unknown): Reason | undefined {
+  return err instanceof NotDispatchedError ? err.reason : undefined;
+}

@@ -1,0 +1,551 @@
+/**
+ * Reads parsed JSON into the wire types, as strictly as the daemon's own types: unknown
+ * members are refused, required members must be there, integers must be integers in range.
+ * `null` is read exactly as an absent member (docs/protocol.md, "JSON conventions").
+ * @module
+ */
+
+import { decodeBase64, utf8 } from "./bytes.js";
+import { JsonNumber, type JsonObject, type JsonValue, parseJson } from "./json.js";
+import {
+  type Artifact,
+  type BinaryIdentity,
+  type ErrorResponse,
+  type Evidence,
+  type GrantCall,
+  type Language,
+  LIMIT_NAMES,
+  type Limits,
+  type NamespaceSeen,
+  type Outcome,
+  type ProbeReport,
+  type ProviderInfo,
+  type ProvidersResponse,
+  REASONS,
+  type Reason,
+  type RunRecord,
+  type RunRequest,
+  type RunResponse,
+  type RunResult,
+  type SentRunSpec,
+  type StepResult,
+  TIERS,
+  type Tier,
+} from "./types.js";
+
+/** Why a value does not have the shape its type needs; `path` says where. */
+export class ShapeError extends Error {
+  constructor(
+    readonly path: string,
+    what: string,
+  ) {
+    super(`${path}: ${what}`);
+    this.name = "ShapeError";
+  }
+}
+
+type Members = JsonObject;
+
+function describe(v: JsonValue): string {
+  if (v === null) return "null";
+  if (v instanceof Map) return "an object";
+  if (Array.isArray(v)) return "a list";
+  if (v instanceof JsonNumber) return `the number ${v.text}`;
+  return typeof v === "string" ? "a string" : "a boolean";
+}
+
+/** The object at `path`, refusing members outside `allowed`. */
+function object(v: JsonValue, path: string, allowed: readonly string[]): Members {
+  if (!(v instanceof Map)) {
+    throw new ShapeError(path, `expected an object, found ${describe(v)}`);
+  }
+  for (const k of v.keys()) {
+    if (!allowed.includes(k)) {
+      throw new ShapeError(path, `unknown member \`${k}\``);
+    }
+  }
+  return v;
+}
+
+/** A member that may be absent or `null` (both mean absent). */
+function opt<T>(m: Members, key: string, path: string, read: (v: JsonValue, p: string) => T): T | undefined {
+  const v = m.get(key);
+  return v === undefined || v === null ? undefined : read(v, `${path}.${key}`);
+}
+
+/** A member that must be present and not `null`. */
+function req<T>(m: Members, key: string, path: string, read: (v: JsonValue, p: string) => T): T {
+  const v = m.get(key);
+  if (v === undefined || v === null) {
+    throw new ShapeError(`${path}.${key}`, "missing (required)");
+  }
+  return read(v, `${path}.${key}`);
+}
+
+function str(v: JsonValue, path: string): string {
+  if (typeof v !== "string") {
+    throw new ShapeError(path, `expected a string, found ${describe(v)}`);
+  }
+  return v;
+}
+
+function bool(v: JsonValue, path: string): boolean {
+  if (typeof v !== "boolean") {
+    throw new ShapeError(path, `expected a boolean, found ${describe(v)}`);
+  }
+  return v;
+}
+
+/** An integer within [min, max], written without fraction or exponent. */
+function integer(min: bigint, max: bigint, type: string): (v: JsonValue, path: string) => number {
+  return (v, path) => {
+    if (!(v instanceof JsonNumber) || !/^-?(?:0|[1-9][0-9]*)$/.test(v.text)) {
+      throw new ShapeError(path, `expected an integer (${type}), found ${describe(v)}`);
+    }
+    const n = BigInt(v.text);
+    if (n < min || n > max) {
+      throw new ShapeError(path, `${v.text} is out of range for ${type}`);
+    }
+    if (n > BigInt(Number.MAX_SAFE_INTEGER)) {
+      throw new ShapeError(
+        path,
+        `${v.text} is above 2^53 - 1, the largest integer this client represents exactly`,
+      );
+    }
+    return Number(n);
+  };
+}
+
+const u16 = integer(0n, 0xffffn, "u16");
+const u32 = integer(0n, 0xffffffffn, "u32");
+const u64 = integer(0n, 0xffffffffffffffffn, "u64");
+const i32 = integer(-0x80000000n, 0x7fffffffn, "i32");
+
+function oneOf<T extends string>(values: readonly T[], type: string): (v: JsonValue, path: string) => T {
+  return (v, path) => {
+    const s = str(v, path);
+    if (!(values as readonly string[]).includes(s)) {
+      throw new ShapeError(path, `\`${s}\` is not a ${type} (one of ${values.join(", ")})`);
+    }
+    return s as T;
+  };
+}
+
+const tier = oneOf<Tier>(TIERS, "tier");
+const reason = oneOf<Reason>(REASONS, "reason");
+const language = oneOf<Language>(["javascript", "python"], "language");
+
+/** Bytes in either wire form. */
+function bytes(v: JsonValue, path: string): Uint8Array {
+  if (typeof v === "string") {
+    return utf8(v);
+  }
+  const m = object(v, path, ["base64"]);
+  const b64 = req(m, "base64", path, str);
+  const out = decodeBase64(b64);
+  if (out === undefined) {
+    throw new ShapeError(`${path}.base64`, "not strict standard base64 (alphabet, `=` padding, zero trailing bits)");
+  }
+  return out;
+}
+
+function list<T>(read: (v: JsonValue, p: string) => T): (v: JsonValue, path: string) => T[] {
+  return (v, path) => {
+    if (!Array.isArray(v)) {
+      throw new ShapeError(path, `expected a list, found ${describe(v)}`);
+    }
+    return v.map((item, i) => read(item, `${path}[${i}]`));
+  };
+}
+
+/** An object of names to values, as a plain record (names kept as own properties). */
+function map<T>(read: (v: JsonValue, p: string) => T): (v: JsonValue, path: string) => Record<string, T> {
+  return (v, path) => {
+    if (!(v instanceof Map)) {
+      throw new ShapeError(path, `expected an object, found ${describe(v)}`);
+    }
+    return Object.fromEntries([...v].map(([k, x]) => [k, read(x, `${path}.${k}`)]));
+  };
+}
+
+const strings = list(str);
+const stringMap = map(str);
+
+/** A list member that may be absent (its default, the empty list). */
+function optList<T>(m: Members, key: string, path: string, read: (v: JsonValue, p: string) => T): T[] {
+  return opt(m, key, path, list(read)) ?? [];
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests (this client's own, read back from the bytes it sends; and golden vectors).
+
+function limits(v: JsonValue, path: string): Limits {
+  const m = object(v, path, LIMIT_NAMES);
+  const out: Limits = {};
+  for (const k of LIMIT_NAMES) {
+    const n = opt(m, k, path, u64);
+    if (n !== undefined) {
+      out[k] = n;
+    }
+  }
+  return out;
+}
+
+function runSpec(v: JsonValue, path: string): SentRunSpec {
+  const kind = (() => {
+    const m = object(v, path, ["kind", "language", "code", "files", "steps", "artifacts"]);
+    return req(m, "kind", path, oneOf(["snippet", "project"] as const, "run kind"));
+  })();
+  if (kind === "snippet") {
+    const m = object(v, path, ["kind", "language", "code"]);
+    return { kind, language: req(m, "language", path, language), code: req(m, "code", path, str) };
+  }
+  const m = object(v, path, ["kind", "files", "steps", "artifacts"]);
+  return {
+    kind,
+    files: optList(m, "files", path, (f, p) => {
+      const fm = object(f, p, ["path", "content", "executable"]);
+      return {
+        path: req(fm, "path", p, str),
+        content: req(fm, "content", p, bytes),
+        executable: opt(fm, "executable", p, bool) ?? false,
+      };
+    }),
+    steps: req(m, "steps", path, list((s, p) => {
+      const sm = object(s, p, ["name", "run"]);
+      const name = opt(sm, "name", p, str);
+      const run = req(sm, "run", p, str);
+      return name === undefined ? { run } : { name, run };
+    })),
+    artifacts: optList(m, "artifacts", path, str),
+  };
+}
+
+/** Reads a run request. */
+export function readRunRequest(v: JsonValue, path = "request"): RunRequest {
+  const m = object(v, path, [
+    "protocol",
+    "request_id",
+    "minimum_isolation",
+    "provider",
+    "limits",
+    "run",
+    "grant",
+  ]);
+  const out: RunRequest = {
+    protocol: req(m, "protocol", path, u32),
+    request_id: req(m, "request_id", path, str),
+    run: req(m, "run", path, runSpec),
+  };
+  const floor = opt(m, "minimum_isolation", path, tier);
+  if (floor !== undefined) out.minimum_isolation = floor;
+  const provider = opt(m, "provider", path, str);
+  if (provider !== undefined) out.provider = provider;
+  const l = opt(m, "limits", path, limits);
+  if (l !== undefined) out.limits = l;
+  const grant = opt(m, "grant", path, str);
+  if (grant !== undefined) out.grant = grant;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers.
+
+const OUTCOME_MEMBERS = [
+  "exit_code",
+  "signal",
+  "timed_out",
+  "oom_killed",
+  "stdout",
+  "stdout_truncated",
+  "stderr",
+  "stderr_truncated",
+] as const;
+
+function outcome(m: Members, path: string): Outcome {
+  const out: Outcome = {
+    // Nullable: servers send `null` when a signal ended the run; absent reads the same.
+    exit_code: opt(m, "exit_code", path, i32) ?? null,
+    timed_out: req(m, "timed_out", path, bool),
+    oom_killed: opt(m, "oom_killed", path, bool) ?? false,
+    stdout: req(m, "stdout", path, bytes),
+    stdout_truncated: req(m, "stdout_truncated", path, bool),
+    stderr: req(m, "stderr", path, bytes),
+    stderr_truncated: req(m, "stderr_truncated", path, bool),
+  };
+  const signal = opt(m, "signal", path, i32);
+  if (signal !== undefined) out.signal = signal;
+  return out;
+}
+
+function stepResult(v: JsonValue, path: string): StepResult {
+  const m = object(v, path, [...OUTCOME_MEMBERS, "name", "duration_ms"]);
+  const out: StepResult = { ...outcome(m, path), duration_ms: req(m, "duration_ms", path, u64) };
+  const name = opt(m, "name", path, str);
+  if (name !== undefined) out.name = name;
+  return out;
+}
+
+function artifact(v: JsonValue, path: string): Artifact {
+  const m = object(v, path, ["path", "found", "size", "content", "truncated"]);
+  return {
+    path: req(m, "path", path, str),
+    found: req(m, "found", path, bool),
+    size: req(m, "size", path, u64),
+    content: req(m, "content", path, bytes),
+    truncated: req(m, "truncated", path, bool),
+  };
+}
+
+function grantCall(v: JsonValue, path: string): GrantCall {
+  const m = object(v, path, [
+    "method",
+    "route",
+    "status",
+    "error",
+    "request_bytes",
+    "response_bytes",
+    "latency_ms",
+  ]);
+  const out: GrantCall = {
+    method: req(m, "method", path, str),
+    request_bytes: req(m, "request_bytes", path, u64),
+    response_bytes: req(m, "response_bytes", path, u64),
+    latency_ms: req(m, "latency_ms", path, u64),
+  };
+  const route = opt(m, "route", path, str);
+  if (route !== undefined) out.route = route;
+  const status = opt(m, "status", path, u16);
+  if (status !== undefined) out.status = status;
+  const error = opt(m, "error", path, str);
+  if (error !== undefined) out.error = error;
+  return out;
+}
+
+/** Reads a run result. */
+export function readRunResult(v: JsonValue, path = "result"): RunResult {
+  const m = object(v, path, [...OUTCOME_MEMBERS, "steps", "artifacts", "calls"]);
+  return {
+    ...outcome(m, path),
+    steps: optList(m, "steps", path, stepResult),
+    artifacts: optList(m, "artifacts", path, artifact),
+    calls: optList(m, "calls", path, grantCall),
+  };
+}
+
+/** Reads a run record. */
+export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
+  const m = object(v, path, [
+    "request_id",
+    "request_sha256",
+    "result_sha256",
+    "provider",
+    "isolation",
+    "evidence_sha256",
+    "environment",
+    "started_unix_ms",
+    "ended_unix_ms",
+    "record_sha256",
+  ]);
+  return {
+    request_id: req(m, "request_id", path, str),
+    request_sha256: req(m, "request_sha256", path, str),
+    result_sha256: req(m, "result_sha256", path, str),
+    provider: req(m, "provider", path, str),
+    isolation: req(m, "isolation", path, tier),
+    evidence_sha256: req(m, "evidence_sha256", path, str),
+    environment: req(m, "environment", path, str),
+    started_unix_ms: req(m, "started_unix_ms", path, u64),
+    ended_unix_ms: req(m, "ended_unix_ms", path, u64),
+    record_sha256: req(m, "record_sha256", path, str),
+  };
+}
+
+/** Reads a `200` answer to `POST /v1/runs` (not yet verified). */
+export function readRunResponse(v: JsonValue, path = "answer"): RunResponse {
+  const m = object(v, path, [
+    "protocol",
+    "request_id",
+    "provider",
+    "isolation",
+    "duration_ms",
+    "request_sha256",
+    "result_sha256",
+    "result",
+    "record",
+  ]);
+  return {
+    protocol: req(m, "protocol", path, u32),
+    request_id: req(m, "request_id", path, str),
+    provider: req(m, "provider", path, str),
+    isolation: req(m, "isolation", path, tier),
+    duration_ms: req(m, "duration_ms", path, u64),
+    request_sha256: req(m, "request_sha256", path, str),
+    result_sha256: req(m, "result_sha256", path, str),
+    result: req(m, "result", path, readRunResult),
+    record: req(m, "record", path, readRunRecord),
+  };
+}
+
+/** Reads an error answer. */
+export function readErrorResponse(v: JsonValue, path = "answer"): ErrorResponse {
+  const m = object(v, path, ["protocol", "request_id", "error"]);
+  const e = req(m, "error", path, (x, p) => object(x, p, ["code", "message", "not_dispatched"]));
+  const ep = `${path}.error`;
+  return {
+    protocol: req(m, "protocol", path, u32),
+    // Nullable members: always sent by servers, `null` and absent read the same.
+    request_id: opt(m, "request_id", path, str) ?? null,
+    error: {
+      code: req(e, "code", ep, str),
+      message: req(e, "message", ep, str),
+      not_dispatched: opt(e, "not_dispatched", ep, reason) ?? null,
+    },
+  };
+}
+
+function binary(v: JsonValue, path: string): BinaryIdentity {
+  const m = object(v, path, ["name", "path", "version", "sha256"]);
+  return {
+    name: req(m, "name", path, str),
+    path: req(m, "path", path, str),
+    version: req(m, "version", path, str),
+    sha256: req(m, "sha256", path, str),
+  };
+}
+
+function namespaceSeen(v: JsonValue, path: string): NamespaceSeen {
+  const m = object(v, path, ["id", "same_as_host"]);
+  const out: NamespaceSeen = { id: req(m, "id", path, str) };
+  const same = opt(m, "same_as_host", path, bool);
+  if (same !== undefined) out.same_as_host = same;
+  return out;
+}
+
+function probeReport(v: JsonValue, path: string): ProbeReport {
+  const m = object(v, path, [
+    "uid",
+    "euid",
+    "gid",
+    "groups",
+    "capabilities",
+    "no_new_privs",
+    "seccomp_mode",
+    "environment",
+    "cwd",
+    "namespaces",
+    "mounts",
+    "write_attempts",
+    "read_attempts",
+    "network_interfaces",
+    "socket_attempts",
+    "limits",
+    "kernel_release",
+    "hostname",
+  ]);
+  return {
+    uid: req(m, "uid", path, u32),
+    euid: req(m, "euid", path, u32),
+    gid: req(m, "gid", path, u32),
+    groups: req(m, "groups", path, list(u32)),
+    capabilities: req(m, "capabilities", path, stringMap),
+    no_new_privs: req(m, "no_new_privs", path, bool),
+    seccomp_mode: req(m, "seccomp_mode", path, u32),
+    environment: req(m, "environment", path, strings),
+    cwd: req(m, "cwd", path, str),
+    namespaces: req(m, "namespaces", path, map(namespaceSeen)),
+    mounts: req(m, "mounts", path, stringMap),
+    write_attempts: req(m, "write_attempts", path, stringMap),
+    read_attempts: req(m, "read_attempts", path, stringMap),
+    network_interfaces: req(m, "network_interfaces", path, strings),
+    socket_attempts: req(m, "socket_attempts", path, stringMap),
+    limits: req(m, "limits", path, stringMap),
+    kernel_release: req(m, "kernel_release", path, str),
+    hostname: req(m, "hostname", path, str),
+  };
+}
+
+/** Reads a provider's evidence. */
+export function readEvidence(v: JsonValue, path = "evidence"): Evidence {
+  const m = object(v, path, [
+    "provider",
+    "isolation",
+    "config",
+    "binaries",
+    "probe",
+    "checks",
+    "environment",
+    "checked_unix_ms",
+  ]);
+  const out: Evidence = {
+    provider: req(m, "provider", path, str),
+    isolation: req(m, "isolation", path, tier),
+    config: req(m, "config", path, stringMap),
+    binaries: req(m, "binaries", path, list(binary)),
+    checks: req(m, "checks", path, stringMap),
+    environment: req(m, "environment", path, str),
+    checked_unix_ms: req(m, "checked_unix_ms", path, u64),
+  };
+  const probe = opt(m, "probe", path, probeReport);
+  if (probe !== undefined) out.probe = probe;
+  return out;
+}
+
+function providerInfo(v: JsonValue, path: string): ProviderInfo {
+  const m = object(v, path, [
+    "name",
+    "isolation",
+    "available",
+    "unavailable_reason",
+    "evidence",
+    "evidence_sha256",
+  ]);
+  const out: ProviderInfo = {
+    name: req(m, "name", path, str),
+    isolation: req(m, "isolation", path, tier),
+    available: req(m, "available", path, bool),
+    evidence: req(m, "evidence", path, readEvidence),
+    evidence_sha256: req(m, "evidence_sha256", path, str),
+  };
+  const why = opt(m, "unavailable_reason", path, str);
+  if (why !== undefined) out.unavailable_reason = why;
+  return out;
+}
+
+/** Reads the answer to `GET /v1/providers` (not yet verified). */
+export function readProvidersResponse(v: JsonValue, path = "answer"): ProvidersResponse {
+  const m = object(v, path, ["protocol", "default_floor", "providers"]);
+  return {
+    protocol: req(m, "protocol", path, u32),
+    default_floor: req(m, "default_floor", path, tier),
+    providers: req(m, "providers", path, list(providerInfo)),
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// From JSON text or bytes, for callers that hold a stored exchange (and the golden vectors).
+
+/** Parses and reads a run request from its JSON. */
+export function decodeRunRequest(json: Uint8Array | string): RunRequest {
+  return readRunRequest(parseJson(json));
+}
+
+/** Parses and reads a run result from its JSON. */
+export function decodeRunResult(json: Uint8Array | string): RunResult {
+  return readRunResult(parseJson(json));
+}
+
+/** Parses and reads a run record from its JSON. */
+export function decodeRunRecord(json: Uint8Array | string): RunRecord {
+  return readRunRecord(parseJson(json));
+}
+
+/** Parses and reads provider evidence from its JSON. */
+export function decodeEvidence(json: Uint8Array | string): Evidence {
+  return readEvidence(parseJson(json));
+}
+
+/** Parses and reads a run response from its JSON (it is not verified: see `verifyResponse`). */
+export function decodeRunResponse(json: Uint8Array | string): RunResponse {
+  return readRunResponse(parseJson(json));
+}

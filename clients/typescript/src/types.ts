@@ -1,0 +1,282 @@
+/**
+ * The wire types of protocol 1 (docs/protocol.md), with the JSON member names as they travel.
+ * Bytes are `Uint8Array`s, decoded from either wire form; optional members the daemon left out
+ * (or sent as `null`) are `undefined`; members with a default carry it.
+ * @module
+ */
+
+/** The protocol this client speaks. */
+export const PROTOCOL = 1;
+
+/** An isolation tier, weakest first. */
+export type Tier = "process" | "container" | "kernel" | "vm";
+
+/** Every tier, weakest first. */
+export const TIERS: readonly Tier[] = ["process", "container", "kernel", "vm"];
+
+/** The rank of a tier (`process` is 0): tiers compare by it. */
+export function tierRank(t: Tier): number {
+  return TIERS.indexOf(t);
+}
+
+/** Why nothing ran: the reason of a "not dispatched" mark. */
+export type Reason =
+  | "request"
+  | "permission"
+  | "protocol"
+  | "unsupported"
+  | "isolation"
+  | "environment"
+  | "capacity";
+
+/** Every reason. */
+export const REASONS: readonly Reason[] = [
+  "request",
+  "permission",
+  "protocol",
+  "unsupported",
+  "isolation",
+  "environment",
+  "capacity",
+];
+
+/** A snippet language, as the wire names it. */
+export type Language = "javascript" | "python";
+
+/** Limits a request asks for; each a whole number greater than 0. */
+export interface Limits {
+  timeout_ms?: number;
+  memory_bytes?: number;
+  output_bytes?: number;
+  pids?: number;
+  disk_bytes?: number;
+  artifact_bytes?: number;
+}
+
+/** The limit names, in the order the request digest encodes them. */
+export const LIMIT_NAMES = [
+  "timeout_ms",
+  "memory_bytes",
+  "output_bytes",
+  "pids",
+  "disk_bytes",
+  "artifact_bytes",
+] as const;
+
+/** A piece of code in one language. */
+export interface Snippet {
+  kind: "snippet";
+  language: Language;
+  code: string;
+}
+
+/** A file written under /work before the first step. */
+export interface ProjectFile {
+  /** Relative to /work, `/`-separated. */
+  path: string;
+  /** The exact bytes; a string stands for its UTF-8. */
+  content: Uint8Array | string;
+  /** Default `false`. */
+  executable?: boolean;
+}
+
+/** A shell step, run by `/bin/sh -c` in /work. */
+export interface Step {
+  /** A label for people. */
+  name?: string;
+  /** The command. */
+  run: string;
+}
+
+/** Files written under /work, shell steps run in order, artifacts returned. */
+export interface Project {
+  kind: "project";
+  files?: ProjectFile[];
+  steps: Step[];
+  /** Paths under /work to return after the steps, in this order. */
+  artifacts?: string[];
+}
+
+/** What to run. */
+export type RunSpec = Snippet | Project;
+
+/** A run request as this client sent it (read back from the bytes sent). */
+export interface RunRequest {
+  protocol: number;
+  request_id: string;
+  minimum_isolation?: Tier;
+  provider?: string;
+  limits?: Limits;
+  run: SentRunSpec;
+  grant?: string;
+}
+
+/** A run spec as sent: every default filled in, contents as bytes. */
+export type SentRunSpec = Snippet | SentProject;
+
+/** A project as sent. */
+export interface SentProject {
+  kind: "project";
+  files: { path: string; content: Uint8Array; executable: boolean }[];
+  steps: Step[];
+  artifacts: string[];
+}
+
+/** The outcome members a run's result and each of its steps share. */
+export interface Outcome {
+  /** The exit status; `null` when a signal ended it. */
+  exit_code: number | null;
+  /** The signal that ended it, if one did. */
+  signal?: number;
+  timed_out: boolean;
+  oom_killed: boolean;
+  stdout: Uint8Array;
+  stdout_truncated: boolean;
+  stderr: Uint8Array;
+  stderr_truncated: boolean;
+}
+
+/** One project step that ran. */
+export interface StepResult extends Outcome {
+  name?: string;
+  /** Not covered by the result digest. */
+  duration_ms: number;
+}
+
+/** A returned project file. */
+export interface Artifact {
+  path: string;
+  /** `false` when the file did not exist or was not a regular file. */
+  found: boolean;
+  /** Its size on disk. */
+  size: number;
+  /** At most the artifact limit. */
+  content: Uint8Array;
+  truncated: boolean;
+}
+
+/** One call a run made through its grant's broker. */
+export interface GrantCall {
+  method: string;
+  route?: string;
+  status?: number;
+  error?: string;
+  request_bytes: number;
+  response_bytes: number;
+  /** Not covered by the result digest. */
+  latency_ms: number;
+}
+
+/** What a run produced. */
+export interface RunResult extends Outcome {
+  steps: StepResult[];
+  artifacts: Artifact[];
+  calls: GrantCall[];
+}
+
+/** The run record: the facts a signer needs, with a digest over them. */
+export interface RunRecord {
+  request_id: string;
+  request_sha256: string;
+  result_sha256: string;
+  provider: string;
+  isolation: Tier;
+  evidence_sha256: string;
+  environment: string;
+  started_unix_ms: number;
+  ended_unix_ms: number;
+  record_sha256: string;
+}
+
+/** A verified `200` answer: the run happened, on `provider` at tier `isolation`. */
+export interface RunResponse {
+  protocol: number;
+  request_id: string;
+  provider: string;
+  isolation: Tier;
+  duration_ms: number;
+  request_sha256: string;
+  result_sha256: string;
+  result: RunResult;
+  record: RunRecord;
+}
+
+/** Any answer that is not a run response. */
+export interface ErrorResponse {
+  protocol: number;
+  request_id: string | null;
+  error: {
+    code: string;
+    message: string;
+    /** The not-dispatched mark: set only when certainly nothing ran. */
+    not_dispatched: Reason | null;
+  };
+}
+
+/** A binary a provider's wall rests on. */
+export interface BinaryIdentity {
+  name: string;
+  path: string;
+  version: string;
+  sha256: string;
+}
+
+/** A namespace as the probe saw it. */
+export interface NamespaceSeen {
+  id: string;
+  same_as_host?: boolean;
+}
+
+/** What the probe reported from inside the wall. */
+export interface ProbeReport {
+  uid: number;
+  euid: number;
+  gid: number;
+  groups: number[];
+  capabilities: Record<string, string>;
+  no_new_privs: boolean;
+  seccomp_mode: number;
+  environment: string[];
+  cwd: string;
+  namespaces: Record<string, NamespaceSeen>;
+  mounts: Record<string, string>;
+  write_attempts: Record<string, string>;
+  read_attempts: Record<string, string>;
+  network_interfaces: string[];
+  socket_attempts: Record<string, string>;
+  limits: Record<string, string>;
+  kernel_release: string;
+  hostname: string;
+}
+
+/** What the daemon checked about a provider (not attestation: it cannot prove the host honest). */
+export interface Evidence {
+  provider: string;
+  isolation: Tier;
+  config: Record<string, string>;
+  binaries: BinaryIdentity[];
+  probe?: ProbeReport;
+  checks: Record<string, string>;
+  environment: string;
+  checked_unix_ms: number;
+}
+
+/** One provider of the daemon. */
+export interface ProviderInfo {
+  name: string;
+  isolation: Tier;
+  available: boolean;
+  unavailable_reason?: string;
+  evidence: Evidence;
+  /** Checked by this client against `evidence`. */
+  evidence_sha256: string;
+}
+
+/** The answer to `GET /v1/providers`. */
+export interface ProvidersResponse {
+  protocol: number;
+  /** The floor a request gets when it sets none. */
+  default_floor: Tier;
+  /** Cheapest first. */
+  providers: ProviderInfo[];
+}

@@ -1,0 +1,96 @@
+/**
+ * The checks on every `200` answer: the echoed request id and protocol, the tier against the
+ * floor, the provider against the one named, the three digests recomputed here, and the
+ * record against the response around it.
+ *
+ * Without a signature this catches an answer meant for another request, a tier below the
+ * floor, and any change to the request, result or record that leaves a stated digest stale.
+ * A party in the middle that rewrites a field *and* recomputes every digest over it is caught
+ * only when the field is the tier and it falls below the floor (or the provider named): that
+ * is what signed records are for.
+ * @module
+ */
+
+import { recordSha256, requestSha256, resultSha256 } from "./digest.js";
+import {
+  DigestMismatchError,
+  EvidenceMismatchError,
+  type FloorSource,
+  MayHaveRunError,
+  ProviderMismatchError,
+  RecordMismatchError,
+} from "./errors.js";
+import { PROTOCOL, type RunRequest, type RunResponse, type Tier, tierRank } from "./types.js";
+
+/** The floor a result is checked against, and where it came from. */
+export interface Floor {
+  tier: Tier;
+  source: FloorSource;
+}
+
+/**
+ * Verifies a `200` answer to `sent` (the request exactly as sent, read back from its bytes).
+ * `floor` is the request's `minimum_isolation`, or the daemon's default floor when it sent
+ * none. Returns the response when every check passes; throws a {@link MayHaveRunError}
+ * (or one of its subclasses) otherwise.
+ */
+export function verifyResponse(sent: RunRequest, response: RunResponse, floor: Floor | undefined): RunResponse {
+  const id = sent.request_id;
+  for (const echoed of [response.request_id, response.record.request_id]) {
+    if (echoed !== id) {
+      throw new MayHaveRunError(
+        "request_id_mismatch",
+        `the code may have run: the result echoes request id ${echoed}, not ${id}; something between this client and the daemon mixed up answers, so this result is not yours`,
+        id,
+        { echoedRequestId: echoed, status: 200 },
+      );
+    }
+  }
+  if (response.protocol !== PROTOCOL) {
+    throw new MayHaveRunError(
+      "bad_response",
+      `the code may have run: the result speaks protocol ${response.protocol}, this client protocol ${PROTOCOL} (request ${id})`,
+      id,
+      { status: 200 },
+    );
+  }
+  // The tier comes before the digests: whatever else is wrong, a run below the floor is the
+  // fact the caller most needs, and it is an error even if every digest matched.
+  const weakest =
+    tierRank(response.record.isolation) < tierRank(response.isolation) ? response.record.isolation : response.isolation;
+  if (floor !== undefined && tierRank(weakest) < tierRank(floor.tier)) {
+    throw new EvidenceMismatchError(response.provider, weakest, floor.tier, floor.source, id);
+  }
+  if (sent.provider !== undefined) {
+    for (const named of [response.provider, response.record.provider]) {
+      if (named !== sent.provider) {
+        throw new ProviderMismatchError(sent.provider, named, id);
+      }
+    }
+  }
+
+  const requestSha = requestSha256(sent);
+  if (requestSha !== response.request_sha256) {
+    throw new DigestMismatchError("request", requestSha, response.request_sha256, id);
+  }
+  const resultSha = resultSha256(response.result);
+  if (resultSha !== response.result_sha256) {
+    throw new DigestMismatchError("result", resultSha, response.result_sha256, id);
+  }
+  const record = response.record;
+  const recordSha = recordSha256(record);
+  if (recordSha !== record.record_sha256) {
+    throw new DigestMismatchError("record", recordSha, record.record_sha256, id);
+  }
+
+  const agree = (field: string, inResponse: string, inRecord: string): void => {
+    if (inResponse !== inRecord) {
+      throw new RecordMismatchError(field, inResponse, inRecord, id);
+    }
+  };
+  agree("request_sha256", requestSha, record.request_sha256);
+  agree("result_sha256", resultSha, record.result_sha256);
+  agree("provider", response.provider, record.provider);
+  agree("isolation", response.isolation, record.isolation);
+  return response;
+}
