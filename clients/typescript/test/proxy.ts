@@ -1,0 +1,128 @@
+/**
+ * A real HTTP proxy on loopback in front of a real plimsolld, which rewrites what passes
+ * through it or swaps two answers: the parties in the middle the client must catch.
+ * @module
+ */
+
+import { type IncomingMessage, type Server, createServer, request as httpRequest } from "node:http";
+
+/** Rewrites a parsed JSON body in place. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type Rewrite = (body: any) => void;
+
+/** What the proxy does. */
+export type Mode =
+  | { kind: "rewrite"; request?: Rewrite; response?: Rewrite }
+  /** Holds the answers of two requests until both are in, then gives each the other's. */
+  | { kind: "swap" };
+
+interface Answer {
+  status: number;
+  body: Buffer;
+}
+
+function readAll(stream: IncomingMessage): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    stream.on("data", (c: Buffer) => chunks.push(c));
+    stream.on("end", () => resolve(Buffer.concat(chunks)));
+    stream.on("error", reject);
+  });
+}
+
+function rewrite(body: Buffer, f: Rewrite | undefined): Buffer {
+  if (f === undefined || body.length === 0) return body;
+  const v: unknown = JSON.parse(body.toString("utf8"));
+  f(v);
+  return Buffer.from(JSON.stringify(v), "utf8");
+}
+
+/** Sends a request on to the daemon, passing the caller's authorization through. */
+function forward(upstream: URL, req: IncomingMessage, body: Buffer): Promise<Answer> {
+  return new Promise((resolve, reject) => {
+    const headers: Record<string, string | number> = { connection: "close", "content-length": body.length };
+    if (req.headers.authorization !== undefined) headers.authorization = req.headers.authorization;
+    if (req.headers["content-type"] !== undefined) headers["content-type"] = req.headers["content-type"];
+    const up = httpRequest(
+      { host: upstream.hostname, port: upstream.port, method: req.method, path: req.url, headers, agent: false },
+      (res) => {
+        readAll(res).then((b) => resolve({ status: res.statusCode ?? 502, body: b }), reject);
+      },
+    );
+    up.on("error", reject);
+    up.end(body);
+  });
+}
+
+/** A proxy serving on a loopback port. */
+export class Proxy {
+  /** Requests it has received. */
+  received = 0;
+  private readonly held = new Map<number, Answer>();
+  private waiting: (() => void)[] = [];
+
+  private constructor(
+    private readonly server: Server,
+    /** Its base URL. */
+    readonly url: string,
+  ) {}
+
+  static async start(upstream: string, mode: Mode): Promise<Proxy> {
+    const target = new URL(upstream);
+    let proxy: Proxy | undefined;
+    const server = createServer((req, res) => {
+      const n = proxy!.received++;
+      void (async () => {
+        try {
+          // Only runs are altered: the client's other calls (its default floor) pass through.
+          const runs = req.url === "/v1/runs";
+          let body = await readAll(req);
+          if (mode.kind === "rewrite" && runs) body = rewrite(body, mode.request);
+          let answer = await forward(target, req, body);
+          if (mode.kind === "rewrite") {
+            if (runs) answer = { status: answer.status, body: rewrite(answer.body, mode.response) };
+          } else if (runs) {
+            answer = await proxy!.swap(n, answer);
+          }
+          res.writeHead(answer.status, {
+            "content-type": "application/json",
+            "content-length": answer.body.length,
+            connection: "close",
+          });
+          res.end(answer.body);
+        } catch (e) {
+          res.writeHead(599, { connection: "close" });
+          res.end(`proxy failed: ${String(e)}`);
+        }
+      })();
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const addr = server.address();
+    if (addr === null || typeof addr === "string") throw new Error("proxy: no port");
+    proxy = new Proxy(server, `http://127.0.0.1:${addr.port}`);
+    return proxy;
+  }
+
+  /** Waits for the other request's answer and returns it. */
+  private async swap(n: number, mine: Answer): Promise<Answer> {
+    this.held.set(n, mine);
+    this.waiting.forEach((wake) => wake());
+    this.waiting = [];
+    while (![...this.held.keys()].some((k) => k !== n)) {
+      await new Promise<void>((resolve) => this.waiting.push(resolve));
+    }
+    const other = [...this.held.keys()].find((k) => k !== n);
+    if (other === undefined) throw new Error("proxy: no other answer");
+    const answer = this.held.get(other)!;
+    // Leave ours for the other side; it takes it the same way.
+    return answer;
+  }
+
+  /** Stops it, closing every connection. */
+  async close(): Promise<void> {
+    await new Promise<void>((resolve) => {
+      this.server.close(() => resolve());
+      this.server.closeAllConnections();
+    });
+  }
+}
