@@ -228,6 +228,9 @@ function quote(s: string): string {
 }
 
 function canonical(v: unknown): string {
+  if (v === null) {
+    return "null";
+  }
   if (typeof v === "string") {
     return quote(v);
   }

@@ -7,6 +7,7 @@
  */
 
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { type Server, createServer as createHttpServer } from "node:http";
 import { createServer as createTcpServer } from "node:net";
 import { after, before, test, type TestContext } from "node:test";
@@ -29,7 +30,7 @@ import {
 
 import { runCodeTool } from "../examples/agent-tool.js";
 import { CALLER, LocalDaemon, missingForDaemon, missingForImage } from "./daemon.js";
-import { strict } from "./paths.js";
+import { CLIENT_DIR, strict } from "./paths.js";
 import { Proxy, type Rewrite } from "./proxy.js";
 
 /** The secret of the test grant: it must never reach a result. */
@@ -608,4 +609,87 @@ test("the agent tool example returns output plus tier, and says when nothing ran
   assert.equal(refused.ran, "no");
   assert.equal(refused.tier, undefined);
   assert.match(refused.error ?? "", /isolation/);
+});
+
+// ---------------------------------------------------------------------------------------
+// Exchanges that end badly after the request left: "may have run", never retried.
+
+test("a connection reset after the run was sent is 'may have run', and the run did happen", async (t) => {
+  if (!ready(t)) return;
+  const proxy = await Proxy.start(daemon!.url, { kind: "reset" });
+  try {
+    const e = await rejection(client(proxy.url).runJavaScript("console.log(1)", { minimum_isolation: "process" }));
+    assert.ok(e instanceof MayHaveRunError && e.kind === "transport", inspect(e));
+    assert.equal(notDispatchedReason(e), undefined);
+    assert.match(e.message, /may have run/);
+    // Never retried: the proxy saw the one request.
+    assert.equal(proxy.received, 1);
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("an answer that is neither a result nor an error, or a redirect, is 'may have run'", async (t) => {
+  if (!ready(t)) return;
+  const elsewhere = await Proxy.start(daemon!.url, { kind: "rewrite" });
+  const cases = [
+    { kind: "replace" as const, status: 502, body: "<html>bad gateway</html>" },
+    { kind: "replace" as const, status: 200, body: "{}" },
+    { kind: "replace" as const, status: 307, body: "", headers: { location: `${elsewhere.url}/v1/runs` } },
+  ];
+  try {
+    for (const mode of cases) {
+      const proxy = await Proxy.start(daemon!.url, mode);
+      try {
+        const e = await rejection(client(proxy.url).runJavaScript("console.log(1)", { minimum_isolation: "process" }));
+        assert.ok(e instanceof MayHaveRunError && e.kind === "bad_response", inspect(e));
+        assert.equal(e.status, mode.status);
+        assert.equal(notDispatchedReason(e), undefined);
+      } finally {
+        await proxy.close();
+      }
+    }
+    assert.equal(elsewhere.received, 0, "a redirect was followed");
+  } finally {
+    await elsewhere.close();
+  }
+});
+
+test("an answer over the client's answer limit is 'may have run'", async (t) => {
+  if (!ready(t)) return;
+  const c = new Client({ url: daemon!.url, token: daemon!.token, maxAnswerBytes: 200 });
+  const e = await rejection(c.runJavaScript("console.log('x'.repeat(1000))", { minimum_isolation: "process" }));
+  assert.ok(e instanceof MayHaveRunError && e.kind === "transport", inspect(e));
+  assert.match(e.message, /maxAnswerBytes/);
+});
+
+test("without a floor and without the daemon's default floor, nothing is sent", async (t) => {
+  if (!ready(t)) return;
+  // A bad token: GET /v1/providers is refused, so the client cannot learn the default floor.
+  const proxy = await Proxy.start(daemon!.url, { kind: "rewrite" });
+  try {
+    const e = await rejection(new Client({ url: proxy.url, token: "plm_wrong" }).runJavaScript("console.log(1)"));
+    assert.ok(e instanceof NotDispatchedError, inspect(e));
+    assert.equal(e.reason, "permission");
+    assert.equal(e.source, "client");
+    assert.equal(proxy.received, 1, "only the providers lookup went out");
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("the agent tool example runs as a script and its process ends by itself", async (t) => {
+  if (!ready(t)) return;
+  const script = `${CLIENT_DIR}/build/examples/agent-tool.js`;
+  // A clean environment; the child must exit on its own: no connection or timer keeps it.
+  const { stdout } = await new Promise<{ stdout: string }>((resolve, reject) => {
+    execFile(
+      process.execPath,
+      [script, "javascript", "console.log(6 * 7)", "process"],
+      { env: { PLIMSOLL_URL: daemon!.url, PLIMSOLL_TOKEN: daemon!.token }, timeout: 30_000 },
+      (err, out, errText) => (err ? reject(new Error(`${err.message}\n${errText}`)) : resolve({ stdout: out })),
+    );
+  });
+  const result = JSON.parse(stdout) as { ran: string; output: string; tier: string };
+  assert.deepEqual([result.ran, result.output, result.tier], ["yes", "42\n", "process"]);
 });

@@ -14,7 +14,11 @@ export type Rewrite = (body: any) => void;
 export type Mode =
   | { kind: "rewrite"; request?: Rewrite; response?: Rewrite }
   /** Holds the answers of two requests until both are in, then gives each the other's. */
-  | { kind: "swap" };
+  | { kind: "swap" }
+  /** Forwards a run, then resets the client's connection instead of answering. */
+  | { kind: "reset" }
+  /** Forwards a run, then answers this instead. */
+  | { kind: "replace"; status: number; body: string; headers?: Record<string, string> };
 
 interface Answer {
   status: number;
@@ -79,16 +83,25 @@ export class Proxy {
           let body = await readAll(req);
           if (mode.kind === "rewrite" && runs) body = rewrite(body, mode.request);
           let answer = await forward(target, req, body);
-          if (mode.kind === "rewrite") {
-            if (runs) answer = { status: answer.status, body: rewrite(answer.body, mode.response) };
-          } else if (runs) {
-            answer = await proxy!.swap(n, answer);
+          let headers: Record<string, string> = { "content-type": "application/json" };
+          if (runs) {
+            switch (mode.kind) {
+              case "rewrite":
+                answer = { status: answer.status, body: rewrite(answer.body, mode.response) };
+                break;
+              case "swap":
+                answer = await proxy!.swap(n, answer);
+                break;
+              case "reset":
+                req.socket.resetAndDestroy();
+                return;
+              case "replace":
+                answer = { status: mode.status, body: Buffer.from(mode.body) };
+                headers = { "content-type": "text/html", ...mode.headers };
+                break;
+            }
           }
-          res.writeHead(answer.status, {
-            "content-type": "application/json",
-            "content-length": answer.body.length,
-            connection: "close",
-          });
+          res.writeHead(answer.status, { ...headers, "content-length": answer.body.length, connection: "close" });
           res.end(answer.body);
         } catch (e) {
           res.writeHead(599, { connection: "close" });

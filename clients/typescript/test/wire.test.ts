@@ -1,0 +1,266 @@
+/**
+ * The reader, the bytes forms, canonical JSON and the checks on a result, without a daemon:
+ * the cases a real daemon never sends but a party in the middle could.
+ * @module
+ */
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import {
+  type Floor,
+  JsonSyntaxError,
+  MayHaveRunError,
+  type RunRequest,
+  type RunResponse,
+  type RunResult,
+  ShapeError,
+  TIERS,
+  bytesToWire,
+  canonicalJson,
+  decodeBase64,
+  decodeRunRequest,
+  decodeRunResult,
+  DigestMismatchError,
+  EvidenceMismatchError,
+  notDispatchedReason,
+  ProviderMismatchError,
+  RecordMismatchError,
+  recordSha256,
+  requestSha256,
+  resultSha256,
+  text,
+  tierRank,
+  verifyResponse,
+} from "@plimsoll/client";
+
+const minimalResult = {
+  exit_code: 0,
+  timed_out: false,
+  stdout: "1\n",
+  stdout_truncated: false,
+  stderr: "",
+  stderr_truncated: false,
+};
+
+function resultJson(extra: Record<string, unknown> = {}): string {
+  return JSON.stringify({ ...minimalResult, ...extra });
+}
+
+test("duplicate member names are refused, not silently resolved", () => {
+  const json = '{"exit_code":0,"exit_code":1,"timed_out":false,"stdout":"","stdout_truncated":false,"stderr":"","stderr_truncated":false}';
+  assert.throws(() => decodeRunResult(json), (e) => e instanceof JsonSyntaxError && /duplicate member `exit_code`/.test(e.message));
+});
+
+test("a lone surrogate escape is refused; an escaped pair is one character", () => {
+  assert.throws(() => decodeRunResult(resultJson().replace('"1\\n"', '"\\ud800"')), JsonSyntaxError);
+  assert.throws(() => decodeRunResult(resultJson().replace('"1\\n"', '"\\udc00x"')), JsonSyntaxError);
+  const r = decodeRunResult(resultJson().replace('"1\\n"', '"\\ud83d\\ude00"'));
+  assert.deepEqual([...r.stdout], [0xf0, 0x9f, 0x98, 0x80]);
+});
+
+test("invalid UTF-8 in a body is refused", () => {
+  const bytes = new TextEncoder().encode(resultJson());
+  const at = bytes.indexOf(0x31); // the "1" of stdout
+  bytes[at] = 0xff;
+  assert.throws(() => decodeRunResult(bytes), (e) => e instanceof JsonSyntaxError && /UTF-8/.test(e.message));
+});
+
+test("integers must be integers, in range, and exactly representable", () => {
+  for (const bad of ["1.0", "1e2", "-0.5", "2147483648", '"0"', "true"]) {
+    assert.throws(() => decodeRunResult(resultJson().replace('"exit_code":0', `"exit_code":${bad}`)), ShapeError, bad);
+  }
+  assert.equal(decodeRunResult(resultJson({ exit_code: -2147483648 })).exit_code, -2147483648);
+  const big = resultJson({ artifacts: [{ path: "a", found: true, size: 1, content: "", truncated: true }] });
+  assert.throws(() => decodeRunResult(big.replace('"size":1', '"size":9007199254740993')), /2\^53/);
+  assert.throws(() => decodeRunResult(big.replace('"size":1', '"size":18446744073709551616')), /out of range/);
+  assert.throws(() => decodeRunResult(big.replace('"size":1', '"size":01')), JsonSyntaxError);
+});
+
+test("unknown members are refused, missing required ones too", () => {
+  assert.throws(() => decodeRunResult(resultJson({ extra: 1 })), /unknown member `extra`/);
+  const { timed_out: _, ...without } = minimalResult;
+  assert.throws(() => decodeRunResult(JSON.stringify(without)), /result\.timed_out: missing/);
+  assert.throws(() => decodeRunResult(resultJson({ timed_out: null })), /result\.timed_out: missing/);
+});
+
+test("null reads exactly as an absent member, in meaning and in the digest", () => {
+  const plain = decodeRunResult(resultJson());
+  const nulls = decodeRunResult(resultJson({ signal: null, oom_killed: null, steps: null, artifacts: null, calls: null }));
+  assert.deepEqual(nulls, plain);
+  assert.equal(resultSha256(nulls), resultSha256(plain));
+  // exit_code is nullable: null and absent are both "no exit code".
+  const { exit_code: _, ...noExit } = minimalResult;
+  assert.equal(decodeRunResult(JSON.stringify(noExit)).exit_code, null);
+  assert.equal(decodeRunResult(resultJson({ exit_code: null })).exit_code, null);
+  assert.notEqual(resultSha256(decodeRunResult(resultJson({ exit_code: null }))), resultSha256(plain));
+});
+
+test("bytes: a string and its base64 are the same bytes, base64 is strict", () => {
+  const s = decodeRunResult(resultJson({ stdout: "héllo\n" }));
+  const b = decodeRunResult(resultJson({ stdout: { base64: "aMOpbGxvCg==" } }));
+  assert.deepEqual(b.stdout, s.stdout);
+  assert.equal(resultSha256(b), resultSha256(s));
+  for (const bad of ["aMOpbGxvCg=", "aMOpbGxvCg", "aMOp bGxvCg==", "aMOpbGxvCg==\n", "aR==", "a-_b", "===="]) {
+    assert.equal(decodeBase64(bad), undefined, bad);
+    assert.throws(() => decodeRunResult(resultJson({ stdout: { base64: bad } })), ShapeError, bad);
+  }
+  assert.deepEqual(decodeBase64("aQ=="), Uint8Array.of(0x69));
+  assert.deepEqual(decodeBase64(""), new Uint8Array(0));
+  assert.throws(() => decodeRunResult(resultJson({ stdout: { base64: "", hex: "" } })), /unknown member `hex`/);
+  assert.throws(() => decodeRunResult(resultJson({ stdout: {} })), /missing/);
+});
+
+test("bytes go out as text when they are UTF-8 (a byte order mark kept), base64 otherwise", () => {
+  assert.equal(bytesToWire(new TextEncoder().encode("plain")), "plain");
+  assert.equal(bytesToWire(Uint8Array.of(0xef, 0xbb, 0xbf, 0x41)), "\ufeffA");
+  assert.deepEqual(bytesToWire(Uint8Array.of(0xff, 0x00)), { base64: "/wA=" });
+  assert.equal(text(Uint8Array.of(0xef, 0xbb, 0xbf, 0x41)), "\ufeffA");
+  assert.equal(text(Uint8Array.of(0x41, 0xff)), "A\ufffd");
+  assert.throws(() => text(Uint8Array.of(0x41, 0xff), { fatal: true }), TypeError);
+});
+
+test("canonical JSON sorts names by code point and escapes minimally", () => {
+  // JavaScript's default sort compares UTF-16 units and would put U+1F600 first.
+  assert.equal(canonicalJson({ "\u{1F600}": 1, "\uFF61": 2, b: [true, null], a: "x" }), '{"a":"x","b":[true,null],"\uFF61":2,"\u{1F600}":1}');
+  assert.equal(canonicalJson({ s: '"\\\b\f\n\r\t\u0001\u001f\u007f/é' }), '{"s":"\\"\\\\\\b\\f\\n\\r\\t\\u0001\\u001f\u007f/é"}');
+  assert.equal(canonicalJson({ gone: undefined, none: null, kept: 0 }), '{"kept":0}');
+});
+
+test("a request reads back with its defaults, and its id is not in its digest", () => {
+  const r = decodeRunRequest(
+    JSON.stringify({ protocol: 1, request_id: "a", run: { kind: "project", steps: [{ run: "true" }], files: [{ path: "f", content: "x" }] } }),
+  );
+  assert.deepEqual(r.run, { kind: "project", files: [{ path: "f", content: new TextEncoder().encode("x"), executable: false }], steps: [{ run: "true" }], artifacts: [] });
+  assert.equal(requestSha256(r), requestSha256({ ...r, request_id: "b" }));
+  assert.throws(() => decodeRunRequest('{"protocol":1,"request_id":"a","run":{"kind":"snippet","language":"js","code":"1"}}'), /not a language/);
+  assert.throws(() => decodeRunRequest('{"protocol":1,"request_id":"a","run":{"kind":"snippet","language":"python","code":"1","steps":[]}}'), /unknown member `steps`/);
+});
+
+// ---------------------------------------------------------------------------------------
+// The checks on a result (as crates/client/src/verify.rs makes them).
+
+function request(floor?: RunRequest["minimum_isolation"], provider?: string): RunRequest {
+  const r: RunRequest = { protocol: 1, request_id: "r-1", run: { kind: "snippet", language: "javascript", code: "console.log(1)" } };
+  if (floor !== undefined) r.minimum_isolation = floor;
+  if (provider !== undefined) r.provider = provider;
+  return r;
+}
+
+/** A response whose digests and record are all consistent with `req`. */
+function honest(req: RunRequest, isolation: RunResponse["isolation"], provider = "p"): RunResponse {
+  const result: RunResult = { ...decodeRunResult(resultJson()) };
+  const record = {
+    request_id: req.request_id,
+    request_sha256: requestSha256(req),
+    result_sha256: resultSha256(result),
+    provider,
+    isolation,
+    evidence_sha256: "e".repeat(64),
+    environment: "test",
+    started_unix_ms: 1,
+    ended_unix_ms: 2,
+    record_sha256: "",
+  };
+  record.record_sha256 = recordSha256(record);
+  return {
+    protocol: 1,
+    request_id: req.request_id,
+    provider,
+    isolation,
+    duration_ms: 1,
+    request_sha256: record.request_sha256,
+    result_sha256: record.result_sha256,
+    result,
+    record,
+  };
+}
+
+const floorOf = (req: RunRequest): Floor | undefined =>
+  req.minimum_isolation === undefined ? undefined : { tier: req.minimum_isolation, source: "request" };
+
+test("an honest response verifies at or above its floor, and fails below it", () => {
+  for (const floor of TIERS) {
+    for (const tier of TIERS) {
+      const req = request(floor);
+      const run = (): RunResponse => verifyResponse(req, honest(req, tier), floorOf(req));
+      if (tierRank(tier) >= tierRank(floor)) {
+        run();
+      } else {
+        // Every digest matches and the record agrees: only the tier check catches it.
+        assert.throws(run, (e) => e instanceof EvidenceMismatchError && e.isolation === tier && e.floor === floor);
+      }
+    }
+  }
+  const req = request();
+  verifyResponse(req, honest(req, "process"), undefined);
+  assert.throws(
+    () => verifyResponse(req, honest(req, "process"), { tier: "container", source: "daemon_default" }),
+    (e) => e instanceof EvidenceMismatchError && e.floorSource === "daemon_default" && /daemon's default floor/.test(e.message),
+  );
+});
+
+test("a record below the floor is caught even if the response is not", () => {
+  const req = request("container");
+  const resp = honest(req, "container");
+  resp.record.isolation = "process";
+  assert.throws(() => verifyResponse(req, resp, floorOf(req)), EvidenceMismatchError);
+});
+
+test("each digest is recomputed, and says which", () => {
+  const req = request();
+  const changed = honest(req, "process");
+  changed.result.stdout = new TextEncoder().encode("2\n");
+  assert.throws(() => verifyResponse(req, changed, undefined), (e) => e instanceof DigestMismatchError && e.digest === "result");
+  // The request digest is over what this client sent, not what the daemon claims.
+  const other = request("process");
+  assert.throws(
+    () => verifyResponse(req, honest(other, "process"), undefined),
+    (e) => e instanceof DigestMismatchError && e.digest === "request" && e.message.includes(e.computed) && e.message.includes(e.claimed),
+  );
+  const moved = honest(req, "process");
+  moved.record.environment = "elsewhere";
+  assert.throws(() => verifyResponse(req, moved, undefined), (e) => e instanceof DigestMismatchError && e.digest === "record");
+});
+
+test("the record must agree with the response", () => {
+  const req = request();
+  const up = honest(req, "process");
+  up.isolation = "vm";
+  assert.throws(() => verifyResponse(req, up, undefined), (e) => e instanceof RecordMismatchError && e.field === "isolation");
+  const elsewhere = honest(req, "process");
+  elsewhere.provider = "q";
+  assert.throws(() => verifyResponse(req, elsewhere, undefined), (e) => e instanceof RecordMismatchError && e.field === "provider");
+});
+
+test("another request's result is not ours, and another protocol is not read", () => {
+  const req = request();
+  const e = (() => {
+    try {
+      verifyResponse(req, honest({ ...req, request_id: "r-2" }, "process"), undefined);
+    } catch (x) {
+      return x;
+    }
+    return undefined;
+  })();
+  assert.ok(e instanceof MayHaveRunError && e.kind === "request_id_mismatch" && e.echoedRequestId === "r-2");
+  assert.equal(notDispatchedReason(e), undefined);
+  const future = honest(req, "process");
+  future.protocol = 2;
+  assert.throws(() => verifyResponse(req, future, undefined), (x) => x instanceof MayHaveRunError && x.kind === "bad_response");
+});
+
+test("another provider than the one named is a provider mismatch, in the response or the record", () => {
+  const req = request(undefined, "p");
+  verifyResponse(req, honest(req, "process", "p"), undefined);
+  // Consistent everywhere (digests, record), but not the provider asked for.
+  const asked = request(undefined, "q");
+  assert.throws(
+    () => verifyResponse(asked, honest(asked, "process", "p"), undefined),
+    (e) => e instanceof ProviderMismatchError && e.asked === "q" && e.provider === "p" && e.code === "evidence_mismatch" && /the code ran/.test(e.message),
+  );
+  const resp = honest(req, "process", "p");
+  resp.record.provider = "r";
+  resp.record.record_sha256 = recordSha256(resp.record);
+  assert.throws(() => verifyResponse(req, resp, undefined), (e) => e instanceof ProviderMismatchError && e.provider === "r");
+});
