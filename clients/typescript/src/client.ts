@@ -49,8 +49,11 @@ const LOOKUP_BUDGET_MS = 30_000;
 export interface ClientOptions {
   /** The daemon's base URL, e.g. `http://127.0.0.1:7878`. */
   url: string;
-  /** A caller token (`plm_...`). It is sent in the `Authorization` header and nowhere else. */
-  token: string;
+  /**
+   * A caller token (`plm_...`), sent in the `Authorization` header and nowhere else. Required:
+   * `undefined` (an unset `process.env.PLIMSOLL_TOKEN`) throws a `TypeError` saying so.
+   */
+  token: string | undefined;
   /**
    * The largest request body to send (default 8 MiB, the daemon's default `max_body_bytes`):
    * set it to the daemon's when that differs. A larger request is refused here, unsent.
@@ -132,7 +135,7 @@ export class Client {
       throw new TypeError(`the daemon's URL must be http or https, not ${url.protocol}`);
     }
     if (typeof options.token !== "string" || options.token === "") {
-      throw new TypeError("a caller token is needed (`plimsoll callers add NAME` prints one)");
+      throw new TypeError("a caller token is needed: `plimsoll callers add NAME` prints one (e.g. set PLIMSOLL_TOKEN)");
     }
     this.#url = options.url.replace(/\/+$/, "");
     this.#token = options.token;

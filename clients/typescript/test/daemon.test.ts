@@ -8,6 +8,7 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
 import { type Server, createServer as createHttpServer } from "node:http";
 import { createServer as createTcpServer } from "node:net";
 import { after, before, test, type TestContext } from "node:test";
@@ -682,14 +683,46 @@ test("the agent tool example runs as a script and its process ends by itself", a
   if (!ready(t)) return;
   const script = `${CLIENT_DIR}/build/examples/agent-tool.js`;
   // A clean environment; the child must exit on its own: no connection or timer keeps it.
-  const { stdout } = await new Promise<{ stdout: string }>((resolve, reject) => {
-    execFile(
-      process.execPath,
-      [script, "javascript", "console.log(6 * 7)", "process"],
-      { env: { PLIMSOLL_URL: daemon!.url, PLIMSOLL_TOKEN: daemon!.token }, timeout: 30_000 },
-      (err, out, errText) => (err ? reject(new Error(`${err.message}\n${errText}`)) : resolve({ stdout: out })),
-    );
+  const stdout = await runNode(script, ["javascript", "console.log(6 * 7)", "process"], {
+    PLIMSOLL_URL: daemon!.url,
+    PLIMSOLL_TOKEN: daemon!.token,
   });
   const result = JSON.parse(stdout) as { ran: string; output: string; tier: string };
   assert.deepEqual([result.ran, result.output, result.tier], ["yes", "42\n", "process"]);
+});
+
+/** Runs a script with node in a clean environment; resolves to its stdout. */
+function runNode(script: string, args: string[], env: Record<string, string>): Promise<string> {
+  return new Promise((resolve, reject) => {
+    execFile(process.execPath, [script, ...args], { env, timeout: 30_000 }, (err, out, errText) =>
+      err ? reject(new Error(`${err.message}\n${errText}`)) : resolve(out),
+    );
+  });
+}
+
+test("the README's quick start runs as written", async (t) => {
+  if (!ready(t, "container")) return;
+  const readme = readFileSync(`${CLIENT_DIR}/README.md`, "utf8");
+  const block = /## Quick start[\s\S]*?```ts\n([\s\S]*?)```/.exec(readme)?.[1];
+  assert.ok(block !== undefined, "no quick start block in README.md");
+  assert.ok(block.trim().split("\n").length <= 5, "the quick start is five lines at most");
+  // Inside the package directory, so `@plimsoll/client` resolves to this package.
+  const script = `${CLIENT_DIR}/build/quickstart.mjs`;
+  writeFileSync(script, block);
+  const out = await runNode(script, [], { PLIMSOLL_URL: daemon!.url, PLIMSOLL_TOKEN: daemon!.token });
+  assert.equal(out, "42 container crun\n");
+});
+
+test("an abort after the request left is 'may have run'", async (t) => {
+  if (!ready(t)) return;
+  const abort = new AbortController();
+  const pending = client().runJavaScript("setTimeout(() => {}, 1500)", {
+    minimum_isolation: "process",
+    limits: { timeout_ms: 2000 },
+    signal: abort.signal,
+  });
+  setTimeout(() => abort.abort(), 300);
+  const e = await rejection(pending);
+  assert.ok(e instanceof MayHaveRunError && e.kind === "transport", inspect(e));
+  assert.equal(notDispatchedReason(e), undefined);
 });
