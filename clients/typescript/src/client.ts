@@ -78,7 +78,7 @@ export interface RunOptions {
   limits?: Limits;
   /** The name of a grant profile the operator defined. */
   grant?: string;
-  /** Aborts the exchange; an abort after sending is a {@link MayHaveRunError}. */
+  /** Aborts the exchange: a {@link MayHaveRunError} (`transport`), as the request may have left. */
   signal?: AbortSignal;
 }
 
