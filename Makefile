@@ -48,7 +48,7 @@ independent:
 PYTHON_VENV ?= $(CURDIR)/build/venv-client-python
 client-python:
 	clients/python/scripts/venv $(PYTHON_VENV) >/dev/null
-	cd clients/python && $(PYTHON_VENV)/bin/python -m pytest -q -p no:cacheprovider
+	cd clients/python && $(PYTHON_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider
 
 ## bench: startup medians per provider, engine and daemon, beside bare node and python
 bench: build

@@ -22,6 +22,7 @@ class Proxy:
         request: Optional[Rewrite] = None,
         response: Optional[Rewrite] = None,
         raw_response: Optional[Callable[[bytes], bytes]] = None,
+        providers_response: Optional[Rewrite] = None,
         swap: bool = False,
     ) -> None:
         u = urlsplit(upstream)
@@ -29,6 +30,7 @@ class Proxy:
         self.request = request
         self.response = response
         self.raw_response = raw_response
+        self.providers_response = providers_response
         self.swap = swap
         self.runs_seen = 0
         self._held: dict[int, tuple[int, bytes]] = {}
@@ -83,6 +85,10 @@ class Proxy:
             self.request(v)
             body = json.dumps(v).encode()
         status, answer = self._forward(method, h.path, headers, body)
+        if method == "GET" and h.path == "/v1/providers" and self.providers_response is not None:
+            v = json.loads(answer)
+            self.providers_response(v)
+            answer = json.dumps(v).encode()
         if is_run:
             with self._cv:
                 n = self.runs_seen

@@ -213,3 +213,19 @@ def test_an_unreadable_answer_may_have_run(daemon: Daemon, name: str, rewrite: A
         with pytest.raises(plimsoll.BadResponse) as e:
             c.run_python("print(1)", minimum_isolation="process")
     assert not_dispatched_reason(e.value) is None, name
+
+
+def test_altered_evidence_in_the_providers_listing_is_caught(daemon: Daemon) -> None:
+    def claim(v: Any) -> None:
+        ev = v["providers"][0]["evidence"]
+        ev["config"]["altered"] = "by the proxy"
+
+    with Proxy(daemon.url, providers_response=claim) as proxy, through(proxy, daemon) as c:
+        with pytest.raises(plimsoll.DigestMismatch) as e:
+            c.providers()
+        assert e.value.kind == "evidence"
+        # A run without a floor needs the default floor first: it cannot be read, so the run
+        # is not sent at all.
+        with pytest.raises(plimsoll.NotDispatched) as nd:
+            c.run_python("print(1)")
+        assert nd.value.reason is Reason.ENVIRONMENT and proxy.runs_seen == 0

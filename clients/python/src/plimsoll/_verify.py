@@ -31,6 +31,7 @@ from .errors import (
     EvidenceMismatch,
     InvalidRequest,
     NotDispatched,
+    PlimsollError,
     ProviderMismatch,
     ProvidersError,
     RecordMismatch,
@@ -375,17 +376,17 @@ def read_providers(status: int, body: bytes, url: str) -> ProvidersResponse:
     return providers
 
 
-def floor_unknown(err: ProvidersError, request_id: str) -> NotDispatched:
+def floor_unknown(err: PlimsollError, request_id: str) -> NotDispatched:
     """A run that set no floor, whose daemon's default floor could not be learnt, is not sent:
     the tier of its result could not be checked."""
-    reason = err.reason or Reason.ENVIRONMENT
+    reason = (err.reason if isinstance(err, ProvidersError) else None) or Reason.ENVIRONMENT
     return NotDispatched(
         reason,
         f"the run sets no floor and the daemon's default floor could not be read, so it was "
         f"not sent: {err.message}",
         request_id=request_id,
-        code=err.code,
-        status=err.status,
+        code=err.code if isinstance(err, ProvidersError) and err.reason else reason.value,
+        status=getattr(err, "status", None),
     )
 
 

@@ -33,7 +33,7 @@ from ._verify import (
     MAX_ANSWER_BYTES,
     Prepared,
 )
-from .errors import ProvidersError, TransportError, Unreachable
+from .errors import PlimsollError, ProvidersError, TransportError, Unreachable
 
 __version__ = "0.1.0"
 _USER_AGENT = f"plimsoll-python/{__version__}"
@@ -229,7 +229,7 @@ class Client(_Base):
     def _floor_for(self, prepared: Prepared) -> Tier:
         try:
             return self.default_floor()
-        except ProvidersError as e:
+        except PlimsollError as e:
             raise _verify.floor_unknown(e, prepared.request_id) from None
 
     def _exchange(self, prepared: Prepared) -> tuple[int, bytes]:
@@ -293,7 +293,7 @@ class AsyncClient(_Base):
         if prepared.floor is None:
             try:
                 default_floor = await self.default_floor()
-            except ProvidersError as e:
+            except PlimsollError as e:
                 raise _verify.floor_unknown(e, prepared.request_id) from None
         status, body = await self._exchange(prepared)
         return _verify.verify_answer(prepared, status, body, default_floor)
