@@ -52,6 +52,20 @@ def test_a_snippet_runs_at_the_process_tier_and_verifies(client: plimsoll.Client
     assert again.record.record_sha256 != res.record.record_sha256  # other id, other times
 
 
+def test_signals_and_non_utf8_output_come_back_exactly(client: plimsoll.Client) -> None:
+    res = client.run_python(
+        "import os, signal, sys\n"
+        "sys.stdout.buffer.write(b'\\xff\\xfe\\x00ok\\n'); sys.stdout.flush()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)",
+        minimum_isolation="process",
+    )
+    assert res.stdout == b"\xff\xfe\x00ok\n"
+    assert res.stdout.text() == "\ufffd\ufffd\x00ok\n"
+    assert res.exit_code is None and res.result.signal == 9
+    # On the wire the bytes travelled as base64, and the digest covered them.
+    assert b'"stdout":{"base64":"//4Ab2sK"}' in res.body.replace(b" ", b"")
+
+
 def test_a_snippet_runs_at_the_container_tier(client: plimsoll.Client, container: None) -> None:
     res = client.run_python("import os; print(os.getuid() != 0)", minimum_isolation="container")
     assert res.stdout == b"True\n", res.stderr

@@ -76,6 +76,8 @@ def test_not_dispatched_reason_of_foreign_errors_is_none() -> None:
         (Project(steps=["true"], files=[File("/etc/x", b"")]), {}),
         (Project(steps=["true"], files=[File("a", b""), File("a", b"")]), {}),
         (Project(steps=["true"], artifacts=["a//b"]), {}),
+        (Project(steps="echo one string"), {}),  # type: ignore[arg-type]
+        (Project(steps=["true"], artifacts="out"), {}),  # type: ignore[arg-type]
         (Snippet("python", "print('\ud800')"), {}),
     ],
 )

@@ -119,6 +119,9 @@ def _check_spec(spec: RunSpec) -> None:
         if not isinstance(spec.code, str) or not spec.code.strip():
             raise ValueError("run.code is empty: send the code to run")
     elif isinstance(spec, Project):
+        for name in ("steps", "files", "artifacts"):
+            if isinstance(getattr(spec, name), (str, bytes)):
+                raise ValueError(f"run.{name} must be a list, not a string")
         if not spec.steps:
             raise ValueError("run.steps is empty: a project needs at least one step")
         for i, step in enumerate(spec.steps):
