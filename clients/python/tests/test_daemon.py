@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -209,18 +212,51 @@ def test_providers_are_listed_with_their_evidence(
     assert client.is_ready()
 
 
-def test_the_daemons_413_echoes_our_id_so_it_reads_not_dispatched() -> None:
-    # A client that does not know the daemon's smaller body limit: the daemon's refusal must
-    # still be recognised as this request's.
+@pytest.fixture(scope="module")
+def small_daemon() -> Iterator[Daemon]:
+    """A second daemon, process tier only, with a small body limit and one run per caller."""
     d = start_daemon(
-        "test_the_daemons_413_echoes_our_id_so_it_reads_not_dispatched",
+        "small_daemon",
         ["process"],
+        max_per_caller=1,
         daemon_settings="max_body_bytes = 4096",
     )
-    try:
-        with plimsoll.Client(d.url, d.token) as c:
-            with pytest.raises(plimsoll.NotDispatched) as e:
-                c.run_javascript("console.log('" + "x" * 5000 + "')", minimum_isolation="process")
-        assert e.value.reason is Reason.REQUEST and e.value.status == 413
-    finally:
-        d.stop()
+    yield d
+    d.stop()
+
+
+def test_the_daemons_413_echoes_our_id_so_it_reads_not_dispatched(small_daemon: Daemon) -> None:
+    # A client that does not know the daemon's smaller body limit: the daemon's refusal must
+    # still be recognised as this request's.
+    with plimsoll.Client(small_daemon.url, small_daemon.token) as c:
+        with pytest.raises(plimsoll.NotDispatched) as e:
+            c.run_javascript("console.log('" + "x" * 5000 + "')", minimum_isolation="process")
+    assert e.value.reason is Reason.REQUEST and e.value.status == 413
+
+
+def test_over_the_per_caller_limit_is_a_capacity_refusal(small_daemon: Daemon) -> None:
+    with plimsoll.Client(small_daemon.url, small_daemon.token) as c:
+        started = threading.Event()
+        done: dict[str, plimsoll.RunResponse] = {}
+
+        def long_run() -> None:
+            started.set()
+            done["r"] = c.run_python(
+                "import time; time.sleep(2); print('slow')", minimum_isolation="process"
+            )
+
+        t = threading.Thread(target=long_run)
+        t.start()
+        started.wait()
+        # Wait until the daemon counts the first run in flight.
+        for _ in range(250):
+            if metrics(small_daemon).get("plimsoll_runs_in_flight", 0) >= 1:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the first run never showed in plimsoll_runs_in_flight")
+        with pytest.raises(plimsoll.NotDispatched) as e:
+            c.run_python("print('second')", minimum_isolation="process")
+        t.join(30)
+    assert e.value.reason is Reason.CAPACITY and e.value.status == 429
+    assert done["r"].stdout == b"slow\n"

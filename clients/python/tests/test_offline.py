@@ -43,6 +43,10 @@ def test_tiers_are_ordered_weakest_first() -> None:
     assert min(Tier.VM, Tier.CONTAINER) is Tier.CONTAINER
     assert Tier("kernel") is Tier.KERNEL and Tier.KERNEL == "kernel"
     assert str(Tier.VM) == "vm"
+    # Against a tier's name too, by rank and never alphabetically.
+    assert Tier.PROCESS < "container" and "container" > Tier.PROCESS and Tier.VM >= "kernel"
+    with pytest.raises(ValueError):
+        assert Tier.VM > "hypervisor"
 
 
 def test_output_is_exact_bytes_with_a_text_helper() -> None:

@@ -23,28 +23,33 @@ class Tier(str, enum.Enum):
 
     @property
     def rank(self) -> int:
+        """0 for ``process`` up to 3 for ``vm``."""
         return _TIER_ORDER.index(self)
 
-    def __lt__(self, other: object) -> bool:
-        if not isinstance(other, Tier):
-            return NotImplemented
-        return self.rank < other.rank
+    # str's own comparisons would order tiers alphabetically: compare by rank, also against
+    # a tier's name (an unknown name raises ValueError rather than comparing as text).
+    def _other(self, other: object) -> int:
+        if isinstance(other, Tier):
+            return other.rank
+        if isinstance(other, str):
+            return as_tier(other).rank
+        return NotImplemented  # type: ignore[return-value]
 
-    # str's own comparisons would order tiers alphabetically; keep equality and hashing.
+    def __lt__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank < o
+
     def __le__(self, other: object) -> bool:
-        if not isinstance(other, Tier):
-            return NotImplemented
-        return self.rank <= other.rank
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank <= o
 
     def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Tier):
-            return NotImplemented
-        return self.rank > other.rank
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank > o
 
     def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Tier):
-            return NotImplemented
-        return self.rank >= other.rank
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank >= o
 
     __hash__ = str.__hash__
 
