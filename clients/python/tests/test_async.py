@@ -82,3 +82,23 @@ async def test_async_altered_answer_and_oversize_request(daemon: Daemon) -> None
             with pytest.raises(plimsoll.RequestTooLarge):
                 await c.run_javascript("//" + "x" * 5000, minimum_isolation="process")
             assert proxy.runs_seen == seen
+
+
+@pytest.mark.asyncio
+async def test_async_unreachable_and_invalid_are_not_dispatched() -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    async with plimsoll.AsyncClient(f"http://127.0.0.1:{port}", "t") as c:
+        with pytest.raises(plimsoll.Unreachable) as e:
+            await c.run_python("print(1)", minimum_isolation="process")
+        assert not_dispatched_reason(e.value) is Reason.ENVIRONMENT
+        with pytest.raises(plimsoll.NotDispatched) as e2:
+            await c.run_python("print(1)")  # the default floor cannot be read either
+        assert e2.value.reason is Reason.ENVIRONMENT
+        with pytest.raises(plimsoll.InvalidRequest):
+            await c.run_project([], minimum_isolation="container")
+        assert not await c.is_ready()

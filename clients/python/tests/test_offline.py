@@ -246,3 +246,36 @@ def test_the_package_builds_offline_and_installs_from_its_directory(tmp_path: Pa
     )
     lines = probe.stdout.split()
     assert lines[0].startswith(str(target)) and lines[1] == "True", probe.stdout
+
+
+def test_a_connection_closed_after_the_request_left_may_have_run() -> None:
+    """A real listener that reads the whole request, then closes without answering (as a
+    daemon that died mid-run would): the code may have run."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    got = bytearray()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        while b"print(1)" not in got:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got.extend(chunk)
+        conn.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    with plimsoll.Client(url, "t") as c:
+        with pytest.raises(plimsoll.TransportError) as e:
+            c.run_python("print(1)", minimum_isolation="process")
+    t.join(10)
+    listener.close()
+    assert b"POST /v1/runs" in got
+    assert isinstance(e.value, plimsoll.MayHaveRun) and not_dispatched_reason(e.value) is None
+    assert "may have run" in str(e.value)
