@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent client-python bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent
+test: deps build images vm-assets lint unit independent client-python
 
 deps:
 	@scripts/install-deps
@@ -41,6 +41,14 @@ unit:
 ## independent: implementations in another language check our golden vectors
 independent:
 	/usr/bin/python3 tests/independent/digests.py
+
+## client-python: the Python client (clients/python) against a real plimsolld started by its
+## tests (target/debug/plimsolld, build/images/sandbox: run `make build images` first); its venv,
+## build/venv-client-python, holds the pinned clients/python/requirements.txt
+PYTHON_VENV ?= $(CURDIR)/build/venv-client-python
+client-python:
+	clients/python/scripts/venv $(PYTHON_VENV) >/dev/null
+	cd clients/python && $(PYTHON_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider
 
 ## bench: startup medians per provider, engine and daemon, beside bare node and python
 bench: build
