@@ -34,16 +34,17 @@ const (
 	defaultRunBudget = 600 * time.Second
 )
 
-// secret holds the caller token; it never prints itself.
-type secret string
+// secret holds the caller token. It is kept behind a pointer so that even printing a copy
+// of a Client with %+v shows an address, never the token.
+type secret struct{ token string }
 
-func (secret) String() string   { return "<redacted>" }
-func (secret) GoString() string { return "<redacted>" }
+func (*secret) String() string   { return "<redacted>" }
+func (*secret) GoString() string { return "<redacted>" }
 
 // Client is a client of one plimsolld. It is safe for concurrent use.
 type Client struct {
 	baseURL string
-	token   secret
+	token   *secret
 	http    *http.Client
 	maxBody int
 
@@ -70,7 +71,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 	dialer := &net.Dialer{Timeout: connectTimeout}
 	c := &Client{
 		baseURL: strings.TrimRight(baseURL, "/"),
-		token:   secret(token),
+		token:   &secret{token},
 		http: &http.Client{
 			Transport: &http.Transport{
 				Proxy:             nil,
@@ -369,7 +370,7 @@ func (c *Client) exchange(ctx context.Context, method, url string, body []byte) 
 	if err != nil {
 		return 0, nil, &notSent{err}
 	}
-	req.Header.Set("Authorization", "Bearer "+string(c.token))
+	req.Header.Set("Authorization", "Bearer "+c.token.token)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
