@@ -83,5 +83,5 @@ func TestAnotherModuleUsesItThroughAWorkspace(t *testing.T) {
 	write(t, filepath.Join(dir, "go.work"), "go 1.19\n\nuse (\n\t./agent\n\t"+here+"\n)\n")
 	write(t, filepath.Join(dir, "agent", "go.mod"), "module example.com/agent\n\ngo 1.19\n")
 	write(t, filepath.Join(dir, "agent", "main.go"), consumer)
-	goBuild(t, filepath.Join(dir, "agent"), "GOFLAGS=")
+	goBuild(t, filepath.Join(dir, "agent"), "GOFLAGS=", "GOWORK="+filepath.Join(dir, "go.work"))
 }
