@@ -90,11 +90,14 @@ func Missing() string {
 	return ""
 }
 
+// CallerName is the name of the caller each daemon is started with.
+const CallerName = "go-client-test"
+
 // Daemon is a running plimsolld child.
 type Daemon struct {
 	// URL is its base URL, e.g. http://127.0.0.1:40123.
 	URL string
-	// Token is a caller token it accepts (caller `go-client-test`).
+	// Token is a caller token it accepts (caller CallerName).
 	Token string
 	// Log is its log file (JSON lines).
 	Log string
@@ -114,6 +117,10 @@ type Options struct {
 	Extra string
 	// Daemon is TOML appended to the [daemon] section.
 	Daemon string
+	// Grants is a grants file (TOML) passed with --grants; empty: none.
+	Grants string
+	// Env is added to the daemon's environment (the secrets grant profiles name).
+	Env []string
 }
 
 // Start writes the settings and callers file, starts plimsolld and waits until every
@@ -143,7 +150,7 @@ func Start(opts Options) (*Daemon, error) {
 		return fail(err)
 	}
 	callers := filepath.Join(dir, "callers.toml")
-	if d.Token, err = writeCaller(callers, "go-client-test"); err != nil {
+	if d.Token, err = writeCaller(callers, CallerName); err != nil {
 		return fail(err)
 	}
 	if d.uidPort, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
@@ -167,9 +174,17 @@ func Start(opts Options) (*Daemon, error) {
 		return fail(err)
 	}
 	defer logFile.Close()
-	d.cmd = exec.Command(Plimsolld(), "--config", config, "--listen", "127.0.0.1:0")
+	args := []string{"--config", config, "--listen", "127.0.0.1:0"}
+	if opts.Grants != "" {
+		grants := filepath.Join(dir, "grants.toml")
+		if err := os.WriteFile(grants, []byte(opts.Grants), 0o600); err != nil {
+			return fail(err)
+		}
+		args = append(args, "--grants", grants)
+	}
+	d.cmd = exec.Command(Plimsolld(), args...)
 	// A clean environment: the daemon reads only what is given here.
-	d.cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PLIMSOLL_LOG=info"}
+	d.cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PLIMSOLL_LOG=info"}, opts.Env...)
 	d.cmd.Dir = dir
 	d.cmd.Stdout = nil
 	d.cmd.Stderr = logFile
