@@ -521,8 +521,14 @@ func encode(t *testing.T, v map[string]any) []byte {
 	return b
 }
 
-// rewriting is a proxy that rewrites request bodies on the way in and answers on the way out.
+// rewriting is a proxy that rewrites request bodies on the way in and answers to runs on the
+// way out.
 func rewriting(t *testing.T, request, response func(map[string]any)) *sandbox.Client {
+	return proxying(t, http.MethodPost, request, response)
+}
+
+// proxying rewrites request bodies, and answers to requests of this method.
+func proxying(t *testing.T, method string, request, response func(map[string]any)) *sandbox.Client {
 	d := daemon(t)
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -532,7 +538,7 @@ func rewriting(t *testing.T, request, response func(map[string]any)) *sandbox.Cl
 			body = encode(t, v)
 		}
 		status, answer := forward(t, d.URL, r, body)
-		if response != nil && r.Method == http.MethodPost {
+		if response != nil && r.Method == method {
 			v := decode(t, answer)
 			response(v)
 			answer = encode(t, v)
@@ -801,5 +807,42 @@ func TestAnErrorWithoutTheMarkMayHaveRun(t *testing.T) {
 	}
 	if _, ok := sandbox.NotDispatchedReason(err); ok {
 		t.Error("reads not dispatched")
+	}
+}
+
+func TestAnAnswerInAnotherProtocolIsNotTaken(t *testing.T) {
+	c := rewriting(t, nil, func(v map[string]any) { v["protocol"] = 2 })
+	_, err := c.RunJavaScript(ctx(t), sandbox.Request{Code: "console.log(1)", MinimumIsolation: sandbox.IsolationProcess})
+	var mh *sandbox.MayHaveRunError
+	if !errors.As(err, &mh) || mh.Code != "bad_response" || !strings.Contains(err.Error(), "protocol 2") {
+		t.Fatalf("%v", err)
+	}
+}
+
+// The exchange broken while the run is in flight: the code may have run.
+func TestAnExchangeCutShortMayHaveRun(t *testing.T) {
+	c := client(t)
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := c.RunJavaScript(short, sandbox.Request{Code: "setTimeout(() => {}, 3000)", MinimumIsolation: sandbox.IsolationProcess})
+	var mh *sandbox.MayHaveRunError
+	if !errors.As(err, &mh) || mh.Code != "transport" || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%v", err)
+	}
+	if _, ok := sandbox.NotDispatchedReason(err); ok {
+		t.Error("reads not dispatched")
+	}
+}
+
+// Evidence altered on the way: its digest no longer matches.
+func TestAProxyThatAltersEvidenceIsCaught(t *testing.T) {
+	c := proxying(t, http.MethodGet, nil, func(v map[string]any) {
+		first := v["providers"].([]any)[0].(map[string]any)
+		first["evidence"].(map[string]any)["environment"] = "elsewhere"
+	})
+	_, err := c.Providers(ctx(t))
+	var dm *sandbox.DigestMismatchError
+	if !errors.As(err, &dm) || dm.Which != sandbox.DigestEvidence || dm.Provider == "" || !errors.Is(err, sandbox.ErrDigestMismatch) {
+		t.Fatalf("%v", err)
 	}
 }
