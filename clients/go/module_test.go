@@ -1,5 +1,6 @@
 // The module as a caller uses it: another module importing it through a `replace`
-// directive, or a `go work` workspace, builds with no download (GOPROXY=off).
+// directive, or a `go work` workspace, loads and type-checks (go vet) with no download
+// (GOPROXY=off).
 
 package sandbox_test
 
@@ -40,13 +41,13 @@ func main() {
 }
 `
 
-func goBuild(t *testing.T, dir string, env ...string) {
+func goVet(t *testing.T, dir string, env ...string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", os.DevNull, ".")
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "vet", ".")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), append([]string{"GOPROXY=off", "GOTOOLCHAIN=local"}, env...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build in %s: %v\n%s", dir, err, out)
+		t.Fatalf("go vet in %s: %v\n%s", dir, err, out)
 	}
 }
 
@@ -70,7 +71,7 @@ func TestAnotherModuleUsesItThroughReplace(t *testing.T) {
 	write(t, filepath.Join(dir, "go.mod"), "module example.com/agent\n\ngo 1.19\n\n"+
 		"require plimsoll/clients/go/sandbox v0.0.0\n\nreplace plimsoll/clients/go/sandbox => "+here+"\n")
 	write(t, filepath.Join(dir, "main.go"), consumer)
-	goBuild(t, dir, "GOWORK=off", "GOFLAGS=-mod=mod")
+	goVet(t, dir, "GOWORK=off", "GOFLAGS=-mod=mod")
 }
 
 func TestAnotherModuleUsesItThroughAWorkspace(t *testing.T) {
@@ -83,5 +84,5 @@ func TestAnotherModuleUsesItThroughAWorkspace(t *testing.T) {
 	write(t, filepath.Join(dir, "go.work"), "go 1.19\n\nuse (\n\t./agent\n\t"+here+"\n)\n")
 	write(t, filepath.Join(dir, "agent", "go.mod"), "module example.com/agent\n\ngo 1.19\n")
 	write(t, filepath.Join(dir, "agent", "main.go"), consumer)
-	goBuild(t, filepath.Join(dir, "agent"), "GOFLAGS=", "GOWORK="+filepath.Join(dir, "go.work"))
+	goVet(t, filepath.Join(dir, "agent"), "GOFLAGS=", "GOWORK="+filepath.Join(dir, "go.work"))
 }
