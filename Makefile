@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent client-python bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent client-python
+test: deps build images vm-assets lint unit independent client-python client-go
 
 deps:
 	@scripts/install-deps
@@ -49,6 +49,15 @@ PYTHON_VENV ?= $(CURDIR)/build/venv-client-python
 client-python:
 	clients/python/scripts/venv $(PYTHON_VENV) >/dev/null
 	cd clients/python && $(PYTHON_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider
+
+## client-go: the Go client (clients/go) against a real plimsolld: go vet, then go test.
+## Debian's golang-go (1.19), standard library only: nothing is downloaded (GOPROXY=off), no
+## other toolchain is fetched (GOTOOLCHAIN=local). CI=true turns every skip into a failure.
+GO ?= /usr/bin/go
+GO_ENV = GOPROXY=off GOTOOLCHAIN=local GOFLAGS= GOWORK=off
+client-go: deps
+	cd clients/go && $(GO_ENV) $(GO) vet ./...
+	cd clients/go && $(GO_ENV) $(GO) test -count=1 ./...
 
 ## bench: startup medians per provider, engine and daemon, beside bare node and python
 bench: build
