@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent client-typescript bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent client-typescript
+test: deps build images vm-assets lint unit independent client-python client-go client-typescript
 
 deps:
 	@scripts/install-deps
@@ -42,11 +42,29 @@ unit:
 independent:
 	/usr/bin/python3 tests/independent/digests.py
 
+## client-python: the Python client (clients/python) against a real plimsolld started by its
+## tests (target/debug/plimsolld, build/images/sandbox: run `make build images` first); its venv,
+## build/venv-client-python, holds the pinned clients/python/requirements.txt
+PYTHON_VENV ?= $(CURDIR)/build/venv-client-python
+client-python:
+	clients/python/scripts/venv $(PYTHON_VENV) >/dev/null
+	cd clients/python && $(PYTHON_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider
+
+## client-go: the Go client (clients/go) against a real plimsolld: go vet, then go test.
+## Debian's golang-go (1.19), standard library only: nothing is downloaded (GOPROXY=off), no
+## other toolchain is fetched (GOTOOLCHAIN=local). CI=true turns every skip into a failure.
+GO ?= /usr/bin/go
+GO_ENV = GOPROXY=off GOTOOLCHAIN=local GOFLAGS= GOWORK=off
+client-go: deps
+	cd clients/go && $(GO_ENV) $(GO) vet ./...
+	cd clients/go && $(GO_ENV) $(GO) test -count=1 ./...
+
 ## client-typescript: the TypeScript client (clients/typescript): npm ci when the lockfile
-## changed, tsc, then its node:test suite against a real plimsolld (process and crun).
+## changed, tsc, then its node:test suite against a real plimsolld (process and crun) started
+## by its tests (target/debug/plimsolld, build/images/sandbox: run `make build images` first).
 ## NODE_EXTRA_CA_CERTS is dropped for the build and tests: it slows every node start by 60 ms.
 TS_CLIENT := clients/typescript
-client-typescript: build images $(TS_CLIENT)/node_modules/.installed
+client-typescript: $(TS_CLIENT)/node_modules/.installed
 	@env -u NODE_EXTRA_CA_CERTS node -e 'if (+process.versions.node.split(".")[0] < 20) { console.error("client-typescript: node " + process.version + " is too old: the client needs node 20 or later (Debian 12 ships 18; install 20)"); process.exit(1) }'
 	cd $(TS_CLIENT) && rm -rf dist build \
 		&& env -u NODE_EXTRA_CA_CERTS ./node_modules/.bin/tsc -p tsconfig.json \

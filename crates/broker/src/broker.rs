@@ -6,6 +6,7 @@
 //! inherited, or a socket only the run's sandbox can reach): whoever holds the channel is the
 //! run, so there is no key to present. What the run gets through it is bounded by the grant.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -18,7 +19,8 @@ use plimsoll_wire::GrantCall;
 use serde_json::{Value, json};
 
 use crate::credential::Credential;
-use crate::frame::{ReadFrameError, read_frame, skip, write_frame};
+use crate::frame::{ReadFrameError, read_frame_within, skip, write_frame};
+use crate::leak::Needles;
 use crate::profile::Profile;
 use crate::route::{METHODS, canonical};
 use crate::upstream::{Call, CallUpstreamError};
@@ -36,7 +38,12 @@ pub const ERROR_CODES: &[&str] = &[
     "upstream_timeout",
     "upstream_failed",
     "response_rejected",
+    "too_many_connections",
 ];
+
+/// How long the rest of a frame may take once its first byte arrived; a frame left unfinished
+/// closes the connection.
+const FRAME_WITHIN: Duration = Duration::from_secs(5);
 
 /// Room in a request frame beyond the body cap, for the method, path and id.
 const FRAME_OVERHEAD: u64 = 8 * 1024;
@@ -76,6 +83,7 @@ pub struct Broker {
 struct Inner {
     profile: Arc<Profile>,
     credential: Credential,
+    needles: Needles,
     run_id: String,
     deadline: Instant,
     ledger: Mutex<Ledger>,
@@ -93,7 +101,11 @@ struct Ledger {
 struct Served {
     finished: bool,
     threads: Vec<JoinHandle<()>>,
-    streams: Vec<UnixStream>,
+    /// A handle to shut down each connection being served, by connection number.
+    streams: HashMap<u64, UnixStream>,
+    next_stream: u64,
+    /// Whether a connection over the cap was logged (once per run).
+    over_cap_logged: bool,
     stop: Option<OwnedFd>,
 }
 
@@ -106,10 +118,12 @@ impl Broker {
     /// the run's credential now (a JWT's expiry is the end of the budget at the latest).
     pub fn start(profile: Arc<Profile>, caller: &str, run_id: &str, budget: Duration) -> Broker {
         let credential = profile.minter().mint(caller, SystemTime::now(), budget);
+        let needles = Needles::new(credential.expose().as_bytes());
         Broker {
             inner: Arc::new(Inner {
                 profile,
                 credential,
+                needles,
                 run_id: run_id.to_owned(),
                 deadline: Instant::now() + budget,
                 ledger: Mutex::new(Ledger::default()),
@@ -129,7 +143,7 @@ impl Broker {
         let threads = {
             let mut served = lock(&self.inner.served);
             served.finished = true;
-            for s in served.streams.drain(..) {
+            for (_, s) in served.streams.drain() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
             if let Some(stop) = &served.stop {
@@ -144,19 +158,62 @@ impl Broker {
         std::mem::take(&mut lock(&self.inner.ledger).calls)
     }
 
-    /// Registers a thread and, for a stream, a handle to shut it down at the end.
-    fn spawn(
-        &self,
-        stream: Option<UnixStream>,
-        work: impl FnOnce() + Send + 'static,
-    ) -> io::Result<()> {
+    /// Serves `stream` on a thread of its own, with a handle to shut it down at the end; a
+    /// connection beyond the profile's cap is answered `too_many_connections` and closed.
+    fn spawn_connection(&self, stream: UnixStream) -> io::Result<()> {
+        let closer = stream.try_clone()?;
         let mut served = lock(&self.inner.served);
         if served.finished {
             return Err(io::Error::other("the run is over: its broker is closed"));
         }
-        if let Some(s) = stream {
-            served.streams.push(s);
+        let cap = self.inner.profile.max_connections();
+        if served.streams.len() >= cap as usize {
+            let first = !served.over_cap_logged;
+            served.over_cap_logged = true;
+            drop(served);
+            if first {
+                tracing::warn!(run_id = %self.inner.run_id, profile = self.inner.profile.name(), cap, "a run opened more broker connections at once than its grant allows; the extra ones are closed");
+            }
+            let refusal = Refusal::new(
+                "too_many_connections",
+                format!(
+                    "this run already holds the {cap} connections to the broker its grant allows at once: reuse one, or close one first"
+                ),
+            );
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = write_frame(&mut &stream, &error_reply(Value::Null, &refusal));
+            return Ok(());
         }
+        let id = served.next_stream;
+        served.next_stream += 1;
+        served.streams.insert(id, closer);
+        let inner = Arc::clone(&self.inner);
+        let spawned = self.spawn_locked(&mut served, move || {
+            inner.serve(stream);
+            lock(&inner.served).streams.remove(&id);
+        });
+        if spawned.is_err() {
+            served.streams.remove(&id);
+        }
+        spawned
+    }
+
+    /// Runs `work` on a thread the end waits for.
+    fn spawn(&self, work: impl FnOnce() + Send + 'static) -> io::Result<()> {
+        let mut served = lock(&self.inner.served);
+        if served.finished {
+            return Err(io::Error::other("the run is over: its broker is closed"));
+        }
+        self.spawn_locked(&mut served, work)
+    }
+
+    fn spawn_locked(
+        &self,
+        served: &mut Served,
+        work: impl FnOnce() + Send + 'static,
+    ) -> io::Result<()> {
+        // Threads that ended need no join: only those still running keep a handle.
+        served.threads.retain(|t| !t.is_finished());
         let t = std::thread::Builder::new()
             .name(format!("broker-{}", self.inner.run_id))
             .spawn(work)?;
@@ -179,15 +236,13 @@ impl Broker {
 
 impl BrokerPort for Broker {
     fn serve_stream(&self, stream: UnixStream) -> io::Result<()> {
-        let closer = stream.try_clone()?;
-        let inner = Arc::clone(&self.inner);
-        self.spawn(Some(closer), move || inner.serve(stream))
+        self.spawn_connection(stream)
     }
 
     fn serve_listener(&self, listener: UnixListener) -> io::Result<()> {
         let stop = self.stop_fd()?;
         let me = self.clone();
-        self.spawn(None, move || me.accept_loop(&listener, &stop))
+        self.spawn(move || me.accept_loop(&listener, &stop))
     }
 }
 
@@ -221,15 +276,17 @@ impl Broker {
 }
 
 impl Inner {
-    fn serve(&self, mut stream: UnixStream) {
+    /// Serves one connection until it ends, fails, sends a frame it does not finish within
+    /// [`FRAME_WITHIN`], or sends a frame that is not JSON (answered, then closed).
+    fn serve(&self, stream: UnixStream) {
         let max =
             u32::try_from(self.profile.max_request_bytes() + FRAME_OVERHEAD).unwrap_or(u32::MAX);
         loop {
-            let reply = match read_frame(&mut stream, max) {
+            let (reply, close) = match read_frame_within(&stream, max, FRAME_WITHIN) {
                 Ok(None) | Err(ReadFrameError::Io(_)) => return,
                 Ok(Some(frame)) => self.handle(&frame),
                 Err(ReadFrameError::TooLarge(len)) => {
-                    if skip(&mut stream, len).is_err() {
+                    if skip(&mut &stream, len).is_err() {
                         return;
                     }
                     let started = Instant::now();
@@ -240,22 +297,28 @@ impl Inner {
                             self.profile.max_request_bytes()
                         ),
                     );
-                    match self.spend("OTHER") {
+                    let reply = match self.spend("OTHER") {
                         Err(reply) => reply,
                         Ok(()) => self.refuse(Value::Null, "OTHER", None, refusal, started),
-                    }
+                    };
+                    (reply, false)
                 }
             };
-            if write_frame(&mut stream, &reply).is_err() {
+            if write_frame(&mut &stream, &reply).is_err() || close {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
                 return;
             }
         }
     }
 
-    /// One call: parse, count, check, call, record, answer.
-    fn handle(&self, frame: &[u8]) -> Value {
+    /// One call: parse, count, check, call, record, answer; and whether the connection must
+    /// close (the frame is not JSON: the peer does not speak the channel's protocol, or the
+    /// stream is out of step). A JSON call of the wrong shape is refused and the connection
+    /// kept, as any other refused call.
+    fn handle(&self, frame: &[u8]) -> (Value, bool) {
         let started = Instant::now();
         let parsed: Result<Value, _> = serde_json::from_slice(frame);
+        let not_json = parsed.is_err();
         let id = parsed
             .as_ref()
             .ok()
@@ -268,13 +331,12 @@ impl Inner {
             .and_then(|v| parse_request(&v));
         let method = request.as_ref().map_or("OTHER", |r| r.method);
         if let Err(reply) = self.spend(method) {
-            return reply;
+            return (reply, not_json);
         }
-        let request = match request {
-            Ok(r) => r,
-            Err(refusal) => return self.refuse(id, method, None, refusal, started),
-        };
-        self.call(id, &request, started)
+        match request {
+            Ok(r) => (self.call(id, &r, started), false),
+            Err(refusal) => (self.refuse(id, method, None, refusal, started), not_json),
+        }
     }
 
     /// Counts a call against the budget; past it, the answer is `budget_exhausted` (the
@@ -387,9 +449,16 @@ impl Inner {
             }
         };
         let response_bytes = answer.body.len() as u64;
-        // An API that echoes the request's headers would hand the sandbox its credential.
-        let token = self.credential.expose().as_bytes();
-        if answer.body.windows(token.len()).any(|w| w == token) {
+        let body = if answer.body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&answer.body).unwrap_or_else(|_| {
+                Value::String(String::from_utf8_lossy(&answer.body).into_owned())
+            })
+        };
+        // An API that echoes the request's headers, in any common encoding, would hand the
+        // sandbox its credential.
+        if self.needles.found(&answer.body, &body) {
             let refusal = Refusal::new(
                 "response_rejected",
                 "the API's response contained the credential, so the broker withheld it",
@@ -405,13 +474,6 @@ impl Inner {
                 started,
             );
         }
-        let body = if answer.body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&answer.body).unwrap_or_else(|_| {
-                Value::String(String::from_utf8_lossy(&answer.body).into_owned())
-            })
-        };
         self.record_reply(
             id,
             r.method,

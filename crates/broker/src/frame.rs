@@ -2,6 +2,8 @@
 //! of UTF-8 JSON (docs/capability-grants.md, "The channel").
 
 use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 /// A frame could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +38,31 @@ pub(crate) fn read_frame(r: &mut impl Read, max: u32) -> Result<Option<Vec<u8>>,
     Ok(Some(buf))
 }
 
+/// Reads one frame of at most `max` bytes from a channel, waiting as long as it takes for its
+/// first byte (a connection may idle between calls) but no longer than `within` for the rest
+/// once it began: a frame left unfinished is an error, not a connection held open. The read
+/// timeout stays set on return, so skipping an over-size frame is bounded too; the caller
+/// clears it before waiting for the next frame.
+pub(crate) fn read_frame_within(
+    stream: &UnixStream,
+    max: u32,
+    within: Duration,
+) -> Result<Option<Vec<u8>>, ReadFrameError> {
+    stream.set_read_timeout(None)?;
+    let mut first = [0u8; 1];
+    let mut r = stream;
+    loop {
+        match r.read(&mut first) {
+            Ok(0) => return Ok(None),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    stream.set_read_timeout(Some(within))?;
+    read_frame(&mut io::Cursor::new(first).chain(r), max)
+}
+
 /// Reads and drops `len` bytes (the body of a frame over the cap).
 pub(crate) fn skip(r: &mut impl Read, len: u32) -> io::Result<()> {
     let copied = io::copy(&mut r.take(u64::from(len)), &mut io::sink())?;
@@ -59,6 +86,32 @@ pub(crate) fn write_frame(w: &mut impl Write, value: &serde_json::Value) -> io::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_left_unfinished_ends_the_read() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut w = &a;
+        // A whole frame, then the start of one that never ends.
+        write_frame(&mut w, &serde_json::json!({"a": 1})).unwrap();
+        w.write_all(&[0, 0, 0, 50, b'{']).unwrap();
+        let within = Duration::from_millis(200);
+        assert_eq!(
+            read_frame_within(&b, 100, within).unwrap().unwrap(),
+            br#"{"a":1}"#
+        );
+        match read_frame_within(&b, 100, within) {
+            Err(ReadFrameError::Io(e)) => assert!(
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ),
+                "{e}"
+            ),
+            other => panic!("an unfinished frame must fail, got {other:?}"),
+        }
+        drop(a);
+        assert!(read_frame_within(&b, 100, within).unwrap().is_none());
+    }
 
     #[test]
     fn frames_round_trip_and_caps_hold() {

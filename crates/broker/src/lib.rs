@@ -15,6 +15,7 @@
 mod broker;
 pub mod credential;
 mod frame;
+mod leak;
 mod profile;
 pub mod route;
 pub mod testing;

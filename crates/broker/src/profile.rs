@@ -27,6 +27,10 @@ pub const MAX_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
 pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
 /// Largest call budget a profile may set.
 pub const MAX_CALL_BUDGET: u32 = 10_000;
+/// Connections a run may hold open to its broker at once, unless its profile says otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+/// The most connections at once a profile may allow a run.
+pub const MAX_CONNECTIONS: u32 = 64;
 
 /// The message of every grant refusal: the same for an unknown profile and for one the
 /// caller may not use, so profile names cannot be probed.
@@ -50,6 +54,7 @@ struct ProfileEntry {
     max_request_bytes: Option<u64>,
     max_response_bytes: Option<u64>,
     timeout_ms: Option<u64>,
+    max_connections: Option<u32>,
     credential: CredentialEntry,
 }
 
@@ -116,6 +121,7 @@ pub struct Profile {
     max_request_bytes: u64,
     max_response_bytes: u64,
     call_timeout: Duration,
+    max_connections: u32,
     header: String,
     scheme: String,
     minter: Minter,
@@ -146,6 +152,10 @@ impl Profile {
     /// Response body cap.
     pub fn max_response_bytes(&self) -> u64 {
         self.max_response_bytes
+    }
+    /// Connections a run may hold open to its broker at once.
+    pub fn max_connections(&self) -> u32 {
+        self.max_connections
     }
     /// Timeout of one upstream call.
     pub fn call_timeout(&self) -> Duration {
@@ -343,6 +353,12 @@ fn validate(
         DEFAULT_CALL_TIMEOUT.as_millis() as u64,
         600_000,
     )?;
+    let max_connections = bounded(
+        "max_connections",
+        e.max_connections.map(u64::from),
+        u64::from(DEFAULT_MAX_CONNECTIONS),
+        u64::from(MAX_CONNECTIONS),
+    )? as u32;
 
     let c = e.credential;
     let header = c.header.clone().unwrap_or_else(|| "Authorization".into());
@@ -451,6 +467,7 @@ fn validate(
         max_request_bytes,
         max_response_bytes,
         call_timeout: Duration::from_millis(timeout_ms),
+        max_connections,
         header,
         scheme,
         minter,

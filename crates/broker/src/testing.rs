@@ -4,8 +4,8 @@
 //!
 //! Paths: `/status/N` answers status N; `/redirect` answers 302 to another path; `/big`
 //! answers 2 MiB; `/echo-auth` echoes the credential header (an API the broker must not
-//! trust); `/slow` answers after 3 s; anything else answers 200 with
-//! `{"method", "path", "body"}`.
+//! trust), and `/echo-auth/ENCODING` echoes it re-encoded ([`ECHO_ENCODINGS`]); `/slow`
+//! answers after 3 s; anything else answers 200 with `{"method", "path", "body"}`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
@@ -20,6 +20,74 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac as _};
 use serde_json::{Value, json};
 use sha2::Sha256;
+
+/// The encodings `/echo-auth/ENCODING` writes the credential header in, as APIs do by
+/// default: JSON with `/` as `\/`, JSON with `&`, `<`, `>` as `\u0026`…, JSON with every
+/// character but letters and digits as `\u00XX`, a JSON string holding JSON, a JSON key,
+/// percent-encoding (upper and lower case), base64 (both alphabets), hex, and plain text.
+pub const ECHO_ENCODINGS: &[&str] = &[
+    "json-slashes",
+    "json-html",
+    "json-every",
+    "json-nested",
+    "json-key",
+    "percent",
+    "percent-lower",
+    "base64",
+    "base64url",
+    "hex",
+    "text",
+];
+
+/// `text` written in `encoding` (one of [`ECHO_ENCODINGS`]), as a body.
+fn echo_as(encoding: &str, text: &str) -> Option<String> {
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+    let json = || json!({"saw": text}).to_string();
+    Some(match encoding {
+        "json-slashes" => json().replace('/', "\\/"),
+        "json-html" => json()
+            .replace('&', "\\u0026")
+            .replace('<', "\\u003c")
+            .replace('>', "\\u003e"),
+        "json-every" => {
+            let escaped: String = text
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_string()
+                    } else {
+                        format!("\\u{:04x}", u32::from(c))
+                    }
+                })
+                .collect();
+            format!("{{\"saw\":\"{escaped}\"}}")
+        }
+        "json-nested" => json!({"headers": json()}).to_string(),
+        "json-key" => json!({ text: true }).to_string(),
+        "percent" => {
+            let p: String = text.bytes().map(|b| format!("%{b:02X}")).collect();
+            json!({"query": format!("saw={p}")}).to_string()
+        }
+        "percent-lower" => {
+            let p: String = text
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() {
+                        char::from(b).to_string()
+                    } else {
+                        format!("%{b:02x}")
+                    }
+                })
+                .collect();
+            json!({"query": format!("saw={p}")}).to_string()
+        }
+        "base64" => json!({"saw": STANDARD.encode(text)}).to_string(),
+        "base64url" => json!({"saw": URL_SAFE.encode(text)}).to_string(),
+        "hex" => json!({"saw": hex::encode(text)}).to_string(),
+        "text" => format!("you sent: {text}"),
+        _ => return None,
+    })
+}
 
 /// What the API demands in its credential header.
 #[derive(Debug, Clone)]
@@ -205,6 +273,17 @@ fn answer(
                 Expect::Jwt { .. } => "authorization",
             };
             (200, "", json!({"saw": headers.get(name)}).to_string())
+        }
+        echo if echo.starts_with("/echo-auth/") => {
+            let name = match expect {
+                Expect::Static { header, .. } => header.as_str(),
+                Expect::Jwt { .. } => "authorization",
+            };
+            let saw = headers.get(name).map_or("", String::as_str);
+            match echo_as(&echo["/echo-auth/".len()..], saw) {
+                Some(body) => (200, "", body),
+                None => (404, "", json!({"error": "no such encoding"}).to_string()),
+            }
         }
         "/slow" => {
             std::thread::sleep(Duration::from_secs(3));

@@ -14,6 +14,9 @@ use plimsoll_sandbox::testing::{TestDir, is_root, probe_binary, skip_or_fail};
 use plimsoll_wire::{Language, Limits, PROTOCOL, RunRequest, RunResponse, RunSpec, Snippet, Tier};
 
 const TOKEN: &str = "tok-3f9a1c7e5b2d4a6c8e0f";
+/// A token with the characters JSON encoders escape by default (`/`, `&`, `<`, `>`) and
+/// percent-encoding changes.
+const ODD_TOKEN: &str = "tok/3f9a&1c7e+5b2d=4a6c<8e>0f";
 const HMAC_KEY: &str = "k3y-for-the-orders-api-0123456789abcdef";
 
 /// The grants file of these tests: `orders` (static token) and `orders-jwt` (HS256), both for
@@ -23,7 +26,7 @@ fn grants_text(api: &str, budget: u32) -> String {
         r#"
 [profiles.orders]
 base_url = "{api}"
-routes = ["GET /orders/*", "POST /orders", "GET /status/*", "GET /redirect", "GET /echo-auth", "GET /big", "GET /search?", "GET /slow"]
+routes = ["GET /orders/*", "POST /orders", "GET /status/*", "GET /redirect", "GET /echo-auth", "GET /echo-auth/*", "GET /big", "GET /search?", "GET /slow"]
 callers = ["alice"]
 call_budget = {budget}
 max_request_bytes = 65536
@@ -33,11 +36,20 @@ timeout_ms = 2000
 kind = "static"
 secret_env = "ORDERS_API_TOKEN"
 
+[profiles.orders-odd]
+base_url = "{api}"
+routes = ["GET /echo-auth/*"]
+callers = ["alice"]
+call_budget = 20
+[profiles.orders-odd.credential]
+kind = "static"
+secret_env = "ORDERS_ODD_TOKEN"
+
 [profiles.orders-jwt]
 base_url = "{api}"
-routes = ["GET /orders/*"]
+routes = ["GET /orders/*", "GET /echo-auth/*"]
 callers = ["alice"]
-call_budget = 5
+call_budget = 20
 [profiles.orders-jwt.credential]
 kind = "jwt"
 key_env = "ORDERS_JWT_KEY"
@@ -50,6 +62,7 @@ issuer = "plimsoll-test"
 fn test_env(name: &str) -> Option<String> {
     match name {
         "ORDERS_API_TOKEN" => Some(TOKEN.into()),
+        "ORDERS_ODD_TOKEN" => Some(ODD_TOKEN.into()),
         "ORDERS_JWT_KEY" => Some(HMAC_KEY.into()),
         _ => None,
     }
@@ -527,7 +540,7 @@ fn the_credential_is_nowhere_but_the_request_to_the_api() {
     });
     // Only the static profile: its secret is read from this process's environment.
     let full = grants_text(&api.url(), 10);
-    let text = full.split("[profiles.orders-jwt]").next().unwrap();
+    let text = full.split("[profiles.orders-odd]").next().unwrap();
     let grants = Engine::load_grants(&write_grants(text)).unwrap();
     let Some((engine, _dir)) = engine("nowhere", 2_450_080, grants) else {
         return;
@@ -773,4 +786,222 @@ fn the_clients_reach_a_listening_broker_by_its_socket_path() {
             .serve_stream(std::os::unix::net::UnixStream::pair().unwrap().0)
             .is_err()
     );
+}
+
+/// An API that echoes the credential header in any common encoding (JSON escapes as PHP and Go
+/// write them, percent-encoding, base64, hex, nested JSON) gets its answer withheld, for a
+/// static token with plain and with escapable characters and for a minted JWT; the code sees
+/// the credential in no form.
+#[test]
+fn echoed_credentials_are_withheld_in_every_common_encoding() {
+    use plimsoll_broker::testing::ECHO_ENCODINGS;
+
+    let encodings = ECHO_ENCODINGS
+        .iter()
+        .map(|e| format!("'{e}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let js = format!(
+        r#"
+(async () => {{
+  for (const e of [{encodings}]) {{
+    try {{ const r = await host.get('/echo-auth/' + e); console.log(e, 'ok', JSON.stringify(r)); }}
+    catch (err) {{ console.log(e, err.code); }}
+  }}
+}})();
+"#
+    );
+    let expected: String = ECHO_ENCODINGS
+        .iter()
+        .map(|e| format!("{e} response_rejected\n"))
+        .collect();
+
+    for (profile, api) in [
+        ("orders", static_api()),
+        (
+            "orders-odd",
+            TestApi::start(Expect::Static {
+                header: "authorization".into(),
+                value: format!("Bearer {ODD_TOKEN}"),
+            }),
+        ),
+        (
+            "orders-jwt",
+            TestApi::start(Expect::Jwt {
+                key: HMAC_KEY.as_bytes().to_vec(),
+                audience: "orders-api".into(),
+                subject: "alice".into(),
+            }),
+        ),
+    ] {
+        let grants = GrantProfiles::parse(&grants_text(&api.url(), 20), test_env).unwrap();
+        let Some((engine, _dir)) = engine(&format!("echo-{profile}"), 2_450_112, grants) else {
+            return;
+        };
+        let resp = run_ok(&engine, Language::Javascript, &js, Some(profile));
+        let out = stdout(&resp);
+        assert_eq!(out, expected, "{profile}: {}", stderr(&resp));
+        let seen = api.seen();
+        assert_eq!(seen.len(), ECHO_ENCODINGS.len(), "{profile}");
+        // Each echo really carried a working credential: the API accepted it.
+        assert!(seen.iter().all(|s| s.authorized), "{profile}");
+        assert!(
+            resp.result
+                .calls
+                .iter()
+                .all(|c| c.status == Some(200) && c.error.as_deref() == Some("response_rejected")),
+            "{profile}: {:?}",
+            resp.result.calls
+        );
+        let secret = match profile {
+            "orders" => TOKEN.to_owned(),
+            "orders-odd" => ODD_TOKEN.to_owned(),
+            _ => seen[0].headers["authorization"]["Bearer ".len()..].to_owned(),
+        };
+        assert!(!out.contains(&secret) && !stderr(&resp).contains(&secret));
+
+        // The withheld answers would have handed the code the credential without its exact
+        // bytes: for most encodings, a check of the raw body alone lets them through.
+        let header = format!("Bearer {secret}");
+        let mut without_exact_bytes = 0;
+        for e in ECHO_ENCODINGS {
+            let body = ureq::get(&format!("{}/echo-auth/{e}", api.url()))
+                .header("authorization", &header)
+                .call()
+                .unwrap()
+                .body_mut()
+                .read_to_string()
+                .unwrap();
+            if !body.contains(&secret) {
+                without_exact_bytes += 1;
+            }
+        }
+        assert!(
+            without_exact_bytes >= 6,
+            "{profile}: only {without_exact_bytes} encodings hide the exact bytes"
+        );
+    }
+}
+
+/// A run holds at most its grant's cap of broker connections at once (the extra ones are
+/// answered `too_many_connections` and closed, so a run cannot make the daemon start a thread
+/// per connection without bound); a frame that is not JSON is answered and its connection
+/// closed; a frame left unfinished closes its connection instead of holding it to the run's
+/// deadline.
+#[test]
+fn connections_are_capped_and_closed_on_protocol_errors() {
+    use plimsoll_sandbox::BrokerPort as _;
+    use std::io::Read as _;
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    fn threads() -> usize {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+    fn frame(value: &str) -> Vec<u8> {
+        let mut f = (value.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(value.as_bytes());
+        f
+    }
+    fn answer(s: &mut UnixStream) -> Option<serde_json::Value> {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).ok()?;
+        Some(serde_json::from_slice(&body).unwrap())
+    }
+    fn closed(s: &mut UnixStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut b = [0u8; 1];
+        matches!(s.read(&mut b), Ok(0))
+    }
+
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 100), test_env).unwrap();
+    let profile = grants.authorize("orders", "alice").unwrap();
+    let cap = profile.max_connections() as usize;
+    assert_eq!(cap, 8, "the documented default");
+    let broker =
+        plimsoll_broker::Broker::start(profile, "alice", "cap-test", Duration::from_secs(120));
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    broker
+        .serve_listener(UnixListener::bind(&socket).unwrap())
+        .unwrap();
+    let before = threads();
+
+    // 64 connections at once: `cap` are served, every other one is refused and closed.
+    let mut held: Vec<UnixStream> = (0..64)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut served = Vec::new();
+    let mut refused = 0;
+    for mut s in held.drain(..) {
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        match answer(&mut s) {
+            Some(v) => {
+                assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
+                assert!(closed(&mut s));
+                refused += 1;
+            }
+            None => served.push(s),
+        }
+    }
+    assert_eq!((served.len(), refused), (cap, 64 - cap));
+    assert!(
+        threads() <= before + cap + 1,
+        "{} threads for {cap} connections",
+        threads() - before
+    );
+    // The served ones work.
+    for s in &mut served {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&frame(r#"{"id":1,"method":"GET","path":"/orders/1"}"#))
+            .unwrap();
+        assert_eq!(answer(s).unwrap()["status"], 200);
+    }
+    // A frame that is not JSON: answered `bad_request`, then closed.
+    let mut s = served.pop().unwrap();
+    s.write_all(&frame("not json at all")).unwrap();
+    assert_eq!(answer(&mut s).unwrap()["error"]["code"], "bad_request");
+    assert!(
+        closed(&mut s),
+        "a connection that broke the protocol stays open"
+    );
+    // A JSON call of the wrong shape is refused but keeps its connection.
+    let mut s = served.pop().unwrap();
+    s.write_all(&frame(r#"{"id":2,"method":"TRACE","path":"/orders/1"}"#))
+        .unwrap();
+    assert_eq!(answer(&mut s).unwrap()["error"]["code"], "bad_request");
+    s.write_all(&frame(r#"{"id":3,"method":"GET","path":"/orders/1"}"#))
+        .unwrap();
+    assert_eq!(answer(&mut s).unwrap()["status"], 200);
+    // A frame that never ends: closed well before the run's 120 s.
+    let started = std::time::Instant::now();
+    s.write_all(&[0, 0, 1, 0, b'{']).unwrap();
+    assert!(closed(&mut s), "an unfinished frame holds its connection");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    // Closed connections free their slots.
+    drop(s);
+    drop(served);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut again: Vec<UnixStream> = (0..cap)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    for s in &mut again {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&frame(r#"{"id":4,"method":"GET","path":"/orders/2"}"#))
+            .unwrap();
+        assert_eq!(answer(s).unwrap()["status"], 200);
+    }
+    drop(again);
+    broker.finish();
 }

@@ -1,0 +1,279 @@
+// errors.go: the client's errors. Each says whether the code could have run; test them with
+// errors.Is and errors.As, never by their text.
+
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+)
+
+// sentinel is an error value to compare with errors.Is.
+type sentinel struct{ text string }
+
+func (s *sentinel) Error() string { return s.text }
+
+// ErrNotDispatched matches every error that promises nothing ran: a request refused here
+// before sending, a daemon that could not be reached, or a refusal from the daemon that
+// echoed this request's id. Each also matches its reason's sentinel below.
+var ErrNotDispatched error = &sentinel{"not dispatched"}
+
+// One sentinel per not-dispatched reason.
+var (
+	// ErrInvalidRequest: reason `request` (malformed, out of bounds, over the body limit).
+	ErrInvalidRequest error = &sentinel{"not dispatched (request)"}
+	// ErrPermissionDenied: reason `permission` (unknown caller or token, grant not allowed).
+	ErrPermissionDenied error = &sentinel{"not dispatched (permission)"}
+	// ErrProtocolNotServed: reason `protocol`.
+	ErrProtocolNotServed error = &sentinel{"not dispatched (protocol)"}
+	// ErrUnsupported: reason `unsupported` (no provider meeting the floor can do this run).
+	ErrUnsupported error = &sentinel{"not dispatched (unsupported)"}
+	// ErrInsufficientIsolation: reason `isolation`: no available provider meets the floor,
+	// and nothing ran.
+	ErrInsufficientIsolation error = &sentinel{"not dispatched (isolation)"}
+	// ErrEnvironment: reason `environment` (a provider's environment failed its check, the
+	// named provider is unavailable, or the daemon could not be reached).
+	ErrEnvironment error = &sentinel{"not dispatched (environment)"}
+	// ErrCapacity: reason `capacity` (admission limits); retrying later may succeed.
+	ErrCapacity error = &sentinel{"not dispatched (capacity)"}
+)
+
+// ReasonError returns the sentinel of a reason (nil for a string that is not one).
+func ReasonError(r Reason) error {
+	switch r {
+	case ReasonRequest:
+		return ErrInvalidRequest
+	case ReasonPermission:
+		return ErrPermissionDenied
+	case ReasonProtocol:
+		return ErrProtocolNotServed
+	case ReasonUnsupported:
+		return ErrUnsupported
+	case ReasonIsolation:
+		return ErrInsufficientIsolation
+	case ReasonEnvironment:
+		return ErrEnvironment
+	case ReasonCapacity:
+		return ErrCapacity
+	}
+	return nil
+}
+
+// ErrMayHaveRun matches every run error that does not promise nothing ran: the code may
+// have run (or did). Never retry such a call automatically: a retry may run the code twice.
+var ErrMayHaveRun error = &sentinel{"the code may have run"}
+
+// ErrEvidenceMismatch matches an *EvidenceMismatchError: the run used a tier below the floor.
+var ErrEvidenceMismatch error = &sentinel{"evidence mismatch"}
+
+// ErrProviderMismatch matches a *ProviderMismatchError: another provider than the one named ran it.
+var ErrProviderMismatch error = &sentinel{"provider mismatch"}
+
+// ErrDigestMismatch matches a *DigestMismatchError: a digest recomputed here differs.
+var ErrDigestMismatch error = &sentinel{"digest mismatch"}
+
+// ErrRecordMismatch matches a *RecordMismatchError: the record disagrees with the response.
+var ErrRecordMismatch error = &sentinel{"record mismatch"}
+
+// ErrRequestTooLarge matches a *RequestTooLargeError (also a not-dispatched `request` error).
+var ErrRequestTooLarge error = &sentinel{"request too large"}
+
+// NotDispatchedReason returns why nothing ran when err promises that, and false otherwise
+// (also for a nil error): without the promise the code may have run.
+func NotDispatchedReason(err error) (Reason, bool) {
+	var nd *NotDispatchedError
+	if errors.As(err, &nd) {
+		return nd.Reason, true
+	}
+	return "", false
+}
+
+// NotDispatchedError says nothing ran, and why.
+type NotDispatchedError struct {
+	// RequestID is the id the request carried (or would have carried); empty only when the
+	// daemon could not be reached.
+	RequestID string
+	// Reason is why nothing ran.
+	Reason Reason
+	// Code is the daemon's error code, or the reason's name for a refusal made here.
+	Code string
+	// Message says what went wrong and what to do.
+	Message string
+	// Status is the HTTP status of the daemon's refusal; 0 when nothing was sent.
+	Status int
+	// Err is the cause of a refusal made here (a *RequestTooLargeError, a connect error).
+	Err error
+}
+
+func (e *NotDispatchedError) Error() string {
+	return fmt.Sprintf("not dispatched (%s): %s", e.Reason, e.Message)
+}
+
+// Is matches ErrNotDispatched and the reason's sentinel.
+func (e *NotDispatchedError) Is(target error) bool {
+	return target == ErrNotDispatched || target == ReasonError(e.Reason)
+}
+
+// Unwrap returns the cause, if any.
+func (e *NotDispatchedError) Unwrap() error { return e.Err }
+
+// RequestTooLargeError: the request body is over the client's limit (the daemon's
+// max_body_bytes, 8 MiB by default); it was not sent.
+type RequestTooLargeError struct {
+	Size, Limit int
+}
+
+func (e *RequestTooLargeError) Error() string {
+	return fmt.Sprintf("the request is %d bytes, over this client's limit of %d bytes (the daemon's max_body_bytes): send less, or raise the limit with WithMaxBodyBytes to match the daemon's", e.Size, e.Limit)
+}
+
+// Is matches ErrRequestTooLarge.
+func (e *RequestTooLargeError) Is(target error) bool { return target == ErrRequestTooLarge }
+
+// MayHaveRunError: the exchange ended without a verified result, and the code may have run.
+type MayHaveRunError struct {
+	// RequestID is the id sent.
+	RequestID string
+	// Code is the daemon's error code for its own failures (`sandbox_failed`, `internal`), or
+	// the check that failed here: `unverified_refusal` (a refusal echoing another id or none),
+	// `request_id_mismatch` (a result echoing another id), `transport`, `bad_response`.
+	Code string
+	// Status is the HTTP status, 0 when no answer was read.
+	Status int
+	// Message says what happened.
+	Message string
+	// EchoedRequestID is the id an answer echoed when it was not ours (nil: none).
+	EchoedRequestID *string
+	// ClaimedReason is the reason an unverified refusal claimed.
+	ClaimedReason Reason
+	// Err is the transport error, if any.
+	Err error
+}
+
+func (e *MayHaveRunError) Error() string {
+	return fmt.Sprintf("the code may have run (request %s, %s): %s; do not retry blindly", e.RequestID, e.Code, e.Message)
+}
+
+// Is matches ErrMayHaveRun.
+func (e *MayHaveRunError) Is(target error) bool { return target == ErrMayHaveRun }
+
+// Unwrap returns the transport error, if any.
+func (e *MayHaveRunError) Unwrap() error { return e.Err }
+
+// EvidenceMismatchError: the result says the run used a tier below the floor (the one sent,
+// or the daemon's default floor when none was sent). The code ran: this is not a refusal.
+type EvidenceMismatchError struct {
+	RequestID string
+	// Provider is the provider the answer names.
+	Provider string
+	// Isolation is the tier the answer states (the weaker of response and record).
+	Isolation Isolation
+	// Floor is the floor checked against.
+	Floor Isolation
+	// DefaultFloor is true when no floor was sent and Floor is the daemon's default.
+	DefaultFloor bool
+}
+
+func (e *EvidenceMismatchError) Error() string {
+	which := "the floor asked for"
+	if e.DefaultFloor {
+		which = "the daemon's default floor (no floor was sent)"
+	}
+	return fmt.Sprintf("evidence mismatch for request %s: the run used `%s` (provider %s), below %s `%s`; the code ran, but not behind the wall you required", e.RequestID, e.Isolation, e.Provider, which, e.Floor)
+}
+
+// Is matches ErrEvidenceMismatch and ErrMayHaveRun.
+func (e *EvidenceMismatchError) Is(target error) bool {
+	return target == ErrEvidenceMismatch || target == ErrMayHaveRun
+}
+
+// ProviderMismatchError: the request named a provider and another one answered. The code
+// ran: this is not a refusal.
+type ProviderMismatchError struct {
+	RequestID string
+	// Asked is the provider the request named.
+	Asked string
+	// Provider is the provider the answer (response or record) names.
+	Provider string
+}
+
+func (e *ProviderMismatchError) Error() string {
+	return fmt.Sprintf("provider mismatch for request %s: the run used provider `%s`, not `%s` as asked; the code ran, but not where you required", e.RequestID, e.Provider, e.Asked)
+}
+
+// Is matches ErrProviderMismatch and ErrMayHaveRun.
+func (e *ProviderMismatchError) Is(target error) bool {
+	return target == ErrProviderMismatch || target == ErrMayHaveRun
+}
+
+// DigestKind says which digest a DigestMismatchError concerns.
+type DigestKind string
+
+// The digests a client recomputes.
+const (
+	DigestRequest  DigestKind = "request"
+	DigestResult   DigestKind = "result"
+	DigestRecord   DigestKind = "record"
+	DigestEvidence DigestKind = "evidence"
+)
+
+// DigestMismatchError: a digest recomputed here differs from the one in the answer. The
+// answer was altered on the way or the daemon is faulty; never use the result.
+type DigestMismatchError struct {
+	RequestID string
+	// Which is the digest.
+	Which DigestKind
+	// Computed is what this client computed; Claimed what the answer stated.
+	Computed, Claimed string
+	// Provider names the provider, for an evidence digest.
+	Provider string
+}
+
+func (e *DigestMismatchError) Error() string {
+	if e.Which == DigestEvidence {
+		return fmt.Sprintf("evidence digest mismatch for provider %s: computed %s, the answer says %s; the answer was altered on the way or the daemon is faulty", e.Provider, e.Computed, e.Claimed)
+	}
+	return fmt.Sprintf("%s digest mismatch for request %s: computed %s, the answer says %s; the answer was altered on the way or the daemon is faulty, and the code may have run", e.Which, e.RequestID, e.Computed, e.Claimed)
+}
+
+// Is matches ErrDigestMismatch, and ErrMayHaveRun for a run's digests.
+func (e *DigestMismatchError) Is(target error) bool {
+	return target == ErrDigestMismatch || (target == ErrMayHaveRun && e.Which != DigestEvidence)
+}
+
+// RecordMismatchError: the run record disagrees with the response around it.
+type RecordMismatchError struct {
+	RequestID string
+	// Field is the member that differs; Response and Record its two values.
+	Field, Response, Record string
+}
+
+func (e *RecordMismatchError) Error() string {
+	return fmt.Sprintf("the run record disagrees with the response on `%s` for request %s: response %s, record %s; the answer was altered or the daemon is faulty, and the code may have run", e.Field, e.RequestID, e.Response, e.Record)
+}
+
+// Is matches ErrRecordMismatch and ErrMayHaveRun.
+func (e *RecordMismatchError) Is(target error) bool {
+	return target == ErrRecordMismatch || target == ErrMayHaveRun
+}
+
+// ProvidersError: GET /v1/providers gave no usable answer (Status 0: none was read).
+type ProvidersError struct {
+	URL     string
+	Status  int
+	Code    string
+	Message string
+	// Reason is the daemon's not-dispatched mark on its refusal, if it set one.
+	Reason Reason
+	Err    error
+}
+
+func (e *ProvidersError) Error() string {
+	if e.Status == 0 {
+		return fmt.Sprintf("the providers of %s could not be read: %s", e.URL, e.Message)
+	}
+	return fmt.Sprintf("the daemon at %s answered HTTP %d (%s): %s", e.URL, e.Status, e.Code, e.Message)
+}
+
+// Unwrap returns the cause, if any.
+func (e *ProvidersError) Unwrap() error { return e.Err }

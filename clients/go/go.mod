@@ -1,0 +1,3 @@
+module plimsoll/clients/go/sandbox
+
+go 1.19

@@ -1,0 +1,314 @@
+// Package testdaemon starts a real plimsolld for the client's tests: the binary the
+// repository built (target/debug/plimsolld), on a loopback port the kernel picks, with a
+// fresh state directory, settings and callers file, and a caller created for the test. It
+// is stopped (SIGTERM, then SIGKILL) by Stop, and sent SIGTERM by the kernel if the test
+// process dies first.
+package testdaemon
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	// listenTimeout bounds how long plimsolld may take to bind its port.
+	listenTimeout = 60 * time.Second
+	// probeTimeout bounds how long its providers' probes may take.
+	probeTimeout = 120 * time.Second
+	// stopTimeout bounds how long it may take to stop after SIGTERM.
+	stopTimeout = 30 * time.Second
+	// noneProbed is the line the daemon logs when no provider passed its probe.
+	noneProbed = "no provider passed its probe"
+)
+
+// uidsPerPort mirrors plimsoll_daemon::testing::uid_base_for_port: a daemon whose uid range
+// is picked from a loopback port this process holds meets no other test's uids.
+const uidsPerPort = 1024
+
+// UIDBaseForPort is the first sandbox uid of the range for a held port.
+func UIDBaseForPort(port int) uint32 { return 1_000_000_000 + uint32(port)*uidsPerPort }
+
+// Strict reports whether tests run strictly (CI=true or CI=1): every skip is then a failure.
+func Strict() bool {
+	v := os.Getenv("CI")
+	return v == "true" || v == "1"
+}
+
+// SkipOrFail prints `SKIP <test>: <reason>` and skips the test, or fails it under CI=true.
+func SkipOrFail(t testing.TB, reason string) {
+	t.Helper()
+	if Strict() {
+		t.Fatalf("SKIP not allowed under CI=true: %s: %s", t.Name(), reason)
+	}
+	fmt.Fprintf(os.Stderr, "SKIP %s: %s\n", t.Name(), reason)
+	t.Skipf("SKIP %s: %s", t.Name(), reason)
+}
+
+// RepoRoot is the repository this package lives in.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", "..", ".."))
+}
+
+// Plimsolld is the daemon binary the tests use.
+func Plimsolld() string { return filepath.Join(RepoRoot(), "target", "debug", "plimsolld") }
+
+// Image is the sandbox image directory the container tier uses, symlinks resolved.
+func Image() string {
+	dir := filepath.Join(RepoRoot(), "build", "images", "sandbox")
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		return real
+	}
+	return dir
+}
+
+// Missing says what this host lacks to start a daemon ("" when nothing): root, the binary.
+func Missing() string {
+	if os.Geteuid() != 0 {
+		return "running sandboxes needs root (plimsolld switches each run to a sandbox uid)"
+	}
+	if _, err := os.Stat(Plimsolld()); err != nil {
+		return fmt.Sprintf("no plimsolld at %s: build it with `make build` (cargo build --workspace)", Plimsolld())
+	}
+	return ""
+}
+
+// CallerName is the name of the caller each daemon is started with.
+const CallerName = "go-client-test"
+
+// Daemon is a running plimsolld child.
+type Daemon struct {
+	// URL is its base URL, e.g. http://127.0.0.1:40123.
+	URL string
+	// Token is a caller token it accepts (caller CallerName).
+	Token string
+	// Log is its log file (JSON lines).
+	Log string
+	// Dir holds its settings, callers file and state.
+	Dir string
+
+	cmd     *exec.Cmd
+	done    chan struct{}
+	uidPort net.Listener
+}
+
+// Options shape the daemon.
+type Options struct {
+	// Providers to configure (default process and crun).
+	Providers []string
+	// Extra is TOML appended to the top level of the settings (before any section).
+	Extra string
+	// Daemon is TOML appended to the [daemon] section.
+	Daemon string
+	// Grants is a grants file (TOML) passed with --grants; empty: none.
+	Grants string
+	// Env is added to the daemon's environment (the secrets grant profiles name).
+	Env []string
+}
+
+// Start writes the settings and callers file, starts plimsolld and waits until every
+// provider has been probed.
+func Start(opts Options) (*Daemon, error) {
+	if why := Missing(); why != "" {
+		return nil, errors.New(why)
+	}
+	if len(opts.Providers) == 0 {
+		opts.Providers = []string{"process", "crun"}
+	}
+	dir, err := os.MkdirTemp("", "plimsoll-go-client-")
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{Dir: dir, Log: filepath.Join(dir, "plimsolld.log"), done: make(chan struct{})}
+	fail := func(err error) (*Daemon, error) {
+		d.Stop()
+		return nil, err
+	}
+	// Sandbox uids must traverse it to reach their run directories under state.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return fail(err)
+	}
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o711); err != nil {
+		return fail(err)
+	}
+	callers := filepath.Join(dir, "callers.toml")
+	if d.Token, err = writeCaller(callers, CallerName); err != nil {
+		return fail(err)
+	}
+	if d.uidPort, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		return fail(fmt.Errorf("cannot bind a loopback port (it picks the daemon's uid range): %w", err))
+	}
+	uidBase := UIDBaseForPort(d.uidPort.Addr().(*net.TCPAddr).Port)
+	quoted := make([]string, len(opts.Providers))
+	for i, p := range opts.Providers {
+		quoted[i] = fmt.Sprintf("%q", p)
+	}
+	settings := fmt.Sprintf("providers = [%s]\ndefault_floor = \"container\"\nstate_dir = %q\n"+
+		"sandbox_uid_base = %d\nmax_concurrent = 4\nmax_per_caller = 4\n%s\n\n"+
+		"[oci]\nimage = %q\n\n[daemon]\ncallers_file = %q\n%s\n",
+		strings.Join(quoted, ", "), state, uidBase, opts.Extra, Image(), callers, opts.Daemon)
+	config := filepath.Join(dir, "plimsoll.toml")
+	if err := os.WriteFile(config, []byte(settings), 0o600); err != nil {
+		return fail(err)
+	}
+	logFile, err := os.Create(d.Log)
+	if err != nil {
+		return fail(err)
+	}
+	defer logFile.Close()
+	args := []string{"--config", config, "--listen", "127.0.0.1:0"}
+	if opts.Grants != "" {
+		grants := filepath.Join(dir, "grants.toml")
+		if err := os.WriteFile(grants, []byte(opts.Grants), 0o600); err != nil {
+			return fail(err)
+		}
+		args = append(args, "--grants", grants)
+	}
+	d.cmd = exec.Command(Plimsolld(), args...)
+	// A clean environment: the daemon reads only what is given here.
+	d.cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PLIMSOLL_LOG=info"}, opts.Env...)
+	d.cmd.Dir = dir
+	d.cmd.Stdout = nil
+	d.cmd.Stderr = logFile
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := d.cmd.Start(); err != nil {
+		return fail(fmt.Errorf("cannot start %s: %w", Plimsolld(), err))
+	}
+	go func() {
+		_ = d.cmd.Wait()
+		close(d.done)
+	}()
+	addr, err := d.waitListening()
+	if err != nil {
+		return fail(err)
+	}
+	d.URL = "http://" + addr
+	if err := d.waitProbed(); err != nil {
+		return fail(err)
+	}
+	return d, nil
+}
+
+// writeCaller creates a callers file holding one caller and returns its token: `plm_` and
+// 256 random bits in unpadded base64url; the file holds only the token's SHA-256.
+func writeCaller(path, name string) (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	token := "plm_" + base64.RawURLEncoding.EncodeToString(b[:])
+	digest := sha256.Sum256([]byte(token))
+	text := fmt.Sprintf("[[caller]]\nname = %q\ntoken_sha256 = %q\n", name, hex.EncodeToString(digest[:]))
+	return token, os.WriteFile(path, []byte(text), 0o600)
+}
+
+func (d *Daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// LogText is the daemon's log so far.
+func (d *Daemon) LogText() string {
+	b, _ := os.ReadFile(d.Log)
+	return string(b)
+}
+
+func (d *Daemon) tail() string {
+	lines := strings.Split(strings.TrimRight(d.LogText(), "\n"), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (d *Daemon) waitListening() (string, error) {
+	deadline := time.Now().Add(listenTimeout)
+	for {
+		sc := bufio.NewScanner(strings.NewReader(d.LogText()))
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var line struct {
+				Message string `json:"message"`
+				Addr    string `json:"addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "listening" && line.Addr != "" {
+				return line.Addr, nil
+			}
+		}
+		if d.exited() {
+			return "", fmt.Errorf("plimsolld exited before it listened; the end of its log (%s):\n%s", d.Log, d.tail())
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("plimsolld did not start listening within %s; see %s", listenTimeout, d.Log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (d *Daemon) waitProbed() error {
+	deadline := time.Now().Add(probeTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL+"/readyz", nil)
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		cancel()
+		if err == nil && resp.StatusCode == http.StatusOK {
+			return nil
+		}
+		if strings.Contains(d.LogText(), noneProbed) {
+			return nil
+		}
+		if d.exited() {
+			return fmt.Errorf("plimsolld exited before it was ready; the end of its log (%s):\n%s", d.Log, d.tail())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("plimsolld probed its providers for more than %s; see %s", probeTimeout, d.Log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Stop sends SIGTERM, waits (SIGKILL after stopTimeout), and removes its directory.
+func (d *Daemon) Stop() {
+	if d.cmd != nil && d.cmd.Process != nil && !d.exited() {
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.done:
+		case <-time.After(stopTimeout):
+			fmt.Fprintf(os.Stderr, "plimsolld did not stop within %s of SIGTERM; killing it\n", stopTimeout)
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		}
+	}
+	if d.uidPort != nil {
+		d.uidPort.Close()
+	}
+	if d.Dir != "" {
+		_ = os.RemoveAll(d.Dir)
+	}
+}

@@ -1,0 +1,463 @@
+// Package sandbox is the official Go client of plimsolld, the plimsoll daemon: it runs
+// untrusted code (typically code an AI agent wrote) in a sandbox whose isolation tier is
+// stated on every result.
+//
+// Every call sends a fresh request id, refuses an over-size request before sending it,
+// honours a "not dispatched" mark only when the answer echoes that id, recomputes the
+// request, result and record digests of docs/protocol.md, and re-checks the tier against
+// the floor it asked for (or, when it asked for none, the daemon's default floor) and the
+// provider against the one it named. Standard library only.
+//
+//	c := sandbox.New("http://127.0.0.1:7878", token)
+//	res, err := c.RunJavaScript(ctx, sandbox.Request{
+//		Code:             "console.log(6 * 7)",
+//		MinimumIsolation: sandbox.IsolationContainer,
+//	})
+//	if reason, ok := sandbox.NotDispatchedReason(err); ok {
+//		// nothing ran, and reason says why
+//	}
+//	// res.Isolation reports the boundary that actually ran.
+package sandbox
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Protocol is the protocol number this client speaks.
+const Protocol = 1
+
+// Isolation is an isolation tier, weakest first: process < container < kernel < vm.
+type Isolation string
+
+// The four tiers.
+const (
+	// IsolationProcess: a child process of the daemon; no OS-level wall, never for hostile code.
+	IsolationProcess Isolation = "process"
+	// IsolationContainer: an OCI runtime (crun, runc): the shared host kernel is the wall.
+	IsolationContainer Isolation = "container"
+	// IsolationKernel: a user-space kernel or emulator between the code and the host kernel.
+	IsolationKernel Isolation = "kernel"
+	// IsolationVM: hardware virtualisation.
+	IsolationVM Isolation = "vm"
+)
+
+// Isolations lists the tiers, weakest first.
+var Isolations = []Isolation{IsolationProcess, IsolationContainer, IsolationKernel, IsolationVM}
+
+// Rank is the tier's place in the order (0 for process, 3 for vm), or -1 for a string that
+// is not a tier.
+func (i Isolation) Rank() int {
+	for n, t := range Isolations {
+		if t == i {
+			return n
+		}
+	}
+	return -1
+}
+
+// Valid reports whether i is one of the four tiers.
+func (i Isolation) Valid() bool { return i.Rank() >= 0 }
+
+// AtLeast reports whether i is a tier at or above floor.
+func (i Isolation) AtLeast(floor Isolation) bool {
+	return i.Valid() && floor.Valid() && i.Rank() >= floor.Rank()
+}
+
+// UnmarshalJSON accepts only the four tier names.
+func (i *Isolation) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("a tier must be a string: %w", err)
+	}
+	if !Isolation(s).Valid() {
+		return fmt.Errorf("`%s` is not a tier (process, container, kernel, vm)", s)
+	}
+	*i = Isolation(s)
+	return nil
+}
+
+// Reason says why nothing ran: the not-dispatched mark of a refusal.
+type Reason string
+
+// The seven reasons (docs/protocol.md, ErrorResponse).
+const (
+	// ReasonRequest: the request is malformed or out of bounds.
+	ReasonRequest Reason = "request"
+	// ReasonPermission: the caller is unknown or not allowed what it asked for.
+	ReasonPermission Reason = "permission"
+	// ReasonProtocol: the protocol number is not served.
+	ReasonProtocol Reason = "protocol"
+	// ReasonUnsupported: no provider meeting the floor can do this kind of run.
+	ReasonUnsupported Reason = "unsupported"
+	// ReasonIsolation: no available provider meets the floor.
+	ReasonIsolation Reason = "isolation"
+	// ReasonEnvironment: a provider's environment failed its check, or the daemon cannot be
+	// reached (nothing was sent).
+	ReasonEnvironment Reason = "environment"
+	// ReasonCapacity: admission limits; retrying later may succeed.
+	ReasonCapacity Reason = "capacity"
+)
+
+// Reasons lists the seven reasons.
+var Reasons = []Reason{ReasonRequest, ReasonPermission, ReasonProtocol, ReasonUnsupported,
+	ReasonIsolation, ReasonEnvironment, ReasonCapacity}
+
+// UnmarshalJSON accepts only the seven reasons: an unknown one cannot promise anything.
+func (r *Reason) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("a reason must be a string: %w", err)
+	}
+	for _, known := range Reasons {
+		if Reason(s) == known {
+			*r = known
+			return nil
+		}
+	}
+	return fmt.Errorf("`%s` is not a not-dispatched reason", s)
+}
+
+// Language is a snippet's language.
+type Language string
+
+// The two snippet languages.
+const (
+	// JavaScript is run by node.
+	JavaScript Language = "javascript"
+	// Python is run by python3.
+	Python Language = "python"
+)
+
+// Bytes are exact bytes (program output, file contents, artifacts), which need not be
+// UTF-8. On the wire they are a JSON string when valid UTF-8, else {"base64": "..."}.
+type Bytes []byte
+
+// String returns the bytes as a Go string (which holds any bytes; invalid UTF-8 is kept).
+func (b Bytes) String() string { return string(b) }
+
+// Text returns the bytes as text, with each invalid UTF-8 sequence replaced by U+FFFD.
+func (b Bytes) Text() string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	out := make([]rune, 0, len(b))
+	for s := []byte(b); len(s) > 0; {
+		r, n := utf8.DecodeRune(s)
+		out = append(out, r)
+		s = s[n:]
+	}
+	return string(out)
+}
+
+// MarshalJSON writes a string for valid UTF-8 and the base64 object otherwise.
+func (b Bytes) MarshalJSON() ([]byte, error) {
+	if utf8.Valid(b) {
+		return json.Marshal(string(b))
+	}
+	return json.Marshal(map[string]string{"base64": base64.StdEncoding.EncodeToString(b)})
+}
+
+// UnmarshalJSON accepts either wire form, and refuses base64 that is not canonical
+// (standard alphabet, padded, no line breaks, unused bits zero).
+func (b *Bytes) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	if len(data) > 0 && data[0] == '"' {
+		var s string
+		if err := json.Unmarshal(data, &s); err != nil {
+			return err
+		}
+		*b = Bytes(s)
+		return nil
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(data, &obj); err != nil {
+		return fmt.Errorf(`bytes must be a string or {"base64": "..."}: %w`, err)
+	}
+	raw, ok := obj["base64"]
+	if len(obj) != 1 || !ok {
+		return fmt.Errorf(`bytes as an object must have exactly one member, "base64"`)
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err != nil {
+		return fmt.Errorf(`"base64" must be a string: %w`, err)
+	}
+	decoded, err := base64.StdEncoding.Strict().DecodeString(text)
+	if err != nil || base64.StdEncoding.EncodeToString(decoded) != text {
+		return fmt.Errorf("bad base64 (standard alphabet, padded, no line breaks): %q", text)
+	}
+	*b = Bytes(decoded)
+	return nil
+}
+
+// Limits are the limits a request asks for. A zero member is left out (the operator's
+// default applies); the operator's maximum bounds each one. A breach is a result (timed
+// out, truncated, killed by the memory limit), not an error.
+type Limits struct {
+	// TimeoutMS is the wall-clock budget for the whole run, in milliseconds.
+	TimeoutMS uint64 `json:"timeout_ms,omitempty"`
+	// MemoryBytes is the memory for the sandbox.
+	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
+	// OutputBytes is the bytes kept per output stream per step.
+	OutputBytes uint64 `json:"output_bytes,omitempty"`
+	// Pids is the processes and threads the sandbox may hold at once.
+	Pids uint64 `json:"pids,omitempty"`
+	// DiskBytes is the writable disk for the sandbox.
+	DiskBytes uint64 `json:"disk_bytes,omitempty"`
+	// ArtifactBytes is the bytes kept per returned artifact.
+	ArtifactBytes uint64 `json:"artifact_bytes,omitempty"`
+}
+
+// Request is what RunJavaScript and RunPython send: code in their language, and the
+// options every run has. An empty string or nil member is left out of the request.
+type Request struct {
+	// Code is the source text; not blank.
+	Code string
+	// MinimumIsolation is the floor, the weakest tier accepted. Empty: the daemon's default
+	// floor, which the client reads once from GET /v1/providers and checks the result against.
+	MinimumIsolation Isolation
+	// Provider names the one provider to run on (it must still meet the floor).
+	Provider string
+	// Limits asks for limits; nil leaves `limits` out (an empty Limits sends `{}`).
+	Limits *Limits
+	// Grant names a grant profile the operator defined.
+	Grant string
+}
+
+// RunSpec is what to run: a Snippet or a Project.
+type RunSpec interface {
+	kind() string
+}
+
+// Snippet is a piece of code in one language.
+type Snippet struct {
+	Language Language
+	Code     string
+}
+
+func (Snippet) kind() string { return "snippet" }
+
+// Project is files written under /work, shell steps run in order by /bin/sh -c in /work
+// (the first that fails stops the run), and artifacts returned. The process tier runs no
+// projects: ask for the container tier or above.
+type Project struct {
+	// Files are written before the first step, in order.
+	Files []File
+	// Steps run in order; at least one.
+	Steps []Step
+	// Artifacts are paths under /work returned after the steps, in this order.
+	Artifacts []string
+}
+
+func (Project) kind() string { return "project" }
+
+// File is one project file. Path is relative to /work, `/`-separated, with no empty, `.`
+// or `..` segment.
+type File struct {
+	Path       string
+	Content    []byte
+	Executable bool
+}
+
+// Step is one shell step. Name is a label for people (empty: none).
+type Step struct {
+	Name string
+	Run  string
+}
+
+// RunRequest is a whole run request but for the protocol number and request id, which the
+// client adds.
+type RunRequest struct {
+	// Run is what to run: Snippet or Project (or a pointer to one).
+	Run RunSpec
+	// MinimumIsolation, Provider, Limits, Grant: as in Request.
+	MinimumIsolation Isolation
+	Provider         string
+	Limits           *Limits
+	Grant            string
+}
+
+// Result is a verified answer to a run: the run happened, and every check passed.
+type Result struct {
+	Protocol uint32 `json:"protocol"`
+	// RequestID is the id this client sent, echoed.
+	RequestID string `json:"request_id"`
+	// Provider is the provider that ran it.
+	Provider string `json:"provider"`
+	// Isolation is the boundary that actually ran it, from the provider's evidence.
+	Isolation Isolation `json:"isolation"`
+	// DurationMS is the wall time from dispatch to result.
+	DurationMS uint64 `json:"duration_ms"`
+	// RequestSHA256 is the request digest (recomputed here from the bytes sent).
+	RequestSHA256 string `json:"request_sha256"`
+	// ResultSHA256 is the result digest (recomputed here).
+	ResultSHA256 string `json:"result_sha256"`
+	// Output is what the run produced.
+	Output Output `json:"result"`
+	// Record is the run record a signer needs (its digest recomputed here).
+	Record Record `json:"record"`
+}
+
+// Output is the outcome of a run (the protocol's RunResult).
+type Output struct {
+	// ExitCode is the exit status of the snippet or of the last project step that ran; nil
+	// when a signal ended it.
+	ExitCode *int32 `json:"exit_code"`
+	// Signal is the signal that ended it, if one did.
+	Signal *int32 `json:"signal,omitempty"`
+	// TimedOut: the wall timeout fired and the sandbox was killed.
+	TimedOut bool `json:"timed_out"`
+	// OOMKilled: the memory limit was hit and the code was killed for it.
+	OOMKilled       bool  `json:"oom_killed,omitempty"`
+	Stdout          Bytes `json:"stdout"`
+	StdoutTruncated bool  `json:"stdout_truncated"`
+	Stderr          Bytes `json:"stderr"`
+	StderrTruncated bool  `json:"stderr_truncated"`
+	// Steps has one entry per project step that ran, in order (none for a snippet).
+	Steps []StepOutput `json:"steps,omitempty"`
+	// Artifacts are the project's artifacts, in the order asked.
+	Artifacts []Artifact `json:"artifacts,omitempty"`
+	// Calls lists every call the run made through its grant's broker, in order.
+	Calls []GrantCall `json:"calls,omitempty"`
+}
+
+// StepOutput is the outcome of one project step (the protocol's StepResult).
+type StepOutput struct {
+	// Name is the step's label, if it had one.
+	Name            *string `json:"name,omitempty"`
+	ExitCode        *int32  `json:"exit_code"`
+	Signal          *int32  `json:"signal,omitempty"`
+	TimedOut        bool    `json:"timed_out"`
+	OOMKilled       bool    `json:"oom_killed,omitempty"`
+	Stdout          Bytes   `json:"stdout"`
+	StdoutTruncated bool    `json:"stdout_truncated"`
+	Stderr          Bytes   `json:"stderr"`
+	StderrTruncated bool    `json:"stderr_truncated"`
+	// DurationMS is the step's wall time (not covered by the result digest).
+	DurationMS uint64 `json:"duration_ms"`
+}
+
+// Artifact is one returned file.
+type Artifact struct {
+	// Path is the path asked for, relative to /work.
+	Path string `json:"path"`
+	// Found is false when the file did not exist or was not a regular file.
+	Found bool `json:"found"`
+	// Size is the file's size on disk (0 when not found).
+	Size uint64 `json:"size"`
+	// Content is the content, at most the artifact limit.
+	Content Bytes `json:"content"`
+	// Truncated: the file was larger than the artifact limit.
+	Truncated bool `json:"truncated"`
+}
+
+// GrantCall is one call a run made through its grant's broker.
+type GrantCall struct {
+	Method string `json:"method"`
+	// Route is the route template matched; nil when none matched.
+	Route *string `json:"route,omitempty"`
+	// Status is the API's HTTP status; nil when the API was not called or did not answer.
+	Status *uint16 `json:"status,omitempty"`
+	// Error says why the broker refused the call or it failed.
+	Error         *string `json:"error,omitempty"`
+	RequestBytes  uint64  `json:"request_bytes"`
+	ResponseBytes uint64  `json:"response_bytes"`
+	// LatencyMS is not covered by the result digest.
+	LatencyMS uint64 `json:"latency_ms"`
+}
+
+// Record is the run record: the facts a signer needs, with a digest over them.
+type Record struct {
+	RequestID      string    `json:"request_id"`
+	RequestSHA256  string    `json:"request_sha256"`
+	ResultSHA256   string    `json:"result_sha256"`
+	Provider       string    `json:"provider"`
+	Isolation      Isolation `json:"isolation"`
+	EvidenceSHA256 string    `json:"evidence_sha256"`
+	// Environment is the sandbox image identity, or the engine version at the process tier.
+	Environment   string `json:"environment"`
+	StartedUnixMS uint64 `json:"started_unix_ms"`
+	EndedUnixMS   uint64 `json:"ended_unix_ms"`
+	RecordSHA256  string `json:"record_sha256"`
+}
+
+// Providers is the answer to GET /v1/providers.
+type Providers struct {
+	Protocol uint32 `json:"protocol"`
+	// DefaultFloor is the floor a request gets when it sets none.
+	DefaultFloor Isolation `json:"default_floor"`
+	// Providers are listed cheapest first.
+	Providers []ProviderInfo `json:"providers"`
+}
+
+// ProviderInfo is one provider of the daemon.
+type ProviderInfo struct {
+	Name      string    `json:"name"`
+	Isolation Isolation `json:"isolation"`
+	// Available: offered now, its last probe matched what its tier claims.
+	Available bool `json:"available"`
+	// UnavailableReason says why not, and what to do.
+	UnavailableReason *string  `json:"unavailable_reason,omitempty"`
+	Evidence          Evidence `json:"evidence"`
+	// EvidenceSHA256 is the digest of Evidence's canonical JSON (recomputed here).
+	EvidenceSHA256 string `json:"evidence_sha256"`
+}
+
+// Evidence is what the daemon checked about a provider. It is what the daemon saw on this
+// host, not attestation.
+type Evidence struct {
+	Provider      string            `json:"provider"`
+	Isolation     Isolation         `json:"isolation"`
+	Config        map[string]string `json:"config"`
+	Binaries      []BinaryIdentity  `json:"binaries"`
+	Probe         *ProbeReport      `json:"probe,omitempty"`
+	Checks        map[string]string `json:"checks"`
+	Environment   string            `json:"environment"`
+	CheckedUnixMS uint64            `json:"checked_unix_ms"`
+}
+
+// BinaryIdentity names one binary the wall rests on.
+type BinaryIdentity struct {
+	Name    string `json:"name"`
+	Path    string `json:"path"`
+	Version string `json:"version"`
+	SHA256  string `json:"sha256"`
+}
+
+// ProbeReport is what the startup probe saw from inside the wall.
+type ProbeReport struct {
+	UID               uint32                   `json:"uid"`
+	EUID              uint32                   `json:"euid"`
+	GID               uint32                   `json:"gid"`
+	Groups            []uint32                 `json:"groups"`
+	Capabilities      map[string]string        `json:"capabilities"`
+	NoNewPrivs        bool                     `json:"no_new_privs"`
+	SeccompMode       uint32                   `json:"seccomp_mode"`
+	Environment       []string                 `json:"environment"`
+	Cwd               string                   `json:"cwd"`
+	Namespaces        map[string]NamespaceSeen `json:"namespaces"`
+	Mounts            map[string]string        `json:"mounts"`
+	WriteAttempts     map[string]string        `json:"write_attempts"`
+	ReadAttempts      map[string]string        `json:"read_attempts"`
+	NetworkInterfaces []string                 `json:"network_interfaces"`
+	SocketAttempts    map[string]string        `json:"socket_attempts"`
+	Limits            map[string]string        `json:"limits"`
+	KernelRelease     string                   `json:"kernel_release"`
+	Hostname          string                   `json:"hostname"`
+}
+
+// NamespaceSeen is one namespace as the probe saw it.
+type NamespaceSeen struct {
+	ID         string `json:"id"`
+	SameAsHost *bool  `json:"same_as_host,omitempty"`
+}

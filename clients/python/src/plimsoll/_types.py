@@ -1,0 +1,578 @@
+"""The protocol's values as Python types: tiers, reasons, what to run, and the typed results
+read (strictly) from the daemon's answers."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from ._digest import EncodingError, decode_bytes, encode_bytes
+
+PROTOCOL = 1
+"""The protocol number this client speaks."""
+
+
+class Tier(str, enum.Enum):
+    """An isolation tier, ordered weakest first: ``process < container < kernel < vm``."""
+
+    PROCESS = "process"
+    CONTAINER = "container"
+    KERNEL = "kernel"
+    VM = "vm"
+
+    @property
+    def rank(self) -> int:
+        """0 for ``process`` up to 3 for ``vm``."""
+        return _TIER_ORDER.index(self)
+
+    # str's own comparisons would order tiers alphabetically: compare by rank, also against
+    # a tier's name (an unknown name raises ValueError rather than comparing as text).
+    def _other(self, other: object) -> int:
+        if isinstance(other, Tier):
+            return other.rank
+        if isinstance(other, str):
+            return as_tier(other).rank
+        return NotImplemented  # type: ignore[return-value]
+
+    def __lt__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank < o
+
+    def __le__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank <= o
+
+    def __gt__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank > o
+
+    def __ge__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is NotImplemented else self.rank >= o
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_TIER_ORDER = (Tier.PROCESS, Tier.CONTAINER, Tier.KERNEL, Tier.VM)
+
+
+class Reason(str, enum.Enum):
+    """Why nothing ran: the reason of a "not dispatched" mark."""
+
+    REQUEST = "request"
+    PERMISSION = "permission"
+    PROTOCOL = "protocol"
+    UNSUPPORTED = "unsupported"
+    ISOLATION = "isolation"
+    ENVIRONMENT = "environment"
+    CAPACITY = "capacity"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TierLike = Union[Tier, str]
+
+
+def as_tier(value: TierLike) -> Tier:
+    """A tier from a :class:`Tier` or its name; a clear ``ValueError`` otherwise."""
+    try:
+        return Tier(value)
+    except ValueError:
+        raise ValueError(
+            f"unknown tier {value!r}: use one of process, container, kernel, vm"
+        ) from None
+
+
+class Output(bytes):
+    """Exact bytes (program output, a file, an artifact), which need not be UTF-8."""
+
+    def text(self, errors: str = "replace") -> str:
+        """The bytes decoded as UTF-8; invalid sequences become U+FFFD unless ``errors`` says
+        otherwise (``"strict"`` raises)."""
+        return self.decode("utf-8", errors)
+
+
+# --- what to run -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits to ask for; each ``None`` takes the operator's default. Every one must be > 0."""
+
+    timeout_ms: Optional[int] = None
+    memory_bytes: Optional[int] = None
+    output_bytes: Optional[int] = None
+    pids: Optional[int] = None
+    disk_bytes: Optional[int] = None
+    artifact_bytes: Optional[int] = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """A piece of code in one language: ``javascript`` (node) or ``python`` (python3)."""
+
+    language: str
+    code: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": "snippet", "language": self.language, "code": self.code}
+
+
+@dataclass(frozen=True)
+class File:
+    """A project file written under ``/work`` before the first step."""
+
+    path: str
+    content: Union[bytes, str]
+    executable: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        raw = self.content.encode("utf-8") if isinstance(self.content, str) else self.content
+        out: dict[str, Any] = {"path": self.path, "content": encode_bytes(bytes(raw))}
+        if self.executable:
+            out["executable"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Step:
+    """A shell step, run by ``/bin/sh -c`` in ``/work``; ``name`` is a label for people."""
+
+    run: str
+    name: Optional[str] = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.name is not None:
+            out["name"] = self.name
+        out["run"] = self.run
+        return out
+
+
+@dataclass(frozen=True)
+class Project:
+    """Files, shell steps run in order (the first that fails stops the run), artifacts."""
+
+    steps: Sequence[Union[Step, str]]
+    files: Sequence[File] = ()
+    artifacts: Sequence[str] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "project"}
+        if self.files:
+            out["files"] = [f.to_wire() for f in self.files]
+        out["steps"] = [(Step(s) if isinstance(s, str) else s).to_wire() for s in self.steps]
+        if self.artifacts:
+            out["artifacts"] = list(self.artifacts)
+        return out
+
+
+RunSpec = Union[Snippet, Project]
+
+
+# --- strict reading of answers ---------------------------------------------------------
+
+
+class WireError(ValueError):
+    """An answer does not have the shape the protocol gives it."""
+
+
+def _check_members(
+    o: Any, what: str, required: Sequence[str], optional: Sequence[str] = ()
+) -> Mapping[str, Any]:
+    if not isinstance(o, Mapping):
+        raise WireError(f"{what} is not an object")
+    unknown = set(o) - set(required) - set(optional)
+    if unknown:
+        raise WireError(f"{what} has unknown members: {', '.join(sorted(unknown))}")
+    for name in required:
+        if o.get(name) is None:
+            raise WireError(f"{what} lacks `{name}`")
+    return o
+
+
+def _int(o: Mapping[str, Any], name: str, what: str, lo: int, hi: int) -> Optional[int]:
+    v = o.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise WireError(f"{what}.{name} is not an integer in range: {v!r}")
+    return v
+
+
+def _u64(o: Mapping[str, Any], name: str, what: str) -> Optional[int]:
+    return _int(o, name, what, 0, (1 << 64) - 1)
+
+
+def _i32(o: Mapping[str, Any], name: str, what: str) -> Optional[int]:
+    return _int(o, name, what, -(1 << 31), (1 << 31) - 1)
+
+
+def _bool(o: Mapping[str, Any], name: str, what: str, default: Optional[bool] = None) -> bool:
+    v = o.get(name)
+    if v is None and default is not None:
+        return default
+    if not isinstance(v, bool):
+        raise WireError(f"{what}.{name} is not a boolean: {v!r}")
+    return v
+
+
+def _str(o: Mapping[str, Any], name: str, what: str) -> Optional[str]:
+    v = o.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise WireError(f"{what}.{name} is not a string: {v!r}")
+    return v
+
+
+def _bytes(o: Mapping[str, Any], name: str, what: str) -> Output:
+    try:
+        return Output(decode_bytes(o.get(name)))
+    except EncodingError as e:
+        raise WireError(f"{what}.{name}: {e}") from None
+
+
+def _tier(o: Mapping[str, Any], name: str, what: str) -> Tier:
+    v = o.get(name)
+    try:
+        return Tier(v)
+    except ValueError:
+        raise WireError(f"{what}.{name} is not a tier: {v!r}") from None
+
+
+def _list(o: Mapping[str, Any], name: str, what: str) -> list[Any]:
+    v = o.get(name)
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise WireError(f"{what}.{name} is not a list")
+    return v
+
+
+def _digest(o: Mapping[str, Any], name: str, what: str) -> str:
+    v = _str(o, name, what)
+    if v is None or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+        raise WireError(f"{what}.{name} is not 64 lowercase hex digits: {v!r}")
+    return v
+
+
+_OUTCOME_REQUIRED = ("timed_out", "stdout", "stdout_truncated", "stderr", "stderr_truncated")
+_OUTCOME_OPTIONAL = ("exit_code", "signal", "oom_killed")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One project step that ran."""
+
+    name: Optional[str]
+    exit_code: Optional[int]
+    signal: Optional[int]
+    timed_out: bool
+    oom_killed: bool
+    stdout: Output
+    stdout_truncated: bool
+    stderr: Output
+    stderr_truncated: bool
+    duration_ms: int
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "StepResult":
+        o = _check_members(
+            o, what, _OUTCOME_REQUIRED + ("duration_ms",), _OUTCOME_OPTIONAL + ("name",)
+        )
+        return cls(
+            name=_str(o, "name", what),
+            exit_code=_i32(o, "exit_code", what),
+            signal=_i32(o, "signal", what),
+            timed_out=_bool(o, "timed_out", what),
+            oom_killed=_bool(o, "oom_killed", what, False),
+            stdout=_bytes(o, "stdout", what),
+            stdout_truncated=_bool(o, "stdout_truncated", what),
+            stderr=_bytes(o, "stderr", what),
+            stderr_truncated=_bool(o, "stderr_truncated", what),
+            duration_ms=_u64(o, "duration_ms", what) or 0,
+        )
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file a project asked back; ``found`` is false when it was missing or not regular."""
+
+    path: str
+    found: bool
+    size: int
+    content: Output
+    truncated: bool
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "Artifact":
+        o = _check_members(o, what, ("path", "found", "size", "content", "truncated"))
+        return cls(
+            path=_str(o, "path", what) or "",
+            found=_bool(o, "found", what),
+            size=_u64(o, "size", what) or 0,
+            content=_bytes(o, "content", what),
+            truncated=_bool(o, "truncated", what),
+        )
+
+
+@dataclass(frozen=True)
+class GrantCall:
+    """One call the run made through its grant's broker (never the credential or a body)."""
+
+    method: str
+    route: Optional[str]
+    status: Optional[int]
+    error: Optional[str]
+    request_bytes: int
+    response_bytes: int
+    latency_ms: int
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "GrantCall":
+        o = _check_members(
+            o,
+            what,
+            ("method", "request_bytes", "response_bytes", "latency_ms"),
+            ("route", "status", "error"),
+        )
+        return cls(
+            method=_str(o, "method", what) or "",
+            route=_str(o, "route", what),
+            status=_int(o, "status", what, 0, 65535),
+            error=_str(o, "error", what),
+            request_bytes=_u64(o, "request_bytes", what) or 0,
+            response_bytes=_u64(o, "response_bytes", what) or 0,
+            latency_ms=_u64(o, "latency_ms", what) or 0,
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run produced. ``exit_code`` is ``None`` when a signal ended it."""
+
+    exit_code: Optional[int]
+    signal: Optional[int]
+    timed_out: bool
+    oom_killed: bool
+    stdout: Output
+    stdout_truncated: bool
+    stderr: Output
+    stderr_truncated: bool
+    steps: list[StepResult] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
+    calls: list[GrantCall] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "RunResult":
+        w = "result"
+        o = _check_members(
+            o, w, _OUTCOME_REQUIRED, _OUTCOME_OPTIONAL + ("steps", "artifacts", "calls")
+        )
+        return cls(
+            exit_code=_i32(o, "exit_code", w),
+            signal=_i32(o, "signal", w),
+            timed_out=_bool(o, "timed_out", w),
+            oom_killed=_bool(o, "oom_killed", w, False),
+            stdout=_bytes(o, "stdout", w),
+            stdout_truncated=_bool(o, "stdout_truncated", w),
+            stderr=_bytes(o, "stderr", w),
+            stderr_truncated=_bool(o, "stderr_truncated", w),
+            steps=[
+                StepResult.from_wire(s, f"result.steps[{i}]")
+                for i, s in enumerate(_list(o, "steps", w))
+            ],
+            artifacts=[
+                Artifact.from_wire(a, f"result.artifacts[{i}]")
+                for i, a in enumerate(_list(o, "artifacts", w))
+            ],
+            calls=[
+                GrantCall.from_wire(c, f"result.calls[{i}]")
+                for i, c in enumerate(_list(o, "calls", w))
+            ],
+        )
+
+    def artifact(self, path: str) -> Artifact:
+        """The artifact returned for ``path`` (``KeyError`` if none was asked for)."""
+        for a in self.artifacts:
+            if a.path == path:
+                return a
+        raise KeyError(path)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The facts a signer needs, with a digest over them."""
+
+    request_id: str
+    request_sha256: str
+    result_sha256: str
+    provider: str
+    isolation: Tier
+    evidence_sha256: str
+    environment: str
+    started_unix_ms: int
+    ended_unix_ms: int
+    record_sha256: str
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "RunRecord":
+        w = "record"
+        o = _check_members(
+            o,
+            w,
+            (
+                "request_id",
+                "request_sha256",
+                "result_sha256",
+                "provider",
+                "isolation",
+                "evidence_sha256",
+                "environment",
+                "started_unix_ms",
+                "ended_unix_ms",
+                "record_sha256",
+            ),
+        )
+        return cls(
+            request_id=_str(o, "request_id", w) or "",
+            request_sha256=_digest(o, "request_sha256", w),
+            result_sha256=_digest(o, "result_sha256", w),
+            provider=_str(o, "provider", w) or "",
+            isolation=_tier(o, "isolation", w),
+            evidence_sha256=_digest(o, "evidence_sha256", w),
+            environment=_str(o, "environment", w) or "",
+            started_unix_ms=_u64(o, "started_unix_ms", w) or 0,
+            ended_unix_ms=_u64(o, "ended_unix_ms", w) or 0,
+            record_sha256=_digest(o, "record_sha256", w),
+        )
+
+
+@dataclass(frozen=True)
+class RunResponse:
+    """A verified run: every digest recomputed, the tier and provider re-checked.
+
+    ``body`` holds the answer exactly as received and ``request_body`` the request exactly as
+    sent, for a signer or an audit log.
+    """
+
+    protocol: int
+    request_id: str
+    provider: str
+    isolation: Tier
+    duration_ms: int
+    request_sha256: str
+    result_sha256: str
+    result: RunResult
+    record: RunRecord
+    request_body: bytes = field(repr=False, default=b"")
+    body: bytes = field(repr=False, default=b"")
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "RunResponse":
+        w = "the run response"
+        o = _check_members(
+            o,
+            w,
+            (
+                "protocol",
+                "request_id",
+                "provider",
+                "isolation",
+                "duration_ms",
+                "request_sha256",
+                "result_sha256",
+                "result",
+                "record",
+            ),
+        )
+        return cls(
+            protocol=_u64(o, "protocol", w) or 0,
+            request_id=_str(o, "request_id", w) or "",
+            provider=_str(o, "provider", w) or "",
+            isolation=_tier(o, "isolation", w),
+            duration_ms=_u64(o, "duration_ms", w) or 0,
+            request_sha256=_digest(o, "request_sha256", w),
+            result_sha256=_digest(o, "result_sha256", w),
+            result=RunResult.from_wire(o["result"]),
+            record=RunRecord.from_wire(o["record"]),
+        )
+
+    # Shorthands for the common case.
+    @property
+    def stdout(self) -> Output:
+        return self.result.stdout
+
+    @property
+    def stderr(self) -> Output:
+        return self.result.stderr
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return self.result.exit_code
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """One provider: its tier, whether it is offered now, and its evidence (as received)."""
+
+    name: str
+    isolation: Tier
+    available: bool
+    unavailable_reason: Optional[str]
+    evidence: Mapping[str, Any]
+    evidence_sha256: str
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "ProviderInfo":
+        o = _check_members(
+            o,
+            what,
+            ("name", "isolation", "available", "evidence", "evidence_sha256"),
+            ("unavailable_reason",),
+        )
+        if not isinstance(o["evidence"], Mapping):
+            raise WireError(f"{what}.evidence is not an object")
+        return cls(
+            name=_str(o, "name", what) or "",
+            isolation=_tier(o, "isolation", what),
+            available=_bool(o, "available", what),
+            unavailable_reason=_str(o, "unavailable_reason", what),
+            evidence=o["evidence"],
+            evidence_sha256=_digest(o, "evidence_sha256", what),
+        )
+
+
+@dataclass(frozen=True)
+class ProvidersResponse:
+    """``GET /v1/providers``: the default floor and every provider, cheapest first."""
+
+    protocol: int
+    default_floor: Tier
+    providers: list[ProviderInfo]
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "ProvidersResponse":
+        w = "the providers response"
+        o = _check_members(o, w, ("protocol", "default_floor", "providers"))
+        return cls(
+            protocol=_u64(o, "protocol", w) or 0,
+            default_floor=_tier(o, "default_floor", w),
+            providers=[
+                ProviderInfo.from_wire(p, f"providers[{i}]")
+                for i, p in enumerate(_list(o, "providers", w))
+            ],
+        )
+
+    def get(self, name: str) -> Optional[ProviderInfo]:
+        """The provider of this name, if the daemon has one."""
+        return next((p for p in self.providers if p.name == name), None)

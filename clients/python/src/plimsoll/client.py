@@ -1,0 +1,384 @@
+"""The sync :class:`Client` and the :class:`AsyncClient` of plimsolld, on httpx.
+
+Each run gets a fresh request id; its answer is verified (echoed id, tier against the floor,
+named provider, the three digests, the record against the response) before it is returned.
+Nothing is ever retried: an error either promises that nothing ran
+(:class:`~plimsoll.errors.NotDispatched`) or says the code may have run
+(:class:`~plimsoll.errors.MayHaveRun`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import httpx
+
+from . import _verify
+from ._types import (
+    File,
+    Limits,
+    Project,
+    ProvidersResponse,
+    RunResponse,
+    RunSpec,
+    Snippet,
+    Step,
+    Tier,
+    TierLike,
+)
+from ._verify import (
+    CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    EXCHANGE_SLACK_S,
+    MAX_ANSWER_BYTES,
+    Prepared,
+)
+from .errors import PlimsollError, ProvidersError, TransportError, Unreachable
+
+__version__ = "0.1.0"
+_USER_AGENT = f"plimsoll-python/{__version__}"
+
+# Failures that can only happen before a byte of the request was written: no connection was
+# made (keep-alive is off, so every exchange opens its own), or the URL is unusable.
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.InvalidURL,
+)
+
+
+class _AnswerTooLarge(Exception):
+    pass
+
+
+def _http_options() -> dict[str, Any]:
+    return dict(
+        # No proxy or netrc from the environment: a proxy would blur "connection refused"
+        # into "may have run", and would see the token.
+        trust_env=False,
+        # A fresh connection per exchange, so a connect failure proves nothing was sent and a
+        # connection the daemon closed while idle is never reused for a run.
+        limits=httpx.Limits(max_keepalive_connections=0),
+        # Redirects are answers too; a POST is never replayed elsewhere.
+        follow_redirects=False,
+        headers={"user-agent": _USER_AGENT},
+    )
+
+
+def _timeout(budget_s: float) -> httpx.Timeout:
+    return httpx.Timeout(budget_s, connect=CONNECT_TIMEOUT_S, pool=CONNECT_TIMEOUT_S)
+
+
+def _project(
+    steps: Sequence[Union[Step, str]],
+    files: Iterable[File],
+    artifacts: Iterable[str],
+) -> Project:
+    return Project(steps=list(steps), files=list(files), artifacts=list(artifacts))
+
+
+class _Base:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        default_floor: Optional[TierLike] = None,
+    ) -> None:
+        self._base_url = base_url.rstrip("/")
+        self.__token = _verify.validate_token(token)
+        self._max_body_bytes = max_body_bytes
+        # The daemon's default floor, read once from GET /v1/providers when a run sets no
+        # floor (or given here by the caller, who then vouches for it).
+        self._default_floor: Optional[Tier] = (
+            Tier(default_floor) if default_floor is not None else None
+        )
+
+    @property
+    def base_url(self) -> str:
+        """The daemon's base URL."""
+        return self._base_url
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body this client sends."""
+        return self._max_body_bytes
+
+    def __repr__(self) -> str:
+        # The token never appears.
+        return f"{type(self).__name__}({self._base_url!r})"
+
+    def _auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.__token}"}
+
+    def _prepare(self, run: RunSpec, **kw: Any) -> Prepared:
+        return _verify.prepare(run, max_body_bytes=self._max_body_bytes, **kw)
+
+
+class Client(_Base):
+    """A blocking client of one daemon. Safe to share between threads; close it (or use it as
+    a context manager) when done.
+
+    ``max_body_bytes``: the largest request body sent (default 8 MiB, the daemon's default
+    ``max_body_bytes``); a larger request raises :class:`~plimsoll.errors.RequestTooLarge` and
+    nothing is sent.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        default_floor: Optional[TierLike] = None,
+    ) -> None:
+        super().__init__(
+            base_url, token, max_body_bytes=max_body_bytes, default_floor=default_floor
+        )
+        self._http = httpx.Client(**_http_options())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- runs ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        run: RunSpec,
+        *,
+        minimum_isolation: Optional[TierLike] = None,
+        provider: Optional[str] = None,
+        limits: Optional[Limits] = None,
+        grant: Optional[str] = None,
+    ) -> RunResponse:
+        """Runs ``run`` (a :class:`Snippet` or a :class:`Project`) and returns the verified
+        response. Blocks until the run is over."""
+        prepared = self._prepare(
+            run, minimum_isolation=minimum_isolation, provider=provider, limits=limits, grant=grant
+        )
+        default_floor = None
+        if prepared.floor is None:
+            default_floor = self._floor_for(prepared)
+        status, body = self._exchange(prepared)
+        return _verify.verify_answer(prepared, status, body, default_floor)
+
+    def run_snippet(self, language: str, code: str, **options: Any) -> RunResponse:
+        """Runs ``code`` in ``language`` (``javascript`` or ``python``)."""
+        return self.run(Snippet(language, code), **options)
+
+    def run_python(self, code: str, **options: Any) -> RunResponse:
+        return self.run(Snippet("python", code), **options)
+
+    def run_javascript(self, code: str, **options: Any) -> RunResponse:
+        return self.run(Snippet("javascript", code), **options)
+
+    def run_project(
+        self,
+        steps: Sequence[Union[Step, str]],
+        *,
+        files: Iterable[File] = (),
+        artifacts: Iterable[str] = (),
+        **options: Any,
+    ) -> RunResponse:
+        """Writes ``files`` under ``/work``, runs ``steps`` in order, returns ``artifacts``."""
+        return self.run(_project(steps, files, artifacts), **options)
+
+    # --- the daemon ---------------------------------------------------------------------
+
+    def providers(self) -> ProvidersResponse:
+        """The daemon's providers, their tiers, availability and evidence (every evidence
+        digest recomputed). Also remembers the daemon's default floor."""
+        url = f"{self._base_url}/v1/providers"
+        try:
+            with self._http.stream(
+                "GET", url, headers=self._auth(), timeout=_timeout(EXCHANGE_SLACK_S)
+            ) as r:
+                status, body = r.status_code, _read_capped(r.iter_bytes())
+        except (httpx.HTTPError, httpx.InvalidURL, _AnswerTooLarge) as e:
+            raise ProvidersError(f"cannot read {url}: {_describe(e)}") from None
+        providers = _verify.read_providers(status, body, url)
+        self._default_floor = providers.default_floor
+        return providers
+
+    def default_floor(self) -> Tier:
+        """The floor the daemon gives a request that sets none (read once, then cached)."""
+        if self._default_floor is None:
+            self.providers()
+        assert self._default_floor is not None
+        return self._default_floor
+
+    def is_ready(self) -> bool:
+        """True when ``GET /readyz`` answers 200 (every provider probed, one available)."""
+        try:
+            r = self._http.get(f"{self._base_url}/readyz", timeout=CONNECT_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _floor_for(self, prepared: Prepared) -> Tier:
+        try:
+            return self.default_floor()
+        except PlimsollError as e:
+            raise _verify.floor_unknown(e, prepared.request_id) from None
+
+    def _exchange(self, prepared: Prepared) -> tuple[int, bytes]:
+        url = f"{self._base_url}/v1/runs"
+        headers = {**self._auth(), "content-type": "application/json"}
+        try:
+            with self._http.stream(
+                "POST",
+                url,
+                content=prepared.body,
+                headers=headers,
+                timeout=_timeout(prepared.budget_s),
+            ) as r:
+                return r.status_code, _read_capped(r.iter_bytes())
+        except _NOT_SENT as e:
+            raise Unreachable(url, _describe(e), request_id=prepared.request_id) from None
+        except (httpx.HTTPError, _AnswerTooLarge) as e:
+            raise TransportError(url, _describe(e), request_id=prepared.request_id) from None
+
+
+class AsyncClient(_Base):
+    """The :class:`Client` for asyncio: the same checks, every method a coroutine. Close it
+    with ``await client.aclose()`` or use ``async with``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        default_floor: Optional[TierLike] = None,
+    ) -> None:
+        super().__init__(
+            base_url, token, max_body_bytes=max_body_bytes, default_floor=default_floor
+        )
+        self._http = httpx.AsyncClient(**_http_options())
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def run(
+        self,
+        run: RunSpec,
+        *,
+        minimum_isolation: Optional[TierLike] = None,
+        provider: Optional[str] = None,
+        limits: Optional[Limits] = None,
+        grant: Optional[str] = None,
+    ) -> RunResponse:
+        """Runs ``run`` and returns the verified response."""
+        prepared = self._prepare(
+            run, minimum_isolation=minimum_isolation, provider=provider, limits=limits, grant=grant
+        )
+        default_floor = None
+        if prepared.floor is None:
+            try:
+                default_floor = await self.default_floor()
+            except PlimsollError as e:
+                raise _verify.floor_unknown(e, prepared.request_id) from None
+        status, body = await self._exchange(prepared)
+        return _verify.verify_answer(prepared, status, body, default_floor)
+
+    async def run_snippet(self, language: str, code: str, **options: Any) -> RunResponse:
+        return await self.run(Snippet(language, code), **options)
+
+    async def run_python(self, code: str, **options: Any) -> RunResponse:
+        return await self.run(Snippet("python", code), **options)
+
+    async def run_javascript(self, code: str, **options: Any) -> RunResponse:
+        return await self.run(Snippet("javascript", code), **options)
+
+    async def run_project(
+        self,
+        steps: Sequence[Union[Step, str]],
+        *,
+        files: Iterable[File] = (),
+        artifacts: Iterable[str] = (),
+        **options: Any,
+    ) -> RunResponse:
+        return await self.run(_project(steps, files, artifacts), **options)
+
+    async def providers(self) -> ProvidersResponse:
+        url = f"{self._base_url}/v1/providers"
+        try:
+            async with self._http.stream(
+                "GET", url, headers=self._auth(), timeout=_timeout(EXCHANGE_SLACK_S)
+            ) as r:
+                status, body = r.status_code, await _aread_capped(r.aiter_bytes())
+        except (httpx.HTTPError, httpx.InvalidURL, _AnswerTooLarge) as e:
+            raise ProvidersError(f"cannot read {url}: {_describe(e)}") from None
+        providers = _verify.read_providers(status, body, url)
+        self._default_floor = providers.default_floor
+        return providers
+
+    async def default_floor(self) -> Tier:
+        if self._default_floor is None:
+            await self.providers()
+        assert self._default_floor is not None
+        return self._default_floor
+
+    async def is_ready(self) -> bool:
+        try:
+            r = await self._http.get(f"{self._base_url}/readyz", timeout=CONNECT_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    async def _exchange(self, prepared: Prepared) -> tuple[int, bytes]:
+        url = f"{self._base_url}/v1/runs"
+        headers = {**self._auth(), "content-type": "application/json"}
+        try:
+            async with self._http.stream(
+                "POST",
+                url,
+                content=prepared.body,
+                headers=headers,
+                timeout=_timeout(prepared.budget_s),
+            ) as r:
+                return r.status_code, await _aread_capped(r.aiter_bytes())
+        except _NOT_SENT as e:
+            raise Unreachable(url, _describe(e), request_id=prepared.request_id) from None
+        except (httpx.HTTPError, _AnswerTooLarge) as e:
+            raise TransportError(url, _describe(e), request_id=prepared.request_id) from None
+
+
+def _read_capped(chunks: Iterable[bytes]) -> bytes:
+    out = bytearray()
+    for c in chunks:
+        out += c
+        if len(out) > MAX_ANSWER_BYTES:
+            raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES} bytes")
+    return bytes(out)
+
+
+async def _aread_capped(chunks: Any) -> bytes:
+    out = bytearray()
+    async for c in chunks:
+        out += c
+        if len(out) > MAX_ANSWER_BYTES:
+            raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES} bytes")
+    return bytes(out)
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return f"{type(e).__name__}: {text}" if str(e) else text

@@ -1,0 +1,308 @@
+"""The client's errors. Every error of a run is exactly one of two kinds:
+
+- :class:`NotDispatched`: certainly nothing ran (``.reason`` says why); retrying may help for
+  ``capacity``;
+- :class:`MayHaveRun`: the code may have run (or did run, below what was asked): never retry
+  it automatically, a retry may run the code twice.
+
+:func:`not_dispatched_reason` answers "did nothing run?" for any exception.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ._types import Reason, Tier
+
+
+class PlimsollError(Exception):
+    """Base of every error this client raises.
+
+    ``request_id`` is the id this client sent (or would have sent); ``code`` a stable
+    machine-readable code.
+    """
+
+    code: str = "error"
+
+    def __init__(self, message: str, *, request_id: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+
+    @property
+    def not_dispatched(self) -> Optional[Reason]:
+        """The reason nothing ran, or ``None`` when the code may have run."""
+        return None
+
+
+class NotDispatched(PlimsollError):
+    """Nothing ran: the daemon refused the request and its answer echoed this request's id,
+    or this client refused to send it (:class:`InvalidRequest`, :class:`RequestTooLarge`), or
+    the daemon could not be reached (:class:`Unreachable`)."""
+
+    def __init__(
+        self,
+        reason: Reason,
+        message: str,
+        *,
+        request_id: Optional[str] = None,
+        code: Optional[str] = None,
+        status: Optional[int] = None,
+    ) -> None:
+        super().__init__(f"not dispatched ({reason}): {message}", request_id=request_id)
+        self.reason = reason
+        self.detail = message
+        self.code = code or reason.value
+        self.status = status
+
+    @property
+    def not_dispatched(self) -> Optional[Reason]:
+        return self.reason
+
+
+class InvalidRequest(NotDispatched):
+    """The request is malformed; this client did not send it."""
+
+    def __init__(self, message: str, *, request_id: Optional[str] = None) -> None:
+        super().__init__(Reason.REQUEST, message, request_id=request_id)
+
+
+class RequestTooLarge(InvalidRequest):
+    """The request body is over this client's limit (by default the daemon's default
+    ``max_body_bytes``, 8 MiB); it was not sent. Not dispatched, reason ``request``: the
+    daemon would refuse it the same way, but its refusal might arrive only as a closed
+    connection, which reads "may have run"."""
+
+    def __init__(self, size: int, limit: int, *, request_id: Optional[str] = None) -> None:
+        super().__init__(
+            f"the request is {size} bytes, over this client's limit of {limit} bytes "
+            "(the daemon's max_body_bytes): send less, or pass max_body_bytes= to match the "
+            "daemon's",
+            request_id=request_id,
+        )
+        self.size = size
+        self.limit = limit
+
+
+class Unreachable(NotDispatched):
+    """The daemon could not be reached and nothing was sent (connection refused, name not
+    resolved, connect timeout, bad URL)."""
+
+    def __init__(self, url: str, message: str, *, request_id: Optional[str] = None) -> None:
+        super().__init__(
+            Reason.ENVIRONMENT,
+            f"cannot reach the daemon at {url} ({message}): check that plimsolld is "
+            "running and the URL is right",
+            request_id=request_id,
+        )
+        self.url = url
+
+
+class MayHaveRun(PlimsollError):
+    """The code may have run: the daemon failed after it may have started, the exchange broke
+    after the request may have left, or the answer is not this request's or does not verify.
+    Never retried automatically."""
+
+    code = "may_have_run"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: Optional[str] = None,
+        code: Optional[str] = None,
+        status: Optional[int] = None,
+    ) -> None:
+        super().__init__(message, request_id=request_id)
+        if code is not None:
+            self.code = code
+        self.status = status
+
+
+class DaemonFailed(MayHaveRun):
+    """The daemon answered an error without the not-dispatched mark (e.g. ``sandbox_failed``)."""
+
+    def __init__(
+        self, message: str, *, request_id: str, code: str, status: int
+    ) -> None:
+        super().__init__(
+            f"the code may have run (request {request_id}, HTTP {status}, {code}): {message}; "
+            "do not retry blindly",
+            request_id=request_id,
+            code=code,
+            status=status,
+        )
+        self.detail = message
+
+
+class UnverifiedRefusal(MayHaveRun):
+    """An answer claimed nothing ran, but echoed another request's id (or none): the claim
+    cannot be about this request."""
+
+    code = "unverified_refusal"
+
+    def __init__(
+        self, *, sent: str, echoed: Optional[str], reason: Reason, message: str, status: int
+    ) -> None:
+        super().__init__(
+            f"the code may have run: an answer claimed `not dispatched ({reason})` but echoed "
+            f"request id {echoed if echoed is not None else '(none)'}, not {sent}; something "
+            "between this client and the daemon mixed up answers",
+            request_id=sent,
+            status=status,
+        )
+        self.echoed = echoed
+        self.claimed_reason = reason
+        self.detail = message
+
+
+class RequestIdMismatch(MayHaveRun):
+    """A result echoed another request's id: it is not this request's result."""
+
+    code = "request_id_mismatch"
+
+    def __init__(self, *, sent: str, echoed: str) -> None:
+        super().__init__(
+            f"the code may have run: the result echoes request id {echoed}, not {sent}; "
+            "something between this client and the daemon mixed up answers, so this result "
+            "is not yours",
+            request_id=sent,
+            status=200,
+        )
+        self.echoed = echoed
+
+
+class TransportError(MayHaveRun):
+    """The exchange failed after the request may have been sent."""
+
+    code = "transport"
+
+    def __init__(self, url: str, message: str, *, request_id: str) -> None:
+        super().__init__(
+            f"the code may have run: the exchange with {url} failed after the request may "
+            f"have been sent (request {request_id}): {message}",
+            request_id=request_id,
+        )
+        self.url = url
+
+
+class BadResponse(MayHaveRun):
+    """The answer could not be read as a result or an error."""
+
+    code = "bad_response"
+
+    def __init__(self, message: str, *, request_id: Optional[str], status: int) -> None:
+        super().__init__(
+            f"the code may have run: unreadable answer from the daemon (request "
+            f"{request_id}, HTTP {status}): {message}",
+            request_id=request_id,
+            status=status,
+        )
+
+
+class DigestMismatch(MayHaveRun):
+    """A digest recomputed here differs from the one in the answer. ``kind`` is ``"request"``,
+    ``"result"`` or ``"record"`` (or ``"evidence"`` for a providers listing)."""
+
+    code = "digest_mismatch"
+
+    def __init__(
+        self, *, kind: str, computed: str, claimed: str, request_id: Optional[str]
+    ) -> None:
+        super().__init__(
+            f"{kind} digest mismatch for request {request_id}: computed {computed}, the "
+            "answer says "
+            f"{claimed}; the answer was altered on the way or the daemon is faulty, and the "
+            "code may have run",
+            request_id=request_id,
+            status=200,
+        )
+        self.kind = kind
+        self.computed = computed
+        self.claimed = claimed
+
+
+class RecordMismatch(MayHaveRun):
+    """The run record disagrees with the response around it."""
+
+    code = "record_mismatch"
+
+    def __init__(self, *, field: str, response: str, record: str, request_id: str) -> None:
+        super().__init__(
+            f"the run record disagrees with the response on `{field}` for request "
+            f"{request_id}: response {response}, record {record}; the answer was altered or "
+            "the daemon is faulty, and the code may have run",
+            request_id=request_id,
+            status=200,
+        )
+        self.field = field
+        self.response = response
+        self.record = record
+
+
+class EvidenceMismatch(MayHaveRun):
+    """The result says the run used a tier below the floor (the one sent, or the daemon's
+    default floor when none was sent). The code ran: this is not a refusal."""
+
+    code = "evidence_mismatch"
+
+    def __init__(
+        self, *, request_id: str, provider: str, isolation: Tier, floor: Tier, default: bool
+    ) -> None:
+        which = "the daemon's default floor" if default else "the floor"
+        super().__init__(
+            f"evidence mismatch for request {request_id}: the run used `{isolation}` "
+            f"(provider {provider}), below {which} `{floor}` asked for; the code ran, but not "
+            "behind the wall you required",
+            request_id=request_id,
+            status=200,
+        )
+        self.provider = provider
+        self.isolation = isolation
+        self.floor = floor
+
+
+class ProviderMismatch(MayHaveRun):
+    """The result names another provider than the one the request named. The code ran."""
+
+    code = "evidence_mismatch"
+
+    def __init__(self, *, request_id: str, asked: str, provider: str) -> None:
+        super().__init__(
+            f"evidence mismatch for request {request_id}: the run used provider "
+            f"`{provider}`, not `{asked}` as asked; the code ran, but not where you required",
+            request_id=request_id,
+            status=200,
+        )
+        self.asked = asked
+        self.provider = provider
+
+
+class ProvidersError(PlimsollError):
+    """``GET /v1/providers`` gave no usable answer (it runs nothing, so it has no mark)."""
+
+    code = "providers"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: Optional[int] = None,
+        code: Optional[str] = None,
+        reason: Optional[Reason] = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        if code is not None:
+            self.code = code
+        # The mark the daemon's error answer carried, if any (used when a run that needs the
+        # default floor could not learn it: then that run was not sent).
+        self.reason = reason
+
+
+def not_dispatched_reason(err: BaseException) -> Optional[Reason]:
+    """Why nothing ran, when ``err`` promises that nothing did; ``None`` otherwise (the code
+    may have run, or ``err`` is not this client's)."""
+    if isinstance(err, PlimsollError):
+        return err.not_dispatched
+    return None

@@ -1,0 +1,110 @@
+"""Fixtures: one real plimsolld for the session (process and crun providers, a grant profile
+in front of a real HTTP API on loopback), and clients of it."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from daemon import Daemon, skip_or_fail, start_daemon  # noqa: E402
+
+import plimsoll  # noqa: E402
+
+
+@dataclass
+class Api:
+    """An operator's HTTP API: answers GET /orders/<id> and remembers what it was sent."""
+
+    url: str
+    secret: str
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+
+@pytest.fixture(scope="session")
+def api() -> Iterator[Api]:
+    seen: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append({"path": self.path, "authorization": self.headers.get("authorization")})
+            body = json.dumps({"order": self.path.rsplit("/", 1)[-1], "item": "tea"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    a = Api(url=f"http://127.0.0.1:{server.server_address[1]}", secret=secrets.token_hex(16))
+    a.seen = seen
+    yield a
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def daemon(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    grants = tmp_path_factory.mktemp("grants") / "grants.toml"
+    grants.write_text(
+        "[profiles.orders]\n"
+        f'base_url = "{api.url}"\n'
+        'routes = ["GET /orders/*"]\n'
+        'callers = ["pytest"]\n'
+        "call_budget = 5\n"
+        "[profiles.orders.credential]\n"
+        'kind = "static"\n'
+        'secret_env = "PYCLIENT_ORDERS_TOKEN"\n'
+    )
+    d = start_daemon(
+        "daemon",
+        ["process", "crun"],
+        extra_settings=f"grants_file = {json.dumps(str(grants))}",
+        env={"PYCLIENT_ORDERS_TOKEN": api.secret},
+    )
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="session")
+def providers(daemon: Daemon) -> plimsoll.ProvidersResponse:
+    with plimsoll.Client(daemon.url, daemon.token) as c:
+        return c.providers()
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[plimsoll.Client]:
+    with plimsoll.Client(daemon.url, daemon.token) as c:
+        yield c
+
+
+def need_provider(
+    request: pytest.FixtureRequest, providers: plimsoll.ProvidersResponse, name: str
+) -> None:
+    """Skips (fails under CI=true) when the daemon could not offer this provider."""
+    p = providers.get(name)
+    if p is None or not p.available:
+        why = p.unavailable_reason if p is not None else "not configured"
+        skip_or_fail(request.node.name, f"provider {name} is not available here: {why}")
+
+
+@pytest.fixture
+def container(request: pytest.FixtureRequest, providers: plimsoll.ProvidersResponse) -> None:
+    need_provider(request, providers, "crun")

@@ -1,0 +1,215 @@
+"""A real plimsolld for the tests, as a child process: the repository's target/debug/plimsolld,
+a loopback port chosen by the daemon, a fresh state directory and callers file, its own
+sandbox uid range, its log in a file; stopped (SIGTERM, then SIGKILL) at the end."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+PLIMSOLLD = REPO / "target" / "debug" / "plimsolld"
+# The real path: the oci provider refuses an image reached through a symlink.
+IMAGE = (REPO / "build" / "images" / "sandbox").resolve()
+
+LISTEN_TIMEOUT_S = 60
+READY_TIMEOUT_S = 180
+STOP_TIMEOUT_S = 30
+UIDS_PER_PORT = 1024
+
+
+def strict() -> bool:
+    """CI=true (or 1): every skip is a failure, so a broken setup cannot pass quietly."""
+    return os.environ.get("CI") in ("true", "1")
+
+
+def skip_or_fail(test: str, reason: str) -> None:
+    """Prints ``SKIP <test>: <reason>`` and skips, or fails under CI=true."""
+    if strict():
+        pytest.fail(f"SKIP not allowed under CI=true: {test}: {reason}", pytrace=False)
+    print(f"SKIP {test}: {reason}")
+    pytest.skip(reason)
+
+
+def uid_base_for_port(port: int) -> int:
+    """The sandbox uid range of a daemon whose test holds this loopback port bound: the same
+    rule as plimsoll_daemon::testing, so no two test daemons on the host share a uid (the end
+    of a run kills every process of its uids)."""
+    return 1_000_000_000 + port * UIDS_PER_PORT
+
+
+def add_caller(callers: Path, name: str) -> str:
+    """Appends a caller to a callers file (only the token's SHA-256 is written) and returns
+    the token, shaped as `plimsoll callers add` makes them."""
+    token = "plm_" + secrets.token_urlsafe(32)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    with open(callers, "a") as f:
+        f.write(f'\n[[caller]]\nname = "{name}"\ntoken_sha256 = "{digest}"\n')
+    os.chmod(callers, 0o600)
+    return token
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # If the test process dies, the daemon gets SIGTERM rather than living on.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass
+class Daemon:
+    url: str
+    token: str
+    caller: str
+    log: Path
+    dir: Path
+    process: subprocess.Popen[bytes] = field(repr=False)
+    uid_port: socket.socket = field(repr=False)
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                print(f"plimsolld did not stop within {STOP_TIMEOUT_S} s of SIGTERM; killing it")
+                self.process.kill()
+                self.process.wait()
+        self.uid_port.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_daemon(
+    test: str,
+    providers: list[str],
+    *,
+    extra_settings: str = "",
+    daemon_settings: str = "",
+    env: Optional[dict[str, str]] = None,
+    caller: str = "pytest",
+    max_per_caller: int = 4,
+) -> Daemon:
+    """Starts plimsolld and waits until every provider is probed. Skips (fails under CI=true)
+    when the binary is missing or this process is not root."""
+    if not PLIMSOLLD.is_file():
+        skip_or_fail(test, f"no plimsolld at {PLIMSOLLD}: build it first (`make build`)")
+    if os.geteuid() != 0:
+        skip_or_fail(test, "running sandboxes needs root (plimsolld switches to sandbox uids)")
+    d = Path(tempfile.mkdtemp(prefix="plimsoll-pyclient-"))
+    # Sandbox uids must traverse it to reach their run directories under state/.
+    os.chmod(d, 0o711)
+    state = d / "state"
+    state.mkdir()
+    callers = d / "callers.toml"
+    token = add_caller(callers, caller)
+    uid_port = socket.socket()
+    uid_port.bind(("127.0.0.1", 0))
+    uid_base = uid_base_for_port(uid_port.getsockname()[1])
+    config = d / "plimsoll.toml"
+    config.write_text(
+        f"providers = {json.dumps(providers)}\n"
+        'default_floor = "container"\n'
+        f"state_dir = {_toml_str(str(state))}\n"
+        f"sandbox_uid_base = {uid_base}\n"
+        f"max_concurrent = 4\nmax_per_caller = {max_per_caller}\n"
+        f"{extra_settings}\n"
+        f"[oci]\nimage = {_toml_str(str(IMAGE))}\n\n"
+        f"[daemon]\ncallers_file = {_toml_str(str(callers))}\n{daemon_settings}\n"
+    )
+    log = d / "plimsolld.log"
+    child_env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PLIMSOLL_LOG": "info",
+        **(env or {}),
+    }
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(
+            [str(PLIMSOLLD), "--config", str(config), "--listen", "127.0.0.1:0"],
+            env=child_env,
+            cwd=d,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            preexec_fn=_die_with_parent,
+        )
+    daemon = Daemon(
+        url="", token=token, caller=caller, log=log, dir=d, process=process, uid_port=uid_port
+    )
+    try:
+        daemon.url = "http://" + _wait_listening(daemon)
+        _wait_probed(daemon)
+    except BaseException:
+        daemon.stop()
+        raise
+    return daemon
+
+
+def _tail(text: str, n: int = 20) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+def _check_alive(d: Daemon) -> None:
+    if d.process.poll() is not None:
+        raise RuntimeError(
+            f"plimsolld exited ({d.process.returncode}) before it was ready; the end of its "
+            f"log:\n{_tail(d.log_text())}"
+        )
+
+
+def _wait_listening(d: Daemon) -> str:
+    deadline = time.monotonic() + LISTEN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for line in d.log_text().splitlines():
+            try:
+                v = json.loads(line)
+            except ValueError:
+                continue
+            if v.get("message") == "listening" and isinstance(v.get("addr"), str):
+                return v["addr"]
+        _check_alive(d)
+        time.sleep(0.05)
+    raise RuntimeError(f"plimsolld did not start listening within {LISTEN_TIMEOUT_S} s")
+
+
+def _wait_probed(d: Daemon) -> None:
+    import httpx
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(trust_env=False) as http:
+        while time.monotonic() < deadline:
+            try:
+                if http.get(f"{d.url}/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if "no provider passed its probe" in d.log_text():
+                return
+            _check_alive(d)
+            time.sleep(0.1)
+    raise RuntimeError(f"plimsolld probed its providers for more than {READY_TIMEOUT_S} s")

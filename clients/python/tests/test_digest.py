@@ -1,0 +1,95 @@
+"""The digest encoding against every golden vector of crates/wire/tests/golden/vectors.json
+(read from the repository at test time), and the encoding's rules on values of our own."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import plimsoll
+from plimsoll import _digest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from daemon import REPO  # noqa: E402
+
+VECTORS_FILE = REPO / "crates" / "wire" / "tests" / "golden" / "vectors.json"
+VECTORS = json.loads(VECTORS_FILE.read_text())["vectors"]
+BY_NAME = {v["name"]: v for v in VECTORS}
+
+ENCODERS = {
+    "request": _digest.request_encoding,
+    "result": _digest.result_encoding,
+    "record": _digest.record_encoding,
+    "evidence": _digest.evidence_canonical_json,
+}
+DIGESTS = {
+    "request": plimsoll.request_sha256,
+    "result": plimsoll.result_sha256,
+    "record": plimsoll.record_sha256,
+    "evidence": plimsoll.evidence_sha256,
+}
+
+
+def test_there_are_vectors_of_every_kind() -> None:
+    assert {v["kind"] for v in VECTORS} == set(ENCODERS), VECTORS_FILE
+    assert len(VECTORS) >= 17
+
+
+@pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
+def test_golden_vector(vector: dict) -> None:
+    encoding = ENCODERS[vector["kind"]](vector["input"])
+    assert encoding.hex() == vector["encoding_hex"]
+    assert DIGESTS[vector["kind"]](vector["input"]) == vector["sha256"]
+    if vector["kind"] == "evidence":
+        assert encoding.decode("utf-8") == vector["canonical_json"]
+    other = vector.get("same_digest_as")
+    if other:
+        assert BY_NAME[other]["sha256"] == vector["sha256"]
+
+
+def test_the_request_id_is_not_covered() -> None:
+    v = copy.deepcopy(BY_NAME["request/every-optional-field"]["input"])
+    before = plimsoll.request_sha256(v)
+    v["request_id"] = "another-id"
+    assert plimsoll.request_sha256(v) == before
+    v["minimum_isolation"] = "vm" if v.get("minimum_isolation") != "vm" else "process"
+    assert plimsoll.request_sha256(v) != before
+
+
+def test_step_durations_are_not_covered_but_outputs_are() -> None:
+    v = copy.deepcopy(BY_NAME["result/project"]["input"])
+    before = plimsoll.result_sha256(v)
+    v["steps"][0]["duration_ms"] += 1000
+    assert plimsoll.result_sha256(v) == before
+    v["steps"][0]["stdout"] = {"base64": "/w=="}
+    assert plimsoll.result_sha256(v) != before
+
+
+def test_bytes_are_read_strictly() -> None:
+    assert _digest.decode_bytes("h\u00e9") == "hé".encode()
+    assert _digest.decode_bytes({"base64": "aMOp"}) == "hé".encode()
+    for bad in (
+        {"base64": "aMOp", "extra": 1},
+        {},
+        {"base64": "aMO"},  # no padding
+        {"base64": "aMN="},  # unused bits set
+        {"base64": "aM\nOp"},
+        {"base64": "aM-_"},  # url-safe alphabet
+        "\ud800",  # a lone surrogate has no UTF-8
+        7,
+    ):
+        with pytest.raises(_digest.EncodingError):
+            _digest.decode_bytes(bad)
+    assert _digest.encode_bytes(b"\xff\x00") == {"base64": "/wA="}
+    assert _digest.encode_bytes("é".encode()) == "é"
+
+
+def test_evidence_keys_sort_by_utf8_bytes_not_utf16() -> None:
+    # U+FF61 sorts before U+1F600 by UTF-8 bytes (and code points); UTF-16 puts it after.
+    text = _digest.evidence_canonical_json({"\U0001f600": 1, "\uff61": 2, "a": None})
+    assert text.decode() == '{"\uff61":2,"\U0001f600":1}'
+    assert _digest.evidence_canonical_json({"k": "\x7f/\x01\n"}) == b'{"k":"\x7f/\\u0001\\n"}'
