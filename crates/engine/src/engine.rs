@@ -14,6 +14,7 @@ use plimsoll_wire::{
 
 use crate::admission::{Admission, controller_uid, run_uid};
 use crate::config::EngineConfig;
+use crate::evidence_cache::EvidenceCache;
 use crate::providers::AnyProvider;
 use crate::routing::{Candidate, route};
 
@@ -28,6 +29,20 @@ struct Slot {
 struct ProbedState {
     probed: Probed,
     evidence_sha256: String,
+    /// Read from the evidence cache, not probed by this engine.
+    cached: bool,
+}
+
+/// The evidence a provider is offered on now, as [`Engine::evidence`] gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderEvidence {
+    /// The evidence.
+    pub evidence: plimsoll_wire::Evidence,
+    /// Its digest (a run's `record.evidence_sha256`).
+    pub evidence_sha256: String,
+    /// It came from the host's evidence cache ([`EvidenceCache`]), not from a probe of
+    /// this engine.
+    pub cached: bool,
 }
 
 /// The engine could not be built.
@@ -127,6 +142,8 @@ pub struct Engine {
     grants: RwLock<Arc<GrantProfiles>>,
     /// Probes run one at a time: every provider's probe runs as the one probe uid.
     probe_lock: std::sync::Mutex<()>,
+    /// Evidence this host checked recently, consulted by [`Engine::probe_for`] only.
+    cache: Option<EvidenceCache>,
 }
 
 impl Engine {
@@ -170,6 +187,7 @@ impl Engine {
             admission,
             grants: RwLock::new(Arc::new(GrantProfiles::none())),
             probe_lock: std::sync::Mutex::new(()),
+            cache: None,
         })
     }
 
@@ -196,6 +214,30 @@ impl Engine {
     /// not change it).
     pub fn grants(&self) -> Arc<GrantProfiles> {
         Arc::clone(&self.grants.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The engine with an evidence cache: [`Engine::probe_for`] takes a provider's evidence
+    /// from it when it still holds (see [`EvidenceCache`]) instead of probing, and stores the
+    /// evidence of every probe that passed. [`Engine::probe_all`] and [`Engine::reprobe`]
+    /// always probe.
+    pub fn with_evidence_cache(mut self, cache: EvidenceCache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The evidence `provider` is offered on now, if it was probed (or read from the cache).
+    pub fn evidence(&self, provider: &str) -> Option<ProviderEvidence> {
+        let slot = self.slots.iter().find(|s| s.provider.name() == provider)?;
+        let st = slot
+            .probed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        Some(ProviderEvidence {
+            evidence: st.probed.evidence,
+            evidence_sha256: st.evidence_sha256,
+            cached: st.cached,
+        })
     }
 
     /// The settings in force.
@@ -229,7 +271,10 @@ impl Engine {
             .collect();
         order.sort_by_key(|s| s.provider.cost());
         for slot in order {
-            self.probe_slot(slot);
+            if !self.from_cache(slot) {
+                self.probe_slot(slot);
+                self.to_cache(slot);
+            }
             let ok = slot
                 .probed
                 .read()
@@ -246,9 +291,61 @@ impl Engine {
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .is_some();
-            if !probed {
+            if !probed && !self.from_cache(cheapest) {
                 self.probe_slot(cheapest);
+                self.to_cache(cheapest);
             }
+        }
+    }
+
+    /// Takes `slot`'s evidence from the cache, if there is one and it holds.
+    fn from_cache(&self, slot: &Slot) -> bool {
+        let Some(cache) = &self.cache else {
+            return false;
+        };
+        let name = slot.provider.name();
+        match cache.lookup(name, plimsoll_sandbox::unix_ms_now()) {
+            Ok(evidence) => {
+                tracing::info!(
+                    provider = name,
+                    checked_unix_ms = evidence.checked_unix_ms,
+                    "evidence reused from the cache"
+                );
+                let evidence_sha256 = evidence_sha256(&evidence);
+                *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
+                    probed: Probed {
+                        tier: evidence.isolation,
+                        evidence,
+                        available: Ok(()),
+                    },
+                    evidence_sha256,
+                    cached: true,
+                });
+                true
+            }
+            Err(miss) => {
+                tracing::info!(provider = name, why = %miss, "probing: cached evidence not used");
+                false
+            }
+        }
+    }
+
+    /// Stores `slot`'s evidence in the cache when its probe passed.
+    fn to_cache(&self, slot: &Slot) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        let st = slot
+            .probed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(st) = st
+            && st.probed.available.is_ok()
+            && st.probed.tier == st.probed.evidence.isolation
+            && let Err(e) = cache.store(&st.probed.evidence)
+        {
+            tracing::warn!(provider = slot.provider.name(), error = %e, "cannot store evidence in the cache");
         }
     }
 
@@ -302,6 +399,7 @@ impl Engine {
         *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
             probed,
             evidence_sha256,
+            cached: false,
         });
     }
 

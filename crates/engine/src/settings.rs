@@ -9,6 +9,7 @@
 //! max_per_caller = 4
 //! sandbox_uid_base = 2000000
 //! grants_file = "/etc/plimsoll/grants.toml"   # grant profiles; absent: every grant is refused
+//! evidence_cache_secs = 300        # the CLI reuses evidence this young (0: always probe)
 //!
 //! [limits.defaults]                # any subset; the rest keep the built-in values
 //! timeout_ms = 10000
@@ -78,6 +79,9 @@ pub struct Settings {
     pub sandbox_uid_base: Option<u32>,
     /// The grants file (docs/capability-grants.md); absent: every grant is refused.
     pub grants_file: Option<PathBuf>,
+    /// How long the CLI's embedded engine reuses evidence this host checked (seconds,
+    /// default 300; 0: probe on every invocation). The daemon always probes.
+    pub evidence_cache_secs: Option<u64>,
     /// Limit defaults and maximums.
     #[serde(default)]
     pub limits: LimitsSection,
@@ -414,6 +418,27 @@ impl Settings {
             sandbox_uid_base: self.sandbox_uid_base.unwrap_or(d.sandbox_uid_base),
             state_dir: self.state_dir.clone().unwrap_or(d.state_dir),
         }
+    }
+
+    /// The evidence cache of an engine built from these settings: `evidence-cache.json` in
+    /// the state directory, keyed on a digest of every setting; `None` when
+    /// `evidence_cache_secs` is 0 or this process is not root (only root's file is trusted).
+    pub fn evidence_cache(&self) -> Option<crate::EvidenceCache> {
+        let secs = self
+            .evidence_cache_secs
+            .unwrap_or(crate::evidence_cache::DEFAULT_MAX_AGE_SECS);
+        if secs == 0 || !rustix::process::geteuid().is_root() {
+            return None;
+        }
+        let config = self.engine_config();
+        // Every setting, as parsed (the derived Debug form is deterministic), and the
+        // resolved engine configuration.
+        let digest = plimsoll_wire::digest::sha256_hex(format!("{self:?}\n{config:?}").as_bytes());
+        Some(crate::EvidenceCache::new(
+            config.state_dir.join(crate::evidence_cache::CACHE_FILE),
+            Duration::from_secs(secs),
+            &digest,
+        ))
     }
 
     /// Builds the engine: validates the settings, then creates the providers named in
