@@ -192,8 +192,7 @@ mod tests {
         let mut crun = c("crun", Tier::Container, 12);
         crun.available = Err("probe failed");
         let cs = [crun, c("process", Tier::Process, 2)];
-        // Without qemu nothing at `container` or above is left.
-        let e = route(&cs[..3], Tier::Container, None).unwrap_err();
+        let e = route(&cs, Tier::Container, None).unwrap_err();
         assert_eq!(e.reason, Reason::Isolation);
         assert!(e.message.contains("probe failed"));
         assert_eq!(route(&cs, Tier::Process, None).unwrap(), "process");
