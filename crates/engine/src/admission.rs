@@ -17,6 +17,18 @@ pub fn controller_uid(base: u32, max_total: usize, slot: usize) -> u32 {
     base + max_total as u32 + 1 + slot as u32
 }
 
+/// The probe uid of the provider at `index` in the settings' list. The first keeps
+/// `base + max_total`, between the run uids and the controller uids; each further one gets
+/// its own past the controller uids, `base + 2 * max_total + index`, so every provider can
+/// probe at the same moment as the others (a probe ends every process of its uid).
+pub fn probe_uid(base: u32, max_total: usize, index: usize) -> u32 {
+    if index == 0 {
+        base + max_total as u32
+    } else {
+        base + 2 * max_total as u32 + index as u32
+    }
+}
+
 /// Counts runs in flight. Over a limit, a run is refused at once (`capacity`), never queued.
 #[derive(Debug)]
 pub struct Admission {

@@ -463,11 +463,17 @@ impl Settings {
             None => default_providers.iter().map(|s| (*s).to_owned()).collect(),
         };
         self.oci.validate().map_err(BuildEngineError::Invalid)?;
-        crate::engine::validate_uid_range(config.sandbox_uid_base, config.max_concurrent)?;
-        // One past the run uids, so a probe never shares a uid with a run.
-        let probe_uid = config.sandbox_uid_base + config.max_concurrent as u32;
+        crate::engine::validate_uid_range(
+            config.sandbox_uid_base,
+            config.max_concurrent,
+            names.len(),
+        )?;
         let mut providers = Vec::new();
-        for name in &names {
+        for (index, name) in names.iter().enumerate() {
+            // Never a run's uid, and each provider's own, so all may probe at once; the
+            // engine leases the same uid for it (`Engine::new`).
+            let probe_uid =
+                crate::admission::probe_uid(config.sandbox_uid_base, config.max_concurrent, index);
             if let Some(kind) = RuntimeKind::from_name(name) {
                 providers.push(AnyProvider::Oci(Box::new(OciProvider::new(
                     self.oci.config(kind, probe_uid),
@@ -479,7 +485,11 @@ impl Settings {
                     let base = config.sandbox_uid_base;
                     let vm = self
                         .qemu
-                        .config(&config.state_dir, probe_uid, base..probe_uid)
+                        .config(
+                            &config.state_dir,
+                            probe_uid,
+                            base..base + config.max_concurrent as u32,
+                        )
                         .map_err(BuildEngineError::Invalid)?;
                     providers.push(AnyProvider::Vm(Box::new(VmProvider::new(vm))));
                 }
