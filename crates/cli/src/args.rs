@@ -9,7 +9,7 @@ use plimsoll_wire::{Language, Tier};
 pub const EXIT_STATUSES: &str = "\
 Exit status:
   0  the run happened (whatever the program's own exit code, which the header and --json show)
-  1  another command failed (providers, callers, bench)
+  1  another command failed (providers, callers, bench); run: an artifact was not written to --out
   2  usage: bad arguments, an unreadable file, no token, invalid settings; nothing was sent
   3  not dispatched: refused before anything ran (`not dispatched (REASON): ...`)
   4  the code may have run, but no verified result came back: do not retry blindly";
