@@ -40,7 +40,7 @@ pub enum Command {
     /// Run a JavaScript or Python snippet, a project (--file, --step, --artifact) or a whole
     /// request (--request), and print its output, tier and provider.
     #[command(after_help = after_help())]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List providers: tier, availability, and the evidence behind it.
     Providers(ProvidersArgs),
     /// Manage the callers of a daemon.

@@ -295,9 +295,9 @@ impl Engine {
             .collect();
         order.sort_by_key(|s| s.provider.cost());
         for slot in order {
-            if !self.from_cache(slot) {
+            if !self.adopt_cached(slot) {
                 self.probe_slot(slot);
-                self.to_cache(slot);
+                self.store_cached(slot);
             }
             let ok = slot
                 .probed
@@ -315,15 +315,15 @@ impl Engine {
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .is_some();
-            if !probed && !self.from_cache(cheapest) {
+            if !probed && !self.adopt_cached(cheapest) {
                 self.probe_slot(cheapest);
-                self.to_cache(cheapest);
+                self.store_cached(cheapest);
             }
         }
     }
 
     /// Takes `slot`'s evidence from the cache, if there is one and it holds.
-    fn from_cache(&self, slot: &Slot) -> bool {
+    fn adopt_cached(&self, slot: &Slot) -> bool {
         let Some(cache) = &self.cache else {
             return false;
         };
@@ -355,7 +355,7 @@ impl Engine {
     }
 
     /// Stores `slot`'s evidence in the cache when its probe passed.
-    fn to_cache(&self, slot: &Slot) {
+    fn store_cached(&self, slot: &Slot) {
         let Some(cache) = &self.cache else {
             return;
         };
