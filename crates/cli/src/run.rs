@@ -401,8 +401,8 @@ fn print_result(
     evidence: Option<&ProviderEvidence>,
     json: bool,
 ) -> u8 {
-    let age_ms =
-        evidence.map(|e| plimsoll_sandbox_now_ms().saturating_sub(e.evidence.checked_unix_ms));
+    let age_ms = evidence
+        .map(|e| plimsoll_sandbox::unix_ms_now().saturating_sub(e.evidence.checked_unix_ms));
     if json {
         let mut v = serde_json::to_value(resp).unwrap_or_default();
         if let Some(obj) = v.as_object_mut() {
@@ -453,12 +453,6 @@ fn print_result(
 
 fn short(digest: &str) -> &str {
     digest.get(..12).unwrap_or(digest)
-}
-
-fn plimsoll_sandbox_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One call through the broker, for the human output.
