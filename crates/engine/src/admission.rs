@@ -189,6 +189,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_run_controller_and_probe_uid_is_distinct_and_in_range() {
+        for (max, providers) in [(1, 1), (1, 5), (8, 1), (8, 5), (3, 2)] {
+            let base = 100_000;
+            let mut uids: Vec<u32> = (0..max)
+                .flat_map(|slot| [run_uid(base, slot), controller_uid(base, max, slot)])
+                .chain((0..providers).map(|i| probe_uid(base, max, i)))
+                .collect();
+            let n = uids.len();
+            uids.sort_unstable();
+            uids.dedup();
+            assert_eq!(
+                uids.len(),
+                n,
+                "max {max}, providers {providers}: a uid is shared"
+            );
+            // The range the settings check: base..=base+2*max+providers-1, with no gap.
+            assert_eq!(uids[0], base);
+            assert_eq!(
+                *uids.last().unwrap(),
+                base + 2 * max as u32 + providers as u32 - 1
+            );
+            assert!(crate::engine::validate_uid_range(base, max, providers).is_ok());
+        }
+        assert!(crate::engine::validate_uid_range(u32::MAX - 30, 8, 20).is_err());
+    }
+
+    #[test]
     fn limits_hold_and_release() {
         let a = Admission::new(2, 1);
         let p1 = a.try_admit("alice").unwrap();

@@ -23,7 +23,7 @@ use crate::routing::{Candidate, route};
 struct Slot {
     provider: AnyProvider,
     probed: RwLock<Option<ProbedState>>,
-    /// The uid its probe runs as, its own ([`crate::admission::probe_uid`]).
+    /// The uid its probe runs as, its own (`admission::probe_uid`).
     probe_uid: u32,
     /// Held while its probe runs: one probe per provider at a time (start-up, re-check and
     /// a re-probe after a failure may meet).
