@@ -9,7 +9,7 @@ use plimsoll_wire::{Language, Tier};
 pub const EXIT_STATUSES: &str = "\
 Exit status:
   0  the run happened (whatever the program's own exit code, which the header and --json show)
-  1  another command failed (providers, callers, bench)
+  1  another command failed (providers, callers, bench); run: an artifact was not written to --out
   2  usage: bad arguments, an unreadable file, no token, invalid settings; nothing was sent
   3  not dispatched: refused before anything ran (`not dispatched (REASON): ...`)
   4  the code may have run, but no verified result came back: do not retry blindly";
@@ -37,9 +37,10 @@ fn after_help() -> String {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a JavaScript or Python snippet and print its output, tier and provider.
+    /// Run a JavaScript or Python snippet, a project (--file, --step, --artifact) or a whole
+    /// request (--request), and print its output, tier and provider.
     #[command(after_help = after_help())]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List providers: tier, availability, and the evidence behind it.
     Providers(ProvidersArgs),
     /// Manage the callers of a daemon.
@@ -52,7 +53,7 @@ pub enum Command {
 
 /// `plimsoll run`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("source").required(true).args(["code", "file"])))]
+#[command(group(ArgGroup::new("source").required(true).args(["code", "file", "steps", "request"])))]
 pub struct RunArgs {
     /// The code to run (JavaScript unless --lang says otherwise).
     #[arg(short = 'e', long = "eval", value_name = "CODE")]
@@ -62,8 +63,28 @@ pub struct RunArgs {
     #[arg(value_name = "FILE")]
     pub file: Option<PathBuf>,
     /// The language: javascript (js) or python (py).
-    #[arg(long, value_name = "LANG", value_parser = parse_language)]
+    #[arg(long, value_name = "LANG", value_parser = parse_language, conflicts_with_all = ["steps", "request"])]
     pub lang: Option<Language>,
+    /// A project's shell step, run by `/bin/sh -c` in /work; repeat for more, run in order
+    /// (the first that fails stops the run). Makes the run a project.
+    #[arg(long = "step", value_name = "CMD")]
+    pub steps: Vec<String>,
+    /// A file for the project: the local PATH, written as NAME under /work (default: PATH's
+    /// file name); the executable bit is kept. Repeat for more.
+    #[arg(long = "file", value_name = "PATH[=NAME]", requires = "steps")]
+    pub project_files: Vec<String>,
+    /// A path under /work to return after the steps; repeat for more. Written to --out DIR
+    /// when given.
+    #[arg(long = "artifact", value_name = "PATH", requires = "steps")]
+    pub artifacts: Vec<String>,
+    /// Write the returned artifacts under this directory, byte for byte (created if
+    /// missing); an artifact whose name would leave it is refused.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Send this whole run request (JSON, docs/protocol.md); `-` reads standard input.
+    /// Its `request_id` (optional) is replaced by a fresh one, and `protocol` may be left out.
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["min_isolation", "provider", "timeout_ms", "grant"])]
+    pub request: Option<PathBuf>,
     /// The floor: the weakest tier to accept (process, container, kernel, vm). Default: the
     /// settings' default_floor, `container` unless configured.
     #[arg(long, value_name = "TIER", value_parser = parse_tier)]
@@ -78,7 +99,8 @@ pub struct RunArgs {
     /// else the embedded engine.
     #[arg(long, value_name = "URL")]
     pub daemon: Option<String>,
-    /// Print the whole response (or the error object) as JSON on stdout.
+    /// Print the whole response (or the error object) as JSON on stdout; a response also
+    /// holds the request as sent and, from the embedded engine, the evidence it ran on.
     #[arg(long)]
     pub json: bool,
     /// Let the code call the API of this grant profile through the broker (`host.get(...)`

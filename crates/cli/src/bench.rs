@@ -127,8 +127,15 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
             None => String::new(),
         };
         let engine_uids = engine_settings.engine_config();
-        // Past the embedded engine's whole range: run uids, probe uid, controller uids.
-        let uid_base = engine_uids.sandbox_uid_base + 2 * engine_uids.max_concurrent as u32 + 1;
+        // Past the embedded engine's whole range: run uids, the first probe uid, controller
+        // uids, then one probe uid per further provider.
+        let providers = engine_settings
+            .providers
+            .as_ref()
+            .map_or(plimsoll_engine::settings::PROVIDER_NAMES.len(), Vec::len)
+            as u32;
+        let uid_base =
+            engine_uids.sandbox_uid_base + 2 * engine_uids.max_concurrent as u32 + providers.max(1);
         Some(
             BenchDaemon::start(&config_text, &available, uid_base, dir.path())
                 .map_err(Failure::failed)?,

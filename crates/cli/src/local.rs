@@ -67,7 +67,7 @@ pub fn embedded_engine(settings: &Settings) -> Result<Engine, Failure> {
 }
 
 /// The embedded engine, not probed yet: the caller probes what it needs
-/// ([`Engine::probe_for`]).
+/// ([`Engine::probe_for`]), reusing the evidence cache of the settings when there is one.
 pub fn unprobed_engine(settings: &Settings) -> Result<Engine, Failure> {
     let mut settings = settings.clone();
     if settings.state_dir.is_none() {
@@ -76,9 +76,13 @@ pub fn unprobed_engine(settings: &Settings) -> Result<Engine, Failure> {
     if let Some(dir) = &settings.state_dir {
         ensure_state_dir(dir).map_err(Failure::usage)?;
     }
-    let engine = settings
+    let mut engine = settings
         .build_engine(PROVIDER_NAMES)
         .map_err(|e| Failure::usage(anyhow!(e).context("cannot build the embedded engine")))?;
+    // Evidence this host checked recently saves a probe per invocation (docs/cli.md).
+    if let Some(cache) = settings.evidence_cache() {
+        engine = engine.with_evidence_cache(cache);
+    }
     Ok(engine)
 }
 

@@ -1,30 +1,38 @@
-//! `plimsoll run`: one snippet, on the embedded engine or a daemon, with its tier stated.
+//! `plimsoll run`: a snippet, a project or a whole request, on the embedded engine or a
+//! daemon, with its tier stated; artifacts written under `--out`.
 
 use std::io::{Read as _, Write as _};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
-use anyhow::{Context as _, anyhow};
+use anyhow::{Context as _, anyhow, bail};
 use plimsoll_client::{RunOptions, new_request_id};
-use plimsoll_engine::Engine;
-use plimsoll_wire::{ErrorResponse, GrantCall, Language, Reason, RunResponse, RunResult, Tier};
+use plimsoll_engine::{Engine, ProviderEvidence};
+use plimsoll_wire::{
+    ErrorResponse, GrantCall, Language, PROTOCOL, Project, ProjectFile, Reason, RunRequest,
+    RunResponse, RunResult, RunSpec, Step, Tier,
+};
 
 use crate::args::RunArgs;
 use crate::local::{client, daemon_url, load_settings, unprobed_engine};
-use crate::{EXIT_MAY_HAVE_RUN, EXIT_NOT_DISPATCHED, EXIT_OK, Failure};
+use crate::{EXIT_FAILED, EXIT_MAY_HAVE_RUN, EXIT_NOT_DISPATCHED, EXIT_OK, Failure};
 
 /// The caller name of runs on the embedded engine.
 pub const LOCAL_CALLER: &str = "local";
 
 /// Runs `plimsoll run`.
 pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
-    let (language, code) = source(a).map_err(Failure::usage)?;
-    let mut options = RunOptions::snippet(language, code);
-    options.minimum_isolation = a.min_isolation;
-    options.provider = a.provider.clone();
-    if let Some(ms) = a.timeout_ms {
-        options = options.timeout_ms(ms);
+    let options = options(a).map_err(Failure::usage)?;
+    if a.out.is_some() && !matches!(options.run, RunSpec::Project(_)) {
+        return Err(Failure::usage(anyhow!(
+            "--out DIR is where a project's artifacts go: give --step and --artifact (or a --request holding a project)"
+        )));
     }
-    options.grant = a.grant.clone();
+    // Checked here too, so a bad path or an empty step is a usage error and nothing is sent.
+    options
+        .clone()
+        .into_request(new_request_id())
+        .validate()
+        .map_err(|r| Failure::usage(anyhow!("the request is invalid: {}", r.message)))?;
     match daemon_url(a.daemon.as_deref()) {
         Some(url) => {
             if a.grants.is_some() {
@@ -33,8 +41,13 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
                 )));
             }
             let client = client(&url)?;
-            match client.run(options) {
-                Ok(resp) => Ok(print_result(&resp, a.json)),
+            match client.run(options.clone()) {
+                Ok(resp) => {
+                    // The client sent exactly these options under the id the answer echoes
+                    // (it checked the echo and the request digest against what it sent).
+                    let sent = options.into_request(resp.request_id.clone());
+                    Ok(finish(&sent, &resp, None, a))
+                }
                 Err(e) => Ok(print_error(
                     &e.to_response(),
                     &e.to_string(),
@@ -62,7 +75,13 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
                 &request.run,
             );
             match engine.run(LOCAL_CALLER, &request) {
-                Ok(resp) => Ok(print_result(&resp, a.json)),
+                Ok(resp) => {
+                    // The evidence the run carried, if the engine still holds exactly it.
+                    let evidence = engine
+                        .evidence(&resp.provider)
+                        .filter(|e| e.evidence_sha256 == resp.record.evidence_sha256);
+                    Ok(finish(&request, &resp, evidence.as_ref(), a))
+                }
                 Err(e) => Ok(print_error(
                     &e.to_response(),
                     &e.to_string(),
@@ -72,6 +91,222 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
             }
         }
     }
+}
+
+/// What to run, from the flags: a snippet (-e, FILE), a project (--step, --file,
+/// --artifact) or a whole request (--request).
+fn options(a: &RunArgs) -> anyhow::Result<RunOptions> {
+    if let Some(path) = &a.request {
+        return Ok(RunOptions::from(read_request(path)?));
+    }
+    let mut options = if a.steps.is_empty() {
+        let (language, code) = source(a)?;
+        RunOptions::snippet(language, code)
+    } else {
+        let files = a
+            .project_files
+            .iter()
+            .map(|f| project_file(f))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        RunOptions::new(RunSpec::Project(Project {
+            files,
+            steps: a
+                .steps
+                .iter()
+                .map(|s| Step {
+                    name: None,
+                    run: s.clone(),
+                })
+                .collect(),
+            artifacts: a.artifacts.clone(),
+        }))
+    };
+    options.minimum_isolation = a.min_isolation;
+    options.provider = a.provider.clone();
+    if let Some(ms) = a.timeout_ms {
+        options = options.timeout_ms(ms);
+    }
+    options.grant = a.grant.clone();
+    Ok(options)
+}
+
+/// A whole request from a JSON file (`-`: standard input). `protocol` and `request_id` may be
+/// left out; the id is replaced by a fresh one when it is sent either way.
+fn read_request(path: &Path) -> anyhow::Result<RunRequest> {
+    let bytes = if path == Path::new("-") {
+        let mut b = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut b)
+            .context("cannot read the request from standard input")?;
+        b
+    } else {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+    };
+    let mut value: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "{} is not JSON: write one run request object (docs/protocol.md)",
+            path.display()
+        )
+    })?;
+    let Some(obj) = value.as_object_mut() else {
+        bail!(
+            "{} must hold one JSON object, a run request (docs/protocol.md)",
+            path.display()
+        );
+    };
+    obj.entry("protocol").or_insert(PROTOCOL.into());
+    obj.entry("request_id").or_insert("cli".into());
+    let body = serde_json::to_vec(&value).context("the request does not serialise")?;
+    plimsoll_wire::parse_request(&body).map_err(|r| {
+        anyhow!(
+            "{} is not a valid run request: {} (see docs/protocol.md)",
+            path.display(),
+            r.message
+        )
+    })
+}
+
+/// `PATH[=NAME]`: the local file PATH, written as NAME under /work (default: PATH's file
+/// name). The text after the last `=` is the name, so a path holding `=` needs an explicit
+/// `=NAME`.
+fn project_file(spec: &str) -> anyhow::Result<ProjectFile> {
+    let (path, name) = match spec.rsplit_once('=') {
+        Some((p, n)) if !p.is_empty() => (PathBuf::from(p), n.to_owned()),
+        _ => {
+            let p = PathBuf::from(spec);
+            let name = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| {
+                    anyhow!("--file {spec}: name the file in the project with --file {spec}=NAME")
+                })?
+                .to_owned();
+            (p, name)
+        }
+    };
+    let content =
+        std::fs::read(&path).with_context(|| format!("--file: cannot read {}", path.display()))?;
+    let executable = {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(&path)
+            .map(|m| m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    Ok(ProjectFile {
+        path: name,
+        content: content.into(),
+        executable,
+    })
+}
+
+/// Prints a result (see [`print_result`]), then writes its artifacts under `--out`.
+fn finish(
+    sent: &RunRequest,
+    resp: &RunResponse,
+    evidence: Option<&ProviderEvidence>,
+    a: &RunArgs,
+) -> u8 {
+    let status = print_result(sent, resp, evidence, a.json);
+    let asked: &[String] = match &sent.run {
+        RunSpec::Project(p) => &p.artifacts,
+        RunSpec::Snippet(_) => &[],
+    };
+    let mut failed = false;
+    for art in &resp.result.artifacts {
+        let line = match &a.out {
+            _ if !art.found => format!("artifact {}: not found", art.path),
+            None => format!(
+                "artifact {}: {} bytes{} (pass --out DIR to write it)",
+                art.path,
+                art.content.as_slice().len(),
+                if art.truncated {
+                    ", truncated at the limit"
+                } else {
+                    ""
+                }
+            ),
+            Some(dir) => match write_artifact(dir, asked, &art.path, art.content.as_slice()) {
+                Ok(to) => format!(
+                    "artifact {}: {} bytes written to {}{}",
+                    art.path,
+                    art.content.as_slice().len(),
+                    to.display(),
+                    if art.truncated {
+                        " (truncated at the limit)"
+                    } else {
+                        ""
+                    }
+                ),
+                Err(e) => {
+                    failed = true;
+                    eprintln!("plimsoll: error: artifact {}: {e:#}", art.path);
+                    continue;
+                }
+            },
+        };
+        eprintln!("plimsoll: {line}");
+    }
+    if failed { EXIT_FAILED } else { status }
+}
+
+/// Writes one artifact as `dir/name`, refusing a name that was not asked for or would leave
+/// `dir` (absolute, `..`, or through a symbolic link), and never following a link.
+pub fn write_artifact(
+    dir: &Path,
+    asked: &[String],
+    name: &str,
+    content: &[u8],
+) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if !asked.iter().any(|a| a == name) {
+        bail!("the answer holds an artifact that was not asked for: not written");
+    }
+    let rel = Path::new(name);
+    let parts: Vec<&std::ffi::OsStr> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(p) => Ok(p),
+            _ => Err(anyhow!(
+                "the name would leave {}: not written (an artifact is a relative path without `.` or `..`)",
+                dir.display()
+            )),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let Some((file, parents)) = parts.split_last() else {
+        bail!("an empty artifact name: not written");
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut at = dir.to_path_buf();
+    for p in parents {
+        at.push(p);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => bail!(
+                "{} is a symbolic link: not followed, not written",
+                at.display()
+            ),
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => bail!("{} is not a directory: not written", at.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(&at)
+                .with_context(|| format!("cannot create {}", at.display()))?,
+            Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", at.display())),
+        }
+    }
+    at.push(file);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&at)
+        .with_context(|| {
+            format!(
+                "cannot write {} (a symbolic link is not followed)",
+                at.display()
+            )
+        })?;
+    f.write_all(content)
+        .with_context(|| format!("cannot write {}", at.display()))?;
+    Ok(at)
 }
 
 /// The language and the code: -e, a file, or standard input (`-`).
@@ -156,16 +391,53 @@ fn truncation(r: &RunResult) -> &'static str {
     }
 }
 
-/// Prints a result: JSON on stdout, or the header on stderr and the program's exact output on
-/// stdout and stderr. Exit 0: the run happened.
-fn print_result(resp: &RunResponse, json: bool) -> u8 {
+/// Prints a result: JSON on stdout (the response's members, `request`: the request as sent,
+/// and from the embedded engine `evidence`, `evidence_sha256`, `evidence_age_ms` and
+/// `evidence_cached`), or the header on stderr and the program's exact output on stdout and
+/// stderr. Exit 0: the run happened.
+fn print_result(
+    sent: &RunRequest,
+    resp: &RunResponse,
+    evidence: Option<&ProviderEvidence>,
+    json: bool,
+) -> u8 {
+    let age_ms = evidence
+        .map(|e| plimsoll_sandbox::unix_ms_now().saturating_sub(e.evidence.checked_unix_ms));
     if json {
-        print_json(resp);
+        let mut v = serde_json::to_value(resp).unwrap_or_default();
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "request".into(),
+                serde_json::to_value(sent).unwrap_or_default(),
+            );
+            if let (Some(e), Some(age)) = (evidence, age_ms) {
+                obj.insert(
+                    "evidence".into(),
+                    serde_json::to_value(&e.evidence).unwrap_or_default(),
+                );
+                obj.insert("evidence_sha256".into(), e.evidence_sha256.clone().into());
+                obj.insert("evidence_age_ms".into(), age.into());
+                obj.insert("evidence_cached".into(), e.cached.into());
+            }
+        }
+        print_json(&v);
         return EXIT_OK;
     }
     eprintln!("{}", header(resp));
     if resp.isolation == Tier::Process {
         eprintln!("plimsoll: note: the process tier is no wall for hostile code");
+    }
+    if let (Some(e), Some(age)) = (evidence, age_ms) {
+        eprintln!(
+            "plimsoll: evidence {} checked {} s ago{}",
+            short(&e.evidence_sha256),
+            age / 1000,
+            if e.cached {
+                " (reused from this host's evidence cache)"
+            } else {
+                ""
+            }
+        );
     }
     for c in &resp.result.calls {
         eprintln!("plimsoll: {}", call_line(c));
@@ -177,6 +449,10 @@ fn print_result(resp: &RunResponse, json: bool) -> u8 {
     let _ = err.write_all(resp.result.stderr.as_slice());
     let _ = err.flush();
     EXIT_OK
+}
+
+fn short(digest: &str) -> &str {
+    digest.get(..12).unwrap_or(digest)
 }
 
 /// One call through the broker, for the human output.
@@ -221,6 +497,47 @@ fn print_json<T: serde::Serialize>(value: &T) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn artifacts_are_written_exactly_and_never_outside_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let asked: Vec<String> = ["a/b.bin", "../up", "/etc/x", "link/x", "c"]
+            .map(str::to_owned)
+            .to_vec();
+        let to = write_artifact(&out, &asked, "a/b.bin", b"\xff\x00x").unwrap();
+        assert_eq!(to, out.join("a/b.bin"));
+        assert_eq!(std::fs::read(&to).unwrap(), b"\xff\x00x");
+        // Not asked for (a server that adds files), or leaving the directory.
+        for name in ["other", "../up", "/etc/x"] {
+            let e = write_artifact(&out, &asked, name, b"x").unwrap_err();
+            assert!(e.to_string().contains("not written"), "{name}: {e}");
+        }
+        assert!(!dir.path().join("up").exists());
+        // Through a symbolic link that points out of the directory.
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, out.join("link")).unwrap();
+        let e = write_artifact(&out, &asked, "link/x", b"x").unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        // A link as the file itself is not followed either.
+        std::os::unix::fs::symlink(outside.join("target"), out.join("c")).unwrap();
+        assert!(write_artifact(&out, &asked, "c", b"x").is_err());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_project_file_is_named_by_its_path_or_after_the_last_equals_sign() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.sh");
+        std::fs::write(&p, b"echo").unwrap();
+        let f = project_file(&p.display().to_string()).unwrap();
+        assert_eq!((f.path.as_str(), f.executable), ("x.sh", false));
+        assert_eq!(f.content.as_slice(), b"echo");
+        let f = project_file(&format!("{}=bin/run", p.display())).unwrap();
+        assert_eq!(f.path, "bin/run");
+        assert!(project_file("/no/such/file").is_err());
+    }
 
     #[test]
     fn languages_come_from_extensions() {

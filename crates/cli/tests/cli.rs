@@ -9,8 +9,10 @@ use std::process::{Command, Output, Stdio};
 
 use plimsoll_client::{RunOptions, verify_response};
 use plimsoll_daemon::testing::TestDaemon;
-use plimsoll_wire::digest::sha256_hex;
-use plimsoll_wire::{ErrorResponse, Language, ProvidersResponse, Reason, RunResponse, Tier};
+use plimsoll_wire::digest::{evidence_sha256, request_sha256, sha256_hex};
+use plimsoll_wire::{
+    ErrorResponse, Evidence, Language, ProvidersResponse, Reason, RunRequest, RunResponse, Tier,
+};
 use serde_json::Value;
 
 /// True when the test may go on; prints `SKIP` (or fails under CI=true) otherwise.
@@ -208,11 +210,19 @@ fn run_json_has_every_field_and_its_digests_verify() {
     assert_eq!(v["result"]["stdout"], "json\n");
     assert_eq!(v["isolation"], "process");
 
+    // The CLI's own members beside the response: the request as sent and the evidence.
+    let mut v = v;
+    let (printed, evidence) = split_cli_members(&mut v);
     // Recompute every digest over the request the CLI built.
     let resp: RunResponse = serde_json::from_value(v).unwrap();
     let sent = RunOptions::snippet(Language::Javascript, code)
         .min_isolation(Tier::Process)
         .into_request(resp.request_id.clone());
+    assert_eq!(printed, sent);
+    assert_eq!(
+        evidence_sha256(&evidence.expect("the embedded engine prints its evidence")),
+        resp.record.evidence_sha256
+    );
     verify_response(&sent, resp).unwrap();
 }
 
@@ -476,4 +486,415 @@ fn an_unreadable_settings_file_is_a_usage_error() {
     let out = run(plimsoll().args(["run", "--config", "/nonexistent/plimsoll.toml", "-e", "1"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("/nonexistent/plimsoll.toml"));
+}
+
+/// Takes the CLI's own members out of `run --json` output, leaving the `RunResponse`: the
+/// request as sent, and the evidence (checked against its printed digest) when the embedded
+/// engine ran it.
+fn split_cli_members(v: &mut Value) -> (RunRequest, Option<Evidence>) {
+    let obj = v.as_object_mut().unwrap();
+    let request: RunRequest = serde_json::from_value(obj.remove("request").unwrap()).unwrap();
+    let evidence = obj.remove("evidence").map(|e| {
+        let e: Evidence = serde_json::from_value(e).unwrap();
+        let printed = obj.remove("evidence_sha256").unwrap();
+        assert_eq!(printed.as_str(), Some(evidence_sha256(&e).as_str()));
+        assert!(obj.remove("evidence_age_ms").unwrap().is_u64());
+        assert!(obj.remove("evidence_cached").unwrap().is_boolean());
+        e
+    });
+    (request, evidence)
+}
+
+/// Settings offering crun only, with a state root, cgroup parent, state directory and uid
+/// range of the test's own; `None` after `SKIP` when the host lacks crun or the image.
+fn crun_settings(test: &str, dir: &std::path::Path, slot: u32) -> Option<String> {
+    use plimsoll_sandbox::testing::{skip_or_fail, tool_binary, workspace_root};
+    if !need_root(test) {
+        return None;
+    }
+    if !std::path::Path::new("/usr/bin/crun").exists() {
+        skip_or_fail(test, "crun is not installed (scripts/install-deps)");
+        return None;
+    }
+    let Ok(image) = workspace_root().join("build/images/sandbox").canonicalize() else {
+        skip_or_fail(test, "the sandbox image is not built (scripts/build-image)");
+        return None;
+    };
+    let tools = ["plimsoll-probe", "plimsoll-agent"]
+        .map(|t| tool_binary(t, t))
+        .into_iter()
+        .chain([tool_binary("plimsoll-trial-runner", "plimsoll-trial")])
+        .collect::<Result<Vec<_>, _>>();
+    let tools = match tools {
+        Ok(t) => t,
+        Err(e) => {
+            skip_or_fail(test, &e);
+            return None;
+        }
+    };
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    Some(format!(
+        "providers = [\"crun\"]\nstate_dir = \"{state}\"\nsandbox_uid_base = {base}\n\
+         [oci]\nimage = \"{image}\"\nprobe = \"{probe}\"\nagent = \"{agent}\"\n\
+         trial_runner = \"{runner}\"\nstate_root = \"{root}\"\ncgroup_parent = \"/plimsoll-test-cli-{slot}-{pid}\"\n",
+        state = dir.join("state").display(),
+        base = uid_base(slot),
+        image = image.display(),
+        probe = tools[0].display(),
+        agent = tools[1].display(),
+        runner = tools[2].display(),
+        root = dir.join("oci").display(),
+        pid = std::process::id(),
+    ))
+}
+
+/// A project of two files (one executable, one under a directory) and two steps, with two
+/// artifacts, one of them not UTF-8; `--file` arguments for it.
+fn project_inputs(dir: &std::path::Path) -> Vec<String> {
+    let script = dir.join("make.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nmkdir -p res && cp data/in.txt res/copy.bin && printf '\\377\\000end' >> res/copy.bin\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = dir.join("in.txt");
+    std::fs::write(&data, "line one\n").unwrap();
+    vec![
+        script.display().to_string(),
+        format!("{}=data/in.txt", data.display()),
+    ]
+}
+
+fn project_args(files: &[String]) -> Vec<String> {
+    let mut a = vec![
+        "run".to_owned(),
+        "--min-isolation".into(),
+        "container".into(),
+    ];
+    for f in files {
+        a.push("--file".into());
+        a.push(f.clone());
+    }
+    for s in [
+        "./make.sh",
+        "wc -c < res/copy.bin > count.txt && echo steps done",
+    ] {
+        a.push("--step".into());
+        a.push(s.into());
+    }
+    for art in ["res/copy.bin", "count.txt"] {
+        a.push("--artifact".into());
+        a.push(art.into());
+    }
+    a
+}
+
+fn check_project_outputs(out_dir: &std::path::Path) {
+    assert_eq!(
+        std::fs::read(out_dir.join("res/copy.bin")).unwrap(),
+        b"line one\n\xff\x00end"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("count.txt"))
+            .unwrap()
+            .trim(),
+        "14"
+    );
+}
+
+#[test]
+fn a_project_runs_at_crun_and_its_artifacts_are_written_exactly() {
+    let test = "a_project_runs_at_crun_and_its_artifacts_are_written_exactly";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(settings) = crun_settings(test, dir.path(), 6) else {
+        return;
+    };
+    let config = dir.path().join("plimsoll.toml");
+    std::fs::write(&config, settings).unwrap();
+    let files = project_inputs(dir.path());
+    let out_dir = dir.path().join("out");
+
+    let out = run(plimsoll()
+        .arg("--config")
+        .arg(&config)
+        .args(project_args(&files))
+        .arg("--out")
+        .arg(&out_dir)
+        .arg("--json"));
+    assert_eq!(out.status.code(), Some(0));
+    check_project_outputs(&out_dir);
+    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["provider"], "crun");
+    assert_eq!(v["result"]["stdout"], "steps done\n");
+    let (sent, evidence) = split_cli_members(&mut v);
+    let resp: RunResponse = serde_json::from_value(v).unwrap();
+    // A third party recomputes the request digest from the printed request alone.
+    assert_eq!(request_sha256(&sent), resp.request_sha256);
+    let evidence = evidence.expect("the embedded engine prints its evidence");
+    assert_eq!(evidence_sha256(&evidence), resp.record.evidence_sha256);
+    assert_eq!(evidence.provider, "crun");
+    let plimsoll_wire::RunSpec::Project(p) = &sent.run else {
+        panic!("not a project: {sent:?}");
+    };
+    assert_eq!(p.files.len(), 2);
+    assert_eq!(p.files[0].path, "make.sh");
+    assert!(p.files[0].executable);
+    assert_eq!(p.files[1].path, "data/in.txt");
+    assert!(!p.files[1].executable);
+    verify_response(&sent, resp.clone()).unwrap();
+
+    // The printed request, sent again whole with --request: the same digest (the id is not
+    // part of it), and the artifacts again byte for byte.
+    let req_file = dir.path().join("request.json");
+    std::fs::write(&req_file, serde_json::to_vec(&sent).unwrap()).unwrap();
+    let again = dir.path().join("again");
+    let out = run(plimsoll()
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "--json", "--request"])
+        .arg(&req_file)
+        .arg("--out")
+        .arg(&again));
+    assert_eq!(out.status.code(), Some(0));
+    check_project_outputs(&again);
+    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (sent2, _) = split_cli_members(&mut v);
+    let resp2: RunResponse = serde_json::from_value(v).unwrap();
+    assert_eq!(resp2.request_sha256, resp.request_sha256);
+    assert_ne!(sent2.request_id, sent.request_id);
+
+    // Without --out the human output lists the artifacts and writes nothing.
+    let out = run(plimsoll()
+        .arg("--config")
+        .arg(&config)
+        .args(project_args(&files)));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, b"steps done\n");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("artifact res/copy.bin: 14 bytes (pass --out DIR to write it)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_project_runs_through_a_daemon_with_artifacts_and_a_request_from_stdin() {
+    let test = "a_project_runs_through_a_daemon_with_artifacts_and_a_request_from_stdin";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(settings) = crun_settings(test, dir.path(), 7) else {
+        return;
+    };
+    let daemon = TestDaemon::start(&settings);
+    let files = project_inputs(dir.path());
+    let out_dir = dir.path().join("out");
+    let out = run(plimsoll()
+        .args(project_args(&files))
+        .args(["--daemon", &daemon.url, "--json", "--out"])
+        .arg(&out_dir)
+        .env("PLIMSOLL_TOKEN", &daemon.token));
+    assert_eq!(out.status.code(), Some(0));
+    check_project_outputs(&out_dir);
+    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (sent, evidence) = split_cli_members(&mut v);
+    assert!(
+        evidence.is_none(),
+        "a daemon's evidence is its own: GET /v1/providers"
+    );
+    let resp: RunResponse = serde_json::from_value(v).unwrap();
+    assert_eq!(resp.provider, "crun");
+    assert_eq!(request_sha256(&sent), resp.request_sha256);
+    verify_response(&sent, resp.clone()).unwrap();
+
+    // The same request on standard input, without protocol or request_id.
+    let mut body = serde_json::to_value(&sent).unwrap();
+    body.as_object_mut().unwrap().remove("request_id");
+    body.as_object_mut().unwrap().remove("protocol");
+    let again = dir.path().join("again");
+    let mut child = plimsoll()
+        .args(["run", "--request", "-", "--daemon", &daemon.url, "--out"])
+        .arg(&again)
+        .env("PLIMSOLL_TOKEN", &daemon.token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    eprintln!("stderr: {}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, b"steps done\n");
+    check_project_outputs(&again);
+}
+
+#[test]
+fn bad_project_and_request_arguments_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Config::new(8);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--step".into(),
+                "true".into(),
+                "--file".into(),
+                dir.path().join("nope").display().to_string(),
+            ],
+            "cannot read",
+        ),
+        (
+            vec![
+                "--step".into(),
+                "true".into(),
+                "--artifact".into(),
+                "../up".into(),
+            ],
+            "invalid",
+        ),
+        (
+            vec!["-e".into(), "1".into(), "--out".into(), "x".into()],
+            "--out DIR",
+        ),
+        (
+            vec![
+                "--request".into(),
+                dir.path().join("nope.json").display().to_string(),
+            ],
+            "cannot read",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = run(plimsoll()
+            .arg("--config")
+            .arg(c.path())
+            .arg("run")
+            .args(&args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let bad = dir.path().join("bad.json");
+    for (body, needle) in [
+        ("[1]", "one JSON object"),
+        (
+            "{\"run\": {\"kind\": \"snippet\"}}",
+            "not a valid run request",
+        ),
+        ("{\"protocol\": 99, \"run\": {}}", "not a valid run request"),
+        ("not json", "not JSON"),
+    ] {
+        std::fs::write(&bad, body).unwrap();
+        let out = run(plimsoll()
+            .arg("--config")
+            .arg(c.path())
+            .arg("run")
+            .arg("--request")
+            .arg(&bad));
+        assert_eq!(out.status.code(), Some(2), "{body}");
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{body}: {}",
+            text(&out.stderr)
+        );
+    }
+    // --request is a whole request: flags that would change it are refused by clap.
+    let out = run(plimsoll().args(["run", "--request", "x.json", "--min-isolation", "process"]));
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// `run --json` through the embedded engine, as a `Value`.
+fn json_run(config: &std::path::Path) -> Value {
+    let out = run(plimsoll().arg("--config").arg(config).args([
+        "run",
+        "--min-isolation",
+        "process",
+        "--json",
+        "-e",
+        "console.log(1)",
+    ]));
+    assert_eq!(out.status.code(), Some(0));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn evidence_is_reused_while_it_holds_and_probed_again_when_not() {
+    if !need_root("evidence_is_reused_while_it_holds_and_probed_again_when_not") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt as _;
+    let c = Config::new(9);
+    // A probe binary of the test's own, so changing it touches nothing else.
+    let probe = c.dir.path().join("plimsoll-probe");
+    std::fs::copy(plimsoll_sandbox::testing::probe_binary().unwrap(), &probe).unwrap();
+    let mut settings = std::fs::read_to_string(c.path()).unwrap();
+    settings.push_str(&format!("[process]\nprobe = \"{}\"\n", probe.display()));
+    std::fs::write(c.path(), &settings).unwrap();
+    let cache = c.dir.path().join("state/evidence-cache.json");
+
+    let first = json_run(&c.path());
+    assert_eq!(first["evidence_cached"], false, "nothing cached yet");
+    let m = std::fs::metadata(&cache).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
+    let second = json_run(&c.path());
+    assert_eq!(second["evidence_cached"], true);
+    assert_eq!(second["evidence_sha256"], first["evidence_sha256"]);
+    assert_eq!(
+        second["record"]["evidence_sha256"],
+        first["evidence_sha256"]
+    );
+    assert!(second["evidence_age_ms"].as_u64().unwrap() >= 1);
+
+    // Writable by others: not trusted, probed again, written again root-only.
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let third = json_run(&c.path());
+    assert_eq!(third["evidence_cached"], false);
+    assert_ne!(third["evidence_sha256"], first["evidence_sha256"]);
+    assert_eq!(std::fs::metadata(&cache).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(json_run(&c.path())["evidence_cached"], true);
+
+    // A forged entry (a better tier under the old digest): not used.
+    let text_now = std::fs::read_to_string(&cache).unwrap();
+    let forged = text_now.replacen(
+        "\"isolation\": \"process\"",
+        "\"isolation\": \"container\"",
+        1,
+    );
+    assert_ne!(forged, text_now);
+    std::fs::write(&cache, forged).unwrap();
+    let v = json_run(&c.path());
+    assert_eq!(v["evidence_cached"], false);
+    assert_eq!(v["isolation"], "process");
+
+    // The probe binary changed: its digest no longer matches, so it is probed again, and the
+    // new evidence names the new digest.
+    let before = v["evidence"]["binaries"].clone();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&probe)
+        .unwrap();
+    f.write_all(b"changed").unwrap();
+    drop(f);
+    let v = json_run(&c.path());
+    assert_eq!(v["evidence_cached"], false);
+    assert_ne!(v["evidence"]["binaries"], before);
+    assert_eq!(json_run(&c.path())["evidence_cached"], true);
+
+    // Stale: a maximum age of one second, waited out.
+    std::fs::write(c.path(), format!("evidence_cache_secs = 1\n{settings}")).unwrap();
+    assert_eq!(json_run(&c.path())["evidence_cached"], false);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(json_run(&c.path())["evidence_cached"], false);
+
+    // 0 turns the cache off.
+    std::fs::write(c.path(), format!("evidence_cache_secs = 0\n{settings}")).unwrap();
+    assert_eq!(json_run(&c.path())["evidence_cached"], false);
+    assert_eq!(json_run(&c.path())["evidence_cached"], false);
 }

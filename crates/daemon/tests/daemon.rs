@@ -852,6 +852,17 @@ impl Spawned {
 
     /// [`Spawned::start`] with more arguments and environment variables.
     fn start_with(daemon_extra: &str, args: &[&std::ffi::OsStr], envs: &[(&str, &str)]) -> Spawned {
+        Spawned::start_settings(PROCESS, daemon_extra, args, envs)
+    }
+
+    /// [`Spawned::start_with`], with `top` as the settings' top-level keys (floor and
+    /// providers) instead of [`PROCESS`].
+    fn start_settings(
+        top: &str,
+        daemon_extra: &str,
+        args: &[&std::ffi::OsStr],
+        envs: &[(&str, &str)],
+    ) -> Spawned {
         let dir = tempfile::tempdir().unwrap();
         // Sandbox uids must traverse it to reach their run directories under `state`.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
@@ -866,7 +877,7 @@ impl Spawned {
         std::fs::write(
             &config,
             format!(
-                "{PROCESS}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n\
+                "{top}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n\
                  [daemon]\ncallers_file = \"{}\"\n{daemon_extra}\n",
                 state.display(),
                 callers.display()
@@ -1490,4 +1501,95 @@ fn sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken()
         !logs.contains(SHORT_KEY),
         "a secret's value reached the logs"
     );
+}
+
+#[test]
+fn a_provider_serves_while_a_slower_probe_still_runs() {
+    let test = "a_provider_serves_while_a_slower_probe_still_runs";
+    if !rustix::process::geteuid().is_root() {
+        skip_or_fail(test, "running sandboxes needs root");
+        return;
+    }
+    let assets = plimsoll_engine::settings::default_vm_assets_dir();
+    if !std::path::Path::new("/usr/bin/qemu-system-x86_64").exists()
+        || !assets.join("vmlinux").is_file()
+    {
+        skip_or_fail(
+            test,
+            "needs QEMU and the VM assets (scripts/install-deps, scripts/build-vm-assets)",
+        );
+        return;
+    }
+    // qemu is listed first: probed one after another, process would wait for a VM to boot
+    // (seconds under TCG) before serving. Probed at once, process serves when its own probe
+    // passed. The run below is real, and qemu's probe is a real boot.
+    let started = Instant::now();
+    let d = Spawned::start_settings(
+        "default_floor = \"process\"\nproviders = [\"qemu\", \"process\"]\n",
+        "",
+        &[],
+        &[],
+    );
+    let ready_ms = started.elapsed().as_millis();
+    let listed = |d: &Spawned| -> Vec<String> {
+        let a = get(&d.url, "/v1/providers", Some(&d.token));
+        assert_eq!(a.status, 200, "{}", a.body);
+        let p: ProvidersResponse = serde_json::from_str(&a.body).unwrap();
+        p.providers.into_iter().map(|p| p.name).collect()
+    };
+    assert_eq!(get(&d.url, "/readyz", None).status, 200, "{}", d.logs());
+    let before = listed(&d);
+    let r = post(
+        &d.url,
+        Some(&d.token),
+        snippet("first-run", "python", "print('served')").as_bytes(),
+    )
+    .run();
+    let served_ms = started.elapsed().as_millis();
+    assert_eq!(r.provider, "process");
+    assert_eq!(r.result.stdout.to_string_lossy(), "served\n");
+    let after = listed(&d);
+    assert_eq!(
+        before,
+        ["process"],
+        "qemu's probe had ended before process served"
+    );
+    assert_eq!(
+        after,
+        ["process"],
+        "qemu's probe had ended before process's run ended"
+    );
+    // A run only qemu could take is refused, nothing dispatched, while its probe runs.
+    let a = post(
+        &d.url,
+        Some(&d.token),
+        serde_json::json!({
+            "protocol": 1, "request_id": "floor-kernel", "minimum_isolation": "kernel",
+            "run": {"kind": "snippet", "language": "python", "code": "print(1)"}
+        })
+        .to_string()
+        .as_bytes(),
+    );
+    if listed(&d) == ["process"] {
+        let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+        assert_eq!(v["error"]["not_dispatched"], "isolation", "{}", a.body);
+        assert!(a.body.contains("not probed yet"), "{}", a.body);
+    }
+    // Let qemu's probe end before the daemon is stopped, so no VM is left booting.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !listed(&d).iter().any(|n| n == "qemu") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "{test}: ready after {ready_ms} ms, first run served after {served_ms} ms, qemu's probe ended after {} ms",
+        started.elapsed().as_millis()
+    );
+}
+
+/// Prints `SKIP`, or fails under CI=true.
+fn skip_or_fail(test: &str, why: &str) {
+    if env::strict() {
+        panic!("SKIP not allowed under CI=true: {test}: {why}");
+    }
+    eprintln!("SKIP {test}: {why}");
 }

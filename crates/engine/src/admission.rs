@@ -17,6 +17,18 @@ pub fn controller_uid(base: u32, max_total: usize, slot: usize) -> u32 {
     base + max_total as u32 + 1 + slot as u32
 }
 
+/// The probe uid of the provider at `index` in the settings' list. The first keeps
+/// `base + max_total`, between the run uids and the controller uids; each further one gets
+/// its own past the controller uids, `base + 2 * max_total + index`, so every provider can
+/// probe at the same moment as the others (a probe ends every process of its uid).
+pub fn probe_uid(base: u32, max_total: usize, index: usize) -> u32 {
+    if index == 0 {
+        base + max_total as u32
+    } else {
+        base + 2 * max_total as u32 + index as u32
+    }
+}
+
 /// Counts runs in flight. Over a limit, a run is refused at once (`capacity`), never queued.
 #[derive(Debug)]
 pub struct Admission {
@@ -175,6 +187,33 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_run_controller_and_probe_uid_is_distinct_and_in_range() {
+        for (max, providers) in [(1, 1), (1, 5), (8, 1), (8, 5), (3, 2)] {
+            let base = 100_000;
+            let mut uids: Vec<u32> = (0..max)
+                .flat_map(|slot| [run_uid(base, slot), controller_uid(base, max, slot)])
+                .chain((0..providers).map(|i| probe_uid(base, max, i)))
+                .collect();
+            let n = uids.len();
+            uids.sort_unstable();
+            uids.dedup();
+            assert_eq!(
+                uids.len(),
+                n,
+                "max {max}, providers {providers}: a uid is shared"
+            );
+            // The range the settings check: base..=base+2*max+providers-1, with no gap.
+            assert_eq!(uids[0], base);
+            assert_eq!(
+                *uids.last().unwrap(),
+                base + 2 * max as u32 + providers as u32 - 1
+            );
+            assert!(crate::engine::validate_uid_range(base, max, providers).is_ok());
+        }
+        assert!(crate::engine::validate_uid_range(u32::MAX - 30, 8, 20).is_err());
+    }
 
     #[test]
     fn limits_hold_and_release() {

@@ -96,9 +96,11 @@ pub struct EngineConfig {
     pub max_concurrent: usize,
     /// Runs at once per caller.
     pub max_per_caller: usize,
-    /// The first of `2 × max_concurrent + 1` consecutive uids (and gids): `max_concurrent` run
-    /// uids, the probe's, then `max_concurrent` controller uids (a run's second uid, for a
-    /// trial's controller). No two runs at once share one. Must be unused on the host.
+    /// The first of `2 × max_concurrent + providers` consecutive uids (and gids):
+    /// `max_concurrent` run uids, the first provider's probe uid, `max_concurrent` controller
+    /// uids (a run's second uid, for a trial's controller), then a probe uid for each further
+    /// provider (`admission::probe_uid`). No two runs or probes at once share one.
+    /// Must be unused on the host.
     pub sandbox_uid_base: u32,
     /// Where runs' directories live (`<state_dir>/runs/<run_id>`).
     pub state_dir: PathBuf,

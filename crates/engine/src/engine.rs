@@ -14,6 +14,7 @@ use plimsoll_wire::{
 
 use crate::admission::{Admission, controller_uid, run_uid};
 use crate::config::EngineConfig;
+use crate::evidence_cache::EvidenceCache;
 use crate::providers::AnyProvider;
 use crate::routing::{Candidate, route};
 
@@ -22,12 +23,31 @@ use crate::routing::{Candidate, route};
 struct Slot {
     provider: AnyProvider,
     probed: RwLock<Option<ProbedState>>,
+    /// The uid its probe runs as, its own (`admission::probe_uid`).
+    probe_uid: u32,
+    /// Held while its probe runs: one probe per provider at a time (start-up, re-check and
+    /// a re-probe after a failure may meet).
+    probing: std::sync::Mutex<()>,
 }
 
 #[derive(Debug, Clone)]
 struct ProbedState {
     probed: Probed,
     evidence_sha256: String,
+    /// Read from the evidence cache, not probed by this engine.
+    cached: bool,
+}
+
+/// The evidence a provider is offered on now, as [`Engine::evidence`] gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderEvidence {
+    /// The evidence.
+    pub evidence: plimsoll_wire::Evidence,
+    /// Its digest (a run's `record.evidence_sha256`).
+    pub evidence_sha256: String,
+    /// It came from the host's evidence cache ([`EvidenceCache`]), not from a probe of
+    /// this engine.
+    pub cached: bool,
 }
 
 /// The engine could not be built.
@@ -125,8 +145,8 @@ pub struct Engine {
     /// Swapped whole by [`Engine::replace_grants`]; a run takes its profile out once, so a
     /// run in flight keeps the profile it started with.
     grants: RwLock<Arc<GrantProfiles>>,
-    /// Probes run one at a time: every provider's probe runs as the one probe uid.
-    probe_lock: std::sync::Mutex<()>,
+    /// Evidence this host checked recently, consulted by [`Engine::probe_for`] only.
+    cache: Option<EvidenceCache>,
 }
 
 impl Engine {
@@ -139,7 +159,11 @@ impl Engine {
         if providers.is_empty() {
             return Err(BuildEngineError::NoProviders);
         }
-        validate_uid_range(config.sandbox_uid_base, config.max_concurrent)?;
+        validate_uid_range(
+            config.sandbox_uid_base,
+            config.max_concurrent,
+            providers.len(),
+        )?;
         if config.max_concurrent == 0 || config.max_per_caller == 0 {
             return Err(BuildEngineError::Invalid(
                 "max_concurrent and max_per_caller must be at least 1".into(),
@@ -159,9 +183,16 @@ impl Engine {
         );
         let slots = providers
             .into_iter()
-            .map(|provider| Slot {
+            .enumerate()
+            .map(|(index, provider)| Slot {
                 provider,
                 probed: RwLock::new(None),
+                probe_uid: crate::admission::probe_uid(
+                    config.sandbox_uid_base,
+                    config.max_concurrent,
+                    index,
+                ),
+                probing: std::sync::Mutex::new(()),
             })
             .collect();
         Ok(Engine {
@@ -169,7 +200,7 @@ impl Engine {
             slots,
             admission,
             grants: RwLock::new(Arc::new(GrantProfiles::none())),
-            probe_lock: std::sync::Mutex::new(()),
+            cache: None,
         })
     }
 
@@ -198,16 +229,51 @@ impl Engine {
         Arc::clone(&self.grants.read().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// The engine with an evidence cache: [`Engine::probe_for`] takes a provider's evidence
+    /// from it when it still holds (see [`EvidenceCache`]) instead of probing, and stores the
+    /// evidence of every probe that passed. [`Engine::probe_all`] and [`Engine::reprobe`]
+    /// always probe.
+    pub fn with_evidence_cache(mut self, cache: EvidenceCache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The evidence `provider` is offered on now, if it was probed (or read from the cache).
+    pub fn evidence(&self, provider: &str) -> Option<ProviderEvidence> {
+        let slot = self.slots.iter().find(|s| s.provider.name() == provider)?;
+        let st = slot
+            .probed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        Some(ProviderEvidence {
+            evidence: st.probed.evidence,
+            evidence_sha256: st.evidence_sha256,
+            cached: st.cached,
+        })
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
 
-    /// Runs every provider's probe and keeps the evidence. Slow (it runs real sandboxes).
+    /// Runs every provider's probe at once, each on a thread of its own and as a uid of its
+    /// own, and keeps each provider's evidence as soon as its probe ends: a provider serves
+    /// from then on, whatever the others' probes are doing. Returns when every probe has
+    /// ended. Slow (it runs real sandboxes).
     pub fn probe_all(&self) {
-        for slot in &self.slots {
-            self.probe_slot(slot);
-        }
+        std::thread::scope(|s| {
+            for slot in &self.slots {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("probe-{}", slot.provider.name()))
+                    .spawn_scoped(s, || self.probe_slot(slot));
+                if spawned.is_err() {
+                    // No thread to be had: probe here, one after another.
+                    self.probe_slot(slot);
+                }
+            }
+        });
     }
 
     /// Probes only what a run with this floor and provider needs: providers that could meet
@@ -229,7 +295,10 @@ impl Engine {
             .collect();
         order.sort_by_key(|s| s.provider.cost());
         for slot in order {
-            self.probe_slot(slot);
+            if !self.adopt_cached(slot) {
+                self.probe_slot(slot);
+                self.store_cached(slot);
+            }
             let ok = slot
                 .probed
                 .read()
@@ -246,9 +315,61 @@ impl Engine {
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .is_some();
-            if !probed {
+            if !probed && !self.adopt_cached(cheapest) {
                 self.probe_slot(cheapest);
+                self.store_cached(cheapest);
             }
+        }
+    }
+
+    /// Takes `slot`'s evidence from the cache, if there is one and it holds.
+    fn adopt_cached(&self, slot: &Slot) -> bool {
+        let Some(cache) = &self.cache else {
+            return false;
+        };
+        let name = slot.provider.name();
+        match cache.lookup(name, plimsoll_sandbox::unix_ms_now()) {
+            Ok(evidence) => {
+                tracing::info!(
+                    provider = name,
+                    checked_unix_ms = evidence.checked_unix_ms,
+                    "evidence reused from the cache"
+                );
+                let evidence_sha256 = evidence_sha256(&evidence);
+                *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
+                    probed: Probed {
+                        tier: evidence.isolation,
+                        evidence,
+                        available: Ok(()),
+                    },
+                    evidence_sha256,
+                    cached: true,
+                });
+                true
+            }
+            Err(miss) => {
+                tracing::info!(provider = name, why = %miss, "probing: cached evidence not used");
+                false
+            }
+        }
+    }
+
+    /// Stores `slot`'s evidence in the cache when its probe passed.
+    fn store_cached(&self, slot: &Slot) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        let st = slot
+            .probed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(st) = st
+            && st.probed.available.is_ok()
+            && st.probed.tier == st.probed.evidence.isolation
+            && let Err(e) = cache.store(&st.probed.evidence)
+        {
+            tracing::warn!(provider = slot.provider.name(), error = %e, "cannot store evidence in the cache");
         }
     }
 
@@ -260,10 +381,10 @@ impl Engine {
     }
 
     fn probe_slot(&self, slot: &Slot) {
-        let _one_at_a_time = self.probe_lock.lock().unwrap_or_else(|p| p.into_inner());
-        // The probe uid (one past the run uids) is leased host-wide too, so another engine
-        // with the same uid base never probes as it at the same moment.
-        let probe_uid = self.config.sandbox_uid_base + self.config.max_concurrent as u32;
+        let _one_at_a_time = slot.probing.lock().unwrap_or_else(|p| p.into_inner());
+        // The provider's probe uid is leased host-wide too, so another engine with the same
+        // uid base never probes as it at the same moment.
+        let probe_uid = slot.probe_uid;
         let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         let lease = loop {
@@ -302,6 +423,7 @@ impl Engine {
         *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
             probed,
             evidence_sha256,
+            cached: false,
         });
     }
 
@@ -333,7 +455,8 @@ impl Engine {
         out.into_iter().map(|(_, info)| info).collect()
     }
 
-    /// True once every provider has been probed and at least one is available.
+    /// True once at least one provider passed its probe: it serves at once, while the
+    /// probes of others may still run (routing skips a provider not probed yet).
     pub fn ready(&self) -> bool {
         let states: Vec<Option<bool>> = self
             .slots
@@ -346,7 +469,7 @@ impl Engine {
                     .map(|st| st.probed.available.is_ok())
             })
             .collect();
-        states.iter().all(Option::is_some) && states.contains(&Some(true))
+        states.contains(&Some(true))
     }
 
     /// Runs in flight now.
@@ -408,7 +531,7 @@ impl Engine {
                     .map_or(slot.provider.nominal_tier(), |s| s.probed.tier),
                 cost: slot.provider.cost(),
                 available: match st {
-                    None => Err("not probed yet"),
+                    None => Err("not probed yet: its probe is still running; retry shortly"),
                     Some(s) => s
                         .probed
                         .available
@@ -547,17 +670,23 @@ fn unprobed(name: &str, tier: plimsoll_wire::Tier, why: String) -> Probed {
 }
 
 /// Sandbox uids must sit above the 16-bit range where system and login accounts live, and the
-/// whole range (run uids, the probe uid, then the controller uids) must fit in a uid.
-pub(crate) fn validate_uid_range(base: u32, max_concurrent: usize) -> Result<(), BuildEngineError> {
+/// whole range (run uids, the first probe uid, the controller uids, then one probe uid per
+/// further provider) must fit in a uid.
+pub(crate) fn validate_uid_range(
+    base: u32,
+    max_concurrent: usize,
+    providers: usize,
+) -> Result<(), BuildEngineError> {
     const LOWEST: u32 = 65_536;
     let top = u32::try_from(max_concurrent)
         .ok()
         .and_then(|n| n.checked_mul(2))
+        .and_then(|n| n.checked_add(u32::try_from(providers.saturating_sub(1)).ok()?))
         .and_then(|n| base.checked_add(n));
     match top {
         Some(top) if base >= LOWEST && top < u32::MAX - 1 => Ok(()),
         _ => Err(BuildEngineError::Invalid(format!(
-            "sandbox_uid_base = {base} with max_concurrent = {max_concurrent} is out of range: the uids base..=base+2*max_concurrent must lie between {LOWEST} and {}, unused on this host",
+            "sandbox_uid_base = {base} with max_concurrent = {max_concurrent} and {providers} provider(s) is out of range: the uids base..=base+2*max_concurrent+providers-1 must lie between {LOWEST} and {}, unused on this host",
             u32::MAX - 2
         ))),
     }

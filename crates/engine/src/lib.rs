@@ -6,13 +6,15 @@ mod admission;
 mod config;
 mod engine;
 pub mod env;
+pub mod evidence_cache;
 mod providers;
 mod routing;
 pub mod settings;
 
 pub use admission::{Admission, Permit};
 pub use config::{EngineConfig, LimitPolicy};
-pub use engine::{BuildEngineError, Engine, RunError};
+pub use engine::{BuildEngineError, Engine, ProviderEvidence, RunError};
+pub use evidence_cache::{CacheMiss, EvidenceCache};
 pub use plimsoll_sandbox::ResolvedLimits;
 pub use plimsoll_wire::{NotDispatched, Reason, not_dispatched_reason};
 pub use providers::AnyProvider;

@@ -96,6 +96,7 @@ pub fn route<'a>(
     {
         return Ok(best.name);
     }
+    let every = why_not_taken(candidates, floor);
     if meeting.is_empty() {
         let offered: Vec<String> = candidates
             .iter()
@@ -105,7 +106,7 @@ pub fn route<'a>(
         return Err(RouteError {
             reason: Reason::Isolation,
             message: format!(
-                "no available provider meets the floor `{floor}` (offered here: {}); to get one, {}",
+                "no available provider meets the floor `{floor}` (offered here: {}; not taken: {every}); to get one, {}",
                 if offered.is_empty() {
                     "none".to_owned()
                 } else {
@@ -116,30 +117,45 @@ pub fn route<'a>(
         });
     }
     if supporting.is_empty() {
-        let why: Vec<String> = meeting
-            .iter()
-            .filter_map(|c| c.supports.err().map(|w| format!("{}: {w}", c.name)))
-            .collect();
         return Err(RouteError {
             reason: Reason::Unsupported,
             message: format!(
-                "no provider at or above `{floor}` can do this run ({})",
-                why.join("; ")
+                "no provider at or above `{floor}` can do this run (not taken: {every})"
             ),
         });
     }
-    let why: Vec<String> = supporting
-        .iter()
-        .filter_map(|c| c.available.err().map(|w| format!("{}: {w}", c.name)))
-        .collect();
     Err(RouteError {
         reason: Reason::Isolation,
         message: format!(
-            "no available provider meets the floor `{floor}`; those that would are withdrawn ({}); to get one, {}",
-            why.join("; "),
+            "no available provider meets the floor `{floor}`; those that would are withdrawn (not taken: {every}); to get one, {}",
             how_to_get(floor)
         ),
     })
+}
+
+/// Every candidate and why it was not taken, in the order configured: below the floor,
+/// cannot do this kind of run, or not available (and why).
+fn why_not_taken(candidates: &[Candidate<'_>], floor: Tier) -> String {
+    let lines: Vec<String> = candidates
+        .iter()
+        .map(|c| {
+            let why = if c.tier < floor {
+                format!("gives `{}`, below the floor", c.tier)
+            } else if let Err(w) = c.supports {
+                format!("cannot do this run: {w}")
+            } else if let Err(w) = c.available {
+                format!("not available: {w}")
+            } else {
+                "available".to_owned()
+            };
+            format!("{} ({}): {why}", c.name, c.tier)
+        })
+        .collect();
+    if lines.is_empty() {
+        "no provider is configured".to_owned()
+    } else {
+        lines.join("; ")
+    }
 }
 
 #[cfg(test)]
@@ -199,6 +215,38 @@ mod tests {
             route(&cs, Tier::Process, Some("nope")).unwrap_err().reason,
             Reason::Request
         );
+    }
+
+    #[test]
+    fn a_refusal_names_every_provider_and_why_it_was_not_taken() {
+        let mut crun = c("crun", Tier::Container, 12);
+        crun.available = Err("crun is not offered: image missing");
+        let mut runsc = c("runsc", Tier::Kernel, 150);
+        runsc.supports = Err("snippets only");
+        let qemu = c("qemu", Tier::Kernel, 400);
+        let cs = [c("process", Tier::Process, 2), crun, runsc, qemu];
+        let e = route(&cs, Tier::Vm, None).unwrap_err();
+        assert_eq!(e.reason, Reason::Isolation);
+        for part in [
+            "process (process): gives `process`, below the floor",
+            "crun (container): gives `container`, below the floor",
+            "runsc (kernel): gives `kernel`, below the floor",
+            "qemu (kernel): gives `kernel`, below the floor",
+        ] {
+            assert!(e.message.contains(part), "{part} missing: {}", e.message);
+        }
+        // Without qemu nothing at `container` or above is left.
+        let e = route(&cs[..3], Tier::Container, None).unwrap_err();
+        assert_eq!(e.reason, Reason::Isolation);
+        for part in [
+            "process (process): gives `process`, below the floor",
+            "crun (container): not available: crun is not offered: image missing",
+            "runsc (kernel): cannot do this run: snippets only",
+        ] {
+            assert!(e.message.contains(part), "{part} missing: {}", e.message);
+        }
+        // qemu was available and meets the floor: it is taken.
+        assert_eq!(route(&cs, Tier::Kernel, None).unwrap(), "qemu");
     }
 
     #[test]

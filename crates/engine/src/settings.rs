@@ -9,6 +9,7 @@
 //! max_per_caller = 4
 //! sandbox_uid_base = 2000000
 //! grants_file = "/etc/plimsoll/grants.toml"   # grant profiles; absent: every grant is refused
+//! evidence_cache_secs = 300        # the CLI reuses evidence this young (0: always probe)
 //!
 //! [limits.defaults]                # any subset; the rest keep the built-in values
 //! timeout_ms = 10000
@@ -78,6 +79,9 @@ pub struct Settings {
     pub sandbox_uid_base: Option<u32>,
     /// The grants file (docs/capability-grants.md); absent: every grant is refused.
     pub grants_file: Option<PathBuf>,
+    /// How long the CLI's embedded engine reuses evidence this host checked (seconds,
+    /// default 300; 0: probe on every invocation). The daemon always probes.
+    pub evidence_cache_secs: Option<u64>,
     /// Limit defaults and maximums.
     #[serde(default)]
     pub limits: LimitsSection,
@@ -416,6 +420,27 @@ impl Settings {
         }
     }
 
+    /// The evidence cache of an engine built from these settings: `evidence-cache.json` in
+    /// the state directory, keyed on a digest of every setting; `None` when
+    /// `evidence_cache_secs` is 0 or this process is not root (only root's file is trusted).
+    pub fn evidence_cache(&self) -> Option<crate::EvidenceCache> {
+        let secs = self
+            .evidence_cache_secs
+            .unwrap_or(crate::evidence_cache::DEFAULT_MAX_AGE_SECS);
+        if secs == 0 || !rustix::process::geteuid().is_root() {
+            return None;
+        }
+        let config = self.engine_config();
+        // Every setting, as parsed (the derived Debug form is deterministic), and the
+        // resolved engine configuration.
+        let digest = plimsoll_wire::digest::sha256_hex(format!("{self:?}\n{config:?}").as_bytes());
+        Some(crate::EvidenceCache::new(
+            config.state_dir.join(crate::evidence_cache::CACHE_FILE),
+            Duration::from_secs(secs),
+            &digest,
+        ))
+    }
+
     /// Builds the engine: validates the settings, then creates the providers named in
     /// `providers` (or `default_providers` when the file names none). Probes nothing.
     pub fn build_engine(&self, default_providers: &[&str]) -> Result<Engine, BuildEngineError> {
@@ -438,11 +463,17 @@ impl Settings {
             None => default_providers.iter().map(|s| (*s).to_owned()).collect(),
         };
         self.oci.validate().map_err(BuildEngineError::Invalid)?;
-        crate::engine::validate_uid_range(config.sandbox_uid_base, config.max_concurrent)?;
-        // One past the run uids, so a probe never shares a uid with a run.
-        let probe_uid = config.sandbox_uid_base + config.max_concurrent as u32;
+        crate::engine::validate_uid_range(
+            config.sandbox_uid_base,
+            config.max_concurrent,
+            names.len(),
+        )?;
         let mut providers = Vec::new();
-        for name in &names {
+        for (index, name) in names.iter().enumerate() {
+            // Never a run's uid, and each provider's own, so all may probe at once; the
+            // engine leases the same uid for it (`Engine::new`).
+            let probe_uid =
+                crate::admission::probe_uid(config.sandbox_uid_base, config.max_concurrent, index);
             if let Some(kind) = RuntimeKind::from_name(name) {
                 providers.push(AnyProvider::Oci(Box::new(OciProvider::new(
                     self.oci.config(kind, probe_uid),
@@ -454,7 +485,11 @@ impl Settings {
                     let base = config.sandbox_uid_base;
                     let vm = self
                         .qemu
-                        .config(&config.state_dir, probe_uid, base..probe_uid)
+                        .config(
+                            &config.state_dir,
+                            probe_uid,
+                            base..base + config.max_concurrent as u32,
+                        )
                         .map_err(BuildEngineError::Invalid)?;
                     providers.push(AnyProvider::Vm(Box::new(VmProvider::new(vm))));
                 }
