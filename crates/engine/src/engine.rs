@@ -455,8 +455,10 @@ impl Engine {
         out.into_iter().map(|(_, info)| info).collect()
     }
 
-    /// True once at least one provider passed its probe: it serves at once, while the
-    /// probes of others may still run (routing skips a provider not probed yet).
+    /// True once every provider's first probe has ended and at least one passed. A provider
+    /// serves as soon as its own probe passed, before this (routing skips one not probed
+    /// yet), but a caller that waits for readiness then sees every provider the host offers,
+    /// so "the strongest available" does not depend on which probe finished first.
     pub fn ready(&self) -> bool {
         let states: Vec<Option<bool>> = self
             .slots
@@ -469,7 +471,7 @@ impl Engine {
                     .map(|st| st.probed.available.is_ok())
             })
             .collect();
-        states.contains(&Some(true))
+        !states.contains(&None) && states.contains(&Some(true))
     }
 
     /// Runs in flight now.
