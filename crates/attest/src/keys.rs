@@ -332,7 +332,11 @@ mod tests {
         let pem = fs::read_to_string(&files.private).unwrap();
         let der = pkcs8_der(&pem);
         // RFC 5208 PrivateKeyInfo: SEQUENCE { INTEGER 0 (v1), AlgorithmIdentifier, OCTET STRING }.
-        assert_eq!(&der[2..5], &[0x02, 0x01, 0x00], "not version v1: {der:02x?}");
+        assert_eq!(
+            &der[2..5],
+            &[0x02, 0x01, 0x00],
+            "not version v1: {der:02x?}"
+        );
         assert_eq!(der.len(), 48, "a v1 Ed25519 key is 48 bytes of DER");
 
         // A v2 key (RFC 5958, public key inside), as keygen used to write: still loads.

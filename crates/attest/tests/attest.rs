@@ -661,7 +661,11 @@ fn keygen_keys_load_in_openssl_and_python_cryptography() {
                 .arg("-noout")
                 .output()
                 .expect("run openssl");
-            assert!(o.status.success(), "openssl pkey refused the key: {:?}", text(&o));
+            assert!(
+                o.status.success(),
+                "openssl pkey refused the key: {:?}",
+                text(&o)
+            );
             // The public key OpenSSL derives from the private key is the one in PREFIX.pub.
             let o = command(&openssl)
                 .arg("pkey")
@@ -743,7 +747,10 @@ fn cli_keygen_close_verify_exit_codes() {
     let verified = plimsoll_attest::verify_bundle(Path::new(&d("b")), key.public()).unwrap();
     let out = text(&o).0;
     assert!(
-        out.contains(&format!("\nlast entry: sha256:{}\n", verified.last_entry_sha256)),
+        out.contains(&format!(
+            "\nlast entry: sha256:{}\n",
+            verified.last_entry_sha256
+        )),
         "{out}"
     );
     assert!(
