@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent client-python client-go client-typescript
+test: deps build images vm-assets lint unit independent client-python client-go client-typescript openapi
 
 deps:
 	@scripts/install-deps
@@ -74,6 +74,16 @@ client-typescript: $(TS_CLIENT)/node_modules/.installed
 $(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
 	cd $(TS_CLIENT) && npm ci --ignore-scripts --no-audit --no-fund
 	touch $@
+
+## pyenv: the Python venv the tests use (build/pyenv, from tests/python/requirements.txt)
+pyenv:
+	@scripts/python-env >/dev/null
+
+## openapi: docs/openapi.json is a valid OpenAPI document (openapi-spec-validator) whose schemas
+## accept the golden vectors and refuse what the daemon refuses (tests/openapi/refused.json)
+openapi: pyenv
+	build/pyenv/bin/openapi-spec-validator docs/openapi.json
+	build/pyenv/bin/python3 tests/openapi/check.py
 
 ## bench: startup medians per provider, engine and daemon, beside bare node and python
 bench: build

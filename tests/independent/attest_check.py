@@ -88,6 +88,11 @@ def record_sha256(rec):
         ("result_sha256", rec["result_sha256"].encode()),
         ("provider", rec["provider"].encode()),
         ("isolation", rec["isolation"].encode()),
+    ]
+    # The applied floor: left out when absent or null (records written before it existed).
+    if rec.get("minimum_isolation") is not None:
+        fields.append(("minimum_isolation", rec["minimum_isolation"].encode()))
+    fields += [
         ("evidence_sha256", rec["evidence_sha256"].encode()),
         ("environment", rec["environment"].encode()),
         ("started_unix_ms", rec["started_unix_ms"].to_bytes(8, "big")),

@@ -314,11 +314,14 @@ def encode_record(r):
             "ended_unix_ms",
             "record_sha256",
         ),
+        ("minimum_isolation",),
     )
     e = Encoding(RECORD_DOMAIN)
     for name in RECORD_STRINGS:
         e.string(name, want_str(r[name], name))
     e.string("isolation", want_tier(r["isolation"], "isolation"))
+    if opt(r, "minimum_isolation") is not None:
+        e.string("minimum_isolation", want_tier(r["minimum_isolation"], "minimum_isolation"))
     e.string("evidence_sha256", want_str(r["evidence_sha256"], "evidence_sha256"))
     e.string("environment", want_str(r["environment"], "environment"))
     e.u64("started_unix_ms", want_int(r["started_unix_ms"], "started_unix_ms", 0, U64_MAX))

@@ -223,6 +223,24 @@ pub fn check_exchange(ex: &Exchange) -> Result<CheckedDigests, CheckExchangeErro
             floor,
         });
     }
+    // The floor the daemon applied (records written before the field existed have none).
+    if let Some(applied) = rec.minimum_isolation {
+        if let Some(floor) = req.minimum_isolation {
+            agree(
+                "minimum_isolation",
+                "the request",
+                floor.as_str(),
+                "the record",
+                applied.as_str(),
+            )?;
+        }
+        if rec.isolation < applied {
+            return Err(CheckExchangeError::BelowFloor {
+                ran: rec.isolation,
+                floor: applied,
+            });
+        }
+    }
     if let Some(named) = &req.provider {
         agree(
             "provider",
@@ -244,6 +262,40 @@ pub fn check_exchange(ex: &Exchange) -> Result<CheckedDigests, CheckExchangeErro
 mod tests {
     use super::*;
     use crate::sample::sample_exchange;
+
+    #[test]
+    fn the_applied_floor_must_equal_the_request_s_and_be_met() {
+        let ex = sample_exchange(0);
+        // The request set no floor: the record's is the operator's default, and the tier
+        // must meet it.
+        let mut e = ex.clone();
+        e.request.minimum_isolation = None;
+        e.response.record.minimum_isolation = Some(Tier::Container);
+        crate::sample::restate_digests(&mut e);
+        let got = check_exchange(&e);
+        assert!(
+            matches!(
+                got,
+                Err(CheckExchangeError::BelowFloor {
+                    floor: Tier::Container,
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
+        // The request set one: the record must state that one.
+        let mut e = ex.clone();
+        e.request.minimum_isolation = Some(Tier::Process);
+        e.response.record.minimum_isolation = None;
+        crate::sample::restate_digests(&mut e);
+        check_exchange(&e).unwrap();
+        e.response.record.minimum_isolation = Some(Tier::Container);
+        e.response.record.isolation = Tier::Container;
+        e.response.isolation = Tier::Container;
+        crate::sample::restate_digests(&mut e);
+        let msg = check_exchange(&e).unwrap_err().to_string();
+        assert!(msg.contains("minimum_isolation"), "{msg}");
+    }
 
     #[test]
     fn a_consistent_exchange_checks_and_each_break_is_named() {

@@ -8,7 +8,9 @@ use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::pkcs8::{
+    DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, KeypairBytes,
+};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use sha2::{Digest as _, Sha256};
 
@@ -170,6 +172,18 @@ fn write_new(path: &Path, mode: u32, text: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// The private key as PKCS#8 v1 PEM (RFC 5208 `PrivateKeyInfo`, no public key inside): the
+/// form OpenSSL 3.0, Node and Python's `cryptography` all load. The v2 form (RFC 5958, with
+/// the public key) is still read, but not written; the public key has its own file.
+fn private_pem_v1(signing: &SigningKey) -> impl std::ops::Deref<Target = String> {
+    KeypairBytes {
+        secret_key: signing.to_bytes(),
+        public_key: None,
+    }
+    .to_pkcs8_pem(LineEnding::LF)
+    .expect("an Ed25519 private key always has a PKCS#8 encoding")
+}
+
 /// Generates a key pair from the OS random source and writes `PREFIX.key` (mode 0600) and
 /// `PREFIX.pub`. Refuses when either exists.
 pub fn keygen(prefix: &Path) -> Result<KeyFiles, KeygenError> {
@@ -181,10 +195,7 @@ pub fn keygen(prefix: &Path) -> Result<KeyFiles, KeygenError> {
         }
     }
     let key = AttestKey::from_signing(SigningKey::generate(&mut rand_core::OsRng));
-    let pem = key
-        .signing
-        .to_pkcs8_pem(LineEnding::LF)
-        .expect("an Ed25519 private key always has a PKCS#8 encoding");
+    let pem = private_pem_v1(&key.signing);
     write_new(&private, 0o600, pem.as_bytes()).map_err(|source| match source.kind() {
         std::io::ErrorKind::AlreadyExists => KeygenError::Exists {
             path: private.clone(),
@@ -312,6 +323,38 @@ mod tests {
         fs::write(with_suffix(&other, ".pub"), "x").unwrap();
         assert!(matches!(keygen(&other), Err(KeygenError::Exists { .. })));
         assert!(!with_suffix(&other, ".key").exists());
+    }
+
+    #[test]
+    fn keygen_writes_pkcs8_v1_and_v2_keys_are_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = keygen(&dir.path().join("k")).unwrap();
+        let pem = fs::read_to_string(&files.private).unwrap();
+        let der = pkcs8_der(&pem);
+        // RFC 5208 PrivateKeyInfo: SEQUENCE { INTEGER 0 (v1), AlgorithmIdentifier, OCTET STRING }.
+        assert_eq!(
+            &der[2..5],
+            &[0x02, 0x01, 0x00],
+            "not version v1: {der:02x?}"
+        );
+        assert_eq!(der.len(), 48, "a v1 Ed25519 key is 48 bytes of DER");
+
+        // A v2 key (RFC 5958, public key inside), as keygen used to write: still loads.
+        let key = AttestKey::from_seed(&[7; 32]);
+        let v2 = key.signing.to_pkcs8_pem(LineEnding::LF).unwrap();
+        assert_eq!(&pkcs8_der(&v2)[2..5], &[0x02, 0x01, 0x01], "not version v2");
+        let path = dir.path().join("v2.key");
+        write_new(&path, 0o600, v2.as_bytes()).unwrap();
+        assert_eq!(load_private_key(&path).unwrap().key_id(), key.key_id());
+    }
+
+    /// The DER inside a one-block PEM.
+    fn pkcs8_der(pem: &str) -> Vec<u8> {
+        use base64::Engine as _;
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(body)
+            .unwrap()
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub fn sample_exchange(n: u64) -> Exchange {
         result_sha256: String::new(),
         provider: "process".into(),
         isolation: Tier::Process,
+        minimum_isolation: Some(Tier::Process),
         evidence_sha256: sha256_hex(b"sample evidence"),
         environment: "plimsoll-engine 0.1.0".into(),
         started_unix_ms: started,

@@ -33,6 +33,8 @@ pub struct VerifiedBundle {
     pub close_line: usize,
     /// The last entry's envelope digest (the genesis value when there are none).
     pub last_entry_sha256: String,
+    /// The close's envelope digest: the one value that pins the whole bundle (publish it).
+    pub close_sha256: String,
 }
 
 impl VerifiedBundle {
@@ -56,7 +58,7 @@ impl VerifiedBundle {
         };
         format!(
             "bundle OK: {entries}, closed at line {}, all signed by key {}\n\
-             ran: {}\nlast entry: sha256:{}\n",
+             ran: {}\nlast entry: sha256:{}\nclose: sha256:{}\n",
             self.close_line,
             self.key_id,
             if ran.is_empty() {
@@ -65,6 +67,7 @@ impl VerifiedBundle {
                 ran.join(", ")
             },
             self.last_entry_sha256,
+            self.close_sha256,
         )
     }
 }
@@ -141,6 +144,7 @@ pub fn verify_bundle_bytes(
     let mut previous = GENESIS_SHA256.to_owned();
     let mut entries = Vec::new();
     let mut close_line: Option<usize> = None;
+    let mut close_sha256 = String::new();
     let unterminated = (!tail.is_empty()).then_some(*tail);
     let all = lines
         .iter()
@@ -177,6 +181,7 @@ pub fn verify_bundle_bytes(
             AnyStatement::Close(st) => {
                 check_close(&line, &st, expected, &previous).map_err(|p| refuse(seq, p))?;
                 close_line = Some(line_no);
+                close_sha256 = envelope_sha256(&line.envelope);
             }
         }
     }
@@ -192,5 +197,6 @@ pub fn verify_bundle_bytes(
         key_id: key.key_id().to_owned(),
         close_line,
         last_entry_sha256: previous,
+        close_sha256,
     })
 }

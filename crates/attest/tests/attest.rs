@@ -633,6 +633,89 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
+/// `keygen`'s private key loads in OpenSSL (`openssl pkey`) and in Python's `cryptography`,
+/// and signs what its public key verifies there.
+#[test]
+fn keygen_keys_load_in_openssl_and_python_cryptography() {
+    let test = "keygen_keys_load_in_openssl_and_python_cryptography";
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("k");
+    let o = attest(&["keygen", "--out", &prefix.display().to_string()], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let key = dir.path().join("k.key");
+    let public = dir.path().join("k.pub");
+    let pem = std::fs::read_to_string(&key).unwrap();
+    assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----\n"), "{pem}");
+
+    match which("openssl") {
+        None => {
+            if skip(test, "no openssl on PATH") {
+                return;
+            }
+        }
+        Some(openssl) => {
+            let o = command(&openssl)
+                .arg("pkey")
+                .arg("-in")
+                .arg(&key)
+                .arg("-noout")
+                .output()
+                .expect("run openssl");
+            assert!(
+                o.status.success(),
+                "openssl pkey refused the key: {:?}",
+                text(&o)
+            );
+            // The public key OpenSSL derives from the private key is the one in PREFIX.pub.
+            let o = command(&openssl)
+                .arg("pkey")
+                .arg("-in")
+                .arg(&key)
+                .arg("-pubout")
+                .output()
+                .expect("run openssl");
+            assert!(o.status.success(), "{:?}", text(&o));
+            assert_eq!(text(&o).0, std::fs::read_to_string(&public).unwrap());
+        }
+    }
+
+    let python = match python_with_cryptography() {
+        Ok(p) => p,
+        Err(why) => {
+            skip(test, &why);
+            return;
+        }
+    };
+    let script = r#"
+import sys
+from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
+key = load_pem_private_key(open(sys.argv[1], "rb").read(), password=None)
+pub = load_pem_public_key(open(sys.argv[2], "rb").read())
+pub.verify(key.sign(b"plimsoll"), b"plimsoll")
+print("ok")
+"#;
+    let o = command(&python)
+        .arg("-c")
+        .arg(script)
+        .arg(&key)
+        .arg(&public)
+        .output()
+        .expect("run python");
+    assert!(
+        o.status.success() && text(&o).0.trim() == "ok",
+        "cryptography refused the key: {:?}",
+        text(&o)
+    );
+}
+
+/// `program` on PATH, if it is there.
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
 #[test]
 fn cli_keygen_close_verify_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
@@ -660,6 +743,25 @@ fn cli_keygen_close_verify_exit_codes() {
         "{:?}",
         text(&o)
     );
+    // Both digests, named: the last entry's and the close's (the close's pins the bundle).
+    let verified = plimsoll_attest::verify_bundle(Path::new(&d("b")), key.public()).unwrap();
+    let out = text(&o).0;
+    assert!(
+        out.contains(&format!(
+            "\nlast entry: sha256:{}\n",
+            verified.last_entry_sha256
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("\nclose: sha256:{}\n", verified.close_sha256)),
+        "{out}"
+    );
+    let lines = std::fs::read(d("b")).unwrap();
+    let close_line = lines.split(|&b| b == b'\n').nth(2).unwrap();
+    let close: BundleLine = serde_json::from_slice(close_line).unwrap();
+    assert_eq!(verified.close_sha256, envelope_sha256(&close.envelope));
+    assert_ne!(verified.close_sha256, verified.last_entry_sha256);
 
     let o = attest(&["keygen", "--out", &d("other")], &[]);
     assert!(o.status.success());
@@ -694,53 +796,25 @@ fn cli_keygen_close_verify_exit_codes() {
 
 // ---------------------------------------------------------------- independent check
 
-/// A Python with the `cryptography` package: `python3` on PATH if it has it, otherwise a venv
-/// made under target/attest-pyenv with `cryptography` installed from PyPI.
+/// A Python with the `cryptography` package: the project's venv, build/pyenv, made (or
+/// brought up to date) by scripts/python-env from tests/python/requirements.txt.
 fn python_with_cryptography() -> Result<PathBuf, String> {
-    let has = |python: &Path| {
-        command(python)
-            .args(["-c", "import cryptography"])
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let venv = root().join("target/attest-pyenv");
-    let venv_python = venv.join("bin/python3");
-    // Test processes run in parallel: one makes the venv while the others wait on this lock.
-    std::fs::create_dir_all(root().join("target")).map_err(|e| e.to_string())?;
-    let lock = std::fs::File::create(root().join("target/attest-pyenv.lock"))
-        .map_err(|e| format!("cannot create the venv lock: {e}"))?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|e| format!("cannot lock the venv lock: {e}"))?;
-    if venv_python.exists() && has(&venv_python) {
-        return Ok(venv_python);
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let on_path = std::env::split_paths(&path)
-        .map(|d| d.join("python3"))
-        .find(|p| p.exists())
-        .ok_or("no python3 on PATH")?;
-    if has(&on_path) {
-        return Ok(on_path);
-    }
-    let o = command(&on_path)
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", on_path.display()))?;
-    if !o.status.success() {
-        return Err(format!("python3 -m venv failed: {:?}", text(&o)));
-    }
-    let o = command(venv.join("bin/pip"))
-        .args(["install", "--quiet", "cryptography"])
+    let o = command(root().join("scripts/python-env"))
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", root().join("target"))
         .output()
-        .map_err(|e| format!("cannot run pip: {e}"))?;
-    if !o.status.success() || !has(&venv_python) {
-        return Err(format!("pip install cryptography failed: {:?}", text(&o)));
+        .map_err(|e| format!("cannot run scripts/python-env: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("scripts/python-env failed: {:?}", text(&o)));
     }
-    Ok(venv_python)
+    let python = PathBuf::from(text(&o).0.trim());
+    let has = command(&python)
+        .args(["-c", "import cryptography"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        return Err(format!("{} has no `cryptography`", python.display()));
+    }
+    Ok(python)
 }
 
 fn attest_check(python: &Path, args: &[&Path]) -> Output {

@@ -65,6 +65,26 @@ pub fn verify_response(
     // the fact the caller most needs, and it is an error even if every digest matched.
     let weakest = response.isolation.min(response.record.isolation);
     check_tier(id, sent.minimum_isolation, &response.provider, weakest)?;
+    // The record states the floor the daemon applied: the one sent, or the operator's default
+    // when none was sent. It must be there, equal what was sent, and the tier must meet it.
+    let Some(applied) = response.record.minimum_isolation else {
+        return Err(ClientError::BadResponse {
+            request_id: id.to_owned(),
+            status: 200,
+            message: "the record states no applied floor (`record.minimum_isolation`): the daemon is older than this client or faulty, and the code may have run".into(),
+        });
+    };
+    if let Some(floor) = sent.minimum_isolation
+        && floor != applied
+    {
+        return Err(ClientError::RecordMismatch {
+            request_id: id.to_owned(),
+            field: "minimum_isolation",
+            response: floor.as_str().to_owned(),
+            record: applied.as_str().to_owned(),
+        });
+    }
+    check_tier(id, Some(applied), &response.provider, weakest)?;
     // So does the provider, when the request named one.
     if let Some(asked) = &sent.provider {
         for named in [&response.provider, &response.record.provider] {
@@ -164,6 +184,7 @@ mod tests {
             result_sha256: result_sha256(&result),
             provider: "p".into(),
             isolation,
+            minimum_isolation: Some(req.minimum_isolation.unwrap_or(Tier::Process)),
             evidence_sha256: "e".repeat(64),
             environment: "test".into(),
             started_unix_ms: 1,
@@ -231,6 +252,69 @@ mod tests {
                 ClientError::EvidenceMismatch {
                     isolation: Tier::Container,
                     floor: Tier::Kernel,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_applied_floor_is_required_equal_to_the_sent_one_and_met() {
+        // None sent: the operator's default (here container) is applied, and a tier below it
+        // is caught although this client set no floor of its own.
+        let req = request(None);
+        let mut resp = honest(&req, Tier::Process);
+        resp.record.minimum_isolation = Some(Tier::Container);
+        resp.record.record_sha256 = record_sha256(&resp.record);
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::EvidenceMismatch {
+                    isolation: Tier::Process,
+                    floor: Tier::Container,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // A floor was sent: the record must state exactly it, even when the tier meets both.
+        let req = request(Some(Tier::Container));
+        let mut resp = honest(&req, Tier::Kernel);
+        resp.record.minimum_isolation = Some(Tier::Process);
+        resp.record.record_sha256 = record_sha256(&resp.record);
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::RecordMismatch {
+                    field: "minimum_isolation",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // A record without it is refused.
+        let mut resp = honest(&req, Tier::Kernel);
+        resp.record.minimum_isolation = None;
+        resp.record.record_sha256 = record_sha256(&resp.record);
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(e.to_string().contains("no applied floor"), "{e}");
+        assert_eq!(not_dispatched_reason(&e), None);
+    }
+
+    #[test]
+    fn the_applied_floor_is_covered_by_the_record_digest() {
+        let req = request(None);
+        let mut resp = honest(&req, Tier::Kernel);
+        resp.record.minimum_isolation = Some(Tier::Container);
+        let e = verify_response(&req, resp).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::DigestMismatch {
+                    kind: DigestKind::Record,
                     ..
                 }
             ),

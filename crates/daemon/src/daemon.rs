@@ -41,6 +41,9 @@ pub const MAX_HEADER_TIMEOUT_SECS: u64 = 3600;
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 512;
 /// The largest `max_connections` accepted.
 pub const MAX_MAX_CONNECTIONS: u64 = 65536;
+/// Default largest number of connections open at once from one peer: enough for a busy
+/// honest client's pool, a small share of [`DEFAULT_MAX_CONNECTIONS`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u64 = 64;
 /// The shortest interval between two log lines saying the connection cap was reached.
 pub const CAP_WARN_INTERVAL: Duration = Duration::from_secs(1);
 /// How long the accept loop pauses after an accept error other than a connection's own
@@ -67,6 +70,9 @@ pub struct DaemonOptions {
     /// The most connections open at once; one accepted beyond it is closed at once,
     /// without an answer.
     pub max_connections: usize,
+    /// The most connections open at once from one peer ([`peer_key`]); one accepted beyond it
+    /// is closed at once, without an answer, so one client cannot hold every place.
+    pub max_connections_per_peer: usize,
     /// How long shutdown waits for runs in flight: the longest run timeout the settings
     /// allow, plus [`SHUTDOWN_SLACK`].
     pub shutdown_grace: Duration,
@@ -174,6 +180,17 @@ impl DaemonOptions {
                 ),
             });
         }
+        let per_peer = d
+            .max_connections_per_peer
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_PEER);
+        if !(1..=MAX_MAX_CONNECTIONS).contains(&per_peer) {
+            return Err(StartDaemonError::Invalid {
+                key: "max_connections_per_peer",
+                message: format!(
+                    "must be from 1 to {MAX_MAX_CONNECTIONS} (default {DEFAULT_MAX_CONNECTIONS_PER_PEER}): the connections open at once from one IPv4 address or IPv6 /64; behind a reverse proxy every client is the proxy, so raise it to max_connections there"
+                ),
+            });
+        }
         Ok(DaemonOptions {
             listen,
             callers_file: d
@@ -184,6 +201,7 @@ impl DaemonOptions {
             recheck: Duration::from_secs(recheck),
             header_timeout: Duration::from_secs(header_timeout),
             max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            max_connections_per_peer: usize::try_from(per_peer).unwrap_or(usize::MAX),
             shutdown_grace: settings.engine_config().limits.maximums.timeout + SHUTDOWN_SLACK,
             // `plimsolld --grants` overrides it.
             grants_file: settings.grants_file.clone(),
@@ -324,6 +342,7 @@ impl Daemon {
             app,
             self.options.header_timeout,
             self.options.max_connections,
+            self.options.max_connections_per_peer,
             signal,
         );
         let grace = self.options.shutdown_grace;
@@ -373,9 +392,13 @@ async fn accept_loop(
     app: Router,
     header_timeout: Duration,
     max_connections: usize,
+    max_per_peer: usize,
     signal: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(max_connections));
+    let peers = PeerCounts::default();
+    let mut last_peer_warn: Option<tokio::time::Instant> = None;
+    let mut peer_refused_since_warn: u64 = 0;
     // When the last line about the cap was logged, and connections refused since.
     let mut last_cap_warn: Option<tokio::time::Instant> = None;
     let mut refused_since_warn: u64 = 0;
@@ -390,8 +413,8 @@ async fn accept_loop(
             accepted = listener.accept() => accepted,
             () = &mut signal => break,
         };
-        let stream = match accepted {
-            Ok((stream, _peer)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 tracing::error!(
@@ -404,6 +427,23 @@ async fn accept_loop(
                     () = &mut signal => break,
                 }
             }
+        };
+        // The peer's own cap first, so a peer over it does not take a place of the global one.
+        let Some(peer_place) = peers.try_take(peer_key(peer.ip()), max_per_peer) else {
+            drop(stream);
+            peer_refused_since_warn += 1;
+            let now = tokio::time::Instant::now();
+            if last_peer_warn.is_none_or(|t| now.duration_since(t) >= CAP_WARN_INTERVAL) {
+                tracing::warn!(
+                    max_connections_per_peer = max_per_peer,
+                    peer = %peer_key(peer.ip()),
+                    refused = peer_refused_since_warn,
+                    "per-peer connection cap reached: closing this peer's new connections without an answer; raise [daemon].max_connections_per_peer if it is an honest proxy"
+                );
+                last_peer_warn = Some(now);
+                peer_refused_since_warn = 0;
+            }
+            continue;
         };
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             // Over the cap: closed without a byte written.
@@ -421,13 +461,16 @@ async fn accept_loop(
             }
             continue;
         };
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        // hyper's own answers (a head it cannot parse) get an ErrorResponse body on the way out.
+        let io = TokioIo::new(crate::server::AutoErrorBodies::new(stream));
+        let conn = graceful.watch(http.serve_connection(io, service.clone()));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection closed with an error");
             }
             // Held until the connection ends.
             drop(permit);
+            drop(peer_place);
         });
     }
     drop(listener);
@@ -436,6 +479,62 @@ async fn accept_loop(
         "no longer accepting; waiting for open connections to close"
     );
     graceful.shutdown().await;
+}
+
+/// What the per-peer cap counts by: an IPv4 address (an IPv4-mapped IPv6 one too), or an
+/// IPv6 address's /64 (one host's usual allocation, so its 2^64 addresses count as one peer).
+fn peer_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+/// Connections open per peer key.
+#[derive(Debug, Clone, Default)]
+struct PeerCounts(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+
+/// One connection's place in its peer's count, given back when dropped.
+#[derive(Debug)]
+struct PeerPlace {
+    counts: PeerCounts,
+    key: std::net::IpAddr,
+}
+
+impl PeerCounts {
+    /// A place for one more connection of `key`, unless it holds `max` already.
+    fn try_take(&self, key: std::net::IpAddr, max: usize) -> Option<PeerPlace> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(key).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerPlace {
+            counts: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for PeerPlace {
+    fn drop(&mut self) {
+        let mut map = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.key) {
+            *n -= 1;
+            // No entry outlives its peer's last connection, so the map stays small.
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// An accept error that concerns only the connection being accepted.
@@ -583,6 +682,51 @@ mod tests {
         assert!(options("header_timeout_secs = 3600").is_ok());
         // Far past any deadline a timer can hold: refused, rather than panicking later.
         assert!(options(&format!("header_timeout_secs = {}", i64::MAX)).is_err());
+    }
+
+    #[test]
+    fn max_connections_per_peer_defaults_to_64_and_is_bounded() {
+        assert_eq!(options("").unwrap().max_connections_per_peer, 64);
+        assert_eq!(
+            options("max_connections_per_peer = 1")
+                .unwrap()
+                .max_connections_per_peer,
+            1
+        );
+        for bad in ["0", "65537"] {
+            let e = options(&format!("max_connections_per_peer = {bad}")).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    StartDaemonError::Invalid {
+                        key: "max_connections_per_peer",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn peers_are_counted_by_ipv4_address_or_ipv6_slash_64() {
+        let key = |s: &str| peer_key(s.parse().unwrap()).to_string();
+        assert_eq!(key("10.0.0.1"), "10.0.0.1");
+        assert_eq!(key("::ffff:10.0.0.1"), "10.0.0.1");
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::9"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        let counts = PeerCounts::default();
+        let ip = peer_key("10.0.0.1".parse().unwrap());
+        let a = counts.try_take(ip, 2).unwrap();
+        let _b = counts.try_take(ip, 2).unwrap();
+        assert!(counts.try_take(ip, 2).is_none());
+        assert!(
+            counts
+                .try_take(peer_key("10.0.0.2".parse().unwrap()), 2)
+                .is_some()
+        );
+        drop(a);
+        assert!(counts.try_take(ip, 2).is_some());
     }
 
     #[test]

@@ -15,4 +15,6 @@ pub use daemon::{
     DEFAULT_CALLERS_FILE, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_RECHECK_SECS, Daemon,
     DaemonOptions, SHUTDOWN_SLACK, StartDaemonError, build_engine, load_grants, run,
 };
-pub use server::{OPENAPI_JSON, RETRY_AFTER_SECS, ROUTES, Route, status_for};
+pub use server::{
+    AutoErrorBodies, Failure, OPENAPI_JSON, RETRY_AFTER_SECS, ROUTES, Route, status_for,
+};

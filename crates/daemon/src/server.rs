@@ -1,4 +1,5 @@
-//! The HTTP surface: routes, authentication, status codes, and one log line per run answer.
+//! The HTTP surface: routes, authentication, one mapping from every failure to its status and
+//! `ErrorResponse` ([`Failure`]), and one log line per run answer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -107,6 +108,123 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Every answer that is not a run response. Each gets its HTTP status, its `error.code` and
+/// its not-dispatched mark here and nowhere else; every one is sent as an `ErrorResponse`,
+/// hyper's own answers to a head it cannot parse included ([`AutoErrorBodies`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Refused before anything ran, by the parser or the engine, for this reason.
+    Refused(Reason),
+    /// No bearer token, or one this daemon does not know.
+    Unauthenticated,
+    /// The callers file cannot be read, so no caller can be checked.
+    CallersUnavailable,
+    /// The body is over `[daemon].max_body_bytes`.
+    BodyTooLarge,
+    /// The body did not arrive in time.
+    BodyTimedOut,
+    /// The body could not be read (the connection failed, or its framing was broken).
+    BodyUnreadable,
+    /// No such route.
+    NotFound,
+    /// The route does not take this method.
+    MethodNotAllowed,
+    /// hyper could not parse the request line or a header.
+    HeadMalformed,
+    /// The request head is over hyper's size or header-count limit.
+    HeadTooLarge,
+    /// The request target is over hyper's length limit.
+    UriTooLong,
+    /// The run failed after its code may have started.
+    SandboxFailed,
+    /// The daemon failed while handling the run; its code may have started.
+    Internal,
+}
+
+impl Failure {
+    /// The HTTP status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Failure::Refused(reason) => status_for(reason),
+            Failure::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Failure::CallersUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Failure::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Failure::BodyTimedOut => StatusCode::REQUEST_TIMEOUT,
+            Failure::BodyUnreadable | Failure::HeadMalformed => StatusCode::BAD_REQUEST,
+            Failure::NotFound => StatusCode::NOT_FOUND,
+            Failure::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Failure::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Failure::UriTooLong => StatusCode::URI_TOO_LONG,
+            Failure::SandboxFailed | Failure::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable `error.code`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Failure::Refused(reason) => reason.as_str(),
+            Failure::Unauthenticated => "unauthenticated",
+            Failure::CallersUnavailable => "callers_unavailable",
+            Failure::BodyTooLarge
+            | Failure::BodyTimedOut
+            | Failure::BodyUnreadable
+            | Failure::HeadMalformed
+            | Failure::HeadTooLarge
+            | Failure::UriTooLong => "request",
+            Failure::NotFound => "not_found",
+            Failure::MethodNotAllowed => "method_not_allowed",
+            Failure::SandboxFailed => "sandbox_failed",
+            Failure::Internal => "internal",
+        }
+    }
+
+    /// The not-dispatched mark: set for every failure before a run could start.
+    pub fn not_dispatched(self) -> Option<Reason> {
+        match self {
+            Failure::Refused(reason) => Some(reason),
+            Failure::Unauthenticated => Some(Reason::Permission),
+            Failure::CallersUnavailable => Some(Reason::Environment),
+            Failure::BodyTooLarge
+            | Failure::BodyTimedOut
+            | Failure::BodyUnreadable
+            | Failure::NotFound
+            | Failure::MethodNotAllowed
+            | Failure::HeadMalformed
+            | Failure::HeadTooLarge
+            | Failure::UriTooLong => Some(Reason::Request),
+            Failure::SandboxFailed | Failure::Internal => None,
+        }
+    }
+
+    /// The `ErrorResponse` of this failure.
+    pub fn body(self, request_id: Option<String>, message: String) -> ErrorResponse {
+        ErrorResponse {
+            protocol: PROTOCOL,
+            request_id,
+            error: ErrorBody {
+                code: self.code().to_owned(),
+                message,
+                not_dispatched: self.not_dispatched(),
+            },
+        }
+    }
+
+    /// The whole HTTP answer: status, the headers the status calls for, the JSON body.
+    pub fn respond(self, request_id: Option<String>, message: String) -> Response {
+        let status = self.status();
+        let mut resp = (status, axum::Json(self.body(request_id, message))).into_response();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
 /// The HTTP status of a refusal with this reason.
 pub fn status_for(reason: Reason) -> StatusCode {
     match reason {
@@ -130,36 +248,6 @@ async fn count_http(State(st): State<AppState>, req: Request, next: Next) -> Res
     resp
 }
 
-fn error_json(status: StatusCode, body: &ErrorResponse) -> Response {
-    let mut resp = (status, axum::Json(body)).into_response();
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-    }
-    if status == StatusCode::UNAUTHORIZED {
-        resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    resp
-}
-
-fn refusal(
-    request_id: Option<String>,
-    code: &str,
-    reason: Reason,
-    message: String,
-) -> ErrorResponse {
-    ErrorResponse {
-        protocol: PROTOCOL,
-        request_id,
-        error: ErrorBody {
-            code: code.to_owned(),
-            message,
-            not_dispatched: Some(reason),
-        },
-    }
-}
-
 /// Why a request could not be authenticated.
 enum AuthFailure {
     Missing,
@@ -168,30 +256,17 @@ enum AuthFailure {
 }
 
 impl AuthFailure {
-    fn into_response(self, request_id: Option<String>) -> (StatusCode, ErrorResponse) {
+    fn failure(self) -> (Failure, String) {
         match self {
             AuthFailure::Missing => (
-                StatusCode::UNAUTHORIZED,
-                refusal(
-                    request_id,
-                    "unauthenticated",
-                    Reason::Permission,
-                    "no bearer token: send `Authorization: Bearer <token>` (an operator creates one with `plimsoll callers add NAME`)".into(),
-                ),
+                Failure::Unauthenticated,
+                "no bearer token: send `Authorization: Bearer <token>` (an operator creates one with `plimsoll callers add NAME`)".into(),
             ),
             AuthFailure::Invalid => (
-                StatusCode::UNAUTHORIZED,
-                refusal(
-                    request_id,
-                    "unauthenticated",
-                    Reason::Permission,
-                    "the bearer token is not valid on this daemon: check PLIMSOLL_TOKEN, or ask the operator for a token (`plimsoll callers add NAME`)".into(),
-                ),
+                Failure::Unauthenticated,
+                "the bearer token is not valid on this daemon: check PLIMSOLL_TOKEN, or ask the operator for a token (`plimsoll callers add NAME`)".into(),
             ),
-            AuthFailure::Unavailable(message) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                refusal(request_id, "callers_unavailable", Reason::Environment, message),
-            ),
+            AuthFailure::Unavailable(message) => (Failure::CallersUnavailable, message),
         }
     }
 }
@@ -353,22 +428,22 @@ struct Answer<'a> {
 }
 
 impl Answer<'_> {
-    fn refused(&self, status: StatusCode, body: ErrorResponse) -> Response {
-        let reason = body.error.not_dispatched;
+    fn refused(&self, failure: Failure, request_id: Option<String>, message: String) -> Response {
+        let reason = failure.not_dispatched();
         if let Some(r) = reason {
             self.st.metrics.refused(r);
         }
         tracing::info!(
-            request_id = body.request_id.as_deref().unwrap_or(""),
+            request_id = request_id.as_deref().unwrap_or(""),
             caller = self.caller.unwrap_or(""),
             outcome = "refused",
             reason = reason.map_or("", Reason::as_str),
-            code = %body.error.code,
-            status = status.as_u16(),
+            code = failure.code(),
+            status = failure.status().as_u16(),
             duration_ms = self.started.elapsed().as_millis() as u64,
             "run refused"
         );
-        error_json(status, &body)
+        failure.respond(request_id, message)
     }
 
     /// Accounts for what the engine answered and turns it into HTTP.
@@ -397,7 +472,12 @@ impl Answer<'_> {
             }
             Err(err @ RunError::Refused { .. }) => {
                 let reason = plimsoll_wire::not_dispatched_reason(&err).unwrap_or(Reason::Request);
-                self.refused(status_for(reason), err.to_response())
+                let body = err.to_response();
+                self.refused(
+                    Failure::Refused(reason),
+                    body.request_id,
+                    body.error.message,
+                )
             }
             Err(err @ RunError::Failed { .. }) => {
                 if let RunError::Failed { provider, .. } = &err {
@@ -412,7 +492,8 @@ impl Answer<'_> {
                     duration_ms,
                     "run failed after it may have started"
                 );
-                error_json(StatusCode::INTERNAL_SERVER_ERROR, &err.to_response())
+                let body = err.to_response();
+                Failure::SandboxFailed.respond(body.request_id, body.error.message)
             }
         }
     }
@@ -432,23 +513,16 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
         Ok(c) => c,
         Err(failure) => {
             let prefix = read_prefix(body, ID_PREFIX_BYTES, ID_PREFIX_TIMEOUT).await;
-            let (status, body) = failure.into_response(scanned_request_id(&prefix));
-            return closing(answer.refused(status, body));
+            let (failure, message) = failure.failure();
+            return closing(answer.refused(failure, scanned_request_id(&prefix), message));
         }
     };
     answer.caller = Some(&caller);
 
-    let too_large = |request_id: Option<String>| {
-        refusal(
-            request_id,
-            "request",
-            Reason::Request,
-            format!(
-                "the request body is larger than this daemon's limit of {} bytes: send less (the operator sets [daemon].max_body_bytes)",
-                st.max_body_bytes
-            ),
-        )
-    };
+    let too_large = format!(
+        "the request body is larger than this daemon's limit of {} bytes: send less (the operator sets [daemon].max_body_bytes)",
+        st.max_body_bytes
+    );
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -457,43 +531,39 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
     if declared.is_some_and(|n| n > st.max_body_bytes as u64) {
         let prefix = read_prefix(body, ID_PREFIX_BYTES, ID_PREFIX_TIMEOUT).await;
         let id = scanned_request_id(&prefix);
-        return closing(answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large(id)));
+        return closing(answer.refused(Failure::BodyTooLarge, id, too_large));
     }
     let bytes = match read_body(body, st.max_body_bytes, BODY_READ_TIMEOUT).await {
         Ok(bytes) => bytes,
         Err(ReadBodyError::TooLarge { prefix }) => {
             let id = scanned_request_id(&prefix);
-            return closing(answer.refused(StatusCode::PAYLOAD_TOO_LARGE, too_large(id)));
+            return closing(answer.refused(Failure::BodyTooLarge, id, too_large));
         }
         Err(ReadBodyError::TimedOut { prefix }) => {
-            let body = refusal(
-                scanned_request_id(&prefix),
-                "request",
-                Reason::Request,
-                format!(
-                    "the request body did not arrive within {} s: send it whole and promptly",
-                    BODY_READ_TIMEOUT.as_secs()
-                ),
+            let message = format!(
+                "the request body did not arrive within {} s: send it whole and promptly",
+                BODY_READ_TIMEOUT.as_secs()
             );
-            return closing(answer.refused(StatusCode::REQUEST_TIMEOUT, body));
+            let id = scanned_request_id(&prefix);
+            return closing(answer.refused(Failure::BodyTimedOut, id, message));
         }
         Err(ReadBodyError::Failed { prefix, message }) => {
-            return closing(answer.refused(
-                StatusCode::BAD_REQUEST,
-                refusal(
-                    scanned_request_id(&prefix),
-                    "request",
-                    Reason::Request,
-                    format!("the request body could not be read ({message}): send it again"),
-                ),
-            ));
+            let message = format!("the request body could not be read ({message}): send it again");
+            let id = scanned_request_id(&prefix);
+            return closing(answer.refused(Failure::BodyUnreadable, id, message));
         }
     };
 
     let request = match parse_request(&bytes) {
         Ok(r) => r,
         Err(rejection) => {
-            return answer.refused(status_for(rejection.reason), rejection.to_response());
+            // A body that arrived whole but does not parse (truncated, not UTF-8, a byte
+            // order mark, nested too deep) still has its id echoed when it can be read.
+            let id = rejection
+                .request_id
+                .clone()
+                .or_else(|| scanned_request_id(&bytes));
+            return answer.refused(Failure::Refused(rejection.reason), id, rejection.message);
         }
     };
     // The run, its counting and its log line happen on the blocking thread, so they are
@@ -524,24 +594,18 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
                 duration_ms = started.elapsed().as_millis() as u64,
                 "the engine failed while handling a run"
             );
-            let body = ErrorResponse {
-                protocol: PROTOCOL,
-                request_id: Some(request_id),
-                error: ErrorBody {
-                    code: "internal".into(),
-                    message: "the daemon failed while handling this run; it may have started: do not retry blindly, and report this to the operator".into(),
-                    not_dispatched: None,
-                },
-            };
-            error_json(StatusCode::INTERNAL_SERVER_ERROR, &body)
+            Failure::Internal.respond(
+                Some(request_id),
+                "the daemon failed while handling this run; it may have started: do not retry blindly, and report this to the operator".into(),
+            )
         }
     }
 }
 
 async fn providers(State(st): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(failure) = authenticate(&st, &headers) {
-        let (status, body) = failure.into_response(None);
-        return error_json(status, &body);
+        let (failure, message) = failure.failure();
+        return failure.respond(None, message);
     }
     let body = ProvidersResponse {
         protocol: PROTOCOL,
@@ -591,29 +655,170 @@ async fn openapi() -> Response {
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
-    let body = refusal(
+    Failure::NotFound.respond(
         None,
-        "not_found",
-        Reason::Request,
         format!(
             "no route {method} {}: see GET /v1/openapi.json for the routes this daemon serves",
             uri.path()
         ),
-    );
-    error_json(StatusCode::NOT_FOUND, &body)
+    )
 }
 
 async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
-    let body = refusal(
+    Failure::MethodNotAllowed.respond(
         None,
-        "method_not_allowed",
-        Reason::Request,
         format!(
             "{} does not accept {method}: see GET /v1/openapi.json",
             uri.path()
         ),
-    );
-    error_json(StatusCode::METHOD_NOT_ALLOWED, &body)
+    )
+}
+
+/// A connection's stream that gives hyper's own answers an `ErrorResponse` body.
+///
+/// hyper answers a request head it cannot parse by itself, before any handler runs, with an
+/// empty body: `400` (a malformed request line or header), `431` (a head over its size or
+/// header-count limit), `414` (a request target too long). Such an answer is always the
+/// connection's last, and its head is always exactly `HTTP/1.1 <status> <reason>` then
+/// `connection: close` and `content-length: 0` (the handlers' answers always start with
+/// `content-type`). This stream recognises that head where a write begins and writes the same
+/// status with the [`Failure`]'s `ErrorResponse` instead. The request id is `null`: nothing of
+/// the request could be read.
+#[derive(Debug)]
+pub struct AutoErrorBodies<S> {
+    inner: S,
+    /// The replacement answer not yet written.
+    pending: Vec<u8>,
+}
+
+impl<S> AutoErrorBodies<S> {
+    /// Wraps a connection's stream.
+    pub fn new(inner: S) -> Self {
+        AutoErrorBodies {
+            inner,
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// The answer to send instead of `head`, when `head` is one of hyper's own.
+fn replacement_for(head: &[u8]) -> Option<Vec<u8>> {
+    let (failure, message) = if head.starts_with(b"HTTP/1.1 400 ") {
+        (
+            Failure::HeadMalformed,
+            "the request line or a header could not be parsed as HTTP/1.1: send a well-formed request",
+        )
+    } else if head.starts_with(b"HTTP/1.1 431 ") {
+        (
+            Failure::HeadTooLarge,
+            "the request head is too large (too many or too long headers): send fewer, shorter headers",
+        )
+    } else if head.starts_with(b"HTTP/1.1 414 ") {
+        (
+            Failure::UriTooLong,
+            "the request target is too long: see GET /v1/openapi.json for the routes this daemon serves",
+        )
+    } else {
+        return None;
+    };
+    let line_end = head.windows(2).position(|w| w == b"\r\n")?;
+    let rest = &head[line_end..];
+    if !rest.starts_with(b"\r\nconnection: close\r\ncontent-length: 0\r\n") {
+        return None;
+    }
+    let status = failure.status();
+    let body = serde_json::to_vec(&failure.body(None, message.to_owned()))
+        .expect("an ErrorResponse serialises");
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    Some(out)
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> AutoErrorBodies<S> {
+    /// Writes what is pending; ready once nothing is.
+    fn poll_pending(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        while !self.pending.is_empty() {
+            match std::pin::Pin::new(&mut self.inner).poll_write(cx, &self.pending) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.pending.drain(..n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for AutoErrorBodies<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for AutoErrorBodies<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        match this.poll_pending(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+        if let Some(answer) = replacement_for(buf) {
+            // hyper's head is taken whole; the replacement goes out in its place.
+            this.pending = answer;
+            return match this.poll_pending(cx) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Ready(Ok(buf.len())),
+            };
+        }
+        std::pin::Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        match self.poll_pending(cx) {
+            Poll::Ready(Ok(())) => std::pin::Pin::new(&mut self.inner).poll_flush(cx),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        match self.poll_pending(cx) {
+            Poll::Ready(Ok(())) => std::pin::Pin::new(&mut self.inner).poll_shutdown(cx),
+            other => other,
+        }
+    }
+    // Not vectored: hyper then hands each head over as one buffer, where it can be recognised.
 }
 
 #[cfg(test)]
@@ -630,6 +835,58 @@ mod tests {
             );
         }
         assert_eq!(status_for(Reason::Capacity), StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[test]
+    fn only_hyper_own_answers_are_replaced_and_with_an_error_response() {
+        let hyper = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: Wed, 02 Dec 2026 06:28:42 GMT\r\n\r\n";
+        let out = String::from_utf8(replacement_for(hyper).unwrap()).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 431 "), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let e: ErrorResponse = serde_json::from_str(body).unwrap();
+        assert_eq!(e.request_id, None);
+        assert_eq!(e.error.not_dispatched, Some(Reason::Request));
+        // A handler's answer (content-type first, a body) is left alone.
+        let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 10\r\n\r\n";
+        assert!(replacement_for(ours).is_none());
+        assert!(
+            replacement_for(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn every_failure_is_marked_unless_the_code_may_have_run() {
+        for f in [
+            Failure::Unauthenticated,
+            Failure::CallersUnavailable,
+            Failure::BodyTooLarge,
+            Failure::BodyTimedOut,
+            Failure::BodyUnreadable,
+            Failure::NotFound,
+            Failure::MethodNotAllowed,
+            Failure::HeadMalformed,
+            Failure::HeadTooLarge,
+            Failure::UriTooLong,
+        ] {
+            assert!(f.not_dispatched().is_some(), "{f:?}");
+            assert!(
+                f.status().is_client_error() || f.status().is_server_error(),
+                "{f:?}"
+            );
+        }
+        for f in [Failure::SandboxFailed, Failure::Internal] {
+            assert_eq!(f.not_dispatched(), None, "{f:?}");
+            assert_eq!(f.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        }
+        for r in Reason::ALL {
+            assert_eq!(Failure::Refused(r).status(), status_for(r));
+            assert_eq!(Failure::Refused(r).not_dispatched(), Some(r));
+        }
     }
 
     #[test]

@@ -1220,7 +1220,10 @@ fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
 #[test]
 fn the_daemon_serves_while_many_idle_connections_are_open_and_after_they_are_dropped() {
     use std::io::Write;
-    let d = TestDaemon::start(PROCESS);
+    // All 200 come from one peer: its own cap is raised above them.
+    let d = TestDaemon::start(&format!(
+        "{PROCESS}[daemon]\nmax_connections_per_peer = 512\n"
+    ));
     let mut idle: Vec<std::net::TcpStream> = (0..200).map(|_| connect(&d.url)).collect();
     for (i, conn) in idle.iter_mut().enumerate() {
         if i % 2 == 0 {
@@ -1613,4 +1616,187 @@ fn skip_or_fail(test: &str, why: &str) {
         panic!("SKIP not allowed under CI=true: {test}: {why}");
     }
     eprintln!("SKIP {test}: {why}");
+}
+
+/// A raw connection to the daemon at `url` from the loopback address `from` (e.g.
+/// `127.0.0.2`: another peer on the same host).
+fn connect_from(url: &str, from: &str) -> std::net::TcpStream {
+    let to: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let from: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(from).expect("bind the client's source address");
+        let stream = socket.connect(to).await.expect("connect to the daemon");
+        let std = stream.into_std().unwrap();
+        std.set_nonblocking(false).unwrap();
+        std
+    })
+}
+
+/// Sends `request` on a fresh connection (from `from`) and reads the answer until the daemon
+/// closes it or `bound` passes: status and body.
+fn exchange_from(url: &str, from: &str, request: &[u8], bound: Duration) -> (u16, String) {
+    use std::io::Write;
+    let mut conn = connect_from(url, from);
+    conn.write_all(request).expect("send the request");
+    let got = read_until_closed(&mut conn, bound).unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {head:?}"));
+    (status, body.to_owned())
+}
+
+#[test]
+fn one_peer_cannot_hold_every_connection_place() {
+    use std::io::Write;
+    // Room for 16 at once, 2 per peer; a long header timeout so idle ones keep their places.
+    let d = Spawned::start(
+        "max_connections = 16\nmax_connections_per_peer = 2\nheader_timeout_secs = 120",
+    );
+    // Peer 127.0.0.1 holds its two places with idle connections (one the daemon has not yet
+    // seen end, e.g. the start-up readiness check's, is replaced).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle: Vec<std::net::TcpStream> = Vec::new();
+    loop {
+        while idle.len() < 2 {
+            idle.push(connect_from(&d.url, "127.0.0.1"));
+        }
+        idle.retain_mut(still_open);
+        if idle.len() == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "could not hold 2 idle connections; logs:\n{}",
+            d.logs()
+        );
+    }
+    // Its third is closed at once, unanswered, though the global cap has room.
+    let mut third = connect_from(&d.url, "127.0.0.1");
+    let _ = third.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let got = read_until_closed(&mut third, CLOSED_WITHIN)
+        .unwrap_or_else(|e| panic!("a third connection from one peer: {e}"));
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    // Another peer is served meanwhile.
+    let (status, body) = exchange_from(
+        &d.url,
+        "127.0.0.2",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        CLOSED_WITHIN,
+    );
+    assert_eq!(status, 200, "{body}");
+    for conn in &mut idle {
+        assert!(
+            still_open(conn),
+            "an idle connection within the cap was closed"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.logs().contains("per-peer connection cap reached") {
+        assert!(
+            Instant::now() < deadline,
+            "no `per-peer connection cap reached` line; logs:\n{}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Once one of its connections ends, the peer is served again.
+    idle.pop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut conn = connect_from(&d.url, "127.0.0.1");
+        let _ = conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let got = read_until_closed(&mut conn, CLOSED_WITHIN).unwrap_or_default();
+        if String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not served 10 s after one of its connections ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `POST /v1/runs` with `body` as it is, and the ErrorResponse it must get: 400, nothing
+/// ran, and `id` echoed.
+fn assert_refused_with_id(d: &TestDaemon, what: &str, body: &[u8], id: &str) {
+    let a = post(&d.url, Some(&d.token), body);
+    assert_eq!(a.status, 400, "{what}: {}", a.body);
+    let e = a.error();
+    assert_eq!(e.error.not_dispatched, Some(Reason::Request), "{what}");
+    assert_eq!(e.request_id.as_deref(), Some(id), "{what}: {}", a.body);
+}
+
+#[test]
+fn a_body_that_arrives_whole_but_does_not_parse_has_its_request_id_echoed() {
+    let d = TestDaemon::start(PROCESS);
+    let valid = |id: &str| snippet(id, "python", "print(1)");
+    assert_refused_with_id(
+        &d,
+        "truncated JSON",
+        br#"{"protocol":1,"request_id":"bad-1","run":{"kind":"snippet","language":"py"#,
+        "bad-1",
+    );
+    let mut invalid_utf8 = valid("bad-2").into_bytes();
+    let at = invalid_utf8.len() - 6;
+    invalid_utf8.insert(at, 0xff);
+    assert_refused_with_id(&d, "invalid UTF-8", &invalid_utf8, "bad-2");
+    let bom = [&b"\xef\xbb\xbf"[..], valid("bad-3").as_bytes()].concat();
+    assert_refused_with_id(&d, "a byte order mark", &bom, "bad-3");
+    let deep = format!(
+        r#"{{"protocol":1,"request_id":"bad-4","run":{}{}}}"#,
+        "[".repeat(1000),
+        "]".repeat(1000)
+    );
+    assert_refused_with_id(&d, "deep nesting", deep.as_bytes(), "bad-4");
+    // An id that is itself invalid is never echoed.
+    let a = post(&d.url, Some(&d.token), br#"{"request_id":"a b","run":"#);
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.error().request_id, None);
+
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
+}
+
+#[test]
+fn hyper_s_own_answers_to_a_broken_head_are_error_responses() {
+    let d = TestDaemon::start(PROCESS);
+    let many_headers: String = (0..200).map(|i| format!("X-{i}: a\r\n")).collect();
+    for (what, request, status) in [
+        (
+            "a malformed header",
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "too many headers",
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many_headers}\r\n"),
+            431,
+        ),
+        (
+            "a request target too long",
+            format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000)),
+            414,
+        ),
+    ] {
+        let (got, body) = exchange_from(&d.url, "127.0.0.1", request.as_bytes(), CLOSED_WITHIN);
+        assert_eq!(got, status, "{what}: {body}");
+        let e: ErrorResponse = serde_json::from_str(&body)
+            .unwrap_or_else(|err| panic!("{what}: not an ErrorResponse ({err}): {body:?}"));
+        assert_eq!(e.request_id, None, "{what}");
+        assert_eq!(e.error.code, "request", "{what}");
+        assert_eq!(e.error.not_dispatched, Some(Reason::Request), "{what}");
+        assert!(!e.error.message.is_empty(), "{what}");
+    }
+    assert_eq!(get(&d.url, "/healthz", None).status, 200);
 }

@@ -143,4 +143,40 @@ mod tests {
         let e = p.resolve(Some(&asked)).unwrap_err();
         assert!(e.contains("limits.pids"), "{e}");
     }
+
+    /// docs/openapi.json states the default maximums, so a schema-driven client refuses what
+    /// a daemon with default settings refuses; tests/openapi/refused.json's `limits` cases are
+    /// each refused here.
+    #[test]
+    fn the_openapi_maxima_are_the_default_maximums_and_refuse_the_refused_cases() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../../docs/openapi.json")).unwrap();
+        let m = LimitPolicy::default().maximums;
+        let limits = &doc["components"]["schemas"]["Limits"]["properties"];
+        for (name, max) in [
+            ("timeout_ms", m.timeout.as_millis() as u64),
+            ("memory_bytes", m.memory_bytes),
+            ("output_bytes", m.output_bytes),
+            ("pids", m.pids),
+            ("disk_bytes", m.disk_bytes),
+            ("artifact_bytes", m.artifact_bytes),
+        ] {
+            assert_eq!(limits[name]["maximum"].as_u64(), Some(max), "{name}");
+        }
+        let refused: serde_json::Value =
+            serde_json::from_str(include_str!("../../../tests/openapi/refused.json")).unwrap();
+        let mut n = 0;
+        for case in refused["cases"].as_array().unwrap() {
+            if case["refused_by"] == "limits" {
+                let asked: Limits = serde_json::from_value(case["body"]["limits"].clone()).unwrap();
+                assert!(
+                    LimitPolicy::default().resolve(Some(&asked)).is_err(),
+                    "{}",
+                    case["what"]
+                );
+                n += 1;
+            }
+        }
+        assert_eq!(n, 6);
+    }
 }

@@ -626,6 +626,7 @@ impl Engine {
             result_sha256: result_sha.clone(),
             provider: chosen.to_owned(),
             isolation: state.probed.tier,
+            minimum_isolation: Some(floor),
             evidence_sha256: state.evidence_sha256.clone(),
             environment: state.probed.evidence.environment.clone(),
             started_unix_ms: outcome.started_unix_ms,

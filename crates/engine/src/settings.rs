@@ -45,6 +45,7 @@
 //! recheck_secs = 300
 //! header_timeout_secs = 10         # request head must arrive within it; also the idle keep-alive cap
 //! max_connections = 512            # connections open at once; more are closed unanswered
+//! max_connections_per_peer = 64    # the same, from one IPv4 address or IPv6 /64
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -358,6 +359,9 @@ pub struct DaemonSection {
     /// Connections open at once; one beyond it is closed at once, unanswered (default 512;
     /// 1 to 65536).
     pub max_connections: Option<u64>,
+    /// Connections open at once from one peer (one IPv4 address, or one IPv6 /64); one beyond
+    /// it is closed at once, unanswered (default 64; 1 to 65536).
+    pub max_connections_per_peer: Option<u64>,
 }
 
 /// The settings could not be read or make no sense.

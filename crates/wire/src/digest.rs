@@ -302,8 +302,11 @@ pub fn encode_record(r: &RunRecord) -> Vec<u8> {
         .str("request_sha256", &r.request_sha256)
         .str("result_sha256", &r.result_sha256)
         .str("provider", &r.provider)
-        .tier("isolation", r.isolation)
-        .str("evidence_sha256", &r.evidence_sha256)
+        .tier("isolation", r.isolation);
+    if let Some(floor) = r.minimum_isolation {
+        e.tier("minimum_isolation", floor);
+    }
+    e.str("evidence_sha256", &r.evidence_sha256)
         .str("environment", &r.environment)
         .u64("started_unix_ms", r.started_unix_ms)
         .u64("ended_unix_ms", r.ended_unix_ms);

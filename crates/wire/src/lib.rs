@@ -8,6 +8,7 @@ mod agent;
 mod bytes;
 pub mod digest;
 mod error;
+mod nulls;
 mod provider;
 mod request;
 mod result;

@@ -122,12 +122,12 @@ impl std::str::FromStr for Language {
 #[serde(deny_unknown_fields)]
 pub struct Project {
     /// Files to write before the first step.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::nulls::or_default")]
     pub files: Vec<ProjectFile>,
     /// Shell steps, run in order; the first that fails stops the run. At least one.
     pub steps: Vec<Step>,
     /// Paths under `/work` to return after the steps.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::nulls::or_default")]
     pub artifacts: Vec<String>,
 }
 
@@ -140,7 +140,7 @@ pub struct ProjectFile {
     /// The exact content.
     pub content: Bytes,
     /// Mark the file executable.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::nulls::or_default")]
     pub executable: bool,
 }
 
@@ -449,6 +449,32 @@ mod tests {
             let e = with_step(bad).validate().unwrap_err();
             assert_eq!(e.reason, Reason::Request, "{bad}");
             assert!(e.message.starts_with("run.steps[1] "), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn null_is_absent_and_a_member_with_a_default_takes_it() {
+        let nulls = r#"{"protocol":1,"request_id":"r","provider":null,"grant":null,"minimum_isolation":null,"limits":{"timeout_ms":null},"run":{"kind":"project","files":[{"path":"a","content":"x","executable":null}],"steps":[{"name":null,"run":"true"}],"artifacts":null}}"#;
+        let r = parse_request(nulls.as_bytes()).unwrap();
+        let RunSpec::Project(p) = &r.run else {
+            panic!("{r:?}")
+        };
+        assert!(!p.files[0].executable && p.artifacts.is_empty() && p.steps[0].name.is_none());
+        assert_eq!(r.limits, Some(Limits::default()));
+        let nulls = r#"{"protocol":1,"request_id":"r","run":{"kind":"project","files":null,"steps":[{"run":"true"}]}}"#;
+        assert!(parse_request(nulls.as_bytes()).is_ok());
+        // A required member is never null.
+        for bad in [
+            r#"{"protocol":1,"request_id":"r","run":null}"#,
+            r#"{"protocol":1,"request_id":"r","run":{"kind":"snippet","language":"python","code":null}}"#,
+            r#"{"protocol":1,"request_id":"r","run":{"kind":"project","steps":null}}"#,
+            r#"{"protocol":1,"request_id":null,"run":{"kind":"snippet","language":"python","code":"1"}}"#,
+        ] {
+            assert_eq!(
+                parse_request(bad.as_bytes()).unwrap_err().reason,
+                Reason::Request,
+                "{bad}"
+            );
         }
     }
 

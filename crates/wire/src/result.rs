@@ -17,7 +17,7 @@ pub struct RunResult {
     /// The wall timeout fired and the sandbox was killed.
     pub timed_out: bool,
     /// The memory limit was hit and the sandbox's code was killed for it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::nulls::or_default")]
     pub oom_killed: bool,
     /// Standard output, at most the output limit.
     pub stdout: Bytes,
@@ -28,13 +28,25 @@ pub struct RunResult {
     /// Standard error went past the limit; the rest was dropped.
     pub stderr_truncated: bool,
     /// One result per project step that ran, in order (empty for snippets).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub steps: Vec<StepResult>,
     /// Artifacts a project asked for, in the order asked.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub artifacts: Vec<Artifact>,
     /// Every call the run made through its grant's broker, in order (empty without a grant).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub calls: Vec<GrantCall>,
 }
 
@@ -80,7 +92,7 @@ pub struct StepResult {
     /// The run's wall timeout fired during this step.
     pub timed_out: bool,
     /// Killed by the memory limit.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::nulls::or_default")]
     pub oom_killed: bool,
     /// Standard output of the step.
     pub stdout: Bytes,
@@ -148,6 +160,11 @@ pub struct RunRecord {
     pub provider: String,
     /// Its tier.
     pub isolation: Tier,
+    /// The floor the run was held to: the request's `minimum_isolation`, or the operator's
+    /// default floor when the request set none. Every record this crate's engine writes has
+    /// it; `None` only for a record written before the field existed (its digest unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimum_isolation: Option<Tier>,
     /// Digest of the provider's evidence when it ran (see `GET /v1/providers`).
     pub evidence_sha256: String,
     /// What the code ran on: the sandbox image identity, or the engine version for the
@@ -159,4 +176,21 @@ pub struct RunRecord {
     pub ended_unix_ms: u64,
     /// SHA-256 (lowercase hex) of the record's digest encoding (every field above).
     pub record_sha256: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_with_nulls_for_its_optional_members_parses() {
+        let json = r#"{"exit_code":null,"signal":9,"timed_out":false,"oom_killed":null,"stdout":"","stdout_truncated":false,"stderr":"","stderr_truncated":false,"steps":null,"artifacts":null,"calls":null}"#;
+        let r: RunResult = serde_json::from_str(json).unwrap();
+        assert!(
+            !r.oom_killed && r.steps.is_empty() && r.artifacts.is_empty() && r.calls.is_empty()
+        );
+        // A required member is never null.
+        let bad = json.replace(r#""timed_out":false"#, r#""timed_out":null"#);
+        assert!(serde_json::from_str::<RunResult>(&bad).is_err());
+    }
 }

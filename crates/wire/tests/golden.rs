@@ -264,6 +264,11 @@ fn the_vectors_cover_every_kind_and_case() {
         "result/project",
         "result/grant-calls",
         "record/plain",
+        "record/applied-floor",
+        "record/null-floor",
+        "request/null-limit-member",
+        "request/project-nested-nulls",
+        "result/nested-nulls",
         "evidence/process",
         "evidence/container-with-probe",
     ] {
@@ -300,6 +305,44 @@ fn the_vectors_cover_every_kind_and_case() {
     assert!(project.steps.iter().any(|s| s.name.is_some()));
     assert!(project.artifacts.iter().any(|a| a.found));
     assert!(project.artifacts.iter().any(|a| !a.found));
+    // The nested-null vectors hold a null at every optional member they name.
+    let input = |name: &str| &file.vectors.iter().find(|v| v.name == name).unwrap().input;
+    for (name, pointers) in [
+        (
+            "request/project-nested-nulls",
+            &[
+                "/minimum_isolation",
+                "/provider",
+                "/limits",
+                "/grant",
+                "/run/files/0/executable",
+                "/run/steps/0/name",
+                "/run/artifacts",
+            ][..],
+        ),
+        ("request/null-limit-member", &["/limits/timeout_ms"][..]),
+        (
+            "result/nested-nulls",
+            &[
+                "/signal",
+                "/oom_killed",
+                "/steps/0/name",
+                "/steps/0/signal",
+                "/steps/0/oom_killed",
+                "/artifacts",
+                "/calls/0/route",
+                "/calls/0/status",
+                "/calls/0/error",
+            ][..],
+        ),
+        ("record/null-floor", &["/minimum_isolation"][..]),
+    ] {
+        for p in pointers {
+            assert_eq!(input(name).pointer(p), Some(&Value::Null), "{name} {p}");
+        }
+    }
+    let floor: RunRecord = serde_json::from_value(input("record/applied-floor").clone()).unwrap();
+    assert!(floor.minimum_isolation.is_some());
 }
 
 #[test]

@@ -515,6 +515,7 @@ mod tests {
                 result_sha256: String::new(),
                 provider: "crun".into(),
                 isolation: Tier::Container,
+                minimum_isolation: Some(Tier::Container),
                 evidence_sha256: String::new(),
                 environment: String::new(),
                 started_unix_ms: 0,

@@ -1,0 +1,64 @@
+"""Checks docs/openapi.json: a valid OpenAPI 3.1 document (openapi-spec-validator), whose
+schemas accept what the daemon accepts and refuse what it refuses before anything runs.
+
+- Every golden vector input (crates/wire/tests/golden/vectors.json), nulls at every optional
+  member included, validates against its schema (RunRequest, RunResult, RunRecord, Evidence).
+- Every case of tests/openapi/refused.json fails RunRequest, so a schema-driven client fails
+  before sending; the Rust tests check the daemon refuses the same cases.
+
+Run with the project's venv: `make openapi` (scripts/python-env makes it).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+KIND_SCHEMA = {
+    "request": "RunRequest",
+    "result": "RunResult",
+    "record": "RunRecord",
+    "evidence": "Evidence",
+}
+
+
+def main():
+    doc = json.loads((ROOT / "docs/openapi.json").read_text())
+    validate(doc)
+    print("docs/openapi.json: a valid OpenAPI document")
+
+    def validator(name, components=doc["components"]):
+        schema = {"$ref": f"#/components/schemas/{name}", "components": components}
+        return Draft202012Validator(schema)
+
+    # The golden vectors are digest cases: their limits may be above the default maximums (an
+    # operator may allow more), so they are checked against the schemas without them.
+    no_maxima = json.loads(json.dumps(doc["components"]))
+    for limit in no_maxima["schemas"]["Limits"]["properties"].values():
+        limit.pop("maximum", None)
+
+    problems = []
+    vectors = json.loads((ROOT / "crates/wire/tests/golden/vectors.json").read_text())["vectors"]
+    for v in vectors:
+        errors = list(validator(KIND_SCHEMA[v["kind"]], no_maxima).iter_errors(v["input"]))
+        if errors:
+            problems.append(f"vector {v['name']} is refused by the schema: {errors[0].message}")
+    print(f"{len(vectors)} golden vectors checked against their schemas")
+
+    refused = json.loads((ROOT / "tests/openapi/refused.json").read_text())["cases"]
+    request = validator("RunRequest")
+    for case in refused:
+        if request.is_valid(case["body"]):
+            problems.append(f"the schema accepts {case['what']}, which the daemon refuses")
+    print(f"{len(refused)} refused requests checked against RunRequest")
+
+    for p in problems:
+        print("FAIL:", p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
