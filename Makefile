@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent package package-test readme-test bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent
+test: deps build images vm-assets lint unit independent package-test readme-test
 
 deps:
 	@scripts/install-deps
@@ -41,6 +41,21 @@ unit:
 ## independent: implementations in another language check our golden vectors
 independent:
 	/usr/bin/python3 tests/independent/digests.py
+
+## package: the Debian package (release binaries, the systemd unit, man pages, completions,
+## docs) in target/package/; scripts/build-package says what goes where
+package:
+	scripts/build-package
+
+## package-test: builds the package from the debug binaries, installs it into a scratch root,
+## and runs init, plimsolld and one run from there (about 1 min)
+package-test: build
+	tests/package/check
+
+## readme-test: runs the README's daemon lines verbatim, in a private mount and network
+## namespace (so /etc/plimsoll and port 7878 are the test's own)
+readme-test: build images vm-assets
+	tests/readme/check
 
 ## bench: startup medians per provider, engine and daemon, beside bare node and python
 bench: build
