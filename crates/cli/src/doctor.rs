@@ -70,7 +70,11 @@ impl Findings {
                 self.settings_file.as_deref().unwrap_or("the settings file")
             ));
         }
-        for p in self.providers.iter().filter(|p| host::reaches(&p.name).contains(&tier)) {
+        for p in self
+            .providers
+            .iter()
+            .filter(|p| host::reaches(&p.name).contains(&tier))
+        {
             if p.available && p.isolation == tier {
                 continue; // offered but not configured: said above
             }
@@ -131,7 +135,9 @@ impl Findings {
                     with nested virtualisation";
         match &self.kvm {
             Kvm::Absent => format!("qemu: there is no /dev/kvm on this host: {need}"),
-            Kvm::NotOpenable(e) => format!("qemu: /dev/kvm exists but cannot be opened ({e}): {need}"),
+            Kvm::NotOpenable(e) => {
+                format!("qemu: /dev/kvm exists but cannot be opened ({e}): {need}")
+            }
             Kvm::Present if qemu.available => format!(
                 "qemu: /dev/kvm is present but cannot run a guest{}, so QEMU runs under TCG \
                  (emulation, the kernel tier): {need}",

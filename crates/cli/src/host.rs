@@ -163,7 +163,11 @@ impl Kvm {
         if !path.exists() {
             return Kvm::Absent;
         }
-        match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
             Ok(_) => Kvm::Present,
             Err(e) => Kvm::NotOpenable(e.to_string()),
         }

@@ -38,18 +38,19 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
         )));
     }
     let names = a.providers.clone().unwrap_or_else(host::all_providers);
-    let callers_file = a.callers_file.clone().unwrap_or_else(|| {
-        path.parent()
-            .unwrap_or(Path::new("/"))
-            .join("callers.toml")
-    });
+    let callers_file = a
+        .callers_file
+        .clone()
+        .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/")).join("callers.toml"));
     let settings = Settings {
         providers: Some(names.clone()),
         state_dir: Some(a.state_dir.clone()),
         sandbox_uid_base: a.sandbox_uid_base,
         oci: plimsoll_engine::settings::OciSection {
             image: Some(real_path(
-                a.image.clone().unwrap_or_else(|| host::image_dir(&Settings::default())),
+                a.image
+                    .clone()
+                    .unwrap_or_else(|| host::image_dir(&Settings::default())),
             )),
             ..Default::default()
         },
@@ -188,7 +189,10 @@ pub fn render(settings: &Settings, found: &[ProviderInfo]) -> String {
     let _ = writeln!(s, "\n[oci]");
     if let Some(image) = &settings.oci.image {
         if !image.join("identity").is_file() {
-            let _ = writeln!(s, "# not built yet: `make images` builds it (scripts/build-image)");
+            let _ = writeln!(
+                s,
+                "# not built yet: `make images` builds it (scripts/build-image)"
+            );
         }
         let _ = writeln!(s, "image = {}", quote_path(image));
     }
@@ -320,7 +324,11 @@ mod tests {
             &settings,
             &[
                 info("process", Tier::Process, None),
-                info("crun", Tier::Container, Some("no crun at /usr/bin/crun:\ninstall it")),
+                info(
+                    "crun",
+                    Tier::Container,
+                    Some("no crun at /usr/bin/crun:\ninstall it"),
+                ),
             ],
         );
         assert!(text.contains("providers = [\"process\"]\n"), "{text}");
@@ -328,7 +336,10 @@ mod tests {
             text.contains("#   crun (tier container): no crun at /usr/bin/crun: install it\n"),
             "{text}"
         );
-        assert!(text.contains("No provider at `container` or above"), "{text}");
+        assert!(
+            text.contains("No provider at `container` or above"),
+            "{text}"
+        );
         let parsed = Settings::parse(&text).unwrap();
         assert_eq!(parsed.providers, Some(vec!["process".to_owned()]));
         assert_eq!(
