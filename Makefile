@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv package package-test readme-test bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent client-python client-go client-typescript openapi
+test: deps build images vm-assets lint unit independent client-python client-go client-typescript openapi package-test readme-test
 
 deps:
 	@scripts/install-deps
@@ -84,6 +84,21 @@ pyenv:
 openapi: pyenv
 	build/pyenv/bin/openapi-spec-validator docs/openapi.json
 	build/pyenv/bin/python3 tests/openapi/check.py
+
+## package: the Debian package (release binaries, the systemd unit, man pages, completions,
+## docs) in target/package/; scripts/build-package says what goes where
+package:
+	scripts/build-package
+
+## package-test: builds the package from the debug binaries, installs it into a scratch root,
+## and runs init, plimsolld and one run from there (about 1 min)
+package-test: build
+	tests/package/check
+
+## readme-test: runs the README's daemon lines verbatim, in a private mount and network
+## namespace (so /etc/plimsoll and port 7878 are the test's own)
+readme-test: build images vm-assets
+	tests/readme/check
 
 ## bench: startup medians per provider, engine and daemon, beside bare node and python
 bench: build

@@ -25,6 +25,9 @@ pub struct Cli {
     /// Default: PLIMSOLL_CONFIG, else /etc/plimsoll/plimsoll.toml if it exists.
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Print no notes or progress on stderr (errors, data and a run's own output still).
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -49,6 +52,23 @@ pub enum Command {
     /// Measure start-up: median and p90 of a trivial snippet per provider, through the
     /// embedded engine and through a plimsolld it starts, beside bare node and python3.
     Bench(BenchArgs),
+    /// Set this host up for plimsolld: probe every provider, write the settings file listing
+    /// those that passed, create the state and callers directories, add a first caller.
+    Init(InitArgs),
+    /// Say which tiers this host can offer now and what each missing one would take. Exit
+    /// status 0 when the default floor can be served, 1 when it cannot.
+    Doctor(DoctorArgs),
+    /// Print a shell completion script for plimsoll on stdout.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages of plimsoll and its subcommands (plimsoll.1, plimsoll-run.1, ...)
+    /// into DIR.
+    Man {
+        /// The directory to write them into (created if missing).
+        dir: PathBuf,
+    },
 }
 
 /// `plimsoll run`.
@@ -149,6 +169,50 @@ pub struct BenchArgs {
     /// Unmeasured runs per case first.
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
+}
+
+/// `plimsoll init`.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Overwrite an existing settings file.
+    #[arg(long)]
+    pub force: bool,
+    /// The first caller to add (its token is printed once, on stdout).
+    #[arg(long, value_name = "NAME", default_value = "admin")]
+    pub caller: String,
+    /// Providers to probe, comma-separated. Default: every provider this build has.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub providers: Option<Vec<String>>,
+    /// The daemon's state directory (runs' directories; created with mode 0711).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/plimsoll")]
+    pub state_dir: PathBuf,
+    /// The callers file (created with mode 0600, in a directory of mode 0700 if new).
+    /// Default: callers.toml beside the settings file.
+    #[arg(long, value_name = "FILE")]
+    pub callers_file: Option<PathBuf>,
+    /// The address plimsolld listens on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
+    pub listen: String,
+    /// The sandbox image `make images` built (holding rootfs/ and identity). Default: the
+    /// repository's build/images/sandbox beside this binary, else
+    /// /var/lib/plimsoll/build/images/sandbox.
+    #[arg(long, value_name = "DIR")]
+    pub image: Option<PathBuf>,
+    /// The VM assets `make vm-assets` built. Default: the repository's build/vm beside this
+    /// binary, else /var/lib/plimsoll/build/vm.
+    #[arg(long, value_name = "DIR")]
+    pub vm_assets: Option<PathBuf>,
+    /// First uid of the sandbox uid range (two daemons on one host need disjoint ranges).
+    #[arg(long, value_name = "UID")]
+    pub sandbox_uid_base: Option<u32>,
+}
+
+/// `plimsoll doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print the findings as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn parse_tier(s: &str) -> Result<Tier, String> {

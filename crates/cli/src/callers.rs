@@ -33,10 +33,10 @@ pub fn add(config: Option<&Path>, name: &str, file: Option<&Path>) -> Result<u8,
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{token}");
     let _ = out.flush();
-    eprintln!(
-        "plimsoll: added caller `{name}` to {}. The token above is shown only this once: \
+    crate::note(&format!(
+        "added caller `{name}` to {}. The token above is shown only this once: \
          the file keeps only its SHA-256. Give it to the caller (PLIMSOLL_TOKEN).",
         path.display()
-    );
+    ));
     Ok(EXIT_OK)
 }

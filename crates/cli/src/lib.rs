@@ -4,11 +4,16 @@
 pub mod args;
 mod bench;
 mod callers;
+mod doctor;
+mod host;
+mod init;
 mod local;
+mod manuals;
 mod providers;
 mod run;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use args::Cli;
 use args::Command;
@@ -60,6 +65,7 @@ impl fmt::Display for Failure {
 /// Runs a parsed command line and returns the process's exit status.
 pub fn main_with(cli: Cli) -> u8 {
     init_logging();
+    QUIET.store(cli.quiet, Ordering::Relaxed);
     let config = cli.config.as_deref();
     let outcome = match cli.command {
         Command::Run(a) => run::run(config, &a),
@@ -68,6 +74,10 @@ pub fn main_with(cli: Cli) -> u8 {
             callers::add(config, &name, file.as_deref())
         }
         Command::Bench(a) => bench::bench(config, &a),
+        Command::Init(a) => init::init(config, &a),
+        Command::Doctor(a) => doctor::doctor(config, &a),
+        Command::Completions { shell } => manuals::completions(shell),
+        Command::Man { dir } => manuals::man(&dir),
     };
     match outcome {
         Ok(status) => status,
@@ -76,6 +86,26 @@ pub fn main_with(cli: Cli) -> u8 {
             f.status
         }
     }
+}
+
+/// `--quiet`: no notes or progress on stderr.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Whether `--quiet` was given.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// A note for the user on stderr (`plimsoll: ...`), unless `--quiet`.
+pub fn note(message: &str) {
+    if !quiet() {
+        eprintln!("plimsoll: {message}");
+    }
+}
+
+/// Progress of something slow on stderr (`plimsoll: ...`), unless `--quiet`.
+pub fn progress(message: &str) {
+    note(message);
 }
 
 /// Logs go to stderr, filtered by PLIMSOLL_LOG (default `error`: a run's own stderr shares

@@ -399,6 +399,228 @@ fn providers_shows_tier_availability_and_evidence() {
     assert_eq!(p.providers[0].name, "process");
 }
 
+/// A scratch directory sandbox uids can traverse, and a uid range of its own derived from a
+/// held loopback port (as plimsoll_daemon::testing does), for tests that write settings.
+fn scratch() -> (tempfile::TempDir, TcpListener, u32) {
+    let dir = tempfile::Builder::new()
+        .prefix("plimsoll-cli-init-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = plimsoll_daemon::testing::uid_base_for_port(port.local_addr().unwrap().port());
+    (dir, port, base)
+}
+
+fn mode(p: &std::path::Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn init_writes_what_passed_makes_the_directories_adds_a_caller_and_will_not_overwrite() {
+    if !need_root(
+        "init_writes_what_passed_makes_the_directories_adds_a_caller_and_will_not_overwrite",
+    ) {
+        return;
+    }
+    let (dir, _port, base) = scratch();
+    let config = dir.path().join("etc/plimsoll.toml");
+    let callers = dir.path().join("private/callers.toml");
+    let state = dir.path().join("state");
+    let init = |extra: &[&str]| {
+        run(plimsoll()
+            .arg("--config")
+            .arg(&config)
+            .args(["init", "--providers", "process,crun", "--caller", "ci"])
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--callers-file")
+            .arg(&callers)
+            .args(["--sandbox-uid-base", &base.to_string()])
+            .args(extra))
+    };
+
+    // An unknown provider is refused before anything is written.
+    let out = run(plimsoll()
+        .arg("--config")
+        .arg(&config)
+        .args(["init", "--providers", "process,docker"])
+        .arg("--state-dir")
+        .arg(&state));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("docker"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!config.exists());
+
+    let out = init(&[]);
+    assert_eq!(out.status.code(), Some(0));
+    // stdout is the token alone, once.
+    let token = text(&out.stdout);
+    let token = token.trim_end_matches('\n');
+    assert!(
+        token.starts_with("plm_") && !token.contains('\n'),
+        "{token}"
+    );
+    assert!(text(&out.stderr).contains("probing 2 provider(s)"));
+
+    let written = std::fs::read_to_string(&config).unwrap();
+    let settings = plimsoll_engine::settings::Settings::parse(&written).unwrap();
+    let providers = settings.providers.clone().unwrap();
+    assert!(providers.contains(&"process".to_owned()), "{written}");
+    // crun is listed if it passed, else a comment says why not.
+    if !providers.contains(&"crun".to_owned()) {
+        assert!(written.contains("#   crun (tier container): "), "{written}");
+    }
+    assert_eq!(settings.state_dir.as_deref(), Some(state.as_path()));
+    assert_eq!(settings.sandbox_uid_base, Some(base));
+    assert_eq!(
+        settings.daemon.callers_file.as_deref(),
+        Some(callers.as_path())
+    );
+    assert_eq!(mode(&config), 0o644);
+    assert_eq!(mode(&state), 0o711);
+    assert_eq!(mode(callers.parent().unwrap()), 0o700);
+    assert_eq!(mode(&callers), 0o600);
+    let callers_text = std::fs::read_to_string(&callers).unwrap();
+    assert!(!callers_text.contains(token));
+    assert!(callers_text.contains(&sha256_hex(token.as_bytes())));
+
+    // The file it wrote runs code as written.
+    let out = run(plimsoll().arg("--config").arg(&config).args([
+        "run",
+        "--min-isolation",
+        "process",
+        "-e",
+        "console.log(6*7)",
+    ]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, b"42\n");
+
+    // Not again without --force: the file is untouched.
+    let out = init(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--force"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), written);
+
+    // With --force it probes again and rewrites; the caller is kept, no token is shown.
+    std::fs::write(&config, "# edited\n").unwrap();
+    let out = init(&["--force", "--quiet"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    assert!(out.stderr.is_empty(), "--quiet: {}", text(&out.stderr));
+    assert!(
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains("providers = [")
+    );
+    assert_eq!(std::fs::read_to_string(&callers).unwrap(), callers_text);
+}
+
+#[test]
+fn doctor_says_what_this_host_offers_and_what_each_missing_tier_would_take() {
+    if !need_root("doctor_says_what_this_host_offers_and_what_each_missing_tier_would_take") {
+        return;
+    }
+    let (dir, _port, base) = scratch();
+    let config = dir.path().join("plimsoll.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = \"{}\"\nsandbox_uid_base = {base}\n",
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let out = run(plimsoll()
+        .arg("--config")
+        .arg(&config)
+        .args(["doctor", "--json"]));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let served = doc["default_floor_served"].as_bool().unwrap();
+    assert_eq!(doc["default_floor"], "container");
+    // The exit status says whether the default floor can be served.
+    assert_eq!(out.status.code(), Some(if served { 0 } else { 1 }));
+    let providers = doc["providers"].as_array().unwrap();
+    assert_eq!(providers.len(), 5, "every provider of this build is probed");
+    for p in providers {
+        if !p["available"].as_bool().unwrap() {
+            assert!(
+                !p["unavailable_reason"].as_str().unwrap_or("").is_empty(),
+                "{p}"
+            );
+        }
+    }
+    let tiers = doc["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 4);
+    for t in tiers {
+        let offered_by: Vec<&str> = t["offered_by"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        // A tier is offered exactly when an available provider's evidence gives it.
+        let expected: Vec<&str> = providers
+            .iter()
+            .filter(|p| p["available"] == true && p["tier"] == t["tier"])
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(offered_by, expected, "{t}");
+        if offered_by.is_empty() {
+            assert!(!t["to_get_it"].as_array().unwrap().is_empty(), "{t}");
+        }
+    }
+    // The host's /dev/kvm, as this test sees it.
+    let kvm = &doc["host"]["kvm"]["state"];
+    if !std::path::Path::new("/dev/kvm").exists() {
+        assert_eq!(kvm, "absent");
+    }
+    let vm = tiers.iter().find(|t| t["tier"] == "vm").unwrap();
+    if vm["offered"] == false {
+        let steps = vm["to_get_it"].to_string();
+        assert!(steps.contains("KVM"), "{steps}");
+        if kvm == "present" {
+            assert!(steps.contains("/dev/kvm is present but"), "{steps}");
+        }
+    }
+    let cgroups = doc["host"]["cgroups"]["layout"].as_str().unwrap();
+    assert!(["unified", "hybrid", "legacy", "none"].contains(&cgroups));
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_line_definitions() {
+    let out = run(plimsoll().args(["completions", "bash"]));
+    assert_eq!(out.status.code(), Some(0));
+    let script = text(&out.stdout);
+    for word in ["init", "doctor", "--min-isolation", "callers"] {
+        assert!(
+            script.contains(word),
+            "{word} missing from the bash completion"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(plimsoll().arg("man").arg(dir.path()));
+    assert_eq!(out.status.code(), Some(0));
+    for page in [
+        "plimsoll.1",
+        "plimsoll-run.1",
+        "plimsoll-init.1",
+        "plimsoll-callers-add.1",
+    ] {
+        let body = std::fs::read_to_string(dir.path().join(page)).unwrap();
+        assert!(body.starts_with(".ie"), "{page} is not roff: {body:.40}");
+    }
+    let init = std::fs::read_to_string(dir.path().join("plimsoll-init.1")).unwrap();
+    assert!(init.contains("force"));
+}
+
 /// A one-shot HTTP server that answers every request with `status` and `body`.
 fn canned_server(status: u16, body: &'static str) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -224,8 +224,16 @@ fn run(args: &Args) -> anyhow::Result<Summary> {
         ("draft", DRAFT, Expect::Fall),
     ];
     let mut runs: Vec<TrialRun> = Vec::new();
-    for (label, controller, expect) in plan {
-        eprintln!("{label}: sending {} …", controller.file);
+    let runs_started = std::time::Instant::now();
+    for (i, (label, controller, expect)) in plan.into_iter().enumerate() {
+        // Each trial takes seconds (longer under TCG): say which one is under way, and for how
+        // long the runs have gone on.
+        eprintln!(
+            "[{}/3, {:.1} s] {label}: sending {} …",
+            i + 1,
+            runs_started.elapsed().as_secs_f64(),
+            controller.file
+        );
         let options = trial::options(&controller, Some(&provider), args.timeout_ms);
         let response = client.run(options.clone()).map_err(|e| {
             let ran = match not_dispatched_reason(&e) {

@@ -1,0 +1,355 @@
+//! `plimsoll init`: sets a host up for plimsolld. Probes every provider, writes the settings
+//! file listing those that passed (with a comment saying why each other one did not), creates
+//! the state and callers directories, and adds a first caller whose token it prints once.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, anyhow};
+use plimsoll_engine::env;
+use plimsoll_engine::settings::Settings;
+use plimsoll_wire::{ProviderInfo, Tier};
+
+use crate::args::InitArgs;
+use crate::host;
+use crate::local::{DEFAULT_CONFIG, ensure_state_dir};
+use crate::{EXIT_FAILED, EXIT_OK, Failure};
+
+/// Runs `plimsoll init`.
+pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
+    let path = config
+        .map(Path::to_path_buf)
+        .or_else(|| env::get(env::PLIMSOLL_CONFIG).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    // Refuse before anything is probed or created.
+    if path.exists() && !a.force {
+        return Err(Failure::usage(anyhow!(
+            "{} already exists: plimsoll init does not overwrite it. Edit it, or run \
+             `plimsoll init --force` to probe again and replace it (its callers file is kept)",
+            path.display()
+        )));
+    }
+    if !a.state_dir.is_absolute() {
+        return Err(Failure::usage(anyhow!(
+            "--state-dir {} must be an absolute path",
+            a.state_dir.display()
+        )));
+    }
+    let names = a.providers.clone().unwrap_or_else(host::all_providers);
+    let callers_file = a
+        .callers_file
+        .clone()
+        .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/")).join("callers.toml"));
+    let settings = Settings {
+        providers: Some(names.clone()),
+        state_dir: Some(a.state_dir.clone()),
+        sandbox_uid_base: a.sandbox_uid_base,
+        oci: plimsoll_engine::settings::OciSection {
+            image: Some(real_path(
+                a.image
+                    .clone()
+                    .unwrap_or_else(|| host::image_dir(&Settings::default())),
+            )),
+            ..Default::default()
+        },
+        qemu: plimsoll_engine::settings::QemuSection {
+            assets: Some(real_path(
+                a.vm_assets
+                    .clone()
+                    .unwrap_or_else(|| host::vm_assets_dir(&Settings::default())),
+            )),
+            ..Default::default()
+        },
+        daemon: plimsoll_engine::settings::DaemonSection {
+            listen: Some(a.listen.clone()),
+            callers_file: Some(callers_file.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+
+    ensure_state_dir(&a.state_dir).map_err(Failure::failed)?;
+    let found = host::probe(&settings, &names)?;
+    let text = render(&settings, &found);
+    if !found.iter().any(|p| p.available) {
+        for p in &found {
+            crate::note(&format!("{}: {}", p.name, reason(p)));
+        }
+        return Err(Failure {
+            status: EXIT_FAILED,
+            error: anyhow!(
+                "no provider passed its probe on this host, so {} was not written: \
+                 `plimsoll doctor` says what each tier would take",
+                path.display()
+            ),
+        });
+    }
+    // What was written must load as the daemon will load it.
+    Settings::parse(&text)
+        .map_err(|e| Failure::failed(anyhow!("the settings init wrote do not parse: {e}")))?;
+    write_settings(&path, &text).map_err(Failure::failed)?;
+    crate::note(&format!("wrote {}", path.display()));
+
+    make_private_dir(callers_file.parent().unwrap_or(Path::new("/"))).map_err(Failure::failed)?;
+    match plimsoll_daemon::callers::add_caller(&callers_file, &a.caller) {
+        Ok(token) => {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{token}");
+            let _ = out.flush();
+            crate::note(&format!(
+                "added caller `{}` to {}. The token above is shown only this once: the file \
+                 keeps only its SHA-256. Give it to the caller (PLIMSOLL_TOKEN).",
+                a.caller,
+                callers_file.display()
+            ));
+        }
+        Err(plimsoll_daemon::AddCallerError::Duplicate { .. }) if a.force => {
+            crate::note(&format!(
+                "caller `{}` is already in {}: kept, with its old token (not shown again)",
+                a.caller,
+                callers_file.display()
+            ));
+        }
+        Err(e) => {
+            use plimsoll_daemon::AddCallerError as E;
+            let usage = matches!(e, E::InvalidName { .. } | E::Duplicate { .. });
+            let err = anyhow!(e).context(format!(
+                "{} was written, but the first caller was not added: fix this, then run \
+                 `plimsoll callers add NAME --config {}`",
+                path.display(),
+                path.display()
+            ));
+            return Err(if usage {
+                Failure::usage(err)
+            } else {
+                Failure::failed(err)
+            });
+        }
+    }
+    crate::note(&format!(
+        "next: plimsolld --config {}   (or, installed from the package: systemctl start \
+         plimsolld)",
+        path.display()
+    ));
+    Ok(EXIT_OK)
+}
+
+/// The settings file's text: the providers that passed, a comment for each that did not.
+pub fn render(settings: &Settings, found: &[ProviderInfo]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# plimsoll settings, written by `plimsoll init` from the probes of this host.\n\
+         # The format: docs/daemon.md and crates/engine/src/settings.rs. `plimsoll doctor`\n\
+         # says what each missing tier would take; `plimsoll init --force` probes again.\n"
+    );
+    let passed: Vec<&ProviderInfo> = found.iter().filter(|p| p.available).collect();
+    let _ = writeln!(s, "# Providers that passed their probe here:");
+    for p in &passed {
+        let _ = writeln!(s, "#   {} (tier {})", p.name, p.isolation);
+    }
+    let failed: Vec<&ProviderInfo> = found.iter().filter(|p| !p.available).collect();
+    if !failed.is_empty() {
+        let _ = writeln!(s, "# Not offered (left out of `providers`):");
+        for p in &failed {
+            let _ = writeln!(s, "#   {} (tier {}): {}", p.name, p.isolation, reason(p));
+        }
+    }
+    let list: Vec<String> = passed.iter().map(|p| quote(&p.name)).collect();
+    let _ = writeln!(s, "providers = [{}]", list.join(", "));
+    let best = passed.iter().map(|p| p.isolation).max();
+    let _ = writeln!(
+        s,
+        "\n# The floor of a request that sets none: nothing runs below it."
+    );
+    if best.is_none_or(|t| t < Tier::Container) {
+        let _ = writeln!(
+            s,
+            "# No provider at `container` or above passed here, so a request without a floor\n\
+             # is refused; a caller must ask for `process` explicitly (no wall for hostile code)."
+        );
+    }
+    let _ = writeln!(s, "default_floor = \"container\"");
+    if let Some(dir) = &settings.state_dir {
+        let _ = writeln!(s, "state_dir = {}", quote_path(dir));
+    }
+    match settings.sandbox_uid_base {
+        Some(base) => {
+            let _ = writeln!(s, "sandbox_uid_base = {base}");
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "# sandbox_uid_base = 2000000   # two daemons on one host need disjoint ranges"
+            );
+        }
+    }
+    let _ = writeln!(s, "\n[oci]");
+    if let Some(image) = &settings.oci.image {
+        if !image.join("identity").is_file() {
+            let _ = writeln!(
+                s,
+                "# not built yet: `make images` builds it (scripts/build-image)"
+            );
+        }
+        let _ = writeln!(s, "image = {}", quote_path(image));
+    }
+    let _ = writeln!(s, "\n[qemu]");
+    if let Some(assets) = &settings.qemu.assets {
+        if !assets.join("vmlinux").is_file() {
+            let _ = writeln!(
+                s,
+                "# not built yet: `make vm-assets` builds them (scripts/build-vm-assets)"
+            );
+        }
+        let _ = writeln!(s, "assets = {}", quote_path(assets));
+    }
+    let _ = writeln!(s, "\n[daemon]");
+    if let Some(listen) = &settings.daemon.listen {
+        let _ = writeln!(s, "listen = {}", quote(listen));
+    }
+    if let Some(callers) = &settings.daemon.callers_file {
+        let _ = writeln!(s, "callers_file = {}", quote_path(callers));
+    }
+    s
+}
+
+/// Why a provider is not offered, on one line.
+fn reason(p: &ProviderInfo) -> String {
+    p.unavailable_reason
+        .as_deref()
+        .unwrap_or("no reason given")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn quote(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+fn quote_path(p: &Path) -> String {
+    quote(&p.display().to_string())
+}
+
+/// The path with symlinks resolved when it exists (the OCI providers refuse an image reached
+/// through a symlink), else as given.
+fn real_path(p: PathBuf) -> PathBuf {
+    std::fs::canonicalize(&p).unwrap_or(p)
+}
+
+/// Writes the settings file (mode 0644: it holds no secret) through a temporary file in the
+/// same directory, so a reader never sees half of it. Creates the directory (0755) if needed.
+fn write_settings(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = dir.unwrap_or(Path::new("."));
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".plimsoll-init-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot write in {}", dir.display()))?;
+    tmp.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write in {}", dir.display()))?;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
+        .with_context(|| format!("cannot set the mode of {}", tmp.path().display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Creates the callers file's directory with mode 0700 when it does not exist (an existing
+/// one, such as /etc/plimsoll holding the settings too, keeps its mode; the file itself is
+/// 0600).
+fn make_private_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.as_os_str().is_empty() || dir.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use plimsoll_wire::Evidence;
+
+    use super::*;
+
+    fn info(name: &str, tier: Tier, reason: Option<&str>) -> ProviderInfo {
+        ProviderInfo {
+            name: name.into(),
+            isolation: tier,
+            available: reason.is_none(),
+            unavailable_reason: reason.map(str::to_owned),
+            evidence: Evidence {
+                provider: name.into(),
+                isolation: tier,
+                config: Default::default(),
+                binaries: vec![],
+                probe: None,
+                checks: Default::default(),
+                environment: String::new(),
+                checked_unix_ms: 0,
+            },
+            evidence_sha256: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_file_lists_what_passed_and_says_why_the_rest_did_not() {
+        let settings = Settings {
+            state_dir: Some("/var/lib/plimsoll".into()),
+            oci: plimsoll_engine::settings::OciSection {
+                image: Some("/srv/\"odd\" image".into()),
+                ..Default::default()
+            },
+            daemon: plimsoll_engine::settings::DaemonSection {
+                listen: Some("127.0.0.1:7878".into()),
+                callers_file: Some("/etc/plimsoll/callers.toml".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let text = render(
+            &settings,
+            &[
+                info("process", Tier::Process, None),
+                info(
+                    "crun",
+                    Tier::Container,
+                    Some("no crun at /usr/bin/crun:\ninstall it"),
+                ),
+            ],
+        );
+        assert!(text.contains("providers = [\"process\"]\n"), "{text}");
+        assert!(
+            text.contains("#   crun (tier container): no crun at /usr/bin/crun: install it\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("No provider at `container` or above"),
+            "{text}"
+        );
+        let parsed = Settings::parse(&text).unwrap();
+        assert_eq!(parsed.providers, Some(vec!["process".to_owned()]));
+        assert_eq!(
+            parsed.oci.image.as_deref(),
+            Some(Path::new("/srv/\"odd\" image"))
+        );
+        assert_eq!(parsed.default_floor, Some(Tier::Container));
+        assert_eq!(
+            parsed.daemon.callers_file.as_deref(),
+            Some(Path::new("/etc/plimsoll/callers.toml"))
+        );
+    }
+}
