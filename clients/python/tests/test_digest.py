@@ -102,7 +102,9 @@ def test_evidence_keys_sort_by_utf8_bytes_not_utf16() -> None:
 def test_nulls_at_every_depth_read_as_absent_with_defaults_taken(name: str, like: str) -> None:
     """An answer holding the vector's nulls reads exactly as the one without them: null is
     absent, and a member with a default (``oom_killed``, ``steps``...) takes it."""
-    read = plimsoll.RunResult.from_wire if name.startswith("result/") else plimsoll.RunRecord.from_wire
+    read = (
+        plimsoll.RunResult.from_wire if name.startswith("result/") else plimsoll.RunRecord.from_wire
+    )
     with_nulls, without = read(BY_NAME[name]["input"]), read(BY_NAME[like]["input"])
     assert with_nulls == without
     if isinstance(with_nulls, plimsoll.RunResult):

@@ -288,7 +288,9 @@ def verify_answer(
             response=floor.value,
             record=applied.value,
             request_id=rid,
-            against="the floor sent" if prepared.floor is not None else "the daemon's default floor",
+            against=(
+                "the floor sent" if prepared.floor is not None else "the daemon's default floor"
+            ),
         )
     if prepared.provider is not None:
         for named in (response.provider, response.record.provider):
