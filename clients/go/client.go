@@ -247,6 +247,24 @@ func verify(sent *wireRequest, floor Isolation, fromDaemon bool, res *Result) (*
 	if !weakest.AtLeast(floor) {
 		return nil, &EvidenceMismatchError{RequestID: id, Provider: res.Provider, Isolation: weakest, Floor: floor, DefaultFloor: fromDaemon}
 	}
+	// The record states the floor the daemon applied: the one sent, or its default floor when
+	// none was sent. It must be there, the tier must meet it, and it must be the floor this
+	// client held the run to (which also catches a daemon whose listing and records disagree).
+	applied := res.Record.MinimumIsolation
+	if applied == "" {
+		return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: http.StatusOK,
+			Message: "the record states no applied floor (`record.minimum_isolation`): the daemon is older than this client or faulty; upgrade plimsolld"}
+	}
+	if !weakest.AtLeast(applied) {
+		return nil, &EvidenceMismatchError{RequestID: id, Provider: res.Provider, Isolation: weakest, Floor: applied, AppliedFloor: true}
+	}
+	if applied != floor {
+		against := "the floor sent"
+		if fromDaemon {
+			against = "the daemon's default floor"
+		}
+		return nil, &RecordMismatchError{RequestID: id, Field: "minimum_isolation", Response: string(floor), Record: string(applied), Against: against}
+	}
 	if sent.Provider != "" {
 		for _, named := range []string{res.Provider, res.Record.Provider} {
 			if named != sent.Provider {

@@ -159,6 +159,9 @@ func TestRunAtEachTierTheHostHas(t *testing.T) {
 	if len(res.RequestID) != 32 || res.Record.RequestID != res.RequestID {
 		t.Errorf("request id %q (record %q): want 128-bit hex", res.RequestID, res.Record.RequestID)
 	}
+	if res.Record.MinimumIsolation != sandbox.IsolationProcess {
+		t.Errorf("the record states the applied floor %q, not the one sent", res.Record.MinimumIsolation)
+	}
 	again, err := c.RunJavaScript(ctx, sandbox.Request{Code: "console.log(6 * 7)", MinimumIsolation: sandbox.IsolationProcess})
 	if err != nil {
 		t.Fatal(err)
@@ -205,6 +208,10 @@ func TestNoFloorTakesTheDaemonsDefault(t *testing.T) {
 	}
 	if !res.Isolation.AtLeast(sandbox.IsolationContainer) {
 		t.Errorf("ran at %s", res.Isolation)
+	}
+	// The record states the floor the daemon applied: its default, the one the client learnt.
+	if res.Record.MinimumIsolation != sandbox.IsolationContainer {
+		t.Errorf("the record states the applied floor %q, not the default floor", res.Record.MinimumIsolation)
 	}
 }
 
@@ -706,6 +713,94 @@ func TestAProxyThatLowersTheFloorOnTheWayInIsAnEvidenceMismatch(t *testing.T) {
 	var em *sandbox.EvidenceMismatchError
 	if !errors.As(err, &em) || em.Isolation != sandbox.IsolationProcess || em.Floor != sandbox.IsolationKernel {
 		t.Fatalf("want an evidence mismatch, got %v", err)
+	}
+}
+
+// resign recomputes a record's digest after a rewrite, as a party in the middle would.
+func resign(t *testing.T, record map[string]any) {
+	t.Helper()
+	var r sandbox.Record
+	if err := json.Unmarshal(encode(t, record), &r); err != nil {
+		t.Error(err)
+	}
+	record["record_sha256"] = sandbox.RecordSHA256(&r)
+}
+
+// A record without the floor the daemon applied is refused (may have run). The member is left
+// out of the record digest when absent, so with the digest recomputed the record is one an
+// older daemon could have written: only the applied-floor check catches it.
+func TestARecordWithoutItsAppliedFloorIsRefused(t *testing.T) {
+	drops := map[string]func(map[string]any){
+		"removed": func(record map[string]any) { delete(record, "minimum_isolation") },
+		"null":    func(record map[string]any) { record["minimum_isolation"] = nil },
+	}
+	for name, drop := range drops {
+		drop := drop
+		c := rewriting(t, nil, func(v map[string]any) {
+			record := member(v, "record")
+			if record["minimum_isolation"] != "process" {
+				t.Errorf("the record's floor was %v", record["minimum_isolation"])
+			}
+			drop(record)
+			resign(t, record)
+		})
+		_, err := c.RunJavaScript(ctx(t), sandbox.Request{Code: "console.log(1)", MinimumIsolation: sandbox.IsolationProcess})
+		var mh *sandbox.MayHaveRunError
+		if !errors.As(err, &mh) || mh.Code != "bad_response" || !strings.Contains(err.Error(), "states no applied floor (`record.minimum_isolation`)") {
+			t.Fatalf("%s: want a bad response naming the applied floor, got %v", name, err)
+		}
+		if _, ok := sandbox.NotDispatchedReason(err); ok || !errors.Is(err, sandbox.ErrMayHaveRun) {
+			t.Errorf("%s: a record without its floor reads not dispatched: %v", name, err)
+		}
+	}
+}
+
+// The record's floor lowered to process on a run sent with a container floor, the record
+// digest recomputed: the tier still meets it, but it is not the floor sent.
+func TestAnAppliedFloorLoweredWithItsDigestRecomputedIsARecordMismatch(t *testing.T) {
+	c := client(t)
+	needContainer(t, c)
+	c = rewriting(t, nil, func(v map[string]any) {
+		record := member(v, "record")
+		if v["isolation"] != "container" || record["minimum_isolation"] != "container" {
+			t.Errorf("isolation %v, applied floor %v", v["isolation"], record["minimum_isolation"])
+		}
+		record["minimum_isolation"] = "process"
+		resign(t, record)
+	})
+	_, err := c.RunJavaScript(ctx(t), sandbox.Request{Code: "console.log(1)", MinimumIsolation: sandbox.IsolationContainer})
+	var rm *sandbox.RecordMismatchError
+	if !errors.As(err, &rm) || rm.Field != "minimum_isolation" || rm.Response != "container" || rm.Record != "process" {
+		t.Fatalf("want a record mismatch on the applied floor, got %v", err)
+	}
+	if !errors.Is(err, sandbox.ErrRecordMismatch) || !strings.Contains(err.Error(), "the floor sent") {
+		t.Errorf("errors.Is or message: %v", err)
+	}
+	if _, ok := sandbox.NotDispatchedReason(err); ok {
+		t.Error("a record mismatch reads not dispatched")
+	}
+	// No floor sent: the record's floor must be the daemon's default floor (container).
+	_, err = c.RunJavaScript(ctx(t), sandbox.Request{Code: "console.log(1)"})
+	if !errors.As(err, &rm) || rm.Field != "minimum_isolation" || rm.Response != "container" || rm.Record != "process" || !strings.Contains(err.Error(), "default floor") {
+		t.Fatalf("no floor: want a record mismatch against the default floor, got %v", err)
+	}
+}
+
+// The record's floor raised above the tier that ran, its digest recomputed: a run below the
+// floor the daemon says it applied.
+func TestAnAppliedFloorRaisedAboveTheTierIsAnEvidenceMismatch(t *testing.T) {
+	c := rewriting(t, nil, func(v map[string]any) {
+		record := member(v, "record")
+		record["minimum_isolation"] = "kernel"
+		resign(t, record)
+	})
+	_, err := c.RunJavaScript(ctx(t), sandbox.Request{Code: "console.log(1)", MinimumIsolation: sandbox.IsolationProcess})
+	var em *sandbox.EvidenceMismatchError
+	if !errors.As(err, &em) || !em.AppliedFloor || em.Floor != sandbox.IsolationKernel || em.Isolation != sandbox.IsolationProcess {
+		t.Fatalf("want an evidence mismatch against the applied floor, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "the record says the daemon applied") {
+		t.Errorf("message: %v", err)
 	}
 }
 

@@ -202,6 +202,11 @@ func encodeRecord(r *Record) []byte {
 	e.str("result_sha256", r.ResultSHA256)
 	e.str("provider", r.Provider)
 	e.str("isolation", string(r.Isolation))
+	// The applied floor, left out when absent: a record written before it existed keeps its
+	// digest.
+	if r.MinimumIsolation != "" {
+		e.str("minimum_isolation", string(r.MinimumIsolation))
+	}
 	e.str("evidence_sha256", r.EvidenceSHA256)
 	e.str("environment", r.Environment)
 	e.u64("started_unix_ms", r.StartedUnixMS)

@@ -172,11 +172,17 @@ type EvidenceMismatchError struct {
 	Floor Isolation
 	// DefaultFloor is true when no floor was sent and Floor is the daemon's default.
 	DefaultFloor bool
+	// AppliedFloor is true when Floor is the one the record says the daemon applied
+	// (Record.MinimumIsolation).
+	AppliedFloor bool
 }
 
 func (e *EvidenceMismatchError) Error() string {
 	which := "the floor asked for"
-	if e.DefaultFloor {
+	switch {
+	case e.AppliedFloor:
+		which = "the floor the record says the daemon applied,"
+	case e.DefaultFloor:
 		which = "the daemon's default floor (no floor was sent)"
 	}
 	return fmt.Sprintf("evidence mismatch for request %s: the run used `%s` (provider %s), below %s `%s`; the code ran, but not behind the wall you required", e.RequestID, e.Isolation, e.Provider, which, e.Floor)
@@ -244,12 +250,21 @@ func (e *DigestMismatchError) Is(target error) bool {
 // RecordMismatchError: the run record disagrees with the response around it.
 type RecordMismatchError struct {
 	RequestID string
-	// Field is the member that differs; Response and Record its two values.
+	// Field is the member that differs; Response and Record its two values. For
+	// `minimum_isolation`, Response is the floor sent, or the daemon's default floor when none
+	// was sent.
 	Field, Response, Record string
+	// Against names what the record was held against when it is not the response ("the floor
+	// sent", "the daemon's default floor").
+	Against string
 }
 
 func (e *RecordMismatchError) Error() string {
-	return fmt.Sprintf("the run record disagrees with the response on `%s` for request %s: response %s, record %s; the answer was altered or the daemon is faulty, and the code may have run", e.Field, e.RequestID, e.Response, e.Record)
+	against := e.Against
+	if against == "" {
+		against = "the response"
+	}
+	return fmt.Sprintf("the run record disagrees with %s on `%s` for request %s: %s %s, record %s; the answer was altered or the daemon is faulty, and the code may have run", against, e.Field, e.RequestID, against, e.Response, e.Record)
 }
 
 // Is matches ErrRecordMismatch and ErrMayHaveRun.

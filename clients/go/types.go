@@ -378,12 +378,16 @@ type GrantCall struct {
 
 // Record is the run record: the facts a signer needs, with a digest over them.
 type Record struct {
-	RequestID      string    `json:"request_id"`
-	RequestSHA256  string    `json:"request_sha256"`
-	ResultSHA256   string    `json:"result_sha256"`
-	Provider       string    `json:"provider"`
-	Isolation      Isolation `json:"isolation"`
-	EvidenceSHA256 string    `json:"evidence_sha256"`
+	RequestID     string    `json:"request_id"`
+	RequestSHA256 string    `json:"request_sha256"`
+	ResultSHA256  string    `json:"result_sha256"`
+	Provider      string    `json:"provider"`
+	Isolation     Isolation `json:"isolation"`
+	// MinimumIsolation is the floor the daemon held the run to: the one sent, or its default
+	// floor when none was. Read as optional so that an older record parses ("" when absent
+	// or null); a verified Result always has it.
+	MinimumIsolation Isolation `json:"minimum_isolation,omitempty"`
+	EvidenceSHA256   string    `json:"evidence_sha256"`
 	// Environment is the sandbox image identity, or the engine version at the process tier.
 	Environment   string `json:"environment"`
 	StartedUnixMS uint64 `json:"started_unix_ms"`

@@ -4,6 +4,7 @@ in front of a real HTTP API on loopback), and clients of it."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 import threading
@@ -14,11 +15,23 @@ from typing import Any, Iterator
 
 import pytest
 
+# The package is tested from the checkout these tests sit in, first on the path (and on the
+# path of the programs they start): the venv's editable install may point at another
+# checkout of the repository (worktrees share build/), whose code would be tested instead.
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(SRC)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 sys.path.insert(0, str(Path(__file__).parent))
 
 from daemon import Daemon, skip_or_fail, start_daemon  # noqa: E402
 
 import plimsoll  # noqa: E402
+
+assert Path(plimsoll.__file__).resolve().is_relative_to(SRC), (
+    f"plimsoll was imported from {plimsoll.__file__}, not from {SRC}"
+)
 
 
 @dataclass

@@ -74,12 +74,15 @@ def test_a_snippet_runs_at_the_container_tier(client: plimsoll.Client, container
     assert res.stdout == b"True\n", res.stderr
     assert res.isolation is Tier.CONTAINER and res.provider == "crun"
     assert res.record.environment.startswith("sha256:"), res.record.environment
+    assert res.record.minimum_isolation is Tier.CONTAINER
 
 
 def test_no_floor_takes_the_daemons_default_floor(client: plimsoll.Client, container: None) -> None:
     res = client.run_javascript("console.log('default')")
     assert client.default_floor() is Tier.CONTAINER
     assert res.isolation >= Tier.CONTAINER and res.stdout == b"default\n"
+    # The record states the floor the daemon applied: its default, the one the client learnt.
+    assert res.record.minimum_isolation is Tier.CONTAINER
 
 
 def test_a_floor_no_provider_meets_is_refused_and_nothing_runs(

@@ -93,3 +93,40 @@ def test_evidence_keys_sort_by_utf8_bytes_not_utf16() -> None:
     text = _digest.evidence_canonical_json({"\U0001f600": 1, "\uff61": 2, "a": None})
     assert text.decode() == '{"\uff61":2,"\U0001f600":1}'
     assert _digest.evidence_canonical_json({"k": "\x7f/\x01\n"}) == b'{"k":"\x7f/\\u0001\\n"}'
+
+
+@pytest.mark.parametrize(
+    "name, like",
+    [("result/nested-nulls", "result/defaults"), ("record/null-floor", "record/plain")],
+)
+def test_nulls_at_every_depth_read_as_absent_with_defaults_taken(name: str, like: str) -> None:
+    """An answer holding the vector's nulls reads exactly as the one without them: null is
+    absent, and a member with a default (``oom_killed``, ``steps``...) takes it."""
+    read = (
+        plimsoll.RunResult.from_wire if name.startswith("result/") else plimsoll.RunRecord.from_wire
+    )
+    with_nulls, without = read(BY_NAME[name]["input"]), read(BY_NAME[like]["input"])
+    assert with_nulls == without
+    if isinstance(with_nulls, plimsoll.RunResult):
+        step = with_nulls.steps[0]
+        assert with_nulls.oom_killed is False and with_nulls.artifacts == []
+        assert (step.name, step.signal, step.oom_killed) == (None, None, False)
+        assert (with_nulls.calls[0].route, with_nulls.calls[0].status) == (None, None)
+    else:
+        assert with_nulls.minimum_isolation is None
+
+
+def test_the_applied_floor_is_read_and_covered_by_the_record_digest() -> None:
+    v = copy.deepcopy(BY_NAME["record/applied-floor"]["input"])
+    assert plimsoll.RunRecord.from_wire(v).minimum_isolation is plimsoll.Tier.PROCESS
+    before = plimsoll.record_sha256(v)
+    v["minimum_isolation"] = "container"
+    assert plimsoll.record_sha256(v) != before
+    v["minimum_isolation"] = "nope"
+    with pytest.raises(ValueError, match="not a tier"):
+        plimsoll.RunRecord.from_wire(v)
+    # A required member is never null.
+    v = copy.deepcopy(BY_NAME["record/plain"]["input"])
+    v["isolation"] = None
+    with pytest.raises(ValueError, match="lacks `isolation`"):
+        plimsoll.RunRecord.from_wire(v)

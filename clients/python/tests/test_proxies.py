@@ -145,6 +145,79 @@ def test_a_proxy_that_lowers_the_floor_on_the_way_in_is_an_evidence_mismatch(
     assert not_dispatched_reason(e.value) is None
 
 
+def test_a_record_without_its_applied_floor_is_refused(daemon: Daemon) -> None:
+    def drop(v: Any) -> None:
+        assert v["record"]["minimum_isolation"] == "process", v
+        del v["record"]["minimum_isolation"]
+        # Left out of the digest when absent, so recomputing it makes a record that an older
+        # daemon could have written: only the applied-floor check catches it.
+        resign_record(v)
+
+    with Proxy(daemon.url, response=drop) as proxy, through(proxy, daemon) as c:
+        with pytest.raises(plimsoll.BadResponse) as e:
+            c.run_python("print(1)", minimum_isolation="process")
+        assert proxy.runs_seen == 1
+    assert "states no applied floor (`record.minimum_isolation`)" in str(e.value)
+    assert "may have run" in str(e.value)
+    assert not_dispatched_reason(e.value) is None
+
+    def null(v: Any) -> None:
+        v["record"]["minimum_isolation"] = None
+        resign_record(v)
+
+    with Proxy(daemon.url, response=null) as proxy, through(proxy, daemon) as c:
+        with pytest.raises(plimsoll.BadResponse) as e:
+            c.run_python("print(1)", minimum_isolation="process")
+    assert "states no applied floor" in str(e.value) and not_dispatched_reason(e.value) is None
+
+
+def test_an_applied_floor_lowered_with_the_record_digest_recomputed_is_a_record_mismatch(
+    daemon: Daemon, container: None
+) -> None:
+    def lower(v: Any) -> None:
+        assert v["isolation"] == "container", v
+        assert v["record"]["minimum_isolation"] == "container", v
+        v["record"]["minimum_isolation"] = "process"
+        resign_record(v)
+
+    with Proxy(daemon.url, response=lower) as proxy, through(proxy, daemon) as c:
+        with pytest.raises(plimsoll.RecordMismatch) as e:
+            c.run_python("print(1)", minimum_isolation="container")
+        assert (e.value.field, e.value.response, e.value.record) == (
+            "minimum_isolation",
+            "container",
+            "process",
+        )
+        assert "the floor sent" in str(e.value) and not_dispatched_reason(e.value) is None
+        # No floor sent: the record's floor must be the daemon's default floor (container,
+        # from GET /v1/providers).
+        with pytest.raises(plimsoll.RecordMismatch) as e:
+            c.run_python("print(1)")
+        assert (e.value.field, e.value.response, e.value.record) == (
+            "minimum_isolation",
+            "container",
+            "process",
+        )
+        assert "default floor" in str(e.value)
+
+
+def test_an_applied_floor_raised_above_the_tier_is_an_evidence_mismatch(daemon: Daemon) -> None:
+    # The record says the daemon held the run to `kernel`, and the process tier answered: the
+    # tier is checked against the applied floor before the floor is compared with the one sent,
+    # so the run reads "ran below the floor".
+    def raise_applied(v: Any) -> None:
+        assert v["record"]["minimum_isolation"] == "process", v
+        v["record"]["minimum_isolation"] = "kernel"
+        resign_record(v)
+
+    with Proxy(daemon.url, response=raise_applied) as proxy, through(proxy, daemon) as c:
+        with pytest.raises(plimsoll.EvidenceMismatch) as e:
+            c.run_python("print(1)", minimum_isolation="process")
+    assert (e.value.isolation, e.value.floor) == (Tier.PROCESS, Tier.KERNEL)
+    assert "record says the daemon applied" in str(e.value)
+    assert not_dispatched_reason(e.value) is None
+
+
 def test_another_provider_than_the_one_named_is_a_provider_mismatch(daemon: Daemon) -> None:
     def rename(v: Any) -> None:
         assert v["provider"] == "process"

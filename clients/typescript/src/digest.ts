@@ -165,6 +165,9 @@ export function encodeRecord(r: RunRecord): Uint8Array {
     .field("result_sha256", utf8(r.result_sha256))
     .field("provider", utf8(r.provider))
     .field("isolation", utf8(r.isolation))
+    // The applied floor, left out when absent: a record written before it existed keeps
+    // its digest.
+    .optional("minimum_isolation", r.minimum_isolation, utf8)
     .field("evidence_sha256", utf8(r.evidence_sha256))
     .field("environment", utf8(r.environment))
     .field("started_unix_ms", u64be(r.started_unix_ms))

@@ -150,15 +150,20 @@ export class RecordMismatchError extends MayHaveRunError {
   constructor(
     /** The member that differs. */
     readonly field: string,
-    /** Its value in the response (or as computed here). */
+    /**
+     * Its value in the response (or as computed here). For `minimum_isolation`: the floor
+     * sent, or the daemon's default floor when none was sent.
+     */
     readonly response: string,
     /** Its value in the record. */
     readonly record: string,
     requestId: string,
+    /** What the record was held against, for the message. */
+    against = "the response",
   ) {
     super(
       "record_mismatch",
-      `the run record disagrees with the response on \`${field}\` for request ${requestId}: response ${response}, record ${record}; the answer was altered or the daemon is faulty, and the code may have run`,
+      `the run record disagrees with ${against} on \`${field}\` for request ${requestId}: ${against} ${response}, record ${record}; the answer was altered or the daemon is faulty, and the code may have run`,
       requestId,
     );
   }
@@ -169,7 +174,9 @@ export type FloorSource =
   /** The request's `minimum_isolation`. */
   | "request"
   /** None was sent: the daemon's `default_floor` from `GET /v1/providers`. */
-  | "daemon_default";
+  | "daemon_default"
+  /** The floor the record says the daemon applied (`record.minimum_isolation`). */
+  | "record";
 
 /**
  * The result says the run used a tier below the floor. The code ran (this is not a refusal),
@@ -187,7 +194,12 @@ export class EvidenceMismatchError extends MayHaveRunError {
     readonly floorSource: FloorSource,
     requestId: string,
   ) {
-    const which = floorSource === "request" ? "asked for" : "the daemon's default floor, none having been sent";
+    const which =
+      floorSource === "request"
+        ? "asked for"
+        : floorSource === "record"
+          ? "the floor the record says the daemon applied"
+          : "the daemon's default floor, none having been sent";
     super(
       "evidence_mismatch",
       `evidence mismatch for request ${requestId}: the run used \`${isolation}\` (provider ${provider}), below the floor \`${floor}\` (${which}); the code ran, but not behind the wall you required`,

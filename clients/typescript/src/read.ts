@@ -341,18 +341,21 @@ export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
     "result_sha256",
     "provider",
     "isolation",
+    "minimum_isolation",
     "evidence_sha256",
     "environment",
     "started_unix_ms",
     "ended_unix_ms",
     "record_sha256",
   ]);
+  const floor = opt(m, "minimum_isolation", path, tier);
   return {
     request_id: req(m, "request_id", path, str),
     request_sha256: req(m, "request_sha256", path, str),
     result_sha256: req(m, "result_sha256", path, str),
     provider: req(m, "provider", path, str),
     isolation: req(m, "isolation", path, tier),
+    ...(floor === undefined ? {} : { minimum_isolation: floor }),
     evidence_sha256: req(m, "evidence_sha256", path, str),
     environment: req(m, "environment", path, str),
     started_unix_ms: req(m, "started_unix_ms", path, u64),

@@ -181,6 +181,11 @@ export interface RunRecord {
   result_sha256: string;
   provider: string;
   isolation: Tier;
+  /**
+   * The floor the daemon held the run to: the one sent, or its default floor when none was.
+   * Optional when read, so that an older record parses; a verified response always has it.
+   */
+  minimum_isolation?: Tier;
   evidence_sha256: string;
   environment: string;
   started_unix_ms: number;

@@ -1,7 +1,8 @@
 /**
  * The checks on every `200` answer: the echoed request id and protocol, the tier against the
- * floor, the provider against the one named, the three digests recomputed here, and the
- * record against the response around it.
+ * floor, the record's applied floor (present, met by the tier, equal to the floor), the
+ * provider against the one named, the three digests recomputed here, and the record against
+ * the response around it.
  *
  * Without a signature this catches an answer meant for another request, a tier below the
  * floor, and any change to the request, result or record that leaves a stated digest stale.
@@ -60,6 +61,30 @@ export function verifyResponse(sent: RunRequest, response: RunResponse, floor: F
     tierRank(response.record.isolation) < tierRank(response.isolation) ? response.record.isolation : response.isolation;
   if (floor !== undefined && tierRank(weakest) < tierRank(floor.tier)) {
     throw new EvidenceMismatchError(response.provider, weakest, floor.tier, floor.source, id);
+  }
+  // The record states the floor the daemon applied: the one sent, or its default floor when
+  // none was sent. It must be there, the tier must meet it, and it must be the floor this
+  // client held the run to (which also catches a daemon whose listing and records disagree).
+  const applied = response.record.minimum_isolation;
+  if (applied === undefined) {
+    throw new MayHaveRunError(
+      "bad_response",
+      `the code may have run: the record states no applied floor (\`record.minimum_isolation\`) for request ${id}: the daemon is older than this client or faulty; upgrade plimsolld`,
+      id,
+      { status: 200 },
+    );
+  }
+  if (tierRank(weakest) < tierRank(applied)) {
+    throw new EvidenceMismatchError(response.provider, weakest, applied, "record", id);
+  }
+  if (floor !== undefined && applied !== floor.tier) {
+    throw new RecordMismatchError(
+      "minimum_isolation",
+      floor.tier,
+      applied,
+      id,
+      floor.source === "request" ? "the floor sent" : "the daemon's default floor",
+    );
   }
   if (sent.provider !== undefined) {
     for (const named of [response.provider, response.record.provider]) {

@@ -145,6 +145,7 @@ test("a JavaScript run at the process tier verifies, with a fresh request id eac
   assert.match(res.request_id, /^[0-9a-f]{32}$/);
   assert.equal(x.request.request_id, res.request_id);
   assert.deepEqual(x.floor, { tier: "process", source: "request" });
+  assert.equal(res.record.minimum_isolation, "process");
   assert.match(res.record.record_sha256, /^[0-9a-f]{64}$/);
 
   const again = await c.runJavaScript("console.log(6 * 7)", { minimum_isolation: "process" });
@@ -197,6 +198,8 @@ test("a run without a floor is checked against the daemon's default floor", asyn
   assert.equal(x.request.minimum_isolation, undefined);
   assert.deepEqual(x.floor, { tier: "container", source: "daemon_default" });
   assert.equal(x.response.isolation, "container");
+  // The record states the floor the daemon applied: its default, the one the client learnt.
+  assert.equal(x.response.record.minimum_isolation, "container");
   assert.equal(await c.defaultFloor(), "container");
 });
 
@@ -488,6 +491,81 @@ test("an answer claiming a tier below the floor is an evidence mismatch, digests
     } finally {
       await proxy.close();
     }
+  }
+});
+
+/** Recomputes the record's digest after a rewrite, as a party in the middle would. */
+function resign(v: { record: { record_sha256: string } }): void {
+  v.record.record_sha256 = recordSha256(decodeRunRecord(JSON.stringify(v.record)));
+}
+
+test("a record without its applied floor is refused, the record digest recomputed or not", async (t) => {
+  if (!ready(t)) return;
+  // Left out of the record digest when absent, so with it recomputed the record is one an
+  // older daemon could have written: only the applied-floor check catches it.
+  const drops: Rewrite[] = [
+    (v) => {
+      assert.equal(v.record.minimum_isolation, "process");
+      delete v.record.minimum_isolation;
+      resign(v);
+    },
+    (v) => {
+      v.record.minimum_isolation = null;
+      resign(v);
+    },
+  ];
+  for (const drop of drops) {
+    const proxy = await rewriting(undefined, drop);
+    try {
+      const e = await rejection(client(proxy.url).runJavaScript("console.log(1)", { minimum_isolation: "process" }));
+      assert.ok(e instanceof MayHaveRunError && e.kind === "bad_response", inspect(e));
+      assert.match(e.message, /states no applied floor \(`record.minimum_isolation`\)/);
+      assert.equal(notDispatchedReason(e), undefined);
+    } finally {
+      await proxy.close();
+    }
+  }
+});
+
+test("an applied floor lowered to process on a container run, its digest recomputed, is a record mismatch", async (t) => {
+  if (!ready(t, "container")) return;
+  const proxy = await rewriting(undefined, (v) => {
+    assert.equal(v.isolation, "container");
+    assert.equal(v.record.minimum_isolation, "container");
+    v.record.minimum_isolation = "process";
+    resign(v);
+  });
+  try {
+    const c = client(proxy.url);
+    const e = await rejection(c.runJavaScript("console.log(1)", { minimum_isolation: "container" }));
+    assert.ok(e instanceof RecordMismatchError, inspect(e));
+    assert.deepEqual([e.field, e.response, e.record], ["minimum_isolation", "container", "process"]);
+    assert.match(e.message, /the floor sent/);
+    assert.equal(notDispatchedReason(e), undefined);
+    // None sent: the record's floor must be the daemon's default floor (container).
+    const d = await rejection(c.runJavaScript("console.log(1)"));
+    assert.ok(d instanceof RecordMismatchError, inspect(d));
+    assert.deepEqual([d.field, d.response, d.record], ["minimum_isolation", "container", "process"]);
+    assert.match(d.message, /default floor/);
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("an applied floor raised above the tier that ran is an evidence mismatch", async (t) => {
+  if (!ready(t)) return;
+  const proxy = await rewriting(undefined, (v) => {
+    assert.equal(v.record.minimum_isolation, "process");
+    v.record.minimum_isolation = "kernel";
+    resign(v);
+  });
+  try {
+    const e = await rejection(client(proxy.url).runJavaScript("console.log(1)", { minimum_isolation: "process" }));
+    assert.ok(e instanceof EvidenceMismatchError, inspect(e));
+    assert.deepEqual([e.isolation, e.floor, e.floorSource], ["process", "kernel", "record"]);
+    assert.equal(notDispatchedReason(e), undefined);
+  } finally {
+    await proxy.close();
   }
 });
 

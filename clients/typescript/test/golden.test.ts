@@ -76,6 +76,22 @@ for (const v of vectors) {
   });
 }
 
+test("nulls at every depth read as absent, and a member with a default takes it", () => {
+  // Read whole, not only encoded: the vector and its twin without nulls are the same value.
+  const read = (name: string): unknown => {
+    const v = byName.get(name);
+    assert.ok(v !== undefined, `no vector ${name}`);
+    const json = JSON.stringify(v.input);
+    return v.kind === "result" ? decodeRunResult(json) : v.kind === "record" ? decodeRunRecord(json) : decodeRunRequest(json);
+  };
+  assert.deepEqual(read("result/nested-nulls"), read("result/defaults"));
+  assert.deepEqual(read("record/null-floor"), read("record/plain"));
+  const nulls = read("request/project-nested-nulls") as { request_id: string };
+  const defaults = read("request/project-defaults") as { request_id: string };
+  assert.deepEqual({ ...nulls, request_id: "" }, { ...defaults, request_id: "" });
+  assert.deepEqual(read("request/null-limit-member"), { ...(read("request/empty-limits-object") as object), request_id: "r-6" });
+});
+
 test("a request's id is not in its digest", () => {
   for (const v of vectors.filter((x) => x.kind === "request")) {
     const input = { ...(v.input as Record<string, unknown>), request_id: "another-id" };

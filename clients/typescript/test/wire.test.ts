@@ -11,14 +11,17 @@ import {
   type Floor,
   JsonSyntaxError,
   MayHaveRunError,
+  type RunRecord,
   type RunRequest,
   type RunResponse,
   type RunResult,
+  type Tier,
   ShapeError,
   TIERS,
   bytesToWire,
   canonicalJson,
   decodeBase64,
+  decodeRunRecord,
   decodeRunRequest,
   decodeRunResult,
   DigestMismatchError,
@@ -148,14 +151,21 @@ function request(floor?: RunRequest["minimum_isolation"], provider?: string): Ru
 }
 
 /** A response whose digests and record are all consistent with `req`. */
-function honest(req: RunRequest, isolation: RunResponse["isolation"], provider = "p"): RunResponse {
+function honest(
+  req: RunRequest,
+  isolation: RunResponse["isolation"],
+  provider = "p",
+  /** The record's applied floor; `null` leaves it out. */
+  applied: Tier | null = req.minimum_isolation ?? "process",
+): RunResponse {
   const result: RunResult = { ...decodeRunResult(resultJson()) };
-  const record = {
+  const record: RunRecord = {
     request_id: req.request_id,
     request_sha256: requestSha256(req),
     result_sha256: resultSha256(result),
     provider,
     isolation,
+    ...(applied === null ? {} : { minimum_isolation: applied }),
     evidence_sha256: "e".repeat(64),
     environment: "test",
     started_unix_ms: 1,
@@ -263,4 +273,53 @@ test("another provider than the one named is a provider mismatch, in the respons
   resp.record.provider = "r";
   resp.record.record_sha256 = recordSha256(resp.record);
   assert.throws(() => verifyResponse(req, resp, undefined), (e) => e instanceof ProviderMismatchError && e.provider === "r");
+});
+
+test("the record's applied floor must be there, meet the tier and be the floor sent or the default", () => {
+  // Absent: a daemon older than this client, or one that hides the floor it applied.
+  const req = request("process");
+  const absent = honest(req, "process", "p", null);
+  assert.throws(
+    () => verifyResponse(req, absent, floorOf(req)),
+    (e) => e instanceof MayHaveRunError && e.kind === "bad_response" && /minimum_isolation/.test(e.message) && notDispatchedReason(e) === undefined,
+  );
+  // Lowered below the floor sent, the record digest recomputed: the tier still meets it.
+  const sent = request("container");
+  const lowered = honest(sent, "container", "p", "process");
+  assert.throws(
+    () => verifyResponse(sent, lowered, floorOf(sent)),
+    (e) =>
+      e instanceof RecordMismatchError &&
+      e.field === "minimum_isolation" &&
+      e.response === "container" &&
+      e.record === "process" &&
+      /the floor sent/.test(e.message),
+  );
+  // Raised above the tier that ran: a run below the floor the daemon says it applied.
+  const raised = honest(req, "process", "p", "kernel");
+  assert.throws(
+    () => verifyResponse(req, raised, floorOf(req)),
+    (e) => e instanceof EvidenceMismatchError && e.floor === "kernel" && e.floorSource === "record" && /record says/.test(e.message),
+  );
+  // None sent: it must be the daemon's default floor the client learnt.
+  const none = request();
+  const fromDefault: Floor = { tier: "container", source: "daemon_default" };
+  verifyResponse(none, honest(none, "container", "p", "container"), fromDefault);
+  assert.throws(
+    () => verifyResponse(none, honest(none, "container", "p", "process"), fromDefault),
+    (e) => e instanceof RecordMismatchError && e.field === "minimum_isolation" && e.response === "container" && /default floor/.test(e.message),
+  );
+});
+
+test("a record's applied floor is read, null as absent, and is covered by its digest", () => {
+  const base = honest(request("container"), "container").record;
+  const json = (over: Record<string, unknown>): string => JSON.stringify({ ...base, ...over });
+  assert.equal(decodeRunRecord(json({})).minimum_isolation, "container");
+  assert.equal(decodeRunRecord(json({ minimum_isolation: null })).minimum_isolation, undefined);
+  assert.equal("minimum_isolation" in decodeRunRecord(json({ minimum_isolation: null })), false);
+  assert.throws(() => decodeRunRecord(json({ minimum_isolation: "strong" })), /not a tier/);
+  assert.throws(() => decodeRunRecord(json({ isolation: null })), /missing/);
+  assert.notEqual(recordSha256({ ...base, minimum_isolation: "process" }), recordSha256(base));
+  const { minimum_isolation: _, ...older } = base;
+  assert.equal(recordSha256(decodeRunRecord(json({ minimum_isolation: null }))), recordSha256(older));
 });

@@ -275,6 +275,9 @@ def record_encoding(record: Mapping[str, Any]) -> bytes:
     f.req(record, "result_sha256", _str)
     f.req(record, "provider", _str)
     f.req(record, "isolation", _tier)
+    # The applied floor, left out when absent or null: a record written before the member
+    # existed keeps its digest.
+    f.opt(record, "minimum_isolation", _tier)
     f.req(record, "evidence_sha256", _str)
     f.req(record, "environment", _str)
     f.req(record, "started_unix_ms", _u64)

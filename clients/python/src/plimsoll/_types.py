@@ -423,6 +423,9 @@ class RunRecord:
     started_unix_ms: int
     ended_unix_ms: int
     record_sha256: str
+    minimum_isolation: Optional[Tier] = None
+    """The floor the daemon held the run to (the one sent, or its default floor when none
+    was). Read as optional so an older record parses; a verified response always has it."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunRecord":
@@ -442,7 +445,9 @@ class RunRecord:
                 "ended_unix_ms",
                 "record_sha256",
             ),
+            ("minimum_isolation",),
         )
+        floor = o.get("minimum_isolation")
         return cls(
             request_id=_str(o, "request_id", w) or "",
             request_sha256=_digest(o, "request_sha256", w),
@@ -454,6 +459,7 @@ class RunRecord:
             started_unix_ms=_u64(o, "started_unix_ms", w) or 0,
             ended_unix_ms=_u64(o, "ended_unix_ms", w) or 0,
             record_sha256=_digest(o, "record_sha256", w),
+            minimum_isolation=None if floor is None else _tier(o, "minimum_isolation", w),
         )
 
 

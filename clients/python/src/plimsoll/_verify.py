@@ -261,6 +261,37 @@ def verify_answer(
             floor=floor,
             default=prepared.floor is None,
         )
+    # The record states the floor the daemon applied: the one sent, or its default floor when
+    # none was sent. It must be there, the tier must meet it (checked first, as above), and it
+    # must be the floor this client held the run to: that also catches a daemon whose listing
+    # and records disagree.
+    applied = response.record.minimum_isolation
+    if applied is None:
+        raise BadResponse(
+            "the record states no applied floor (`record.minimum_isolation`): the daemon is "
+            "older than this client or faulty; upgrade plimsolld",
+            request_id=rid,
+            status=status,
+        )
+    if weakest < applied:
+        raise EvidenceMismatch(
+            request_id=rid,
+            provider=response.provider,
+            isolation=weakest,
+            floor=applied,
+            default=False,
+            applied=True,
+        )
+    if floor is not None and applied != floor:
+        raise RecordMismatch(
+            field="minimum_isolation",
+            response=floor.value,
+            record=applied.value,
+            request_id=rid,
+            against=(
+                "the floor sent" if prepared.floor is not None else "the daemon's default floor"
+            ),
+        )
     if prepared.provider is not None:
         for named in (response.provider, response.record.provider):
             if named != prepared.provider:

@@ -223,14 +223,24 @@ class DigestMismatch(MayHaveRun):
 
 
 class RecordMismatch(MayHaveRun):
-    """The run record disagrees with the response around it."""
+    """The run record disagrees with the response around it, or (``field`` is
+    ``"minimum_isolation"``) states another applied floor than the one the run was sent with:
+    ``response`` then holds the floor sent, or the daemon's default floor when none was."""
 
     code = "record_mismatch"
 
-    def __init__(self, *, field: str, response: str, record: str, request_id: str) -> None:
+    def __init__(
+        self,
+        *,
+        field: str,
+        response: str,
+        record: str,
+        request_id: str,
+        against: str = "the response",
+    ) -> None:
         super().__init__(
-            f"the run record disagrees with the response on `{field}` for request "
-            f"{request_id}: response {response}, record {record}; the answer was altered or "
+            f"the run record disagrees with {against} on `{field}` for request "
+            f"{request_id}: {against} {response}, record {record}; the answer was altered or "
             "the daemon is faulty, and the code may have run",
             request_id=request_id,
             status=200,
@@ -242,17 +252,30 @@ class RecordMismatch(MayHaveRun):
 
 class EvidenceMismatch(MayHaveRun):
     """The result says the run used a tier below the floor (the one sent, or the daemon's
-    default floor when none was sent). The code ran: this is not a refusal."""
+    default floor when none was sent, or the floor the record says the daemon applied). The
+    code ran: this is not a refusal."""
 
     code = "evidence_mismatch"
 
     def __init__(
-        self, *, request_id: str, provider: str, isolation: Tier, floor: Tier, default: bool
+        self,
+        *,
+        request_id: str,
+        provider: str,
+        isolation: Tier,
+        floor: Tier,
+        default: bool,
+        applied: bool = False,
     ) -> None:
-        which = "the daemon's default floor" if default else "the floor"
+        if applied:
+            which = f"the floor `{floor}` its record says the daemon applied"
+        elif default:
+            which = f"the daemon's default floor `{floor}`"
+        else:
+            which = f"the floor `{floor}` asked for"
         super().__init__(
             f"evidence mismatch for request {request_id}: the run used `{isolation}` "
-            f"(provider {provider}), below {which} `{floor}` asked for; the code ran, but not "
+            f"(provider {provider}), below {which}; the code ran, but not "
             "behind the wall you required",
             request_id=request_id,
             status=200,

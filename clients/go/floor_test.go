@@ -1,0 +1,139 @@
+// The record's applied floor and the null rule, without a daemon: the cases a real daemon
+// never sends but a party in the middle could.
+
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// honest is a 200 answer to sent whose digests and record all agree, with the record's
+// applied floor set to applied ("" leaves it out).
+func honest(t *testing.T, sent *wireRequest, tier, applied Isolation) *Result {
+	t.Helper()
+	var o Output
+	if _, err := readStrict([]byte(plainResult), &o); err != nil {
+		t.Fatal(err)
+	}
+	res := &Result{Protocol: Protocol, RequestID: sent.RequestID, Provider: "p", Isolation: tier, DurationMS: 1,
+		RequestSHA256: sum(encodeRequest(sent)), ResultSHA256: ResultSHA256(&o), Output: o}
+	res.Record = Record{RequestID: sent.RequestID, RequestSHA256: res.RequestSHA256, ResultSHA256: res.ResultSHA256,
+		Provider: "p", Isolation: tier, MinimumIsolation: applied, EvidenceSHA256: strings.Repeat("e", 64),
+		Environment: "test", StartedUnixMS: 1, EndedUnixMS: 2}
+	res.Record.RecordSHA256 = RecordSHA256(&res.Record)
+	return res
+}
+
+func encodeJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func sentWith(floor Isolation) *wireRequest {
+	code := "console.log(1)"
+	return &wireRequest{Protocol: Protocol, RequestID: "r-1", MinimumIsolation: floor,
+		Run: wireRun{Kind: "snippet", Language: JavaScript, Code: &code}}
+}
+
+func TestTheRecordsAppliedFloorIsChecked(t *testing.T) {
+	sent := sentWith(IsolationProcess)
+	if _, err := verify(sent, IsolationProcess, false, honest(t, sent, IsolationProcess, IsolationProcess)); err != nil {
+		t.Fatalf("an honest answer: %v", err)
+	}
+	// Absent: a daemon older than this client, or one that hides the floor it applied.
+	_, err := verify(sent, IsolationProcess, false, honest(t, sent, IsolationProcess, ""))
+	var mh *MayHaveRunError
+	if !errors.As(err, &mh) || mh.Code != "bad_response" || !strings.Contains(err.Error(), "minimum_isolation") {
+		t.Errorf("absent: %v", err)
+	}
+	// Lowered below the floor sent: the tier still meets it, the record does not agree.
+	container := sentWith(IsolationContainer)
+	_, err = verify(container, IsolationContainer, false, honest(t, container, IsolationContainer, IsolationProcess))
+	var rm *RecordMismatchError
+	if !errors.As(err, &rm) || rm.Field != "minimum_isolation" || rm.Response != "container" || rm.Record != "process" || rm.Against != "the floor sent" {
+		t.Errorf("lowered: %v", err)
+	}
+	// Raised above the tier that ran.
+	_, err = verify(sent, IsolationProcess, false, honest(t, sent, IsolationProcess, IsolationKernel))
+	var em *EvidenceMismatchError
+	if !errors.As(err, &em) || !em.AppliedFloor || em.Floor != IsolationKernel {
+		t.Errorf("raised: %v", err)
+	}
+	// None sent: it must be the daemon's default floor this client learnt.
+	none := sentWith("")
+	if _, err := verify(none, IsolationContainer, true, honest(t, none, IsolationContainer, IsolationContainer)); err != nil {
+		t.Errorf("the default floor: %v", err)
+	}
+	_, err = verify(none, IsolationContainer, true, honest(t, none, IsolationVM, IsolationVM))
+	if !errors.As(err, &rm) || rm.Field != "minimum_isolation" || rm.Response != "container" || !strings.Contains(err.Error(), "default floor") {
+		t.Errorf("another floor than the default: %v", err)
+	}
+}
+
+func TestTheAppliedFloorIsReadAndCoveredByTheRecordDigest(t *testing.T) {
+	base := honest(t, sentWith(IsolationContainer), IsolationContainer, IsolationContainer).Record
+	other := base
+	other.MinimumIsolation = IsolationProcess
+	if RecordSHA256(&other) == RecordSHA256(&base) {
+		t.Error("the applied floor is not covered by the record digest")
+	}
+	older := base
+	older.MinimumIsolation = ""
+	var r Record
+	withNull := strings.Replace(string(encodeJSON(t, base)), `"minimum_isolation":"container"`, `"minimum_isolation":null`, 1)
+	if _, err := readStrict([]byte(withNull), &r); err != nil || r.MinimumIsolation != "" || RecordSHA256(&r) != RecordSHA256(&older) {
+		t.Errorf("null: %v %+v", err, r)
+	}
+	bad := strings.Replace(withNull, `"minimum_isolation":null`, `"minimum_isolation":"strong"`, 1)
+	if _, err := readStrict([]byte(bad), &r); err == nil {
+		t.Error("a floor that is not a tier was read")
+	}
+	bad = strings.Replace(withNull, `"isolation":"container"`, `"isolation":null`, 1)
+	if _, err := readStrict([]byte(bad), &r); err == nil || !strings.Contains(err.Error(), "isolation") {
+		t.Errorf("a null tier: %v", err)
+	}
+}
+
+// Each vector with nulls at every depth reads as the same value as its twin without them.
+func TestNullsAtEveryDepthReadAsTheirTwins(t *testing.T) {
+	byName := map[string]vector{}
+	for _, v := range loadVectors(t) {
+		byName[v.Name] = v
+	}
+	read := func(name string, into any) {
+		v, ok := byName[name]
+		if !ok {
+			t.Fatalf("no vector %s", name)
+		}
+		if _, err := readStrict(v.Input, into); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	var a, b Output
+	read("result/nested-nulls", &a)
+	read("result/defaults", &b)
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("results differ:\n%+v\n%+v", a, b)
+	}
+	var ra, rb Record
+	read("record/null-floor", &ra)
+	read("record/plain", &rb)
+	if ra != rb {
+		t.Errorf("records differ:\n%+v\n%+v", ra, rb)
+	}
+	var qa, qb wireRequest
+	read("request/project-nested-nulls", &qa)
+	read("request/project-defaults", &qb)
+	qa.RequestID, qb.RequestID = "", ""
+	if !reflect.DeepEqual(qa, qb) {
+		t.Errorf("requests differ:\n%+v\n%+v", qa, qb)
+	}
+}
