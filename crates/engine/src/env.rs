@@ -76,6 +76,10 @@ pub const BUILD_AND_TEST: &[EnvVar] = &[
         doc: "set by cargo for build scripts",
     },
     EnvVar {
+        name: "PROPTEST_CASES",
+        doc: "cases per property of the fuzz tests (`tests/fuzz.rs` of several crates); raise it to fuzz longer",
+    },
+    EnvVar {
         name: "PATH",
         doc: "searched by tests for a python3 that has the `cryptography` package",
     },

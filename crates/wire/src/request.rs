@@ -198,7 +198,11 @@ impl RunRequest {
         };
         if self.protocol != PROTOCOL {
             return Err(RequestRejection {
-                request_id: Some(self.request_id.clone()),
+                // Echo only an id a client could have sent (as `parse_request` does): an
+                // invalid one never equals the caller's, and may not even be printable.
+                request_id: validate_request_id(&self.request_id)
+                    .ok()
+                    .map(|()| self.request_id.clone()),
                 reason: Reason::Protocol,
                 message: format!(
                     "protocol {} is not served: this server speaks protocol {PROTOCOL}",
@@ -490,6 +494,21 @@ mod tests {
             parse_request(dup.as_bytes()).unwrap_err().reason,
             Reason::Request
         );
+    }
+
+    /// Found by tests/fuzz.rs: `validate` echoed an invalid id on a protocol refusal.
+    #[test]
+    fn a_protocol_refusal_echoes_only_a_valid_request_id() {
+        let mut r = parse_request(body("").as_bytes()).unwrap();
+        r.protocol = 2;
+        for bad in ["", "a b", "x\n"] {
+            r.request_id = bad.into();
+            let e = r.validate().unwrap_err();
+            assert_eq!(e.reason, Reason::Protocol);
+            assert_eq!(e.request_id, None, "{bad:?}");
+        }
+        r.request_id = "r-2".into();
+        assert_eq!(r.validate().unwrap_err().request_id.as_deref(), Some("r-2"));
     }
 
     #[test]
