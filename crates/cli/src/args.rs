@@ -48,6 +48,9 @@ pub enum Command {
     /// Measure start-up: median and p90 of a trivial snippet per provider, through the
     /// embedded engine and through a plimsolld it starts, beside bare node and python3.
     Bench(BenchArgs),
+    /// Serve the MCP tools (run_code, run_project, list_providers) on stdin/stdout, for agent
+    /// apps; see docs/mcp.md.
+    Mcp(crate::mcp::McpArgs),
 }
 
 /// `plimsoll run`.

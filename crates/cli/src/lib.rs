@@ -5,6 +5,7 @@ pub mod args;
 mod bench;
 mod callers;
 mod local;
+mod mcp;
 mod providers;
 mod run;
 
@@ -68,6 +69,7 @@ pub fn main_with(cli: Cli) -> u8 {
             callers::add(config, &name, file.as_deref())
         }
         Command::Bench(a) => bench::bench(config, &a),
+        Command::Mcp(a) => mcp::mcp(config, &a),
     };
     match outcome {
         Ok(status) => status,
