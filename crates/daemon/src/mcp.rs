@@ -183,7 +183,8 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
         }
     };
     parts.extensions.insert(Caller(caller));
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 /// The daemon's engine as the tools' backend: each run counted in the metrics and logged

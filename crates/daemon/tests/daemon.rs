@@ -1491,3 +1491,83 @@ fn sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken()
         "a secret's value reached the logs"
     );
 }
+
+/// One JSON-RPC message to `/mcp`.
+fn mcp_post(url: &str, token: Option<&str>, body: &serde_json::Value) -> Answer {
+    let mut req = agent()
+        .post(format!("{url}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2025-06-18");
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    answer(req.send(body.to_string().as_bytes()))
+}
+
+fn runs_total(url: &str) -> f64 {
+    samples(&get(url, "/metrics", None).body)
+        .iter()
+        .filter(|(k, _)| k.starts_with("plimsoll_runs_total{"))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[test]
+fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
+    let d = TestDaemon::start(&format!("{PROCESS}[daemon]\nmax_body_bytes = 65536\n"));
+    if !process_available(
+        "mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one",
+        &d.url,
+        &d.token,
+    ) {
+        return;
+    }
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "run_code", "arguments": {
+            "language": "python", "code": "print('via mcp')", "min_isolation": "process"}},
+    });
+    // The attack: a call with no token, or a wrong one, must run nothing.
+    for token in [None, Some("plm_wrong")] {
+        let a = mcp_post(&d.url, token, &call);
+        assert_eq!(a.status, 401, "{}", a.body);
+        assert_eq!(
+            a.headers.get("www-authenticate").map(String::as_str),
+            Some("Bearer")
+        );
+        assert_eq!(a.error().error.not_dispatched, Some(Reason::Permission));
+    }
+    assert_eq!(runs_total(&d.url), 0.0, "a refused call ran");
+
+    let init = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "daemon-test", "version": "1"}},
+    });
+    let a = mcp_post(&d.url, Some(&d.token), &init);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("run_code") || a.body.contains("plimsoll"), "{}", a.body);
+
+    let a = mcp_post(&d.url, Some(&d.token), &call);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let v: serde_json::Value = serde_json::from_str(&a.body).expect("a JSON-RPC answer");
+    let s = &v["result"]["structuredContent"];
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    assert_eq!(s["isolation"], "process", "{v}");
+    assert_eq!(s["stdout"]["text"], "via mcp\n", "{v}");
+    // The record is the engine's: its digest recomputes, and it names the request's digests.
+    let record: plimsoll_wire::RunRecord =
+        serde_json::from_value(s["record"].clone()).expect("a RunRecord");
+    assert_eq!(record_sha256(&record), record.record_sha256);
+    assert_eq!(s["record_sha256"], record.record_sha256.as_str());
+    assert_eq!(s["request_sha256"], record.request_sha256.as_str());
+    assert_eq!(runs_total(&d.url), 1.0, "the run is counted as the daemon's");
+
+    // The daemon's body limit holds for /mcp too.
+    let big = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "run_code", "arguments": {"language": "python", "code": "#".repeat(70_000)}}});
+    let a = mcp_post(&d.url, Some(&d.token), &big);
+    assert_eq!(a.status, 413, "{}", a.body);
+    assert_eq!(runs_total(&d.url), 1.0);
+}

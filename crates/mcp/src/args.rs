@@ -168,10 +168,8 @@ impl Placement {
 impl RunCodeArgs {
     /// The run these arguments ask for.
     pub fn to_options(&self) -> RunOptions {
-        self.placement.apply(RunOptions::snippet(
-            self.language.into(),
-            self.code.clone(),
-        ))
+        self.placement
+            .apply(RunOptions::snippet(self.language.into(), self.code.clone()))
     }
 }
 
@@ -212,7 +210,9 @@ impl RunProjectArgs {
             steps,
             artifacts: self.artifacts.clone(),
         };
-        Ok(self.placement.apply(RunOptions::new(RunSpec::Project(project))))
+        Ok(self
+            .placement
+            .apply(RunOptions::new(RunSpec::Project(project))))
     }
 }
 

@@ -55,10 +55,7 @@ impl BackendError {
 
 fn strip_mark(message: &str, reason: Reason) -> String {
     let prefix = format!("not dispatched ({reason}): ");
-    message
-        .strip_prefix(&prefix)
-        .unwrap_or(message)
-        .to_owned()
+    message.strip_prefix(&prefix).unwrap_or(message).to_owned()
 }
 
 /// What the tools need from plimsoll. Blocking: the server calls it off the async threads.

@@ -126,7 +126,10 @@ fn text_of(label: &str, v: &Value) -> String {
         head.push_str(&format!(", first {shown} shown"));
     }
     match v["encoding"].as_str() {
-        Some("base64") => format!("{head}, not UTF-8, base64):\n{}\n", v["base64"].as_str().unwrap_or("")),
+        Some("base64") => format!(
+            "{head}, not UTF-8, base64):\n{}\n",
+            v["base64"].as_str().unwrap_or("")
+        ),
         _ => {
             let text = v["text"].as_str().unwrap_or("");
             if text.is_empty() {
@@ -166,7 +169,10 @@ pub fn run_text(resp: &RunResponse, v: &Value) -> String {
     );
     if let Some(steps) = v["steps"].as_array() {
         for (i, s) in steps.iter().enumerate() {
-            let name = s["name"].as_str().map(|n| format!(" `{n}`")).unwrap_or_default();
+            let name = s["name"]
+                .as_str()
+                .map(|n| format!(" `{n}`"))
+                .unwrap_or_default();
             out.push_str(&format!("step {}{name}: {}\n", i + 1, ending(s)));
         }
     }
@@ -183,7 +189,10 @@ pub fn run_text(resp: &RunResponse, v: &Value) -> String {
         }
     }
     if let Some(calls) = v["calls"].as_array() {
-        out.push_str(&format!("{} call(s) through the grant's broker\n", calls.len()));
+        out.push_str(&format!(
+            "{} call(s) through the grant's broker\n",
+            calls.len()
+        ));
     }
     out.push_str(&format!(
         "request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
@@ -201,7 +210,9 @@ fn retry_hint(reason: Reason) -> &'static str {
         }
         Reason::Capacity => "the sandbox is busy: wait a moment and retry unchanged",
         Reason::Request => "fix the arguments and retry",
-        Reason::Permission => "this caller may not do that (token or grant): retry only after that changes",
+        Reason::Permission => {
+            "this caller may not do that (token or grant): retry only after that changes"
+        }
         Reason::Unsupported => "no provider can run this kind of request: change the request",
         Reason::Environment => {
             "a provider's environment is not ready: retry later, or name another provider"
@@ -326,7 +337,10 @@ mod tests {
             reason: Reason::Isolation,
             message: "no provider at vm".into(),
         });
-        assert!(text.starts_with("not dispatched (isolation): nothing ran"), "{text}");
+        assert!(
+            text.starts_with("not dispatched (isolation): nothing ran"),
+            "{text}"
+        );
         assert!(text.contains("retry is safe"));
         assert_eq!(v["retry_safe"], true);
         let (v, text) = error(&BackendError::MayHaveRun {

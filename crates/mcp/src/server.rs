@@ -69,13 +69,11 @@ fn failed(e: &BackendError) -> CallToolResult {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
 ) -> Result<T, BackendError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|join| {
-            Err(BackendError::MayHaveRun {
-                message: format!("the server failed while handling the call ({join})"),
-            })
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|join| {
+        Err(BackendError::MayHaveRun {
+            message: format!("the server failed while handling the call ({join})"),
         })
+    })
 }
 
 #[tool_router(router = tool_router)]
@@ -96,7 +94,11 @@ impl PlimsollMcp {
         self
     }
 
-    async fn run(&self, caller: Option<String>, options: plimsoll_client::RunOptions) -> CallToolResult {
+    async fn run(
+        &self,
+        caller: Option<String>,
+        options: plimsoll_client::RunOptions,
+    ) -> CallToolResult {
         let backend = Arc::clone(&self.backend);
         let cap = self.output_cap;
         match blocking(move || backend.run(caller.as_deref(), options)).await {
