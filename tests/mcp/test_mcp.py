@@ -337,6 +337,28 @@ async def over_http(daemon, strict_tier):
             async with ClientSession(read, write) as session:
                 await exercise(session, "python sdk, streamable http", strict_tier)
 
+    # `plimsoll mcp --daemon`: stdio in front, the Rust client (which verifies digests, the
+    # request id and the tier) behind.
+    params = StdioServerParameters(
+        command=str(PLIMSOLL), args=["mcp", "--daemon", daemon.url], env=clean_env(PLIMSOLL_TOKEN=daemon.token)
+    )
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            ran = await session.call_tool(
+                "run_code", {"language": "python", "code": "print('through the client')", "min_isolation": "process"}
+            )
+            refused = await session.call_tool("run_code", {"language": "python", "code": "print(1)", "min_isolation": "vm"})
+
+    def via_client():
+        assert not ran.is_error, text_of(ran)
+        s = ran.structured_content
+        assert s["stdout"]["text"] == "through the client\n" and s["isolation"] == "process", s
+        assert HEX64.match(s["record_sha256"]), s
+        assert refused.is_error and text_of(refused).startswith("not dispatched (isolation): nothing ran"), text_of(refused)
+
+    check("python sdk, stdio with --daemon: runs through the Rust client, refusals marked", via_client)
+
     before = daemon.runs_counted()
     check("http: runs through /mcp are the daemon's runs (counted in its metrics)",
           lambda: (_ for _ in ()).throw(AssertionError(before)) if before < 4 else None)

@@ -82,12 +82,12 @@ fn answer(status: StatusCode, body: &ErrorResponse) -> Response {
     resp
 }
 
-/// The caller a request's bearer token names, or the answer refusing it.
-fn authenticate(st: &Shared, req: &Request) -> Result<String, Response> {
+/// The caller a request's bearer token names, or the status and body refusing it.
+fn authenticate(st: &Shared, req: &Request) -> Result<String, (StatusCode, ErrorResponse)> {
     let unauthenticated = |message: &str| {
-        answer(
+        (
             StatusCode::UNAUTHORIZED,
-            &refusal("unauthenticated", Reason::Permission, message.to_owned()),
+            refusal("unauthenticated", Reason::Permission, message.to_owned()),
         )
     };
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
@@ -104,9 +104,9 @@ fn authenticate(st: &Shared, req: &Request) -> Result<String, Response> {
         .map(|(_, rest)| Token::new(rest.trim()))
         .ok_or_else(|| unauthenticated(invalid))?;
     let callers = st.callers.current().map_err(|e| {
-        answer(
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            &refusal("callers_unavailable", Reason::Environment, e.to_string()),
+            refusal("callers_unavailable", Reason::Environment, e.to_string()),
         )
     })?;
     callers
@@ -121,15 +121,15 @@ fn authenticate(st: &Shared, req: &Request) -> Result<String, Response> {
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let caller = match authenticate(&st, &req) {
         Ok(c) => c,
-        Err(resp) => {
+        Err((status, body)) => {
             tracing::info!(
                 route = MCP_PATH,
                 outcome = "refused",
-                reason = "permission",
-                status = resp.status().as_u16(),
+                code = %body.error.code,
+                status = status.as_u16(),
                 "mcp request refused"
             );
-            return resp;
+            return answer(status, &body);
         }
     };
     let (mut parts, body) = req.into_parts();

@@ -1547,7 +1547,11 @@ fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
     });
     let a = mcp_post(&d.url, Some(&d.token), &init);
     assert_eq!(a.status, 200, "{}", a.body);
-    assert!(a.body.contains("run_code") || a.body.contains("plimsoll"), "{}", a.body);
+    assert!(
+        a.body.contains("run_code") || a.body.contains("plimsoll"),
+        "{}",
+        a.body
+    );
 
     let a = mcp_post(&d.url, Some(&d.token), &call);
     assert_eq!(a.status, 200, "{}", a.body);
@@ -1562,7 +1566,11 @@ fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
     assert_eq!(record_sha256(&record), record.record_sha256);
     assert_eq!(s["record_sha256"], record.record_sha256.as_str());
     assert_eq!(s["request_sha256"], record.request_sha256.as_str());
-    assert_eq!(runs_total(&d.url), 1.0, "the run is counted as the daemon's");
+    assert_eq!(
+        runs_total(&d.url),
+        1.0,
+        "the run is counted as the daemon's"
+    );
 
     // The daemon's body limit holds for /mcp too.
     let big = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",

@@ -19,10 +19,12 @@ fn shown(bytes: &[u8], cap: usize) -> (Value, usize, bool) {
     let mut take = bytes.len().min(cap);
     let capped = take < bytes.len();
     // A cut inside a multi-byte character would turn text into "not UTF-8": cut before it.
-    if capped && let Err(e) = std::str::from_utf8(&bytes[..take]) {
-        if e.error_len().is_none() && std::str::from_utf8(&bytes[e.valid_up_to()..]).is_ok() {
-            take = e.valid_up_to();
-        }
+    if capped
+        && let Err(e) = std::str::from_utf8(&bytes[..take])
+        && e.error_len().is_none()
+        && std::str::from_utf8(&bytes[e.valid_up_to()..]).is_ok()
+    {
+        take = e.valid_up_to();
     }
     let part = &bytes[..take];
     let value = match std::str::from_utf8(part) {
