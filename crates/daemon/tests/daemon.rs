@@ -780,9 +780,15 @@ fn every_route_served_is_in_the_openapi_document_and_nothing_else() {
         .iter()
         .map(|r| (r.method.to_owned(), r.path.to_owned()))
         .collect();
+    // `/mcp` is mounted beside the table (it is a service, not a handler): documented,
+    // secured, and served behind the token too.
+    served.push(("POST".to_owned(), plimsoll_daemon::MCP_PATH.to_owned()));
     documented.sort();
     served.sort();
     assert_eq!(served, documented);
+    let mcp = &paths[plimsoll_daemon::MCP_PATH]["post"];
+    assert!(mcp["security"].as_array().is_some_and(|s| !s.is_empty()));
+    assert_eq!(mcp_post(&d.url, None, &serde_json::json!({})).status, 401);
 
     for r in ROUTES {
         let op = &paths[r.path][r.method.to_lowercase()];
