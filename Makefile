@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv package package-test readme-test bench clean
+.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv package package-test readme-test mcp bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent client-python client-go client-typescript openapi package-test readme-test
+test: deps build images vm-assets lint unit independent client-python client-go client-typescript openapi package-test readme-test mcp
 
 deps:
 	@scripts/install-deps
@@ -99,6 +99,13 @@ package-test: build
 ## namespace (so /etc/plimsoll and port 7878 are the test's own)
 readme-test: build images vm-assets
 	tests/readme/check
+
+## mcp: the MCP server checked by clients no one here wrote: the official Python SDK (stdio and
+## streamable HTTP against a real plimsolld) and the MCP Inspector's CLI (scripts/mcp-test-env
+## installs both, pinned)
+mcp: build images
+	scripts/mcp-test-env
+	build/mcp/venv/bin/python tests/mcp/test_mcp.py
 
 ## bench: startup medians per provider, engine and daemon, beside bare node and python
 bench: build

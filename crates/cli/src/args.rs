@@ -69,6 +69,9 @@ pub enum Command {
         /// The directory to write them into (created if missing).
         dir: PathBuf,
     },
+    /// Serve the MCP tools (run_code, run_project, list_providers) on stdin/stdout, for agent
+    /// apps; see docs/mcp.md.
+    Mcp(crate::mcp::McpArgs),
 }
 
 /// `plimsoll run`.

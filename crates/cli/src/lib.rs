@@ -9,6 +9,7 @@ mod host;
 mod init;
 mod local;
 mod manuals;
+mod mcp;
 mod providers;
 mod run;
 
@@ -78,6 +79,7 @@ pub fn main_with(cli: Cli) -> u8 {
         Command::Doctor(a) => doctor::doctor(config, &a),
         Command::Completions { shell } => manuals::completions(shell),
         Command::Man { dir } => manuals::man(&dir),
+        Command::Mcp(a) => mcp::mcp(config, &a),
     };
     match outcome {
         Ok(status) => status,

@@ -102,6 +102,7 @@ pub fn router(state: AppState) -> Router {
     for route in ROUTES {
         r = r.route(route.path, (route.make)());
     }
+    let r = crate::mcp::mount(r, &state);
     r.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), count_http))

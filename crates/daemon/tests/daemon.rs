@@ -780,9 +780,15 @@ fn every_route_served_is_in_the_openapi_document_and_nothing_else() {
         .iter()
         .map(|r| (r.method.to_owned(), r.path.to_owned()))
         .collect();
+    // `/mcp` is mounted beside the table (it is a service, not a handler): documented,
+    // secured, and served behind the token too.
+    served.push(("POST".to_owned(), plimsoll_daemon::MCP_PATH.to_owned()));
     documented.sort();
     served.sort();
     assert_eq!(served, documented);
+    let mcp = &paths[plimsoll_daemon::MCP_PATH]["post"];
+    assert!(mcp["security"].as_array().is_some_and(|s| !s.is_empty()));
+    assert_eq!(mcp_post(&d.url, None, &serde_json::json!({})).status, 401);
 
     for r in ROUTES {
         let op = &paths[r.path][r.method.to_lowercase()];
@@ -1799,4 +1805,92 @@ fn hyper_s_own_answers_to_a_broken_head_are_error_responses() {
         assert!(!e.error.message.is_empty(), "{what}");
     }
     assert_eq!(get(&d.url, "/healthz", None).status, 200);
+}
+
+/// One JSON-RPC message to `/mcp`.
+fn mcp_post(url: &str, token: Option<&str>, body: &serde_json::Value) -> Answer {
+    let mut req = agent()
+        .post(format!("{url}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2025-06-18");
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    answer(req.send(body.to_string().as_bytes()))
+}
+
+fn runs_total(url: &str) -> f64 {
+    samples(&get(url, "/metrics", None).body)
+        .iter()
+        .filter(|(k, _)| k.starts_with("plimsoll_runs_total{"))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[test]
+fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
+    let d = TestDaemon::start(&format!("{PROCESS}[daemon]\nmax_body_bytes = 65536\n"));
+    if !process_available(
+        "mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one",
+        &d.url,
+        &d.token,
+    ) {
+        return;
+    }
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "run_code", "arguments": {
+            "language": "python", "code": "print('via mcp')", "min_isolation": "process"}},
+    });
+    // The attack: a call with no token, or a wrong one, must run nothing.
+    for token in [None, Some("plm_wrong")] {
+        let a = mcp_post(&d.url, token, &call);
+        assert_eq!(a.status, 401, "{}", a.body);
+        assert_eq!(
+            a.headers.get("www-authenticate").map(String::as_str),
+            Some("Bearer")
+        );
+        assert_eq!(a.error().error.not_dispatched, Some(Reason::Permission));
+    }
+    assert_eq!(runs_total(&d.url), 0.0, "a refused call ran");
+
+    let init = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "daemon-test", "version": "1"}},
+    });
+    let a = mcp_post(&d.url, Some(&d.token), &init);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.body.contains("run_code") || a.body.contains("plimsoll"),
+        "{}",
+        a.body
+    );
+
+    let a = mcp_post(&d.url, Some(&d.token), &call);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let v: serde_json::Value = serde_json::from_str(&a.body).expect("a JSON-RPC answer");
+    let s = &v["result"]["structuredContent"];
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    assert_eq!(s["isolation"], "process", "{v}");
+    assert_eq!(s["stdout"]["text"], "via mcp\n", "{v}");
+    // The record is the engine's: its digest recomputes, and it names the request's digests.
+    let record: plimsoll_wire::RunRecord =
+        serde_json::from_value(s["record"].clone()).expect("a RunRecord");
+    assert_eq!(record_sha256(&record), record.record_sha256);
+    assert_eq!(s["record_sha256"], record.record_sha256.as_str());
+    assert_eq!(s["request_sha256"], record.request_sha256.as_str());
+    assert_eq!(
+        runs_total(&d.url),
+        1.0,
+        "the run is counted as the daemon's"
+    );
+
+    // The daemon's body limit holds for /mcp too.
+    let big = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "run_code", "arguments": {"language": "python", "code": "#".repeat(70_000)}}});
+    let a = mcp_post(&d.url, Some(&d.token), &big);
+    assert_eq!(a.status, 413, "{}", a.body);
+    assert_eq!(runs_total(&d.url), 1.0);
 }

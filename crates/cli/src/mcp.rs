@@ -1,0 +1,65 @@
+//! `plimsoll mcp`: the MCP tools (crates/mcp) over stdio, on the embedded engine or a daemon.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, anyhow};
+use clap::Args;
+use plimsoll_engine::Engine;
+use plimsoll_mcp::{Backend, ClientBackend, EngineBackend};
+
+use crate::local::{client, daemon_url, load_settings, unprobed_engine};
+use crate::run::LOCAL_CALLER;
+use crate::{EXIT_OK, Failure};
+
+/// `plimsoll mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Send runs to this daemon (token from PLIMSOLL_TOKEN). Default: PLIMSOLL_DAEMON, else
+    /// the embedded engine (built from the same settings as `plimsoll run`).
+    #[arg(long, value_name = "URL")]
+    pub daemon: Option<String>,
+    /// Grant profiles for the embedded engine (TOML, docs/capability-grants.md); the secrets
+    /// it names are read from this environment, and runs are by caller `local`. A daemon's
+    /// grants are its operator's.
+    #[arg(long, value_name = "FILE", conflicts_with = "daemon")]
+    pub grants: Option<PathBuf>,
+}
+
+/// Runs `plimsoll mcp` until the client closes stdin.
+pub fn mcp(config: Option<&Path>, a: &McpArgs) -> Result<u8, Failure> {
+    let backend: Arc<dyn Backend> = match daemon_url(a.daemon.as_deref()) {
+        Some(url) => {
+            if a.grants.is_some() {
+                return Err(Failure::usage(anyhow!(
+                    "--grants is for the embedded engine: a daemon's grant profiles are its operator's (plimsolld --grants)"
+                )));
+            }
+            Arc::new(ClientBackend::new(client(&url)?))
+        }
+        None => {
+            let settings = load_settings(config)?;
+            // Read before serving: a missing secret fails at once, not at the first call.
+            let grants_file = a.grants.clone().or_else(|| settings.grants_file.clone());
+            let grants = match &grants_file {
+                Some(path) => Some(Engine::load_grants(path).map_err(Failure::usage)?),
+                None => None,
+            };
+            let mut engine = unprobed_engine(&settings)?;
+            if let Some(grants) = grants {
+                engine = engine.with_grants(grants);
+            }
+            // Providers are probed at the first call that needs them, so the client's
+            // handshake is answered at once.
+            Arc::new(EngineBackend::lazy(Arc::new(engine), LOCAL_CALLER))
+        }
+    };
+    let rt = tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")
+        .map_err(Failure::failed)?;
+    let served = rt.block_on(plimsoll_mcp::serve_stdio(backend));
+    // A run still going when the client left must not hold the process open for long.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    served.map_err(|e| Failure::failed(anyhow!(e)))?;
+    Ok(EXIT_OK)
+}
