@@ -205,7 +205,9 @@ mod tests {
             libc::CLONE_NEWPID,
             libc::CLONE_NEWNET,
         ] {
-            expected.push(format!("| `clone` | errno 1 | arg0 & {flag:#x} == {flag} |"));
+            expected.push(format!(
+                "| `clone` | errno 1 | arg0 & {flag:#x} == {flag} |"
+            ));
         }
         expected.sort();
         assert_eq!(rules, expected);

@@ -19,7 +19,8 @@ use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
 use plimsoll_sandbox::broker::{BrokerChannel, BrokerPort};
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{
-    fresh_id, js, limits, no_connection_came, py, quiet_listener, text,
+    NAMESPACE_ATTACK, fresh_id, js, limits, namespace_attack_refused, no_connection_came, py,
+    quiet_listener, text,
 };
 use plimsoll_sandbox::{LaunchError, Provider, Spawn};
 use plimsoll_wire::{Project, ProjectFile, Reason, RunSpec, Step, Tier};
@@ -404,60 +405,14 @@ except OSError as e:
 /// starts. Before runsc applied its namespace deny list, `unshare -r` gave uid 0 there.
 fn no_namespace_can_be_created(kind: RuntimeKind, test: &str) {
     let Some(rig) = rig(kind, test) else { return };
-    let code = r#"
-import ctypes, os, struct, subprocess, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def eff():
-    caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]
-    return '%d %s' % (os.getuid(), caps[0])
-def attempt(what, call):
-    # In a child of its own, so that one success does not change the next attempt.
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        rc = call()
-        print(what, 'ok ' + eff() if rc == 0 else 'refused', flush=True)
-        os._exit(0)
-    os.waitpid(pid, 0)
-print('start', eff())
-for name, flag in [('user', 0x10000000), ('mount', 0x20000), ('pid', 0x20000000),
-                   ('net', 0x40000000), ('ipc', 0x08000000), ('uts', 0x04000000),
-                   ('cgroup', 0x02000000)]:
-    attempt('unshare ' + name, lambda: libc.unshare(flag))
-def clone_newuser():
-    # clone(CLONE_NEWUSER | SIGCHLD) as the raw syscall; the new child exits at once.
-    rc = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)
-    if rc == 0:
-        os._exit(0)
-    if rc > 0:
-        os.waitpid(rc, 0)
-        return 0
-    return rc
-attempt('clone newuser', clone_newuser)
-def clone3_newuser():
-    # clone3 with struct clone_args {flags: CLONE_NEWUSER, exit_signal: SIGCHLD}.
-    args = ctypes.create_string_buffer(struct.pack('QQQQQQQQ', 0x10000000, 0, 0, 0, 17, 0, 0, 0))
-    rc = libc.syscall(435, args, 64)
-    if rc == 0:
-        os._exit(0)
-    if rc > 0:
-        os.waitpid(rc, 0)
-        return 0
-    return rc
-attempt('clone3 newuser', clone3_newuser)
-r = subprocess.run(['unshare', '-r', 'id', '-u'], capture_output=True, text=True)
-print('unshare -r', 'ok ' + r.stdout.strip() if r.returncode == 0 else 'refused')
-"#;
-    let r = rig.run(py(code), limits(), uid(17, kind));
     let uid = uid(17, kind);
-    let expected = format!(
-        "start {uid} 0000000000000000\n\
-         unshare user refused\nunshare mount refused\nunshare pid refused\n\
-         unshare net refused\nunshare ipc refused\nunshare uts refused\n\
-         unshare cgroup refused\nclone newuser refused\nclone3 newuser refused\n\
-         unshare -r refused\n"
+    let r = rig.run(py(NAMESPACE_ATTACK), limits(), uid);
+    assert_eq!(
+        text(&r.stdout),
+        namespace_attack_refused(uid),
+        "{}",
+        text(&r.stderr)
     );
-    assert_eq!(text(&r.stdout), expected, "{}", text(&r.stderr));
 }
 
 fn a_flood_of_output_is_truncated(kind: RuntimeKind, test: &str) {

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use plimsoll_process::{ProcessConfig, ProcessProvider};
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_sandbox::testing::{
+    NAMESPACE_ATTACK, is_root, namespace_attack_refused, probe_binary, skip_or_fail,
+};
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Provider as _, ResolvedLimits};
 use plimsoll_wire::{Language, Reason, RunResult, RunSpec, Snippet};
 
@@ -260,6 +262,22 @@ fn namespaces_cannot_be_created_but_subprocesses_can() {
         "console.log(require('child_process').execFileSync('/bin/echo', ['node child ok']).toString().trim())",
     );
     assert_eq!(stdout(&r), "node child ok\n", "{}", explain(&r));
+}
+
+/// The attack every provider gets (plimsoll_sandbox::testing): no namespace of any kind,
+/// by any call.
+#[test]
+fn no_namespace_can_be_created() {
+    let Some(env) = setup("no_namespace_can_be_created", 60) else {
+        return;
+    };
+    let r = run(&env, 61, Py, NAMESPACE_ATTACK);
+    assert_eq!(
+        stdout(&r),
+        namespace_attack_refused(UID_BASE + 61),
+        "{}",
+        explain(&r)
+    );
 }
 
 #[test]
