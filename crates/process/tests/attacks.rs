@@ -698,3 +698,174 @@ fn a_missing_binary_withdraws_the_provider() {
     assert!(why.contains("/nonexistent/python3"), "{why}");
     assert_ne!(probed.evidence.checks["binary.python3"], "ok");
 }
+
+/// Many files, each under the per-file limit (RLIMIT_FSIZE), together past the run's disk
+/// bound: the writes stop with ENOSPC at `disk_bytes` (the work directory is a tmpfs of that
+/// size). Before, the sum was unbounded (1.28 GiB in 64 MiB files).
+#[test]
+fn writing_past_the_disk_bound_fails() {
+    let Some(env) = setup("writing_past_the_disk_bound_fails", 63) else {
+        return;
+    };
+    let mut l = limits();
+    l.disk_bytes = 32 << 20;
+    let r = run_with(
+        &env,
+        64,
+        Py,
+        "import errno, os\n\
+         n = 0\n\
+         try:\n\
+         \x20   for i in range(40):\n\
+         \x20       with open('f%d' % i, 'wb') as f:\n\
+         \x20           for _ in range(4):\n\
+         \x20               f.write(b'x' * (1 << 20))\n\
+         \x20               f.flush()\n\
+         \x20               n += 1 << 20\n\
+         \x20   print('wrote', n, 'no error')\n\
+         except OSError as e:\n\
+         \x20   print('wrote', n, errno.errorcode.get(e.errno, e.errno))\n",
+        l,
+    );
+    let out = stdout(&r);
+    let written: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(out.ends_with("ENOSPC\n"), "{}", explain(&r));
+    assert!(written <= l.disk_bytes, "wrote {written}: {}", explain(&r));
+}
+
+/// Four processes, each under the per-process address-space limit, together past the run's
+/// memory bound: the run's memory cgroup holds them all, so they cannot all hold their
+/// memory at once; the kernel's OOM killer ends one and the result says `oom_killed`.
+/// Before, 4 processes held 384 MiB each at once.
+#[test]
+fn allocating_past_the_memory_bound_across_processes_fails() {
+    let Some(env) = setup(
+        "allocating_past_the_memory_bound_across_processes_fails",
+        66,
+    ) else {
+        return;
+    };
+    let mut l = limits();
+    l.memory_bytes = 256 << 20;
+    let r = run_with(
+        &env,
+        67,
+        Py,
+        "import os, sys, time\n\
+         pids = []\n\
+         for i in range(4):\n\
+         \x20   pid = os.fork()\n\
+         \x20   if pid == 0:\n\
+         \x20       b = bytearray(100 << 20)\n\
+         \x20       for j in range(0, len(b), 4096):\n\
+         \x20           b[j] = 1\n\
+         \x20       print('held', i, flush=True)\n\
+         \x20       time.sleep(3)\n\
+         \x20       os._exit(0)\n\
+         \x20   pids.append(pid)\n\
+         codes = [os.waitpid(p, 0)[1] for p in pids]\n\
+         print('killed', sum(1 for c in codes if os.WIFSIGNALED(c)))\n",
+        l,
+    );
+    let out = stdout(&r);
+    let held = out.matches("held").count();
+    assert!(held < 4, "all four held 100 MiB at once: {}", explain(&r));
+    assert!(r.oom_killed, "{}", explain(&r));
+}
+
+/// The "daemon" (plimsoll-process-run) is SIGKILLed mid-run: its snippet's process, work
+/// tmpfs, memory cgroup and run directory (holding the code) stay behind. The next
+/// provider's probe reaps them all. Before, the orphan outlived the restart and the
+/// directory was never removed.
+#[test]
+fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
+    let test = "nothing_is_left_after_the_daemon_is_killed_and_restarted";
+    let Some(env) = setup(test, 68) else {
+        return;
+    };
+    let uid = UID_BASE + 69;
+    let run_id = format!("killed-{}", std::process::id());
+    let run_dir = env.state.join("runs").join(&run_id);
+    let mut child = plimsoll_sandbox::Spawn::new(env!("CARGO_BIN_EXE_plimsoll-process-run"), "/")
+        .args([
+            "run",
+            "python",
+            "import time\nprint('up', flush=True)\ntime.sleep(120)",
+        ])
+        .arg("--state-dir")
+        .arg(&env.state)
+        .args(["--uid", &uid.to_string(), "--run-id", &run_id])
+        .args(["--timeout-ms", "100000"])
+        .spawn()
+        .expect("start plimsoll-process-run");
+    let start = std::time::Instant::now();
+    while processes_of_uid(uid).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let orphans = processes_of_uid(uid);
+    assert!(!orphans.is_empty(), "the snippet should outlive the daemon");
+    assert!(
+        run_dir.join("code/main.py").exists(),
+        "the code stays behind"
+    );
+    let cgroup = memory_cgroup_of(&run_id);
+    assert!(cgroup.exists(), "{} stays behind", cgroup.display());
+
+    // A new daemon starts: its probe reaps.
+    let again = ProcessProvider::new(env.provider.config().clone());
+    let probed = again.probe();
+    assert_eq!(
+        probed.evidence.checks.get("reap").map(String::as_str),
+        Some("ok")
+    );
+    let start = std::time::Instant::now();
+    loop {
+        let alive: Vec<i32> = processes_of_uid(uid)
+            .into_iter()
+            .filter(|p| {
+                !std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .unwrap_or_default()
+                    .contains(") Z")
+            })
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "processes of uid {uid} survived the reap: {alive:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!run_dir.exists(), "{} left behind", run_dir.display());
+    assert!(!cgroup.exists(), "{} left behind", cgroup.display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&run_id),
+        "the work tmpfs of {run_id} is still mounted"
+    );
+    assert_eq!(again.reap().run_dirs, Vec::<String>::new());
+}
+
+/// The memory cgroup a run named `run_id` gets (cgroup v1's memory hierarchy here).
+fn memory_cgroup_of(run_id: &str) -> PathBuf {
+    let v1 = PathBuf::from("/sys/fs/cgroup/memory");
+    let root = if v1.join("memory.limit_in_bytes").exists() {
+        v1
+    } else {
+        PathBuf::from("/sys/fs/cgroup")
+    };
+    root.join("plimsoll-process").join(run_id)
+}
