@@ -141,6 +141,11 @@ impl MemoryCgroup {
         }
     }
 
+    /// The path of `cgroup.procs` (for the watchdog).
+    pub fn procs_path(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
     /// A second handle on `cgroup.procs`, for the prepared child.
     pub fn procs_file(&self) -> io::Result<File> {
         self.procs.try_clone()

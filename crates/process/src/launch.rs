@@ -19,6 +19,10 @@ use plimsoll_sandbox::{
 use crate::bounds::{self, BoundRunError, MemoryCgroup};
 use crate::harden::{Hardening, STAGES};
 
+/// How long after the deadline the watchdog outside the daemon kills the run's processes,
+/// should the daemon be gone (a live daemon has killed them at the deadline).
+pub const WATCHDOG_GRACE: Duration = Duration::from_secs(2);
+
 /// How long leftover processes of a run's uid get to die after SIGKILL.
 const KILL_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -352,6 +356,18 @@ fn launch_in(
     plimsoll_sandbox::reap::signal_all_as(launch.uid)
         .map_err(|e| LaunchError::environment(format!("cannot clear uid {}: {e}", launch.uid)))?;
     let limits = CaptureLimits::new(launch.limits.output_bytes, launch.limits.timeout);
+    // The deadline outside the daemon: should the daemon be killed mid-run, this ends every
+    // process of the run's cgroup at the deadline plus a grace. Dropped (ended) with the run.
+    let _outside = plimsoll_sandbox::watchdog::start(
+        &[cgroup.procs_path()],
+        launch.limits.timeout + WATCHDOG_GRACE,
+    )
+    .map_err(|e| {
+        LaunchError::environment(format!(
+            "cannot start the run's watchdog: {}",
+            error_chain(&e)
+        ))
+    })?;
     let started_unix_ms = unix_ms_now();
     let running = Spawn::new(launch.program, &dir.work)
         .args(&launch.args)

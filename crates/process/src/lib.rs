@@ -28,8 +28,8 @@ use std::sync::Mutex;
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider};
 use plimsoll_wire::{Bytes, Language, Reason, RunResult, RunSpec, Tier};
 
-pub use crate::launch::ReapReport;
 use crate::launch::{Launch, RunDir, error_chain, launch_and_clean};
+pub use crate::launch::{ReapReport, WATCHDOG_GRACE};
 
 /// Where the process provider finds what it runs.
 #[derive(Debug, Clone)]

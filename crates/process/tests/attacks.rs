@@ -869,3 +869,87 @@ fn memory_cgroup_of(run_id: &str) -> PathBuf {
     };
     root.join("plimsoll-process").join(run_id)
 }
+
+/// The "daemon" (plimsoll-process-run) is SIGKILLed one second into a run of an endless
+/// loop with a 3 s timeout, and nothing restarts it: the watchdog it left kills the run's
+/// processes at the deadline plus [`plimsoll_process::WATCHDOG_GRACE`], and their CPU time
+/// stops there. Before, only RLIMIT_CPU bounded the loop, and a sleeping process stayed.
+#[test]
+fn a_run_ends_at_its_deadline_without_the_daemon() {
+    let test = "a_run_ends_at_its_deadline_without_the_daemon";
+    let Some(env) = setup(test, 70) else {
+        return;
+    };
+    let uid = UID_BASE + 71;
+    let run_id = format!("deadline-{}", std::process::id());
+    let timeout = Duration::from_secs(3);
+    let start = std::time::Instant::now();
+    // A busy loop and a sleeper beside it (RLIMIT_CPU alone would never end the sleeper).
+    let code = "import os, time\nif os.fork() == 0:\n    time.sleep(300)\nwhile True:\n    pass";
+    let mut child = plimsoll_sandbox::Spawn::new(env!("CARGO_BIN_EXE_plimsoll-process-run"), "/")
+        .args(["run", "python", code])
+        .arg("--state-dir")
+        .arg(&env.state)
+        .args(["--uid", &uid.to_string(), "--run-id", &run_id])
+        .args(["--timeout-ms", &timeout.as_millis().to_string()])
+        .spawn()
+        .expect("start plimsoll-process-run");
+    while processes_of_uid(uid).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.child.wait().unwrap();
+    // CPU seconds (utime + stime) of each process of the uid, as last seen alive.
+    let tick = 100.0; // USER_HZ
+    let mut cpu = std::collections::BTreeMap::new();
+    let bound = timeout + plimsoll_process::WATCHDOG_GRACE;
+    loop {
+        let mut alive = 0;
+        for p in processes_of_uid(uid) {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            let fields: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
+            if fields.first() == Some(&"Z") {
+                continue;
+            }
+            alive += 1;
+            let t: f64 =
+                fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse::<f64>().unwrap_or(0.0);
+            cpu.insert(p, t / tick);
+        }
+        if alive == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < bound + Duration::from_secs(20),
+            "the run's processes outlived the deadline by far ({:?})",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ended = start.elapsed();
+    let total: f64 = cpu.values().sum();
+    eprintln!(
+        "processes gone {ended:?} after start (deadline {timeout:?} + grace {:?}); CPU {total:.2} s",
+        plimsoll_process::WATCHDOG_GRACE
+    );
+    assert!(
+        total <= (bound + Duration::from_secs(2)).as_secs_f64(),
+        "{total} s of CPU"
+    );
+    // The dead daemon's leftovers (mount, cgroup, directory) go with a reap.
+    let report = env.provider.reap();
+    assert!(report.errors.is_empty(), "{report:?}");
+}
