@@ -22,5 +22,5 @@ pub mod seccomp;
 pub mod spec;
 pub mod state;
 
-pub use provider::{OciConfig, OciProvider, ReapReport};
+pub use provider::{OciConfig, OciProvider, ReapReport, WATCHDOG_GRACE};
 pub use runtime::RuntimeKind;

@@ -121,7 +121,10 @@ pub fn probe(p: &OciProvider) -> Probed {
         },
     );
     config.insert("seccomp".into(), match kind {
-        RuntimeKind::Runsc => "not applied inside gVisor (the Sentry is the syscall boundary; see docs/container-tier.md)".into(),
+        RuntimeKind::Runsc => format!(
+            "data/seccomp-runsc.json sha256:{} inside gVisor (--oci-seccomp): namespace creation denied, the Sentry is the syscall boundary (docs/container-tier.md)",
+            crate::seccomp::runsc_profile_sha256()
+        ),
         _ => format!("data/seccomp.json sha256:{}", crate::seccomp::profile_sha256()),
     });
     if kind == RuntimeKind::Runsc {

@@ -161,6 +161,10 @@ const AGENT_ANSWER_SLACK: u64 = 1024 * 1024;
 const BACKSTOP: Duration = Duration::from_secs(10);
 /// The agent gets the plan's timeout; the host waits this much longer for its answer.
 const AGENT_GRACE: Duration = Duration::from_secs(2);
+/// How long after the deadline the watchdog outside the daemon kills the container's
+/// processes, should the daemon be gone (a live daemon has ended the run by then: its own
+/// kill fires at the deadline, and it waits [`AGENT_GRACE`] for the agent's answer).
+pub const WATCHDOG_GRACE: Duration = Duration::from_secs(5);
 /// How long `<runtime> create` may take (runsc starts its sandbox there).
 const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -433,6 +437,27 @@ impl OciProvider {
         };
 
         created.also_reap(self.runtime.helper_pids(&id));
+        // The deadline outside the daemon: a daemon killed mid-run leaves this watchdog,
+        // which ends the container's processes (by its cgroup) at the deadline plus a grace.
+        let procs: Vec<PathBuf> = layout
+            .dirs(&spec::container_cgroup(&self.cgroup_parent, &plan.run_id))
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect();
+        let outside =
+            match plimsoll_sandbox::watchdog::start(&procs, launch.deadline + WATCHDOG_GRACE) {
+                Ok(w) => w,
+                Err(e) => {
+                    drop(created);
+                    let message = format!("cannot start the run's watchdog: {}", error_chain(&e));
+                    return Err(match self.clean(plan, &id, run_dir, false) {
+                        Ok(()) => LaunchError::environment(message),
+                        Err(c) => LaunchError::environment(format!(
+                            "{message}; and cleanup failed too: {c}"
+                        )),
+                    });
+                }
+            };
         // From `start` on the code may have run: every failure is `Failed`, never "not
         // dispatched".
         let started_unix_ms = unix_ms_now();
@@ -504,6 +529,7 @@ impl OciProvider {
             cv.notify_all();
         }
         let _ = watchdog.join();
+        drop(outside);
         let timed_out = fired.load(Ordering::SeqCst);
         let backstop = captured.as_ref().map_or(true, |c| c.timed_out);
         let memory = layout.memory_seen(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id));

@@ -187,6 +187,8 @@ impl Runtime {
         if self.kind == RuntimeKind::Runsc {
             args.push(format!("--platform={}", self.platform).into());
             args.push("--network=none".into());
+            // The config's seccomp profile (the namespace deny list) applied inside.
+            args.push("--oci-seccomp".into());
         }
         args
     }
@@ -450,7 +452,14 @@ mod tests {
         assert!(!rt(RuntimeKind::Runc).hides_unified());
         assert_eq!(
             rt(RuntimeKind::Runsc).global_args(),
-            ["--root", "/run/r", "--platform=ptrace", "--network=none"].map(OsString::from)
+            [
+                "--root",
+                "/run/r",
+                "--platform=ptrace",
+                "--network=none",
+                "--oci-seccomp"
+            ]
+            .map(OsString::from)
         );
         let create = Runtime::create_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"));
         assert_eq!(

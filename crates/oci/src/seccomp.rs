@@ -9,6 +9,19 @@ use serde_json::Value;
 /// The profile's text, as checked in.
 pub const PROFILE_JSON: &str = include_str!("../data/seccomp.json");
 
+/// runsc's profile: allow by default, deny only namespace creation (`unshare`, `setns`,
+/// `clone` with a namespace flag). The Sentry applies it to the code (`--oci-seccomp`).
+pub const RUNSC_PROFILE_JSON: &str = include_str!("../data/seccomp-runsc.json");
+
+/// runsc's profile, parsed once.
+pub fn runsc_profile() -> &'static Value {
+    static PROFILE: OnceLock<Value> = OnceLock::new();
+    PROFILE.get_or_init(|| {
+        serde_json::from_str(RUNSC_PROFILE_JSON)
+            .expect("data/seccomp-runsc.json is valid JSON (tested)")
+    })
+}
+
 /// The profile, parsed once.
 pub fn profile() -> &'static Value {
     static PROFILE: OnceLock<Value> = OnceLock::new();
@@ -21,6 +34,12 @@ pub fn profile() -> &'static Value {
 pub fn profile_sha256() -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(PROFILE_JSON.as_bytes()))
+}
+
+/// SHA-256 of runsc's profile text, for evidence.
+pub fn runsc_profile_sha256() -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(RUNSC_PROFILE_JSON.as_bytes()))
 }
 
 /// The syscalls allowed with no condition, sorted.
@@ -162,6 +181,41 @@ mod tests {
             assert!(
                 !allowed.iter().any(|n| n == denied),
                 "{denied} must not be allowed unconditionally"
+            );
+        }
+    }
+
+    /// runsc's profile allows by default and denies exactly namespace creation: `unshare`,
+    /// `setns`, and `clone` with each namespace flag (the flag bits are checked one by one).
+    #[test]
+    fn the_runsc_profile_denies_namespace_creation_only() {
+        let p = runsc_profile();
+        assert_eq!(p["defaultAction"], "SCMP_ACT_ALLOW");
+        let rules = conditional_rules(p);
+        let mut expected = vec![
+            "| `setns` | errno 1 | always |".to_owned(),
+            "| `unshare` | errno 1 | always |".to_owned(),
+        ];
+        for flag in [
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWCGROUP,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+        ] {
+            expected.push(format!(
+                "| `clone` | errno 1 | arg0 & {flag:#x} == {flag} |"
+            ));
+        }
+        expected.sort();
+        assert_eq!(rules, expected);
+        let doc = doc();
+        for row in &expected {
+            assert!(
+                section(&doc, "seccomp-runsc").contains(row.as_str()),
+                "docs/container-tier.md seccomp-runsc lacks {row}"
             );
         }
     }

@@ -189,11 +189,16 @@ pub fn container_config(plan: &LaunchPlan, inputs: &SpecInputs<'_>) -> Value {
         ro.extend(inputs.cgroup_v1_mounts.iter().map(|m| json!(m)));
     }
     // runsc 20221219 applies OCI seccomp only with --oci-seccomp, and then returns EINVAL
-    // from statx and ignores errnoRet (clone3 gets EPERM, so threads cannot start); the
-    // Sentry itself is the syscall boundary there (docs/container-tier.md).
-    if inputs.kind != RuntimeKind::Runsc {
-        linux["seccomp"] = crate::seccomp::profile().clone();
-    }
+    // from statx and ignores errnoRet (clone3 gets EPERM, so threads cannot start): the
+    // allowlist cannot be used there, and the Sentry itself is the syscall boundary
+    // (docs/container-tier.md). What the Sentry would allow but we do not is new
+    // namespaces (a user namespace gives uid 0 with every capability inside it): a deny
+    // list of those alone, applied by the Sentry to the code (`--oci-seccomp`).
+    linux["seccomp"] = if inputs.kind == RuntimeKind::Runsc {
+        crate::seccomp::runsc_profile().clone()
+    } else {
+        crate::seccomp::profile().clone()
+    };
 
     // A run with a trial step starts as uid 0 with CAP_SETUID and CAP_SETGID; the agent
     // works as the run's uid from its first instruction on and gives every ordinary step
@@ -521,10 +526,10 @@ mod tests {
     }
 
     #[test]
-    fn runsc_gets_room_for_its_threads_and_no_oci_seccomp() {
+    fn runsc_gets_room_for_its_threads_and_the_namespace_deny_list() {
         let c = config(RuntimeKind::Runsc);
         assert_eq!(c["linux"]["resources"]["pids"]["limit"], 64 + 8 * 64);
-        assert!(c["linux"].get("seccomp").is_none());
+        assert_eq!(c["linux"]["seccomp"], *crate::seccomp::runsc_profile());
         let ns = c["linux"]["namespaces"].to_string();
         assert!(!ns.contains("cgroup"), "{ns}");
         assert!(ns.contains("network"), "{ns}");

@@ -19,7 +19,8 @@ use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
 use plimsoll_sandbox::broker::{BrokerChannel, BrokerPort};
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{
-    fresh_id, js, limits, no_connection_came, py, quiet_listener, text,
+    NAMESPACE_ATTACK, fresh_id, js, limits, namespace_attack_refused, no_connection_came, py,
+    quiet_listener, text,
 };
 use plimsoll_sandbox::{LaunchError, Provider, Spawn};
 use plimsoll_wire::{Project, ProjectFile, Reason, RunSpec, Step, Tier};
@@ -73,6 +74,8 @@ on_every_runtime!(
     a_grant_run_reaches_its_broker_through_its_socket,
     grant_calls_go_through_the_real_broker,
     only_a_failed_create_is_not_dispatched,
+    no_namespace_can_be_created,
+    a_run_ends_at_its_deadline_without_the_daemon,
 );
 
 fn snippets_run_as_the_run_uid(kind: RuntimeKind, test: &str) {
@@ -394,6 +397,23 @@ except OSError as e:
         "wrote {written} bytes into a {work}-byte /work: {out}"
     );
     assert!(out.contains("ENOSPC"), "{out}{}", text(&r.stderr));
+}
+
+/// The code cannot make a user namespace (where it would be uid 0 with every capability) nor
+/// any other: not through `unshare(2)`, `clone(2)` or `clone3(2)` with a namespace flag, nor
+/// the `unshare` program. Each attempt runs in a child of its own and prints whether it
+/// worked (and then the uid and capabilities it got); the first line is where the code
+/// starts. Before runsc applied its namespace deny list, `unshare -r` gave uid 0 there.
+fn no_namespace_can_be_created(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let uid = uid(17, kind);
+    let r = rig.run(py(NAMESPACE_ATTACK), limits(), uid);
+    assert_eq!(
+        text(&r.stdout),
+        namespace_attack_refused(uid),
+        "{}",
+        text(&r.stderr)
+    );
 }
 
 fn a_flood_of_output_is_truncated(kind: RuntimeKind, test: &str) {
@@ -885,4 +905,88 @@ fn a_missing_runtime_is_not_offered() {
     assert_eq!(probed.tier, Tier::Container);
     assert!(probed.evidence.probe.is_none(), "nothing ran");
     let _ = std::fs::remove_dir_all(&c.state_root);
+}
+
+/// The "daemon" (plimsoll-oci-run) is SIGKILLed one second into a run of an endless loop
+/// with a 3 s timeout, and nothing restarts it: the watchdog it left ends the container's
+/// processes at the deadline plus [`plimsoll_oci::WATCHDOG_GRACE`]. The container cgroup's
+/// CPU time (cpuacct) stops there. Before, the loop went on until a daemon started again.
+fn a_run_ends_at_its_deadline_without_the_daemon(kind: RuntimeKind, test: &str) {
+    let Some(rig) = rig(kind, test) else { return };
+    let uid = uid(18, kind);
+    let run_id = fresh_id("deadline");
+    let timeout = Duration::from_secs(3);
+    let start = Instant::now();
+    let mut child = Spawn::new(env!("CARGO_BIN_EXE_plimsoll-oci-run"), "/")
+        .args(["run", kind.name(), "python", "while True:\n    pass"])
+        .arg("--state-root")
+        .arg(&rig.state_root)
+        .args(["--cgroup-parent", &rig.cgroup_parent, "--run-id", &run_id])
+        .args(["--timeout-ms", &timeout.as_millis().to_string()])
+        .args(["--uid", &uid.to_string(), "--image"])
+        .arg(image())
+        .spawn()
+        .expect("start plimsoll-oci-run");
+    let layout = rig.p.layout().unwrap();
+    let ctr = spec::container_cgroup(rig.p.cgroup_parent(), &run_id);
+    let procs_of = |dirs: &[std::path::PathBuf]| -> usize {
+        dirs.iter()
+            .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+            .map(|t| t.lines().count())
+            .max()
+            .unwrap_or(0)
+    };
+    while procs_of(&layout.dirs(&ctr)) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.child.wait().unwrap();
+    let mut drained = Vec::new();
+    let _ = child.stdout.read_to_end(&mut drained);
+    let cpu_ns = || -> Option<u64> {
+        layout
+            .dirs(&ctr)
+            .iter()
+            .find_map(|d| std::fs::read_to_string(d.join("cpuacct.usage")).ok())
+            .and_then(|t| t.trim().parse().ok())
+    };
+    let bound = timeout + plimsoll_oci::WATCHDOG_GRACE;
+    loop {
+        if procs_of(&layout.dirs(&ctr)) == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < bound + Duration::from_secs(20),
+            "the container's processes outlived the deadline by far ({:?})",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ended = start.elapsed();
+    let first = cpu_ns();
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu = cpu_ns();
+    eprintln!(
+        "{}: processes gone {ended:?} after start (deadline {timeout:?} + grace {:?}); cgroup CPU {:?} s",
+        kind.name(),
+        plimsoll_oci::WATCHDOG_GRACE,
+        cpu.map(|n| n as f64 / 1e9)
+    );
+    assert_eq!(first, cpu, "CPU time still grows");
+    if let Some(ns) = cpu {
+        // One CPU per run (the cpu quota): never more CPU time than wall time.
+        assert!(
+            Duration::from_nanos(ns) <= bound + Duration::from_secs(2),
+            "{ns} ns of CPU"
+        );
+    }
+    // The dead daemon's leftovers (container state, cgroups, directory) go with a reap.
+    let _ = rig.p.reap();
+    reap_our_zombies(uid);
 }

@@ -303,6 +303,28 @@ for who, pid in (("runner", runner), ("launcher", launcher), ("agent", agent)):
     attempt(f"{who} environ", lambda pid=pid: open(f"/proc/{pid}/environ", "rb").read())
     attempt(f"{who} fd0", lambda pid=pid: open(f"/proc/{pid}/fd/0", "rb").read(1 << 20))
     attempt(f"{who} kill", lambda pid=pid: os.kill(pid, signal.SIGKILL) or b"")
+# The contents of the runner's, the launcher's and the agent's descriptors (docs/trials.md:
+# the controller sees their numbers, never what they hold): every regular file among them
+# that gives a byte is listed.
+readable = []
+for who, pid in (("runner", runner), ("launcher", launcher), ("agent", agent)):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for n in fds:
+        try:
+            if not stat.S_ISREG(os.stat(f"/proc/{pid}/fd/{n}").st_mode):
+                continue
+            fd = os.open(f"/proc/{pid}/fd/{n}", os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if os.read(fd, 4096):
+                    readable.append(f"{who} fd {n} ({os.readlink(f'/proc/{pid}/fd/{n}')})")
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+out.append(f"descriptors read: {readable}")
 # Everything readable that might hold the scenario: other processes' files, the tools,
 # the work and scratch directories.
 found, scanned = [], 0
@@ -381,6 +403,7 @@ fn the_controller_sees_neither_the_scenario_nor_the_runner(kind: RuntimeKind, te
         "scenario: errno 2".to_owned(),
         "job: errno 13".to_owned(),
         "marker found in [], ".to_owned(),
+        "descriptors read: []".to_owned(),
         format!("ids ({c}, {c}, {c}) ({c}, {c}, {c}) []"),
     ];
     for who in ["runner", "launcher", "agent"] {

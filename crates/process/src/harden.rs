@@ -1,6 +1,6 @@
 //! The hardened child: everything is prepared in the parent (landlock ruleset, seccomp
 //! programs, limits), and the child, between fork and exec, only makes system calls in a
-//! fixed order: rlimits, drop groups, gid, uid, no_new_privs, landlock, the broker channel
+//! fixed order: the memory cgroup, rlimits, drop groups, gid, uid, no_new_privs, landlock, the broker channel
 //! to its descriptor, seccomp.
 
 use std::io;
@@ -14,6 +14,7 @@ use crate::policy::{self, BpfProgram, Rlimit};
 
 /// The steps of [`Hardening::apply`], named for errors.
 pub const STAGES: &[&str] = &[
+    "memory_cgroup",
     "rlimits",
     "setgroups",
     "setresgid",
@@ -33,6 +34,7 @@ pub struct Hardening {
     landlock: Option<OwnedFd>,
     filters: Vec<BpfProgram>,
     channel: Option<OwnedFd>,
+    cgroup_procs: OwnedFd,
 }
 
 /// Preparing the hardening failed (nothing was started).
@@ -59,7 +61,8 @@ pub enum PrepareHardeningError {
 impl Hardening {
     /// Prepares the hardening of a run as `uid`:`gid` with `limits`, its code read-only in
     /// `code_dir` and its files in `work_dir`; `channel`, when given, is the sandbox's end of
-    /// the broker channel, which the child inherits at [`BROKER_FD`] (and nothing else does).
+    /// the broker channel, which the child inherits at [`BROKER_FD`] (and nothing else does);
+    /// `cgroup_procs` is the run's memory cgroup's `cgroup.procs`, which the child joins first.
     pub fn prepare(
         limits: &ResolvedLimits,
         uid: u32,
@@ -67,6 +70,7 @@ impl Hardening {
         code_dir: &Path,
         work_dir: &Path,
         channel: Option<OwnedFd>,
+        cgroup_procs: OwnedFd,
     ) -> Result<Self, PrepareHardeningError> {
         if uid == 0 || gid == 0 {
             return Err(PrepareHardeningError::Root { uid, gid });
@@ -80,6 +84,7 @@ impl Hardening {
             landlock,
             filters: policy::seccomp_filters()?,
             channel,
+            cgroup_procs,
         })
     }
 
@@ -88,6 +93,10 @@ impl Hardening {
     /// whole process.
     pub fn apply(&self, stage: &Stage) -> io::Result<()> {
         stage.enter(0);
+        // "0" moves the writer: the child, and so everything it starts, is in the run's
+        // memory cgroup from before the code's first instruction.
+        rustix::io::write(&self.cgroup_procs, b"0")?;
+        stage.enter(1);
         for r in &self.rlimits {
             rustix::process::setrlimit(
                 r.resource,
@@ -97,17 +106,17 @@ impl Hardening {
                 },
             )?;
         }
-        stage.enter(1);
-        rustix::thread::set_thread_groups(&[])?;
         stage.enter(2);
+        rustix::thread::set_thread_groups(&[])?;
+        stage.enter(3);
         let gid = Gid::from_raw(self.gid);
         rustix::thread::set_thread_res_gid(gid, gid, gid)?;
-        stage.enter(3);
+        stage.enter(4);
         let uid = Uid::from_raw(self.uid);
         rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-        stage.enter(4);
-        rustix::thread::set_no_new_privs(true)?;
         stage.enter(5);
+        rustix::thread::set_no_new_privs(true)?;
+        stage.enter(6);
         if let Some(fd) = &self.landlock {
             // SAFETY: landlock_restrict_self takes a ruleset descriptor we own and a flags
             // word; it touches no memory of ours.
@@ -117,7 +126,7 @@ impl Hardening {
                 return Err(io::Error::last_os_error());
             }
         }
-        stage.enter(6);
+        stage.enter(7);
         if let Some(fd) = &self.channel {
             // The spawn helper marked every inherited descriptor close-on-exec; this one
             // alone is kept, at its fixed number. After landlock, whose ruleset descriptor
@@ -133,7 +142,7 @@ impl Hardening {
                 }
             }
         }
-        stage.enter(7);
+        stage.enter(8);
         for program in &self.filters {
             install_filter(program)?;
         }

@@ -2,15 +2,18 @@
 //! No wall for hostile code (docs/isolation-tiers.md).
 //!
 //! Each run gets a fresh directory (`code/` root-owned and read-only to the run, `work/` its
-//! own and its working directory), its own unprivileged uid, an empty environment, rlimits,
+//! own and its working directory, a tmpfs of `disk_bytes`), its own unprivileged uid, a
+//! memory cgroup of `memory_bytes` holding all its processes, an empty environment, rlimits,
 //! landlock and a seccomp deny list ([`policy`]). When it ends, every process of its uid is
-//! killed and the directory removed.
+//! killed and the directory, its mount and the cgroup removed; [`ProcessProvider::reap`]
+//! removes what a killed daemon left.
 //!
 //! A run with a grant also gets its broker channel: one end of a socketpair, inherited at
 //! descriptor 3 and by nothing else, with the in-sandbox client preloaded (`node --require`,
 //! or the code directory put on Python's path). seccomp still denies `socket()`, so the
 //! channel is the run's only way out.
 
+mod bounds;
 mod harden;
 mod launch;
 pub mod policy;
@@ -26,6 +29,7 @@ use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider};
 use plimsoll_wire::{Bytes, Language, Reason, RunResult, RunSpec, Tier};
 
 use crate::launch::{Launch, RunDir, error_chain, launch_and_clean};
+pub use crate::launch::{ReapReport, WATCHDOG_GRACE};
 
 /// Where the process provider finds what it runs.
 #[derive(Debug, Clone)]
@@ -64,6 +68,16 @@ impl ProcessProvider {
     /// The configuration.
     pub fn config(&self) -> &ProcessConfig {
         &self.config
+    }
+
+    /// Removes what runs of a killed daemon left: their processes, work tmpfs, memory cgroup
+    /// and run directory (holding the caller's code). Safe while runs are in flight; the
+    /// probe calls it, so a daemon's start-up clears its predecessor's leftovers.
+    pub fn reap(&self) -> ReapReport {
+        launch::reap(
+            &self.config.state_dir.join("runs"),
+            &plimsoll_sandbox::lease_dir(&self.config.state_dir),
+        )
     }
 }
 
@@ -166,7 +180,7 @@ impl Provider for ProcessProvider {
                 "the process provider must run as root to give each run its own uid: start the daemon as root, or configure another provider",
             ));
         }
-        let dir = RunDir::create(&plan.run_dir, plan.uid, plan.gid)
+        let dir = RunDir::create(&plan.run_dir, plan.uid, plan.gid, plan.limits.disk_bytes)
             .map_err(|e| LaunchError::environment(error_chain(&e)))?;
         let prepared = prepare_code(&dir, &snippet.language, &snippet.code, plan, &self.config);
         let (interpreter, args, channel) = match prepared {
@@ -197,7 +211,7 @@ impl Provider for ProcessProvider {
                 exit_code: c.exit_code,
                 signal: c.signal,
                 timed_out: c.timed_out,
-                oom_killed: false,
+                oom_killed: launched.oom_killed,
                 stdout: Bytes(c.stdout),
                 stdout_truncated: c.stdout_truncated,
                 stderr: Bytes(c.stderr),

@@ -104,6 +104,17 @@ fn config_map(provider: &ProcessProvider) -> BTreeMap<String, String> {
     put("landlock.read_write_devices", policy::DEVICES.join(" "));
     put("landlock.full", "<work dir>".into());
     put(
+        "disk",
+        "the work dir is a tmpfs of limits.disk_bytes (nosuid, nodev, mode 0700)".into(),
+    );
+    put(
+        "memory",
+        format!(
+            "every process of a run in the memory cgroup {}/<run> of limits.memory_bytes, no swap (tmpfs pages count)",
+            crate::bounds::CGROUP_PARENT
+        ),
+    );
+    put(
         "landlock.net",
         "TCP bind and connect denied (ABI 4+)".into(),
     );
@@ -128,6 +139,28 @@ fn judge(provider: &ProcessProvider, ev: &mut Evidence) -> Result<(), String> {
     };
 
     let root = rustix::process::geteuid().is_root();
+    // What a killed daemon left (its runs' processes, mounts, cgroups, code) goes first.
+    let reaped = provider.reap();
+    check(
+        ev,
+        "reap",
+        if reaped.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "could not remove what earlier runs left: {}",
+                reaped.errors.join("; ")
+            ))
+        },
+    );
+    check(
+        ev,
+        "memory_cgroup",
+        match crate::bounds::memory_hierarchy() {
+            Some(_) => Ok(()),
+            None => Err(crate::bounds::BoundRunError::NoMemoryController.to_string()),
+        },
+    );
     check(
         ev,
         "daemon_is_root",
@@ -253,8 +286,13 @@ fn probe_run_dir(cfg: &crate::ProcessConfig, what: &str) -> PathBuf {
 /// Runs plimsoll-probe as a run would run, and reads its report.
 fn run_probe(cfg: &crate::ProcessConfig) -> Result<ProbeReport, String> {
     let run_dir = probe_run_dir(cfg, "report");
-    let dir =
-        RunDir::create(&run_dir, cfg.probe_uid, cfg.probe_uid).map_err(|e| error_chain(&e))?;
+    let dir = RunDir::create(
+        &run_dir,
+        cfg.probe_uid,
+        cfg.probe_uid,
+        PROBE_LIMITS.disk_bytes,
+    )
+    .map_err(|e| error_chain(&e))?;
     let program = match dir.copy_code("plimsoll-probe", &cfg.probe, 0o750) {
         Ok(p) => p,
         Err(e) => {

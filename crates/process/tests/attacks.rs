@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use plimsoll_process::{ProcessConfig, ProcessProvider};
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
+use plimsoll_sandbox::testing::{
+    NAMESPACE_ATTACK, is_root, namespace_attack_refused, probe_binary, skip_or_fail,
+};
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Provider as _, ResolvedLimits};
 use plimsoll_wire::{Language, Reason, RunResult, RunSpec, Snippet};
 
@@ -260,6 +262,22 @@ fn namespaces_cannot_be_created_but_subprocesses_can() {
         "console.log(require('child_process').execFileSync('/bin/echo', ['node child ok']).toString().trim())",
     );
     assert_eq!(stdout(&r), "node child ok\n", "{}", explain(&r));
+}
+
+/// The attack every provider gets (plimsoll_sandbox::testing): no namespace of any kind,
+/// by any call.
+#[test]
+fn no_namespace_can_be_created() {
+    let Some(env) = setup("no_namespace_can_be_created", 60) else {
+        return;
+    };
+    let r = run(&env, 61, Py, NAMESPACE_ATTACK);
+    assert_eq!(
+        stdout(&r),
+        namespace_attack_refused(UID_BASE + 61),
+        "{}",
+        explain(&r)
+    );
 }
 
 #[test]
@@ -679,4 +697,259 @@ fn a_missing_binary_withdraws_the_provider() {
     let why = probed.available.unwrap_err();
     assert!(why.contains("/nonexistent/python3"), "{why}");
     assert_ne!(probed.evidence.checks["binary.python3"], "ok");
+}
+
+/// Many files, each under the per-file limit (RLIMIT_FSIZE), together past the run's disk
+/// bound: the writes stop with ENOSPC at `disk_bytes` (the work directory is a tmpfs of that
+/// size). Before, the sum was unbounded (1.28 GiB in 64 MiB files).
+#[test]
+fn writing_past_the_disk_bound_fails() {
+    let Some(env) = setup("writing_past_the_disk_bound_fails", 63) else {
+        return;
+    };
+    let mut l = limits();
+    l.disk_bytes = 32 << 20;
+    let r = run_with(
+        &env,
+        64,
+        Py,
+        "import errno, os\n\
+         n = 0\n\
+         try:\n\
+         \x20   for i in range(40):\n\
+         \x20       with open('f%d' % i, 'wb') as f:\n\
+         \x20           for _ in range(4):\n\
+         \x20               f.write(b'x' * (1 << 20))\n\
+         \x20               f.flush()\n\
+         \x20               n += 1 << 20\n\
+         \x20   print('wrote', n, 'no error')\n\
+         except OSError as e:\n\
+         \x20   print('wrote', n, errno.errorcode.get(e.errno, e.errno))\n",
+        l,
+    );
+    let out = stdout(&r);
+    let written: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(out.ends_with("ENOSPC\n"), "{}", explain(&r));
+    assert!(written <= l.disk_bytes, "wrote {written}: {}", explain(&r));
+}
+
+/// Four processes, each under the per-process address-space limit, together past the run's
+/// memory bound: the run's memory cgroup holds them all, so they cannot all hold their
+/// memory at once; the kernel's OOM killer ends one and the result says `oom_killed`.
+/// Before, 4 processes held 384 MiB each at once.
+#[test]
+fn allocating_past_the_memory_bound_across_processes_fails() {
+    let Some(env) = setup(
+        "allocating_past_the_memory_bound_across_processes_fails",
+        66,
+    ) else {
+        return;
+    };
+    let mut l = limits();
+    l.memory_bytes = 256 << 20;
+    let r = run_with(
+        &env,
+        67,
+        Py,
+        "import os, sys, time\n\
+         pids = []\n\
+         for i in range(4):\n\
+         \x20   pid = os.fork()\n\
+         \x20   if pid == 0:\n\
+         \x20       b = bytearray(100 << 20)\n\
+         \x20       for j in range(0, len(b), 4096):\n\
+         \x20           b[j] = 1\n\
+         \x20       print('held', i, flush=True)\n\
+         \x20       time.sleep(3)\n\
+         \x20       os._exit(0)\n\
+         \x20   pids.append(pid)\n\
+         codes = [os.waitpid(p, 0)[1] for p in pids]\n\
+         print('killed', sum(1 for c in codes if os.WIFSIGNALED(c)))\n",
+        l,
+    );
+    let out = stdout(&r);
+    let held = out.matches("held").count();
+    assert!(held < 4, "all four held 100 MiB at once: {}", explain(&r));
+    assert!(r.oom_killed, "{}", explain(&r));
+}
+
+/// The "daemon" (plimsoll-process-run) is SIGKILLed mid-run: its snippet's process, work
+/// tmpfs, memory cgroup and run directory (holding the code) stay behind. The next
+/// provider's probe reaps them all. Before, the orphan outlived the restart and the
+/// directory was never removed.
+#[test]
+fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
+    let test = "nothing_is_left_after_the_daemon_is_killed_and_restarted";
+    let Some(env) = setup(test, 68) else {
+        return;
+    };
+    let uid = UID_BASE + 69;
+    let run_id = format!("killed-{}", std::process::id());
+    let run_dir = env.state.join("runs").join(&run_id);
+    let mut child = plimsoll_sandbox::Spawn::new(env!("CARGO_BIN_EXE_plimsoll-process-run"), "/")
+        .args([
+            "run",
+            "python",
+            "import time\nprint('up', flush=True)\ntime.sleep(120)",
+        ])
+        .arg("--state-dir")
+        .arg(&env.state)
+        .args(["--uid", &uid.to_string(), "--run-id", &run_id])
+        .args(["--timeout-ms", "100000"])
+        .spawn()
+        .expect("start plimsoll-process-run");
+    let start = std::time::Instant::now();
+    while processes_of_uid(uid).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let orphans = processes_of_uid(uid);
+    assert!(!orphans.is_empty(), "the snippet should outlive the daemon");
+    assert!(
+        run_dir.join("code/main.py").exists(),
+        "the code stays behind"
+    );
+    let cgroup = memory_cgroup_of(&run_id);
+    assert!(cgroup.exists(), "{} stays behind", cgroup.display());
+
+    // A new daemon starts: its probe reaps.
+    let again = ProcessProvider::new(env.provider.config().clone());
+    let probed = again.probe();
+    assert_eq!(
+        probed.evidence.checks.get("reap").map(String::as_str),
+        Some("ok")
+    );
+    let start = std::time::Instant::now();
+    loop {
+        let alive: Vec<i32> = processes_of_uid(uid)
+            .into_iter()
+            .filter(|p| {
+                !std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .unwrap_or_default()
+                    .contains(") Z")
+            })
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "processes of uid {uid} survived the reap: {alive:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!run_dir.exists(), "{} left behind", run_dir.display());
+    assert!(!cgroup.exists(), "{} left behind", cgroup.display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&run_id),
+        "the work tmpfs of {run_id} is still mounted"
+    );
+    assert_eq!(again.reap().run_dirs, Vec::<String>::new());
+}
+
+/// The memory cgroup a run named `run_id` gets (cgroup v1's memory hierarchy here).
+fn memory_cgroup_of(run_id: &str) -> PathBuf {
+    let v1 = PathBuf::from("/sys/fs/cgroup/memory");
+    let root = if v1.join("memory.limit_in_bytes").exists() {
+        v1
+    } else {
+        PathBuf::from("/sys/fs/cgroup")
+    };
+    root.join("plimsoll-process").join(run_id)
+}
+
+/// The "daemon" (plimsoll-process-run) is SIGKILLed one second into a run of an endless
+/// loop with a 3 s timeout, and nothing restarts it: the watchdog it left kills the run's
+/// processes at the deadline plus [`plimsoll_process::WATCHDOG_GRACE`], and their CPU time
+/// stops there. Before, only RLIMIT_CPU bounded the loop, and a sleeping process stayed.
+#[test]
+fn a_run_ends_at_its_deadline_without_the_daemon() {
+    let test = "a_run_ends_at_its_deadline_without_the_daemon";
+    let Some(env) = setup(test, 70) else {
+        return;
+    };
+    let uid = UID_BASE + 71;
+    let run_id = format!("deadline-{}", std::process::id());
+    let timeout = Duration::from_secs(3);
+    let start = std::time::Instant::now();
+    // A busy loop and a sleeper beside it (RLIMIT_CPU alone would never end the sleeper).
+    let code = "import os, time\nif os.fork() == 0:\n    time.sleep(300)\nwhile True:\n    pass";
+    let mut child = plimsoll_sandbox::Spawn::new(env!("CARGO_BIN_EXE_plimsoll-process-run"), "/")
+        .args(["run", "python", code])
+        .arg("--state-dir")
+        .arg(&env.state)
+        .args(["--uid", &uid.to_string(), "--run-id", &run_id])
+        .args(["--timeout-ms", &timeout.as_millis().to_string()])
+        .spawn()
+        .expect("start plimsoll-process-run");
+    while processes_of_uid(uid).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = rustix::process::Pid::from_raw(child.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.child.wait().unwrap();
+    // CPU seconds (utime + stime) of each process of the uid, as last seen alive.
+    let tick = 100.0; // USER_HZ
+    let mut cpu = std::collections::BTreeMap::new();
+    let bound = timeout + plimsoll_process::WATCHDOG_GRACE;
+    loop {
+        let mut alive = 0;
+        for p in processes_of_uid(uid) {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            let fields: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
+            if fields.first() == Some(&"Z") {
+                continue;
+            }
+            alive += 1;
+            let t: f64 =
+                fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse::<f64>().unwrap_or(0.0);
+            cpu.insert(p, t / tick);
+        }
+        if alive == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < bound + Duration::from_secs(20),
+            "the run's processes outlived the deadline by far ({:?})",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ended = start.elapsed();
+    let total: f64 = cpu.values().sum();
+    eprintln!(
+        "processes gone {ended:?} after start (deadline {timeout:?} + grace {:?}); CPU {total:.2} s",
+        plimsoll_process::WATCHDOG_GRACE
+    );
+    assert!(
+        total <= (bound + Duration::from_secs(2)).as_secs_f64(),
+        "{total} s of CPU"
+    );
+    // The dead daemon's leftovers (mount, cgroup, directory) go with a reap.
+    let report = env.provider.reap();
+    assert!(report.errors.is_empty(), "{report:?}");
 }

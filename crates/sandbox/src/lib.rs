@@ -13,6 +13,7 @@ pub mod reap;
 pub mod spawn;
 pub mod testing;
 pub mod uidlease;
+pub mod watchdog;
 
 use std::path::PathBuf;
 use std::time::Duration;

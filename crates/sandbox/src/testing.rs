@@ -202,3 +202,66 @@ impl Drop for TestDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The namespace attack, the same at every provider (Python): each attempt to make a
+/// namespace (`unshare(2)` of each kind, `clone(2)` and `clone3(2)` with `CLONE_NEWUSER`,
+/// the `unshare -r` program) runs in a child of its own, so one success does not change the
+/// next, and prints `ok` with the uid and effective capabilities it got, or `refused`. The
+/// first line is where the code starts. In a user namespace the code would be uid 0 with
+/// every capability over what that namespace owns.
+pub const NAMESPACE_ATTACK: &str = r#"
+import ctypes, os, struct, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def eff():
+    caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]
+    return '%d %s' % (os.getuid(), caps[0])
+def attempt(what, call):
+    # In a child of its own, so that one success does not change the next attempt.
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        rc = call()
+        print(what, 'ok ' + eff() if rc == 0 else 'refused', flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+print('start', eff())
+for name, flag in [('user', 0x10000000), ('mount', 0x20000), ('pid', 0x20000000),
+                   ('net', 0x40000000), ('ipc', 0x08000000), ('uts', 0x04000000),
+                   ('cgroup', 0x02000000)]:
+    attempt('unshare ' + name, lambda: libc.unshare(flag))
+def clone_newuser():
+    # clone(CLONE_NEWUSER | SIGCHLD) as the raw syscall; the new child exits at once.
+    rc = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)
+    if rc == 0:
+        os._exit(0)
+    if rc > 0:
+        os.waitpid(rc, 0)
+        return 0
+    return rc
+attempt('clone newuser', clone_newuser)
+def clone3_newuser():
+    # clone3 with struct clone_args {flags: CLONE_NEWUSER, exit_signal: SIGCHLD}.
+    args = ctypes.create_string_buffer(struct.pack('QQQQQQQQ', 0x10000000, 0, 0, 0, 17, 0, 0, 0))
+    rc = libc.syscall(435, args, 64)
+    if rc == 0:
+        os._exit(0)
+    if rc > 0:
+        os.waitpid(rc, 0)
+        return 0
+    return rc
+attempt('clone3 newuser', clone3_newuser)
+r = subprocess.run(['unshare', '-r', 'id', '-u'], capture_output=True, text=True)
+print('unshare -r', 'ok ' + r.stdout.strip() if r.returncode == 0 else 'refused')
+"#;
+
+/// What [`NAMESPACE_ATTACK`] prints, run as `uid` with no capability, when every attempt is
+/// refused.
+pub fn namespace_attack_refused(uid: u32) -> String {
+    format!(
+        "start {uid} 0000000000000000\n\
+         unshare user refused\nunshare mount refused\nunshare pid refused\n\
+         unshare net refused\nunshare ipc refused\nunshare uts refused\n\
+         unshare cgroup refused\nclone newuser refused\nclone3 newuser refused\n\
+         unshare -r refused\n"
+    )
+}

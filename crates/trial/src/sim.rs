@@ -126,6 +126,11 @@ impl SimulatorModule {
         config.memory_reservation(MEMORY_LIMIT_BYTES as u64);
         config.memory_guard_size(64 * 1024);
         config.memory_reservation_for_growth(0);
+        // No copy-on-write memory image: it would be a memfd descriptor of the runner holding
+        // the simulator's initial memory, and a sandbox whose /proc lets another uid open a
+        // descriptor (gVisor) would hand it to the controller (docs/trials.md: the controller
+        // sees descriptor numbers, never their contents). Data segments are copied instead.
+        config.memory_init_cow(false);
         let engine = Engine::new(&config).map_err(|e| LoadSimulatorError::Engine(e.to_string()))?;
         let module = Module::new(&engine, bytes)
             .map_err(|e| LoadSimulatorError::Invalid(format!("{e:#}")))?;

@@ -62,6 +62,8 @@ pub const ENVIRONMENT: [(&str, &str); 3] = [
 ];
 /// The run's cgroup (cgroup v2, below the guest's root).
 pub const RUN_CGROUP: &str = "/sys/fs/cgroup/run";
+/// The sysctl that bounds user namespaces; the guest init sets it to 0 before the agent starts.
+pub const MAX_USER_NAMESPACES: &str = "/proc/sys/user/max_user_namespaces";
 /// A root-only scratch directory for the guest's own mounts.
 const PRIVATE: &str = "/.plimsoll";
 /// Stderr of the agent kept (it is one line when it fails).
@@ -540,6 +542,10 @@ fn prepare_run(l: &GuestLimits) -> Result<File, GuestInitError> {
         .map_err(setup_err(&procs_path))?;
     loopback_up().map_err(setup_err("the loopback interface"))?;
     rustix::system::sethostname(b"sandbox").map_err(|e| setup_err("the hostname")(e.into()))?;
+    // No user namespace for anyone in the guest: in one, the code would be uid 0 with every
+    // capability over what that namespace owns (and every other namespace needs
+    // CAP_SYS_ADMIN, which no process of a run has).
+    write(MAX_USER_NAMESPACES, "0")?;
     mount(
         "",
         "/",

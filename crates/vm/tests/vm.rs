@@ -21,8 +21,8 @@ use sha2::{Digest as _, Sha256};
 
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{
-    fresh_id, is_root, js, limits, no_connection_came, probe_and_agent, py, quiet_listener,
-    skip_or_fail, text, tool_binary, workspace_root,
+    NAMESPACE_ATTACK, fresh_id, is_root, js, limits, namespace_attack_refused, no_connection_came,
+    probe_and_agent, py, quiet_listener, skip_or_fail, text, tool_binary, workspace_root,
 };
 use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Provider, ResolvedLimits, Spawn};
 use plimsoll_vm::{AccelChoice, Accelerator, VmConfig, VmProvider, tier_for};
@@ -281,6 +281,23 @@ fn a_project_runs_its_steps_and_returns_artifacts() {
     assert!(r.artifacts[0].found);
     assert_eq!(text(&r.artifacts[0].content), "HELLO FROM A PROJECT\n");
     assert!(!r.artifacts[1].found);
+}
+
+/// The attack every provider gets (plimsoll_sandbox::testing): no namespace of any kind,
+/// by any call. Before the guest init set `user.max_user_namespaces` to 0, `unshare -r`
+/// gave the code uid 0 with every capability in the guest.
+#[test]
+fn no_namespace_can_be_created() {
+    let Some(rig) = rig("no_namespace_can_be_created", 19) else {
+        return;
+    };
+    let r = rig.run(py(NAMESPACE_ATTACK), limits());
+    assert_eq!(
+        text(&r.stdout),
+        namespace_attack_refused(1000),
+        "{}",
+        text(&r.stderr)
+    );
 }
 
 #[test]

@@ -1,0 +1,111 @@
+//! A run's deadline kept outside the daemon: a small root process per run (`/bin/sh`, in a
+//! session of its own) that sleeps until the deadline plus a grace and then kills every
+//! process listed in the run's cgroups (`cgroup.procs`), until none is left. The daemon ends
+//! it when the run is over; a daemon that is SIGKILLed does not, so the watchdog still ends
+//! the run at its deadline (docs/isolation-tiers.md, docs/container-tier.md).
+//!
+//! Killing by cgroup, not by uid: a run cannot leave its cgroup (no process of a run holds
+//! a capability), and its cgroup is named after its run id, which is never reused, so a
+//! watchdog that outlives its run (and a reap that removed the cgroup) kills nothing else.
+//! The run's code cannot signal it: it runs as root, the code never does.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::spawn::{Running, Spawn, SpawnError};
+
+/// The script: `$1` seconds of sleep, then SIGKILL to every pid in the files that follow,
+/// again until they are empty (a fork between reading and killing is caught next turn), for
+/// at most 10 s. Output goes nowhere: the daemon that held the pipes may be gone.
+const SCRIPT: &str = r#"exec >/dev/null 2>&1 </dev/null
+sleep "$1"
+shift
+i=0
+while [ "$i" -lt 200 ]; do
+  pids=$(cat "$@")
+  [ -z "$pids" ] && exit 0
+  kill -KILL $pids
+  i=$((i + 1))
+  sleep 0.05
+done
+exit 1
+"#;
+
+/// The name the watchdog's shell shows (`$0`), so an operator can tell it in `ps`.
+pub const WATCHDOG_NAME: &str = "plimsoll-watchdog";
+
+/// A running watchdog; dropping it ends it (the run is over, the daemon handled it).
+#[derive(Debug)]
+pub struct Watchdog {
+    running: Option<Running>,
+}
+
+/// Starts a watchdog that, `after` from now, kills every process listed in `procs` (the
+/// `cgroup.procs` files of the run's cgroups; a file that does not exist is skipped).
+pub fn start(procs: &[PathBuf], after: Duration) -> Result<Watchdog, SpawnError> {
+    let mut args: Vec<OsString> = vec![
+        "-c".into(),
+        SCRIPT.into(),
+        WATCHDOG_NAME.into(),
+        format!("{}.{:03}", after.as_secs(), after.subsec_millis()).into(),
+    ];
+    args.extend(procs.iter().map(|p| p.as_os_str().to_owned()));
+    let running = Spawn::new("/bin/sh", Path::new("/"))
+        .args(args)
+        .env("PATH", "/usr/bin:/bin")
+        .spawn()?;
+    Ok(Watchdog {
+        running: Some(running),
+    })
+}
+
+impl Watchdog {
+    /// The watchdog's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.running.as_ref().map(|r| r.child.id())
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.running.take() {
+            r.kill_group();
+            let _ = r.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The script kills what the listed file names, and nothing when the file is gone.
+    #[test]
+    fn it_kills_the_listed_processes_at_its_deadline() {
+        let dir = crate::testing::TestDir::new("watchdog", "kills");
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a plain victim process, not a sandboxed run"
+        )]
+        let mut victim = std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .unwrap();
+        let list = dir.path().join("cgroup.procs");
+        std::fs::write(&list, format!("{}\n", victim.id())).unwrap();
+        let started = std::time::Instant::now();
+        let dog = start(
+            &[list.clone(), dir.path().join("absent")],
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        use std::os::unix::process::ExitStatusExt as _;
+        let status = victim.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        // The victim is reaped (its pid gone from the list): the watchdog ends by itself.
+        std::fs::write(&list, "").unwrap();
+        drop(dog);
+    }
+}
