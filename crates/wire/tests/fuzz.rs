@@ -260,23 +260,25 @@ fn record() -> impl Strategy<Value = RunRecord> {
         any::<u64>(),
         any::<u64>(),
     )
-        .prop_map(|(s, isolation, minimum_isolation, started_unix_ms, ended_unix_ms)| {
-            let mut r = RunRecord {
-                request_id: s[0].clone(),
-                request_sha256: s[1].clone(),
-                result_sha256: s[2].clone(),
-                provider: s[3].clone(),
-                isolation,
-                minimum_isolation,
-                evidence_sha256: "0".repeat(64),
-                environment: s[4].clone(),
-                started_unix_ms,
-                ended_unix_ms,
-                record_sha256: String::new(),
-            };
-            r.record_sha256 = record_sha256(&r);
-            r
-        })
+        .prop_map(
+            |(s, isolation, minimum_isolation, started_unix_ms, ended_unix_ms)| {
+                let mut r = RunRecord {
+                    request_id: s[0].clone(),
+                    request_sha256: s[1].clone(),
+                    result_sha256: s[2].clone(),
+                    provider: s[3].clone(),
+                    isolation,
+                    minimum_isolation,
+                    evidence_sha256: "0".repeat(64),
+                    environment: s[4].clone(),
+                    started_unix_ms,
+                    ended_unix_ms,
+                    record_sha256: String::new(),
+                };
+                r.record_sha256 = record_sha256(&r);
+                r
+            },
+        )
 }
 
 fn map() -> impl Strategy<Value = BTreeMap<String, String>> {
