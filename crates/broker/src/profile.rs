@@ -560,6 +560,23 @@ audience = "orders"
         assert!(e.to_string().contains("PLIMSOLL_"), "{e}");
         let e = profile(&GOOD.replace("call_budget = 5", "call_budget = 0")).unwrap_err();
         assert!(e.to_string().contains("call_budget"), "{e}");
+        for n in [0, MAX_CONNECTIONS + 1] {
+            let text = GOOD.replace(
+                "call_budget = 5",
+                &format!("call_budget = 5\nmax_connections = {n}"),
+            );
+            let e = profile(&text).unwrap_err();
+            assert!(e.to_string().contains("max_connections"), "{n}: {e}");
+        }
+        let text = GOOD.replace(
+            "call_budget = 5",
+            &format!("call_budget = 5\nmax_connections = {MAX_CONNECTIONS}"),
+        );
+        let p = profile(&text).unwrap();
+        assert_eq!(
+            p.authorize("orders", "alice").unwrap().max_connections(),
+            MAX_CONNECTIONS
+        );
         let e = profile(&GOOD.replace("[\"alice\"]", "[]")).unwrap_err();
         assert!(e.to_string().contains("callers"), "{e}");
         let e = profile(&GOOD.replace("GET /orders/*", "GET /orders/../x")).unwrap_err();
