@@ -140,9 +140,7 @@ func NewRequestID() string {
 // (errors.Is(err, ErrMayHaveRun)); never retry the latter automatically.
 func (c *Client) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	id := NewRequestID()
-	refuse := func(err error) error {
-		return &NotDispatchedError{RequestID: id, Reason: ReasonRequest, Code: string(ReasonRequest), Message: err.Error(), Err: err}
-	}
+	refuse := func(err error) error { return refusedHere(id, ReasonRequest, err.Error(), err) }
 	w, err := req.toWire(id)
 	if err != nil {
 		return nil, refuse(err)
@@ -169,8 +167,7 @@ func (c *Client) Run(ctx context.Context, req RunRequest) (*Result, error) {
 			if errors.As(err, &pe) && pe.Reason != "" {
 				reason = pe.Reason
 			}
-			return nil, &NotDispatchedError{RequestID: id, Reason: reason, Code: string(reason),
-				Message: "no floor was set and the daemon's default floor could not be read, so the run was not sent (" + err.Error() + "): set MinimumIsolation, or fix what the error says", Err: err}
+			return nil, refusedHere(id, reason, "no floor was set and the daemon's default floor could not be read, so the run was not sent ("+err.Error()+"): set MinimumIsolation, or fix what the error says", err)
 		}
 		fromDaemon = true
 	}
@@ -186,8 +183,7 @@ func (c *Client) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	if err != nil {
 		var ns *notSent
 		if errors.As(err, &ns) {
-			return nil, &NotDispatchedError{RequestID: id, Reason: ReasonEnvironment, Code: string(ReasonEnvironment),
-				Message: fmt.Sprintf("cannot reach the daemon at %s (%v): check that plimsolld is running and the URL is right", url, ns.err), Err: ns.err}
+			return nil, refusedHere(id, ReasonEnvironment, fmt.Sprintf("cannot reach the daemon at %s (%v): check that plimsolld is running and the URL is right", url, ns.err), ns.err)
 		}
 		return nil, &MayHaveRunError{RequestID: id, Code: "transport",
 			Message: fmt.Sprintf("the exchange with %s failed after the request may have been sent: %v", url, err), Err: err}
@@ -200,10 +196,9 @@ func (c *Client) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		}
 		return verify(&sent, floor, fromDaemon, &res)
 	}
-	var e wireError
-	if _, err := readStrict(answer, &e); err != nil {
-		return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: status,
-			Message: fmt.Sprintf("not an error response (%v): %q", err, preview(answer))}
+	e, err := readErrorAnswer(answer)
+	if err != nil {
+		return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: status, Message: err.Error()}
 	}
 	switch {
 	case e.Error.NotDispatched != nil && e.RequestID != nil && *e.RequestID == id:
@@ -222,6 +217,21 @@ func (c *Client) Run(ctx context.Context, req RunRequest) (*Result, error) {
 		return nil, &MayHaveRunError{RequestID: id, Code: e.Error.Code, Status: status, EchoedRequestID: e.RequestID,
 			Message: fmt.Sprintf("HTTP %d: %s", status, e.Error.Message)}
 	}
+}
+
+// refusedHere is a refusal made by this client: nothing was sent, for reason, because of err.
+func refusedHere(id string, reason Reason, message string, err error) *NotDispatchedError {
+	return &NotDispatchedError{RequestID: id, Reason: reason, Code: string(reason), Message: message, Err: err}
+}
+
+// readErrorAnswer reads an answer other than 200 as the protocol's error response; its
+// error says why the answer is not one.
+func readErrorAnswer(answer []byte) (*wireError, error) {
+	var e wireError
+	if _, err := readStrict(answer, &e); err != nil {
+		return nil, fmt.Errorf("not an error response (%v): %q", err, preview(answer))
+	}
+	return &e, nil
 }
 
 // verify checks a 200 answer to the request sent, against floor.
@@ -312,11 +322,13 @@ func (c *Client) Providers(ctx context.Context) (*Providers, error) {
 	if err != nil {
 		return nil, &ProvidersError{URL: url, Message: err.Error(), Err: err}
 	}
+	bad := func(message string) error {
+		return &ProvidersError{URL: url, Status: status, Code: "bad_response", Message: message}
+	}
 	if status != http.StatusOK {
-		var e wireError
-		if _, err := readStrict(answer, &e); err != nil {
-			return nil, &ProvidersError{URL: url, Status: status, Code: "bad_response",
-				Message: fmt.Sprintf("not an error response (%v): %q", err, preview(answer))}
+		e, err := readErrorAnswer(answer)
+		if err != nil {
+			return nil, bad(err.Error())
 		}
 		pe := &ProvidersError{URL: url, Status: status, Code: e.Error.Code, Message: e.Error.Message}
 		if e.Error.NotDispatched != nil {
@@ -327,14 +339,14 @@ func (c *Client) Providers(ctx context.Context) (*Providers, error) {
 	var p Providers
 	generic, err := readStrict(answer, &p)
 	if err != nil {
-		return nil, &ProvidersError{URL: url, Status: status, Code: "bad_response", Message: "not a providers response: " + err.Error()}
+		return nil, bad("not a providers response: " + err.Error())
 	}
 	list, _ := generic.(map[string]any)["providers"].([]any)
 	for i := range p.Providers {
 		info := &p.Providers[i]
 		canonical, err := evidenceCanonical(list[i].(map[string]any)["evidence"])
 		if err != nil {
-			return nil, &ProvidersError{URL: url, Status: status, Code: "bad_response", Message: fmt.Sprintf("provider %s: %v", info.Name, err)}
+			return nil, bad(fmt.Sprintf("provider %s: %v", info.Name, err))
 		}
 		if computed := sum(canonical); computed != info.EvidenceSHA256 {
 			return nil, &DigestMismatchError{Which: DigestEvidence, Provider: info.Name, Computed: computed, Claimed: info.EvidenceSHA256}

@@ -17,7 +17,7 @@ import {
   ProvidersError,
   RequestTooLargeError,
 } from "./errors.js";
-import { JsonSyntaxError, parseJson } from "./json.js";
+import { JsonSyntaxError, type JsonValue, parseJson } from "./json.js";
 import { ShapeError, readErrorResponse, readProvidersResponse, readRunRequest, readRunResponse } from "./read.js";
 import {
   type Language,
@@ -240,7 +240,7 @@ export class Client {
       if (!e.maySent) {
         throw new NotDispatchedError(
           "environment",
-          `cannot reach the daemon at ${url} (${e.message}): check that plimsolld is running and the URL is right`,
+          unreachable(url, e),
           requestId,
           "unreachable",
           { cause: e.cause },
@@ -263,27 +263,13 @@ export class Client {
       );
 
     if (status === 200) {
-      let response: RunResponse;
-      try {
-        response = readRunResponse(parseJson(responseBody));
-      } catch (e) {
-        if (e instanceof JsonSyntaxError || e instanceof ShapeError) {
-          throw badResponse("not a run response", e);
-        }
-        throw e;
-      }
+      const response = readAnswer(responseBody, readRunResponse, (e) => badResponse("not a run response", e));
       return { request: sent, requestBody, response: verifyResponse(sent, response, floor), responseBody, floor };
     }
 
-    let answer;
-    try {
-      answer = readErrorResponse(parseJson(responseBody));
-    } catch (e) {
-      if (e instanceof JsonSyntaxError || e instanceof ShapeError) {
-        throw badResponse(`not an error response (${preview(responseBody)})`, e);
-      }
-      throw e;
-    }
+    const answer = readAnswer(responseBody, readErrorResponse, (e) =>
+      badResponse(`not an error response (${preview(responseBody)})`, e),
+    );
     const { code, message, not_dispatched: mark } = answer.error;
     if (mark !== null && answer.request_id === requestId) {
       throw new NotDispatchedError(mark, message, requestId, "daemon", { code, status });
@@ -319,7 +305,7 @@ export class Client {
       if (!e.maySent) {
         throw new ProvidersError(
           "unreachable",
-          `cannot reach the daemon at ${url} (${e.message}): check that plimsolld is running and the URL is right`,
+          unreachable(url, e),
           { cause: e.cause },
         );
       }
@@ -331,24 +317,14 @@ export class Client {
         cause,
       });
     if (status !== 200) {
-      let answer;
-      try {
-        answer = readErrorResponse(parseJson(body));
-      } catch (e) {
-        throw bad(`not an error response (${preview(body)})`, e);
-      }
+      const answer = readAnswer(body, readErrorResponse, (e) => bad(`not an error response (${preview(body)})`, e));
       throw new ProvidersError(
         "refused",
         `the daemon at ${url} answered HTTP ${status} (${answer.error.code}): ${answer.error.message}`,
         { status, code: answer.error.code, reason: answer.error.not_dispatched ?? undefined },
       );
     }
-    let providers: ProvidersResponse;
-    try {
-      providers = readProvidersResponse(parseJson(body));
-    } catch (e) {
-      throw bad("not a providers response", e);
-    }
+    const providers = readAnswer(body, readProvidersResponse, (e) => bad("not a providers response", e));
     if (providers.protocol !== PROTOCOL) {
       throw new ProvidersError(
         "bad_response",
@@ -526,6 +502,24 @@ function describeError(e: unknown): string {
     return cause instanceof Error && !e.message.includes(cause.message) ? `${e.message} (${cause.message})` : e.message;
   }
   return String(e);
+}
+
+/**
+ * Reads an answer's JSON with `read`; one that is not JSON or not of that shape is
+ * `bad(cause)`.
+ */
+function readAnswer<T>(body: Uint8Array, read: (v: JsonValue) => T, bad: (cause: unknown) => Error): T {
+  try {
+    return read(parseJson(body));
+  } catch (e) {
+    if (e instanceof JsonSyntaxError || e instanceof ShapeError) throw bad(e);
+    throw e;
+  }
+}
+
+/** The message of an exchange that could not reach the daemon (nothing was sent). */
+function unreachable(url: string, e: ExchangeFailure): string {
+  return `cannot reach the daemon at ${url} (${e.message}): check that plimsolld is running and the URL is right`;
 }
 
 /** The start of a body, for messages. */

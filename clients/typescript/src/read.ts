@@ -73,6 +73,18 @@ function opt<T>(m: Members, key: string, path: string, read: (v: JsonValue, p: s
   return v === undefined || v === null ? undefined : read(v, `${path}.${key}`);
 }
 
+/** Sets `out[key]` to the member `key` when it is there (absent and `null` leave it unset). */
+function optInto<O extends object, K extends keyof O & string>(
+  out: O,
+  m: Members,
+  key: K,
+  path: string,
+  read: (v: JsonValue, p: string) => NonNullable<O[K]>,
+): void {
+  const v = opt(m, key, path, read);
+  if (v !== undefined) out[key] = v;
+}
+
 /** A member that must be present and not `null`. */
 function req<T>(m: Members, key: string, path: string, read: (v: JsonValue, p: string) => T): T {
   const v = m.get(key);
@@ -183,10 +195,7 @@ function limits(v: JsonValue, path: string): Limits {
   const m = object(v, path, LIMIT_NAMES);
   const out: Limits = {};
   for (const k of LIMIT_NAMES) {
-    const n = opt(m, k, path, u64);
-    if (n !== undefined) {
-      out[k] = n;
-    }
+    optInto(out, m, k, path, u64);
   }
   return out;
 }
@@ -237,14 +246,10 @@ export function readRunRequest(v: JsonValue, path = "request"): RunRequest {
     request_id: req(m, "request_id", path, str),
     run: req(m, "run", path, runSpec),
   };
-  const floor = opt(m, "minimum_isolation", path, tier);
-  if (floor !== undefined) out.minimum_isolation = floor;
-  const provider = opt(m, "provider", path, str);
-  if (provider !== undefined) out.provider = provider;
-  const l = opt(m, "limits", path, limits);
-  if (l !== undefined) out.limits = l;
-  const grant = opt(m, "grant", path, str);
-  if (grant !== undefined) out.grant = grant;
+  optInto(out, m, "minimum_isolation", path, tier);
+  optInto(out, m, "provider", path, str);
+  optInto(out, m, "limits", path, limits);
+  optInto(out, m, "grant", path, str);
   return out;
 }
 
@@ -273,16 +278,14 @@ function outcome(m: Members, path: string): Outcome {
     stderr: req(m, "stderr", path, bytes),
     stderr_truncated: req(m, "stderr_truncated", path, bool),
   };
-  const signal = opt(m, "signal", path, i32);
-  if (signal !== undefined) out.signal = signal;
+  optInto(out, m, "signal", path, i32);
   return out;
 }
 
 function stepResult(v: JsonValue, path: string): StepResult {
   const m = object(v, path, [...OUTCOME_MEMBERS, "name", "duration_ms"]);
   const out: StepResult = { ...outcome(m, path), duration_ms: req(m, "duration_ms", path, u64) };
-  const name = opt(m, "name", path, str);
-  if (name !== undefined) out.name = name;
+  optInto(out, m, "name", path, str);
   return out;
 }
 
@@ -313,12 +316,9 @@ function grantCall(v: JsonValue, path: string): GrantCall {
     response_bytes: req(m, "response_bytes", path, u64),
     latency_ms: req(m, "latency_ms", path, u64),
   };
-  const route = opt(m, "route", path, str);
-  if (route !== undefined) out.route = route;
-  const status = opt(m, "status", path, u16);
-  if (status !== undefined) out.status = status;
-  const error = opt(m, "error", path, str);
-  if (error !== undefined) out.error = error;
+  optInto(out, m, "route", path, str);
+  optInto(out, m, "status", path, u16);
+  optInto(out, m, "error", path, str);
   return out;
 }
 
@@ -420,8 +420,7 @@ function binary(v: JsonValue, path: string): BinaryIdentity {
 function namespaceSeen(v: JsonValue, path: string): NamespaceSeen {
   const m = object(v, path, ["id", "same_as_host"]);
   const out: NamespaceSeen = { id: req(m, "id", path, str) };
-  const same = opt(m, "same_as_host", path, bool);
-  if (same !== undefined) out.same_as_host = same;
+  optInto(out, m, "same_as_host", path, bool);
   return out;
 }
 
@@ -489,8 +488,7 @@ export function readEvidence(v: JsonValue, path = "evidence"): Evidence {
     environment: req(m, "environment", path, str),
     checked_unix_ms: req(m, "checked_unix_ms", path, u64),
   };
-  const probe = opt(m, "probe", path, probeReport);
-  if (probe !== undefined) out.probe = probe;
+  optInto(out, m, "probe", path, probeReport);
   return out;
 }
 
@@ -510,8 +508,7 @@ function providerInfo(v: JsonValue, path: string): ProviderInfo {
     evidence: req(m, "evidence", path, readEvidence),
     evidence_sha256: req(m, "evidence_sha256", path, str),
   };
-  const why = opt(m, "unavailable_reason", path, str);
-  if (why !== undefined) out.unavailable_reason = why;
+  optInto(out, m, "unavailable_reason", path, str);
   return out;
 }
 

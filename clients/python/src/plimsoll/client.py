@@ -53,6 +53,10 @@ class _AnswerTooLarge(Exception):
     pass
 
 
+# Every way an exchange can fail without an answer (``httpx.InvalidURL`` is no HTTPError).
+_FAILED = (httpx.HTTPError, httpx.InvalidURL, _AnswerTooLarge)
+
+
 def _http_options() -> dict[str, Any]:
     return dict(
         # No proxy or netrc from the environment: a proxy would blur "connection refused"
@@ -80,6 +84,9 @@ def _project(
 
 
 class _Base:
+    # The httpx client class: httpx.Client or httpx.AsyncClient.
+    _HTTP: Any
+
     def __init__(
         self,
         base_url: str,
@@ -96,6 +103,7 @@ class _Base:
         self._default_floor: Optional[Tier] = (
             Tier(default_floor) if default_floor is not None else None
         )
+        self._http = self._HTTP(**_http_options())
 
     @property
     def base_url(self) -> str:
@@ -117,6 +125,54 @@ class _Base:
     def _prepare(self, run: RunSpec, **kw: Any) -> Prepared:
         return _verify.prepare(run, max_body_bytes=self._max_body_bytes, **kw)
 
+    # The request building and the checking that Client and AsyncClient share: each of them
+    # only sends (blocking or awaiting) what these build, and hands these what came back.
+
+    def _runs_url(self) -> str:
+        return f"{self._base_url}/v1/runs"
+
+    def _providers_url(self) -> str:
+        return f"{self._base_url}/v1/providers"
+
+    def _readyz_url(self) -> str:
+        return f"{self._base_url}/readyz"
+
+    def _run_stream(self, prepared: Prepared) -> dict[str, Any]:
+        """The arguments of ``stream`` for ``POST /v1/runs``."""
+        return dict(
+            method="POST",
+            url=self._runs_url(),
+            content=prepared.body,
+            headers={**self._auth(), "content-type": "application/json"},
+            timeout=_timeout(prepared.budget_s),
+        )
+
+    def _providers_stream(self) -> dict[str, Any]:
+        """The arguments of ``stream`` for ``GET /v1/providers``."""
+        return dict(
+            method="GET",
+            url=self._providers_url(),
+            headers=self._auth(),
+            timeout=_timeout(EXCHANGE_SLACK_S),
+        )
+
+    def _run_failed(self, prepared: Prepared, e: BaseException) -> PlimsollError:
+        """The error for a run exchange that failed without an answer: nothing was sent, or
+        the request may have left."""
+        url = self._runs_url()
+        if isinstance(e, _NOT_SENT):
+            return Unreachable(url, _describe(e), request_id=prepared.request_id)
+        return TransportError(url, _describe(e), request_id=prepared.request_id)
+
+    def _providers_failed(self, e: BaseException) -> ProvidersError:
+        return ProvidersError(f"cannot read {self._providers_url()}: {_describe(e)}")
+
+    def _read_providers(self, status: int, body: bytes) -> ProvidersResponse:
+        """Checks the answer to ``GET /v1/providers`` and remembers the default floor."""
+        providers = _verify.read_providers(status, body, self._providers_url())
+        self._default_floor = providers.default_floor
+        return providers
+
 
 class Client(_Base):
     """A blocking client of one daemon. Safe to share between threads; close it (or use it as
@@ -127,18 +183,8 @@ class Client(_Base):
     nothing is sent.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        token: str,
-        *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        default_floor: Optional[TierLike] = None,
-    ) -> None:
-        super().__init__(
-            base_url, token, max_body_bytes=max_body_bytes, default_floor=default_floor
-        )
-        self._http = httpx.Client(**_http_options())
+    _HTTP = httpx.Client
+    _http: httpx.Client
 
     def close(self) -> None:
         self._http.close()
@@ -167,8 +213,15 @@ class Client(_Base):
         )
         default_floor = None
         if prepared.floor is None:
-            default_floor = self._floor_for(prepared)
-        status, body = self._exchange(prepared)
+            try:
+                default_floor = self.default_floor()
+            except PlimsollError as e:
+                raise _verify.floor_unknown(e, prepared.request_id) from None
+        try:
+            with self._http.stream(**self._run_stream(prepared)) as r:
+                status, body = r.status_code, _read_capped(r.iter_bytes())
+        except _FAILED as e:
+            raise self._run_failed(prepared, e) from None
         return _verify.verify_answer(prepared, status, body, default_floor)
 
     def run_snippet(self, language: str, code: str, **options: Any) -> RunResponse:
@@ -197,17 +250,12 @@ class Client(_Base):
     def providers(self) -> ProvidersResponse:
         """The daemon's providers, their tiers, availability and evidence (every evidence
         digest recomputed). Also remembers the daemon's default floor."""
-        url = f"{self._base_url}/v1/providers"
         try:
-            with self._http.stream(
-                "GET", url, headers=self._auth(), timeout=_timeout(EXCHANGE_SLACK_S)
-            ) as r:
+            with self._http.stream(**self._providers_stream()) as r:
                 status, body = r.status_code, _read_capped(r.iter_bytes())
-        except (httpx.HTTPError, httpx.InvalidURL, _AnswerTooLarge) as e:
-            raise ProvidersError(f"cannot read {url}: {_describe(e)}") from None
-        providers = _verify.read_providers(status, body, url)
-        self._default_floor = providers.default_floor
-        return providers
+        except _FAILED as e:
+            raise self._providers_failed(e) from None
+        return self._read_providers(status, body)
 
     def default_floor(self) -> Tier:
         """The floor the daemon gives a request that sets none (read once, then cached)."""
@@ -219,53 +267,18 @@ class Client(_Base):
     def is_ready(self) -> bool:
         """True when ``GET /readyz`` answers 200 (every provider probed, one available)."""
         try:
-            r = self._http.get(f"{self._base_url}/readyz", timeout=CONNECT_TIMEOUT_S)
+            r = self._http.get(self._readyz_url(), timeout=CONNECT_TIMEOUT_S)
         except httpx.HTTPError:
             return False
         return r.status_code == 200
-
-    # --- internals ----------------------------------------------------------------------
-
-    def _floor_for(self, prepared: Prepared) -> Tier:
-        try:
-            return self.default_floor()
-        except PlimsollError as e:
-            raise _verify.floor_unknown(e, prepared.request_id) from None
-
-    def _exchange(self, prepared: Prepared) -> tuple[int, bytes]:
-        url = f"{self._base_url}/v1/runs"
-        headers = {**self._auth(), "content-type": "application/json"}
-        try:
-            with self._http.stream(
-                "POST",
-                url,
-                content=prepared.body,
-                headers=headers,
-                timeout=_timeout(prepared.budget_s),
-            ) as r:
-                return r.status_code, _read_capped(r.iter_bytes())
-        except _NOT_SENT as e:
-            raise Unreachable(url, _describe(e), request_id=prepared.request_id) from None
-        except (httpx.HTTPError, _AnswerTooLarge) as e:
-            raise TransportError(url, _describe(e), request_id=prepared.request_id) from None
 
 
 class AsyncClient(_Base):
     """The :class:`Client` for asyncio: the same checks, every method a coroutine. Close it
     with ``await client.aclose()`` or use ``async with``."""
 
-    def __init__(
-        self,
-        base_url: str,
-        token: str,
-        *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        default_floor: Optional[TierLike] = None,
-    ) -> None:
-        super().__init__(
-            base_url, token, max_body_bytes=max_body_bytes, default_floor=default_floor
-        )
-        self._http = httpx.AsyncClient(**_http_options())
+    _HTTP = httpx.AsyncClient
+    _http: httpx.AsyncClient
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -295,7 +308,11 @@ class AsyncClient(_Base):
                 default_floor = await self.default_floor()
             except PlimsollError as e:
                 raise _verify.floor_unknown(e, prepared.request_id) from None
-        status, body = await self._exchange(prepared)
+        try:
+            async with self._http.stream(**self._run_stream(prepared)) as r:
+                status, body = r.status_code, await _aread_capped(r.aiter_bytes())
+        except _FAILED as e:
+            raise self._run_failed(prepared, e) from None
         return _verify.verify_answer(prepared, status, body, default_floor)
 
     async def run_snippet(self, language: str, code: str, **options: Any) -> RunResponse:
@@ -318,17 +335,12 @@ class AsyncClient(_Base):
         return await self.run(_project(steps, files, artifacts), **options)
 
     async def providers(self) -> ProvidersResponse:
-        url = f"{self._base_url}/v1/providers"
         try:
-            async with self._http.stream(
-                "GET", url, headers=self._auth(), timeout=_timeout(EXCHANGE_SLACK_S)
-            ) as r:
+            async with self._http.stream(**self._providers_stream()) as r:
                 status, body = r.status_code, await _aread_capped(r.aiter_bytes())
-        except (httpx.HTTPError, httpx.InvalidURL, _AnswerTooLarge) as e:
-            raise ProvidersError(f"cannot read {url}: {_describe(e)}") from None
-        providers = _verify.read_providers(status, body, url)
-        self._default_floor = providers.default_floor
-        return providers
+        except _FAILED as e:
+            raise self._providers_failed(e) from None
+        return self._read_providers(status, body)
 
     async def default_floor(self) -> Tier:
         if self._default_floor is None:
@@ -338,44 +350,29 @@ class AsyncClient(_Base):
 
     async def is_ready(self) -> bool:
         try:
-            r = await self._http.get(f"{self._base_url}/readyz", timeout=CONNECT_TIMEOUT_S)
+            r = await self._http.get(self._readyz_url(), timeout=CONNECT_TIMEOUT_S)
         except httpx.HTTPError:
             return False
         return r.status_code == 200
 
-    async def _exchange(self, prepared: Prepared) -> tuple[int, bytes]:
-        url = f"{self._base_url}/v1/runs"
-        headers = {**self._auth(), "content-type": "application/json"}
-        try:
-            async with self._http.stream(
-                "POST",
-                url,
-                content=prepared.body,
-                headers=headers,
-                timeout=_timeout(prepared.budget_s),
-            ) as r:
-                return r.status_code, await _aread_capped(r.aiter_bytes())
-        except _NOT_SENT as e:
-            raise Unreachable(url, _describe(e), request_id=prepared.request_id) from None
-        except (httpx.HTTPError, _AnswerTooLarge) as e:
-            raise TransportError(url, _describe(e), request_id=prepared.request_id) from None
+
+def _take(out: bytearray, chunk: bytes) -> None:
+    out.extend(chunk)
+    if len(out) > MAX_ANSWER_BYTES:
+        raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES} bytes")
 
 
 def _read_capped(chunks: Iterable[bytes]) -> bytes:
     out = bytearray()
     for c in chunks:
-        out += c
-        if len(out) > MAX_ANSWER_BYTES:
-            raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES} bytes")
+        _take(out, c)
     return bytes(out)
 
 
 async def _aread_capped(chunks: Any) -> bytes:
     out = bytearray()
     async for c in chunks:
-        out += c
-        if len(out) > MAX_ANSWER_BYTES:
-            raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES} bytes")
+        _take(out, c)
     return bytes(out)
 
 
