@@ -11,22 +11,10 @@ use plimsoll_wire::{
     AgentJob, Bytes, Language, Project, ProjectFile, RunSpec, Snippet, Step, TrialIds,
 };
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
-/// Cases per property: `PROPTEST_CASES` (declared in `plimsoll_engine::env`) or `default`.
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../../tests/fuzz/common.rs"]
+mod common;
+use common::{config, mutated};
 
 const VALID: &str = r#"{"spec":{"kind":"project","files":[{"path":"s.json","content":{"base64":"e30="},"executable":false}],"steps":[{"run":"ls"},{"name":"t","run":"plimsoll-trial-runner --scenario s.json -- node c.js"}],"artifacts":["trajectory.bin"]},"work_dir":"/work","output_bytes":65536,"artifact_bytes":1048576,"deadline_ms":30000,"trial":{"uid":1000,"gid":1000,"controller_uid":2000,"controller_gid":2000}}"#;
 
@@ -110,23 +98,7 @@ proptest! {
     }
 
     #[test]
-    fn read_job_survives_mutated_jobs(
-        edits in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..4, any::<u8>()), 1..6)
-    ) {
-        let mut body = VALID.as_bytes().to_vec();
-        for (at, op, byte) in edits {
-            let i = at.index(body.len() + 1);
-            match op {
-                0 if i < body.len() => body[i] = byte,
-                1 => body.insert(i, byte),
-                2 if i < body.len() => { body.remove(i); }
-                _ => {
-                    let piece: &[u8] = [&b"null"[..], b"{}", b"[]", b"\"\"", b",", b"-1", b"1e400", b"18446744073709551616"]
-                        [usize::from(byte) % 8];
-                    body.splice(i..i, piece.iter().copied());
-                }
-            }
-        }
+    fn read_job_survives_mutated_jobs(body in mutated(VALID)) {
         check(&body)?;
     }
 

@@ -12,22 +12,10 @@ use plimsoll_attest::sample::sample_exchange;
 use plimsoll_attest::statement::GENESIS_SHA256;
 use plimsoll_attest::{AttestKey, VerifiedBundle, sign_close, sign_exchange, verify_bundle_bytes};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
-/// Cases per property: `PROPTEST_CASES` (declared in `plimsoll_engine::env`) or `default`.
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../../tests/fuzz/common.rs"]
+mod common;
+use common::config;
 
 fn key() -> AttestKey {
     AttestKey::from_seed(&[7; 32])

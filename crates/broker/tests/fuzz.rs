@@ -11,22 +11,10 @@
 use plimsoll_broker::Route;
 use plimsoll_broker::route::{METHODS, canonical};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
-/// Cases per property: `PROPTEST_CASES` (declared in `plimsoll_engine::env`) or `default`.
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../../tests/fuzz/common.rs"]
+mod common;
+use common::config;
 
 /// Pieces a hostile path is made of: dots, slashes, encodings of both (in either case),
 /// double encodings, backslashes, `;`, controls, non-ASCII, `?` and `#`.

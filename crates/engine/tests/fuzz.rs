@@ -11,33 +11,12 @@ use std::time::Duration;
 use plimsoll_engine::{Candidate, LimitPolicy, Reason, ResolvedLimits, route};
 use plimsoll_wire::{Limits, Tier};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
-/// Cases per property: `PROPTEST_CASES` (declared in `plimsoll_engine::env`) or `default`.
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../../tests/fuzz/common.rs"]
+mod common;
+use common::{config, tier};
 
 const NAMES: [&str; 6] = ["p0", "p1", "p2", "p3", "p4", "p5"];
-
-fn tier() -> impl Strategy<Value = Tier> {
-    prop_oneof![
-        Just(Tier::Process),
-        Just(Tier::Container),
-        Just(Tier::Kernel),
-        Just(Tier::Vm)
-    ]
-}
 
 fn candidates() -> impl Strategy<Value = Vec<Candidate<'static>>> {
     proptest::collection::vec((tier(), 0u32..5, any::<bool>(), any::<bool>()), 0..6).prop_map(

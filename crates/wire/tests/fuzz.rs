@@ -18,46 +18,21 @@ use plimsoll_wire::trial_step::{TRIAL_RUNNER, scenario_paths, trial_step};
 use plimsoll_wire::{
     Artifact, BinaryIdentity, Bytes, Evidence, GrantCall, Language, Limits, NamespaceSeen,
     ProbeReport, Project, ProjectFile, Reason, RunRecord, RunRequest, RunResult, RunSpec, Snippet,
-    Step, StepResult, Tier, parse_request,
+    Step, StepResult, parse_request,
 };
 use proptest::prelude::*;
+
+#[path = "../../../tests/fuzz/common.rs"]
+mod common;
+use common::{cases, config, mutated, tier};
 use proptest::strategy::ValueTree;
-use proptest::test_runner::FileFailurePersistence;
 use proptest::test_runner::{Config, TestRunner};
-
-/// Cases per property: `PROPTEST_CASES` (declared in `plimsoll_engine::env`) or `default`.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Failures are kept beside this file, in `fuzz.proptest-regressions`, and replayed first.
-fn config(default: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: cases(default),
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    }
-}
 
 fn strict() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 // --- Strategies ---------------------------------------------------------------------------
-
-fn tier() -> impl Strategy<Value = Tier> {
-    prop_oneof![
-        Just(Tier::Process),
-        Just(Tier::Container),
-        Just(Tier::Kernel),
-        Just(Tier::Vm)
-    ]
-}
 
 /// Text with the characters that tend to break encoders: controls, quotes, backslashes,
 /// non-ASCII of every UTF-8 length, U+2028, DEL, NUL.
@@ -423,24 +398,7 @@ proptest! {
     }
 
     #[test]
-    fn parse_request_survives_mutated_requests(
-        edits in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..4, any::<u8>()), 1..6)
-    ) {
-        let mut body = VALID.as_bytes().to_vec();
-        for (at, op, byte) in edits {
-            let i = at.index(body.len() + 1);
-            match op {
-                0 if i < body.len() => body[i] = byte,
-                1 => body.insert(i, byte),
-                2 if i < body.len() => { body.remove(i); }
-                // Splice in a piece of JSON syntax that changes the structure.
-                _ => {
-                    let piece: &[u8] = [&b"null"[..], b"{}", b"[]", b"\"\"", b",", b"0", b"-1", b"1e400", b"\"\\ud800\""]
-                        [usize::from(byte) % 9];
-                    body.splice(i..i, piece.iter().copied());
-                }
-            }
-        }
+    fn parse_request_survives_mutated_requests(body in mutated(VALID)) {
         check_parse(&body)?;
     }
 
