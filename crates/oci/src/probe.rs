@@ -303,8 +303,10 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         limits: probe_limits(),
         uid,
         gid: uid,
-        controller_uid: uid + 1,
-        controller_gid: uid + 1,
+        // A probe has no trial step, so no controller: no second uid, which would be
+        // another provider's probe uid (probes run at once) or a run slot's controller uid.
+        controller_uid: uid,
+        controller_gid: uid,
         run_dir: p.state().runs().join(&run_id),
         broker: None,
     };

@@ -492,8 +492,10 @@ fn run_snippet(provider: &ProcessProvider, language: Language, code: &str) -> Re
         limits: PROBE_LIMITS,
         uid: cfg.probe_uid,
         gid: cfg.probe_uid,
-        controller_uid: cfg.probe_uid + 1,
-        controller_gid: cfg.probe_uid + 1,
+        // A probe has no trial step, so no controller: no second uid, which would be
+        // another provider's probe uid (probes run at once) or a run slot's controller uid.
+        controller_uid: cfg.probe_uid,
+        controller_gid: cfg.probe_uid,
         run_dir,
         broker: None,
     };

@@ -60,18 +60,20 @@ pub fn start(procs: &[PathBuf], after: Duration) -> Result<Watchdog, SpawnError>
     })
 }
 
-impl Watchdog {
-    /// The watchdog's pid.
-    pub fn pid(&self) -> Option<u32> {
-        self.running.as_ref().map(|r| r.child.id())
-    }
-}
-
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        if let Some(mut r) = self.running.take() {
+        if let Some(r) = self.running.take() {
             r.kill_group();
-            let _ = r.child.wait();
+            // The shell and the `sleep` it forked: when the shell dies, the `sleep` comes
+            // back to this process (a child subreaper, as the daemon is), so both are reaped
+            // here, by their group, or each run would leave a zombie behind. The group id
+            // stays taken until its last member is reaped, so no other group is waited for.
+            if let Some(group) = rustix::process::Pid::from_raw(r.child.id() as i32) {
+                while let Ok(Some(_)) =
+                    rustix::process::waitpgid(group, rustix::process::WaitOptions::empty())
+                {
+                }
+            }
         }
     }
 }
@@ -107,5 +109,34 @@ mod tests {
         // The victim is reaped (its pid gone from the list): the watchdog ends by itself.
         std::fs::write(&list, "").unwrap();
         drop(dog);
+    }
+
+    /// Ending a watchdog before its deadline leaves no zombie in a subreaper (the daemon is
+    /// one): neither the shell nor the `sleep` it forked.
+    #[test]
+    fn an_ended_watchdog_leaves_no_zombie() {
+        assert!(crate::spawn::become_subreaper(), "PR_SET_CHILD_SUBREAPER");
+        let dir = crate::testing::TestDir::new("watchdog", "zombie");
+        let dog = start(&[dir.path().join("absent")], Duration::from_secs(60)).unwrap();
+        // Let the shell fork its `sleep` first.
+        std::thread::sleep(Duration::from_millis(300));
+        drop(dog);
+        let me = std::process::id();
+        let children: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .collect();
+        let zombies: Vec<&String> = children
+            .iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                    st.rsplit_once(") ")
+                        .is_some_and(|(_, r)| r.starts_with('Z'))
+                })
+            })
+            .collect();
+        assert!(zombies.is_empty(), "zombies left in {me}: {zombies:?}");
     }
 }

@@ -79,8 +79,10 @@ fn probe_plan(p: &VmProvider, what: &str, spec: RunSpec) -> LaunchPlan {
         limits: probe_limits(),
         uid,
         gid: uid,
-        controller_uid: uid + 1,
-        controller_gid: uid + 1,
+        // A probe has no trial step, so no controller: no second uid, which would be
+        // another provider's probe uid (probes run at once) or a run slot's controller uid.
+        controller_uid: uid,
+        controller_gid: uid,
         broker: None,
     }
 }
