@@ -19,7 +19,7 @@ use plimsoll_wire::GrantCall;
 use serde_json::{Value, json};
 
 use crate::credential::Credential;
-use crate::frame::{ReadFrameError, read_frame_within, skip, write_frame};
+use crate::frame::{ReadFrameError, read_frame_within, write_frame};
 use crate::leak::Needles;
 use crate::profile::Profile;
 use crate::route::{METHODS, canonical};
@@ -285,10 +285,7 @@ impl Inner {
             let (reply, close) = match read_frame_within(&stream, max, FRAME_WITHIN) {
                 Ok(None) | Err(ReadFrameError::Io(_)) => return,
                 Ok(Some(frame)) => self.handle(&frame),
-                Err(ReadFrameError::TooLarge(len)) => {
-                    if skip(&mut &stream, len).is_err() {
-                        return;
-                    }
+                Err(ReadFrameError::TooLarge(_)) => {
                     let started = Instant::now();
                     let refusal = Refusal::new(
                         "request_too_large",

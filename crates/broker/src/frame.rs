@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A frame could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -39,10 +39,10 @@ pub(crate) fn read_frame(r: &mut impl Read, max: u32) -> Result<Option<Vec<u8>>,
 }
 
 /// Reads one frame of at most `max` bytes from a channel, waiting as long as it takes for its
-/// first byte (a connection may idle between calls) but no longer than `within` for the rest
-/// once it began: a frame left unfinished is an error, not a connection held open. The read
-/// timeout stays set on return, so skipping an over-size frame is bounded too; the caller
-/// clears it before waiting for the next frame.
+/// first byte (a connection may idle between calls) but no longer than `within` for the whole
+/// rest once it began, however slowly it trickles: a frame left unfinished is an error, not a
+/// connection held open. A frame over `max` is read and dropped within the same deadline
+/// before [`ReadFrameError::TooLarge`] is returned, so the channel is at the next frame.
 pub(crate) fn read_frame_within(
     stream: &UnixStream,
     max: u32,
@@ -59,12 +59,40 @@ pub(crate) fn read_frame_within(
             Err(e) => return Err(e.into()),
         }
     }
-    stream.set_read_timeout(Some(within))?;
-    read_frame(&mut io::Cursor::new(first).chain(r), max)
+    let mut rest = Until {
+        stream,
+        deadline: Instant::now() + within,
+    };
+    match read_frame(&mut io::Cursor::new(first).chain(&mut rest), max) {
+        Err(ReadFrameError::TooLarge(len)) => {
+            skip(&mut rest, len)?;
+            Err(ReadFrameError::TooLarge(len))
+        }
+        other => other,
+    }
+}
+
+/// A channel read against one deadline for all its reads (a read timeout alone applies to
+/// each read, so a byte every few seconds would never time out).
+struct Until<'a> {
+    stream: &'a UnixStream,
+    deadline: Instant,
+}
+
+impl Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut s = self.stream;
+        s.read(buf)
+    }
 }
 
 /// Reads and drops `len` bytes (the body of a frame over the cap).
-pub(crate) fn skip(r: &mut impl Read, len: u32) -> io::Result<()> {
+fn skip(r: &mut impl Read, len: u32) -> io::Result<()> {
     let copied = io::copy(&mut r.take(u64::from(len)), &mut io::sink())?;
     if copied < u64::from(len) {
         return Err(io::ErrorKind::UnexpectedEof.into());
@@ -111,6 +139,55 @@ mod tests {
         }
         drop(a);
         assert!(read_frame_within(&b, 100, within).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_frame_that_trickles_in_ends_the_read_at_its_deadline() {
+        let (a, b) = UnixStream::pair().unwrap();
+        // A 100-byte frame, one byte every 50 ms: each read is quick, the frame is not.
+        let writer = std::thread::spawn(move || {
+            let mut w = &a;
+            let _ = w.write_all(&[0, 0, 0, 100]);
+            for _ in 0..100 {
+                if w.write_all(b" ").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let started = Instant::now();
+        match read_frame_within(&b, 1000, Duration::from_millis(300)) {
+            Err(ReadFrameError::Io(e)) => {
+                assert!(
+                    matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ),
+                    "{e}"
+                );
+            }
+            other => panic!("a trickling frame must fail, got {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(3));
+        drop(b);
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_frame_over_the_cap_is_skipped_whole() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut w = &a;
+        write_frame(&mut w, &serde_json::json!({"big": "x".repeat(50)})).unwrap();
+        write_frame(&mut w, &serde_json::json!({"a": 1})).unwrap();
+        let within = Duration::from_secs(5);
+        assert!(matches!(
+            read_frame_within(&b, 20, within),
+            Err(ReadFrameError::TooLarge(_))
+        ));
+        assert_eq!(
+            read_frame_within(&b, 20, within).unwrap().unwrap(),
+            br#"{"a":1}"#
+        );
     }
 
     #[test]

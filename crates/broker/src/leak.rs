@@ -62,18 +62,33 @@ impl Needles {
     }
 
     /// Whether `text`, or what it reads as once its JSON escapes or its percent-encoding are
-    /// undone (in either order), holds the secret in any of its forms.
+    /// undone (in either order), holds the secret in any of its forms. A reading that would
+    /// change nothing (no `\`, or no `%` and `+`) is not made.
     fn in_any_reading(&self, text: &[u8]) -> bool {
-        let unescaped = json_unescape(text);
-        [
-            percent_decode(text),
-            percent_decode(&unescaped),
-            json_unescape(&percent_decode(text)),
-            unescaped,
-            text.to_vec(),
-        ]
-        .iter()
-        .any(|t| self.in_text(t))
+        if self.in_text(text) {
+            return true;
+        }
+        let escaped = memchr::memchr(b'\\', text).is_some();
+        let encoded = memchr::memchr2(b'%', b'+', text).is_some();
+        if escaped {
+            let unescaped = json_unescape(text);
+            if self.in_text(&unescaped)
+                || (encoded || memchr::memchr2(b'%', b'+', &unescaped).is_some())
+                    && self.in_text(&percent_decode(&unescaped))
+            {
+                return true;
+            }
+        }
+        if encoded {
+            let decoded = percent_decode(text);
+            if self.in_text(&decoded)
+                || memchr::memchr(b'\\', &decoded).is_some()
+                    && self.in_text(&json_unescape(&decoded))
+            {
+                return true;
+            }
+        }
+        false
     }
 
     /// Whether an answer whose raw body is `body`, and which reaches the sandbox as `value`,
@@ -95,7 +110,7 @@ impl Needles {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+    !needle.is_empty() && memchr::memmem::find(haystack, needle).is_some()
 }
 
 /// `%XX` sequences (either case) as the bytes they stand for, and `+` as a space; anything
