@@ -328,7 +328,14 @@ impl Engine {
             return false;
         };
         let name = slot.provider.name();
-        match cache.lookup(name, plimsoll_sandbox::unix_ms_now()) {
+        match cache
+            .lookup(name, plimsoll_sandbox::unix_ms_now())
+            .and_then(|evidence| {
+                slot.provider
+                    .adopt(&evidence)
+                    .map(|()| evidence)
+                    .map_err(crate::evidence_cache::CacheMiss::Provider)
+            }) {
             Ok(evidence) => {
                 tracing::info!(
                     provider = name,

@@ -97,6 +97,9 @@ pub enum CacheMiss {
         /// The binary.
         path: String,
     },
+    /// The provider says the evidence no longer describes it (a rebuilt image, say).
+    #[error("the provider does not take it: {0}")]
+    Provider(String),
 }
 
 impl EvidenceCache {

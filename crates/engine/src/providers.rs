@@ -49,4 +49,7 @@ impl Provider for AnyProvider {
     fn supports_broker(&self) -> bool {
         self.inner().supports_broker()
     }
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
+        self.inner().adopt(evidence)
+    }
 }

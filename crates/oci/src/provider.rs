@@ -906,6 +906,18 @@ impl Provider for OciProvider {
         true
     }
 
+    /// The image is not among the evidence's binaries: a rebuilt image is a new probe.
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
+        let now = self.image_identity()?;
+        if now != evidence.environment {
+            return Err(format!(
+                "the image is now {now}, the evidence was taken on {}",
+                evidence.environment
+            ));
+        }
+        Ok(())
+    }
+
     fn probe(&self) -> Probed {
         crate::probe::probe(self)
     }
@@ -1124,6 +1136,37 @@ mod tests {
         let p = OciProvider::new(c);
         assert!(p.rootfs().unwrap_err().contains("build-image"));
         assert!(p.image_identity().unwrap_err().contains("build-image"));
+    }
+
+    /// Cached evidence is taken only while the image is the one it was taken on.
+    #[test]
+    fn cached_evidence_of_another_image_is_not_adopted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = format!("sha256:{}", "a".repeat(64));
+        let new = format!("sha256:{}", "b".repeat(64));
+        fs::write(tmp.path().join("identity"), format!("{old}\n")).unwrap();
+        let p = OciProvider::new(OciConfig::new(
+            RuntimeKind::Crun,
+            tmp.path().to_path_buf(),
+            "/a".into(),
+            "/p".into(),
+            1,
+        ));
+        let evidence = plimsoll_wire::Evidence {
+            provider: "crun".into(),
+            isolation: Tier::Container,
+            config: Default::default(),
+            binaries: vec![],
+            probe: None,
+            checks: Default::default(),
+            environment: old.clone(),
+            checked_unix_ms: 1,
+        };
+        p.adopt(&evidence).unwrap();
+        // `make images` rebuilt it.
+        fs::write(tmp.path().join("identity"), format!("{new}\n")).unwrap();
+        let e = p.adopt(&evidence).unwrap_err();
+        assert!(e.contains(&new) && e.contains(&old), "{e}");
     }
 
     #[test]

@@ -151,6 +151,14 @@ pub trait Provider: Send + Sync {
     fn supports_broker(&self) -> bool {
         false
     }
+    /// Takes `evidence` from an earlier probe of this host (the engine's evidence cache)
+    /// instead of probing: sets what the provider learns only from a probe, or says why this
+    /// evidence no longer describes it (then it is probed again). The cache has already
+    /// checked every binary the evidence names.
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
+        let _ = evidence;
+        Ok(())
+    }
 }
 
 /// Milliseconds since the Unix epoch, now.

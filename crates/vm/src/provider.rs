@@ -636,6 +636,17 @@ impl Provider for VmProvider {
     fn supports_broker(&self) -> bool {
         true
     }
+
+    /// The accelerator the probe chose is known only from a probe: cached evidence names it.
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
+        let a = match evidence.config.get("accelerator").map(String::as_str) {
+            Some("kvm") => Accelerator::Kvm,
+            Some("tcg") => Accelerator::Tcg,
+            other => return Err(format!("the evidence names no accelerator ({other:?})")),
+        };
+        self.set_accelerator(Some(a));
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -718,6 +729,39 @@ mod tests {
                 controller_gid: 1001
             })
         );
+    }
+
+    /// Cached evidence sets the accelerator a probe would have chosen (with `auto`, nothing
+    /// else knows it, and a run is refused until it is set); evidence naming none is not
+    /// taken.
+    #[test]
+    fn cached_evidence_sets_the_accelerator() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let p = VmProvider::new(VmConfig::new(
+            d.join("assets"),
+            d.join("plimsoll-agent"),
+            d.join("plimsoll-probe"),
+            d.join("plimsoll-guest-init"),
+            d.join("state"),
+            2_401_999,
+            2_401_990..2_401_991,
+        ));
+        assert_eq!(p.accelerator(), None);
+        let mut evidence = plimsoll_wire::Evidence {
+            provider: "qemu".into(),
+            isolation: Tier::Kernel,
+            config: [("accelerator".to_string(), "tcg".to_string())].into(),
+            binaries: vec![],
+            probe: None,
+            checks: Default::default(),
+            environment: "sha256:abc".into(),
+            checked_unix_ms: 1,
+        };
+        p.adopt(&evidence).unwrap();
+        assert_eq!(p.accelerator(), Some(Accelerator::Tcg));
+        evidence.config.clear();
+        assert!(p.adopt(&evidence).is_err());
     }
 
     /// A provider over fake assets (nothing boots): the base run initramfs and the trial one.
