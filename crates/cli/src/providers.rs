@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::anyhow;
-use plimsoll_wire::{PROTOCOL, ProviderInfo, ProvidersResponse};
+use plimsoll_wire::{ProviderInfo, ProvidersResponse};
 
 use crate::args::ProvidersArgs;
 use crate::local::{client, daemon_url, embedded_engine, load_settings};
@@ -19,12 +19,7 @@ pub fn providers(config: Option<&Path>, a: &ProvidersArgs) -> Result<u8, Failure
             .map_err(|e| Failure::failed(anyhow!(e)))?,
         None => {
             let settings = load_settings(config)?;
-            let engine = embedded_engine(&settings)?;
-            ProvidersResponse {
-                protocol: PROTOCOL,
-                default_floor: engine.config().default_floor,
-                providers: engine.providers(),
-            }
+            embedded_engine(&settings)?.providers_response()
         }
     };
     let mut out = std::io::stdout().lock();
@@ -149,7 +144,7 @@ mod tests {
             evidence_sha256: "e".repeat(64),
         };
         let text = render(&ProvidersResponse {
-            protocol: PROTOCOL,
+            protocol: plimsoll_wire::PROTOCOL,
             default_floor: Tier::Container,
             providers: vec![info],
         });

@@ -16,7 +16,7 @@ pub use daemon::{
     DEFAULT_CALLERS_FILE, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_RECHECK_SECS, Daemon,
     DaemonOptions, SHUTDOWN_SLACK, StartDaemonError, build_engine, load_grants, run,
 };
-pub use mcp::{MCP_BODY_READ_TIMEOUT, MCP_PATH};
+pub use mcp::MCP_PATH;
 pub use server::{
     AutoErrorBodies, Failure, OPENAPI_JSON, RETRY_AFTER_SECS, ROUTES, Route, status_for,
 };

@@ -5,33 +5,30 @@
 //! and logged the same way.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http_body_util::BodyExt as _;
 use plimsoll_client::{RunOptions, new_request_id};
 use plimsoll_engine::RunError;
 use plimsoll_mcp::{Backend, BackendError, Caller, PlimsollMcp};
-use plimsoll_wire::{
-    ErrorBody, ErrorResponse, PROTOCOL, ProvidersResponse, Reason, RunResponse,
-    not_dispatched_reason,
-};
+use plimsoll_wire::{ProvidersResponse, Reason, RunResponse};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use crate::callers::Token;
 use crate::metrics::outcome_label;
-use crate::server::{AppState, Shared};
+use crate::server::{
+    AppState, BODY_READ_TIMEOUT, Failure, authenticate, closing, declared_over, method_not_allowed,
+    read_body, too_large,
+};
 
 /// The path the MCP endpoint is served at.
 pub const MCP_PATH: &str = "/mcp";
-/// How long an authenticated caller's whole body may take to arrive (as for `/v1/runs`).
-pub const MCP_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Mounts `/mcp` on the daemon's router.
 pub fn mount(router: Router<AppState>, state: &AppState) -> Router<AppState> {
@@ -47,8 +44,11 @@ pub fn mount(router: Router<AppState>, state: &AppState) -> Router<AppState> {
         // have, and the daemon may listen on any name an operator gives it.
         .disable_allowed_hosts()
         .with_max_request_body_bytes(state.max_body_bytes);
+    // One server for every request: stateless, so each POST is served by a clone of it
+    // (the tool router is built once, not per request).
+    let server = PlimsollMcp::new(backend);
     let service = StreamableHttpService::new(
-        move || Ok(PlimsollMcp::new(Arc::clone(&backend))),
+        move || Ok(server.clone()),
         Arc::new(NeverSessionManager::default()),
         config,
     );
@@ -58,133 +58,66 @@ pub fn mount(router: Router<AppState>, state: &AppState) -> Router<AppState> {
     router.merge(mcp)
 }
 
-fn refusal(code: &str, reason: Reason, message: String) -> ErrorResponse {
-    ErrorResponse {
-        protocol: PROTOCOL,
-        request_id: None,
-        error: ErrorBody {
-            code: code.to_owned(),
-            message,
-            not_dispatched: Some(reason),
-        },
-    }
-}
-
-fn answer(status: StatusCode, body: &ErrorResponse) -> Response {
-    let mut resp = (status, axum::Json(body)).into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    // Answered before the body was read whole: close, so the rest is never read.
-    resp.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    resp
-}
-
-/// The caller a request's bearer token names, or the status and body refusing it.
-fn authenticate(st: &Shared, req: &Request) -> Result<String, (StatusCode, ErrorResponse)> {
-    let unauthenticated = |message: &str| {
-        (
-            StatusCode::UNAUTHORIZED,
-            refusal("unauthenticated", Reason::Permission, message.to_owned()),
-        )
-    };
-    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
-        return Err(unauthenticated(
-            "no bearer token: send `Authorization: Bearer <token>` (an operator creates one with `plimsoll callers add NAME`)",
-        ));
-    };
-    let invalid = "the bearer token is not valid on this daemon: check PLIMSOLL_TOKEN, or ask the operator for a token (`plimsoll callers add NAME`)";
-    let token = value
-        .to_str()
-        .ok()
-        .and_then(|t| t.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, rest)| Token::new(rest.trim()))
-        .ok_or_else(|| unauthenticated(invalid))?;
-    let callers = st.callers.current().map_err(|e| {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            refusal("callers_unavailable", Reason::Environment, e.to_string()),
-        )
-    })?;
-    callers
-        .authenticate(&token)
-        .map(str::to_owned)
-        .ok_or_else(|| unauthenticated(invalid))
-}
-
-/// Before the MCP service: the bearer token (checked from the headers, before any of the
-/// body is read), then the whole body within the daemon's size limit and read timeout, then
-/// the caller attached for the tools.
+/// Before the MCP service: POST only, the bearer token (checked from the headers, before any
+/// of the body is read), then the whole body within the daemon's size limit and read timeout,
+/// then the caller attached for the tools. Every refusal here, and the transport's own
+/// refusals of a wrong `Accept` or `Content-Type`, is an `ErrorResponse` marked not
+/// dispatched, as on `/v1/runs`.
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let caller = match authenticate(&st, &req) {
+    let refuse = |failure: Failure, message: String| {
+        tracing::info!(
+            route = MCP_PATH,
+            outcome = "refused",
+            code = failure.code(),
+            status = failure.status().as_u16(),
+            "mcp request refused"
+        );
+        closing(failure.respond(None, message))
+    };
+    if req.method() != Method::POST {
+        return closing(method_not_allowed(req.method().clone(), req.uri().clone()).await);
+    }
+    let caller = match authenticate(&st, req.headers()) {
         Ok(c) => c,
-        Err((status, body)) => {
-            tracing::info!(
-                route = MCP_PATH,
-                outcome = "refused",
-                code = %body.error.code,
-                status = status.as_u16(),
-                "mcp request refused"
-            );
-            return answer(status, &body);
+        Err(a) => {
+            let (failure, message) = a.failure();
+            return refuse(failure, message);
         }
     };
     let (mut parts, body) = req.into_parts();
-    let too_large = || {
-        answer(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &refusal(
-                "request",
-                Reason::Request,
-                format!(
-                    "the request body is larger than this daemon's limit of {} bytes: send less (the operator sets [daemon].max_body_bytes)",
-                    st.max_body_bytes
-                ),
-            ),
-        )
-    };
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > st.max_body_bytes as u64) {
-        return too_large();
+    if declared_over(&parts.headers, st.max_body_bytes) {
+        return refuse(Failure::BodyTooLarge, too_large(st.max_body_bytes));
     }
-    let limited = http_body_util::Limited::new(body, st.max_body_bytes);
-    let bytes = match tokio::time::timeout(MCP_BODY_READ_TIMEOUT, limited.collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
-        Ok(Err(e)) => {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                &refusal(
-                    "request",
-                    Reason::Request,
-                    format!("the request body could not be read ({e}): send it again"),
-                ),
-            );
-        }
-        Err(_) => {
-            return answer(
-                StatusCode::REQUEST_TIMEOUT,
-                &refusal(
-                    "request",
-                    Reason::Request,
-                    format!(
-                        "the request body did not arrive within {} s: send it whole and promptly",
-                        MCP_BODY_READ_TIMEOUT.as_secs()
-                    ),
-                ),
-            );
+    let bytes = match read_body(body, st.max_body_bytes, BODY_READ_TIMEOUT).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let (failure, message, _) = e.failure(st.max_body_bytes);
+            return refuse(failure, message);
         }
     };
     parts.extensions.insert(Caller(caller));
-    next.run(Request::from_parts(parts, Body::from(bytes)))
+    let resp = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    let failure = match resp.status() {
+        StatusCode::NOT_ACCEPTABLE => Failure::NotAcceptable,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => Failure::UnsupportedMediaType,
+        _ => return resp,
+    };
+    let text = match http_body_util::Limited::new(resp.into_body(), 4096)
+        .collect()
         .await
+    {
+        Ok(c) => String::from_utf8_lossy(&c.to_bytes()).into_owned(),
+        Err(_) => String::new(),
+    };
+    let message = match failure {
+        Failure::NotAcceptable => {
+            format!("{text}: send `Accept: application/json, text/event-stream` (see docs/mcp.md)")
+        }
+        _ => format!("{text}: send `Content-Type: application/json` (see docs/mcp.md)"),
+    };
+    refuse(failure, message)
 }
 
 /// The daemon's engine as the tools' backend: each run counted in the metrics and logged
@@ -252,25 +185,10 @@ impl Backend for DaemonBackend {
                 );
             }
         }
-        result.map_err(|e| match not_dispatched_reason(&e) {
-            Some(reason) => BackendError::NotDispatched {
-                reason,
-                message: match e {
-                    RunError::Refused { message, .. } => message,
-                    other => other.to_string(),
-                },
-            },
-            None => BackendError::MayHaveRun {
-                message: e.to_string(),
-            },
-        })
+        result.map_err(|e| BackendError::from_marked(&e))
     }
 
     fn providers(&self, _caller: Option<&str>) -> Result<ProvidersResponse, BackendError> {
-        Ok(ProvidersResponse {
-            protocol: PROTOCOL,
-            default_floor: self.shared.engine.config().default_floor,
-            providers: self.shared.engine.providers(),
-        })
+        Ok(self.shared.engine.providers_response())
     }
 }

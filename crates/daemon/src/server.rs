@@ -14,8 +14,7 @@ use axum::routing::{MethodRouter, get, post};
 use http_body_util::BodyExt;
 use plimsoll_engine::{Engine, RunError};
 use plimsoll_wire::{
-    ErrorBody, ErrorResponse, PROTOCOL, ProvidersResponse, Reason, RunResponse, parse_request,
-    validate_request_id,
+    ErrorBody, ErrorResponse, PROTOCOL, Reason, RunResponse, parse_request, validate_request_id,
 };
 
 use crate::callers::{CallerStore, Token};
@@ -130,6 +129,10 @@ pub enum Failure {
     NotFound,
     /// The route does not take this method.
     MethodNotAllowed,
+    /// The request's `Accept` does not admit what the route answers with (`/mcp`).
+    NotAcceptable,
+    /// The request's `Content-Type` is not one the route reads (`/mcp`).
+    UnsupportedMediaType,
     /// hyper could not parse the request line or a header.
     HeadMalformed,
     /// The request head is over hyper's size or header-count limit.
@@ -154,6 +157,8 @@ impl Failure {
             Failure::BodyUnreadable | Failure::HeadMalformed => StatusCode::BAD_REQUEST,
             Failure::NotFound => StatusCode::NOT_FOUND,
             Failure::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Failure::NotAcceptable => StatusCode::NOT_ACCEPTABLE,
+            Failure::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Failure::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Failure::UriTooLong => StatusCode::URI_TOO_LONG,
             Failure::SandboxFailed | Failure::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -171,7 +176,9 @@ impl Failure {
             | Failure::BodyUnreadable
             | Failure::HeadMalformed
             | Failure::HeadTooLarge
-            | Failure::UriTooLong => "request",
+            | Failure::UriTooLong
+            | Failure::NotAcceptable
+            | Failure::UnsupportedMediaType => "request",
             Failure::NotFound => "not_found",
             Failure::MethodNotAllowed => "method_not_allowed",
             Failure::SandboxFailed => "sandbox_failed",
@@ -192,7 +199,9 @@ impl Failure {
             | Failure::MethodNotAllowed
             | Failure::HeadMalformed
             | Failure::HeadTooLarge
-            | Failure::UriTooLong => Some(Reason::Request),
+            | Failure::UriTooLong
+            | Failure::NotAcceptable
+            | Failure::UnsupportedMediaType => Some(Reason::Request),
             Failure::SandboxFailed | Failure::Internal => None,
         }
     }
@@ -242,22 +251,24 @@ async fn count_http(State(st): State<AppState>, req: Request, next: Next) -> Res
     // Only known paths become labels, so arbitrary URLs cannot grow the metrics.
     let route = ROUTES
         .iter()
-        .find(|r| r.path == path)
-        .map_or("other", |r| r.path);
+        .map(|r| r.path)
+        .chain([crate::mcp::MCP_PATH])
+        .find(|p| *p == path)
+        .unwrap_or("other");
     let resp = next.run(req).await;
     st.metrics.http(route, resp.status().as_u16());
     resp
 }
 
 /// Why a request could not be authenticated.
-enum AuthFailure {
+pub(crate) enum AuthFailure {
     Missing,
     Invalid,
     Unavailable(String),
 }
 
 impl AuthFailure {
-    fn failure(self) -> (Failure, String) {
+    pub(crate) fn failure(self) -> (Failure, String) {
         match self {
             AuthFailure::Missing => (
                 Failure::Unauthenticated,
@@ -272,7 +283,7 @@ impl AuthFailure {
     }
 }
 
-fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<String, AuthFailure> {
+pub(crate) fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<String, AuthFailure> {
     let value = headers
         .get(header::AUTHORIZATION)
         .ok_or(AuthFailure::Missing)?;
@@ -352,7 +363,7 @@ async fn read_prefix(mut body: Body, limit: usize, timeout: Duration) -> Vec<u8>
 
 /// Why a request body could not be read whole.
 #[derive(Debug)]
-enum ReadBodyError {
+pub(crate) enum ReadBodyError {
     /// It is longer than the limit.
     TooLarge { prefix: Vec<u8> },
     /// It did not arrive in time.
@@ -361,9 +372,48 @@ enum ReadBodyError {
     Failed { prefix: Vec<u8>, message: String },
 }
 
+impl ReadBodyError {
+    /// The failure, its message (for a body limit of `limit` bytes), and the first bytes
+    /// that arrived.
+    pub(crate) fn failure(self, limit: usize) -> (Failure, String, Vec<u8>) {
+        match self {
+            ReadBodyError::TooLarge { prefix } => (Failure::BodyTooLarge, too_large(limit), prefix),
+            ReadBodyError::TimedOut { prefix } => (
+                Failure::BodyTimedOut,
+                format!(
+                    "the request body did not arrive within {} s: send it whole and promptly",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+                prefix,
+            ),
+            ReadBodyError::Failed { prefix, message } => (
+                Failure::BodyUnreadable,
+                format!("the request body could not be read ({message}): send it again"),
+                prefix,
+            ),
+        }
+    }
+}
+
+/// What a body over the daemon's limit of `limit` bytes is told.
+pub(crate) fn too_large(limit: usize) -> String {
+    format!(
+        "the request body is larger than this daemon's limit of {limit} bytes: send less (the operator sets [daemon].max_body_bytes)"
+    )
+}
+
+/// Whether the headers declare a body over `limit` bytes (refused before reading any).
+pub(crate) fn declared_over(headers: &HeaderMap, limit: usize) -> bool {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > limit as u64)
+}
+
 /// Reads a whole body of at most `limit` bytes within `timeout`. On failure, returns the
 /// first [`ID_PREFIX_BYTES`] that arrived, to find the request id in.
-async fn read_body(
+pub(crate) async fn read_body(
     mut body: Body,
     limit: usize,
     timeout: Duration,
@@ -415,7 +465,7 @@ async fn read_body(
 
 /// Marks an answer given before its body was read whole: the connection is closed after it,
 /// so the rest of the body is never read.
-fn closing(mut resp: Response) -> Response {
+pub(crate) fn closing(mut resp: Response) -> Response {
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
@@ -520,38 +570,16 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
     };
     answer.caller = Some(&caller);
 
-    let too_large = format!(
-        "the request body is larger than this daemon's limit of {} bytes: send less (the operator sets [daemon].max_body_bytes)",
-        st.max_body_bytes
-    );
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > st.max_body_bytes as u64) {
+    if declared_over(&parts.headers, st.max_body_bytes) {
         let prefix = read_prefix(body, ID_PREFIX_BYTES, ID_PREFIX_TIMEOUT).await;
         let id = scanned_request_id(&prefix);
-        return closing(answer.refused(Failure::BodyTooLarge, id, too_large));
+        return closing(answer.refused(Failure::BodyTooLarge, id, too_large(st.max_body_bytes)));
     }
     let bytes = match read_body(body, st.max_body_bytes, BODY_READ_TIMEOUT).await {
         Ok(bytes) => bytes,
-        Err(ReadBodyError::TooLarge { prefix }) => {
-            let id = scanned_request_id(&prefix);
-            return closing(answer.refused(Failure::BodyTooLarge, id, too_large));
-        }
-        Err(ReadBodyError::TimedOut { prefix }) => {
-            let message = format!(
-                "the request body did not arrive within {} s: send it whole and promptly",
-                BODY_READ_TIMEOUT.as_secs()
-            );
-            let id = scanned_request_id(&prefix);
-            return closing(answer.refused(Failure::BodyTimedOut, id, message));
-        }
-        Err(ReadBodyError::Failed { prefix, message }) => {
-            let message = format!("the request body could not be read ({message}): send it again");
-            let id = scanned_request_id(&prefix);
-            return closing(answer.refused(Failure::BodyUnreadable, id, message));
+        Err(e) => {
+            let (failure, message, prefix) = e.failure(st.max_body_bytes);
+            return closing(answer.refused(failure, scanned_request_id(&prefix), message));
         }
     };
 
@@ -608,12 +636,7 @@ async fn providers(State(st): State<AppState>, headers: HeaderMap) -> Response {
         let (failure, message) = failure.failure();
         return failure.respond(None, message);
     }
-    let body = ProvidersResponse {
-        protocol: PROTOCOL,
-        default_floor: st.engine.config().default_floor,
-        providers: st.engine.providers(),
-    };
-    axum::Json(body).into_response()
+    axum::Json(st.engine.providers_response()).into_response()
 }
 
 async fn healthz() -> Response {
@@ -665,7 +688,7 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
     )
 }
 
-async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
+pub(crate) async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
     Failure::MethodNotAllowed.respond(
         None,
         format!(
@@ -870,6 +893,8 @@ mod tests {
             Failure::BodyUnreadable,
             Failure::NotFound,
             Failure::MethodNotAllowed,
+            Failure::NotAcceptable,
+            Failure::UnsupportedMediaType,
             Failure::HeadMalformed,
             Failure::HeadTooLarge,
             Failure::UriTooLong,

@@ -1892,5 +1892,42 @@ fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
         "params": {"name": "run_code", "arguments": {"language": "python", "code": "#".repeat(70_000)}}});
     let a = mcp_post(&d.url, Some(&d.token), &big);
     assert_eq!(a.status, 413, "{}", a.body);
+    assert_eq!(a.error().error.code, "request");
+    assert_eq!(a.error().error.not_dispatched, Some(Reason::Request));
     assert_eq!(runs_total(&d.url), 1.0);
+
+    // Every other refusal on /mcp is an ErrorResponse marked not dispatched too: another
+    // method, and the transport's own refusals of a wrong Accept or Content-Type.
+    let a = answer(
+        agent()
+            .get(format!("{}/mcp", d.url))
+            .header("Authorization", format!("Bearer {}", d.token))
+            .call(),
+    );
+    assert_eq!(a.status, 405, "{}", a.body);
+    assert_eq!(a.error().error.not_dispatched, Some(Reason::Request));
+    for (accept, content_type, status) in [
+        ("text/plain", "application/json", 406),
+        ("application/json, text/event-stream", "text/plain", 415),
+    ] {
+        let a = answer(
+            agent()
+                .post(format!("{}/mcp", d.url))
+                .header("Content-Type", content_type)
+                .header("Accept", accept)
+                .header("MCP-Protocol-Version", "2025-06-18")
+                .header("Authorization", format!("Bearer {}", d.token))
+                .send(call.to_string().as_bytes()),
+        );
+        assert_eq!(a.status, status, "{}", a.body);
+        assert_eq!(a.error().error.code, "request", "{}", a.body);
+        assert_eq!(a.error().error.not_dispatched, Some(Reason::Request));
+    }
+    assert_eq!(runs_total(&d.url), 1.0, "a refused call ran");
+    // /mcp has a route label of its own in the HTTP metrics.
+    let metrics = get(&d.url, "/metrics", None).body;
+    assert!(
+        metrics.contains(r#"plimsoll_http_requests_total{route="/mcp",status="401"}"#),
+        "{metrics}"
+    );
 }

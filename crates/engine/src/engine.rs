@@ -434,6 +434,15 @@ impl Engine {
         });
     }
 
+    /// The answer to `GET /v1/providers`: the default floor and [`Engine::providers`].
+    pub fn providers_response(&self) -> plimsoll_wire::ProvidersResponse {
+        plimsoll_wire::ProvidersResponse {
+            protocol: plimsoll_wire::PROTOCOL,
+            default_floor: self.config.default_floor,
+            providers: self.providers(),
+        }
+    }
+
     /// Every configured provider, its tier, availability and evidence, cheapest first.
     pub fn providers(&self) -> Vec<ProviderInfo> {
         let mut out: Vec<(u32, ProviderInfo)> = self

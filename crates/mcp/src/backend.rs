@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use plimsoll_client::{Client, RunOptions, new_request_id};
 use plimsoll_engine::Engine;
-use plimsoll_wire::{NotDispatched, PROTOCOL, ProvidersResponse, Reason, RunResponse, Tier};
+use plimsoll_wire::{NotDispatched, ProvidersResponse, Reason, RunResponse, Tier};
 
 /// A run or a listing that gave no result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +39,7 @@ impl NotDispatched for BackendError {
 impl BackendError {
     /// Sorts any error by its not-dispatched mark: the mark is the only thing that says
     /// nothing ran, never the message text.
-    fn from_marked<E: NotDispatched + std::fmt::Display>(e: &E) -> Self {
+    pub fn from_marked<E: NotDispatched + std::fmt::Display>(e: &E) -> Self {
         match plimsoll_wire::not_dispatched_reason(e) {
             Some(reason) => BackendError::NotDispatched {
                 reason,
@@ -147,11 +147,7 @@ impl Backend for EngineBackend {
                 *all = true;
             }
         }
-        Ok(ProvidersResponse {
-            protocol: PROTOCOL,
-            default_floor: self.engine.config().default_floor,
-            providers: self.engine.providers(),
-        })
+        Ok(self.engine.providers_response())
     }
 }
 
