@@ -86,6 +86,20 @@ pub fn unprobed_engine(settings: &Settings) -> Result<Engine, Failure> {
     Ok(engine)
 }
 
+/// The embedded engine, not probed yet, with the grant profiles of `--grants FILE` (or the
+/// settings' `grants_file`), read before the engine is built: a missing secret fails at once.
+pub fn granted_engine(settings: &Settings, grants: Option<&Path>) -> Result<Engine, Failure> {
+    let grants = match grants.or(settings.grants_file.as_deref()) {
+        Some(path) => Some(Engine::load_grants(path).map_err(Failure::usage)?),
+        None => None,
+    };
+    let engine = unprobed_engine(settings)?;
+    Ok(match grants {
+        Some(grants) => engine.with_grants(grants),
+        None => engine,
+    })
+}
+
 /// The daemon URL: --daemon, else PLIMSOLL_DAEMON; `None` means the embedded engine.
 pub fn daemon_url(flag: Option<&str>) -> Option<String> {
     flag.map(str::to_owned)

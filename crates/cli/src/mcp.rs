@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, anyhow};
 use clap::Args;
-use plimsoll_engine::Engine;
 use plimsoll_mcp::{Backend, ClientBackend, EngineBackend};
 
-use crate::local::{client, daemon_url, load_settings, unprobed_engine};
+use crate::local::{client, daemon_url, granted_engine, load_settings};
 use crate::run::LOCAL_CALLER;
 use crate::{EXIT_OK, Failure};
 
@@ -38,17 +37,7 @@ pub fn mcp(config: Option<&Path>, a: &McpArgs) -> Result<u8, Failure> {
             Arc::new(ClientBackend::new(client(&url)?))
         }
         None => {
-            let settings = load_settings(config)?;
-            // Read before serving: a missing secret fails at once, not at the first call.
-            let grants_file = a.grants.clone().or_else(|| settings.grants_file.clone());
-            let grants = match &grants_file {
-                Some(path) => Some(Engine::load_grants(path).map_err(Failure::usage)?),
-                None => None,
-            };
-            let mut engine = unprobed_engine(&settings)?;
-            if let Some(grants) = grants {
-                engine = engine.with_grants(grants);
-            }
+            let engine = granted_engine(&load_settings(config)?, a.grants.as_deref())?;
             // Providers are probed at the first call that needs them, so the client's
             // handshake is answered at once.
             Arc::new(EngineBackend::lazy(Arc::new(engine), LOCAL_CALLER))

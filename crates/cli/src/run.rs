@@ -6,14 +6,14 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context as _, anyhow, bail};
 use plimsoll_client::{RunOptions, new_request_id};
-use plimsoll_engine::{Engine, ProviderEvidence};
+use plimsoll_engine::ProviderEvidence;
 use plimsoll_wire::{
     ErrorResponse, GrantCall, Language, PROTOCOL, Project, ProjectFile, Reason, RunRequest,
     RunResponse, RunResult, RunSpec, Step, Tier,
 };
 
 use crate::args::RunArgs;
-use crate::local::{client, daemon_url, load_settings, unprobed_engine};
+use crate::local::{client, daemon_url, granted_engine, load_settings};
 use crate::{EXIT_FAILED, EXIT_MAY_HAVE_RUN, EXIT_NOT_DISPATCHED, EXIT_OK, Failure};
 
 /// The caller name of runs on the embedded engine.
@@ -28,9 +28,8 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
         )));
     }
     // Checked here too, so a bad path or an empty step is a usage error and nothing is sent.
-    options
-        .clone()
-        .into_request(new_request_id())
+    let request = options.clone().into_request(new_request_id());
+    request
         .validate()
         .map_err(|r| Failure::usage(anyhow!("the request is invalid: {}", r.message)))?;
     match daemon_url(a.daemon.as_deref()) {
@@ -41,11 +40,14 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
                 )));
             }
             let client = client(&url)?;
-            match client.run(options.clone()) {
+            match client.run(options) {
                 Ok(resp) => {
                     // The client sent exactly these options under the id the answer echoes
                     // (it checked the echo and the request digest against what it sent).
-                    let sent = options.into_request(resp.request_id.clone());
+                    let sent = RunRequest {
+                        request_id: resp.request_id.clone(),
+                        ..request
+                    };
                     Ok(finish(&sent, &resp, None, a))
                 }
                 Err(e) => Ok(print_error(
@@ -57,18 +59,7 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
             }
         }
         None => {
-            let settings = load_settings(config)?;
-            // Read before the engine is built and probed: a missing secret fails at once.
-            let grants_file = a.grants.clone().or_else(|| settings.grants_file.clone());
-            let grants = match &grants_file {
-                Some(path) => Some(Engine::load_grants(path).map_err(Failure::usage)?),
-                None => None,
-            };
-            let mut engine = unprobed_engine(&settings)?;
-            if let Some(grants) = grants {
-                engine = engine.with_grants(grants);
-            }
-            let request = options.into_request(new_request_id());
+            let engine = granted_engine(&load_settings(config)?, a.grants.as_deref())?;
             engine.probe_for(
                 request.minimum_isolation,
                 request.provider.as_deref(),

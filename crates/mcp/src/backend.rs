@@ -2,10 +2,10 @@
 //! one small blocking trait.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 
 use plimsoll_client::{Client, RunOptions, new_request_id};
-use plimsoll_engine::Engine;
+use plimsoll_engine::{Engine, RunError};
 use plimsoll_wire::{NotDispatched, ProvidersResponse, Reason, RunResponse, Tier};
 
 /// A run or a listing that gave no result.
@@ -67,86 +67,69 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn providers(&self, caller: Option<&str>) -> Result<ProvidersResponse, BackendError>;
 }
 
-/// The embedded engine, in this process.
+/// The embedded engine, in this process, not probed yet (the CLI's): each run probes only
+/// what it needs, once, and `list_providers` probes every provider the first time.
 #[derive(Debug)]
 pub struct EngineBackend {
     engine: Arc<Engine>,
-    default_caller: Option<String>,
-    lazy_probe: bool,
-    /// The (floor, provider, kind) combinations already probed for, so a long-lived server
-    /// probes each once rather than before every call.
+    /// Who runs: the transport (stdio) names no caller.
+    caller: String,
+    /// The (floor, provider, kind) combinations probed for with a provider found, so a
+    /// long-lived server probes each once rather than before every call; one that found
+    /// none is probed again at its next call (this server has no periodic re-check).
     probed_for: Mutex<HashSet<(Tier, Option<String>, &'static str)>>,
-    probed_all: Mutex<bool>,
+    probed_all: Once,
 }
 
 impl EngineBackend {
-    /// An engine the caller keeps probed (the daemon's). Runs without a caller from the
-    /// transport are refused (`permission`).
-    pub fn probed(engine: Arc<Engine>) -> Self {
-        EngineBackend {
-            engine,
-            default_caller: None,
-            lazy_probe: false,
-            probed_for: Mutex::new(HashSet::new()),
-            probed_all: Mutex::new(false),
-        }
-    }
-
-    /// An engine not probed yet (the CLI's): each run probes only what it needs, once, and
-    /// `list_providers` probes every provider the first time. Runs are by `caller`.
+    /// Runs by `caller` on `engine`, probed as runs need it.
     pub fn lazy(engine: Arc<Engine>, caller: impl Into<String>) -> Self {
         EngineBackend {
             engine,
-            default_caller: Some(caller.into()),
-            lazy_probe: true,
+            caller: caller.into(),
             probed_for: Mutex::new(HashSet::new()),
-            probed_all: Mutex::new(false),
+            probed_all: Once::new(),
         }
-    }
-
-    fn caller<'a>(&'a self, caller: Option<&'a str>) -> Result<&'a str, BackendError> {
-        caller
-            .or(self.default_caller.as_deref())
-            .ok_or_else(|| BackendError::NotDispatched {
-                reason: Reason::Permission,
-                message: "no authenticated caller: connect with a caller's bearer token".into(),
-            })
     }
 }
 
 impl Backend for EngineBackend {
     fn run(&self, caller: Option<&str>, options: RunOptions) -> Result<RunResponse, BackendError> {
-        let caller = self.caller(caller)?;
+        let caller = caller.unwrap_or(&self.caller);
         let request = options.into_request(new_request_id());
-        if self.lazy_probe {
-            let floor = request
-                .minimum_isolation
-                .unwrap_or(self.engine.config().default_floor);
-            let key = (floor, request.provider.clone(), request.run.kind());
+        let floor = request
+            .minimum_isolation
+            .unwrap_or(self.engine.config().default_floor);
+        let key = (floor, request.provider.clone(), request.run.kind());
+        {
             let mut done = self.probed_for.lock().unwrap_or_else(|p| p.into_inner());
-            if !done.contains(&key) {
+            if done.insert(key.clone()) {
                 self.engine.probe_for(
                     request.minimum_isolation,
                     request.provider.as_deref(),
                     &request.run,
                 );
-                done.insert(key);
             }
         }
-        self.engine
-            .run(caller, &request)
-            .map_err(|e| BackendError::from_marked(&e))
+        let result = self.engine.run(caller, &request);
+        if matches!(
+            &result,
+            Err(RunError::Refused {
+                reason: Reason::Isolation | Reason::Environment,
+                ..
+            })
+        ) {
+            // No provider was found for it: probe again next time.
+            self.probed_for
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+        }
+        result.map_err(|e| BackendError::from_marked(&e))
     }
 
-    fn providers(&self, caller: Option<&str>) -> Result<ProvidersResponse, BackendError> {
-        self.caller(caller)?;
-        if self.lazy_probe {
-            let mut all = self.probed_all.lock().unwrap_or_else(|p| p.into_inner());
-            if !*all {
-                self.engine.probe_all();
-                *all = true;
-            }
-        }
+    fn providers(&self, _caller: Option<&str>) -> Result<ProvidersResponse, BackendError> {
+        self.probed_all.call_once(|| self.engine.probe_all());
         Ok(self.engine.providers_response())
     }
 }

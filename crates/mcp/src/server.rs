@@ -37,7 +37,6 @@ the request, the result and the run record.";
 #[derive(Debug, Clone)]
 pub struct PlimsollMcp {
     backend: Arc<dyn Backend>,
-    output_cap: usize,
     tool_router: ToolRouter<Self>,
 }
 
@@ -83,15 +82,8 @@ impl PlimsollMcp {
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         PlimsollMcp {
             backend,
-            output_cap: render::DEFAULT_OUTPUT_CAP,
             tool_router: Self::tool_router(),
         }
-    }
-
-    /// Shows at most `bytes` of each output stream and artifact (the rest is flagged).
-    pub fn with_output_cap(mut self, bytes: usize) -> Self {
-        self.output_cap = bytes;
-        self
     }
 
     async fn run(
@@ -100,7 +92,7 @@ impl PlimsollMcp {
         options: plimsoll_client::RunOptions,
     ) -> CallToolResult {
         let backend = Arc::clone(&self.backend);
-        let cap = self.output_cap;
+        let cap = render::DEFAULT_OUTPUT_CAP;
         match blocking(move || backend.run(caller.as_deref(), options)).await {
             Ok(resp) => {
                 let v = render::run_structured(&resp, cap);
