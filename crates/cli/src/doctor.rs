@@ -10,7 +10,7 @@ use plimsoll_wire::{ProviderInfo, Tier};
 use serde_json::{Value, json};
 
 use crate::args::DoctorArgs;
-use crate::host::{self, CgroupLayout, Kvm};
+use crate::host::{self, CgroupLayout, Kvm, one_line};
 use crate::local::{load_settings, settings_path};
 use crate::{EXIT_FAILED, EXIT_OK, Failure};
 
@@ -303,13 +303,6 @@ impl Findings {
         }
         s
     }
-}
-
-fn one_line(s: Option<&str>) -> String {
-    s.unwrap_or("no reason given")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Runs `plimsoll doctor`.

@@ -11,7 +11,15 @@ use plimsoll_engine::settings::{
 use plimsoll_wire::{ProviderInfo, Tier};
 
 use crate::Failure;
-use crate::local::unprobed_engine;
+use crate::local::embedded_engine;
+
+/// A reason on one line (`no reason given` when there is none), for a listing.
+pub fn one_line(s: Option<&str>) -> String {
+    s.unwrap_or("no reason given")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 /// Probes the providers `names` under `settings` (its own `providers` list is replaced) and
 /// returns what each probe found, in `names` order. Probing runs real sandboxes, so it
@@ -19,15 +27,14 @@ use crate::local::unprobed_engine;
 pub fn probe(settings: &Settings, names: &[String]) -> Result<Vec<ProviderInfo>, Failure> {
     let mut s = settings.clone();
     s.providers = Some(names.to_vec());
-    let engine = unprobed_engine(&s)?;
-    crate::progress(&format!(
+    crate::note(&format!(
         "probing {} provider(s) ({}): each runs the probe inside its wall; a VM under TCG takes \
          about 15 s",
         names.len(),
         names.join(", ")
     ));
     let started = Instant::now();
-    engine.probe_all();
+    let engine = embedded_engine(&s)?;
     let mut found = engine.providers();
     found.sort_by_key(|p| names.iter().position(|n| *n == p.name));
     let offered: Vec<&str> = found
@@ -35,7 +42,7 @@ pub fn probe(settings: &Settings, names: &[String]) -> Result<Vec<ProviderInfo>,
         .filter(|p| p.available)
         .map(|p| p.name.as_str())
         .collect();
-    crate::progress(&format!(
+    crate::note(&format!(
         "probed in {:.1} s: {} offered{}",
         started.elapsed().as_secs_f64(),
         offered.len(),

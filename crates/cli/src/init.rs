@@ -13,7 +13,7 @@ use plimsoll_engine::settings::Settings;
 use plimsoll_wire::{ProviderInfo, Tier};
 
 use crate::args::InitArgs;
-use crate::host;
+use crate::host::{self, one_line};
 use crate::local::{DEFAULT_CONFIG, ensure_state_dir};
 use crate::{EXIT_FAILED, EXIT_OK, Failure};
 
@@ -38,6 +38,15 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
         )));
     }
     let names = a.providers.clone().unwrap_or_else(host::all_providers);
+    if let Some(unknown) = names
+        .iter()
+        .find(|n| !plimsoll_engine::settings::PROVIDER_NAMES.contains(&n.as_str()))
+    {
+        return Err(Failure::usage(anyhow!(
+            "--providers: there is no provider `{unknown}`; the providers are {}",
+            plimsoll_engine::settings::PROVIDER_NAMES.join(", ")
+        )));
+    }
     let callers_file = a
         .callers_file
         .clone()
@@ -75,7 +84,11 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
     let text = render(&settings, &found);
     if !found.iter().any(|p| p.available) {
         for p in &found {
-            crate::note(&format!("{}: {}", p.name, reason(p)));
+            crate::note(&format!(
+                "{}: {}",
+                p.name,
+                one_line(p.unavailable_reason.as_deref())
+            ));
         }
         return Err(Failure {
             status: EXIT_FAILED,
@@ -154,7 +167,13 @@ pub fn render(settings: &Settings, found: &[ProviderInfo]) -> String {
     if !failed.is_empty() {
         let _ = writeln!(s, "# Not offered (left out of `providers`):");
         for p in &failed {
-            let _ = writeln!(s, "#   {} (tier {}): {}", p.name, p.isolation, reason(p));
+            let _ = writeln!(
+                s,
+                "#   {} (tier {}): {}",
+                p.name,
+                p.isolation,
+                one_line(p.unavailable_reason.as_deref())
+            );
         }
     }
     let list: Vec<String> = passed.iter().map(|p| quote(&p.name)).collect();
@@ -217,15 +236,6 @@ pub fn render(settings: &Settings, found: &[ProviderInfo]) -> String {
 }
 
 /// Why a provider is not offered, on one line.
-fn reason(p: &ProviderInfo) -> String {
-    p.unavailable_reason
-        .as_deref()
-        .unwrap_or("no reason given")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn quote(s: &str) -> String {
     toml::Value::String(s.to_owned()).to_string()
 }

@@ -105,11 +105,6 @@ pub fn note(message: &str) {
     }
 }
 
-/// Progress of something slow on stderr (`plimsoll: ...`), unless `--quiet`.
-pub fn progress(message: &str) {
-    note(message);
-}
-
 /// Logs go to stderr, filtered by PLIMSOLL_LOG (default `error`: a run's own stderr shares
 /// the stream, and what a user needs is in the header or the error message).
 fn init_logging() {
