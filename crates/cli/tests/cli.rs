@@ -454,7 +454,10 @@ fn init_writes_what_passed_makes_the_directories_adds_a_caller_and_will_not_over
         text(&out.stderr)
     );
     assert!(!config.exists());
-    assert!(!state.exists(), "the state directory was made for a refused init");
+    assert!(
+        !state.exists(),
+        "the state directory was made for a refused init"
+    );
 
     let out = init(&[]);
     assert_eq!(out.status.code(), Some(0));

@@ -37,20 +37,7 @@ const FORMAT: u64 = 1;
 /// is judged tampered with.
 const FUTURE_SLACK_MS: u64 = 5_000;
 
-/// A file's identity: device, inode, size, modification and change times (s, ns).
-type Identity = [i128; 7];
-
-fn identity(m: &std::fs::Metadata) -> Identity {
-    [
-        i128::from(m.dev()),
-        i128::from(m.ino()),
-        i128::from(m.size()),
-        i128::from(m.mtime()),
-        i128::from(m.mtime_nsec()),
-        i128::from(m.ctime()),
-        i128::from(m.ctime_nsec()),
-    ]
-}
+use plimsoll_sandbox::evidence::{FileIdentity as Identity, file_identity as identity};
 
 /// The evidence cache of one engine configuration.
 #[derive(Debug, Clone)]
@@ -214,11 +201,17 @@ impl EvidenceCache {
                 .unwrap_or_default(),
             _ => serde_json::Map::new(),
         };
+        // Each binary's identity is taken from the descriptor its digest is read through
+        // (remembered from the probe, unless the file changed since): a binary replaced
+        // between the probe and now is not stored under its new identity with the old digest.
         let mut identities = BTreeMap::new();
         for b in &evidence.binaries {
-            if let Ok(m) = std::fs::metadata(&b.path) {
-                identities.insert(b.path.clone(), identity(&m));
+            let (id, digest) =
+                plimsoll_sandbox::evidence::sha256_file_identified(Path::new(&b.path))?;
+            if digest != b.sha256 {
+                return Err(format!("{} changed since its probe", b.path));
             }
+            identities.insert(b.path.clone(), id);
         }
         providers.insert(
             evidence.provider.clone(),
@@ -405,6 +398,24 @@ mod tests {
             cache.lookup("process", now),
             Err(CacheMiss::BinaryChanged { .. })
         ));
+    }
+
+    /// A binary replaced between its probe and the store is not stored under its new
+    /// identity beside the digest of the old content.
+    #[test]
+    fn a_binary_replaced_since_its_probe_is_not_stored() {
+        if !root() {
+            return;
+        }
+        let (_dir, cache, ev, now) = setup();
+        let bin = &ev.binaries[0].path;
+        std::fs::write(bin, b"replaced after the probe").unwrap();
+        let e = cache.store(&ev).unwrap_err();
+        assert!(e.contains("changed since its probe"), "{e}");
+        assert_eq!(
+            cache.lookup("process", now),
+            Err(CacheMiss::BinaryChanged { path: bin.clone() })
+        );
     }
 
     #[test]

@@ -37,28 +37,14 @@ pub fn availability(provider: &str, checks: &BTreeMap<String, String>) -> Result
     }
 }
 
-/// The hex SHA-256 of a file; the error names the file.
-///
-/// Probes name every binary they rely on by digest, at start-up and at every re-check, and
-/// several providers name the same files (the agent, the probe, the trial runner: 10 to
-/// 200 MB each). So a digest is remembered per path together with the file's identity
-/// (device, inode, size, modification and change times, to the nanosecond) and computed
-/// again only when any of those changed: any write or replacement changes the change time.
-pub fn sha256_file(path: &Path) -> Result<String, String> {
-    use sha2::Digest as _;
-    use std::collections::HashMap;
-    use std::io::Read as _;
+/// A file's identity: device, inode, size, modification and change times (s, ns). Any write
+/// or replacement of the file changes it (the change time at least).
+pub type FileIdentity = (u64, u64, u64, i64, i64, i64, i64);
+
+/// The identity of the file `m` describes.
+pub fn file_identity(m: &std::fs::Metadata) -> FileIdentity {
     use std::os::unix::fs::MetadataExt as _;
-    use std::path::PathBuf;
-    use std::sync::{Mutex, OnceLock};
-
-    type Identity = (u64, u64, u64, i64, i64, i64, i64);
-    static KNOWN: OnceLock<Mutex<HashMap<PathBuf, (Identity, String)>>> = OnceLock::new();
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
-
-    let mut f = std::fs::File::open(path).map_err(cannot)?;
-    let m = f.metadata().map_err(cannot)?;
-    let identity = (
+    (
         m.dev(),
         m.ino(),
         m.size(),
@@ -66,12 +52,39 @@ pub fn sha256_file(path: &Path) -> Result<String, String> {
         m.mtime_nsec(),
         m.ctime(),
         m.ctime_nsec(),
-    );
+    )
+}
+
+/// The hex SHA-256 of a file; the error names the file.
+pub fn sha256_file(path: &Path) -> Result<String, String> {
+    sha256_file_identified(path).map(|(_, digest)| digest)
+}
+
+/// The identity of the file at `path` as it was opened, and the hex SHA-256 of what was read
+/// through that same descriptor; the error names the file.
+///
+/// Probes name every binary they rely on by digest, at start-up and at every re-check, and
+/// several providers name the same files (the agent, the probe, the trial runner: 10 to
+/// 200 MB each). So a digest is remembered per path together with the file's identity
+/// (device, inode, size, modification and change times, to the nanosecond) and computed
+/// again only when any of those changed: any write or replacement changes the change time.
+pub fn sha256_file_identified(path: &Path) -> Result<(FileIdentity, String), String> {
+    use sha2::Digest as _;
+    use std::collections::HashMap;
+    use std::io::Read as _;
+    use std::path::PathBuf;
+    use std::sync::{Mutex, OnceLock};
+
+    static KNOWN: OnceLock<Mutex<HashMap<PathBuf, (FileIdentity, String)>>> = OnceLock::new();
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+
+    let mut f = std::fs::File::open(path).map_err(cannot)?;
+    let identity = file_identity(&f.metadata().map_err(cannot)?);
     let known = KNOWN.get_or_init(Default::default);
     if let Some((seen, digest)) = known.lock().unwrap_or_else(|p| p.into_inner()).get(path)
         && *seen == identity
     {
-        return Ok(digest.clone());
+        return Ok((identity, digest.clone()));
     }
     let mut h = sha2::Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -87,7 +100,7 @@ pub fn sha256_file(path: &Path) -> Result<String, String> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(path.to_owned(), (identity, digest.clone()));
-    Ok(digest)
+    Ok((identity, digest))
 }
 
 /// The probe ran as `expected` (uid, euid, gid) with no other group.
