@@ -132,10 +132,15 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
         let providers = engine_settings
             .providers
             .as_ref()
-            .map_or(plimsoll_engine::settings::PROVIDER_NAMES.len(), Vec::len)
-            as u32;
-        let uid_base =
-            engine_uids.sandbox_uid_base + 2 * engine_uids.max_concurrent as u32 + providers.max(1);
+            .map_or(plimsoll_engine::settings::PROVIDER_NAMES.len(), Vec::len);
+        let uid_base = plimsoll_engine::uid_range_end(
+            engine_uids.sandbox_uid_base,
+            engine_uids.max_concurrent,
+            providers,
+        )
+        .ok_or_else(|| {
+            Failure::usage(anyhow!("the embedded engine's uid range is out of range"))
+        })?;
         Some(
             BenchDaemon::start(&config_text, &available, uid_base, dir.path())
                 .map_err(Failure::failed)?,

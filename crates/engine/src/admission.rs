@@ -29,6 +29,17 @@ pub fn probe_uid(base: u32, max_total: usize, index: usize) -> u32 {
     }
 }
 
+/// One past the last uid an engine with `max_total` run slots and `providers` providers
+/// uses from `base`: run uids, the first probe uid, controller uids, then one probe uid per
+/// further provider (`None` past `u32`).
+pub fn uid_range_end(base: u32, max_total: usize, providers: usize) -> Option<u32> {
+    u32::try_from(max_total)
+        .ok()?
+        .checked_mul(2)?
+        .checked_add(u32::try_from(providers.max(1)).ok()?)?
+        .checked_add(base)
+}
+
 /// Counts runs in flight. Over a limit, a run is refused at once (`capacity`), never queued.
 #[derive(Debug)]
 pub struct Admission {
@@ -209,6 +220,10 @@ mod tests {
             assert_eq!(
                 *uids.last().unwrap(),
                 base + 2 * max as u32 + providers as u32 - 1
+            );
+            assert_eq!(
+                uid_range_end(base, max, providers),
+                Some(*uids.last().unwrap() + 1)
             );
             assert!(crate::engine::validate_uid_range(base, max, providers).is_ok());
         }

@@ -697,11 +697,7 @@ pub(crate) fn validate_uid_range(
     providers: usize,
 ) -> Result<(), BuildEngineError> {
     const LOWEST: u32 = 65_536;
-    let top = u32::try_from(max_concurrent)
-        .ok()
-        .and_then(|n| n.checked_mul(2))
-        .and_then(|n| n.checked_add(u32::try_from(providers.saturating_sub(1)).ok()?))
-        .and_then(|n| base.checked_add(n));
+    let top = crate::admission::uid_range_end(base, max_concurrent, providers).map(|end| end - 1);
     match top {
         Some(top) if base >= LOWEST && top < u32::MAX - 1 => Ok(()),
         _ => Err(BuildEngineError::Invalid(format!(

@@ -11,7 +11,7 @@ mod providers;
 mod routing;
 pub mod settings;
 
-pub use admission::{Admission, Permit};
+pub use admission::{Admission, Permit, uid_range_end};
 pub use config::{EngineConfig, LimitPolicy};
 pub use engine::{BuildEngineError, Engine, ProviderEvidence, RunError};
 pub use evidence_cache::{CacheMiss, EvidenceCache};
