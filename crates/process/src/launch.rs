@@ -138,16 +138,20 @@ impl RunDir {
             fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(create_err(path))
         };
         mkdir(run_dir, 0o711)?;
+        // Locked under another name, then renamed: a reap (which opens only LOCK_FILE) never
+        // finds the file before it is locked, so it cannot take a new run's directory.
         let lock_path = run_dir.join(LOCK_FILE);
+        let unlocked_path = run_dir.join(format!("{LOCK_FILE}.new"));
         let lock = fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC)
-            .open(&lock_path)
+            .open(&unlocked_path)
             .and_then(|f| {
                 rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+                fs::rename(&unlocked_path, &lock_path)?;
                 Ok(f)
             });
         let lock = match lock {
