@@ -2,9 +2,10 @@
 //! calls inside a real container (tests/seccomp/probe.py). At crun and runc every call
 //! `data/seccomp.json` allows must reach the kernel, and every call it does not allow must
 //! fail with the profile's errno (docs/container-tier.md: EPERM by default, ENOSYS for
-//! `clone3`; x32 entry points refused). runsc applies no OCI seccomp (the guest's calls go
-//! to gVisor's Sentry): there the allowed calls must still work, and namespace creation and
-//! mount must fail.
+//! `clone3`; x32 entry points refused). runsc runs with its own profile
+//! (`data/seccomp-runsc.json`, applied inside the sandbox with `--oci-seccomp`), which denies
+//! namespace creation only: there the allowed calls must still work, and namespace creation
+//! and mount must fail.
 
 #[macro_use]
 mod common;
@@ -113,7 +114,7 @@ fn checks(kind: RuntimeKind) -> Result<Vec<Check>, String> {
         expect,
     };
     if kind == RuntimeKind::Runsc {
-        // The kernel tier: no OCI seccomp, but no namespace may be made and nothing mounted.
+        // The kernel tier: the runsc profile denies namespaces only; mount fails in gVisor.
         checks.extend(seccomp::namespaces(&numbers, Expect::Fails, Expect::Fails));
         checks.push(one("deny mount", "mount", &[-1; 5], false, Expect::Fails));
         return Ok(checks);
