@@ -6,7 +6,36 @@ use plimsoll_wire::{
     Language, PROTOCOL, RunRecord, RunRequest, RunResponse, RunResult, RunSpec, Snippet, Tier,
 };
 
+use crate::bundle::{sign_close, sign_exchange};
 use crate::exchange::Exchange;
+use crate::keys::AttestKey;
+use crate::line::envelope_sha256;
+use crate::statement::GENESIS_SHA256;
+
+/// The lines (without newlines) of a closed bundle of `n` sample exchanges numbered from
+/// `first`, signed by `key`.
+pub fn sample_bundle_lines(key: &AttestKey, first: u64, n: u64) -> Vec<Vec<u8>> {
+    let mut lines = Vec::new();
+    let mut previous = GENESIS_SHA256.to_owned();
+    for i in 0..n {
+        let line = sign_exchange(key, &sample_exchange(first + i), i, &previous)
+            .expect("a sample exchange checks");
+        previous = envelope_sha256(&line.envelope);
+        lines.push(line.to_bytes());
+    }
+    lines.push(sign_close(key, n, &previous).to_bytes());
+    lines
+}
+
+/// `lines` as a bundle file: each followed by a newline.
+pub fn join_lines(lines: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in lines {
+        out.extend_from_slice(l);
+        out.push(b'\n');
+    }
+    out
+}
 
 /// The `n`th sample: a Python snippet printing `n`, run on the process tier at fixed times.
 pub fn sample_exchange(n: u64) -> Exchange {

@@ -8,12 +8,12 @@ use std::process::Output;
 use plimsoll_attest::bundle::{close_statement, entry_statement};
 use plimsoll_attest::dsse::{PAYLOAD_TYPE, pae};
 use plimsoll_attest::line::envelope_sha256;
-use plimsoll_attest::sample::{restate_digests, sample_exchange};
+use plimsoll_attest::sample::{join_lines, restate_digests, sample_bundle_lines, sample_exchange};
 use plimsoll_attest::statement::{GENESIS_SHA256, to_payload};
 use plimsoll_attest::{
     AppendError, AttestKey, BundleLine, LineProblem, PublicKey, SignExchangeError,
-    VerifyBundleError, append_entry, check_exchange, close_bundle, sign_close, sign_exchange,
-    verify_bundle, verify_bundle_bytes,
+    VerifyBundleError, append_entry, check_exchange, close_bundle, sign_exchange, verify_bundle,
+    verify_bundle_bytes,
 };
 use plimsoll_engine::env;
 
@@ -38,32 +38,18 @@ fn skip(test: &str, reason: &str) -> bool {
 
 /// A bundle of `n` entries (sample exchanges), closed, signed by `key`.
 fn bundle_bytes(key: &AttestKey, n: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut previous = GENESIS_SHA256.to_owned();
-    for i in 0..n {
-        let line = sign_exchange(key, &sample_exchange(i), i, &previous).unwrap();
-        previous = envelope_sha256(&line.envelope);
-        out.extend_from_slice(&line.to_bytes());
-        out.push(b'\n');
-    }
-    out.extend_from_slice(&sign_close(key, n, &previous).to_bytes());
-    out.push(b'\n');
-    out
+    bundle_bytes_from(key, 0, n)
+}
+
+/// Like [`bundle_bytes`] but with exchanges numbered from `first`.
+fn bundle_bytes_from(key: &AttestKey, first: u64, n: u64) -> Vec<u8> {
+    join_lines(&sample_bundle_lines(key, first, n))
 }
 
 fn lines_of(bytes: &[u8]) -> Vec<Vec<u8>> {
     let mut v: Vec<Vec<u8>> = bytes.split(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
     assert_eq!(v.pop(), Some(vec![]), "a bundle ends with a newline");
     v
-}
-
-fn join(lines: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for l in lines {
-        out.extend_from_slice(l);
-        out.push(b'\n');
-    }
-    out
 }
 
 fn refusal(bytes: &[u8], key: &PublicKey) -> String {
@@ -296,64 +282,66 @@ fn dropped_duplicated_reordered_and_unclosed_are_refused_by_name() {
     let mut l = lines.clone();
     l.remove(1);
     assert_eq!(
-        refusal(&join(&l), pk),
+        refusal(&join_lines(&l), pk),
         "line 2 (sequence 2): sequence 2 where 1 was expected: 1 entry missing before it, or out of order"
     );
     // The last entry dropped (the close then counts one more).
     let mut l = lines.clone();
     l.remove(2);
     assert_eq!(
-        refusal(&join(&l), pk),
+        refusal(&join_lines(&l), pk),
         "line 3 (sequence 3): sequence 3 where 2 was expected: 1 entry missing before it, or out of order"
     );
     // The first entry dropped.
     let mut l = lines.clone();
     l.remove(0);
     assert!(
-        refusal(&join(&l), pk).starts_with("line 1 (sequence 1): sequence 1 where 0 was expected")
+        refusal(&join_lines(&l), pk)
+            .starts_with("line 1 (sequence 1): sequence 1 where 0 was expected")
     );
     // An entry duplicated.
     let mut l = lines.clone();
     l.insert(2, lines[1].clone());
     assert_eq!(
-        refusal(&join(&l), pk),
+        refusal(&join_lines(&l), pk),
         "line 3 (sequence 1): sequence 1 where 2 was expected: an entry is repeated or out of order"
     );
     // Two entries swapped.
     let mut l = lines.clone();
     l.swap(0, 1);
     assert_eq!(
-        refusal(&join(&l), pk),
+        refusal(&join_lines(&l), pk),
         "line 1 (sequence 1): sequence 1 where 0 was expected: 1 entry missing before it, or out of order"
     );
     // The close dropped.
     let l = lines[..3].to_vec();
     assert_eq!(
-        refusal(&join(&l), pk),
+        refusal(&join_lines(&l), pk),
         "no close: the bundle ends at line 3 (sequence 2) after 3 entries; it was cut short, or never closed (`plimsoll-attest close`)"
     );
     // The close moved before the last entry.
     let mut l = lines.clone();
     l.swap(2, 3);
     assert!(
-        refusal(&join(&l), pk).starts_with("line 3 (sequence 3): sequence 3 where 2 was expected")
+        refusal(&join_lines(&l), pk)
+            .starts_with("line 3 (sequence 3): sequence 3 where 2 was expected")
     );
     // A line after the close.
     let mut l = lines.clone();
     l.push(lines[0].clone());
     assert_eq!(
-        refusal(&join(&l), pk),
+        refusal(&join_lines(&l), pk),
         "line 5 (expected sequence 3): follows the close at line 4: nothing may follow a close"
     );
     // The close duplicated.
     let mut l = lines.clone();
     l.push(lines[3].clone());
-    assert!(refusal(&join(&l), pk).contains("follows the close at line 4"));
+    assert!(refusal(&join_lines(&l), pk).contains("follows the close at line 4"));
     // An entry with the right sequence from another bundle of the same signer.
     let other = lines_of(&bundle_bytes_from(&key, 10, 3));
     let mut l = lines.clone();
     l[1] = other[1].clone();
-    let msg = refusal(&join(&l), pk);
+    let msg = refusal(&join_lines(&l), pk);
     assert!(
         msg.starts_with("line 2 (sequence 1): names ") && msg.contains("as its predecessor"),
         "{msg}"
@@ -369,21 +357,6 @@ fn dropped_duplicated_reordered_and_unclosed_are_refused_by_name() {
         "the bundle is empty: it holds no entry and no close"
     );
     assert!(refusal(b"\n", pk).starts_with("line 1 (expected sequence 0): empty line"));
-}
-
-/// Like [`bundle_bytes`] but with exchanges numbered from `first`.
-fn bundle_bytes_from(key: &AttestKey, first: u64, n: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut previous = GENESIS_SHA256.to_owned();
-    for i in 0..n {
-        let line = sign_exchange(key, &sample_exchange(first + i), i, &previous).unwrap();
-        previous = envelope_sha256(&line.envelope);
-        out.extend_from_slice(&line.to_bytes());
-        out.push(b'\n');
-    }
-    out.extend_from_slice(&sign_close(key, n, &previous).to_bytes());
-    out.push(b'\n');
-    out
 }
 
 #[test]
@@ -405,7 +378,7 @@ fn the_wrong_key_is_refused() {
     let mut line: BundleLine = serde_json::from_slice(&l[0]).unwrap();
     line.envelope.signatures[0].keyid = other.key_id().to_owned();
     l[0] = line.to_bytes();
-    assert!(refusal(&join(&l), other.public()).ends_with(
+    assert!(refusal(&join_lines(&l), other.public()).ends_with(
         "the signature does not verify: the signed statement was changed or signed by another key"
     ));
 }
@@ -421,7 +394,7 @@ fn edits_to_the_stored_exchange_are_refused_by_name() {
         let mut line: BundleLine = serde_json::from_slice(&l[1]).unwrap();
         f(&mut line);
         l[1] = line.to_bytes();
-        refusal(&join(&l), pk)
+        refusal(&join_lines(&l), pk)
     };
     // The output changed, digests left stale.
     let msg = edit(&|l| l.exchange.as_mut().unwrap().response.result.stdout = "9\n".into());
@@ -475,7 +448,8 @@ fn edits_to_the_stored_exchange_are_refused_by_name() {
         .replacen(":", ": ", 1);
     l[1] = text.into_bytes();
     assert!(
-        refusal(&join(&l), pk).starts_with("line 2 (expected sequence 1): not in canonical form")
+        refusal(&join_lines(&l), pk)
+            .starts_with("line 2 (expected sequence 1): not in canonical form")
     );
 }
 

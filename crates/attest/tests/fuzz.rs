@@ -7,10 +7,8 @@
 //! Cases per property are bounded (`PROPTEST_CASES` raises them; DEVELOPERS.md). Failures are
 //! kept in `tests/fuzz.proptest-regressions` and replayed first: commit that file.
 
-use plimsoll_attest::line::envelope_sha256;
-use plimsoll_attest::sample::sample_exchange;
-use plimsoll_attest::statement::GENESIS_SHA256;
-use plimsoll_attest::{AttestKey, VerifiedBundle, sign_close, sign_exchange, verify_bundle_bytes};
+use plimsoll_attest::sample::{join_lines, sample_bundle_lines};
+use plimsoll_attest::{AttestKey, VerifiedBundle, verify_bundle_bytes};
 use proptest::prelude::*;
 
 #[path = "../../../tests/fuzz/common.rs"]
@@ -19,28 +17,6 @@ use common::config;
 
 fn key() -> AttestKey {
     AttestKey::from_seed(&[7; 32])
-}
-
-/// A closed bundle of `n` sample entries, one line each.
-fn bundle_lines(key: &AttestKey, n: u64) -> Vec<Vec<u8>> {
-    let mut lines = Vec::new();
-    let mut previous = GENESIS_SHA256.to_owned();
-    for i in 0..n {
-        let line = sign_exchange(key, &sample_exchange(i), i, &previous).unwrap();
-        previous = envelope_sha256(&line.envelope);
-        lines.push(line.to_bytes());
-    }
-    lines.push(sign_close(key, n, &previous).to_bytes());
-    lines
-}
-
-fn join(lines: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for l in lines {
-        out.extend_from_slice(l);
-        out.push(b'\n');
-    }
-    out
 }
 
 /// What a verified bundle says, to compare.
@@ -143,13 +119,13 @@ proptest! {
         unterminated in any::<bool>(),
     ) {
         let key = key();
-        let lines = bundle_lines(&key, n);
-        let original = verify_bundle_bytes(&join(&lines), key.public()).unwrap();
+        let lines = sample_bundle_lines(&key, 0, n);
+        let original = verify_bundle_bytes(&join_lines(&lines), key.public()).unwrap();
         let mut edited = lines.clone();
         for e in &edits {
             apply(&mut edited, e);
         }
-        let mut bytes = join(&edited);
+        let mut bytes = join_lines(&edited);
         if unterminated {
             bytes.pop();
         }
