@@ -33,11 +33,14 @@ TARGET = ROOT / "target" / "debug"
 PLIMSOLL = TARGET / "plimsoll"
 PLIMSOLLD = TARGET / "plimsolld"
 INSPECTOR = ROOT / "tests" / "mcp" / "inspector" / "node_modules" / ".bin" / "mcp-inspector"
-CI = os.environ.get("CI") == "true"
+CI = os.environ.get("CI") in ("true", "1")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Sandbox uids: above every range the Rust tests derive from ports (1e9 + port * 1024), and
 # derived from a port this process holds, so two runs at once never share one.
 UID_BASE = 1_100_000_000
+# Each engine of this suite (stdio, the daemon, the inspector's stdio) gets its own uids: with
+# max_concurrent 4 and two providers an engine uses base..base+2*4+2-1 (10 uids); 32 apart.
+UIDS_PER_INSTANCE = 32
 UIDS_PER_PORT = 1024
 
 results = {"passed": 0, "failed": 0}
@@ -294,17 +297,22 @@ class Daemon:
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(Path(tmp) / "plimsolld.log", "w")
         self.proc = subprocess.Popen([str(PLIMSOLLD), "--config", str(cfg)], stdout=self.log, stderr=self.log, env=clean_env())
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"plimsolld exited: {(Path(tmp) / 'plimsolld.log').read_text()}")
-            try:
-                if httpx2.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx2.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("plimsolld did not become ready in 120 s")
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"plimsolld exited: {(Path(tmp) / 'plimsolld.log').read_text()}")
+                try:
+                    if httpx2.get(self.url + "/readyz", timeout=2).status_code == 200:
+                        return
+                except httpx2.HTTPError:
+                    pass
+                time.sleep(0.2)
+            raise RuntimeError("plimsolld did not become ready in 120 s")
+        except BaseException:
+            # Not ready: nobody else will stop it.
+            self.stop()
+            raise
 
     def runs_counted(self):
         text = httpx2.get(self.url + "/metrics", timeout=5).text
@@ -361,7 +369,7 @@ async def over_http(daemon, strict_tier):
 
     before = daemon.runs_counted()
     check("http: runs through /mcp are the daemon's runs (counted in its metrics)",
-          lambda: (_ for _ in ()).throw(AssertionError(before)) if before < 4 else None)
+          lambda: expect(before >= 4, before))
     headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     no_token = httpx2.post(mcp_url, json=CALL, headers=headers, timeout=30)
     wrong = httpx2.post(mcp_url, json=CALL, headers=headers | {"Authorization": "Bearer plm_not-a-real-token"}, timeout=30)
@@ -398,18 +406,26 @@ async def over_http(daemon, strict_tier):
         headers=headers | {"Authorization": f"Bearer {daemon.token}"}, timeout=60,
     )
     check("http: a body over [daemon].max_body_bytes is refused with 413",
-          lambda: (_ for _ in ()).throw(AssertionError(big.status_code)) if big.status_code != 413 else None)
+          lambda: expect(big.status_code == 413, big.status_code))
 
 
 # --- the inspector -------------------------------------------------------------------------
 
 
 def inspector(args, timeout=180):
-    out = subprocess.run(
-        ["node", str(INSPECTOR), "--cli", *args], capture_output=True, text=True, timeout=timeout,
-        env=clean_env(), cwd=str(ROOT),
-    )
-    return out
+    """The Inspector's CLI; one that does not end in `timeout` s is a failed run (returncode
+    None), so the check fails and the suite goes on (and stops its daemon)."""
+    try:
+        return subprocess.run(
+            ["node", str(INSPECTOR), "--cli", *args], capture_output=True, text=True, timeout=timeout,
+            env=clean_env(), cwd=str(ROOT),
+        )
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(e.cmd, None, e.stdout or "", f"timed out after {timeout} s")
+
+
+def expect(condition, message):
+    assert condition, message
 
 
 def inspector_checks(label, target, strict_tier):
@@ -521,33 +537,36 @@ def main():
         probe.close()
         daemon = None
         try:
-            daemon = Daemon(str(http_dir), uid_base + 8 * 2 + 16, dport)
+            daemon = Daemon(str(http_dir), uid_base + UIDS_PER_INSTANCE, dport)
             asyncio.run(over_http(daemon, strict_tier))
         except Exception:  # noqa: BLE001
             results["failed"] += 1
             print("FAIL python sdk, streamable http: the session failed")
             traceback.print_exc()
 
-        if not INSPECTOR.exists():
-            skip_or_fail("inspector", f"{INSPECTOR} is missing: run scripts/mcp-test-env")
-        else:
-            insp_dir = Path(tmp) / "inspector"
-            insp_dir.mkdir()
-            cfg = settings(str(insp_dir), uid_base + 64, None)
-            # The inspector takes --config for itself: the settings go by PLIMSOLL_CONFIG.
-            inspector_checks("inspector, stdio", ["-e", f"PLIMSOLL_CONFIG={cfg}", str(PLIMSOLL), "mcp"], strict_tier)
+        try:
+            if not INSPECTOR.exists():
+                skip_or_fail("inspector", f"{INSPECTOR} is missing: run scripts/mcp-test-env")
+            else:
+                insp_dir = Path(tmp) / "inspector"
+                insp_dir.mkdir()
+                cfg = settings(str(insp_dir), uid_base + 2 * UIDS_PER_INSTANCE, None)
+                # The inspector takes --config for itself: the settings go by PLIMSOLL_CONFIG.
+                inspector_checks("inspector, stdio", ["-e", f"PLIMSOLL_CONFIG={cfg}", str(PLIMSOLL), "mcp"], strict_tier)
+                if daemon is not None:
+                    inspector_checks(
+                        "inspector, http",
+                        [daemon.url + "/mcp", "--transport", "http", "--header", f"Authorization: Bearer {daemon.token}"],
+                        strict_tier,
+                    )
+                    wrong = inspector([daemon.url + "/mcp", "--transport", "http", "--header",
+                                       "Authorization: Bearer plm_wrong", "--method", "tools/list"], timeout=60)
+                    check("inspector, http: a wrong token is refused",
+                          lambda: expect(wrong.returncode not in (0, None), wrong.stdout + wrong.stderr))
+        finally:
+            # Whatever failed above, no daemon is left running.
             if daemon is not None:
-                inspector_checks(
-                    "inspector, http",
-                    [daemon.url + "/mcp", "--transport", "http", "--header", f"Authorization: Bearer {daemon.token}"],
-                    strict_tier,
-                )
-                wrong = inspector([daemon.url + "/mcp", "--transport", "http", "--header",
-                                   "Authorization: Bearer plm_wrong", "--method", "tools/list"], timeout=60)
-                check("inspector, http: a wrong token is refused",
-                      lambda: (_ for _ in ()).throw(AssertionError(wrong.stdout)) if wrong.returncode == 0 else None)
-        if daemon is not None:
-            daemon.stop()
+                daemon.stop()
     hold.close()
 
     if os.environ.get("PLIMSOLL_MCP_SHOW"):
