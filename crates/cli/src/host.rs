@@ -94,32 +94,15 @@ impl CgroupLayout {
         Self::from_mountinfo(&text)
     }
 
-    /// The layout described by the text of a mountinfo file.
+    /// The layout described by the text of a mountinfo file, as the providers read it
+    /// (plimsoll_sandbox::cgroup).
     pub fn from_mountinfo(text: &str) -> CgroupLayout {
-        let mut v1 = false;
-        let mut unified_root = false;
-        let mut unified_sub = false;
-        for line in text.lines() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let Some(sep) = fields.iter().position(|f| *f == "-") else {
-                continue;
-            };
-            let (Some(mount_point), Some(fstype)) = (fields.get(4), fields.get(sep + 1)) else {
-                continue;
-            };
-            match *fstype {
-                "cgroup2" if *mount_point == "/sys/fs/cgroup" => unified_root = true,
-                "cgroup2" if mount_point.starts_with("/sys/fs/cgroup/") => unified_sub = true,
-                "cgroup" if mount_point.starts_with("/sys/fs/cgroup/") => v1 = true,
-                _ => {}
-            }
-        }
-        match (unified_root, v1, unified_sub) {
-            (true, _, _) => CgroupLayout::Unified,
-            (false, true, true) => CgroupLayout::Hybrid,
-            (false, true, false) => CgroupLayout::Legacy,
-            (false, false, true) => CgroupLayout::Hybrid,
-            (false, false, false) => CgroupLayout::None,
+        use plimsoll_sandbox::cgroup::{CgroupLayout as Mounted, CgroupMode};
+        match Mounted::parse(text).mode() {
+            CgroupMode::V2 => CgroupLayout::Unified,
+            CgroupMode::Hybrid => CgroupLayout::Hybrid,
+            CgroupMode::V1 => CgroupLayout::Legacy,
+            CgroupMode::None => CgroupLayout::None,
         }
     }
 

@@ -13,7 +13,8 @@
 //!
 //! docs/container-tier.md describes the policy these modules apply.
 
-pub mod cgroup;
+/// The host's cgroup layout and per-run cgroups (shared with the process tier).
+pub use plimsoll_sandbox::cgroup;
 mod follow;
 pub mod probe;
 pub mod provider;

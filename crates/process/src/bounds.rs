@@ -15,6 +15,8 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use plimsoll_sandbox::cgroup::{CgroupLayout, oom_kills_in};
+
 /// The cgroup (below the memory hierarchy's root) that holds every process-tier run's own.
 pub const CGROUP_PARENT: &str = "plimsoll-process";
 
@@ -46,30 +48,14 @@ pub enum BoundRunError {
     },
 }
 
-/// Where the memory controller is mounted, and whether it is cgroup v2.
+/// Where the memory controller is mounted, and whether it is cgroup v2. The layout is read
+/// from mountinfo once per process, not per run.
 pub fn memory_hierarchy() -> Option<(PathBuf, bool)> {
-    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mut v2 = None;
-    for line in info.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mount_point = left.split(' ').nth(4)?;
-        let mut r = right.split(' ');
-        let fstype = r.next().unwrap_or("");
-        let super_opts = r.nth(1).unwrap_or("");
-        if fstype == "cgroup" && super_opts.split(',').any(|o| o == "memory") {
-            return Some((PathBuf::from(mount_point), false));
-        }
-        if fstype == "cgroup2" {
-            let controllers = fs::read_to_string(Path::new(mount_point).join("cgroup.controllers"))
-                .unwrap_or_default();
-            if controllers.split_whitespace().any(|c| c == "memory") {
-                v2 = Some((PathBuf::from(mount_point), true));
-            }
-        }
-    }
-    v2
+    static LAYOUT: std::sync::OnceLock<CgroupLayout> = std::sync::OnceLock::new();
+    LAYOUT
+        .get_or_init(|| CgroupLayout::detect().unwrap_or_default())
+        .memory_hierarchy()
+        .map(|h| (h.mount.clone(), h.v2))
 }
 
 /// One run's memory cgroup, with its `cgroup.procs` open for the child to move itself in.
@@ -153,19 +139,7 @@ impl MemoryCgroup {
 
     /// Whether the kernel's OOM killer ended a process of the run.
     pub fn oom_killed(&self) -> bool {
-        let file = if self.v2 {
-            "memory.events"
-        } else {
-            "memory.oom_control"
-        };
-        fs::read_to_string(self.dir.join(file))
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("oom_kill "))
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-            })
-            .is_some_and(|n| n > 0)
+        oom_kills_in(&self.dir, self.v2).is_some_and(|n| n > 0)
     }
 
     /// Removes the cgroup (its processes must be gone already).

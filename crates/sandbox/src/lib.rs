@@ -7,6 +7,7 @@
 pub mod broker;
 pub mod caps;
 pub mod capture;
+pub mod cgroup;
 pub mod evidence;
 pub mod fds;
 pub mod reap;

@@ -1,5 +1,6 @@
 //! The host's cgroup layout (v1, hybrid or v2), the per-run cgroup directories under the
 //! provider's cgroup parent, their removal, and what the memory controller saw of a run.
+//! Used by the OCI providers and by the process tier (its per-run memory cgroup).
 //!
 //! A run's container lives in `<parent>/<run_id>/ctr` (the runtime creates it from
 //! `linux.cgroupsPath` and removes it); `<parent>/<run_id>` stays behind the runtime's back,
@@ -191,17 +192,18 @@ impl CgroupLayout {
         self.memory_hierarchy().is_some()
     }
 
-    fn memory_hierarchy(&self) -> Option<&Hierarchy> {
-        match self.mode() {
-            CgroupMode::V2 => self.hierarchies.iter().find(|h| {
-                h.v2 && fs::read_to_string(h.mount.join("cgroup.controllers"))
-                    .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
-            }),
-            _ => self
-                .hierarchies
-                .iter()
-                .find(|h| !h.v2 && h.controllers.iter().any(|c| c == "memory")),
-        }
+    /// The hierarchy holding the memory controller: cgroup v1's `memory`, else a cgroup2
+    /// mount whose `cgroup.controllers` lists `memory`.
+    pub fn memory_hierarchy(&self) -> Option<&Hierarchy> {
+        self.hierarchies
+            .iter()
+            .find(|h| !h.v2 && h.controllers.iter().any(|c| c == "memory"))
+            .or_else(|| {
+                self.hierarchies.iter().find(|h| {
+                    h.v2 && fs::read_to_string(h.mount.join("cgroup.controllers"))
+                        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+                })
+            })
     }
 
     /// `rel` (a cgroup path such as `/plimsoll/crun/<run_id>`) in every hierarchy, one
@@ -230,16 +232,9 @@ impl CgroupLayout {
                 .and_then(|s| s.trim().parse::<u64>().ok())
         };
         if h.v2 {
-            let oom_kills = fs::read_to_string(dir.join("memory.events"))
-                .ok()
-                .and_then(|t| {
-                    t.lines()
-                        .find_map(|l| l.strip_prefix("oom_kill "))
-                        .and_then(|v| v.trim().parse().ok())
-                });
             MemorySeen {
                 peak_bytes: read_u64("memory.peak"),
-                oom_kills,
+                oom_kills: oom_kills_in(&dir, true),
             }
         } else {
             MemorySeen {
@@ -287,6 +282,21 @@ impl CgroupLayout {
             None => Ok(removed),
         }
     }
+}
+
+/// The OOM kills the memory controller counted in the cgroup at `dir`: v2's `memory.events`
+/// (hierarchical), v1's `memory.oom_control` (that cgroup's own).
+pub fn oom_kills_in(dir: &Path, v2: bool) -> Option<u64> {
+    let file = if v2 {
+        "memory.events"
+    } else {
+        "memory.oom_control"
+    };
+    fs::read_to_string(dir.join(file)).ok().and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
