@@ -277,6 +277,22 @@ pub fn script(checks: &[Check]) -> String {
 
 /// Every check the answer does not satisfy, one line each (empty: all hold). A missing
 /// answer, or threads that did not run, is a failure too.
+/// Asserts that every check held in a run at `tier` (its result `r`), then says how many.
+pub fn assert_all_held(tier: &str, checks: &[Check], r: &plimsoll_wire::RunResult) {
+    let stdout = String::from_utf8_lossy(r.stdout.as_slice());
+    let bad = judge(checks, &stdout);
+    assert!(
+        bad.is_empty() && r.exit_code == Some(0),
+        "{} of {} checks failed at {tier}:\n{}\nexit {:?}, stderr {}",
+        bad.len(),
+        checks.len(),
+        bad.join("\n"),
+        r.exit_code,
+        String::from_utf8_lossy(r.stderr.as_slice())
+    );
+    eprintln!("{tier}: {} seccomp checks held", checks.len());
+}
+
 pub fn judge(checks: &[Check], stdout: &str) -> Vec<String> {
     let Some(line) = stdout
         .lines()

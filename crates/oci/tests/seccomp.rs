@@ -185,18 +185,7 @@ fn every_allowed_call_works_and_every_denied_one_fails_as_documented(
         }
     };
     let r = rig.run(py(&seccomp::script(&checks)), limits(), uid(kind));
-    let stdout = String::from_utf8_lossy(r.stdout.as_slice());
-    let bad = seccomp::judge(&checks, &stdout);
-    assert!(
-        bad.is_empty() && r.exit_code == Some(0),
-        "{} of {} checks failed at {kind:?}:\n{}\nexit {:?}, stderr {}",
-        bad.len(),
-        checks.len(),
-        bad.join("\n"),
-        r.exit_code,
-        String::from_utf8_lossy(r.stderr.as_slice())
-    );
-    eprintln!("{kind:?}: {} seccomp checks held", checks.len());
+    seccomp::assert_all_held(&format!("{kind:?}"), &checks, &r);
 }
 
 on_every_runtime!(every_allowed_call_works_and_every_denied_one_fails_as_documented);

@@ -165,16 +165,5 @@ fn every_allowed_call_works_and_every_denied_one_fails_as_documented() {
         Vec::<i32>::new(),
         "processes left"
     );
-    let stdout = String::from_utf8_lossy(r.stdout.as_slice());
-    let bad = common::judge(&checks, &stdout);
-    assert!(
-        bad.is_empty() && r.exit_code == Some(0),
-        "{} of {} checks failed at the process tier:\n{}\nexit {:?}, stderr {}",
-        bad.len(),
-        checks.len(),
-        bad.join("\n"),
-        r.exit_code,
-        String::from_utf8_lossy(r.stderr.as_slice())
-    );
-    eprintln!("process: {} seccomp checks held", checks.len());
+    common::assert_all_held("the process tier", &checks, &r);
 }

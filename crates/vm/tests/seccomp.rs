@@ -99,16 +99,5 @@ fn every_allowed_call_works_and_no_namespace_or_mount_is_made() {
     let r = outcome
         .unwrap_or_else(|e| panic!("qemu run failed: {e}"))
         .result;
-    let stdout = String::from_utf8_lossy(r.stdout.as_slice());
-    let bad = seccomp::judge(&checks, &stdout);
-    assert!(
-        bad.is_empty() && r.exit_code == Some(0),
-        "{} of {} checks failed at qemu:\n{}\nexit {:?}, stderr {}",
-        bad.len(),
-        checks.len(),
-        bad.join("\n"),
-        r.exit_code,
-        String::from_utf8_lossy(r.stderr.as_slice())
-    );
-    eprintln!("qemu: {} seccomp checks held", checks.len());
+    seccomp::assert_all_held("qemu", &checks, &r);
 }
