@@ -829,6 +829,23 @@ fn check_project_outputs(out_dir: &std::path::Path) {
     );
 }
 
+/// What `run --json --out DIR` of the test project printed: it exited 0, wrote the artifacts
+/// byte for byte, and its printed request recomputes the response's request digest. Returns
+/// the request as sent, the evidence printed (embedded engine only) and the response.
+fn project_answer(
+    out: &std::process::Output,
+    out_dir: &std::path::Path,
+) -> (RunRequest, Option<Evidence>, RunResponse) {
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    check_project_outputs(out_dir);
+    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (sent, evidence) = split_cli_members(&mut v);
+    let resp: RunResponse = serde_json::from_value(v).unwrap();
+    // A third party recomputes the request digest from the printed request alone.
+    assert_eq!(request_sha256(&sent), resp.request_sha256);
+    (sent, evidence, resp)
+}
+
 #[test]
 fn a_project_runs_at_crun_and_its_artifacts_are_written_exactly() {
     let test = "a_project_runs_at_crun_and_its_artifacts_are_written_exactly";
@@ -848,15 +865,9 @@ fn a_project_runs_at_crun_and_its_artifacts_are_written_exactly() {
         .arg("--out")
         .arg(&out_dir)
         .arg("--json"));
-    assert_eq!(out.status.code(), Some(0));
-    check_project_outputs(&out_dir);
-    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["provider"], "crun");
-    assert_eq!(v["result"]["stdout"], "steps done\n");
-    let (sent, evidence) = split_cli_members(&mut v);
-    let resp: RunResponse = serde_json::from_value(v).unwrap();
-    // A third party recomputes the request digest from the printed request alone.
-    assert_eq!(request_sha256(&sent), resp.request_sha256);
+    let (sent, evidence, resp) = project_answer(&out, &out_dir);
+    assert_eq!(resp.provider, "crun");
+    assert_eq!(resp.result.stdout.as_slice(), b"steps done\n");
     let evidence = evidence.expect("the embedded engine prints its evidence");
     assert_eq!(evidence_sha256(&evidence), resp.record.evidence_sha256);
     assert_eq!(evidence.provider, "crun");
@@ -882,11 +893,7 @@ fn a_project_runs_at_crun_and_its_artifacts_are_written_exactly() {
         .arg(&req_file)
         .arg("--out")
         .arg(&again));
-    assert_eq!(out.status.code(), Some(0));
-    check_project_outputs(&again);
-    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (sent2, _) = split_cli_members(&mut v);
-    let resp2: RunResponse = serde_json::from_value(v).unwrap();
+    let (sent2, _, resp2) = project_answer(&out, &again);
     assert_eq!(resp2.request_sha256, resp.request_sha256);
     assert_ne!(sent2.request_id, sent.request_id);
 
@@ -919,17 +926,12 @@ fn a_project_runs_through_a_daemon_with_artifacts_and_a_request_from_stdin() {
         .args(["--daemon", &daemon.url, "--json", "--out"])
         .arg(&out_dir)
         .env("PLIMSOLL_TOKEN", &daemon.token));
-    assert_eq!(out.status.code(), Some(0));
-    check_project_outputs(&out_dir);
-    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (sent, evidence) = split_cli_members(&mut v);
+    let (sent, evidence, resp) = project_answer(&out, &out_dir);
     assert!(
         evidence.is_none(),
         "a daemon's evidence is its own: GET /v1/providers"
     );
-    let resp: RunResponse = serde_json::from_value(v).unwrap();
     assert_eq!(resp.provider, "crun");
-    assert_eq!(request_sha256(&sent), resp.request_sha256);
     verify_response(&sent, resp.clone()).unwrap();
 
     // The same request on standard input, without protocol or request_id.
