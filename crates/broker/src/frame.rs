@@ -5,6 +5,8 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use plimsoll_sandbox::deadline::DeadlineReader;
+
 /// A frame could not be read.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReadFrameError {
@@ -59,35 +61,13 @@ pub(crate) fn read_frame_within(
             Err(e) => return Err(e.into()),
         }
     }
-    let mut rest = Until {
-        stream,
-        deadline: Instant::now() + within,
-    };
+    let mut rest = DeadlineReader::new(stream, Instant::now() + within);
     match read_frame(&mut io::Cursor::new(first).chain(&mut rest), max) {
         Err(ReadFrameError::TooLarge(len)) => {
             skip(&mut rest, len)?;
             Err(ReadFrameError::TooLarge(len))
         }
         other => other,
-    }
-}
-
-/// A channel read against one deadline for all its reads (a read timeout alone applies to
-/// each read, so a byte every few seconds would never time out).
-struct Until<'a> {
-    stream: &'a UnixStream,
-    deadline: Instant,
-}
-
-impl Read for Until<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        self.stream.set_read_timeout(Some(left))?;
-        let mut s = self.stream;
-        s.read(buf)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod broker;
 pub mod caps;
 pub mod capture;
 pub mod cgroup;
+pub mod deadline;
 pub mod evidence;
 pub mod fds;
 pub mod reap;

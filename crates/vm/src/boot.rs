@@ -13,6 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use plimsoll_sandbox::deadline::DeadlineReader;
 use plimsoll_sandbox::{BrokerChannel, Spawn, end_processes_of_uid, unix_ms_now};
 
 use crate::channel::{self, GuestLimits};
@@ -243,27 +244,6 @@ pub fn remove_run_dir(path: &Path) -> io::Result<()> {
     plimsoll_sandbox::reap::remove_tree_one_fs(path)
 }
 
-/// Reads with one overall deadline, however the bytes trickle in.
-struct DeadlineReader<'a> {
-    stream: &'a UnixStream,
-    deadline: Instant,
-}
-
-impl Read for DeadlineReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        self.stream.set_read_timeout(Some(left))?;
-        let mut s = self.stream;
-        match s.read(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::ErrorKind::TimedOut.into()),
-            other => other,
-        }
-    }
-}
-
 /// Keeps the last `keep` bytes of a stream until its end.
 fn drain_tail(mut r: impl Read, keep: usize) -> Vec<u8> {
     let mut kept: Vec<u8> = Vec::new();
@@ -431,10 +411,7 @@ fn converse(
     t0: Instant,
     report: &mut BootReport,
 ) -> bool {
-    let mut hello_reader = DeadlineReader {
-        stream: sock,
-        deadline: t0 + plan.boot_timeout,
-    };
+    let mut hello_reader = DeadlineReader::new(sock, t0 + plan.boot_timeout);
     match channel::read_frame(&mut hello_reader, channel::RECORD_MAX) {
         Ok(Some((channel::HELLO, payload))) => match channel::decode_record(&payload) {
             Ok(h) => {
@@ -497,10 +474,7 @@ fn converse(
         report.answer = Answer::Lost(format!("sending the job to the guest: {e}"));
         return false;
     }
-    let mut reader = DeadlineReader {
-        stream: sock,
-        deadline: Instant::now() + job.answer_timeout,
-    };
+    let mut reader = DeadlineReader::new(sock, Instant::now() + job.answer_timeout);
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     loop {
@@ -581,10 +555,7 @@ fn query_kvm(
     requested: crate::tier::Accelerator,
     deadline: Instant,
 ) -> Result<AccelEvidence, String> {
-    let mut reader = io::BufReader::new(DeadlineReader {
-        stream: sock,
-        deadline,
-    });
+    let mut reader = io::BufReader::new(DeadlineReader::new(sock, deadline));
     // One JSON object per line; events (`{"event": ...}`) may come in between.
     let mut next = |what: &str| -> Result<serde_json::Value, String> {
         loop {
