@@ -1766,6 +1766,41 @@ fn a_body_that_arrives_whole_but_does_not_parse_has_its_request_id_echoed() {
         "]".repeat(1000)
     );
     assert_refused_with_id(&d, "deep nesting", deep.as_bytes(), "bad-4");
+    // Content-Length and chunked together (the shape of request smuggling). hyper reads the
+    // body by its chunks alone, drops the Content-Length and closes the connection after the
+    // answer (RFC 9112, 6.3), so nothing can follow on the connection: well-formed chunks
+    // are one ordinary request, and a body framed by its length instead is refused as
+    // unreadable, nothing having run.
+    let chunked_with_length = |body: &str, framed: &str| {
+        format!(
+            "POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n{framed}",
+            d.token,
+            body.len(),
+        )
+    };
+    let body = valid("bad-5");
+    let chunks = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    let request = chunked_with_length(&body, &chunks);
+    let (status, answer) = exchange_from(&d.url, "127.0.0.1", request.as_bytes(), CLOSED_WITHIN);
+    assert_eq!(
+        status, 200,
+        "well-formed chunks beside a Content-Length: {answer}"
+    );
+    assert!(answer.contains(r#""request_id":"bad-5""#), "{answer}");
+    let ran_before = runs_total(&d.url);
+    let body = valid("bad-6");
+    let request = chunked_with_length(&body, &body);
+    let (status, answer) = exchange_from(&d.url, "127.0.0.1", request.as_bytes(), CLOSED_WITHIN);
+    assert_eq!(
+        status, 400,
+        "a length-framed body declared chunked: {answer}"
+    );
+    let e: ErrorResponse = serde_json::from_str(&answer)
+        .unwrap_or_else(|err| panic!("not an ErrorResponse ({err}): {answer:?}"));
+    assert_eq!(e.error.not_dispatched, Some(Reason::Request), "{answer}");
+    assert_eq!(runs_total(&d.url), ran_before, "nothing ran: {answer}");
     // An id that is itself invalid is never echoed.
     let a = post(&d.url, Some(&d.token), br#"{"request_id":"a b","run":"#);
     assert_eq!(a.status, 400, "{}", a.body);
