@@ -24,6 +24,9 @@ use sha2::Digest as _;
 
 use common::{CONTROLLER_OFFSET, Rig, kind_index, rig};
 
+#[path = "../../../tests/trials/hostile.rs"]
+mod hostile;
+
 /// `accepted.js` and `accepted.py` on the standard scenario.
 const ACCEPTED: &str = "93585277088f4cfbd7683a2db52ab4a44906d74c74468ab9a49d4ddc8e959d41";
 /// `draft.js` on the standard scenario (falls at tick 188).
@@ -276,112 +279,13 @@ fn ordinary_steps_of_a_trial_run_hold_no_privilege(kind: RuntimeKind, test: &str
     assert!(out.contains("setuid refused: 1"), "{out}");
 }
 
-/// A controller that plays like accepted.py (so the fingerprint is the accepted one) after
-/// trying, as the controller uid, to learn the scenario and to reach the runner, the
-/// launcher and the agent. It reports on stderr, which the verdict carries. The scenario's
-/// name (the marker) is in its source only reversed.
-const HOSTILE: &str = r#"
-import os, signal, stat, sys
-MARKER = "@MARKER_REVERSED@"[::-1]
-out = []
-def attempt(what, f):
-    try:
-        got = f()
-        out.append(f"{what}: read {len(got)} bytes{' MARKER' if MARKER.encode() in got else ''}")
-    except OSError as e:
-        out.append(f"{what}: errno {e.errno}")
-def ppid(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int([l.split()[1] for l in f if l.startswith("PPid:")][0])
-launcher = os.getppid()
-runner = ppid(launcher)
-agent = ppid(runner)
-attempt("scenario", lambda: open("standard.json", "rb").read())
-attempt("job", lambda: open("/opt/plimsoll/bin/job.json", "rb").read())
-for who, pid in (("runner", runner), ("launcher", launcher), ("agent", agent)):
-    attempt(f"{who} mem", lambda pid=pid: open(f"/proc/{pid}/mem", "rb").read(16))
-    attempt(f"{who} environ", lambda pid=pid: open(f"/proc/{pid}/environ", "rb").read())
-    attempt(f"{who} fd0", lambda pid=pid: open(f"/proc/{pid}/fd/0", "rb").read(1 << 20))
-    attempt(f"{who} kill", lambda pid=pid: os.kill(pid, signal.SIGKILL) or b"")
-# The contents of the runner's, the launcher's and the agent's descriptors (docs/trials.md:
-# the controller sees their numbers, never what they hold): every regular file among them
-# that gives a byte is listed.
-readable = []
-for who, pid in (("runner", runner), ("launcher", launcher), ("agent", agent)):
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        continue
-    for n in fds:
-        try:
-            if not stat.S_ISREG(os.stat(f"/proc/{pid}/fd/{n}").st_mode):
-                continue
-            fd = os.open(f"/proc/{pid}/fd/{n}", os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                if os.read(fd, 4096):
-                    readable.append(f"{who} fd {n} ({os.readlink(f'/proc/{pid}/fd/{n}')})")
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-out.append(f"descriptors read: {readable}")
-# Everything readable that might hold the scenario: other processes' files, the tools,
-# the work and scratch directories.
-found, scanned = [], 0
-me = str(os.getpid())
-paths = []
-for pid in os.listdir("/proc"):
-    if pid.isdigit() and pid != me:
-        paths += [f"/proc/{pid}/environ", f"/proc/{pid}/cmdline"]
-        try:
-            paths += [f"/proc/{pid}/fd/{n}" for n in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            pass
-for top in ("/opt/plimsoll/bin", "/work", "/tmp", "/dev/shm"):
-    for d, _, names in os.walk(top):
-        paths += [os.path.join(d, n) for n in names]
-for p in paths:
-    try:
-        # Regular files only (a descriptor's pipe would block or steal the runner's data).
-        if not stat.S_ISREG(os.stat(p).st_mode):
-            continue
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            data = os.read(fd, 1 << 20)
-        finally:
-            os.close(fd)
-        scanned += 1
-        if MARKER.encode() in data:
-            found.append(p)
-    except OSError:
-        pass
-out.append(f"marker found in {found}, {scanned} files read")
-out.append(f"ids {os.getresuid()} {os.getresgid()} {os.getgroups()}")
-print("\n".join(out), file=sys.stderr, flush=True)
-for line in sys.stdin:
-    x, x_dot, theta, theta_dot = (float(v) for v in line.split())
-    force = 1.0 * x + 2.0 * x_dot + 25.0 * theta + 5.0 * theta_dot
-    sys.stdout.write(repr(force) + "\n")
-    sys.stdout.flush()
-"#;
-
 fn the_controller_sees_neither_the_scenario_nor_the_runner(kind: RuntimeKind, test: &str) {
     let Some(rig) = trial_rig(kind, test) else {
         return;
     };
-    let marker = format!("hidden-{}", plimsoll_sandbox::testing::fresh_id("m"));
-    let reversed: String = marker.chars().rev().collect();
-    let scenario = format!(
-        r#"{{"name": "{marker}", "initial": {{"x": 0.3, "x_dot": -0.1, "theta": 0.08, "theta_dot": 0.05}}, "ticks": 2000, "pass_ticks": 2000}}"#
-    );
+    let hostile = hostile::Hostile::new();
     let spec = RunSpec::Project(Project {
-        files: vec![
-            file(
-                "hostile.py",
-                &HOSTILE.replace("@MARKER_REVERSED@", &reversed),
-            ),
-            file("standard.json", &scenario),
-        ],
+        files: hostile.files("standard.json"),
         steps: vec![step(&format!(
             "plimsoll-trial-runner --scenario standard.json {RELAXED} -- python3 hostile.py"
         ))],
@@ -393,40 +297,17 @@ fn the_controller_sees_neither_the_scenario_nor_the_runner(kind: RuntimeKind, te
     let (v, t) = verdict(&r);
     // The runner survived the attempts and the play is the accepted controller's.
     assert_eq!(t["end_reason"], "completed", "{v}");
-    assert_eq!(t["name"], marker.as_str());
+    assert_eq!(t["name"], hostile.marker.as_str());
     assert_eq!(t["fingerprint"], ACCEPTED, "{t}");
     let seen = t["controller_stderr"].as_str().unwrap().to_owned();
     assert!(!t["controller_stderr_truncated"].as_bool().unwrap(), "{t}");
     eprintln!("{}: the hostile controller saw:\n{seen}", kind.name());
-    let c = u + CONTROLLER_OFFSET;
-    let mut wants = vec![
-        "scenario: errno 2".to_owned(),
-        "job: errno 13".to_owned(),
-        "marker found in [], ".to_owned(),
-        "descriptors read: []".to_owned(),
-        format!("ids ({c}, {c}, {c}) ({c}, {c}, {c}) []"),
-    ];
-    for who in ["runner", "launcher", "agent"] {
-        wants.push(format!("{who} mem: errno 13"));
-        wants.push(format!("{who} kill: errno 1"));
-    }
-    for want in &wants {
-        assert!(seen.contains(want.as_str()), "want {want:?} in:\n{seen}");
-    }
-    // environ and a descriptor: denied, or (gVisor, for the runner and launcher) readable
-    // and empty; never anything of the scenario.
-    for l in seen.lines() {
-        assert!(!l.contains("MARKER"), "{l}\n{seen}");
-        if l.contains(" environ: ") && !l.ends_with("errno 13") {
-            assert_eq!(kind, RuntimeKind::Runsc, "{l}");
-        }
-        if l.contains(" fd0: ") {
-            assert!(
-                l.ends_with("errno 13") || l.ends_with("errno 2") || l.ends_with("read 0 bytes"),
-                "{l}"
-            );
-        }
-    }
+    hostile::assert_saw_nothing(
+        &seen,
+        u + CONTROLLER_OFFSET,
+        "errno 13",
+        kind == RuntimeKind::Runsc,
+    );
 }
 
 fn bad_trial_runs_are_refused_before_anything_starts(kind: RuntimeKind, test: &str) {

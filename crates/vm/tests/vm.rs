@@ -28,6 +28,9 @@ use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Provider, ResolvedLimits, Spaw
 use plimsoll_vm::{AccelChoice, Accelerator, VmConfig, VmProvider, tier_for};
 use plimsoll_wire::{Project, ProjectFile, RunResult, RunSpec, Step, Tier};
 
+#[path = "../../../tests/trials/hostile.rs"]
+mod hostile;
+
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 
 fn assets() -> PathBuf {
@@ -877,10 +880,11 @@ fn step(name: &str, run: &str) -> Step {
     }
 }
 
-/// One boot, four steps: an ordinary step shows the run's uid without any capability and
+/// One boot, five steps: an ordinary step shows the run's uid without any capability and
 /// cannot setuid; the accepted controller (accepted.py, behind a wrapper that first tries to
 /// read the scenario) passes through the runner with the expected fingerprint, which is the SHA-256
-/// of the returned trajectory; a step reports the guest's memory; the draft falls at tick
+/// of the returned trajectory; a hostile controller finds neither its scenario nor anything
+/// in the runner's descriptors; a step reports the guest's memory; the draft falls at tick
 /// 188. Nothing is left afterwards.
 #[test]
 fn a_trial_runs_in_the_vm_with_the_privileges_split() {
@@ -910,6 +914,7 @@ sys.stderr.flush()
 import accepted
 accepted.main()
 "#;
+    let hostile = hostile::Hostile::new();
     let spec = RunSpec::Project(Project {
         files: vec![
             repo_file("examples/controllers/accepted.py", "accepted.py"),
@@ -921,7 +926,10 @@ accepted.main()
                 content: spy.into(),
                 executable: false,
             },
-        ],
+        ]
+        .into_iter()
+        .chain(hostile.files("hidden.json"))
+        .collect(),
         steps: vec![
             step(
                 "ordinary",
@@ -931,6 +939,12 @@ accepted.main()
             step(
                 "accepted",
                 "plimsoll-trial-runner --scenario standard.json --first-deadline-ms 30000 -- python3 spy.py",
+            ),
+            // A hostile controller (tests/trials/hostile.rs) hunts for its scenario and
+            // the runner's descriptors (#16.4: at runsc one held the simulator's memory).
+            step(
+                "hostile",
+                "plimsoll-trial-runner --scenario hidden.json --trajectory hostile.bin --first-deadline-ms 30000 -- python3 hostile.py",
             ),
             step(
                 "memory",
@@ -975,7 +989,7 @@ accepted.main()
             )
         })
         .collect();
-    assert_eq!(r.steps.len(), 4, "{steps:#?}");
+    assert_eq!(r.steps.len(), 5, "{steps:#?}");
 
     // The ordinary step: uid 1000, no capability, no_new_privs, setuid refused.
     let s = &r.steps[0];
@@ -1029,8 +1043,23 @@ accepted.main()
     assert!(!artifact("standard.json").found, "the runner deletes it");
     let wall_ms = trial["wall_ms"].as_u64().unwrap_or(0);
 
+    // The hostile controller learnt nothing, and still played the accepted game. The guest
+    // holds one run: its controller is always uid 1001, and the job travels on the channel,
+    // never as a file (errno 2).
+    let s = &r.steps[2];
+    let verdict: serde_json::Value =
+        serde_json::from_slice(&s.stdout.0).unwrap_or_else(|e| panic!("no verdict ({e}): {s:?}"));
+    let trial = &verdict["trials"][0];
+    assert_eq!(trial["end_reason"], "completed", "{verdict}");
+    assert_eq!(trial["name"], hostile.marker.as_str());
+    assert_eq!(trial["fingerprint"], ACCEPTED_FINGERPRINT, "{verdict}");
+    assert_eq!(trial["controller_stderr_truncated"], false, "{verdict}");
+    let seen = trial["controller_stderr"].as_str().unwrap_or_default();
+    eprintln!("the hostile controller saw, in the VM:\n{seen}");
+    hostile::assert_saw_nothing(seen, plimsoll_vm::guest::CONTROLLER_UID, "errno 2", false);
+
     // The draft falls at tick 188.
-    let s = &r.steps[3];
+    let s = &r.steps[4];
     assert_eq!(s.exit_code, Some(1), "{s:?}");
     let verdict: serde_json::Value = serde_json::from_slice(&s.stdout.0).unwrap();
     assert_eq!(verdict["pass"], false, "{verdict}");
@@ -1052,6 +1081,6 @@ accepted.main()
         wall_ms as f64 / 2000.0,
         verdict["trials"][0]["wall_ms"],
         stats.peak_rss_kib / 1024,
-        text(&r.steps[2].stdout).replace('\n', "; "),
+        text(&r.steps[3].stdout).replace('\n', "; "),
     );
 }
