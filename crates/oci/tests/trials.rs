@@ -79,14 +79,6 @@ fn repo_file(path: &str) -> ProjectFile {
     }
 }
 
-fn file(path: &str, content: &str) -> ProjectFile {
-    ProjectFile {
-        path: path.into(),
-        content: content.into(),
-        executable: false,
-    }
-}
-
 fn step(run: &str) -> Step {
     Step {
         name: None,
