@@ -96,21 +96,27 @@ fn snippet(id: &str, language: &str, code: &str) -> String {
 /// True when the process provider is available on this daemon; otherwise prints SKIP (or
 /// fails under CI=true).
 fn process_available(test: &str, url: &str, token: &str) -> bool {
+    available(test, url, token, "process")
+}
+
+/// True when `provider` is available on this daemon; otherwise prints SKIP (or fails under
+/// CI=true).
+fn available(test: &str, url: &str, token: &str, provider: &str) -> bool {
     let a = get(url, "/v1/providers", Some(token));
     assert_eq!(a.status, 200, "{}", a.body);
     let p: ProvidersResponse = serde_json::from_str(&a.body).expect("a ProvidersResponse");
-    let why = match p.providers.iter().find(|p| p.name == "process") {
+    let why = match p.providers.iter().find(|p| p.name == provider) {
         Some(info) if info.available => return true,
         Some(info) => info
             .unavailable_reason
             .clone()
             .unwrap_or_else(|| "unavailable".into()),
-        None => "the process provider was never probed (see the daemon's log)".into(),
+        None => format!("the {provider} provider was never probed (see the daemon's log)"),
     };
     if env::strict() {
-        panic!("{test}: the process provider is unavailable under CI=true: {why}");
+        panic!("{test}: the {provider} provider is unavailable under CI=true: {why}");
     }
-    eprintln!("SKIP {test}: the process provider is unavailable: {why}");
+    eprintln!("SKIP {test}: the {provider} provider is unavailable: {why}");
     false
 }
 
@@ -904,9 +910,21 @@ impl Spawned {
             ),
         )
         .unwrap();
+        Spawned::spawn_in(dir, uid_port, token, args, envs, settled)
+    }
+
+    /// Starts `plimsolld` on the settings already written in `dir` (plimsoll.toml).
+    fn spawn_in(
+        dir: tempfile::TempDir,
+        uid_port: std::net::TcpListener,
+        token: String,
+        args: &[&std::ffi::OsStr],
+        envs: &[(&str, &str)],
+        settled: &dyn Fn(&str, &str) -> bool,
+    ) -> Spawned {
         let mut child = plimsolld()
             .arg("--config")
-            .arg(&config)
+            .arg(dir.path().join("plimsoll.toml"))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("PLIMSOLL_LOG", "trace")
@@ -963,6 +981,29 @@ impl Spawned {
             _uid_port: uid_port,
             _dir: dir,
         }
+    }
+
+    /// A new `plimsolld` on the same settings and state (its start-up reap runs), once this
+    /// one is gone.
+    fn restart(mut self) -> Spawned {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (dir, uid_port, token) = (
+            std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap()),
+            std::mem::replace(
+                &mut self._uid_port,
+                std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+            ),
+            self.token.clone(),
+        );
+        Spawned::spawn_in(dir, uid_port, token, &[], &[], &|url, _| {
+            get(url, "/readyz", None).status == 200
+        })
+    }
+
+    /// The first sandbox uid of its range (its settings' `sandbox_uid_base`).
+    fn uid_base(&self) -> u32 {
+        uid_base_for_port(self._uid_port.local_addr().unwrap().port())
     }
 
     fn signal(&self, sig: nix::sys::signal::Signal) {
@@ -1965,4 +2006,136 @@ fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
         metrics.contains(r#"plimsoll_http_requests_total{route="/mcp",status="401"}"#),
         "{metrics}"
     );
+}
+
+/// The live processes whose real uid is in `uids`, with their CPU time so far (user and
+/// system, in clock ticks).
+fn processes_in(uids: std::ops::Range<u32>) -> Vec<(i32, u64)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        let zombie = status
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'));
+        if !uid.is_some_and(|u| uids.contains(&u)) || zombie {
+            continue;
+        }
+        let ticks = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+                let rest = stat.rsplit_once(')')?.1.to_owned();
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+            })
+            .unwrap_or(0);
+        found.push((pid, ticks));
+    }
+    found
+}
+
+/// #16.2: a run's deadline does not live in the daemon alone. plimsolld is SIGKILLed one
+/// second into a busy loop with a 3 s timeout and not started again: the run's processes
+/// (found by the daemon's sandbox uid range) are gone by the deadline plus the provider's
+/// watchdog grace, at the process tier and at crun. A new daemon on the same state then
+/// reaps what the dead one left.
+#[test]
+fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
+    let test = "a_run_ends_at_its_deadline_after_the_daemon_is_killed";
+    let image = plimsoll_sandbox::testing::workspace_root().join("build/images/sandbox");
+    for (provider, grace) in [
+        ("process", plimsoll_process::WATCHDOG_GRACE),
+        ("crun", plimsoll_oci::WATCHDOG_GRACE),
+    ] {
+        let mut d = Spawned::start_settings(
+            &format!("default_floor = \"process\"\nproviders = [\"{provider}\"]\n"),
+            &format!("[oci]\nimage = \"{}\"\n", image.display()),
+            &[],
+            &[],
+        );
+        if !available(test, &d.url, &d.token, provider) {
+            return;
+        }
+        let timeout = Duration::from_secs(3);
+        let body = serde_json::json!({
+            "protocol": 1, "request_id": format!("dead-{provider}"), "provider": provider,
+            "limits": {"timeout_ms": timeout.as_millis() as u64},
+            "run": {"kind": "snippet", "language": "python", "code": "while True:\n    pass"},
+        })
+        .to_string();
+        let (url, token) = (d.url.clone(), d.token.clone());
+        let start = Instant::now();
+        // The answer never comes: the daemon dies first.
+        let client = std::thread::spawn(move || {
+            let sent = agent()
+                .post(format!("{url}/v1/runs"))
+                .header("Authorization", format!("Bearer {token}"))
+                .header("Content-Type", "application/json")
+                .send(body.as_bytes());
+            assert!(sent.is_err(), "answered by a daemon that was killed");
+        });
+        let base = d.uid_base();
+        let uids = base..base + plimsoll_daemon::testing::UIDS_PER_PORT;
+        while processes_in(uids.clone()).is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{provider}: the run never started: {}",
+                d.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        d.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = d.wait_exit();
+        client.join().expect("the client");
+        let killed = start.elapsed();
+        let bound = timeout + grace;
+        let mut cpu_ticks = 0;
+        loop {
+            let left = processes_in(uids.clone());
+            if left.is_empty() {
+                break;
+            }
+            cpu_ticks = cpu_ticks.max(left.iter().map(|(_, t)| t).sum());
+            assert!(
+                start.elapsed() < bound + Duration::from_secs(10),
+                "{provider}: the run's processes {left:?} outlived its deadline ({timeout:?}) and grace ({grace:?}) by far: {:?} after it was sent",
+                start.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ended = start.elapsed();
+        // /proc counts CPU time in USER_HZ ticks, 100 a second on Linux.
+        let hz = 100.0;
+        eprintln!(
+            "{provider}: daemon killed {killed:?} after the request, the run's processes gone {ended:?} after it (deadline {timeout:?} + grace {grace:?}); their CPU time at the last look {:.2} s",
+            cpu_ticks as f64 / hz
+        );
+        assert!(
+            ended <= bound + Duration::from_secs(3),
+            "{provider}: gone only {ended:?} after the request (deadline {timeout:?} + grace {grace:?})"
+        );
+        assert!(
+            (cpu_ticks as f64 / hz) <= (bound + Duration::from_secs(1)).as_secs_f64(),
+            "{provider}: {cpu_ticks} ticks of CPU"
+        );
+        // The dead daemon's leftovers go with the next one's start-up reap.
+        let again = d.restart();
+        assert_eq!(
+            get(&again.url, "/readyz", None).status,
+            200,
+            "{}",
+            again.logs()
+        );
+    }
 }
