@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use plimsoll_daemon::testing::{TestDaemon, uid_base_for_port};
 use plimsoll_daemon::{ROUTES, add_caller};
 use plimsoll_engine::env;
+use plimsoll_sandbox::reap::processes_of_uids;
+use plimsoll_sandbox::testing::{cpu_seconds, workspace_root};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{ErrorResponse, ProvidersResponse, Reason, RunRequest, RunResponse, Tier};
 
@@ -910,21 +912,36 @@ impl Spawned {
             ),
         )
         .unwrap();
-        Spawned::spawn_in(dir, uid_port, token, args, envs, settled)
+        let (child, url, logs, reader) = Spawned::launch(&config, &token, args, envs, settled);
+        Spawned {
+            child,
+            url,
+            token,
+            logs,
+            reader: Some(reader),
+            _uid_port: uid_port,
+            _dir: dir,
+        }
     }
 
-    /// Starts `plimsolld` on the settings already written in `dir` (plimsoll.toml).
-    fn spawn_in(
-        dir: tempfile::TempDir,
-        uid_port: std::net::TcpListener,
-        token: String,
+    /// Starts `plimsolld` on the settings in `config`: the child, its URL, its log lines and
+    /// their reader, once `settled(url, token)` holds or the start-up probe withdrew every
+    /// provider.
+    fn launch(
+        config: &std::path::Path,
+        token: &str,
         args: &[&std::ffi::OsStr],
         envs: &[(&str, &str)],
         settled: &dyn Fn(&str, &str) -> bool,
-    ) -> Spawned {
+    ) -> (
+        Child,
+        String,
+        Arc<Mutex<String>>,
+        std::thread::JoinHandle<()>,
+    ) {
         let mut child = plimsolld()
             .arg("--config")
-            .arg(dir.path().join("plimsoll.toml"))
+            .arg(config)
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("PLIMSOLL_LOG", "trace")
@@ -963,7 +980,7 @@ impl Spawned {
         // Wait for the start-up probe to settle (ready, or withdrawn).
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            if settled(&url, &token) {
+            if settled(&url, token) {
                 break;
             }
             let l = logs.lock().unwrap().clone();
@@ -972,33 +989,21 @@ impl Spawned {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Spawned {
-            child,
-            url,
-            token,
-            logs,
-            reader: Some(reader),
-            _uid_port: uid_port,
-            _dir: dir,
-        }
+        (child, url, logs, reader)
     }
 
-    /// A new `plimsolld` on the same settings and state (its start-up reap runs), once this
-    /// one is gone.
-    fn restart(mut self) -> Spawned {
+    /// Starts a new `plimsolld` on the same settings and state (its start-up reap runs) in
+    /// place of this one, which is ended first if it still runs; returns once it is ready.
+    fn restart(&mut self) {
         let _ = self.child.kill();
-        let _ = self.child.wait();
-        let (dir, uid_port, token) = (
-            std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap()),
-            std::mem::replace(
-                &mut self._uid_port,
-                std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
-            ),
-            self.token.clone(),
-        );
-        Spawned::spawn_in(dir, uid_port, token, &[], &[], &|url, _| {
-            get(url, "/readyz", None).status == 200
-        })
+        let _ = self.wait_exit();
+        let config = self._dir.path().join("plimsoll.toml");
+        let (child, url, logs, reader) =
+            Spawned::launch(&config, &self.token, &[], &[], &|url, _| {
+                get(url, "/readyz", None).status == 200
+            });
+        (self.child, self.url, self.logs) = (child, url, logs);
+        self.reader = Some(reader);
     }
 
     /// The first sandbox uid of its range (its settings' `sandbox_uid_base`).
@@ -2008,42 +2013,6 @@ fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
     );
 }
 
-/// The live processes whose real uid is in `uids`, with their CPU time so far (user and
-/// system, in clock ticks).
-fn processes_in(uids: std::ops::Range<u32>) -> Vec<(i32, u64)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let uid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|u| u.parse::<u32>().ok());
-        let zombie = status
-            .lines()
-            .any(|l| l.starts_with("State:") && l.contains('Z'));
-        if !uid.is_some_and(|u| uids.contains(&u)) || zombie {
-            continue;
-        }
-        let ticks = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|stat| {
-                // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
-                let rest = stat.rsplit_once(')')?.1.to_owned();
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-            })
-            .unwrap_or(0);
-        found.push((pid, ticks));
-    }
-    found
-}
-
 /// #16.2: a run's deadline does not live in the daemon alone. plimsolld is SIGKILLed one
 /// second into a busy loop with a 3 s timeout and not started again: the run's processes
 /// (found by the daemon's sandbox uid range) are gone by the deadline plus the provider's
@@ -2052,7 +2021,7 @@ fn processes_in(uids: std::ops::Range<u32>) -> Vec<(i32, u64)> {
 #[test]
 fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
     let test = "a_run_ends_at_its_deadline_after_the_daemon_is_killed";
-    let image = plimsoll_sandbox::testing::workspace_root().join("build/images/sandbox");
+    let image = workspace_root().join("build/images/sandbox");
     for (provider, grace) in [
         ("process", plimsoll_process::WATCHDOG_GRACE),
         ("crun", plimsoll_oci::WATCHDOG_GRACE),
@@ -2086,7 +2055,7 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         });
         let base = d.uid_base();
         let uids = base..base + plimsoll_daemon::testing::UIDS_PER_PORT;
-        while processes_in(uids.clone()).is_empty() {
+        while processes_of_uids(uids.clone()).is_empty() {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "{provider}: the run never started: {}",
@@ -2100,13 +2069,17 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         client.join().expect("the client");
         let killed = start.elapsed();
         let bound = timeout + grace;
-        let mut cpu_ticks = 0;
+        // CPU seconds of each of the run's processes, as last seen alive.
+        let mut cpu = BTreeMap::new();
         loop {
-            let left = processes_in(uids.clone());
+            let left: Vec<(i32, f64)> = processes_of_uids(uids.clone())
+                .into_iter()
+                .filter_map(|p| Some((p, cpu_seconds(p)?)))
+                .collect();
             if left.is_empty() {
                 break;
             }
-            cpu_ticks = cpu_ticks.max(left.iter().map(|(_, t)| t).sum());
+            cpu.extend(left.iter().copied());
             assert!(
                 start.elapsed() < bound + Duration::from_secs(10),
                 "{provider}: the run's processes {left:?} outlived its deadline ({timeout:?}) and grace ({grace:?}) by far: {:?} after it was sent",
@@ -2115,27 +2088,20 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
             std::thread::sleep(Duration::from_millis(20));
         }
         let ended = start.elapsed();
-        // /proc counts CPU time in USER_HZ ticks, 100 a second on Linux.
-        let hz = 100.0;
+        let cpu: f64 = cpu.values().sum();
         eprintln!(
-            "{provider}: daemon killed {killed:?} after the request, the run's processes gone {ended:?} after it (deadline {timeout:?} + grace {grace:?}); their CPU time at the last look {:.2} s",
-            cpu_ticks as f64 / hz
+            "{provider}: daemon killed {killed:?} after the request, the run's processes gone {ended:?} after it (deadline {timeout:?} + grace {grace:?}); their CPU time at the last look {cpu:.2} s"
         );
         assert!(
             ended <= bound + Duration::from_secs(3),
             "{provider}: gone only {ended:?} after the request (deadline {timeout:?} + grace {grace:?})"
         );
         assert!(
-            (cpu_ticks as f64 / hz) <= (bound + Duration::from_secs(1)).as_secs_f64(),
-            "{provider}: {cpu_ticks} ticks of CPU"
+            cpu <= (bound + Duration::from_secs(1)).as_secs_f64(),
+            "{provider}: {cpu:.2} s of CPU"
         );
         // The dead daemon's leftovers go with the next one's start-up reap.
-        let again = d.restart();
-        assert_eq!(
-            get(&again.url, "/readyz", None).status,
-            200,
-            "{}",
-            again.logs()
-        );
+        d.restart();
+        assert_eq!(get(&d.url, "/readyz", None).status, 200, "{}", d.logs());
     }
 }

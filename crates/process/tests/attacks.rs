@@ -8,7 +8,7 @@ use std::time::Duration;
 use plimsoll_process::{ProcessConfig, ProcessProvider};
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::testing::{
-    NAMESPACE_ATTACK, is_root, namespace_attack_refused, probe_binary, skip_or_fail,
+    NAMESPACE_ATTACK, cpu_seconds, is_root, namespace_attack_refused, probe_binary, skip_or_fail,
 };
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Provider as _, ResolvedLimits};
 use plimsoll_wire::{Language, Reason, RunResult, RunSpec, Snippet};
@@ -906,28 +906,15 @@ fn a_run_ends_at_its_deadline_without_the_daemon() {
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
     child.child.wait().unwrap();
     // CPU seconds (utime + stime) of each process of the uid, as last seen alive.
-    let tick = 100.0; // USER_HZ
     let mut cpu = std::collections::BTreeMap::new();
     let bound = timeout + plimsoll_process::WATCHDOG_GRACE;
     loop {
         let mut alive = 0;
         for p in processes_of_uid(uid) {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-                continue;
-            };
-            let fields: Vec<&str> = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .collect();
-            if fields.first() == Some(&"Z") {
-                continue;
+            if let Some(t) = cpu_seconds(p) {
+                alive += 1;
+                cpu.insert(p, t);
             }
-            alive += 1;
-            let t: f64 =
-                fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse::<f64>().unwrap_or(0.0);
-            cpu.insert(p, t / tick);
         }
         if alive == 0 {
             break;

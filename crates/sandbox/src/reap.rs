@@ -70,7 +70,7 @@ pub fn end_processes_of_uid(uid: u32, patience: Duration) -> Result<(), EndProce
         let left = if crate::spawn::become_subreaper() {
             reap_children_of_uid(uid)
         } else {
-            scan(uid, true)
+            scan(uid..uid + 1, true)
         };
         if left.is_empty() {
             return Ok(());
@@ -202,7 +202,13 @@ fn wait_signaller(pid: libc::pid_t, uid: u32) -> io::Result<()> {
 /// The pids of every process of `uid` on the host (zombies included), from the whole of
 /// /proc. Exact but slow (one read per process); for checks and tests.
 pub fn processes_of_uid(uid: u32) -> Vec<i32> {
-    scan(uid, false)
+    scan(uid..uid + 1, false)
+}
+
+/// [`processes_of_uid`] for every uid in `uids` (a daemon's whole sandbox range), in one
+/// pass over /proc.
+pub fn processes_of_uids(uids: std::ops::Range<u32>) -> Vec<i32> {
+    scan(uids, false)
 }
 
 /// Reaps our children of `uid` that are zombies; returns those still alive.
@@ -255,7 +261,7 @@ fn reap(pid: i32) -> bool {
     })
 }
 
-fn scan(uid: u32, reap_zombies: bool) -> Vec<i32> {
+fn scan(uids: std::ops::Range<u32>, reap_zombies: bool) -> Vec<i32> {
     let me = std::process::id() as i32;
     let mut left = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -272,7 +278,7 @@ fn scan(uid: u32, reap_zombies: bool) -> Vec<i32> {
         let Some(info) = read_status(pid) else {
             continue;
         };
-        if !info.uids.contains(&uid) {
+        if !info.uids.iter().any(|u| uids.contains(u)) {
             continue;
         }
         if reap_zombies && info.zombie && info.ppid == me && reap(pid) {

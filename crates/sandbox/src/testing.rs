@@ -149,6 +149,21 @@ pub fn text(b: &Bytes) -> String {
     b.to_string_lossy()
 }
 
+/// The CPU time (user and system) a live process has used, from /proc/PID/stat; `None` when
+/// it is gone or a zombie.
+pub fn cpu_seconds(pid: i32) -> Option<f64> {
+    /// /proc counts CPU time in USER_HZ ticks, 100 a second on Linux.
+    const USER_HZ: f64 = 100.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    Some((ticks(11)? + ticks(12)?) / USER_HZ)
+}
+
 /// An id unique in this host for a while: `<scenario><pid>x<counter>`.
 pub fn fresh_id(scenario: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
