@@ -1,5 +1,6 @@
 import os, signal, stat, sys
 MARKER = "@MARKER_REVERSED@"[::-1]
+SCENARIO = "@SCENARIO@"
 out = []
 def attempt(what, f):
     try:
@@ -13,7 +14,7 @@ def ppid(pid):
 launcher = os.getppid()
 runner = ppid(launcher)
 agent = ppid(runner)
-attempt("scenario", lambda: open("standard.json", "rb").read())
+attempt("scenario", lambda: open(SCENARIO, "rb").read())
 attempt("job", lambda: open("/opt/plimsoll/bin/job.json", "rb").read())
 for who, pid in (("runner", runner), ("launcher", launcher), ("agent", agent)):
     attempt(f"{who} mem", lambda pid=pid: open(f"/proc/{pid}/mem", "rb").read(16))

@@ -10,7 +10,8 @@
 
 use plimsoll_wire::ProjectFile;
 
-/// The controller's source, with `@MARKER_REVERSED@` for the marker.
+/// The controller's source, with `@MARKER_REVERSED@` for the marker and `@SCENARIO@` for
+/// the scenario file its runner is given.
 const SOURCE: &str = include_str!("hostile.py");
 
 /// One hostile trial: a fresh marker, the controller and the scenario that carries it.
@@ -27,20 +28,18 @@ impl Hostile {
     }
 
     /// `hostile.py` and a scenario named after the marker at `scenario` (the standard start,
-    /// played for 2000 ticks).
+    /// played for 2000 ticks), which the controller tries to read first.
     pub fn files(&self, scenario: &str) -> Vec<ProjectFile> {
         let reversed: String = self.marker.chars().rev().collect();
         let marker = &self.marker;
         let json = format!(
             r#"{{"name": "{marker}", "initial": {{"x": 0.3, "x_dot": -0.1, "theta": 0.08, "theta_dot": 0.05}}, "ticks": 2000, "pass_ticks": 2000}}"#
         );
-        vec![
-            file(
-                "hostile.py",
-                &SOURCE.replace("@MARKER_REVERSED@", &reversed),
-            ),
-            file(scenario, &json),
-        ]
+        let source = SOURCE
+            .replace("@MARKER_REVERSED@", &reversed)
+            .replace("@SCENARIO@", scenario);
+        assert!(!source.contains("@MARKER_REVERSED@") && !source.contains("@SCENARIO@"));
+        vec![file("hostile.py", &source), file(scenario, &json)]
     }
 }
 
