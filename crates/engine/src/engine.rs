@@ -2,21 +2,22 @@
 //! runs, and builds the response with its digests and record.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
-use plimsoll_sandbox::{BrokerChannel, LaunchError, LaunchPlan, Probed, Provider};
+use plimsoll_sandbox::{BrokerChannel, LaunchError, Probed, Provider};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
     ErrorBody, ErrorResponse, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest,
     RunResponse,
 };
 
-use crate::admission::{Admission, controller_uid, run_uid};
+use crate::admission::Admission;
 use crate::config::EngineConfig;
 use crate::evidence_cache::EvidenceCache;
+use crate::plan::{ProviderView, Unavailable, plan};
 use crate::providers::AnyProvider;
-use crate::routing::{Candidate, route};
 
 /// A provider with its latest probe.
 #[derive(Debug)]
@@ -28,7 +29,14 @@ struct Slot {
     /// Held while its probe runs: one probe per provider at a time (start-up, re-check and
     /// a re-probe after a failure may meet).
     probing: std::sync::Mutex<()>,
+    /// Set while a probe after a failed run is running in the background: routing skips the
+    /// provider until it ends, and at most one such probe runs at a time.
+    rechecking: AtomicBool,
 }
+
+/// The unavailability a provider shows while it is re-checked.
+pub(crate) const RECHECKING: &str =
+    "being checked again after a failed run: its probe is running; retry shortly";
 
 #[derive(Debug, Clone)]
 struct ProbedState {
@@ -140,7 +148,8 @@ impl RunError {
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
-    slots: Vec<Slot>,
+    /// Shared with the background re-checks a failed run starts.
+    slots: Arc<[Slot]>,
     admission: Arc<Admission>,
     /// Swapped whole by [`Engine::replace_grants`]; a run takes its profile out once, so a
     /// run in flight keeps the profile it started with.
@@ -193,6 +202,7 @@ impl Engine {
                     index,
                 ),
                 probing: std::sync::Mutex::new(()),
+                rechecking: AtomicBool::new(false),
             })
             .collect();
         Ok(Engine {
@@ -264,7 +274,7 @@ impl Engine {
     /// ended. Slow (it runs real sandboxes).
     pub fn probe_all(&self) {
         std::thread::scope(|s| {
-            for slot in &self.slots {
+            for slot in self.slots.iter() {
                 let spawned = std::thread::Builder::new()
                     .name(format!("probe-{}", slot.provider.name()))
                     .spawn_scoped(s, || self.probe_slot(slot));
@@ -380,7 +390,8 @@ impl Engine {
         }
     }
 
-    /// Re-runs one provider's probe (after an unexpected failure, or periodically).
+    /// Re-runs one provider's probe now, on the caller's thread (a failed run re-checks its
+    /// provider in the background instead).
     pub fn reprobe(&self, name: &str) {
         if let Some(slot) = self.slots.iter().find(|s| s.provider.name() == name) {
             self.probe_slot(slot);
@@ -388,50 +399,40 @@ impl Engine {
     }
 
     fn probe_slot(&self, slot: &Slot) {
-        let _one_at_a_time = slot.probing.lock().unwrap_or_else(|p| p.into_inner());
-        // The provider's probe uid is leased host-wide too, so another engine with the same
-        // uid base never probes as it at the same moment.
-        let probe_uid = slot.probe_uid;
-        let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        let lease = loop {
-            match plimsoll_sandbox::try_lease(&lease_dir, probe_uid) {
-                Ok(Some(lease)) => break Ok(lease),
-                Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                Ok(None) => {
-                    break Err(format!(
-                        "the probe uid {probe_uid} is still held by another plimsoll engine after 120 s: give each engine its own sandbox_uid_base"
-                    ));
-                }
-                Err(e) => break Err(format!("cannot lease the probe uid {probe_uid}: {e}")),
-            }
-        };
-        // Probing as a uid another engine is using would let each kill the other's
-        // processes, so without the lease the provider is withdrawn instead.
-        let probed = match &lease {
-            Ok(_) => slot.provider.probe(),
-            Err(why) => unprobed(
-                slot.provider.name(),
-                slot.provider.nominal_tier(),
-                why.clone(),
-            ),
-        };
-        match &probed.available {
-            Ok(()) => {
-                tracing::info!(provider = slot.provider.name(), tier = %probed.tier, "provider available")
-            }
-            Err(why) => {
-                tracing::warn!(provider = slot.provider.name(), reason = %why, "provider withdrawn")
-            }
+        probe_slot(slot, &plimsoll_sandbox::lease_dir(&self.config.state_dir));
+    }
+
+    /// Probes `slot` again off the caller's path, after a run on it failed: the caller's
+    /// answer does not wait for it, and routing skips the provider until it ends. A second
+    /// failure while one runs starts none.
+    fn recheck_in_background(&self, index: usize) {
+        let slot = &self.slots[index];
+        if slot.rechecking.swap(true, Ordering::SeqCst) {
+            return;
         }
-        let evidence_sha256 = evidence_sha256(&probed.evidence);
-        *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
-            probed,
-            evidence_sha256,
-            cached: false,
-        });
+        let slots = Arc::clone(&self.slots);
+        let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
+        let spawned = std::thread::Builder::new()
+            .name(format!("recheck-{}", slot.provider.name()))
+            .spawn(move || {
+                let slot = &slots[index];
+                probe_slot(slot, &lease_dir);
+                slot.rechecking.store(false, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            // No thread to be had: probe here; this caller waits, but the provider
+            // comes back.
+            tracing::warn!(provider = slot.provider.name(), error = %e, "no thread for the re-check: probing on the caller's path");
+            self.probe_slot(slot);
+            slot.rechecking.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// True while `name` is being probed again in the background after a failed run.
+    pub fn rechecking(&self, name: &str) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.provider.name() == name && s.rechecking.load(Ordering::SeqCst))
     }
 
     /// The answer to `GET /v1/providers`: the default floor and [`Engine::providers`].
@@ -454,13 +455,18 @@ impl Engine {
                     .read()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone()?;
+                let available = if slot.rechecking.load(Ordering::SeqCst) {
+                    Err(RECHECKING.to_owned())
+                } else {
+                    st.probed.available
+                };
                 Some((
                     slot.provider.cost(),
                     ProviderInfo {
                         name: slot.provider.name().to_owned(),
                         isolation: st.probed.tier,
-                        available: st.probed.available.is_ok(),
-                        unavailable_reason: st.probed.available.err(),
+                        available: available.is_ok(),
+                        unavailable_reason: available.err(),
                         evidence: st.probed.evidence,
                         evidence_sha256: st.evidence_sha256,
                     },
@@ -499,75 +505,41 @@ impl Engine {
     /// before anything starts and carries its reason.
     pub fn run(&self, caller: &str, req: &RunRequest) -> Result<RunResponse, RunError> {
         let id = Some(req.request_id.as_str());
-        req.validate()
-            .map_err(|r| RunError::refused(r.request_id.as_deref().or(id), r.reason, r.message))?;
-        let limits = self
-            .config
-            .limits
-            .resolve(req.limits.as_ref())
-            .map_err(|m| RunError::refused(id, Reason::Request, m))?;
-        // An unknown profile and a forbidden one get the same answer, so names cannot be
-        // probed.
-        let profile = match &req.grant {
-            None => None,
-            Some(name) => Some(
-                self.grants()
-                    .authorize(name, caller)
-                    .map_err(|e| RunError::refused(id, Reason::Permission, e.to_string()))?,
-            ),
-        };
-        let floor = req.minimum_isolation.unwrap_or(self.config.default_floor);
-
-        // Snapshot every provider's state once, so the floor check and the dispatch agree.
+        // Snapshot every provider's state once, so the decision and the record agree.
         let states: Vec<Option<ProbedState>> = self
             .slots
             .iter()
             .map(|s| s.probed.read().unwrap_or_else(|p| p.into_inner()).clone())
             .collect();
-        let supports: Vec<Result<(), String>> = self
-            .slots
-            .iter()
-            .map(|s| {
-                s.provider.supports(&req.run)?;
-                if profile.is_some() && !s.provider.supports_broker() {
-                    return Err(
-                        "this provider cannot carry a grant's broker channel: name a provider that can (process, crun, runc, runsc, qemu)".into(),
-                    );
-                }
-                Ok(())
-            })
-            .collect();
-        let candidates: Vec<Candidate<'_>> = self
+        let views: Vec<ProviderView<'_>> = self
             .slots
             .iter()
             .zip(&states)
-            .zip(&supports)
-            .map(|((slot, st), sup)| Candidate {
+            .map(|(slot, st)| ProviderView {
                 name: slot.provider.name(),
                 tier: st
                     .as_ref()
                     .map_or(slot.provider.nominal_tier(), |s| s.probed.tier),
                 cost: slot.provider.cost(),
+                supports: slot.provider.supports(&req.run),
+                carries_broker: slot.provider.supports_broker(),
                 available: match st {
-                    None => Err("not probed yet: its probe is still running; retry shortly"),
+                    _ if slot.rechecking.load(Ordering::SeqCst) => Err(Unavailable::Rechecking),
+                    None => Err(Unavailable::Probing),
                     Some(s) => s
                         .probed
                         .available
                         .as_ref()
                         .map(|_| ())
-                        .map_err(String::as_str),
+                        .map_err(|why| Unavailable::Withdrawn(why)),
                 },
-                supports: sup.as_ref().map(|_| ()).map_err(String::as_str),
             })
             .collect();
-        let chosen = route(&candidates, floor, req.provider.as_deref())
-            .map_err(|e| RunError::refused(id, e.reason, e.message))?;
-        let index = self
-            .slots
-            .iter()
-            .position(|s| s.provider.name() == chosen)
-            .expect("routed to a slot");
+        let decided = plan(caller, req, &self.config, &self.grants(), &views)?;
+        let floor = decided.floor;
+        let index = decided.provider;
         let slot = &self.slots[index];
+        let chosen = slot.provider.name();
         let state = states[index].clone().expect("routed providers are probed");
         // The floor is checked once more against the exact evidence the run will carry.
         if state.probed.tier < floor {
@@ -584,29 +556,19 @@ impl Engine {
             .map_err(|m| RunError::refused(id, Reason::Capacity, m))?;
         let run_id = new_run_id();
         // The run's broker: mints its credential now, lives as long as the run.
-        let broker = profile.map(|p| Broker::start(p, caller, &run_id, limits.timeout));
-        let plan = LaunchPlan {
-            run_id: run_id.clone(),
-            request_id: req.request_id.clone(),
-            spec: req.run.clone(),
-            limits,
-            uid: run_uid(self.config.sandbox_uid_base, permit.slot()),
-            gid: run_uid(self.config.sandbox_uid_base, permit.slot()),
-            controller_uid: controller_uid(
-                self.config.sandbox_uid_base,
-                self.config.max_concurrent,
-                permit.slot(),
-            ),
-            controller_gid: controller_uid(
-                self.config.sandbox_uid_base,
-                self.config.max_concurrent,
-                permit.slot(),
-            ),
-            run_dir: self.config.state_dir.join("runs").join(&run_id),
-            broker: broker
+        let broker = decided
+            .grant
+            .clone()
+            .map(|p| Broker::start(p, caller, &run_id, decided.limits.timeout));
+        let plan = decided.launch(
+            req,
+            &self.config,
+            permit.slot(),
+            &run_id,
+            broker
                 .as_ref()
                 .map(|b| BrokerChannel::new(Arc::new(b.clone()))),
-        };
+        );
         tracing::info!(
             request_id = %req.request_id, run_id = %run_id, caller, provider = chosen,
             tier = %state.probed.tier, grant = req.grant.as_deref().unwrap_or("-"), "dispatching"
@@ -619,12 +581,12 @@ impl Engine {
             Ok(o) => o,
             Err(LaunchError::NotStarted { reason, message }) => {
                 tracing::warn!(request_id = %req.request_id, provider = chosen, %message, "launch failed before start");
-                self.reprobe(chosen);
+                self.recheck_in_background(index);
                 return Err(RunError::refused(id, reason, message));
             }
             Err(LaunchError::Failed { message }) => {
                 tracing::error!(request_id = %req.request_id, provider = chosen, %message, "run failed");
-                self.reprobe(chosen);
+                self.recheck_in_background(index);
                 return Err(RunError::Failed {
                     request_id: req.request_id.clone(),
                     provider: chosen.to_owned(),
@@ -668,6 +630,54 @@ impl Engine {
             record,
         })
     }
+}
+
+/// Probes `slot` as its own probe uid, leased host-wide from `lease_dir`, and keeps what it
+/// found.
+fn probe_slot(slot: &Slot, lease_dir: &Path) {
+    let _one_at_a_time = slot.probing.lock().unwrap_or_else(|p| p.into_inner());
+    // The provider's probe uid is leased host-wide too, so another engine with the same
+    // uid base never probes as it at the same moment.
+    let probe_uid = slot.probe_uid;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let lease = loop {
+        match plimsoll_sandbox::try_lease(lease_dir, probe_uid) {
+            Ok(Some(lease)) => break Ok(lease),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Ok(None) => {
+                break Err(format!(
+                    "the probe uid {probe_uid} is still held by another plimsoll engine after 120 s: give each engine its own sandbox_uid_base"
+                ));
+            }
+            Err(e) => break Err(format!("cannot lease the probe uid {probe_uid}: {e}")),
+        }
+    };
+    // Probing as a uid another engine is using would let each kill the other's
+    // processes, so without the lease the provider is withdrawn instead.
+    let probed = match &lease {
+        Ok(_) => slot.provider.probe(),
+        Err(why) => unprobed(
+            slot.provider.name(),
+            slot.provider.nominal_tier(),
+            why.clone(),
+        ),
+    };
+    match &probed.available {
+        Ok(()) => {
+            tracing::info!(provider = slot.provider.name(), tier = %probed.tier, "provider available")
+        }
+        Err(why) => {
+            tracing::warn!(provider = slot.provider.name(), reason = %why, "provider withdrawn")
+        }
+    }
+    let evidence_sha256 = evidence_sha256(&probed.evidence);
+    *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
+        probed,
+        evidence_sha256,
+        cached: false,
+    });
 }
 
 /// The state of a provider whose probe could not run: withdrawn, with the reason as evidence.

@@ -217,3 +217,92 @@ fn errors_after_the_start_carry_no_refusal_mark() {
     let refused = RunError::refused(Some("r"), Reason::Capacity, "full");
     assert_eq!(not_dispatched_reason(&refused), Some(Reason::Capacity));
 }
+
+/// A run that fails before it starts is answered at once: the provider's re-check runs in the
+/// background, routing skips the provider until it ends, and it serves again after. The test
+/// holds the probe uid's host-wide lease, so the re-check is provably still running (waiting
+/// for the lease) when the answer arrives.
+#[test]
+fn a_failed_run_is_answered_before_its_provider_is_checked_again() {
+    let uid_base = 2_320_700;
+    let Some((engine, dir)) = engine("recheck", uid_base, "") else {
+        return;
+    };
+    let state = dir.path().join("state");
+    let probe_uid = uid_base + 4;
+    let lease = plimsoll_sandbox::try_lease(&plimsoll_sandbox::lease_dir(&state), probe_uid)
+        .unwrap()
+        .expect("nothing else holds this test's probe uid");
+    // A run directory that cannot be made: the launch fails before any code starts.
+    let runs = state.join("runs");
+    std::fs::remove_dir_all(&runs).unwrap();
+    std::fs::write(&runs, b"not a directory").unwrap();
+
+    let req = request(
+        "recheck-1",
+        Some(Tier::Process),
+        Language::Python,
+        "print(1)",
+    );
+    match engine.run("alice", &req) {
+        Err(RunError::Refused { reason, .. }) => assert_eq!(reason, Reason::Environment),
+        other => panic!("a run without its directory was not refused: {other:?}"),
+    }
+    assert!(
+        engine.rechecking("process"),
+        "answered while the re-check waits for the probe uid"
+    );
+    let p = &engine.providers()[0];
+    assert!(!p.available);
+    assert!(
+        p.unavailable_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("being checked again")),
+        "{p:?}"
+    );
+    // Routing skips it meanwhile, and says why when it is named.
+    let named = RunRequest {
+        provider: Some("process".into()),
+        ..request(
+            "recheck-2",
+            Some(Tier::Process),
+            Language::Python,
+            "print(2)",
+        )
+    };
+    match engine.run("alice", &named) {
+        Err(RunError::Refused {
+            reason, message, ..
+        }) => {
+            assert_eq!(reason, Reason::Environment);
+            assert!(message.contains("being checked again"), "{message}");
+        }
+        other => panic!("a provider being re-checked took a run: {other:?}"),
+    }
+    assert_eq!(engine.in_flight(), 0);
+
+    // The host is mended and the lease let go: the re-check runs, and the provider serves.
+    std::fs::remove_file(&runs).unwrap();
+    drop(lease);
+    let start = std::time::Instant::now();
+    while engine.rechecking("process") {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "the re-check never ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(engine.providers()[0].available, "{:?}", engine.providers());
+    let ok = engine
+        .run(
+            "alice",
+            &request(
+                "recheck-3",
+                Some(Tier::Process),
+                Language::Python,
+                "print(3)",
+            ),
+        )
+        .unwrap();
+    assert_eq!(ok.result.exit_code, Some(0));
+}

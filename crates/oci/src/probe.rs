@@ -296,6 +296,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
     let plan = LaunchPlan {
         run_id: run_id.clone(),
         request_id: "probe".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: RunSpec::Snippet(Snippet {
             language: Language::Python,
             code: "probe".into(),

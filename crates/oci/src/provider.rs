@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use plimsoll_sandbox::{
     CaptureLimits, Captured, LaunchError, LaunchPlan, Outcome, Probed, Provider, unix_ms_now,
 };
-use plimsoll_wire::trial_step::{TRIAL_RUNNER, TrialIds, has_trial_step, trial_step};
+use plimsoll_wire::trial_step::{TRIAL_RUNNER, trial_step};
 use plimsoll_wire::{AgentJob, Bytes, Language, RunResult, RunSpec, Tier};
 
 use crate::cgroup::{CgroupLayout, MemorySeen};
@@ -762,12 +762,7 @@ impl OciProvider {
         // A run with a trial step: the agent starts as uid 0 with CAP_SETUID and CAP_SETGID
         // (spec.rs) and is told the run's two uids; the runner is bound read-only at
         // TRIAL_RUNNER_PATH. Nothing of this in any other run.
-        let trial = has_trial_step(&plan.spec).then_some(TrialIds {
-            uid: plan.uid,
-            gid: plan.gid,
-            controller_uid: plan.controller_uid,
-            controller_gid: plan.controller_gid,
-        });
+        let trial = plan.trial_ids();
         // RunRequest::validate refuses these first; a plan that still holds one never gets
         // the privileges (the agent would refuse it too, but only after starting as root).
         if let Some((i, Some(Err(e)))) = project
@@ -1028,10 +1023,12 @@ mod tests {
     }
 
     fn project_plan(steps: &[&str]) -> LaunchPlan {
+        let spec = plimsoll_sandbox::testing::project(vec![], steps, &[]);
         LaunchPlan {
             run_id: "trial0".into(),
             request_id: "r".into(),
-            spec: plimsoll_sandbox::testing::project(vec![], steps, &[]),
+            privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
+            spec,
             limits: plimsoll_sandbox::testing::limits(),
             uid: 2_000_010,
             gid: 2_000_011,
@@ -1088,7 +1085,7 @@ mod tests {
         );
         assert_eq!(
             job_of(&launch).trial,
-            Some(TrialIds {
+            Some(plimsoll_wire::trial_step::TrialIds {
                 uid: 2_000_010,
                 gid: 2_000_011,
                 controller_uid: 2_000_020,

@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use plimsoll_sandbox::LaunchPlan;
-use plimsoll_wire::trial_step::has_trial_step;
 use serde_json::{Value, json};
 
 use crate::runtime::RuntimeKind;
@@ -204,7 +203,7 @@ pub fn container_config(plan: &LaunchPlan, inputs: &SpecInputs<'_>) -> Value {
     // works as the run's uid from its first instruction on and gives every ordinary step
     // neither (docs/container-tier.md, "Trial runs"). Every other run starts as its own uid
     // with no capability at all.
-    let (user, capabilities) = if has_trial_step(&plan.spec) {
+    let (user, capabilities) = if plan.privileges.is_trial() {
         (
             json!({"uid": 0, "gid": 0, "additionalGids": []}),
             json!({"bounding": TRIAL_CAPABILITIES, "effective": TRIAL_CAPABILITIES,
@@ -258,6 +257,7 @@ mod tests {
         LaunchPlan {
             run_id: "0123abcd".into(),
             request_id: "r".into(),
+            privileges: plimsoll_sandbox::Privileges::Unprivileged,
             spec: RunSpec::Snippet(Snippet {
                 language: Language::Python,
                 code: "print(1)".into(),
@@ -312,8 +312,10 @@ mod tests {
 
     /// A project plan with these steps.
     fn project_plan(steps: &[&str]) -> LaunchPlan {
+        let spec = plimsoll_sandbox::testing::project(vec![], steps, &[]);
         LaunchPlan {
-            spec: plimsoll_sandbox::testing::project(vec![], steps, &[]),
+            privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
+            spec,
             ..plan()
         }
     }

@@ -48,6 +48,7 @@ fn main() {
         let plan = LaunchPlan {
             run_id: format!("bench-{i}"),
             request_id: "bench".into(),
+            privileges: plimsoll_sandbox::Privileges::Unprivileged,
             spec: RunSpec::Snippet(Snippet {
                 language: Language::Javascript,
                 code: "console.log(1)".into(),

@@ -485,6 +485,7 @@ fn run_snippet(provider: &ProcessProvider, language: Language, code: &str) -> Re
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         request_id: "probe".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: RunSpec::Snippet(Snippet {
             language,
             code: code.into(),

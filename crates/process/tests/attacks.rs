@@ -67,6 +67,7 @@ fn plan(env: &Env, uid: u32, language: Language, code: &str, limits: ResolvedLim
         run_dir: env.state.join("runs").join(&run_id),
         run_id,
         request_id: "test".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: RunSpec::Snippet(Snippet {
             language,
             code: code.into(),

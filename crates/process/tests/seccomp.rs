@@ -137,6 +137,7 @@ fn every_allowed_call_works_and_every_denied_one_fails_as_documented() {
         run_dir: state.join("runs").join(&run_id),
         run_id,
         request_id: "seccomp".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: RunSpec::Snippet(Snippet {
             language: Language::Python,
             code: common::script(&checks),

@@ -72,6 +72,54 @@ pub struct LaunchPlan {
     /// hands it a stream connected to the sandbox (see [`broker`]) and preloads the
     /// in-sandbox client. `None`: the run has no channel out at all.
     pub broker: Option<BrokerChannel>,
+    /// What the sandbox's first process holds, decided where the plan is made (the engine's
+    /// `plan()`); a provider applies it and never looks at the steps to decide it.
+    pub privileges: Privileges,
+}
+
+/// What a run's first process may hold inside its sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Privileges {
+    /// Starts as the run's uid with no capability at all: every run without a trial step.
+    Unprivileged,
+    /// A run with a trial step: the agent starts as uid 0 holding exactly CAP_SETUID and
+    /// CAP_SETGID, works as the run's uid, and hands the two only to the trial runner, which
+    /// runs the controller as the run's controller uid (docs/trials.md). The trial runner is
+    /// bound into the sandbox for this run alone.
+    TrialRunner,
+}
+
+impl Privileges {
+    /// The one rule: a run gets the trial runner's privileges exactly when a step of it is a
+    /// trial step (well-formed or not: a malformed one is refused before it gets them, by
+    /// request validation and again by the provider).
+    pub fn for_spec(spec: &RunSpec) -> Self {
+        if plimsoll_wire::trial_step::has_trial_step(spec) {
+            Privileges::TrialRunner
+        } else {
+            Privileges::Unprivileged
+        }
+    }
+
+    /// True for [`Privileges::TrialRunner`].
+    pub fn is_trial(self) -> bool {
+        self == Privileges::TrialRunner
+    }
+}
+
+impl LaunchPlan {
+    /// The run's two uids as the agent is told them, in a run with the trial runner's
+    /// privileges; `None` in every other run.
+    pub fn trial_ids(&self) -> Option<plimsoll_wire::trial_step::TrialIds> {
+        self.privileges
+            .is_trial()
+            .then_some(plimsoll_wire::trial_step::TrialIds {
+                uid: self.uid,
+                gid: self.gid,
+                controller_uid: self.controller_uid,
+                controller_gid: self.controller_gid,
+            })
+    }
 }
 
 /// What a provider returns for a run that happened.

@@ -75,6 +75,7 @@ fn probe_plan(p: &VmProvider, what: &str, spec: RunSpec) -> LaunchPlan {
         run_dir: p.config().runs_root().join(&run_id),
         run_id,
         request_id: "probe".into(),
+        privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
         spec,
         limits: probe_limits(),
         uid,

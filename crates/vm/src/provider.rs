@@ -6,7 +6,6 @@ use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider, unix_ms_now};
-use plimsoll_wire::trial_step::has_trial_step;
 use plimsoll_wire::{AgentJob, RunResult, RunSpec, Tier, TrialIds};
 
 use crate::assets::{self, Assets, RunInitrd};
@@ -443,7 +442,7 @@ impl VmProvider {
             ));
         }
         let mut prepared = self.prepared(false).map_err(LaunchError::environment)?;
-        if has_trial_step(&plan.spec) {
+        if plan.privileges.is_trial() {
             prepared = self.for_trial(&prepared)?;
         }
         let accelerator = self.accelerator().ok_or_else(|| {
@@ -508,7 +507,7 @@ fn stats_of(r: &BootReport, ended_unix_ms: u64) -> RunStats {
 /// The agent's job and the guest's limits for a plan.
 pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
     let l = &plan.limits;
-    let trial = has_trial_step(&plan.spec);
+    let trial = plan.privileges.is_trial();
     let job = AgentJob {
         spec: plan.spec.clone(),
         work_dir: "/work".into(),
@@ -659,6 +658,7 @@ mod tests {
         LaunchPlan {
             run_id: "r".into(),
             request_id: "q".into(),
+            privileges: plimsoll_sandbox::Privileges::Unprivileged,
             spec: RunSpec::Snippet(Snippet {
                 language: Language::Python,
                 code: "print(1)".into(),
@@ -717,6 +717,10 @@ mod tests {
         assert_eq!(job.trial, None);
         let mut p = plan();
         p.spec = trial_spec();
+        // The steps alone decide nothing here: the plan's privileges do (the engine's plan()).
+        let j = job_for(&p).unwrap();
+        assert!(!j.limits.trial);
+        p.privileges = plimsoll_sandbox::Privileges::for_spec(&p.spec);
         let j = job_for(&p).unwrap();
         assert!(j.limits.trial);
         let job: AgentJob = serde_json::from_slice(&j.json).unwrap();

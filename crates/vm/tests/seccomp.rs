@@ -82,6 +82,7 @@ fn every_allowed_call_works_and_no_namespace_or_mount_is_made() {
         run_dir: p.config().runs_root().join(&run_id),
         run_id,
         request_id: "vm-seccomp".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: py(&seccomp::script(&checks)),
         limits: limits(),
         uid: UID,

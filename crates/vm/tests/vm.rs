@@ -127,6 +127,7 @@ impl Rig {
             run_dir: self.p.config().runs_root().join(&run_id),
             run_id,
             request_id: "vm-test".into(),
+            privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
             spec,
             limits,
             uid: self.uid,
@@ -650,6 +651,7 @@ fn missing_assets_are_not_offered() {
     let plan = LaunchPlan {
         run_id: "r".into(),
         request_id: "q".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: py("print(1)"),
         limits: limits(),
         uid: 2_400_990,

@@ -101,6 +101,7 @@ fn plan(run_id: String, language: Language, code: &str, uid: u32, timeout: Durat
     LaunchPlan {
         run_id,
         request_id: "plimsoll-oci-run".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: RunSpec::Snippet(Snippet {
             language,
             code: code.into(),

@@ -103,6 +103,7 @@ impl Rig {
         LaunchPlan {
             run_id: fresh_id("t"),
             request_id: "attack".into(),
+            privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
             spec,
             limits,
             uid,

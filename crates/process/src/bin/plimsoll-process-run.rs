@@ -76,6 +76,7 @@ fn main() {
         run_dir: state_dir.join("runs").join(&run_id),
         run_id,
         request_id: "by-hand".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
         spec: RunSpec::Snippet(Snippet {
             language,
             code: positional[2].clone(),

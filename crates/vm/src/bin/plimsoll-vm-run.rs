@@ -109,6 +109,7 @@ fn plan(o: &Options, spec: RunSpec, n: usize) -> LaunchPlan {
         run_dir: o.state_dir.join("runs").join(&run_id),
         run_id,
         request_id: "plimsoll-vm-run".into(),
+        privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
         spec,
         limits: ResolvedLimits {
             timeout: o.timeout,

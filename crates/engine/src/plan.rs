@@ -1,0 +1,376 @@
+//! The decision point. [`plan`] turns a request, the operator's settings, the grants and one
+//! snapshot of every provider's evidence into a [`Plan`] or a refusal, and does nothing else:
+//! no I/O, no clock, no lock, so every decision is testable from data. [`Plan::launch`] then
+//! adds what only admission can give (the run's uid slot, its id, its broker channel) and
+//! gives the provider a [`LaunchPlan`] with everything decided; the provider applies it and
+//! never looks at the request again (ARCHITECTURE.md, "Where policy is decided").
+
+use std::path::Path;
+use std::sync::Arc;
+
+use plimsoll_broker::{GrantProfiles, Profile};
+use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Privileges, ResolvedLimits};
+use plimsoll_wire::{Reason, RunRequest, Tier};
+
+use crate::admission::{controller_uid, run_uid};
+use crate::config::EngineConfig;
+use crate::engine::RunError;
+use crate::routing::{Candidate, route};
+
+/// Why a provider cannot take runs right now, as the snapshot saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable<'a> {
+    /// Its first probe has not ended yet.
+    Probing,
+    /// A run on it failed and it is being probed again in the background; routing skips it
+    /// until that check ends.
+    Rechecking,
+    /// Its probe failed: why, and what to do.
+    Withdrawn(&'a str),
+}
+
+impl Unavailable<'_> {
+    fn why(&self) -> &str {
+        match self {
+            Unavailable::Probing => "not probed yet: its probe is still running; retry shortly",
+            Unavailable::Rechecking => crate::engine::RECHECKING,
+            Unavailable::Withdrawn(why) => why,
+        }
+    }
+}
+
+/// One provider as the decision sees it: its fixed facts, its answer for this request, and
+/// its evidence at the moment of the snapshot.
+#[derive(Debug, Clone)]
+pub struct ProviderView<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// The tier its current evidence supports (the nominal tier while it has none).
+    pub tier: Tier,
+    /// Lower is cheaper.
+    pub cost: u32,
+    /// `Err(why)` when it cannot do this kind of run (its own `supports`).
+    pub supports: Result<(), String>,
+    /// Whether it carries a grant's broker channel into the sandbox.
+    pub carries_broker: bool,
+    /// `Ok` when its evidence lets it take runs now.
+    pub available: Result<(), Unavailable<'a>>,
+}
+
+/// What the engine decided for one request: which provider, under which floor, with which
+/// limits, grant and privileges. Everything but admission's part of a [`LaunchPlan`].
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The chosen provider's index in the snapshot.
+    pub provider: usize,
+    /// The floor applied: the request's, or the operator's default (never silently the
+    /// weakest tier).
+    pub floor: Tier,
+    /// The limits, every value decided.
+    pub limits: ResolvedLimits,
+    /// The grant's profile, when the request named one the caller may use.
+    pub grant: Option<Arc<Profile>>,
+    /// What the sandbox's first process holds.
+    pub privileges: Privileges,
+}
+
+/// Decides one request. Refusals come in this order: the request itself, its limits, its
+/// grant, then routing (named provider, floor, support, availability). Pure.
+pub fn plan(
+    caller: &str,
+    req: &RunRequest,
+    config: &EngineConfig,
+    grants: &GrantProfiles,
+    providers: &[ProviderView<'_>],
+) -> Result<Plan, RunError> {
+    let id = Some(req.request_id.as_str());
+    req.validate()
+        .map_err(|r| RunError::refused(r.request_id.as_deref().or(id), r.reason, r.message))?;
+    let limits = config
+        .limits
+        .resolve(req.limits.as_ref())
+        .map_err(|m| RunError::refused(id, Reason::Request, m))?;
+    // An unknown profile and a forbidden one get the same answer, so names cannot be
+    // probed.
+    let grant = match &req.grant {
+        None => None,
+        Some(name) => Some(
+            grants
+                .authorize(name, caller)
+                .map_err(|e| RunError::refused(id, Reason::Permission, e.to_string()))?,
+        ),
+    };
+    let floor = req.minimum_isolation.unwrap_or(config.default_floor);
+    const NO_BROKER: &str = "this provider cannot carry a grant's broker channel: name a provider that can (process, crun, runc, runsc, qemu)";
+    let candidates: Vec<Candidate<'_>> = providers
+        .iter()
+        .map(|p| Candidate {
+            name: p.name,
+            tier: p.tier,
+            cost: p.cost,
+            available: p.available.as_ref().map(|_| ()).map_err(Unavailable::why),
+            supports: match &p.supports {
+                Err(why) => Err(why.as_str()),
+                Ok(()) if grant.is_some() && !p.carries_broker => Err(NO_BROKER),
+                Ok(()) => Ok(()),
+            },
+        })
+        .collect();
+    let chosen = route(&candidates, floor, req.provider.as_deref())
+        .map_err(|e| RunError::refused(id, e.reason, e.message))?;
+    let provider = providers
+        .iter()
+        .position(|p| p.name == chosen)
+        .expect("routing chooses among the candidates");
+    Ok(Plan {
+        provider,
+        floor,
+        limits,
+        grant,
+        privileges: Privileges::for_spec(&req.run),
+    })
+}
+
+impl Plan {
+    /// The provider's plan, once admission gave the run its uid slot and the engine its id
+    /// and broker. Pure: the run uid and the controller uid follow from the slot
+    /// (`admission::run_uid`, `admission::controller_uid`).
+    pub fn launch(
+        &self,
+        req: &RunRequest,
+        config: &EngineConfig,
+        slot: usize,
+        run_id: &str,
+        broker: Option<BrokerChannel>,
+    ) -> LaunchPlan {
+        let uid = run_uid(config.sandbox_uid_base, slot);
+        let controller = controller_uid(config.sandbox_uid_base, config.max_concurrent, slot);
+        LaunchPlan {
+            run_id: run_id.to_owned(),
+            request_id: req.request_id.clone(),
+            spec: req.run.clone(),
+            limits: self.limits,
+            uid,
+            gid: uid,
+            controller_uid: controller,
+            controller_gid: controller,
+            run_dir: run_dir(&config.state_dir, run_id),
+            broker,
+            privileges: self.privileges,
+        }
+    }
+}
+
+fn run_dir(state_dir: &Path, run_id: &str) -> std::path::PathBuf {
+    state_dir.join("runs").join(run_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plimsoll_wire::{Language, Project, RunSpec, Snippet, Step};
+
+    fn view(name: &'static str, tier: Tier, cost: u32) -> ProviderView<'static> {
+        ProviderView {
+            name,
+            tier,
+            cost,
+            supports: Ok(()),
+            carries_broker: true,
+            available: Ok(()),
+        }
+    }
+
+    fn request(run: RunSpec) -> RunRequest {
+        RunRequest {
+            protocol: plimsoll_wire::PROTOCOL,
+            request_id: "req-1".into(),
+            minimum_isolation: None,
+            provider: None,
+            limits: None,
+            run,
+            grant: None,
+        }
+    }
+
+    fn snippet() -> RunSpec {
+        RunSpec::Snippet(Snippet {
+            language: Language::Python,
+            code: "print(1)".into(),
+        })
+    }
+
+    fn project(steps: &[&str]) -> RunSpec {
+        RunSpec::Project(Project {
+            files: Vec::new(),
+            steps: steps
+                .iter()
+                .map(|s| Step {
+                    name: None,
+                    run: (*s).into(),
+                })
+                .collect(),
+            artifacts: Vec::new(),
+        })
+    }
+
+    fn refusal(r: Result<Plan, RunError>) -> (Reason, String) {
+        match r {
+            Err(RunError::Refused {
+                reason, message, ..
+            }) => (reason, message),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    fn grants() -> GrantProfiles {
+        GrantProfiles::parse(
+            "[profiles.orders]\nbase_url = \"http://127.0.0.1:9\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"alice\"]\ncall_budget = 5\n[profiles.orders.credential]\nkind = \"static\"\nsecret_env = \"ORDERS_TOKEN\"\n",
+            |_| Some("s3cret".into()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn privileges_are_decided_here_from_the_steps() {
+        let c = EngineConfig::default();
+        let views = [view("crun", Tier::Container, 80)];
+        let trial = request(project(&[
+            "echo ok",
+            "plimsoll-trial-runner --scenario s.json -- python3 c.py",
+        ]));
+        let p = plan("alice", &trial, &c, &GrantProfiles::none(), &views).unwrap();
+        assert_eq!(p.privileges, Privileges::TrialRunner);
+        let launch = p.launch(&trial, &c, 3, "run3", None);
+        assert_eq!(launch.privileges, Privileges::TrialRunner);
+        let ids = launch
+            .trial_ids()
+            .expect("a trial run is told its two uids");
+        assert_eq!((ids.uid, ids.gid), (2_000_003, 2_000_003));
+        assert_eq!(
+            (ids.controller_uid, ids.controller_gid),
+            (2_000_000 + 8 + 1 + 3, 2_000_000 + 8 + 1 + 3)
+        );
+
+        // The runner's name elsewhere in a step, a snippet: no privileges, no uids to tell.
+        for run in [project(&["echo plimsoll-trial-runner"]), snippet()] {
+            let req = request(run);
+            let p = plan("alice", &req, &c, &GrantProfiles::none(), &views).unwrap();
+            assert_eq!(p.privileges, Privileges::Unprivileged);
+            assert_eq!(p.launch(&req, &c, 0, "run0", None).trial_ids(), None);
+        }
+    }
+
+    #[test]
+    fn a_malformed_trial_step_is_refused_before_any_privilege() {
+        let c = EngineConfig::default();
+        let req = request(project(&[
+            "plimsoll-trial-runner --scenario s.json -- node c.js; id",
+        ]));
+        let views = [view("crun", Tier::Container, 80)];
+        let (reason, message) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+        assert_eq!(reason, Reason::Request);
+        assert!(message.contains("`;`"), "{message}");
+    }
+
+    #[test]
+    fn the_launch_plan_carries_the_decision_and_admission_s_part() {
+        let c = EngineConfig {
+            state_dir: "/state".into(),
+            ..EngineConfig::default()
+        };
+        let req = request(snippet());
+        let views = [view("process", Tier::Process, 10)];
+        let req = RunRequest {
+            minimum_isolation: Some(Tier::Process),
+            ..req
+        };
+        let p = plan("a", &req, &c, &GrantProfiles::none(), &views).unwrap();
+        assert_eq!((p.provider, p.floor), (0, Tier::Process));
+        let l = p.launch(&req, &c, 5, "abc", None);
+        assert_eq!(l.run_id, "abc");
+        assert_eq!(l.request_id, "req-1");
+        assert_eq!(l.run_dir, Path::new("/state/runs/abc"));
+        assert_eq!((l.uid, l.gid), (2_000_005, 2_000_005));
+        assert_eq!(l.limits, c.limits.resolve(None).unwrap());
+        assert!(l.broker.is_none());
+        assert_eq!(l.spec, req.run);
+    }
+
+    #[test]
+    fn the_default_floor_applies_and_refuses_with_nothing_to_meet_it() {
+        let c = EngineConfig::default();
+        let req = request(snippet());
+        let only_process = [view("process", Tier::Process, 10)];
+        let (reason, _) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &only_process));
+        assert_eq!(reason, Reason::Isolation);
+        let both = [
+            view("process", Tier::Process, 10),
+            view("crun", Tier::Container, 80),
+        ];
+        let p = plan("a", &req, &c, &GrantProfiles::none(), &both).unwrap();
+        assert_eq!((p.provider, p.floor), (1, Tier::Container));
+    }
+
+    #[test]
+    fn a_provider_being_rechecked_is_skipped_and_says_so_when_named() {
+        let c = EngineConfig::default();
+        let mut views = [
+            view("crun", Tier::Container, 80),
+            view("runc", Tier::Container, 100),
+        ];
+        views[0].available = Err(Unavailable::Rechecking);
+        let req = request(snippet());
+        let p = plan("a", &req, &c, &GrantProfiles::none(), &views).unwrap();
+        assert_eq!(p.provider, 1, "the cheaper provider is being re-checked");
+        let named = RunRequest {
+            provider: Some("crun".into()),
+            ..request(snippet())
+        };
+        let (reason, message) = refusal(plan("a", &named, &c, &GrantProfiles::none(), &views));
+        assert_eq!(reason, Reason::Environment);
+        assert!(message.contains("being checked again"), "{message}");
+        // With nothing else to take it, the refusal names both and why.
+        views[1].available = Err(Unavailable::Probing);
+        let (reason, message) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+        assert_eq!(reason, Reason::Isolation);
+        assert!(
+            message.contains("being checked again") && message.contains("not probed yet"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_grant_needs_a_caller_it_names_and_a_provider_that_carries_it() {
+        let c = EngineConfig::default();
+        let g = grants();
+        let req = RunRequest {
+            grant: Some("orders".into()),
+            ..request(snippet())
+        };
+        let mut views = [view("crun", Tier::Container, 80)];
+        let p = plan("alice", &req, &c, &g, &views).unwrap();
+        assert_eq!(p.grant.as_ref().map(|p| p.name()), Some("orders"));
+        let (reason, _) = refusal(plan("bob", &req, &c, &g, &views));
+        assert_eq!(reason, Reason::Permission);
+        views[0].carries_broker = false;
+        let (reason, message) = refusal(plan("alice", &req, &c, &g, &views));
+        assert_eq!(reason, Reason::Unsupported);
+        assert!(message.contains("broker channel"), "{message}");
+    }
+
+    #[test]
+    fn limits_beyond_the_operator_s_maximum_are_the_request_s_fault() {
+        let c = EngineConfig::default();
+        let req = RunRequest {
+            limits: Some(plimsoll_wire::Limits {
+                timeout_ms: Some(u64::MAX),
+                ..Default::default()
+            }),
+            ..request(snippet())
+        };
+        let views = [view("crun", Tier::Container, 80)];
+        let (reason, _) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+        assert_eq!(reason, Reason::Request);
+    }
+}
