@@ -553,17 +553,7 @@ async fn probe_all(engine: Arc<Engine>) {
     }
 }
 
-/// `e` and every error under it, joined by `: `.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+use plimsoll_engine::error_chain;
 
 /// Resolves on the first SIGTERM or SIGINT.
 async fn terminate_signal() {

@@ -458,7 +458,7 @@ impl Engine {
                 let available = if slot.rechecking.load(Ordering::SeqCst) {
                     Err(RECHECKING.to_owned())
                 } else {
-                    st.probed.available
+                    st.probed.available.map_err(|w| w.to_string())
                 };
                 Some((
                     slot.provider.cost(),
@@ -531,7 +531,7 @@ impl Engine {
                         .available
                         .as_ref()
                         .map(|_| ())
-                        .map_err(|why| Unavailable::Withdrawn(why)),
+                        .map_err(Unavailable::Withdrawn),
                 },
             })
             .collect();
@@ -579,12 +579,15 @@ impl Engine {
         drop(permit);
         let mut outcome = match outcome {
             Ok(o) => o,
-            Err(LaunchError::NotStarted { reason, message }) => {
+            Err(e @ LaunchError::NotStarted { .. }) => {
+                let message = e.message();
+                let reason = e.not_dispatched().unwrap_or(Reason::Environment);
                 tracing::warn!(request_id = %req.request_id, provider = chosen, %message, "launch failed before start");
                 self.recheck_in_background(index);
                 return Err(RunError::refused(id, reason, message));
             }
-            Err(LaunchError::Failed { message }) => {
+            Err(e @ LaunchError::MayHaveRun { .. }) => {
+                let message = e.message();
                 tracing::error!(request_id = %req.request_id, provider = chosen, %message, "run failed");
                 self.recheck_in_background(index);
                 return Err(RunError::Failed {
@@ -694,7 +697,7 @@ fn unprobed(name: &str, tier: plimsoll_wire::Tier, why: String) -> Probed {
             environment: String::new(),
             checked_unix_ms: plimsoll_sandbox::unix_ms_now(),
         },
-        available: Err(why),
+        available: Err(plimsoll_sandbox::Withdrawn::NotProbed(why)),
     }
 }
 

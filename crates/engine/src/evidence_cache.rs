@@ -86,7 +86,7 @@ pub enum CacheMiss {
     },
     /// The provider says the evidence no longer describes it (a rebuilt image, say).
     #[error("the provider does not take it: {0}")]
-    Provider(String),
+    Provider(plimsoll_sandbox::Stale),
 }
 
 impl EvidenceCache {
@@ -207,7 +207,8 @@ impl EvidenceCache {
         let mut identities = BTreeMap::new();
         for b in &evidence.binaries {
             let (id, digest) =
-                plimsoll_sandbox::evidence::sha256_file_identified(Path::new(&b.path))?;
+                plimsoll_sandbox::evidence::sha256_file_identified(Path::new(&b.path))
+                    .map_err(|e| e.to_string())?;
             if digest != b.sha256 {
                 return Err(format!("{} changed since its probe", b.path));
             }

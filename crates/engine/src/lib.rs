@@ -17,7 +17,7 @@ pub use config::{EngineConfig, LimitPolicy};
 pub use engine::{BuildEngineError, Engine, ProviderEvidence, RunError};
 pub use evidence_cache::{CacheMiss, EvidenceCache};
 pub use plan::{Plan, ProviderView, Unavailable, plan};
-pub use plimsoll_sandbox::ResolvedLimits;
+pub use plimsoll_sandbox::{ResolvedLimits, error_chain};
 pub use plimsoll_wire::{NotDispatched, Reason, not_dispatched_reason};
 pub use providers::AnyProvider;
 pub use routing::{Candidate, RouteError, route};

@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use plimsoll_broker::{GrantProfiles, Profile};
-use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Privileges, ResolvedLimits};
+use plimsoll_sandbox::{
+    BrokerChannel, LaunchPlan, Privileges, ResolvedLimits, Unsupported, Withdrawn,
+};
 use plimsoll_wire::{Reason, RunRequest, Tier};
 
 use crate::admission::{controller_uid, run_uid};
@@ -26,15 +28,17 @@ pub enum Unavailable<'a> {
     /// until that check ends.
     Rechecking,
     /// Its probe failed: why, and what to do.
-    Withdrawn(&'a str),
+    Withdrawn(&'a Withdrawn),
 }
 
 impl Unavailable<'_> {
-    fn why(&self) -> &str {
+    fn why(&self) -> String {
         match self {
-            Unavailable::Probing => "not probed yet: its probe is still running; retry shortly",
-            Unavailable::Rechecking => crate::engine::RECHECKING,
-            Unavailable::Withdrawn(why) => why,
+            Unavailable::Probing => {
+                "not probed yet: its probe is still running; retry shortly".to_owned()
+            }
+            Unavailable::Rechecking => crate::engine::RECHECKING.to_owned(),
+            Unavailable::Withdrawn(why) => why.to_string(),
         }
     }
 }
@@ -50,7 +54,7 @@ pub struct ProviderView<'a> {
     /// Lower is cheaper.
     pub cost: u32,
     /// `Err(why)` when it cannot do this kind of run (its own `supports`).
-    pub supports: Result<(), String>,
+    pub supports: Result<(), Unsupported>,
     /// Whether it carries a grant's broker channel into the sandbox.
     pub carries_broker: bool,
     /// `Ok` when its evidence lets it take runs now.
@@ -102,18 +106,30 @@ pub fn plan(
     };
     let floor = req.minimum_isolation.unwrap_or(config.default_floor);
     const NO_BROKER: &str = "this provider cannot carry a grant's broker channel: name a provider that can (process, crun, runc, runsc, qemu)";
+    // Routing reads each reason as text, for the refusal that names them all.
+    let reasons: Vec<(Option<String>, Option<String>)> = providers
+        .iter()
+        .map(|p| {
+            let unsupported = match &p.supports {
+                Err(why) => Some(why.to_string()),
+                Ok(()) if grant.is_some() && !p.carries_broker => Some(NO_BROKER.to_owned()),
+                Ok(()) => None,
+            };
+            (
+                unsupported,
+                p.available.as_ref().err().map(Unavailable::why),
+            )
+        })
+        .collect();
     let candidates: Vec<Candidate<'_>> = providers
         .iter()
-        .map(|p| Candidate {
+        .zip(&reasons)
+        .map(|(p, (unsupported, unavailable))| Candidate {
             name: p.name,
             tier: p.tier,
             cost: p.cost,
-            available: p.available.as_ref().map(|_| ()).map_err(Unavailable::why),
-            supports: match &p.supports {
-                Err(why) => Err(why.as_str()),
-                Ok(()) if grant.is_some() && !p.carries_broker => Err(NO_BROKER),
-                Ok(()) => Ok(()),
-            },
+            available: unavailable.as_deref().map_or(Ok(()), Err),
+            supports: unsupported.as_deref().map_or(Ok(()), Err),
         })
         .collect();
     let chosen = route(&candidates, floor, req.provider.as_deref())

@@ -37,7 +37,7 @@ impl Provider for AnyProvider {
     fn cost(&self) -> u32 {
         self.inner().cost()
     }
-    fn supports(&self, spec: &RunSpec) -> Result<(), String> {
+    fn supports(&self, spec: &RunSpec) -> Result<(), plimsoll_sandbox::Unsupported> {
         self.inner().supports(spec)
     }
     fn probe(&self) -> Probed {
@@ -49,7 +49,7 @@ impl Provider for AnyProvider {
     fn supports_broker(&self) -> bool {
         self.inner().supports_broker()
     }
-    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), plimsoll_sandbox::Stale> {
         self.inner().adopt(evidence)
     }
 }

@@ -173,7 +173,7 @@ pub fn probe(p: &OciProvider) -> Probed {
             );
         }
         (_, Err(e)) => {
-            checks.insert("runtime".into(), e);
+            checks.insert("runtime".into(), e.to_string());
         }
     }
     for (name, path) in [
@@ -211,7 +211,7 @@ pub fn probe(p: &OciProvider) -> Probed {
     let environment = match p.image_identity() {
         Ok(id) => id,
         Err(e) => {
-            checks.insert("image".into(), e);
+            checks.insert("image".into(), e.to_string());
             String::new()
         }
     };
@@ -221,7 +221,7 @@ pub fn probe(p: &OciProvider) -> Probed {
             checks.entry("image".into()).or_insert_with(|| "ok".into());
         }
         Err(e) => {
-            checks.insert("image".into(), e);
+            checks.insert("image".into(), e.to_string());
         }
     }
 

@@ -224,53 +224,38 @@ impl OciProvider {
     }
 
     /// The image's root file system, checked: absolute, a real directory, not a symlink.
-    pub fn rootfs(&self) -> Result<PathBuf, String> {
+    pub fn rootfs(&self) -> Result<PathBuf, ImageError> {
         let rootfs = self.config.image.join("rootfs");
         if !rootfs.is_absolute() {
-            return Err(format!(
-                "the image path {} is not absolute: configure an absolute [oci] image",
-                rootfs.display()
-            ));
+            return Err(ImageError::NotAbsolute(rootfs));
         }
-        let meta = fs::symlink_metadata(&rootfs).map_err(|e| {
-            format!(
-                "no image root file system at {} ({e}): run scripts/build-image",
-                rootfs.display()
-            )
-        })?;
+        let meta = match fs::symlink_metadata(&rootfs) {
+            Ok(m) => m,
+            Err(io) => return Err(ImageError::Missing { path: rootfs, io }),
+        };
         if !meta.is_dir() {
-            return Err(format!(
-                "{} is not a directory (a symlink?): runc refuses those; point [oci] image at the real directory",
-                rootfs.display()
-            ));
+            return Err(ImageError::NotADirectory(rootfs));
         }
-        let real = fs::canonicalize(&rootfs)
-            .map_err(|e| format!("cannot resolve {}: {e}", rootfs.display()))?;
+        let real = match fs::canonicalize(&rootfs) {
+            Ok(r) => r,
+            Err(io) => return Err(ImageError::Unresolvable { path: rootfs, io }),
+        };
         if real != rootfs {
-            return Err(format!(
-                "{} goes through a symlink (it is {}): configure the real path",
-                rootfs.display(),
-                real.display()
-            ));
+            return Err(ImageError::ThroughSymlink { path: rootfs, real });
         }
         Ok(rootfs)
     }
 
     /// The image identity (`sha256:...`), the environment results report.
-    pub fn image_identity(&self) -> Result<String, String> {
+    pub fn image_identity(&self) -> Result<String, ImageError> {
         let path = self.config.image.join("identity");
-        let text = fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "cannot read the image identity {} ({e}): run scripts/build-image",
-                path.display()
-            )
-        })?;
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(io) => return Err(ImageError::IdentityUnreadable { path, io }),
+        };
         let id = text.trim();
         if !id.starts_with("sha256:") || id.len() != 71 {
-            return Err(format!(
-                "{} does not hold a sha256:<hex> identity: rebuild the image",
-                path.display()
-            ));
+            return Err(ImageError::IdentityMalformed(path));
         }
         Ok(id.to_owned())
     }
@@ -366,7 +351,7 @@ impl OciProvider {
 
     /// Runs one container for `plan` and cleans everything up. `Err` is
     /// [`LaunchError::NotStarted`] only up to and including `create` (nothing of the request
-    /// ran); from `start` on, a failure is [`LaunchError::Failed`].
+    /// ran); from `start` on, a failure is [`LaunchError::MayHaveRun`].
     pub(crate) fn launch(
         &self,
         plan: &LaunchPlan,
@@ -427,12 +412,8 @@ impl OciProvider {
         let mut created = match created {
             Ok(c) => c,
             Err(message) => {
-                return Err(match self.clean(plan, &id, run_dir, false) {
-                    Ok(()) => LaunchError::environment(message),
-                    Err(c) => {
-                        LaunchError::environment(format!("{message}; and cleanup failed too: {c}"))
-                    }
-                });
+                return Err(LaunchError::environment(message)
+                    .after_cleanup(self.clean(plan, &id, run_dir, false)));
             }
         };
 
@@ -450,12 +431,8 @@ impl OciProvider {
                 Err(e) => {
                     drop(created);
                     let message = format!("cannot start the run's watchdog: {}", error_chain(&e));
-                    return Err(match self.clean(plan, &id, run_dir, false) {
-                        Ok(()) => LaunchError::environment(message),
-                        Err(c) => LaunchError::environment(format!(
-                            "{message}; and cleanup failed too: {c}"
-                        )),
-                    });
+                    return Err(LaunchError::environment(message)
+                        .after_cleanup(self.clean(plan, &id, run_dir, false)));
                 }
             };
         // From `start` on the code may have run: every failure is `Failed`, never "not
@@ -464,15 +441,13 @@ impl OciProvider {
         if let Err(e) = self.runtime.start(&id) {
             // Kill and reap the container's process before the cleanup.
             drop(created);
-            let mut message = format!(
+            let message = format!(
                 "{} may have started the container, then failed: {}",
                 self.config.kind.name(),
                 error_chain(&e)
             );
-            if let Err(c) = self.clean(plan, &id, run_dir, false) {
-                message.push_str(&format!("; and cleanup failed too: {c}"));
-            }
-            return Err(LaunchError::failed(message));
+            return Err(LaunchError::may_have_run(message)
+                .after_cleanup(self.clean(plan, &id, run_dir, false)));
         }
 
         // The watchdog kills the container at the deadline, so its process ends and the
@@ -538,15 +513,12 @@ impl OciProvider {
         let captured = match captured {
             Ok(c) => c,
             Err(e) => {
-                let mut message = format!("lost the container's output: {}", error_chain(&e));
-                if let Err(c) = cleaned {
-                    message.push_str(&format!("; and cleanup failed too: {c}"));
-                }
-                return Err(LaunchError::failed(message));
+                let message = format!("lost the container's output: {}", error_chain(&e));
+                return Err(LaunchError::may_have_run(message).after_cleanup(cleaned));
             }
         };
         if let Err(c) = cleaned {
-            return Err(LaunchError::failed(format!(
+            return Err(LaunchError::may_have_run(format!(
                 "the run ended but its sandbox was not fully removed: {c}"
             )));
         }
@@ -772,10 +744,10 @@ impl OciProvider {
             .enumerate()
             .find(|(_, t)| matches!(t, Some(Err(_))))
         {
-            return Err(LaunchError::NotStarted {
-                reason: plimsoll_wire::Reason::Request,
-                message: format!("step {} {e}", i + 1),
-            });
+            return Err(LaunchError::not_started(
+                plimsoll_wire::Reason::Request,
+                format!("step {} {e}", i + 1),
+            ));
         }
         let mut binds = vec![("plimsoll-agent".to_owned(), self.config.agent.clone())];
         if trial.is_some() {
@@ -869,15 +841,52 @@ pub(crate) fn status_of(c: &Captured) -> (Option<i32>, Option<i32>) {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
+use plimsoll_sandbox::error_chain;
+
+/// The sandbox image cannot be used: what is wrong, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The configured path is relative.
+    #[error("the image path {} is not absolute: configure an absolute [oci] image", .0.display())]
+    NotAbsolute(PathBuf),
+    /// No root file system there.
+    #[error("no image root file system at {} ({io}): run scripts/build-image", path.display())]
+    Missing {
+        /// Where it was looked for.
+        path: PathBuf,
+        /// What looking gave.
+        io: std::io::Error,
+    },
+    /// The root file system is not a directory.
+    #[error("{} is not a directory (a symlink?): runc refuses those; point [oci] image at the real directory", .0.display())]
+    NotADirectory(PathBuf),
+    /// Its real path cannot be resolved.
+    #[error("cannot resolve {} ({io})", path.display())]
+    Unresolvable {
+        /// The root file system.
+        path: PathBuf,
+        /// What resolving gave.
+        io: std::io::Error,
+    },
+    /// It is reached through a symlink.
+    #[error("{} goes through a symlink (it is {}): configure the real path", path.display(), real.display())]
+    ThroughSymlink {
+        /// The configured path.
+        path: PathBuf,
+        /// Where it leads.
+        real: PathBuf,
+    },
+    /// The identity file cannot be read.
+    #[error("cannot read the image identity {} ({io}): run scripts/build-image", path.display())]
+    IdentityUnreadable {
+        /// The identity file.
+        path: PathBuf,
+        /// What reading gave.
+        io: std::io::Error,
+    },
+    /// The identity file holds no `sha256:<hex>`.
+    #[error("{} does not hold a sha256:<hex> identity: rebuild the image", .0.display())]
+    IdentityMalformed(PathBuf),
 }
 
 impl Provider for OciProvider {
@@ -893,7 +902,7 @@ impl Provider for OciProvider {
         self.config.kind.cost()
     }
 
-    fn supports(&self, _spec: &RunSpec) -> Result<(), String> {
+    fn supports(&self, _spec: &RunSpec) -> Result<(), plimsoll_sandbox::Unsupported> {
         Ok(())
     }
 
@@ -902,13 +911,15 @@ impl Provider for OciProvider {
     }
 
     /// The image is not among the evidence's binaries: a rebuilt image is a new probe.
-    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
-        let now = self.image_identity()?;
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), plimsoll_sandbox::Stale> {
+        let now = self
+            .image_identity()
+            .map_err(|e| plimsoll_sandbox::Stale::ImageUnreadable(e.to_string()))?;
         if now != evidence.environment {
-            return Err(format!(
-                "the image is now {now}, the evidence was taken on {}",
-                evidence.environment
-            ));
+            return Err(plimsoll_sandbox::Stale::ImageChanged {
+                now,
+                then: evidence.environment.clone(),
+            });
         }
         Ok(())
     }
@@ -964,7 +975,7 @@ fn agent_result(plan: &LaunchPlan, l: &Launched) -> Result<RunResult, LaunchErro
     let (exit_code, signal) = status_of(c);
     if exit_code == Some(0) {
         return serde_json::from_slice::<RunResult>(&c.stdout).map_err(|e| {
-            LaunchError::failed(format!(
+            LaunchError::may_have_run(format!(
                 "the agent's answer is not a result ({e}; {} bytes{}): check plimsoll-agent",
                 c.stdout.len(),
                 if c.stdout_truncated {
@@ -983,7 +994,7 @@ fn agent_result(plan: &LaunchPlan, l: &Launched) -> Result<RunResult, LaunchErro
             .find(|l| !l.trim().is_empty())
             .unwrap_or("")
             .trim();
-        return Err(LaunchError::failed(format!(
+        return Err(LaunchError::may_have_run(format!(
             "the agent could not do the job (exit {}): {line}",
             exit_code.unwrap_or(-1)
         )));
@@ -1062,7 +1073,8 @@ mod tests {
 
         // No runner: refused before anything is written or started.
         match p.project_launch(&trial) {
-            Err(LaunchError::NotStarted { reason, message }) => {
+            Err(e @ LaunchError::NotStarted { .. }) => {
+                let (reason, message) = (e.not_dispatched().expect("not started"), e.message());
                 assert_eq!(reason, plimsoll_wire::Reason::Environment);
                 assert!(
                     message.contains("cargo build -p plimsoll-trial")
@@ -1110,7 +1122,8 @@ mod tests {
             "plimsoll-trial-runner --scenario s.json -- node c.js; id",
         ]);
         match p.project_launch(&bad) {
-            Err(LaunchError::NotStarted { reason, message }) => {
+            Err(e @ LaunchError::NotStarted { .. }) => {
+                let (reason, message) = (e.not_dispatched().expect("not started"), e.message());
                 assert_eq!(reason, plimsoll_wire::Reason::Request);
                 assert!(message.starts_with("step 2 holds `;`"), "{message}");
             }
@@ -1128,11 +1141,16 @@ mod tests {
             1,
         );
         let p = OciProvider::new(c.clone());
-        assert!(p.rootfs().unwrap_err().contains("not absolute"));
+        assert!(p.rootfs().unwrap_err().to_string().contains("not absolute"));
         c.image = "/nonexistent/plimsoll-image".into();
         let p = OciProvider::new(c);
-        assert!(p.rootfs().unwrap_err().contains("build-image"));
-        assert!(p.image_identity().unwrap_err().contains("build-image"));
+        assert!(p.rootfs().unwrap_err().to_string().contains("build-image"));
+        assert!(
+            p.image_identity()
+                .unwrap_err()
+                .to_string()
+                .contains("build-image")
+        );
     }
 
     /// Cached evidence is taken only while the image is the one it was taken on.
@@ -1163,6 +1181,14 @@ mod tests {
         // `make images` rebuilt it.
         fs::write(tmp.path().join("identity"), format!("{new}\n")).unwrap();
         let e = p.adopt(&evidence).unwrap_err();
+        assert_eq!(
+            e,
+            plimsoll_sandbox::Stale::ImageChanged {
+                now: new.clone(),
+                then: old.clone()
+            }
+        );
+        let e = e.to_string();
         assert!(e.contains(&new) && e.contains(&old), "{e}");
     }
 
@@ -1183,7 +1209,13 @@ mod tests {
                 1,
             ))
         };
-        assert!(mk(link).rootfs().unwrap_err().contains("not a directory"));
+        assert!(
+            mk(link)
+                .rootfs()
+                .unwrap_err()
+                .to_string()
+                .contains("not a directory")
+        );
         let ok = mk(fs::canonicalize(&real).unwrap()).rootfs().unwrap();
         assert!(ok.ends_with("rootfs"));
     }

@@ -869,7 +869,8 @@ fn only_a_failed_create_is_not_dispatched(kind: RuntimeKind, test: &str) {
     let e = rig.p.run(&plan).expect_err("start was made to fail");
     rig.assert_clean(&plan.run_id, uid);
     match e {
-        LaunchError::Failed { message } => {
+        e @ LaunchError::MayHaveRun { .. } => {
+            let message = e.message();
             assert!(message.contains("start failed after starting"), "{message}")
         }
         other => panic!("a failure after start was refused as not dispatched: {other:?}"),
@@ -880,7 +881,8 @@ fn only_a_failed_create_is_not_dispatched(kind: RuntimeKind, test: &str) {
     let e = rig.p.run(&plan).expect_err("create was made to fail");
     rig.assert_clean(&plan.run_id, uid);
     match e {
-        LaunchError::NotStarted { reason, message } => {
+        e @ LaunchError::NotStarted { .. } => {
+            let (reason, message) = (e.not_dispatched().expect("not started"), e.message());
             assert_eq!(reason, Reason::Environment);
             assert!(message.contains("create refused"), "{message}");
         }
@@ -903,7 +905,7 @@ fn a_missing_runtime_is_not_offered() {
     c.cgroup_parent = format!("/plimsoll-test/missing-{}", std::process::id());
     let p = OciProvider::new(c.clone());
     let probed = p.probe();
-    let why = probed.available.unwrap_err();
+    let why = probed.available.unwrap_err().to_string();
     assert!(
         why.contains("runtime") && why.contains("/nonexistent/crun"),
         "{why}"

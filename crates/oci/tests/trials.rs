@@ -318,7 +318,8 @@ fn bad_trial_runs_are_refused_before_anything_starts(kind: RuntimeKind, test: &s
     let e = rig.p.run(&plan).expect_err("a smuggling trial step ran");
     rig.assert_clean(&plan.run_id, u);
     match e {
-        LaunchError::NotStarted { reason, message } => {
+        e @ LaunchError::NotStarted { .. } => {
+            let (reason, message) = (e.not_dispatched().expect("not started"), e.message());
             assert_eq!(reason, Reason::Request);
             assert!(message.contains("holds `;`"), "{message}");
         }
@@ -344,7 +345,8 @@ fn bad_trial_runs_are_refused_before_anything_starts(kind: RuntimeKind, test: &s
     rig.assert_clean(&plan.run_id, u);
     assert!(rig.p.state().run_ids().is_empty());
     match e {
-        LaunchError::NotStarted { reason, message } => {
+        e @ LaunchError::NotStarted { .. } => {
+            let (reason, message) = (e.not_dispatched().expect("not started"), e.message());
             assert_eq!(reason, Reason::Environment);
             assert!(
                 message.contains("cargo build -p plimsoll-trial")

@@ -300,19 +300,11 @@ pub fn launch_and_clean(launch: Launch<'_>, dir: RunDir) -> Result<Launched, Lau
     }
     match (outcome, cleaned) {
         (Ok(l), Ok(())) => Ok(l),
-        (Ok(_), Err(c)) => Err(LaunchError::failed(format!(
+        (Ok(_), Err(c)) => Err(LaunchError::may_have_run(format!(
             "the run finished but its cleanup failed: {c}"
         ))),
         (Err(e), Ok(())) => Err(e),
-        (Err(LaunchError::NotStarted { reason, message }), Err(c)) => {
-            Err(LaunchError::NotStarted {
-                reason,
-                message: format!("{message}; and cleanup failed too: {c}"),
-            })
-        }
-        (Err(LaunchError::Failed { message }), Err(c)) => Err(LaunchError::failed(format!(
-            "{message}; and cleanup failed too: {c}"
-        ))),
+        (Err(e), Err(c)) => Err(e.with_cleanup(c)),
     }
 }
 
@@ -378,7 +370,8 @@ fn launch_in(
         .before_exec(STAGES, move |stage| hardening.apply(stage))
         .spawn()
         .map_err(|e| LaunchError::environment(error_chain(&e)))?;
-    let captured = capture(running, &limits).map_err(|e| LaunchError::failed(error_chain(&e)))?;
+    let captured =
+        capture(running, &limits).map_err(|e| LaunchError::may_have_run(error_chain(&e)))?;
     Ok(Launched {
         captured,
         started_unix_ms,
@@ -387,17 +380,7 @@ fn launch_in(
     })
 }
 
-/// An error with its sources, `: `-separated.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
-}
+pub use plimsoll_sandbox::error_chain;
 
 /// What [`reap`] removed, and what it could not.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

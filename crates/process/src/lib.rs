@@ -152,13 +152,10 @@ impl Provider for ProcessProvider {
     fn cost(&self) -> u32 {
         2
     }
-    fn supports(&self, spec: &RunSpec) -> Result<(), String> {
+    fn supports(&self, spec: &RunSpec) -> Result<(), plimsoll_sandbox::Unsupported> {
         match spec {
             RunSpec::Snippet(_) => Ok(()),
-            RunSpec::Project(_) => Err(
-                "the process tier runs snippets only; projects need the container tier or above"
-                    .into(),
-            ),
+            RunSpec::Project(_) => Err(plimsoll_sandbox::Unsupported::SnippetsOnly),
         }
     }
     fn probe(&self) -> Probed {
@@ -170,10 +167,10 @@ impl Provider for ProcessProvider {
     }
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
         let RunSpec::Snippet(snippet) = &plan.spec else {
-            return Err(LaunchError::NotStarted {
-                reason: Reason::Unsupported,
-                message: "the process tier runs snippets only".into(),
-            });
+            return Err(LaunchError::not_started(
+                Reason::Unsupported,
+                plimsoll_sandbox::Unsupported::SnippetsOnly,
+            ));
         };
         if !rustix::process::geteuid().is_root() {
             return Err(LaunchError::environment(
@@ -186,11 +183,10 @@ impl Provider for ProcessProvider {
         let (interpreter, args, channel) = match prepared {
             Ok(p) => p,
             Err(message) => {
+                let e = LaunchError::environment(message);
                 return Err(match launch::clean(plan.uid, &dir) {
-                    Ok(()) => LaunchError::environment(message),
-                    Err(c) => {
-                        LaunchError::environment(format!("{message}; and cleanup failed too: {c}"))
-                    }
+                    Ok(()) => e,
+                    Err(c) => e.with_cleanup(c),
                 });
             }
         };

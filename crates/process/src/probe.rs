@@ -129,7 +129,7 @@ fn config_map(provider: &ProcessProvider) -> BTreeMap<String, String> {
 }
 
 /// Fills binaries, probe report and checks; `Err` names every failed check.
-fn judge(provider: &ProcessProvider, ev: &mut Evidence) -> Result<(), String> {
+fn judge(provider: &ProcessProvider, ev: &mut Evidence) -> Result<(), plimsoll_sandbox::Withdrawn> {
     let cfg = provider.config();
     let check = |ev: &mut Evidence, name: &str, outcome: Result<(), String>| {
         ev.checks.insert(
@@ -216,22 +216,9 @@ fn judge(provider: &ProcessProvider, ev: &mut Evidence) -> Result<(), String> {
     verdict(ev)
 }
 
-/// `Err` naming every check that is not `ok`.
-fn verdict(ev: &Evidence) -> Result<(), String> {
-    let failed: Vec<String> = ev
-        .checks
-        .iter()
-        .filter(|(_, v)| v.as_str() != "ok")
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the process provider failed its checks: {}",
-            failed.join("; ")
-        ))
-    }
+/// `Err` naming every check that is not `ok`: the judging every provider shares.
+fn verdict(ev: &Evidence) -> Result<(), plimsoll_sandbox::Withdrawn> {
+    plimsoll_sandbox::evidence::availability("process", &ev.checks)
 }
 
 /// Path, version and SHA-256 of a binary.

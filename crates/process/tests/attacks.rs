@@ -695,7 +695,7 @@ fn a_missing_binary_withdraws_the_provider() {
         ..env.provider.config().clone()
     });
     let probed = p.probe();
-    let why = probed.available.unwrap_err();
+    let why = probed.available.unwrap_err().to_string();
     assert!(why.contains("/nonexistent/python3"), "{why}");
     assert_ne!(probed.evidence.checks["binary.python3"], "ok");
 }

@@ -24,16 +24,22 @@ pub fn record(checks: &mut BTreeMap<String, String>, name: &str, problems: Vec<S
 
 /// `Ok` when every check passed; otherwise `<provider> is not offered: ` and each failed
 /// check as `name: why`.
-pub fn availability(provider: &str, checks: &BTreeMap<String, String>) -> Result<(), String> {
-    let failed: Vec<String> = checks
+pub fn availability(
+    provider: &str,
+    checks: &BTreeMap<String, String>,
+) -> Result<(), crate::Withdrawn> {
+    let failed: Vec<(String, String)> = checks
         .iter()
         .filter(|(_, v)| *v != OK)
-        .map(|(k, v)| format!("{k}: {v}"))
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("{provider} is not offered: {}", failed.join("; ")))
+        Err(crate::Withdrawn::Checks {
+            provider: provider.to_owned(),
+            failed,
+        })
     }
 }
 
@@ -56,7 +62,7 @@ pub fn file_identity(m: &std::fs::Metadata) -> FileIdentity {
 }
 
 /// The hex SHA-256 of a file; the error names the file.
-pub fn sha256_file(path: &Path) -> Result<String, String> {
+pub fn sha256_file(path: &Path) -> Result<String, crate::ReadFileError> {
     sha256_file_identified(path).map(|(_, digest)| digest)
 }
 
@@ -68,7 +74,7 @@ pub fn sha256_file(path: &Path) -> Result<String, String> {
 /// 200 MB each). So a digest is remembered per path together with the file's identity
 /// (device, inode, size, modification and change times, to the nanosecond) and computed
 /// again only when any of those changed: any write or replacement changes the change time.
-pub fn sha256_file_identified(path: &Path) -> Result<(FileIdentity, String), String> {
+pub fn sha256_file_identified(path: &Path) -> Result<(FileIdentity, String), crate::ReadFileError> {
     use sha2::Digest as _;
     use std::collections::HashMap;
     use std::io::Read as _;
@@ -76,7 +82,10 @@ pub fn sha256_file_identified(path: &Path) -> Result<(FileIdentity, String), Str
     use std::sync::{Mutex, OnceLock};
 
     static KNOWN: OnceLock<Mutex<HashMap<PathBuf, (FileIdentity, String)>>> = OnceLock::new();
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let cannot = |io| crate::ReadFileError {
+        path: path.to_owned(),
+        io,
+    };
 
     let mut f = std::fs::File::open(path).map_err(cannot)?;
     let identity = file_identity(&f.metadata().map_err(cannot)?);
@@ -172,10 +181,15 @@ mod tests {
         record(&mut checks, "network", vec!["a".into(), "b".into()]);
         assert_eq!(checks["uid"], "ok");
         assert_eq!(checks["network"], "a; b");
+        let withdrawn = availability("crun", &checks).unwrap_err();
         assert_eq!(
-            availability("crun", &checks),
-            Err("crun is not offered: network: a; b".into())
+            withdrawn,
+            crate::Withdrawn::Checks {
+                provider: "crun".into(),
+                failed: vec![("network".into(), "a; b".into())],
+            }
         );
+        assert_eq!(withdrawn.to_string(), "crun is not offered: network: a; b");
     }
 
     #[test]
@@ -219,10 +233,13 @@ mod tests {
         let sha = sha256_file(&path);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(
-            sha.as_deref(),
-            Ok("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+            sha.unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         let e = sha256_file(&path).unwrap_err();
+        assert_eq!(e.path, path);
+        assert_eq!(e.io.kind(), std::io::ErrorKind::NotFound);
+        let e = e.to_string();
         assert!(e.contains(&path.display().to_string()), "{e}");
     }
 

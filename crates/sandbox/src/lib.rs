@@ -9,6 +9,7 @@ pub mod caps;
 pub mod capture;
 pub mod cgroup;
 pub mod deadline;
+pub mod error;
 pub mod evidence;
 pub mod fds;
 pub mod reap;
@@ -22,7 +23,8 @@ use std::time::Duration;
 
 pub use broker::{BROKER_FD, BrokerChannel, BrokerPort};
 pub use capture::{CaptureError, CaptureLimits, Captured, capture};
-use plimsoll_wire::{Evidence, Reason, RunResult, RunSpec, Tier};
+pub use error::{Cause, LaunchError, ReadFileError, Stale, Unsupported, Withdrawn, error_chain};
+use plimsoll_wire::{Evidence, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
 pub use spawn::{PreExecHook, Running, Spawn, SpawnError, Stage, spawned_total};
 pub use uidlease::{UidLease, lease_dir, try_lease};
@@ -133,42 +135,6 @@ pub struct Outcome {
     pub ended_unix_ms: u64,
 }
 
-/// Why a launch did not give a result.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// Failed before any code of the request started (setting up the sandbox). Nothing ran.
-    #[error("{message}")]
-    NotStarted {
-        /// The refusal reason (usually `environment`).
-        reason: Reason,
-        /// What failed and what to do.
-        message: String,
-    },
-    /// Failed after the code may have started. Never safe to retry blindly.
-    #[error("{message}")]
-    Failed {
-        /// What failed.
-        message: String,
-    },
-}
-
-impl LaunchError {
-    /// A setup failure before anything ran.
-    pub fn environment(message: impl Into<String>) -> Self {
-        LaunchError::NotStarted {
-            reason: Reason::Environment,
-            message: message.into(),
-        }
-    }
-
-    /// A failure after the code may have started.
-    pub fn failed(message: impl Into<String>) -> Self {
-        LaunchError::Failed {
-            message: message.into(),
-        }
-    }
-}
-
 /// The outcome of a provider's startup probe.
 #[derive(Debug, Clone)]
 pub struct Probed {
@@ -177,7 +143,7 @@ pub struct Probed {
     /// What was checked.
     pub evidence: Evidence,
     /// `Ok` when every check passed; otherwise why the provider is not offered and what to do.
-    pub available: Result<(), String>,
+    pub available: Result<(), Withdrawn>,
 }
 
 /// A provider family: one kind of wall.
@@ -190,7 +156,7 @@ pub trait Provider: Send + Sync {
     /// floor (lower is cheaper; about a trivial run's milliseconds).
     fn cost(&self) -> u32;
     /// `Err(why)` when this provider cannot do this kind of run at all.
-    fn supports(&self, spec: &RunSpec) -> Result<(), String>;
+    fn supports(&self, spec: &RunSpec) -> Result<(), Unsupported>;
     /// Runs the probe inside the wall and judges what it saw. Slow; called at start-up and
     /// when evidence is re-checked.
     fn probe(&self) -> Probed;
@@ -205,7 +171,7 @@ pub trait Provider: Send + Sync {
     /// instead of probing: sets what the provider learns only from a probe, or says why this
     /// evidence no longer describes it (then it is probed again). The cache has already
     /// checked every binary the evidence names.
-    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), Stale> {
         let _ = evidence;
         Ok(())
     }

@@ -587,5 +587,5 @@ fn query_kvm(
     w.write_all(b"{\"execute\":\"query-kvm\"}\n")
         .map_err(|e| format!("QMP: {e}"))?;
     let answer = next("the query-kvm answer")?;
-    AccelEvidence::from_query_kvm(requested, &answer.to_string())
+    AccelEvidence::from_query_kvm(requested, &answer.to_string()).map_err(|e| e.to_string())
 }

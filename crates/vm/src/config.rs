@@ -26,17 +26,20 @@ impl AccelChoice {
     }
 
     /// Parses `auto`, `kvm` or `tcg`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, UnknownAccelerator> {
         match s {
             "auto" => Ok(AccelChoice::Auto),
             "kvm" => Ok(AccelChoice::Kvm),
             "tcg" => Ok(AccelChoice::Tcg),
-            other => Err(format!(
-                "accelerator `{other}` is not one of auto, kvm, tcg"
-            )),
+            other => Err(UnknownAccelerator(other.to_owned())),
         }
     }
 }
+
+/// An accelerator setting that is none of `auto`, `kvm`, `tcg`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("accelerator `{0}` is not one of auto, kvm, tcg")]
+pub struct UnknownAccelerator(pub String);
 
 /// Where the VM provider finds what it boots, and where it keeps its files.
 #[derive(Debug, Clone)]

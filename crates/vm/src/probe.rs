@@ -12,8 +12,7 @@ use std::time::Duration;
 use plimsoll_sandbox::evidence;
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::{
-    CaptureLimits, LaunchError, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture,
-    unix_ms_now,
+    CaptureLimits, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture, unix_ms_now,
 };
 use plimsoll_wire::{BinaryIdentity, Evidence, ProbeReport, Project, RunResult, RunSpec, Step};
 
@@ -248,7 +247,11 @@ pub fn probe(p: &VmProvider) -> Probed {
                                         ev.kvm_enabled, ev.kvm_present
                                     ),
                                 );
-                                ok(&mut checks, "accelerator", ev.consistent());
+                                ok(
+                                    &mut checks,
+                                    "accelerator",
+                                    ev.consistent().map_err(|e| e.to_string()),
+                                );
                                 tier = tier_for(ev.ran());
                                 put(&mut config, "accelerator_ran", ev.ran().as_str().into());
                             }
@@ -560,9 +563,7 @@ fn probe_run(p: &VmProvider, pr: &Prepared, a: Accelerator) -> Result<ProbeRun, 
         .accel
         .clone()
         .unwrap_or_else(|| Err("QEMU's monitor gave no answer".into()));
-    let result = result_of(&report).map_err(|e| match e {
-        LaunchError::NotStarted { message, .. } | LaunchError::Failed { message } => message,
-    })?;
+    let result = result_of(&report).map_err(|e| e.message())?;
     let first = result
         .steps
         .first()

@@ -399,7 +399,10 @@ impl VmProvider {
         };
         if accelerator == Accelerator::Tcg && prepared.tsc_khz.is_none() {
             return Err(LaunchError::environment(
-                qemu::host_tsc_khz().err().unwrap_or_default(),
+                qemu::host_tsc_khz()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
             ));
         }
         let memory_mib =
@@ -463,7 +466,7 @@ impl VmProvider {
         let stats = stats_of(&report, ended);
         let result = result_of(&report)?;
         if let Err(c) = &report.cleanup {
-            return Err(LaunchError::failed(format!(
+            return Err(LaunchError::may_have_run(format!(
                 "the run ended but its VM was not fully removed: {c}"
             )));
         }
@@ -547,13 +550,13 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
             "the VM did not boot: {why} ({})",
             r.diagnostics()
         ))),
-        Answer::BootedOnly => Err(LaunchError::failed("the VM was given no job")),
+        Answer::BootedOnly => Err(LaunchError::may_have_run("the VM was given no job")),
         Answer::Exited {
             code: Some(0),
             stdout,
             ..
         } => serde_json::from_slice::<RunResult>(stdout).map_err(|e| {
-            LaunchError::failed(format!(
+            LaunchError::may_have_run(format!(
                 "the agent's answer is not a result ({e}; {} bytes): check plimsoll-agent",
                 stdout.len()
             ))
@@ -570,7 +573,7 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("")
                 .trim();
-            Err(LaunchError::failed(format!(
+            Err(LaunchError::may_have_run(format!(
                 "the agent could not do the job (exit {code}): {line}"
             )))
         }
@@ -583,21 +586,14 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
             signal: Some(libc::SIGKILL),
             ..RunResult::default()
         }),
-        Answer::Lost(why) => Err(LaunchError::failed(format!("{why} ({})", r.diagnostics()))),
+        Answer::Lost(why) => Err(LaunchError::may_have_run(format!(
+            "{why} ({})",
+            r.diagnostics()
+        ))),
     }
 }
 
-/// An error with its sources, `: `-separated.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
-}
+pub(crate) use plimsoll_sandbox::error_chain;
 
 impl Provider for VmProvider {
     fn name(&self) -> &str {
@@ -618,7 +614,7 @@ impl Provider for VmProvider {
         }
     }
 
-    fn supports(&self, _spec: &RunSpec) -> Result<(), String> {
+    fn supports(&self, _spec: &RunSpec) -> Result<(), plimsoll_sandbox::Unsupported> {
         Ok(())
     }
 
@@ -637,11 +633,15 @@ impl Provider for VmProvider {
     }
 
     /// The accelerator the probe chose is known only from a probe: cached evidence names it.
-    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), String> {
+    fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), plimsoll_sandbox::Stale> {
         let a = match evidence.config.get("accelerator").map(String::as_str) {
             Some("kvm") => Accelerator::Kvm,
             Some("tcg") => Accelerator::Tcg,
-            other => return Err(format!("the evidence names no accelerator ({other:?})")),
+            other => {
+                return Err(plimsoll_sandbox::Stale::NoAccelerator(
+                    other.map(str::to_owned),
+                ));
+            }
         };
         self.set_accelerator(Some(a));
         Ok(())
@@ -804,7 +804,8 @@ mod tests {
 
         // No runner: refused before anything starts, with the fix.
         match p.for_trial(&base) {
-            Err(LaunchError::NotStarted { reason, message }) => {
+            Err(e @ LaunchError::NotStarted { .. }) => {
+                let (reason, message) = (e.not_dispatched().expect("not started"), e.message());
                 assert_eq!(reason, plimsoll_wire::Reason::Environment);
                 assert!(
                     message.contains("cargo build -p plimsoll-trial"),
@@ -889,14 +890,15 @@ mod tests {
         let t = result_of(&report(Answer::TimedOut)).unwrap();
         assert!(t.timed_out && t.signal == Some(9));
         match result_of(&report(Answer::NotBooted("slow".into()))) {
-            Err(LaunchError::NotStarted { message, .. }) => {
+            Err(e @ LaunchError::NotStarted { .. }) => {
+                let message = e.message();
                 assert!(message.contains("Kernel panic"), "{message}")
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
             result_of(&report(Answer::Lost("gone".into()))),
-            Err(LaunchError::Failed { .. })
+            Err(LaunchError::MayHaveRun { .. })
         ));
         assert!(matches!(
             result_of(&report(Answer::Exited {
@@ -906,7 +908,7 @@ mod tests {
                 stderr: b"plimsoll-agent: bad job\n".to_vec(),
                 record: Default::default(),
             })),
-            Err(LaunchError::Failed { message }) if message.contains("bad job")
+            Err(e @ LaunchError::MayHaveRun { .. }) if e.message().contains("bad job")
         ));
         // A lie from the guest is an error, never a result.
         assert!(matches!(
@@ -917,7 +919,7 @@ mod tests {
                 stderr: Vec::new(),
                 record: Default::default(),
             })),
-            Err(LaunchError::Failed { .. })
+            Err(LaunchError::MayHaveRun { .. })
         ));
     }
 }

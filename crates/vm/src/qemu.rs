@@ -146,12 +146,22 @@ pub fn args(shape: &QemuShape) -> Vec<String> {
 }
 
 /// The host's TSC frequency in kHz, from the first `cpu MHz` line of /proc/cpuinfo.
-pub fn host_tsc_khz() -> Result<u64, String> {
-    let text = std::fs::read_to_string("/proc/cpuinfo")
-        .map_err(|e| format!("cannot read /proc/cpuinfo: {e}"))?;
-    parse_cpu_mhz(&text).ok_or_else(|| {
-        "/proc/cpuinfo has no `cpu MHz` line: the TCG guest needs the host's TSC frequency (tsc_early_khz)".to_owned()
-    })
+pub fn host_tsc_khz() -> Result<u64, TscError> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").map_err(TscError::Unreadable)?;
+    parse_cpu_mhz(&text).ok_or(TscError::NoCpuMhz)
+}
+
+/// The host's TSC frequency is not to be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TscError {
+    /// /proc/cpuinfo cannot be read.
+    #[error("cannot read /proc/cpuinfo: {0}")]
+    Unreadable(std::io::Error),
+    /// It names no frequency.
+    #[error(
+        "/proc/cpuinfo has no `cpu MHz` line: the TCG guest needs the host's TSC frequency (tsc_early_khz)"
+    )]
+    NoCpuMhz,
 }
 
 fn parse_cpu_mhz(cpuinfo: &str) -> Option<u64> {

@@ -56,16 +56,22 @@ pub struct AccelEvidence {
 impl AccelEvidence {
     /// From QEMU's answer to `{"execute":"query-kvm"}`, e.g.
     /// `{"return": {"enabled": true, "present": true}}`.
-    pub fn from_query_kvm(requested: Accelerator, answer: &str) -> Result<Self, String> {
-        let v: serde_json::Value = serde_json::from_str(answer)
-            .map_err(|e| format!("query-kvm answer is not JSON ({e}): {answer:?}"))?;
+    pub fn from_query_kvm(requested: Accelerator, answer: &str) -> Result<Self, QueryKvmError> {
+        let v: serde_json::Value =
+            serde_json::from_str(answer).map_err(|e| QueryKvmError::NotJson {
+                error: e.to_string(),
+                answer: answer.to_owned(),
+            })?;
         let ret = v
             .get("return")
-            .ok_or_else(|| format!("query-kvm failed: {answer:?}"))?;
-        let flag = |name: &str| {
+            .ok_or_else(|| QueryKvmError::Failed(answer.to_owned()))?;
+        let flag = |name: &'static str| {
             ret.get(name)
                 .and_then(serde_json::Value::as_bool)
-                .ok_or_else(|| format!("query-kvm answer lacks `{name}`: {answer:?}"))
+                .ok_or_else(|| QueryKvmError::Lacks {
+                    member: name,
+                    answer: answer.to_owned(),
+                })
         };
         Ok(AccelEvidence {
             requested,
@@ -84,17 +90,50 @@ impl AccelEvidence {
     }
 
     /// `Err` when QEMU ran something other than what was asked.
-    pub fn consistent(&self) -> Result<(), String> {
+    pub fn consistent(&self) -> Result<(), AccelMismatch> {
         if self.ran() == self.requested {
             Ok(())
         } else {
-            Err(format!(
-                "asked QEMU for {} but query-kvm says {} ran the guest",
-                self.requested,
-                self.ran()
-            ))
+            Err(AccelMismatch {
+                requested: self.requested,
+                ran: self.ran(),
+            })
         }
     }
+}
+
+/// QEMU's answer to `query-kvm` says nothing usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryKvmError {
+    /// Not JSON.
+    #[error("query-kvm answer is not JSON ({error}): {answer:?}")]
+    NotJson {
+        /// The parser's complaint.
+        error: String,
+        /// The answer.
+        answer: String,
+    },
+    /// An error answer.
+    #[error("query-kvm failed: {0:?}")]
+    Failed(String),
+    /// A member is missing or not a boolean.
+    #[error("query-kvm answer lacks `{member}`: {answer:?}")]
+    Lacks {
+        /// The member.
+        member: &'static str,
+        /// The answer.
+        answer: String,
+    },
+}
+
+/// QEMU ran another accelerator than the one asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("asked QEMU for {requested} but query-kvm says {ran} ran the guest")]
+pub struct AccelMismatch {
+    /// What was asked.
+    pub requested: Accelerator,
+    /// What ran.
+    pub ran: Accelerator,
 }
 
 #[cfg(test)]

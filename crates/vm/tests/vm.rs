@@ -640,7 +640,7 @@ fn missing_assets_are_not_offered() {
     c.accelerator = AccelChoice::Tcg;
     let p = VmProvider::new(c);
     let probed = p.probe();
-    let why = probed.available.unwrap_err();
+    let why = probed.available.unwrap_err().to_string();
     assert!(why.contains("scripts/build-vm-assets"), "{why}");
     assert!(probed.evidence.probe.is_none());
     assert_eq!(

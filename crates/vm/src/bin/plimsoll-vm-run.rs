@@ -63,7 +63,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     value()?.parse().map_err(|e| format!("--timeout-ms: {e}"))?,
                 )
             }
-            "--accel" => o.accel = Some(AccelChoice::parse(&value()?)?),
+            "--accel" => o.accel = Some(AccelChoice::parse(&value()?).map_err(|e| e.to_string())?),
             "--run-id" => o.run_id = Some(value()?),
             "--n" => o.n = value()?.parse().map_err(|e| format!("--n: {e}"))?,
             other => return Err(format!("unknown option {other}")),
