@@ -212,7 +212,7 @@ fn read_pid(work: &Path, name: &str) -> i32 {
 
 fn skip(test: &str, reason: &str) {
     assert!(
-        !plimsoll_engine::env::strict(),
+        !plimsoll_env::strict(),
         "{test} needs {reason} (CI=true forbids skipping)"
     );
     println!("SKIP {test}: {reason}");

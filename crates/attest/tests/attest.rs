@@ -15,7 +15,7 @@ use plimsoll_attest::{
     VerifyBundleError, append_entry, check_exchange, close_bundle, sign_exchange, verify_bundle,
     verify_bundle_bytes,
 };
-use plimsoll_engine::env;
+use plimsoll_env as env;
 
 fn golden_key() -> AttestKey {
     // The golden seed: bytes 0x00, 0x01, ..., 0x1f.

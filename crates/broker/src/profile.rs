@@ -231,7 +231,7 @@ impl GrantProfiles {
     }
 
     /// Reads and validates the grants file at `path`. `read_env` reads a variable the file
-    /// names (the engine passes `plimsoll_engine::env::get_named_by_grants`); every one must
+    /// names (the engine passes `plimsoll_env::get_named_by_grants`); every one must
     /// be set now, so a missing secret fails at start-up, not in the middle of a run.
     pub fn load(
         path: &Path,

@@ -21,7 +21,7 @@ fn need_root(test: &str) -> bool {
         return true;
     }
     let why = "running sandboxes needs root (the process tier switches to a sandbox uid)";
-    if plimsoll_engine::env::strict() {
+    if plimsoll_env::strict() {
         panic!("{test}: {why}");
     }
     eprintln!("SKIP {test}: {why}");
@@ -73,7 +73,7 @@ fn plimsoll() -> Command {
         reason = "the test runs the built binary as a user would, with its own environment"
     )]
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_plimsoll"));
-    for v in plimsoll_engine::env::ALL {
+    for v in plimsoll_env::ALL {
         cmd.env_remove(v.name);
     }
     cmd.stdin(Stdio::null());
@@ -271,7 +271,7 @@ fn help_lists_environment_variables_and_exit_statuses() {
         let out = run(plimsoll().args(args));
         assert_eq!(out.status.code(), Some(0));
         let help = text(&out.stdout);
-        for v in plimsoll_engine::env::ALL {
+        for v in plimsoll_env::ALL {
             assert!(help.contains(v.name), "{} missing from {args:?}", v.name);
         }
         assert!(help.contains("3  not dispatched"), "{help}");

@@ -19,7 +19,7 @@ fn need_root(test: &str) -> bool {
         return true;
     }
     let why = "running sandboxes needs root (the process tier switches to a sandbox uid)";
-    if plimsoll_engine::env::strict() {
+    if plimsoll_env::strict() {
         panic!("{test}: {why}");
     }
     eprintln!("SKIP {test}: {why}");

@@ -11,8 +11,8 @@ use plimsoll_engine::Engine;
 use plimsoll_engine::settings::Settings;
 use tokio::sync::oneshot;
 
-use crate::callers::add_caller;
 use crate::daemon::{Daemon, DaemonOptions, build_engine};
+use plimsoll_callers::add_caller;
 
 /// How many uids each port's range holds (run uids, the probe's, controller uids).
 pub const UIDS_PER_PORT: u32 = 1024;

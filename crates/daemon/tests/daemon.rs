@@ -11,9 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use plimsoll_callers::add_caller;
+use plimsoll_daemon::ROUTES;
 use plimsoll_daemon::testing::{TestDaemon, uid_base_for_port};
-use plimsoll_daemon::{ROUTES, add_caller};
-use plimsoll_engine::env;
+use plimsoll_env as env;
 use plimsoll_sandbox::reap::processes_of_uids;
 use plimsoll_sandbox::testing::{cpu_seconds, workspace_root};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use plimsoll_wire::{Bytes, Language, Project, ProjectFile, RunSpec, Snippet, Step};
 
 /// True when tests run strictly: env `CI` is `true` or `1` (declared as
-/// `plimsoll_engine::env::CI`; read here directly because this crate sits below the engine).
+/// `plimsoll_env::CI`; read here directly because this crate sits below the engine).
 pub fn strict() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
