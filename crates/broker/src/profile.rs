@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::credential::{MIN_HMAC_KEY_BYTES, Minter, Secret};
+use crate::credential::{EnvSecret, MIN_HMAC_KEY_BYTES, Minter, Secret};
 use crate::route::{ParseRouteError, Route};
 use crate::upstream::Upstream;
 
@@ -381,7 +381,7 @@ fn validate(
             "credential.scheme `{scheme}` must be letters, digits and `-` (or empty)"
         )));
     }
-    let read_secret = |key: &str, var: &Option<String>| -> Result<Secret, LoadGrantsError> {
+    let read_secret = |key: &str, var: &Option<String>| -> Result<EnvSecret, LoadGrantsError> {
         let var = var.as_deref().ok_or_else(|| {
             invalid(format!(
                 "credential.{key} is required for kind `{}`: name the environment variable that holds the secret",
