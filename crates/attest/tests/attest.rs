@@ -857,7 +857,7 @@ fn independent_python_check_agrees() {
 /// A daemon offering the process provider (default floor `process`), with a state directory
 /// sandbox uids can enter.
 struct Daemon {
-    daemon: plimsoll_daemon::testing::TestDaemon,
+    daemon: plimsoll_test_daemon::TestDaemon,
     _state: tempfile::TempDir,
 }
 
@@ -874,7 +874,7 @@ impl Daemon {
             std::os::unix::fs::PermissionsExt::from_mode(0o711),
         )
         .unwrap();
-        let daemon = plimsoll_daemon::testing::TestDaemon::start(&format!(
+        let daemon = plimsoll_test_daemon::TestDaemon::start(&format!(
             "providers = [\"process\"]\ndefault_floor = \"process\"\nstate_dir = \"{}\"\n",
             state.path().display()
         ));

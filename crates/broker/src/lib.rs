@@ -18,7 +18,6 @@ mod frame;
 mod leak;
 mod profile;
 pub mod route;
-pub mod testing;
 mod upstream;
 
 pub use broker::{Broker, ERROR_CODES};

@@ -1031,8 +1031,8 @@ mod tests {
         LaunchPlan {
             run_id: "trial0".into(),
             request_id: "r".into(),
-            spec: plimsoll_sandbox::testing::project(vec![], steps, &[]),
-            limits: plimsoll_sandbox::testing::limits(),
+            spec: plimsoll_testing::project(vec![], steps, &[]),
+            limits: plimsoll_testing::limits(),
             uid: 2_000_010,
             gid: 2_000_011,
             controller_uid: 2_000_020,

@@ -313,7 +313,7 @@ mod tests {
     /// A project plan with these steps.
     fn project_plan(steps: &[&str]) -> LaunchPlan {
         LaunchPlan {
-            spec: plimsoll_sandbox::testing::project(vec![], steps, &[]),
+            spec: plimsoll_testing::project(vec![], steps, &[]),
             ..plan()
         }
     }
