@@ -12,7 +12,7 @@ use plimsoll_wire::Tier;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
-/// Cases per property: `PROPTEST_CASES` (declared in `plimsoll_engine::env`) or `default`.
+/// Cases per property: `PROPTEST_CASES` (declared in `plimsoll_env`) or `default`.
 pub fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()

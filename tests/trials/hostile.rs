@@ -23,7 +23,7 @@ pub struct Hostile {
 impl Hostile {
     pub fn new() -> Self {
         Hostile {
-            marker: format!("hidden-{}", plimsoll_sandbox::testing::fresh_id("m")),
+            marker: format!("hidden-{}", plimsoll_testing::fresh_id("m")),
         }
     }
 

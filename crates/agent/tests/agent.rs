@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use plimsoll_sandbox::testing::project;
+use plimsoll_testing::project;
 
 use plimsoll_wire::{AgentJob, Bytes, Language, ProjectFile, RunResult, RunSpec, Snippet};
 
@@ -212,7 +212,7 @@ fn read_pid(work: &Path, name: &str) -> i32 {
 
 fn skip(test: &str, reason: &str) {
     assert!(
-        !plimsoll_engine::env::strict(),
+        !plimsoll_env::strict(),
         "{test} needs {reason} (CI=true forbids skipping)"
     );
     println!("SKIP {test}: {reason}");
@@ -1122,12 +1122,11 @@ fn the_accepted_controller_passes_through_the_agent() {
     if which("node").is_none() {
         return skip(test, "node");
     }
-    let runner =
-        match plimsoll_sandbox::testing::tool_binary("plimsoll-trial-runner", "plimsoll-trial") {
-            Ok(r) => r,
-            Err(e) => return skip(test, &e),
-        };
-    let root = plimsoll_sandbox::testing::workspace_root();
+    let runner = match plimsoll_testing::tool_binary("plimsoll-trial-runner", "plimsoll-trial") {
+        Ok(r) => r,
+        Err(e) => return skip(test, &e),
+    };
+    let root = plimsoll_testing::workspace_root();
     let read = |p: &str| std::fs::read(root.join(p)).unwrap();
     let ids = trial_ids(2_190_004);
     let work = owned_tempdir(ids.uid);

@@ -12,12 +12,26 @@ use ed25519_dalek::pkcs8::{
     DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, KeypairBytes,
 };
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
+use plimsoll_secret::Secret;
 use sha2::{Digest as _, Sha256};
+use zeroize::Zeroize;
 
-/// A private signing key with its public half. Its `Debug` prints only the key id.
+/// A private signing key with its public half. Its `Debug` prints only the key id; the
+/// private half is the one secret type, [`Secret`], zeroed on drop.
 pub struct AttestKey {
-    signing: SigningKey,
+    signing: Secret<Signing>,
     public: PublicKey,
+}
+
+/// An Ed25519 signing key as a [`Secret`]'s value. `SigningKey` zeroes itself on drop but has
+/// no `Zeroize`; zeroising replaces it by the all-zero seed's key, so the old one's own drop
+/// clears it.
+struct Signing(SigningKey);
+
+impl Zeroize for Signing {
+    fn zeroize(&mut self) {
+        self.0 = SigningKey::from_bytes(&[0; 32]);
+    }
 }
 
 impl fmt::Debug for AttestKey {
@@ -38,7 +52,10 @@ impl AttestKey {
 
     fn from_signing(signing: SigningKey) -> Self {
         let public = PublicKey::new(signing.verifying_key());
-        AttestKey { signing, public }
+        AttestKey {
+            signing: Secret::new(Signing(signing)),
+            public,
+        }
     }
 
     /// The public half.
@@ -53,7 +70,7 @@ impl AttestKey {
 
     /// An Ed25519 signature over `message`.
     pub fn sign(&self, message: &[u8]) -> [u8; 64] {
-        self.signing.sign(message).to_bytes()
+        self.signing.expose().0.sign(message).to_bytes()
     }
 
     /// The public key in SubjectPublicKeyInfo PEM, as `keygen` writes it.
@@ -195,7 +212,7 @@ pub fn keygen(prefix: &Path) -> Result<KeyFiles, KeygenError> {
         }
     }
     let key = AttestKey::from_signing(SigningKey::generate(&mut rand_core::OsRng));
-    let pem = private_pem_v1(&key.signing);
+    let pem = private_pem_v1(&key.signing.expose().0);
     write_new(&private, 0o600, pem.as_bytes()).map_err(|source| match source.kind() {
         std::io::ErrorKind::AlreadyExists => KeygenError::Exists {
             path: private.clone(),
@@ -341,7 +358,7 @@ mod tests {
 
         // A v2 key (RFC 5958, public key inside), as keygen used to write: still loads.
         let key = AttestKey::from_seed(&[7; 32]);
-        let v2 = key.signing.to_pkcs8_pem(LineEnding::LF).unwrap();
+        let v2 = key.signing.expose().0.to_pkcs8_pem(LineEnding::LF).unwrap();
         assert_eq!(&pkcs8_der(&v2)[2..5], &[0x02, 0x01, 0x01], "not version v2");
         let path = dir.path().join("v2.key");
         write_new(&path, 0o600, v2.as_bytes()).unwrap();
@@ -373,11 +390,18 @@ mod tests {
     }
 
     #[test]
+    fn zeroising_the_private_key_leaves_the_zero_seed() {
+        let mut signing = Signing(SigningKey::from_bytes(&[9; 32]));
+        signing.zeroize();
+        assert_eq!(signing.0.to_bytes(), [0; 32]);
+    }
+
+    #[test]
     fn key_id_is_sha256_of_the_spki_der() {
         let key = AttestKey::from_seed(&[1; 32]);
         // SPKI DER for Ed25519: a fixed 12-byte header, then the 32-byte public key.
         let mut der = hex::decode("302a300506032b6570032100").unwrap();
-        der.extend_from_slice(key.signing.verifying_key().as_bytes());
+        der.extend_from_slice(key.signing.expose().0.verifying_key().as_bytes());
         assert_eq!(key.key_id(), hex::encode(Sha256::digest(&der)));
     }
 }

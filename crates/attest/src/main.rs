@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use plimsoll_client::{Client, RunOptions, Token};
-use plimsoll_engine::env;
+use plimsoll_env as env;
 use plimsoll_wire::{Language, Tier};
 
 /// Signs checked plimsoll results into a chained, closed bundle; verifies and replays bundles.

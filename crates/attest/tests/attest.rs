@@ -15,7 +15,7 @@ use plimsoll_attest::{
     VerifyBundleError, append_entry, check_exchange, close_bundle, sign_exchange, verify_bundle,
     verify_bundle_bytes,
 };
-use plimsoll_engine::env;
+use plimsoll_env as env;
 
 fn golden_key() -> AttestKey {
     // The golden seed: bytes 0x00, 0x01, ..., 0x1f.
@@ -857,7 +857,7 @@ fn independent_python_check_agrees() {
 /// A daemon offering the process provider (default floor `process`), with a state directory
 /// sandbox uids can enter.
 struct Daemon {
-    daemon: plimsoll_daemon::testing::TestDaemon,
+    daemon: plimsoll_test_daemon::TestDaemon,
     _state: tempfile::TempDir,
 }
 
@@ -874,7 +874,7 @@ impl Daemon {
             std::os::unix::fs::PermissionsExt::from_mode(0o711),
         )
         .unwrap();
-        let daemon = plimsoll_daemon::testing::TestDaemon::start(&format!(
+        let daemon = plimsoll_test_daemon::TestDaemon::start(&format!(
             "providers = [\"process\"]\ndefault_floor = \"process\"\nstate_dir = \"{}\"\n",
             state.path().display()
         ));

@@ -10,9 +10,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plimsoll_broker::testing::{Expect, TestApi};
 use plimsoll_broker::{Broker, GrantProfiles};
 use plimsoll_sandbox::BrokerPort as _;
+use plimsoll_testing::api::{Expect, TestApi};
 
 const TOKEN: &str = "bench-token-0123456789";
 

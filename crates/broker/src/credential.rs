@@ -1,75 +1,25 @@
 //! Secrets and credentials: what the daemon reads from its environment for a profile, and
 //! the credential minted from it for one run. Neither prints (`Debug` and `Display` say
-//! `<redacted>`), neither serialises, and the only way to the bytes is an explicit
-//! `expose()`, called in one place: the header of the upstream request.
+//! `<redacted>`), neither serialises, both are zeroed on drop (both are the one
+//! [`Secret`] type), and the only way to the bytes is an explicit `expose()`, called in one
+//! place: the header of the upstream request.
 
-use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac as _};
+pub use plimsoll_secret::Secret;
 use sha2::Sha256;
 
-/// A secret read from the daemon's environment: a static API token, or an HMAC key.
-#[derive(Clone)]
-pub struct Secret(Vec<u8>);
+/// A secret read from the daemon's environment: a static API token, or an HMAC key. The one
+/// secret type, holding bytes.
+pub type EnvSecret = Secret<Vec<u8>>;
 
-impl Secret {
-    /// Wraps secret bytes.
-    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
-        Secret(bytes.into())
-    }
-
-    /// The bytes. Call only where the secret is used.
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl Drop for Secret {
-    fn drop(&mut self) {
-        self.0.iter_mut().for_each(|b| *b = 0);
-    }
-}
-
-/// The credential of one run, as the broker attaches it (the header value's token).
-pub struct Credential(String);
-
-impl Credential {
-    /// The token. Call only to build the upstream request's header (or, in tests, to look
-    /// for it where it must not be).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl fmt::Display for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl Drop for Credential {
-    fn drop(&mut self) {
-        // SAFETY: zero bytes are valid UTF-8, so the string stays a string.
-        unsafe { self.0.as_bytes_mut() }
-            .iter_mut()
-            .for_each(|b| *b = 0);
-    }
-}
+/// The credential of one run, as the broker attaches it (the header value's token): the one
+/// secret type. Read through [`Secret::expose`] only to build the upstream request's header
+/// (or, in tests, to look for it where it must not be).
+pub type Credential = Secret;
 
 /// How a profile mints a run's credential.
 #[derive(Debug, Clone)]
@@ -77,13 +27,13 @@ pub enum Minter {
     /// The same secret for every run: for development only.
     Static {
         /// The secret, read from the variable the profile names.
-        secret: Secret,
+        secret: EnvSecret,
     },
     /// An HS256 JWT per run: subject = the caller, the profile's audience, a random id, and
     /// an expiry no later than the end of the run's budget.
     Jwt {
         /// The HMAC key, read from the variable the profile names.
-        key: Secret,
+        key: EnvSecret,
         /// `aud`.
         audience: String,
         /// `iss`, when set.
@@ -101,7 +51,7 @@ impl Minter {
     pub fn mint(&self, caller: &str, now: SystemTime, budget: Duration) -> Credential {
         match self {
             Minter::Static { secret } => {
-                Credential(String::from_utf8_lossy(secret.expose()).into_owned())
+                Credential::new(String::from_utf8_lossy(secret.expose()).into_owned())
             }
             Minter::Jwt {
                 key,
@@ -140,7 +90,7 @@ impl Minter {
                     .expect("HMAC takes a key of any length");
                 mac.update(signing_input.as_bytes());
                 let signature = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
-                Credential(format!("{signing_input}.{signature}"))
+                Credential::new(format!("{signing_input}.{signature}"))
             }
         }
     }

@@ -8,29 +8,17 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+use plimsoll_secret::Secret;
 use serde_json::Value;
 
-/// The forms of one credential to look for: secret material itself, so it never prints and
-/// is zeroed when dropped.
+/// The forms of one credential to look for: secret material itself, so each list is a
+/// [`Secret`] (never printed, zeroed when dropped).
+#[derive(Debug)]
 pub(crate) struct Needles {
     /// Searched as they are.
-    exact: Vec<Vec<u8>>,
+    exact: Secret<Vec<Vec<u8>>>,
     /// Searched in a lowercased copy (hex).
-    folded: Vec<Vec<u8>>,
-}
-
-impl std::fmt::Debug for Needles {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl Drop for Needles {
-    fn drop(&mut self) {
-        for form in self.exact.iter_mut().chain(self.folded.iter_mut()) {
-            form.iter_mut().for_each(|b| *b = 0);
-        }
-    }
+    folded: Secret<Vec<Vec<u8>>>,
 }
 
 impl Needles {
@@ -50,15 +38,18 @@ impl Needles {
         exact.sort();
         exact.dedup();
         let folded = vec![hex::encode(secret).into_bytes()];
-        Needles { exact, folded }
+        Needles {
+            exact: Secret::new(exact),
+            folded: Secret::new(folded),
+        }
     }
 
     fn in_text(&self, text: &[u8]) -> bool {
-        if self.exact.iter().any(|n| contains(text, n)) {
+        if self.exact.expose().iter().any(|n| contains(text, n)) {
             return true;
         }
         let lower = text.to_ascii_lowercase();
-        self.folded.iter().any(|n| contains(&lower, n))
+        self.folded.expose().iter().any(|n| contains(&lower, n))
     }
 
     /// Whether `text`, or what it reads as once its JSON escapes or its percent-encoding are

@@ -18,11 +18,10 @@ mod frame;
 mod leak;
 mod profile;
 pub mod route;
-pub mod testing;
 mod upstream;
 
 pub use broker::{Broker, ERROR_CODES};
-pub use credential::{Credential, Minter, Secret};
+pub use credential::{Credential, EnvSecret, Minter, Secret};
 pub use profile::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, GRANT_REFUSED,
     GrantProfiles, GrantRefused, LoadGrantsError, Profile,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::credential::{MIN_HMAC_KEY_BYTES, Minter, Secret};
+use crate::credential::{EnvSecret, MIN_HMAC_KEY_BYTES, Minter, Secret};
 use crate::route::{ParseRouteError, Route};
 use crate::upstream::Upstream;
 
@@ -231,7 +231,7 @@ impl GrantProfiles {
     }
 
     /// Reads and validates the grants file at `path`. `read_env` reads a variable the file
-    /// names (the engine passes `plimsoll_engine::env::get_named_by_grants`); every one must
+    /// names (the engine passes `plimsoll_env::get_named_by_grants`); every one must
     /// be set now, so a missing secret fails at start-up, not in the middle of a run.
     pub fn load(
         path: &Path,
@@ -381,7 +381,7 @@ fn validate(
             "credential.scheme `{scheme}` must be letters, digits and `-` (or empty)"
         )));
     }
-    let read_secret = |key: &str, var: &Option<String>| -> Result<Secret, LoadGrantsError> {
+    let read_secret = |key: &str, var: &Option<String>| -> Result<EnvSecret, LoadGrantsError> {
         let var = var.as_deref().ok_or_else(|| {
             invalid(format!(
                 "credential.{key} is required for kind `{}`: name the environment variable that holds the secret",

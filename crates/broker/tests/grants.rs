@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use plimsoll_broker::GrantProfiles;
-use plimsoll_broker::testing::{Expect, TestApi};
 use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
-use plimsoll_sandbox::testing::{TestDir, is_root, probe_binary, skip_or_fail};
+use plimsoll_testing::api::{Expect, TestApi};
+use plimsoll_testing::{TestDir, is_root, probe_binary, skip_or_fail};
 use plimsoll_wire::{Language, Limits, PROTOCOL, RunRequest, RunResponse, RunSpec, Snippet, Tier};
 
 const TOKEN: &str = "tok-3f9a1c7e5b2d4a6c8e0f";
@@ -692,7 +692,7 @@ fn through_the_daemon_the_caller_is_the_tokens_caller() {
         grants_text(&api.url(), 10).replace(r#"callers = ["alice"]"#, r#"callers = ["test"]"#);
     let grants = GrantProfiles::parse(&text, test_env).unwrap();
     let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
-    let daemon = plimsoll_daemon::testing::TestDaemon::start_with_grants(
+    let daemon = plimsoll_test_daemon::TestDaemon::start_with_grants(
         &format!("[process]\nprobe = {:?}\n", probe.display().to_string()),
         grants,
     );
@@ -794,7 +794,7 @@ fn the_clients_reach_a_listening_broker_by_its_socket_path() {
 /// the credential in no form.
 #[test]
 fn echoed_credentials_are_withheld_in_every_common_encoding() {
-    use plimsoll_broker::testing::ECHO_ENCODINGS;
+    use plimsoll_testing::api::ECHO_ENCODINGS;
 
     let encodings = ECHO_ENCODINGS
         .iter()

@@ -34,7 +34,7 @@ pub struct Cli {
 }
 
 fn after_help() -> String {
-    format!("{EXIT_STATUSES}\n\n{}", plimsoll_engine::env::help_text())
+    format!("{EXIT_STATUSES}\n\n{}", plimsoll_env::help_text())
 }
 
 /// The commands.
@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn help_lists_every_environment_variable_and_exit_status() {
         let help = Cli::command().render_long_help().to_string();
-        for v in plimsoll_engine::env::ALL {
+        for v in plimsoll_env::ALL {
             assert!(help.contains(v.name), "{} missing from --help", v.name);
         }
         assert!(help.contains("not dispatched"));

@@ -360,7 +360,7 @@ impl BenchDaemon {
         std::fs::create_dir(&state).context("cannot create the daemon's state directory")?;
         set_mode(&state, 0o711)?;
         let callers = dir.join("callers.toml");
-        let token = plimsoll_daemon::callers::add_caller(&callers, "bench")?;
+        let token = plimsoll_callers::add_caller(&callers, "bench")?;
 
         let mut doc: toml::Table = config_text
             .parse()

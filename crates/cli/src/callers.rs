@@ -20,8 +20,8 @@ pub fn add(config: Option<&Path>, name: &str, file: Option<&Path>) -> Result<u8,
             .callers_file
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CALLERS_FILE)),
     };
-    let token = plimsoll_daemon::callers::add_caller(&path, name).map_err(|e| {
-        use plimsoll_daemon::AddCallerError as E;
+    let token = plimsoll_callers::add_caller(&path, name).map_err(|e| {
+        use plimsoll_callers::AddCallerError as E;
         let status_usage = matches!(e, E::InvalidName { .. } | E::Duplicate { .. });
         let err = anyhow!(e);
         if status_usage {

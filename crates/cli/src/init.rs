@@ -8,8 +8,8 @@ use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow};
-use plimsoll_engine::env;
 use plimsoll_engine::settings::Settings;
+use plimsoll_env as env;
 use plimsoll_wire::{ProviderInfo, Tier};
 
 use crate::args::InitArgs;
@@ -106,7 +106,7 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
     crate::note(&format!("wrote {}", path.display()));
 
     make_private_dir(callers_file.parent().unwrap_or(Path::new("/"))).map_err(Failure::failed)?;
-    match plimsoll_daemon::callers::add_caller(&callers_file, &a.caller) {
+    match plimsoll_callers::add_caller(&callers_file, &a.caller) {
         Ok(token) => {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{token}");
@@ -118,7 +118,7 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
                 callers_file.display()
             ));
         }
-        Err(plimsoll_daemon::AddCallerError::Duplicate { .. }) if a.force => {
+        Err(plimsoll_callers::AddCallerError::Duplicate { .. }) if a.force => {
             crate::note(&format!(
                 "caller `{}` is already in {}: kept, with its old token (not shown again)",
                 a.caller,
@@ -126,7 +126,7 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
             ));
         }
         Err(e) => {
-            use plimsoll_daemon::AddCallerError as E;
+            use plimsoll_callers::AddCallerError as E;
             let usage = matches!(e, E::InvalidName { .. } | E::Duplicate { .. });
             let err = anyhow!(e).context(format!(
                 "{} was written, but the first caller was not added: fix this, then run \

@@ -109,7 +109,7 @@ pub fn note(message: &str) {
 /// the stream, and what a user needs is in the header or the error message).
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
-    let filter = plimsoll_engine::env::get(plimsoll_engine::env::PLIMSOLL_LOG)
+    let filter = plimsoll_env::get(plimsoll_env::PLIMSOLL_LOG)
         .and_then(|f| EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| EnvFilter::new("error"));
     let _ = tracing_subscriber::fmt()

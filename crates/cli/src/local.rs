@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow};
 use plimsoll_client::{Client, Token};
+use plimsoll_engine::Engine;
 use plimsoll_engine::settings::{PROVIDER_NAMES, Settings};
-use plimsoll_engine::{Engine, env};
+use plimsoll_env as env;
 
 use crate::Failure;
 

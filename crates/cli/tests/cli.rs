@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use plimsoll_client::{RunOptions, verify_response};
-use plimsoll_daemon::testing::TestDaemon;
+use plimsoll_test_daemon::TestDaemon;
 use plimsoll_wire::digest::{evidence_sha256, request_sha256, sha256_hex};
 use plimsoll_wire::{
     ErrorResponse, Evidence, Language, ProvidersResponse, Reason, RunRequest, RunResponse, Tier,
@@ -21,7 +21,7 @@ fn need_root(test: &str) -> bool {
         return true;
     }
     let why = "running sandboxes needs root (the process tier switches to a sandbox uid)";
-    if plimsoll_engine::env::strict() {
+    if plimsoll_env::strict() {
         panic!("{test}: {why}");
     }
     eprintln!("SKIP {test}: {why}");
@@ -73,7 +73,7 @@ fn plimsoll() -> Command {
         reason = "the test runs the built binary as a user would, with its own environment"
     )]
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_plimsoll"));
-    for v in plimsoll_engine::env::ALL {
+    for v in plimsoll_env::ALL {
         cmd.env_remove(v.name);
     }
     cmd.stdin(Stdio::null());
@@ -271,7 +271,7 @@ fn help_lists_environment_variables_and_exit_statuses() {
         let out = run(plimsoll().args(args));
         assert_eq!(out.status.code(), Some(0));
         let help = text(&out.stdout);
-        for v in plimsoll_engine::env::ALL {
+        for v in plimsoll_env::ALL {
             assert!(help.contains(v.name), "{} missing from {args:?}", v.name);
         }
         assert!(help.contains("3  not dispatched"), "{help}");
@@ -400,7 +400,7 @@ fn providers_shows_tier_availability_and_evidence() {
 }
 
 /// A scratch directory sandbox uids can traverse, and a uid range of its own derived from a
-/// held loopback port (as plimsoll_daemon::testing does), for tests that write settings.
+/// held loopback port (as plimsoll_test_daemon does), for tests that write settings.
 fn scratch() -> (tempfile::TempDir, TcpListener, u32) {
     let dir = tempfile::Builder::new()
         .prefix("plimsoll-cli-init-")
@@ -408,7 +408,7 @@ fn scratch() -> (tempfile::TempDir, TcpListener, u32) {
         .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let port = TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = plimsoll_daemon::testing::uid_base_for_port(port.local_addr().unwrap().port());
+    let base = plimsoll_test_daemon::uid_base_for_port(port.local_addr().unwrap().port());
     (dir, port, base)
 }
 
@@ -734,7 +734,7 @@ fn split_cli_members(v: &mut Value) -> (RunRequest, Option<Evidence>) {
 /// Settings offering crun only, with a state root, cgroup parent, state directory and uid
 /// range of the test's own; `None` after `SKIP` when the host lacks crun or the image.
 fn crun_settings(test: &str, dir: &std::path::Path, slot: u32) -> Option<String> {
-    use plimsoll_sandbox::testing::{skip_or_fail, tool_binary, workspace_root};
+    use plimsoll_testing::{skip_or_fail, tool_binary, workspace_root};
     if !need_root(test) {
         return None;
     }
@@ -1061,7 +1061,7 @@ fn evidence_is_reused_while_it_holds_and_probed_again_when_not() {
     let c = Config::new(9);
     // A probe binary of the test's own, so changing it touches nothing else.
     let probe = c.dir.path().join("plimsoll-probe");
-    std::fs::copy(plimsoll_sandbox::testing::probe_binary().unwrap(), &probe).unwrap();
+    std::fs::copy(plimsoll_testing::probe_binary().unwrap(), &probe).unwrap();
     let mut settings = std::fs::read_to_string(c.path()).unwrap();
     settings.push_str(&format!("[process]\nprobe = \"{}\"\n", probe.display()));
     std::fs::write(c.path(), &settings).unwrap();

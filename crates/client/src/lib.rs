@@ -238,10 +238,7 @@ impl Client {
         let answer = self
             .agent
             .post(&url)
-            .header(
-                "authorization",
-                format!("Bearer {}", self.token.expose_secret()),
-            )
+            .header("authorization", format!("Bearer {}", self.token.expose()))
             .header("content-type", "application/json")
             .config()
             .timeout_global(Some(budget))
@@ -321,10 +318,7 @@ impl Client {
         let answer = self
             .agent
             .get(&url)
-            .header(
-                "authorization",
-                format!("Bearer {}", self.token.expose_secret()),
-            )
+            .header("authorization", format!("Bearer {}", self.token.expose()))
             .config()
             .timeout_global(Some(EXCHANGE_SLACK))
             .build()

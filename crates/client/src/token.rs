@@ -1,47 +1,12 @@
-//! The caller's bearer token: a secret that prints as `<redacted>` and is read only on purpose.
+//! The caller's bearer token: a [`Secret`] that prints as `<redacted>` and is read only on
+//! purpose, through [`Secret::expose`].
 
-use std::fmt;
+use plimsoll_secret::Secret;
 
-/// A caller token for plimsolld. `Debug` and `Display` print `<redacted>`; it has no
-/// `Serialize`; [`Token::expose_secret`] is the one way to read it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    /// Wraps a token.
-    pub fn new(token: impl Into<String>) -> Self {
-        Token(token.into())
-    }
-
-    /// The token itself, for the `Authorization` header and nothing else.
-    pub fn expose_secret(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl From<String> for Token {
-    fn from(s: String) -> Self {
-        Token(s)
-    }
-}
-
-impl From<&str> for Token {
-    fn from(s: &str) -> Self {
-        Token(s.to_owned())
-    }
-}
+/// A caller token for plimsolld: the one secret type, [`Secret`]. `Debug` and `Display`
+/// print `<redacted>`; it has no `Serialize`; it is zeroed on drop; [`Secret::expose`] is
+/// the one way to read it.
+pub type Token = Secret;
 
 #[cfg(test)]
 mod tests {
@@ -53,6 +18,6 @@ mod tests {
         assert_eq!(format!("{t}"), "<redacted>");
         assert_eq!(format!("{t:?}"), "<redacted>");
         assert_eq!(format!("{:?}", Some(&t)), "Some(<redacted>)");
-        assert_eq!(t.expose_secret(), "plm_s3cr3t");
+        assert_eq!(t.expose(), "plm_s3cr3t");
     }
 }

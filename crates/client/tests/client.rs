@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::sync::{Arc, Condvar, Mutex};
 
 use plimsoll_client::{Client, ClientError, DigestKind, RunOptions, Token};
-use plimsoll_daemon::testing::TestDaemon;
+use plimsoll_test_daemon::TestDaemon;
 use plimsoll_wire::digest::request_sha256;
 use plimsoll_wire::{Language, Reason, Tier, not_dispatched_reason};
 use serde_json::Value;
@@ -19,7 +19,7 @@ fn need_root(test: &str) -> bool {
         return true;
     }
     let why = "running sandboxes needs root (the process tier switches to a sandbox uid)";
-    if plimsoll_engine::env::strict() {
+    if plimsoll_env::strict() {
         panic!("{test}: {why}");
     }
     eprintln!("SKIP {test}: {why}");

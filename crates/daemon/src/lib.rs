@@ -11,7 +11,6 @@ mod metrics;
 mod server;
 pub mod testing;
 
-pub use callers::{AddCallerError, Token, add_caller};
 pub use daemon::{
     DEFAULT_CALLERS_FILE, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_RECHECK_SECS, Daemon,
     DaemonOptions, SHUTDOWN_SLACK, StartDaemonError, build_engine, load_grants, run,

@@ -2,7 +2,7 @@
 //! carry request ids, caller names, providers and outcomes; never a token, an `Authorization`
 //! header or a request body.
 
-use plimsoll_engine::env;
+use plimsoll_env as env;
 use tracing_subscriber::EnvFilter;
 
 /// The filter used when `PLIMSOLL_LOG` is unset.

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use plimsoll_engine::env;
 use plimsoll_engine::settings::Settings;
+use plimsoll_env as env;
 
 /// The plimsoll daemon: HTTP/JSON in front of the sandbox engine (see docs/daemon.md).
 #[derive(Debug, Parser)]

@@ -17,7 +17,9 @@ use plimsoll_wire::{
     ErrorBody, ErrorResponse, PROTOCOL, Reason, RunResponse, parse_request, validate_request_id,
 };
 
-use crate::callers::{CallerStore, Token};
+use plimsoll_callers::Token;
+
+use crate::callers::CallerStore;
 use crate::metrics::{Metrics, outcome_label};
 
 /// The OpenAPI document of this daemon (docs/openapi.json), served at `GET /v1/openapi.json`.

@@ -11,11 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use plimsoll_daemon::testing::{TestDaemon, uid_base_for_port};
-use plimsoll_daemon::{ROUTES, add_caller};
-use plimsoll_engine::env;
+use plimsoll_callers::add_caller;
+use plimsoll_daemon::ROUTES;
+use plimsoll_env as env;
 use plimsoll_sandbox::reap::processes_of_uids;
-use plimsoll_sandbox::testing::{cpu_seconds, workspace_root};
+use plimsoll_test_daemon::{TestDaemon, uid_base_for_port};
+use plimsoll_testing::{cpu_seconds, workspace_root};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{ErrorResponse, ProvidersResponse, Reason, RunRequest, RunResponse, Tier};
 
@@ -1464,7 +1465,7 @@ fn hup_and_wait(d: &Spawned, message: &str, n: usize) {
 #[test]
 fn sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken() {
     let test = "sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken";
-    let api = plimsoll_broker::testing::TestApi::start(plimsoll_broker::testing::Expect::Static {
+    let api = plimsoll_testing::api::TestApi::start(plimsoll_testing::api::Expect::Static {
         header: "authorization".into(),
         value: format!("Bearer {GRANT_TOKEN}"),
     });
@@ -2054,7 +2055,7 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
             assert!(sent.is_err(), "answered by a daemon that was killed");
         });
         let base = d.uid_base();
-        let uids = base..base + plimsoll_daemon::testing::UIDS_PER_PORT;
+        let uids = base..base + plimsoll_test_daemon::UIDS_PER_PORT;
         while processes_of_uids(uids.clone()).is_empty() {
             assert!(
                 start.elapsed() < Duration::from_secs(30),

@@ -215,9 +215,9 @@ impl Engine {
     }
 
     /// Loads a grants file (docs/capability-grants.md), reading every secret it names from
-    /// this process's environment now, through [`crate::env::get_named_by_grants`].
+    /// this process's environment now, through [`plimsoll_env::get_named_by_grants`].
     pub fn load_grants(path: &Path) -> Result<GrantProfiles, LoadGrantsError> {
-        GrantProfiles::load(path, crate::env::get_named_by_grants)
+        GrantProfiles::load(path, plimsoll_env::get_named_by_grants)
     }
 
     /// The engine with these grant profiles (by default there are none, and every request

@@ -298,7 +298,7 @@ mod tests {
         if rustix::process::geteuid().is_root() {
             return true;
         }
-        plimsoll_sandbox::testing::skip_or_fail(
+        plimsoll_testing::skip_or_fail(
             "evidence_cache",
             "the cache is trusted only when root owns it",
         );

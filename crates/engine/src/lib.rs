@@ -5,7 +5,6 @@
 mod admission;
 mod config;
 mod engine;
-pub mod env;
 pub mod evidence_cache;
 pub mod plan;
 mod providers;

@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
 use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
-use plimsoll_sandbox::testing::{TestDir, is_root, probe_binary, skip_or_fail};
+use plimsoll_testing::{TestDir, is_root, probe_binary, skip_or_fail};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunSpec, Snippet, Tier};
 

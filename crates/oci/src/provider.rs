@@ -1034,13 +1034,13 @@ mod tests {
     }
 
     fn project_plan(steps: &[&str]) -> LaunchPlan {
-        let spec = plimsoll_sandbox::testing::project(vec![], steps, &[]);
+        let spec = plimsoll_testing::project(vec![], steps, &[]);
         LaunchPlan {
             run_id: "trial0".into(),
             request_id: "r".into(),
             privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
             spec,
-            limits: plimsoll_sandbox::testing::limits(),
+            limits: plimsoll_testing::limits(),
             uid: 2_000_010,
             gid: 2_000_011,
             controller_uid: 2_000_020,

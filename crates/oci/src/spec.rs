@@ -312,7 +312,7 @@ mod tests {
 
     /// A project plan with these steps.
     fn project_plan(steps: &[&str]) -> LaunchPlan {
-        let spec = plimsoll_sandbox::testing::project(vec![], steps, &[]);
+        let spec = plimsoll_testing::project(vec![], steps, &[]);
         LaunchPlan {
             privileges: plimsoll_sandbox::Privileges::for_spec(&spec),
             spec,

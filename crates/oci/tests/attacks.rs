@@ -18,11 +18,11 @@ mod common;
 use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
 use plimsoll_sandbox::broker::{BrokerChannel, BrokerPort};
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{
+use plimsoll_sandbox::{LaunchError, Provider, Spawn};
+use plimsoll_testing::{
     NAMESPACE_ATTACK, fresh_id, js, limits, namespace_attack_refused, no_connection_came, py,
     quiet_listener, text,
 };
-use plimsoll_sandbox::{LaunchError, Provider, Spawn};
 use plimsoll_wire::{Project, ProjectFile, Reason, RunSpec, Step, Tier};
 
 use common::{image, kind_index, rig};
@@ -703,8 +703,8 @@ print("client", callable(plimsoll_host.get))
 /// The in-sandbox clients, the run's socket, the real broker and an API behind it: the API
 /// sees the credential, the sandbox never does.
 fn grant_calls_go_through_the_real_broker(kind: RuntimeKind, test: &str) {
-    use plimsoll_broker::testing::{Expect, TestApi};
     use plimsoll_broker::{Broker, GrantProfiles};
+    use plimsoll_testing::api::{Expect, TestApi};
     let Some(rig) = rig(kind, test) else { return };
     let uid = uid(16, kind);
     let secret = "tok-never-in-the-sandbox";

@@ -13,7 +13,7 @@ mod common;
 mod seccomp;
 
 use plimsoll_oci::RuntimeKind;
-use plimsoll_sandbox::testing::{limits, py};
+use plimsoll_testing::{limits, py};
 use seccomp::{Check, ENOSYS, EPERM, Expect};
 
 use common::{kind_index, rig};
@@ -180,7 +180,7 @@ fn every_allowed_call_works_and_every_denied_one_fails_as_documented(
     let checks = match checks(kind) {
         Ok(c) => c,
         Err(e) => {
-            plimsoll_sandbox::testing::skip_or_fail(test, &e);
+            plimsoll_testing::skip_or_fail(test, &e);
             return;
         }
     };

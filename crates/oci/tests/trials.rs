@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use plimsoll_oci::{OciProvider, RuntimeKind};
-use plimsoll_sandbox::testing::{limits, skip_or_fail, text, tool_binary, workspace_root};
 use plimsoll_sandbox::{LaunchError, LaunchPlan, Provider, ResolvedLimits};
+use plimsoll_testing::{limits, skip_or_fail, text, tool_binary, workspace_root};
 use plimsoll_wire::{Project, ProjectFile, Reason, RunResult, RunSpec, Step};
 use serde_json::Value;
 use sha2::Digest as _;

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use plimsoll_process::{ProcessConfig, ProcessProvider};
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{
+use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Provider as _, ResolvedLimits};
+use plimsoll_testing::{
     NAMESPACE_ATTACK, cpu_seconds, is_root, namespace_attack_refused, probe_binary, skip_or_fail,
 };
-use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Provider as _, ResolvedLimits};
 use plimsoll_wire::{Language, Reason, RunResult, RunSpec, Snippet};
 
 /// Each test has uids of its own (tests run in parallel, and the end of a run kills every
@@ -265,7 +265,7 @@ fn namespaces_cannot_be_created_but_subprocesses_can() {
     assert_eq!(stdout(&r), "node child ok\n", "{}", explain(&r));
 }
 
-/// The attack every provider gets (plimsoll_sandbox::testing): no namespace of any kind,
+/// The attack every provider gets (plimsoll_testing): no namespace of any kind,
 /// by any call.
 #[test]
 fn no_namespace_can_be_created() {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use plimsoll_process::{ProcessConfig, ProcessProvider};
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{is_root, probe_binary, skip_or_fail};
 use plimsoll_sandbox::{LaunchPlan, Provider as _, ResolvedLimits};
+use plimsoll_testing::{is_root, probe_binary, skip_or_fail};
 use plimsoll_wire::{Language, RunSpec, Snippet};
 
 #[path = "../../../tests/seccomp/common.rs"]

@@ -85,7 +85,7 @@ mod tests {
     /// The script kills what the listed file names, and nothing when the file is gone.
     #[test]
     fn it_kills_the_listed_processes_at_its_deadline() {
-        let dir = crate::testing::TestDir::new("watchdog", "kills");
+        let dir = plimsoll_testing::TestDir::new("watchdog", "kills");
         #[expect(
             clippy::disallowed_methods,
             reason = "a plain victim process, not a sandboxed run"
@@ -116,7 +116,7 @@ mod tests {
     #[test]
     fn an_ended_watchdog_leaves_no_zombie() {
         assert!(crate::spawn::become_subreaper(), "PR_SET_CHILD_SUBREAPER");
-        let dir = crate::testing::TestDir::new("watchdog", "zombie");
+        let dir = plimsoll_testing::TestDir::new("watchdog", "zombie");
         let dog = start(&[dir.path().join("absent")], Duration::from_secs(60)).unwrap();
         // Let the shell fork its `sleep` first.
         std::thread::sleep(Duration::from_millis(300));

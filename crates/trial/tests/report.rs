@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use plimsoll_sandbox::testing::skip_or_fail;
+use plimsoll_testing::skip_or_fail;
 use plimsoll_trial::State;
 use plimsoll_trial::report::{self, ReportInput, RunInput};
 use plimsoll_trial::trajectory::{RECORD_BYTES, encode};
@@ -27,7 +27,7 @@ fn controllers_dir() -> PathBuf {
 /// True when the test can run; otherwise prints SKIP (or panics under CI=true).
 fn can_run(test: &str, root: bool, needs: &[&str]) -> bool {
     let mut missing = Vec::new();
-    if root && !plimsoll_sandbox::testing::is_root() {
+    if root && !plimsoll_testing::is_root() {
         missing.push("root (the runner switches uids)".to_owned());
     }
     for n in needs {

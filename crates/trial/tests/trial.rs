@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use plimsoll_sandbox::testing::skip_or_fail;
+use plimsoll_testing::skip_or_fail;
 use plimsoll_trial::State;
 use plimsoll_trial::launcher::processes_of_uid;
 use plimsoll_trial::trajectory::decode;
@@ -24,7 +24,7 @@ fn controllers_dir() -> PathBuf {
 /// True when the test can run; otherwise prints SKIP (or panics under CI=true).
 fn can_run(test: &str, needs: &[&str]) -> bool {
     let mut missing = Vec::new();
-    if !plimsoll_sandbox::testing::is_root() {
+    if !plimsoll_testing::is_root() {
         missing.push("root (the runner switches uids)".to_owned());
     }
     for n in needs {

@@ -10,10 +10,10 @@
 use std::path::{Path, PathBuf};
 
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{
+use plimsoll_sandbox::{LaunchPlan, Provider as _};
+use plimsoll_testing::{
     fresh_id, is_root, limits, probe_and_agent, py, skip_or_fail, workspace_root,
 };
-use plimsoll_sandbox::{LaunchPlan, Provider as _};
 use plimsoll_vm::{AccelChoice, VmConfig, VmProvider};
 
 #[path = "../../../tests/seccomp/common.rs"]

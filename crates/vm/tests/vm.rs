@@ -16,15 +16,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plimsoll_broker::GrantProfiles;
-use plimsoll_broker::testing::{Expect, TestApi};
+use plimsoll_testing::api::{Expect, TestApi};
 use sha2::{Digest as _, Sha256};
 
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{
+use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Provider, ResolvedLimits, Spawn};
+use plimsoll_testing::{
     NAMESPACE_ATTACK, fresh_id, is_root, js, limits, namespace_attack_refused, no_connection_came,
     probe_and_agent, py, quiet_listener, skip_or_fail, text, tool_binary, workspace_root,
 };
-use plimsoll_sandbox::{BrokerChannel, LaunchPlan, Provider, ResolvedLimits, Spawn};
 use plimsoll_vm::{AccelChoice, Accelerator, VmConfig, VmProvider, tier_for};
 use plimsoll_wire::{Project, ProjectFile, RunResult, RunSpec, Step, Tier};
 
@@ -287,7 +287,7 @@ fn a_project_runs_its_steps_and_returns_artifacts() {
     assert!(!r.artifacts[1].found);
 }
 
-/// The attack every provider gets (plimsoll_sandbox::testing): no namespace of any kind,
+/// The attack every provider gets (plimsoll_testing): no namespace of any kind,
 /// by any call. Before the guest init set `user.max_user_namespaces` to 0, `unshare -r`
 /// gave the code uid 0 with every capability in the guest.
 #[test]

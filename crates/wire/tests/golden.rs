@@ -115,13 +115,13 @@ fn render(file: &VectorFile) -> String {
     text
 }
 
-/// `CI=true` (or `1`): declared in `plimsoll_engine::env` (`CI`), read directly because the
+/// `CI=true` (or `1`): declared in `plimsoll_env` (`CI`), read directly because the
 /// engine depends on this crate.
 fn strict() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// `PLIMSOLL_BLESS=1`: declared in `plimsoll_engine::env` (`PLIMSOLL_BLESS`).
+/// `PLIMSOLL_BLESS=1`: declared in `plimsoll_env` (`PLIMSOLL_BLESS`).
 fn blessing() -> bool {
     std::env::var("PLIMSOLL_BLESS").is_ok_and(|v| v == "1")
 }

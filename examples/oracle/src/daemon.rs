@@ -93,7 +93,7 @@ impl LocalDaemon {
         let state = dir.path().join("state");
         std::fs::create_dir(&state).context("cannot create the daemon's state directory")?;
         let callers = dir.path().join("callers.toml");
-        let token = plimsoll_daemon::add_caller(&callers, "oracle")
+        let token = plimsoll_callers::add_caller(&callers, "oracle")
             .context("cannot write the daemon's callers file")?;
         let uid_port = TcpListener::bind("127.0.0.1:0")
             .context("cannot bind a loopback port (it picks the daemon's uid range)")?;

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use plimsoll_client::{Client, Token};
-use plimsoll_engine::env;
+use plimsoll_env as env;
 use plimsoll_wire::{Tier, not_dispatched_reason};
 use serde::Serialize;
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use plimsoll_sandbox::testing::{is_root, skip_or_fail, tool_binary};
+use plimsoll_testing::{is_root, skip_or_fail, tool_binary};
 use plimsoll_wire::Tier;
 use serde_json::Value;
 
@@ -253,7 +253,7 @@ fn a_bundle_of_the_three_runs_verifies_and_replays() {
     }
 
     // Replayed against a daemon offering crun, every run gives the signed result.
-    let daemon = plimsoll_daemon::testing::TestDaemon::start("providers = [\"crun\"]\n");
+    let daemon = plimsoll_test_daemon::TestDaemon::start("providers = [\"crun\"]\n");
     let o = command(&tools.attest)
         .args(["replay", "--daemon", &daemon.url, "--pub"])
         .arg(&public)

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use plimsoll_oci::{OciConfig, OciProvider, RuntimeKind, spec};
 use plimsoll_sandbox::reap::processes_of_uid;
-use plimsoll_sandbox::testing::{fresh_id, is_root, probe_and_agent, skip_or_fail, workspace_root};
 use plimsoll_sandbox::{LaunchPlan, Provider, ResolvedLimits};
+use plimsoll_testing::{fresh_id, is_root, probe_and_agent, skip_or_fail, workspace_root};
 use plimsoll_wire::{RunResult, RunSpec};
 
 /// A plan's controller uid is its run uid plus this.
