@@ -216,8 +216,9 @@ pub fn add_caller(path: &Path, name: &str) -> Result<String, AddCallerError> {
         .open(path)
         .map_err(io)?;
     // An exclusive lock, so two `callers add` at once cannot both pass the duplicate check.
-    let mut file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, errno)| io(std::io::Error::from(errno)))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|errno| io(std::io::Error::from(errno)))?;
+    let mut file = file;
     let mut text = String::new();
     file.seek(SeekFrom::Start(0)).map_err(io)?;
     file.read_to_string(&mut text).map_err(io)?;
