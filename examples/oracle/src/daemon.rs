@@ -3,10 +3,8 @@
 //! then SIGKILL) when dropped, and sent SIGTERM by the kernel if the oracle dies first.
 
 use std::fs::File;
-use std::io;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
