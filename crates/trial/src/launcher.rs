@@ -349,10 +349,10 @@ fn serve(ids: &Identities, command: &ControllerCommand, sock: &OwnedFd) -> Resul
     // Orphans of the controller come back to the launcher, which reaps them. gVisor allows
     // this only to the init process (EINVAL); there, orphans go to the sandbox's init, and
     // the launcher still kills them (a zombie it cannot reap no longer counts).
-    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        if e != rustix::io::Errno::INVAL {
-            return Err(format!("cannot become a child subreaper: {e}"));
-        }
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        && e != rustix::io::Errno::INVAL
+    {
+        return Err(format!("cannot become a child subreaper: {e}"));
     }
     reply("ready")?;
 
