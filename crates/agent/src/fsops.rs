@@ -7,11 +7,11 @@ use std::io::{self, Read as _, Write as _};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, open, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, fstatat, mkdirat};
-use nix::unistd::{AccessFlags, eaccess};
 use plimsoll_wire::{Artifact, Bytes};
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, Stat, fchmod, fstat, mkdirat, open, openat, statat,
+};
+use rustix::io::Errno;
 
 /// The longest path accepted, as the host's own check.
 const MAX_PATH_BYTES: usize = 4096;
@@ -129,17 +129,16 @@ pub struct WorkDir {
 
 /// Flags for each intermediate directory: a handle that needs no read permission, refused
 /// when the component is a link (O_NOFOLLOW) or not a directory.
-fn dir_flags() -> OFlag {
-    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+fn dir_flags() -> OFlags {
+    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
 fn is_symlink(dir: BorrowedFd<'_>, name: &str) -> bool {
-    fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-        .is_ok_and(|st| file_type(&st) == SFlag::S_IFLNK)
+    statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| file_type(&st) == FileType::Symlink)
 }
 
-fn file_type(st: &FileStat) -> SFlag {
-    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+fn file_type(st: &Stat) -> FileType {
+    FileType::from_raw_mode(st.st_mode)
 }
 
 impl WorkDir {
@@ -148,7 +147,7 @@ impl WorkDir {
     pub fn open(path: &str) -> Result<Self, OpenWorkDirError> {
         let fd = open(
             path,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(|source| OpenWorkDirError::Open {
@@ -157,11 +156,15 @@ impl WorkDir {
         })?;
         // Checked with the effective ids: a trial job's agent has real uid 0 but works as
         // the run's uid.
-        eaccess(path, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|source| {
-            OpenWorkDirError::NotWritable {
-                path: path.to_owned(),
-                source,
-            }
+        rustix::fs::accessat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+            AtFlags::EACCESS,
+        )
+        .map_err(|source| OpenWorkDirError::NotWritable {
+            path: path.to_owned(),
+            source,
         })?;
         Ok(WorkDir { fd })
     }
@@ -185,7 +188,7 @@ impl WorkDir {
             let parent = held.as_ref().map_or(self.fd.as_fd(), AsFd::as_fd);
             let component = || segs[..=i].join("/");
             match mkdirat(parent, *dir, Mode::from_bits_truncate(0o755)) {
-                Ok(()) | Err(Errno::EEXIST) => {}
+                Ok(()) | Err(Errno::EXIST) => {}
                 Err(source) => {
                     return Err(WriteFileError::Dir {
                         path: path.to_owned(),
@@ -221,12 +224,12 @@ impl WorkDir {
         };
         let mode = Mode::from_bits_truncate(mode);
         // O_NONBLOCK: opening a FIFO someone left there must not hang the agent.
-        let flags = OFlag::O_WRONLY
-            | OFlag::O_CREAT
-            | OFlag::O_TRUNC
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_CLOEXEC;
+        let flags = OFlags::WRONLY
+            | OFlags::CREATE
+            | OFlags::TRUNC
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::CLOEXEC;
         let fd = match openat(parent, *name, flags, mode) {
             Ok(fd) => fd,
             Err(_) if is_symlink(parent, name) => {
@@ -247,7 +250,7 @@ impl WorkDir {
             source,
         };
         let st = fstat(&fd).map_err(|e| write_err(e.into()))?;
-        if file_type(&st) != SFlag::S_IFREG {
+        if file_type(&st) != FileType::RegularFile {
             return Err(WriteFileError::NotRegular {
                 path: path.to_owned(),
             });
@@ -289,10 +292,10 @@ impl WorkDir {
             held = Some(openat(parent, *dir, dir_flags(), Mode::empty()).ok()?);
         }
         let parent = held.as_ref().map_or(self.fd.as_fd(), AsFd::as_fd);
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         let fd = openat(parent, *name, flags, Mode::empty()).ok()?;
         let st = fstat(&fd).ok()?;
-        if file_type(&st) != SFlag::S_IFREG {
+        if file_type(&st) != FileType::RegularFile {
             return None;
         }
         let size = u64::try_from(st.st_size).unwrap_or(0);
@@ -335,11 +338,11 @@ impl SnippetFile {
         let pid = std::process::id();
         let mut candidates = vec![base.join("plimsoll-snippet")];
         candidates.extend((0..16).map(|i| base.join(format!("plimsoll-snippet-{pid}-{i}"))));
-        let mut last = Errno::EEXIST;
+        let mut last = Errno::EXIST;
         for dir in candidates {
-            match nix::unistd::mkdir(&dir, Mode::from_bits_truncate(0o700)) {
+            match rustix::fs::mkdir(&dir, Mode::from_bits_truncate(0o700)) {
                 Ok(()) => return Self::fill(dir, name, code),
-                Err(Errno::EEXIST) => last = Errno::EEXIST,
+                Err(Errno::EXIST) => last = Errno::EXIST,
                 Err(source) => return Err(WriteSnippetError { path: dir, source }),
             }
         }
@@ -357,11 +360,13 @@ impl SnippetFile {
         };
         let dfd = open(&dir, dir_flags(), Mode::empty()).map_err(err)?;
         let flags =
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd = openat(&dfd, name, flags, Mode::from_bits_truncate(0o600)).map_err(err)?;
-        File::from(fd)
-            .write_all(code)
-            .map_err(|e| err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
+        File::from(fd).write_all(code).map_err(|e| {
+            err(Errno::from_raw_os_error(
+                e.raw_os_error().unwrap_or(libc::EIO),
+            ))
+        })?;
         Ok(SnippetFile { dir, file })
     }
 

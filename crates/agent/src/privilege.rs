@@ -8,13 +8,12 @@
 //! gVisor (which lacks setfsuid and pidfd_open, and resets the effective uid to the real one
 //! on exec under no_new_privs).
 
-use std::os::unix::process::CommandExt as _;
 use std::process::Command;
 
-use nix::errno::Errno;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use plimsoll_sys::exec::{PreExec, Step};
 use plimsoll_wire::{AgentJob, RunSpec, TrialIds};
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal, kill_process};
 
 /// CAP_SETGID's bit.
 const CAP_SETGID: u32 = 6;
@@ -96,14 +95,11 @@ pub struct RestoreUidError {
 pub(crate) fn take(job: &AgentJob) -> Result<Privileges, TakePrivilegesError> {
     let Some(ids) = job.trial else {
         // Any root id would let the children become root again.
-        let res = nix::unistd::getresuid().map_err(|source| TakePrivilegesError::Drop {
+        let res = plimsoll_sys::ids::process_res_uid().map_err(|e| TakePrivilegesError::Drop {
             step: "read the uids",
-            source,
+            source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
         })?;
-        if [res.real, res.effective, res.saved]
-            .iter()
-            .any(|u| u.is_root())
-        {
+        if [res.0, res.1, res.2].contains(&0) {
             return Err(TakePrivilegesError::RootWithoutTrial);
         }
         return Ok(Privileges::Plain);
@@ -117,18 +113,18 @@ pub(crate) fn take(job: &AgentJob) -> Result<Privileges, TakePrivilegesError> {
             found: format!("cannot read /proc/self/status: {e}"),
         }
     })?;
-    let no_new_privs = nix::sys::prctl::get_no_new_privs().unwrap_or(false);
+    let no_new_privs = rustix::thread::no_new_privs().unwrap_or(false);
     check_trial_start(&status, no_new_privs)
         .map_err(|found| TakePrivilegesError::NotProvided { found })?;
     let step = |step: &'static str| move |source| TakePrivilegesError::Drop { step, source };
-    nix::sys::prctl::set_dumpable(false).map_err(step("make the agent not dumpable"))?;
+    not_dumpable().map_err(step("make the agent not dumpable"))?;
     raw_setgroups_empty().map_err(step("clear the supplementary groups"))?;
     raw_setresgid(0, ids.gid, 0).map_err(step("take the run's gid as effective gid"))?;
     // Effective uid R: the kernel clears the effective capabilities and keeps the permitted
     // ones, since the real and saved uids stay 0.
     raw_setresuid(0, ids.uid, 0).map_err(step("take the run's uid as effective uid"))?;
     // A change of effective ids resets the flag to the system's default; set it again.
-    nix::sys::prctl::set_dumpable(false).map_err(step("make the agent not dumpable"))?;
+    not_dumpable().map_err(step("make the agent not dumpable"))?;
     Ok(Privileges::Trial(ids))
 }
 
@@ -195,35 +191,26 @@ pub(crate) fn check_trial_start(status: &str, no_new_privs: bool) -> Result<(), 
 /// (the permitted capabilities become effective), then groups, gids and uids are set, and
 /// the kernel clears every capability when no uid is 0 any more.
 pub(crate) fn as_run_uid(cmd: &mut Command, ids: TrialIds) {
-    let (uid, gid) = (ids.uid, ids.gid);
-    // SAFETY: runs in the child between fork and exec: only raw syscalls on integers
-    // captured before the fork, no allocation, no lock.
-    unsafe {
-        cmd.pre_exec(move || {
-            raw_setresuid(UNCHANGED, 0, UNCHANGED)?;
-            raw_setgroups_empty()?;
-            raw_setresgid(gid, gid, gid)?;
-            raw_setresuid(uid, uid, uid)?;
-            Ok(())
-        });
-    }
+    let (uid, gid) = (Some(ids.uid), Some(ids.gid));
+    PreExec::new()
+        .unnamed(Step::SetUids(None, Some(0), None))
+        .unnamed(Step::DropGroups)
+        .unnamed(Step::SetGids(gid, gid, gid))
+        .unnamed(Step::SetUids(uid, uid, uid))
+        .install_untracked(cmd);
 }
 
 /// Makes the trial runner start as uid 0 and gid 0 (real, effective, saved), no
 /// supplementary group: exec under no_new_privs gives it permitted = effective = the two
 /// capabilities the agent kept, and nothing more.
 pub(crate) fn as_runner(cmd: &mut Command) {
-    // SAFETY: runs in the child between fork and exec: only raw syscalls on constants, no
-    // allocation, no lock.
-    unsafe {
-        cmd.pre_exec(|| {
-            raw_setresuid(UNCHANGED, 0, UNCHANGED)?;
-            raw_setgroups_empty()?;
-            raw_setresgid(0, 0, 0)?;
-            raw_setresuid(0, 0, 0)?;
-            Ok(())
-        });
-    }
+    let root = Some(0);
+    PreExec::new()
+        .unnamed(Step::SetUids(None, root, None))
+        .unnamed(Step::DropGroups)
+        .unnamed(Step::SetGids(root, root, root))
+        .unnamed(Step::SetUids(root, root, root))
+        .install_untracked(cmd);
 }
 
 /// Kills every process whose real or saved uid is the controller's (those the kernel lets
@@ -238,7 +225,9 @@ pub(crate) fn end_controller_processes(ids: &TrialIds) -> Result<(), RestoreUidE
     }
     if raw_setresuid(UNCHANGED, ids.controller_uid, UNCHANGED).is_ok() {
         for pid in processes_of(ids.controller_uid) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            if let Some(pid) = Pid::from_raw(pid) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
         }
     }
     let restore = |source| RestoreUidError {
@@ -247,7 +236,7 @@ pub(crate) fn end_controller_processes(ids: &TrialIds) -> Result<(), RestoreUidE
     };
     raw_setresuid(UNCHANGED, 0, UNCHANGED).map_err(restore)?;
     raw_setresuid(UNCHANGED, ids.uid, UNCHANGED).map_err(restore)?;
-    let _ = nix::sys::prctl::set_dumpable(false);
+    let _ = not_dumpable();
     Ok(())
 }
 
@@ -302,7 +291,7 @@ pub(crate) fn clear_controller(
     }
     let restored = raw_setresuid(UNCHANGED, 0, UNCHANGED)
         .and_then(|()| raw_setresuid(UNCHANGED, ids.uid, UNCHANGED));
-    let _ = nix::sys::prctl::set_dumpable(false);
+    let _ = not_dumpable();
     if let Err(e) = restored {
         left.push(format!("cannot become uid {} again: {e}", ids.uid));
     }
@@ -365,53 +354,31 @@ fn status_has_uid(status: &str, uid: u32) -> bool {
     found && !zombie
 }
 
-/// The raw syscall's result: async-signal-safe (reads errno, allocates nothing), for use
-/// between fork and exec too.
-fn syscall_result(rc: libc::c_long) -> Result<(), Errno> {
-    if rc == 0 { Ok(()) } else { Err(Errno::last()) }
+/// Makes the agent not dumpable (again: a change of effective ids resets the flag).
+fn not_dumpable() -> Result<(), Errno> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
 }
 
-/// setresuid as a raw syscall: changes only the calling thread (the agent is single-threaded,
-/// and a forked child has one thread), unlike glibc's wrapper, which is not
-/// async-signal-safe.
+fn uid(id: u32) -> Option<rustix::process::Uid> {
+    (id != UNCHANGED).then(|| rustix::process::Uid::from_raw(id))
+}
+
+/// setresuid(2) of the calling thread (the agent is single-threaded), as the kernel's call
+/// (rustix's), not glibc's wrapper that broadcasts to every thread; [`UNCHANGED`] leaves an
+/// id.
 fn raw_setresuid(r: u32, e: u32, s: u32) -> Result<(), Errno> {
-    // SAFETY: a syscall with three integer arguments and no memory access.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_setresuid,
-            libc::c_long::from(r),
-            libc::c_long::from(e),
-            libc::c_long::from(s),
-        )
-    };
-    syscall_result(rc)
+    rustix::thread::set_thread_res_uid(uid(r), uid(e), uid(s))
 }
 
-/// setresgid as a raw syscall (see [`raw_setresuid`]).
+/// setresgid(2) of the calling thread (see [`raw_setresuid`]).
 fn raw_setresgid(r: u32, e: u32, s: u32) -> Result<(), Errno> {
-    // SAFETY: a syscall with three integer arguments and no memory access.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_setresgid,
-            libc::c_long::from(r),
-            libc::c_long::from(e),
-            libc::c_long::from(s),
-        )
-    };
-    syscall_result(rc)
+    let gid = |id: u32| (id != UNCHANGED).then(|| rustix::process::Gid::from_raw(id));
+    rustix::thread::set_thread_res_gid(gid(r), gid(e), gid(s))
 }
 
-/// setgroups with an empty list, as a raw syscall (see [`raw_setresuid`]).
+/// setgroups(2) with an empty list, of the calling thread (see [`raw_setresuid`]).
 fn raw_setgroups_empty() -> Result<(), Errno> {
-    // SAFETY: a count of 0 and a null list: the kernel reads no memory.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_setgroups,
-            0 as libc::c_long,
-            std::ptr::null::<libc::gid_t>(),
-        )
-    };
-    syscall_result(rc)
+    rustix::thread::set_thread_groups(&[])
 }
 
 #[cfg(test)]

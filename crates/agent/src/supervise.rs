@@ -14,14 +14,11 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, Signal, kill, killpg};
-use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::unistd::Pid;
-
+use plimsoll_sys::signals::ChildSignals;
 use plimsoll_wire::TrialIds;
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal, WaitOptions};
 
 use crate::oom::OomCounter;
 use crate::privilege::{RestoreUidError, end_controller_processes};
@@ -89,7 +86,7 @@ impl Outcome {
 /// The agent cannot watch its children; nothing has run.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot watch for exiting children (blocking SIGCHLD or creating a signalfd failed)")]
-pub struct StartSupervisorError(#[source] Errno);
+pub struct StartSupervisorError(#[source] io::Error);
 
 /// A child could not be started, or watching it failed (it has then been killed).
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +124,7 @@ pub(crate) fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
 /// Runs children one at a time and cleans up after all of them.
 #[derive(Debug)]
 pub(crate) struct Supervisor {
-    sigchld: SignalFd,
+    sigchld: ChildSignals,
     deadline: Instant,
     /// Read ends of earlier steps' pipes, still held open by their background processes:
     /// drained and dropped so those processes never block on a full pipe.
@@ -174,7 +171,7 @@ fn decode(status: libc::c_int) -> Ended {
 fn drain(fd: BorrowedFd<'_>, scratch: &mut [u8], mut sink: Option<&mut Sink>) -> bool {
     let mut reads = 0;
     while reads < READS_PER_WAKE {
-        match nix::unistd::read(fd, scratch) {
+        match rustix::io::read(fd, &mut *scratch) {
             Ok(0) => return true,
             Ok(n) => {
                 reads += 1;
@@ -182,8 +179,8 @@ fn drain(fd: BorrowedFd<'_>, scratch: &mut [u8], mut sink: Option<&mut Sink>) ->
                     s.push(&scratch[..n]);
                 }
             }
-            Err(Errno::EINTR) => {}
-            Err(Errno::EAGAIN) => return false,
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => return false,
             Err(_) => return true,
         }
     }
@@ -191,27 +188,40 @@ fn drain(fd: BorrowedFd<'_>, scratch: &mut [u8], mut sink: Option<&mut Sink>) ->
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> Result<(), Errno> {
-    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map(drop)
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
 }
 
-/// Milliseconds until `wake`, rounded up, at most [`POLL_CAP`].
-fn poll_timeout(now: Instant, wake: Instant) -> PollTimeout {
+/// The time until `wake`, rounded up to a millisecond, at most [`POLL_CAP`].
+fn poll_timeout(now: Instant, wake: Instant) -> Timespec {
     let wait = wake.saturating_duration_since(now).min(POLL_CAP);
-    let ms = wait.as_micros().div_ceil(1000);
-    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+    let ms = i64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i64::MAX);
+    Timespec {
+        tv_sec: ms / 1000,
+        tv_nsec: (ms % 1000) * 1_000_000,
+    }
+}
+
+/// SIGKILL to the process group `pgid`; gone already is fine.
+fn kill_group(pgid: i32) {
+    if let Some(pid) = Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+    }
+}
+
+/// SIGKILL to process `pid`; gone already is fine.
+fn kill_one(pid: i32) {
+    if let Some(pid) = Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
+    }
 }
 
 impl Supervisor {
     /// Blocks SIGCHLD into a signalfd and makes the agent a child subreaper (best effort:
     /// without it, orphans go to the sandbox's init and only the host ends them).
     pub(crate) fn new(deadline: Instant) -> Result<Self, StartSupervisorError> {
-        let mut set = SigSet::empty();
-        set.add(Signal::SIGCHLD);
-        set.thread_block().map_err(StartSupervisorError)?;
-        let sigchld = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
-            .map_err(StartSupervisorError)?;
-        let _ = nix::sys::prctl::set_child_subreaper(true);
+        let sigchld = ChildSignals::new().map_err(StartSupervisorError)?;
+        let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
         Ok(Supervisor {
             sigchld,
             deadline,
@@ -254,21 +264,17 @@ impl Supervisor {
     /// Reaps every child that has ended, noting `leader`'s status. Returns whether any
     /// child is left.
     fn reap(&mut self, leader: Option<i32>, found: &mut Option<Ended>) -> bool {
-        while let Ok(Some(_)) = self.sigchld.read_signal() {}
+        self.sigchld.drain();
         loop {
-            let mut status: libc::c_int = 0;
-            // SAFETY: waitpid writes one int through a pointer to a local; -1 means any
-            // child, WNOHANG never blocks.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            match pid {
-                0 => return true,
-                p if p > 0 => {
-                    if Some(p) == leader {
-                        *found = Some(decode(status));
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(None) => return true,
+                Ok(Some((p, status))) => {
+                    if Some(p.as_raw_nonzero().get()) == leader {
+                        *found = Some(decode(status.as_raw()));
                     }
                 }
-                _ if Errno::last() == Errno::EINTR => {}
-                _ => return false,
+                Err(Errno::INTR) => {}
+                Err(_) => return false,
             }
         }
     }
@@ -317,7 +323,7 @@ impl Supervisor {
         let (ended, timed_out, stdout, stderr) = match watched {
             Ok(w) => w,
             Err(source) => {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                kill_group(pid);
                 return Err(RunChildError::Watch { pid, source });
             }
         };
@@ -368,7 +374,7 @@ impl Supervisor {
                 match killed_at {
                     None if now >= self.deadline => {
                         // The leader is not reaped yet, so its group id is still ours.
-                        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                        kill_group(pid);
                         timed_out = true;
                         killed_at = Some(now);
                     }
@@ -383,12 +389,12 @@ impl Supervisor {
             };
             {
                 let mut fds = Vec::with_capacity(3 + self.leftovers.len());
-                fds.push(PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN));
+                fds.push(PollFd::new(&self.sigchld, PollFlags::IN));
                 for fd in out.iter().chain(err.iter()).chain(self.leftovers.iter()) {
-                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    fds.push(PollFd::new(fd, PollFlags::IN));
                 }
-                match poll(&mut fds, poll_timeout(now, wake)) {
-                    Ok(_) | Err(Errno::EINTR) => {}
+                match poll(&mut fds, Some(&poll_timeout(now, wake))) {
+                    Ok(_) | Err(Errno::INTR) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -439,22 +445,26 @@ impl Supervisor {
                     for (pid, pgid) in found {
                         // Killing the whole group at once stops a member forking away.
                         if self.groups.contains(&pgid) {
-                            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+                            kill_group(pgid);
                         }
-                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                        kill_one(pid);
                     }
                 }
                 None => {
                     for g in &self.groups {
-                        let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
+                        kill_group(*g);
                     }
                 }
             }
             // The agent (uid R) cannot signal the controller's processes as a descendant.
             self.end_controller();
             self.drain_leftovers();
-            let mut fds = [PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN)];
-            let _ = poll(&mut fds, PollTimeout::from(10u16));
+            let mut fds = [PollFd::new(&self.sigchld, PollFlags::IN)];
+            let ten_ms = Timespec {
+                tv_sec: 0,
+                tv_nsec: 10_000_000,
+            };
+            let _ = poll(&mut fds, Some(&ten_ms));
         }
         // Those that are not the agent's descendants (orphans given to the sandbox's init).
         self.end_controller();

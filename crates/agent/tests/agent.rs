@@ -3,11 +3,12 @@
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use plimsoll_sys::exec::{PreExec, Step};
+use plimsoll_sys::mount::{MountFlags, Propagation};
 use plimsoll_testing::project;
 
 use plimsoll_wire::{AgentJob, Bytes, Language, ProjectFile, RunResult, RunSpec, Snippet};
@@ -47,7 +48,7 @@ enum Start {
 }
 
 fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
+    rustix::process::geteuid().is_root()
 }
 
 /// A temporary directory the agent's uid can use (mode 0755, owned by [`AGENT_UID`] when the
@@ -198,7 +199,9 @@ fn sleep_is_gone(pid: i32) -> bool {
         }
     }
     // Do not leave it behind for the next test run.
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
     false
 }
 
@@ -542,18 +545,15 @@ fn steps_see_no_inherited_descriptor_or_blocked_signal() {
     );
     let input = serde_json::to_vec(&job(work.path(), spec)).unwrap();
     let leak = std::fs::File::open("/dev/null").unwrap();
-    let leak_fd = std::os::fd::AsRawFd::as_raw_fd(&leak);
     let ran = agent_with(input, work.path(), |cmd| {
-        // SAFETY: dup2 in the child between fork and exec, on a descriptor the parent holds
-        // open; it leaves fd 50 without close-on-exec, as a careless parent would.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::dup2(leak_fd, 50) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // In the child between fork and exec: fd 50 without close-on-exec, as a careless
+        // parent would leave it.
+        PreExec::new()
+            .unnamed(Step::PlaceFd {
+                fd: leak.try_clone().unwrap().into(),
+                at: 50,
+            })
+            .install_untracked(cmd);
     });
     assert_eq!(ran.code, Some(0), "{}", ran.stderr);
     let r: RunResult = serde_json::from_slice(&ran.stdout).unwrap();
@@ -724,24 +724,18 @@ fn a_step_killed_by_the_memory_limit_is_marked() {
     let input = serde_json::to_vec(&job(work.path(), spec)).unwrap();
     let procs = cg.dir.join("cgroup.procs");
     let ran = agent_with(input, work.path(), move |cmd| {
-        let procs = std::ffi::CString::new(procs.to_str().unwrap()).unwrap();
-        // SAFETY: in the child before exec: open, write and close only (no allocation: the
-        // path was built before fork), moving the agent into the test's memory cgroup.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0\n".as_ptr().cast(), 2) == 2;
-                libc::close(fd);
-                if ok {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
+        // In the child before exec: a write to the cgroup's procs file (opened here), moving
+        // the agent into the test's memory cgroup.
+        let fd = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&procs)
+            .unwrap();
+        PreExec::new()
+            .unnamed(Step::Write {
+                fd: fd.into(),
+                bytes: b"0\n",
+            })
+            .install_untracked(cmd);
     });
     assert_eq!(ran.code, Some(0), "{}", ran.stderr);
     let r: RunResult = serde_json::from_slice(&ran.stdout).unwrap();
@@ -763,46 +757,24 @@ fn a_step_killed_by_the_memory_limit_is_marked() {
 /// In the child before exec: becomes `uid` (gid alike, no supplementary group), as a sandbox
 /// starts the agent for an ordinary job.
 fn become_uid(cmd: &mut Command, uid: u32) {
-    // SAFETY: in the child between fork and exec: raw syscalls on integers only (the test
-    // process has threads, so nothing that allocates or locks).
-    unsafe {
-        cmd.pre_exec(move || {
-            let uid = libc::c_long::from(uid);
-            for rc in [
-                libc::syscall(
-                    libc::SYS_setgroups,
-                    0 as libc::c_long,
-                    std::ptr::null::<u32>(),
-                ),
-                libc::syscall(libc::SYS_setresgid, uid, uid, uid),
-                libc::syscall(libc::SYS_setresuid, uid, uid, uid),
-            ] {
-                if rc != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    let id = Some(uid);
+    PreExec::new()
+        .unnamed(Step::DropGroups)
+        .unnamed(Step::SetGids(id, id, id))
+        .unnamed(Step::SetUids(id, id, id))
+        .install_untracked(cmd);
 }
 
 /// In the child before exec, as root: reduces the bounding set to {CAP_SETUID, CAP_SETGID},
 /// sets effective = permitted = those two, inheritable and ambient empty, and no_new_privs:
 /// what a container or guest gives the agent for a trial job.
 fn keep_two_capabilities(cmd: &mut Command) {
-    use plimsoll_sandbox::caps::{TRIAL_CAPS, limit_bounding_set, set_effective_and_permitted};
-    // SAFETY: in the child between fork and exec: prctl and capset as raw syscalls, on
-    // integers and on structs that live on the stack.
-    unsafe {
-        cmd.pre_exec(|| {
-            limit_bounding_set(TRIAL_CAPS);
-            set_effective_and_permitted(TRIAL_CAPS)?;
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    use plimsoll_sandbox::caps::TRIAL_CAPS;
+    PreExec::new()
+        .unnamed(Step::LimitBoundingSet(TRIAL_CAPS))
+        .unnamed(Step::SetCapabilities(TRIAL_CAPS))
+        .unnamed(Step::NoNewPrivs)
+        .install_untracked(cmd);
 }
 
 /// In the child before exec, as root: a private mount namespace with a tmpfs on /opt and
@@ -810,64 +782,27 @@ fn keep_two_capabilities(cmd: &mut Command) {
 fn runner_at_its_path(cmd: &mut Command, runner: &Path) {
     use std::ffi::CString;
     let c = |s: &str| CString::new(s).unwrap();
-    let (root, opt, tmpfs, mode) = (c("/"), c("/opt"), c("tmpfs"), c("mode=0755"));
-    let (dir, bin) = (c("/opt/plimsoll"), c("/opt/plimsoll/bin"));
-    let target = c(plimsoll_wire::trial_step::TRIAL_RUNNER_PATH);
-    let source = c(runner.to_str().unwrap());
-    // SAFETY: in the child between fork and exec: unshare, mount, mkdir, open and close as
-    // plain libc calls on C strings built before the fork; nothing allocates.
-    unsafe {
-        cmd.pre_exec(move || {
-            let check = |rc: libc::c_int| {
-                if rc < 0 {
-                    Err(std::io::Error::last_os_error())
-                } else {
-                    Ok(rc)
-                }
-            };
-            let null = std::ptr::null::<libc::c_char>();
-            check(libc::unshare(libc::CLONE_NEWNS))?;
-            let private = libc::MS_REC | libc::MS_PRIVATE;
-            check(libc::mount(
-                null,
-                root.as_ptr(),
-                null,
-                private,
-                std::ptr::null(),
-            ))?;
-            check(libc::mount(
-                tmpfs.as_ptr(),
-                opt.as_ptr(),
-                tmpfs.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                mode.as_ptr().cast(),
-            ))?;
-            check(libc::mkdir(dir.as_ptr(), 0o755))?;
-            check(libc::mkdir(bin.as_ptr(), 0o755))?;
-            let fd = check(libc::open(
-                target.as_ptr(),
-                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
-                0o755,
-            ))?;
-            libc::close(fd);
-            check(libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                null,
-                libc::MS_BIND,
-                std::ptr::null(),
-            ))?;
-            let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
-            check(libc::mount(
-                null,
-                target.as_ptr(),
-                null,
-                ro,
-                std::ptr::null(),
-            ))?;
-            Ok(())
-        });
-    }
+    let dir = |path: &str| Step::Mkdir {
+        path: c(path),
+        mode: 0o755,
+    };
+    PreExec::new()
+        .unnamed(Step::MountNamespace(Propagation::Private))
+        .unnamed(Step::MountTmpfs {
+            source: c("tmpfs"),
+            target: c("/opt"),
+            flags: MountFlags::NOSUID | MountFlags::NODEV,
+            data: c("mode=0755"),
+        })
+        .unnamed(dir("/opt/plimsoll"))
+        .unnamed(dir("/opt/plimsoll/bin"))
+        .unnamed(Step::BindReadOnly {
+            source: c(runner.to_str().unwrap()),
+            target: c(plimsoll_wire::trial_step::TRIAL_RUNNER_PATH),
+            is_dir: false,
+            device: false,
+        })
+        .install_untracked(cmd);
 }
 
 /// The run's ids for a trial test: R = G = `base`, C = D = `base + 1`. Each test has its own

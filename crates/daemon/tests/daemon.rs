@@ -1012,9 +1012,9 @@ impl Spawned {
         uid_base_for_port(self._uid_port.local_addr().unwrap().port())
     }
 
-    fn signal(&self, sig: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)
-            .expect("signal plimsolld");
+    fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("a child pid");
+        rustix::process::kill_process(pid, sig).expect("signal plimsolld");
     }
 
     fn wait_exit(&mut self) -> std::process::ExitStatus {
@@ -1070,7 +1070,7 @@ fn the_token_never_reaches_the_logs() {
         .status,
         401
     );
-    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.signal(rustix::process::Signal::TERM);
     d.wait_exit();
     let logs = d.logs();
     // The capture works: the run and its caller are there...
@@ -1115,7 +1115,7 @@ fn sigterm_lets_the_run_in_flight_finish_then_exits_zero() {
         assert!(Instant::now() < deadline, "the run never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.signal(rustix::process::Signal::TERM);
     let r = run.join().unwrap().run();
     assert_eq!(r.request_id, "term-1");
     assert_eq!(r.result.stdout.to_string_lossy(), "finished\n", "{r:?}");
@@ -1413,7 +1413,7 @@ fn the_daemon_keeps_serving_after_running_out_of_file_descriptors() {
     // Still serving, now that descriptors are free again.
     assert_eq!(get(&d.url, "/healthz", None).status, 200);
     assert_eq!(get(&d.url, "/v1/providers", Some(&d.token)).status, 200);
-    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.signal(rustix::process::Signal::TERM);
     let status = d.wait_exit();
     assert_eq!(status.code(), Some(0), "logs:\n{}", d.logs());
 }
@@ -1449,7 +1449,7 @@ const GET_ORDER: &str = "import plimsoll_host as host\nprint(host.get('/orders/7
 
 /// Sends SIGHUP and waits for the `n`th log line carrying `message`.
 fn hup_and_wait(d: &Spawned, message: &str, n: usize) {
-    d.signal(nix::sys::signal::Signal::SIGHUP);
+    d.signal(rustix::process::Signal::HUP);
     let needle = format!("\"message\":\"{message}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while d.logs().matches(&needle).count() < n {
@@ -1560,7 +1560,7 @@ fn sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken()
     refused("g-9", "orders");
     passes("g-10", "orders-new");
 
-    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.signal(rustix::process::Signal::TERM);
     assert_eq!(d.wait_exit().code(), Some(0), "logs:\n{}", d.logs());
     let logs = d.logs();
     assert!(
@@ -2065,7 +2065,7 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(Duration::from_secs(1));
-        d.signal(nix::sys::signal::Signal::SIGKILL);
+        d.signal(rustix::process::Signal::KILL);
         let _ = d.wait_exit();
         client.join().expect("the client");
         let killed = start.elapsed();

@@ -10,12 +10,12 @@
 //! would only move one thread.
 
 use std::ffi::{CString, OsString};
-use std::io;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use plimsoll_sandbox::{CaptureLimits, Running, Spawn, SpawnError, capture};
+use plimsoll_sandbox::{CaptureLimits, PreExec, Running, Spawn, SpawnError, Step, capture};
+use plimsoll_sys::mount::Propagation;
 use plimsoll_wire::Tier;
 
 /// The OCI runtimes plimsoll drives.
@@ -212,44 +212,20 @@ impl Runtime {
             .args(args);
         match self.hide_unified.clone() {
             Some(unified) => spawn.before_exec(
-                &[
-                    "unshare(CLONE_NEWNS)",
-                    "make / a recursive slave mount",
-                    "unmount the cgroup2 mount",
-                ],
-                move |stage| {
-                    stage.enter(0);
-                    // SAFETY: unshare with a constant flag; this is the single-threaded child.
-                    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    stage.enter(1);
-                    // SAFETY: constant NUL-terminated strings; changes only this namespace's
-                    // propagation, so nothing below propagates back to the host.
-                    let rc = unsafe {
-                        libc::mount(
-                            std::ptr::null(),
-                            c"/".as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_REC | libc::MS_SLAVE,
-                            std::ptr::null(),
-                        )
-                    };
-                    if rc != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    stage.enter(2);
-                    // SAFETY: `unified` is a valid C string owned by this closure.
-                    let rc = unsafe { libc::umount2(unified.as_ptr(), libc::MNT_DETACH) };
-                    if rc != 0 {
-                        let e = io::Error::last_os_error();
+                PreExec::new()
+                    .step(
+                        "unshare(CLONE_NEWNS) and make / a recursive slave mount",
+                        // Slave: nothing below propagates back to the host.
+                        Step::MountNamespace(Propagation::Slave),
+                    )
+                    .step(
+                        "unmount the cgroup2 mount",
                         // Not mounted (any more): nothing to hide.
-                        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
-                            return Err(e);
-                        }
-                    }
-                    Ok(())
-                },
+                        Step::Unmount {
+                            target: unified,
+                            missing_ok: true,
+                        },
+                    ),
             ),
             None => spawn,
         }

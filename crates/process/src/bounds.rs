@@ -167,38 +167,27 @@ pub fn remove_cgroup(dir: &Path) -> io::Result<()> {
 
 /// Mounts a tmpfs of `bytes` on `work` (`nosuid,nodev`, mode 0700, owned by `uid`:`gid`).
 pub fn mount_work(work: &Path, bytes: u64, uid: u32, gid: u32) -> Result<(), BoundRunError> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let err = |source| BoundRunError::Mount {
+    let data = format!("size={},mode=0700,uid={uid},gid={gid}", bytes.max(4096));
+    rustix::mount::mount(
+        "plimsoll-work",
+        work,
+        "tmpfs",
+        rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+        Some(
+            std::ffi::CString::new(data)
+                .expect("no NUL in numbers")
+                .as_c_str(),
+        ),
+    )
+    .map_err(|e| BoundRunError::Mount {
         path: work.to_owned(),
-        source,
-    };
-    let target = std::ffi::CString::new(work.as_os_str().as_bytes())
-        .map_err(|_| err(io::Error::from(io::ErrorKind::InvalidInput)))?;
-    let data = std::ffi::CString::new(format!(
-        "size={},mode=0700,uid={uid},gid={gid}",
-        bytes.max(4096)
-    ))
-    .expect("no NUL in numbers");
-    // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            c"plimsoll-work".as_ptr(),
-            target.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(err(io::Error::last_os_error()));
-    }
-    Ok(())
+        source: e.into(),
+    })
 }
 
 /// Unmounts `work` if something is mounted there (it lies on another device than its
 /// parent); detached, so a file the run left open does not keep it.
 pub fn unmount_work(work: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt as _;
     let (Ok(w), Some(Ok(p))) = (
         fs::symlink_metadata(work),
         work.parent().map(fs::symlink_metadata),
@@ -208,11 +197,6 @@ pub fn unmount_work(work: &Path) -> io::Result<()> {
     if w.dev() == p.dev() {
         return Ok(());
     }
-    let target = std::ffi::CString::new(work.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: umount2(2) with a NUL-terminated path that outlives the call.
-    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::mount::unmount(work, rustix::mount::UnmountFlags::DETACH)?;
     Ok(())
 }

@@ -3,16 +3,15 @@
 //! fixed order: the memory cgroup, rlimits, drop groups, gid, uid, no_new_privs, landlock, the broker channel
 //! to its descriptor, seccomp.
 
-use std::io;
-use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use plimsoll_sandbox::{BROKER_FD, ResolvedLimits, Stage};
-use rustix::process::{Gid, Uid};
+use plimsoll_sandbox::{BROKER_FD, PreExec, ResolvedLimits, Step};
+use plimsoll_sys::seccomp::Filter;
 
-use crate::policy::{self, BpfProgram, Rlimit};
+use crate::policy::{self, Rlimit};
 
-/// The steps of [`Hardening::apply`], named for errors.
+/// The steps of [`Hardening::into_pre_exec`], named for errors.
 pub const STAGES: &[&str] = &[
     "memory_cgroup",
     "rlimits",
@@ -32,7 +31,7 @@ pub struct Hardening {
     uid: u32,
     gid: u32,
     landlock: Option<OwnedFd>,
-    filters: Vec<BpfProgram>,
+    filters: Vec<Filter>,
     channel: Option<OwnedFd>,
     cgroup_procs: OwnedFd,
 }
@@ -56,6 +55,9 @@ pub enum PrepareHardeningError {
     /// The seccomp filters could not be built.
     #[error(transparent)]
     Seccomp(#[from] policy::CompileSeccompError),
+    /// A compiled seccomp filter is empty or too long to install.
+    #[error("a compiled seccomp filter cannot be installed")]
+    Filter(#[source] std::io::Error),
 }
 
 impl Hardening {
@@ -82,95 +84,68 @@ impl Hardening {
             uid,
             gid,
             landlock,
-            filters: policy::seccomp_filters()?,
+            filters: policy::seccomp_filters()?
+                .iter()
+                .map(|p| Filter::new(p.iter().map(|i| (i.code, i.jt, i.jf, i.k))))
+                .collect::<Result<_, _>>()
+                .map_err(PrepareHardeningError::Filter)?,
             channel,
             cgroup_procs,
         })
     }
 
-    /// Applies it to the calling process. Runs in the forked child: system calls only, no
-    /// allocation. The calls are per-thread, which in the single-threaded child is the
-    /// whole process.
-    pub fn apply(&self, stage: &Stage) -> io::Result<()> {
-        stage.enter(0);
+    /// The steps the child takes between fork and exec, in a fixed order, as plimsoll-sys
+    /// runs them there (system calls only). The calls are per-thread, which in the
+    /// single-threaded child is the whole process.
+    pub fn into_pre_exec(self) -> PreExec {
+        let [
+            memory_cgroup,
+            rlimits,
+            setgroups,
+            setresgid,
+            setresuid,
+            no_new_privs,
+            landlock,
+            broker_channel,
+            seccomp,
+        ] = STAGES
+        else {
+            unreachable!("nine stages")
+        };
         // "0" moves the writer: the child, and so everything it starts, is in the run's
         // memory cgroup from before the code's first instruction.
-        rustix::io::write(&self.cgroup_procs, b"0")?;
-        stage.enter(1);
-        for r in &self.rlimits {
-            rustix::process::setrlimit(
-                r.resource,
-                rustix::process::Rlimit {
-                    current: Some(r.soft),
-                    maximum: Some(r.hard),
+        let mut pre = PreExec::new().step(
+            memory_cgroup,
+            Step::Write {
+                fd: self.cgroup_procs,
+                bytes: b"0",
+            },
+        );
+        for r in self.rlimits {
+            pre = pre.step(
+                rlimits,
+                Step::Rlimit {
+                    resource: r.resource,
+                    soft: r.soft,
+                    hard: r.hard,
                 },
-            )?;
+            );
         }
-        stage.enter(2);
-        rustix::thread::set_thread_groups(&[])?;
-        stage.enter(3);
-        let gid = Gid::from_raw(self.gid);
-        rustix::thread::set_thread_res_gid(gid, gid, gid)?;
-        stage.enter(4);
-        let uid = Uid::from_raw(self.uid);
-        rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-        stage.enter(5);
-        rustix::thread::set_no_new_privs(true)?;
-        stage.enter(6);
-        if let Some(fd) = &self.landlock {
-            // SAFETY: landlock_restrict_self takes a ruleset descriptor we own and a flags
-            // word; it touches no memory of ours.
-            let rc =
-                unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
+        let (uid, gid) = (Some(self.uid), Some(self.gid));
+        pre = pre
+            .step(setgroups, Step::DropGroups)
+            .step(setresgid, Step::SetGids(gid, gid, gid))
+            .step(setresuid, Step::SetUids(uid, uid, uid))
+            .step(no_new_privs, Step::NoNewPrivs);
+        if let Some(fd) = self.landlock {
+            pre = pre.step(landlock, Step::Landlock(fd));
         }
-        stage.enter(7);
-        if let Some(fd) = &self.channel {
-            // The spawn helper marked every inherited descriptor close-on-exec; this one
-            // alone is kept, at its fixed number. After landlock, whose ruleset descriptor
-            // could sit at that number.
-            if fd.as_raw_fd() == BROKER_FD {
-                rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
-            } else {
-                // SAFETY: dup2 between two descriptor numbers; it touches no memory, and the
-                // number it replaces was marked close-on-exec by the spawn helper, so nothing
-                // the program expects lived there.
-                if unsafe { libc::dup2(fd.as_raw_fd(), BROKER_FD) } < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
+        // The spawn helper marked every inherited descriptor close-on-exec; this one alone is
+        // kept, at its fixed number. After landlock, whose ruleset descriptor could sit at
+        // that number.
+        if let Some(fd) = self.channel {
+            pre = pre.step(broker_channel, Step::PlaceFd { fd, at: BROKER_FD });
         }
-        stage.enter(8);
-        for program in &self.filters {
-            install_filter(program)?;
-        }
-        Ok(())
+        pre.step(seccomp, Step::Seccomp(self.filters))
     }
-}
-
-/// Installs one seccomp filter on the calling thread (no_new_privs must be set).
-fn install_filter(program: &BpfProgram) -> io::Result<()> {
-    let len =
-        u16::try_from(program.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let fprog = libc::sock_fprog {
-        len,
-        // seccompiler's sock_filter is #[repr(C)] with the kernel's layout.
-        filter: program.as_ptr().cast::<libc::sock_filter>().cast_mut(),
-    };
-    // SAFETY: the kernel copies `len` instructions from `filter`, which points into
-    // `program`, alive for the whole call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            0u32,
-            &fprog as *const libc::sock_fprog,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }

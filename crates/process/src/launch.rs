@@ -17,7 +17,7 @@ use plimsoll_sandbox::{
 };
 
 use crate::bounds::{self, BoundRunError, MemoryCgroup};
-use crate::harden::{Hardening, STAGES};
+use crate::harden::Hardening;
 
 /// How long after the deadline the watchdog outside the daemon kills the run's processes,
 /// should the daemon be gone (a live daemon has killed them at the deadline).
@@ -367,7 +367,7 @@ fn launch_in(
     let started_unix_ms = unix_ms_now();
     let running = Spawn::new(launch.program, &dir.work)
         .args(&launch.args)
-        .before_exec(STAGES, move |stage| hardening.apply(stage))
+        .before_exec(hardening.into_pre_exec())
         .spawn()
         .map_err(|e| LaunchError::environment(error_chain(&e)))?;
     let captured =

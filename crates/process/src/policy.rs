@@ -232,18 +232,7 @@ pub const LANDLOCK_ABI: landlock::ABI = landlock::ABI::V6;
 
 /// The landlock ABI the running kernel offers (0 when it has none).
 pub fn kernel_landlock_abi() -> i32 {
-    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag, the call only
-    // returns the ABI number; it reads and writes no memory.
-    let v = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<libc::c_void>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    i32::try_from(v).unwrap_or(0).max(0)
+    plimsoll_sys::landlock::kernel_abi()
 }
 
 /// The landlock ABI a run is held to: the lower of ours and the kernel's.

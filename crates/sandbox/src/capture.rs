@@ -298,10 +298,9 @@ mod tests {
         assert_eq!(c.exit_code, Some(0));
         let escapee: i32 = String::from_utf8(c.stdout).unwrap().trim().parse().unwrap();
         // It is still there (holding the pipe); end it.
-        // SAFETY: plain kill(2) of the pid the script printed.
-        assert_eq!(unsafe { libc::kill(escapee, libc::SIGKILL) }, 0);
-        // Orphans come back to us (subreaper): reap it.
         let pid = Pid::from_raw(escapee).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+        // Orphans come back to us (subreaper): reap it.
         rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).unwrap();
     }
 }

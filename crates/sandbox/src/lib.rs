@@ -14,7 +14,6 @@ pub mod evidence;
 pub mod fds;
 pub mod reap;
 pub mod spawn;
-pub mod testing;
 pub mod uidlease;
 pub mod watchdog;
 
@@ -24,9 +23,10 @@ use std::time::Duration;
 pub use broker::{BROKER_FD, BrokerChannel, BrokerPort};
 pub use capture::{CaptureError, CaptureLimits, Captured, capture};
 pub use error::{Cause, LaunchError, ReadFileError, Stale, Unsupported, Withdrawn, error_chain};
+pub use plimsoll_sys::exec::{PreExec, Step};
 use plimsoll_wire::{Evidence, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
-pub use spawn::{PreExecHook, Running, Spawn, SpawnError, Stage, spawned_total};
+pub use spawn::{Running, Spawn, SpawnError, spawned_total};
 pub use uidlease::{UidLease, lease_dir, try_lease};
 
 /// Limits with every value decided: the request's ask, bounded by the operator's maximums,

@@ -86,118 +86,9 @@ pub fn end_processes_of_uid(uid: u32, patience: Duration) -> Result<(), EndProce
     }
 }
 
-/// The gid the signalling child takes: the kernel's overflow gid ("nogroup"), so the child
-/// holds neither root's group nor any group a file could be shared with.
-const SIGNALLER_GID: u32 = 65534;
-
 /// Sends SIGKILL to every process `uid` may signal, from a short-lived child process that
-/// drops its groups and switches to `uid`. No thread of this process ever changes credentials.
-///
-/// If a process of the uid kills or stops the child before it could send the kill, the child
-/// is ended and the error is [`io::ErrorKind::Interrupted`]: try again.
-pub fn signal_all_as(uid: u32) -> io::Result<()> {
-    if uid == 0 {
-        return Err(io::Error::other("refusing to signal as uid 0"));
-    }
-    // SAFETY: fork(2) in a possibly multithreaded process. The child runs only raw system
-    // calls that are async-signal-safe (setgroups, setresgid, setresuid, kill, _exit): no
-    // allocation, no lock, no return into Rust code that could touch the parent's state.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if pid == 0 {
-        // SAFETY: the child of the fork above; raw syscalls with integer arguments only, and
-        // _exit never returns. Exit codes: 0 sent (or nothing to signal), 1 cannot drop to
-        // the uid, 2 kill failed.
-        unsafe { signaller_child(uid) }
-    }
-    wait_signaller(pid, uid)
-}
-
-/// The body of the forked child. Never returns.
-///
-/// # Safety
-///
-/// Call only in the child of `fork`: it switches credentials and calls `_exit`.
-unsafe fn signaller_child(uid: u32) -> ! {
-    let (u, g) = (libc::c_long::from(uid), libc::c_long::from(SIGNALLER_GID));
-    // SAFETY: raw system calls with integer (or null with count 0) arguments; the libc
-    // wrappers of the credential calls are avoided because glibc's broadcast them to threads
-    // through locks.
-    unsafe {
-        if libc::syscall(
-            libc::SYS_setgroups,
-            0 as libc::c_long,
-            std::ptr::null::<u32>(),
-        ) != 0
-            || libc::syscall(libc::SYS_setresgid, g, g, g) != 0
-            || libc::syscall(libc::SYS_setresuid, u, u, u) != 0
-        {
-            libc::_exit(1);
-        }
-        // As `uid`, -1 reaches only the processes `uid` owns (never this child: the kernel
-        // skips the caller). ESRCH: nothing to signal at all.
-        if libc::syscall(
-            libc::SYS_kill,
-            -1 as libc::c_long,
-            libc::SIGKILL as libc::c_long,
-        ) != 0
-            && *libc::__errno_location() != libc::ESRCH
-        {
-            libc::_exit(2);
-        }
-        libc::_exit(0)
-    }
-}
-
-/// Waits for the signalling child `pid`; ends it if a process of the uid stopped it.
-fn wait_signaller(pid: libc::pid_t, uid: u32) -> io::Result<()> {
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid(2) on our own child with a valid out-pointer.
-        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                // Reaped by someone else's waitpid(-1): its outcome is unknown.
-                Some(libc::ECHILD) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Interrupted,
-                        format!("the child signalling as uid {uid} was reaped elsewhere; retry"),
-                    ));
-                }
-                _ => return Err(e),
-            }
-        }
-        if libc::WIFSTOPPED(status) {
-            // A process of the uid stopped it: end it (we are root) and reap it next turn.
-            // SAFETY: kill(2) on our own, not yet reaped, child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            continue;
-        }
-        if libc::WIFEXITED(status) {
-            return match libc::WEXITSTATUS(status) {
-                0 => Ok(()),
-                1 => Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "cannot switch to uid {uid} to signal its processes (is this process root?)"
-                    ),
-                )),
-                code => Err(io::Error::other(format!(
-                    "kill(-1, SIGKILL) as uid {uid} failed (signalling child exited {code})"
-                ))),
-            };
-        }
-        // Killed (or stopped, then killed) before it could finish: a leftover interfered.
-        return Err(io::Error::new(
-            io::ErrorKind::Interrupted,
-            format!("the child signalling as uid {uid} was ended by a signal; retry"),
-        ));
-    }
-}
+/// switches to `uid`; see [`plimsoll_sys::process::signal_all_as`].
+pub use plimsoll_sys::process::signal_all_as;
 
 /// The pids of every process of `uid` on the host (zombies included), from the whole of
 /// /proc. Exact but slow (one read per process); for checks and tests.
@@ -386,8 +277,8 @@ mod tests {
     /// window lasts microseconds and no deterministic hook into it exists.)
     #[test]
     fn the_kill_is_sent_from_a_child_process_not_a_thread() {
-        if !crate::testing::is_root() {
-            crate::testing::skip_or_fail(
+        if !plimsoll_testing::is_root() {
+            plimsoll_testing::skip_or_fail(
                 "the_kill_is_sent_from_a_child_process_not_a_thread",
                 "needs root to switch uids",
             );

@@ -2,22 +2,18 @@
 //! inherited descriptors above 2 closed at exec, a fixed working directory, and the child in a
 //! session (and process group) of its own, so the whole group can be killed at once.
 //!
-//! A provider adds its own hardening (uid switch, rlimits, landlock, seccomp) as a hook that
-//! runs in the child between fork and exec. The hook runs in a copy of a multithreaded
-//! process, so it must only make system calls: no allocation, no locks. It marks each step it
-//! enters with [`Stage::enter`], so a failure names the step that failed.
+//! A provider adds its own hardening (uid switch, rlimits, landlock, seccomp) as steps that
+//! run in the child between fork and exec: data ([`PreExec`]) that plimsoll-sys turns into
+//! the hook, since the child is a copy of a multithreaded process that may only make system
+//! calls. A failure names the step that failed.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdout, Stdio};
-use std::ptr::NonNull;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A child-side setup hook: runs after fork, before exec, in the child.
-pub type PreExecHook = Box<dyn FnMut(&Stage) -> io::Result<()> + Send + Sync>;
+use plimsoll_sys::exec::{PreExec, Step};
 
 static SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -33,7 +29,7 @@ pub struct Spawn {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     cwd: PathBuf,
-    hook: Option<(PreExecHook, &'static [&'static str])>,
+    steps: PreExec,
 }
 
 impl std::fmt::Debug for Spawn {
@@ -46,7 +42,7 @@ impl std::fmt::Debug for Spawn {
                 &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
             )
             .field("cwd", &self.cwd)
-            .field("hook", &self.hook.as_ref().map(|(_, names)| names))
+            .field("steps", &self.steps.names())
             .finish()
     }
 }
@@ -86,7 +82,7 @@ pub enum SpawnError {
     Setup {
         /// The program.
         program: PathBuf,
-        /// The step that failed, as the hook named it.
+        /// The step that failed, as the provider named it.
         stage: &'static str,
         /// Why.
         #[source]
@@ -103,63 +99,6 @@ pub enum SpawnError {
     },
 }
 
-/// Where the child-side hook says which step it is in, so the parent can name a failure.
-/// Lives in a shared anonymous page, so the child's writes are visible to the parent.
-#[derive(Debug)]
-pub struct Stage {
-    page: NonNull<AtomicUsize>,
-}
-
-// SAFETY: the page is only touched through the atomic, and it lives as long as the Stage.
-unsafe impl Send for Stage {}
-// SAFETY: as above: all access goes through an AtomicUsize.
-unsafe impl Sync for Stage {}
-
-const NO_STAGE: usize = usize::MAX;
-const PAGE: usize = 4096;
-
-impl Stage {
-    fn new() -> io::Result<Self> {
-        // SAFETY: a fresh anonymous mapping, no address hint; the kernel picks the place.
-        let ptr = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                PAGE,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-            )
-        }?;
-        let page = NonNull::new(ptr.cast::<AtomicUsize>())
-            .ok_or_else(|| io::Error::other("mmap returned null"))?;
-        // SAFETY: the page is writable, page-aligned and large enough for one AtomicUsize.
-        unsafe { page.as_ptr().write(AtomicUsize::new(NO_STAGE)) };
-        Ok(Stage { page })
-    }
-
-    /// Marks the start of step `index` (an index into the names given to
-    /// [`Spawn::before_exec`]). Async-signal-safe.
-    pub fn enter(&self, index: usize) {
-        self.atomic().store(index, Ordering::SeqCst);
-    }
-
-    fn current(&self) -> Option<usize> {
-        let v = self.atomic().load(Ordering::SeqCst);
-        (v != NO_STAGE).then_some(v)
-    }
-
-    fn atomic(&self) -> &AtomicUsize {
-        // SAFETY: initialised in `new`, unmapped only in `drop`.
-        unsafe { self.page.as_ref() }
-    }
-}
-
-impl Drop for Stage {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was made in `new` with this size and is not used after this.
-        let _ = unsafe { rustix::mm::munmap(self.page.as_ptr().cast(), PAGE) };
-    }
-}
-
 impl Spawn {
     /// A child running `program` in `cwd`, with no arguments and an empty environment.
     pub fn new(program: impl Into<PathBuf>, cwd: impl Into<PathBuf>) -> Self {
@@ -168,7 +107,7 @@ impl Spawn {
             args: Vec::new(),
             env: Vec::new(),
             cwd: cwd.into(),
-            hook: None,
+            steps: PreExec::new(),
         }
     }
 
@@ -196,13 +135,9 @@ impl Spawn {
         self
     }
 
-    /// A hook run in the child after the helper's own setup and before exec. `stages` names
-    /// the steps the hook marks with [`Stage::enter`].
-    pub fn before_exec<F>(mut self, stages: &'static [&'static str], hook: F) -> Self
-    where
-        F: FnMut(&Stage) -> io::Result<()> + Send + Sync + 'static,
-    {
-        self.hook = Some((Box::new(hook), stages));
+    /// Steps the child takes after the helper's own setup and before exec, in order.
+    pub fn before_exec(mut self, steps: PreExec) -> Self {
+        self.steps = self.steps.extend(steps);
         self
     }
 
@@ -214,8 +149,6 @@ impl Spawn {
             program: program.to_owned(),
             source,
         };
-        let stage = Stage::new().map_err(|e| start_err(&self.program, e))?;
-        let stage = std::sync::Arc::new(stage);
         #[expect(
             clippy::disallowed_methods,
             reason = "this is the spawn helper every other child goes through"
@@ -228,27 +161,18 @@ impl Spawn {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let names: &'static [&'static str] = self.hook.as_ref().map_or(&[], |(_, n)| *n);
-        let mut hook = self.hook.map(|(h, _)| h);
-        let child_stage = std::sync::Arc::clone(&stage);
-        // SAFETY: the closure runs in the forked child before exec; it only makes system
-        // calls (setsid, close_range) and calls the provider's hook, which by contract does
-        // the same. Nothing allocates or takes a lock.
-        unsafe {
-            cmd.pre_exec(move || {
-                rustix::process::setsid()?;
-                // Nothing the parent opened without O_CLOEXEC reaches the program.
-                crate::fds::close_range_cloexec()?;
-                match hook.as_mut() {
-                    Some(h) => h(&child_stage),
-                    None => Ok(()),
-                }
-            });
-        }
+        // A session of its own; nothing the parent opened without O_CLOEXEC reaches the
+        // program. Unnamed: their failure is a failure to start.
+        let stages = PreExec::new()
+            .unnamed(Step::NewSession)
+            .unnamed(Step::CloseInherited { required: true })
+            .extend(self.steps)
+            .install(&mut cmd)
+            .map_err(|e| start_err(&self.program, e))?;
         let mut child = match cmd.spawn() {
             Ok(child) => child,
             Err(source) => {
-                return Err(match stage.current().and_then(|i| names.get(i)) {
+                return Err(match stages.failed_step() {
                     Some(name) => SpawnError::Setup {
                         program: self.program,
                         stage: name,
@@ -319,8 +243,7 @@ mod tests {
         // A descriptor without CLOEXEC, as a careless library might leave one.
         let f = std::fs::File::open("/dev/null").unwrap();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-        // SAFETY: clearing FD_CLOEXEC on our own open descriptor.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+        plimsoll_sys::fds::set_cloexec(&f, false).unwrap();
         let mut r = Spawn::new("/bin/sh", "/")
             .args([
                 "-c",
@@ -352,11 +275,14 @@ mod tests {
     #[test]
     fn a_failing_hook_names_its_stage() {
         let e = Spawn::new("/bin/true", "/")
-            .before_exec(&["first", "second"], |stage| {
-                stage.enter(0);
-                stage.enter(1);
-                Err(io::Error::from_raw_os_error(libc::EPERM))
-            })
+            .before_exec(PreExec::new().step("first", Step::NoNewPrivs).step(
+                "second",
+                // Read-only: the write fails.
+                Step::Write {
+                    fd: std::fs::File::open("/dev/null").unwrap().into(),
+                    bytes: b"x",
+                },
+            ))
             .spawn()
             .unwrap_err();
         match e {

@@ -14,7 +14,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read as _, Seek as _, Write as _};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::AsRawFd as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::CommandExt as _;
 
@@ -103,15 +103,21 @@ pub fn make_undumpable() -> io::Result<()> {
 /// per thread).
 pub fn drop_privileges(ids: &Identities) -> Result<(), DropPrivilegesError> {
     let (r, rg) = (ids.runner_uid, ids.runner_gid);
-    // SAFETY: setgroups with an empty list; the glibc wrapper applies it to every thread.
-    step("clear the supplementary groups", unsafe {
-        libc::setgroups(0, std::ptr::null())
-    })?;
-    // SAFETY: plain integer arguments; glibc applies the change to every thread.
-    step("set the gids", unsafe { libc::setresgid(rg, rg, rg) })?;
-    // SAFETY: as above. With every uid now non-zero, the kernel clears the permitted and
-    // effective capability sets (they are also cleared explicitly below).
-    step("set the uids", unsafe { libc::setresuid(r, r, r) })?;
+    // glibc's wrappers apply each change to every thread.
+    step(
+        "clear the supplementary groups",
+        plimsoll_sys::ids::clear_process_groups(),
+    )?;
+    step(
+        "set the gids",
+        plimsoll_sys::ids::set_process_res_gid(rg, rg, rg),
+    )?;
+    // With every uid now non-zero, the kernel clears the permitted and effective capability
+    // sets (they are also cleared explicitly below).
+    step(
+        "set the uids",
+        plimsoll_sys::ids::set_process_res_uid(r, r, r),
+    )?;
     let none = rustix::thread::CapabilitySet::empty();
     rustix::thread::set_capabilities(
         None,
@@ -147,15 +153,8 @@ pub fn drop_privileges(ids: &Identities) -> Result<(), DropPrivilegesError> {
     check_status([r; 4], [rg; 4]).map_err(DropPrivilegesError::Check)
 }
 
-fn step(step: &'static str, rc: libc::c_int) -> Result<(), DropPrivilegesError> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(DropPrivilegesError::Step {
-            step,
-            source: io::Error::last_os_error(),
-        })
-    }
+fn step(step: &'static str, done: io::Result<()>) -> Result<(), DropPrivilegesError> {
+    done.map_err(|source| DropPrivilegesError::Step { step, source })
 }
 
 /// Reads /proc/self/status and checks the ids (real, effective, saved, filesystem), the
@@ -298,9 +297,8 @@ fn read_args(fd: i32) -> io::Result<Vec<OsString>> {
             path.display()
         )));
     }
-    // SAFETY: the descriptor is open (checked above) and was handed over by the runner that
-    // exec'ed us; nothing else in this process owns it.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Handed over by the runner that exec'ed us; nothing else in this process owns it.
+    let owned = plimsoll_sys::fds::adopt_inherited(fd)?;
     let mut bytes = Vec::new();
     std::fs::File::from(owned).read_to_end(&mut bytes)?;
     // Each argument ends with a NUL.

@@ -22,11 +22,13 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::os::unix::process::ExitStatusExt as _;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use plimsoll_sandbox::fds::{close_range_cloexec, close_range_unsupported, mark_cloexec_from_proc};
+use plimsoll_sandbox::fds::mark_cloexec_from_proc;
+use plimsoll_sys::exec::{PreExec, Step};
+use plimsoll_sys::process::{Forked, fork_single_threaded};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -121,20 +123,20 @@ impl Launcher {
             None,
         )
         .map_err(|e| StartLauncherError::Socket(e.into()))?;
-        // SAFETY: the process has one thread (checked above), so the child is a complete copy
-        // and may run ordinary Rust code; it never returns from `launcher_child`.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            return Err(StartLauncherError::Spawn(io::Error::last_os_error()));
-        }
-        if pid == 0 {
-            drop(ours);
-            launcher_child(ids, command, theirs);
-        }
+        // The process has one thread (checked above, and again by the fork), so the child is
+        // a complete copy and may run ordinary Rust code; it never returns from
+        // `launcher_child`.
+        let pid = match fork_single_threaded().map_err(StartLauncherError::Spawn)? {
+            Forked::Child => {
+                drop(ours);
+                launcher_child(ids, command, theirs);
+            }
+            Forked::Parent(pid) => pid,
+        };
         drop(theirs);
         let mut launcher = Launcher {
             sock: Some(ours),
-            pid: Pid::from_raw(pid).expect("fork returned a positive pid"),
+            pid,
             waited: false,
         };
         let reply = launcher
@@ -241,9 +243,9 @@ fn launcher_child(ids: &Identities, command: &ControllerCommand, sock: OwnedFd) 
             3
         }
     };
-    // SAFETY: _exit ends the process at once, without the parent's atexit handlers or a
-    // flush of stdio buffers copied at the fork.
-    unsafe { libc::_exit(code) }
+    // At once, without the parent's atexit handlers or a flush of stdio buffers copied at the
+    // fork.
+    plimsoll_sys::process::exit_now(code)
 }
 
 /// In the forked launcher: stdin and stdout to /dev/null (stdout is the runner's verdict),
@@ -255,28 +257,17 @@ fn become_launcher(ids: &Identities) -> Result<(), String> {
         .open("/dev/null")
         .map_err(|e| format!("/dev/null: {e}"))?;
     for target in [0, 1] {
-        // SAFETY: dup2 with two plain descriptor numbers; `null` stays open for the call.
-        if unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), target) } < 0 {
-            return Err(format!("dup2: {}", io::Error::last_os_error()));
-        }
+        plimsoll_sys::fds::redirect_stdio(&null, target).map_err(|e| format!("dup2: {e}"))?;
     }
     let (r, c) = (ids.runner_uid, ids.controller_uid);
     let (rg, cg) = (ids.runner_gid, ids.controller_gid);
-    // SAFETY: plain arguments; the process has one thread.
-    let rc = unsafe {
-        if libc::setgroups(0, std::ptr::null()) != 0
-            || libc::setresgid(rg, cg, rg) != 0
-            || libc::setresuid(r, c, r) != 0
-        {
-            -1
-        } else {
-            0
-        }
-    };
-    if rc != 0 {
+    // The process has one thread.
+    let switched = plimsoll_sys::ids::clear_process_groups()
+        .and_then(|()| plimsoll_sys::ids::set_process_res_gid(rg, cg, rg))
+        .and_then(|()| plimsoll_sys::ids::set_process_res_uid(r, c, r));
+    if let Err(e) = switched {
         return Err(format!(
-            "cannot switch to the controller uid: the runner needs CAP_SETUID and CAP_SETGID when it starts (run it as root, or as root in a container that keeps only these two capabilities; docs/trials.md): {}",
-            io::Error::last_os_error()
+            "cannot switch to the controller uid: the runner needs CAP_SETUID and CAP_SETGID when it starts (run it as root, or as root in a container that keeps only these two capabilities; docs/trials.md): {e}"
         ));
     }
     let none = rustix::thread::CapabilitySet::empty();
@@ -358,12 +349,10 @@ fn serve(ids: &Identities, command: &ControllerCommand, sock: &OwnedFd) -> Resul
     // Orphans of the controller come back to the launcher, which reaps them. gVisor allows
     // this only to the init process (EINVAL); there, orphans go to the sandbox's init, and
     // the launcher still kills them (a zombie it cannot reap no longer counts).
-    // SAFETY: prctl with plain integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINVAL) {
-            return Err(format!("cannot become a child subreaper: {e}"));
-        }
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        && e != rustix::io::Errno::INVAL
+    {
+        return Err(format!("cannot become a child subreaper: {e}"));
     }
     reply("ready")?;
 
@@ -433,12 +422,9 @@ fn spawn_controller(
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr));
-    // SAFETY: the closure runs in the forked child before exec and makes only system calls
-    // (no allocation, no locks): the per-thread calls are per-process because the child has
-    // one thread.
-    unsafe {
-        cmd.pre_exec(move || controller_child_setup(uid, gid, parent));
-    }
+    controller_child_setup(uid, gid, parent)
+        .install(&mut cmd)
+        .map_err(|e| format!("cannot prepare the controller's start: {e}"))?;
     let child = cmd.spawn().map_err(|e| {
         format!(
             "cannot start the controller {}: {e}",
@@ -449,43 +435,35 @@ fn spawn_controller(
     Ok(Pid::from_raw(child.id() as i32).expect("a child pid is positive"))
 }
 
-/// In the controller's child, between fork and exec. Only system calls.
-fn controller_child_setup(uid: u32, gid: u32, parent: Pid) -> io::Result<()> {
-    use rustix::process::{Gid, Uid};
-    let (u, g) = (Uid::from_raw(uid), Gid::from_raw(gid));
-    // The launcher holds C as its effective ids, so an unprivileged process may take them as
-    // all three. Gid first: after the uid switch it would not be allowed.
-    rustix::thread::set_thread_res_gid(g, g, g)?;
-    rustix::thread::set_thread_res_uid(u, u, u)?;
-    // Not rustix's setsid: gVisor returns 0 rather than the new session's id, which trips
-    // rustix's `Pid` assertion in debug builds. Only the error matters here.
-    // SAFETY: setsid(2) takes no argument and touches no memory of ours.
-    if unsafe { libc::setsid() } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // Set after the uid switch, which clears it.
-    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-    if rustix::process::getppid() != Some(parent) {
-        return Err(io::Error::other("the launcher is gone"));
-    }
-    rustix::process::setrlimit(
-        rustix::process::Resource::Core,
-        rustix::process::Rlimit {
-            current: Some(0),
-            maximum: Some(0),
-        },
-    )?;
-    close_inherited_descriptors()
-}
-
-/// Marks every descriptor above 2 close-on-exec, in the child. Async-signal-safe. Where
-/// close_range lacks the CLOEXEC flag (EINVAL, gVisor) or is missing (ENOSYS), the parent
-/// has done it before the fork (`mark_cloexec_from_proc`).
-fn close_inherited_descriptors() -> io::Result<()> {
-    match close_range_cloexec() {
-        Err(e) if !close_range_unsupported(&e) => Err(e),
-        _ => Ok(()),
-    }
+/// What the controller's child does between fork and exec (system calls only; the
+/// per-thread calls are per-process because the child has one thread).
+fn controller_child_setup(uid: u32, gid: u32, parent: Pid) -> PreExec {
+    let (u, g) = (Some(uid), Some(gid));
+    PreExec::new()
+        // The launcher holds C as its effective ids, so an unprivileged process may take them
+        // as all three. Gid first: after the uid switch it would not be allowed.
+        .step("set the gids", Step::SetGids(g, g, g))
+        .step("set the uids", Step::SetUids(u, u, u))
+        .step("a session of its own", Step::NewSession)
+        // Set after the uid switch, which clears it.
+        .step(
+            "the parent death signal",
+            Step::ParentDeathSignal(Signal::KILL),
+        )
+        // The launcher is gone.
+        .step("the launcher is there", Step::RequireParent(parent))
+        .step(
+            "no core dumps",
+            Step::Rlimit {
+                resource: rustix::process::Resource::Core,
+                soft: 0,
+                hard: 0,
+            },
+        )
+        .step(
+            "close inherited descriptors",
+            Step::CloseInherited { required: false },
+        )
 }
 
 /// Kills the process group of `main` and every process whose real, effective, saved or

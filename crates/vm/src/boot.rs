@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead as _, Read, Write as _};
-use std::os::fd::AsRawFd as _;
+use std::os::fd::AsFd as _;
 use std::os::unix::fs::{
     DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
 };
@@ -315,12 +315,12 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
         }
         _ => None,
     };
-    let mut fds = vec![(guest_end.as_raw_fd(), inside::CHANNEL_FD)];
+    let mut fds = vec![(guest_end.as_fd(), inside::CHANNEL_FD)];
     if let Some((_, q)) = &qmp {
-        fds.push((q.as_raw_fd(), inside::QMP_FD));
+        fds.push((q.as_fd(), inside::QMP_FD));
     }
     if let Some((_, (_, q))) = &broker {
-        fds.push((q.as_raw_fd(), inside::BROKER_FD));
+        fds.push((q.as_fd(), inside::BROKER_FD));
     }
     let jail = Jail::prepare(&JailSpec {
         root: &run_dir.path.join("jail"),
@@ -347,7 +347,7 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
     let t0 = Instant::now();
     let running = Spawn::new(plan.qemu, "/")
         .args(qemu::args(&plan.shape))
-        .before_exec(jail::STAGES, move |stage| jail.apply(stage))
+        .before_exec(jail.into_pre_exec())
         .spawn()?;
     // QEMU holds its ends now; ours must go, or the channel never reaches end of file.
     drop(guest_end);

@@ -1,5 +1,5 @@
-//! QEMU's jail: what the QEMU process sees and may do, applied in the spawn hook between fork
-//! and exec (so only system calls on values prepared before the fork).
+//! QEMU's jail: what the QEMU process sees and may do, applied between fork and exec as
+//! plimsoll-sys pre-exec steps (so only system calls on values prepared before the fork).
 //!
 //! In order: a mount namespace of its own with every mount private; a fresh tmpfs as its
 //! root holding only read-only bind mounts of `/usr` (QEMU, its libraries and firmware),
@@ -10,32 +10,22 @@
 //! run's unprivileged uid and gid with no supplementary groups; `PR_SET_PDEATHSIG` (SIGKILL when the daemon's thread dies);
 //! no-new-privs; and the channel descriptors at fixed numbers (3, and 4 for QMP).
 //!
+//! The mount namespace is plimsoll-sys's one way to make one
+//! ([`plimsoll_sys::mount::enter_mount_namespace`]).
+//!
 //! Nothing else of the host is reachable: no `/proc`, `/sys`, `/etc`, `/home`, no state
 //! directory, no other run. QEMU's own `-sandbox` (seccomp) comes on top, and there is no
 //! network device.
 
 use std::ffi::CString;
-use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
-use plimsoll_sandbox::Stage;
-
-/// The hook's steps, for error messages ([`Stage::enter`] indexes into this).
-pub const STAGES: &[&str] = &[
-    "mount namespace",
-    "private mounts",
-    "jail root",
-    "jail contents",
-    "pivot_root",
-    "read-only root",
-    "rlimits",
-    "uid and gid",
-    "parent death signal",
-    "no_new_privs",
-    "descriptors",
-];
+use plimsoll_sandbox::{PreExec, Step};
+use plimsoll_sys::mount::Propagation;
+use rustix::mount::MountFlags;
+use rustix::process::{Pid, Resource, Signal};
 
 /// Where things are inside the jail.
 pub mod inside {
@@ -76,14 +66,8 @@ pub struct Jail {
     uid: u32,
     gid: u32,
     address_space: u64,
-    parent: i32,
-    fds: Vec<(RawFd, RawFd)>,
-    empty: CString,
-    tmpfs: CString,
-    root_data: CString,
-    tmp_data: CString,
-    dot: CString,
-    slash: CString,
+    parent: Pid,
+    fds: Vec<(OwnedFd, RawFd)>,
 }
 
 /// What to put in the jail.
@@ -106,7 +90,7 @@ pub struct JailSpec<'a> {
     /// `RLIMIT_AS` of QEMU.
     pub address_space: u64,
     /// Descriptors to hand QEMU: (descriptor in the daemon, number in QEMU).
-    pub fds: Vec<(RawFd, RawFd)>,
+    pub fds: Vec<(BorrowedFd<'a>, RawFd)>,
 }
 
 /// The jail could not be prepared (before any fork).
@@ -115,6 +99,9 @@ pub enum PrepareJailError {
     /// A path holds a NUL byte or cannot be read.
     #[error("jail path {0} is unusable")]
     Path(PathBuf),
+    /// A descriptor for QEMU could not be copied.
+    #[error("cannot copy a descriptor for QEMU")]
+    Descriptor(#[source] std::io::Error),
 }
 
 fn c(p: &Path) -> Result<CString, PrepareJailError> {
@@ -184,175 +171,103 @@ impl Jail {
             uid: spec.uid,
             gid: spec.gid,
             address_space: spec.address_space,
-            parent: std::process::id() as i32,
-            fds: spec.fds.clone(),
-            empty: cs(""),
-            tmpfs: cs("tmpfs"),
-            root_data: cs("size=1m,mode=0755"),
-            tmp_data: cs("size=4m,mode=1777"),
-            dot: cs("."),
-            slash: cs("/"),
+            parent: rustix::process::getpid(),
+            fds: spec
+                .fds
+                .iter()
+                .map(|(fd, at)| Ok((fd.try_clone_to_owned()?, *at)))
+                .collect::<Result<_, std::io::Error>>()
+                .map_err(PrepareJailError::Descriptor)?,
         })
     }
 
-    /// Applies the jail in the child. Async-signal-safe: system calls only.
-    pub fn apply(&self, stage: &Stage) -> io::Result<()> {
-        let ok = |rc: libc::c_int| {
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::last_os_error())
-            }
-        };
-        let null = std::ptr::null::<libc::c_char>();
-        // SAFETY: every call below is a plain system call on NUL-terminated
-        // strings and integers prepared before the fork, which stay alive for the call; the
-        // child is single-threaded here. Nothing allocates.
-        unsafe {
-            stage.enter(0);
-            ok(libc::unshare(libc::CLONE_NEWNS))?;
-            stage.enter(1);
-            ok(libc::mount(
-                null,
-                self.slash.as_ptr(),
-                null,
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ))?;
-            stage.enter(2);
-            ok(libc::mount(
-                self.tmpfs.as_ptr(),
-                self.root.as_ptr(),
-                self.tmpfs.as_ptr(),
-                libc::MS_NOSUID,
-                self.root_data.as_ptr().cast(),
-            ))?;
-            stage.enter(3);
-            for d in &self.dirs {
-                ok(libc::mkdir(d.as_ptr(), 0o755))?;
-            }
-            for (target, link) in &self.symlinks {
-                ok(libc::symlink(target.as_ptr(), link.as_ptr()))?;
-            }
-            for b in &self.binds {
-                if !b.is_dir {
-                    let fd = libc::open(
-                        b.target.as_ptr(),
-                        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
-                        0o644,
-                    );
-                    if fd < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    libc::close(fd);
-                }
-                ok(libc::mount(
-                    b.source.as_ptr(),
-                    b.target.as_ptr(),
-                    null,
-                    libc::MS_BIND,
-                    std::ptr::null(),
-                ))?;
-                let mut flags =
-                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID;
-                if !b.device {
-                    flags |= libc::MS_NODEV;
-                }
-                ok(libc::mount(
-                    null,
-                    b.target.as_ptr(),
-                    null,
-                    flags,
-                    std::ptr::null(),
-                ))?;
-            }
-            if let Some((path, dev)) = &self.kvm {
-                ok(libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o600, *dev))?;
-                ok(libc::chown(path.as_ptr(), self.uid, self.gid))?;
-            }
-            ok(libc::mount(
-                self.tmpfs.as_ptr(),
-                self.tmp.as_ptr(),
-                self.tmpfs.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                self.tmp_data.as_ptr().cast(),
-            ))?;
-            stage.enter(4);
-            ok(libc::chdir(self.root.as_ptr()))?;
-            // pivot_root(".", "."): the old root ends up stacked under the new one and is
-            // detached right away; nothing of the host's tree stays reachable.
-            if libc::syscall(libc::SYS_pivot_root, self.dot.as_ptr(), self.dot.as_ptr()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            ok(libc::umount2(self.dot.as_ptr(), libc::MNT_DETACH))?;
-            ok(libc::chdir(self.slash.as_ptr()))?;
-            stage.enter(5);
-            ok(libc::mount(
-                null,
-                self.slash.as_ptr(),
-                null,
-                libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID,
-                self.empty.as_ptr().cast(),
-            ))?;
-            stage.enter(6);
-            let limit = |resource, value: u64| {
-                let r = libc::rlimit {
-                    rlim_cur: value,
-                    rlim_max: value,
-                };
-                ok(libc::setrlimit(resource, &r))
-            };
-            limit(libc::RLIMIT_AS, self.address_space)?;
-            limit(libc::RLIMIT_CORE, 0)?;
-            stage.enter(7);
-            // Empty the bounding and ambient capability sets while still root; numbers past
-            // the kernel's last capability fail, harmlessly.
-            for cap in 0..64 {
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            }
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-                0,
-                0,
-                0,
+    /// The steps QEMU's child takes between fork and exec, in order (plimsoll-sys runs
+    /// them there: system calls only, on values prepared here).
+    pub fn into_pre_exec(self) -> PreExec {
+        let mut pre = PreExec::new()
+            .step(
+                "mount namespace",
+                Step::MountNamespace(Propagation::Private),
+            )
+            .step(
+                "jail root",
+                Step::MountTmpfs {
+                    source: cs("tmpfs"),
+                    target: self.root.clone(),
+                    flags: MountFlags::NOSUID,
+                    data: cs("size=1m,mode=0755"),
+                },
             );
-            ok(libc::setgroups(0, std::ptr::null()))?;
-            ok(libc::setresgid(self.gid, self.gid, self.gid))?;
-            ok(libc::setresuid(self.uid, self.uid, self.uid))?;
-            stage.enter(8);
-            // After the uid change: changing credentials clears the parent-death signal.
-            ok(libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ))?;
-            if libc::getppid() != self.parent {
-                // The daemon died before the signal was armed.
-                libc::_exit(1);
-            }
-            stage.enter(9);
-            ok(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-            stage.enter(10);
-            // First out of the way (a source may sit on a target number), then into place;
-            // dup2's copies are not close-on-exec.
-            let mut high = [0 as RawFd; 4];
-            for (i, (from, _)) in self.fds.iter().enumerate().take(high.len()) {
-                let fd = libc::fcntl(*from, libc::F_DUPFD_CLOEXEC, 100);
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                high[i] = fd;
-            }
-            for (i, (_, to)) in self.fds.iter().enumerate().take(high.len()) {
-                if libc::dup2(high[i], *to) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
+        let contents = "jail contents";
+        for path in self.dirs {
+            pre = pre.step(contents, Step::Mkdir { path, mode: 0o755 });
         }
-        Ok(())
+        for (target, link) in self.symlinks {
+            pre = pre.step(contents, Step::Symlink { target, link });
+        }
+        for b in self.binds {
+            pre = pre.step(
+                contents,
+                Step::BindReadOnly {
+                    source: b.source,
+                    target: b.target,
+                    is_dir: b.is_dir,
+                    device: b.device,
+                },
+            );
+        }
+        if let Some((path, dev)) = self.kvm {
+            pre = pre.step(
+                contents,
+                Step::CharDevice {
+                    path,
+                    dev,
+                    mode: 0o600,
+                    uid: self.uid,
+                    gid: self.gid,
+                },
+            );
+        }
+        let (uid, gid) = (Some(self.uid), Some(self.gid));
+        pre.step(
+            contents,
+            Step::MountTmpfs {
+                source: cs("tmpfs"),
+                target: self.tmp,
+                flags: MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                data: cs("size=4m,mode=1777"),
+            },
+        )
+        .step("pivot_root", Step::PivotRoot(self.root))
+        .step("read-only root", Step::RemountRootReadOnly)
+        .step(
+            "rlimits",
+            Step::Rlimit {
+                resource: Resource::As,
+                soft: self.address_space,
+                hard: self.address_space,
+            },
+        )
+        .step(
+            "rlimits",
+            Step::Rlimit {
+                resource: Resource::Core,
+                soft: 0,
+                hard: 0,
+            },
+        )
+        // Empty the bounding and ambient capability sets while still root.
+        .step("uid and gid", Step::LimitBoundingSet(0))
+        .step("uid and gid", Step::DropGroups)
+        .step("uid and gid", Step::SetGids(gid, gid, gid))
+        .step("uid and gid", Step::SetUids(uid, uid, uid))
+        // After the uid change: changing credentials clears the parent-death signal.
+        .step("parent death signal", Step::ParentDeathSignal(Signal::KILL))
+        // The daemon died before the signal was armed.
+        .step("parent death signal", Step::RequireParent(self.parent))
+        .step("no_new_privs", Step::NoNewPrivs)
+        // dup2's copies are not close-on-exec.
+        .step("descriptors", Step::PlaceFds(self.fds))
     }
 }
 
@@ -361,7 +276,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_steps_run_in_the_documented_order() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let j = Jail::prepare(&JailSpec {
+            root: Path::new("/run/x/jail"),
+            kernel: Path::new("/a/vmlinux"),
+            initrd: Path::new("/a/initrd"),
+            disk: Path::new("/a/disk.ext4"),
+            kvm_device: Some(1),
+            uid: 7,
+            gid: 8,
+            address_space: 1 << 30,
+            fds: vec![(std::os::fd::AsFd::as_fd(&null), 3)],
+        })
+        .unwrap();
+        let mut names = j.into_pre_exec().names();
+        names.dedup();
+        assert_eq!(
+            names,
+            [
+                "mount namespace",
+                "jail root",
+                "jail contents",
+                "pivot_root",
+                "read-only root",
+                "rlimits",
+                "uid and gid",
+                "parent death signal",
+                "no_new_privs",
+                "descriptors",
+            ]
+        );
+    }
+
+    #[test]
     fn prepares_the_view() {
+        let null = std::fs::File::open("/dev/null").unwrap();
         let j = Jail::prepare(&JailSpec {
             root: Path::new("/run/x/jail"),
             kernel: Path::new("/a/vmlinux"),
@@ -371,7 +321,7 @@ mod tests {
             uid: 7,
             gid: 8,
             address_space: 1 << 30,
-            fds: vec![(9, 3)],
+            fds: vec![(std::os::fd::AsFd::as_fd(&null), 3)],
         })
         .unwrap();
         let targets: Vec<String> = j

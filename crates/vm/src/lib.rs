@@ -7,27 +7,30 @@
 //!   run initramfs (base + the tools archive).
 //! - [`qemu`]: QEMU's and the guest kernel's command lines.
 //! - [`jail`]: QEMU's mount namespace, uid, rlimits and parent-death signal.
-//! - [`channel`]: the framed host–guest protocol over the virtio-serial port.
+//! - [`channel`]: the framed host–guest protocol over the virtio-serial port (the guest-init
+//!   crate's, shared with the guest).
 //! - [`boot`]: one VM's life, from run directory to teardown.
 //! - [`provider`]: the provider itself, [`VmProvider`].
 //! - [`probe`]: the startup probe and its checks.
 //! - [`tier`]: the tier rule.
-//! - [`guest`]: the guest's PID 1 (`plimsoll-guest-init`).
+//! - [`guest`]: where things are in the guest (the guest-init crate's layout; the guest's
+//!   PID 1, `plimsoll-guest-init`, is a crate of its own).
 //! - [`cpio`]: the newc archive writer.
 //!
 //! docs/vm-tier.md describes the policy these modules apply.
 
 pub mod assets;
 pub mod boot;
-pub mod channel;
 pub mod config;
 pub mod cpio;
-pub mod guest;
 pub mod jail;
 pub mod probe;
 pub mod provider;
 pub mod qemu;
 pub mod tier;
+
+pub use plimsoll_guest_init::channel;
+pub use plimsoll_guest_init::layout as guest;
 
 pub use config::{AccelChoice, VmConfig};
 pub use provider::{ReapReport, RunStats, VmProvider};

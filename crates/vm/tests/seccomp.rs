@@ -70,7 +70,7 @@ fn every_allowed_call_works_and_no_namespace_or_mount_is_made() {
         assets,
         agent,
         probe,
-        PathBuf::from(env!("CARGO_BIN_EXE_plimsoll-guest-init")),
+        guest_init_binary(),
         state_dir.clone(),
         UID + 9,
         UID..UID + 1,
@@ -101,4 +101,10 @@ fn every_allowed_call_works_and_no_namespace_or_mount_is_made() {
         .unwrap_or_else(|e| panic!("qemu run failed: {e}"))
         .result;
     seccomp::assert_all_held("qemu", &checks, &r);
+}
+
+/// The guest's PID 1, a binary of its own crate (plimsoll-guest-init), from this build.
+fn guest_init_binary() -> PathBuf {
+    plimsoll_testing::tool_binary("plimsoll-guest-init", "plimsoll-guest-init")
+        .unwrap_or_else(|e| panic!("{e}"))
 }

@@ -90,7 +90,7 @@ fn config(test: &str, scenario: u32, accelerator: AccelChoice) -> Option<(VmConf
         assets(),
         agent,
         probe,
-        PathBuf::from(env!("CARGO_BIN_EXE_plimsoll-guest-init")),
+        guest_init_binary(),
         state_dir,
         uid + 9,
         uid..uid + 1,
@@ -1085,4 +1085,10 @@ accepted.main()
         stats.peak_rss_kib / 1024,
         text(&r.steps[3].stdout).replace('\n', "; "),
     );
+}
+
+/// The guest's PID 1, a binary of its own crate (plimsoll-guest-init), from this build.
+fn guest_init_binary() -> PathBuf {
+    plimsoll_testing::tool_binary("plimsoll-guest-init", "plimsoll-guest-init")
+        .unwrap_or_else(|e| panic!("{e}"))
 }

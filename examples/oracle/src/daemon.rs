@@ -3,10 +3,8 @@
 //! then SIGKILL) when dropped, and sent SIGTERM by the kernel if the oracle dies first.
 
 use std::fs::File;
-use std::io;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -130,16 +128,12 @@ impl LocalDaemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        // SAFETY: the hook runs in the forked child before exec and makes one system call
-        // (prctl); it allocates nothing and takes no lock.
-        unsafe {
-            command.pre_exec(|| {
-                rustix::process::set_parent_process_death_signal(Some(
-                    rustix::process::Signal::TERM,
-                ))
-                .map_err(io::Error::from)
-            });
-        }
+        // The daemon ends with this program.
+        plimsoll_sys::exec::PreExec::new()
+            .unnamed(plimsoll_sys::exec::Step::ParentDeathSignal(
+                rustix::process::Signal::TERM,
+            ))
+            .install_untracked(&mut command);
         let child = command
             .spawn()
             .with_context(|| format!("cannot start {}", plan.plimsolld.display()))?;

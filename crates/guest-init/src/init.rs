@@ -11,67 +11,16 @@
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read as _, Write as _};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::os::unix::process::ExitStatusExt as _;
 use std::process::Stdio;
 use std::time::Instant;
 
-use crate::channel::{self, GuestLimits};
+use plimsoll_sys::exec::{PreExec, Step};
 
-/// Where the initramfs stage puts the tools.
-pub const TOOLS_DIR: &str = "/opt/plimsoll/bin";
-/// The agent.
-pub const AGENT: &str = "/opt/plimsoll/bin/plimsoll-agent";
-/// The name of the virtio-serial port (QEMU `virtserialport,name=`).
-pub const PORT_NAME: &str = "plimsoll";
-/// The name of the broker's virtio-serial port, present only in a run with a grant.
-pub const BROKER_PORT_NAME: &str = "plimsoll.broker";
-/// The directory of the broker socket (a small tmpfs of its own, writable by root only).
-pub const BROKER_DIR: &str = "/run/plimsoll";
-/// The socket the in-guest clients connect to; the guest init relays it to the broker port.
-pub const BROKER_SOCKET: &str = plimsoll_sandbox::broker::BROKER_SOCKET_IN_SANDBOX;
-/// The JavaScript client, preloaded by every node (`NODE_OPTIONS=--require ...`).
-pub const JS_CLIENT_PATH: &str = "/opt/plimsoll/bin/plimsoll-host.js";
-/// The Python client's directory (`PYTHONPATH`, and a `.pth` file for `python3 -I`).
-pub const PYTHON_CLIENT_DIR: &str = "/opt/plimsoll/bin";
-/// Debian's system-wide module directory, read even under `python3 -I` (the agent runs
-/// Python snippets isolated): a `.pth` file here puts [`PYTHON_CLIENT_DIR`] on `sys.path`.
-const PYTHON_SITE_DIR: &str = "/usr/lib/python3/dist-packages";
-/// The environment a run with a grant adds to [`ENVIRONMENT`].
-pub const BROKER_ENVIRONMENT: [(&str, &str); 3] = [
-    ("PLIMSOLL_BROKER_SOCKET", BROKER_SOCKET),
-    (
-        "NODE_OPTIONS",
-        "--require /opt/plimsoll/bin/plimsoll-host.js",
-    ),
-    ("PYTHONPATH", PYTHON_CLIENT_DIR),
-];
-/// Largest request frame the relay forwards (the broker's largest `max_request_bytes` is
-/// 16 MiB, plus the JSON around the body); a larger one is refused in the guest.
-const RELAY_REQUEST_MAX: usize = (16 << 20) + (64 << 10);
-/// The uid and gid code runs as in the guest (the image's `sandbox` user).
-pub const SANDBOX_UID: u32 = 1000;
-/// The uid and gid of a trial's controller in the guest (the image's `controller` user).
-pub const CONTROLLER_UID: u32 = 1001;
-/// The agent's environment (the same as the container tier's).
-pub const ENVIRONMENT: [(&str, &str); 3] = [
-    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-    ("HOME", "/tmp"),
-    ("LANG", "C.UTF-8"),
-];
-/// The run's cgroup (cgroup v2, below the guest's root).
-pub const RUN_CGROUP: &str = "/sys/fs/cgroup/run";
-/// The sysctl that bounds user namespaces; the guest init sets it to 0 before the agent starts.
-pub const MAX_USER_NAMESPACES: &str = "/proc/sys/user/max_user_namespaces";
-/// A root-only scratch directory for the guest's own mounts.
-const PRIVATE: &str = "/.plimsoll";
-/// Stderr of the agent kept (it is one line when it fails).
-const STDERR_KEPT: usize = 64 * 1024;
-/// Largest job accepted (the agent's own limit is 256 MiB).
-const JOB_MAX: usize = 256 * 1024 * 1024 + 1024;
-/// How long to wait for the host's ack before powering off anyway.
-const ACK_WAIT_MS: i32 = 10_000;
+use crate::channel::{self, GuestLimits};
+use crate::layout::*;
 
 /// The guest init failed.
 #[derive(Debug, thiserror::Error)]
@@ -129,30 +78,20 @@ fn mount(
     flags: libc::c_ulong,
     data: &str,
 ) -> Result<(), GuestInitError> {
-    let (s, t, f, d) = (cstr(source), cstr(target), cstr(fstype), cstr(data));
-    // SAFETY: mount(2) with valid NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            s.as_ptr(),
-            t.as_ptr(),
-            f.as_ptr(),
-            flags,
-            if data.is_empty() {
-                std::ptr::null()
-            } else {
-                d.as_ptr().cast()
-            },
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(GuestInitError::Mount {
-            target: target.to_owned(),
-            fstype: fstype.to_owned(),
-            source: io::Error::last_os_error(),
-        })
-    }
+    let d = cstr(data);
+    rustix::mount::mount(
+        source,
+        target,
+        fstype,
+        // The MS_* constants are the mount flags' bits.
+        rustix::mount::MountFlags::from_bits_retain(flags as _),
+        (!data.is_empty()).then_some(d.as_c_str()),
+    )
+    .map_err(|e| GuestInitError::Mount {
+        target: target.to_owned(),
+        fstype: fstype.to_owned(),
+        source: e.into(),
+    })
 }
 
 /// Seconds since the guest kernel started, from /proc/uptime.
@@ -184,12 +123,9 @@ pub fn main() -> ! {
 }
 
 fn power_off() -> ! {
-    // SAFETY: sync(2) and reboot(2) take no pointers. With `reboot=t` on the kernel command
-    // line and QEMU's `-no-reboot`, a reboot ends QEMU.
-    unsafe {
-        libc::sync();
-        libc::reboot(libc::RB_AUTOBOOT);
-    }
+    // With `reboot=t` on the kernel command line and QEMU's `-no-reboot`, a reboot ends QEMU.
+    rustix::fs::sync();
+    let _ = rustix::system::reboot(rustix::system::RebootCommand::Restart);
     // reboot(2) does not return for PID 1 with CAP_SYS_BOOT; if it did, panic the kernel
     // (`panic=-1` reboots, which also ends QEMU).
     std::process::exit(1)
@@ -237,9 +173,7 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         None => None,
     };
     let port = port_slot.insert(port);
-    let pd = cstr(&private_dev);
-    // SAFETY: umount2(2) with a valid path.
-    unsafe { libc::umount2(pd.as_ptr(), libc::MNT_DETACH) };
+    let _ = rustix::mount::unmount(private_dev.as_str(), rustix::mount::UnmountFlags::DETACH);
     let _ = fs::remove_dir(&private_dev);
     let _ = fs::remove_dir(PRIVATE);
     make_dev()?;
@@ -468,18 +402,14 @@ fn make_dev() -> Result<(), GuestInitError> {
         ("tty", 5, 0),
     ] {
         let path = format!("/dev/{name}");
-        let c = cstr(&path);
-        // SAFETY: mknod(2) with a valid path; a character device in our own tmpfs.
-        let rc = unsafe {
-            libc::mknod(
-                c.as_ptr(),
-                libc::S_IFCHR | 0o666,
-                libc::makedev(major, minor),
-            )
-        };
-        if rc != 0 {
-            return Err(setup_err(&path)(io::Error::last_os_error()));
-        }
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path.as_str(),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(major, minor),
+        )
+        .map_err(|e| setup_err(&path)(e.into()))?;
         // The umask filtered the mode given to mknod.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).map_err(setup_err(&path))?;
     }
@@ -560,79 +490,39 @@ fn prepare_run(l: &GuestLimits) -> Result<File, GuestInitError> {
 /// container's own network namespace). There is no other interface: QEMU gives the VM no
 /// network device.
 fn loopback_up() -> io::Result<()> {
-    // SAFETY: socket(2) with constant arguments; the result is checked.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ifreq is plain data; all-zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the union's flags member is the one SIOCGIFFLAGS filled in.
-    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
-    // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    plimsoll_sys::net::loopback_up()
 }
 
-pub use plimsoll_sandbox::caps::TRIAL_CAPS;
-
-/// The steps both agents take first, as root: into the run's cgroup (`procs_fd`, opened by
+/// The steps both agents take first, as root: into the run's cgroup (`procs`, opened by
 /// PID 1; `None` only in tests), no core dumps, the ambient set emptied, and the bounding set
 /// reduced to `keep` (a bit mask; numbers past the kernel's last capability fail, harmlessly).
-///
-/// # Safety
-/// Runs between fork and exec: async-signal-safe system calls only, nothing allocated.
-unsafe fn agent_common(procs_fd: Option<libc::c_int>, keep: u64) -> io::Result<()> {
-    // SAFETY: write(2), setrlimit(2) and prctl(2) on values that live on this stack.
-    unsafe {
+fn agent_common(procs: Option<OwnedFd>, keep: u64) -> PreExec {
+    let mut pre = PreExec::new();
+    if let Some(fd) = procs {
         // "0" moves the writing process; the descriptor was opened by root.
-        if let Some(fd) = procs_fd
-            && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
-        {
-            return Err(io::Error::last_os_error());
-        }
-        let core = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::setrlimit(libc::RLIMIT_CORE, &core) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // While still root (CAP_SETPCAP): nothing outside `keep` can ever come back.
-        plimsoll_sandbox::caps::limit_bounding_set(keep);
+        pre = pre.step("join the run's cgroup", Step::Write { fd, bytes: b"0" });
     }
-    Ok(())
+    pre.step(
+        "no core dumps",
+        Step::Rlimit {
+            resource: rustix::process::Resource::Core,
+            soft: 0,
+            hard: 0,
+        },
+    )
+    // While still root (CAP_SETPCAP): nothing outside `keep` can ever come back.
+    .step("limit the bounding set", Step::LimitBoundingSet(keep))
 }
 
 /// The agent of an ordinary job: uid and gid 1000 (`sandbox`), no supplementary groups, no
 /// capability in any set, no_new_privs, in the run's cgroup.
-///
-/// # Safety
-/// Runs between fork and exec: async-signal-safe system calls only, nothing allocated.
-pub unsafe fn become_sandbox_agent(procs_fd: Option<libc::c_int>) -> io::Result<()> {
-    // SAFETY: async-signal-safe system calls with constant arguments.
-    unsafe {
-        agent_common(procs_fd, 0)?;
-        if libc::setgroups(0, std::ptr::null()) != 0
-            || libc::setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
-            || libc::setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID) != 0
-            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+pub fn sandbox_agent_steps(procs: Option<OwnedFd>) -> PreExec {
+    let id = Some(SANDBOX_UID);
+    agent_common(procs, 0)
+        .step("drop the groups", Step::DropGroups)
+        .step("set the gids", Step::SetGids(id, id, id))
+        .step("set the uids", Step::SetUids(id, id, id))
+        .step("no_new_privs", Step::NoNewPrivs)
 }
 
 /// The agent of a trial job (design: docs/trials.md, "What the sandbox must provide for a
@@ -642,38 +532,20 @@ pub unsafe fn become_sandbox_agent(procs_fd: Option<libc::c_int>) -> io::Result<
 /// permitted set is the bounding set, no_new_privs caps it at the old permitted set); it
 /// checks that itself, becomes euid 1000 at once, and keeps the two only to start the trial
 /// runner.
-///
-/// # Safety
-/// Runs between fork and exec: async-signal-safe system calls only, nothing allocated.
-pub unsafe fn become_trial_agent(procs_fd: Option<libc::c_int>) -> io::Result<()> {
-    // SAFETY: async-signal-safe system calls with constant arguments; capset(2) through
-    // plimsoll_sandbox::caps, on values on its stack.
-    unsafe {
-        agent_common(procs_fd, TRIAL_CAPS)?;
-        if libc::setgroups(0, std::ptr::null()) != 0
-            || libc::setresgid(0, 0, 0) != 0
-            || libc::setresuid(0, 0, 0) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        plimsoll_sandbox::caps::set_effective_and_permitted(TRIAL_CAPS)?;
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+pub fn trial_agent_steps(procs: Option<OwnedFd>) -> PreExec {
+    let root = Some(0);
+    agent_common(procs, TRIAL_CAPS)
+        .step("drop the groups", Step::DropGroups)
+        .step("set the gids", Step::SetGids(root, root, root))
+        .step("set the uids", Step::SetUids(root, root, root))
+        .step("set the capabilities", Step::SetCapabilities(TRIAL_CAPS))
+        .step("no_new_privs", Step::NoNewPrivs)
 }
 
 /// The job in an anonymous memory file, to be the agent's stdin.
 fn job_file(job: &[u8]) -> io::Result<File> {
-    let name = cstr("plimsoll-job");
-    // SAFETY: memfd_create(2) with a valid name; the result is checked.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    let mut f = unsafe { File::from_raw_fd(fd) };
+    let fd = rustix::fs::memfd_create("plimsoll-job", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut f = File::from(fd);
     f.write_all(job)?;
     io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
     Ok(f)
@@ -702,20 +574,16 @@ fn run_agent(
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let procs_fd = procs.as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only makes system calls
-    // on values prepared before the fork (no allocation, no locks).
-    unsafe {
-        cmd.pre_exec(move || {
-            if trial {
-                become_trial_agent(Some(procs_fd))
-            } else {
-                become_sandbox_agent(Some(procs_fd))
-            }
-        });
-    }
+    let procs = Some(OwnedFd::from(procs));
+    let steps = if trial {
+        trial_agent_steps(procs)
+    } else {
+        sandbox_agent_steps(procs)
+    };
+    steps.install(&mut cmd).map_err(GuestInitError::Agent)?;
     let mut child = cmd.spawn().map_err(GuestInitError::Agent)?;
-    drop(procs);
+    // The hook's copy of the cgroup descriptor goes with the command.
+    drop(cmd);
     let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
         let _ = child.kill();
         return Err(GuestInitError::Agent(io::Error::other("no pipes")));
@@ -754,13 +622,15 @@ fn run_agent(
 
 /// Waits (bounded) for the host's ack, so the last frame is out of QEMU before power-off.
 fn wait_for_ack(port: &mut File) {
-    let mut fds = [libc::pollfd {
-        fd: port.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    // SAFETY: poll(2) on one descriptor we own, with a bounded timeout.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, ACK_WAIT_MS) };
+    let mut fds = [rustix::event::PollFd::new(
+        port,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::event::Timespec {
+        tv_sec: i64::from(ACK_WAIT_MS / 1000),
+        tv_nsec: i64::from(ACK_WAIT_MS % 1000) * 1_000_000,
+    };
+    let ready = rustix::event::poll(&mut fds, Some(&timeout)).unwrap_or(0);
     if ready > 0 {
         let _ = channel::read_frame(port, channel::RECORD_MAX);
     }
@@ -770,15 +640,14 @@ fn wait_for_ack(port: &mut File) {
 mod tests {
     use super::*;
     use plimsoll_sandbox::Spawn;
-    use plimsoll_sandbox::testing::{is_root, skip_or_fail};
+    use plimsoll_testing::{is_root, skip_or_fail};
 
     /// `/proc/self/status` and `/proc/self/limits` of a real process started with `hook`
     /// between fork and exec, as the guest init starts the agent (without the cgroup).
-    fn status_after(hook: unsafe fn(Option<libc::c_int>) -> io::Result<()>) -> String {
+    fn status_after(steps: fn(Option<OwnedFd>) -> PreExec) -> String {
         let mut r = Spawn::new("/bin/cat", "/")
             .args(["/proc/self/status", "/proc/self/limits"])
-            // SAFETY: the hooks make async-signal-safe system calls only.
-            .before_exec(&[], move |_| unsafe { hook(None) })
+            .before_exec(steps(None))
             .spawn()
             .unwrap();
         let mut out = String::new();
@@ -805,7 +674,7 @@ mod tests {
             );
             return;
         }
-        let s = status_after(become_trial_agent);
+        let s = status_after(trial_agent_steps);
         assert_eq!(TRIAL_CAPS, 0xc0);
         for (name, want) in [
             ("Uid", "0\t0\t0\t0"),
@@ -837,7 +706,7 @@ mod tests {
             );
             return;
         }
-        let s = status_after(become_sandbox_agent);
+        let s = status_after(sandbox_agent_steps);
         for (name, want) in [
             ("Uid", "1000\t1000\t1000\t1000"),
             ("Gid", "1000\t1000\t1000\t1000"),

@@ -1,4 +1,4 @@
-//! `plimsoll-guest-init`: PID 1 of a plimsoll VM guest (see `plimsoll_vm::guest`). Not for
+//! `plimsoll-guest-init`: PID 1 of a plimsoll VM guest (see `plimsoll_guest_init::init`). Not for
 //! use on a host: it mounts file systems and powers the machine off.
 
 fn main() {
@@ -8,5 +8,5 @@ fn main() {
         );
         std::process::exit(2);
     }
-    plimsoll_vm::guest::main()
+    plimsoll_guest_init::init::main()
 }
