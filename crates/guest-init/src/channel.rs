@@ -106,18 +106,43 @@ pub fn encode_record<'a>(pairs: impl IntoIterator<Item = (&'a str, String)>) -> 
 }
 
 /// Decodes `key=value` lines; a line without `=`, a repeated key or non-UTF-8 is an error.
-pub fn decode_record(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
-    let text = std::str::from_utf8(bytes).map_err(|_| "record is not UTF-8".to_owned())?;
+pub fn decode_record(bytes: &[u8]) -> Result<BTreeMap<String, String>, RecordError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| RecordError::NotUtf8)?;
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.is_empty()) {
         let (k, v) = line
             .split_once('=')
-            .ok_or_else(|| format!("record line without `=`: {:?}", line))?;
+            .ok_or_else(|| RecordError::NoEquals(line.to_owned()))?;
         if out.insert(k.to_owned(), v.to_owned()).is_some() {
-            return Err(format!("record repeats key {k:?}"));
+            return Err(RecordError::Repeated(k.to_owned()));
         }
     }
     Ok(out)
+}
+
+/// A `key=value` record that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// Not UTF-8.
+    #[error("record is not UTF-8")]
+    NotUtf8,
+    /// A line has no `=`.
+    #[error("record line without `=`: {0:?}")]
+    NoEquals(String),
+    /// A key comes twice.
+    #[error("record repeats key {0:?}")]
+    Repeated(String),
+    /// A key the record must have is missing.
+    #[error("limits record lacks {0}")]
+    Missing(&'static str),
+    /// A value is not what the key takes.
+    #[error("limits record: {key}: {why}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// What is wrong with its value.
+        why: String,
+    },
 }
 
 /// The run's limits, as the guest applies them.
@@ -149,13 +174,15 @@ impl GuestLimits {
     }
 
     /// From a `key=value` record; every key must be there and be a number.
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let r = decode_record(bytes)?;
-        let num = |k: &str| -> Result<u64, String> {
-            r.get(k)
-                .ok_or_else(|| format!("limits record lacks {k}"))?
-                .parse()
-                .map_err(|e| format!("limits record: {k}: {e}"))
+        let num = |k: &'static str| -> Result<u64, RecordError> {
+            r.get(k).ok_or(RecordError::Missing(k))?.parse().map_err(
+                |e: std::num::ParseIntError| RecordError::Invalid {
+                    key: k,
+                    why: e.to_string(),
+                },
+            )
         };
         Ok(GuestLimits {
             memory_bytes: num("memory_bytes")?,
@@ -165,7 +192,12 @@ impl GuestLimits {
             trial: match num("trial")? {
                 0 => false,
                 1 => true,
-                n => return Err(format!("limits record: trial is {n}, not 0 or 1")),
+                n => {
+                    return Err(RecordError::Invalid {
+                        key: "trial",
+                        why: format!("{n}, not 0 or 1"),
+                    });
+                }
             },
         })
     }

@@ -206,7 +206,7 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
 
     let limits = match channel::read_frame(port, channel::RECORD_MAX) {
         Ok(Some((channel::LIMITS, p))) => {
-            GuestLimits::decode(&p).map_err(GuestInitError::Protocol)?
+            GuestLimits::decode(&p).map_err(|e| GuestInitError::Protocol(e.to_string()))?
         }
         Ok(other) => {
             return Err(GuestInitError::Protocol(format!(
