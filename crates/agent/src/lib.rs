@@ -22,12 +22,5 @@ pub use run::{RunJobError, run_job};
 /// An error and its sources on one line (`a: b: c`), with line breaks replaced, for the one
 /// line the agent prints on stderr when it cannot do a job.
 pub fn one_line(err: &dyn std::error::Error) -> String {
-    let mut line = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        line.push_str(": ");
-        line.push_str(&s.to_string());
-        source = s.source();
-    }
-    line.replace(['\n', '\r'], " ")
+    plimsoll_sandbox::error_chain(err).replace(['\n', '\r'], " ")
 }

@@ -184,7 +184,7 @@ fn run_dir(state_dir: &Path, run_id: &str) -> std::path::PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plimsoll_wire::{Language, Project, RunSpec, Snippet, Step};
+    use plimsoll_wire::{Language, RunSpec, Snippet};
 
     fn view(name: &'static str, tier: Tier, cost: u32) -> ProviderView<'static> {
         ProviderView {
@@ -217,17 +217,7 @@ mod tests {
     }
 
     fn project(steps: &[&str]) -> RunSpec {
-        RunSpec::Project(Project {
-            files: Vec::new(),
-            steps: steps
-                .iter()
-                .map(|s| Step {
-                    name: None,
-                    run: (*s).into(),
-                })
-                .collect(),
-            artifacts: Vec::new(),
-        })
+        plimsoll_testing::project(Vec::new(), steps, &[])
     }
 
     fn refusal(r: Result<Plan, RunError>) -> (Reason, String) {
