@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
-use plimsoll_sandbox::{BrokerChannel, LaunchError, Probed, Provider};
+use plimsoll_sandbox::{BrokerChannel, Probed, Provider};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
     ErrorBody, ErrorResponse, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest,
@@ -390,14 +390,6 @@ impl Engine {
         }
     }
 
-    /// Re-runs one provider's probe now, on the caller's thread (a failed run re-checks its
-    /// provider in the background instead).
-    pub fn reprobe(&self, name: &str) {
-        if let Some(slot) = self.slots.iter().find(|s| s.provider.name() == name) {
-            self.probe_slot(slot);
-        }
-    }
-
     fn probe_slot(&self, slot: &Slot) {
         probe_slot(slot, &plimsoll_sandbox::lease_dir(&self.config.state_dir));
     }
@@ -579,21 +571,22 @@ impl Engine {
         drop(permit);
         let mut outcome = match outcome {
             Ok(o) => o,
-            Err(e @ LaunchError::NotStarted { .. }) => {
+            Err(e) => {
                 let message = e.message();
-                let reason = e.not_dispatched().unwrap_or(Reason::Environment);
-                tracing::warn!(request_id = %req.request_id, provider = chosen, %message, "launch failed before start");
                 self.recheck_in_background(index);
-                return Err(RunError::refused(id, reason, message));
-            }
-            Err(e @ LaunchError::MayHaveRun { .. }) => {
-                let message = e.message();
-                tracing::error!(request_id = %req.request_id, provider = chosen, %message, "run failed");
-                self.recheck_in_background(index);
-                return Err(RunError::Failed {
-                    request_id: req.request_id.clone(),
-                    provider: chosen.to_owned(),
-                    message,
+                return Err(match e.not_dispatched() {
+                    Some(reason) => {
+                        tracing::warn!(request_id = %req.request_id, provider = chosen, %message, "launch failed before start");
+                        RunError::refused(id, reason, message)
+                    }
+                    None => {
+                        tracing::error!(request_id = %req.request_id, provider = chosen, %message, "run failed");
+                        RunError::Failed {
+                            request_id: req.request_id.clone(),
+                            provider: chosen.to_owned(),
+                            message,
+                        }
+                    }
                 });
             }
         };

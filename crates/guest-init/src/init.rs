@@ -502,16 +502,9 @@ fn agent_common(procs: Option<OwnedFd>, keep: u64) -> PreExec {
         // "0" moves the writing process; the descriptor was opened by root.
         pre = pre.step("join the run's cgroup", Step::Write { fd, bytes: b"0" });
     }
-    pre.step(
-        "no core dumps",
-        Step::Rlimit {
-            resource: rustix::process::Resource::Core,
-            soft: 0,
-            hard: 0,
-        },
-    )
-    // While still root (CAP_SETPCAP): nothing outside `keep` can ever come back.
-    .step("limit the bounding set", Step::LimitBoundingSet(keep))
+    pre.step("no core dumps", Step::no_core_dumps())
+        // While still root (CAP_SETPCAP): nothing outside `keep` can ever come back.
+        .step("limit the bounding set", Step::LimitBoundingSet(keep))
 }
 
 /// The agent of an ordinary job: uid and gid 1000 (`sandbox`), no supplementary groups, no

@@ -149,6 +149,15 @@ pub enum Step {
 }
 
 impl Step {
+    /// No core dumps: `RLIMIT_CORE` 0, soft and hard.
+    pub fn no_core_dumps() -> Step {
+        Step::Rlimit {
+            resource: Resource::Core,
+            soft: 0,
+            hard: 0,
+        }
+    }
+
     /// Runs the step in the calling process. Async-signal-safe.
     fn run(&self) -> io::Result<()> {
         use rustix::process::{Gid, Uid};

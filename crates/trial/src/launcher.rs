@@ -452,14 +452,7 @@ fn controller_child_setup(uid: u32, gid: u32, parent: Pid) -> PreExec {
         )
         // The launcher is gone.
         .step("the launcher is there", Step::RequireParent(parent))
-        .step(
-            "no core dumps",
-            Step::Rlimit {
-                resource: rustix::process::Resource::Core,
-                soft: 0,
-                hard: 0,
-            },
-        )
+        .step("no core dumps", Step::no_core_dumps())
         .step(
             "close inherited descriptors",
             Step::CloseInherited { required: false },

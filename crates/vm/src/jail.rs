@@ -248,14 +248,7 @@ impl Jail {
                 hard: self.address_space,
             },
         )
-        .step(
-            "rlimits",
-            Step::Rlimit {
-                resource: Resource::Core,
-                soft: 0,
-                hard: 0,
-            },
-        )
+        .step("rlimits", Step::no_core_dumps())
         // Empty the bounding and ambient capability sets while still root.
         .step("uid and gid", Step::LimitBoundingSet(0))
         .step("uid and gid", Step::DropGroups)
