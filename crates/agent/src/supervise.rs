@@ -331,9 +331,9 @@ impl Supervisor {
             exit_code: None,
             signal: None,
         });
-        let killed = ended.signal == Some(libc::SIGKILL) || ended.exit_code == Some(128 + 9);
-        let oom_killed =
-            killed && matches!((oom_before, self.oom.read()), (Some(b), Some(a)) if a > b);
+        // Any process of the step killed for memory counts, the leader or one it started
+        // (the process tier reports the same from the run's cgroup).
+        let oom_killed = matches!((oom_before, self.oom.read()), (Some(b), Some(a)) if a > b);
         Ok(Outcome {
             exit_code: ended.exit_code,
             signal: ended.signal,

@@ -507,7 +507,12 @@ impl OciProvider {
         drop(outside);
         let timed_out = fired.load(Ordering::SeqCst);
         let backstop = captured.as_ref().map_or(true, |c| c.timed_out);
-        let memory = layout.memory_seen(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id));
+        let mut memory = layout.memory_seen(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id));
+        // v1 counts kills only in the container's own cgroup, there until the delete below.
+        if memory.oom_kills.is_none() {
+            memory.oom_kills =
+                layout.oom_kills(&spec::container_cgroup(&self.cgroup_parent, &plan.run_id));
+        }
         let cleaned = self.clean(plan, &id, run_dir, backstop);
 
         let captured = match captured {
@@ -941,9 +946,8 @@ impl Provider for OciProvider {
                         exit_code,
                         signal,
                         timed_out: l.timed_out,
-                        oom_killed: killed
-                            && !l.timed_out
-                            && l.memory.hit_limit(plan.limits.memory_bytes),
+                        oom_killed: !l.timed_out
+                            && l.memory.oom_killed(plan.limits.memory_bytes, killed),
                         stdout: Bytes(c.stdout),
                         stdout_truncated: c.stdout_truncated,
                         stderr: Bytes(c.stderr),
@@ -1003,9 +1007,9 @@ fn agent_result(plan: &LaunchPlan, l: &Launched) -> Result<RunResult, LaunchErro
         exit_code,
         signal,
         timed_out: l.timed_out,
-        oom_killed: signal == Some(libc::SIGKILL)
-            && !l.timed_out
-            && l.memory.hit_limit(plan.limits.memory_bytes),
+        oom_killed: !l.timed_out
+            && l.memory
+                .oom_killed(plan.limits.memory_bytes, signal == Some(libc::SIGKILL)),
         ..RunResult::default()
     })
 }

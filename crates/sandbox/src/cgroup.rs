@@ -80,6 +80,18 @@ impl MemorySeen {
     }
 }
 
+impl MemorySeen {
+    /// Whether the run reports `oom_killed`: the kernel killed one of its processes for memory
+    /// (the leader or any other: a parent that outlives a killed child still says so), or,
+    /// where kills are not counted, the leader died by SIGKILL with the usage at the limit.
+    pub fn oom_killed(&self, limit: u64, leader_killed: bool) -> bool {
+        match self.oom_kills {
+            Some(n) => n > 0,
+            None => leader_killed && self.hit_limit(limit),
+        }
+    }
+}
+
 /// How far below the limit a v1 peak may stop and still count as having reached it.
 const PEAK_SLACK: u64 = 1024 * 1024;
 
@@ -242,6 +254,14 @@ impl CgroupLayout {
                 oom_kills: None,
             }
         }
+    }
+
+    /// The OOM kills counted in the memory cgroup at `rel` itself (`None` where it has no
+    /// count or is gone). On v1 a run's kills are counted only in the innermost cgroup, so a
+    /// caller reads it there before the runtime removes it.
+    pub fn oom_kills(&self, rel: &str) -> Option<u64> {
+        let h = self.memory_hierarchy()?;
+        oom_kills_in(&h.mount.join(rel.trim_start_matches('/')), h.v2)
     }
 
     /// Names of the cgroup directories directly below `rel`, over every hierarchy.
@@ -441,6 +461,22 @@ mod tests {
         let l = CgroupLayout::parse(text);
         assert_eq!(l.hierarchies[0].controllers, ["cpu", "cpuacct"]);
         assert_eq!(l.dirs("/a").len(), 1);
+    }
+
+    #[test]
+    fn a_counted_kill_of_any_process_is_oom_killed_and_a_peak_only_with_a_killed_leader() {
+        let limit = 256 << 20;
+        let seen = |peak_bytes, oom_kills| MemorySeen {
+            peak_bytes,
+            oom_kills,
+        };
+        // A child killed, the leader alive: counted, so reported.
+        assert!(seen(Some(limit), Some(2)).oom_killed(limit, false));
+        assert!(!seen(Some(limit), Some(0)).oom_killed(limit, true));
+        // Without a count, the peak says so only when the leader died by SIGKILL.
+        assert!(seen(Some(limit), None).oom_killed(limit, true));
+        assert!(!seen(Some(limit), None).oom_killed(limit, false));
+        assert!(!seen(Some(limit / 2), None).oom_killed(limit, true));
     }
 
     #[test]
