@@ -1,27 +1,133 @@
 //! One conformance suite, run against every provider through the engine: the same attacks,
 //! limits, cleanup, digests and refusals at process, crun, runc, runsc and qemu. A provider
-//! gets the whole suite by adding one line at the bottom. Each provider's test probes it once
-//! and runs every case on that engine; a case's failure is collected, so one run names every
-//! case that failed. Needs root and each provider's runtime (skipped without, failed under
-//! CI=true). The providers' own attack tests (crates/process/tests/attacks.rs,
-//! crates/oci/tests/attacks.rs, crates/vm/tests/vm.rs) check more, at the provider boundary.
+//! gets the whole suite by adding one line at the bottom (and, where its sandbox differs in
+//! what it shows the code, a row in [`Shape::of`]). Each provider's test probes it once and
+//! runs every case on that engine; a case's failure is collected, so one run names every case
+//! that failed. Needs root and each provider's runtime (skipped without, failed under
+//! CI=true).
+//!
+//! Beside it, what belongs to one provider stays with it: its probe and what withdraws it
+//! (crates/process/tests/attacks.rs, crates/oci/tests/attacks.rs, crates/vm/tests/vm.rs),
+//! how it reaps after a killed daemon, and the daemon-level suite for a daemon killed
+//! mid-run (crates/daemon/tests/daemon.rs, every provider).
 
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use plimsoll_broker::GrantProfiles;
 use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
-use plimsoll_testing::{TestDir, is_root, no_connection_came, quiet_listener, skip_or_fail};
+use plimsoll_testing::api::{Expect, TestApi};
+use plimsoll_testing::{
+    NAMESPACE_ATTACK, TestDir, is_root, namespace_attack_refused, no_connection_came,
+    quiet_listener, skip_or_fail,
+};
 use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256};
-use plimsoll_wire::{Language, Limits, PROTOCOL, RunRequest, RunResponse, RunSpec, Snippet, Tier};
+use plimsoll_wire::{
+    Language, Limits, PROTOCOL, Project, ProjectFile, RunRequest, RunResponse, RunSpec, Snippet,
+    Step, Tier,
+};
 
 const MIB: u64 = 1024 * 1024;
+/// The caller every run is made as; the grant profile names it.
+const CALLER: &str = "conformance";
+/// The credential the grant profile holds. It must never reach the sandbox.
+const TOKEN: &str = "tok-conformance-never-in-the-sandbox";
 
-/// The engine for one provider, probed, with a uid range of its own (one run at a time).
+/// Where providers differ in what the code sees, by design (docs/isolation-tiers.md). Every
+/// case that depends on one of these reads it from here, so a difference is stated once.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// The code's uid as the code sees it: the run's host uid, or a fixed uid in a guest.
+    guest_uid: Option<u32>,
+    /// The work directory is `/work` (a sandbox root of its own), not a host directory.
+    work_is_slash_work: bool,
+    /// Directories the sandbox has of its own and may write besides the work directory,
+    /// each a tmpfs inside the disk bound (the process tier has none: `/tmp` is the host's
+    /// and denied).
+    own_dirs: &'static [&'static str],
+    /// The snippet is PID 1 of its PID namespace (crun and runc start it as the container's
+    /// process) and the kernel's rule for a namespace's init holds: a signal it sends itself
+    /// without a handler is dropped. (gVisor's Sentry delivers it; in a guest the snippet is
+    /// no init.)
+    self_signal_dropped: bool,
+    /// The variables a snippet's process starts with, sorted.
+    environment: &'static [&'static str],
+    /// No socket of any family can be made (the process tier's seccomp filter); elsewhere
+    /// loopback exists inside the sandbox and only the sandbox's own.
+    no_sockets: bool,
+    /// Projects (steps and artifacts) run; the process tier runs snippets only.
+    projects: bool,
+    /// The share of the disk bound the work directory gets (the rest goes to the sandbox's
+    /// own /tmp and /dev/shm), as (numerator, denominator).
+    work_share: (u64, u64),
+    /// The address space is bounded at the memory limit (RLIMIT_AS, the process tier): node
+    /// reserves far more address space than it uses, so JavaScript needs a limit near the
+    /// default there, and at the bound node's own allocator fails before any OOM kill.
+    address_space_bound: bool,
+    /// gVisor: the host's pids limit counts the Sentry's threads, so when it bites the
+    /// sandbox may end instead of a fork failing; and an OOM may end the whole sandbox.
+    gvisor: bool,
+}
+
+impl Shape {
+    fn of(provider: &str) -> Shape {
+        let container = Shape {
+            guest_uid: None,
+            work_is_slash_work: true,
+            own_dirs: &["/tmp", "/dev/shm"],
+            self_signal_dropped: true,
+            environment: &["HOME", "LANG", "PATH"],
+            no_sockets: false,
+            projects: true,
+            address_space_bound: false,
+            work_share: (3, 4),
+            gvisor: false,
+        };
+        match provider {
+            "process" => Shape {
+                work_is_slash_work: false,
+                own_dirs: &[],
+                self_signal_dropped: false,
+                environment: &[],
+                no_sockets: true,
+                projects: false,
+                address_space_bound: true,
+                work_share: (1, 1),
+                ..container
+            },
+            "crun" | "runc" => container,
+            "runsc" => Shape {
+                gvisor: true,
+                self_signal_dropped: false,
+                ..container
+            },
+            "qemu" => Shape {
+                guest_uid: Some(1000),
+                own_dirs: &["/tmp"],
+                self_signal_dropped: false,
+                ..container
+            },
+            other => panic!("no shape for {other}: add a row to Shape::of"),
+        }
+    }
+}
+
+/// The engine for one provider, probed, with a uid range of its own (two runs at a time, for
+/// the concurrent case) and a grant profile whose API is a real HTTP server.
 struct Rig {
     engine: Engine,
     provider: &'static str,
     tier: Tier,
+    shape: Shape,
+    /// The run uids (two slots) and, after them, the probe and controller uids: nothing may
+    /// be left running as any of them after a run.
     uids: std::ops::Range<u32>,
-    _dir: TestDir,
+    run_uids: std::ops::Range<u32>,
+    state: PathBuf,
+    api: TestApi,
+    dir: TestDir,
 }
 
 fn rig(provider: &'static str, slot: u32) -> Option<Rig> {
@@ -49,24 +155,39 @@ fn rig(provider: &'static str, slot: u32) -> Option<Rig> {
     let dir = TestDir::new("conformance", provider);
     let uid_base = 3_100_000 + slot * 1_000;
     let section = match provider {
-        "process" => String::new(),
+        "process" | "qemu" => String::new(),
         "crun" | "runc" | "runsc" => format!(
             "[oci]\nstate_root = {root:?}\ncgroup_parent = \"/plimsoll-conformance-{provider}-{pid}\"\n",
             root = dir.path().join("oci").display().to_string(),
             pid = std::process::id(),
         ),
-        "qemu" => String::new(),
         other => panic!("no settings for {other}"),
     };
+    let state = dir.path().join("state");
     let toml = format!(
         "providers = [\"{provider}\"]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
-         sandbox_uid_base = {uid_base}\nmax_concurrent = 1\nmax_per_caller = 1\n{section}",
-        state = dir.path().join("state").display().to_string(),
+         sandbox_uid_base = {uid_base}\nmax_concurrent = 2\nmax_per_caller = 2\n{section}",
+        state = state.display().to_string(),
     );
+    let api = TestApi::start(Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {TOKEN}"),
+    });
+    let grants = GrantProfiles::parse(
+        &format!(
+            "[profiles.orders]\nbase_url = \"{}\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"{CALLER}\"]\n\
+             call_budget = 20\ntimeout_ms = 5000\n[profiles.orders.credential]\nkind = \"static\"\n\
+             secret_env = \"ORDERS_API_TOKEN\"\n",
+            api.url()
+        ),
+        |name| (name == "ORDERS_API_TOKEN").then(|| TOKEN.to_owned()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let engine = Settings::parse(&toml)
         .unwrap_or_else(|e| panic!("{e}"))
         .build_engine(&[])
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_grants(grants);
     engine.probe_all();
     let info = engine.providers().into_iter().next().expect("one provider");
     if !info.available {
@@ -83,44 +204,114 @@ fn rig(provider: &'static str, slot: u32) -> Option<Rig> {
         engine,
         provider,
         tier: info.isolation,
-        // Run uids, the probe uid and the controller uids: nothing may be left running as
-        // any of them after a run.
-        uids: uid_base..plimsoll_engine::uid_range_end(uid_base, 1, 1).unwrap(),
-        _dir: dir,
+        shape: Shape::of(provider),
+        uids: uid_base..plimsoll_engine::uid_range_end(uid_base, 2, 1).unwrap(),
+        run_uids: uid_base..uid_base + 2,
+        state,
+        api,
+        dir,
     })
 }
 
-fn request(id: &str, code: &str, limits: Limits) -> RunRequest {
-    RunRequest {
-        protocol: PROTOCOL,
-        request_id: id.into(),
-        minimum_isolation: None,
-        provider: None,
-        limits: Some(limits),
-        run: RunSpec::Snippet(Snippet {
-            language: Language::Python,
-            code: code.into(),
-        }),
-        grant: None,
-    }
+fn snippet(language: Language, code: &str) -> RunSpec {
+    RunSpec::Snippet(Snippet {
+        language,
+        code: code.into(),
+    })
+}
+
+fn py(code: &str) -> RunSpec {
+    snippet(Language::Python, code)
+}
+
+fn js(code: &str) -> RunSpec {
+    snippet(Language::Javascript, code)
 }
 
 fn stdout(r: &RunResponse) -> String {
     String::from_utf8_lossy(r.result.stdout.as_slice()).into_owned()
 }
 
+fn stderr(r: &RunResponse) -> String {
+    String::from_utf8_lossy(r.result.stderr.as_slice()).into_owned()
+}
+
+/// What to send: a spec, its limits, and optionally a grant.
+struct Ask {
+    spec: RunSpec,
+    limits: Limits,
+    grant: Option<&'static str>,
+}
+
+impl Ask {
+    fn new(spec: RunSpec) -> Ask {
+        Ask {
+            spec,
+            limits: limits(),
+            grant: None,
+        }
+    }
+
+    fn limits(self, limits: Limits) -> Ask {
+        Ask { limits, ..self }
+    }
+
+    fn grant(self, grant: &'static str) -> Ask {
+        Ask {
+            grant: Some(grant),
+            ..self
+        }
+    }
+}
+
 impl Rig {
-    /// Runs `code`, checks the answer's digests and tier, and that nothing of the run is left
-    /// on the host.
-    fn run(&self, case: &str, code: &str, limits: Limits) -> Result<RunResponse, String> {
-        let req = request(&format!("{}-{case}", self.provider), code, limits);
-        let resp = self
-            .engine
-            .run("conformance", &req)
-            .map_err(|e| format!("{case}: the run did not give a result: {e}"))?;
-        self.check_answer(case, &req, &resp)?;
+    fn request(&self, case: &str, ask: Ask) -> RunRequest {
+        RunRequest {
+            protocol: PROTOCOL,
+            request_id: format!("{}-{case}", self.provider),
+            minimum_isolation: None,
+            provider: None,
+            limits: Some(ask.limits),
+            run: ask.spec,
+            grant: ask.grant.map(str::to_owned),
+        }
+    }
+
+    /// Runs, checks the answer's digests and tier, and that nothing of the run is left on the
+    /// host.
+    fn run(&self, case: &str, ask: impl Into<Ask>) -> Result<RunResponse, String> {
+        let resp = self.run_beside(case, ask.into())?;
         self.nothing_left(case)?;
         Ok(resp)
+    }
+
+    /// [`Rig::run`] without the look for leftovers, for a run with another beside it (whose
+    /// processes are still there): the caller looks once both are done.
+    fn run_beside(&self, case: &str, ask: Ask) -> Result<RunResponse, String> {
+        let req = self.request(case, ask);
+        let resp = self
+            .engine
+            .run(CALLER, &req)
+            .map_err(|e| format!("{case}: the run did not give a result: {e}"))?;
+        self.check_answer(case, &req, &resp)?;
+        Ok(resp)
+    }
+
+    /// Sends a request that must be refused with `reason`, with nothing run or left.
+    fn refused(&self, case: &str, ask: Ask, reason: Reason) -> Result<(), String> {
+        let req = self.request(case, ask);
+        match self.engine.run(CALLER, &req) {
+            Err(e @ RunError::Refused { .. }) => {
+                if not_dispatched_reason(&e) != Some(reason) {
+                    return Err(format!("{case}: not a {reason:?} refusal: {e}"));
+                }
+                if self.engine.in_flight() != 0 {
+                    return Err(format!("{case}: a run is still in flight"));
+                }
+                self.nothing_left(case)
+            }
+            other => Err(format!("{case}: not refused: {other:?}")),
+        }
     }
 
     fn check_answer(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
@@ -157,26 +348,139 @@ impl Rig {
     }
 
     /// No process of the engine's uids outlives a run (the reap runs from a forked child, so
-    /// give it a moment).
+    /// give it a moment), and no run directory or mount of a run is left.
     fn nothing_left(&self, case: &str) -> Result<(), String> {
         let start = std::time::Instant::now();
         loop {
             let left = plimsoll_sandbox::reap::processes_of_uids(self.uids.clone());
             if left.is_empty() {
-                return Ok(());
+                break;
             }
             if start.elapsed() > Duration::from_secs(5) {
                 return Err(format!("{case}: processes outlived the run: {left:?}"));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let entries = |d: PathBuf| -> Vec<String> {
+            std::fs::read_dir(&d)
+                .map(|r| {
+                    r.filter_map(Result::ok)
+                        .map(|e| d.join(e.file_name()).display().to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let oci = self.dir.path().join("oci").join(self.provider);
+        // The engine's and the container provider's run directories, the runtime's state of
+        // a container (named `plimsoll-<run id>`), and the run's cgroups in every hierarchy.
+        let mut left: Vec<String> = self
+            .run_dirs()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        left.extend(
+            entries(oci.join("runtime"))
+                .into_iter()
+                .filter(|e| e.contains("plimsoll-")),
+        );
+        let parent = format!(
+            "plimsoll-conformance-{}-{}",
+            self.provider,
+            std::process::id()
+        );
+        for hierarchy in entries(PathBuf::from("/sys/fs/cgroup"))
+            .into_iter()
+            .chain(["/sys/fs/cgroup".to_owned()])
+        {
+            // The provider's cgroup (`<parent>/<provider>`) stays; no run's below it.
+            let ours = PathBuf::from(hierarchy).join(&parent);
+            let provider = ours.join(self.provider).display().to_string();
+            left.extend(
+                entries(ours.clone())
+                    .into_iter()
+                    .chain(entries(ours.join(self.provider)))
+                    .filter(|e| *e != provider && std::path::Path::new(e).is_dir()),
+            );
+        }
+        if !left.is_empty() {
+            return Err(format!("{case}: left behind: {left:?}"));
+        }
+        let dir = self.dir.path().display().to_string();
+        // No runtime, shim, gofer or QEMU still names the rig's directory (given the same
+        // moment to go as the run's own processes).
+        let start = std::time::Instant::now();
+        loop {
+            let naming: Vec<String> = entries(PathBuf::from("/proc"))
+                .into_iter()
+                .filter(|p| {
+                    std::fs::read(format!("{p}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&dir))
+                })
+                .collect();
+            if naming.is_empty() {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                return Err(format!("{case}: processes still name {dir}: {naming:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if let Some(m) = mounts.lines().find(|l| l.contains(&dir)) {
+            return Err(format!("{case}: a run's mount is left: {m}"));
+        }
+        Ok(())
+    }
+
+    /// Every run directory under the rig's directory: the entries of each `runs` directory
+    /// there (the engine's, the container provider's, the VM provider's).
+    fn run_dirs(&self) -> Vec<PathBuf> {
+        fn walk(dir: &std::path::Path, depth: u32, out: &mut Vec<PathBuf>) {
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in rd.filter_map(Result::ok) {
+                let p = e.path();
+                if !p.is_dir() || p.is_symlink() {
+                    continue;
+                }
+                if e.file_name() == "runs" {
+                    out.extend(
+                        std::fs::read_dir(&p)
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Result::ok)
+                            .map(|r| r.path()),
+                    );
+                } else if depth > 0 && e.file_name() != "runtime" {
+                    walk(&p, depth - 1, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(self.dir.path(), 3, &mut out);
+        out
+    }
+
+    /// The uid the code must see: the guest's fixed one, or one of the run uids.
+    fn uid_ok(&self, seen: u32) -> bool {
+        match self.shape.guest_uid {
+            Some(u) => seen == u,
+            None => self.run_uids.contains(&seen),
+        }
+    }
+}
+
+impl From<RunSpec> for Ask {
+    fn from(spec: RunSpec) -> Ask {
+        Ask::new(spec)
     }
 }
 
 fn limits() -> Limits {
     Limits {
         timeout_ms: Some(60_000),
-        memory_bytes: Some(256 * MIB),
+        memory_bytes: Some(1024 * MIB),
         pids: Some(64),
         disk_bytes: Some(64 * MIB),
         output_bytes: Some(MIB),
@@ -186,180 +490,956 @@ fn limits() -> Limits {
 
 type Case = fn(&Rig) -> Result<(), String>;
 
+fn explain(r: &RunResponse) -> String {
+    format!(
+        "stdout {:?} stderr {:?} exit {:?} signal {:?} timed_out {} oom {}",
+        stdout(r).chars().take(400).collect::<String>(),
+        stderr(r).chars().take(400).collect::<String>(),
+        r.result.exit_code,
+        r.result.signal,
+        r.result.timed_out,
+        r.result.oom_killed
+    )
+}
+
 fn expect(case: &str, ok: bool, r: &RunResponse) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{case}: stdout {:?} stderr {:?} exit {:?} signal {:?} timed_out {} oom {}",
-            stdout(r).chars().take(300).collect::<String>(),
-            String::from_utf8_lossy(r.result.stderr.as_slice())
-                .chars()
-                .take(300)
-                .collect::<String>(),
-            r.result.exit_code,
-            r.result.signal,
-            r.result.timed_out,
-            r.result.oom_killed
-        ))
+        Err(format!("{case}: {}", explain(r)))
     }
 }
 
-/// A file only root may read stays unread.
-fn host_files(rig: &Rig) -> Result<(), String> {
+/// The code runs as the run's own unprivileged uid (never root), in its work directory, with
+/// no_new_privs set; exit codes, stderr and signals come back as they were.
+fn identity(rig: &Rig) -> Result<(), String> {
     let r = rig.run(
-        "host_files",
-        "try:\n    open('/etc/shadow').read()\n    print('READ')\nexcept OSError as e:\n    print('denied', type(e).__name__)",
-        limits(),
+        "identity",
+        py("import ctypes, os\nprint(6*7, os.getuid(), os.getgid(), os.getcwd(), ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"),
     )?;
+    let out = stdout(&r);
+    let f: Vec<&str> = out.split_whitespace().collect();
+    let uid: Option<u32> = f.get(1).and_then(|u| u.parse().ok());
+    let cwd = f.get(3).copied().unwrap_or("");
+    let cwd_ok = if rig.shape.work_is_slash_work {
+        cwd == "/work"
+    } else {
+        cwd.starts_with(&rig.state.display().to_string()) && cwd.ends_with("/work")
+    };
+    expect(
+        "identity",
+        f.len() == 5
+            && f[0] == "42"
+            && uid.is_some_and(|u| u != 0 && rig.uid_ok(u))
+            && f[2] == f[1]
+            && cwd_ok
+            && f[4] == "1",
+        &r,
+    )?;
+    let r = rig.run(
+        "identity",
+        py("import sys\nprint('hi')\nprint('to err', file=sys.stderr)\nsys.exit(3)"),
+    )?;
+    expect(
+        "identity (exit code)",
+        r.result.exit_code == Some(3)
+            && r.result.signal.is_none()
+            && stdout(&r) == "hi\n"
+            && stderr(&r) == "to err\n"
+            && !r.result.timed_out
+            && !r.result.oom_killed,
+        &r,
+    )?;
+    let r = rig.run(
+        "identity",
+        js("console.log(6*7, process.getuid()); process.exit(7)"),
+    )?;
+    expect(
+        "identity (javascript)",
+        r.result.exit_code == Some(7) && stdout(&r).starts_with("42 "),
+        &r,
+    )?;
+    let r = rig.run(
+        "identity",
+        py("import os, signal\nprint(os.getpid(), flush=True)\nos.kill(os.getpid(), signal.SIGKILL)"),
+    )?;
+    let signalled = if rig.shape.self_signal_dropped {
+        // Its namespace's init: the kernel drops the signal, and the code goes on.
+        stdout(&r) == "1\n" && r.result.exit_code == Some(0)
+    } else {
+        r.result.exit_code.is_none() && r.result.signal == Some(9)
+    };
+    expect("identity (signal)", signalled && !r.result.timed_out, &r)
+}
+
+/// A file only root may read, the daemon's own files, and the host's root through
+/// /proc/1/root all stay unread, from Python and from JavaScript.
+fn host_files(rig: &Rig) -> Result<(), String> {
+    let secret = rig.state.join("daemon-secret");
+    std::fs::create_dir_all(&rig.state).map_err(|e| e.to_string())?;
+    std::fs::write(&secret, "TOPSECRET-daemon-file").map_err(|e| e.to_string())?;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| e.to_string())?;
+    let shadow_root = std::fs::read_to_string("/etc/shadow")
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_owned))
+        .unwrap_or_else(|| "root:".into());
+    let code = format!(
+        "for p in ['/etc/shadow', {s:?}, '/proc/1/root/etc/shadow', '/proc/1/root' + {s:?}]:\n    \
+         try:\n        print(p, 'READ', open(p).read()[:200])\n    \
+         except Exception as e:\n        print(p, 'denied', type(e).__name__)\n",
+        s = secret.display().to_string()
+    );
+    let r = rig.run("host_files", py(&code))?;
     let out = stdout(&r);
     expect(
         "host_files",
-        out.starts_with("denied") && r.result.exit_code == Some(0),
+        r.result.exit_code == Some(0)
+            && out.matches(" denied ").count() == 4
+            && !out.contains("READ")
+            && !out.contains("TOPSECRET")
+            && !out.contains(&shadow_root),
+        &r,
+    )?;
+    let r = rig.run(
+        "host_files",
+        js("try { require('fs').readFileSync('/etc/shadow'); console.log('READ') } catch (e) { console.log('denied ' + e.code) }"),
+    )?;
+    let _ = std::fs::remove_file(&secret);
+    expect(
+        "host_files (javascript)",
+        stdout(&r).starts_with("denied E"),
         &r,
     )
 }
 
-/// No connection leaves the sandbox: not to a listener on the host's loopback, not out.
-fn network(rig: &Rig) -> Result<(), String> {
-    let listener = quiet_listener("127.0.0.1:0");
-    let port = listener.local_addr().unwrap().port();
+/// Nothing outside the work directory (and the sandbox's own /tmp, where it has one) can be
+/// written: not the root, system directories, the daemon's state or a file of the daemon's
+/// left writable by mistake. On the host nothing appears and nothing changes.
+fn writes_outside_work(rig: &Rig) -> Result<(), String> {
+    let state = rig.state.display().to_string();
+    let runs = rig.state.join("runs").display().to_string();
+    let daemon_file = rig.state.join("daemon-file");
+    std::fs::write(&daemon_file, "daemon data").map_err(|e| e.to_string())?;
+    std::fs::set_permissions(&daemon_file, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| e.to_string())?;
+    let dirs = [
+        "/",
+        "/etc",
+        "/usr/bin",
+        "/opt/plimsoll/bin",
+        "/var/tmp",
+        "/root",
+        "/home",
+        "/dev",
+        "/dev/shm",
+        "/sys/fs/cgroup",
+        "/proc/sys/kernel",
+        state.as_str(),
+        runs.as_str(),
+        "/tmp",
+    ];
+    let image = plimsoll_engine::settings::default_image_dir().join("rootfs");
+    let planted = |root: &std::path::Path| -> Vec<String> {
+        dirs.iter()
+            .map(|d| {
+                root.join(d.trim_start_matches('/'))
+                    .join("plimsoll-was-here")
+            })
+            .filter(|p| p.exists())
+            .map(|p| p.display().to_string())
+            .collect()
+    };
+    // The guest's root disk, shared by every VM run, must come out untouched too.
+    let vm_disk = plimsoll_engine::settings::default_vm_assets_dir().join("disk.ext4");
+    let disk_stamp = || std::fs::metadata(&vm_disk).and_then(|m| m.modified()).ok();
+    let disk_before = disk_stamp();
+    // The shared image's directories, listed: no mount point or file may be created in them.
+    let listing = || -> Vec<Vec<String>> {
+        ["", "opt/plimsoll/bin", "work", "tmp", "dev", "etc"]
+            .iter()
+            .map(|d| {
+                let mut v: Vec<String> = std::fs::read_dir(image.join(d))
+                    .map(|r| {
+                        r.filter_map(Result::ok)
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                v.sort();
+                v
+            })
+            .collect()
+    };
+    let image_before = listing();
+    let before: Vec<String> = planted(std::path::Path::new("/"))
+        .into_iter()
+        .chain(planted(&image))
+        .collect();
     let code = format!(
-        "import socket\nfor addr in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:\n    try:\n        socket.create_connection(addr, timeout=3).close()\n        print('CONNECTED', addr)\n    except OSError as e:\n        print('blocked', type(e).__name__)"
+        "import os\nfor d in {dirs:?} + [os.getcwd()]:\n    try:\n        \
+         with open(os.path.join(d, 'plimsoll-was-here'), 'w') as f:\n            f.write('x')\n        \
+         print(d, 'WROTE')\n    except Exception as e:\n        print(d, 'denied', type(e).__name__)\n\
+         try:\n    open({f:?}, 'a').write('x')\n    print('daemon file WROTE')\n\
+         except Exception as e:\n    print('daemon file denied', type(e).__name__)\n",
+        f = daemon_file.display().to_string(),
     );
-    let r = rig.run("network", &code, limits())?;
+    let r = rig.run("writes_outside_work", py(&code))?;
     let out = stdout(&r);
+    let lines: Vec<&str> = out.lines().collect();
+    // One line per directory, then the work directory's, then the daemon's file's.
+    let wrote_outside: Vec<&str> = dirs
+        .iter()
+        .zip(&lines)
+        .filter(|(d, l)| l.ends_with(" WROTE") && !rig.shape.own_dirs.contains(d))
+        .map(|(d, _)| *d)
+        .collect();
+    let tmp_ok = rig
+        .shape
+        .own_dirs
+        .iter()
+        .all(|d| lines.contains(&format!("{d} WROTE").as_str()));
+    let work_ok = lines.get(dirs.len()).is_some_and(|l| l.ends_with(" WROTE"));
+    let after: Vec<String> = planted(std::path::Path::new("/"))
+        .into_iter()
+        .chain(planted(&image))
+        .filter(|p| !before.contains(p))
+        .collect();
+    let unchanged = std::fs::read_to_string(&daemon_file).ok().as_deref() == Some("daemon data");
+    let _ = std::fs::remove_file(&daemon_file);
+    expect(
+        "writes_outside_work",
+        lines.len() == dirs.len() + 2
+            && wrote_outside.is_empty()
+            && tmp_ok
+            && work_ok
+            && lines[dirs.len() + 1].starts_with("daemon file denied")
+            && after.is_empty()
+            && unchanged
+            && disk_stamp() == disk_before
+            && listing() == image_before,
+        &r,
+    )
+    .map_err(|e| format!("{e}; wrote outside: {wrote_outside:?}; appeared on the host: {after:?}"))
+}
+
+/// No connection leaves the sandbox: not to a listener on the host's loopback, not to the
+/// host's own address, not out; from Python and from JavaScript.
+fn network(rig: &Rig) -> Result<(), String> {
+    let local = quiet_listener("127.0.0.1:0");
+    let any = quiet_listener("0.0.0.0:0");
+    // The host's own address on its default route (no packet is sent).
+    let host_ip = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|_| "127.0.0.1".into());
+    let targets = [
+        ("127.0.0.1".to_owned(), local.local_addr().unwrap().port()),
+        (host_ip, any.local_addr().unwrap().port()),
+        ("10.0.2.2".to_owned(), local.local_addr().unwrap().port()),
+        ("192.0.2.1".to_owned(), 80),
+        ("1.1.1.1".to_owned(), 53),
+    ];
+    let mut code = String::from("import socket\n");
+    for (host, port) in &targets {
+        code.push_str(&format!(
+            "try:\n    socket.create_connection(('{host}', {port}), timeout=3).close()\n    print('{host}', 'CONNECTED')\nexcept OSError as e:\n    print('{host}', 'refused', type(e).__name__)\n"
+        ));
+    }
+    if rig.shape.no_sockets {
+        code.push_str(
+            "for fam in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX):\n    try:\n        \
+             socket.socket(fam, socket.SOCK_STREAM)\n        print('OPEN', fam)\n    \
+             except OSError as e:\n        print('no socket', e.errno)\n",
+        );
+    } else {
+        code.push_str("import os\nprint('interfaces', sorted(os.listdir('/sys/class/net')))\n");
+    }
+    let r = rig.run("network", py(&code))?;
+    let out = stdout(&r);
+    let shape_ok = if rig.shape.no_sockets {
+        out.matches("no socket 1\n").count() == 3
+    } else {
+        out.contains("interfaces ['lo']")
+    };
     expect(
         "network",
-        !out.contains("CONNECTED") && out.matches("blocked").count() == 2,
+        !out.contains("CONNECTED")
+            && !out.contains("OPEN")
+            && out.matches(" refused ").count() == targets.len()
+            && shape_ok,
         &r,
     )?;
-    if no_connection_came(&listener) {
+    let port = local.local_addr().unwrap().port();
+    let r = rig.run(
+        "network",
+        js(&format!(
+            "const s = require('net').connect({port}, '127.0.0.1');\n\
+             s.on('connect', () => {{ console.log('CONNECTED'); process.exit(0); }});\n\
+             s.on('error', (e) => {{ console.log('refused ' + e.code); process.exit(3); }});"
+        )),
+    )?;
+    expect(
+        "network (javascript)",
+        r.result.exit_code == Some(3) && stdout(&r).starts_with("refused E"),
+        &r,
+    )?;
+    if no_connection_came(&local) && no_connection_came(&any) {
         Ok(())
     } else {
         Err("network: the host's listener was reached".into())
     }
 }
 
-/// The sandbox gets none of the host's environment.
+/// The sandbox gets none of the host's environment: the variables a snippet starts with are
+/// exactly the provider's documented few.
 fn environment(rig: &Rig) -> Result<(), String> {
     let r = rig.run(
         "environment",
-        "import os\nprint(' '.join(sorted(os.environ)))",
-        limits(),
+        js("console.log(Object.keys(process.env).sort().join(','))"),
     )?;
-    let out = stdout(&r);
-    let leaked: Vec<&str> = out
-        .split_whitespace()
-        .filter(|k| k.starts_with("CARGO") || k.starts_with("NEXTEST") || *k == "CI")
-        .collect();
+    expect(
+        "environment (javascript)",
+        stdout(&r).trim_end() == rig.shape.environment.join(","),
+        &r,
+    )?;
+    // What the process was given, from /proc. Python adds LC_CTYPE itself (PEP 538 locale
+    // coercion) to os.environ, never to what it was given.
+    let r = rig.run(
+        "environment",
+        py("print(','.join(sorted(v.split(b'=')[0].decode() for v in open('/proc/self/environ','rb').read().split(b'\\0') if v)))"),
+    )?;
     expect(
         "environment",
-        leaked.is_empty() && r.result.exit_code == Some(0),
+        stdout(&r).trim_end() == rig.shape.environment.join(","),
         &r,
     )
 }
 
-/// A fork bomb ends at the pids limit, and the run still ends.
+/// No namespace of any kind can be made, by any call (the shared attack), and ordinary
+/// subprocesses still work.
+fn namespaces(rig: &Rig) -> Result<(), String> {
+    let r = rig.run("namespaces", py(NAMESPACE_ATTACK))?;
+    let out = stdout(&r);
+    let uid: Option<u32> = out.split_whitespace().nth(1).and_then(|u| u.parse().ok());
+    expect(
+        "namespaces",
+        uid.is_some_and(|u| rig.uid_ok(u) && out == namespace_attack_refused(u)),
+        &r,
+    )?;
+    let r = rig.run(
+        "namespaces",
+        py("import subprocess\nprint(subprocess.run(['/bin/echo', 'child ok'], capture_output=True).stdout.decode(), end='')"),
+    )?;
+    expect("namespaces (subprocess)", stdout(&r) == "child ok\n", &r)?;
+    let r = rig.run(
+        "namespaces",
+        js("console.log(require('child_process').execFileSync('/bin/echo', ['node child ok']).toString().trim())"),
+    )?;
+    expect(
+        "namespaces (javascript subprocess)",
+        stdout(&r) == "node child ok\n",
+        &r,
+    )
+}
+
+/// Forks stop at the pids limit: children that stay are counted below the limit, and a real
+/// bomb (every child forking forever) is stopped by the limit, not the deadline.
 fn fork_bomb(rig: &Rig) -> Result<(), String> {
     let r = rig.run(
         "fork_bomb",
-        "import os, time\nfor i in range(10000):\n    try:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n    except OSError as e:\n        print('limited', i, type(e).__name__, flush=True)\n        os._exit(0)\nprint('UNLIMITED')",
-        Limits {
+        Ask::new(py(
+            "import os, time\nfor i in range(10000):\n    try:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n    except OSError as e:\n        print('limited', i, type(e).__name__, flush=True)\n        os._exit(0)\nprint('UNLIMITED')",
+        ))
+        .limits(Limits {
             pids: Some(32),
             memory_bytes: Some(1024 * MIB),
             ..limits()
-        },
+        }),
     )?;
     let out = stdout(&r);
     let forks: Option<u32> = out.split_whitespace().nth(1).and_then(|n| n.parse().ok());
-    // Forks fail below the limit; under gVisor the host's limit counts the Sentry's threads
-    // too, and when it bites the sandbox may end instead (crates/oci/tests/attacks.rs). Either
-    // way the bomb never gets its 10000 forks and the run ends long before its timeout.
     let held = if out.starts_with("limited") {
-        forks.is_some_and(|n| n < 32)
+        forks.is_some_and(|n| n < 32) && out.contains("BlockingIOError")
     } else {
-        rig.provider == "runsc" && r.result.exit_code != Some(0)
+        rig.shape.gvisor && r.result.exit_code != Some(0)
     };
     expect(
         "fork_bomb",
         held && !out.contains("UNLIMITED") && !r.result.timed_out,
         &r,
+    )?;
+    // The first process counts its own forks until one fails and then exits, which ends the
+    // run: the limit held if that fork failed with EAGAIN long before the deadline.
+    let bomb = "import errno, os, time\nkids = 0\nfailed = None\nwhile kids < 5000:\n    \
+                try:\n        pid = os.fork()\n    except OSError as e:\n        \
+                failed = errno.errorcode.get(e.errno, e.errno)\n        break\n    \
+                if pid == 0:\n        while True:\n            try:\n                os.fork()\n            \
+                except OSError:\n                time.sleep(0.001)\n    kids += 1\n\
+                print('bomb forked', kids, 'then', failed, flush=True)\nos._exit(0)\n";
+    let r = rig.run(
+        "fork_bomb",
+        Ask::new(py(bomb)).limits(Limits {
+            pids: Some(24),
+            timeout_ms: Some(30_000),
+            memory_bytes: Some(1024 * MIB),
+            ..limits()
+        }),
+    )?;
+    let out = stdout(&r);
+    let kids: Option<u32> = out.split_whitespace().nth(2).and_then(|n| n.parse().ok());
+    let stopped = (out.starts_with("bomb forked ")
+        && out.trim_end().ends_with("then EAGAIN")
+        && kids.is_some_and(|k| k < 24))
+        || (rig.shape.gvisor && r.result.exit_code.is_some_and(|c| c != 0) && out.is_empty());
+    expect("fork_bomb (bomb)", stopped && !r.result.timed_out, &r)?;
+    // The classic: every process forks forever and none exits. The deadline ends it (or,
+    // under gVisor, the limit may end the sandbox first), and nothing of it is left.
+    let r = rig.run(
+        "fork_bomb",
+        Ask::new(py(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        ))
+        .limits(Limits {
+            pids: Some(16),
+            timeout_ms: Some(3_000),
+            ..limits()
+        }),
+    )?;
+    expect(
+        "fork_bomb (classic)",
+        r.result.timed_out || (rig.shape.gvisor && r.result.exit_code != Some(0)),
+        &r,
     )
 }
 
-/// Allocating four times the memory limit never succeeds.
+/// Memory stops at the limit: one process allocating four times it never succeeds; a
+/// JavaScript loop growing without end is OOM-killed and the run returns; four processes,
+/// each under the limit, together past it cannot all hold their memory at once.
 fn memory(rig: &Rig) -> Result<(), String> {
+    let quarter = Limits {
+        memory_bytes: Some(256 * MIB),
+        ..limits()
+    };
     let r = rig.run(
         "memory",
-        "b = bytearray(1024 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint('ALLOCATED')",
-        limits(),
+        Ask::new(py("b = bytearray(1024 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint('ALLOCATED')"))
+            .limits(quarter.clone()),
     )?;
     expect(
         "memory",
         !stdout(&r).contains("ALLOCATED") && r.result.exit_code != Some(0),
         &r,
-    )
-}
-
-/// Writing twice the disk limit fails with the disk full.
-fn disk(rig: &Rig) -> Result<(), String> {
+    )?;
     let r = rig.run(
-        "disk",
-        "import os\nchunk = b'x' * (1 << 20)\ntry:\n    with open('fill', 'wb') as f:\n        for i in range(128):\n            f.write(chunk)\n            f.flush()\n    print('WROTE ALL')\nexcept OSError as e:\n    print('full', e.errno)",
-        limits(),
+        "memory",
+        Ask::new(js(
+            "const a = []; for (;;) { a.push(Buffer.alloc(1 << 20).fill(1)); }",
+        ))
+        .limits(Limits {
+            memory_bytes: Some(if rig.shape.address_space_bound {
+                1024 * MIB
+            } else {
+                128 * MIB
+            }),
+            ..limits()
+        }),
+    )?;
+    let killed = if rig.shape.gvisor {
+        r.result.oom_killed || r.result.signal == Some(9)
+    } else if rig.shape.address_space_bound {
+        r.result.oom_killed || stderr(&r).contains("out of memory") || stderr(&r).contains("OOM")
+    } else {
+        r.result.oom_killed
+    };
+    expect(
+        "memory (javascript)",
+        killed && !r.result.timed_out && r.result.exit_code != Some(0),
+        &r,
+    )?;
+    // The kernel's OOM killer picks the largest process, which may be one that already said
+    // it held its memory: what must not happen is all four living to the end.
+    let r = rig.run(
+        "memory",
+        Ask::new(py("import os, sys, time\npids = []\nfor i in range(4):\n    pid = os.fork()\n    if pid == 0:\n        \
+            b = bytearray(100 << 20)\n        for j in range(0, len(b), 4096):\n            b[j] = 1\n        \
+            print('held', i, flush=True)\n        time.sleep(3)\n        os._exit(0)\n    pids.append(pid)\n\
+            codes = [os.waitpid(p, 0)[1] for p in pids]\nprint('survived', sum(1 for c in codes if os.WIFEXITED(c) and os.WEXITSTATUS(c) == 0))\n"))
+            .limits(quarter),
     )?;
     let out = stdout(&r);
-    expect(
-        "disk",
-        out.starts_with("full") && !out.contains("WROTE ALL"),
-        &r,
-    )
+    let survived: Option<u32> = out
+        .lines()
+        .find_map(|l| l.strip_prefix("survived "))
+        .and_then(|n| n.parse().ok());
+    let held = match survived {
+        Some(n) => n < 4 && (r.result.oom_killed || rig.shape.gvisor),
+        // The parent itself was killed: the bound held too, and the run says so.
+        None => r.result.exit_code != Some(0),
+    };
+    expect("memory (four processes)", held && !r.result.timed_out, &r)
 }
 
-/// Sleeping past the timeout is cut off at the timeout, and says so.
+/// The disk stops at its bound: one big file, or many files each small, end with ENOSPC at
+/// or below the limit.
+fn disk(rig: &Rig) -> Result<(), String> {
+    let fill = |how: &str| {
+        format!(
+            "import errno, os\nn = 0\ntry:\n{how}    print('wrote', n, 'no error')\n\
+             except OSError as e:\n    print('wrote', n, errno.errorcode.get(e.errno, e.errno))\n"
+        )
+    };
+    let one = fill(
+        "    with open('big', 'wb') as f:\n        while n < 200 << 20:\n            \
+         f.write(b'\\0' * 65536)\n            f.flush()\n            n += 65536\n",
+    );
+    let many = fill(
+        "    for i in range(40):\n        with open('f%d' % i, 'wb') as f:\n            \
+         for _ in range(4):\n                f.write(b'x' * (1 << 20))\n                \
+         f.flush()\n                n += 1 << 20\n",
+    );
+    for (what, code, disk) in [("one file", one, 64 * MIB), ("many files", many, 32 * MIB)] {
+        let r = rig.run(
+            "disk",
+            Ask::new(py(&code)).limits(Limits {
+                disk_bytes: Some(disk),
+                ..limits()
+            }),
+        )?;
+        let out = stdout(&r);
+        let written: u64 = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX);
+        expect(
+            &format!("disk ({what})"),
+            // ENOSPC from the full file system, or EFBIG where the file size is bounded
+            // at the disk limit too (RLIMIT_FSIZE, the process tier).
+            (out.trim_end().ends_with("ENOSPC") || out.trim_end().ends_with("EFBIG"))
+                && written <= disk / rig.shape.work_share.1 * rig.shape.work_share.0 + 4096,
+            &r,
+        )?;
+    }
+    Ok(())
+}
+
+/// Sleeping past the timeout is cut off at the timeout with SIGKILL, and says so.
 fn timeout(rig: &Rig) -> Result<(), String> {
     let r = rig.run(
         "timeout",
-        "import time\nprint('started', flush=True)\ntime.sleep(120)\nprint('WOKE')",
-        Limits {
+        Ask::new(py(
+            "import time\nprint('started', flush=True)\ntime.sleep(120)\nprint('WOKE')",
+        ))
+        .limits(Limits {
             timeout_ms: Some(3_000),
             ..limits()
-        },
+        }),
     )?;
-    let out = stdout(&r);
     expect(
         "timeout",
-        r.result.timed_out && !out.contains("WOKE") && r.duration_ms < 60_000,
+        r.result.timed_out
+            && r.result.signal == Some(9)
+            && !r.result.oom_killed
+            && stdout(&r) == "started\n"
+            && r.duration_ms < 60_000,
         &r,
     )
 }
 
-/// A child started in a session of its own does not outlive the run (`Rig::run` checks the
-/// host for any process of the run's uids afterwards).
+/// Children that leave the run's session, alive while the run ends, do not outlive it
+/// (`Rig::run` looks for any process of the run's uids afterwards).
 fn outlive(rig: &Rig) -> Result<(), String> {
     let r = rig.run(
         "outlive",
-        "import subprocess\np = subprocess.Popen(['sleep', '300'], start_new_session=True)\nprint('spawned', p.pid)",
-        limits(),
+        py("import os, subprocess, time\n\
+            subprocess.Popen(['sleep', '300'], start_new_session=True)\n\
+            r, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.setsid()\n    \
+            if os.fork() == 0:\n        null = os.open('/dev/null', os.O_RDWR)\n        \
+            for fd in (0, 1, 2):\n            os.dup2(null, fd)\n        \
+            os.write(w, str(os.getpid()).encode())\n        os.close(w)\n        time.sleep(300)\n    \
+            os._exit(0)\nos.close(w)\nos.waitpid(pid, 0)\nesc = int(os.read(r, 32))\nos.kill(esc, 0)\n\
+            state = open(f'/proc/{esc}/stat').read().rpartition(')')[2].split()[0]\n\
+            print('escapee', state, os.getsid(esc) != os.getsid(0))\n"),
     )?;
-    expect("outlive", stdout(&r).starts_with("spawned"), &r)
+    let out = stdout(&r);
+    let f: Vec<&str> = out.split_whitespace().collect();
+    // Alive during the run: sleeping, or still on its way to the sleep; in its own session.
+    expect(
+        "outlive",
+        r.result.exit_code == Some(0) && matches!(f.as_slice(), ["escapee", "S" | "R", "True"]),
+        &r,
+    )
 }
 
-/// Output past the cap is cut at the cap and marked.
+/// A hundred megabytes of output is cut at the cap, marked, and the run still finishes;
+/// the other stream is untouched.
 fn output_cap(rig: &Rig) -> Result<(), String> {
     let r = rig.run(
         "output_cap",
-        "import sys\nfor _ in range(8):\n    sys.stdout.write('y' * (1 << 20))\nsys.stdout.flush()",
-        Limits {
-            output_bytes: Some(64 * 1024),
+        Ask::new(js("const chunk = Buffer.alloc(1 << 20, 120);\n\
+             for (let i = 0; i < 100; i++) process.stdout.write(chunk);\n\
+             process.stderr.write('done\\n');"))
+        .limits(Limits {
+            timeout_ms: Some(120_000),
             ..limits()
-        },
+        }),
     )?;
+    let out = r.result.stdout.as_slice();
     expect(
         "output_cap",
-        r.result.stdout_truncated && r.result.stdout.as_slice().len() as u64 <= 64 * 1024,
+        r.result.exit_code == Some(0)
+            && r.result.stdout_truncated
+            && out.len() as u64 == MIB
+            && out.iter().all(|b| *b == b'x')
+            && r.result.stderr.as_slice() == b"done\n"
+            && !r.result.stderr_truncated,
         &r,
+    )
+}
+
+/// Output that is not UTF-8 comes back byte for byte.
+fn raw_output(rig: &Rig) -> Result<(), String> {
+    let r = rig.run(
+        "raw_output",
+        py("import sys\nsys.stdout.buffer.write(bytes(range(256)))\nsys.stderr.buffer.write(b'\\xff\\xfe\\x00end')"),
+    )?;
+    expect(
+        "raw_output",
+        r.result.exit_code == Some(0)
+            && r.result.stdout.as_slice() == (0..=255u8).collect::<Vec<u8>>().as_slice()
+            && r.result.stderr.as_slice() == b"\xff\xfe\x00end",
+        &r,
+    )
+}
+
+/// Two runs at once: the second cannot read or list the first's files, however it looks
+/// (its own paths, /proc/*/root, the daemon's run directories), and no other local user on
+/// the host can read the first's code or files while it runs. Each run stamps the wall clock,
+/// so the test shows the attempts fell while the secret existed.
+fn concurrent(rig: &Rig) -> Result<(), String> {
+    let secret = plimsoll_testing::fresh_id("SECRET-");
+    let hold = if rig.shape.gvisor || rig.provider == "qemu" {
+        14
+    } else {
+        8
+    };
+    let writer = format!(
+        "import os, time\n# {secret} is in the code too\nfor p in ['secret', '/tmp/secret']:\n    try:\n        \
+         open(p, 'w').write('{secret}')\n    except OSError:\n        pass\n\
+         print('written', time.time(), flush=True)\ntime.sleep({hold})\nprint('ending', time.time(), flush=True)\n"
+    );
+    // The reader knows the writer's run directory on the host exactly (the test looks it up
+    // as root): its work, its code, the runs root; and the paths any sandbox shares.
+    let reader = |other: &str| {
+        format!(
+            "import glob, os, time\nbegan = time.time()\nfound = []\ntried = 0\n\
+             pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n\
+             paths = ['/work/secret', '/tmp/secret', {other:?} + '/work/secret', {other:?} + '/code/main.py']\n\
+             paths += [f'/proc/{{p}}/root{{f}}' for p in pids for f in ('/work/secret', '/tmp/secret')]\n\
+             paths += glob.glob({runs:?} + '/*/work/secret') + glob.glob({runs:?} + '/*/code/*')\n\
+             for p in paths:\n    tried += 1\n    try:\n        found.append(open(p).read())\n    except Exception:\n        pass\n\
+             for d in [{runs:?}, {other:?}, {other:?} + '/work', {other:?} + '/code']:\n    try:\n        found.append(os.listdir(d))\n    except Exception:\n        pass\n\
+             try:\n    open({other:?} + '/work/planted', 'x').write('x')\n    found.append('PLANTED')\nexcept Exception:\n    pass\n\
+             print('found', found)\nprint('tried', tried)\nprint('attempts', began, time.time())\n",
+            runs = rig.state.join("runs").display().to_string(),
+        )
+    };
+    let run_dirs = || rig.run_dirs();
+    let (a, b, host) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            rig.run_beside(
+                "concurrent",
+                Ask::new(py(&writer)).limits(Limits {
+                    timeout_ms: Some((hold + 30) * 1000),
+                    ..limits()
+                }),
+            )
+        });
+        // Once the writer's run directory is there, give its code time to start (checked
+        // below from its stamps, not assumed).
+        let start = std::time::Instant::now();
+        while run_dirs().is_empty() && start.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_secs(if hold > 8 { 5 } else { 2 }));
+        let found = run_dirs();
+        let Some(other) = found.first().cloned() else {
+            return (
+                a.join().expect("the writer"),
+                Err("concurrent: the writer's run directory never appeared".to_owned()),
+                Ok(()),
+            );
+        };
+        // Another local user on the host, while the writer runs, and its directory is there.
+        let host = nobody_reads(&[rig.dir.path().to_path_buf()], &secret).and_then(|()| {
+            if other.exists() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the writer's run directory {other:?} was gone before the look"
+                ))
+            }
+        });
+        let b = rig.run_beside(
+            "concurrent",
+            Ask::new(py(&reader(&other.display().to_string()))),
+        );
+        (a.join().expect("the writer"), b, host)
+    });
+    let (a, b) = (a?, b?);
+    rig.nothing_left("concurrent")?;
+    let (written, out) = (stdout(&a), stdout(&b));
+    let stamp = |text: &str, key: &str, nth: usize| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().nth(nth))
+            .and_then(|t| t.parse().ok())
+    };
+    let during = match (
+        stamp(&written, "written ", 0),
+        stamp(&written, "ending ", 0),
+        stamp(&out, "attempts ", 0),
+        stamp(&out, "attempts ", 1),
+    ) {
+        (Some(w0), Some(w1), Some(t0), Some(t1)) => w0 < t0 && t1 < w1,
+        _ => false,
+    };
+    if !during {
+        return Err(format!(
+            "concurrent: the reader did not run while the secret existed: writer {written:?}, reader {out:?}"
+        ));
+    }
+    expect(
+        "concurrent",
+        out.contains("found []")
+            && !out.contains(&secret)
+            && stamp(&out, "tried ", 0).is_some_and(|n| n >= 2.0),
+        &b,
+    )?;
+    host.map_err(|e| format!("concurrent: {e}"))
+}
+
+/// Walks `roots` as uid 65534 (another local user) and reads every file it can: none may hold
+/// `secret`. Returns what was readable for the message.
+fn nobody_reads(roots: &[PathBuf], secret: &str) -> Result<(), String> {
+    use std::os::unix::process::CommandExt as _;
+    let script = format!(
+        "import os, sys\nleaks = []\nfor root in {roots:?}:\n    for d, _, files in os.walk(root):\n        \
+         for f in files:\n            p = os.path.join(d, f)\n            try:\n                \
+         if {secret:?}.encode() in open(p, 'rb').read():\n                    leaks.append(p)\n            \
+         except Exception:\n                pass\nprint(leaks)\n",
+        roots = roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect::<Vec<_>>(),
+    );
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "another local user's plain process on the host, not a sandboxed run"
+    )]
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-I", "-c", &script])
+        .env_clear()
+        .uid(65534)
+        .gid(65534)
+        .current_dir("/")
+        .output()
+        .map_err(|e| format!("cannot run python3 as nobody: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && text.trim() == "[]" {
+        Ok(())
+    } else {
+        Err(format!(
+            "another local user read a running run's files: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// A project runs its steps in order in one work directory and returns its artifacts; a step
+/// past the deadline or the memory limit ends the run and the run still answers. Where only
+/// snippets run, a project is refused, not dispatched.
+fn project(rig: &Rig) -> Result<(), String> {
+    let file = |path: &str, content: &str| ProjectFile {
+        path: path.into(),
+        content: content.into(),
+        executable: false,
+    };
+    let step = |name: Option<&str>, run: &str| Step {
+        name: name.map(str::to_owned),
+        run: run.into(),
+    };
+    let spec = RunSpec::Project(Project {
+        files: vec![
+            file(
+                "main.py",
+                "print(open('data/in.txt').read().upper(), end='')\n",
+            ),
+            file("data/in.txt", "hello from a project\n"),
+        ],
+        steps: vec![
+            step(Some("build"), "python3 main.py > out.txt && echo built"),
+            step(
+                Some("check"),
+                "wc -c < out.txt; node -e 'console.log(require(\"fs\").readFileSync(\"out.txt\", \"utf8\").length)'",
+            ),
+        ],
+        artifacts: vec!["out.txt".into(), "missing.txt".into()],
+    });
+    if !rig.shape.projects {
+        return rig.refused("project", Ask::new(spec), Reason::Unsupported);
+    }
+    let r = rig.run("project", spec)?;
+    let s = &r.result.steps;
+    let a = &r.result.artifacts;
+    expect(
+        "project",
+        s.len() == 2
+            && s[0].exit_code == Some(0)
+            && s[0].stdout.as_slice() == b"built\n"
+            && s[1].stdout.as_slice() == b"21\n21\n"
+            && r.result.exit_code == Some(0)
+            && a.len() == 2
+            && a[0].found
+            && a[0].content.as_slice() == b"HELLO FROM A PROJECT\n"
+            && !a[1].found,
+        &r,
+    )
+    .map_err(|e| format!("{e} steps {s:?} artifacts {a:?}"))?;
+    let sleepy = RunSpec::Project(Project {
+        files: vec![],
+        steps: vec![
+            step(None, "echo first"),
+            step(None, "sleep 60"),
+            step(None, "echo never"),
+        ],
+        artifacts: vec![],
+    });
+    let r = rig.run(
+        "project",
+        Ask::new(sleepy).limits(Limits {
+            timeout_ms: Some(3_000),
+            ..limits()
+        }),
+    )?;
+    let s = &r.result.steps;
+    expect(
+        "project (deadline)",
+        r.result.timed_out
+            && s.len() == 2
+            && s[1].timed_out
+            && s[0].stdout.as_slice() == b"first\n",
+        &r,
+    )?;
+    let hungry = RunSpec::Project(Project {
+        files: vec![],
+        steps: vec![step(
+            None,
+            "node -e 'const a = []; for (;;) a.push(Buffer.alloc(1 << 20).fill(1))'",
+        )],
+        artifacts: vec![],
+    });
+    let r = rig.run(
+        "project",
+        Ask::new(hungry).limits(Limits {
+            memory_bytes: Some(128 * MIB),
+            ..limits()
+        }),
+    )?;
+    // runsc: the whole sandbox is killed, agent included; the run's cgroup says why.
+    expect(
+        "project (memory)",
+        !r.result.timed_out
+            && r.result.oom_killed
+            && (rig.shape.gvisor || r.result.steps.first().is_some_and(|s| s.oom_killed)),
+        &r,
+    )
+}
+
+/// A run with a grant calls the operator's API through the broker from Python and from
+/// JavaScript: an allowed route answers, any other is refused, and the credential is nowhere
+/// the code can see. The API sees the credential on the allowed calls only. A run without a
+/// grant has no broker socket; a grant the caller is not on is refused, not dispatched.
+fn grant(rig: &Rig) -> Result<(), String> {
+    let seen_before = rig.api.seen().len();
+    let r = rig.run(
+        "grant",
+        Ask::new(py(
+            "import os, plimsoll_host as host\nprint(host.get('/orders/3')['path'])\ntry:\n    \
+             host.get('/admin')\n    print('ADMIN ANSWERED')\nexcept host.HostError as e:\n    print('refused', e.code)\n\
+             environ = open('/proc/self/environ', 'rb').read()\n\
+             print('token seen', b'tok-' in environ or any('tok-' in v for v in os.environ.values()))\n",
+        ))
+        .grant("orders"),
+    )?;
+    let first = r;
+    let out = stdout(&first);
+    expect(
+        "grant",
+        out == "/orders/3\nrefused route_not_allowed\ntoken seen False\n",
+        &first,
+    )?;
+    let r = rig.run(
+        "grant",
+        Ask::new(js(
+            "host.get('/orders/4').then((r) => console.log(r.path)).then(() => host.get('/admin'))\n\
+             .then(() => console.log('ADMIN ANSWERED'), (e) => console.log('refused', e.code))\n\
+             .then(() => console.log('token seen', JSON.stringify(process.env).includes('tok-')))",
+        ))
+        .grant("orders"),
+    )?;
+    expect(
+        "grant (javascript)",
+        stdout(&r) == "/orders/4\nrefused route_not_allowed\ntoken seen false\n",
+        &r,
+    )?;
+    if [&first, &r]
+        .iter()
+        .any(|r| stdout(r).contains(TOKEN) || stderr(r).contains(TOKEN))
+    {
+        return Err("grant: the credential reached the sandbox's output".into());
+    }
+    let seen = rig.api.seen();
+    let new = &seen[seen_before..];
+    if new.len() != 2
+        || !new
+            .iter()
+            .all(|s| s.authorized && s.target.starts_with("/orders/"))
+    {
+        return Err(format!(
+            "grant: the API should see the two allowed calls, authorised: {new:?}"
+        ));
+    }
+    if rig.shape.projects {
+        let step = RunSpec::Project(Project {
+            files: vec![],
+            steps: vec![Step {
+                name: None,
+                run: "node -e 'console.log(typeof host)' && python3 -c 'import plimsoll_host; print(plimsoll_host.__name__)'".into(),
+            }],
+            artifacts: vec![],
+        });
+        let r = rig.run("grant", Ask::new(step).grant("orders"))?;
+        expect(
+            "grant (project step)",
+            r.result
+                .steps
+                .first()
+                .is_some_and(|s| s.stdout.as_slice() == b"object\nplimsoll_host\n"),
+            &r,
+        )?;
+    }
+    let r = rig.run(
+        "grant",
+        py("import os\nprint(os.environ.get('PLIMSOLL_BROKER_SOCKET'), os.path.exists('/run/plimsoll/broker.sock'))"),
+    )?;
+    expect("grant (none)", stdout(&r) == "None False\n", &r)?;
+    rig.refused(
+        "grant",
+        Ask::new(py("print('RAN')")).grant("payroll"),
+        Reason::Permission,
     )
 }
 
@@ -371,15 +1451,9 @@ fn refusal(rig: &Rig) -> Result<(), String> {
     else {
         return Ok(());
     };
-    let req = RunRequest {
-        minimum_isolation: Some(above),
-        ..request(
-            &format!("{}-refusal", rig.provider),
-            "print('RAN')",
-            limits(),
-        )
-    };
-    match rig.engine.run("conformance", &req) {
+    let mut req = rig.request("refusal", Ask::new(py("print('RAN')")));
+    req.minimum_isolation = Some(above);
+    match rig.engine.run(CALLER, &req) {
         Err(e @ RunError::Refused { .. }) => {
             if not_dispatched_reason(&e) != Some(Reason::Isolation) {
                 return Err(format!("refusal: not an isolation refusal: {e}"));
@@ -397,15 +1471,22 @@ fn refusal(rig: &Rig) -> Result<(), String> {
 }
 
 const CASES: &[(&str, Case)] = &[
+    ("identity", identity),
     ("host_files", host_files),
+    ("writes_outside_work", writes_outside_work),
     ("network", network),
     ("environment", environment),
+    ("namespaces", namespaces),
     ("fork_bomb", fork_bomb),
     ("memory", memory),
     ("disk", disk),
     ("timeout", timeout),
     ("outlive", outlive),
     ("output_cap", output_cap),
+    ("raw_output", raw_output),
+    ("concurrent", concurrent),
+    ("project", project),
+    ("grant", grant),
     ("refusal", refusal),
 ];
 
@@ -413,11 +1494,19 @@ fn conformance(provider: &'static str, slot: u32) {
     let Some(rig) = rig(provider, slot) else {
         return;
     };
+    let names: BTreeSet<&str> = CASES.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names.len(), CASES.len(), "two cases share a name");
     let failed: Vec<String> = CASES
         .iter()
         .filter_map(|(name, case)| {
-            eprintln!("conformance {provider}: {name}");
-            case(&rig).err()
+            let start = std::time::Instant::now();
+            let outcome = case(&rig);
+            eprintln!(
+                "conformance {provider}: {name} {} in {:?}",
+                if outcome.is_ok() { "passed" } else { "FAILED" },
+                start.elapsed()
+            );
+            outcome.err()
         })
         .collect();
     assert!(

@@ -18,7 +18,7 @@ use seccomp::{Check, ENOSYS, EPERM, Expect};
 
 use common::{kind_index, rig};
 
-/// This file's run uids (common/mod.rs: attacks.rs and trials.rs use 2,100,000 and 2,120,000).
+/// This file's run uids (common/mod.rs: provider.rs and trials.rs use 2,100,000 and 2,120,000).
 fn uid(kind: RuntimeKind) -> u32 {
     2_140_000 + kind_index(kind)
 }

@@ -6,7 +6,7 @@
 //! learns nothing of the scenario and cannot touch the runner, malformed or runner-less trial
 //! runs are refused before anything starts, and nothing of either uid is left after a run.
 //!
-//! Needs what attacks.rs needs, and `plimsoll-trial-runner` (built on demand). Without them a
+//! Needs what provider.rs needs, and `plimsoll-trial-runner` (built on demand). Without them a
 //! test prints `SKIP` and returns, unless `CI=true`, where it fails.
 
 #[macro_use]
@@ -42,7 +42,7 @@ fn uid(scenario: u32, kind: RuntimeKind) -> u32 {
     2_120_000 + scenario * 10 + kind_index(kind)
 }
 
-/// The rig of attacks.rs, with this build's trial runner.
+/// The rig of provider.rs, with this build's trial runner.
 fn trial_rig(kind: RuntimeKind, test: &str) -> Option<Rig> {
     let runner = match tool_binary("plimsoll-trial-runner", "plimsoll-trial") {
         Ok(r) => r,

@@ -17,7 +17,7 @@ use plimsoll_wire::{Language, RunSpec, Snippet};
 mod common;
 use common::{ENOSYS, EPERM, Expect};
 
-/// uids of this file's runs (attacks.rs uses 2,310,000 and up, engine tests 2,320,000).
+/// uids of this file's runs (provider.rs uses 2,310,000 and up, engine tests 2,320,000).
 const UID_BASE: u32 = 2_330_000;
 
 /// The process tier's deny list (docs/isolation-tiers.md), but sockets and namespaces, which

@@ -2,7 +2,7 @@
 //! its own), the runs' uids, the check that nothing of a run is left, and a macro that runs a
 //! scenario at crun, runc and runsc.
 //!
-//! uids: the run uids of attacks.rs are 2,100,000 + 10 × scenario + runtime, those of
+//! uids: the run uids of provider.rs are 2,100,000 + 10 × scenario + runtime, those of
 //! trials.rs 2,120,000 + 10 × scenario + runtime; a plan's controller uid is its run uid plus
 //! [`CONTROLLER_OFFSET`]; the probes run at 2,199,000 + runtime. No two tests that may run at
 //! the same time share a uid (the trial launcher kills every process of its controller uid).
