@@ -173,8 +173,9 @@ pub enum AddCallerError {
 
 /// Adds a caller to the callers file (created with mode 0600 when missing) and returns its new
 /// token. Only the token's SHA-256 is written; the token itself is returned once, to be shown
-/// to the operator, and cannot be recovered later.
-pub fn add_caller(path: &Path, name: &str) -> Result<String, AddCallerError> {
+/// to the operator, and cannot be recovered later. It comes back as a [`Token`] (redacted
+/// when printed with `{}` or `{:?}`): showing it takes `expose()`, on purpose.
+pub fn add_caller(path: &Path, name: &str) -> Result<Token, AddCallerError> {
     validate_caller_name(name).map_err(|message| AddCallerError::InvalidName {
         name: name.to_owned(),
         message,
@@ -224,7 +225,7 @@ pub fn add_caller(path: &Path, name: &str) -> Result<String, AddCallerError> {
     ));
     file.write_all(entry.as_bytes()).map_err(io)?;
     file.sync_all().map_err(io)?;
-    Ok(token.expose().clone())
+    Ok(token)
 }
 
 /// A fresh token: `plm_` and 256 random bits in unpadded base64url.
@@ -252,7 +253,10 @@ mod tests {
     fn add_caller_stores_only_the_digest_and_refuses_duplicates() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("callers.toml");
-        let token = add_caller(&path, "alice").unwrap();
+        let secret = add_caller(&path, "alice").unwrap();
+        // What the caller gets is redacted however it is printed; only expose() shows it.
+        assert!(!format!("{secret} {secret:?}").contains(TOKEN_PREFIX));
+        let token = secret.expose().clone();
         assert!(
             token.starts_with(TOKEN_PREFIX) && token.len() == 4 + 43,
             "{token}"
@@ -264,13 +268,10 @@ mod tests {
         assert!(text.contains(&hex::encode(Sha256::digest(token.as_bytes()))));
 
         let bob = add_caller(&path, "bob").unwrap();
-        assert_ne!(bob, token);
+        assert_ne!(bob.expose(), &token);
         let callers = Callers::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(
-            callers.authenticate(&Token::new(token.clone())),
-            Some("alice")
-        );
-        assert_eq!(callers.authenticate(&Token::new(bob)), Some("bob"));
+        assert_eq!(callers.authenticate(&secret), Some("alice"));
+        assert_eq!(callers.authenticate(&bob), Some("bob"));
         assert_eq!(callers.authenticate(&Token::new(format!("{token}x"))), None);
 
         assert!(matches!(

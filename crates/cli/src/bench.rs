@@ -11,7 +11,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
-use plimsoll_client::{Client, RunOptions, Token, new_request_id};
+use plimsoll_client::{Client, RunOptions, new_request_id};
 use plimsoll_engine::Engine;
 use plimsoll_engine::settings::Settings;
 use plimsoll_sandbox::spawn::{Running, Spawn};
@@ -427,7 +427,7 @@ impl BenchDaemon {
         }
         let mut daemon = BenchDaemon {
             child,
-            client: Client::new(format!("http://{listen}"), Token::new(token)),
+            client: Client::new(format!("http://{listen}"), token),
         };
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {

@@ -31,7 +31,7 @@ pub fn add(config: Option<&Path>, name: &str, file: Option<&Path>) -> Result<u8,
         }
     })?;
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{token}");
+    let _ = writeln!(out, "{}", token.expose());
     let _ = out.flush();
     crate::note(&format!(
         "added caller `{name}` to {}. The token above is shown only this once: \

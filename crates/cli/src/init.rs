@@ -109,7 +109,7 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
     match plimsoll_callers::add_caller(&callers_file, &a.caller) {
         Ok(token) => {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{token}");
+            let _ = writeln!(out, "{}", token.expose());
             let _ = out.flush();
             crate::note(&format!(
                 "added caller `{}` to {}. The token above is shown only this once: the file \

@@ -123,7 +123,7 @@ impl CallerStore {
 
 #[cfg(test)]
 mod tests {
-    use plimsoll_callers::{Token, add_caller};
+    use plimsoll_callers::add_caller;
 
     use super::*;
 
@@ -134,10 +134,7 @@ mod tests {
         let store = CallerStore::open(&path);
         assert!(store.current().unwrap().is_empty());
         let t = add_caller(&path, "alice").unwrap();
-        assert_eq!(
-            store.current().unwrap().authenticate(&Token::new(t)),
-            Some("alice")
-        );
+        assert_eq!(store.current().unwrap().authenticate(&t), Some("alice"));
         std::fs::write(&path, "nonsense = [").unwrap();
         assert!(store.current().is_err());
     }

@@ -896,7 +896,7 @@ impl Spawned {
         // Sandbox uids must traverse it to reach their run directories under `state`.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let callers = dir.path().join("callers.toml");
-        let token = add_caller(&callers, "test").unwrap();
+        let token = add_caller(&callers, "test").unwrap().expose().clone();
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();
         // A port held for the daemon's life picks a sandbox uid range no other test uses.

@@ -77,7 +77,10 @@ impl TestDaemon {
             settings.sandbox_uid_base = Some(uid_base_for_port(addr.port()));
         }
         let callers_file = dir.path().join("callers.toml");
-        let token = add_caller(&callers_file, "test").expect("write the test callers file");
+        let token = add_caller(&callers_file, "test")
+            .expect("write the test callers file")
+            .expose()
+            .clone();
         settings.daemon.listen = Some(addr.to_string());
         settings.daemon.callers_file = Some(callers_file.clone());
 
@@ -137,6 +140,8 @@ impl TestDaemon {
     pub fn add_caller(&self, name: &str) -> String {
         add_caller(&self.callers_file, name)
             .unwrap_or_else(|e| panic!("TestDaemon::add_caller: {e}"))
+            .expose()
+            .clone()
     }
 
     /// The callers file this daemon reads.

@@ -140,7 +140,7 @@ impl LocalDaemon {
         let mut daemon = LocalDaemon {
             child,
             url: String::new(),
-            token: Token::new(token),
+            token,
             log: plan.log.clone(),
             _uid_port: uid_port,
             _dir: dir,
