@@ -2017,8 +2017,8 @@ fn mcp_runs_as_the_token_s_caller_through_the_engine_and_refuses_without_one() {
 /// #16.2: a run's deadline does not live in the daemon alone. plimsolld is SIGKILLed one
 /// second into a busy loop with a 3 s timeout and not started again: the run's processes
 /// (found by the daemon's sandbox uid range) are gone by the deadline plus the provider's
-/// watchdog grace, at the process tier and at crun. A new daemon on the same state then
-/// reaps what the dead one left.
+/// watchdog grace, at every provider (QEMU gets its parent's death as SIGKILL: no grace). A
+/// new daemon on the same state then reaps what the dead one left: no run directory stays.
 #[test]
 fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
     let test = "a_run_ends_at_its_deadline_after_the_daemon_is_killed";
@@ -2026,10 +2026,19 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
     for (provider, grace) in [
         ("process", plimsoll_process::WATCHDOG_GRACE),
         ("crun", plimsoll_oci::WATCHDOG_GRACE),
+        ("runc", plimsoll_oci::WATCHDOG_GRACE),
+        ("runsc", plimsoll_oci::WATCHDOG_GRACE),
+        ("qemu", Duration::ZERO),
     ] {
+        // The container state of this daemon alone, so its runtime processes are known by it.
+        let oci_state = tempfile::tempdir().unwrap();
         let mut d = Spawned::start_settings(
             &format!("default_floor = \"process\"\nproviders = [\"{provider}\"]\n"),
-            &format!("[oci]\nimage = \"{}\"\n", image.display()),
+            &format!(
+                "[oci]\nimage = \"{}\"\nstate_root = \"{}\"\n",
+                image.display(),
+                oci_state.path().display()
+            ),
             &[],
             &[],
         );
@@ -2056,7 +2065,29 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         });
         let base = d.uid_base();
         let uids = base..base + plimsoll_test_daemon::UIDS_PER_PORT;
-        while processes_of_uids(uids.clone()).is_empty() {
+        // The run's processes: those of the sandbox uids, and (gVisor's Sentry and gofer run
+        // as other users) any naming this daemon's container state.
+        let dir = oci_state.path().display().to_string();
+        let daemon_pid = d.child.id() as i32;
+        let run_processes = || -> Vec<i32> {
+            let mut pids = processes_of_uids(uids.clone());
+            pids.extend(
+                std::fs::read_dir("/proc")
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                    .filter(|p| {
+                        *p != daemon_pid
+                            && std::fs::read(format!("/proc/{p}/cmdline"))
+                                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&dir))
+                    }),
+            );
+            pids.sort_unstable();
+            pids.dedup();
+            pids
+        };
+        while run_processes().is_empty() {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "{provider}: the run never started: {}",
@@ -2073,7 +2104,7 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         // CPU seconds of each of the run's processes, as last seen alive.
         let mut cpu = BTreeMap::new();
         loop {
-            let left: Vec<(i32, f64)> = processes_of_uids(uids.clone())
+            let left: Vec<(i32, f64)> = run_processes()
                 .into_iter()
                 .filter_map(|p| Some((p, cpu_seconds(p)?)))
                 .collect();
@@ -2104,5 +2135,34 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         // The dead daemon's leftovers go with the next one's start-up reap.
         d.restart();
         assert_eq!(get(&d.url, "/readyz", None).status, 200, "{}", d.logs());
+        let mut left = run_dirs_under(&d._dir.path().join("state"));
+        left.extend(run_dirs_under(oci_state.path()));
+        assert!(left.is_empty(), "{provider}: the reap left {left:?}");
     }
+}
+
+/// The entries of every `runs` directory below `dir` (the engine's and each provider's).
+fn run_dirs_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if !p.is_dir() || p.is_symlink() || e.file_name() == "runtime" {
+            continue;
+        }
+        if e.file_name() == "runs" {
+            out.extend(
+                std::fs::read_dir(&p)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|r| r.path()),
+            );
+        } else {
+            out.extend(run_dirs_under(&p));
+        }
+    }
+    out
 }
