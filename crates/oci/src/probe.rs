@@ -353,9 +353,7 @@ pub fn judge(
     checks: &mut BTreeMap<String, String>,
 ) {
     let expected = expectations(kind, probe_uid);
-    let host = HostView::read();
-    judge::mark_host_namespaces(r, &expected, &host);
-    checks.extend(judge::judge(r, &expected, &host));
+    checks.extend(judge::mark_and_judge(r, &expected, &HostView::read()));
 }
 
 /// What the probe's report must show for `kind`, run as `probe_uid`.
@@ -422,60 +420,12 @@ pub fn expectations(kind: RuntimeKind, probe_uid: u32) -> Expectations {
 
 #[cfg(test)]
 mod tests {
-    use plimsoll_wire::NamespaceSeen;
-
     use super::*;
 
+    /// A report meeting crun's expectations on this host (the breach table is
+    /// `plimsoll_sandbox`'s `tests/judge.rs`).
     fn good_report(uid: u32) -> ProbeReport {
-        let mut r = ProbeReport {
-            uid,
-            euid: uid,
-            gid: uid,
-            groups: vec![uid],
-            no_new_privs: true,
-            seccomp_mode: 2,
-            environment: vec!["HOME".into(), "LANG".into(), "PATH".into()],
-            cwd: "/work".into(),
-            network_interfaces: vec!["lo".into()],
-            kernel_release: rustix::system::uname()
-                .release()
-                .to_string_lossy()
-                .into_owned(),
-            hostname: "sandbox".into(),
-            ..ProbeReport::default()
-        };
-        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-            r.capabilities.insert(set.into(), "0000000000000000".into());
-        }
-        for ns in SEPARATE_NAMESPACES {
-            r.namespaces.insert(
-                ns.into(),
-                NamespaceSeen {
-                    id: format!("{ns}:[1]"),
-                    same_as_host: None,
-                },
-            );
-        }
-        for (m, mode) in [("/", "ro"), ("/work", "rw"), ("/tmp", "rw")] {
-            r.mounts.insert(m.into(), mode.into());
-        }
-        for (w, o) in [
-            ("/work", "writable"),
-            ("/tmp", "writable"),
-            ("/", "error: Read-only file system"),
-            ("/etc", "error: EROFS"),
-        ] {
-            r.write_attempts.insert(w.into(), o.into());
-        }
-        r.read_attempts
-            .insert("/etc/shadow".into(), "error: not found".into());
-        r.limits.insert(
-            "cgroup_v1.memory.limit_in_bytes".into(),
-            PROBE_MEMORY.to_string(),
-        );
-        r.limits
-            .insert("cgroup_v1.pids.max".into(), PROBE_PIDS.to_string());
-        r
+        plimsoll_testing::report::meeting(&expectations(RuntimeKind::Crun, uid), &HostView::read())
     }
 
     #[test]

@@ -197,9 +197,11 @@ fn judge(provider: &ProcessProvider, ev: &mut Evidence) -> Result<(), plimsoll_s
     match run_probe(cfg) {
         Ok(mut report) => {
             let expected = expectations(cfg.probe_uid, &cfg.state_dir);
-            let host = HostView::read();
-            judge::mark_host_namespaces(&mut report, &expected, &host);
-            ev.checks.extend(judge::judge(&report, &expected, &host));
+            ev.checks.extend(judge::mark_and_judge(
+                &mut report,
+                &expected,
+                &HostView::read(),
+            ));
             ev.probe = Some(report);
         }
         Err(why) => check(ev, "probe_run", Err(why)),

@@ -215,6 +215,17 @@ pub fn mark_host_namespaces(r: &mut ProbeReport, expected: &Expectations, host: 
     }
 }
 
+/// A probe's report as a provider publishes it: namespaces marked
+/// ([`mark_host_namespaces`]), then judged ([`judge`]).
+pub fn mark_and_judge(
+    r: &mut ProbeReport,
+    expected: &Expectations,
+    host: &HostView,
+) -> BTreeMap<String, String> {
+    mark_host_namespaces(r, expected, host);
+    judge(r, expected, host)
+}
+
 /// Every check `expected` names, judged on `r`: `ok`, or what was wrong (names the checks
 /// map of the provider's evidence).
 pub fn judge(

@@ -10,9 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use plimsoll_oci::RuntimeKind;
-use plimsoll_sandbox::judge::{
-    Expectations, HostView, Identity, Kernel, Limits, Namespaces, judge, mark_host_namespaces,
-};
+use plimsoll_sandbox::judge::{Expectations, HostView, Namespaces, judge, mark_host_namespaces};
+use plimsoll_testing::report::meeting;
 use plimsoll_wire::{NamespaceSeen, ProbeReport};
 
 const UID: u32 = 2_000_008;
@@ -80,86 +79,6 @@ fn host() -> HostView {
             .collect(),
         kernel_release: "6.99.0-host".into(),
     }
-}
-
-/// A report that meets `e` on `host`.
-fn good_report(e: &Expectations, host: &HostView) -> ProbeReport {
-    let (uid, gid, groups) = match e.identity {
-        Identity::Uid(id) => (id, id, vec![id]),
-        Identity::UidAndGid { uid, gid } => (uid, gid, vec![]),
-    };
-    let cwd = match &e.work_dir {
-        Some(w) => format!("/run/plimsoll/p/runs/probe{}", w.suffix),
-        None => "/work".to_owned(),
-    };
-    let mut r = ProbeReport {
-        uid,
-        euid: uid,
-        gid,
-        groups,
-        no_new_privs: true,
-        seccomp_mode: 2,
-        environment: e.environment.clone(),
-        cwd: cwd.clone(),
-        network_interfaces: vec!["lo".into()],
-        hostname: "sandbox".into(),
-        kernel_release: match &e.kernel {
-            None | Some(Kernel::TheHosts) => host.kernel_release.clone(),
-            Some(Kernel::NotTheHosts) => "4.4.0".into(),
-            Some(Kernel::Guest { release }) => release.clone(),
-        },
-        ..ProbeReport::default()
-    };
-    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-        r.capabilities.insert(set.into(), "0000000000000000".into());
-    }
-    for name in host.namespaces.keys() {
-        r.namespaces.insert(
-            name.clone(),
-            NamespaceSeen {
-                id: format!("{name}:[4026532999]"),
-                same_as_host: None,
-            },
-        );
-    }
-    r.mounts.insert("/".into(), "ro".into());
-    r.mounts.insert("/sys".into(), "ro".into());
-    r.write_attempts.insert(cwd, "writable".into());
-    r.write_attempts
-        .insert("/etc".into(), "error: Read-only file system".into());
-    r.write_attempts
-        .insert("/usr".into(), "error: Permission denied".into());
-    if let Some(fs) = &e.filesystem {
-        for w in &fs.must_be_writable {
-            r.mounts.insert(w.clone(), "rw".into());
-            r.write_attempts.insert(w.clone(), "writable".into());
-        }
-    }
-    if let Some(w) = &e.work_dir {
-        for p in &w.must_try {
-            r.write_attempts
-                .insert(p.clone(), "error: Permission denied".into());
-        }
-    }
-    r.read_attempts
-        .insert("/etc/shadow".into(), "error: Permission denied".into());
-    r.read_attempts
-        .insert("/run/plimsoll/canary".into(), "error: not found".into());
-    for family in ["AF_INET", "AF_INET6", "AF_UNIX"] {
-        r.socket_attempts
-            .insert(family.into(), "error: Permission denied".into());
-    }
-    if let Some(Limits::Cgroup {
-        memory_keys,
-        memory,
-        pids_keys,
-        pids,
-    }) = &e.limits
-    {
-        r.limits.insert(memory_keys[0].clone(), memory.to_string());
-        r.limits.insert(pids_keys[0].clone(), pids.to_string());
-    }
-    r
 }
 
 type Breach = fn(&mut ProbeReport, &HostView);
@@ -302,7 +221,7 @@ fn each_breach_fails_exactly_its_check_for_every_provider() {
     let host = host();
     for case in cases() {
         let p = case.provider;
-        let good = good_report(&case.expected, &host);
+        let good = meeting(&case.expected, &host);
         let recorded = judge(&good, &case.expected, &host);
         assert!(failed(&recorded).is_empty(), "{p}: {recorded:?}");
         let mut caught = BTreeSet::new();
@@ -348,9 +267,7 @@ fn each_breach_fails_exactly_its_check_for_every_provider() {
 fn each_provider_records_its_own_check_names() {
     let host = host();
     let names = |e: &Expectations| -> Vec<String> {
-        judge(&good_report(e, &host), e, &host)
-            .into_keys()
-            .collect()
+        judge(&meeting(e, &host), e, &host).into_keys().collect()
     };
     let container = [
         "capabilities",
@@ -402,7 +319,7 @@ fn each_provider_records_its_own_check_names() {
 fn namespaces_are_marked_or_cleared_as_the_provider_expects() {
     let host = host();
     for case in cases() {
-        let mut r = good_report(&case.expected, &host);
+        let mut r = meeting(&case.expected, &host);
         r.namespaces.insert(
             "net".into(),
             NamespaceSeen {
@@ -438,7 +355,7 @@ fn namespaces_are_marked_or_cleared_as_the_provider_expects() {
 fn the_host_view_is_what_the_report_is_compared_with() {
     let host = host();
     let e = plimsoll_oci::probe::expectations(RuntimeKind::Crun, UID);
-    let r = good_report(&e, &host);
+    let r = meeting(&e, &host);
     let mut other = host.clone();
     other.kernel_release = "6.98.0-elsewhere".into();
     other

@@ -661,9 +661,7 @@ pub fn expectations(kernel_release: &str) -> Expectations {
 /// `plimsoll_sandbox::judge`); clears `same_as_host`.
 pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<String, String>) {
     let expected = expectations(kernel_release);
-    let host = HostView::read();
-    judge::mark_host_namespaces(r, &expected, &host);
-    checks.extend(judge::judge(r, &expected, &host));
+    checks.extend(judge::mark_and_judge(r, &expected, &HostView::read()));
 }
 
 #[cfg(test)]
@@ -671,45 +669,7 @@ mod tests {
     use super::*;
 
     fn good() -> ProbeReport {
-        let mut r = ProbeReport {
-            uid: SANDBOX_UID,
-            euid: SANDBOX_UID,
-            gid: SANDBOX_UID,
-            no_new_privs: true,
-            environment: vec!["HOME".into(), "LANG".into(), "PATH".into()],
-            cwd: "/work".into(),
-            network_interfaces: vec!["lo".into()],
-            kernel_release: "6.1.0-57-cloud-amd64".into(),
-            hostname: "sandbox".into(),
-            ..ProbeReport::default()
-        };
-        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-            r.capabilities.insert(set.into(), "0000000000000000".into());
-        }
-        for (m, mode) in [
-            ("/", "ro"),
-            ("/work", "rw"),
-            ("/tmp", "rw"),
-            ("/sys", "ro"),
-            ("/proc", "rw"),
-        ] {
-            r.mounts.insert(m.into(), mode.into());
-        }
-        for (w, o) in [
-            ("/work", "writable"),
-            ("/tmp", "writable"),
-            ("/", "error: EROFS"),
-            ("/dev", "error: EACCES"),
-        ] {
-            r.write_attempts.insert(w.into(), o.into());
-        }
-        r.read_attempts
-            .insert("/etc/shadow".into(), "error: not found".into());
-        r.limits
-            .insert("cgroup_v2.memory.max".into(), PROBE_MEMORY.to_string());
-        r.limits
-            .insert("cgroup_v2.pids.max".into(), PROBE_PIDS.to_string());
-        r
+        plimsoll_testing::report::meeting(&expectations("6.1.0-57-cloud-amd64"), &HostView::read())
     }
 
     /// The breach table is `plimsoll_sandbox::judge`'s; here, what only the VM expects: a
