@@ -17,7 +17,7 @@ mod bounds;
 mod harden;
 mod launch;
 pub mod policy;
-mod probe;
+pub mod probe;
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;

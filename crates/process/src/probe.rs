@@ -3,17 +3,17 @@
 //! it saw. Any failed check withdraws the provider.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use plimsoll_sandbox::judge::{
+    self, Capabilities, Expectations, HostView, Identity, Namespaces, NoNewPrivs, Seccomp, WorkDir,
+};
 use plimsoll_sandbox::{
     CaptureLimits, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture,
     reap::processes_of_uid, unix_ms_now,
 };
-use plimsoll_wire::{
-    BinaryIdentity, Evidence, Language, NamespaceSeen, ProbeReport, RunSpec, Snippet, Tier,
-};
+use plimsoll_wire::{BinaryIdentity, Evidence, Language, ProbeReport, RunSpec, Snippet, Tier};
 
 use crate::launch::{Launch, RunDir, error_chain, launch_and_clean};
 use crate::{PYTHON_FLAGS, ProcessProvider, policy};
@@ -195,10 +195,13 @@ fn judge(provider: &ProcessProvider, ev: &mut Evidence) -> Result<(), plimsoll_s
     verdict(ev)?;
 
     match run_probe(cfg) {
-        Ok(report) => {
-            for (name, outcome) in judge_report(&report, cfg) {
-                check(ev, name, outcome);
-            }
+        Ok(mut report) => {
+            let expected = expectations(cfg.probe_uid, &cfg.state_dir);
+            ev.checks.extend(judge::mark_and_judge(
+                &mut report,
+                &expected,
+                &HostView::read(),
+            ));
             ev.probe = Some(report);
         }
         Err(why) => check(ev, "probe_run", Err(why)),
@@ -315,9 +318,8 @@ fn run_probe(cfg: &crate::ProcessConfig) -> Result<ProbeReport, String> {
             String::from_utf8_lossy(&c.stderr).trim()
         ));
     }
-    let mut report: ProbeReport = serde_json::from_slice(&c.stdout)
+    let report: ProbeReport = serde_json::from_slice(&c.stdout)
         .map_err(|e| format!("plimsoll-probe printed no report ({e})"))?;
-    mark_host_namespaces(&mut report.namespaces);
     // Cleanup is part of the wall: nothing of the probe's uid may be left, nor its files.
     let left = processes_of_uid(cfg.probe_uid);
     if !left.is_empty() {
@@ -335,131 +337,36 @@ fn run_probe(cfg: &crate::ProcessConfig) -> Result<ProbeReport, String> {
     Ok(report)
 }
 
-/// Compares each namespace the probe saw with ours.
-fn mark_host_namespaces(seen: &mut BTreeMap<String, NamespaceSeen>) {
-    for (name, ns) in seen.iter_mut() {
-        let ours = fs::read_link(format!("/proc/self/ns/{name}")).map(|t| t.display().to_string());
-        ns.same_as_host = ours.ok().map(|o| o == ns.id);
+/// What the probe's report must show, run as `uid` with `state_dir` as the state directory.
+pub fn expectations(uid: u32, state_dir: &Path) -> Expectations {
+    let strings = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    Expectations {
+        identity: Identity::UidAndGid { uid, gid: uid },
+        capabilities: Capabilities {
+            empty: strings(&["CapEff", "CapPrm", "CapInh", "CapAmb"]),
+            may_be_absent: vec![],
+        },
+        no_new_privs: NoNewPrivs::Set,
+        seccomp: Some(Seccomp::Filter),
+        // The host's: the process tier creates none; compared, to show it.
+        namespaces: Namespaces::Compared,
+        filesystem: None,
+        work_dir: Some(WorkDir {
+            suffix: "/work".into(),
+            must_try: strings(&["/", "/tmp", "/etc"])
+                .into_iter()
+                .chain([state_dir.display().to_string()])
+                .collect(),
+            hint: "the kernel may lack landlock (5.13+)".into(),
+        }),
+        host_files: false,
+        shadow_unreadable: true,
+        loopback_only: false,
+        environment: vec![],
+        sockets_denied: true,
+        limits: None,
+        kernel: None,
     }
-}
-
-/// Every check on the report, with its outcome.
-fn judge_report(
-    r: &ProbeReport,
-    cfg: &crate::ProcessConfig,
-) -> Vec<(&'static str, Result<(), String>)> {
-    let uid = cfg.probe_uid;
-    let expect = |ok: bool, why: String| if ok { Ok(()) } else { Err(why) };
-    let caps_zero = ["CapEff", "CapPrm", "CapInh", "CapAmb"].iter().all(|set| {
-        r.capabilities
-            .get(*set)
-            .is_some_and(|v| v.trim_start_matches('0').is_empty())
-    });
-    let open_sockets: Vec<&str> = r
-        .socket_attempts
-        .iter()
-        .filter(|(_, v)| v.as_str() == "allowed")
-        .map(|(k, _)| k.as_str())
-        .collect();
-    let writable_outside: Vec<&str> = r
-        .write_attempts
-        .iter()
-        .filter(|(path, v)| **path != r.cwd && v.as_str() == "writable")
-        .map(|(k, _)| k.as_str())
-        .collect();
-    let state_dir = cfg.state_dir.display().to_string();
-    let required_write_checks = ["/", "/tmp", "/etc", state_dir.as_str()];
-    let missing: Vec<&str> = required_write_checks
-        .iter()
-        .copied()
-        .filter(|p| !r.write_attempts.contains_key(*p))
-        .collect();
-    let shadow = r.read_attempts.get("/etc/shadow").map(String::as_str);
-    vec![
-        (
-            "uid",
-            expect(
-                r.uid == uid && r.euid == uid && uid != 0,
-                format!(
-                    "the probe ran as uid {} / euid {}, expected {uid}",
-                    r.uid, r.euid
-                ),
-            ),
-        ),
-        (
-            "gid",
-            expect(
-                r.gid == uid && r.groups.is_empty(),
-                format!(
-                    "the probe ran as gid {} with groups {:?}, expected {uid} and none",
-                    r.gid, r.groups
-                ),
-            ),
-        ),
-        (
-            "capabilities",
-            expect(
-                caps_zero,
-                format!("the probe holds capabilities: {:?}", r.capabilities),
-            ),
-        ),
-        (
-            "environment",
-            expect(
-                r.environment.is_empty(),
-                format!("the environment is not empty: {:?}", r.environment),
-            ),
-        ),
-        (
-            "no_new_privs",
-            expect(r.no_new_privs, "NoNewPrivs is not set".into()),
-        ),
-        (
-            "seccomp",
-            expect(
-                r.seccomp_mode == 2,
-                format!("seccomp mode is {}, expected 2 (filter)", r.seccomp_mode),
-            ),
-        ),
-        (
-            "sockets_denied",
-            expect(
-                open_sockets.is_empty() && r.socket_attempts.len() >= 3,
-                format!("the probe could open sockets: {open_sockets:?}"),
-            ),
-        ),
-        (
-            "work_dir_writable",
-            expect(
-                r.write_attempts.get(&r.cwd).map(String::as_str) == Some("writable")
-                    && r.cwd.ends_with("/work"),
-                format!(
-                    "the probe's working directory {} is not its writable work dir",
-                    r.cwd
-                ),
-            ),
-        ),
-        (
-            "writes_outside_work_denied",
-            expect(
-                writable_outside.is_empty() && missing.is_empty(),
-                if missing.is_empty() {
-                    format!(
-                        "the probe could write outside its work dir: {writable_outside:?}; the kernel may lack landlock (5.13+)"
-                    )
-                } else {
-                    format!("the probe did not try {missing:?}")
-                },
-            ),
-        ),
-        (
-            "shadow_unreadable",
-            expect(
-                shadow.is_some_and(|s| s != "readable"),
-                format!("/etc/shadow: {shadow:?}"),
-            ),
-        ),
-    ]
 }
 
 /// Runs a trivial snippet through the provider's own run path.

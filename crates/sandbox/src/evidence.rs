@@ -1,6 +1,6 @@
 //! Judging a probe, the parts every provider does alike: a check's verdict in the checks
 //! map, a binary's digest, and the tier-neutral checks of a [`ProbeReport`] (uid, host files,
-//! environment, the host's kernel). Tier-specific checks stay with their provider.
+//! environment, the host's kernel), used by [`crate::judge`], the one judging table.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -12,6 +12,7 @@ pub mod deadline;
 pub mod error;
 pub mod evidence;
 pub mod fds;
+pub mod judge;
 pub mod reap;
 pub mod spawn;
 pub mod uidlease;

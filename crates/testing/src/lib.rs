@@ -1,10 +1,12 @@
 //! Test support, only ever a dev-dependency: helpers for tests that need something real from
 //! the host (root, a runtime, the probe binary), which skip with a visible line or fail when
-//! tests run strictly (CI); requests, limits and attack programs tests start from; and
-//! [`api`], a real HTTP API for the broker's tests. The in-process daemon is in
-//! `plimsoll-test-daemon`, so that tests below the daemon do not build it.
+//! tests run strictly (CI); requests, limits and attack programs tests start from; probe
+//! reports for judging tests ([`report`]); and [`api`], a real HTTP API for the broker's
+//! tests. The in-process daemon is in `plimsoll-test-daemon`, so that tests below the daemon
+//! do not build it.
 
 pub mod api;
+pub mod report;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

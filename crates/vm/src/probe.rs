@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use plimsoll_sandbox::evidence;
+use plimsoll_sandbox::judge::{
+    self, Capabilities, Expectations, Filesystem, HostView, Identity, Kernel, Limits, Namespaces,
+    NoNewPrivs,
+};
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::{
     CaptureLimits, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture, unix_ms_now,
@@ -609,105 +613,55 @@ fn judge_steps(r: &RunResult, checks: &mut BTreeMap<String, String>) {
     }
 }
 
-/// Compares the guest's report with what the tier claims.
+/// What the guest's report must show when it runs `kernel_release`.
+pub fn expectations(kernel_release: &str) -> Expectations {
+    let strings = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    Expectations {
+        identity: Identity::Uid(SANDBOX_UID),
+        capabilities: Capabilities {
+            empty: strings(&["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]),
+            may_be_absent: vec![],
+        },
+        no_new_privs: NoNewPrivs::Set,
+        seccomp: None,
+        // Namespace identities inside a VM are the guest kernel's own; the initial namespaces
+        // of every kernel have the same fixed numbers, so comparing them with the host's says
+        // nothing. They are reported, not judged.
+        namespaces: Namespaces::GuestKernel,
+        filesystem: Some(Filesystem {
+            rw_mounts: strings(&RW_MOUNTS),
+            writable: strings(&WRITABLE),
+            must_be_writable: strings(&WRITABLE),
+        }),
+        work_dir: None,
+        host_files: true,
+        shadow_unreadable: false,
+        // QEMU gives the VM no network device.
+        loopback_only: true,
+        // The provider's three, and PWD, which the step's shell sets itself.
+        environment: ENVIRONMENT
+            .iter()
+            .map(|(k, _)| (*k).to_owned())
+            .chain(["PWD".to_owned()])
+            .collect(),
+        sockets_denied: false,
+        limits: Some(Limits::Cgroup {
+            memory_keys: strings(&["cgroup_v2.memory.max"]),
+            memory: PROBE_MEMORY,
+            pids_keys: strings(&["cgroup_v2.pids.max"]),
+            pids: PROBE_PIDS,
+        }),
+        kernel: Some(Kernel::Guest {
+            release: kernel_release.to_owned(),
+        }),
+    }
+}
+
+/// Judges the guest's report by [`expectations`] (the one judging table,
+/// `plimsoll_sandbox::judge`); clears `same_as_host`.
 pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<String, String>) {
-    let mut check = |name: &str, problems: Vec<String>| evidence::record(checks, name, problems);
-    check("uid", evidence::uid_problems(r, SANDBOX_UID));
-
-    let mut p = Vec::new();
-    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-        match r.capabilities.get(set) {
-            Some(v) if v.trim_start_matches('0').is_empty() => {}
-            other => p.push(format!(
-                "{set} = {}",
-                other.map_or("missing", String::as_str)
-            )),
-        }
-    }
-    check("capabilities", p);
-    check(
-        "no_new_privs",
-        if r.no_new_privs {
-            vec![]
-        } else {
-            vec!["NoNewPrivs is off".into()]
-        },
-    );
-
-    let mut p: Vec<String> = evidence::root_read_only_problem(r).into_iter().collect();
-    for (point, mode) in &r.mounts {
-        if mode == "rw" && !RW_MOUNTS.contains(&point.as_str()) {
-            p.push(format!("{point} is mounted read-write"));
-        }
-    }
-    for (path, outcome) in &r.write_attempts {
-        if outcome == "writable" && !WRITABLE.contains(&path.as_str()) {
-            p.push(format!("{path} is writable"));
-        }
-    }
-    for need in WRITABLE {
-        if r.write_attempts.get(need).map(String::as_str) != Some("writable") {
-            p.push(format!(
-                "{need} is not writable: {:?}",
-                r.write_attempts.get(need)
-            ));
-        }
-    }
-    check("filesystem", p);
-
-    check("host_files", evidence::readable_host_files(r));
-
-    check(
-        "network",
-        if r.network_interfaces == ["lo"] {
-            vec![]
-        } else {
-            vec![format!(
-                "interfaces {:?}, expected only lo (QEMU gives the VM no network device)",
-                r.network_interfaces
-            )]
-        },
-    );
-    // The provider's three, and PWD, which the step's shell sets itself.
-    let mut allowed: Vec<&str> = ENVIRONMENT.iter().map(|(k, _)| *k).collect();
-    allowed.push("PWD");
-    check("environment", evidence::environment_problems(r, &allowed));
-    let mut p = Vec::new();
-    if r.limits.get("cgroup_v2.memory.max").map(|v| v.trim()) != Some(&PROBE_MEMORY.to_string()) {
-        p.push(format!(
-            "memory.max {:?}, expected {PROBE_MEMORY}",
-            r.limits.get("cgroup_v2.memory.max")
-        ));
-    }
-    if r.limits.get("cgroup_v2.pids.max").map(|v| v.trim()) != Some(&PROBE_PIDS.to_string()) {
-        p.push(format!(
-            "pids.max {:?}, expected {PROBE_PIDS}",
-            r.limits.get("cgroup_v2.pids.max")
-        ));
-    }
-    check("limits", p);
-
-    let host_release = evidence::host_kernel_release();
-    let mut p = Vec::new();
-    if r.kernel_release != kernel_release {
-        p.push(format!(
-            "the guest runs kernel {}, expected {kernel_release}",
-            r.kernel_release
-        ));
-    }
-    if r.kernel_release == host_release {
-        p.push(format!(
-            "the guest kernel {} is the host's: not a VM?",
-            r.kernel_release
-        ));
-    }
-    check("kernel", p);
-    // Namespace identities inside a VM are the guest kernel's own; the initial namespaces
-    // of every kernel have the same fixed numbers, so comparing them with the host's says
-    // nothing. They are reported, not judged.
-    for ns in r.namespaces.values_mut() {
-        ns.same_as_host = None;
-    }
+    let expected = expectations(kernel_release);
+    checks.extend(judge::mark_and_judge(r, &expected, &HostView::read()));
 }
 
 #[cfg(test)]
@@ -715,110 +669,32 @@ mod tests {
     use super::*;
 
     fn good() -> ProbeReport {
-        let mut r = ProbeReport {
-            uid: SANDBOX_UID,
-            euid: SANDBOX_UID,
-            gid: SANDBOX_UID,
-            no_new_privs: true,
-            environment: vec!["HOME".into(), "LANG".into(), "PATH".into()],
-            cwd: "/work".into(),
-            network_interfaces: vec!["lo".into()],
-            kernel_release: "6.1.0-57-cloud-amd64".into(),
-            hostname: "sandbox".into(),
-            ..ProbeReport::default()
-        };
-        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-            r.capabilities.insert(set.into(), "0000000000000000".into());
-        }
-        for (m, mode) in [
-            ("/", "ro"),
-            ("/work", "rw"),
-            ("/tmp", "rw"),
-            ("/sys", "ro"),
-            ("/proc", "rw"),
-        ] {
-            r.mounts.insert(m.into(), mode.into());
-        }
-        for (w, o) in [
-            ("/work", "writable"),
-            ("/tmp", "writable"),
-            ("/", "error: EROFS"),
-            ("/dev", "error: EACCES"),
-        ] {
-            r.write_attempts.insert(w.into(), o.into());
-        }
-        r.read_attempts
-            .insert("/etc/shadow".into(), "error: not found".into());
-        r.limits
-            .insert("cgroup_v2.memory.max".into(), PROBE_MEMORY.to_string());
-        r.limits
-            .insert("cgroup_v2.pids.max".into(), PROBE_PIDS.to_string());
-        r
+        plimsoll_testing::report::meeting(&expectations("6.1.0-57-cloud-amd64"), &HostView::read())
     }
 
+    /// The breach table is `plimsoll_sandbox::judge`'s; here, what only the VM expects: a
+    /// good guest report passes, and namespace marks are cleared, never compared.
     #[test]
-    fn a_good_report_passes_and_each_breach_fails() {
+    fn a_good_report_passes_and_namespaces_are_not_compared() {
         let kernel = "6.1.0-57-cloud-amd64";
+        let mut r = good();
+        r.namespaces.insert(
+            "net".into(),
+            plimsoll_wire::NamespaceSeen {
+                id: "net:[4026531840]".into(),
+                same_as_host: Some(false),
+            },
+        );
         let mut checks = BTreeMap::new();
-        judge(&mut good(), kernel, &mut checks);
+        judge(&mut r, kernel, &mut checks);
         let bad: Vec<_> = checks.iter().filter(|(_, v)| *v != "ok").collect();
         assert!(bad.is_empty(), "{bad:?}");
+        assert!(!checks.contains_key("namespaces"), "{checks:?}");
+        assert!(!checks.contains_key("seccomp"), "{checks:?}");
+        assert_eq!(r.namespaces["net"].same_as_host, None);
 
-        type Breach = Box<dyn Fn(&mut ProbeReport)>;
-        let cases: Vec<(&str, Breach)> = vec![
-            ("uid", Box::new(|r| r.uid = 0)),
-            (
-                "capabilities",
-                Box::new(|r| {
-                    r.capabilities
-                        .insert("CapBnd".into(), "000001ffffffffff".into());
-                }),
-            ),
-            ("no_new_privs", Box::new(|r| r.no_new_privs = false)),
-            (
-                "filesystem",
-                Box::new(|r| {
-                    r.write_attempts.insert("/etc".into(), "writable".into());
-                }),
-            ),
-            (
-                "filesystem",
-                Box::new(|r| {
-                    r.mounts.insert("/".into(), "rw".into());
-                }),
-            ),
-            (
-                "host_files",
-                Box::new(|r| {
-                    r.read_attempts
-                        .insert("/var/lib/plimsoll/qemu/canary".into(), "readable".into());
-                }),
-            ),
-            (
-                "network",
-                Box::new(|r| r.network_interfaces.push("eth0".into())),
-            ),
-            (
-                "environment",
-                Box::new(|r| r.environment.push("NODE_EXTRA_CA_CERTS".into())),
-            ),
-            (
-                "limits",
-                Box::new(|r| {
-                    r.limits.insert("cgroup_v2.pids.max".into(), "max".into());
-                }),
-            ),
-            (
-                "kernel",
-                Box::new(|r| r.kernel_release = "6.18.44-other".into()),
-            ),
-        ];
-        for (name, breach) in cases {
-            let mut r = good();
-            breach(&mut r);
-            let mut checks = BTreeMap::new();
-            judge(&mut r, kernel, &mut checks);
-            assert_ne!(checks[name], "ok", "{name} should fail");
-        }
+        r.kernel_release = "6.18.44-other".into();
+        judge(&mut r, kernel, &mut checks);
+        assert_ne!(checks["kernel"], "ok");
     }
 }
