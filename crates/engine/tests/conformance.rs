@@ -1025,6 +1025,46 @@ fn disk(rig: &Rig) -> Result<(), String> {
     Ok(())
 }
 
+/// Files that hold no bytes still cost the kernel an inode each: creating them without end
+/// stops at a bound tied to the disk limit (ENOSPC), long before the host's own. gVisor's
+/// tmpfs takes no inode count: there the Sentry's memory for them is held by the memory
+/// limit, and the run is OOM-killed instead.
+fn inodes(rig: &Rig) -> Result<(), String> {
+    let disk = 16 * MIB;
+    let r = rig.run(
+        "inodes",
+        Ask::new(py(
+            "import errno, os\nn = 0\ntry:\n    while n < 1000000:\n        os.close(os.open('i%d' % n, os.O_CREAT | os.O_WRONLY, 0o600))\n        n += 1\n    print('made', n, 'no error')\nexcept OSError as e:\n    print('made', n, errno.errorcode.get(e.errno, e.errno))\n",
+        ))
+        .limits(Limits {
+            disk_bytes: Some(disk),
+            memory_bytes: Some(256 * MIB),
+            ..limits()
+        }),
+    )?;
+    let out = stdout(&r);
+    if rig.shape.gvisor && r.result.oom_killed && !out.contains("no error") {
+        return Ok(());
+    }
+    let made: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    expect(
+        "inodes",
+        out.trim_end().ends_with("ENOSPC") && made <= inode_bound(disk),
+        &r,
+    )
+}
+
+/// The most inodes a sandbox's file systems may hold for a disk limit: one per KiB of it
+/// (docs/isolation-tiers.md), summed over the work directory and the sandbox's own /tmp
+/// and /dev/shm.
+fn inode_bound(disk_bytes: u64) -> u64 {
+    disk_bytes / 1024
+}
+
 /// Sleeping past the timeout is cut off at the timeout with SIGKILL, and says so.
 fn timeout(rig: &Rig) -> Result<(), String> {
     let r = rig.run(
@@ -1480,6 +1520,7 @@ const CASES: &[(&str, Case)] = &[
     ("fork_bomb", fork_bomb),
     ("memory", memory),
     ("disk", disk),
+    ("inodes", inodes),
     ("timeout", timeout),
     ("outlive", outlive),
     ("output_cap", output_cap),

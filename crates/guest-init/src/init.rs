@@ -434,8 +434,9 @@ fn prepare_run(l: &GuestLimits) -> Result<File, GuestInitError> {
         "tmpfs",
         nosuid_nodev,
         &format!(
-            "size={},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}",
-            l.work_bytes.max(4096)
+            "size={},nr_inodes={},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}",
+            l.work_bytes.max(4096),
+            plimsoll_sandbox::tmpfs_inodes(l.work_bytes)
         ),
     )?;
     mount(
@@ -443,7 +444,11 @@ fn prepare_run(l: &GuestLimits) -> Result<File, GuestInitError> {
         "/tmp",
         "tmpfs",
         nosuid_nodev,
-        &format!("size={},mode=1777", l.tmp_bytes.max(4096)),
+        &format!(
+            "size={},nr_inodes={},mode=1777",
+            l.tmp_bytes.max(4096),
+            plimsoll_sandbox::tmpfs_inodes(l.tmp_bytes)
+        ),
     )?;
     mount(
         "cgroup2",

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use plimsoll_sandbox::LaunchPlan;
+use plimsoll_sandbox::{LaunchPlan, tmpfs_inodes};
 use serde_json::{Value, json};
 
 use crate::runtime::RuntimeKind;
@@ -132,16 +132,18 @@ pub fn container_config(plan: &LaunchPlan, inputs: &SpecInputs<'_>) -> Value {
         json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
         json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-               "options": ["nosuid", "noexec", "nodev", "mode=1777", format!("size={}", sizes.shm)]}),
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", format!("size={}", sizes.shm),
+                           format!("nr_inodes={}", tmpfs_inodes(sizes.shm))]}),
         json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
                "options": ["nosuid", "noexec", "nodev", "ro"]}),
         json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-               "options": ["nosuid", "nodev", "mode=1777", format!("size={}", sizes.tmp)]}),
+               "options": ["nosuid", "nodev", "mode=1777", format!("size={}", sizes.tmp),
+                           format!("nr_inodes={}", tmpfs_inodes(sizes.tmp))]}),
         json!({"destination": WORK_DIR, "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "mode=0755", format!("uid={uid}"), format!("gid={gid}"),
-                           format!("size={}", sizes.work)]}),
+                           format!("size={}", sizes.work), format!("nr_inodes={}", tmpfs_inodes(sizes.work))]}),
         json!({"destination": TOOLS_DIR, "type": "bind", "source": inputs.tools_dir,
                "options": ["bind", "ro", "nosuid", "nodev"]}),
     ];
@@ -320,11 +322,19 @@ mod tests {
         }
     }
 
-    /// SHA-256 of a config's JSON without its seccomp profile (data, checked on its own).
+    /// SHA-256 of a config's JSON without its seccomp profile (data, checked on its own) and
+    /// without the tmpfs inode counts (added later for every run alike, checked on their own
+    /// in `writable_mounts_are_small_tmpfs_owned_by_the_run`), so the pinned digests still say that nothing
+    /// else changed.
     fn digest_without_seccomp(mut c: Value) -> String {
         use sha2::Digest as _;
         if let Some(linux) = c["linux"].as_object_mut() {
             linux.remove("seccomp");
+        }
+        for m in c["mounts"].as_array_mut().into_iter().flatten() {
+            if let Some(opts) = m["options"].as_array_mut() {
+                opts.retain(|o| !o.as_str().is_some_and(|o| o.starts_with("nr_inodes=")));
+            }
         }
         hex::encode(sha2::Sha256::digest(serde_json::to_vec(&c).unwrap()))
     }
@@ -435,15 +445,19 @@ mod tests {
             "{opts:?}"
         );
         assert!(opts.contains(&"size=50331648"), "3/4 of 64 MiB: {opts:?}");
+        // One inode per KiB of each writable tmpfs.
+        assert!(opts.contains(&"nr_inodes=49152"), "{opts:?}");
         let tmp = mount(&c, "/tmp")["options"].to_string();
         assert!(
-            tmp.contains("size=8388608") && tmp.contains("mode=1777"),
+            tmp.contains("size=8388608")
+                && tmp.contains("mode=1777")
+                && tmp.contains("nr_inodes=8192"),
             "{tmp}"
         );
         assert!(
             mount(&c, "/dev/shm")["options"]
                 .to_string()
-                .contains("size=8388608")
+                .contains("nr_inodes=8192")
         );
         let tools = mount(&c, TOOLS_DIR);
         assert_eq!(tools["type"], "bind");

@@ -167,7 +167,11 @@ pub fn remove_cgroup(dir: &Path) -> io::Result<()> {
 
 /// Mounts a tmpfs of `bytes` on `work` (`nosuid,nodev`, mode 0700, owned by `uid`:`gid`).
 pub fn mount_work(work: &Path, bytes: u64, uid: u32, gid: u32) -> Result<(), BoundRunError> {
-    let data = format!("size={},mode=0700,uid={uid},gid={gid}", bytes.max(4096));
+    let data = format!(
+        "size={},nr_inodes={},mode=0700,uid={uid},gid={gid}",
+        bytes.max(4096),
+        plimsoll_sandbox::tmpfs_inodes(bytes)
+    );
     rustix::mount::mount(
         "plimsoll-work",
         work,

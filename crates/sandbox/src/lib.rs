@@ -30,6 +30,14 @@ pub use reap::{EndProcessesError, end_processes_of_uid};
 pub use spawn::{Running, Spawn, SpawnError, spawned_total};
 pub use uidlease::{UidLease, lease_dir, try_lease};
 
+/// The inodes a writable tmpfs of `bytes` may hold: one per KiB, at least 64. A file that
+/// holds no bytes takes no space but still costs the kernel an inode and a dentry, so without
+/// this a run could make millions under any disk limit (the kernel's default is half the
+/// host's pages). Every provider's work directory, `/tmp` and `/dev/shm` carry it.
+pub fn tmpfs_inodes(bytes: u64) -> u64 {
+    (bytes / 1024).max(64)
+}
+
 /// Limits with every value decided: the request's ask, bounded by the operator's maximums,
 /// or the operator's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
