@@ -2135,34 +2135,8 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         // The dead daemon's leftovers go with the next one's start-up reap.
         d.restart();
         assert_eq!(get(&d.url, "/readyz", None).status, 200, "{}", d.logs());
-        let mut left = run_dirs_under(&d._dir.path().join("state"));
-        left.extend(run_dirs_under(oci_state.path()));
+        let mut left = plimsoll_testing::run_dirs_under(&d._dir.path().join("state"));
+        left.extend(plimsoll_testing::run_dirs_under(oci_state.path()));
         assert!(left.is_empty(), "{provider}: the reap left {left:?}");
     }
-}
-
-/// The entries of every `runs` directory below `dir` (the engine's and each provider's).
-fn run_dirs_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        if !p.is_dir() || p.is_symlink() || e.file_name() == "runtime" {
-            continue;
-        }
-        if e.file_name() == "runs" {
-            out.extend(
-                std::fs::read_dir(&p)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|r| r.path()),
-            );
-        } else {
-            out.extend(run_dirs_under(&p));
-        }
-    }
-    out
 }

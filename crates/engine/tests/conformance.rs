@@ -435,31 +435,7 @@ impl Rig {
     /// Every run directory under the rig's directory: the entries of each `runs` directory
     /// there (the engine's, the container provider's, the VM provider's).
     fn run_dirs(&self) -> Vec<PathBuf> {
-        fn walk(dir: &std::path::Path, depth: u32, out: &mut Vec<PathBuf>) {
-            let Ok(rd) = std::fs::read_dir(dir) else {
-                return;
-            };
-            for e in rd.filter_map(Result::ok) {
-                let p = e.path();
-                if !p.is_dir() || p.is_symlink() {
-                    continue;
-                }
-                if e.file_name() == "runs" {
-                    out.extend(
-                        std::fs::read_dir(&p)
-                            .into_iter()
-                            .flatten()
-                            .filter_map(Result::ok)
-                            .map(|r| r.path()),
-                    );
-                } else if depth > 0 && e.file_name() != "runtime" {
-                    walk(&p, depth - 1, out);
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(self.dir.path(), 3, &mut out);
-        out
+        plimsoll_testing::run_dirs_under(self.dir.path())
     }
 
     /// The uid the code must see: the guest's fixed one, or one of the run uids.

@@ -196,6 +196,38 @@ pub fn no_connection_came(l: &TcpListener) -> bool {
     matches!(l.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
+/// Every run directory below `dir`: the entries of each `runs` directory there, up to three
+/// levels down (the engine's, the container provider's `<state_root>/<name>/runs`, the VM
+/// provider's), not looking inside a runtime's own state (`runtime`). After a run, or after a
+/// daemon's reap, a test expects none.
+pub fn run_dirs_under(dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.filter_map(Result::ok) {
+            let p = e.path();
+            if !p.is_dir() || p.is_symlink() {
+                continue;
+            }
+            if e.file_name() == "runs" {
+                out.extend(
+                    std::fs::read_dir(&p)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Result::ok)
+                        .map(|r| r.path()),
+                );
+            } else if depth > 0 && e.file_name() != "runtime" {
+                walk(&p, depth - 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, 3, &mut out);
+    out
+}
+
 /// A directory under the system temp dir with mode 0711, so sandbox uids can traverse it to
 /// their run directories (a plain `tempdir()` is 0700 and fails every probe). Removed on drop.
 #[derive(Debug)]
