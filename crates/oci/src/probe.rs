@@ -5,14 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use plimsoll_sandbox::evidence::{self, sha256_file};
 use plimsoll_sandbox::judge::{
     self, Capabilities, Expectations, Filesystem, HostView, Identity, Kernel, Limits, Namespaces,
     NoNewPrivs, Seccomp,
 };
-use plimsoll_sandbox::{LaunchPlan, Probed, ResolvedLimits, unix_ms_now};
+use plimsoll_sandbox::{LaunchPlan, Probed, unix_ms_now};
 use plimsoll_wire::{BinaryIdentity, Evidence, Language, ProbeReport, RunSpec, Snippet};
 
 use crate::provider::{LaunchSpec, OciProvider};
@@ -47,22 +46,7 @@ pub const TRY_WRITE: [&str; 7] = [
     "/root",
     "/var/tmp",
 ];
-/// Memory of the probe's container.
-pub const PROBE_MEMORY: u64 = 256 << 20;
-/// Pids of the probe's container (before runsc's allowance).
-pub const PROBE_PIDS: u64 = 32;
-
-/// The limits the probe runs under.
-pub fn probe_limits() -> ResolvedLimits {
-    ResolvedLimits {
-        timeout: Duration::from_secs(60),
-        memory_bytes: PROBE_MEMORY,
-        output_bytes: 1 << 20,
-        pids: PROBE_PIDS,
-        disk_bytes: 16 << 20,
-        artifact_bytes: 1 << 20,
-    }
-}
+pub use plimsoll_sandbox::evidence::{PROBE_MEMORY, PROBE_PIDS, probe_limits};
 
 /// Runs the whole probe.
 pub fn probe(p: &OciProvider) -> Probed {

@@ -7,6 +7,23 @@ use std::path::Path;
 
 use plimsoll_wire::ProbeReport;
 
+/// Memory limit of a container's or a guest's probe run (its cgroup must show it).
+pub const PROBE_MEMORY: u64 = 256 << 20;
+/// Pids limit of a container's or a guest's probe run (before runsc's allowance).
+pub const PROBE_PIDS: u64 = 32;
+
+/// The limits a container's or a guest's probe runs under.
+pub fn probe_limits() -> crate::ResolvedLimits {
+    crate::ResolvedLimits {
+        timeout: std::time::Duration::from_secs(60),
+        memory_bytes: PROBE_MEMORY,
+        output_bytes: 1 << 20,
+        pids: PROBE_PIDS,
+        disk_bytes: 16 << 20,
+        artifact_bytes: 1 << 20,
+    }
+}
+
 /// What a passed check says in the checks map.
 pub const OK: &str = "ok";
 

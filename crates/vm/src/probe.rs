@@ -16,7 +16,7 @@ use plimsoll_sandbox::judge::{
 };
 use plimsoll_sandbox::reap::processes_of_uid;
 use plimsoll_sandbox::{
-    CaptureLimits, LaunchPlan, Probed, Provider as _, ResolvedLimits, Spawn, capture, unix_ms_now,
+    CaptureLimits, LaunchPlan, Probed, Provider as _, Spawn, capture, unix_ms_now,
 };
 use plimsoll_wire::{BinaryIdentity, Evidence, ProbeReport, Project, RunResult, RunSpec, Step};
 
@@ -28,10 +28,7 @@ use crate::provider::{Prepared, VmProvider, error_chain, job_for, result_of};
 use crate::qemu;
 use crate::tier::{AccelEvidence, Accelerator, tier_for};
 
-/// Memory limit of the probe run (its cgroup in the guest must show it).
-pub const PROBE_MEMORY: u64 = 256 << 20;
-/// Pids limit of the probe run.
-pub const PROBE_PIDS: u64 = 32;
+pub use plimsoll_sandbox::evidence::{PROBE_MEMORY, PROBE_PIDS, probe_limits};
 /// Mount points that may be read-write in the guest (what the sandbox user can actually
 /// write is checked by trying): the two tmpfs, and root-owned kernel file systems.
 pub const RW_MOUNTS: [&str; 5] = ["/work", "/tmp", "/dev", "/proc", "/sys/fs/cgroup"];
@@ -48,18 +45,6 @@ pub const TRY_WRITE: [&str; 8] = [
     "/root",
     "/var/tmp",
 ];
-
-/// The limits the probe run has.
-pub fn probe_limits() -> ResolvedLimits {
-    ResolvedLimits {
-        timeout: Duration::from_secs(60),
-        memory_bytes: PROBE_MEMORY,
-        output_bytes: 1 << 20,
-        pids: PROBE_PIDS,
-        disk_bytes: 16 << 20,
-        artifact_bytes: 1 << 20,
-    }
-}
 
 fn fresh_run_id(what: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
