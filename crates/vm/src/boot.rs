@@ -114,7 +114,7 @@ pub struct BootReport {
     /// QEMU start to hello, ms.
     pub boot_ms: Option<u64>,
     /// QEMU's own account of the accelerator (when a QMP monitor was asked for).
-    pub accel: Option<Result<AccelEvidence, String>>,
+    pub accel: Option<Result<AccelEvidence, QmpError>>,
     /// How it ended.
     pub answer: Answer,
     /// The tail of the guest's console.
@@ -124,7 +124,7 @@ pub struct BootReport {
     /// QEMU's peak resident memory (VmHWM), KiB.
     pub peak_rss_kib: Option<u64>,
     /// Teardown: `Err` when something of the run could not be removed.
-    pub cleanup: Result<(), String>,
+    pub cleanup: Result<(), TeardownError>,
 }
 
 impl BootReport {
@@ -154,6 +154,69 @@ impl BootReport {
             parts.join("; ")
         }
     }
+}
+
+/// QEMU's monitor did not say which accelerator runs the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    /// Reading or writing the monitor's socket.
+    #[error("QMP: {what}")]
+    Io {
+        /// What was being read or written.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The monitor closed its socket early.
+    #[error("QMP: the monitor closed before {0}")]
+    Closed(&'static str),
+    /// A line that is not JSON.
+    #[error("QMP: {what} is not JSON ({error})")]
+    NotJson {
+        /// What the line should have been.
+        what: &'static str,
+        /// The parser's complaint.
+        error: String,
+    },
+    /// An answer other than the one the protocol gives.
+    #[error("QMP: unexpected {what}: {answer}")]
+    Unexpected {
+        /// What was expected.
+        what: &'static str,
+        /// What came.
+        answer: String,
+    },
+    /// `query-kvm` answered, but not usably.
+    #[error(transparent)]
+    QueryKvm(#[from] crate::tier::QueryKvmError),
+    /// The monitor was asked for but gave no answer at all.
+    #[error("QEMU's monitor gave no answer")]
+    NoAnswer,
+}
+
+/// Something of a run was left behind by its teardown.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    /// A process of the run's uid would not end.
+    #[error(transparent)]
+    Processes(#[from] plimsoll_sandbox::EndProcessesError),
+    /// The run directory could not be removed.
+    #[error("cannot remove {path}")]
+    RunDir {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Both of the above.
+    #[error(
+        "{}; and {}",
+        plimsoll_sandbox::error_chain(.0.as_ref()),
+        plimsoll_sandbox::error_chain(.1.as_ref())
+    )]
+    Both(Box<TeardownError>, Box<TeardownError>),
 }
 
 /// The VM could not be started (nothing ran).
@@ -284,20 +347,17 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 pub fn boot(plan: BootPlan<'_>) -> Result<BootReport, StartVmError> {
     let run_dir = RunDir::create(plan.run_dir)?;
     let started = boot_in(&plan, &run_dir);
-    let mut problems = Vec::new();
     // Whatever happened: no process of the uid outlives the run, nor its directory.
-    if let Err(e) = end_processes_of_uid(plan.uid, KILL_PATIENCE) {
-        problems.push(e.to_string());
-    }
+    let processes = end_processes_of_uid(plan.uid, KILL_PATIENCE).map_err(TeardownError::from);
     let path = run_dir.path.clone();
     drop(run_dir);
-    if let Err(e) = remove_run_dir(&path) {
-        problems.push(format!("cannot remove {}: {e}", path.display()));
-    }
+    let dir = remove_run_dir(&path).map_err(|source| TeardownError::RunDir { path, source });
     let mut report = started?;
-    if !problems.is_empty() {
-        report.cleanup = Err(problems.join("; "));
-    }
+    report.cleanup = match (processes, dir) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+        (Err(a), Err(b)) => Err(TeardownError::Both(Box::new(a), Box::new(b))),
+    };
     Ok(report)
 }
 
@@ -554,38 +614,58 @@ fn query_kvm(
     sock: &UnixStream,
     requested: crate::tier::Accelerator,
     deadline: Instant,
-) -> Result<AccelEvidence, String> {
+) -> Result<AccelEvidence, QmpError> {
     let mut reader = io::BufReader::new(DeadlineReader::new(sock, deadline));
     // One JSON object per line; events (`{"event": ...}`) may come in between.
-    let mut next = |what: &str| -> Result<serde_json::Value, String> {
+    let mut next = |what: &'static str| -> Result<serde_json::Value, QmpError> {
         loop {
             let mut line = String::new();
             let n = reader
                 .read_line(&mut line)
-                .map_err(|e| format!("QMP: reading {what}: {e}"))?;
+                .map_err(|source| QmpError::Io { what, source })?;
             if n == 0 {
-                return Err(format!("QMP: the monitor closed before {what}"));
+                return Err(QmpError::Closed(what));
             }
-            let v: serde_json::Value = serde_json::from_str(&line)
-                .map_err(|e| format!("QMP: {what} is not JSON ({e})"))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&line).map_err(|e| QmpError::NotJson {
+                    what,
+                    error: e.to_string(),
+                })?;
             if v.get("event").is_none() {
                 return Ok(v);
             }
         }
     };
+    let unexpected = |what, answer: &serde_json::Value| QmpError::Unexpected {
+        what,
+        answer: answer.to_string(),
+    };
     let greeting = next("the greeting")?;
     if greeting.get("QMP").is_none() {
-        return Err(format!("QMP: unexpected greeting {greeting}"));
+        return Err(unexpected("greeting", &greeting));
     }
     let mut w = sock;
-    w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
-        .map_err(|e| format!("QMP: {e}"))?;
+    let write = |w: &mut &UnixStream, what, line: &[u8]| {
+        w.write_all(line)
+            .map_err(|source| QmpError::Io { what, source })
+    };
+    write(
+        &mut w,
+        "sending qmp_capabilities",
+        b"{\"execute\":\"qmp_capabilities\"}\n",
+    )?;
     let caps = next("the capabilities answer")?;
     if caps.get("return").is_none() {
-        return Err(format!("QMP: qmp_capabilities failed: {caps}"));
+        return Err(unexpected("qmp_capabilities answer", &caps));
     }
-    w.write_all(b"{\"execute\":\"query-kvm\"}\n")
-        .map_err(|e| format!("QMP: {e}"))?;
+    write(
+        &mut w,
+        "sending query-kvm",
+        b"{\"execute\":\"query-kvm\"}\n",
+    )?;
     let answer = next("the query-kvm answer")?;
-    AccelEvidence::from_query_kvm(requested, &answer.to_string()).map_err(|e| e.to_string())
+    Ok(AccelEvidence::from_query_kvm(
+        requested,
+        &answer.to_string(),
+    )?)
 }

@@ -21,7 +21,7 @@ use plimsoll_sandbox::{
 use plimsoll_wire::{BinaryIdentity, Evidence, ProbeReport, Project, RunResult, RunSpec, Step};
 
 use crate::assets::sha256_file;
-use crate::boot::{Answer, BootReport};
+use crate::boot::{Answer, BootReport, QmpError};
 use crate::config::AccelChoice;
 use crate::guest::{ENVIRONMENT, SANDBOX_UID};
 use crate::provider::{Prepared, VmProvider, error_chain, job_for, result_of};
@@ -244,7 +244,7 @@ pub fn probe(p: &VmProvider) -> Probed {
                                 tier = tier_for(ev.ran());
                                 put(&mut config, "accelerator_ran", ev.ran().as_str().into());
                             }
-                            Err(e) => ok(&mut checks, "accelerator", Err(e)),
+                            Err(e) => ok(&mut checks, "accelerator", Err(error_chain(&e))),
                         }
                         report = Some(r);
                     }
@@ -493,12 +493,12 @@ fn try_kvm(p: &VmProvider, pr: &Prepared) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     if let Err(c) = &report.cleanup {
-        return Err(format!("cleanup failed: {c}"));
+        return Err(format!("cleanup failed: {}", error_chain(c)));
     }
     match (&report.answer, &report.accel) {
         (Answer::BootedOnly, Some(Ok(ev))) if ev.ran() == Accelerator::Kvm => Ok(()),
         (Answer::BootedOnly, Some(Ok(ev))) => Err(format!("QEMU ran the guest with {}", ev.ran())),
-        (Answer::BootedOnly, Some(Err(e))) => Err(e.clone()),
+        (Answer::BootedOnly, Some(Err(e))) => Err(error_chain(e)),
         (Answer::NotBooted(why), _) => Err(format!("{why} ({})", report.diagnostics())),
         (other, _) => Err(format!("unexpected: {other:?}")),
     }
@@ -508,7 +508,7 @@ type ProbeRun = (
     ProbeReport,
     RunResult,
     Option<u64>,
-    Result<AccelEvidence, String>,
+    Result<AccelEvidence, QmpError>,
 );
 
 /// One guest through the ordinary run path, with QEMU's monitor on: the probe, then a
@@ -542,16 +542,16 @@ fn probe_run(p: &VmProvider, pr: &Prepared, a: Accelerator) -> Result<ProbeRun, 
     });
     let plan = probe_plan(p, "run", spec);
     let job = job_for(&plan).map_err(|e| e.to_string())?;
-    let report: BootReport = p
+    let mut report: BootReport = p
         .boot_plan(&plan, pr, a, true, Some(job), p.config().boot_timeout)
         .map_err(|e| e.to_string())?;
     if let Err(c) = &report.cleanup {
-        return Err(format!("the probe VM was not fully removed: {c}"));
+        return Err(format!(
+            "the probe VM was not fully removed: {}",
+            error_chain(c)
+        ));
     }
-    let accel = report
-        .accel
-        .clone()
-        .unwrap_or_else(|| Err("QEMU's monitor gave no answer".into()));
+    let accel = report.accel.take().unwrap_or(Err(QmpError::NoAnswer));
     let result = result_of(&report).map_err(|e| e.message())?;
     let first = result
         .steps

@@ -467,7 +467,8 @@ impl VmProvider {
         let result = result_of(&report)?;
         if let Err(c) = &report.cleanup {
             return Err(LaunchError::may_have_run(format!(
-                "the run ended but its VM was not fully removed: {c}"
+                "the run ended but its VM was not fully removed: {}",
+                error_chain(c)
             )));
         }
         Ok((
