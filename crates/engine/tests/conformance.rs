@@ -1,23 +1,22 @@
 //! One conformance suite, run against every provider through the engine: the same attacks,
 //! limits, cleanup, digests and refusals at process, crun, runc, runsc and qemu. A provider
 //! gets the whole suite by adding one line at the bottom (and, where its sandbox differs in
-//! what it shows the code, a row in [`Shape::of`]). Each provider's test probes it once and
-//! runs every case on that engine; a case's failure is collected, so one run names every case
-//! that failed. Needs root and each provider's runtime (skipped without, failed under
-//! CI=true).
+//! what it shows the code, a row in [`Shape::of`]). Each case is a test of its own at each
+//! provider (`crun::memory`), on an engine of its own; the provider is probed once, by its
+//! first test, and the others adopt that evidence from a cache the way the CLI does. Needs
+//! root and each provider's runtime (skipped without, failed under CI=true).
 //!
 //! Beside it, what belongs to one provider stays with it: its probe and what withdraws it
 //! (crates/process/tests/attacks.rs, crates/oci/tests/attacks.rs, crates/vm/tests/vm.rs),
 //! how it reaps after a killed daemon, and the daemon-level suite for a daemon killed
 //! mid-run (crates/daemon/tests/daemon.rs, every provider).
 
-use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use plimsoll_broker::GrantProfiles;
-use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
+use plimsoll_engine::{Engine, EvidenceCache, Reason, RunError, Settings, not_dispatched_reason};
 use plimsoll_testing::api::{Expect, TestApi};
 use plimsoll_testing::{
     NAMESPACE_ATTACK, TestDir, is_root, namespace_attack_refused, no_connection_came,
@@ -130,8 +129,8 @@ struct Rig {
     dir: TestDir,
 }
 
-fn rig(provider: &'static str, slot: u32) -> Option<Rig> {
-    let test = format!("conformance_{provider}");
+fn rig(provider: &'static str, slot: u32, case: &str) -> Option<Rig> {
+    let test = format!("{provider}::{case}");
     if !is_root() {
         skip_or_fail(&test, "needs root to run sandboxes");
         return None;
@@ -152,7 +151,7 @@ fn rig(provider: &'static str, slot: u32) -> Option<Rig> {
             panic!("{e}");
         }
     }
-    let dir = TestDir::new("conformance", provider);
+    let dir = TestDir::new("conformance", &format!("{provider}-{case}"));
     let uid_base = 3_100_000 + slot * 1_000;
     let section = match provider {
         "process" | "qemu" => String::new(),
@@ -187,8 +186,15 @@ fn rig(provider: &'static str, slot: u32) -> Option<Rig> {
         .unwrap_or_else(|e| panic!("{e}"))
         .build_engine(&[])
         .unwrap_or_else(|e| panic!("{e}"))
-        .with_grants(grants);
-    engine.probe_all();
+        .with_grants(grants)
+        .with_evidence_cache(shared_evidence(provider));
+    // The provider's first rig probes it; the others wait for that, then adopt its evidence
+    // as the CLI does (the provider checks it still holds: binaries, image, accelerator).
+    let lock = std::fs::File::create(shared_dir().join(format!("{provider}.lock")))
+        .and_then(|f| f.lock().map(|()| f))
+        .unwrap_or_else(|e| panic!("locking the shared evidence: {e}"));
+    engine.probe_for(Some(Tier::Process), Some(provider), &js("1"));
+    drop(lock);
     let info = engine.providers().into_iter().next().expect("one provider");
     if !info.available {
         skip_or_fail(
@@ -211,6 +217,27 @@ fn rig(provider: &'static str, slot: u32) -> Option<Rig> {
         api,
         dir,
     })
+}
+
+/// Where the rigs of one test binary share their providers' evidence: root's own directory
+/// under the build's tmp directory, so the cache trusts it.
+fn shared_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("conformance-evidence");
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
+/// The evidence cache of `provider`'s rigs. Its key is the provider alone (the rigs' settings
+/// differ only in their uids and directories) beside the test binary's identity and the boot,
+/// which the cache adds.
+fn shared_evidence(provider: &str) -> EvidenceCache {
+    EvidenceCache::new(
+        shared_dir().join(format!("{provider}.json")),
+        Duration::from_secs(3600),
+        &format!("conformance {provider}"),
+    )
 }
 
 fn snippet(language: Language, code: &str) -> RunSpec {
@@ -596,6 +623,9 @@ fn writes_outside_work(rig: &Rig) -> Result<(), String> {
     let state = rig.state.display().to_string();
     let runs = rig.state.join("runs").display().to_string();
     let daemon_file = rig.state.join("daemon-file");
+    // A daemon's state directory exists before its first run (a rig's may not yet, when its
+    // evidence came from the cache rather than a probe here).
+    std::fs::create_dir_all(&rig.state).map_err(|e| e.to_string())?;
     std::fs::write(&daemon_file, "daemon data").map_err(|e| e.to_string())?;
     std::fs::set_permissions(&daemon_file, std::fs::Permissions::from_mode(0o666))
         .map_err(|e| e.to_string())?;
@@ -1486,71 +1516,76 @@ fn refusal(rig: &Rig) -> Result<(), String> {
     }
 }
 
-const CASES: &[(&str, Case)] = &[
-    ("identity", identity),
-    ("host_files", host_files),
-    ("writes_outside_work", writes_outside_work),
-    ("network", network),
-    ("environment", environment),
-    ("namespaces", namespaces),
-    ("fork_bomb", fork_bomb),
-    ("memory", memory),
-    ("disk", disk),
-    ("inodes", inodes),
-    ("timeout", timeout),
-    ("outlive", outlive),
-    ("output_cap", output_cap),
-    ("raw_output", raw_output),
-    ("concurrent", concurrent),
-    ("project", project),
-    ("grant", grant),
-    ("refusal", refusal),
-];
-
-fn conformance(provider: &'static str, slot: u32) {
-    let Some(rig) = rig(provider, slot) else {
+/// One case at one provider, on a rig of its own (uids, state, cgroup parent), so cases run
+/// side by side and one's failure is its own test's.
+fn conformance(provider: &'static str, slot: u32, name: &str, case: Case) {
+    let Some(rig) = rig(provider, slot, name) else {
         return;
     };
-    let names: BTreeSet<&str> = CASES.iter().map(|(n, _)| *n).collect();
-    assert_eq!(names.len(), CASES.len(), "two cases share a name");
-    let failed: Vec<String> = CASES
-        .iter()
-        .filter_map(|(name, case)| {
-            let start = std::time::Instant::now();
-            let outcome = case(&rig);
-            eprintln!(
-                "conformance {provider}: {name} {} in {:?}",
-                if outcome.is_ok() { "passed" } else { "FAILED" },
-                start.elapsed()
-            );
-            outcome.err()
-        })
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{provider} failed {} of {} cases:\n{}",
-        failed.len(),
-        CASES.len(),
-        failed.join("\n")
+    let start = std::time::Instant::now();
+    let outcome = case(&rig);
+    eprintln!(
+        "conformance {provider}: {name} {} in {:?}",
+        if outcome.is_ok() { "passed" } else { "FAILED" },
+        start.elapsed()
     );
+    if let Err(e) = outcome {
+        panic!("{provider} failed {name}:\n{e}");
+    }
 }
 
-macro_rules! providers {
-    ($($name:ident => $slot:expr),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                conformance(stringify!($name), $slot);
-            }
-        )*
+/// A test per case and provider, named `<provider>::<case>`; a provider's rigs get the uid
+/// slots `index * 32 + case`.
+macro_rules! suite {
+    (providers: [$($provider:ident => $index:expr),* $(,)?], cases: $cases:tt $(,)?) => {
+        $( suite!(@provider $provider, $index, $cases); )*
+    };
+    (@provider $provider:ident, $index:expr, [$($case:ident),* $(,)?]) => {
+        mod $provider {
+            const CASES: &[&str] = &[$(stringify!($case)),*];
+            $(
+                #[test]
+                fn $case() {
+                    let at = CASES.iter().position(|c| *c == stringify!($case)).unwrap();
+                    super::conformance(
+                        stringify!($provider),
+                        $index * 32 + at as u32,
+                        stringify!($case),
+                        super::$case,
+                    );
+                }
+            )*
+        }
     };
 }
 
-// One line per provider.
-providers! {
-    process => 0,
-    crun => 1,
-    runc => 2,
-    runsc => 3,
-    qemu => 4,
+suite! {
+    // One line per provider.
+    providers: [
+        process => 0,
+        crun => 1,
+        runc => 2,
+        runsc => 3,
+        qemu => 4,
+    ],
+    cases: [
+        identity,
+        host_files,
+        writes_outside_work,
+        network,
+        environment,
+        namespaces,
+        fork_bomb,
+        memory,
+        disk,
+        inodes,
+        timeout,
+        outlive,
+        output_cap,
+        raw_output,
+        concurrent,
+        project,
+        grant,
+        refusal,
+    ],
 }
