@@ -410,6 +410,7 @@ impl BenchDaemon {
             child,
             stdout,
             stderr,
+            ..
         } = Spawn::new(&plimsolld, "/")
             .arg("--config")
             .arg(&settings_file)
@@ -476,6 +477,7 @@ fn wait_with_output(running: Running) -> anyhow::Result<(std::process::ExitStatu
         mut child,
         mut stdout,
         mut stderr,
+        ..
     } = running;
     let drain = std::thread::spawn(move || {
         let _ = std::io::copy(&mut stderr, &mut std::io::sink());

@@ -613,6 +613,8 @@ pub async fn run(
                 "no provider passed its probe: runs are refused until one does; see GET /v1/providers"
             );
         }
+        // Warm members are made only under evidence a probe of this daemon gave.
+        prober.engine().start_pools();
         prober.spawn_recheck();
     });
 
@@ -632,6 +634,11 @@ pub async fn run(
     let result = daemon.serve(listener, terminate_signal()).await;
     probes.abort();
     hup.abort();
+    // Every idle warm member goes with the daemon.
+    let engine = Arc::clone(daemon.engine());
+    if let Err(e) = tokio::task::spawn_blocking(move || engine.stop_pools()).await {
+        tracing::error!(error = %e, "stopping the warm pools panicked");
+    }
     if result.is_ok() {
         tracing::info!("stopped");
     }

@@ -104,6 +104,9 @@ pub struct EngineConfig {
     pub sandbox_uid_base: u32,
     /// Where runs' directories live (`<state_dir>/runs/<run_id>`).
     pub state_dir: PathBuf,
+    /// Warm pools, one per provider and language (docs/warm-pools.md). Their members' uids
+    /// follow the range above: `uid_range_end(..)..` plus one per member at most.
+    pub pools: Vec<crate::pool::PoolConfig>,
 }
 
 impl Default for EngineConfig {
@@ -115,6 +118,7 @@ impl Default for EngineConfig {
             max_per_caller: 4,
             sandbox_uid_base: 2_000_000,
             state_dir: PathBuf::from("/var/lib/plimsoll"),
+            pools: Vec::new(),
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::admission::Admission;
 use crate::config::EngineConfig;
 use crate::evidence_cache::EvidenceCache;
 use crate::plan::{ProviderView, Unavailable, plan};
+use crate::pool::{PoolCounts, Pools, ProviderNow};
 use crate::providers::AnyProvider;
 
 /// A provider with its latest probe.
@@ -156,6 +157,17 @@ pub struct Engine {
     grants: RwLock<Arc<GrantProfiles>>,
     /// Evidence this host checked recently, consulted by [`Engine::probe_for`] only.
     cache: Option<EvidenceCache>,
+    /// The warm pools; kept by a thread of their own once [`Engine::start_pools`] is called.
+    pools: Arc<Pools>,
+    keeper: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Engine {
+    /// Stops the pools' keeper, destroys every idle member, and waits for the teardowns of
+    /// used ones.
+    fn drop(&mut self) {
+        self.stop_pools();
+    }
 }
 
 impl Engine {
@@ -190,6 +202,42 @@ impl Engine {
             plimsoll_sandbox::lease_dir(&config.state_dir),
             config.sandbox_uid_base,
         );
+        let first_pool_uid = crate::admission::uid_range_end(
+            config.sandbox_uid_base,
+            config.max_concurrent,
+            providers.len(),
+        )
+        .expect("validated above");
+        let pool_uids = Pools::uid_count(&config.pools);
+        if u64::from(first_pool_uid) + pool_uids as u64 >= u64::from(u32::MAX - 1) {
+            return Err(BuildEngineError::Invalid(format!(
+                "the warm pools' {pool_uids} uids past {first_pool_uid} do not fit in a uid: lower sandbox_uid_base or max_members"
+            )));
+        }
+        let mut pool_list = Vec::new();
+        for c in &config.pools {
+            let Some(index) = providers.iter().position(|p| p.name() == c.provider) else {
+                return Err(BuildEngineError::Invalid(format!(
+                    "a warm pool names `{}`, which is not configured",
+                    c.provider
+                )));
+            };
+            pool_list.push((index, c.provider.clone(), c.language, c.settings));
+        }
+        let defaults = config.limits.defaults;
+        let pools = Pools::new(
+            &pool_list,
+            |language| plimsoll_sandbox::WarmShape {
+                language,
+                memory_bytes: defaults.memory_bytes,
+                pids: defaults.pids,
+                disk_bytes: defaults.disk_bytes,
+            },
+            first_pool_uid,
+            Some(plimsoll_sandbox::lease_dir(&config.state_dir)),
+            config.state_dir.join("runs"),
+            config.limits.maximums.timeout,
+        );
         let slots = providers
             .into_iter()
             .enumerate()
@@ -211,7 +259,85 @@ impl Engine {
             admission,
             grants: RwLock::new(Arc::new(GrantProfiles::none())),
             cache: None,
+            pools,
+            keeper: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Starts keeping the warm pools (docs/warm-pools.md): a thread makes members up to each
+    /// pool's minimum idle and drops stale ones, until the engine is dropped. Without this
+    /// call (the CLI's one-shot engine) every run starts cold. Idempotent.
+    pub fn start_pools(&self) {
+        let mut keeper = self.keeper.lock().unwrap_or_else(|p| p.into_inner());
+        if keeper.is_some() || self.pools.is_empty() || self.pools.stopped() {
+            return;
+        }
+        let pools = Arc::clone(&self.pools);
+        let slots = Arc::clone(&self.slots);
+        let spawned = std::thread::Builder::new()
+            .name("warm-pools".into())
+            .spawn(move || {
+                while !pools.stopped() {
+                    let providers: Vec<&dyn Provider> =
+                        slots.iter().map(|s| &s.provider as &dyn Provider).collect();
+                    let now: Vec<ProviderNow> = slots
+                        .iter()
+                        .map(|s| ProviderNow {
+                            evidence_sha256: s
+                                .probed
+                                .read()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .as_ref()
+                                .filter(|st| {
+                                    st.probed.available.is_ok()
+                                        && !s.rechecking.load(Ordering::SeqCst)
+                                })
+                                .map(|st| st.evidence_sha256.clone()),
+                        })
+                        .collect();
+                    if !pools.keep(&providers, &now) {
+                        pools.wait(std::time::Duration::from_millis(250));
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => *keeper = Some(handle),
+            Err(e) => {
+                tracing::error!(error = %e, "no thread to keep the warm pools: every run starts cold")
+            }
+        }
+    }
+
+    /// Stops the keeper, destroys every idle member and waits (up to a minute) for the
+    /// teardowns of used ones. After this every run starts cold.
+    pub fn stop_pools(&self) {
+        self.pools.stop();
+        let keeper = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(k) = keeper {
+            let _ = k.join();
+        }
+        self.pools.drain();
+        if !self
+            .pools
+            .wait_for_teardowns(std::time::Duration::from_secs(60))
+        {
+            tracing::error!("warm members' teardowns were still running after 60 s");
+        }
+    }
+
+    /// The idle members of every pool now: `(provider, language, idle)`.
+    pub fn pools_idle(&self) -> Vec<(String, plimsoll_wire::Language, usize)> {
+        self.pools.idle()
+    }
+
+    /// The pools' counts since the engine was built.
+    pub fn pool_counts(&self) -> &PoolCounts {
+        &self.pools.counts
+    }
+
+    /// Waits until every used member's background teardown has ended.
+    pub fn wait_for_teardowns(&self, within: std::time::Duration) -> bool {
+        self.pools.wait_for_teardowns(within)
     }
 
     /// Loads a grants file (docs/capability-grants.md), reading every secret it names from
@@ -552,7 +678,7 @@ impl Engine {
             .grant
             .clone()
             .map(|p| Broker::start(p, caller, &run_id, decided.limits.timeout));
-        let plan = decided.launch(
+        let mut plan = decided.launch(
             req,
             &self.config,
             permit.slot(),
@@ -561,11 +687,36 @@ impl Engine {
                 .as_ref()
                 .map(|b| BrokerChannel::new(Arc::new(b.clone()))),
         );
+        // A warm member when a pool matches exactly and has one made under this evidence.
+        let claimed = self.pools.claim(
+            index,
+            &req.run,
+            &decided.limits,
+            decided.grant.is_none() && !decided.privileges.is_trial(),
+            &state.evidence_sha256,
+        );
         tracing::info!(
             request_id = %req.request_id, run_id = %run_id, caller, provider = chosen,
-            tier = %state.probed.tier, grant = req.grant.as_deref().unwrap_or("-"), "dispatching"
+            tier = %state.probed.tier, grant = req.grant.as_deref().unwrap_or("-"),
+            start = if claimed.is_some() { "warm" } else { "cold" }, "dispatching"
         );
-        let outcome = slot.provider.run(&plan);
+        let (outcome, _member_age) = match claimed {
+            Some(member) => {
+                let age = member.age;
+                let cold_plan = plan.clone();
+                plan.uid = member.uid();
+                plan.gid = member.uid();
+                match member.run(&plan) {
+                    // A member that could not take the run ran nothing: the run starts cold.
+                    Err(e) if e.not_dispatched().is_some() => {
+                        tracing::warn!(request_id = %req.request_id, provider = chosen, error = %e.message(), "a warm member could not take the run; starting it cold");
+                        (slot.provider.run(&cold_plan), None)
+                    }
+                    other => (other, Some(age)),
+                }
+            }
+            None => (slot.provider.run(&plan), None),
+        };
         // The sandbox is gone: close the channel and collect the calls it made.
         let calls = broker.map(|b| b.finish()).unwrap_or_default();
         drop(permit);

@@ -52,4 +52,13 @@ impl Provider for AnyProvider {
     fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), plimsoll_sandbox::Stale> {
         self.inner().adopt(evidence)
     }
+    fn warms(&self) -> bool {
+        self.inner().warms()
+    }
+    fn warm(
+        &self,
+        plan: &plimsoll_sandbox::WarmPlan,
+    ) -> Result<Box<dyn plimsoll_sandbox::WarmMember>, LaunchError> {
+        self.inner().warm(plan)
+    }
 }

@@ -38,6 +38,11 @@
 //! runsc = "/usr/bin/runsc"
 //! runsc_platform = "ptrace"
 //!
+//! [pools.crun.javascript]          # warm pools (docs/warm-pools.md); absent: the default floor's
+//! min_idle = 1                      # provider keeps one member per language warm
+//! max_members = 2
+//! max_age_secs = 300
+//!
 //! [daemon]
 //! listen = "127.0.0.1:7878"
 //! callers_file = "/etc/plimsoll/callers.toml"
@@ -60,6 +65,7 @@ use serde::Deserialize;
 
 use crate::config::{EngineConfig, LimitPolicy};
 use crate::engine::{BuildEngineError, Engine};
+use crate::pool::{PoolConfig, PoolSettings};
 use crate::providers::AnyProvider;
 
 /// The settings file, as written.
@@ -98,6 +104,41 @@ pub struct Settings {
     /// The daemon's own settings (ignored by the CLI's embedded engine).
     #[serde(default)]
     pub daemon: DaemonSection,
+    /// Warm pools by provider and language. Absent: the default floor's provider keeps
+    /// [`PoolSettings::default`] for both languages; present (even empty): exactly these.
+    pub pools: Option<std::collections::BTreeMap<String, PoolsOfProvider>>,
+}
+
+/// `[pools.<provider>]`: a pool per language.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolsOfProvider {
+    /// `[pools.<provider>.javascript]`.
+    pub javascript: Option<PoolValues>,
+    /// `[pools.<provider>.python]`.
+    pub python: Option<PoolValues>,
+}
+
+/// One pool's settings as written; each absent one keeps [`PoolSettings::default`]'s.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolValues {
+    /// Members kept idle (0: no pool).
+    pub min_idle: Option<usize>,
+    /// Members at most, idle or being made.
+    pub max_members: Option<usize>,
+    /// An idle member older than this is replaced, in seconds.
+    pub max_age_secs: Option<u64>,
+}
+
+impl PoolValues {
+    fn apply(&self, d: PoolSettings) -> PoolSettings {
+        PoolSettings {
+            min_idle: self.min_idle.unwrap_or(d.min_idle),
+            max_members: self.max_members.unwrap_or(d.max_members),
+            max_age: self.max_age_secs.map_or(d.max_age, Duration::from_secs),
+        }
+    }
 }
 
 /// `[limits]`.
@@ -421,7 +462,78 @@ impl Settings {
             max_per_caller: self.max_per_caller.unwrap_or(d.max_per_caller),
             sandbox_uid_base: self.sandbox_uid_base.unwrap_or(d.sandbox_uid_base),
             state_dir: self.state_dir.clone().unwrap_or(d.state_dir),
+            pools: Vec::new(),
         }
+    }
+
+    /// The warm pools these settings ask for over `providers` (the names in force): the
+    /// `[pools]` section's, or without one, both languages at the cheapest of `providers`
+    /// that makes members and is built for the default floor. Refuses a pool of an unknown
+    /// or unconfigured provider, and settings that make no sense.
+    pub fn pool_configs(
+        &self,
+        providers: &[&AnyProvider],
+        default_floor: Tier,
+    ) -> Result<Vec<PoolConfig>, BuildEngineError> {
+        use plimsoll_sandbox::Provider as _;
+        use plimsoll_wire::Language;
+        let Some(pools) = &self.pools else {
+            let default = providers
+                .iter()
+                .filter(|p| p.warms() && p.nominal_tier() >= default_floor)
+                .min_by_key(|p| p.cost());
+            return Ok(default.map_or_else(Vec::new, |p| {
+                [Language::Javascript, Language::Python]
+                    .into_iter()
+                    .map(|language| PoolConfig {
+                        provider: p.name().to_owned(),
+                        language,
+                        settings: PoolSettings::default(),
+                    })
+                    .collect()
+            }));
+        };
+        let mut out = Vec::new();
+        for (name, langs) in pools {
+            let Some(p) = providers.iter().find(|p| p.name() == name) else {
+                return Err(BuildEngineError::Invalid(format!(
+                    "[pools.{name}] names a provider that is not configured: add it to `providers` or remove the section"
+                )));
+            };
+            for (language, values) in [
+                (Language::Javascript, &langs.javascript),
+                (Language::Python, &langs.python),
+            ] {
+                let Some(values) = values else { continue };
+                let settings = values.apply(PoolSettings::default());
+                let lang = format!("{language:?}").to_lowercase();
+                if settings.min_idle == 0 {
+                    continue;
+                }
+                if !p.warms() {
+                    return Err(BuildEngineError::Invalid(format!(
+                        "[pools.{name}.{lang}]: {name} has no warm pool yet; remove the section (its runs start cold)"
+                    )));
+                }
+                if settings.min_idle > settings.max_members || settings.max_members > 64 {
+                    return Err(BuildEngineError::Invalid(format!(
+                        "[pools.{name}.{lang}]: min_idle ({}) must be at most max_members ({}), and max_members at most 64",
+                        settings.min_idle, settings.max_members
+                    )));
+                }
+                if settings.max_age.is_zero() {
+                    return Err(BuildEngineError::Invalid(format!(
+                        "[pools.{name}.{lang}]: max_age_secs must be at least 1"
+                    )));
+                }
+                out.push(PoolConfig {
+                    provider: name.clone(),
+                    language,
+                    settings,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// The evidence cache of an engine built from these settings: `evidence-cache.json` in
@@ -526,7 +638,9 @@ impl Settings {
                 }
             }
         }
-        Engine::new(config, providers)
+        let refs: Vec<&AnyProvider> = providers.iter().collect();
+        let pools = self.pool_configs(&refs, config.default_floor)?;
+        Engine::new(EngineConfig { pools, ..config }, providers)
     }
 }
 

@@ -158,6 +158,7 @@ pub(crate) fn created(
         mut child,
         stdout,
         stderr,
+        ..
     } = running;
     let waited = (|| {
         let mut pipes = Pipes::new(stdout, stderr, output_bytes)?;

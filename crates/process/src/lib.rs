@@ -18,6 +18,7 @@ mod harden;
 mod launch;
 pub mod policy;
 pub mod probe;
+mod warm;
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -164,6 +165,20 @@ impl Provider for ProcessProvider {
     }
     fn supports_broker(&self) -> bool {
         true
+    }
+    fn warms(&self) -> bool {
+        true
+    }
+    fn warm(
+        &self,
+        plan: &plimsoll_sandbox::WarmPlan,
+    ) -> Result<Box<dyn plimsoll_sandbox::WarmMember>, LaunchError> {
+        if !rustix::process::geteuid().is_root() {
+            return Err(LaunchError::environment(
+                "the process provider must run as root to give each member its own uid",
+            ));
+        }
+        Ok(Box::new(warm::make(&self.config, plan)?))
     }
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
         let RunSpec::Snippet(snippet) = &plan.spec else {

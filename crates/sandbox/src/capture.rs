@@ -141,7 +141,10 @@ pub fn capture(running: Running, limits: &CaptureLimits) -> Result<Captured, Cap
         mut child,
         stdout,
         stderr,
+        stdin,
     } = running;
+    // An input still open here is closed: the child reads end of file, as from /dev/null.
+    drop(stdin);
     let pid = child.id();
     let pumped = pump(&child, stdout.as_fd(), stderr.as_fd(), limits);
     if pumped.is_err() {

@@ -144,6 +144,9 @@ pub enum Unsupported {
     /// The process tier runs snippets only.
     #[error("the process tier runs snippets only; projects need the container tier or above")]
     SnippetsOnly,
+    /// The provider makes no warm members.
+    #[error("this provider has no warm pool: its runs start cold")]
+    NoWarmPool,
 }
 
 /// Why a provider is not offered: the checks its probe failed, or why it could not probe.

@@ -16,6 +16,7 @@ pub mod judge;
 pub mod reap;
 pub mod spawn;
 pub mod uidlease;
+pub mod warm;
 pub mod watchdog;
 
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ use plimsoll_wire::{Evidence, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
 pub use spawn::{Running, Spawn, SpawnError, spawned_total};
 pub use uidlease::{UidLease, lease_dir, try_lease};
+pub use warm::{Teardown, WarmMember, WarmPlan, WarmShape};
 
 /// The inodes a writable tmpfs of `bytes` may hold: one per KiB, at least 64. A file that
 /// holds no bytes takes no space but still costs the kernel an inode and a dentry, so without
@@ -183,6 +185,19 @@ pub trait Provider: Send + Sync {
     fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), Stale> {
         let _ = evidence;
         Ok(())
+    }
+    /// True when [`Provider::warm`] makes members.
+    fn warms(&self) -> bool {
+        false
+    }
+    /// Makes one warm member for `plan`: a fresh sandbox, started, its interpreter waiting
+    /// for one run's code ([`warm`]). Blocks until it waits.
+    fn warm(&self, plan: &WarmPlan) -> Result<Box<dyn WarmMember>, LaunchError> {
+        let _ = plan;
+        Err(LaunchError::not_started(
+            plimsoll_wire::Reason::Unsupported,
+            Unsupported::NoWarmPool,
+        ))
     }
 }
 

@@ -10,7 +10,7 @@
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, ChildStdout, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Stdio};
 use std::sync::OnceLock;
 
 use plimsoll_sys::exec::{PreExec, Step};
@@ -30,6 +30,7 @@ pub struct Spawn {
     env: Vec<(OsString, OsString)>,
     cwd: PathBuf,
     steps: PreExec,
+    stdin_pipe: bool,
 }
 
 impl std::fmt::Debug for Spawn {
@@ -43,6 +44,7 @@ impl std::fmt::Debug for Spawn {
             )
             .field("cwd", &self.cwd)
             .field("steps", &self.steps.names())
+            .field("stdin_pipe", &self.stdin_pipe)
             .finish()
     }
 }
@@ -56,6 +58,8 @@ pub struct Running {
     pub stdout: ChildStdout,
     /// Its standard error.
     pub stderr: ChildStderr,
+    /// The write end of its standard input, when it was asked for ([`Spawn::stdin_pipe`]).
+    pub stdin: Option<ChildStdin>,
 }
 
 impl Running {
@@ -108,7 +112,15 @@ impl Spawn {
             env: Vec::new(),
             cwd: cwd.into(),
             steps: PreExec::new(),
+            stdin_pipe: false,
         }
+    }
+
+    /// Gives the child a pipe as its standard input, its write end in [`Running::stdin`]
+    /// (instead of /dev/null).
+    pub fn stdin_pipe(mut self) -> Self {
+        self.stdin_pipe = true;
+        self
     }
 
     /// Adds an argument.
@@ -141,7 +153,7 @@ impl Spawn {
         self
     }
 
-    /// Starts the child: stdin from /dev/null, stdout and stderr to pipes.
+    /// Starts the child: stdin from /dev/null (or a pipe), stdout and stderr to pipes.
     pub fn spawn(self) -> Result<Running, SpawnError> {
         become_subreaper();
         SPAWNED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -158,7 +170,11 @@ impl Spawn {
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&self.cwd)
-            .stdin(Stdio::null())
+            .stdin(if self.stdin_pipe {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // A session of its own; nothing the parent opened without O_CLOEXEC reaches the
@@ -190,10 +206,12 @@ impl Spawn {
                 io::Error::other("the child's pipes are missing"),
             ));
         };
+        let stdin = child.stdin.take();
         Ok(Running {
             child,
             stdout,
             stderr,
+            stdin,
         })
     }
 }

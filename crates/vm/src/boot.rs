@@ -421,6 +421,7 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
         mut child,
         stdout,
         stderr,
+        ..
     } = running;
     let console = std::thread::spawn(move || drain_tail(stdout, CONSOLE_KEPT));
     let qemu_err = std::thread::spawn(move || drain_tail(stderr, CONSOLE_KEPT));

@@ -1,0 +1,494 @@
+//! Warm pools: members made ahead of requests, one pool per provider and language
+//! (docs/warm-pools.md). A member is a fresh sandbox whose interpreter waits for its code; a
+//! claim gives it exactly one run, after which it is destroyed off the answer's path and
+//! never returns. A pool's key is exact: the provider, the language, the fixed limits
+//! (memory, pids, disk: the operator's defaults) and the provider's evidence digest when the
+//! member was made. A run that matches no pool, or finds it empty, runs cold.
+//!
+//! One thread per engine keeps the pools: it makes members up to each pool's minimum idle
+//! (one at a time, backing off after failures), and drops members older than the maximum
+//! age, made under evidence the provider no longer has, or of a provider not taking runs.
+//! Dropping the engine drains every pool. Members live under the state directory like runs,
+//! so the start-up reap of a daemon that crashed removes them like runs.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::{
+    LaunchPlan, Provider, Teardown, UidLease, WarmMember, WarmPlan, WarmShape, error_chain,
+    try_lease,
+};
+use plimsoll_wire::{Language, RunSpec};
+
+/// A pool's settings (`[pools.<provider>.<language>]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Members kept idle and waiting.
+    pub min_idle: usize,
+    /// Members at most at once, idle or being made (the uids the pool reserves).
+    pub max_members: usize,
+    /// An idle member older than this is destroyed and replaced.
+    pub max_age: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings {
+            min_idle: 1,
+            max_members: 2,
+            max_age: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One pool as configured: which provider (by name) and language.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The provider's name.
+    pub provider: String,
+    /// The interpreter its members wait in.
+    pub language: Language,
+    /// How many, how old.
+    pub settings: PoolSettings,
+}
+
+/// What a pool's provider looks like to the keeper now.
+#[derive(Debug, Clone)]
+pub(crate) struct ProviderNow {
+    /// Its evidence digest, when it takes runs now (probed, available, not being rechecked).
+    pub evidence_sha256: Option<String>,
+}
+
+/// One idle member, with what it was made under.
+#[derive(Debug)]
+pub(crate) struct Idle {
+    member: Box<dyn WarmMember>,
+    slot: usize,
+    lease: Option<UidLease>,
+    evidence_sha256: String,
+    made: Instant,
+}
+
+/// A member taken for a run: give it its run with [`Claimed::run`].
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    idle: Idle,
+    pools: Arc<Pools>,
+    /// How long it waited between being ready and being claimed.
+    pub age: Duration,
+}
+
+impl Claimed {
+    /// The uid the run must be planned with.
+    pub fn uid(&self) -> u32 {
+        self.idle.member.uid()
+    }
+
+    /// The member's one run; its removal goes on in the background, and its uid is free
+    /// again only once that has ended.
+    pub fn run(
+        self,
+        plan: &LaunchPlan,
+    ) -> Result<plimsoll_sandbox::Outcome, plimsoll_sandbox::LaunchError> {
+        let Claimed { idle, pools, .. } = self;
+        let Idle {
+            member,
+            slot,
+            lease,
+            ..
+        } = idle;
+        match member.run(plan) {
+            Ok((outcome, teardown)) => {
+                pools.tear_down_later(teardown, slot, lease);
+                Ok(outcome)
+            }
+            Err(e) => {
+                drop(lease);
+                pools.free_slot(slot);
+                Err(e)
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pool {
+    provider: usize,
+    provider_name: String,
+    shape: WarmShape,
+    settings: PoolSettings,
+    idle: Mutex<VecDeque<Idle>>,
+    /// Consecutive failures to make a member, and when to try again.
+    backoff: Mutex<(u32, Option<Instant>)>,
+}
+
+/// Counts, for the metrics and tests.
+#[derive(Debug, Default)]
+pub struct PoolCounts {
+    /// Members made and waiting at some point.
+    pub made: AtomicU64,
+    /// Members claimed by a run.
+    pub claimed: AtomicU64,
+    /// Runs that matched a pool but found it empty, and ran cold.
+    pub empty: AtomicU64,
+    /// Members destroyed unclaimed (too old, stale evidence, shutdown).
+    pub discarded: AtomicU64,
+    /// Attempts to make a member that failed.
+    pub failed: AtomicU64,
+}
+
+/// Every pool of one engine.
+#[derive(Debug)]
+pub(crate) struct Pools {
+    pools: Vec<Pool>,
+    /// `slots[i]` is true while pool uid `first_uid + i` is held by a member.
+    slots: Mutex<Vec<bool>>,
+    first_uid: u32,
+    lease_dir: Option<PathBuf>,
+    runs_dir: PathBuf,
+    max_timeout: Duration,
+    stop: AtomicBool,
+    wake: (Mutex<u64>, Condvar),
+    pub counts: PoolCounts,
+    /// Teardowns still running in the background.
+    tearing: (Mutex<usize>, Condvar),
+}
+
+/// How long after `failures` consecutive failures a pool tries again: 100 ms doubling, at
+/// most a minute.
+pub(crate) fn backoff(failures: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1 << failures.min(10));
+    Duration::from_millis(ms.min(60_000))
+}
+
+impl Pools {
+    /// Pools for `configs`, each at `providers[i]` by name; `shape_of` gives each language's
+    /// fixed limits. Member uids are `first_uid..first_uid + Σ max_members`.
+    pub fn new(
+        configs: &[(usize, String, Language, PoolSettings)],
+        shape_of: impl Fn(Language) -> WarmShape,
+        first_uid: u32,
+        lease_dir: Option<PathBuf>,
+        runs_dir: PathBuf,
+        max_timeout: Duration,
+    ) -> Arc<Pools> {
+        let pools: Vec<Pool> = configs
+            .iter()
+            .map(|(provider, name, language, settings)| Pool {
+                provider: *provider,
+                provider_name: name.clone(),
+                shape: shape_of(*language),
+                settings: *settings,
+                idle: Mutex::new(VecDeque::new()),
+                backoff: Mutex::new((0, None)),
+            })
+            .collect();
+        let total = pools.iter().map(|p| p.settings.max_members).sum();
+        Arc::new(Pools {
+            pools,
+            slots: Mutex::new(vec![false; total]),
+            first_uid,
+            lease_dir,
+            runs_dir,
+            max_timeout,
+            stop: AtomicBool::new(false),
+            wake: (Mutex::new(0), Condvar::new()),
+            counts: PoolCounts::default(),
+            tearing: (Mutex::new(0), Condvar::new()),
+        })
+    }
+
+    /// The number of uids the pools reserve.
+    pub fn uid_count(configs: &[PoolConfig]) -> usize {
+        configs.iter().map(|c| c.settings.max_members).sum()
+    }
+
+    /// True when no pool is configured.
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+    }
+
+    /// Idle members per pool: `(provider, language, idle)`.
+    pub fn idle(&self) -> Vec<(String, Language, usize)> {
+        self.pools
+            .iter()
+            .map(|p| {
+                (
+                    p.provider_name.clone(),
+                    p.shape.language,
+                    p.idle.lock().unwrap_or_else(|e| e.into_inner()).len(),
+                )
+            })
+            .collect()
+    }
+
+    /// Takes an idle member for a run at `provider` of `spec` with these limits, made under
+    /// `evidence_sha256`, if a pool matches and has one. A match with none counts as empty.
+    pub fn claim(
+        self: &Arc<Self>,
+        provider: usize,
+        spec: &RunSpec,
+        limits: &plimsoll_sandbox::ResolvedLimits,
+        plain: bool,
+        evidence_sha256: &str,
+    ) -> Option<Claimed> {
+        let RunSpec::Snippet(snippet) = spec else {
+            return None;
+        };
+        if !plain || limits.timeout > self.max_timeout {
+            return None;
+        }
+        let shape = WarmShape {
+            language: snippet.language,
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            disk_bytes: limits.disk_bytes,
+        };
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.provider == provider && p.shape == shape)?;
+        let taken = {
+            let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+            // The newest member made under this evidence; an older one under other evidence
+            // is left for the keeper to destroy.
+            let at = idle
+                .iter()
+                .position(|m| m.evidence_sha256 == evidence_sha256);
+            at.and_then(|i| idle.remove(i))
+        };
+        self.nudge();
+        match taken {
+            Some(idle) => {
+                self.counts.claimed.fetch_add(1, Ordering::SeqCst);
+                Some(Claimed {
+                    age: idle.made.elapsed(),
+                    idle,
+                    pools: Arc::clone(self),
+                })
+            }
+            None => {
+                self.counts.empty.fetch_add(1, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+
+    fn nudge(&self) {
+        let (lock, cv) = &self.wake;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        cv.notify_all();
+    }
+
+    fn free_slot(&self, slot: usize) {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())[slot] = false;
+        self.nudge();
+    }
+
+    fn tear_down_later(self: &Arc<Self>, teardown: Teardown, slot: usize, lease: Option<UidLease>) {
+        *self.tearing.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let pools = Arc::clone(self);
+        let work = move || {
+            if let Err(e) = teardown.run() {
+                tracing::error!(error = %error_chain(e.as_ref()), "a used warm member was not fully removed");
+            }
+            drop(lease);
+            pools.free_slot(slot);
+            let (lock, cv) = &pools.tearing;
+            *lock.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            cv.notify_all();
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("warm-teardown".into())
+            .spawn(work)
+        {
+            tracing::error!(error = %e, "no thread for a warm member's teardown");
+        }
+    }
+
+    /// Waits until every background teardown has ended (at shutdown, and for tests).
+    pub fn wait_for_teardowns(&self, within: Duration) -> bool {
+        let (lock, cv) = &self.tearing;
+        let deadline = Instant::now() + within;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            n = cv
+                .wait_timeout(n, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// A free pool uid slot and its host-wide lease.
+    fn take_slot(&self) -> Option<(usize, Option<UidLease>)> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        for i in (0..slots.len()).filter(|i| !slots[*i]) {
+            let lease = match &self.lease_dir {
+                None => None,
+                Some(dir) => match try_lease(dir, self.first_uid + i as u32) {
+                    Ok(Some(l)) => Some(l),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot lease a warm member's uid");
+                        continue;
+                    }
+                },
+            };
+            slots[i] = true;
+            return Some((i, lease));
+        }
+        None
+    }
+
+    /// One round of the keeper: drop what must go, make one member where one is missing.
+    /// Returns true when it made or dropped something (so it goes round again at once).
+    pub fn keep(&self, providers: &[&dyn Provider], now: &[ProviderNow]) -> bool {
+        let mut acted = false;
+        for pool in &self.pools {
+            let current = now[pool.provider].evidence_sha256.as_deref();
+            let gone: Vec<Idle> = {
+                let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+                let (keep, gone): (VecDeque<Idle>, VecDeque<Idle>) =
+                    idle.drain(..).partition(|m| {
+                        Some(m.evidence_sha256.as_str()) == current
+                            && m.made.elapsed() < pool.settings.max_age
+                    });
+                *idle = keep;
+                gone.into()
+            };
+            for m in gone {
+                acted = true;
+                self.discard(m);
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return acted;
+            }
+            let Some(evidence) = current else { continue };
+            let idle_now = pool.idle.lock().unwrap_or_else(|e| e.into_inner()).len();
+            if idle_now >= pool.settings.min_idle.min(pool.settings.max_members) {
+                continue;
+            }
+            {
+                let b = pool.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                if b.1.is_some_and(|t| Instant::now() < t) {
+                    continue;
+                }
+            }
+            let Some((slot, lease)) = self.take_slot() else {
+                continue;
+            };
+            let uid = self.first_uid + slot as u32;
+            let plan = WarmPlan {
+                member_id: format!("warm-{}", new_member_id()),
+                shape: pool.shape,
+                uid,
+                gid: uid,
+                run_dir: PathBuf::new(),
+                max_timeout: self.max_timeout,
+            };
+            let plan = WarmPlan {
+                run_dir: self.runs_dir.join(&plan.member_id),
+                ..plan
+            };
+            acted = true;
+            match providers[pool.provider].warm(&plan) {
+                Ok(member) => {
+                    *pool.backoff.lock().unwrap_or_else(|e| e.into_inner()) = (0, None);
+                    self.counts.made.fetch_add(1, Ordering::SeqCst);
+                    pool.idle
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_back(Idle {
+                            member,
+                            slot,
+                            lease,
+                            evidence_sha256: evidence.to_owned(),
+                            made: Instant::now(),
+                        });
+                }
+                Err(e) => {
+                    drop(lease);
+                    self.free_slot(slot);
+                    self.counts.failed.fetch_add(1, Ordering::SeqCst);
+                    let mut b = pool.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                    b.0 = b.0.saturating_add(1);
+                    let wait = backoff(b.0);
+                    b.1 = Some(Instant::now() + wait);
+                    tracing::warn!(
+                        provider = pool.provider_name, language = ?pool.shape.language,
+                        failures = b.0, retry_in_ms = wait.as_millis() as u64,
+                        error = %e.message(), "cannot make a warm member"
+                    );
+                }
+            }
+        }
+        acted
+    }
+
+    fn discard(&self, m: Idle) {
+        let Idle {
+            member,
+            slot,
+            lease,
+            ..
+        } = m;
+        if let Err(e) = member.discard() {
+            tracing::error!(error = %error_chain(e.as_ref()), "an unused warm member was not fully removed");
+        }
+        self.counts.discarded.fetch_add(1, Ordering::SeqCst);
+        drop(lease);
+        self.free_slot(slot);
+    }
+
+    /// Waits until nudged (a claim, a freed uid) or `at_most` passed.
+    pub fn wait(&self, at_most: Duration) {
+        let (lock, cv) = &self.wake;
+        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = *g;
+        let _ = cv
+            .wait_timeout_while(g, at_most, |n| {
+                *n == seen && !self.stop.load(Ordering::SeqCst)
+            })
+            .unwrap_or_else(|e| e.into_inner());
+    }
+
+    /// Tells the keeper to stop (it ends after the member it may be making).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.nudge();
+    }
+
+    /// Stops the keeper and destroys every idle member; call once the keeper has ended.
+    pub fn drain(&self) {
+        self.stop();
+        for pool in &self.pools {
+            let gone: Vec<Idle> = pool
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain(..)
+                .collect();
+            for m in gone {
+                self.discard(m);
+            }
+        }
+    }
+
+    /// True once [`Pools::drain`] was called.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+}
+
+fn new_member_id() -> String {
+    let bytes: [u8; 12] = rand::random();
+    hex::encode(bytes)
+}

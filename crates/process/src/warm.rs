@@ -1,0 +1,243 @@
+//! Warm members at the process tier: a run directory, memory cgroup and hardened child made
+//! as for a cold run, its interpreter started and blocked reading its standard input. A claim
+//! writes the code into the code directory, sends `go`, and captures the run as a cold one
+//! is captured; the member is then killed and removed. Grants and trial steps never claim a
+//! member (it has no broker channel and no privileges): they run cold.
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::time::Duration;
+
+use plimsoll_sandbox::warm::{self, GO, JS_WAIT, PYTHON_WAIT, WarmMember, WarmPlan, WarmShape};
+use plimsoll_sandbox::{
+    CaptureLimits, Cause, LaunchError, LaunchPlan, Outcome, ResolvedLimits, Running, Spawn,
+    Teardown, capture, unix_ms_now,
+};
+use plimsoll_wire::{Bytes, Language, Reason, RunResult};
+
+use crate::bounds::MemoryCgroup;
+use crate::harden::Hardening;
+use crate::launch::{RunDir, WATCHDOG_GRACE, clean, error_chain};
+use crate::{PYTHON_FLAGS, ProcessConfig};
+
+/// How long a new member's interpreter may take to start and reach its read.
+const READY_WITHIN: Duration = Duration::from_secs(20);
+
+/// One idle member.
+#[derive(Debug)]
+pub struct ProcessMember {
+    dir: RunDir,
+    cgroup: MemoryCgroup,
+    running: Running,
+    shape: WarmShape,
+    max_timeout: Duration,
+    uid: u32,
+    main: &'static str,
+}
+
+/// Removes what a member had: every process of its uid, its directory and mount, its cgroup.
+fn remove(uid: u32, dir: &RunDir, cgroup: MemoryCgroup) -> Result<(), Cause> {
+    let cleaned = clean(uid, dir);
+    let removed = cgroup
+        .remove()
+        .map_err(|e| format!("cannot remove the member's memory cgroup: {e}"));
+    match (cleaned, removed) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e.into()),
+        (Err(a), Err(b)) => Err(format!("{a}; {b}").into()),
+    }
+}
+
+/// Makes a member for `plan`: everything a cold run of its shape gets, the interpreter
+/// started, and returns once it waits on its input.
+pub fn make(config: &ProcessConfig, plan: &WarmPlan) -> Result<ProcessMember, LaunchError> {
+    let shape = plan.shape;
+    let dir = RunDir::create(&plan.run_dir, plan.uid, plan.gid, shape.disk_bytes)
+        .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+    let cgroup = match MemoryCgroup::create(&dir.name(), shape.memory_bytes) {
+        Ok(cg) => cg,
+        Err(e) => {
+            let e = LaunchError::environment(error_chain(&e));
+            return Err(e.after_cleanup(clean(plan.uid, &dir)));
+        }
+    };
+    match start(config, plan, &dir, &cgroup) {
+        Ok((running, main)) => Ok(ProcessMember {
+            dir,
+            cgroup,
+            running,
+            shape,
+            max_timeout: plan.max_timeout,
+            uid: plan.uid,
+            main,
+        }),
+        Err(e) => Err(e.after_cleanup(remove(plan.uid, &dir, cgroup))),
+    }
+}
+
+fn start(
+    config: &ProcessConfig,
+    plan: &WarmPlan,
+    dir: &RunDir,
+    cgroup: &MemoryCgroup,
+) -> Result<(Running, &'static str), LaunchError> {
+    let shape = plan.shape;
+    let env = |e: &dyn std::error::Error| LaunchError::environment(error_chain(e));
+    let procs = cgroup
+        .procs_file()
+        .map_err(|e| LaunchError::environment(format!("cannot use the memory cgroup: {e}")))?;
+    // The limits a cold run of this shape gets; RLIMIT_CPU is set for the longest timeout a
+    // run may ask (the run's own is the deadline applied at the claim).
+    let limits = ResolvedLimits {
+        timeout: plan.max_timeout,
+        memory_bytes: shape.memory_bytes,
+        output_bytes: 0,
+        pids: shape.pids,
+        disk_bytes: shape.disk_bytes,
+        artifact_bytes: 0,
+    };
+    let hardening = Hardening::prepare(
+        &limits,
+        plan.uid,
+        plan.gid,
+        &dir.code,
+        &dir.work,
+        None,
+        procs.into(),
+    )
+    .map_err(|e| env(&e))?;
+    plimsoll_sandbox::reap::signal_all_as(plan.uid)
+        .map_err(|e| LaunchError::environment(format!("cannot clear uid {}: {e}", plan.uid)))?;
+    let (program, main, mut args): (_, _, Vec<OsString>) = match shape.language {
+        Language::Javascript => (&config.node, "main.js", vec!["-e".into(), JS_WAIT.into()]),
+        Language::Python => {
+            let mut args: Vec<OsString> = PYTHON_FLAGS.iter().map(Into::into).collect();
+            args.extend(["-c".into(), PYTHON_WAIT.into()]);
+            (&config.python, "main.py", args)
+        }
+    };
+    args.push(dir.code.join(main).into_os_string());
+    let running = Spawn::new(program, &dir.work)
+        .args(&args)
+        .stdin_pipe()
+        .before_exec(hardening.into_pre_exec())
+        .spawn()
+        .map_err(|e| env(&e))?;
+    if let Err(e) = warm::wait_until_reading(running.child.id(), READY_WITHIN) {
+        running.kill_group();
+        let mut running = running;
+        let _ = running.child.wait();
+        return Err(LaunchError::environment(format!(
+            "the member's interpreter did not come to wait for its code: {e}"
+        )));
+    }
+    Ok((running, main))
+}
+
+impl WarmMember for ProcessMember {
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
+        let ProcessMember {
+            dir,
+            cgroup,
+            mut running,
+            shape,
+            max_timeout,
+            uid,
+            main,
+        } = *self;
+        let claimed = (|| {
+            let code = warm::check_claim(plan, &shape, uid, max_timeout)
+                .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
+            dir.add_code(main, code.as_bytes(), 0o640)
+                .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+            Ok::<_, LaunchError>(())
+        })();
+        if let Err(e) = claimed {
+            running.kill_group();
+            let _ = running.child.wait();
+            return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
+        }
+        let limits = CaptureLimits::new(plan.limits.output_bytes, plan.limits.timeout);
+        let outside = plimsoll_sandbox::watchdog::start(
+            &[cgroup.procs_path()],
+            plan.limits.timeout + WATCHDOG_GRACE,
+        );
+        let outside = match outside {
+            Ok(w) => w,
+            Err(e) => {
+                running.kill_group();
+                let _ = running.child.wait();
+                let e = LaunchError::environment(format!(
+                    "cannot start the run's watchdog: {}",
+                    error_chain(&e)
+                ));
+                return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
+            }
+        };
+        let started_unix_ms = unix_ms_now();
+        let sent = running
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("the member has no input pipe"))
+            .and_then(|mut input| input.write_all(GO));
+        if let Err(e) = sent {
+            running.kill_group();
+            let _ = running.child.wait();
+            let e = LaunchError::may_have_run(format!("cannot hand the member its code: {e}"));
+            return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
+        }
+        let captured = capture(running, &limits);
+        let ended_unix_ms = unix_ms_now();
+        drop(outside);
+        let oom_killed = cgroup.oom_killed();
+        // Whatever the code left running dies now; the rest of the removal is off the
+        // answer's path.
+        let _ = plimsoll_sandbox::reap::signal_all_as(uid);
+        let teardown = Teardown::new(move || remove(uid, &dir, cgroup));
+        let c = match captured {
+            Ok(c) => c,
+            Err(e) => {
+                let e = LaunchError::may_have_run(error_chain(&e));
+                return Err(e.after_cleanup(teardown.run()));
+            }
+        };
+        Ok((
+            Outcome {
+                result: RunResult {
+                    exit_code: c.exit_code,
+                    signal: c.signal,
+                    timed_out: c.timed_out,
+                    oom_killed,
+                    stdout: Bytes(c.stdout),
+                    stdout_truncated: c.stdout_truncated,
+                    stderr: Bytes(c.stderr),
+                    stderr_truncated: c.stderr_truncated,
+                    steps: Vec::new(),
+                    artifacts: Vec::new(),
+                    calls: Vec::new(),
+                },
+                started_unix_ms,
+                ended_unix_ms,
+            },
+            teardown,
+        ))
+    }
+
+    fn discard(self: Box<Self>) -> Result<(), Cause> {
+        let ProcessMember {
+            dir,
+            cgroup,
+            running,
+            uid,
+            ..
+        } = *self;
+        running.kill_group();
+        let mut running = running;
+        let _ = running.child.wait();
+        remove(uid, &dir, cgroup)
+    }
+}

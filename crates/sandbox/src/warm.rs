@@ -1,0 +1,202 @@
+//! Warm members: a fresh sandbox made ahead of any request, its interpreter already started
+//! and waiting for its code. A member gives exactly one run ([`WarmMember::run`] consumes
+//! it) and is destroyed after it, or unclaimed ([`WarmMember::discard`]); it never returns
+//! to its pool. The engine's pools (crates/engine/src/pool.rs) decide when members are made,
+//! claimed and dropped; a provider only makes them and runs them.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plimsoll_wire::Language;
+
+use crate::{Cause, LaunchError, LaunchPlan, Outcome};
+
+/// What a member is made for: everything fixed before the code is known. A run claims a
+/// member only when its own language and limits are exactly these (and its provider's
+/// evidence is the one the member was made under; the engine checks that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WarmShape {
+    /// The interpreter that waits.
+    pub language: Language,
+    /// The memory limit, bytes.
+    pub memory_bytes: u64,
+    /// The processes-and-threads limit.
+    pub pids: u64,
+    /// The writable disk, bytes.
+    pub disk_bytes: u64,
+}
+
+/// Where and as whom one member is made.
+#[derive(Debug, Clone)]
+pub struct WarmPlan {
+    /// A fresh id, unique on this host; names the member's directory, container, cgroup.
+    pub member_id: String,
+    /// What it is made for.
+    pub shape: WarmShape,
+    /// The unprivileged uid its code will run as, held by the member alone for its life.
+    pub uid: u32,
+    /// The gid.
+    pub gid: u32,
+    /// Where the provider keeps the member's files; created by the provider, removed with it.
+    pub run_dir: PathBuf,
+    /// The longest timeout a run may ask for: what can only be set when the sandbox starts
+    /// (the process tier's RLIMIT_CPU) is set for this; the run's own timeout is applied when
+    /// it claims the member.
+    pub max_timeout: Duration,
+}
+
+/// The part of a claimed member's end that is off the answer's path: what the run left is
+/// removed after the caller has its result. The member's uid must stay out of use until it
+/// has run.
+pub struct Teardown(Box<dyn FnOnce() -> Result<(), Cause> + Send>);
+
+impl Teardown {
+    /// A teardown that runs `f`.
+    pub fn new(f: impl FnOnce() -> Result<(), Cause> + Send + 'static) -> Self {
+        Teardown(Box::new(f))
+    }
+
+    /// Removes everything of the member: its processes, files, mounts, cgroups.
+    pub fn run(self) -> Result<(), Cause> {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for Teardown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Teardown")
+    }
+}
+
+/// A member of a warm pool: a started sandbox whose interpreter waits for one run's code.
+pub trait WarmMember: Send + fmt::Debug {
+    /// The uid the member's code runs as (the plan given to [`WarmMember::run`] must name it).
+    fn uid(&self) -> u32;
+
+    /// Gives the member its one run: the code, the timeout and the output cap come from
+    /// `plan` (whose language and limits must match the member's shape: `Err` and nothing
+    /// run otherwise). Blocks until the run's result is complete. Its processes are killed
+    /// before this returns; the rest of its removal is the returned [`Teardown`]. On `Err`
+    /// the member is already removed (a failed removal kept beside the error).
+    fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError>;
+
+    /// Destroys a member that was never claimed: its processes, files, mounts, cgroups.
+    fn discard(self: Box<Self>) -> Result<(), Cause>;
+}
+
+/// Why a member was not claimed with this plan.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    /// Not a snippet.
+    #[error("a warm member runs one snippet; this plan is a project")]
+    NotSnippet,
+    /// Another language, or other fixed limits.
+    #[error("the plan's language and limits are not the member's ({0})")]
+    Shape(String),
+    /// Another uid.
+    #[error("the plan names uid {plan}, the member runs as {member}")]
+    Uid {
+        /// The plan's.
+        plan: u32,
+        /// The member's.
+        member: u32,
+    },
+    /// A timeout over the member's maximum.
+    #[error("the plan's timeout is over the member's maximum")]
+    Timeout,
+    /// A broker channel or the trial runner's privileges (members have neither).
+    #[error("a warm member has no broker channel and no privileges")]
+    Privileged,
+}
+
+/// Checks that `plan` may claim a member of `shape` running as `uid` made for `max_timeout`;
+/// the code of the snippet on success.
+pub fn check_claim<'a>(
+    plan: &'a LaunchPlan,
+    shape: &WarmShape,
+    uid: u32,
+    max_timeout: Duration,
+) -> Result<&'a str, Mismatch> {
+    let plimsoll_wire::RunSpec::Snippet(snippet) = &plan.spec else {
+        return Err(Mismatch::NotSnippet);
+    };
+    let asked = WarmShape {
+        language: snippet.language,
+        memory_bytes: plan.limits.memory_bytes,
+        pids: plan.limits.pids,
+        disk_bytes: plan.limits.disk_bytes,
+    };
+    if asked != *shape {
+        return Err(Mismatch::Shape(format!("{asked:?} against {shape:?}")));
+    }
+    if plan.uid != uid {
+        return Err(Mismatch::Uid {
+            plan: plan.uid,
+            member: uid,
+        });
+    }
+    if plan.limits.timeout > max_timeout {
+        return Err(Mismatch::Timeout);
+    }
+    if plan.broker.is_some() || plan.privileges.is_trial() {
+        return Err(Mismatch::Privileged);
+    }
+    Ok(&snippet.code)
+}
+
+/// The JavaScript an idle member's node runs (`node -e`): it waits until its standard input
+/// closes, and then, only if it read exactly `go\n`, runs the file named by its first
+/// argument as the main module, as `node <file>` would. Anything else (the daemon went away
+/// before a claim) ends it without running anything.
+pub const JS_WAIT: &str = "const fs = require('fs'); const b = Buffer.alloc(16); let s = ''; \
+for (;;) { let n; try { n = fs.readSync(0, b, 0, b.length, null); } \
+catch (e) { if (e.code === 'EAGAIN') continue; process.exit(75); } \
+if (n === 0) break; s += b.toString('latin1', 0, n); if (s.length > 3) break; } \
+if (s !== 'go\\n') process.exit(75); \
+require('module').runMain(process.argv[1]);";
+
+/// The Python an idle member's python3 runs (`python3 -I -B -c`): the same handshake as
+/// [`JS_WAIT`], then the file named by its first argument runs as `__main__`.
+pub const PYTHON_WAIT: &str = "import sys, runpy\n\
+s = sys.stdin.buffer.read(4)\n\
+if s != b'go\\n' or sys.stdin.buffer.read(1):\n    sys.exit(75)\n\
+p = sys.argv.pop(1); sys.argv[0] = p\n\
+runpy.run_path(p, run_name='__main__')\n";
+
+/// What a claim writes to the waiting interpreter before it closes its input.
+pub const GO: &[u8] = b"go\n";
+
+/// Waits until process `pid` (its main thread) is blocked in `read` on its standard input,
+/// as an idle member's interpreter is once it has started: the member is warm from then on.
+/// `Err` when it ended first, or did not get there `within`.
+pub fn wait_until_reading(pid: u32, within: Duration) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    let read = libc::SYS_read.to_string();
+    loop {
+        // "<nr> <arg0> ..." while blocked in a system call; "running" otherwise.
+        let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall"))?;
+        let mut fields = syscall.split_whitespace();
+        if fields.next() == Some(read.as_str()) && fields.next() == Some("0x0") {
+            return Ok(());
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        if stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'))
+        {
+            return Err(std::io::Error::other(
+                "it exited before it waited for its code",
+            ));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(std::io::Error::other(format!(
+                "it was not waiting for its code after {} ms (last seen: {})",
+                within.as_millis(),
+                syscall.trim()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
