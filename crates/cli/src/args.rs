@@ -172,6 +172,9 @@ pub struct BenchArgs {
     /// Unmeasured runs per case first.
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
+    /// Seconds of each sustained-throughput measurement.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=600))]
+    pub seconds: u32,
 }
 
 /// `plimsoll init`.

@@ -36,17 +36,20 @@ const LANGUAGES: [Language; 2] = [Language::Javascript, Language::Python];
 
 /// One thing measured.
 enum Case {
-    /// A run on the embedded engine, on one provider.
+    /// A run on the embedded engine, on one provider: the cold engine's, or the warm one's
+    /// (pools kept; each sample waits, untimed, until its pool has a member).
     Engine {
         provider: String,
         tier: Tier,
         language: Language,
+        warm: bool,
     },
-    /// A run through plimsolld, on one provider.
+    /// A run through plimsolld, on one provider: the daemon without pools, or the one with.
     Daemon {
         provider: String,
         tier: Tier,
         language: Language,
+        warm: bool,
     },
     /// The interpreter itself, environment cleared.
     Bare {
@@ -59,11 +62,17 @@ impl Case {
     fn label(&self) -> String {
         match self {
             Case::Engine {
-                provider, language, ..
-            } => format!("engine  {provider} {}", language.as_str()),
+                provider,
+                language,
+                warm,
+                ..
+            } => format!("engine {} {provider} {}", start(*warm), language.as_str()),
             Case::Daemon {
-                provider, language, ..
-            } => format!("daemon  {provider} {}", language.as_str()),
+                provider,
+                language,
+                warm,
+                ..
+            } => format!("daemon {} {provider} {}", start(*warm), language.as_str()),
             Case::Bare { language, program } => {
                 format!("bare    {} ({})", language.as_str(), program.display())
             }
@@ -79,12 +88,34 @@ impl Case {
     }
 }
 
+fn start(warm: bool) -> &'static str {
+    if warm { "warm" } else { "cold" }
+}
+
 /// What one case gathered.
 #[derive(Default)]
 struct Samples {
     ms: Vec<f64>,
+    /// Of the measured runs, how many said `start: warm`.
+    warm: u32,
     failures: u32,
     first_failure: Option<String>,
+}
+
+/// Pools for both languages at every provider in `names`, as a `[pools]` table.
+fn pools_table(names: &[String]) -> toml::Value {
+    let mut pools = toml::Table::new();
+    for name in names {
+        let mut langs = toml::Table::new();
+        for language in LANGUAGES {
+            let mut p = toml::Table::new();
+            p.insert("min_idle".into(), toml::Value::Integer(1));
+            p.insert("max_members".into(), toml::Value::Integer(2));
+            langs.insert(language.as_str().into(), toml::Value::Table(p));
+        }
+        pools.insert(name.clone(), toml::Value::Table(langs));
+    }
+    toml::Value::Table(pools)
 }
 
 /// Runs `plimsoll bench`.
@@ -116,62 +147,110 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
         );
     }
 
-    let daemon = if available.is_empty() {
+    // The providers that keep warm pools, and an embedded engine keeping them.
+    let warming: Vec<String> = available
+        .iter()
+        .filter(|(name, _)| engine.warms(name))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let engine_uids = engine_settings.engine_config();
+    let providers = engine_settings
+        .providers
+        .as_ref()
+        .map_or(plimsoll_engine::settings::PROVIDER_NAMES.len(), Vec::len);
+    // Past the embedded engine's whole range (run uids, the first probe uid, controller uids,
+    // a probe uid per further provider, and its pools' uids, which it never uses): each
+    // daemon and the warm engine a range of their own.
+    let uid_base = plimsoll_engine::uid_range_end(
+        engine_uids.sandbox_uid_base,
+        engine_uids.max_concurrent,
+        providers,
+    )
+    .and_then(|b| b.checked_add(10_000))
+    .filter(|b| b.checked_add(3 * 10_000).is_some())
+    .ok_or_else(|| Failure::usage(anyhow!("the embedded engine's uid range is out of range")))?;
+    let warm_engine = if warming.is_empty() {
         None
     } else {
-        eprintln!("plimsoll bench: starting plimsolld");
+        let mut w = engine_settings.clone();
+        w.state_dir = Some(dir.path().join("warm-engine-state"));
+        w.sandbox_uid_base = Some(uid_base + 20_000);
+        let pool = || {
+            Some(plimsoll_engine::settings::PoolValues {
+                min_idle: Some(1),
+                max_members: Some(2),
+                max_age_secs: None,
+            })
+        };
+        w.pools = Some(
+            warming
+                .iter()
+                .map(|name| {
+                    let langs = plimsoll_engine::settings::PoolsOfProvider {
+                        javascript: pool(),
+                        python: pool(),
+                    };
+                    (name.clone(), langs)
+                })
+                .collect(),
+        );
+        let e = embedded_engine(&w)?;
+        e.start_pools();
+        Some(e)
+    };
+
+    let daemons = if available.is_empty() {
+        None
+    } else {
+        eprintln!("plimsoll bench: starting two plimsolld, without pools and with");
         let config_text = match settings_path(config) {
             Some(p) => std::fs::read_to_string(&p)
                 .with_context(|| format!("cannot read {}", p.display()))
                 .map_err(Failure::usage)?,
             None => String::new(),
         };
-        let engine_uids = engine_settings.engine_config();
-        // Past the embedded engine's whole range: run uids, the first probe uid, controller
-        // uids, then one probe uid per further provider.
-        let providers = engine_settings
-            .providers
-            .as_ref()
-            .map_or(plimsoll_engine::settings::PROVIDER_NAMES.len(), Vec::len);
-        let uid_base = plimsoll_engine::uid_range_end(
-            engine_uids.sandbox_uid_base,
-            engine_uids.max_concurrent,
-            providers,
+        let cold = BenchDaemon::start(
+            "cold",
+            &config_text,
+            &available,
+            toml::Value::Table(toml::Table::new()),
+            uid_base,
+            dir.path(),
         )
-        .ok_or_else(|| {
-            Failure::usage(anyhow!("the embedded engine's uid range is out of range"))
-        })?;
-        Some(
-            BenchDaemon::start(&config_text, &available, uid_base, dir.path())
-                .map_err(Failure::failed)?,
+        .map_err(Failure::failed)?;
+        let warm = BenchDaemon::start(
+            "warm",
+            &config_text,
+            &available,
+            pools_table(&warming),
+            uid_base + 10_000,
+            dir.path(),
         )
+        .map_err(Failure::failed)?;
+        Some((cold, warm))
     };
 
     let mut cases = Vec::new();
     for (provider, tier) in &available {
         for language in LANGUAGES {
-            cases.push(Case::Engine {
-                provider: provider.clone(),
-                tier: *tier,
-                language,
-            });
-            cases.push(Case::Daemon {
-                provider: provider.clone(),
-                tier: *tier,
-                language,
-            });
+            let warms = [false].into_iter().chain(warming.contains(provider).then_some(true));
+            for warm in warms {
+                cases.push(Case::Engine {
+                    provider: provider.clone(),
+                    tier: *tier,
+                    language,
+                    warm,
+                });
+                cases.push(Case::Daemon {
+                    provider: provider.clone(),
+                    tier: *tier,
+                    language,
+                    warm,
+                });
+            }
         }
     }
-    let node = settings
-        .process
-        .node
-        .clone()
-        .unwrap_or_else(|| "/usr/bin/node".into());
-    let python = settings
-        .process
-        .python
-        .clone()
-        .unwrap_or_else(|| "/usr/bin/python3".into());
+    let (node, python) = node_and_python(&settings);
     cases.push(Case::Bare {
         language: Language::Javascript,
         program: node,
@@ -194,15 +273,32 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
         for i in 0..cases.len() {
             let index = (i + round as usize) % cases.len();
             let case = &cases[index];
+            let (engine, client) = match case {
+                Case::Engine { warm: true, .. } => match &warm_engine {
+                    Some(w) => {
+                        wait_for_member(w, case);
+                        (w, None)
+                    }
+                    None => (&engine, None),
+                },
+                Case::Daemon { warm, .. } => (
+                    &engine,
+                    daemons.as_ref().map(|(c, w)| if *warm { &w.client } else { &c.client }),
+                ),
+                _ => (&engine, None),
+            };
             let started = Instant::now();
-            let outcome = measure(case, &engine, daemon.as_ref().map(|d| &d.client));
+            let outcome = measure(case, engine, client);
             let elapsed = started.elapsed();
             if round < a.warmup {
                 continue;
             }
             let s = &mut samples[index];
             match outcome {
-                Ok(()) => s.ms.push(elapsed.as_secs_f64() * 1000.0),
+                Ok(warm) => {
+                    s.ms.push(elapsed.as_secs_f64() * 1000.0);
+                    s.warm += u32::from(warm);
+                }
                 Err(e) => {
                     s.failures += 1;
                     s.first_failure.get_or_insert_with(|| format!("{e:#}"));
@@ -210,16 +306,31 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
             }
         }
     }
-    drop(daemon);
+    let mut report = table(&cases, &mut samples);
+    if let Some(w) = &warm_engine {
+        report.push_str(&members_memory(w, &warming));
+    }
+    if let Some((_, warm)) = &daemons {
+        report.push_str(&throughput(
+            &warm.client,
+            &available,
+            &warming,
+            &node_and_python(&settings),
+            Duration::from_secs(u64::from(a.seconds)),
+        ));
+    }
+    drop(daemons);
+    drop(warm_engine);
 
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(table(&cases, &mut samples).as_bytes());
+    let _ = out.write_all(report.as_bytes());
     let _ = out.flush();
     Ok(EXIT_OK)
 }
 
-/// One run of a case; an error when it did not run or did not print `1`.
-fn measure(case: &Case, engine: &Engine, client: Option<&Client>) -> anyhow::Result<()> {
+/// One run of a case: whether it started warm; an error when it did not run or did not
+/// print `1`.
+fn measure(case: &Case, engine: &Engine, client: Option<&Client>) -> anyhow::Result<bool> {
     let language = case.language();
     let response: RunResponse = match case {
         Case::Engine { provider, tier, .. } => {
@@ -238,26 +349,8 @@ fn measure(case: &Case, engine: &Engine, client: Option<&Client>) -> anyhow::Res
             client.run(options).map_err(|e| anyhow!(e))?
         }
         Case::Bare { program, .. } => {
-            let flag = match language {
-                Language::Javascript => "-e",
-                Language::Python => "-c",
-            };
-            // Spawn clears the environment, as a sandbox's is.
-            let running = Spawn::new(program, "/")
-                .arg(flag)
-                .arg(snippet(language))
-                .spawn()
-                .with_context(|| format!("cannot start {}", program.display()))?;
-            let (status, stdout) = wait_with_output(running)?;
-            if !status.success() || stdout != b"1\n" {
-                bail!(
-                    "{} exited with {} and printed {:?}",
-                    program.display(),
-                    status,
-                    String::from_utf8_lossy(&stdout)
-                );
-            }
-            return Ok(());
+            bare_run(program, language)?;
+            return Ok(false);
         }
     };
     let r = &response.result;
@@ -269,7 +362,222 @@ fn measure(case: &Case, engine: &Engine, client: Option<&Client>) -> anyhow::Res
             r.stderr.to_string_lossy()
         );
     }
+    Ok(r.start == Some(plimsoll_wire::Start::Warm))
+}
+
+/// The interpreter itself, environment cleared, printing `1`.
+fn bare_run(program: &Path, language: Language) -> anyhow::Result<()> {
+    let flag = match language {
+        Language::Javascript => "-e",
+        Language::Python => "-c",
+    };
+    // Spawn clears the environment, as a sandbox's is.
+    let running = Spawn::new(program, "/")
+        .arg(flag)
+        .arg(snippet(language))
+        .spawn()
+        .with_context(|| format!("cannot start {}", program.display()))?;
+    let (status, stdout) = wait_with_output(running)?;
+    if !status.success() || stdout != b"1\n" {
+        bail!(
+            "{} exited with {} and printed {:?}",
+            program.display(),
+            status,
+            String::from_utf8_lossy(&stdout)
+        );
+    }
     Ok(())
+}
+
+/// The interpreters the process tier runs, the bare cases' programs.
+fn node_and_python(settings: &Settings) -> (PathBuf, PathBuf) {
+    let node = settings.process.node.clone();
+    let python = settings.process.python.clone();
+    (
+        node.unwrap_or_else(|| "/usr/bin/node".into()),
+        python.unwrap_or_else(|| "/usr/bin/python3".into()),
+    )
+}
+
+/// Waits (untimed, at most 10 s) until the warm engine's pool for `case` has a member, so the
+/// sample measures a claim, not a refill.
+fn wait_for_member(engine: &Engine, case: &Case) {
+    let Case::Engine {
+        provider, language, ..
+    } = case
+    else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let has = engine
+            .pools_idle()
+            .iter()
+            .any(|(p, l, n)| p == provider && l == language && *n > 0);
+        if has {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Resident memory of every process of `uids`, KiB.
+fn rss_kib_of_uids(uids: std::ops::Range<u32>) -> u64 {
+    plimsoll_sandbox::reap::processes_of_uids(uids)
+        .into_iter()
+        .filter_map(|pid| rss_kib(pid as u32))
+        .sum()
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix("VmRSS:")?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The memory of an idle member, per language, beside the same interpreter waiting on a pipe
+/// unsandboxed: the members' resident sets (every process of the warm engine's pool uids,
+/// with the pools full), divided by the members.
+fn members_memory(engine: &Engine, warming: &[String]) -> String {
+    let mut out = String::from("\nidle members (warm engine, pools full):\n");
+    let first = plimsoll_engine::uid_range_end(
+        engine.config().sandbox_uid_base,
+        engine.config().max_concurrent,
+        engine.providers().len(),
+    )
+    .unwrap_or(0);
+    let (node, python) = (PathBuf::from("/usr/bin/node"), PathBuf::from("/usr/bin/python3"));
+    for language in LANGUAGES {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let full = || {
+            engine
+                .pools_idle()
+                .iter()
+                .filter(|(p, _, _)| warming.contains(p))
+                .all(|(_, _, n)| *n >= 1)
+        };
+        while !full() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let members: usize = engine
+            .pools_idle()
+            .iter()
+            .map(|(_, _, n)| *n)
+            .sum::<usize>()
+            .max(1);
+        let all = rss_kib_of_uids(first..first + 1_000);
+        let program = match language {
+            Language::Javascript => &node,
+            Language::Python => &python,
+        };
+        let bare = bare_waiting_rss_kib(program, language);
+        out.push_str(&format!(
+            "  {}: bare interpreter waiting on a pipe {} KiB RSS\n",
+            language.as_str(),
+            bare.map_or_else(|| "-".to_owned(), |k| k.to_string()),
+        ));
+        if language == Language::Python {
+            out.push_str(&format!(
+                "  all {members} idle members together {all} KiB RSS, {} KiB a member\n",
+                all / members as u64
+            ));
+        }
+    }
+    out
+}
+
+/// The resident set of `program` started as a member's interpreter is, outside any sandbox,
+/// once it waits on its input.
+fn bare_waiting_rss_kib(program: &Path, language: Language) -> Option<u64> {
+    use plimsoll_sandbox::warm::{JS_WAIT, PYTHON_WAIT, wait_until_reading};
+    let (flag, code) = match language {
+        Language::Javascript => ("-e", JS_WAIT),
+        Language::Python => ("-c", PYTHON_WAIT),
+    };
+    let mut running = Spawn::new(program, "/")
+        .args(["-I", "-B"].iter().filter(|_| language == Language::Python))
+        .arg(flag)
+        .arg(code)
+        .arg("/nonexistent")
+        .stdin_pipe()
+        .spawn()
+        .ok()?;
+    let pid = running.child.id();
+    let rss = wait_until_reading(pid, Duration::from_secs(10))
+        .ok()
+        .and_then(|()| rss_kib(pid));
+    drop(running.stdin.take());
+    let _ = running.child.wait();
+    rss
+}
+
+/// Sustained trivial runs per second through the daemon with pools, two clients at once, for
+/// `length` per provider and language; beside bare interpreter starts per second on the
+/// same cores, two at once.
+fn throughput(
+    client: &Client,
+    available: &[(String, Tier)],
+    warming: &[String],
+    (node, python): &(PathBuf, PathBuf),
+    length: Duration,
+) -> String {
+    let mut out = format!(
+        "\nsustained, 2 at once for {} s:\n",
+        length.as_secs_f64()
+    );
+    let rate = |f: &(dyn Fn() -> bool + Sync)| -> (f64, u32) {
+        let stop = Instant::now() + length;
+        let (ok, bad) = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let (mut ok, mut bad) = (0u32, 0u32);
+                        while Instant::now() < stop {
+                            if f() { ok += 1 } else { bad += 1 }
+                        }
+                        (ok, bad)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .filter_map(|w| w.join().ok())
+                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        });
+        (f64::from(ok) / length.as_secs_f64(), bad)
+    };
+    for language in LANGUAGES {
+        let program = match language {
+            Language::Javascript => node,
+            Language::Python => python,
+        };
+        let (bare, _) = rate(&|| bare_run(program, language).is_ok());
+        out.push_str(&format!(
+            "  bare {}: {bare:.1} starts/s\n",
+            language.as_str()
+        ));
+        for (provider, tier) in available.iter().filter(|(p, _)| warming.contains(p)) {
+            let (runs, failed) = rate(&|| {
+                let options = RunOptions::snippet(language, snippet(language))
+                    .min_isolation(*tier)
+                    .provider(provider.clone());
+                client.run(options).is_ok_and(|r| r.result.stdout.as_slice() == b"1\n")
+            });
+            let ratio = if bare > 0.0 { runs / bare } else { 0.0 };
+            out.push_str(&format!(
+                "  daemon warm {provider} {}: {runs:.1} runs/s ({ratio:.2}x bare){}\n",
+                language.as_str(),
+                if failed > 0 { format!(", {failed} failed") } else { String::new() }
+            ));
+        }
+    }
+    out
 }
 
 /// The median and the 90th percentile (nearest rank) of sorted samples.
@@ -306,8 +614,8 @@ fn table(cases: &[Case], samples: &mut [Samples]) -> String {
         .unwrap_or(4)
         .max(4);
     let mut out = format!(
-        "{:<width$}  {:>10}  {:>10}  {:>4}  {:>8}\n",
-        "case", "median ms", "p90 ms", "n", "x bare"
+        "{:<width$}  {:>10}  {:>10}  {:>4}  {:>8}  {:>6}\n",
+        "case", "median ms", "p90 ms", "n", "x bare", "warm"
     );
     for (case, s) in cases.iter().zip(samples.iter()) {
         let label = case.label();
@@ -317,8 +625,9 @@ fn table(cases: &[Case], samples: &mut [Samples]) -> String {
                     .filter(|b| *b > 0.0)
                     .map_or_else(|| "-".to_owned(), |b| format!("{:.2}", median / b));
                 out.push_str(&format!(
-                    "{label:<width$}  {median:>10.1}  {p90:>10.1}  {:>4}  {ratio:>8}\n",
-                    s.ms.len()
+                    "{label:<width$}  {median:>10.1}  {p90:>10.1}  {:>4}  {ratio:>8}  {:>6}\n",
+                    s.ms.len(),
+                    s.warm
                 ));
             }
             None => out.push_str(&format!(
@@ -343,8 +652,10 @@ impl BenchDaemon {
     /// Starts `plimsolld` (beside this executable) on a free loopback port with every
     /// available provider, a fresh callers file and state directory under `dir`.
     fn start(
+        name: &str,
         config_text: &str,
         providers: &[(String, Tier)],
+        pools: toml::Value,
         uid_base: u32,
         dir: &Path,
     ) -> anyhow::Result<BenchDaemon> {
@@ -356,10 +667,10 @@ impl BenchDaemon {
                 plimsolld.display()
             );
         }
-        let state = dir.join("daemon-state");
+        let state = dir.join(format!("daemon-{name}-state"));
         std::fs::create_dir(&state).context("cannot create the daemon's state directory")?;
         set_mode(&state, 0o711)?;
-        let callers = dir.join("callers.toml");
+        let callers = dir.join(format!("callers-{name}.toml"));
         let token = plimsoll_callers::add_caller(&callers, "bench")?;
 
         let mut doc: toml::Table = config_text
@@ -382,6 +693,7 @@ impl BenchDaemon {
             "sandbox_uid_base".into(),
             toml::Value::Integer(i64::from(uid_base)),
         );
+        doc.insert("pools".into(), pools);
         let daemon = doc
             .entry("daemon")
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -392,7 +704,7 @@ impl BenchDaemon {
             "callers_file".into(),
             toml::Value::String(callers.display().to_string()),
         );
-        let settings_file = dir.join("plimsolld.toml");
+        let settings_file = dir.join(format!("plimsolld-{name}.toml"));
         let text = toml::to_string(&doc).context("cannot write the daemon's settings")?;
         Settings::parse(&text).map_err(|e| anyhow!("the daemon's settings are invalid: {e}"))?;
         std::fs::write(&settings_file, text).context("cannot write the daemon's settings")?;
@@ -402,7 +714,7 @@ impl BenchDaemon {
             .context("cannot find a free loopback port")?
             .port();
         let listen = format!("127.0.0.1:{port}");
-        let log_path = dir.join("plimsolld.log");
+        let log_path = dir.join(format!("plimsolld-{name}.log"));
         let log =
             std::fs::File::create(&log_path).context("cannot create the daemon's log file")?;
         // Spawn gives it an empty environment: the settings file says everything.

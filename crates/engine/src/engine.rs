@@ -325,6 +325,13 @@ impl Engine {
         }
     }
 
+    /// True when `provider` is configured here and makes warm members.
+    pub fn warms(&self, provider: &str) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.provider.name() == provider && s.provider.warms())
+    }
+
     /// The idle members of every pool now: `(provider, language, idle)`.
     pub fn pools_idle(&self) -> Vec<(String, plimsoll_wire::Language, usize)> {
         self.pools.idle()
