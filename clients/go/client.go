@@ -282,6 +282,10 @@ func verify(sent *wireRequest, floor Isolation, fromDaemon bool, res *Result) (*
 			}
 		}
 	}
+	// What the types cannot say: a pool member's age only with a warm start, and always with one.
+	if problem := res.Output.startProblem(); problem != "" {
+		return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: http.StatusOK, Message: problem}
+	}
 	digest := func(which DigestKind, computed, claimed string) error {
 		if computed != claimed {
 			return &DigestMismatchError{RequestID: id, Which: which, Computed: computed, Claimed: claimed}

@@ -191,6 +191,14 @@ func encodeResult(o *Output) []byte {
 	e.list("steps", steps)
 	e.list("artifacts", artifacts)
 	e.list("calls", calls)
+	// How the sandbox started, and a warm member's age: left out when absent, so a result
+	// written before the members existed keeps its digest.
+	if o.Start != "" {
+		e.str("start", string(o.Start))
+	}
+	if o.MemberAgeMS != nil {
+		e.u64("member_age_ms", *o.MemberAgeMS)
+	}
 	return e.buf
 }
 

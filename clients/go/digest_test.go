@@ -167,11 +167,27 @@ func TestResultDigestCoversWhatItShould(t *testing.T) {
 		"oom":       func(o *Output) { o.OOMKilled = true },
 		"steps":     func(o *Output) { o.Steps = nil },
 		"call":      func(o *Output) { s := uint16(200); o.Calls[0].Status = &s },
+		"start":     func(o *Output) { o.Start = StartCold },
+		"member age": func(o *Output) {
+			age := uint64(0)
+			o.Start, o.MemberAgeMS = StartWarm, &age
+		},
 	} {
 		o := base()
 		change(&o)
 		if ResultSHA256(&o) == d {
 			t.Errorf("changing the %s left the result digest alone", name)
 		}
+	}
+}
+
+// A warm start's member age is covered on its own: two warm results that differ only in it
+// have different digests.
+func TestTheMemberAgeIsCovered(t *testing.T) {
+	one, two := uint64(1500), uint64(1501)
+	a := Output{Start: StartWarm, MemberAgeMS: &one}
+	b := Output{Start: StartWarm, MemberAgeMS: &two}
+	if ResultSHA256(&a) == ResultSHA256(&b) {
+		t.Error("member_age_ms is not covered by the result digest")
 	}
 }

@@ -137,3 +137,51 @@ func TestNullsAtEveryDepthReadAsTheirTwins(t *testing.T) {
 		t.Errorf("requests differ:\n%+v\n%+v", qa, qb)
 	}
 }
+
+// A result's start is read (null as absent), and a member age without a warm start, or a
+// warm start without one, is a bad response.
+func TestTheStartIsReadAndAMemberAgeNeedsAWarmStart(t *testing.T) {
+	sent := sentWith(IsolationProcess)
+	with := func(start Start, age *uint64) *Result {
+		res := honest(t, sent, IsolationProcess, IsolationProcess)
+		res.Output.Start, res.Output.MemberAgeMS = start, age
+		res.ResultSHA256 = ResultSHA256(&res.Output)
+		res.Record.ResultSHA256 = res.ResultSHA256
+		res.Record.RecordSHA256 = RecordSHA256(&res.Record)
+		return res
+	}
+	age := uint64(1500)
+	for _, ok := range []*Result{with(StartWarm, &age), with(StartCold, nil), with("", nil)} {
+		if _, err := verify(sent, IsolationProcess, false, ok); err != nil {
+			t.Errorf("start %q, age %v: %v", ok.Output.Start, ok.Output.MemberAgeMS, err)
+		}
+	}
+	for _, bad := range []struct {
+		res  *Result
+		says string
+	}{
+		{with("", &age), "`start` is absent"},
+		{with(StartCold, &age), "`start` is \"cold\""},
+		{with(StartWarm, nil), "`member_age_ms` is absent"},
+	} {
+		_, err := verify(sent, IsolationProcess, false, bad.res)
+		var mh *MayHaveRunError
+		if !errors.As(err, &mh) || mh.Code != "bad_response" || !strings.Contains(err.Error(), "malformed") || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("%s: %v", bad.says, err)
+		}
+	}
+	var o Output
+	warm := strings.Replace(plainResult, `"exit_code"`, `"start":"warm","member_age_ms":1500,"exit_code"`, 1)
+	if _, err := readStrict([]byte(warm), &o); err != nil || o.Start != StartWarm || o.MemberAgeMS == nil || *o.MemberAgeMS != 1500 {
+		t.Errorf("warm: %v %+v", err, o)
+	}
+	o = Output{}
+	null := strings.Replace(plainResult, `"exit_code"`, `"start":null,"member_age_ms":null,"exit_code"`, 1)
+	if _, err := readStrict([]byte(null), &o); err != nil || o.Start != "" || o.MemberAgeMS != nil {
+		t.Errorf("null: %v %+v", err, o)
+	}
+	hot := strings.Replace(plainResult, `"exit_code"`, `"start":"hot","exit_code"`, 1)
+	if _, err := readStrict([]byte(hot), &o); err == nil || !strings.Contains(err.Error(), "not a start") {
+		t.Errorf("a start that is neither warm nor cold: %v", err)
+	}
+}

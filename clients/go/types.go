@@ -82,6 +82,34 @@ func (i *Isolation) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
+// Start says how a run's sandbox started.
+type Start string
+
+// The two starts.
+const (
+	// StartWarm: a fresh sandbox started ahead of the request (a warm pool member) and used
+	// for exactly one run.
+	StartWarm Start = "warm"
+	// StartCold: a sandbox started for the request.
+	StartCold Start = "cold"
+)
+
+// UnmarshalJSON accepts only the two start names.
+func (s *Start) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var v string
+	if err := json.Unmarshal(data, &v); err != nil {
+		return fmt.Errorf("a start must be a string: %w", err)
+	}
+	if Start(v) != StartWarm && Start(v) != StartCold {
+		return fmt.Errorf("`%s` is not a start (warm, cold)", v)
+	}
+	*s = Start(v)
+	return nil
+}
+
 // Reason says why nothing ran: the not-dispatched mark of a refusal.
 type Reason string
 
@@ -329,6 +357,29 @@ type Output struct {
 	Artifacts []Artifact `json:"artifacts,omitempty"`
 	// Calls lists every call the run made through its grant's broker, in order.
 	Calls []GrantCall `json:"calls,omitempty"`
+	// Start says how the sandbox started, StartWarm or StartCold. Read as optional so that
+	// an older result parses ("" when absent or null); every result the daemon writes now
+	// has it.
+	Start Start `json:"start,omitempty"`
+	// MemberAgeMS is how long the warm pool member waited between being started and being
+	// claimed; present exactly when Start is StartWarm (a verified Result is checked for it).
+	MemberAgeMS *uint64 `json:"member_age_ms,omitempty"`
+}
+
+// startProblem says what is malformed in o's Start and MemberAgeMS (a member age is present
+// exactly when the start is warm), or "".
+func (o *Output) startProblem() string {
+	if o.MemberAgeMS != nil && o.Start != StartWarm {
+		was := "absent"
+		if o.Start != "" {
+			was = fmt.Sprintf("%q", string(o.Start))
+		}
+		return fmt.Sprintf("the result is malformed: `member_age_ms` is present but `start` is %s, not \"warm\" (only a warm start has a pool member's age)", was)
+	}
+	if o.Start == StartWarm && o.MemberAgeMS == nil {
+		return "the result is malformed: `start` is \"warm\" but `member_age_ms` is absent (a warm start always says how long its pool member waited)"
+	}
+	return ""
 }
 
 // StepOutput is the outcome of one project step (the protocol's StepResult).

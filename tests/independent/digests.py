@@ -20,6 +20,7 @@ RESULT_DOMAIN = "plimsoll/run-result/v1"
 RECORD_DOMAIN = "plimsoll/run-record/v1"
 
 TIERS = ("process", "container", "kernel", "vm")
+STARTS = ("warm", "cold")
 LANGUAGES = ("javascript", "python")
 
 U32_MAX = 2**32 - 1
@@ -247,7 +248,12 @@ def encode_outcome(e, o, where):
 
 
 def encode_result(r):
-    check_keys(r, "result", OUTCOME_REQUIRED, OUTCOME_OPTIONAL + ("steps", "artifacts", "calls"))
+    check_keys(
+        r,
+        "result",
+        OUTCOME_REQUIRED,
+        OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms"),
+    )
     e = Encoding(RESULT_DOMAIN)
     encode_outcome(e, r, "result")
     steps = []
@@ -295,6 +301,13 @@ def encode_result(r):
         ce.u64("response_bytes", want_int(c["response_bytes"], f"{where}.response_bytes", 0, U64_MAX))
         calls.append(ce.bytes())
     e.items("calls", calls)
+    # Fields 12 and 13, left out when absent (or null) like every optional field.
+    if opt(r, "start") is not None:
+        if r["start"] not in STARTS:
+            raise Invalid(f"result.start must be one of {STARTS}")
+        e.string("start", r["start"])
+    if opt(r, "member_age_ms") is not None:
+        e.u64("member_age_ms", want_int(r["member_age_ms"], "result.member_age_ms", 0, U64_MAX))
     return e.bytes()
 
 

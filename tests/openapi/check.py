@@ -5,6 +5,8 @@ schemas accept what the daemon accepts and refuse what it refuses before anythin
   member included, validates against its schema (RunRequest, RunResult, RunRecord, Evidence).
 - Every case of tests/openapi/refused.json fails RunRequest, so a schema-driven client fails
   before sending; the Rust tests check the daemon refuses the same cases.
+- A result whose `member_age_ms` and `start` disagree (an age without a warm start, a warm
+  start without an age) fails RunResult.
 
 Run with the project's venv: `make openapi` (scripts/python-env makes it).
 """
@@ -54,6 +56,21 @@ def main():
         if request.is_valid(case["body"]):
             problems.append(f"the schema accepts {case['what']}, which the daemon refuses")
     print(f"{len(refused)} refused requests checked against RunRequest")
+
+    # A member age only with a warm start, and always with one (docs/protocol.md, RunResult).
+    result = validator("RunResult")
+    plain = next(v["input"] for v in vectors if v["name"] == "result/plain")
+    malformed = (
+        {"member_age_ms": 1},
+        {"start": "cold", "member_age_ms": 1},
+        {"start": "warm"},
+        {"start": "warm", "member_age_ms": None},
+        {"start": "hot"},
+    )
+    for members in malformed:
+        if result.is_valid({**plain, **members}):
+            problems.append(f"the schema accepts a result with {members}, which is malformed")
+    print(f"{len(malformed)} malformed results checked against RunResult")
 
     for p in problems:
         print("FAIL:", p, file=sys.stderr)

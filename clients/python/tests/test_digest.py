@@ -130,3 +130,25 @@ def test_the_applied_floor_is_read_and_covered_by_the_record_digest() -> None:
     v["isolation"] = None
     with pytest.raises(ValueError, match="lacks `isolation`"):
         plimsoll.RunRecord.from_wire(v)
+
+
+def test_the_start_and_a_warm_members_age_are_read_and_covered() -> None:
+    warm = copy.deepcopy(BY_NAME["result/warm-start"]["input"])
+    r = plimsoll.RunResult.from_wire(warm)
+    assert (r.start, r.member_age_ms) == (plimsoll.Start.WARM, 1500)
+    assert r.start_problem() is None
+    before = plimsoll.result_sha256(warm)
+    warm["member_age_ms"] += 1
+    assert plimsoll.result_sha256(warm) != before
+    cold = copy.deepcopy(BY_NAME["result/cold-start"]["input"])
+    assert plimsoll.RunResult.from_wire(cold).start is plimsoll.Start.COLD
+    assert plimsoll.result_sha256(cold) != BY_NAME["result/plain"]["sha256"]
+    cold["start"] = "warm"
+    assert plimsoll.result_sha256(cold) != BY_NAME["result/cold-start"]["sha256"]
+    # Null is absent: a result written before the members existed.
+    old = plimsoll.RunResult.from_wire(BY_NAME["result/null-start"]["input"])
+    assert old == plimsoll.RunResult.from_wire(BY_NAME["result/plain"]["input"])
+    assert (old.start, old.member_age_ms) == (None, None)
+    cold["start"] = "hot"
+    with pytest.raises(_digest.EncodingError, match="unknown start"):
+        plimsoll.result_sha256(cold)

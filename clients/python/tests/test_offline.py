@@ -279,3 +279,67 @@ def test_a_connection_closed_after_the_request_left_may_have_run() -> None:
     assert b"POST /v1/runs" in got
     assert isinstance(e.value, plimsoll.MayHaveRun) and not_dispatched_reason(e.value) is None
     assert "may have run" in str(e.value)
+
+
+def _answer(p: _verify.Prepared, **result_members: object) -> bytes:
+    """An honest 200 answer to ``p``, its result holding ``result_members``, every digest
+    computed over it."""
+    import json
+
+    result = {
+        "exit_code": 0,
+        "timed_out": False,
+        "stdout": "1\n",
+        "stdout_truncated": False,
+        "stderr": "",
+        "stderr_truncated": False,
+        **result_members,
+    }
+    record = {
+        "request_id": p.request_id,
+        "request_sha256": plimsoll.request_sha256(p.sent),
+        "result_sha256": plimsoll.result_sha256(result),
+        "provider": "process",
+        "isolation": "process",
+        "minimum_isolation": "process",
+        "evidence_sha256": "e" * 64,
+        "environment": "test",
+        "started_unix_ms": 1,
+        "ended_unix_ms": 2,
+    }
+    record["record_sha256"] = plimsoll.record_sha256(record)
+    return json.dumps(
+        {
+            "protocol": 1,
+            "request_id": p.request_id,
+            "provider": "process",
+            "isolation": "process",
+            "duration_ms": 1,
+            "request_sha256": record["request_sha256"],
+            "result_sha256": record["result_sha256"],
+            "result": result,
+            "record": record,
+        }
+    ).encode()
+
+
+def test_the_start_is_read_and_a_member_age_without_a_warm_start_is_refused() -> None:
+    p = _prepared()
+    r = _verify.verify_answer(p, 200, _answer(p, start="warm", member_age_ms=1500)).result
+    assert (r.start, r.member_age_ms) == (plimsoll.Start.WARM, 1500)
+    r = _verify.verify_answer(p, 200, _answer(p, start="cold")).result
+    assert (r.start, r.member_age_ms) == (plimsoll.Start.COLD, None)
+    r = _verify.verify_answer(p, 200, _answer(p)).result  # written before the members existed
+    assert (r.start, r.member_age_ms) == (None, None)
+    for members, says in (
+        ({"member_age_ms": 1500}, "`start` is absent"),
+        ({"start": "cold", "member_age_ms": 1500}, '`start` is "cold"'),
+        ({"start": "warm"}, "`member_age_ms` is absent"),
+    ):
+        with pytest.raises(plimsoll.BadResponse, match="malformed") as e:
+            _verify.verify_answer(p, 200, _answer(p, **members))
+        assert says in str(e.value), members
+        assert not_dispatched_reason(e.value) is None
+    with pytest.raises(plimsoll.BadResponse, match="not warm or cold"):
+        hot = _answer(p, start="cold").replace(b'"start": "cold"', b'"start": "hot"')
+        _verify.verify_answer(p, 200, hot)

@@ -154,6 +154,10 @@ export function encodeResult(r: RunResult): Uint8Array {
       .field("response_bytes", u64be(c.response_bytes))
       .bytes(),
   );
+  // How the sandbox started, and a warm member's age: left out when absent, so a result
+  // written before the members existed keeps its digest.
+  e.optional("start", r.start, utf8);
+  e.optional("member_age_ms", r.member_age_ms, u64);
   return e.bytes();
 }
 

@@ -28,6 +28,8 @@ import {
   type RunResponse,
   type RunResult,
   type SentRunSpec,
+  STARTS,
+  type Start,
   type StepResult,
   TIERS,
   type Tier,
@@ -144,6 +146,7 @@ function oneOf<T extends string>(values: readonly T[], type: string): (v: JsonVa
 }
 
 const tier = oneOf<Tier>(TIERS, "tier");
+const start = oneOf<Start>(STARTS, "start");
 const reason = oneOf<Reason>(REASONS, "reason");
 const language = oneOf<Language>(["javascript", "python"], "language");
 
@@ -324,13 +327,16 @@ function grantCall(v: JsonValue, path: string): GrantCall {
 
 /** Reads a run result. */
 export function readRunResult(v: JsonValue, path = "result"): RunResult {
-  const m = object(v, path, [...OUTCOME_MEMBERS, "steps", "artifacts", "calls"]);
-  return {
+  const m = object(v, path, [...OUTCOME_MEMBERS, "steps", "artifacts", "calls", "start", "member_age_ms"]);
+  const out: RunResult = {
     ...outcome(m, path),
     steps: optList(m, "steps", path, stepResult),
     artifacts: optList(m, "artifacts", path, artifact),
     calls: optList(m, "calls", path, grantCall),
   };
+  optInto(out, m, "start", path, start);
+  optInto(out, m, "member_age_ms", path, u64);
+  return out;
 }
 
 /** Reads a run record. */

@@ -19,6 +19,15 @@ export function tierRank(t: Tier): number {
   return TIERS.indexOf(t);
 }
 
+/**
+ * How a run's sandbox started: `warm`, a fresh sandbox started ahead of the request and used
+ * for exactly one run, or `cold`, one started for the request.
+ */
+export type Start = "warm" | "cold";
+
+/** Every start. */
+export const STARTS: readonly Start[] = ["warm", "cold"];
+
 /** Why nothing ran: the reason of a "not dispatched" mark. */
 export type Reason =
   | "request"
@@ -172,6 +181,16 @@ export interface RunResult extends Outcome {
   steps: StepResult[];
   artifacts: Artifact[];
   calls: GrantCall[];
+  /**
+   * How the sandbox started. Optional when read, so that an older result parses; every
+   * result the daemon writes now has it.
+   */
+  start?: Start;
+  /**
+   * How long the warm pool member waited between being started and being claimed, in
+   * milliseconds; present exactly when `start` is `warm` (a verified response is checked).
+   */
+  member_age_ms?: number;
 }
 
 /** The run record: the facts a signer needs, with a digest over them. */

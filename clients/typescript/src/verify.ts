@@ -94,6 +94,25 @@ export function verifyResponse(sent: RunRequest, response: RunResponse, floor: F
     }
   }
 
+  // What the types cannot say: a pool member's age only with a warm start, and always with one.
+  const result = response.result;
+  if (result.member_age_ms !== undefined && result.start !== "warm") {
+    throw new MayHaveRunError(
+      "bad_response",
+      `the code may have run: the result for request ${id} is malformed: \`member_age_ms\` is present but \`start\` is ${result.start === undefined ? "absent" : `"${result.start}"`}, not "warm" (only a warm start has a pool member's age)`,
+      id,
+      { status: 200 },
+    );
+  }
+  if (result.start === "warm" && result.member_age_ms === undefined) {
+    throw new MayHaveRunError(
+      "bad_response",
+      `the code may have run: the result for request ${id} is malformed: \`start\` is "warm" but \`member_age_ms\` is absent (a warm start always says how long its pool member waited)`,
+      id,
+      { status: 200 },
+    );
+  }
+
   const requestSha = requestSha256(sent);
   if (requestSha !== response.request_sha256) {
     throw new DigestMismatchError("request", requestSha, response.request_sha256, id);

@@ -323,3 +323,44 @@ test("a record's applied floor is read, null as absent, and is covered by its di
   const { minimum_isolation: _, ...older } = base;
   assert.equal(recordSha256(decodeRunRecord(json({ minimum_isolation: null }))), recordSha256(older));
 });
+
+test("a result's start is read, null as absent, and covered by its digest with a warm member's age", () => {
+  const cold = decodeRunResult(resultJson({ start: "cold" }));
+  assert.equal(cold.start, "cold");
+  assert.equal("member_age_ms" in cold, false);
+  const warm = decodeRunResult(resultJson({ start: "warm", member_age_ms: 1500 }));
+  assert.deepEqual([warm.start, warm.member_age_ms], ["warm", 1500]);
+  const older = decodeRunResult(resultJson({ start: null, member_age_ms: null }));
+  assert.equal("start" in older || "member_age_ms" in older, false);
+  assert.equal(resultSha256(older), resultSha256(decodeRunResult(resultJson())));
+  assert.notEqual(resultSha256(cold), resultSha256(older));
+  assert.notEqual(resultSha256(warm), resultSha256({ ...warm, member_age_ms: 1501 }));
+  assert.throws(() => decodeRunResult(resultJson({ start: "hot" })), /not a start/);
+});
+
+test("a member age without a warm start, or a warm start without one, is a bad response", () => {
+  const req = request();
+  /** `honest`, its result holding `members`, every digest recomputed over it. */
+  const with_ = (members: Partial<RunResult>): RunResponse => {
+    const resp = honest(req, "process");
+    resp.result = { ...resp.result, ...members };
+    resp.result_sha256 = resultSha256(resp.result);
+    resp.record = { ...resp.record, result_sha256: resp.result_sha256 };
+    resp.record.record_sha256 = recordSha256(resp.record);
+    return resp;
+  };
+  for (const ok of [{ start: "warm", member_age_ms: 1500 }, { start: "cold" }] as const) {
+    const resp = verifyResponse(req, with_(ok), undefined);
+    assert.deepEqual([resp.result.start, resp.result.member_age_ms], [ok.start, "member_age_ms" in ok ? ok.member_age_ms : undefined]);
+  }
+  for (const [bad, says] of [
+    [{ member_age_ms: 1500 }, "`start` is absent"],
+    [{ start: "cold", member_age_ms: 1500 }, '`start` is "cold"'],
+    [{ start: "warm" }, "`member_age_ms` is absent"],
+  ] as const) {
+    assert.throws(
+      () => verifyResponse(req, with_(bad), undefined),
+      (e) => e instanceof MayHaveRunError && e.kind === "bad_response" && /malformed/.test(e.message) && e.message.includes(says),
+    );
+  }
+});

@@ -256,6 +256,8 @@ fn run_snippet(
     if sup.past_deadline() {
         return Ok(RunResult {
             timed_out: true,
+            start: None,
+            member_age_ms: None,
             ..RunResult::default()
         });
     }
@@ -315,6 +317,8 @@ fn mirror(step: &StepResult) -> RunResult {
         steps: Vec::new(),
         artifacts: Vec::new(),
         calls: Vec::new(),
+        start: None,
+        member_age_ms: None,
     }
 }
 

@@ -54,6 +54,8 @@ pub fn sample_exchange(n: u64) -> Exchange {
     let result = RunResult {
         exit_code: Some(0),
         stdout: format!("{n}\n").as_str().into(),
+        start: None,
+        member_age_ms: None,
         ..Default::default()
     };
     let started = 1_700_000_000_000 + n * 1000;

@@ -567,6 +567,8 @@ mod tests {
             signal: Some(9),
             oom_killed: true,
             stderr_truncated: true,
+            start: None,
+            member_age_ms: None,
             ..RunResult::default()
         };
         assert_eq!(ending(&r), "killed by signal 9 (memory limit)");

@@ -208,6 +208,8 @@ fn run_json_has_every_field_and_its_digests_verify() {
         assert!(v["result"].get(key).is_some(), "no `result.{key}` in {v}");
     }
     assert_eq!(v["result"]["stdout"], "json\n");
+    assert_eq!(v["result"]["start"], "cold");
+    assert!(v["result"].get("member_age_ms").is_none(), "{v}");
     assert_eq!(v["isolation"], "process");
 
     // The CLI's own members beside the response: the request as sent and the evidence.

@@ -97,6 +97,14 @@ pub fn verify_response(
             }
         }
     }
+    // What serde cannot check: a pool member's age only with a warm start, and always with one.
+    if let Err(e) = response.result.validate() {
+        return Err(ClientError::BadResponse {
+            request_id: id.to_owned(),
+            status: 200,
+            message: e.to_string(),
+        });
+    }
 
     let digest = |kind, computed: String, claimed: &str| {
         if computed == claimed {
@@ -152,7 +160,9 @@ pub fn verify_response(
 
 #[cfg(test)]
 mod tests {
-    use plimsoll_wire::{Language, RunRecord, RunResult, RunSpec, Snippet, not_dispatched_reason};
+    use plimsoll_wire::{
+        Language, RunRecord, RunResult, RunSpec, Snippet, Start, not_dispatched_reason,
+    };
 
     use super::*;
 
@@ -176,6 +186,8 @@ mod tests {
         let result = RunResult {
             exit_code: Some(0),
             stdout: "1\n".into(),
+            start: None,
+            member_age_ms: None,
             ..RunResult::default()
         };
         let mut record = RunRecord {
@@ -329,6 +341,39 @@ mod tests {
         resp.record.isolation = Tier::Process;
         let e = verify_response(&req, resp).unwrap_err();
         assert!(matches!(e, ClientError::EvidenceMismatch { .. }), "{e}");
+    }
+
+    /// `honest`, with its result changed by `f` and every digest over it recomputed.
+    fn honest_with(req: &RunRequest, f: impl FnOnce(&mut RunResult)) -> RunResponse {
+        let mut resp = honest(req, Tier::Process);
+        f(&mut resp.result);
+        resp.result_sha256 = result_sha256(&resp.result);
+        resp.record.result_sha256 = resp.result_sha256.clone();
+        resp.record.record_sha256 = record_sha256(&resp.record);
+        resp
+    }
+
+    #[test]
+    fn a_member_age_without_a_warm_start_is_a_bad_response() {
+        let req = request(None);
+        for (start, age) in [(Some(Start::Warm), Some(1500)), (Some(Start::Cold), None)] {
+            let resp = honest_with(&req, |r| (r.start, r.member_age_ms) = (start, age));
+            let resp = verify_response(&req, resp).unwrap();
+            assert_eq!((resp.result.start, resp.result.member_age_ms), (start, age));
+        }
+        for (start, age) in [
+            (None, Some(1500)),
+            (Some(Start::Cold), Some(1500)),
+            (Some(Start::Warm), None),
+        ] {
+            let resp = honest_with(&req, |r| (r.start, r.member_age_ms) = (start, age));
+            let e = verify_response(&req, resp).unwrap_err();
+            let ClientError::BadResponse { message, .. } = &e else {
+                panic!("{e}")
+            };
+            assert!(message.contains("malformed"), "{message}");
+            assert!(message.contains("member_age_ms"), "{message}");
+        }
     }
 
     #[test]

@@ -168,6 +168,8 @@ mod tests {
     fn outcomes_and_escapes() {
         let mut r = RunResult {
             exit_code: Some(0),
+            start: None,
+            member_age_ms: None,
             ..RunResult::default()
         };
         assert_eq!(outcome_label(&r), "ok");

@@ -9,8 +9,8 @@ use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
 use plimsoll_sandbox::{BrokerChannel, Probed, Provider};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
-    ErrorBody, ErrorResponse, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest,
-    RunResponse,
+    ErrorBody, ErrorResponse, GrantCall, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord,
+    RunRequest, RunResponse, RunResult, Start,
 };
 
 use crate::admission::Admission;
@@ -749,7 +749,7 @@ impl Engine {
             }
         };
 
-        outcome.result.calls = calls;
+        finish_result(&mut outcome.result, calls);
         let request_sha = request_sha256(req);
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
@@ -871,7 +871,56 @@ pub(crate) fn validate_uid_range(
     }
 }
 
+/// Completes a dispatched run's result before its digest is taken: the calls its broker saw,
+/// and how its sandbox started. Every sandbox is started for its request (no warm pool yet),
+/// so every result says `cold` and has no member age, whatever the provider wrote.
+fn finish_result(result: &mut RunResult, calls: Vec<GrantCall>) {
+    result.calls = calls;
+    result.start = Some(Start::Cold);
+    result.member_age_ms = None;
+}
+
 fn new_run_id() -> String {
     let bytes: [u8; 12] = rand::random();
     hex::encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finished_result_says_its_sandbox_started_cold_and_the_digest_covers_it() {
+        // What a provider hands back says nothing of how the sandbox started (or says it
+        // wrongly): the engine decides.
+        for (start, member_age_ms) in [(None, None), (Some(Start::Warm), Some(5))] {
+            let mut result = RunResult {
+                exit_code: Some(0),
+                start,
+                member_age_ms,
+                ..RunResult::default()
+            };
+            let call = GrantCall {
+                method: "GET".into(),
+                route: None,
+                status: Some(200),
+                error: None,
+                request_bytes: 0,
+                response_bytes: 2,
+                latency_ms: 1,
+            };
+            finish_result(&mut result, vec![call.clone()]);
+            assert_eq!(result.start, Some(Start::Cold));
+            assert_eq!(result.member_age_ms, None);
+            assert_eq!(result.calls, vec![call]);
+            assert_eq!(result.validate(), Ok(()));
+            let mut no_start = result.clone();
+            no_start.start = None;
+            assert_ne!(
+                result_sha256(&no_start),
+                result_sha256(&result),
+                "the start is covered by the result digest"
+            );
+        }
+    }
 }

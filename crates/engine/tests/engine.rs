@@ -7,7 +7,7 @@ use std::time::Duration;
 use plimsoll_engine::{Engine, Reason, RunError, Settings, not_dispatched_reason};
 use plimsoll_testing::{TestDir, is_root, probe_binary, skip_or_fail};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
-use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunSpec, Snippet, Tier};
+use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunSpec, Snippet, Start, Tier};
 
 /// A probed engine offering only the process provider. `uid_base` is the test's own: tests
 /// run in parallel, and the end of a run kills every process of its uid.
@@ -106,6 +106,9 @@ fn a_run_at_the_process_floor_works_and_its_digests_verify() {
     );
     assert!(resp.record.environment.starts_with("plimsoll-engine/"));
     assert!(resp.record.started_unix_ms <= resp.record.ended_unix_ms);
+    // The sandbox was started for this request, and the result says so.
+    assert_eq!(resp.result.start, Some(Start::Cold));
+    assert_eq!(resp.result.member_age_ms, None);
     // And a changed result no longer matches.
     let mut tampered = resp.result.clone();
     tampered.stdout.0.push(b'!');

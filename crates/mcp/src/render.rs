@@ -105,6 +105,12 @@ pub fn run_structured(resp: &RunResponse, cap: usize) -> Value {
     if !r.calls.is_empty() {
         obj.insert("calls".into(), json!(r.calls));
     }
+    if let Some(start) = r.start {
+        obj.insert("start".into(), json!(start));
+    }
+    if let Some(age) = r.member_age_ms {
+        obj.insert("member_age_ms".into(), json!(age));
+    }
     v
 }
 
@@ -300,6 +306,48 @@ pub fn providers(resp: &ProvidersResponse) -> (Value, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_says_how_its_sandbox_started() {
+        use plimsoll_wire::{PROTOCOL, RunRecord, RunResult, Start};
+        let resp = |start, member_age_ms| RunResponse {
+            protocol: PROTOCOL,
+            request_id: "r-1".into(),
+            provider: "process".into(),
+            isolation: Tier::Process,
+            duration_ms: 1,
+            request_sha256: String::new(),
+            result_sha256: String::new(),
+            result: RunResult {
+                start,
+                member_age_ms,
+                ..RunResult::default()
+            },
+            record: RunRecord {
+                request_id: "r-1".into(),
+                request_sha256: String::new(),
+                result_sha256: String::new(),
+                provider: "process".into(),
+                isolation: Tier::Process,
+                minimum_isolation: Some(Tier::Process),
+                evidence_sha256: String::new(),
+                environment: String::new(),
+                started_unix_ms: 0,
+                ended_unix_ms: 1,
+                record_sha256: String::new(),
+            },
+        };
+        let warm = run_structured(&resp(Some(Start::Warm), Some(1500)), 64);
+        assert_eq!(
+            (&warm["start"], &warm["member_age_ms"]),
+            (&json!("warm"), &json!(1500))
+        );
+        let cold = run_structured(&resp(Some(Start::Cold), None), 64);
+        assert_eq!(cold["start"], "cold");
+        assert!(cold.get("member_age_ms").is_none());
+        let older = run_structured(&resp(None, None), 64);
+        assert!(older.get("start").is_none() && older.get("member_age_ms").is_none());
+    }
 
     #[test]
     fn streams_over_the_cap_are_cut_and_flagged() {

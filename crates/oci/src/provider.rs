@@ -952,6 +952,8 @@ impl Provider for OciProvider {
                         stdout_truncated: c.stdout_truncated,
                         stderr: Bytes(c.stderr),
                         stderr_truncated: c.stderr_truncated,
+                        start: None,
+                        member_age_ms: None,
                         ..RunResult::default()
                     },
                     started_unix_ms: l.started_unix_ms,
@@ -1010,6 +1012,8 @@ fn agent_result(plan: &LaunchPlan, l: &Launched) -> Result<RunResult, LaunchErro
         oom_killed: !l.timed_out
             && l.memory
                 .oom_killed(plan.limits.memory_bytes, signal == Some(libc::SIGKILL)),
+        start: None,
+        member_age_ms: None,
         ..RunResult::default()
     })
 }

@@ -230,6 +230,8 @@ impl Provider for ProcessProvider {
                 steps: Vec::new(),
                 artifacts: Vec::new(),
                 calls: Vec::new(),
+                start: None,
+                member_age_ms: None,
             },
             started_unix_ms: launched.started_unix_ms,
             ended_unix_ms: launched.ended_unix_ms,

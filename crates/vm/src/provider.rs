@@ -580,11 +580,15 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
         }
         Answer::Exited { signal, .. } => Ok(RunResult {
             signal: *signal,
+            start: None,
+            member_age_ms: None,
             ..RunResult::default()
         }),
         Answer::TimedOut => Ok(RunResult {
             timed_out: true,
             signal: Some(libc::SIGKILL),
+            start: None,
+            member_age_ms: None,
             ..RunResult::default()
         }),
         Answer::Lost(why) => Err(LaunchError::may_have_run(format!(
@@ -877,6 +881,8 @@ mod tests {
         let ok = RunResult {
             exit_code: Some(0),
             stdout: b"hi\n".to_vec().into(),
+            start: None,
+            member_age_ms: None,
             ..RunResult::default()
         };
         let r = result_of(&report(Answer::Exited {

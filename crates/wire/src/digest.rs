@@ -287,6 +287,13 @@ pub fn encode_result(r: &RunResult) -> Vec<u8> {
             ce.finish()
         }),
     );
+    // Left out when absent, so a result written before these fields existed keeps its digest.
+    if let Some(start) = r.start {
+        e.str("start", start.as_str());
+    }
+    if let Some(age) = r.member_age_ms {
+        e.u64("member_age_ms", age);
+    }
     e.finish()
 }
 

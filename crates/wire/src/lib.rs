@@ -27,7 +27,9 @@ pub use request::{
     Language, Limits, Project, ProjectFile, RunRequest, RunSpec, Snippet, Step, parse_request,
     validate_request_id,
 };
-pub use result::{Artifact, GrantCall, RunRecord, RunResponse, RunResult, StepResult};
+pub use result::{
+    Artifact, GrantCall, MalformedResult, RunRecord, RunResponse, RunResult, Start, StepResult,
+};
 pub use tier::{ParseTierError, Tier};
 pub use trial_step::TrialIds;
 

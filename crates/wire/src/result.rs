@@ -1,10 +1,13 @@
 //! Results, as the daemon returns them: the outcome, where it ran, and the run record.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{Bytes, Tier};
 
 /// What a run produced. Every field except the durations is covered by the result digest.
+/// Serde checks the shapes; [`RunResult::validate`] checks what lies between members.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunResult {
@@ -48,6 +51,74 @@ pub struct RunResult {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub calls: Vec<GrantCall>,
+    /// How the sandbox started: fresh for this request (`Cold`), or ahead of it, from a warm
+    /// pool (`Warm`). Every result this crate's engine produces has it; `None` only for a
+    /// result written before the field existed (its digest unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<Start>,
+    /// How long the warm pool member waited between being started and being claimed, in
+    /// milliseconds. Present exactly when `start` is `Warm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_age_ms: Option<u64>,
+}
+
+/// How a run's sandbox started. A warm start is a fresh sandbox started ahead of the request
+/// and used for exactly one run; a cold start is one started for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// Started ahead of the request, from a warm pool, and used for this run only.
+    Warm,
+    /// Started for this request.
+    Cold,
+}
+
+impl Start {
+    /// The lowercase wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Start::Warm => "warm",
+            Start::Cold => "cold",
+        }
+    }
+}
+
+impl fmt::Display for Start {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a result that parsed is still malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedResult {
+    /// `member_age_ms` is present but `start` is not `"warm"`.
+    #[error(
+        "the result is malformed: `member_age_ms` is present but `start` is {}, not \"warm\" (only a warm start has a pool member's age)",
+        start.map_or("absent".to_owned(), |s| format!("\"{s}\""))
+    )]
+    MemberAgeWithoutWarmStart {
+        /// The `start` the result stated.
+        start: Option<Start>,
+    },
+    /// `start` is `"warm"` but `member_age_ms` is absent.
+    #[error(
+        "the result is malformed: `start` is \"warm\" but `member_age_ms` is absent (a warm start always says how long its pool member waited)"
+    )]
+    WarmStartWithoutMemberAge,
+}
+
+impl RunResult {
+    /// Checks what serde cannot: `member_age_ms` is present exactly when `start` is `Warm`.
+    pub fn validate(&self) -> Result<(), MalformedResult> {
+        match (self.start, self.member_age_ms) {
+            (Some(Start::Warm), None) => Err(MalformedResult::WarmStartWithoutMemberAge),
+            (start, Some(_)) if start != Some(Start::Warm) => {
+                Err(MalformedResult::MemberAgeWithoutWarmStart { start })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One call a run made through its grant's broker. Never carries the credential, the
@@ -192,5 +263,70 @@ mod tests {
         // A required member is never null.
         let bad = json.replace(r#""timed_out":false"#, r#""timed_out":null"#);
         assert!(serde_json::from_str::<RunResult>(&bad).is_err());
+    }
+
+    #[test]
+    fn start_is_lowercase_and_optional_for_reading() {
+        let old = r#"{"exit_code":0,"timed_out":false,"stdout":"","stdout_truncated":false,"stderr":"","stderr_truncated":false}"#;
+        let r: RunResult = serde_json::from_str(old).unwrap();
+        assert_eq!((r.start, r.member_age_ms), (None, None));
+        assert_eq!(r.validate(), Ok(()));
+        // Absent members are left out when written, so an old result reads back unchanged.
+        assert!(!serde_json::to_string(&r).unwrap().contains("start"));
+
+        let warm = old.replace('}', r#","start":"warm","member_age_ms":1500}"#);
+        let r: RunResult = serde_json::from_str(&warm).unwrap();
+        assert_eq!((r.start, r.member_age_ms), (Some(Start::Warm), Some(1500)));
+        assert_eq!(r.validate(), Ok(()));
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(
+            json.contains(r#""start":"warm","member_age_ms":1500"#),
+            "{json}"
+        );
+
+        let cold = old.replace('}', r#","start":"cold"}"#);
+        let r: RunResult = serde_json::from_str(&cold).unwrap();
+        assert_eq!(r.start, Some(Start::Cold));
+        assert_eq!(r.validate(), Ok(()));
+
+        for bad in [r#""Warm""#, r#""hot""#, "1"] {
+            let json = old.replace('}', &format!(r#","start":{bad}}}"#));
+            assert!(serde_json::from_str::<RunResult>(&json).is_err(), "{json}");
+        }
+    }
+
+    #[test]
+    fn a_member_age_without_a_warm_start_is_malformed() {
+        for start in [None, Some(Start::Cold)] {
+            let r = RunResult {
+                start,
+                member_age_ms: Some(7),
+                ..RunResult::default()
+            };
+            let e = r.validate().unwrap_err();
+            assert_eq!(e, MalformedResult::MemberAgeWithoutWarmStart { start });
+            let text = e.to_string();
+            assert!(text.contains("`member_age_ms` is present"), "{text}");
+            assert!(text.contains(r#"not "warm""#), "{text}");
+        }
+        let cold = RunResult {
+            start: Some(Start::Cold),
+            member_age_ms: Some(7),
+            ..RunResult::default()
+        };
+        assert!(
+            cold.validate()
+                .unwrap_err()
+                .to_string()
+                .contains(r#"`start` is "cold""#)
+        );
+        let warm = RunResult {
+            start: Some(Start::Warm),
+            ..RunResult::default()
+        };
+        assert_eq!(
+            warm.validate(),
+            Err(MalformedResult::WarmStartWithoutMemberAge)
+        );
     }
 }

@@ -18,7 +18,7 @@ use plimsoll_wire::trial_step::{TRIAL_RUNNER, scenario_paths, trial_step};
 use plimsoll_wire::{
     Artifact, BinaryIdentity, Bytes, Evidence, GrantCall, Language, Limits, NamespaceSeen,
     ProbeReport, Project, ProjectFile, Reason, RunRecord, RunRequest, RunResult, RunSpec, Snippet,
-    Step, StepResult, parse_request,
+    Start, Step, StepResult, parse_request,
 };
 use proptest::prelude::*;
 
@@ -209,9 +209,19 @@ fn result() -> impl Strategy<Value = RunResult> {
         proptest::collection::vec(step, 0..3),
         proptest::collection::vec(artifact, 0..3),
         proptest::collection::vec(call, 0..3),
+        // Every combination, the malformed ones too: the encoding is defined for all of them.
+        proptest::option::of(prop_oneof![Just(Start::Warm), Just(Start::Cold)]),
+        proptest::option::of(any::<u64>()),
     )
         .prop_map(
-            |((exit_code, signal, f, stdout, stderr), steps, artifacts, calls)| RunResult {
+            |(
+                (exit_code, signal, f, stdout, stderr),
+                steps,
+                artifacts,
+                calls,
+                start,
+                member_age_ms,
+            )| RunResult {
                 exit_code,
                 signal,
                 timed_out: f[0],
@@ -223,6 +233,8 @@ fn result() -> impl Strategy<Value = RunResult> {
                 steps,
                 artifacts,
                 calls,
+                start,
+                member_age_ms,
             },
         )
 }

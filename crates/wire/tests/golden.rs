@@ -11,7 +11,7 @@ use base64::engine::general_purpose::STANDARD;
 use plimsoll_wire::digest::{
     canonical_evidence_json, encode_record, encode_request, encode_result, sha256_hex,
 };
-use plimsoll_wire::{Evidence, RunRecord, RunRequest, RunResult, parse_request};
+use plimsoll_wire::{Evidence, RunRecord, RunRequest, RunResult, Start, parse_request};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -269,6 +269,9 @@ fn the_vectors_cover_every_kind_and_case() {
         "request/null-limit-member",
         "request/project-nested-nulls",
         "result/nested-nulls",
+        "result/warm-start",
+        "result/cold-start",
+        "result/null-start",
         "evidence/process",
         "evidence/container-with-probe",
     ] {
@@ -335,6 +338,7 @@ fn the_vectors_cover_every_kind_and_case() {
                 "/calls/0/error",
             ][..],
         ),
+        ("result/null-start", &["/start", "/member_age_ms"][..]),
         ("record/null-floor", &["/minimum_isolation"][..]),
     ] {
         for p in pointers {
@@ -343,6 +347,16 @@ fn the_vectors_cover_every_kind_and_case() {
     }
     let floor: RunRecord = serde_json::from_value(input("record/applied-floor").clone()).unwrap();
     assert!(floor.minimum_isolation.is_some());
+    let warm = result("result/warm-start");
+    assert!(warm.start == Some(Start::Warm) && warm.member_age_ms.is_some());
+    let cold = result("result/cold-start");
+    assert!(cold.start == Some(Start::Cold) && cold.member_age_ms.is_none());
+    // The result vectors are results a client accepts, not only shapes serde accepts.
+    for v in file.vectors.iter().filter(|v| v.kind == "result") {
+        if let Err(e) = result(&v.name).validate() {
+            panic!("vector {} is not a valid result: {e}", v.name);
+        }
+    }
 }
 
 #[test]
@@ -413,6 +427,8 @@ fn leaf_candidates(key: &str, leaf: &Value) -> Vec<Value> {
                 "vm",
                 "python",
                 "javascript",
+                "warm",
+                "cold",
             ] {
                 if alt != s {
                     out.push(Value::String(alt.to_owned()));
@@ -482,6 +498,7 @@ fn mutations(root: &Value) -> Vec<Mutation> {
 fn every_field_change_changes_the_digest_and_only_those() {
     let (_, file) = load();
     let (mut checked, mut request_id_changes, mut duration_changes) = (0, 0, 0);
+    let (mut start_changes, mut member_age_changes) = (0, 0);
     let mut failures = Vec::new();
     for v in &file.vectors {
         let original = parse(&v.kind, &v.input).unwrap();
@@ -494,6 +511,12 @@ fn every_field_change_changes_the_digest_and_only_those() {
                 continue;
             };
             checked += 1;
+            if v.kind == "result" && m.what == "set /start" {
+                start_changes += 1;
+            }
+            if v.kind == "result" && m.what == "set /member_age_ms" {
+                member_age_changes += 1;
+            }
             let same_value = changed.normalized() == original.normalized();
             let same_digest = sha256_hex(&changed.encoding()) == digest;
             let uncovered = if v.kind == "request" && m.what == "set /request_id" {
@@ -530,6 +553,16 @@ fn every_field_change_changes_the_digest_and_only_those() {
     assert!(
         duration_changes >= 2,
         "duration_ms was changed in too few vectors"
+    );
+    // The start of a result (warm or cold) and a warm member's age are covered: each was
+    // changed, and the checks above saw the digest change with it.
+    assert!(
+        start_changes >= 2,
+        "start was changed in too few vectors ({start_changes})"
+    );
+    assert!(
+        member_age_changes >= 1,
+        "member_age_ms was changed in too few vectors ({member_age_changes})"
     );
     assert!(checked > 300, "only {checked} mutations parsed");
 }

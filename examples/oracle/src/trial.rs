@@ -508,6 +508,8 @@ mod tests {
                     truncated: false,
                 }],
                 calls: Vec::new(),
+                start: None,
+                member_age_ms: None,
             },
             record: RunRecord {
                 request_id: "t-1".into(),

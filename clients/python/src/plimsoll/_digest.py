@@ -145,11 +145,18 @@ def _obj(v: Any, what: str) -> Mapping[str, Any]:
 
 
 _TIERS = ("process", "container", "kernel", "vm")
+_STARTS = ("warm", "cold")
 
 
 def _tier(v: Any) -> bytes:
     if v not in _TIERS:
         raise EncodingError(f"unknown tier {v!r}")
+    return _str(v)
+
+
+def _start(v: Any) -> bytes:
+    if v not in _STARTS:
+        raise EncodingError(f"unknown start {v!r}")
     return _str(v)
 
 
@@ -264,6 +271,10 @@ def result_encoding(result: Mapping[str, Any]) -> bytes:
     f.items(result, "steps", _step_result)
     f.items(result, "artifacts", _artifact)
     f.items(result, "calls", _call)
+    # How the sandbox started, and a warm member's age: left out when absent or null, so a
+    # result written before the members existed keeps its digest.
+    f.opt(result, "start", _start)
+    f.opt(result, "member_age_ms", _u64)
     return f.top(RESULT_DOMAIN)
 
 

@@ -60,6 +60,17 @@ class Tier(str, enum.Enum):
 _TIER_ORDER = (Tier.PROCESS, Tier.CONTAINER, Tier.KERNEL, Tier.VM)
 
 
+class Start(str, enum.Enum):
+    """How a run's sandbox started: ``warm``, a fresh sandbox started ahead of the request
+    and used for exactly one run, or ``cold``, one started for the request."""
+
+    WARM = "warm"
+    COLD = "cold"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Reason(str, enum.Enum):
     """Why nothing ran: the reason of a "not dispatched" mark."""
 
@@ -371,13 +382,28 @@ class RunResult:
     steps: list[StepResult] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
     calls: list[GrantCall] = field(default_factory=list)
+    start: Optional[Start] = None
+    """How the sandbox started. Read as optional so an older result parses; every result
+    the daemon writes now has it."""
+    member_age_ms: Optional[int] = None
+    """How long the warm pool member waited between being started and being claimed;
+    present exactly when ``start`` is ``warm`` (a verified response is checked for it)."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunResult":
         w = "result"
         o = _check_members(
-            o, w, _OUTCOME_REQUIRED, _OUTCOME_OPTIONAL + ("steps", "artifacts", "calls")
+            o,
+            w,
+            _OUTCOME_REQUIRED,
+            _OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms"),
         )
+        start = o.get("start")
+        if start is not None:
+            try:
+                start = Start(start)
+            except ValueError:
+                raise WireError(f"result.start is not warm or cold: {start!r}") from None
         return cls(
             exit_code=_i32(o, "exit_code", w),
             signal=_i32(o, "signal", w),
@@ -399,7 +425,25 @@ class RunResult:
                 GrantCall.from_wire(c, f"result.calls[{i}]")
                 for i, c in enumerate(_list(o, "calls", w))
             ],
+            start=start,
+            member_age_ms=_u64(o, "member_age_ms", w),
         )
+
+    def start_problem(self) -> Optional[str]:
+        """What is malformed in ``start`` and ``member_age_ms`` (a member age is present
+        exactly when the start is warm), or ``None``."""
+        if self.member_age_ms is not None and self.start is not Start.WARM:
+            was = "absent" if self.start is None else f'"{self.start.value}"'
+            return (
+                f"the result is malformed: `member_age_ms` is present but `start` is {was}, "
+                'not "warm" (only a warm start has a pool member\'s age)'
+            )
+        if self.start is Start.WARM and self.member_age_ms is None:
+            return (
+                'the result is malformed: `start` is "warm" but `member_age_ms` is absent '
+                "(a warm start always says how long its pool member waited)"
+            )
+        return None
 
     def artifact(self, path: str) -> Artifact:
         """The artifact returned for ``path`` (``KeyError`` if none was asked for)."""

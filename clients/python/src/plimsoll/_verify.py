@@ -296,6 +296,11 @@ def verify_answer(
         for named in (response.provider, response.record.provider):
             if named != prepared.provider:
                 raise ProviderMismatch(request_id=rid, asked=prepared.provider, provider=named)
+    # What the types cannot say: a pool member's age only with a warm start, and always
+    # with one.
+    problem = response.result.start_problem()
+    if problem is not None:
+        raise BadResponse(problem, request_id=rid, status=status)
 
     try:
         computed = {
