@@ -233,7 +233,9 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
     let mut cases = Vec::new();
     for (provider, tier) in &available {
         for language in LANGUAGES {
-            let warms = [false].into_iter().chain(warming.contains(provider).then_some(true));
+            let warms = [false]
+                .into_iter()
+                .chain(warming.contains(provider).then_some(true));
             for warm in warms {
                 cases.push(Case::Engine {
                     provider: provider.clone(),
@@ -283,7 +285,9 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
                 },
                 Case::Daemon { warm, .. } => (
                     &engine,
-                    daemons.as_ref().map(|(c, w)| if *warm { &w.client } else { &c.client }),
+                    daemons
+                        .as_ref()
+                        .map(|(c, w)| if *warm { &w.client } else { &c.client }),
                 ),
                 _ => (&engine, None),
             };
@@ -452,7 +456,10 @@ fn members_memory(engine: &Engine, warming: &[String]) -> String {
         engine.providers().len(),
     )
     .unwrap_or(0);
-    let (node, python) = (PathBuf::from("/usr/bin/node"), PathBuf::from("/usr/bin/python3"));
+    let (node, python) = (
+        PathBuf::from("/usr/bin/node"),
+        PathBuf::from("/usr/bin/python3"),
+    );
     for language in LANGUAGES {
         let deadline = Instant::now() + Duration::from_secs(20);
         let full = || {
@@ -527,10 +534,7 @@ fn throughput(
     (node, python): &(PathBuf, PathBuf),
     length: Duration,
 ) -> String {
-    let mut out = format!(
-        "\nsustained, 2 at once for {} s:\n",
-        length.as_secs_f64()
-    );
+    let mut out = format!("\nsustained, 2 at once for {} s:\n", length.as_secs_f64());
     let rate = |f: &(dyn Fn() -> bool + Sync)| -> (f64, u32) {
         let stop = Instant::now() + length;
         let (ok, bad) = std::thread::scope(|s| {
@@ -567,13 +571,19 @@ fn throughput(
                 let options = RunOptions::snippet(language, snippet(language))
                     .min_isolation(*tier)
                     .provider(provider.clone());
-                client.run(options).is_ok_and(|r| r.result.stdout.as_slice() == b"1\n")
+                client
+                    .run(options)
+                    .is_ok_and(|r| r.result.stdout.as_slice() == b"1\n")
             });
             let ratio = if bare > 0.0 { runs / bare } else { 0.0 };
             out.push_str(&format!(
                 "  daemon warm {provider} {}: {runs:.1} runs/s ({ratio:.2}x bare){}\n",
                 language.as_str(),
-                if failed > 0 { format!(", {failed} failed") } else { String::new() }
+                if failed > 0 {
+                    format!(", {failed} failed")
+                } else {
+                    String::new()
+                }
             ));
         }
     }

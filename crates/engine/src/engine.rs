@@ -707,7 +707,7 @@ impl Engine {
             tier = %state.probed.tier, grant = req.grant.as_deref().unwrap_or("-"),
             start = if claimed.is_some() { "warm" } else { "cold" }, "dispatching"
         );
-        let (outcome, _member_age) = match claimed {
+        let (outcome, member_age) = match claimed {
             Some(member) => {
                 let age = member.age;
                 let cold_plan = plan.clone();
@@ -749,7 +749,7 @@ impl Engine {
             }
         };
 
-        finish_result(&mut outcome.result, calls);
+        finish_result(&mut outcome.result, calls, member_age);
         let request_sha = request_sha256(req);
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
@@ -874,10 +874,18 @@ pub(crate) fn validate_uid_range(
 /// Completes a dispatched run's result before its digest is taken: the calls its broker saw,
 /// and how its sandbox started. Every sandbox is started for its request (no warm pool yet),
 /// so every result says `cold` and has no member age, whatever the provider wrote.
-fn finish_result(result: &mut RunResult, calls: Vec<GrantCall>) {
+fn finish_result(
+    result: &mut RunResult,
+    calls: Vec<GrantCall>,
+    member_age: Option<std::time::Duration>,
+) {
     result.calls = calls;
-    result.start = Some(Start::Cold);
-    result.member_age_ms = None;
+    result.start = Some(if member_age.is_some() {
+        Start::Warm
+    } else {
+        Start::Cold
+    });
+    result.member_age_ms = member_age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX));
 }
 
 fn new_run_id() -> String {
@@ -909,11 +917,23 @@ mod tests {
                 response_bytes: 2,
                 latency_ms: 1,
             };
-            finish_result(&mut result, vec![call.clone()]);
+            finish_result(&mut result, vec![call.clone()], None);
             assert_eq!(result.start, Some(Start::Cold));
             assert_eq!(result.member_age_ms, None);
             assert_eq!(result.calls, vec![call]);
             assert_eq!(result.validate(), Ok(()));
+            let mut warm = result.clone();
+            finish_result(
+                &mut warm,
+                vec![],
+                Some(std::time::Duration::from_millis(1234)),
+            );
+            assert_eq!(
+                (warm.start, warm.member_age_ms),
+                (Some(Start::Warm), Some(1234))
+            );
+            assert_eq!(warm.validate(), Ok(()));
+            assert_ne!(result_sha256(&warm), result_sha256(&result));
             let mut no_start = result.clone();
             no_start.start = None;
             assert_ne!(

@@ -492,3 +492,17 @@ fn new_member_id() -> String {
     let bytes: [u8; 12] = rand::random();
     hex::encode(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_100_ms_up_to_a_minute() {
+        assert_eq!(backoff(0), Duration::from_millis(100));
+        assert_eq!(backoff(1), Duration::from_millis(200));
+        assert_eq!(backoff(3), Duration::from_millis(800));
+        assert_eq!(backoff(10), Duration::from_secs(60));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(60));
+    }
+}

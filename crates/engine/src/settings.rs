@@ -776,6 +776,63 @@ runsc_platform = "kvm"
     }
 
     #[test]
+    fn pools_default_to_the_default_floor_s_provider_and_refuse_what_makes_no_sense() {
+        let build = |toml: &str| Settings::parse(toml).unwrap().build_engine(&[]);
+        let pools = |toml: &str| {
+            let e = build(toml).unwrap_or_else(|e| panic!("{e}"));
+            e.config()
+                .pools
+                .iter()
+                .map(|p| (p.provider.clone(), p.language, p.settings.min_idle))
+                .collect::<Vec<_>>()
+        };
+        use plimsoll_wire::Language::{Javascript, Python};
+        // No [pools]: the default floor's cheapest provider that warms, both languages.
+        assert_eq!(
+            pools("providers = [\"process\"]\ndefault_floor = \"process\"\n"),
+            vec![
+                ("process".into(), Javascript, 1),
+                ("process".into(), Python, 1)
+            ]
+        );
+        // The default floor above what warms: none.
+        assert!(pools("providers = [\"process\"]\n").is_empty());
+        // An empty [pools]: none; min_idle = 0: that pool is off.
+        assert!(
+            pools("providers = [\"process\"]\ndefault_floor = \"process\"\n[pools]\n").is_empty()
+        );
+        assert_eq!(
+            pools(
+                "providers = [\"process\"]\n[pools.process.python]\nmin_idle = 2\nmax_members = 3\n[pools.process.javascript]\nmin_idle = 0\n"
+            ),
+            vec![("process".into(), Python, 2)]
+        );
+        for (toml, says) in [
+            (
+                "providers = [\"process\"]\n[pools.crun.python]\n",
+                "not configured",
+            ),
+            (
+                "providers = [\"crun\"]\n[pools.crun.python]\n",
+                "no warm pool yet",
+            ),
+            (
+                "providers = [\"process\"]\n[pools.process.python]\nmin_idle = 3\nmax_members = 2\n",
+                "at most max_members",
+            ),
+            (
+                "providers = [\"process\"]\n[pools.process.python]\nmax_age_secs = 0\n",
+                "at least 1",
+            ),
+        ] {
+            let e = build(toml).expect_err(toml).to_string();
+            assert!(e.contains(says), "{toml}: {e}");
+        }
+        assert!(Settings::parse("[pools.process.ruby]\nmin_idle = 1\n").is_err());
+        assert!(Settings::parse("[pools.process.python]\nwarmth = 1\n").is_err());
+    }
+
+    #[test]
     fn refuses_unknown_keys_providers_and_empty_lists() {
         assert!(
             Settings::parse("colour = 1")

@@ -219,6 +219,8 @@ impl WarmMember for ProcessMember {
                     steps: Vec::new(),
                     artifacts: Vec::new(),
                     calls: Vec::new(),
+                    start: None,
+                    member_age_ms: None,
                 },
                 started_unix_ms,
                 ended_unix_ms,

@@ -1,0 +1,216 @@
+//! Warm pools through the engine at the process tier: a member gives one run and is never
+//! used again (files in its work directory and /tmp-like places, interpreter globals), a
+//! member made under old evidence is never claimed after a re-probe, an empty pool runs cold
+//! and says so, pools refill after claims, and dropping the engine leaves no member behind.
+//! Real sandboxes (needs root).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use plimsoll_engine::{Engine, Settings};
+use plimsoll_testing::{TestDir, is_root, probe_binary, skip_or_fail};
+use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunResponse, RunSpec, Snippet, Start, Tier};
+
+/// An engine offering the process provider with a warm pool per language of `max` members
+/// keeping `min` idle; its pools are kept.
+fn engine(test: &str, uid_base: u32, min: usize, max: usize) -> Option<(Engine, TestDir)> {
+    if !is_root() {
+        skip_or_fail(test, "needs root to run the process provider");
+        return None;
+    }
+    let dir = TestDir::new("warm", test);
+    let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
+    let pool = format!("min_idle = {min}\nmax_members = {max}\nmax_age_secs = 120\n");
+    let toml = format!(
+        "providers = [\"process\"]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
+         sandbox_uid_base = {uid_base}\nmax_concurrent = 2\n\
+         [limits.defaults]\nmemory_bytes = 1073741824\n\
+         [pools.process.javascript]\n{pool}[pools.process.python]\n{pool}\
+         [process]\nprobe = {probe:?}\n",
+        state = dir.path().join("state").display().to_string(),
+        probe = probe.display().to_string(),
+    );
+    let engine = Settings::parse(&toml)
+        .unwrap()
+        .build_engine(&[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    engine.probe_all();
+    engine.start_pools();
+    Some((engine, dir))
+}
+
+fn request(id: &str, language: Language, code: &str) -> RunRequest {
+    RunRequest {
+        protocol: PROTOCOL,
+        request_id: id.into(),
+        minimum_isolation: Some(Tier::Process),
+        provider: None,
+        limits: None,
+        run: RunSpec::Snippet(Snippet {
+            language,
+            code: code.into(),
+        }),
+        grant: None,
+    }
+}
+
+/// Waits until every pool has `n` idle members.
+fn wait_idle(engine: &Engine, n: usize) {
+    let start = Instant::now();
+    loop {
+        let idle = engine.pools_idle();
+        if idle.iter().all(|(_, _, i)| *i >= n) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the pools did not fill: {idle:?} (counts {:?})",
+            engine.pool_counts()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run(engine: &Engine, id: &str, language: Language, code: &str) -> RunResponse {
+    let r = engine
+        .run("warm", &request(id, language, code))
+        .unwrap_or_else(|e| panic!("{id}: {e}"));
+    assert_eq!(
+        r.result.exit_code,
+        Some(0),
+        "{id}: {}",
+        String::from_utf8_lossy(&r.result.stderr.0)
+    );
+    r
+}
+
+fn stdout(r: &RunResponse) -> String {
+    String::from_utf8_lossy(&r.result.stdout.0)
+        .trim()
+        .to_owned()
+}
+
+/// Each language's marker writer and reader: a file in the work directory, one in a hidden
+/// subdirectory, and a global of the interpreter; the reader prints what it still sees.
+const JS_LEAVE: &str = "const fs = require('fs'); fs.writeFileSync('marker', 'x'); \
+fs.mkdirSync('.hidden'); fs.writeFileSync('.hidden/marker', 'x'); globalThis.plimsollMarker = 1; \
+console.log(process.pid)";
+const JS_LOOK: &str = "const fs = require('fs'); \
+console.log(JSON.stringify({files: fs.readdirSync('.'), global: typeof globalThis.plimsollMarker, pid: process.pid}))";
+const PY_LEAVE: &str = "import os, builtins\nopen('marker', 'w').write('x')\nos.mkdir('.hidden')\n\
+open('.hidden/marker', 'w').write('x')\nbuiltins.plimsoll_marker = 1\nprint(os.getpid())";
+const PY_LOOK: &str = "import os, builtins, json\n\
+print(json.dumps({'files': sorted(os.listdir('.')), 'global': hasattr(builtins, 'plimsoll_marker'), 'pid': os.getpid()}))";
+
+#[test]
+fn a_member_gives_one_run_and_no_later_run_sees_it() {
+    let Some((engine, _dir)) = engine("once", 3_300_000, 2, 3) else {
+        return;
+    };
+    for (language, leave, look, absent) in [
+        (
+            Language::Javascript,
+            JS_LEAVE,
+            JS_LOOK,
+            "\"global\":\"undefined\"",
+        ),
+        (Language::Python, PY_LEAVE, PY_LOOK, "\"global\": false"),
+    ] {
+        wait_idle(&engine, 2);
+        let first = run(&engine, "leave", language, leave);
+        assert_eq!(first.result.start, Some(Start::Warm), "{first:?}");
+        assert!(first.result.member_age_ms.is_some());
+        let pid = stdout(&first);
+        // Several later runs, warm and after refills: none sees the first's files or globals.
+        for i in 0..4 {
+            wait_idle(&engine, 1);
+            let later = run(&engine, &format!("look-{i}"), language, look);
+            assert_eq!(later.result.start, Some(Start::Warm), "{later:?}");
+            let seen = stdout(&later);
+            assert!(
+                seen.contains("\"files\":[]") || seen.contains("\"files\": []"),
+                "{language:?}: a later run sees files: {seen}"
+            );
+            assert!(
+                seen.contains(absent),
+                "{language:?}: a later run sees the global: {seen}"
+            );
+            assert!(!seen.contains(&format!("\"pid\":{pid}}}")), "{seen}");
+        }
+    }
+    assert!(engine.wait_for_teardowns(Duration::from_secs(30)));
+}
+
+#[test]
+fn an_empty_pool_runs_cold_and_says_so_and_refills() {
+    let Some((engine, _dir)) = engine("empty", 3_300_100, 1, 1) else {
+        return;
+    };
+    wait_idle(&engine, 1);
+    let warm = run(&engine, "warm", Language::Python, "print('a')");
+    assert_eq!(warm.result.start, Some(Start::Warm));
+    // The one member is used; until the keeper has made the next, a run starts cold.
+    let cold = run(&engine, "cold", Language::Python, "print('b')");
+    if cold.result.start == Some(Start::Cold) {
+        assert_eq!(cold.result.member_age_ms, None);
+        assert!(engine.pool_counts().empty.load(Ordering::SeqCst) >= 1);
+    }
+    wait_idle(&engine, 1);
+    let again = run(&engine, "again", Language::Python, "print('c')");
+    assert_eq!(again.result.start, Some(Start::Warm), "the pool refilled");
+    // A request the pool's key does not match (other limits) runs cold.
+    let mut other = request("other", Language::Python, "print('d')");
+    other.limits = Some(plimsoll_wire::Limits {
+        memory_bytes: Some(512 * 1024 * 1024),
+        ..Default::default()
+    });
+    let r = engine.run("warm", &other).unwrap();
+    assert_eq!(r.result.start, Some(Start::Cold));
+    assert!(engine.pool_counts().claimed.load(Ordering::SeqCst) >= 2);
+}
+
+#[test]
+fn a_member_made_under_old_evidence_is_never_used_after_a_re_probe() {
+    let Some((engine, _dir)) = engine("reprobe", 3_300_200, 1, 2) else {
+        return;
+    };
+    wait_idle(&engine, 1);
+    let before = engine.evidence("process").unwrap().evidence_sha256;
+    engine.probe_all();
+    let reprobed = Instant::now();
+    let after = engine.evidence("process").unwrap().evidence_sha256;
+    assert_ne!(before, after, "a re-probe gives new evidence");
+    for i in 0..3 {
+        let r = run(
+            &engine,
+            &format!("after-{i}"),
+            Language::Javascript,
+            "console.log(1)",
+        );
+        assert_eq!(r.record.evidence_sha256, after);
+        if let Some(age) = r.result.member_age_ms {
+            assert!(
+                Duration::from_millis(age) <= reprobed.elapsed(),
+                "a member older than the re-probe ({age} ms) was used"
+            );
+        }
+    }
+    assert!(engine.pool_counts().discarded.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn dropping_the_engine_leaves_no_member_behind() {
+    let Some((engine, dir)) = engine("drop", 3_300_300, 2, 2) else {
+        return;
+    };
+    wait_idle(&engine, 2);
+    let uids = 3_300_300..3_300_400;
+    assert!(!plimsoll_sandbox::reap::processes_of_uids(uids.clone()).is_empty());
+    drop(engine);
+    assert!(
+        plimsoll_sandbox::reap::processes_of_uids(uids).is_empty(),
+        "a member's process outlived the engine"
+    );
+    let left = plimsoll_testing::run_dirs_under(dir.path());
+    assert!(left.is_empty(), "members' directories left: {left:?}");
+}
