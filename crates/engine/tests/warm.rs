@@ -214,3 +214,87 @@ fn dropping_the_engine_leaves_no_member_behind() {
     let left = plimsoll_testing::run_dirs_under(dir.path());
     assert!(left.is_empty(), "members' directories left: {left:?}");
 }
+
+/// The same snippet warm and cold ends the same: status, output, the last line of standard
+/// error (a traceback's frames above it name the run's own paths, and runpy's in a warm
+/// Python run), and what the code sees of itself.
+#[test]
+fn a_warm_run_ends_as_a_cold_one_does() {
+    let Some((engine, _dir)) = engine("same", 3_300_400, 1, 2) else {
+        return;
+    };
+    let cases: &[(Language, &str)] = &[
+        (Language::Python, "print('a')"),
+        (Language::Python, "import sys; sys.exit(3)"),
+        (Language::Python, "import sys; sys.exit('bye')"),
+        (Language::Python, "raise ValueError('x')"),
+        (Language::Python, "import sys; sys.stdout.write('no newline')"),
+        (
+            Language::Python,
+            "import atexit\natexit.register(lambda: print('at exit'))\nprint('main')",
+        ),
+        (
+            Language::Python,
+            "import threading, time\ndef f():\n    time.sleep(0.2)\n    print('thread')\nthreading.Thread(target=f).start()\nprint('main')",
+        ),
+        (
+            Language::Python,
+            "import sys\nprint(__name__, len(sys.argv), sys.argv[0].endswith('main.py'), sys.path[0] != '')",
+        ),
+        (Language::Javascript, "console.log('a')"),
+        (Language::Javascript, "process.exit(3)"),
+        (Language::Javascript, "throw new Error('x')"),
+        (Language::Javascript, "process.stdout.write('no newline')"),
+        (
+            Language::Javascript,
+            "process.on('exit', (c) => console.log('exit', c)); console.log('main')",
+        ),
+        (
+            Language::Javascript,
+            "setTimeout(() => console.log('later'), 200); console.log('now')",
+        ),
+        (
+            Language::Javascript,
+            "console.log(require.main === module, process.argv.length, __filename.endsWith('main.js'))",
+        ),
+    ];
+    for (i, (language, code)) in cases.iter().enumerate() {
+        wait_idle(&engine, 1);
+        let warm = engine
+            .run("warm", &request(&format!("warm-{i}"), *language, code))
+            .unwrap();
+        let mut cold = request(&format!("cold-{i}"), *language, code);
+        cold.limits = Some(plimsoll_wire::Limits {
+            memory_bytes: Some(1024 * 1024 * 1024 - 4096),
+            ..Default::default()
+        });
+        let cold = engine.run("warm", &cold).unwrap();
+        assert_eq!(warm.result.start, Some(Start::Warm), "{code}");
+        assert_eq!(cold.result.start, Some(Start::Cold), "{code}");
+        let last = |r: &RunResponse| {
+            String::from_utf8_lossy(&r.result.stderr.0)
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .to_owned()
+        };
+        let said = |r: &RunResponse| {
+            (
+                r.result.exit_code,
+                r.result.signal,
+                String::from_utf8_lossy(&r.result.stdout.0).into_owned(),
+                last(r),
+            )
+        };
+        let (w, c) = (said(&warm), said(&cold));
+        // Node's uncaught-error report ends with its own version line; compare the error.
+        if code.starts_with("throw") {
+            assert_eq!((w.0, w.1, &w.2), (c.0, c.1, &c.2), "{code}");
+            for r in [&warm, &cold] {
+                assert!(r.result.stderr.to_string_lossy().contains("Error: x"), "{code}: {r:?}");
+            }
+            continue;
+        }
+        assert_eq!(w, c, "{language:?} {code}: warm and cold differ");
+    }
+}

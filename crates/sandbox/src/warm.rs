@@ -145,11 +145,13 @@ pub fn check_claim<'a>(
     Ok(&snippet.code)
 }
 
-/// The JavaScript an idle member's node runs (`node -e`): it waits until its standard input
-/// closes, and then, only if it read exactly `go\n`, runs the file named by its first
-/// argument as the main module, as `node <file>` would. Anything else (the daemon went away
-/// before a claim) ends it without running anything.
-pub const JS_WAIT: &str = "const fs = require('fs'); const b = Buffer.alloc(16); let s = ''; \
+/// The JavaScript an idle member's node runs (`node -e`): it opens its standard output and
+/// error streams (loading what they need, as a first `console.log` would), waits until its
+/// standard input closes, and then, only if it read exactly `go\n`, runs the file named by
+/// its first argument as the main module, as `node <file>` would. Anything else (the daemon
+/// went away before a claim) ends it without running anything.
+pub const JS_WAIT: &str = "process.stdout; process.stderr; \
+const fs = require('fs'); const b = Buffer.alloc(16); let s = ''; \
 for (;;) { let n; try { n = fs.readSync(0, b, 0, b.length, null); } \
 catch (e) { if (e.code === 'EAGAIN') continue; process.exit(75); } \
 if (n === 0) break; s += b.toString('latin1', 0, n); if (s.length > 3) break; } \
@@ -157,12 +159,48 @@ if (s !== 'go\\n') process.exit(75); \
 require('module').runMain(process.argv[1]);";
 
 /// The Python an idle member's python3 runs (`python3 -I -B -c`): the same handshake as
-/// [`JS_WAIT`], then the file named by its first argument runs as `__main__`.
-pub const PYTHON_WAIT: &str = "import sys, runpy\n\
-s = sys.stdin.buffer.read(4)\n\
-if s != b'go\\n' or sys.stdin.buffer.read(1):\n    sys.exit(75)\n\
-p = sys.argv.pop(1); sys.argv[0] = p\n\
-runpy.run_path(p, run_name='__main__')\n";
+/// [`JS_WAIT`] (with what `runpy.run_path` imports already imported), then the file named by
+/// its first argument runs as `__main__`. Its end is Python's own, in the same order: an
+/// uncaught exception is printed by `sys.excepthook` (status 1), `SystemExit` gives its
+/// status (a non-integer is printed, status 1), non-daemon threads are joined, `atexit`
+/// handlers run, and standard output and error are flushed; then the process exits at once,
+/// without the interpreter's module teardown (objects still alive then are not finalized, as
+/// Python itself does not promise).
+pub const PYTHON_WAIT: &str = concat!(
+    "import sys, os, runpy, pkgutil, atexit\n",
+    "s = sys.stdin.buffer.read(4)\n",
+    "if s != b'go\\n' or sys.stdin.buffer.read(1):\n",
+    "    sys.exit(75)\n",
+    "p = sys.argv.pop(1); sys.argv[0] = p\n",
+    "del s\n",
+    "def _end(code):\n",
+    "    if code is None:\n",
+    "        code = 0\n",
+    "    elif not isinstance(code, int):\n",
+    "        try:\n",
+    "            print(code, file=sys.stderr)\n",
+    "        except Exception:\n",
+    "            pass\n",
+    "        code = 1\n",
+    "    t = sys.modules.get('threading')\n",
+    "    if t is not None:\n",
+    "        t._shutdown()\n",
+    "    atexit._run_exitfuncs()\n",
+    "    for f in (sys.stdout, sys.stderr):\n",
+    "        try:\n",
+    "            f.flush()\n",
+    "        except Exception:\n",
+    "            code = code or 120\n",
+    "    os._exit(code & 0xff)\n",
+    "try:\n",
+    "    runpy.run_path(p, run_name='__main__')\n",
+    "except SystemExit as e:\n",
+    "    _end(e.code)\n",
+    "except BaseException:\n",
+    "    sys.excepthook(*sys.exc_info())\n",
+    "    _end(1)\n",
+    "_end(0)\n",
+);
 
 /// What a claim writes to the waiting interpreter before it closes its input.
 pub const GO: &[u8] = b"go\n";
