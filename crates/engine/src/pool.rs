@@ -260,7 +260,8 @@ impl Pools {
                 .position(|m| m.evidence_sha256 == evidence_sha256);
             at.and_then(|i| idle.remove(i))
         };
-        self.nudge();
+        // The keeper is woken when the run has ended (its uid is freed), not now: a member
+        // made while the run runs would take the cores the run needs.
         match taken {
             Some(idle) => {
                 self.counts.claimed.fetch_add(1, Ordering::SeqCst);
@@ -272,6 +273,7 @@ impl Pools {
             }
             None => {
                 self.counts.empty.fetch_add(1, Ordering::SeqCst);
+                self.nudge();
                 None
             }
         }

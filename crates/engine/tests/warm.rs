@@ -228,7 +228,10 @@ fn a_warm_run_ends_as_a_cold_one_does() {
         (Language::Python, "import sys; sys.exit(3)"),
         (Language::Python, "import sys; sys.exit('bye')"),
         (Language::Python, "raise ValueError('x')"),
-        (Language::Python, "import sys; sys.stdout.write('no newline')"),
+        (
+            Language::Python,
+            "import sys; sys.stdout.write('no newline')",
+        ),
         (
             Language::Python,
             "import atexit\natexit.register(lambda: print('at exit'))\nprint('main')",
@@ -291,7 +294,10 @@ fn a_warm_run_ends_as_a_cold_one_does() {
         if code.starts_with("throw") {
             assert_eq!((w.0, w.1, &w.2), (c.0, c.1, &c.2), "{code}");
             for r in [&warm, &cold] {
-                assert!(r.result.stderr.to_string_lossy().contains("Error: x"), "{code}: {r:?}");
+                assert!(
+                    r.result.stderr.to_string_lossy().contains("Error: x"),
+                    "{code}: {r:?}"
+                );
             }
             continue;
         }
