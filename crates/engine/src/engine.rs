@@ -337,6 +337,22 @@ impl Engine {
         self.pools.idle()
     }
 
+    /// The uids warm members may run as (past every other uid of the engine).
+    pub fn pool_uid_range(&self) -> std::ops::Range<u32> {
+        self.pools.uid_range()
+    }
+
+    /// The member uids held now (idle members, members being made, used members still
+    /// being torn down).
+    pub fn pool_uids_held(&self) -> Vec<u32> {
+        self.pools.held_uids()
+    }
+
+    /// The directories of idle members and of the member being made.
+    pub fn pool_member_dirs(&self) -> Vec<std::path::PathBuf> {
+        self.pools.member_dirs()
+    }
+
     /// The pools' counts since the engine was built.
     pub fn pool_counts(&self) -> &PoolCounts {
         &self.pools.counts

@@ -66,6 +66,7 @@ pub(crate) struct ProviderNow {
 #[derive(Debug)]
 pub(crate) struct Idle {
     member: Box<dyn WarmMember>,
+    dir: PathBuf,
     slot: usize,
     lease: Option<UidLease>,
     evidence_sha256: String,
@@ -155,6 +156,8 @@ pub(crate) struct Pools {
     pub counts: PoolCounts,
     /// Teardowns still running in the background.
     tearing: (Mutex<usize>, Condvar),
+    /// The directory of the member being made, while it is.
+    making: Mutex<Option<PathBuf>>,
 }
 
 /// How long after `failures` consecutive failures a pool tries again: 100 ms doubling, at
@@ -198,12 +201,45 @@ impl Pools {
             wake: (Mutex::new(0), Condvar::new()),
             counts: PoolCounts::default(),
             tearing: (Mutex::new(0), Condvar::new()),
+            making: Mutex::new(None),
         })
     }
 
     /// The number of uids the pools reserve.
     pub fn uid_count(configs: &[PoolConfig]) -> usize {
         configs.iter().map(|c| c.settings.max_members).sum()
+    }
+
+    /// The uids members may run as.
+    pub fn uid_range(&self) -> std::ops::Range<u32> {
+        let n = self.slots.lock().unwrap_or_else(|e| e.into_inner()).len() as u32;
+        self.first_uid..self.first_uid + n
+    }
+
+    /// The uids held now: by idle members, members being made, and used members whose
+    /// teardown has not ended.
+    pub fn held_uids(&self) -> Vec<u32> {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        (0..slots.len())
+            .filter(|i| slots[*i])
+            .map(|i| self.first_uid + i as u32)
+            .collect()
+    }
+
+    /// The directories of idle members and of the member being made.
+    pub fn member_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = self
+            .making
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for pool in &self.pools {
+            let idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+            dirs.extend(idle.iter().map(|m| m.dir.clone()));
+        }
+        dirs
     }
 
     /// True when no pool is configured.
@@ -401,7 +437,9 @@ impl Pools {
                 ..plan
             };
             acted = true;
-            match providers[pool.provider].warm(&plan) {
+            *self.making.lock().unwrap_or_else(|e| e.into_inner()) = Some(plan.run_dir.clone());
+            let made = providers[pool.provider].warm(&plan);
+            match made {
                 Ok(member) => {
                     *pool.backoff.lock().unwrap_or_else(|e| e.into_inner()) = (0, None);
                     self.counts.made.fetch_add(1, Ordering::SeqCst);
@@ -410,6 +448,7 @@ impl Pools {
                         .unwrap_or_else(|e| e.into_inner())
                         .push_back(Idle {
                             member,
+                            dir: plan.run_dir.clone(),
                             slot,
                             lease,
                             evidence_sha256: evidence.to_owned(),
@@ -431,6 +470,8 @@ impl Pools {
                     );
                 }
             }
+            // Cleared once the member is idle (or gone), so it is always one or the other.
+            *self.making.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         acted
     }

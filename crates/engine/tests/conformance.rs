@@ -118,19 +118,28 @@ impl Shape {
 struct Rig {
     engine: Engine,
     provider: &'static str,
+    /// The engine keeps warm pools matching the suite's limits, so snippets run on members.
+    warm: bool,
     tier: Tier,
     shape: Shape,
     /// The run uids (two slots) and, after them, the probe and controller uids: nothing may
     /// be left running as any of them after a run.
     uids: std::ops::Range<u32>,
     run_uids: std::ops::Range<u32>,
+    /// The uids warm members run as (none run as them in a cold rig).
+    pool_uids: std::ops::Range<u32>,
     state: PathBuf,
     api: TestApi,
     dir: TestDir,
 }
 
-fn rig(provider: &'static str, slot: u32, case: &str) -> Option<Rig> {
-    let test = format!("{provider}::{case}");
+fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
+    let test = format!("{name}::{case}");
+    // `<provider>_warm`: the provider with warm pools (docs/warm-pools.md).
+    let (provider, warm) = match name.strip_suffix("_warm") {
+        Some(p) => (p, true),
+        None => (name, false),
+    };
     if !is_root() {
         skip_or_fail(&test, "needs root to run sandboxes");
         return None;
@@ -151,7 +160,7 @@ fn rig(provider: &'static str, slot: u32, case: &str) -> Option<Rig> {
             panic!("{e}");
         }
     }
-    let dir = TestDir::new("conformance", &format!("{provider}-{case}"));
+    let dir = TestDir::new("conformance", &format!("{name}-{case}"));
     let uid_base = 3_100_000 + slot * 1_000;
     let section = match provider {
         "process" | "qemu" => String::new(),
@@ -163,9 +172,32 @@ fn rig(provider: &'static str, slot: u32, case: &str) -> Option<Rig> {
         other => panic!("no settings for {other}"),
     };
     let state = dir.path().join("state");
+    // A warm rig's pools are keyed on the suite's own limits, so every ask with them claims.
+    let pools = if warm {
+        let l = warm_limits(case);
+        let pool = "min_idle = 1\nmax_members = 2\n";
+        format!(
+            "[limits.defaults]\ntimeout_ms = {}\nmemory_bytes = {}\npids = {}\ndisk_bytes = {}\noutput_bytes = {}\n\
+             [pools.{provider}.python]\n{pool}{js}",
+            l.timeout_ms.unwrap(),
+            l.memory_bytes.unwrap(),
+            l.pids.unwrap(),
+            l.disk_bytes.unwrap(),
+            l.output_bytes.unwrap(),
+            // node cannot start under the process tier's address-space bound at 256 MiB
+            // (the inodes case's memory), so that case's rig warms Python only.
+            js = if case == "inodes" {
+                String::new()
+            } else {
+                format!("[pools.{provider}.javascript]\n{pool}")
+            },
+        )
+    } else {
+        "[pools]\n".to_owned()
+    };
     let toml = format!(
         "providers = [\"{provider}\"]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
-         sandbox_uid_base = {uid_base}\nmax_concurrent = 2\nmax_per_caller = 2\n{section}",
+         sandbox_uid_base = {uid_base}\nmax_concurrent = 2\nmax_per_caller = 2\n{section}{pools}",
         state = state.display().to_string(),
     );
     let api = TestApi::start(Expect::Static {
@@ -206,7 +238,30 @@ fn rig(provider: &'static str, slot: u32, case: &str) -> Option<Rig> {
         );
         return None;
     }
+    let provider: &'static str = match provider {
+        "process" => "process",
+        "crun" => "crun",
+        "runc" => "runc",
+        "runsc" => "runsc",
+        "qemu" => "qemu",
+        other => panic!("no provider {other}"),
+    };
+    let pool_uids = engine.pool_uid_range();
+    if warm {
+        engine.start_pools();
+        let start = std::time::Instant::now();
+        while engine.pools_idle().iter().any(|(_, _, n)| *n == 0) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{test}: the pools did not fill: {:?}",
+                engine.pool_counts()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     Some(Rig {
+        warm,
+        pool_uids,
         engine,
         provider,
         tier: info.isolation,
@@ -377,9 +432,24 @@ impl Rig {
     /// No process of the engine's uids outlives a run (the reap runs from a forked child, so
     /// give it a moment), and no run directory or mount of a run is left.
     fn nothing_left(&self, case: &str) -> Result<(), String> {
+        // A used member is removed off the answer's path: wait for that. What idle members
+        // (and one being made) hold is theirs, not a run's.
+        if !self.engine.wait_for_teardowns(Duration::from_secs(30)) {
+            return Err(format!("{case}: a used member's teardown did not end"));
+        }
+        let held = self.engine.pool_uids_held();
+        let member = |pid: &i32| {
+            std::fs::metadata(format!("/proc/{pid}"))
+                .is_ok_and(|m| held.contains(&std::os::unix::fs::MetadataExt::uid(&m)))
+        };
+
         let start = std::time::Instant::now();
         loop {
-            let left = plimsoll_sandbox::reap::processes_of_uids(self.uids.clone());
+            let mut left = plimsoll_sandbox::reap::processes_of_uids(self.uids.clone());
+            left.extend(plimsoll_sandbox::reap::processes_of_uids(
+                self.pool_uids.clone(),
+            ));
+            left.retain(|p| !member(p));
             if left.is_empty() {
                 break;
             }
@@ -400,9 +470,13 @@ impl Rig {
         let oci = self.dir.path().join("oci").join(self.provider);
         // The engine's and the container provider's run directories, the runtime's state of
         // a container (named `plimsoll-<run id>`), and the run's cgroups in every hierarchy.
-        let mut left: Vec<String> = self
-            .run_dirs()
+        // Listed after the run directories: a member whose directory was listed is idle or
+        // still being made by now.
+        let dirs = self.run_dirs();
+        let members = self.engine.pool_member_dirs();
+        let mut left: Vec<String> = dirs
             .iter()
+            .filter(|p| !members.contains(p))
             .map(|p| p.display().to_string())
             .collect();
         left.extend(
@@ -443,6 +517,10 @@ impl Rig {
                     std::fs::read(format!("{p}/cmdline"))
                         .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&dir))
                 })
+                .filter(|p| {
+                    let pid = p.trim_start_matches("/proc/").parse::<i32>().unwrap_or(0);
+                    !member(&pid)
+                })
                 .collect();
             if naming.is_empty() {
                 break;
@@ -453,7 +531,12 @@ impl Rig {
             std::thread::sleep(Duration::from_millis(50));
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        if let Some(m) = mounts.lines().find(|l| l.contains(&dir)) {
+        let of_member = |l: &str| {
+            members
+                .iter()
+                .any(|m| l.contains(&format!("{}/", m.display())))
+        };
+        if let Some(m) = mounts.lines().find(|l| l.contains(&dir) && !of_member(l)) {
             return Err(format!("{case}: a run's mount is left: {m}"));
         }
         Ok(())
@@ -469,7 +552,7 @@ impl Rig {
     fn uid_ok(&self, seen: u32) -> bool {
         match self.shape.guest_uid {
             Some(u) => seen == u,
-            None => self.run_uids.contains(&seen),
+            None => self.run_uids.contains(&seen) || self.pool_uids.contains(&seen),
         }
     }
 }
@@ -477,6 +560,23 @@ impl Rig {
 impl From<RunSpec> for Ask {
     fn from(spec: RunSpec) -> Ask {
         Ask::new(spec)
+    }
+}
+
+/// The limits a warm rig's pools are keyed on for `case`: the suite's, or those of the case's
+/// main ask where it sets its own (so the bound it tests is the member's).
+fn warm_limits(case: &str) -> Limits {
+    match case {
+        "fork_bomb" => Limits {
+            pids: Some(32),
+            ..limits()
+        },
+        "inodes" => Limits {
+            disk_bytes: Some(16 * MIB),
+            memory_bytes: Some(256 * MIB),
+            ..limits()
+        },
+        _ => limits(),
     }
 }
 
@@ -1523,7 +1623,19 @@ fn conformance(provider: &'static str, slot: u32, name: &str, case: Case) {
         return;
     };
     let start = std::time::Instant::now();
-    let outcome = case(&rig);
+    let mut outcome = case(&rig);
+    // A warm rig's case ran on members (every case with a snippet at the suite's limits).
+    let claimed = rig
+        .engine
+        .pool_counts()
+        .claimed
+        .load(std::sync::atomic::Ordering::SeqCst);
+    if rig.warm && outcome.is_ok() && claimed == 0 && !["project", "refusal"].contains(&name) {
+        outcome = Err(format!("{name}: no run claimed a warm member"));
+    }
+    if rig.warm {
+        eprintln!("conformance {provider}: {name}: {claimed} runs on warm members");
+    }
     eprintln!(
         "conformance {provider}: {name} {} in {:?}",
         if outcome.is_ok() { "passed" } else { "FAILED" },
@@ -1567,6 +1679,7 @@ suite! {
         runc => 2,
         runsc => 3,
         qemu => 4,
+        process_warm => 5,
     ],
     cases: [
         identity,
