@@ -2098,8 +2098,13 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         std::thread::sleep(Duration::from_secs(1));
         // What the daemon had made when it died: the run's directory and its warm members'.
         let state = d._dir.path().join("state");
-        let dead: Vec<std::path::PathBuf> = plimsoll_testing::run_dirs_under(&state);
-        if provider == "process" {
+        let dirs = || {
+            let mut dirs = plimsoll_testing::run_dirs_under(&state);
+            dirs.extend(plimsoll_testing::run_dirs_under(oci_state.path()));
+            dirs
+        };
+        let dead: Vec<std::path::PathBuf> = dirs();
+        if ["process", "crun", "runc"].contains(&provider) {
             assert!(
                 dead.iter().any(|p| is_member(p)),
                 "{provider}: the default floor's pools had no member to leave: {dead:?}"
@@ -2145,17 +2150,19 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         d.restart();
         assert_eq!(get(&d.url, "/readyz", None).status, 200, "{}", d.logs());
         // Nothing of the dead daemon's is left; the new daemon's own warm members may be.
-        let mut left: Vec<std::path::PathBuf> = plimsoll_testing::run_dirs_under(&state)
+        let left: Vec<std::path::PathBuf> = dirs()
             .into_iter()
             .filter(|p| dead.contains(p) || !is_member(p))
             .collect();
-        left.extend(plimsoll_testing::run_dirs_under(oci_state.path()));
         assert!(left.is_empty(), "{provider}: the reap left {left:?}");
     }
 }
 
-/// A warm member's directory (docs/warm-pools.md), not a run's.
+/// A warm member's directory (docs/warm-pools.md: `warm-<id>`, `plimsoll-warm-<id>` at the
+/// OCI providers), not a run's.
 fn is_member(dir: &std::path::Path) -> bool {
-    dir.file_name()
-        .is_some_and(|n| n.to_string_lossy().starts_with("warm-"))
+    dir.file_name().is_some_and(|n| {
+        let n = n.to_string_lossy();
+        n.starts_with("warm-") || n.starts_with("plimsoll-warm-")
+    })
 }

@@ -348,9 +348,10 @@ impl Engine {
         self.pools.held_uids()
     }
 
-    /// The directories of idle members and of the member being made.
-    pub fn pool_member_dirs(&self) -> Vec<std::path::PathBuf> {
-        self.pools.member_dirs()
+    /// The ids of idle members and of the member being made (`warm-<hex>`: each names its
+    /// member's directory, container and cgroups).
+    pub fn pool_member_ids(&self) -> Vec<String> {
+        self.pools.member_ids()
     }
 
     /// The pools' counts since the engine was built.

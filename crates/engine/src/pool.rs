@@ -66,7 +66,7 @@ pub(crate) struct ProviderNow {
 #[derive(Debug)]
 pub(crate) struct Idle {
     member: Box<dyn WarmMember>,
-    dir: PathBuf,
+    id: String,
     slot: usize,
     lease: Option<UidLease>,
     evidence_sha256: String,
@@ -156,8 +156,8 @@ pub(crate) struct Pools {
     pub counts: PoolCounts,
     /// Teardowns still running in the background.
     tearing: (Mutex<usize>, Condvar),
-    /// The directory of the member being made, while it is.
-    making: Mutex<Option<PathBuf>>,
+    /// The id of the member being made, while it is.
+    making: Mutex<Option<String>>,
 }
 
 /// How long after `failures` consecutive failures a pool tries again: 100 ms doubling, at
@@ -226,9 +226,10 @@ impl Pools {
             .collect()
     }
 
-    /// The directories of idle members and of the member being made.
-    pub fn member_dirs(&self) -> Vec<PathBuf> {
-        let mut dirs: Vec<PathBuf> = self
+    /// The ids of idle members and of the member being made (each names the member's
+    /// directory, container and cgroups: `warm-<hex>`).
+    pub fn member_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
             .making
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -237,9 +238,9 @@ impl Pools {
             .collect();
         for pool in &self.pools {
             let idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-            dirs.extend(idle.iter().map(|m| m.dir.clone()));
+            ids.extend(idle.iter().map(|m| m.id.clone()));
         }
-        dirs
+        ids
     }
 
     /// True when no pool is configured.
@@ -437,7 +438,7 @@ impl Pools {
                 ..plan
             };
             acted = true;
-            *self.making.lock().unwrap_or_else(|e| e.into_inner()) = Some(plan.run_dir.clone());
+            *self.making.lock().unwrap_or_else(|e| e.into_inner()) = Some(plan.member_id.clone());
             let made = providers[pool.provider].warm(&plan);
             match made {
                 Ok(member) => {
@@ -448,7 +449,7 @@ impl Pools {
                         .unwrap_or_else(|e| e.into_inner())
                         .push_back(Idle {
                             member,
-                            dir: plan.run_dir.clone(),
+                            id: plan.member_id.clone(),
                             slot,
                             lease,
                             evidence_sha256: evidence.to_owned(),

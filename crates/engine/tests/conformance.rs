@@ -184,9 +184,11 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
             l.pids.unwrap(),
             l.disk_bytes.unwrap(),
             l.output_bytes.unwrap(),
-            // node cannot start under the process tier's address-space bound at 256 MiB
-            // (the inodes case's memory), so that case's rig warms Python only.
-            js = if case == "inodes" {
+            // node cannot start under the process tier's address-space bound below about
+            // 1 GiB, so such a rig warms Python only there.
+            js = if Shape::of(provider).address_space_bound
+                && l.memory_bytes < limits().memory_bytes
+            {
                 String::new()
             } else {
                 format!("[pools.{provider}.javascript]\n{pool}")
@@ -437,8 +439,9 @@ impl Rig {
         if !self.engine.wait_for_teardowns(Duration::from_secs(30)) {
             return Err(format!("{case}: a used member's teardown did not end"));
         }
-        let held = self.engine.pool_uids_held();
+        // Asked each time: the keeper may make a member (on a freed uid) meanwhile.
         let member = |pid: &i32| {
+            let held = self.engine.pool_uids_held();
             std::fs::metadata(format!("/proc/{pid}"))
                 .is_ok_and(|m| held.contains(&std::os::unix::fs::MetadataExt::uid(&m)))
         };
@@ -470,13 +473,9 @@ impl Rig {
         let oci = self.dir.path().join("oci").join(self.provider);
         // The engine's and the container provider's run directories, the runtime's state of
         // a container (named `plimsoll-<run id>`), and the run's cgroups in every hierarchy.
-        // Listed after the run directories: a member whose directory was listed is idle or
-        // still being made by now.
-        let dirs = self.run_dirs();
-        let members = self.engine.pool_member_dirs();
-        let mut left: Vec<String> = dirs
+        let mut left: Vec<String> = self
+            .run_dirs()
             .iter()
-            .filter(|p| !members.contains(p))
             .map(|p| p.display().to_string())
             .collect();
         left.extend(
@@ -503,6 +502,10 @@ impl Rig {
                     .filter(|e| *e != provider && std::path::Path::new(e).is_dir()),
             );
         }
+        // Asked after the listing: a member listed then is idle or still being made now. Its
+        // id names its directory, container and cgroups.
+        let members = self.engine.pool_member_ids();
+        left.retain(|p| !members.iter().any(|m| p.ends_with(m.as_str())));
         if !left.is_empty() {
             return Err(format!("{case}: left behind: {left:?}"));
         }
@@ -531,11 +534,7 @@ impl Rig {
             std::thread::sleep(Duration::from_millis(50));
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let of_member = |l: &str| {
-            members
-                .iter()
-                .any(|m| l.contains(&format!("{}/", m.display())))
-        };
+        let of_member = |l: &str| members.iter().any(|m| l.contains(&format!("/{m}/")));
         if let Some(m) = mounts.lines().find(|l| l.contains(&dir) && !of_member(l)) {
             return Err(format!("{case}: a run's mount is left: {m}"));
         }
@@ -573,6 +572,10 @@ fn warm_limits(case: &str) -> Limits {
         },
         "inodes" => Limits {
             disk_bytes: Some(16 * MIB),
+            memory_bytes: Some(256 * MIB),
+            ..limits()
+        },
+        "memory" => Limits {
             memory_bytes: Some(256 * MIB),
             ..limits()
         },
@@ -1292,7 +1295,14 @@ fn concurrent(rig: &Rig) -> Result<(), String> {
             runs = rig.state.join("runs").display().to_string(),
         )
     };
-    let run_dirs = || rig.run_dirs();
+    // Not an idle warm member's (the reader may be about to claim one): the writer's.
+    let run_dirs = || {
+        let dirs = rig.run_dirs();
+        let idle = rig.engine.pool_member_ids();
+        dirs.into_iter()
+            .filter(|d| !idle.iter().any(|m| d.ends_with(m)))
+            .collect::<Vec<_>>()
+    };
     let (a, b, host) = std::thread::scope(|s| {
         let a = s.spawn(|| {
             rig.run_beside(
@@ -1680,6 +1690,8 @@ suite! {
         runsc => 3,
         qemu => 4,
         process_warm => 5,
+        crun_warm => 6,
+        runc_warm => 7,
     ],
     cases: [
         identity,

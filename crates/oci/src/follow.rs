@@ -262,6 +262,19 @@ fn status_text(code: Option<i32>, signal: Option<i32>) -> String {
 }
 
 impl Created {
+    /// Keeps at most `cap` bytes per stream from now on (a warm member learns its run's
+    /// output cap at the claim; its interpreter has printed nothing before).
+    pub(crate) fn set_output_cap(&mut self, cap: u64) {
+        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+        self.pipes.out = Stream::new(cap);
+        self.pipes.err = Stream::new(cap);
+    }
+
+    /// The container's process (its pid on the host).
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
+    }
+
     /// Also reaps these helper processes of the runtime once the container's process is
     /// gone (runsc's gofer: a zombie left unreaped makes `runsc delete` wait 5 s for it).
     pub(crate) fn also_reap(&mut self, pids: Vec<Pid>) {

@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod seccomp;
 pub mod spec;
 pub mod state;
+mod warm;
 
 pub use provider::{OciConfig, OciProvider, ReapReport, WATCHDOG_GRACE};
 pub use runtime::RuntimeKind;

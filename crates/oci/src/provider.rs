@@ -78,8 +78,9 @@ impl OciConfig {
     }
 }
 
-/// An OCI provider.
-#[derive(Debug)]
+/// An OCI provider. Cloned into each warm member, which runs and removes its container
+/// after the call that made it has returned.
+#[derive(Debug, Clone)]
 pub struct OciProvider {
     config: OciConfig,
     state: StateDir,
@@ -125,6 +126,55 @@ pub(crate) struct Launched {
     pub timed_out: bool,
     pub memory: MemorySeen,
     pub started_unix_ms: u64,
+}
+
+/// A created container of one run, its process waiting in the runtime's init.
+#[derive(Debug)]
+pub(crate) struct Container {
+    pub id: String,
+    pub run_dir: RunDir,
+    pub created: follow::Created,
+    /// The write end of the container's standard input, when it was asked for.
+    pub input: Option<std::process::ChildStdin>,
+}
+
+/// What following a container to its end gave.
+#[derive(Debug)]
+pub(crate) struct Followed {
+    pub captured: std::io::Result<Captured>,
+    /// The watchdog killed the container at the deadline.
+    pub timed_out: bool,
+    /// The follow's own (later) deadline fired: the runtime may have left processes.
+    pub backstop: bool,
+    pub memory: MemorySeen,
+}
+
+impl Followed {
+    /// The launch's outcome once the cleanup ran (`cleaned`).
+    pub(crate) fn launched(
+        self,
+        started_unix_ms: u64,
+        cleaned: Result<(), String>,
+    ) -> Result<Launched, LaunchError> {
+        let captured = match self.captured {
+            Ok(c) => c,
+            Err(e) => {
+                let message = format!("lost the container's output: {}", error_chain(&e));
+                return Err(LaunchError::may_have_run(message).after_cleanup(cleaned));
+            }
+        };
+        if let Err(c) = cleaned {
+            return Err(LaunchError::may_have_run(format!(
+                "the run ended but its sandbox was not fully removed: {c}"
+            )));
+        }
+        Ok(Launched {
+            captured,
+            timed_out: self.timed_out,
+            memory: self.memory,
+            started_unix_ms,
+        })
+    }
 }
 
 /// One run's container process and the files it is handed.
@@ -357,10 +407,54 @@ impl OciProvider {
         plan: &LaunchPlan,
         launch: &LaunchSpec,
     ) -> Result<Launched, LaunchError> {
-        let layout = self
-            .layout
-            .as_ref()
-            .map_err(|e| LaunchError::environment(e.clone()))?;
+        let Container {
+            id,
+            run_dir,
+            created,
+            ..
+        } = self.create(plan, launch, false)?;
+        // The deadline outside the daemon: a daemon killed mid-run leaves this watchdog,
+        // which ends the container's processes (by its cgroup) at the deadline plus a grace.
+        let outside = match self.outside_watchdog(plan, launch.deadline) {
+            Ok(w) => w,
+            Err(e) => {
+                drop(created);
+                return Err(e.after_cleanup(self.clean(plan, &id, run_dir, false)));
+            }
+        };
+        // From `start` on the code may have run: every failure is `Failed`, never "not
+        // dispatched".
+        let started_unix_ms = unix_ms_now();
+        if let Err(e) = self.runtime.start(&id) {
+            // Kill and reap the container's process before the cleanup.
+            drop(created);
+            let message = format!(
+                "{} may have started the container, then failed: {}",
+                self.config.kind.name(),
+                error_chain(&e)
+            );
+            return Err(LaunchError::may_have_run(message)
+                .after_cleanup(self.clean(plan, &id, run_dir, false)));
+        }
+        let followed = self.follow_to_end(plan, &id, created, launch.deadline, launch.output_bytes);
+        drop(outside);
+        let cleaned = self.clean(plan, &id, run_dir, followed.backstop);
+        followed.launched(started_unix_ms, cleaned)
+    }
+
+    /// Everything of a run up to its container created (its process waiting in the runtime's
+    /// init until `start`), the runtime's helpers followed; with `stdin`, the container's
+    /// standard input is a pipe whose write end is returned. Nothing of the request ran: a
+    /// failure is not dispatched (`environment`), and what was made is removed.
+    pub(crate) fn create(
+        &self,
+        plan: &LaunchPlan,
+        launch: &LaunchSpec,
+        stdin: bool,
+    ) -> Result<Container, LaunchError> {
+        if let Err(e) = &self.layout {
+            return Err(LaunchError::environment(e.clone()));
+        }
         if plan.run_id.is_empty()
             || !plan
                 .run_id
@@ -386,7 +480,7 @@ impl OciProvider {
         let pid_file = run_dir.path().join("pid");
         let spawned = prepared.and_then(|bundle| {
             self.runtime
-                .spawn_create(&bundle, &id, &pid_file, plan.broker.is_some())
+                .spawn_create(&bundle, &id, &pid_file, plan.broker.is_some(), stdin)
                 .map_err(|e| {
                     format!(
                         "cannot start {}: {}",
@@ -395,9 +489,9 @@ impl OciProvider {
                     )
                 })
         });
-        // Up to here, and through `create`, nothing of the request ran: its process waits in
-        // the runtime's init until `start`. A failure is not dispatched (`environment`).
-        let created = spawned.and_then(|r| {
+        let mut input = None;
+        let created = spawned.and_then(|mut r| {
+            input = r.stdin.take();
             // For `reap`: the runtime process outlives a daemon that is killed.
             let _ = fs::write(run_dir.path().join("runtime.pid"), r.child.id().to_string());
             follow::created(
@@ -416,40 +510,50 @@ impl OciProvider {
                     .after_cleanup(self.clean(plan, &id, run_dir, false)));
             }
         };
-
         created.also_reap(self.runtime.helper_pids(&id));
-        // The deadline outside the daemon: a daemon killed mid-run leaves this watchdog,
-        // which ends the container's processes (by its cgroup) at the deadline plus a grace.
+        Ok(Container {
+            id,
+            run_dir,
+            created,
+            input,
+        })
+    }
+
+    /// The watchdog outside the daemon for a run of `deadline` from now: the container's
+    /// cgroups' processes are killed at the deadline plus [`WATCHDOG_GRACE`].
+    pub(crate) fn outside_watchdog(
+        &self,
+        plan: &LaunchPlan,
+        deadline: Duration,
+    ) -> Result<plimsoll_sandbox::watchdog::Watchdog, LaunchError> {
+        let layout = self
+            .layout
+            .as_ref()
+            .map_err(|e| LaunchError::environment(e.clone()))?;
         let procs: Vec<PathBuf> = layout
             .dirs(&spec::container_cgroup(&self.cgroup_parent, &plan.run_id))
             .into_iter()
             .map(|d| d.join("cgroup.procs"))
             .collect();
-        let outside =
-            match plimsoll_sandbox::watchdog::start(&procs, launch.deadline + WATCHDOG_GRACE) {
-                Ok(w) => w,
-                Err(e) => {
-                    drop(created);
-                    let message = format!("cannot start the run's watchdog: {}", error_chain(&e));
-                    return Err(LaunchError::environment(message)
-                        .after_cleanup(self.clean(plan, &id, run_dir, false)));
-                }
-            };
-        // From `start` on the code may have run: every failure is `Failed`, never "not
-        // dispatched".
-        let started_unix_ms = unix_ms_now();
-        if let Err(e) = self.runtime.start(&id) {
-            // Kill and reap the container's process before the cleanup.
-            drop(created);
-            let message = format!(
-                "{} may have started the container, then failed: {}",
-                self.config.kind.name(),
+        plimsoll_sandbox::watchdog::start(&procs, deadline + WATCHDOG_GRACE).map_err(|e| {
+            LaunchError::environment(format!(
+                "cannot start the run's watchdog: {}",
                 error_chain(&e)
-            );
-            return Err(LaunchError::may_have_run(message)
-                .after_cleanup(self.clean(plan, &id, run_dir, false)));
-        }
+            ))
+        })
+    }
 
+    /// After `start` (or a warm member's `go`): captures the container's output until its
+    /// process has ended, killing the container at `deadline` from now, and reads what its
+    /// memory cgroup saw.
+    pub(crate) fn follow_to_end(
+        &self,
+        plan: &LaunchPlan,
+        id: &str,
+        created: follow::Created,
+        deadline: Duration,
+        output_bytes: u64,
+    ) -> Followed {
         // The watchdog kills the container at the deadline, so its process ends and the
         // runtime tears the container down; the follow's own deadline (later) kills the
         // container's process directly only if that does not work.
@@ -459,8 +563,8 @@ impl OciProvider {
             let done = Arc::clone(&done);
             let fired = Arc::clone(&fired);
             let runtime = self.runtime.clone();
-            let id = id.clone();
-            let deadline = Instant::now() + launch.deadline;
+            let id = id.to_owned();
+            let deadline = Instant::now() + deadline;
             std::thread::spawn(move || {
                 let (lock, cv) = &*done;
                 let mut finished = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -496,7 +600,7 @@ impl OciProvider {
                 }
             })
         };
-        let limits = CaptureLimits::new(launch.output_bytes, launch.deadline + BACKSTOP);
+        let limits = CaptureLimits::new(output_bytes, deadline + BACKSTOP);
         let captured = created.follow(&limits);
         {
             let (lock, cv) = &*done;
@@ -504,35 +608,27 @@ impl OciProvider {
             cv.notify_all();
         }
         let _ = watchdog.join();
-        drop(outside);
         let timed_out = fired.load(Ordering::SeqCst);
         let backstop = captured.as_ref().map_or(true, |c| c.timed_out);
-        let mut memory = layout.memory_seen(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id));
-        // v1 counts kills only in the container's own cgroup, there until the delete below.
-        if memory.oom_kills.is_none() {
-            memory.oom_kills =
-                layout.oom_kills(&spec::container_cgroup(&self.cgroup_parent, &plan.run_id));
-        }
-        let cleaned = self.clean(plan, &id, run_dir, backstop);
-
-        let captured = match captured {
-            Ok(c) => c,
-            Err(e) => {
-                let message = format!("lost the container's output: {}", error_chain(&e));
-                return Err(LaunchError::may_have_run(message).after_cleanup(cleaned));
+        let memory = match &self.layout {
+            Ok(layout) => {
+                let mut memory =
+                    layout.memory_seen(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id));
+                // v1 counts kills only in the container's own cgroup, there until the delete.
+                if memory.oom_kills.is_none() {
+                    memory.oom_kills = layout
+                        .oom_kills(&spec::container_cgroup(&self.cgroup_parent, &plan.run_id));
+                }
+                memory
             }
+            Err(_) => MemorySeen::default(),
         };
-        if let Err(c) = cleaned {
-            return Err(LaunchError::may_have_run(format!(
-                "the run ended but its sandbox was not fully removed: {c}"
-            )));
-        }
-        Ok(Launched {
+        Followed {
             captured,
             timed_out,
+            backstop,
             memory,
-            started_unix_ms,
-        })
+        }
     }
 
     /// With a broker: a Unix socket in the run's tools directory (so inside the container
@@ -652,7 +748,7 @@ impl OciProvider {
 
     /// Removes everything of one run: the container (if the runtime left it), its cgroups,
     /// stray processes (only after the backstop killed the runtime), the run directory.
-    fn clean(
+    pub(crate) fn clean(
         &self,
         plan: &LaunchPlan,
         id: &str,
@@ -931,6 +1027,23 @@ impl Provider for OciProvider {
 
     fn probe(&self) -> Probed {
         crate::probe::probe(self)
+    }
+
+    fn warms(&self) -> bool {
+        self.config.kind != RuntimeKind::Runsc
+    }
+
+    fn warm(
+        &self,
+        plan: &plimsoll_sandbox::WarmPlan,
+    ) -> Result<Box<dyn plimsoll_sandbox::WarmMember>, LaunchError> {
+        if !self.warms() {
+            return Err(LaunchError::not_started(
+                plimsoll_wire::Reason::Unsupported,
+                plimsoll_sandbox::Unsupported::NoWarmPool,
+            ));
+        }
+        Ok(Box::new(crate::warm::make(self, plan)?))
     }
 
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {

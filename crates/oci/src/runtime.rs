@@ -241,13 +241,16 @@ impl Runtime {
         id: &str,
         pid_file: &Path,
         host_sockets: bool,
+        stdin: bool,
     ) -> Result<Running, SpawnError> {
         let mut args = Vec::new();
         if host_sockets && self.kind == RuntimeKind::Runsc {
             args.push(OsString::from("--host-uds=open"));
         }
         args.extend(Runtime::create_args(bundle, id, pid_file));
-        self.command(&args).spawn()
+        let command = self.command(&args);
+        // The container's process inherits `create`'s standard input (pass-through).
+        if stdin { command.stdin_pipe() } else { command }.spawn()
     }
 
     /// `start ID`: lets a created container's process run the code.

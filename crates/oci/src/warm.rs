@@ -1,0 +1,245 @@
+//! Warm members at crun and runc: a container created and started exactly as a cold run's
+//! (the same bundle, limits, uid, mounts and cgroups), its process the interpreter, blocked
+//! reading its standard input (a pipe this process holds). A claim writes the code into the
+//! run's tools directory (read-only inside, at `/opt/plimsoll/bin`), sends `go`, and follows
+//! the container to its end as a cold run is followed; the container is then removed, off
+//! the answer's path. runsc has no warm members: the interpreter runs inside gVisor's Sentry,
+//! where this process cannot see it wait.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use plimsoll_sandbox::warm::{self, GO, JS_WAIT, PYTHON_WAIT, WarmMember, WarmPlan, WarmShape};
+use plimsoll_sandbox::{
+    Cause, LaunchError, LaunchPlan, Outcome, Privileges, ResolvedLimits, Teardown, unix_ms_now,
+};
+use plimsoll_wire::{Bytes, Language, Reason, RunResult, RunSpec, Snippet};
+
+use crate::provider::{Container, LaunchSpec, OciProvider, status_of};
+use crate::spec::TOOLS_DIR;
+
+/// How long a new member's interpreter may take to start and reach its read.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// One idle member: its container, started, and the plan it was made under.
+#[derive(Debug)]
+pub struct OciMember {
+    provider: OciProvider,
+    plan: LaunchPlan,
+    container: Container,
+    shape: WarmShape,
+    max_timeout: Duration,
+    main: &'static str,
+}
+
+/// The plan a member's container is made from: a cold run's of its shape, with no code yet.
+fn member_plan(plan: &WarmPlan) -> LaunchPlan {
+    LaunchPlan {
+        run_id: plan.member_id.clone(),
+        request_id: format!("warm member {}", plan.member_id),
+        spec: RunSpec::Snippet(Snippet {
+            language: plan.shape.language,
+            code: String::new(),
+        }),
+        limits: ResolvedLimits {
+            timeout: plan.max_timeout,
+            memory_bytes: plan.shape.memory_bytes,
+            output_bytes: 0,
+            pids: plan.shape.pids,
+            disk_bytes: plan.shape.disk_bytes,
+            artifact_bytes: 0,
+        },
+        uid: plan.uid,
+        gid: plan.gid,
+        controller_uid: plan.uid,
+        controller_gid: plan.gid,
+        run_dir: plan.run_dir.clone(),
+        broker: None,
+        privileges: Privileges::Unprivileged,
+    }
+}
+
+/// Makes a member: creates and starts its container, and returns once its interpreter waits.
+pub fn make(provider: &OciProvider, plan: &WarmPlan) -> Result<OciMember, LaunchError> {
+    let launch_plan = member_plan(plan);
+    let (main, args) = match plan.shape.language {
+        Language::Javascript => (
+            "main.js",
+            vec!["/usr/bin/node".to_owned(), "-e".into(), JS_WAIT.into()],
+        ),
+        Language::Python => (
+            "main.py",
+            vec![
+                "/usr/bin/python3".to_owned(),
+                "-I".into(),
+                "-B".into(),
+                "-c".into(),
+                PYTHON_WAIT.into(),
+            ],
+        ),
+    };
+    let mut args = args;
+    args.push(format!("{TOOLS_DIR}/{main}"));
+    let launch = LaunchSpec {
+        args,
+        files: Vec::new(),
+        owner_only: Vec::new(),
+        binds: Vec::new(),
+        output_bytes: 0,
+        deadline: plan.max_timeout,
+        env: Vec::new(),
+    };
+    let container = provider.create(&launch_plan, &launch, true)?;
+    let started = provider
+        .runtime()
+        .start(&container.id)
+        .map_err(|e| {
+            format!(
+                "cannot start the member's container: {}",
+                plimsoll_sandbox::error_chain(&e)
+            )
+        })
+        .and_then(|()| {
+            let pid = container.created.pid().as_raw_nonzero().get() as u32;
+            warm::wait_until_reading(pid, READY_WITHIN).map_err(|e| {
+                format!("the member's interpreter did not come to wait for its code: {e}")
+            })
+        });
+    let member = OciMember {
+        provider: provider.clone(),
+        plan: launch_plan,
+        container,
+        shape: plan.shape,
+        max_timeout: plan.max_timeout,
+        main,
+    };
+    match started {
+        Ok(()) => Ok(member),
+        Err(message) => Err(LaunchError::environment(message).after_cleanup(member.remove(false))),
+    }
+}
+
+impl OciMember {
+    /// Kills what is left of the container and removes it, its cgroups and its directory.
+    fn remove(self, backstop: bool) -> Result<(), String> {
+        let OciMember {
+            provider,
+            plan,
+            container,
+            ..
+        } = self;
+        let Container {
+            id,
+            run_dir,
+            created,
+            input,
+        } = container;
+        drop(input);
+        // Kills and reaps the container's process.
+        drop(created);
+        provider.clean(&plan, &id, run_dir, backstop)
+    }
+}
+
+impl WarmMember for OciMember {
+    fn uid(&self) -> u32 {
+        self.plan.uid
+    }
+
+    fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
+        let claimed = warm::check_claim(plan, &self.shape, self.plan.uid, self.max_timeout)
+            .map_err(|e| LaunchError::not_started(Reason::Environment, e))
+            .and_then(|code| {
+                let path = self.container.run_dir.path().join("bin").join(self.main);
+                std::fs::write(&path, code.as_bytes())
+                    .and_then(|()| {
+                        use std::os::unix::fs::PermissionsExt as _;
+                        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+                    })
+                    .map_err(|e| {
+                        LaunchError::environment(format!("cannot write {}: {e}", path.display()))
+                    })
+            });
+        if let Err(e) = claimed {
+            return Err(e.after_cleanup(self.remove(false)));
+        }
+        let outside = match self
+            .provider
+            .outside_watchdog(&self.plan, plan.limits.timeout)
+        {
+            Ok(w) => w,
+            Err(e) => return Err(e.after_cleanup(self.remove(false))),
+        };
+        let OciMember {
+            provider,
+            plan: member_plan,
+            container,
+            ..
+        } = *self;
+        let Container {
+            id,
+            run_dir,
+            mut created,
+            input,
+        } = container;
+        created.set_output_cap(plan.limits.output_bytes);
+        let started_unix_ms = unix_ms_now();
+        let sent = input
+            .ok_or_else(|| std::io::Error::other("the member has no input pipe"))
+            .and_then(|mut input| input.write_all(GO));
+        if let Err(e) = sent {
+            drop(created);
+            let e = LaunchError::may_have_run(format!("cannot hand the member its code: {e}"));
+            return Err(e.after_cleanup(provider.clean(&member_plan, &id, run_dir, false)));
+        }
+        let followed = provider.follow_to_end(
+            &member_plan,
+            &id,
+            created,
+            plan.limits.timeout,
+            plan.limits.output_bytes,
+        );
+        drop(outside);
+        let ended_unix_ms = unix_ms_now();
+        let backstop = followed.backstop;
+        let timed_out = followed.timed_out;
+        let memory = followed.memory;
+        let captured = match followed.captured {
+            Ok(c) => c,
+            Err(e) => {
+                let e = LaunchError::may_have_run(format!("lost the container's output: {e}"));
+                return Err(e.after_cleanup(provider.clean(&member_plan, &id, run_dir, backstop)));
+            }
+        };
+        let (exit_code, signal) = status_of(&captured);
+        let killed = signal == Some(libc::SIGKILL);
+        let result = RunResult {
+            exit_code,
+            signal,
+            timed_out,
+            oom_killed: !timed_out && memory.oom_killed(plan.limits.memory_bytes, killed),
+            stdout: Bytes(captured.stdout),
+            stdout_truncated: captured.stdout_truncated,
+            stderr: Bytes(captured.stderr),
+            stderr_truncated: captured.stderr_truncated,
+            ..RunResult::default()
+        };
+        let teardown = Teardown::new(move || {
+            provider
+                .clean(&member_plan, &id, run_dir, backstop)
+                .map_err(Cause::from)
+        });
+        Ok((
+            Outcome {
+                result,
+                started_unix_ms,
+                ended_unix_ms,
+            },
+            teardown,
+        ))
+    }
+
+    fn discard(self: Box<Self>) -> Result<(), Cause> {
+        self.remove(false).map_err(Cause::from)
+    }
+}
