@@ -797,6 +797,11 @@ runsc_platform = "kvm"
         );
         // The default floor above what warms: none.
         assert!(pools("providers = [\"process\"]\n").is_empty());
+        // A fresh install's default floor (container): crun, the cheapest container provider.
+        assert_eq!(
+            pools("providers = [\"process\", \"runsc\", \"crun\", \"runc\"]\n"),
+            vec![("crun".into(), Javascript, 1), ("crun".into(), Python, 1)]
+        );
         // An empty [pools]: none; min_idle = 0: that pool is off.
         assert!(
             pools("providers = [\"process\"]\ndefault_floor = \"process\"\n[pools]\n").is_empty()
@@ -813,7 +818,7 @@ runsc_platform = "kvm"
                 "not configured",
             ),
             (
-                "providers = [\"crun\"]\n[pools.crun.python]\n",
+                "providers = [\"runsc\"]\n[pools.runsc.python]\n",
                 "no warm pool yet",
             ),
             (
