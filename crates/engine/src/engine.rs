@@ -905,7 +905,8 @@ fn finish_result(
     result.member_age_ms = member_age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX));
 }
 
-fn new_run_id() -> String {
+/// A fresh id for a run (or a warm member): 96 random bits, hex.
+pub(crate) fn new_run_id() -> String {
     let bytes: [u8; 12] = rand::random();
     hex::encode(bytes)
 }

@@ -426,7 +426,7 @@ impl Pools {
             };
             let uid = self.first_uid + slot as u32;
             let plan = WarmPlan {
-                member_id: format!("warm-{}", new_member_id()),
+                member_id: format!("warm-{}", crate::engine::new_run_id()),
                 shape: pool.shape,
                 uid,
                 gid: uid,
@@ -530,11 +530,6 @@ impl Pools {
     pub fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
-}
-
-fn new_member_id() -> String {
-    let bytes: [u8; 12] = rand::random();
-    hex::encode(bytes)
 }
 
 #[cfg(test)]

@@ -143,6 +143,21 @@ fn prepare_code<'a>(
     Ok((interpreter, args, channel))
 }
 
+/// A snippet's result from its captured output (the engine adds how it started).
+fn snippet_result(c: plimsoll_sandbox::Captured, oom_killed: bool) -> RunResult {
+    RunResult {
+        exit_code: c.exit_code,
+        signal: c.signal,
+        timed_out: c.timed_out,
+        oom_killed,
+        stdout: Bytes(c.stdout),
+        stdout_truncated: c.stdout_truncated,
+        stderr: Bytes(c.stderr),
+        stderr_truncated: c.stderr_truncated,
+        ..RunResult::default()
+    }
+}
+
 impl Provider for ProcessProvider {
     fn name(&self) -> &str {
         "process"
@@ -216,23 +231,8 @@ impl Provider for ProcessProvider {
             },
             dir,
         )?;
-        let c = launched.captured;
         Ok(Outcome {
-            result: RunResult {
-                exit_code: c.exit_code,
-                signal: c.signal,
-                timed_out: c.timed_out,
-                oom_killed: launched.oom_killed,
-                stdout: Bytes(c.stdout),
-                stdout_truncated: c.stdout_truncated,
-                stderr: Bytes(c.stderr),
-                stderr_truncated: c.stderr_truncated,
-                steps: Vec::new(),
-                artifacts: Vec::new(),
-                calls: Vec::new(),
-                start: None,
-                member_age_ms: None,
-            },
+            result: snippet_result(launched.captured, launched.oom_killed),
             started_unix_ms: launched.started_unix_ms,
             ended_unix_ms: launched.ended_unix_ms,
         })

@@ -13,7 +13,7 @@ use plimsoll_sandbox::{
     CaptureLimits, Cause, LaunchError, LaunchPlan, Outcome, ResolvedLimits, Running, Spawn,
     Teardown, capture, unix_ms_now,
 };
-use plimsoll_wire::{Bytes, Language, Reason, RunResult};
+use plimsoll_wire::{Language, Reason};
 
 use crate::bounds::MemoryCgroup;
 use crate::harden::Hardening;
@@ -207,21 +207,7 @@ impl WarmMember for ProcessMember {
         };
         Ok((
             Outcome {
-                result: RunResult {
-                    exit_code: c.exit_code,
-                    signal: c.signal,
-                    timed_out: c.timed_out,
-                    oom_killed,
-                    stdout: Bytes(c.stdout),
-                    stdout_truncated: c.stdout_truncated,
-                    stderr: Bytes(c.stderr),
-                    stderr_truncated: c.stderr_truncated,
-                    steps: Vec::new(),
-                    artifacts: Vec::new(),
-                    calls: Vec::new(),
-                    start: None,
-                    member_age_ms: None,
-                },
+                result: crate::snippet_result(c, oom_killed),
                 started_unix_ms,
                 ended_unix_ms,
             },
