@@ -425,17 +425,14 @@ impl Pools {
                 continue;
             };
             let uid = self.first_uid + slot as u32;
+            let member_id = format!("warm-{}", crate::engine::new_run_id());
             let plan = WarmPlan {
-                member_id: format!("warm-{}", crate::engine::new_run_id()),
+                run_dir: self.runs_dir.join(&member_id),
+                member_id,
                 shape: pool.shape,
                 uid,
                 gid: uid,
-                run_dir: PathBuf::new(),
                 max_timeout: self.max_timeout,
-            };
-            let plan = WarmPlan {
-                run_dir: self.runs_dir.join(&plan.member_id),
-                ..plan
             };
             acted = true;
             *self.making.lock().unwrap_or_else(|e| e.into_inner()) = Some(plan.member_id.clone());

@@ -463,7 +463,7 @@ fn end_leftovers(uid: u32) -> Result<(), String> {
         }
         let left: Vec<i32> = plimsoll_sandbox::reap::processes_of_uid(uid)
             .into_iter()
-            .filter(|pid| !is_zombie(*pid))
+            .filter(|pid| !plimsoll_sandbox::reap::is_zombie(*pid))
             .collect();
         if left.is_empty() {
             return Ok(());
@@ -475,14 +475,4 @@ fn end_leftovers(uid: u32) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-fn is_zombie(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
 }

@@ -218,12 +218,7 @@ pub fn wait_until_reading(pid: u32, within: Duration) -> std::io::Result<()> {
         if fields.next() == Some(read.as_str()) && fields.next() == Some("0x0") {
             return Ok(());
         }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        if stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|s| s.trim_start().starts_with('Z'))
-        {
+        if crate::reap::is_zombie(pid as i32) {
             return Err(std::io::Error::other(
                 "it exited before it waited for its code",
             ));
