@@ -312,7 +312,7 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
     }
     let mut report = table(&cases, &mut samples);
     if let Some(w) = &warm_engine {
-        report.push_str(&members_memory(w, &warming));
+        report.push_str(&members_memory(w, &warming, &node_and_python(&settings)));
     }
     if let Some((_, warm)) = &daemons {
         report.push_str(&throughput(
@@ -445,57 +445,40 @@ fn rss_kib(pid: u32) -> Option<u64> {
     })
 }
 
-/// The memory of an idle member, per language, beside the same interpreter waiting on a pipe
-/// unsandboxed: the members' resident sets (every process of the warm engine's pool uids,
-/// with the pools full), divided by the members.
-fn members_memory(engine: &Engine, warming: &[String]) -> String {
-    let mut out = String::from("\nidle members (warm engine, pools full):\n");
-    let first = plimsoll_engine::uid_range_end(
-        engine.config().sandbox_uid_base,
-        engine.config().max_concurrent,
-        engine.providers().len(),
-    )
-    .unwrap_or(0);
-    let (node, python) = (
-        PathBuf::from("/usr/bin/node"),
-        PathBuf::from("/usr/bin/python3"),
-    );
-    for language in LANGUAGES {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let full = || {
-            engine
-                .pools_idle()
-                .iter()
-                .filter(|(p, _, _)| warming.contains(p))
-                .all(|(_, _, n)| *n >= 1)
-        };
-        while !full() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let members: usize = engine
+/// The memory of the idle members (every process of the warm engine's member uids, with
+/// the pools full, divided by the members), beside each interpreter waiting on a pipe
+/// unsandboxed.
+fn members_memory(
+    engine: &Engine,
+    warming: &[String],
+    (node, python): &(PathBuf, PathBuf),
+) -> String {
+    let full = || {
+        engine
             .pools_idle()
             .iter()
-            .map(|(_, _, n)| *n)
-            .sum::<usize>()
-            .max(1);
-        let all = rss_kib_of_uids(first..first + 1_000);
-        let program = match language {
-            Language::Javascript => &node,
-            Language::Python => &python,
-        };
+            .filter(|(p, _, _)| warming.contains(p))
+            .all(|(_, _, n)| *n >= 1)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !full() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let members: usize = engine.pools_idle().iter().map(|(_, _, n)| *n).sum();
+    let all = rss_kib_of_uids(engine.pool_uid_range());
+    let mut out = String::from("\nidle members (warm engine, pools full):\n");
+    for (language, program) in [(Language::Javascript, node), (Language::Python, python)] {
         let bare = bare_waiting_rss_kib(program, language);
         out.push_str(&format!(
             "  {}: bare interpreter waiting on a pipe {} KiB RSS\n",
             language.as_str(),
             bare.map_or_else(|| "-".to_owned(), |k| k.to_string()),
         ));
-        if language == Language::Python {
-            out.push_str(&format!(
-                "  all {members} idle members together {all} KiB RSS, {} KiB a member\n",
-                all / members as u64
-            ));
-        }
     }
+    out.push_str(&format!(
+        "  all {members} idle members together {all} KiB RSS, {} KiB a member\n",
+        all / members.max(1) as u64
+    ));
     out
 }
 

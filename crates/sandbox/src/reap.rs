@@ -244,6 +244,17 @@ pub fn remove_tree_one_fs(path: &std::path::Path) -> io::Result<()> {
     walk(path, meta.dev())
 }
 
+/// True when process `pid` has exited and waits to be reaped (its state is `Z`).
+pub fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,15 +354,4 @@ mod tests {
         ));
         assert!(signal_all_as(0).is_err());
     }
-}
-
-/// True when process `pid` has exited and waits to be reaped (its state is `Z`).
-pub fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
 }
