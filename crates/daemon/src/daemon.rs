@@ -15,7 +15,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use plimsoll_broker::{GrantProfiles, LoadGrantsError};
 use plimsoll_engine::settings::Settings;
-use plimsoll_engine::{BuildEngineError, Engine};
+use plimsoll_engine::{BuildEngineError, Engine, PoolsReplaced};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -79,6 +79,9 @@ pub struct DaemonOptions {
     /// The grants file (docs/capability-grants.md), if any: without one, every request
     /// naming a grant is refused.
     pub grants_file: Option<PathBuf>,
+    /// The settings file the daemon was started with, if any: SIGHUP re-reads its
+    /// `[pools]` section.
+    pub settings_file: Option<PathBuf>,
 }
 
 /// The daemon could not start.
@@ -205,6 +208,8 @@ impl DaemonOptions {
             shutdown_grace: settings.engine_config().limits.maximums.timeout + SHUTDOWN_SLACK,
             // `plimsolld --grants` overrides it.
             grants_file: settings.grants_file.clone(),
+            // Set by `run`, which knows where the settings came from.
+            settings_file: None,
         })
     }
 }
@@ -291,6 +296,56 @@ impl Daemon {
                 Some(Err(e))
             }
         }
+    }
+
+    /// Re-reads the settings file the daemon was started with, if any (on SIGHUP), and puts
+    /// its `[pools]` section in force ([`Engine::reload_pools`]): an unchanged section
+    /// touches nothing; a changed one drains the pools in force and keeps the new ones. A
+    /// file that does not load, or pools it refuses, leave the pools in force, and one error
+    /// line says why. Blocks while the old pools drain (up to a minute): call it off the
+    /// async threads. `None` when there is no settings file.
+    pub fn reload_pools(&self) -> Option<Result<PoolsReplaced, String>> {
+        let path = self.options.settings_file.as_deref()?;
+        let reloaded = Settings::load(path)
+            .map_err(|e| error_chain(&e))
+            .and_then(|s| {
+                self.state
+                    .engine
+                    .reload_pools(&s)
+                    .map_err(|e| error_chain(&e))
+            });
+        match &reloaded {
+            Ok(done) => {
+                let pools = self
+                    .state
+                    .engine
+                    .pool_configs()
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{}.{}:{}/{}/{}s",
+                            c.provider,
+                            format!("{:?}", c.language).to_lowercase(),
+                            c.settings.min_idle,
+                            c.settings.max_members,
+                            c.settings.max_age.as_secs()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let message = match done {
+                    PoolsReplaced::Unchanged => "warm pools unchanged",
+                    PoolsReplaced::Replaced => "warm pools replaced",
+                };
+                tracing::info!(settings_file = %path.display(), pools, "{message}");
+            }
+            Err(e) => tracing::error!(
+                settings_file = %path.display(),
+                error = %e,
+                "cannot reload the warm pools: the pools in force are kept; fix the settings file and send SIGHUP again"
+            ),
+        }
+        Some(reloaded)
     }
 
     /// Probes every provider now, off the async threads. A probe that panics is logged and
@@ -573,10 +628,12 @@ async fn terminate_signal() {
 /// `grants_file` overrides the options' grants file.
 pub async fn run(
     settings: &Settings,
+    settings_file: Option<&Path>,
     listen: Option<&str>,
     grants_file: Option<&Path>,
 ) -> Result<(), StartDaemonError> {
     let mut options = DaemonOptions::from_settings(settings, listen)?;
+    options.settings_file = settings_file.map(Path::to_owned);
     if let Some(g) = grants_file {
         options.grants_file = Some(g.to_owned());
     }
@@ -625,9 +682,15 @@ pub async fn run(
             return;
         };
         while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: re-reading the callers file and the grants file");
+            tracing::info!(
+                "SIGHUP: re-reading the callers file, the grants file and the settings file's [pools]"
+            );
             reloader.reload_callers();
             reloader.reload_grants();
+            let pools = Arc::clone(&reloader);
+            if let Err(e) = tokio::task::spawn_blocking(move || pools.reload_pools()).await {
+                tracing::error!(error = %e, "reloading the warm pools panicked");
+            }
         }
     });
 

@@ -27,7 +27,8 @@ struct Args {
 
 const DEFAULT_CONFIG: &str = "/etc/plimsoll/plimsoll.toml";
 
-fn load_settings(args: &Args) -> anyhow::Result<Settings> {
+/// The settings, and the file they came from (none: the defaults).
+fn load_settings(args: &Args) -> anyhow::Result<(Settings, Option<PathBuf>)> {
     let path = args
         .config
         .clone()
@@ -37,18 +38,19 @@ fn load_settings(args: &Args) -> anyhow::Result<Settings> {
             default.exists().then_some(default)
         });
     match path {
-        Some(p) => Ok(Settings::load(&p)?),
-        None => Ok(Settings::default()),
+        Some(p) => Ok((Settings::load(&p)?, Some(p))),
+        None => Ok((Settings::default(), None)),
     }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     plimsoll_daemon::logging::init();
-    let result = load_settings(&args).and_then(|settings| {
+    let result = load_settings(&args).and_then(|(settings, file)| {
         let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
         let served = rt.block_on(plimsoll_daemon::run(
             &settings,
+            file.as_deref(),
             args.listen.as_deref(),
             args.grants.as_deref(),
         ));

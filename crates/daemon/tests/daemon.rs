@@ -2166,3 +2166,81 @@ fn is_member(dir: &std::path::Path) -> bool {
         n.starts_with("warm-") || n.starts_with("plimsoll-warm-")
     })
 }
+
+/// SIGHUP re-reads the settings file's `[pools]`: a section that does not load keeps the
+/// pools in force; one without pools drains them (no member left, every run cold); an
+/// unchanged one touches nothing; pools put back are kept again (runs start warm).
+#[test]
+fn sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken() {
+    let test = "sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken";
+    let pools_on = "[pools.process.python]\nmin_idle = 1\nmax_members = 1\n";
+    let d = Spawned::start(&format!("\n{pools_on}"));
+    if !process_available(test, &d.url, &d.token) {
+        return;
+    }
+    let config = d._dir.path().join("plimsoll.toml");
+    let with_pools = |pools: &str| {
+        let text = std::fs::read_to_string(&config).unwrap();
+        let base = text.split("\n[pools").next().unwrap().to_owned();
+        std::fs::write(&config, format!("{base}\n{pools}")).unwrap();
+    };
+    let state = d._dir.path().join("state");
+    let members = || -> Vec<std::path::PathBuf> {
+        plimsoll_testing::run_dirs_under(&state)
+            .into_iter()
+            .filter(|p| is_member(p))
+            .collect()
+    };
+    let mut n = 0;
+    let mut start_of_a_run = || {
+        n += 1;
+        let r = post(
+            &d.url,
+            Some(&d.token),
+            snippet(&format!("p-{n}"), "python", "print(6 * 7)").as_bytes(),
+        )
+        .run();
+        assert_eq!(r.result.stdout.to_string_lossy(), "42\n", "{r:?}");
+        r.result.start
+    };
+    let warm_within = |start_of_a_run: &mut dyn FnMut() -> Option<plimsoll_wire::Start>| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while start_of_a_run() != Some(plimsoll_wire::Start::Warm) {
+            assert!(
+                Instant::now() < deadline,
+                "no warm start within 60 s: {}",
+                d.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    warm_within(&mut start_of_a_run);
+
+    // A pool of a provider that is not configured: refused, the pool in force is kept.
+    with_pools("[pools.crun.python]\nmin_idle = 1\n");
+    hup_and_wait(&d, "cannot reload the warm pools", 1);
+    assert!(d.logs().contains("names a provider that is not configured"));
+    warm_within(&mut start_of_a_run);
+
+    // No pool: the pool is drained and every run starts cold.
+    with_pools("[pools]\n");
+    hup_and_wait(&d, "warm pools replaced", 1);
+    assert_eq!(members(), Vec::<std::path::PathBuf>::new());
+    for _ in 0..3 {
+        assert_eq!(start_of_a_run(), Some(plimsoll_wire::Start::Cold));
+    }
+    assert_eq!(members(), Vec::<std::path::PathBuf>::new());
+
+    // The same section again changes nothing.
+    hup_and_wait(&d, "warm pools unchanged", 1);
+
+    // Put back, the pool is kept again.
+    with_pools(pools_on);
+    hup_and_wait(&d, "warm pools replaced", 2);
+    assert!(
+        d.logs().contains("\"pools\":\"process.python:1/1/300s\""),
+        "{}",
+        d.logs()
+    );
+    warm_within(&mut start_of_a_run);
+}

@@ -17,7 +17,7 @@ use crate::admission::Admission;
 use crate::config::EngineConfig;
 use crate::evidence_cache::EvidenceCache;
 use crate::plan::{ProviderView, Unavailable, plan};
-use crate::pool::{PoolCounts, Pools, ProviderNow};
+use crate::pool::{PoolConfig, PoolCounts, Pools, ProviderNow};
 use crate::providers::AnyProvider;
 
 /// A provider with its latest probe.
@@ -157,9 +157,83 @@ pub struct Engine {
     grants: RwLock<Arc<GrantProfiles>>,
     /// Evidence this host checked recently, consulted by [`Engine::probe_for`] only.
     cache: Option<EvidenceCache>,
-    /// The warm pools; kept by a thread of their own once [`Engine::start_pools`] is called.
+    /// The warm pools and the configuration they were built from; kept by a thread of
+    /// their own once [`Engine::start_pools`] is called, swapped whole by
+    /// [`Engine::replace_pools`].
+    pools: RwLock<PoolSet>,
+    /// Held while the keeper is started, stopped or the pools are swapped; set once
+    /// [`Engine::start_pools`] was called, until [`Engine::stop_pools`].
+    keeper: std::sync::Mutex<Keeper>,
+    /// The first uid past every other uid of the engine: members' uids start here.
+    first_pool_uid: u32,
+    /// The pools' counts, kept across a swap.
+    pool_counts: Arc<PoolCounts>,
+}
+
+/// The pools in force and their configuration.
+#[derive(Debug)]
+struct PoolSet {
+    configs: Vec<PoolConfig>,
     pools: Arc<Pools>,
-    keeper: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The keeper thread, and whether the pools should be kept at all.
+#[derive(Debug, Default)]
+struct Keeper {
+    thread: Option<std::thread::JoinHandle<()>>,
+    wanted: bool,
+}
+
+/// What [`Engine::replace_pools`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolsReplaced {
+    /// The configuration is the one in force: nothing was touched.
+    Unchanged,
+    /// The old pools were drained (every idle member destroyed) and the new ones are kept.
+    Replaced,
+}
+
+/// The pools `configs` ask for over providers named `names` (in the engine's order), with
+/// members' uids from `first_uid` and the fixed limits of `config`'s defaults. Refuses a pool
+/// of a provider that is not configured and uids that do not fit.
+fn build_pools(
+    config: &EngineConfig,
+    configs: &[PoolConfig],
+    names: &[&str],
+    first_uid: u32,
+    counts: Arc<PoolCounts>,
+) -> Result<Arc<Pools>, BuildEngineError> {
+    let pool_uids = Pools::uid_count(configs);
+    if u64::from(first_uid) + pool_uids as u64 >= u64::from(u32::MAX - 1) {
+        return Err(BuildEngineError::Invalid(format!(
+            "the warm pools' {pool_uids} uids past {first_uid} do not fit in a uid: lower sandbox_uid_base or max_members"
+        )));
+    }
+    let mut pool_list = Vec::new();
+    for c in configs {
+        let Some(index) = names.iter().position(|n| *n == c.provider) else {
+            return Err(BuildEngineError::Invalid(format!(
+                "a warm pool names `{}`, which is not configured",
+                c.provider
+            )));
+        };
+        pool_list.push((index, c.provider.clone(), c.language, c.settings));
+    }
+    let defaults = config.limits.defaults;
+    Ok(Pools::new(
+        &pool_list,
+        |language| plimsoll_sandbox::WarmShape {
+            language,
+            memory_bytes: defaults.memory_bytes,
+            pids: defaults.pids,
+            disk_bytes: defaults.disk_bytes,
+        },
+        first_uid,
+        Some(plimsoll_sandbox::lease_dir(&config.state_dir)),
+        config.state_dir.join("runs"),
+        config.limits.maximums.timeout,
+        counts,
+    ))
 }
 
 impl Drop for Engine {
@@ -208,36 +282,15 @@ impl Engine {
             providers.len(),
         )
         .expect("validated above");
-        let pool_uids = Pools::uid_count(&config.pools);
-        if u64::from(first_pool_uid) + pool_uids as u64 >= u64::from(u32::MAX - 1) {
-            return Err(BuildEngineError::Invalid(format!(
-                "the warm pools' {pool_uids} uids past {first_pool_uid} do not fit in a uid: lower sandbox_uid_base or max_members"
-            )));
-        }
-        let mut pool_list = Vec::new();
-        for c in &config.pools {
-            let Some(index) = providers.iter().position(|p| p.name() == c.provider) else {
-                return Err(BuildEngineError::Invalid(format!(
-                    "a warm pool names `{}`, which is not configured",
-                    c.provider
-                )));
-            };
-            pool_list.push((index, c.provider.clone(), c.language, c.settings));
-        }
-        let defaults = config.limits.defaults;
-        let pools = Pools::new(
-            &pool_list,
-            |language| plimsoll_sandbox::WarmShape {
-                language,
-                memory_bytes: defaults.memory_bytes,
-                pids: defaults.pids,
-                disk_bytes: defaults.disk_bytes,
-            },
+        let names: Vec<&str> = providers.iter().map(|p| p.name()).collect();
+        let pool_counts = Arc::new(PoolCounts::default());
+        let pools = build_pools(
+            &config,
+            &config.pools,
+            &names,
             first_pool_uid,
-            Some(plimsoll_sandbox::lease_dir(&config.state_dir)),
-            config.state_dir.join("runs"),
-            config.limits.maximums.timeout,
-        );
+            Arc::clone(&pool_counts),
+        )?;
         let slots = providers
             .into_iter()
             .enumerate()
@@ -254,14 +307,87 @@ impl Engine {
             })
             .collect();
         Ok(Engine {
-            config,
             slots,
             admission,
             grants: RwLock::new(Arc::new(GrantProfiles::none())),
             cache: None,
-            pools,
-            keeper: std::sync::Mutex::new(None),
+            pools: RwLock::new(PoolSet {
+                configs: config.pools.clone(),
+                pools,
+            }),
+            keeper: std::sync::Mutex::new(Keeper::default()),
+            first_pool_uid,
+            pool_counts,
+            config,
         })
+    }
+
+    /// The pools in force now.
+    fn pools(&self) -> Arc<Pools> {
+        Arc::clone(&self.pools.read().unwrap_or_else(|p| p.into_inner()).pools)
+    }
+
+    /// The warm pools' configuration in force.
+    pub fn pool_configs(&self) -> Vec<PoolConfig> {
+        self.pools
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .configs
+            .clone()
+    }
+
+    /// Puts the warm pools `settings` ask for in force ([`Engine::replace_pools`]): only its
+    /// `[pools]` section is read, over the providers and the default floor in force (a
+    /// change to anything else needs a restart).
+    pub fn reload_pools(
+        &self,
+        settings: &crate::settings::Settings,
+    ) -> Result<PoolsReplaced, BuildEngineError> {
+        let providers: Vec<&AnyProvider> = self.slots.iter().map(|s| &s.provider).collect();
+        let configs = settings.pool_configs(&providers, self.config.default_floor)?;
+        self.replace_pools(configs)
+    }
+
+    /// Puts `configs` in force (the daemon's SIGHUP): a configuration equal to the one in
+    /// force changes nothing; another is checked first (a refusal leaves the pools in force
+    /// untouched), then the old pools are stopped and drained (every idle member destroyed,
+    /// used ones' teardowns waited for, up to a minute) and the new ones kept from empty.
+    /// Runs in flight keep the member they claimed; a uid a used member still holds is
+    /// skipped by the new pools until its lease is free. Runs that arrive meanwhile start
+    /// cold.
+    pub fn replace_pools(
+        &self,
+        configs: Vec<PoolConfig>,
+    ) -> Result<PoolsReplaced, BuildEngineError> {
+        let mut keeper = self.keeper.lock().unwrap_or_else(|p| p.into_inner());
+        if self.pool_configs() == configs {
+            return Ok(PoolsReplaced::Unchanged);
+        }
+        let names: Vec<&str> = self.slots.iter().map(|s| s.provider.name()).collect();
+        let new = build_pools(
+            &self.config,
+            &configs,
+            &names,
+            self.first_pool_uid,
+            Arc::clone(&self.pool_counts),
+        )?;
+        let old = self.pools();
+        old.stop();
+        if let Some(k) = keeper.thread.take() {
+            let _ = k.join();
+        }
+        old.drain();
+        if !old.wait_for_teardowns(std::time::Duration::from_secs(60)) {
+            tracing::error!("warm members' teardowns were still running after 60 s");
+        }
+        *self.pools.write().unwrap_or_else(|p| p.into_inner()) = PoolSet {
+            configs,
+            pools: new,
+        };
+        if keeper.wanted {
+            self.spawn_keeper(&mut keeper);
+        }
+        Ok(PoolsReplaced::Replaced)
     }
 
     /// Starts keeping the warm pools (docs/warm-pools.md): a thread makes members up to each
@@ -269,10 +395,17 @@ impl Engine {
     /// call (the CLI's one-shot engine) every run starts cold. Idempotent.
     pub fn start_pools(&self) {
         let mut keeper = self.keeper.lock().unwrap_or_else(|p| p.into_inner());
-        if keeper.is_some() || self.pools.is_empty() || self.pools.stopped() {
+        keeper.wanted = true;
+        self.spawn_keeper(&mut keeper);
+    }
+
+    /// Starts the keeper thread over the pools in force, unless one runs or there is
+    /// nothing to keep.
+    fn spawn_keeper(&self, keeper: &mut Keeper) {
+        let pools = self.pools();
+        if keeper.thread.is_some() || pools.is_empty() || pools.stopped() {
             return;
         }
-        let pools = Arc::clone(&self.pools);
         let slots = Arc::clone(&self.slots);
         let spawned = std::thread::Builder::new()
             .name("warm-pools".into())
@@ -301,7 +434,7 @@ impl Engine {
                 }
             });
         match spawned {
-            Ok(handle) => *keeper = Some(handle),
+            Ok(handle) => keeper.thread = Some(handle),
             Err(e) => {
                 tracing::error!(error = %e, "no thread to keep the warm pools: every run starts cold")
             }
@@ -311,16 +444,15 @@ impl Engine {
     /// Stops the keeper, destroys every idle member and waits (up to a minute) for the
     /// teardowns of used ones. After this every run starts cold.
     pub fn stop_pools(&self) {
-        self.pools.stop();
-        let keeper = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(k) = keeper {
+        let mut keeper = self.keeper.lock().unwrap_or_else(|p| p.into_inner());
+        keeper.wanted = false;
+        let pools = self.pools();
+        pools.stop();
+        if let Some(k) = keeper.thread.take() {
             let _ = k.join();
         }
-        self.pools.drain();
-        if !self
-            .pools
-            .wait_for_teardowns(std::time::Duration::from_secs(60))
-        {
+        pools.drain();
+        if !pools.wait_for_teardowns(std::time::Duration::from_secs(60)) {
             tracing::error!("warm members' teardowns were still running after 60 s");
         }
     }
@@ -334,34 +466,34 @@ impl Engine {
 
     /// The idle members of every pool now: `(provider, language, idle)`.
     pub fn pools_idle(&self) -> Vec<(String, plimsoll_wire::Language, usize)> {
-        self.pools.idle()
+        self.pools().idle()
     }
 
     /// The uids warm members may run as (past every other uid of the engine).
     pub fn pool_uid_range(&self) -> std::ops::Range<u32> {
-        self.pools.uid_range()
+        self.pools().uid_range()
     }
 
     /// The member uids held now (idle members, members being made, used members still
     /// being torn down).
     pub fn pool_uids_held(&self) -> Vec<u32> {
-        self.pools.held_uids()
+        self.pools().held_uids()
     }
 
     /// The ids of idle members and of the member being made (`warm-<hex>`: each names its
     /// member's directory, container and cgroups).
     pub fn pool_member_ids(&self) -> Vec<String> {
-        self.pools.member_ids()
+        self.pools().member_ids()
     }
 
     /// The pools' counts since the engine was built.
     pub fn pool_counts(&self) -> &PoolCounts {
-        &self.pools.counts
+        &self.pool_counts
     }
 
     /// Waits until every used member's background teardown has ended.
     pub fn wait_for_teardowns(&self, within: std::time::Duration) -> bool {
-        self.pools.wait_for_teardowns(within)
+        self.pools().wait_for_teardowns(within)
     }
 
     /// Loads a grants file (docs/capability-grants.md), reading every secret it names from
@@ -712,7 +844,7 @@ impl Engine {
                 .map(|b| BrokerChannel::new(Arc::new(b.clone()))),
         );
         // A warm member when a pool matches exactly and has one made under this evidence.
-        let claimed = self.pools.claim(
+        let claimed = self.pools().claim(
             index,
             &req.run,
             &decided.limits,

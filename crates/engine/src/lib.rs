@@ -14,7 +14,7 @@ pub mod settings;
 
 pub use admission::{Admission, Permit, uid_range_end};
 pub use config::{EngineConfig, LimitPolicy};
-pub use engine::{BuildEngineError, Engine, ProviderEvidence, RunError};
+pub use engine::{BuildEngineError, Engine, PoolsReplaced, ProviderEvidence, RunError};
 pub use evidence_cache::{CacheMiss, EvidenceCache};
 pub use plan::{Plan, ProviderView, Unavailable, plan};
 pub use plimsoll_sandbox::{ResolvedLimits, error_chain};

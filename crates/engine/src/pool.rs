@@ -153,7 +153,7 @@ pub(crate) struct Pools {
     max_timeout: Duration,
     stop: AtomicBool,
     wake: (Mutex<u64>, Condvar),
-    pub counts: PoolCounts,
+    pub counts: Arc<PoolCounts>,
     /// Teardowns still running in the background.
     tearing: (Mutex<usize>, Condvar),
     /// The id of the member being made, while it is.
@@ -177,6 +177,7 @@ impl Pools {
         lease_dir: Option<PathBuf>,
         runs_dir: PathBuf,
         max_timeout: Duration,
+        counts: Arc<PoolCounts>,
     ) -> Arc<Pools> {
         let pools: Vec<Pool> = configs
             .iter()
@@ -199,7 +200,7 @@ impl Pools {
             max_timeout,
             stop: AtomicBool::new(false),
             wake: (Mutex::new(0), Condvar::new()),
-            counts: PoolCounts::default(),
+            counts,
             tearing: (Mutex::new(0), Condvar::new()),
             making: Mutex::new(None),
         })
