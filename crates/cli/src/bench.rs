@@ -466,6 +466,7 @@ fn members_memory(
     }
     let members: usize = engine.pools_idle().iter().map(|(_, _, n)| *n).sum();
     let all = rss_kib_of_uids(engine.pool_uid_range());
+    let cgroups = memory_cgroups_kib(engine.pool_uid_range());
     let mut out = String::from("\nidle members (warm engine, pools full):\n");
     for (language, program) in [(Language::Javascript, node), (Language::Python, python)] {
         let bare = bare_waiting_rss_kib(program, language);
@@ -479,7 +480,61 @@ fn members_memory(
         "  all {members} idle members together {all} KiB RSS, {} KiB a member\n",
         all / members.max(1) as u64
     ));
+    match cgroups {
+        Some((n, kib)) => out.push_str(&format!(
+            "  their {n} memory cgroups charged {kib} KiB together (resident memory, page cache and tmpfs), {} KiB a member\n",
+            kib / members.max(1) as u64
+        )),
+        None => out.push_str("  their memory cgroups: no memory controller mounted\n"),
+    }
     out
+}
+
+/// The memory charged to the memory cgroups the processes of `uids` are in (each counted
+/// once): how many, and their usage together in KiB (`memory.usage_in_bytes` under cgroup
+/// v1, `memory.current` under v2). `None` without a memory controller.
+fn memory_cgroups_kib(uids: std::ops::Range<u32>) -> Option<(usize, u64)> {
+    let layout = plimsoll_sandbox::cgroup::CgroupLayout::detect().ok()?;
+    let h = layout.memory_hierarchy()?;
+    let mut dirs = std::collections::BTreeSet::new();
+    for pid in plimsoll_sandbox::reap::processes_of_uids(uids) {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            continue;
+        };
+        // `id:controllers:path`; v2's line has no controllers.
+        let path = text.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            let ours = if h.v2 {
+                controllers.is_empty()
+            } else {
+                controllers.split(',').any(|c| c == "memory")
+            };
+            ours.then(|| path.to_owned())
+        });
+        // A process in the root cgroup would count the whole host: it has none of its own.
+        if let Some(p) = path.map(|p| p.trim_start_matches('/').to_owned())
+            && !p.is_empty()
+        {
+            dirs.insert(h.mount.join(p));
+        }
+    }
+    let file = if h.v2 {
+        "memory.current"
+    } else {
+        "memory.usage_in_bytes"
+    };
+    let bytes: u64 = dirs
+        .iter()
+        .filter_map(|d| {
+            std::fs::read_to_string(d.join(file))
+                .ok()?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    Some((dirs.len(), bytes / 1024))
 }
 
 /// The resident set of `program` started as a member's interpreter is, outside any sandbox,

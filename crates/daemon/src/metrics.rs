@@ -145,6 +145,34 @@ impl Metrics {
                 u8::from(p.available)
             );
         }
+        out.push_str(
+            "# HELP plimsoll_pool_idle Warm members idle and waiting, by provider and language.\n",
+        );
+        out.push_str("# TYPE plimsoll_pool_idle gauge\n");
+        for (provider, language, n) in engine.pools_idle() {
+            let _ = writeln!(
+                out,
+                "plimsoll_pool_idle{{provider=\"{}\",language=\"{}\"}} {n}",
+                escape(&provider),
+                language.as_str()
+            );
+        }
+        out.push_str("# HELP plimsoll_pool_members_total Warm members since start, by event: made (ready and waiting), claimed (by a run), empty (a run matched a pool with none and ran cold), discarded (destroyed unused: too old, stale evidence, drained), failed (could not be made).\n");
+        out.push_str("# TYPE plimsoll_pool_members_total counter\n");
+        let c = engine.pool_counts();
+        for (event, n) in [
+            ("made", &c.made),
+            ("claimed", &c.claimed),
+            ("empty", &c.empty),
+            ("discarded", &c.discarded),
+            ("failed", &c.failed),
+        ] {
+            let _ = writeln!(
+                out,
+                "plimsoll_pool_members_total{{event=\"{event}\"}} {}",
+                n.load(std::sync::atomic::Ordering::SeqCst)
+            );
+        }
         out.push_str("# HELP plimsoll_ready 1 when the daemon is ready to run requests.\n");
         out.push_str("# TYPE plimsoll_ready gauge\n");
         let _ = writeln!(out, "plimsoll_ready {}", u8::from(engine.ready()));

@@ -2215,6 +2215,17 @@ fn sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken() {
         }
     };
     warm_within(&mut start_of_a_run);
+    let metrics = || samples(&get(&d.url, "/metrics", None).body);
+    let m = metrics();
+    let event = |m: &BTreeMap<String, f64>, e: &str| {
+        m[&format!("plimsoll_pool_members_total{{event=\"{e}\"}}")]
+    };
+    assert!(event(&m, "claimed") >= 1.0, "{m:?}");
+    assert!(event(&m, "made") >= event(&m, "claimed"), "{m:?}");
+    assert!(
+        m.contains_key(r#"plimsoll_pool_idle{provider="process",language="python"}"#),
+        "{m:?}"
+    );
 
     // A pool of a provider that is not configured: refused, the pool in force is kept.
     with_pools("[pools.crun.python]\nmin_idle = 1\n");
@@ -2230,6 +2241,14 @@ fn sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken() {
         assert_eq!(start_of_a_run(), Some(plimsoll_wire::Start::Cold));
     }
     assert_eq!(members(), Vec::<std::path::PathBuf>::new());
+    let m = metrics();
+    assert!(
+        !m.keys().any(|k| k.starts_with("plimsoll_pool_idle")),
+        "{m:?}"
+    );
+    // The drained member was destroyed unused; the counts carried on.
+    assert!(event(&m, "discarded") >= 1.0, "{m:?}");
+    assert!(event(&m, "claimed") >= 2.0, "{m:?}");
 
     // The same section again changes nothing.
     hup_and_wait(&d, "warm pools unchanged", 1);
