@@ -306,10 +306,15 @@ impl Created {
 
     /// After `start`: captures the container's output until its process has exited (and the
     /// pipes are drained, for at most `limits.drain_grace` after), kills it with SIGKILL at
-    /// `limits.deadline` (`timed_out`), and reaps it; its wait status is the result's.
-    pub(crate) fn follow(mut self, limits: &CaptureLimits) -> io::Result<Captured> {
+    /// `limits.deadline` (`timed_out`), and reaps it; its wait status is the result's. Also
+    /// gives when the process was first seen to have exited (for the run's phases).
+    pub(crate) fn follow(
+        mut self,
+        limits: &CaptureLimits,
+    ) -> io::Result<(Captured, Option<Instant>)> {
         let mut timed_out = false;
         let mut drain_until: Option<Instant> = None;
+        let mut exited_at = None;
         loop {
             let now = Instant::now();
             if let Some(until) = drain_until
@@ -327,13 +332,15 @@ impl Created {
                 None => limits.deadline,
             };
             if self.pipes.wait(&self.pidfd, wake)? && drain_until.is_none() {
-                drain_until = Some(Instant::now() + limits.drain_grace);
+                let now = Instant::now();
+                exited_at = Some(now);
+                drain_until = Some(now + limits.drain_grace);
             }
         }
         let status = self.reap(None)?;
         self.reap_helpers();
         let pipes = &mut self.pipes;
-        Ok(Captured {
+        let captured = Captured {
             exit_code: status.and_then(|s| s.exit_status()),
             signal: status.and_then(|s| s.terminating_signal()),
             timed_out,
@@ -341,7 +348,8 @@ impl Created {
             stdout_truncated: pipes.out.truncated,
             stderr: std::mem::take(&mut pipes.err.buf),
             stderr_truncated: pipes.err.truncated,
-        })
+        };
+        Ok((captured, exited_at))
     }
 
     /// Reaps the container's process, waiting at most `within` (`None`: it has exited).

@@ -7,6 +7,7 @@
 //! - [`runtime`]: how each runtime binary is invoked (and crun's cgroup workaround).
 //! - [`cgroup`]: the host's cgroup layout and the removal of a run's cgroups.
 //! - `follow`: `create`, then `start`, then the container's output until it exits.
+//! - `phases`: where one run's time goes, one `debug` event per run.
 //! - [`state`]: run directories and the locks that tell live runs from leftovers.
 //! - [`provider`]: [`OciProvider`], the `crun`, `runc` and `runsc` providers.
 //! - [`probe`]: the startup probe and its checks.
@@ -16,6 +17,7 @@
 /// The host's cgroup layout and per-run cgroups (shared with the process tier).
 pub use plimsoll_sandbox::cgroup;
 mod follow;
+mod phases;
 pub mod probe;
 pub mod provider;
 pub mod runtime;

@@ -18,6 +18,7 @@ use plimsoll_wire::{AgentJob, Bytes, Language, RunResult, RunSpec, Tier};
 
 use crate::cgroup::{CgroupLayout, MemorySeen};
 use crate::follow;
+use crate::phases::{Phase, Phases};
 use crate::runtime::{Runtime, RuntimeKind};
 use crate::spec::{self, SpecInputs};
 use crate::state::{RunDir, StateDir};
@@ -136,6 +137,8 @@ pub(crate) struct Container {
     pub created: follow::Created,
     /// The write end of the container's standard input, when it was asked for.
     pub input: Option<std::process::ChildStdin>,
+    /// The phases so far (a cold run logs them once it is over).
+    pub phases: Phases,
 }
 
 /// What following a container to its end gave.
@@ -147,6 +150,10 @@ pub(crate) struct Followed {
     /// The follow's own (later) deadline fired: the runtime may have left processes.
     pub backstop: bool,
     pub memory: MemorySeen,
+    /// When the container's process was first seen to have exited, and when its pipes were
+    /// drained and it was reaped (for the run's phases).
+    pub exited_at: Option<Instant>,
+    pub drained_at: Instant,
 }
 
 impl Followed {
@@ -411,6 +418,7 @@ impl OciProvider {
             id,
             run_dir,
             created,
+            mut phases,
             ..
         } = self.create(plan, launch, false)?;
         // The deadline outside the daemon: a daemon killed mid-run leaves this watchdog,
@@ -422,10 +430,13 @@ impl OciProvider {
                 return Err(e.after_cleanup(self.clean(plan, &id, run_dir, false)));
             }
         };
+        phases.mark(Phase::Watchdog);
         // From `start` on the code may have run: every failure is `Failed`, never "not
         // dispatched".
         let started_unix_ms = unix_ms_now();
-        if let Err(e) = self.runtime.start(&id) {
+        let started = self.runtime.start(&id);
+        phases.mark(Phase::Start);
+        if let Err(e) = started {
             // Kill and reap the container's process before the cleanup.
             drop(created);
             let message = format!(
@@ -437,8 +448,19 @@ impl OciProvider {
                 .after_cleanup(self.clean(plan, &id, run_dir, false)));
         }
         let followed = self.follow_to_end(plan, &id, created, launch.deadline, launch.output_bytes);
+        if let Some(at) = followed.exited_at {
+            phases.mark_at(Phase::Exit, at);
+        }
+        phases.mark_at(Phase::Drain, followed.drained_at);
+        phases.mark(Phase::Memory);
         drop(outside);
-        let cleaned = self.clean(plan, &id, run_dir, followed.backstop);
+        phases.mark(Phase::WatchdogEnd);
+        let cleaned = self.clean_timed(plan, &id, run_dir, followed.backstop, &mut phases);
+        let kind = match plan.spec {
+            RunSpec::Snippet(ref s) => s.language.as_str(),
+            RunSpec::Project(_) => "project",
+        };
+        phases.log(self.config.kind.name(), &plan.run_id, kind);
         followed.launched(started_unix_ms, cleaned)
     }
 
@@ -452,6 +474,7 @@ impl OciProvider {
         launch: &LaunchSpec,
         stdin: bool,
     ) -> Result<Container, LaunchError> {
+        let mut phases = Phases::new();
         if let Err(e) = &self.layout {
             return Err(LaunchError::environment(e.clone()));
         }
@@ -474,9 +497,11 @@ impl OciProvider {
                 self.state.runs().join(&id).display()
             ))
         })?;
+        phases.mark(Phase::Prepare);
         let prepared = self
             .write_bundle(plan, launch, &run_dir, &rootfs)
             .and_then(|bundle| self.open_broker(plan, &run_dir).map(|()| bundle));
+        phases.mark(Phase::Bundle);
         let pid_file = run_dir.path().join("pid");
         let spawned = prepared.and_then(|bundle| {
             self.runtime
@@ -511,11 +536,13 @@ impl OciProvider {
             }
         };
         created.also_reap(self.runtime.helper_pids(&id));
+        phases.mark(Phase::Create);
         Ok(Container {
             id,
             run_dir,
             created,
             input,
+            phases,
         })
     }
 
@@ -601,7 +628,11 @@ impl OciProvider {
             })
         };
         let limits = CaptureLimits::new(output_bytes, deadline + BACKSTOP);
-        let captured = created.follow(&limits);
+        let (captured, exited_at) = match created.follow(&limits) {
+            Ok((c, exited_at)) => (Ok(c), exited_at),
+            Err(e) => (Err(e), None),
+        };
+        let drained_at = Instant::now();
         {
             let (lock, cv) = &*done;
             *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -628,6 +659,8 @@ impl OciProvider {
             timed_out,
             backstop,
             memory,
+            exited_at,
+            drained_at,
         }
     }
 
@@ -755,6 +788,18 @@ impl OciProvider {
         run_dir: RunDir,
         backstop: bool,
     ) -> Result<(), String> {
+        self.clean_timed(plan, id, run_dir, backstop, &mut Phases::new())
+    }
+
+    /// [`OciProvider::clean`], marking its phases in `phases`.
+    fn clean_timed(
+        &self,
+        plan: &LaunchPlan,
+        id: &str,
+        run_dir: RunDir,
+        backstop: bool,
+        phases: &mut Phases,
+    ) -> Result<(), String> {
         let mut errors = Vec::new();
         if (backstop || self.runtime.has_state(id))
             && let Err(e) = self.runtime.delete_force(id)
@@ -762,11 +807,13 @@ impl OciProvider {
         {
             errors.push(e.to_string());
         }
+        phases.mark(Phase::Delete);
         if let Ok(layout) = &self.layout
             && let Err(e) = layout.remove(&spec::run_cgroup(&self.cgroup_parent, &plan.run_id))
         {
             errors.push(e.to_string());
         }
+        phases.mark(Phase::Cgroup);
         // The controller uid too: leased to this run alone, a trial's controllers run as it.
         if backstop {
             for uid in [plan.uid, plan.controller_uid] {
@@ -780,6 +827,7 @@ impl OciProvider {
             errors.push(format!("cannot remove {}: {e}", run_dir.path().display()));
         }
         drop(run_dir);
+        phases.mark(Phase::Dir);
         if errors.is_empty() {
             Ok(())
         } else {

@@ -133,6 +133,7 @@ impl OciMember {
             run_dir,
             created,
             input,
+            ..
         } = container;
         drop(input);
         // Kills and reaps the container's process.
@@ -181,6 +182,7 @@ impl WarmMember for OciMember {
             run_dir,
             mut created,
             input,
+            ..
         } = container;
         created.set_output_cap(plan.limits.output_bytes);
         let started_unix_ms = unix_ms_now();
