@@ -83,6 +83,9 @@ pub struct Job {
 pub enum Answer {
     /// No hello: the guest never booted, nothing of the job was sent.
     NotBooted(String),
+    /// No hello within the boot budget (QEMU was killed): nothing of the job was sent, so the
+    /// run may boot again.
+    BootTimedOut(Duration),
     /// The guest booted and no job was given.
     BootedOnly,
     /// The agent exited.
@@ -503,10 +506,7 @@ fn converse(
             return false;
         }
         Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-            report.answer = Answer::NotBooted(format!(
-                "the guest did not boot within {} s",
-                plan.boot_timeout.as_secs_f64()
-            ));
+            report.answer = Answer::BootTimedOut(plan.boot_timeout);
             return false;
         }
         Err(e) => {

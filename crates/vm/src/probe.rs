@@ -24,7 +24,7 @@ use crate::assets::sha256_file;
 use crate::boot::{Answer, BootReport, QmpError};
 use crate::config::AccelChoice;
 use crate::guest::{ENVIRONMENT, SANDBOX_UID};
-use crate::provider::{Prepared, VmProvider, error_chain, job_for, result_of};
+use crate::provider::{Prepared, VmProvider, error_chain, result_of};
 use crate::qemu;
 use crate::tier::{AccelEvidence, Accelerator, tier_for};
 
@@ -500,6 +500,11 @@ fn try_kvm(p: &VmProvider, pr: &Prepared) -> Result<(), String> {
         (Answer::BootedOnly, Some(Ok(ev))) => Err(format!("QEMU ran the guest with {}", ev.ran())),
         (Answer::BootedOnly, Some(Err(e))) => Err(error_chain(e)),
         (Answer::NotBooted(why), _) => Err(format!("{why} ({})", report.diagnostics())),
+        (Answer::BootTimedOut(budget), _) => Err(format!(
+            "the guest did not boot within {} s ({})",
+            budget.as_secs_f64(),
+            report.diagnostics()
+        )),
         (other, _) => Err(format!("unexpected: {other:?}")),
     }
 }
@@ -541,10 +546,7 @@ fn probe_run(p: &VmProvider, pr: &Prepared, a: Accelerator) -> Result<ProbeRun, 
         artifacts: vec![],
     });
     let plan = probe_plan(p, "run", spec);
-    let job = job_for(&plan).map_err(|e| e.to_string())?;
-    let mut report: BootReport = p
-        .boot_plan(&plan, pr, a, true, Some(job), p.config().boot_timeout)
-        .map_err(|e| e.to_string())?;
+    let mut report: BootReport = p.boot_job(&plan, pr, a, true).map_err(|e| e.to_string())?;
     if let Err(c) = &report.cleanup {
         return Err(format!(
             "the probe VM was not fully removed: {}",

@@ -245,6 +245,42 @@ fn snippets_run_in_javascript_and_python() {
     assert_eq!(text(&r.stdout), "3 /work sandbox\n");
 }
 
+/// A guest that says no hello within the boot budget is booted once more (nothing of the job
+/// was sent to it); when the second one does not boot in time either, the run is refused before
+/// anything of it ran, and nothing of either boot is left. A 1 s budget is one no TCG guest here
+/// meets (they take 2.5 s and more), so both boots time out.
+#[test]
+fn a_guest_that_does_not_boot_in_time_is_booted_once_more_then_refused() {
+    let test = "a_guest_that_does_not_boot_in_time_is_booted_once_more_then_refused";
+    let Some((mut c, uid)) = config(test, 21, AccelChoice::Tcg) else {
+        return;
+    };
+    c.boot_timeout = std::time::Duration::from_secs(1);
+    let state_dir = c.state_dir.clone();
+    let rig = Rig {
+        p: VmProvider::new(c),
+        state_dir,
+        uid,
+    };
+    let plan = rig.plan(py("print(1)"), limits());
+    let t0 = std::time::Instant::now();
+    let outcome = rig.p.run(&plan);
+    let took = t0.elapsed();
+    rig.assert_clean(&plan);
+    match outcome {
+        Err(e @ plimsoll_sandbox::LaunchError::NotStarted { .. }) => {
+            let m = e.message();
+            assert!(m.contains("did not boot within 1 s, twice"), "{m}");
+        }
+        other => panic!("expected a refusal before anything ran: {other:?}"),
+    }
+    assert!(
+        took >= std::time::Duration::from_secs(2),
+        "two boots of 1 s each took only {took:?}"
+    );
+    assert!(qemus_of(uid).is_empty());
+}
+
 /// The "daemon" (plimsoll-vm-run) is SIGKILLed mid-run: its QEMU dies with it (parent-death
 /// signal), and the next provider's reap removes the run directory left behind.
 #[test]
