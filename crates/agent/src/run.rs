@@ -319,6 +319,7 @@ fn mirror(step: &StepResult) -> RunResult {
         calls: Vec::new(),
         start: None,
         member_age_ms: None,
+        wall: None,
     }
 }
 

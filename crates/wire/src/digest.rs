@@ -8,7 +8,8 @@
 use sha2::{Digest, Sha256};
 
 use crate::{
-    Evidence, Limits, Project, RunRecord, RunRequest, RunResult, RunSpec, Snippet, StepResult, Tier,
+    Evidence, Limits, Project, RunRecord, RunRequest, RunResult, RunSpec, Snippet, StepResult,
+    Tier, Wall,
 };
 
 /// Domain string of the request encoding.
@@ -294,7 +295,64 @@ pub fn encode_result(r: &RunResult) -> Vec<u8> {
     if let Some(age) = r.member_age_ms {
         e.u64("member_age_ms", age);
     }
+    if let Some(w) = &r.wall {
+        e.nest("wall", &encode_wall(w));
+    }
     e.finish()
+}
+
+/// A wall's nested encoding (docs/protocol.md, result field 14).
+fn encode_wall(w: &Wall) -> Encoder {
+    let mut e = Encoder::nested();
+    e.u64("uid", u64::from(w.uid))
+        .u64("euid", u64::from(w.euid))
+        .u64("gid", u64::from(w.gid));
+    e.list(
+        "groups",
+        w.groups
+            .iter()
+            .map(|g| u64::from(*g).to_be_bytes().to_vec()),
+    );
+    for (name, set) in [
+        ("cap_inh", &w.cap_inh),
+        ("cap_prm", &w.cap_prm),
+        ("cap_eff", &w.cap_eff),
+        ("cap_bnd", &w.cap_bnd),
+        ("cap_amb", &w.cap_amb),
+    ] {
+        if let Some(v) = set {
+            e.str(name, v);
+        }
+    }
+    if let Some(n) = w.no_new_privs {
+        e.bool("no_new_privs", n);
+    }
+    if let Some(m) = w.seccomp {
+        e.u64("seccomp", u64::from(m));
+    }
+    e.list(
+        "namespaces",
+        w.namespaces.iter().map(|n| {
+            let mut ne = Encoder::nested();
+            ne.str("name", &n.name).str("id", &n.id);
+            if let Some(same) = n.same_as_host {
+                ne.bool("same_as_host", same);
+            }
+            ne.finish()
+        }),
+    );
+    e.bool("root_read_only", w.root_read_only);
+    e.list(
+        "network_interfaces",
+        w.network_interfaces.iter().map(|i| i.as_bytes().to_vec()),
+    );
+    if let Some(m) = w.memory_limit_bytes {
+        e.u64("memory_limit_bytes", m);
+    }
+    if let Some(p) = w.pids_limit {
+        e.u64("pids_limit", p);
+    }
+    e
 }
 
 /// SHA-256 of [`encode_result`].

@@ -29,6 +29,7 @@ pub use request::{
 };
 pub use result::{
     Artifact, GrantCall, MalformedResult, RunRecord, RunResponse, RunResult, Start, StepResult,
+    Wall, WallNamespace,
 };
 pub use tier::{ParseTierError, Tier};
 pub use trial_step::TrialIds;

@@ -60,6 +60,90 @@ pub struct RunResult {
     /// milliseconds. Present exactly when `start` is `Warm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_age_ms: Option<u64>,
+    /// What the sandbox looked like just before its code was handed over, as the kernel shows
+    /// the process that then ran the code; the engine handed the code over only because it
+    /// matched the provider's evidence. `None` where the provider does not read one yet
+    /// (docs/protocol.md says which), and for a result written before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<Wall>,
+}
+
+/// A run's sandbox as seen just before its code was handed over: who the code runs as, with
+/// which privileges and filters, in which namespaces, under which limits, on which root and
+/// network. Read from /proc for the process that runs the code (docs/protocol.md, `Wall`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Wall {
+    /// Real uid.
+    pub uid: u32,
+    /// Effective uid.
+    pub euid: u32,
+    /// Real gid.
+    pub gid: u32,
+    /// Supplementary groups (empty when none).
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub groups: Vec<u32>,
+    /// The inheritable capability set, 16 hex digits as /proc shows it (`CapInh`); absent
+    /// when the kernel shows no such line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_inh: Option<String>,
+    /// The permitted set (`CapPrm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_prm: Option<String>,
+    /// The effective set (`CapEff`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_eff: Option<String>,
+    /// The bounding set (`CapBnd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_bnd: Option<String>,
+    /// The ambient set (`CapAmb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_amb: Option<String>,
+    /// `NoNewPrivs`; absent when the kernel shows no such line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_new_privs: Option<bool>,
+    /// The seccomp mode (0 none, 1 strict, 2 filter); absent when the kernel shows none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<u32>,
+    /// Its namespaces, by name, each with whether it is the host's.
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub namespaces: Vec<WallNamespace>,
+    /// Its root directory's mount is read-only.
+    pub root_read_only: bool,
+    /// The network interfaces of its network namespace.
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub network_interfaces: Vec<String>,
+    /// Its memory cgroup's limit, bytes; absent when none is visible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    /// Its pids cgroup's limit; absent when none is visible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u64>,
+}
+
+/// One namespace of a run's sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WallNamespace {
+    /// Its kind, as /proc/PID/ns names it (`mnt`, `net`, `pid`, ...).
+    pub name: String,
+    /// Its identity, the link target (`net:[4026532281]`).
+    pub id: String,
+    /// Whether it is the daemon's own; absent where comparing says nothing (a guest kernel's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_as_host: Option<bool>,
 }
 
 /// How a run's sandbox started. A warm start is a fresh sandbox started ahead of the request

@@ -18,7 +18,7 @@ use plimsoll_wire::trial_step::{TRIAL_RUNNER, scenario_paths, trial_step};
 use plimsoll_wire::{
     Artifact, BinaryIdentity, Bytes, Evidence, GrantCall, Language, Limits, NamespaceSeen,
     ProbeReport, Project, ProjectFile, Reason, RunRecord, RunRequest, RunResult, RunSpec, Snippet,
-    Start, Step, StepResult, parse_request,
+    Start, Step, StepResult, Wall, WallNamespace, parse_request,
 };
 use proptest::prelude::*;
 
@@ -204,6 +204,50 @@ fn result() -> impl Strategy<Value = RunResult> {
             response_bytes: n[1],
             latency_ms: n[2],
         });
+    let namespace = (text(), text(), proptest::option::of(any::<bool>())).prop_map(
+        |(name, id, same_as_host)| WallNamespace {
+            name,
+            id,
+            same_as_host,
+        },
+    );
+    let cap = || proptest::option::of(text());
+    let wall = (
+        any::<[u32; 3]>(),
+        proptest::collection::vec(any::<u32>(), 0..3),
+        (cap(), cap(), cap(), cap(), cap()),
+        (
+            proptest::option::of(any::<bool>()),
+            proptest::option::of(any::<u32>()),
+        ),
+        proptest::collection::vec(namespace, 0..3),
+        any::<bool>(),
+        proptest::collection::vec(text(), 0..3),
+        (
+            proptest::option::of(any::<u64>()),
+            proptest::option::of(any::<u64>()),
+        ),
+    )
+        .prop_map(
+            |(ids, groups, caps, (no_new_privs, seccomp), namespaces, ro, net, (mem, pids))| Wall {
+                uid: ids[0],
+                euid: ids[1],
+                gid: ids[2],
+                groups,
+                cap_inh: caps.0,
+                cap_prm: caps.1,
+                cap_eff: caps.2,
+                cap_bnd: caps.3,
+                cap_amb: caps.4,
+                no_new_privs,
+                seccomp,
+                namespaces,
+                root_read_only: ro,
+                network_interfaces: net,
+                memory_limit_bytes: mem,
+                pids_limit: pids,
+            },
+        );
     (
         outcome(),
         proptest::collection::vec(step, 0..3),
@@ -212,6 +256,7 @@ fn result() -> impl Strategy<Value = RunResult> {
         // Every combination, the malformed ones too: the encoding is defined for all of them.
         proptest::option::of(prop_oneof![Just(Start::Warm), Just(Start::Cold)]),
         proptest::option::of(any::<u64>()),
+        proptest::option::of(wall),
     )
         .prop_map(
             |(
@@ -221,6 +266,7 @@ fn result() -> impl Strategy<Value = RunResult> {
                 calls,
                 start,
                 member_age_ms,
+                wall,
             )| RunResult {
                 exit_code,
                 signal,
@@ -235,6 +281,7 @@ fn result() -> impl Strategy<Value = RunResult> {
                 calls,
                 start,
                 member_age_ms,
+                wall,
             },
         )
 }

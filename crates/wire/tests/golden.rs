@@ -272,6 +272,8 @@ fn the_vectors_cover_every_kind_and_case() {
         "result/warm-start",
         "result/cold-start",
         "result/null-start",
+        "result/wall-container",
+        "result/wall-lines-absent",
         "evidence/process",
         "evidence/container-with-probe",
     ] {
@@ -498,7 +500,7 @@ fn mutations(root: &Value) -> Vec<Mutation> {
 fn every_field_change_changes_the_digest_and_only_those() {
     let (_, file) = load();
     let (mut checked, mut request_id_changes, mut duration_changes) = (0, 0, 0);
-    let (mut start_changes, mut member_age_changes) = (0, 0);
+    let (mut start_changes, mut member_age_changes, mut wall_changes) = (0, 0, 0);
     let mut failures = Vec::new();
     for v in &file.vectors {
         let original = parse(&v.kind, &v.input).unwrap();
@@ -516,6 +518,9 @@ fn every_field_change_changes_the_digest_and_only_those() {
             }
             if v.kind == "result" && m.what == "set /member_age_ms" {
                 member_age_changes += 1;
+            }
+            if v.kind == "result" && m.what.starts_with("set /wall/") {
+                wall_changes += 1;
             }
             let same_value = changed.normalized() == original.normalized();
             let same_digest = sha256_hex(&changed.encoding()) == digest;
@@ -563,6 +568,11 @@ fn every_field_change_changes_the_digest_and_only_those() {
     assert!(
         member_age_changes >= 1,
         "member_age_ms was changed in too few vectors ({member_age_changes})"
+    );
+    // Every member of a wall is covered: each leaf of both wall vectors was changed.
+    assert!(
+        wall_changes >= 30,
+        "the wall was changed in too few places ({wall_changes})"
     );
     assert!(checked > 300, "only {checked} mutations parsed");
 }

@@ -510,6 +510,7 @@ mod tests {
                 calls: Vec::new(),
                 start: None,
                 member_age_ms: None,
+                wall: None,
             },
             record: RunRecord {
                 request_id: "t-1".into(),
