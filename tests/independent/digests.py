@@ -252,7 +252,7 @@ def encode_result(r):
         r,
         "result",
         OUTCOME_REQUIRED,
-        OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms"),
+        OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall"),
     )
     e = Encoding(RESULT_DOMAIN)
     encode_outcome(e, r, "result")
@@ -308,6 +308,70 @@ def encode_result(r):
         e.string("start", r["start"])
     if opt(r, "member_age_ms") is not None:
         e.u64("member_age_ms", want_int(r["member_age_ms"], "result.member_age_ms", 0, U64_MAX))
+    # Field 14, likewise.
+    if opt(r, "wall") is not None:
+        e.raw("wall", encode_wall(r["wall"]))
+    return e.bytes()
+
+
+WALL_CAPS = ("cap_inh", "cap_prm", "cap_eff", "cap_bnd", "cap_amb")
+
+
+def encode_wall(w):
+    where = "result.wall"
+    check_keys(
+        w,
+        where,
+        ("uid", "euid", "gid", "root_read_only"),
+        ("groups",) + WALL_CAPS
+        + ("no_new_privs", "seccomp", "namespaces", "network_interfaces")
+        + ("memory_limit_bytes", "pids_limit"),
+    )
+    e = Encoding()
+    for name in ("uid", "euid", "gid"):
+        e.u64(name, want_int(w[name], f"{where}.{name}", 0, U32_MAX))
+    groups = opt(w, "groups") or []
+    if not isinstance(groups, list):
+        raise Invalid(f"{where}.groups must be a list")
+    e.items(
+        "groups",
+        [
+            want_int(g, f"{where}.groups[{i}]", 0, U32_MAX).to_bytes(8, "big")
+            for i, g in enumerate(groups)
+        ],
+    )
+    for name in WALL_CAPS:
+        if opt(w, name) is not None:
+            e.string(name, want_str(w[name], f"{where}.{name}"))
+    if opt(w, "no_new_privs") is not None:
+        e.boolean("no_new_privs", want_bool(w["no_new_privs"], f"{where}.no_new_privs"))
+    if opt(w, "seccomp") is not None:
+        e.u64("seccomp", want_int(w["seccomp"], f"{where}.seccomp", 0, U32_MAX))
+    namespaces = []
+    for i, n in enumerate(opt(w, "namespaces") or []):
+        nw = f"{where}.namespaces[{i}]"
+        check_keys(n, nw, ("name", "id"), ("same_as_host",))
+        ne = Encoding()
+        ne.string("name", want_str(n["name"], f"{nw}.name"))
+        ne.string("id", want_str(n["id"], f"{nw}.id"))
+        if opt(n, "same_as_host") is not None:
+            ne.boolean("same_as_host", want_bool(n["same_as_host"], f"{nw}.same_as_host"))
+        namespaces.append(ne.bytes())
+    e.items("namespaces", namespaces)
+    e.boolean("root_read_only", want_bool(w["root_read_only"], f"{where}.root_read_only"))
+    interfaces = opt(w, "network_interfaces") or []
+    if not isinstance(interfaces, list):
+        raise Invalid(f"{where}.network_interfaces must be a list")
+    e.items(
+        "network_interfaces",
+        [
+            utf8(want_str(x, f"{where}.network_interfaces[{i}]"), f"{where}.network_interfaces[{i}]")
+            for i, x in enumerate(interfaces)
+        ],
+    )
+    for name in ("memory_limit_bytes", "pids_limit"):
+        if opt(w, name) is not None:
+            e.u64(name, want_int(w[name], f"{where}.{name}", 0, U64_MAX))
     return e.bytes()
 
 
