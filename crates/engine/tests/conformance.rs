@@ -424,10 +424,66 @@ impl Rig {
         .into_iter()
         .filter_map(|(bad, what)| bad.then_some(what))
         .collect();
-        if problems.is_empty() {
+        if !problems.is_empty() {
+            return Err(format!("{case}: wrong {problems:?} in {r:?}"));
+        }
+        self.check_wall(case, r)
+    }
+
+    /// A warm run's result has its wall, and any wall shows what this provider's sandbox
+    /// is: checked here from the wall's own members, not through the engine's judging.
+    fn check_wall(&self, case: &str, r: &RunResponse) -> Result<(), String> {
+        let Some(w) = &r.result.wall else {
+            return if r.result.start == Some(plimsoll_wire::Start::Warm) {
+                Err(format!("{case}: a warm run's result has no wall: {r:?}"))
+            } else {
+                Ok(())
+            };
+        };
+        let zero = Some("0000000000000000");
+        let container = matches!(self.provider, "crun" | "runc");
+        let uid_ok = (self.pool_uids.contains(&w.uid) || self.run_uids.contains(&w.uid))
+            && w.euid == w.uid
+            && w.gid == w.uid
+            && w.groups.iter().all(|g| *g == w.uid);
+        let mut wrong = Vec::new();
+        for (bad, what) in [
+            (!uid_ok, "uid"),
+            (
+                [&w.cap_inh, &w.cap_prm, &w.cap_eff, &w.cap_amb]
+                    .iter()
+                    .any(|c| c.as_deref() != zero),
+                "capabilities",
+            ),
+            (container && w.cap_bnd.as_deref() != zero, "bounding set"),
+            (w.no_new_privs != Some(true), "no_new_privs"),
+            (w.seccomp != Some(2), "seccomp"),
+            (
+                container
+                    && ["cgroup", "ipc", "mnt", "net", "pid", "uts"]
+                        .iter()
+                        .any(|n| {
+                            !w.namespaces
+                                .iter()
+                                .any(|s| s.name == *n && s.same_as_host == Some(false))
+                        }),
+                "namespaces",
+            ),
+            (container && !w.root_read_only, "read-only root"),
+            (container && w.network_interfaces != ["lo"], "network"),
+            (
+                container && (w.memory_limit_bytes.is_none() || w.pids_limit.is_none()),
+                "cgroup limits",
+            ),
+        ] {
+            if bad {
+                wrong.push(what);
+            }
+        }
+        if wrong.is_empty() {
             Ok(())
         } else {
-            Err(format!("{case}: wrong {problems:?} in {r:?}"))
+            Err(format!("{case}: the wall is wrong in {wrong:?}: {w:?}"))
         }
     }
 

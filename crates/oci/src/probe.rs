@@ -341,6 +341,19 @@ pub fn judge(
 }
 
 /// What the probe's report must show for `kind`, run as `probe_uid`.
+/// What a run's wall must show at `kind`: the probe's expectations, for the run's uid and the
+/// run's memory and pids limits.
+pub fn run_expectations(kind: RuntimeKind, uid: u32, memory: u64, pids: u64) -> Expectations {
+    let mut e = expectations(kind, uid);
+    if let Some(Limits::Cgroup {
+        memory: m, pids: p, ..
+    }) = &mut e.limits
+    {
+        (*m, *p) = (memory, pids);
+    }
+    e
+}
+
 pub fn expectations(kind: RuntimeKind, probe_uid: u32) -> Expectations {
     let gvisor = kind == RuntimeKind::Runsc;
     let strings = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();

@@ -9,6 +9,7 @@
 use std::io::Write as _;
 use std::time::Duration;
 
+use plimsoll_sandbox::judge::HostView;
 use plimsoll_sandbox::warm::{self, GO, JS_WAIT, PYTHON_WAIT, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
     Cause, LaunchError, LaunchPlan, Outcome, Privileges, ResolvedLimits, Teardown, unix_ms_now,
@@ -142,14 +143,39 @@ impl OciMember {
     }
 }
 
+impl OciMember {
+    /// The member's wall, read from its waiting interpreter, if it matches what the
+    /// provider's probe was judged on for this member's uid and limits.
+    fn wall(&self) -> Result<plimsoll_wire::Wall, LaunchError> {
+        let expected = crate::probe::run_expectations(
+            self.provider.config().kind,
+            self.plan.uid,
+            self.shape.memory_bytes,
+            self.shape.pids,
+        );
+        let host = HostView::read();
+        let pid = self.container.created.pid().as_raw_nonzero().get() as u32;
+        let wall = plimsoll_sandbox::wall::read(pid, &expected, &host)
+            .map_err(|e| LaunchError::environment(format!("cannot read the member's wall: {e}")))?;
+        plimsoll_sandbox::wall::check(&wall, &expected, &host)
+            .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
+        Ok(wall)
+    }
+}
+
 impl WarmMember for OciMember {
     fn uid(&self) -> u32 {
         self.plan.uid
     }
 
     fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
+        let mut wall = None;
         let claimed = warm::check_claim(plan, &self.shape, self.plan.uid, self.max_timeout)
             .map_err(|e| LaunchError::not_started(Reason::Environment, e))
+            .and_then(|code| {
+                wall = Some(self.wall()?);
+                Ok(code)
+            })
             .and_then(|code| {
                 let path = self.container.run_dir.path().join("bin").join(self.main);
                 std::fs::write(&path, code.as_bytes())
@@ -224,6 +250,7 @@ impl WarmMember for OciMember {
             stdout_truncated: captured.stdout_truncated,
             stderr: Bytes(captured.stderr),
             stderr_truncated: captured.stderr_truncated,
+            wall,
             ..RunResult::default()
         };
         let teardown = Teardown::new(move || {

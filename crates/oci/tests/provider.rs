@@ -348,3 +348,116 @@ fn a_run_ends_at_its_deadline_without_the_daemon(kind: RuntimeKind, test: &str) 
     let _ = rig.p.reap();
     reap_our_zombies(uid);
 }
+
+#[test]
+fn crun_a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code() {
+    a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code(
+        RuntimeKind::Crun,
+        "crun_a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code",
+    );
+}
+
+#[test]
+fn runc_a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code() {
+    a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code(
+        RuntimeKind::Runc,
+        "runc_a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code",
+    );
+}
+
+/// A warm member's result carries the wall its waiting interpreter showed. Then the attack:
+/// while a member waits, its memory cgroup's limit is changed from outside (as anything with
+/// the host's root could). Its claim reads the wall, finds the limit no longer the one the
+/// provider was judged on, and refuses before the code is handed over: not dispatched,
+/// `environment`, and nothing of the member is left.
+fn a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code(kind: RuntimeKind, test: &str) {
+    use plimsoll_sandbox::warm::{WarmPlan, WarmShape};
+    let Some(rig) = rig(kind, test) else { return };
+    let uid = uid(21, kind);
+    let l = limits();
+    let warm_plan = || {
+        let member_id = fresh_id("wall");
+        WarmPlan {
+            run_dir: rig.state_root.join("runs").join(&member_id),
+            member_id,
+            shape: WarmShape {
+                language: plimsoll_wire::Language::Python,
+                memory_bytes: l.memory_bytes,
+                pids: l.pids,
+                disk_bytes: l.disk_bytes,
+            },
+            uid,
+            gid: uid,
+            max_timeout: l.timeout,
+        }
+    };
+    let claim = |wp: &WarmPlan| plimsoll_sandbox::LaunchPlan {
+        run_id: fresh_id("claim"),
+        request_id: "wall-test".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
+        spec: py("print('ran')"),
+        limits: l,
+        uid,
+        gid: uid,
+        controller_uid: uid,
+        controller_gid: uid,
+        run_dir: wp.run_dir.clone(),
+        broker: None,
+    };
+
+    let wp = warm_plan();
+    let member = rig.p.warm(&wp).unwrap_or_else(|e| panic!("{e}"));
+    let (outcome, teardown) = member.run(&claim(&wp)).unwrap_or_else(|e| panic!("{e}"));
+    teardown.run().unwrap();
+    assert_eq!(outcome.result.stdout.0, b"ran\n", "{:?}", outcome.result);
+    let w = outcome
+        .result
+        .wall
+        .expect("a warm run's result has its wall");
+    assert_eq!((w.uid, w.euid, w.gid), (uid, uid, uid), "{w:?}");
+    let zero = Some("0000000000000000");
+    for set in [&w.cap_inh, &w.cap_prm, &w.cap_eff, &w.cap_bnd, &w.cap_amb] {
+        assert_eq!(set.as_deref(), zero, "{w:?}");
+    }
+    assert_eq!((w.no_new_privs, w.seccomp), (Some(true), Some(2)), "{w:?}");
+    assert!(w.root_read_only, "{w:?}");
+    assert_eq!(w.network_interfaces, ["lo"]);
+    assert_eq!(w.memory_limit_bytes, Some(l.memory_bytes), "{w:?}");
+    assert_eq!(w.pids_limit, Some(l.pids), "{w:?}");
+    for ns in ["cgroup", "ipc", "mnt", "net", "pid", "uts"] {
+        let seen = w.namespaces.iter().find(|n| n.name == ns);
+        assert_eq!(
+            seen.and_then(|n| n.same_as_host),
+            Some(false),
+            "{ns}: {w:?}"
+        );
+    }
+
+    let wp = warm_plan();
+    let member = rig.p.warm(&wp).unwrap_or_else(|e| panic!("{e}"));
+    let layout = rig.p.layout().unwrap();
+    let memory = layout.memory_hierarchy().expect("a memory controller");
+    let ctr = spec::container_cgroup(rig.p.cgroup_parent(), &wp.member_id);
+    let limit = memory.mount.join(ctr.trim_start_matches('/'));
+    let limit = limit.join(if memory.v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    });
+    std::fs::write(&limit, (l.memory_bytes / 2).to_string())
+        .unwrap_or_else(|e| panic!("{}: {e}", limit.display()));
+    match member.run(&claim(&wp)) {
+        Err(e @ LaunchError::NotStarted { .. }) => {
+            assert_eq!(e.not_dispatched(), Some(Reason::Environment), "{e}");
+            let m = e.message();
+            assert!(m.contains("limits") && m.contains("memory"), "{m}");
+            assert!(m.contains("not handed over"), "{m}");
+        }
+        Err(e) => panic!("not refused before the code was handed over: {e}"),
+        Ok((o, t)) => {
+            let _ = t.run();
+            panic!("the code was handed over: {:?}", o.result)
+        }
+    }
+    rig.assert_clean(&wp.member_id, uid);
+}

@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use std::io::Write as _;
 use std::time::Duration;
 
+use plimsoll_sandbox::judge::{Expectations, HostView};
 use plimsoll_sandbox::warm::{self, GO, JS_WAIT, PYTHON_WAIT, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
     CaptureLimits, Cause, LaunchError, LaunchPlan, Outcome, ResolvedLimits, Running, Spawn,
@@ -33,6 +34,10 @@ pub struct ProcessMember {
     max_timeout: Duration,
     uid: u32,
     main: &'static str,
+    /// What its wall must show when claimed: the provider's probe expectations for its uid.
+    expected: Expectations,
+    /// The host's namespaces, to compare the wall's with.
+    host: HostView,
 }
 
 /// Removes what a member had: every process of its uid, its directory and mount, its cgroup.
@@ -70,6 +75,8 @@ pub fn make(config: &ProcessConfig, plan: &WarmPlan) -> Result<ProcessMember, La
             max_timeout: plan.max_timeout,
             uid: plan.uid,
             main,
+            expected: crate::probe::expectations(plan.uid, &config.state_dir),
+            host: HostView::read(),
         }),
         Err(e) => Err(e.after_cleanup(remove(plan.uid, &dir, cgroup))),
     }
@@ -148,19 +155,29 @@ impl WarmMember for ProcessMember {
             max_timeout,
             uid,
             main,
+            expected,
+            host,
         } = *self;
         let claimed = (|| {
             let code = warm::check_claim(plan, &shape, uid, max_timeout)
                 .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
+            let wall = plimsoll_sandbox::wall::read(running.child.id(), &expected, &host).map_err(
+                |e| LaunchError::environment(format!("cannot read the member's wall: {e}")),
+            )?;
+            plimsoll_sandbox::wall::check(&wall, &expected, &host)
+                .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
             dir.add_code(main, code.as_bytes(), 0o640)
                 .map_err(|e| LaunchError::environment(error_chain(&e)))?;
-            Ok::<_, LaunchError>(())
+            Ok::<_, LaunchError>(wall)
         })();
-        if let Err(e) = claimed {
-            running.kill_group();
-            let _ = running.child.wait();
-            return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
-        }
+        let wall = match claimed {
+            Ok(wall) => wall,
+            Err(e) => {
+                running.kill_group();
+                let _ = running.child.wait();
+                return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
+            }
+        };
         let limits = CaptureLimits::new(plan.limits.output_bytes, plan.limits.timeout);
         let outside = plimsoll_sandbox::watchdog::start(
             &[cgroup.procs_path()],
@@ -205,9 +222,11 @@ impl WarmMember for ProcessMember {
                 return Err(e.after_cleanup(teardown.run()));
             }
         };
+        let mut result = crate::snippet_result(c, oom_killed);
+        result.wall = Some(wall);
         Ok((
             Outcome {
-                result: crate::snippet_result(c, oom_killed),
+                result,
                 started_unix_ms,
                 ended_unix_ms,
             },

@@ -199,6 +199,48 @@ impl CgroupLayout {
             .map(|h| h.mount.as_path())
     }
 
+    /// The memory and pids limits of the cgroups a process is in, given its /proc/PID/cgroup
+    /// text (read from this mount namespace, so its paths are this host's): v1's
+    /// `memory.limit_in_bytes` and `pids.max`, or v2's `memory.max` and `pids.max`. A limit
+    /// of `max`, or one not readable, is `None`.
+    pub fn limits_of(&self, proc_cgroup: &str) -> (Option<u64>, Option<u64>) {
+        let mut memory = None;
+        let mut pids = None;
+        let read = |dir: PathBuf, file: &str| -> Option<u64> {
+            fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+        };
+        for line in proc_cgroup.lines() {
+            let mut f = line.splitn(3, ':');
+            let (Some(_), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
+                continue;
+            };
+            let rel = path.trim_start_matches('/');
+            if controllers.is_empty() {
+                for h in self.hierarchies.iter().filter(|h| h.v2) {
+                    let dir = h.mount.join(rel);
+                    memory = memory.or_else(|| read(dir.clone(), "memory.max"));
+                    pids = pids.or_else(|| read(dir, "pids.max"));
+                }
+                continue;
+            }
+            for c in controllers.split(',') {
+                let Some(h) = self
+                    .hierarchies
+                    .iter()
+                    .find(|h| !h.v2 && h.controllers.iter().any(|x| x == c))
+                else {
+                    continue;
+                };
+                match c {
+                    "memory" => memory = read(h.mount.join(rel), "memory.limit_in_bytes"),
+                    "pids" => pids = read(h.mount.join(rel), "pids.max"),
+                    _ => {}
+                }
+            }
+        }
+        (memory, pids)
+    }
+
     /// Whether a memory controller is mounted (v1 `memory`, or v2 with `memory` available).
     pub fn has_memory(&self) -> bool {
         self.memory_hierarchy().is_some()

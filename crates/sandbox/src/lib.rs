@@ -16,6 +16,7 @@ pub mod judge;
 pub mod reap;
 pub mod spawn;
 pub mod uidlease;
+pub mod wall;
 pub mod warm;
 pub mod watchdog;
 

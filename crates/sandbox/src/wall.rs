@@ -1,0 +1,409 @@
+//! A run's wall, read just before its code is handed over: what the kernel shows, in this
+//! host's /proc, for the process that will run the code (its identity, capability sets,
+//! no_new_privs, seccomp mode, namespaces, root mount, network interfaces and cgroup
+//! limits), and the check that it matches what the provider's probe was judged on.
+//!
+//! [`read`] does the I/O; [`judge`] is pure and goes through the probe's own judging table
+//! ([`crate::judge::judge`]) with the same [`Expectations`], so a run's wall is held to
+//! exactly the checks its provider's evidence passed, and no second copy of them exists.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+
+use plimsoll_wire::{NamespaceSeen, ProbeReport, Wall, WallNamespace};
+
+use crate::cgroup::CgroupLayout;
+use crate::judge::{Expectations, HostView, Limits, Namespaces};
+
+/// The checks of the probe's table a wall is judged on: what a wall shows. (The rest, writes,
+/// reads, sockets, environment, kernel, are tried by the probe alone.)
+pub const WALL_CHECKS: [&str; 8] = [
+    "uid",
+    "gid",
+    "capabilities",
+    "no_new_privs",
+    "seccomp",
+    "namespaces",
+    "network",
+    "limits",
+];
+
+/// Reads process `pid`'s wall from /proc (this mount namespace's), its namespaces compared
+/// with `host`'s as `expected` says (not at all for a guest kernel's).
+pub fn read(pid: u32, expected: &Expectations, host: &HostView) -> io::Result<Wall> {
+    let proc = format!("/proc/{pid}");
+    let status = fs::read_to_string(format!("{proc}/status"))?;
+    let mut wall = from_status(&status)?;
+    let mut namespaces = Vec::new();
+    for entry in fs::read_dir(format!("{proc}/ns"))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let id = fs::read_link(entry.path())?.display().to_string();
+        let same_as_host = match expected.namespaces {
+            Namespaces::GuestKernel => None,
+            Namespaces::Compared | Namespaces::Separate { .. } => {
+                host.namespaces.get(&name).map(|h| *h == id)
+            }
+        };
+        namespaces.push(WallNamespace {
+            name,
+            id,
+            same_as_host,
+        });
+    }
+    namespaces.sort_by(|a, b| a.name.cmp(&b.name));
+    wall.namespaces = namespaces;
+    wall.root_read_only = root_read_only(&fs::read_to_string(format!("{proc}/mountinfo"))?);
+    wall.network_interfaces = interfaces(&fs::read_to_string(format!("{proc}/net/dev"))?);
+    let layout = CgroupLayout::detect()?;
+    (wall.memory_limit_bytes, wall.pids_limit) =
+        layout.limits_of(&fs::read_to_string(format!("{proc}/cgroup"))?);
+    // Read last, so a process that ended (or whose pid was reused) while being read is caught:
+    // its status would no longer say the same.
+    let again = fs::read_to_string(format!("{proc}/status"))?;
+    if from_status(&again)? != from_status(&status)? {
+        return Err(io::Error::other(
+            "the process changed while its wall was read",
+        ));
+    }
+    Ok(wall)
+}
+
+/// The identity, capability, no_new_privs and seccomp lines of a /proc/PID/status text.
+pub fn from_status(status: &str) -> io::Result<Wall> {
+    let line = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let ids = |key: &str| -> io::Result<Vec<u32>> {
+        line(key)
+            .unwrap_or("")
+            .split_whitespace()
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| io::Error::other(format!("{key}: {v:?} is not an id")))
+            })
+            .collect()
+    };
+    let uids = ids("Uid")?;
+    let gids = ids("Gid")?;
+    let (Some(&uid), Some(&euid), Some(&gid)) = (uids.first(), uids.get(1), gids.first()) else {
+        return Err(io::Error::other("the status has no Uid or Gid line"));
+    };
+    let cap = |key: &str| line(key).map(str::to_owned);
+    Ok(Wall {
+        uid,
+        euid,
+        gid,
+        groups: ids("Groups")?,
+        cap_inh: cap("CapInh"),
+        cap_prm: cap("CapPrm"),
+        cap_eff: cap("CapEff"),
+        cap_bnd: cap("CapBnd"),
+        cap_amb: cap("CapAmb"),
+        no_new_privs: line("NoNewPrivs").map(|v| v == "1"),
+        seccomp: line("Seccomp").and_then(|v| v.parse().ok()),
+        ..Wall::default()
+    })
+}
+
+/// Whether the mount at `/` (the last one mounted there: the one on top) is read-only, from a
+/// /proc/PID/mountinfo text.
+pub fn root_read_only(mountinfo: &str) -> bool {
+    mountinfo
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&"/"))
+                .then(|| f.get(5).is_some_and(|o| o.split(',').any(|o| o == "ro")))
+        })
+        .unwrap_or(false)
+}
+
+/// The interface names of a /proc/PID/net/dev text, sorted.
+pub fn interfaces(net_dev: &str) -> Vec<String> {
+    let mut names: Vec<String> = net_dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| Some(l.split_once(':')?.0.trim().to_owned()))
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The wall as a probe report holding only what a wall shows, for the probe's table.
+fn as_report(w: &Wall, expected: &Expectations) -> ProbeReport {
+    let mut capabilities = BTreeMap::new();
+    for (name, set) in [
+        ("CapInh", &w.cap_inh),
+        ("CapPrm", &w.cap_prm),
+        ("CapEff", &w.cap_eff),
+        ("CapBnd", &w.cap_bnd),
+        ("CapAmb", &w.cap_amb),
+    ] {
+        capabilities.insert(
+            name.to_owned(),
+            set.clone()
+                .unwrap_or_else(|| "error: not in the process's status".into()),
+        );
+    }
+    let mut limits = BTreeMap::new();
+    if let Some(Limits::Cgroup {
+        memory_keys,
+        pids_keys,
+        ..
+    }) = &expected.limits
+    {
+        if let (Some(k), Some(v)) = (memory_keys.first(), w.memory_limit_bytes) {
+            limits.insert(k.clone(), v.to_string());
+        }
+        if let (Some(k), Some(v)) = (pids_keys.first(), w.pids_limit) {
+            limits.insert(k.clone(), v.to_string());
+        }
+    }
+    ProbeReport {
+        uid: w.uid,
+        euid: w.euid,
+        gid: w.gid,
+        groups: w.groups.clone(),
+        capabilities,
+        no_new_privs: w.no_new_privs == Some(true),
+        seccomp_mode: w.seccomp.unwrap_or(0),
+        namespaces: w
+            .namespaces
+            .iter()
+            .map(|n| {
+                (
+                    n.name.clone(),
+                    NamespaceSeen {
+                        id: n.id.clone(),
+                        same_as_host: n.same_as_host,
+                    },
+                )
+            })
+            .collect(),
+        network_interfaces: w.network_interfaces.clone(),
+        limits,
+        ..ProbeReport::default()
+    }
+}
+
+/// Every wall check `expected` names, judged on `w` by the probe's own table: `ok`, or what
+/// was wrong. Adds `root_read_only` where the provider's filesystem check wants `/` read-only.
+pub fn judge(w: &Wall, expected: &Expectations, host: &HostView) -> BTreeMap<String, String> {
+    let mut checks = crate::judge::judge(&as_report(w, expected), expected, host);
+    checks.retain(|name, _| WALL_CHECKS.contains(&name.as_str()));
+    if let Some(fs) = &expected.filesystem
+        && !fs.rw_mounts.iter().any(|m| m == "/")
+    {
+        checks.insert(
+            "root_read_only".into(),
+            if w.root_read_only {
+                "ok".into()
+            } else {
+                "/ is mounted read-write".into()
+            },
+        );
+    }
+    checks
+}
+
+/// `Ok` when every check of [`judge`] holds; otherwise what failed, one `name: why` each.
+pub fn check(w: &Wall, expected: &Expectations, host: &HostView) -> Result<(), String> {
+    let failed: Vec<String> = judge(w, expected, host)
+        .into_iter()
+        .filter(|(_, v)| v != "ok")
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the sandbox's wall does not match its provider's evidence, so its code was not handed over: {}",
+            failed.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::{Capabilities, Filesystem, Identity, NoNewPrivs, Seccomp};
+
+    const STATUS: &str = "Name:\tpython3\nUid:\t2000\t2000\t2000\t2000\nGid:\t2000\t2000\t2000\t2000\n\
+Groups:\t\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
+CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+
+    fn container() -> Expectations {
+        Expectations {
+            identity: Identity::Uid(2000),
+            capabilities: Capabilities {
+                empty: ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
+                    .map(String::from)
+                    .to_vec(),
+                may_be_absent: vec![],
+            },
+            no_new_privs: NoNewPrivs::Set,
+            seccomp: Some(Seccomp::Filter),
+            namespaces: Namespaces::Separate {
+                names: vec!["net".into(), "pid".into()],
+                unreported_ok: false,
+            },
+            filesystem: Some(Filesystem {
+                rw_mounts: vec!["/work".into()],
+                writable: vec![],
+                must_be_writable: vec![],
+            }),
+            work_dir: None,
+            host_files: true,
+            shadow_unreadable: false,
+            loopback_only: true,
+            environment: vec![],
+            sockets_denied: false,
+            limits: Some(Limits::Cgroup {
+                memory_keys: vec!["cgroup_v1.memory.limit_in_bytes".into()],
+                memory: 256 << 20,
+                pids_keys: vec!["cgroup_v1.pids.max".into()],
+                pids: 64,
+            }),
+            kernel: None,
+        }
+    }
+
+    fn host() -> HostView {
+        HostView {
+            namespaces: [("net", "net:[1]"), ("pid", "pid:[2]")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into(),
+            kernel_release: "6.1.0".into(),
+        }
+    }
+
+    fn good() -> Wall {
+        let mut w = from_status(STATUS).unwrap();
+        w.namespaces = vec![
+            WallNamespace {
+                name: "net".into(),
+                id: "net:[9]".into(),
+                same_as_host: Some(false),
+            },
+            WallNamespace {
+                name: "pid".into(),
+                id: "pid:[8]".into(),
+                same_as_host: Some(false),
+            },
+        ];
+        w.root_read_only = true;
+        w.network_interfaces = vec!["lo".into()];
+        w.memory_limit_bytes = Some(256 << 20);
+        w.pids_limit = Some(64);
+        w
+    }
+
+    #[test]
+    fn the_status_lines_are_read() {
+        let w = from_status(STATUS).unwrap();
+        assert_eq!((w.uid, w.euid, w.gid), (2000, 2000, 2000));
+        assert!(w.groups.is_empty());
+        assert_eq!(w.cap_bnd.as_deref(), Some("0000000000000000"));
+        assert_eq!((w.no_new_privs, w.seccomp), (Some(true), Some(2)));
+        // gVisor's status has no CapAmb, NoNewPrivs or Seccomp line: absent, not zero.
+        let gvisor: String = STATUS
+            .lines()
+            .filter(|l| {
+                !l.starts_with("CapAmb") && !l.starts_with("NoNew") && !l.starts_with("Secc")
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let w = from_status(&gvisor).unwrap();
+        assert_eq!((w.cap_amb, w.no_new_privs, w.seccomp), (None, None, None));
+        assert!(from_status("Name:\tx\n").is_err());
+    }
+
+    #[test]
+    fn the_root_mount_on_top_and_the_interfaces_are_read() {
+        let mi = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+                  40 22 0:5 / /proc rw - proc proc rw\n\
+                  41 22 8:1 /img / ro,nosuid - ext4 /dev/sda1 rw\n";
+        assert!(root_read_only(mi));
+        assert!(!root_read_only(
+            &mi.lines().take(2).collect::<Vec<_>>().join("\n")
+        ));
+        let dev = "Inter-|   Receive\n face |bytes\n  eth0: 1 2\n    lo: 0 0\n";
+        assert_eq!(interfaces(dev), ["eth0", "lo"]);
+    }
+
+    #[test]
+    fn a_matching_wall_passes_every_check() {
+        let checks = judge(&good(), &container(), &host());
+        for name in [
+            "uid",
+            "capabilities",
+            "no_new_privs",
+            "seccomp",
+            "namespaces",
+            "network",
+            "limits",
+            "root_read_only",
+        ] {
+            assert_eq!(
+                checks.get(name).map(String::as_str),
+                Some("ok"),
+                "{name}: {checks:?}"
+            );
+        }
+        assert!(
+            checks
+                .keys()
+                .all(|k| WALL_CHECKS.contains(&k.as_str()) || k == "root_read_only")
+        );
+        assert_eq!(check(&good(), &container(), &host()), Ok(()));
+    }
+
+    /// Each breach a wall can show fails the check that names it.
+    #[test]
+    fn every_breach_fails_its_check() {
+        type Breach = (&'static str, fn(&mut Wall));
+        let breaches: [Breach; 11] = [
+            ("uid", |w| w.uid = 0),
+            ("uid", |w| w.groups = vec![0]),
+            ("capabilities", |w| {
+                w.cap_eff = Some("0000000000000400".into())
+            }),
+            ("capabilities", |w| {
+                w.cap_bnd = Some("000001ffffffffff".into())
+            }),
+            ("capabilities", |w| w.cap_amb = None),
+            ("no_new_privs", |w| w.no_new_privs = Some(false)),
+            ("seccomp", |w| w.seccomp = Some(0)),
+            ("namespaces", |w| w.namespaces[0].id = "net:[1]".into()),
+            ("network", |w| w.network_interfaces.push("eth0".into())),
+            ("limits", |w| w.memory_limit_bytes = Some(512 << 20)),
+            ("root_read_only", |w| w.root_read_only = false),
+        ];
+        for (name, breach) in breaches {
+            let mut w = good();
+            breach(&mut w);
+            let checks = judge(&w, &container(), &host());
+            assert_ne!(
+                checks.get(name).map(String::as_str),
+                Some("ok"),
+                "{name}: {w:?}"
+            );
+            let refused = check(&w, &container(), &host()).unwrap_err();
+            assert!(refused.contains(&format!("{name}: ")), "{refused}");
+        }
+        let mut w = good();
+        w.pids_limit = None;
+        assert!(
+            check(&w, &container(), &host())
+                .unwrap_err()
+                .contains("limits: ")
+        );
+    }
+}
