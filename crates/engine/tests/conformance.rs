@@ -427,15 +427,19 @@ impl Rig {
         if !problems.is_empty() {
             return Err(format!("{case}: wrong {problems:?} in {r:?}"));
         }
-        self.check_wall(case, r)
+        self.check_wall(case, req, r)
     }
 
-    /// A warm run's result has its wall, and any wall shows what this provider's sandbox
-    /// is: checked here from the wall's own members, not through the engine's judging.
-    fn check_wall(&self, case: &str, r: &RunResponse) -> Result<(), String> {
+    /// A snippet without a grant at process, crun and runc (warm or cold) has its wall on its
+    /// result, and any wall shows what this provider's sandbox is: checked here from the
+    /// wall's own members, not through the engine's judging.
+    fn check_wall(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
+        let walled = matches!(self.provider, "process" | "crun" | "runc")
+            && matches!(req.run, plimsoll_wire::RunSpec::Snippet(_))
+            && req.grant.is_none();
         let Some(w) = &r.result.wall else {
-            return if r.result.start == Some(plimsoll_wire::Start::Warm) {
-                Err(format!("{case}: a warm run's result has no wall: {r:?}"))
+            return if walled || r.result.start == Some(plimsoll_wire::Start::Warm) {
+                Err(format!("{case}: the result has no wall: {r:?}"))
             } else {
                 Ok(())
             };

@@ -1095,6 +1095,14 @@ impl Provider for OciProvider {
     }
 
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+        // At crun and runc, a snippet without a grant runs in a member made for it: its wall
+        // is read and checked before its code is handed over.
+        if self.warms()
+            && let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan)
+        {
+            let member = Box::new(crate::warm::make(self, &member)?);
+            return plimsoll_sandbox::warm::run_made(member, plan);
+        }
         match &plan.spec {
             RunSpec::Snippet(s) => {
                 let launch = self.snippet_launch(plan, s.language, &s.code);

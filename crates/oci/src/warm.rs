@@ -19,6 +19,9 @@ use plimsoll_wire::{Bytes, Language, Reason, RunResult, RunSpec, Snippet};
 use crate::provider::{Container, LaunchSpec, OciProvider, status_of};
 use crate::spec::TOOLS_DIR;
 
+/// How much of the runtime's standard error a failed `create` of a member keeps.
+const CREATE_ERROR_BYTES: u64 = 4096;
+
 /// How long a new member's interpreter may take to start and reach its read.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
@@ -86,7 +89,9 @@ pub fn make(provider: &OciProvider, plan: &WarmPlan) -> Result<OciMember, Launch
         files: Vec::new(),
         owner_only: Vec::new(),
         binds: Vec::new(),
-        output_bytes: 0,
+        // Room for what the runtime says when `create` fails; the claim sets the run's cap
+        // (the waiting interpreter writes nothing before).
+        output_bytes: CREATE_ERROR_BYTES,
         deadline: plan.max_timeout,
         env: Vec::new(),
     };

@@ -213,8 +213,9 @@ fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
             "run",
             "python",
             // No output: the daemon holds the pipes' read ends, so a write after its death
-            // would end the snippet with EPIPE, and this test is about what survives.
-            "import time\ntime.sleep(120)",
+            // would end the snippet with EPIPE, and this test is about what survives. It
+            // leaves a file in its work directory once it runs.
+            "import time\nopen('running', 'w').close()\ntime.sleep(120)",
         ])
         .arg("--state-dir")
         .arg(&env.state)
@@ -223,12 +224,10 @@ fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
         .spawn()
         .expect("start plimsoll-process-run");
     let start = std::time::Instant::now();
-    // The uid appears before the exec; wait for the interpreter itself.
+    // The uid appears before the exec, and the interpreter before it is handed the code
+    // (killed then, it would end without running anything): wait for the code itself.
     let live = || live_of_uid(uid);
-    let is_python = |p: &i32| {
-        std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with("python"))
-    };
-    while !live().iter().any(is_python) {
+    while !run_dir.join("work/running").exists() {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the run never started"

@@ -145,6 +145,46 @@ pub fn check_claim<'a>(
     Ok(&snippet.code)
 }
 
+/// The member a cold run of `plan` is made through, when it can be: a snippet without a broker
+/// channel or privileges. A cold run so made is a member made for this run alone and claimed
+/// at once ([`run_made`]): its interpreter waits for its code like an idle member's, so its
+/// wall is read and checked before the code is handed over, warm or cold alike. `None` for
+/// a run a member cannot take (it runs as before, without a wall).
+pub fn cold_member_plan(plan: &LaunchPlan) -> Option<WarmPlan> {
+    let plimsoll_wire::RunSpec::Snippet(snippet) = &plan.spec else {
+        return None;
+    };
+    if plan.broker.is_some() || plan.privileges.is_trial() {
+        return None;
+    }
+    Some(WarmPlan {
+        member_id: plan.run_id.clone(),
+        shape: WarmShape {
+            language: snippet.language,
+            memory_bytes: plan.limits.memory_bytes,
+            pids: plan.limits.pids,
+            disk_bytes: plan.limits.disk_bytes,
+        },
+        uid: plan.uid,
+        gid: plan.gid,
+        run_dir: plan.run_dir.clone(),
+        max_timeout: plan.limits.timeout,
+    })
+}
+
+/// Gives `member` (made from [`cold_member_plan`]) its run, and removes it before answering,
+/// as a cold run is removed: a failed removal makes the run's answer an error.
+pub fn run_made(member: Box<dyn WarmMember>, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+    let (outcome, teardown) = member.run(plan)?;
+    teardown.run().map_err(|e| {
+        LaunchError::may_have_run(format!(
+            "the run finished but its cleanup failed: {}",
+            crate::error_chain(e.as_ref())
+        ))
+    })?;
+    Ok(outcome)
+}
+
 /// The JavaScript an idle member's node runs (`node -e`): it opens its standard output and
 /// error streams (loading what they need, as a first `console.log` would), waits until its
 /// standard input closes, and then, only if it read exactly `go\n`, runs the file named by
