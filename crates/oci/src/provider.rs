@@ -1149,7 +1149,7 @@ fn agent_result(plan: &LaunchPlan, l: &Launched) -> Result<RunResult, LaunchErro
     let c = &l.captured;
     let (exit_code, signal) = status_of(c);
     if exit_code == Some(0) {
-        return serde_json::from_slice::<RunResult>(&c.stdout).map_err(|e| {
+        return RunResult::from_agent(&c.stdout).map_err(|e| {
             LaunchError::may_have_run(format!(
                 "the agent's answer is not a result ({e}; {} bytes{}): check plimsoll-agent",
                 c.stdout.len(),

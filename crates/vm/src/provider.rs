@@ -592,7 +592,7 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
             code: Some(0),
             stdout,
             ..
-        } => serde_json::from_slice::<RunResult>(stdout).map_err(|e| {
+        } => RunResult::from_agent(stdout).map_err(|e| {
             LaunchError::may_have_run(format!(
                 "the agent's answer is not a result ({e}; {} bytes): check plimsoll-agent",
                 stdout.len()

@@ -193,6 +193,18 @@ pub enum MalformedResult {
 }
 
 impl RunResult {
+    /// Reads the result an agent inside a sandbox answered. What only the host can know is
+    /// dropped whatever the answer claimed: how the sandbox started (`start`,
+    /// `member_age_ms`) and its `wall`, which the host reads itself or leaves absent. (The
+    /// agent is not trusted beyond "it reports what happened inside".)
+    pub fn from_agent(answer: &[u8]) -> serde_json::Result<RunResult> {
+        let mut r: RunResult = serde_json::from_slice(answer)?;
+        r.start = None;
+        r.member_age_ms = None;
+        r.wall = None;
+        Ok(r)
+    }
+
     /// Checks what serde cannot: `member_age_ms` is present exactly when `start` is `Warm`.
     pub fn validate(&self) -> Result<(), MalformedResult> {
         match (self.start, self.member_age_ms) {
@@ -412,5 +424,15 @@ mod tests {
             warm.validate(),
             Err(MalformedResult::WarmStartWithoutMemberAge)
         );
+    }
+
+    #[test]
+    fn an_agent_cannot_say_how_its_sandbox_started_or_what_its_wall_is() {
+        let answer = r#"{"exit_code":0,"timed_out":false,"stdout":"","stdout_truncated":false,
+            "stderr":"","stderr_truncated":false,"start":"warm","member_age_ms":5,
+            "wall":{"uid":0,"euid":0,"gid":0,"root_read_only":true}}"#;
+        let r = RunResult::from_agent(answer.as_bytes()).unwrap();
+        assert_eq!((r.start, r.member_age_ms, r.wall), (None, None, None));
+        assert_eq!(r.exit_code, Some(0));
     }
 }
