@@ -430,13 +430,16 @@ impl Rig {
         self.check_wall(case, req, r)
     }
 
-    /// A snippet without a grant at process, crun and runc (warm or cold) has its wall on its
-    /// result, and any wall shows what this provider's sandbox is: checked here from the
+    /// A snippet without a grant at process, crun and runc (warm or cold), and a project at crun
+    /// and runc, has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
     /// wall's own members, not through the engine's judging.
     fn check_wall(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
-        let walled = matches!(self.provider, "process" | "crun" | "runc")
-            && matches!(req.run, plimsoll_wire::RunSpec::Snippet(_))
-            && req.grant.is_none();
+        let snippet = matches!(req.run, plimsoll_wire::RunSpec::Snippet(_));
+        let walled = match self.provider {
+            "process" => snippet && req.grant.is_none(),
+            "crun" | "runc" => !snippet || req.grant.is_none(),
+            _ => false,
+        };
         let Some(w) = &r.result.wall else {
             return if walled || r.result.start == Some(plimsoll_wire::Start::Warm) {
                 Err(format!("{case}: the result has no wall: {r:?}"))

@@ -307,6 +307,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         output_bytes: 1 << 20,
         deadline: plan.limits.timeout,
         env: Vec::new(),
+        handed_over: None,
     };
     let l = p
         .launch(&plan, &launch)

@@ -22,6 +22,8 @@ use crate::phases::{Phase, Phases};
 use crate::runtime::{Runtime, RuntimeKind};
 use crate::spec::{self, SpecInputs};
 use crate::state::{RunDir, StateDir};
+use crate::warm::READY_WITHIN;
+use plimsoll_sandbox::warm;
 
 /// Where a provider finds what it runs with, and where it keeps its state.
 #[derive(Debug, Clone)]
@@ -127,6 +129,8 @@ pub(crate) struct Launched {
     pub timed_out: bool,
     pub memory: MemorySeen,
     pub started_unix_ms: u64,
+    /// The wall read before the process was handed its input (`LaunchSpec::handed_over`).
+    pub wall: Option<plimsoll_wire::Wall>,
 }
 
 /// A created container of one run, its process waiting in the runtime's init.
@@ -180,6 +184,7 @@ impl Followed {
             timed_out: self.timed_out,
             memory: self.memory,
             started_unix_ms,
+            wall: None,
         })
     }
 }
@@ -200,6 +205,10 @@ pub(crate) struct LaunchSpec {
     pub deadline: Duration,
     /// Environment added to the container's fixed one (`NAME=value`).
     pub env: Vec<String>,
+    /// What the container's process is handed on its standard input once it started, waits
+    /// reading it, and showed a wall matching the provider's evidence (the agent's job); the
+    /// pipe is closed after it. `None`: the process has everything in its files from the start.
+    pub handed_over: Option<Vec<u8>>,
 }
 
 /// The broker socket's file name in the tools directory.
@@ -419,8 +428,9 @@ impl OciProvider {
             run_dir,
             created,
             mut phases,
+            input,
             ..
-        } = self.create(plan, launch, false)?;
+        } = self.create(plan, launch, launch.handed_over.is_some())?;
         // The deadline outside the daemon: a daemon killed mid-run leaves this watchdog,
         // which ends the container's processes (by its cgroup) at the deadline plus a grace.
         let outside = match self.outside_watchdog(plan, launch.deadline) {
@@ -447,6 +457,38 @@ impl OciProvider {
             return Err(LaunchError::may_have_run(message)
                 .after_cleanup(self.clean(plan, &id, run_dir, false)));
         }
+        let mut wall = None;
+        if let Some(bytes) = &launch.handed_over {
+            // Nothing of the request is inside yet: until the input is written, a failure
+            // (the wall does not match, the process did not come to read) is not dispatched.
+            let pid = created.pid().as_raw_nonzero().get() as u32;
+            let gated = warm::wait_until_reading(pid, READY_WITHIN)
+                .map_err(|e| {
+                    LaunchError::environment(format!(
+                        "the container's process did not come to read its job: {e}"
+                    ))
+                })
+                .and_then(|()| {
+                    self.checked_wall(pid, plan.uid, plan.limits.memory_bytes, plan.limits.pids)
+                });
+            match gated {
+                Ok(w) => wall = Some(w),
+                Err(e) => {
+                    drop(input);
+                    drop(created);
+                    return Err(e.after_cleanup(self.clean(plan, &id, run_dir, false)));
+                }
+            }
+            let sent = input
+                .ok_or_else(|| std::io::Error::other("the container has no input pipe"))
+                .and_then(|mut input| input.write_all(bytes));
+            if let Err(e) = sent {
+                drop(created);
+                let e =
+                    LaunchError::may_have_run(format!("cannot hand the container its job: {e}"));
+                return Err(e.after_cleanup(self.clean(plan, &id, run_dir, false)));
+            }
+        }
         let followed = self.follow_to_end(plan, &id, created, launch.deadline, launch.output_bytes);
         if let Some(at) = followed.exited_at {
             phases.mark_at(Phase::Exit, at);
@@ -461,7 +503,29 @@ impl OciProvider {
             RunSpec::Project(_) => "project",
         };
         phases.log(self.config.kind.name(), &plan.run_id, kind);
-        followed.launched(started_unix_ms, cleaned)
+        let mut launched = followed.launched(started_unix_ms, cleaned)?;
+        launched.wall = wall;
+        Ok(launched)
+    }
+
+    /// The wall of the container process `pid`, read from the host, if it matches what this
+    /// provider's probe was judged on for `uid` and the run's memory and pids limits;
+    /// otherwise a refusal (not dispatched, `environment`) saying which checks failed.
+    pub(crate) fn checked_wall(
+        &self,
+        pid: u32,
+        uid: u32,
+        memory: u64,
+        pids: u64,
+    ) -> Result<plimsoll_wire::Wall, LaunchError> {
+        let expected = crate::probe::run_expectations(self.config.kind, uid, memory, pids);
+        let host = plimsoll_sandbox::judge::HostView::read();
+        let wall = plimsoll_sandbox::wall::read(pid, &expected, &host).map_err(|e| {
+            LaunchError::environment(format!("cannot read the sandbox's wall: {e}"))
+        })?;
+        plimsoll_sandbox::wall::check(&wall, &expected, &host)
+            .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))?;
+        Ok(wall)
     }
 
     /// Everything of a run up to its container created (its process waiting in the runtime's
@@ -873,6 +937,7 @@ impl OciProvider {
             output_bytes: plan.limits.output_bytes,
             deadline: plan.limits.timeout,
             env: broker_env(plan, false),
+            handed_over: None,
         }
     }
 
@@ -924,7 +989,15 @@ impl OciProvider {
         // JSON may spell one byte as six (`\u0000`).
         let content = 2 * plan.limits.output_bytes * (project.steps.len() as u64 + 1)
             + plan.limits.artifact_bytes * project.artifacts.len() as u64;
-        let mut files = vec![("job.json".to_owned(), text)];
+        // At crun and runc (but not for a trial, whose agent starts as uid 0 with two
+        // capabilities) the agent reads its job from its standard input, handed over only
+        // once it waits for it and its wall matches. Otherwise the job is a file from the start.
+        let gated = self.warms() && trial.is_none();
+        let (mut files, handed_over) = if gated {
+            (Vec::new(), Some(text))
+        } else {
+            (vec![("job.json".to_owned(), text)], None)
+        };
         if plan.broker.is_some() {
             use plimsoll_sandbox::broker::{
                 JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE,
@@ -936,11 +1009,15 @@ impl OciProvider {
             ));
         }
         Ok(LaunchSpec {
-            args: vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                format!("exec {0}/plimsoll-agent < {0}/job.json", spec::TOOLS_DIR),
-            ],
+            args: if gated {
+                vec![format!("{}/plimsoll-agent", spec::TOOLS_DIR)]
+            } else {
+                vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    format!("exec {0}/plimsoll-agent < {0}/job.json", spec::TOOLS_DIR),
+                ]
+            },
             files,
             // The agent's shell opens the job as uid 0 (CAP_DAC_OVERRIDE is not among its
             // two capabilities, so only the owner's bits let it); the controller, another
@@ -954,6 +1031,7 @@ impl OciProvider {
             binds,
             output_bytes: content.saturating_mul(6).saturating_add(AGENT_ANSWER_SLACK),
             deadline: plan.limits.timeout + AGENT_GRACE,
+            handed_over,
         })
     }
 }
@@ -1132,7 +1210,8 @@ impl Provider for OciProvider {
             RunSpec::Project(_) => {
                 let launch = self.project_launch(plan)?;
                 let l = self.launch(plan, &launch)?;
-                let result = agent_result(plan, &l)?;
+                let mut result = agent_result(plan, &l)?;
+                result.wall = l.wall;
                 Ok(Outcome {
                     result,
                     started_unix_ms: l.started_unix_ms,
@@ -1227,8 +1306,13 @@ mod tests {
         }
     }
 
+    /// The job, from the file or from what is handed over (never both).
     fn job_of(launch: &LaunchSpec) -> AgentJob {
-        let (_, text) = launch.files.iter().find(|(n, _)| n == "job.json").unwrap();
+        let file = launch.files.iter().find(|(n, _)| n == "job.json");
+        let text = match (file, &launch.handed_over) {
+            (Some((_, text)), None) | (None, Some(text)) => text,
+            other => panic!("the job is in {other:?}"),
+        };
         serde_json::from_slice(text).unwrap()
     }
 
@@ -1281,8 +1365,10 @@ mod tests {
                 controller_gid: 2_000_021,
             })
         );
-        // The job holds the scenarios: root's alone in a trial run.
+        // The job holds the scenarios: root's alone in a trial run, a file from the start
+        // (its agent starts as uid 0 with two capabilities: no wall to check).
         assert_eq!(launch.owner_only, ["job.json"]);
+        assert!(launch.handed_over.is_none());
 
         // Without a trial step: no runner, no ids, whether or not the runner exists.
         let plain = project_plan(&["echo plimsoll-trial-runner"]);
@@ -1290,6 +1376,9 @@ mod tests {
         assert_eq!(launch.binds, [("plimsoll-agent".to_owned(), agent)]);
         assert_eq!(job_of(&launch).trial, None);
         assert!(launch.owner_only.is_empty());
+        // Any other project's job is handed over on the agent's input once its wall matched.
+        assert!(launch.handed_over.is_some());
+        assert_eq!(launch.args, [format!("{}/plimsoll-agent", spec::TOOLS_DIR)]);
         fs::remove_file(&c.trial_runner).unwrap();
         assert!(p.project_launch(&plain).is_ok());
 

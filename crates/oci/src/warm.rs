@@ -9,7 +9,6 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use plimsoll_sandbox::judge::HostView;
 use plimsoll_sandbox::warm::{self, GO, JS_WAIT, PYTHON_WAIT, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
     Cause, LaunchError, LaunchPlan, Outcome, Privileges, ResolvedLimits, Teardown, unix_ms_now,
@@ -23,7 +22,7 @@ use crate::spec::TOOLS_DIR;
 const CREATE_ERROR_BYTES: u64 = 4096;
 
 /// How long a new member's interpreter may take to start and reach its read.
-const READY_WITHIN: Duration = Duration::from_secs(30);
+pub(crate) const READY_WITHIN: Duration = Duration::from_secs(30);
 
 /// One idle member: its container, started, and the plan it was made under.
 #[derive(Debug)]
@@ -94,6 +93,7 @@ pub fn make(provider: &OciProvider, plan: &WarmPlan) -> Result<OciMember, Launch
         output_bytes: CREATE_ERROR_BYTES,
         deadline: plan.max_timeout,
         env: Vec::new(),
+        handed_over: None,
     };
     let container = provider.create(&launch_plan, &launch, true)?;
     let started = provider
@@ -152,19 +152,9 @@ impl OciMember {
     /// The member's wall, read from its waiting interpreter, if it matches what the
     /// provider's probe was judged on for this member's uid and limits.
     fn wall(&self) -> Result<plimsoll_wire::Wall, LaunchError> {
-        let expected = crate::probe::run_expectations(
-            self.provider.config().kind,
-            self.plan.uid,
-            self.shape.memory_bytes,
-            self.shape.pids,
-        );
-        let host = HostView::read();
         let pid = self.container.created.pid().as_raw_nonzero().get() as u32;
-        let wall = plimsoll_sandbox::wall::read(pid, &expected, &host)
-            .map_err(|e| LaunchError::environment(format!("cannot read the member's wall: {e}")))?;
-        plimsoll_sandbox::wall::check(&wall, &expected, &host)
-            .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
-        Ok(wall)
+        self.provider
+            .checked_wall(pid, self.plan.uid, self.shape.memory_bytes, self.shape.pids)
     }
 }
 
