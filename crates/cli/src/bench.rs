@@ -471,9 +471,11 @@ fn members_memory(
     for (language, program) in [(Language::Javascript, node), (Language::Python, python)] {
         let bare = bare_waiting_rss_kib(program, language);
         out.push_str(&format!(
-            "  {}: bare interpreter waiting on a pipe {} KiB RSS\n",
+            "  {}: bare interpreter waiting on a pipe {} KiB RSS; reading and judging its wall {} us (median of 101)\n",
             language.as_str(),
-            bare.map_or_else(|| "-".to_owned(), |k| k.to_string()),
+            bare.map_or_else(|| "-".to_owned(), |(k, _)| k.to_string()),
+            bare.and_then(|(_, w)| w)
+                .map_or_else(|| "-".to_owned(), |w| format!("{w:.0}")),
         ));
     }
     out.push_str(&format!(
@@ -538,8 +540,8 @@ fn memory_cgroups_kib(uids: std::ops::Range<u32>) -> Option<(usize, u64)> {
 }
 
 /// The resident set of `program` started as a member's interpreter is, outside any sandbox,
-/// once it waits on its input.
-fn bare_waiting_rss_kib(program: &Path, language: Language) -> Option<u64> {
+/// once it waits on its input; and how long reading and judging its wall takes.
+fn bare_waiting_rss_kib(program: &Path, language: Language) -> Option<(u64, Option<f64>)> {
     use plimsoll_sandbox::warm::{JS_WAIT, PYTHON_WAIT, wait_until_reading};
     let (flag, code) = match language {
         Language::Javascript => ("-e", JS_WAIT),
@@ -557,9 +559,62 @@ fn bare_waiting_rss_kib(program: &Path, language: Language) -> Option<u64> {
     let rss = wait_until_reading(pid, Duration::from_secs(10))
         .ok()
         .and_then(|()| rss_kib(pid));
+    let wall = rss.and_then(|_| wall_read_us(pid));
     drop(running.stdin.take());
     let _ = running.child.wait();
-    rss
+    rss.map(|r| (r, wall))
+}
+
+/// The median time, in microseconds, of reading a waiting process's wall and judging it as a
+/// claim does (a container's checks: identity, capabilities, no_new_privs, seccomp, six
+/// namespaces, network, limits, root), over 101 reads.
+fn wall_read_us(pid: u32) -> Option<f64> {
+    use plimsoll_sandbox::judge::{
+        Capabilities, Expectations, Filesystem, HostView, Identity, Limits, Namespaces, NoNewPrivs,
+        Seccomp,
+    };
+    let strings = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    let expected = Expectations {
+        identity: Identity::Uid(0),
+        capabilities: Capabilities {
+            empty: strings(&["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]),
+            may_be_absent: vec![],
+        },
+        no_new_privs: NoNewPrivs::Set,
+        seccomp: Some(Seccomp::Filter),
+        namespaces: Namespaces::Separate {
+            names: strings(&["cgroup", "ipc", "mnt", "net", "pid", "uts"]),
+            unreported_ok: false,
+        },
+        filesystem: Some(Filesystem {
+            rw_mounts: strings(&["/work", "/tmp"]),
+            writable: vec![],
+            must_be_writable: vec![],
+        }),
+        work_dir: None,
+        host_files: true,
+        shadow_unreadable: false,
+        loopback_only: true,
+        environment: vec![],
+        sockets_denied: false,
+        limits: Some(Limits::Cgroup {
+            memory_keys: strings(&["cgroup_v1.memory.limit_in_bytes"]),
+            memory: 256 << 20,
+            pids_keys: strings(&["cgroup_v1.pids.max"]),
+            pids: 64,
+        }),
+        kernel: None,
+    };
+    let mut times = Vec::new();
+    for _ in 0..101 {
+        let t = Instant::now();
+        let host = HostView::read();
+        let wall = plimsoll_sandbox::wall::read(pid, &expected, &host).ok()?;
+        let _ = plimsoll_sandbox::wall::judge(&wall, &expected, &host);
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    times.sort_by(f64::total_cmp);
+    Some(times[times.len() / 2])
 }
 
 /// Sustained trivial runs per second through the daemon with pools, two clients at once, for

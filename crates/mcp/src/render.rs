@@ -111,6 +111,9 @@ pub fn run_structured(resp: &RunResponse, cap: usize) -> Value {
     if let Some(age) = r.member_age_ms {
         obj.insert("member_age_ms".into(), json!(age));
     }
+    if let Some(wall) = &r.wall {
+        obj.insert("wall".into(), json!(wall));
+    }
     v
 }
 
@@ -347,6 +350,20 @@ mod tests {
         assert!(cold.get("member_age_ms").is_none());
         let older = run_structured(&resp(None, None), 64);
         assert!(older.get("start").is_none() && older.get("member_age_ms").is_none());
+        assert!(older.get("wall").is_none());
+        let mut walled = resp(Some(Start::Cold), None);
+        walled.result.wall = Some(plimsoll_wire::Wall {
+            uid: 2000,
+            euid: 2000,
+            gid: 2000,
+            seccomp: Some(2),
+            ..plimsoll_wire::Wall::default()
+        });
+        let walled = run_structured(&walled, 64);
+        assert_eq!(
+            (&walled["wall"]["uid"], &walled["wall"]["seccomp"]),
+            (&json!(2000), &json!(2))
+        );
     }
 
     #[test]
