@@ -430,14 +430,15 @@ impl Rig {
         self.check_wall(case, req, r)
     }
 
-    /// A snippet without a grant at process, crun and runc (warm or cold), and a project at crun
-    /// and runc, has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
+    /// A snippet without a grant at process, crun and runc (warm or cold), and a project at crun,
+    /// runc and runsc, has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
     /// wall's own members, not through the engine's judging.
     fn check_wall(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
         let snippet = matches!(req.run, plimsoll_wire::RunSpec::Snippet(_));
         let walled = match self.provider {
             "process" => snippet && req.grant.is_none(),
             "crun" | "runc" => !snippet || req.grant.is_none(),
+            "runsc" => !snippet,
             _ => false,
         };
         let Some(w) = &r.result.wall else {
@@ -449,6 +450,9 @@ impl Rig {
         };
         let zero = Some("0000000000000000");
         let container = matches!(self.provider, "crun" | "runc");
+        // gVisor's /proc (the agent's own view, inside) shows no CapAmb or NoNewPrivs line
+        // and no cgroup; its Sentry is the boundary.
+        let gvisor = self.shape.gvisor;
         let uid_ok = (self.pool_uids.contains(&w.uid) || self.run_uids.contains(&w.uid))
             && w.euid == w.uid
             && w.gid == w.uid
@@ -457,14 +461,32 @@ impl Rig {
         for (bad, what) in [
             (!uid_ok, "uid"),
             (
-                [&w.cap_inh, &w.cap_prm, &w.cap_eff, &w.cap_amb]
+                [&w.cap_inh, &w.cap_prm, &w.cap_eff]
                     .iter()
-                    .any(|c| c.as_deref() != zero),
+                    .any(|c| c.as_deref() != zero)
+                    || (w.cap_amb.as_deref() != zero && !(gvisor && w.cap_amb.is_none())),
                 "capabilities",
             ),
-            (container && w.cap_bnd.as_deref() != zero, "bounding set"),
-            (w.no_new_privs != Some(true), "no_new_privs"),
-            (w.seccomp != Some(2), "seccomp"),
+            (
+                (container || gvisor) && w.cap_bnd.as_deref() != zero,
+                "bounding set",
+            ),
+            (
+                w.no_new_privs != Some(true) && !(gvisor && w.no_new_privs.is_none()),
+                "no_new_privs",
+            ),
+            (!gvisor && w.seccomp != Some(2), "seccomp"),
+            (
+                gvisor
+                    && ["net", "pid"].iter().any(|n| {
+                        !w.namespaces
+                            .iter()
+                            .any(|s| s.name == *n && s.same_as_host == Some(false))
+                    }),
+                "gVisor's namespaces",
+            ),
+            (gvisor && !w.root_read_only, "gVisor's read-only root"),
+            (gvisor && w.network_interfaces != ["lo"], "gVisor's network"),
             (
                 container
                     && ["cgroup", "ipc", "mnt", "net", "pid", "uts"]

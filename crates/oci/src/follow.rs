@@ -264,6 +264,38 @@ fn status_text(code: Option<i32>, signal: Option<i32>) -> String {
 impl Created {
     /// Keeps at most `cap` bytes per stream from now on (a warm member learns its run's
     /// output cap at the claim; its interpreter has printed nothing before).
+    /// Reads the container's standard output up to and including its first newline (at most
+    /// `max` bytes), waiting until `until`: what a process inside says before it is handed
+    /// anything (`plimsoll-agent --wall-first`). Nothing read after the newline is lost: it
+    /// stays for the capture.
+    pub(crate) fn first_line(&mut self, until: Instant, max: usize) -> io::Result<Vec<u8>> {
+        loop {
+            if let Some(i) = self.pipes.out.buf.iter().position(|b| *b == b'\n') {
+                return Ok(self.pipes.out.buf.drain(..=i).collect());
+            }
+            if self.pipes.out.buf.len() > max || self.pipes.out.truncated {
+                return Err(io::Error::other(format!(
+                    "it wrote more than {max} bytes without a newline"
+                )));
+            }
+            if self.pipes.out.eof {
+                return Err(io::Error::other("its standard output closed first"));
+            }
+            if Instant::now() >= until {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "it said nothing in time",
+                ));
+            }
+            if self.pipes.wait(&self.pidfd, until)? && self.pipes.eof() {
+                let first = self.pipes.out.buf.iter().position(|b| *b == b'\n');
+                if first.is_none() {
+                    return Err(io::Error::other("it exited first"));
+                }
+            }
+        }
+    }
+
     pub(crate) fn set_output_cap(&mut self, cap: u64) {
         let cap = usize::try_from(cap).unwrap_or(usize::MAX);
         self.pipes.out = Stream::new(cap);

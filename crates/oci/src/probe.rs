@@ -308,6 +308,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         deadline: plan.limits.timeout,
         env: Vec::new(),
         handed_over: None,
+        wall_inside: false,
     };
     let l = p
         .launch(&plan, &launch)

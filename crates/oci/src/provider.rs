@@ -209,7 +209,14 @@ pub(crate) struct LaunchSpec {
     /// reading it, and showed a wall matching the provider's evidence (the agent's job); the
     /// pipe is closed after it. `None`: the process has everything in its files from the start.
     pub handed_over: Option<Vec<u8>>,
+    /// With `handed_over`: the wall is the one the process says first, one JSON line on its
+    /// standard output (`plimsoll-agent --wall-first`: runsc, whose sandbox the host's /proc
+    /// does not show), not the one the host's /proc shows.
+    pub wall_inside: bool,
 }
+
+/// The longest wall line an agent may say first (`plimsoll-agent --wall-first`).
+const WALL_LINE_MAX: usize = 64 * 1024;
 
 /// The broker socket's file name in the tools directory.
 pub const BROKER_SOCKET: &str = "broker.sock";
@@ -426,7 +433,7 @@ impl OciProvider {
         let Container {
             id,
             run_dir,
-            created,
+            mut created,
             mut phases,
             input,
             ..
@@ -462,15 +469,30 @@ impl OciProvider {
             // Nothing of the request is inside yet: until the input is written, a failure
             // (the wall does not match, the process did not come to read) is not dispatched.
             let pid = created.pid().as_raw_nonzero().get() as u32;
-            let gated = warm::wait_until_reading(pid, READY_WITHIN)
-                .map_err(|e| {
-                    LaunchError::environment(format!(
-                        "the container's process did not come to read its job: {e}"
-                    ))
-                })
-                .and_then(|()| {
-                    self.checked_wall(pid, plan.uid, plan.limits.memory_bytes, plan.limits.pids)
-                });
+            let (memory, pids) = (plan.limits.memory_bytes, plan.limits.pids);
+            let gated = if launch.wall_inside {
+                created
+                    .first_line(Instant::now() + READY_WITHIN, WALL_LINE_MAX)
+                    .map_err(|e| {
+                        LaunchError::environment(format!("the agent did not say its wall: {e}"))
+                    })
+                    .and_then(|line| {
+                        serde_json::from_slice(&line).map_err(|e| {
+                            LaunchError::environment(format!(
+                                "the agent's wall is not a wall ({e}): check plimsoll-agent"
+                            ))
+                        })
+                    })
+                    .and_then(|wall| self.judged_wall(wall, plan.uid, memory, pids))
+            } else {
+                warm::wait_until_reading(pid, READY_WITHIN)
+                    .map_err(|e| {
+                        LaunchError::environment(format!(
+                            "the container's process did not come to read its job: {e}"
+                        ))
+                    })
+                    .and_then(|()| self.checked_wall(pid, plan.uid, memory, pids))
+            };
             match gated {
                 Ok(w) => wall = Some(w),
                 Err(e) => {
@@ -518,11 +540,24 @@ impl OciProvider {
         memory: u64,
         pids: u64,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
-        let expected = crate::probe::run_expectations(self.config.kind, uid, memory, pids);
-        let host = plimsoll_sandbox::judge::HostView::read();
-        let wall = plimsoll_sandbox::wall::read(pid, &expected, &host).map_err(|e| {
+        let wall = plimsoll_sandbox::wall::read_unmarked(pid).map_err(|e| {
             LaunchError::environment(format!("cannot read the sandbox's wall: {e}"))
         })?;
+        self.judged_wall(wall, uid, memory, pids)
+    }
+
+    /// `wall`, its namespaces compared with the host's, if it matches what this provider's
+    /// probe was judged on for `uid` and the run's limits; otherwise a refusal.
+    pub(crate) fn judged_wall(
+        &self,
+        mut wall: plimsoll_wire::Wall,
+        uid: u32,
+        memory: u64,
+        pids: u64,
+    ) -> Result<plimsoll_wire::Wall, LaunchError> {
+        let expected = crate::probe::run_expectations(self.config.kind, uid, memory, pids);
+        let host = plimsoll_sandbox::judge::HostView::read();
+        plimsoll_sandbox::wall::mark(&mut wall, &expected, &host);
         plimsoll_sandbox::wall::check(&wall, &expected, &host)
             .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))?;
         Ok(wall)
@@ -938,6 +973,7 @@ impl OciProvider {
             deadline: plan.limits.timeout,
             env: broker_env(plan, false),
             handed_over: None,
+            wall_inside: false,
         }
     }
 
@@ -992,7 +1028,9 @@ impl OciProvider {
         // At crun and runc (but not for a trial, whose agent starts as uid 0 with two
         // capabilities) the agent reads its job from its standard input, handed over only
         // once it waits for it and its wall matches. Otherwise the job is a file from the start.
-        let gated = self.warms() && trial.is_none();
+        let gated = trial.is_none();
+        // At runsc the daemon cannot see inside gVisor: the agent says its wall first.
+        let wall_inside = self.config.kind == RuntimeKind::Runsc;
         let (mut files, handed_over) = if gated {
             (Vec::new(), Some(text))
         } else {
@@ -1009,7 +1047,12 @@ impl OciProvider {
             ));
         }
         Ok(LaunchSpec {
-            args: if gated {
+            args: if gated && wall_inside {
+                vec![
+                    format!("{}/plimsoll-agent", spec::TOOLS_DIR),
+                    "--wall-first".into(),
+                ]
+            } else if gated {
                 vec![format!("{}/plimsoll-agent", spec::TOOLS_DIR)]
             } else {
                 vec![
@@ -1032,6 +1075,7 @@ impl OciProvider {
             output_bytes: content.saturating_mul(6).saturating_add(AGENT_ANSWER_SLACK),
             deadline: plan.limits.timeout + AGENT_GRACE,
             handed_over,
+            wall_inside: gated && wall_inside,
         })
     }
 }
@@ -1314,6 +1358,86 @@ mod tests {
             other => panic!("the job is in {other:?}"),
         };
         serde_json::from_slice(text).unwrap()
+    }
+
+    /// The wall an agent says inside gVisor is judged on the host like any other: one that
+    /// is not the run's is refused before the job is handed over.
+    #[test]
+    fn a_wall_said_inside_is_judged_and_a_wrong_one_refused() {
+        let c = OciConfig::new(
+            RuntimeKind::Runsc,
+            "/img".into(),
+            "/a".into(),
+            "/p".into(),
+            1,
+        );
+        let p = OciProvider::new(c);
+        let zero = || Some("0000000000000000".to_owned());
+        let wall = plimsoll_wire::Wall {
+            uid: 2_000_010,
+            euid: 2_000_010,
+            gid: 2_000_010,
+            cap_inh: zero(),
+            cap_prm: zero(),
+            cap_eff: zero(),
+            cap_bnd: zero(),
+            namespaces: ["net:[110]", "pid:[111]"]
+                .iter()
+                .map(|id| plimsoll_wire::WallNamespace {
+                    name: id[..3].to_owned(),
+                    id: (*id).to_owned(),
+                    same_as_host: None,
+                })
+                .collect(),
+            root_read_only: true,
+            network_interfaces: vec!["lo".into()],
+            ..plimsoll_wire::Wall::default()
+        };
+        let judged = p
+            .judged_wall(wall.clone(), 2_000_010, 256 << 20, 64)
+            .unwrap();
+        // Marked on the host: gVisor's namespaces are not the daemon's.
+        assert!(
+            judged
+                .namespaces
+                .iter()
+                .all(|n| n.same_as_host == Some(false))
+        );
+        for (what, breach) in [
+            (
+                "uid",
+                plimsoll_wire::Wall {
+                    uid: 0,
+                    ..wall.clone()
+                },
+            ),
+            (
+                "capabilities",
+                plimsoll_wire::Wall {
+                    cap_eff: Some("0000000000000400".into()),
+                    ..wall.clone()
+                },
+            ),
+            (
+                "network",
+                plimsoll_wire::Wall {
+                    network_interfaces: vec!["eth0".into(), "lo".into()],
+                    ..wall.clone()
+                },
+            ),
+        ] {
+            match p.judged_wall(breach, 2_000_010, 256 << 20, 64) {
+                Err(e @ LaunchError::NotStarted { .. }) => {
+                    assert_eq!(e.not_dispatched(), Some(plimsoll_wire::Reason::Environment));
+                    assert!(
+                        e.message().contains(&format!("{what}: ")),
+                        "{}",
+                        e.message()
+                    );
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -94,6 +94,7 @@ pub fn make(provider: &OciProvider, plan: &WarmPlan) -> Result<OciMember, Launch
         deadline: plan.max_timeout,
         env: Vec::new(),
         handed_over: None,
+        wall_inside: false,
     };
     let container = provider.create(&launch_plan, &launch, true)?;
     let started = provider

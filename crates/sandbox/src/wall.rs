@@ -32,6 +32,29 @@ pub const WALL_CHECKS: [&str; 8] = [
 /// Reads process `pid`'s wall from /proc (this mount namespace's), its namespaces compared
 /// with `host`'s as `expected` says (not at all for a guest kernel's).
 pub fn read(pid: u32, expected: &Expectations, host: &HostView) -> io::Result<Wall> {
+    let mut wall = read_unmarked(pid)?;
+    mark(&mut wall, expected, host);
+    Ok(wall)
+}
+
+/// Fills each namespace's `same_as_host` as `expected` says: compared with `host`'s (`None`
+/// where the host has no such namespace), or cleared for a guest kernel's. A wall read from
+/// inside (where the host's namespaces cannot be seen) is marked so on the host.
+pub fn mark(wall: &mut Wall, expected: &Expectations, host: &HostView) {
+    for n in &mut wall.namespaces {
+        n.same_as_host = match expected.namespaces {
+            Namespaces::GuestKernel => None,
+            Namespaces::Compared | Namespaces::Separate { .. } => {
+                host.namespaces.get(&n.name).map(|h| *h == n.id)
+            }
+        };
+    }
+}
+
+/// Reads process `pid`'s wall from /proc as this process sees it, its namespaces unmarked:
+/// [`read`] without the comparison, for a program inside a sandbox reporting its own
+/// (`plimsoll-agent --wall-first`).
+pub fn read_unmarked(pid: u32) -> io::Result<Wall> {
     let proc = format!("/proc/{pid}");
     let status = fs::read_to_string(format!("{proc}/status"))?;
     let mut wall = from_status(&status)?;
@@ -40,25 +63,20 @@ pub fn read(pid: u32, expected: &Expectations, host: &HostView) -> io::Result<Wa
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let id = fs::read_link(entry.path())?.display().to_string();
-        let same_as_host = match expected.namespaces {
-            Namespaces::GuestKernel => None,
-            Namespaces::Compared | Namespaces::Separate { .. } => {
-                host.namespaces.get(&name).map(|h| *h == id)
-            }
-        };
         namespaces.push(WallNamespace {
             name,
             id,
-            same_as_host,
+            same_as_host: None,
         });
     }
     namespaces.sort_by(|a, b| a.name.cmp(&b.name));
     wall.namespaces = namespaces;
     wall.root_read_only = root_read_only(&fs::read_to_string(format!("{proc}/mountinfo"))?);
     wall.network_interfaces = interfaces(&fs::read_to_string(format!("{proc}/net/dev"))?);
-    let layout = CgroupLayout::detect()?;
-    (wall.memory_limit_bytes, wall.pids_limit) =
-        layout.limits_of(&fs::read_to_string(format!("{proc}/cgroup"))?);
+    // Where no cgroup is visible (gVisor's /proc), the limits are absent.
+    if let Ok(cgroups) = fs::read_to_string(format!("{proc}/cgroup")) {
+        (wall.memory_limit_bytes, wall.pids_limit) = CgroupLayout::detect()?.limits_of(&cgroups);
+    }
     // Read last, so a process that ended (or whose pid was reused) while being read is caught:
     // its status would no longer say the same.
     let again = fs::read_to_string(format!("{proc}/status"))?;
