@@ -430,8 +430,8 @@ impl Rig {
         self.check_wall(case, req, r)
     }
 
-    /// A snippet without a grant at process, crun and runc (warm or cold), and a project at crun,
-    /// runc and runsc, has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
+    /// A snippet without a grant at process, crun and runc (warm or cold), a project at crun,
+    /// runc and runsc, and every run at qemu has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
     /// wall's own members, not through the engine's judging.
     fn check_wall(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
         let snippet = matches!(req.run, plimsoll_wire::RunSpec::Snippet(_));
@@ -439,6 +439,8 @@ impl Rig {
             "process" => snippet && req.grant.is_none(),
             "crun" | "runc" => !snippet || req.grant.is_none(),
             "runsc" => !snippet,
+            // Every run but a trial's (none here): the guest's agent says its wall.
+            "qemu" => true,
             _ => false,
         };
         let Some(w) = &r.result.wall else {
@@ -453,7 +455,12 @@ impl Rig {
         // gVisor's /proc (the agent's own view, inside) shows no CapAmb or NoNewPrivs line
         // and no cgroup; its Sentry is the boundary.
         let gvisor = self.shape.gvisor;
-        let uid_ok = (self.pool_uids.contains(&w.uid) || self.run_uids.contains(&w.uid))
+        // In a guest: the guest's sandbox user; its namespaces are the guest kernel's own,
+        // compared with nothing.
+        let guest = self.shape.guest_uid;
+        let uid_ok = (self.pool_uids.contains(&w.uid)
+            || self.run_uids.contains(&w.uid)
+            || guest == Some(w.uid))
             && w.euid == w.uid
             && w.gid == w.uid
             && w.groups.iter().all(|g| *g == w.uid);
@@ -468,14 +475,33 @@ impl Rig {
                 "capabilities",
             ),
             (
-                (container || gvisor) && w.cap_bnd.as_deref() != zero,
+                (container || gvisor || guest.is_some()) && w.cap_bnd.as_deref() != zero,
                 "bounding set",
             ),
             (
                 w.no_new_privs != Some(true) && !(gvisor && w.no_new_privs.is_none()),
                 "no_new_privs",
             ),
-            (!gvisor && w.seccomp != Some(2), "seccomp"),
+            (
+                !gvisor && guest.is_none() && w.seccomp != Some(2),
+                "seccomp",
+            ),
+            (
+                guest.is_some() && w.namespaces.iter().any(|n| n.same_as_host.is_some()),
+                "a guest's namespaces compared with the host's",
+            ),
+            (
+                guest.is_some() && !w.root_read_only,
+                "the guest's read-only root",
+            ),
+            (
+                guest.is_some() && w.network_interfaces != ["lo"],
+                "the guest's network",
+            ),
+            (
+                guest.is_some() && (w.memory_limit_bytes.is_none() || w.pids_limit.is_none()),
+                "the guest's cgroup limits",
+            ),
             (
                 gvisor
                     && ["net", "pid"].iter().any(|n| {

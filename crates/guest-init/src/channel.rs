@@ -29,6 +29,11 @@ pub const HELLO: u8 = b'H';
 pub const LIMITS: u8 = b'L';
 /// Host → guest: the `AgentJob`, JSON.
 pub const JOB: u8 = b'J';
+/// Guest → host: the started agent's own wall (`plimsoll-agent --wall-first`), JSON; the host
+/// sends the job only once it has judged it (every job but a trial's).
+pub const WALL: u8 = b'W';
+/// Largest wall.
+pub const WALL_MAX: usize = 64 * 1024;
 /// Guest → host: a chunk of the agent's stdout.
 pub const STDOUT: u8 = b'O';
 /// Guest → host: a chunk of the agent's stderr.

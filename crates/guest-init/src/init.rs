@@ -216,15 +216,12 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         }
         Err(e) => return Err(GuestInitError::Channel(e)),
     };
-    let job = match channel::read_frame(port, JOB_MAX) {
-        Ok(Some((channel::JOB, p))) => p,
-        Ok(other) => {
-            return Err(GuestInitError::Protocol(format!(
-                "expected the job, got {:?}",
-                other.map(|(t, _)| t as char)
-            )));
-        }
-        Err(e) => return Err(GuestInitError::Channel(e)),
+    // A trial's agent starts privileged, with its job at once. Any other agent starts first
+    // and says its wall; the host sends the job only once it has judged that.
+    let job = if limits.trial {
+        Some(read_job(port)?)
+    } else {
+        None
     };
 
     let broker = match broker_port {
@@ -250,7 +247,7 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
     }
     let uptime_agent = uptime();
     let started = Instant::now();
-    let status = run_agent(port, &job, procs, broker, limits.trial)?;
+    let status = run_agent(port, job, procs, broker, limits.trial)?;
     let agent_ms = started.elapsed().as_millis();
     let mut exit = vec![
         ("uptime_init_s", format!("{uptime_init:.3}")),
@@ -552,24 +549,64 @@ fn job_file(job: &[u8]) -> io::Result<File> {
 /// Runs the agent in the run's cgroup, as the sandbox user (or, for a trial job, as uid 0
 /// with exactly CAP_SETUID and CAP_SETGID), streaming its stdout to the host
 /// as it comes and its stderr (kept short) at the end.
+fn read_job(port: &mut File) -> Result<Vec<u8>, GuestInitError> {
+    match channel::read_frame(port, JOB_MAX) {
+        Ok(Some((channel::JOB, p))) => Ok(p),
+        Ok(other) => Err(GuestInitError::Protocol(format!(
+            "expected the job, got {:?}",
+            other.map(|(t, _)| t as char)
+        ))),
+        Err(e) => Err(GuestInitError::Channel(e)),
+    }
+}
+
+/// Reads the agent's first line (its wall), at most `WALL_MAX` bytes; what came after the
+/// newline is returned too, to be sent on as output.
+fn first_line(stdout: &mut impl io::Read) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(i) = seen.iter().position(|b| *b == b'\n') {
+            let rest = seen.split_off(i + 1);
+            seen.pop();
+            return Ok((seen, rest));
+        }
+        if seen.len() > channel::WALL_MAX {
+            return Err(io::Error::other("the agent's wall is too long"));
+        }
+        match stdout.read(&mut buf) {
+            Ok(0) => return Err(io::Error::other("the agent ended before it said its wall")),
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn run_agent(
     port: &mut File,
-    job: &[u8],
+    job: Option<Vec<u8>>,
     procs: File,
     broker: bool,
     trial: bool,
 ) -> Result<std::process::ExitStatus, GuestInitError> {
-    let stdin = job_file(job).map_err(GuestInitError::Agent)?;
+    let stdin = match &job {
+        Some(job) => Stdio::from(job_file(job).map_err(GuestInitError::Agent)?),
+        None => Stdio::piped(),
+    };
     #[expect(
         clippy::disallowed_methods,
         reason = "inside the guest, PID 1 starts the agent with its job on stdin; the host's Spawn helper gives /dev/null"
     )]
     let mut cmd = std::process::Command::new(AGENT);
+    if job.is_none() {
+        cmd.arg("--wall-first");
+    }
     cmd.env_clear()
         .envs(ENVIRONMENT)
         .envs(BROKER_ENVIRONMENT.into_iter().filter(|_| broker))
         .current_dir("/work")
-        .stdin(Stdio::from(stdin))
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let procs = Some(OwnedFd::from(procs));
@@ -600,6 +637,31 @@ fn run_agent(
         }
         kept
     });
+    if job.is_none() {
+        // Its wall first; then its job, once the host has judged the wall (a host that
+        // refuses sends no job: the guest is killed with the agent waiting).
+        let handed = (|| {
+            let (wall, rest) = first_line(&mut stdout).map_err(GuestInitError::Agent)?;
+            channel::write_frame(port, channel::WALL, &wall).map_err(GuestInitError::Channel)?;
+            let job = read_job(port)?;
+            let mut input = child
+                .stdin
+                .take()
+                .ok_or_else(|| GuestInitError::Agent(io::Error::other("no stdin pipe")))?;
+            input.write_all(&job).map_err(GuestInitError::Agent)?;
+            drop(input);
+            if !rest.is_empty() {
+                channel::write_frame(port, channel::STDOUT, &rest)
+                    .map_err(GuestInitError::Channel)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = handed {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    }
     let mut buf = vec![0u8; channel::CHUNK];
     loop {
         match stdout.read(&mut buf) {

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use plimsoll_sandbox::deadline::DeadlineReader;
+use plimsoll_sandbox::judge::{Expectations, HostView};
 use plimsoll_sandbox::{BrokerChannel, Spawn, end_processes_of_uid, unix_ms_now};
 
 use crate::channel::{self, GuestLimits};
@@ -76,6 +77,10 @@ pub struct Job {
     pub answer_timeout: Duration,
     /// Most bytes of agent stdout accepted.
     pub answer_max: usize,
+    /// What the agent's wall must show before the job is sent (every job but a trial's, whose
+    /// agent starts privileged and gets its job at once): the guest starts the agent, the
+    /// agent says its wall, and the job goes only if it matches.
+    pub wall: Option<Expectations>,
 }
 
 /// How the conversation ended.
@@ -105,6 +110,8 @@ pub enum Answer {
     TimedOut,
     /// The job was sent, then the conversation broke (the guest died, lied or failed).
     Lost(String),
+    /// The agent's wall did not match (or it said none): the job was not sent.
+    WallRefused(String),
 }
 
 /// What one boot gave.
@@ -128,6 +135,8 @@ pub struct BootReport {
     pub peak_rss_kib: Option<u64>,
     /// Teardown: `Err` when something of the run could not be removed.
     pub cleanup: Result<(), TeardownError>,
+    /// The agent's wall, judged, when the job was sent after it.
+    pub wall: Option<plimsoll_wire::Wall>,
 }
 
 impl BootReport {
@@ -440,6 +449,7 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
         qemu_stderr: Vec::new(),
         peak_rss_kib: None,
         cleanup: Ok(()),
+        wall: None,
     };
     let acked = converse(plan, &host_end, qmp_host.as_ref(), t0, &mut report);
     report.peak_rss_kib = peak_rss_kib(pid);
@@ -525,13 +535,49 @@ fn converse(
         report.answer = Answer::BootedOnly;
         return false;
     };
-    let send = || -> io::Result<()> {
+    let send = |tag: u8, payload: &[u8]| -> io::Result<()> {
         sock.set_write_timeout(Some(plan.boot_timeout))?;
         let mut w = sock;
-        channel::write_frame(&mut w, channel::LIMITS, &job.limits.encode())?;
-        channel::write_frame(&mut w, channel::JOB, &job.json)
+        channel::write_frame(&mut w, tag, payload)
     };
-    if let Err(e) = send() {
+    if let Err(e) = send(channel::LIMITS, &job.limits.encode()) {
+        report.answer = Answer::Lost(format!("sending the limits to the guest: {e}"));
+        return false;
+    }
+    if let Some(expected) = &job.wall {
+        // The agent is started with nothing to do and says its wall: judged here, by the
+        // probe's table, before anything of the job goes into the guest.
+        let mut reader = DeadlineReader::new(sock, Instant::now() + plan.boot_timeout);
+        let judged = match channel::read_frame(&mut reader, channel::WALL_MAX) {
+            Ok(Some((channel::WALL, payload))) => {
+                serde_json::from_slice::<plimsoll_wire::Wall>(&payload)
+                    .map_err(|e| format!("the agent's wall is not a wall ({e})"))
+                    .and_then(|mut wall| {
+                        let host = HostView::read();
+                        plimsoll_sandbox::wall::mark(&mut wall, expected, &host);
+                        plimsoll_sandbox::wall::check(&wall, expected, &host).map(|()| wall)
+                    })
+            }
+            Ok(Some((channel::FATAL, payload))) => Err(format!(
+                "the guest init failed before the agent said its wall: {}",
+                String::from_utf8_lossy(&payload)
+            )),
+            Ok(Some((tag, _))) => Err(format!(
+                "the guest sent `{}` instead of the agent's wall",
+                tag.escape_ascii()
+            )),
+            Ok(None) => Err("the VM ended before the agent said its wall".into()),
+            Err(e) => Err(format!("reading the agent's wall: {e}")),
+        };
+        match judged {
+            Ok(wall) => report.wall = Some(wall),
+            Err(why) => {
+                report.answer = Answer::WallRefused(why);
+                return false;
+            }
+        }
+    }
+    if let Err(e) = send(channel::JOB, &job.json) {
         report.answer = Answer::Lost(format!("sending the job to the guest: {e}"));
         return false;
     }

@@ -644,6 +644,19 @@ pub fn expectations(kernel_release: &str) -> Expectations {
     }
 }
 
+/// What a run's wall must show in the guest: [`expectations`] with the run's memory and
+/// pids limits (the kernel check is the probe's alone: a wall does not carry it).
+pub fn run_expectations(memory: u64, pids: u64) -> Expectations {
+    let mut e = expectations("");
+    if let Some(Limits::Cgroup {
+        memory: m, pids: p, ..
+    }) = &mut e.limits
+    {
+        (*m, *p) = (memory, pids);
+    }
+    e
+}
+
 /// Judges the guest's report by [`expectations`] (the one judging table,
 /// `plimsoll_sandbox::judge`); clears `same_as_host`.
 pub fn judge(r: &mut ProbeReport, kernel_release: &str, checks: &mut BTreeMap<String, String>) {

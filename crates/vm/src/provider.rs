@@ -572,6 +572,7 @@ pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
         json,
         answer_timeout: l.timeout + AGENT_GRACE + transfer,
         answer_max: usize::try_from(answer_max).unwrap_or(usize::MAX),
+        wall: (!trial).then(|| crate::probe::run_expectations(l.memory_bytes, l.pids)),
     })
 }
 
@@ -588,16 +589,25 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
             r.diagnostics()
         ))),
         Answer::BootedOnly => Err(LaunchError::may_have_run("the VM was given no job")),
+        Answer::WallRefused(why) => Err(LaunchError::not_started(
+            plimsoll_wire::Reason::Environment,
+            format!("the guest's agent was not handed its job: {why}"),
+        )),
         Answer::Exited {
             code: Some(0),
             stdout,
             ..
-        } => RunResult::from_agent(stdout).map_err(|e| {
-            LaunchError::may_have_run(format!(
-                "the agent's answer is not a result ({e}; {} bytes): check plimsoll-agent",
-                stdout.len()
-            ))
-        }),
+        } => RunResult::from_agent(stdout)
+            .map(|result| RunResult {
+                wall: r.wall.clone(),
+                ..result
+            })
+            .map_err(|e| {
+                LaunchError::may_have_run(format!(
+                    "the agent's answer is not a result ({e}; {} bytes): check plimsoll-agent",
+                    stdout.len()
+                ))
+            }),
         Answer::Exited {
             code: Some(code),
             stderr,
@@ -909,6 +919,7 @@ mod tests {
             qemu_stderr: Vec::new(),
             peak_rss_kib: None,
             cleanup: Ok(()),
+            wall: None,
         }
     }
 
