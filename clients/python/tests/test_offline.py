@@ -23,7 +23,7 @@ from plimsoll import (
     Tier,
     not_dispatched_reason,
 )
-from plimsoll import _verify
+from plimsoll import _digest, _verify
 
 HERE = Path(__file__).resolve().parent
 PACKAGE_DIR = HERE.parent
@@ -295,10 +295,14 @@ def _answer(p: _verify.Prepared, **result_members: object) -> bytes:
         "stderr_truncated": False,
         **result_members,
     }
+    try:
+        result_sha256 = plimsoll.result_sha256(result)
+    except _digest.EncodingError:  # a result no digest exists for: the parse refuses it first
+        result_sha256 = "0" * 64
     record = {
         "request_id": p.request_id,
         "request_sha256": plimsoll.request_sha256(p.sent),
-        "result_sha256": plimsoll.result_sha256(result),
+        "result_sha256": result_sha256,
         "provider": "process",
         "isolation": "process",
         "minimum_isolation": "process",
@@ -321,6 +325,61 @@ def _answer(p: _verify.Prepared, **result_members: object) -> bytes:
             "record": record,
         }
     ).encode()
+
+
+_WALL = {
+    "uid": 2000100,
+    "euid": 2000100,
+    "gid": 2000100,
+    "cap_eff": "0000000000000000",
+    "no_new_privs": True,
+    "seccomp": 2,
+    "namespaces": [{"name": "net", "id": "net:[4026532302]", "same_as_host": False}],
+    "root_read_only": True,
+    "network_interfaces": ["lo"],
+    "memory_limit_bytes": 268435456,
+}
+
+
+def test_the_wall_is_read_digested_and_a_malformed_one_refused() -> None:
+    p = _prepared()
+    r = _verify.verify_answer(p, 200, _answer(p, start="cold", wall=_WALL)).result
+    assert r.wall is not None
+    assert (r.wall.uid, r.wall.seccomp, r.wall.no_new_privs) == (2000100, 2, True)
+    assert r.wall.namespaces == [
+        plimsoll.WallNamespace(name="net", id="net:[4026532302]", same_as_host=False)
+    ]
+    assert (r.wall.cap_amb, r.wall.pids_limit, r.wall.groups) == (None, None, [])
+    # null members read as absent, and digest as absent.
+    nulls = dict(_WALL, cap_amb=None, pids_limit=None, groups=None)
+    assert plimsoll.result_sha256({"wall": nulls, **_RESULT}) == plimsoll.result_sha256(
+        {"wall": _WALL, **_RESULT}
+    )
+    # The wall is inside the digest: a changed member changes it.
+    assert plimsoll.result_sha256({"wall": dict(_WALL, uid=0), **_RESULT}) != plimsoll.result_sha256(
+        {"wall": _WALL, **_RESULT}
+    )
+    for wall, says in (
+        (dict(_WALL, extra=1), "unknown members: extra"),
+        ({k: v for k, v in _WALL.items() if k != "root_read_only"}, "lacks `root_read_only`"),
+        (dict(_WALL, uid=1 << 32), "result.wall.uid is not an integer in range"),
+        (dict(_WALL, groups=[-1]), "result.wall.groups[0]"),
+        (dict(_WALL, namespaces=[{"name": "net"}]), "lacks `id`"),
+        (dict(_WALL, no_new_privs="yes"), "no_new_privs is not a boolean"),
+    ):
+        with pytest.raises(plimsoll.BadResponse) as e:
+            _verify.verify_answer(p, 200, _answer(p, start="cold", wall=wall))
+        assert says in str(e.value), wall
+
+
+_RESULT = {
+    "exit_code": 0,
+    "timed_out": False,
+    "stdout": "",
+    "stdout_truncated": False,
+    "stderr": "",
+    "stderr_truncated": False,
+}
 
 
 def test_the_start_is_read_and_a_member_age_without_a_warm_start_is_refused() -> None:

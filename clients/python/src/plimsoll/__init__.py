@@ -41,6 +41,8 @@ from ._types import (
     Step,
     StepResult,
     Tier,
+    Wall,
+    WallNamespace,
 )
 from ._verify import DEFAULT_MAX_BODY_BYTES, new_request_id
 from .client import AsyncClient, Client, __version__
@@ -103,6 +105,8 @@ __all__ = [
     "TransportError",
     "Unreachable",
     "UnverifiedRefusal",
+    "Wall",
+    "WallNamespace",
     "__version__",
     "evidence_canonical_json",
     "evidence_sha256",

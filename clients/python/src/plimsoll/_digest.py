@@ -264,6 +264,33 @@ def _call(v: Any) -> bytes:
     return f.nested()
 
 
+def _namespace(v: Any) -> bytes:
+    o = _obj(v, "a wall namespace")
+    f = _Fields()
+    f.req(o, "name", _str)
+    f.req(o, "id", _str)
+    f.opt(o, "same_as_host", _bool)
+    return f.nested()
+
+
+def _wall(v: Any) -> bytes:
+    o = _obj(v, "the wall")
+    f = _Fields()
+    for name in ("uid", "euid", "gid"):
+        f.req(o, name, _u64)
+    f.items(o, "groups", _u64)
+    for name in ("cap_inh", "cap_prm", "cap_eff", "cap_bnd", "cap_amb"):
+        f.opt(o, name, _str)
+    f.opt(o, "no_new_privs", _bool)
+    f.opt(o, "seccomp", _u64)
+    f.items(o, "namespaces", _namespace)
+    f.req(o, "root_read_only", _bool)
+    f.items(o, "network_interfaces", _str)
+    f.opt(o, "memory_limit_bytes", _u64)
+    f.opt(o, "pids_limit", _u64)
+    return f.nested()
+
+
 def result_encoding(result: Mapping[str, Any]) -> bytes:
     """The encoding of a run result (durations are not part of it)."""
     f = _Fields()
@@ -275,6 +302,8 @@ def result_encoding(result: Mapping[str, Any]) -> bytes:
     # result written before the members existed keeps its digest.
     f.opt(result, "start", _start)
     f.opt(result, "member_age_ms", _u64)
+    # What the sandbox looked like before its code was handed over (field 14), likewise.
+    f.opt(result, "wall", _wall)
     return f.top(RESULT_DOMAIN)
 
 

@@ -368,6 +368,96 @@ class GrantCall:
 
 
 @dataclass(frozen=True)
+class WallNamespace:
+    """One namespace of a run's sandbox: its kind, its identity, and whether it is the
+    daemon's own (``None`` where comparing says nothing, as for a guest kernel's)."""
+
+    name: str
+    id: str
+    same_as_host: Optional[bool]
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "WallNamespace":
+        o = _check_members(o, what, ("name", "id"), ("same_as_host",))
+        v = o.get("same_as_host")
+        return cls(
+            name=_str(o, "name", what) or "",
+            id=_str(o, "id", what) or "",
+            same_as_host=None if v is None else _bool(o, "same_as_host", what),
+        )
+
+
+_U32_MAX = (1 << 32) - 1
+
+
+@dataclass(frozen=True)
+class Wall:
+    """What the run's sandbox looked like just before its code was handed over, read from
+    /proc for the process that then ran it; the daemon handed the code over only because it
+    matched the provider's evidence (docs/protocol.md, Wall). A capability set, ``no_new_privs``
+    or ``seccomp`` is ``None`` where the kernel shows no such line (gVisor)."""
+
+    uid: int
+    euid: int
+    gid: int
+    groups: list[int]
+    cap_inh: Optional[str]
+    cap_prm: Optional[str]
+    cap_eff: Optional[str]
+    cap_bnd: Optional[str]
+    cap_amb: Optional[str]
+    no_new_privs: Optional[bool]
+    seccomp: Optional[int]
+    namespaces: list[WallNamespace]
+    root_read_only: bool
+    network_interfaces: list[str]
+    memory_limit_bytes: Optional[int]
+    pids_limit: Optional[int]
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "Wall":
+        w = "result.wall"
+        caps = ("cap_inh", "cap_prm", "cap_eff", "cap_bnd", "cap_amb")
+        o = _check_members(
+            o,
+            w,
+            ("uid", "euid", "gid", "root_read_only"),
+            ("groups",)
+            + caps
+            + ("no_new_privs", "seccomp", "namespaces", "network_interfaces")
+            + ("memory_limit_bytes", "pids_limit"),
+        )
+        groups = _list(o, "groups", w)
+        for i, g in enumerate(groups):
+            _int({"g": g}, "g", f"{w}.groups[{i}]", 0, _U32_MAX)
+        interfaces = _list(o, "network_interfaces", w)
+        for i, n in enumerate(interfaces):
+            _str({"n": n}, "n", f"{w}.network_interfaces[{i}]")
+        nnp = o.get("no_new_privs")
+        return cls(
+            uid=_int(o, "uid", w, 0, _U32_MAX) or 0,
+            euid=_int(o, "euid", w, 0, _U32_MAX) or 0,
+            gid=_int(o, "gid", w, 0, _U32_MAX) or 0,
+            groups=list(groups),
+            cap_inh=_str(o, "cap_inh", w),
+            cap_prm=_str(o, "cap_prm", w),
+            cap_eff=_str(o, "cap_eff", w),
+            cap_bnd=_str(o, "cap_bnd", w),
+            cap_amb=_str(o, "cap_amb", w),
+            no_new_privs=None if nnp is None else _bool(o, "no_new_privs", w),
+            seccomp=_int(o, "seccomp", w, 0, _U32_MAX),
+            namespaces=[
+                WallNamespace.from_wire(n, f"{w}.namespaces[{i}]")
+                for i, n in enumerate(_list(o, "namespaces", w))
+            ],
+            root_read_only=_bool(o, "root_read_only", w),
+            network_interfaces=list(interfaces),
+            memory_limit_bytes=_u64(o, "memory_limit_bytes", w),
+            pids_limit=_u64(o, "pids_limit", w),
+        )
+
+
+@dataclass(frozen=True)
 class RunResult:
     """What a run produced. ``exit_code`` is ``None`` when a signal ended it."""
 
@@ -388,6 +478,9 @@ class RunResult:
     member_age_ms: Optional[int] = None
     """How long the warm pool member waited between being started and being claimed;
     present exactly when ``start`` is ``warm`` (a verified response is checked for it)."""
+    wall: Optional[Wall] = None
+    """What the sandbox looked like just before its code was handed over (``None`` where the
+    provider reads none: docs/warm-pools.md lists where it does)."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunResult":
@@ -396,7 +489,7 @@ class RunResult:
             o,
             w,
             _OUTCOME_REQUIRED,
-            _OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms"),
+            _OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall"),
         )
         start = o.get("start")
         if start is not None:
@@ -427,6 +520,7 @@ class RunResult:
             ],
             start=start,
             member_age_ms=_u64(o, "member_age_ms", w),
+            wall=None if o.get("wall") is None else Wall.from_wire(o["wall"]),
         )
 
     def start_problem(self) -> Optional[str]:
