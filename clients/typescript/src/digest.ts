@@ -16,6 +16,7 @@ import {
   type RunRecord,
   type RunRequest,
   type RunResult,
+  type Wall,
 } from "./types.js";
 
 /** The domain strings of the three encodings. */
@@ -158,6 +159,35 @@ export function encodeResult(r: RunResult): Uint8Array {
   // written before the members existed keeps its digest.
   e.optional("start", r.start, utf8);
   e.optional("member_age_ms", r.member_age_ms, u64);
+  // What the sandbox looked like before its code was handed over (field 14), likewise.
+  e.optional("wall", r.wall, encodeWall);
+  return e.bytes();
+}
+
+/** A wall's nested encoding (docs/protocol.md, result field 14). */
+function encodeWall(w: Wall): Uint8Array {
+  const e = new Encoder()
+    .field("uid", u64be(w.uid))
+    .field("euid", u64be(w.euid))
+    .field("gid", u64be(w.gid));
+  e.list("groups", w.groups, u64);
+  e.optional("cap_inh", w.cap_inh, utf8)
+    .optional("cap_prm", w.cap_prm, utf8)
+    .optional("cap_eff", w.cap_eff, utf8)
+    .optional("cap_bnd", w.cap_bnd, utf8)
+    .optional("cap_amb", w.cap_amb, utf8)
+    .optional("no_new_privs", w.no_new_privs, boolByte)
+    .optional("seccomp", w.seccomp, u64);
+  e.list("namespaces", w.namespaces, (n) =>
+    new Encoder()
+      .field("name", utf8(n.name))
+      .field("id", utf8(n.id))
+      .optional("same_as_host", n.same_as_host, boolByte)
+      .bytes(),
+  );
+  e.field("root_read_only", boolByte(w.root_read_only));
+  e.list("network_interfaces", w.network_interfaces, utf8);
+  e.optional("memory_limit_bytes", w.memory_limit_bytes, u64).optional("pids_limit", w.pids_limit, u64);
   return e.bytes();
 }
 

@@ -33,6 +33,8 @@ import {
   type StepResult,
   TIERS,
   type Tier,
+  type Wall,
+  type WallNamespace,
 } from "./types.js";
 
 /** Why a value does not have the shape its type needs; `path` says where. */
@@ -325,9 +327,58 @@ function grantCall(v: JsonValue, path: string): GrantCall {
   return out;
 }
 
+function wallNamespace(v: JsonValue, path: string): WallNamespace {
+  const m = object(v, path, ["name", "id", "same_as_host"]);
+  const out: WallNamespace = { name: req(m, "name", path, str), id: req(m, "id", path, str) };
+  optInto(out, m, "same_as_host", path, bool);
+  return out;
+}
+
+const WALL_CAPS = ["cap_inh", "cap_prm", "cap_eff", "cap_bnd", "cap_amb"] as const;
+
+function wall(v: JsonValue, path: string): Wall {
+  const m = object(v, path, [
+    "uid",
+    "euid",
+    "gid",
+    "groups",
+    ...WALL_CAPS,
+    "no_new_privs",
+    "seccomp",
+    "namespaces",
+    "root_read_only",
+    "network_interfaces",
+    "memory_limit_bytes",
+    "pids_limit",
+  ]);
+  const out: Wall = {
+    uid: req(m, "uid", path, u32),
+    euid: req(m, "euid", path, u32),
+    gid: req(m, "gid", path, u32),
+    groups: optList(m, "groups", path, u32),
+    namespaces: optList(m, "namespaces", path, wallNamespace),
+    root_read_only: req(m, "root_read_only", path, bool),
+    network_interfaces: optList(m, "network_interfaces", path, str),
+  };
+  for (const cap of WALL_CAPS) optInto(out, m, cap, path, str);
+  optInto(out, m, "no_new_privs", path, bool);
+  optInto(out, m, "seccomp", path, u32);
+  optInto(out, m, "memory_limit_bytes", path, u64);
+  optInto(out, m, "pids_limit", path, u64);
+  return out;
+}
+
 /** Reads a run result. */
 export function readRunResult(v: JsonValue, path = "result"): RunResult {
-  const m = object(v, path, [...OUTCOME_MEMBERS, "steps", "artifacts", "calls", "start", "member_age_ms"]);
+  const m = object(v, path, [
+    ...OUTCOME_MEMBERS,
+    "steps",
+    "artifacts",
+    "calls",
+    "start",
+    "member_age_ms",
+    "wall",
+  ]);
   const out: RunResult = {
     ...outcome(m, path),
     steps: optList(m, "steps", path, stepResult),
@@ -336,6 +387,7 @@ export function readRunResult(v: JsonValue, path = "result"): RunResult {
   };
   optInto(out, m, "start", path, start);
   optInto(out, m, "member_age_ms", path, u64);
+  optInto(out, m, "wall", path, wall);
   return out;
 }
 

@@ -191,6 +191,47 @@ export interface RunResult extends Outcome {
    * milliseconds; present exactly when `start` is `warm` (a verified response is checked).
    */
   member_age_ms?: number;
+  /**
+   * What the sandbox looked like just before its code was handed over; absent where the
+   * provider reads none. Inside the result digest.
+   */
+  wall?: Wall;
+}
+
+/** One namespace of a run's sandbox. */
+export interface WallNamespace {
+  /** Its kind, as /proc names it (`mnt`, `net`, `pid`, ...). */
+  name: string;
+  /** Its identity (`net:[4026532281]`). */
+  id: string;
+  /** Whether it is the daemon's own; absent where comparing says nothing (a guest kernel's). */
+  same_as_host?: boolean;
+}
+
+/**
+ * A run's sandbox as /proc showed it for the process that ran the code, just before the code
+ * was handed over (docs/protocol.md, Wall). A capability set, `no_new_privs` or `seccomp`
+ * is absent where the kernel shows no such line (gVisor).
+ */
+export interface Wall {
+  uid: number;
+  euid: number;
+  gid: number;
+  groups: number[];
+  /** The capability sets, 16 hex digits each. */
+  cap_inh?: string;
+  cap_prm?: string;
+  cap_eff?: string;
+  cap_bnd?: string;
+  cap_amb?: string;
+  no_new_privs?: boolean;
+  /** 0 none, 1 strict, 2 filter. */
+  seccomp?: number;
+  namespaces: WallNamespace[];
+  root_read_only: boolean;
+  network_interfaces: string[];
+  memory_limit_bytes?: number;
+  pids_limit?: number;
 }
 
 /** The run record: the facts a signer needs, with a digest over them. */

@@ -338,6 +338,39 @@ test("a result's start is read, null as absent, and covered by its digest with a
   assert.throws(() => decodeRunResult(resultJson({ start: "hot" })), /not a start/);
 });
 
+test("a result's wall is read strictly, null as absent, and covered by its digest", () => {
+  const wall = {
+    uid: 2000100,
+    euid: 2000100,
+    gid: 2000100,
+    cap_eff: "0000000000000000",
+    no_new_privs: true,
+    seccomp: 2,
+    namespaces: [{ name: "net", id: "net:[4026532302]", same_as_host: false }],
+    root_read_only: true,
+    network_interfaces: ["lo"],
+    memory_limit_bytes: 268435456,
+  };
+  const r = decodeRunResult(resultJson({ start: "cold", wall }));
+  assert.deepEqual([r.wall?.uid, r.wall?.seccomp, r.wall?.groups, r.wall?.namespaces[0]?.same_as_host], [2000100, 2, [], false]);
+  assert.equal(r.wall !== undefined && "cap_amb" in r.wall, false);
+  const nulls = decodeRunResult(resultJson({ start: "cold", wall: { ...wall, cap_amb: null, pids_limit: null, groups: null } }));
+  assert.equal(resultSha256(nulls), resultSha256(r));
+  assert.notEqual(resultSha256(r), resultSha256(decodeRunResult(resultJson({ start: "cold" }))));
+  assert.notEqual(resultSha256(r), resultSha256(decodeRunResult(resultJson({ start: "cold", wall: { ...wall, uid: 0 } }))));
+  const { root_read_only: _, ...noRoot } = wall;
+  for (const [bad, says] of [
+    [{ ...wall, extra: 1 }, /unknown member `extra`/],
+    [noRoot, /root_read_only: missing/],
+    [{ ...wall, uid: 2 ** 32 }, /out of range for u32/],
+    [{ ...wall, groups: [-1] }, /groups/],
+    [{ ...wall, namespaces: [{ name: "net" }] }, /id: missing/],
+    [{ ...wall, no_new_privs: "yes" }, /no_new_privs/],
+  ] as const) {
+    assert.throws(() => decodeRunResult(resultJson({ start: "cold", wall: bad })), says);
+  }
+});
+
 test("a member age without a warm start, or a warm start without one, is a bad response", () => {
   const req = request();
   /** `honest`, its result holding `members`, every digest recomputed over it. */
