@@ -199,6 +199,61 @@ func encodeResult(o *Output) []byte {
 	if o.MemberAgeMS != nil {
 		e.u64("member_age_ms", *o.MemberAgeMS)
 	}
+	// What the sandbox looked like before its code was handed over (field 14), likewise.
+	if o.Wall != nil {
+		e.field("wall", encodeWall(o.Wall))
+	}
+	return e.buf
+}
+
+// encodeWall is a wall's nested encoding (docs/protocol.md, result field 14).
+func encodeWall(w *Wall) []byte {
+	e := &encoding{}
+	e.u64("uid", uint64(w.UID))
+	e.u64("euid", uint64(w.EUID))
+	e.u64("gid", uint64(w.GID))
+	var groups [][]byte
+	for _, g := range w.Groups {
+		groups = append(groups, binary.BigEndian.AppendUint64(nil, uint64(g)))
+	}
+	e.list("groups", groups)
+	for _, c := range []struct {
+		name string
+		set  *string
+	}{{"cap_inh", w.CapInh}, {"cap_prm", w.CapPrm}, {"cap_eff", w.CapEff}, {"cap_bnd", w.CapBnd}, {"cap_amb", w.CapAmb}} {
+		if c.set != nil {
+			e.str(c.name, *c.set)
+		}
+	}
+	if w.NoNewPrivs != nil {
+		e.boolean("no_new_privs", *w.NoNewPrivs)
+	}
+	if w.Seccomp != nil {
+		e.u64("seccomp", uint64(*w.Seccomp))
+	}
+	var namespaces [][]byte
+	for _, n := range w.Namespaces {
+		ne := &encoding{}
+		ne.str("name", n.Name)
+		ne.str("id", n.ID)
+		if n.SameAsHost != nil {
+			ne.boolean("same_as_host", *n.SameAsHost)
+		}
+		namespaces = append(namespaces, ne.buf)
+	}
+	e.list("namespaces", namespaces)
+	e.boolean("root_read_only", w.RootReadOnly)
+	var interfaces [][]byte
+	for _, i := range w.NetworkInterfaces {
+		interfaces = append(interfaces, []byte(i))
+	}
+	e.list("network_interfaces", interfaces)
+	if w.MemoryLimitBytes != nil {
+		e.u64("memory_limit_bytes", *w.MemoryLimitBytes)
+	}
+	if w.PidsLimit != nil {
+		e.u64("pids_limit", *w.PidsLimit)
+	}
 	return e.buf
 }
 

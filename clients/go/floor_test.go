@@ -185,3 +185,54 @@ func TestTheStartIsReadAndAMemberAgeNeedsAWarmStart(t *testing.T) {
 		t.Errorf("a start that is neither warm nor cold: %v", err)
 	}
 }
+
+const wallJSON = `{"uid":2000100,"euid":2000100,"gid":2000100,"cap_eff":"0000000000000000",` +
+	`"no_new_privs":true,"seccomp":2,"namespaces":[{"name":"net","id":"net:[4026532302]","same_as_host":false}],` +
+	`"root_read_only":true,"network_interfaces":["lo"],"memory_limit_bytes":268435456}`
+
+func withWall(wall string) string {
+	return strings.Replace(plainResult, `"exit_code"`, `"start":"cold","wall":`+wall+`,"exit_code"`, 1)
+}
+
+func TestTheWallIsReadStrictlyAndCoveredByTheResultDigest(t *testing.T) {
+	var o Output
+	if _, err := readStrict([]byte(withWall(wallJSON)), &o); err != nil || o.Wall == nil {
+		t.Fatalf("a wall: %v %+v", err, o)
+	}
+	w := o.Wall
+	if w.UID != 2000100 || w.Seccomp == nil || *w.Seccomp != 2 || w.NoNewPrivs == nil || !*w.NoNewPrivs ||
+		len(w.Namespaces) != 1 || w.Namespaces[0].SameAsHost == nil || *w.Namespaces[0].SameAsHost ||
+		w.CapAmb != nil || w.PidsLimit != nil || len(w.Groups) != 0 || !w.RootReadOnly {
+		t.Errorf("read as %+v", w)
+	}
+	digest := ResultSHA256(&o)
+	var nulls Output
+	nullWall := strings.Replace(wallJSON, `"uid"`, `"cap_amb":null,"pids_limit":null,"groups":null,"uid"`, 1)
+	if _, err := readStrict([]byte(withWall(nullWall)), &nulls); err != nil || ResultSHA256(&nulls) != digest {
+		t.Errorf("null members did not digest as absent: %v", err)
+	}
+	changed := o
+	other := *o.Wall
+	other.UID = 0
+	changed.Wall = &other
+	if ResultSHA256(&changed) == digest {
+		t.Error("the wall's uid is not covered by the result digest")
+	}
+	changed.Wall = nil
+	if ResultSHA256(&changed) == digest {
+		t.Error("the wall is not covered by the result digest")
+	}
+	for _, bad := range []struct{ wall, says string }{
+		{strings.Replace(wallJSON, `"uid"`, `"extra":1,"uid"`, 1), "unknown member `extra`"},
+		{strings.Replace(wallJSON, `,"root_read_only":true`, ``, 1), "missing member `root_read_only`"},
+		{strings.Replace(wallJSON, `"uid":2000100`, `"uid":4294967296`, 1), "uid"},
+		{strings.Replace(wallJSON, `"euid"`, `"groups":[-1],"euid"`, 1), "groups"},
+		{strings.Replace(wallJSON, `,"id":"net:[4026532302]"`, ``, 1), "missing member `id`"},
+		{strings.Replace(wallJSON, `"no_new_privs":true`, `"no_new_privs":"yes"`, 1), "no_new_privs"},
+	} {
+		var o Output
+		if _, err := readStrict([]byte(withWall(bad.wall)), &o); err == nil || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("%s: %v", bad.says, err)
+		}
+	}
+}

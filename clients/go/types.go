@@ -364,6 +364,44 @@ type Output struct {
 	// MemberAgeMS is how long the warm pool member waited between being started and being
 	// claimed; present exactly when Start is StartWarm (a verified Result is checked for it).
 	MemberAgeMS *uint64 `json:"member_age_ms,omitempty"`
+	// Wall is what the sandbox looked like just before its code was handed over; nil where
+	// the provider reads none. Inside the result digest.
+	Wall *Wall `json:"wall,omitempty"`
+}
+
+// Wall is a run's sandbox as /proc showed it for the process that ran the code, just before
+// the code was handed over (docs/protocol.md, Wall). A capability set, NoNewPrivs or Seccomp
+// is nil where the kernel shows no such line (gVisor).
+type Wall struct {
+	UID    uint32   `json:"uid"`
+	EUID   uint32   `json:"euid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups,omitempty"`
+	// The capability sets, 16 hex digits each.
+	CapInh     *string `json:"cap_inh,omitempty"`
+	CapPrm     *string `json:"cap_prm,omitempty"`
+	CapEff     *string `json:"cap_eff,omitempty"`
+	CapBnd     *string `json:"cap_bnd,omitempty"`
+	CapAmb     *string `json:"cap_amb,omitempty"`
+	NoNewPrivs *bool   `json:"no_new_privs,omitempty"`
+	// Seccomp is the seccomp mode: 0 none, 1 strict, 2 filter.
+	Seccomp           *uint32         `json:"seccomp,omitempty"`
+	Namespaces        []WallNamespace `json:"namespaces,omitempty"`
+	RootReadOnly      bool            `json:"root_read_only"`
+	NetworkInterfaces []string        `json:"network_interfaces,omitempty"`
+	MemoryLimitBytes  *uint64         `json:"memory_limit_bytes,omitempty"`
+	PidsLimit         *uint64         `json:"pids_limit,omitempty"`
+}
+
+// WallNamespace is one namespace of a run's sandbox.
+type WallNamespace struct {
+	// Name is its kind, as /proc names it (mnt, net, pid, ...).
+	Name string `json:"name"`
+	// ID is its identity (net:[4026532281]).
+	ID string `json:"id"`
+	// SameAsHost says whether it is the daemon's own; nil where comparing says nothing (a
+	// guest kernel's).
+	SameAsHost *bool `json:"same_as_host,omitempty"`
 }
 
 // startProblem says what is malformed in o's Start and MemberAgeMS (a member age is present
