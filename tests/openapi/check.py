@@ -6,7 +6,7 @@ schemas accept what the daemon accepts and refuse what it refuses before anythin
 - Every case of tests/openapi/refused.json fails RunRequest, so a schema-driven client fails
   before sending; the Rust tests check the daemon refuses the same cases.
 - A result whose `member_age_ms` and `start` disagree (an age without a warm start, a warm
-  start without an age) fails RunResult.
+  start without an age) fails RunResult, and so does one whose `wall` is malformed.
 
 Run with the project's venv: `make openapi` (scripts/python-env makes it).
 """
@@ -71,6 +71,21 @@ def main():
         if result.is_valid({**plain, **members}):
             problems.append(f"the schema accepts a result with {members}, which is malformed")
     print(f"{len(malformed)} malformed results checked against RunResult")
+
+    # A wall is read strictly: no unknown member, its required members present, ids in range.
+    wall = next(v["input"] for v in vectors if v["name"] == "result/wall-container")["wall"]
+    bad_walls = (
+        {**wall, "extra": 1},
+        {k: v for k, v in wall.items() if k != "root_read_only"},
+        {**wall, "uid": 2**32},
+        {**wall, "cap_eff": "everything"},
+        {**wall, "namespaces": [{"name": "net"}]},
+        {**wall, "no_new_privs": "yes"},
+    )
+    for bad in bad_walls:
+        if result.is_valid({**plain, "start": "cold", "wall": bad}):
+            problems.append(f"the schema accepts a result with the wall {bad}, which is malformed")
+    print(f"{len(bad_walls)} malformed walls checked against RunResult")
 
     for p in problems:
         print("FAIL:", p, file=sys.stderr)
