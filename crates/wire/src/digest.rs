@@ -360,6 +360,18 @@ pub fn result_sha256(r: &RunResult) -> String {
     sha256_hex(&encode_result(r))
 }
 
+/// SHA-256 of [`encode_result`] of what the code produced alone: the result without how its
+/// sandbox started (`start`, `member_age_ms`) or what its wall was (`wall`), which every run
+/// of the same request in a fresh sandbox changes. What a replay compares (plimsoll-attest).
+pub fn outcome_sha256(r: &RunResult) -> String {
+    result_sha256(&RunResult {
+        start: None,
+        member_age_ms: None,
+        wall: None,
+        ..r.clone()
+    })
+}
+
 /// The record's digest encoding: every field but `record_sha256`.
 pub fn encode_record(r: &RunRecord) -> Vec<u8> {
     let mut e = Encoder::with_domain(RECORD_DOMAIN);

@@ -644,3 +644,42 @@ fn independent_python_implementation_agrees() {
         script.display()
     );
 }
+
+/// What a replay compares: the result without how its sandbox started or what its wall was.
+/// Two results that differ only there have the same outcome digest and different result
+/// digests; any other change changes both.
+#[test]
+fn the_outcome_digest_leaves_out_only_the_sandbox() {
+    let (_, file) = load();
+    let walled: RunResult = serde_json::from_value(
+        file.vectors
+            .iter()
+            .find(|v| v.name == "result/wall-container")
+            .unwrap()
+            .input
+            .clone(),
+    )
+    .unwrap();
+    let fresh = RunResult {
+        start: Some(Start::Cold),
+        member_age_ms: None,
+        wall: None,
+        ..walled.clone()
+    };
+    assert_ne!(
+        plimsoll_wire::digest::result_sha256(&walled),
+        plimsoll_wire::digest::result_sha256(&fresh)
+    );
+    assert_eq!(
+        plimsoll_wire::digest::outcome_sha256(&walled),
+        plimsoll_wire::digest::outcome_sha256(&fresh)
+    );
+    let other = RunResult {
+        stdout: plimsoll_wire::Bytes(b"2\n".to_vec()),
+        ..fresh.clone()
+    };
+    assert_ne!(
+        plimsoll_wire::digest::outcome_sha256(&other),
+        plimsoll_wire::digest::outcome_sha256(&fresh)
+    );
+}
