@@ -430,13 +430,13 @@ impl Rig {
         self.check_wall(case, req, r)
     }
 
-    /// A snippet without a grant at process, crun and runc (warm or cold), a project at crun,
-    /// runc and runsc, and every run at qemu has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
+    /// A snippet at process (with a grant too), a snippet without a grant at crun and runc (warm
+    /// or cold), a project at crun, runc and runsc, and every run at qemu has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
     /// wall's own members, not through the engine's judging.
     fn check_wall(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
         let snippet = matches!(req.run, plimsoll_wire::RunSpec::Snippet(_));
         let walled = match self.provider {
-            "process" => snippet && req.grant.is_none(),
+            "process" => snippet,
             "crun" | "runc" => !snippet || req.grant.is_none(),
             "runsc" => !snippet,
             // Every run but a trial's (none here): the guest's agent says its wall.

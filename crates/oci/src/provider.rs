@@ -1220,7 +1220,7 @@ impl Provider for OciProvider {
         // At crun and runc, a snippet without a grant runs in a member made for it: its wall
         // is read and checked before its code is handed over.
         if self.warms()
-            && let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan)
+            && let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan, false)
         {
             let member = Box::new(crate::warm::make(self, &member)?);
             return plimsoll_sandbox::warm::run_made(member, plan);

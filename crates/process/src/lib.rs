@@ -207,10 +207,10 @@ impl Provider for ProcessProvider {
                 "the process provider must run as root to give each run its own uid: start the daemon as root, or configure another provider",
             ));
         }
-        // A snippet without a grant runs in a member made for it: its wall is read and
-        // checked before its code is handed over.
-        if let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan) {
-            let member = Box::new(warm::make(&self.config, &member)?);
+        // A snippet runs in a member made for it (with the run's broker channel, if it has
+        // one): its wall is read and checked before its code is handed over.
+        if let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan, true) {
+            let member = Box::new(warm::make_for(&self.config, &member, plan.broker.as_ref())?);
             return plimsoll_sandbox::warm::run_made(member, plan);
         }
         let dir = RunDir::create(&plan.run_dir, plan.uid, plan.gid, plan.limits.disk_bytes)

@@ -38,6 +38,8 @@ pub struct ProcessMember {
     expected: Expectations,
     /// The host's namespaces, to compare the wall's with.
     host: HostView,
+    /// Made for one cold run with that run's broker channel (and its client preloaded).
+    brokered: bool,
 }
 
 /// Removes what a member had: every process of its uid, its directory and mount, its cgroup.
@@ -56,6 +58,17 @@ fn remove(uid: u32, dir: &RunDir, cgroup: MemoryCgroup) -> Result<(), Cause> {
 /// Makes a member for `plan`: everything a cold run of its shape gets, the interpreter
 /// started, and returns once it waits on its input.
 pub fn make(config: &ProcessConfig, plan: &WarmPlan) -> Result<ProcessMember, LaunchError> {
+    make_for(config, plan, None)
+}
+
+/// [`make`], with a cold run's broker channel when it has one: the channel served and handed
+/// to the sandbox as a cold run's is, and the in-sandbox client preloaded (JavaScript) or
+/// importable from the code directory (Python).
+pub fn make_for(
+    config: &ProcessConfig,
+    plan: &WarmPlan,
+    broker: Option<&plimsoll_sandbox::BrokerChannel>,
+) -> Result<ProcessMember, LaunchError> {
     let shape = plan.shape;
     let dir = RunDir::create(&plan.run_dir, plan.uid, plan.gid, shape.disk_bytes)
         .map_err(|e| LaunchError::environment(error_chain(&e)))?;
@@ -66,7 +79,7 @@ pub fn make(config: &ProcessConfig, plan: &WarmPlan) -> Result<ProcessMember, La
             return Err(e.after_cleanup(clean(plan.uid, &dir)));
         }
     };
-    match start(config, plan, &dir, &cgroup) {
+    match start(config, plan, &dir, &cgroup, broker) {
         Ok((running, main)) => Ok(ProcessMember {
             dir,
             cgroup,
@@ -77,6 +90,7 @@ pub fn make(config: &ProcessConfig, plan: &WarmPlan) -> Result<ProcessMember, La
             main,
             expected: crate::probe::expectations(plan.uid, &config.state_dir),
             host: HostView::read(),
+            brokered: broker.is_some(),
         }),
         Err(e) => Err(e.after_cleanup(remove(plan.uid, &dir, cgroup))),
     }
@@ -87,6 +101,7 @@ fn start(
     plan: &WarmPlan,
     dir: &RunDir,
     cgroup: &MemoryCgroup,
+    broker: Option<&plimsoll_sandbox::BrokerChannel>,
 ) -> Result<(Running, &'static str), LaunchError> {
     let shape = plan.shape;
     let env = |e: &dyn std::error::Error| LaunchError::environment(error_chain(e));
@@ -103,23 +118,56 @@ fn start(
         disk_bytes: shape.disk_bytes,
         artifact_bytes: 0,
     };
+    // A cold run's broker channel: served from here, its other end the sandbox's, and the
+    // client beside the code, as a cold run without a member has them.
+    let channel = match broker {
+        None => None,
+        Some(b) => {
+            use plimsoll_sandbox::broker::{
+                JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE,
+            };
+            let (file, client) = match shape.language {
+                Language::Javascript => (JS_CLIENT_FILE, JS_CLIENT),
+                Language::Python => (PYTHON_CLIENT_FILE, PYTHON_CLIENT),
+            };
+            dir.add_code(file, client.as_bytes(), 0o640)
+                .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| {
+                LaunchError::environment(format!("cannot make the broker channel: {e}"))
+            })?;
+            b.serve_stream(ours).map_err(|e| {
+                LaunchError::environment(format!("cannot start serving the broker channel: {e}"))
+            })?;
+            Some(std::os::fd::OwnedFd::from(theirs))
+        }
+    };
     let hardening = Hardening::prepare(
         &limits,
         plan.uid,
         plan.gid,
         &dir.code,
         &dir.work,
-        None,
+        channel,
         procs.into(),
     )
     .map_err(|e| env(&e))?;
     plimsoll_sandbox::reap::signal_all_as(plan.uid)
         .map_err(|e| LaunchError::environment(format!("cannot clear uid {}: {e}", plan.uid)))?;
     let (program, main, mut args): (_, _, Vec<OsString>) = match shape.language {
-        Language::Javascript => (&config.node, "main.js", vec!["-e".into(), JS_WAIT.into()]),
+        Language::Javascript => {
+            let mut args: Vec<OsString> = Vec::new();
+            if broker.is_some() {
+                let client = dir.code.join(plimsoll_sandbox::broker::JS_CLIENT_FILE);
+                args.extend(["--require".into(), client.into_os_string()]);
+            }
+            args.extend(["-e".into(), JS_WAIT.into()]);
+            (&config.node, "main.js", args)
+        }
         Language::Python => {
             let mut args: Vec<OsString> = PYTHON_FLAGS.iter().map(Into::into).collect();
-            args.extend(["-c".into(), PYTHON_WAIT.into()]);
+            // `-I` keeps the code directory off sys.path: with a broker, the wait program
+            // puts it there (for the client) before it runs the code, as a cold run does.
+            args.extend(["-c".into(), python_wait(broker.is_some()).into()]);
             (&config.python, "main.py", args)
         }
     };
@@ -157,9 +205,10 @@ impl WarmMember for ProcessMember {
             main,
             expected,
             host,
+            brokered,
         } = *self;
         let claimed = (|| {
-            let code = warm::check_claim(plan, &shape, uid, max_timeout)
+            let code = warm::check_claim_brokered(plan, &shape, uid, max_timeout, brokered)
                 .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
             let wall = plimsoll_sandbox::wall::read(running.child.id(), &expected, &host).map_err(
                 |e| LaunchError::environment(format!("cannot read the member's wall: {e}")),
@@ -246,5 +295,42 @@ impl WarmMember for ProcessMember {
         let mut running = running;
         let _ = running.child.wait();
         remove(uid, &dir, cgroup)
+    }
+}
+
+/// The wait program a member's python3 runs: [`PYTHON_WAIT`], and with a broker the code
+/// directory put first on `sys.path` (for the client) once the code's path is known.
+fn python_wait(broker: bool) -> String {
+    const AFTER: &str = "p = sys.argv.pop(1); sys.argv[0] = p\n";
+    if broker {
+        PYTHON_WAIT.replacen(
+            AFTER,
+            &format!("{AFTER}sys.path.insert(0, p.rpartition('/')[0])\n"),
+            1,
+        )
+    } else {
+        PYTHON_WAIT.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn with_a_broker_the_python_wait_puts_the_code_directory_on_the_path_after_the_handshake() {
+        let plain = super::python_wait(false);
+        let brokered = super::python_wait(true);
+        assert_eq!(plain, plimsoll_sandbox::warm::PYTHON_WAIT);
+        let at = brokered
+            .find("sys.path.insert(0, p.rpartition('/')[0])")
+            .expect("the path line");
+        assert!(at > brokered.find("sys.argv.pop(1)").unwrap());
+        assert!(
+            at > brokered.find("sys.exit(75)").unwrap(),
+            "only after the go"
+        );
+        assert_eq!(
+            brokered.len(),
+            plain.len() + "sys.path.insert(0, p.rpartition('/')[0])\n".len()
+        );
     }
 }

@@ -118,6 +118,18 @@ pub fn check_claim<'a>(
     uid: u32,
     max_timeout: Duration,
 ) -> Result<&'a str, Mismatch> {
+    check_claim_brokered(plan, shape, uid, max_timeout, false)
+}
+
+/// [`check_claim`] for a member that may have been made with `plan`'s own broker channel
+/// (`brokered`: a cold run's member, made for that run alone, [`cold_member_plan`]).
+pub fn check_claim_brokered<'a>(
+    plan: &'a LaunchPlan,
+    shape: &WarmShape,
+    uid: u32,
+    max_timeout: Duration,
+    brokered: bool,
+) -> Result<&'a str, Mismatch> {
     let plimsoll_wire::RunSpec::Snippet(snippet) = &plan.spec else {
         return Err(Mismatch::NotSnippet);
     };
@@ -139,22 +151,23 @@ pub fn check_claim<'a>(
     if plan.limits.timeout > max_timeout {
         return Err(Mismatch::Timeout);
     }
-    if plan.broker.is_some() || plan.privileges.is_trial() {
+    if plan.broker.is_some() != brokered || plan.privileges.is_trial() {
         return Err(Mismatch::Privileged);
     }
     Ok(&snippet.code)
 }
 
-/// The member a cold run of `plan` is made through, when it can be: a snippet without a broker
-/// channel or privileges. A cold run so made is a member made for this run alone and claimed
+/// The member a cold run of `plan` is made through, when it can be: a snippet without
+/// privileges, and without a broker channel unless the provider can make a member with the
+/// run's own (`grants`). A cold run so made is a member made for this run alone and claimed
 /// at once ([`run_made`]): its interpreter waits for its code like an idle member's, so its
 /// wall is read and checked before the code is handed over, warm or cold alike. `None` for
 /// a run a member cannot take (it runs as before, without a wall).
-pub fn cold_member_plan(plan: &LaunchPlan) -> Option<WarmPlan> {
+pub fn cold_member_plan(plan: &LaunchPlan, grants: bool) -> Option<WarmPlan> {
     let plimsoll_wire::RunSpec::Snippet(snippet) = &plan.spec else {
         return None;
     };
-    if plan.broker.is_some() || plan.privileges.is_trial() {
+    if (plan.broker.is_some() && !grants) || plan.privileges.is_trial() {
         return None;
     }
     Some(WarmPlan {
