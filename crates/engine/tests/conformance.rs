@@ -430,14 +430,13 @@ impl Rig {
         self.check_wall(case, req, r)
     }
 
-    /// A snippet at process (with a grant too), a snippet without a grant at crun and runc (warm
-    /// or cold), a project at crun, runc and runsc, and every run at qemu has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
+    /// Every run at process, crun, runc and qemu (warm or cold, with a grant or not; no trial
+    /// runs here) and every project at runsc has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
     /// wall's own members, not through the engine's judging.
     fn check_wall(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
         let snippet = matches!(req.run, plimsoll_wire::RunSpec::Snippet(_));
         let walled = match self.provider {
-            "process" => snippet,
-            "crun" | "runc" => !snippet || req.grant.is_none(),
+            "process" | "crun" | "runc" => true,
             "runsc" => !snippet,
             // Every run but a trial's (none here): the guest's agent says its wall.
             "qemu" => true,

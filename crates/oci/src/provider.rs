@@ -1082,7 +1082,7 @@ impl OciProvider {
 
 /// The environment a run with a broker gets: where the socket is and, for a project's
 /// steps, the clients preloaded (`NODE_OPTIONS`) or importable (`PYTHONPATH`).
-fn broker_env(plan: &LaunchPlan, project: bool) -> Vec<String> {
+pub(crate) fn broker_env(plan: &LaunchPlan, project: bool) -> Vec<String> {
     use plimsoll_sandbox::broker::JS_CLIENT_FILE;
     if plan.broker.is_none() {
         return Vec::new();
@@ -1217,12 +1217,12 @@ impl Provider for OciProvider {
     }
 
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
-        // At crun and runc, a snippet without a grant runs in a member made for it: its wall
-        // is read and checked before its code is handed over.
+        // At crun and runc, a snippet runs in a member made for it (with the run's broker
+        // channel, if it has one): its wall is read and checked before its code is handed over.
         if self.warms()
-            && let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan, false)
+            && let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan, true)
         {
-            let member = Box::new(crate::warm::make(self, &member)?);
+            let member = Box::new(crate::warm::make_for(self, &member, plan.broker.as_ref())?);
             return plimsoll_sandbox::warm::run_made(member, plan);
         }
         match &plan.spec {

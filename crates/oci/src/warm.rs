@@ -9,7 +9,7 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use plimsoll_sandbox::warm::{self, GO, JS_WAIT, PYTHON_WAIT, WarmMember, WarmPlan, WarmShape};
+use plimsoll_sandbox::warm::{self, GO, JS_WAIT, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
     Cause, LaunchError, LaunchPlan, Outcome, Privileges, ResolvedLimits, Teardown, unix_ms_now,
 };
@@ -64,35 +64,60 @@ fn member_plan(plan: &WarmPlan) -> LaunchPlan {
 
 /// Makes a member: creates and starts its container, and returns once its interpreter waits.
 pub fn make(provider: &OciProvider, plan: &WarmPlan) -> Result<OciMember, LaunchError> {
-    let launch_plan = member_plan(plan);
-    let (main, args) = match plan.shape.language {
-        Language::Javascript => (
-            "main.js",
-            vec!["/usr/bin/node".to_owned(), "-e".into(), JS_WAIT.into()],
-        ),
-        Language::Python => (
-            "main.py",
-            vec![
+    make_for(provider, plan, None)
+}
+
+/// [`make`], with a cold run's broker channel when it has one: its socket in the tools
+/// directory, served, and the in-sandbox client preloaded (JavaScript) or on `sys.path`
+/// (Python), as a cold run without a member has them.
+pub fn make_for(
+    provider: &OciProvider,
+    plan: &WarmPlan,
+    broker: Option<&plimsoll_sandbox::BrokerChannel>,
+) -> Result<OciMember, LaunchError> {
+    use plimsoll_sandbox::broker::{JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE};
+    let mut launch_plan = member_plan(plan);
+    launch_plan.broker = broker.cloned();
+    let tool = |name: &str| format!("{TOOLS_DIR}/{name}");
+    let mut files = Vec::new();
+    let (main, mut args) = match plan.shape.language {
+        Language::Javascript => {
+            let mut args = vec!["/usr/bin/node".to_owned()];
+            if broker.is_some() {
+                files.push((JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()));
+                args.extend(["--require".to_owned(), tool(JS_CLIENT_FILE)]);
+            }
+            args.extend(["-e".to_owned(), JS_WAIT.to_owned()]);
+            ("main.js", args)
+        }
+        Language::Python => {
+            if broker.is_some() {
+                files.push((
+                    PYTHON_CLIENT_FILE.to_owned(),
+                    PYTHON_CLIENT.as_bytes().to_vec(),
+                ));
+            }
+            let args = vec![
                 "/usr/bin/python3".to_owned(),
                 "-I".into(),
                 "-B".into(),
                 "-c".into(),
-                PYTHON_WAIT.into(),
-            ],
-        ),
+                warm::python_wait(broker.is_some()),
+            ];
+            ("main.py", args)
+        }
     };
-    let mut args = args;
-    args.push(format!("{TOOLS_DIR}/{main}"));
+    args.push(tool(main));
     let launch = LaunchSpec {
         args,
-        files: Vec::new(),
+        files,
         owner_only: Vec::new(),
         binds: Vec::new(),
         // Room for what the runtime says when `create` fails; the claim sets the run's cap
         // (the waiting interpreter writes nothing before).
         output_bytes: CREATE_ERROR_BYTES,
         deadline: plan.max_timeout,
-        env: Vec::new(),
+        env: crate::provider::broker_env(&launch_plan, false),
         handed_over: None,
         wall_inside: false,
     };
@@ -166,23 +191,30 @@ impl WarmMember for OciMember {
 
     fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
         let mut wall = None;
-        let claimed = warm::check_claim(plan, &self.shape, self.plan.uid, self.max_timeout)
-            .map_err(|e| LaunchError::not_started(Reason::Environment, e))
-            .and_then(|code| {
-                wall = Some(self.wall()?);
-                Ok(code)
-            })
-            .and_then(|code| {
-                let path = self.container.run_dir.path().join("bin").join(self.main);
-                std::fs::write(&path, code.as_bytes())
-                    .and_then(|()| {
-                        use std::os::unix::fs::PermissionsExt as _;
-                        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
-                    })
-                    .map_err(|e| {
-                        LaunchError::environment(format!("cannot write {}: {e}", path.display()))
-                    })
-            });
+        let brokered = self.plan.broker.is_some();
+        let claimed = warm::check_claim_brokered(
+            plan,
+            &self.shape,
+            self.plan.uid,
+            self.max_timeout,
+            brokered,
+        )
+        .map_err(|e| LaunchError::not_started(Reason::Environment, e))
+        .and_then(|code| {
+            wall = Some(self.wall()?);
+            Ok(code)
+        })
+        .and_then(|code| {
+            let path = self.container.run_dir.path().join("bin").join(self.main);
+            std::fs::write(&path, code.as_bytes())
+                .and_then(|()| {
+                    use std::os::unix::fs::PermissionsExt as _;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+                })
+                .map_err(|e| {
+                    LaunchError::environment(format!("cannot write {}: {e}", path.display()))
+                })
+        });
         if let Err(e) = claimed {
             return Err(e.after_cleanup(self.remove(false)));
         }

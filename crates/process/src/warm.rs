@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use plimsoll_sandbox::judge::{Expectations, HostView};
-use plimsoll_sandbox::warm::{self, GO, JS_WAIT, PYTHON_WAIT, WarmMember, WarmPlan, WarmShape};
+use plimsoll_sandbox::warm::{self, GO, JS_WAIT, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
     CaptureLimits, Cause, LaunchError, LaunchPlan, Outcome, ResolvedLimits, Running, Spawn,
     Teardown, capture, unix_ms_now,
@@ -167,7 +167,7 @@ fn start(
             let mut args: Vec<OsString> = PYTHON_FLAGS.iter().map(Into::into).collect();
             // `-I` keeps the code directory off sys.path: with a broker, the wait program
             // puts it there (for the client) before it runs the code, as a cold run does.
-            args.extend(["-c".into(), python_wait(broker.is_some()).into()]);
+            args.extend(["-c".into(), warm::python_wait(broker.is_some()).into()]);
             (&config.python, "main.py", args)
         }
     };
@@ -295,42 +295,5 @@ impl WarmMember for ProcessMember {
         let mut running = running;
         let _ = running.child.wait();
         remove(uid, &dir, cgroup)
-    }
-}
-
-/// The wait program a member's python3 runs: [`PYTHON_WAIT`], and with a broker the code
-/// directory put first on `sys.path` (for the client) once the code's path is known.
-fn python_wait(broker: bool) -> String {
-    const AFTER: &str = "p = sys.argv.pop(1); sys.argv[0] = p\n";
-    if broker {
-        PYTHON_WAIT.replacen(
-            AFTER,
-            &format!("{AFTER}sys.path.insert(0, p.rpartition('/')[0])\n"),
-            1,
-        )
-    } else {
-        PYTHON_WAIT.to_owned()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn with_a_broker_the_python_wait_puts_the_code_directory_on_the_path_after_the_handshake() {
-        let plain = super::python_wait(false);
-        let brokered = super::python_wait(true);
-        assert_eq!(plain, plimsoll_sandbox::warm::PYTHON_WAIT);
-        let at = brokered
-            .find("sys.path.insert(0, p.rpartition('/')[0])")
-            .expect("the path line");
-        assert!(at > brokered.find("sys.argv.pop(1)").unwrap());
-        assert!(
-            at > brokered.find("sys.exit(75)").unwrap(),
-            "only after the go"
-        );
-        assert_eq!(
-            brokered.len(),
-            plain.len() + "sys.path.insert(0, p.rpartition('/')[0])\n".len()
-        );
     }
 }

@@ -202,12 +202,17 @@ impl CgroupLayout {
     /// The memory and pids limits of the cgroups a process is in, given its /proc/PID/cgroup
     /// text (read from this mount namespace, so its paths are this host's): v1's
     /// `memory.limit_in_bytes` and `pids.max`, or v2's `memory.max` and `pids.max`. A limit
-    /// of `max`, or one not readable, is `None`.
+    /// of `max`, v1's "unlimited" (2^63 rounded down to a page), or one not readable, is `None`.
     pub fn limits_of(&self, proc_cgroup: &str) -> (Option<u64>, Option<u64>) {
         let mut memory = None;
         let mut pids = None;
         let read = |dir: PathBuf, file: &str| -> Option<u64> {
-            fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+            let v: u64 = fs::read_to_string(dir.join(file))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            (v < 1 << 62).then_some(v)
         };
         for line in proc_cgroup.lines() {
             let mut f = line.splitn(3, ':');
@@ -457,6 +462,47 @@ mod tests {
 34 30 0:30 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 35 30 0:31 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
+
+    /// A process's limits are read from the cgroups /proc/PID/cgroup names, in the hierarchy
+    /// of each controller; `max` and v1's "unlimited" are no limit.
+    #[test]
+    fn a_process_limits_are_read_from_its_own_cgroups() {
+        let root = plimsoll_testing::TestDir::new("cgroup", "limits");
+        let h = |name: &str, controllers: &[&str], v2: bool| Hierarchy {
+            mount: root.path().join(name),
+            controllers: controllers.iter().map(|c| (*c).to_owned()).collect(),
+            v2,
+        };
+        let layout = CgroupLayout {
+            hierarchies: vec![
+                h("memory", &["memory"], false),
+                h("pids", &["pids"], false),
+                h("unified", &[], true),
+            ],
+        };
+        let write = |path: &str, v: &str| {
+            let p = root.path().join(path);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, v).unwrap();
+        };
+        write("memory/run/ctr/memory.limit_in_bytes", "268435456\n");
+        write("pids/run/ctr/pids.max", "64\n");
+        write(
+            "memory/other/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write("pids/other/pids.max", "max\n");
+        let seen = "12:pids:/run/ctr\n9:memory:/run/ctr\n1:name=systemd:/x\n0::/run/ctr\n";
+        assert_eq!(layout.limits_of(seen), (Some(256 << 20), Some(64)));
+        let unlimited = "12:pids:/other\n9:memory:/other\n";
+        assert_eq!(layout.limits_of(unlimited), (None, None));
+        write("unified/v2/memory.max", "1048576\n");
+        write("unified/v2/pids.max", "max\n");
+        let v2 = CgroupLayout {
+            hierarchies: vec![h("unified", &[], true)],
+        };
+        assert_eq!(v2.limits_of("0::/v2\n"), (Some(1 << 20), None));
+    }
 
     #[test]
     fn parses_a_hybrid_layout() {

@@ -255,6 +255,23 @@ pub const PYTHON_WAIT: &str = concat!(
     "_end(0)\n",
 );
 
+/// The wait program a member's python3 runs: [`PYTHON_WAIT`], and with `code_dir_on_path`
+/// (a run with a broker, whose client sits beside the code) the code's directory put first
+/// on `sys.path` once the handshake is done and the code's path known, as a cold run's
+/// `PYTHON_BOOT` does (`-I` keeps it off otherwise).
+pub fn python_wait(code_dir_on_path: bool) -> String {
+    const AFTER: &str = "p = sys.argv.pop(1); sys.argv[0] = p\n";
+    if code_dir_on_path {
+        PYTHON_WAIT.replacen(
+            AFTER,
+            &format!("{AFTER}sys.path.insert(0, p.rpartition('/')[0])\n"),
+            1,
+        )
+    } else {
+        PYTHON_WAIT.to_owned()
+    }
+}
+
 /// What a claim writes to the waiting interpreter before it closes its input.
 pub const GO: &[u8] = b"go\n";
 
@@ -284,5 +301,23 @@ pub fn wait_until_reading(pid: u32, within: Duration) -> std::io::Result<()> {
             )));
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+mod python_wait_tests {
+    #[test]
+    fn with_a_broker_the_python_wait_puts_the_code_directory_on_the_path_after_the_handshake() {
+        let plain = super::python_wait(false);
+        let brokered = super::python_wait(true);
+        assert_eq!(plain, super::PYTHON_WAIT);
+        let line = "sys.path.insert(0, p.rpartition('/')[0])\n";
+        let at = brokered.find(line).expect("the path line");
+        assert!(at > brokered.find("sys.argv.pop(1)").unwrap());
+        assert!(
+            at > brokered.find("sys.exit(75)").unwrap(),
+            "only after the go"
+        );
+        assert_eq!(brokered.len(), plain.len() + line.len());
     }
 }
