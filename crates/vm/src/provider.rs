@@ -450,14 +450,11 @@ impl VmProvider {
         qmp: bool,
     ) -> Result<BootReport, LaunchError> {
         let budget = self.config.boot_timeout;
-        let first = self.boot_plan(
-            plan,
-            prepared,
-            accelerator,
-            qmp,
-            Some(job_for(plan)?),
-            budget,
-        )?;
+        let boot = || {
+            let job = job_for(plan)?;
+            self.boot_plan(plan, prepared, accelerator, qmp, Some(job), budget)
+        };
+        let first = boot()?;
         if !matches!(first.answer, Answer::BootTimedOut(_)) || first.cleanup.is_err() {
             return Ok(first);
         }
@@ -466,14 +463,7 @@ impl VmProvider {
             budget_s = budget.as_secs_f64(),
             "the guest did not boot in time; booting it once more (nothing of the job was sent)"
         );
-        self.boot_plan(
-            plan,
-            prepared,
-            accelerator,
-            qmp,
-            Some(job_for(plan)?),
-            budget,
-        )
+        boot()
     }
 
     /// Runs `plan` and also returns its timings and QEMU's peak memory.
