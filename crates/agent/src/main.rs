@@ -39,7 +39,9 @@ fn main() -> ExitCode {
     }
     if wall_first {
         // Before any of the job is known: what this process is, as its own /proc shows it.
-        let wall = match plimsoll_sandbox::wall::read_unmarked(std::process::id()) {
+        let wall = match plimsoll_sandbox::cgroup::CgroupLayout::detect()
+            .and_then(|layout| plimsoll_sandbox::wall::read_unmarked(std::process::id(), &layout))
+        {
             Ok(w) => w,
             Err(e) => return fail(&format!("cannot read its own wall: {e}")),
         };

@@ -89,6 +89,8 @@ pub struct OciProvider {
     state: StateDir,
     runtime: Runtime,
     layout: Result<CgroupLayout, String>,
+    /// This process's namespaces, read once: every run's wall is compared with them.
+    host: plimsoll_sandbox::judge::HostView,
     cgroup_parent: String,
 }
 
@@ -267,6 +269,7 @@ impl OciProvider {
             state,
             runtime,
             layout,
+            host: plimsoll_sandbox::judge::HostView::read(),
             cgroup_parent,
         }
     }
@@ -540,7 +543,8 @@ impl OciProvider {
         memory: u64,
         pids: u64,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
-        let wall = plimsoll_sandbox::wall::read_unmarked(pid).map_err(|e| {
+        let layout = self.layout().map_err(LaunchError::environment)?;
+        let wall = plimsoll_sandbox::wall::read_unmarked(pid, layout).map_err(|e| {
             LaunchError::environment(format!("cannot read the sandbox's wall: {e}"))
         })?;
         self.judged_wall(wall, uid, memory, pids)
@@ -556,9 +560,8 @@ impl OciProvider {
         pids: u64,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
         let expected = crate::probe::run_expectations(self.config.kind, uid, memory, pids);
-        let host = plimsoll_sandbox::judge::HostView::read();
-        plimsoll_sandbox::wall::mark(&mut wall, &expected, &host);
-        plimsoll_sandbox::wall::check(&wall, &expected, &host)
+        plimsoll_sandbox::wall::mark(&mut wall, &expected, &self.host);
+        plimsoll_sandbox::wall::check(&wall, &expected, &self.host)
             .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))?;
         Ok(wall)
     }

@@ -48,14 +48,15 @@ pub enum BoundRunError {
     },
 }
 
-/// Where the memory controller is mounted, and whether it is cgroup v2. The layout is read
-/// from mountinfo once per process, not per run.
-pub fn memory_hierarchy() -> Option<(PathBuf, bool)> {
+/// The host's cgroup layout, read from mountinfo once per process, not per run.
+pub fn layout() -> &'static CgroupLayout {
     static LAYOUT: std::sync::OnceLock<CgroupLayout> = std::sync::OnceLock::new();
-    LAYOUT
-        .get_or_init(|| CgroupLayout::detect().unwrap_or_default())
-        .memory_hierarchy()
-        .map(|h| (h.mount.clone(), h.v2))
+    LAYOUT.get_or_init(|| CgroupLayout::detect().unwrap_or_default())
+}
+
+/// Where the memory controller is mounted, and whether it is cgroup v2.
+pub fn memory_hierarchy() -> Option<(PathBuf, bool)> {
+    layout().memory_hierarchy().map(|h| (h.mount.clone(), h.v2))
 }
 
 /// One run's memory cgroup, with its `cgroup.procs` open for the child to move itself in.

@@ -208,11 +208,15 @@ impl WarmMember for ProcessMember {
             brokered,
         } = *self;
         let claimed = (|| {
-            let code = warm::check_claim_brokered(plan, &shape, uid, max_timeout, brokered)
+            let code = warm::check_claim(plan, &shape, uid, max_timeout, brokered)
                 .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
-            let wall = plimsoll_sandbox::wall::read(running.child.id(), &expected, &host).map_err(
-                |e| LaunchError::environment(format!("cannot read the member's wall: {e}")),
-            )?;
+            let wall = plimsoll_sandbox::wall::read(
+                running.child.id(),
+                &expected,
+                &host,
+                crate::bounds::layout(),
+            )
+            .map_err(|e| LaunchError::environment(format!("cannot read the member's wall: {e}")))?;
             plimsoll_sandbox::wall::check(&wall, &expected, &host)
                 .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
             dir.add_code(main, code.as_bytes(), 0o640)

@@ -112,18 +112,9 @@ pub enum Mismatch {
 
 /// Checks that `plan` may claim a member of `shape` running as `uid` made for `max_timeout`;
 /// the code of the snippet on success.
+/// `brokered`: the member was made with `plan`'s own broker channel (a cold run's member,
+/// made for that run alone, [`cold_member_plan`]).
 pub fn check_claim<'a>(
-    plan: &'a LaunchPlan,
-    shape: &WarmShape,
-    uid: u32,
-    max_timeout: Duration,
-) -> Result<&'a str, Mismatch> {
-    check_claim_brokered(plan, shape, uid, max_timeout, false)
-}
-
-/// [`check_claim`] for a member that may have been made with `plan`'s own broker channel
-/// (`brokered`: a cold run's member, made for that run alone, [`cold_member_plan`]).
-pub fn check_claim_brokered<'a>(
     plan: &'a LaunchPlan,
     shape: &WarmShape,
     uid: u32,
