@@ -9,11 +9,14 @@ use std::time::Instant;
 use plimsoll_agent::{one_line, read_job, run_job};
 
 const USAGE: &str = "usage: plimsoll-agent [--wall-first] < job.json > result.json
+       plimsoll-agent --wall-then-exec PROGRAM [ARG...]
 Runs one plimsoll job inside a sandbox: reads an AgentJob as JSON on stdin, writes a
 RunResult as JSON on stdout. Exit status 0 with a result, 2 with one line on stderr when the
 job cannot be done. With --wall-first, it first writes its own wall (what /proc shows of it:
 identity, capabilities, no_new_privs, seccomp, namespaces, root, interfaces, cgroup limits)
-as one JSON line on stdout, and only then reads the job. See docs/agent.md.";
+as one JSON line on stdout, and only then reads the job. With --wall-then-exec, it writes
+its wall the same way and then becomes PROGRAM (execve: the same process, so the wall is
+the program's), reading no job. See docs/agent.md.";
 
 fn fail(message: &str) -> ExitCode {
     eprintln!("plimsoll-agent: {message}");
@@ -24,12 +27,14 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let mut args = std::env::args_os().skip(1);
     let mut wall_first = false;
-    for a in args.by_ref() {
+    while let Some(a) = args.next() {
         if a == "--help" || a == "-h" {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         } else if a == "--wall-first" {
             wall_first = true;
+        } else if a == "--wall-then-exec" {
+            return wall_then_exec(args.collect());
         } else {
             return fail(&format!(
                 "unexpected argument {}: the job comes on stdin (see --help)",
@@ -37,22 +42,8 @@ fn main() -> ExitCode {
             ));
         }
     }
-    if wall_first {
-        // Before any of the job is known: what this process is, as its own /proc shows it.
-        let wall = match plimsoll_sandbox::cgroup::CgroupLayout::detect()
-            .and_then(|layout| plimsoll_sandbox::wall::read_unmarked(std::process::id(), &layout))
-        {
-            Ok(w) => w,
-            Err(e) => return fail(&format!("cannot read its own wall: {e}")),
-        };
-        let mut out = io::stdout().lock();
-        let written = serde_json::to_writer(&mut out, &wall)
-            .map_err(io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .and_then(|()| out.flush());
-        if let Err(e) = written {
-            return fail(&format!("cannot write its wall to stdout: {e}"));
-        }
+    if wall_first && let Err(e) = say_wall() {
+        return fail(&e);
     }
     let job = match read_job(io::stdin().lock()) {
         Ok(job) => job,
@@ -71,4 +62,41 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&format!("cannot write the result to stdout: {e}")),
     }
+}
+
+/// Writes this process's own wall, as its /proc shows it, as one JSON line on stdout: said
+/// before any of a job is known.
+fn say_wall() -> Result<(), String> {
+    let wall = plimsoll_sandbox::cgroup::CgroupLayout::detect()
+        .and_then(|layout| plimsoll_sandbox::wall::read_unmarked(std::process::id(), &layout))
+        .map_err(|e| format!("cannot read its own wall: {e}"))?;
+    let mut out = io::stdout().lock();
+    serde_json::to_writer(&mut out, &wall)
+        .map_err(io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot write its wall to stdout: {e}"))
+}
+
+/// `--wall-then-exec PROGRAM [ARG...]`: says the wall, then becomes PROGRAM with the same
+/// environment and descriptors. An execve keeps the process: its ids, capability sets (an
+/// unprivileged uid gains none), no_new_privs, seccomp filter, namespaces and cgroups are
+/// what the wall said. Returns only when it cannot.
+fn wall_then_exec(argv: Vec<std::ffi::OsString>) -> ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    let Some((program, rest)) = argv.split_first() else {
+        return fail("--wall-then-exec needs the program to become (see --help)");
+    };
+    if let Err(e) = say_wall() {
+        return fail(&e);
+    }
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "exec replaces this process; no child is spawned"
+    )]
+    let e = std::process::Command::new(program).args(rest).exec();
+    fail(&format!(
+        "cannot execute {}: {e}",
+        program.to_string_lossy()
+    ))
 }

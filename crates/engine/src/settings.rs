@@ -818,7 +818,7 @@ runsc_platform = "kvm"
                 "not configured",
             ),
             (
-                "providers = [\"runsc\"]\n[pools.runsc.python]\n",
+                "providers = [\"qemu\"]\n[pools.qemu.python]\n",
                 "no warm pool yet",
             ),
             (

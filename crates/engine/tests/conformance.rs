@@ -251,15 +251,7 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
     let pool_uids = engine.pool_uid_range();
     if warm {
         engine.start_pools();
-        let start = std::time::Instant::now();
-        while engine.pools_idle().iter().any(|(_, _, n)| *n == 0) {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "{test}: the pools did not fill: {:?}",
-                engine.pool_counts()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        idle_members(&engine).unwrap_or_else(|e| panic!("{test}: {e}"));
     }
     Some(Rig {
         warm,
@@ -274,6 +266,21 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
         api,
         dir,
     })
+}
+
+/// Waits until every pool of `engine` has an idle member.
+fn idle_members(engine: &Engine) -> Result<(), String> {
+    let start = std::time::Instant::now();
+    while engine.pools_idle().iter().any(|(_, _, n)| *n == 0) {
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "the pools did not fill: {:?}",
+                engine.pool_counts()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Where the rigs of one test binary share their providers' evidence: root's own directory
@@ -427,27 +434,15 @@ impl Rig {
         if !problems.is_empty() {
             return Err(format!("{case}: wrong {problems:?} in {r:?}"));
         }
-        self.check_wall(case, req, r)
+        self.check_wall(case, r)
     }
 
-    /// Every run at process, crun, runc and qemu (warm or cold, with a grant or not; no trial
-    /// runs here) and every project at runsc has its wall on its result, and any wall shows what this provider's sandbox is: checked here from the
+    /// Every run (warm or cold, with a grant or not; no trial runs here) has its wall on its
+    /// result, and the wall shows what this provider's sandbox is: checked here from the
     /// wall's own members, not through the engine's judging.
-    fn check_wall(&self, case: &str, req: &RunRequest, r: &RunResponse) -> Result<(), String> {
-        let snippet = matches!(req.run, plimsoll_wire::RunSpec::Snippet(_));
-        let walled = match self.provider {
-            "process" | "crun" | "runc" => true,
-            "runsc" => !snippet,
-            // Every run but a trial's (none here): the guest's agent says its wall.
-            "qemu" => true,
-            _ => false,
-        };
+    fn check_wall(&self, case: &str, r: &RunResponse) -> Result<(), String> {
         let Some(w) = &r.result.wall else {
-            return if walled || r.result.start == Some(plimsoll_wire::Start::Warm) {
-                Err(format!("{case}: the result has no wall: {r:?}"))
-            } else {
-                Ok(())
-            };
+            return Err(format!("{case}: the result has no wall: {r:?}"));
         };
         let zero = Some("0000000000000000");
         let container = matches!(self.provider, "crun" | "runc");
@@ -613,9 +608,10 @@ impl Rig {
             );
         }
         // Asked after the listing: a member listed then is idle or still being made now. Its
-        // id names its directory, container and cgroups.
+        // id names its directory, container, cgroups and the runtime's state of it (runsc's
+        // `<id>_sandbox:<id>.state`).
         let members = self.engine.pool_member_ids();
-        left.retain(|p| !members.iter().any(|m| p.ends_with(m.as_str())));
+        left.retain(|p| !members.iter().any(|m| p.contains(m.as_str())));
         if !left.is_empty() {
             return Err(format!("{case}: left behind: {left:?}"));
         }
@@ -624,11 +620,15 @@ impl Rig {
         // moment to go as the run's own processes).
         let start = std::time::Instant::now();
         loop {
+            // An idle member's runtime helpers (runsc's sandbox and gofer, as root) name its id.
+            let members = self.engine.pool_member_ids();
             let naming: Vec<String> = entries(PathBuf::from("/proc"))
                 .into_iter()
                 .filter(|p| {
-                    std::fs::read(format!("{p}/cmdline"))
-                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&dir))
+                    std::fs::read(format!("{p}/cmdline")).is_ok_and(|c| {
+                        let c = String::from_utf8_lossy(&c);
+                        c.contains(&dir) && !members.iter().any(|m| c.contains(m.as_str()))
+                    })
                 })
                 .filter(|p| {
                     let pid = p.trim_start_matches("/proc/").parse::<i32>().unwrap_or(0);
@@ -1712,6 +1712,68 @@ fn grant(rig: &Rig) -> Result<(), String> {
 }
 
 /// A floor above what the provider gives is refused, and nothing runs.
+/// A sandbox gives one run: a run leaves a marker in its work directory (a hidden one too),
+/// in each directory the sandbox has of its own (`/tmp`, `/dev/shm`) and in its
+/// interpreter's globals, and no later run, of either language, sees any of them. In a warm
+/// rig the later runs are members made after the first was claimed.
+fn used_once(rig: &Rig) -> Result<(), String> {
+    let dirs = format!("{:?}", rig.shape.own_dirs);
+    let leave = [
+        js(&format!(
+            "const fs = require('fs'); fs.writeFileSync('marker', 'x'); fs.mkdirSync('.hidden'); \
+             fs.writeFileSync('.hidden/marker', 'x'); \
+             for (const d of {dirs}) fs.writeFileSync(d + '/plimsoll-marker', 'x'); \
+             globalThis.plimsoll_marker = 1; console.log('left')"
+        )),
+        py(&format!(
+            "import os, builtins\nopen('marker', 'w').write('x')\nos.mkdir('.hidden')\n\
+             open('.hidden/marker', 'w').write('x')\n\
+             for d in {dirs}:\n    open(d + '/plimsoll-marker', 'w').write('x')\n\
+             builtins.plimsoll_marker = 1\nprint('left')"
+        )),
+    ];
+    let look = [
+        (
+            js(&format!(
+                "const fs = require('fs'); console.log(JSON.stringify({{files: fs.readdirSync('.'), \
+                 seen: {dirs}.filter(d => fs.existsSync(d + '/plimsoll-marker')), \
+                 global: typeof globalThis.plimsoll_marker}}))"
+            )),
+            r#"{"files":[],"seen":[],"global":"undefined"}"#,
+        ),
+        (
+            py(&format!(
+                "import os, builtins, json\nprint(json.dumps({{'files': sorted(os.listdir('.')), \
+                 'seen': [d for d in {dirs} if os.path.exists(d + '/plimsoll-marker')], \
+                 'global': hasattr(builtins, 'plimsoll_marker')}}, separators=(',', ':')))"
+            )),
+            r#"{"files":[],"seen":[],"global":false}"#,
+        ),
+    ];
+    for spec in leave {
+        let r = rig.run("used_once", spec)?;
+        expect(
+            "used_once (leave)",
+            r.result.exit_code == Some(0) && stdout(&r) == "left\n",
+            &r,
+        )?;
+        for (spec, clean) in look.clone() {
+            if rig.warm {
+                idle_members(&rig.engine)?;
+            }
+            let r = rig.run("used_once", spec)?;
+            expect(
+                "used_once (a later run sees nothing of it)",
+                r.result.exit_code == Some(0)
+                    && stdout(&r).trim_end() == clean
+                    && (!rig.warm || r.result.start == Some(plimsoll_wire::Start::Warm)),
+                &r,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn refusal(rig: &Rig) -> Result<(), String> {
     let Some(above) = [Tier::Container, Tier::Kernel, Tier::Vm]
         .into_iter()
@@ -1804,6 +1866,7 @@ suite! {
         process_warm => 5,
         crun_warm => 6,
         runc_warm => 7,
+        runsc_warm => 8,
     ],
     cases: [
         identity,
@@ -1824,5 +1887,6 @@ suite! {
         project,
         grant,
         refusal,
+        used_once,
     ],
 }

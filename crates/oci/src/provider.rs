@@ -474,19 +474,7 @@ impl OciProvider {
             let pid = created.pid().as_raw_nonzero().get() as u32;
             let (memory, pids) = (plan.limits.memory_bytes, plan.limits.pids);
             let gated = if launch.wall_inside {
-                created
-                    .first_line(Instant::now() + READY_WITHIN, WALL_LINE_MAX)
-                    .map_err(|e| {
-                        LaunchError::environment(format!("the agent did not say its wall: {e}"))
-                    })
-                    .and_then(|line| {
-                        serde_json::from_slice(&line).map_err(|e| {
-                            LaunchError::environment(format!(
-                                "the agent's wall is not a wall ({e}): check plimsoll-agent"
-                            ))
-                        })
-                    })
-                    .and_then(|wall| self.judged_wall(wall, plan.uid, memory, pids))
+                self.said_wall(&mut created, plan.uid, memory, pids)
             } else {
                 warm::wait_until_reading(pid, READY_WITHIN)
                     .map_err(|e| {
@@ -546,6 +534,30 @@ impl OciProvider {
         let layout = self.layout().map_err(LaunchError::environment)?;
         let wall = plimsoll_sandbox::wall::read_unmarked(pid, layout).map_err(|e| {
             LaunchError::environment(format!("cannot read the sandbox's wall: {e}"))
+        })?;
+        self.judged_wall(wall, uid, memory, pids)
+    }
+
+    /// The wall the container's process said of itself from inside (`plimsoll-agent
+    /// --wall-first` or `--wall-then-exec`: runsc, whose sandbox the host's /proc cannot
+    /// see), its first line on standard output, if it matches what this provider's probe was
+    /// judged on for `uid` and the run's limits; otherwise a refusal.
+    pub(crate) fn said_wall(
+        &self,
+        created: &mut follow::Created,
+        uid: u32,
+        memory: u64,
+        pids: u64,
+    ) -> Result<plimsoll_wire::Wall, LaunchError> {
+        let line = created
+            .first_line(Instant::now() + READY_WITHIN, WALL_LINE_MAX)
+            .map_err(|e| {
+                LaunchError::environment(format!("the agent did not say its wall: {e}"))
+            })?;
+        let wall = serde_json::from_slice(&line).map_err(|e| {
+            LaunchError::environment(format!(
+                "the agent's wall is not a wall ({e}): check plimsoll-agent"
+            ))
         })?;
         self.judged_wall(wall, uid, memory, pids)
     }
@@ -1203,28 +1215,21 @@ impl Provider for OciProvider {
     }
 
     fn warms(&self) -> bool {
-        self.config.kind != RuntimeKind::Runsc
+        true
     }
 
     fn warm(
         &self,
         plan: &plimsoll_sandbox::WarmPlan,
     ) -> Result<Box<dyn plimsoll_sandbox::WarmMember>, LaunchError> {
-        if !self.warms() {
-            return Err(LaunchError::not_started(
-                plimsoll_wire::Reason::Unsupported,
-                plimsoll_sandbox::Unsupported::NoWarmPool,
-            ));
-        }
         Ok(Box::new(crate::warm::make(self, plan)?))
     }
 
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
-        // At crun and runc, a snippet runs in a member made for it (with the run's broker
-        // channel, if it has one): its wall is read and checked before its code is handed over.
-        if self.warms()
-            && let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan, true)
-        {
+        // A snippet runs in a member made for it (with the run's broker channel, if it has
+        // one): its wall is read (at runsc, said from inside) and checked before its code is
+        // handed over.
+        if let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan, true) {
             let member = Box::new(crate::warm::make_for(self, &member, plan.broker.as_ref())?);
             return plimsoll_sandbox::warm::run_made(member, plan);
         }

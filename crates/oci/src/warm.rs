@@ -3,19 +3,21 @@
 //! reading its standard input (a pipe this process holds). A claim writes the code into the
 //! run's tools directory (read-only inside, at `/opt/plimsoll/bin`), sends `go`, and follows
 //! the container to its end as a cold run is followed; the container is then removed, off
-//! the answer's path. runsc has no warm members: the interpreter runs inside gVisor's Sentry,
-//! where this process cannot see it wait.
+//! the answer's path. At runsc, whose Sentry hides the interpreter from this host's /proc,
+//! the container's process is first `plimsoll-agent --wall-then-exec`: it says its wall and
+//! becomes the interpreter, which says [`warm::READY_LINE`] when it waits.
 
 use std::io::Write as _;
 use std::time::Duration;
 
-use plimsoll_sandbox::warm::{self, GO, JS_WAIT, WarmMember, WarmPlan, WarmShape};
+use plimsoll_sandbox::warm::{self, GO, READY_LINE, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
     Cause, LaunchError, LaunchPlan, Outcome, Privileges, ResolvedLimits, Teardown, unix_ms_now,
 };
 use plimsoll_wire::{Bytes, Language, Reason, RunResult, RunSpec, Snippet};
 
 use crate::provider::{Container, LaunchSpec, OciProvider, status_of};
+use crate::runtime::RuntimeKind;
 use crate::spec::TOOLS_DIR;
 
 /// How much of the runtime's standard error a failed `create` of a member keeps.
@@ -33,6 +35,9 @@ pub struct OciMember {
     shape: WarmShape,
     max_timeout: Duration,
     main: &'static str,
+    /// At runsc: the wall its process said from inside, judged, before it became the
+    /// interpreter (nothing ran in the sandbox since: the interpreter only waits).
+    said: Option<plimsoll_wire::Wall>,
 }
 
 /// The plan a member's container is made from: a cold run's of its shape, with no code yet.
@@ -79,16 +84,26 @@ pub fn make_for(
     let mut launch_plan = member_plan(plan);
     launch_plan.broker = broker.cloned();
     let tool = |name: &str| format!("{TOOLS_DIR}/{name}");
+    // Where the host cannot see the interpreter wait, it says so, and its wall is said first.
+    let inside = provider.config().kind == RuntimeKind::Runsc;
     let mut files = Vec::new();
-    let (main, mut args) = match plan.shape.language {
+    let mut binds = Vec::new();
+    let mut args = Vec::new();
+    if inside {
+        binds.push(("plimsoll-agent".to_owned(), provider.config().agent.clone()));
+        args.extend([tool("plimsoll-agent"), "--wall-then-exec".to_owned()]);
+    }
+    let language = plan.shape.language;
+    let wait = warm::wait_program(language, broker.is_some(), inside);
+    let main = match language {
         Language::Javascript => {
-            let mut args = vec!["/usr/bin/node".to_owned()];
+            args.push("/usr/bin/node".to_owned());
             if broker.is_some() {
                 files.push((JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()));
                 args.extend(["--require".to_owned(), tool(JS_CLIENT_FILE)]);
             }
-            args.extend(["-e".to_owned(), JS_WAIT.to_owned()]);
-            ("main.js", args)
+            args.extend(["-e".to_owned(), wait]);
+            "main.js"
         }
         Language::Python => {
             if broker.is_some() {
@@ -97,14 +112,9 @@ pub fn make_for(
                     PYTHON_CLIENT.as_bytes().to_vec(),
                 ));
             }
-            let args = vec![
-                "/usr/bin/python3".to_owned(),
-                "-I".into(),
-                "-B".into(),
-                "-c".into(),
-                warm::python_wait(broker.is_some()),
-            ];
-            ("main.py", args)
+            args.extend(["/usr/bin/python3", "-I", "-B", "-c"].map(str::to_owned));
+            args.push(wait);
+            "main.py"
         }
     };
     args.push(tool(main));
@@ -112,29 +122,50 @@ pub fn make_for(
         args,
         files,
         owner_only: Vec::new(),
-        binds: Vec::new(),
+        binds,
         // Room for what the runtime says when `create` fails; the claim sets the run's cap
-        // (the waiting interpreter writes nothing before).
+        // (the waiting interpreter writes nothing before, or only its wall and ready line).
         output_bytes: CREATE_ERROR_BYTES,
         deadline: plan.max_timeout,
         env: crate::provider::broker_env(&launch_plan, false),
         handed_over: None,
         wall_inside: false,
     };
-    let container = provider.create(&launch_plan, &launch, true)?;
+    let mut container = provider.create(&launch_plan, &launch, true)?;
+    let mut said = None;
     let started = provider
         .runtime()
         .start(&container.id)
         .map_err(|e| {
-            format!(
+            LaunchError::environment(format!(
                 "cannot start the member's container: {}",
                 plimsoll_sandbox::error_chain(&e)
-            )
+            ))
         })
         .and_then(|()| {
-            let pid = container.created.pid().as_raw_nonzero().get() as u32;
-            warm::wait_until_reading(pid, READY_WITHIN).map_err(|e| {
-                format!("the member's interpreter did not come to wait for its code: {e}")
+            if inside {
+                let (memory, pids) = (plan.shape.memory_bytes, plan.shape.pids);
+                said = Some(provider.said_wall(&mut container.created, plan.uid, memory, pids)?);
+                let line = container
+                    .created
+                    .first_line(std::time::Instant::now() + READY_WITHIN, READY_LINE.len())
+                    .map_err(|e| e.to_string());
+                match line {
+                    Ok(l) if l == READY_LINE => Ok(()),
+                    Ok(l) => Err(format!(
+                        "it said {:?}, not that it waits",
+                        String::from_utf8_lossy(&l)
+                    )),
+                    Err(e) => Err(e),
+                }
+            } else {
+                let pid = container.created.pid().as_raw_nonzero().get() as u32;
+                warm::wait_until_reading(pid, READY_WITHIN).map_err(|e| e.to_string())
+            }
+            .map_err(|e| {
+                LaunchError::environment(format!(
+                    "the member's interpreter did not come to wait for its code: {e}"
+                ))
             })
         });
     let member = OciMember {
@@ -144,10 +175,11 @@ pub fn make_for(
         shape: plan.shape,
         max_timeout: plan.max_timeout,
         main,
+        said,
     };
     match started {
         Ok(()) => Ok(member),
-        Err(message) => Err(LaunchError::environment(message).after_cleanup(member.remove(false))),
+        Err(e) => Err(e.after_cleanup(member.remove(false))),
     }
 }
 
@@ -176,8 +208,12 @@ impl OciMember {
 
 impl OciMember {
     /// The member's wall, read from its waiting interpreter, if it matches what the
-    /// provider's probe was judged on for this member's uid and limits.
+    /// provider's probe was judged on for this member's uid and limits; at runsc, the one its
+    /// process said (and that was judged) when it was made.
     fn wall(&self) -> Result<plimsoll_wire::Wall, LaunchError> {
+        if let Some(said) = &self.said {
+            return Ok(said.clone());
+        }
         let pid = self.container.created.pid().as_raw_nonzero().get() as u32;
         self.provider
             .checked_wall(pid, self.plan.uid, self.shape.memory_bytes, self.shape.pids)

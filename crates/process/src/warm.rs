@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use plimsoll_sandbox::judge::{Expectations, HostView};
-use plimsoll_sandbox::warm::{self, GO, JS_WAIT, WarmMember, WarmPlan, WarmShape};
+use plimsoll_sandbox::warm::{self, GO, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
     CaptureLimits, Cause, LaunchError, LaunchPlan, Outcome, ResolvedLimits, Running, Spawn,
     Teardown, capture, unix_ms_now,
@@ -160,14 +160,20 @@ fn start(
                 let client = dir.code.join(plimsoll_sandbox::broker::JS_CLIENT_FILE);
                 args.extend(["--require".into(), client.into_os_string()]);
             }
-            args.extend(["-e".into(), JS_WAIT.into()]);
+            args.extend([
+                "-e".into(),
+                warm::wait_program(Language::Javascript, false, false).into(),
+            ]);
             (&config.node, "main.js", args)
         }
         Language::Python => {
             let mut args: Vec<OsString> = PYTHON_FLAGS.iter().map(Into::into).collect();
             // `-I` keeps the code directory off sys.path: with a broker, the wait program
             // puts it there (for the client) before it runs the code, as a cold run does.
-            args.extend(["-c".into(), warm::python_wait(broker.is_some()).into()]);
+            args.extend([
+                "-c".into(),
+                warm::wait_program(Language::Python, broker.is_some(), false).into(),
+            ]);
             (&config.python, "main.py", args)
         }
     };

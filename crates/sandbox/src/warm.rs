@@ -246,20 +246,47 @@ pub const PYTHON_WAIT: &str = concat!(
     "_end(0)\n",
 );
 
-/// The wait program a member's python3 runs: [`PYTHON_WAIT`], and with `code_dir_on_path`
-/// (a run with a broker, whose client sits beside the code) the code's directory put first
-/// on `sys.path` once the handshake is done and the code's path known, as a cold run's
-/// `PYTHON_BOOT` does (`-I` keeps it off otherwise).
-pub fn python_wait(code_dir_on_path: bool) -> String {
-    const AFTER: &str = "p = sys.argv.pop(1); sys.argv[0] = p\n";
-    if code_dir_on_path {
-        PYTHON_WAIT.replacen(
-            AFTER,
-            &format!("{AFTER}sys.path.insert(0, p.rpartition('/')[0])\n"),
-            1,
-        )
-    } else {
-        PYTHON_WAIT.to_owned()
+/// What a waiting interpreter made with `say_ready` ([`wait_program`]) writes on its
+/// standard output once it is about to block reading its input: where the host cannot see
+/// it wait (gVisor's Sentry hides it from the host's /proc), this line says the member is
+/// warm. The host reads it before the capture starts; the run's output never holds it.
+pub const READY_LINE: &[u8] = b"plimsoll-member: waiting\n";
+
+/// The wait program a member's interpreter runs: [`JS_WAIT`] (`node -e`) or [`PYTHON_WAIT`]
+/// (`python3 -I -B -c`), and
+/// - with `code_dir_on_path` (a Python run with a broker, whose client sits beside the
+///   code), the code's directory put first on `sys.path` once the handshake is done and the
+///   code's path known, as a cold run's `PYTHON_BOOT` does (`-I` keeps it off otherwise);
+///   JavaScript preloads its client with `--require` instead, so the flag changes nothing
+///   there;
+/// - with `say_ready`, [`READY_LINE`] written on standard output just before the wait.
+pub fn wait_program(language: Language, code_dir_on_path: bool, say_ready: bool) -> String {
+    let ready = String::from_utf8_lossy(READY_LINE).replace('\n', "\\n");
+    match language {
+        Language::Javascript => {
+            const BEFORE: &str = "for (;;) {";
+            if say_ready {
+                JS_WAIT.replacen(BEFORE, &format!("fs.writeSync(1, '{ready}'); {BEFORE}"), 1)
+            } else {
+                JS_WAIT.to_owned()
+            }
+        }
+        Language::Python => {
+            const AFTER: &str = "p = sys.argv.pop(1); sys.argv[0] = p\n";
+            const BEFORE: &str = "s = sys.stdin.buffer.read(4)\n";
+            let mut text = PYTHON_WAIT.to_owned();
+            if code_dir_on_path {
+                text = text.replacen(
+                    AFTER,
+                    &format!("{AFTER}sys.path.insert(0, p.rpartition('/')[0])\n"),
+                    1,
+                );
+            }
+            if say_ready {
+                text = text.replacen(BEFORE, &format!("os.write(1, b'{ready}')\n{BEFORE}"), 1);
+            }
+            text
+        }
     }
 }
 
@@ -296,12 +323,15 @@ pub fn wait_until_reading(pid: u32, within: Duration) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod python_wait_tests {
+mod wait_program_tests {
+    use super::{JS_WAIT, PYTHON_WAIT, READY_LINE, wait_program};
+    use plimsoll_wire::Language::{Javascript, Python};
+
     #[test]
     fn with_a_broker_the_python_wait_puts_the_code_directory_on_the_path_after_the_handshake() {
-        let plain = super::python_wait(false);
-        let brokered = super::python_wait(true);
-        assert_eq!(plain, super::PYTHON_WAIT);
+        let plain = wait_program(Python, false, false);
+        let brokered = wait_program(Python, true, false);
+        assert_eq!(plain, PYTHON_WAIT);
         let line = "sys.path.insert(0, p.rpartition('/')[0])\n";
         let at = brokered.find(line).expect("the path line");
         assert!(at > brokered.find("sys.argv.pop(1)").unwrap());
@@ -310,5 +340,34 @@ mod python_wait_tests {
             "only after the go"
         );
         assert_eq!(brokered.len(), plain.len() + line.len());
+        assert_eq!(wait_program(Javascript, true, false), JS_WAIT);
+    }
+
+    #[test]
+    fn a_wait_that_says_ready_says_it_once_just_before_it_reads() {
+        for (language, write, read) in [
+            (
+                Javascript,
+                "fs.writeSync(1, 'plimsoll-member: waiting\\n'); ",
+                "for (;;) {",
+            ),
+            (
+                Python,
+                "os.write(1, b'plimsoll-member: waiting\\n')\n",
+                "s = sys.stdin.buffer.read(4)",
+            ),
+        ] {
+            let said = wait_program(language, false, true);
+            assert_eq!(said.matches(write).count(), 1, "{said}");
+            assert_eq!(
+                said.find(write).unwrap() + write.len(),
+                said.find(read).unwrap()
+            );
+            assert_eq!(
+                said.replacen(write, "", 1),
+                wait_program(language, false, false)
+            );
+        }
+        assert_eq!(READY_LINE.last(), Some(&b'\n'));
     }
 }
