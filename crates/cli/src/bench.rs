@@ -425,14 +425,6 @@ fn wait_for_member(engine: &Engine, case: &Case) {
     }
 }
 
-/// Resident memory of every process of `uids`, KiB.
-fn rss_kib_of_uids(uids: std::ops::Range<u32>) -> u64 {
-    plimsoll_sandbox::reap::processes_of_uids(uids)
-        .into_iter()
-        .filter_map(|pid| rss_kib(pid as u32))
-        .sum()
-}
-
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| {
@@ -445,9 +437,11 @@ fn rss_kib(pid: u32) -> Option<u64> {
     })
 }
 
-/// The memory of the idle members (every process of the warm engine's member uids, with
-/// the pools full, divided by the members), beside each interpreter waiting on a pipe
-/// unsandboxed.
+/// The memory of the idle members, per provider and language, with the pools full: the
+/// resident memory of every host process in a member's memory cgroup (a member's id names
+/// its cgroups; at runsc that is gVisor's sandbox process, whose Sentry holds the
+/// interpreter), and what those cgroups are charged; beside each interpreter waiting on a
+/// pipe unsandboxed.
 fn members_memory(
     engine: &Engine,
     warming: &[String],
@@ -464,9 +458,6 @@ fn members_memory(
     while !full() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let members: usize = engine.pools_idle().iter().map(|(_, _, n)| *n).sum();
-    let all = rss_kib_of_uids(engine.pool_uid_range());
-    let cgroups = memory_cgroups_kib(engine.pool_uid_range());
     let mut out = String::from("\nidle members (warm engine, pools full):\n");
     for (language, program) in [(Language::Javascript, node), (Language::Python, python)] {
         let bare = bare_waiting_rss_kib(program, language);
@@ -478,65 +469,84 @@ fn members_memory(
                 .map_or_else(|| "-".to_owned(), |w| format!("{w:.0}")),
         ));
     }
-    out.push_str(&format!(
-        "  all {members} idle members together {all} KiB RSS, {} KiB a member\n",
-        all / members.max(1) as u64
-    ));
-    match cgroups {
-        Some((n, kib)) => out.push_str(&format!(
-            "  their {n} memory cgroups charged {kib} KiB together (resident memory, page cache and tmpfs), {} KiB a member\n",
-            kib / members.max(1) as u64
-        )),
-        None => out.push_str("  their memory cgroups: no memory controller mounted\n"),
+    let Some(hierarchy) = plimsoll_sandbox::cgroup::CgroupLayout::detect()
+        .ok()
+        .and_then(|l| l.memory_hierarchy().cloned())
+    else {
+        out.push_str("  no memory controller mounted: members cannot be told apart\n");
+        return out;
+    };
+    let processes = memory_cgroups_of_processes(&hierarchy);
+    // (provider, language) -> (members, RSS KiB, cgroup charge KiB)
+    let mut seen: std::collections::BTreeMap<(String, &str), (u64, u64, u64)> =
+        std::collections::BTreeMap::new();
+    for (provider, language, id) in engine.pool_idle_members() {
+        let mine: Vec<&(i32, PathBuf)> = processes
+            .iter()
+            .filter(|(_, dir)| dir.to_string_lossy().contains(&id))
+            .collect();
+        let rss: u64 = mine
+            .iter()
+            .filter_map(|(pid, _)| rss_kib(*pid as u32))
+            .sum();
+        let dirs: std::collections::BTreeSet<&PathBuf> = mine.iter().map(|(_, d)| d).collect();
+        let charged: u64 = dirs
+            .iter()
+            .filter_map(|d| cgroup_usage_kib(&hierarchy, d))
+            .sum();
+        let e = seen.entry((provider, language.as_str())).or_default();
+        *e = (e.0 + 1, e.1 + rss, e.2 + charged);
+    }
+    for ((provider, language), (n, rss, charged)) in seen {
+        out.push_str(&format!(
+            "  {provider} {language}: {n} idle, {} KiB RSS and {} KiB cgroup charge (resident memory, page cache and tmpfs) a member\n",
+            rss / n.max(1),
+            charged / n.max(1),
+        ));
     }
     out
 }
 
-/// The memory charged to the memory cgroups the processes of `uids` are in (each counted
-/// once): how many, and their usage together in KiB (`memory.usage_in_bytes` under cgroup
-/// v1, `memory.current` under v2). `None` without a memory controller.
-fn memory_cgroups_kib(uids: std::ops::Range<u32>) -> Option<(usize, u64)> {
-    let layout = plimsoll_sandbox::cgroup::CgroupLayout::detect().ok()?;
-    let h = layout.memory_hierarchy()?;
-    let mut dirs = std::collections::BTreeSet::new();
-    for pid in plimsoll_sandbox::reap::processes_of_uids(uids) {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-            continue;
-        };
-        // `id:controllers:path`; v2's line has no controllers.
-        let path = text.lines().find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-            let ours = if h.v2 {
-                controllers.is_empty()
-            } else {
-                controllers.split(',').any(|c| c == "memory")
-            };
-            ours.then(|| path.to_owned())
-        });
-        // A process in the root cgroup would count the whole host: it has none of its own.
-        if let Some(p) = path.map(|p| p.trim_start_matches('/').to_owned())
-            && !p.is_empty()
-        {
-            dirs.insert(h.mount.join(p));
-        }
-    }
+/// Every process's memory cgroup directory (its own, not the root's).
+fn memory_cgroups_of_processes(h: &plimsoll_sandbox::cgroup::Hierarchy) -> Vec<(i32, PathBuf)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            // `id:controllers:path`; v2's line has no controllers.
+            let path = text.lines().find_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+                let ours = if h.v2 {
+                    controllers.is_empty()
+                } else {
+                    controllers.split(',').any(|c| c == "memory")
+                };
+                ours.then(|| path.trim_start_matches('/').to_owned())
+            })?;
+            // A process in the root cgroup would count the whole host.
+            (!path.is_empty()).then(|| (pid, h.mount.join(path)))
+        })
+        .collect()
+}
+
+/// What memory cgroup `dir` is charged, KiB (`memory.usage_in_bytes` under cgroup v1,
+/// `memory.current` under v2).
+fn cgroup_usage_kib(h: &plimsoll_sandbox::cgroup::Hierarchy, dir: &Path) -> Option<u64> {
     let file = if h.v2 {
         "memory.current"
     } else {
         "memory.usage_in_bytes"
     };
-    let bytes: u64 = dirs
-        .iter()
-        .filter_map(|d| {
-            std::fs::read_to_string(d.join(file))
-                .ok()?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .sum();
-    Some((dirs.len(), bytes / 1024))
+    let bytes: u64 = std::fs::read_to_string(dir.join(file))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(bytes / 1024)
 }
 
 /// The resident set of `program` started as a member's interpreter is, outside any sandbox,

@@ -469,6 +469,12 @@ impl Engine {
         self.pools().idle()
     }
 
+    /// Each idle member's provider, language and id (its id names its directory, container
+    /// and cgroups).
+    pub fn pool_idle_members(&self) -> Vec<(String, plimsoll_wire::Language, String)> {
+        self.pools().idle_ids()
+    }
+
     /// The uids warm members may run as (past every other uid of the engine).
     pub fn pool_uid_range(&self) -> std::ops::Range<u32> {
         self.pools().uid_range()

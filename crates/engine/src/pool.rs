@@ -249,6 +249,19 @@ impl Pools {
         self.pools.is_empty()
     }
 
+    /// Each idle member's provider, language and id.
+    pub fn idle_ids(&self) -> Vec<(String, Language, String)> {
+        let mut out = Vec::new();
+        for p in &self.pools {
+            let idle = p.idle.lock().unwrap_or_else(|e| e.into_inner());
+            out.extend(
+                idle.iter()
+                    .map(|m| (p.provider_name.clone(), p.shape.language, m.id.clone())),
+            );
+        }
+        out
+    }
+
     /// Idle members per pool: `(provider, language, idle)`.
     pub fn idle(&self) -> Vec<(String, Language, usize)> {
         self.pools
