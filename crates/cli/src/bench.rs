@@ -589,6 +589,7 @@ fn wall_read_us(pid: u32) -> Option<f64> {
         capabilities: Capabilities {
             empty: strings(&["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]),
             may_be_absent: vec![],
+            held: Vec::new(),
         },
         no_new_privs: NoNewPrivs::Set,
         seccomp: Some(Seccomp::Filter),

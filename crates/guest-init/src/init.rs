@@ -216,13 +216,8 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         }
         Err(e) => return Err(GuestInitError::Channel(e)),
     };
-    // A trial's agent starts privileged, with its job at once. Any other agent starts first
-    // and says its wall; the host sends the job only once it has judged that.
-    let job = if limits.trial {
-        Some(read_job(port)?)
-    } else {
-        None
-    };
+    // The agent starts first, with nothing to do, and says its wall (a trial's too, as uid
+    // 0 holding its two capabilities); the host sends the job only once it has judged that.
 
     let broker = match broker_port {
         Some(p) => {
@@ -247,7 +242,7 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
     }
     let uptime_agent = uptime();
     let started = Instant::now();
-    let status = run_agent(port, job, procs, broker, limits.trial)?;
+    let status = run_agent(port, procs, broker, limits.trial)?;
     let agent_ms = started.elapsed().as_millis();
     let mut exit = vec![
         ("uptime_init_s", format!("{uptime_init:.3}")),
@@ -537,15 +532,6 @@ pub fn trial_agent_steps(procs: Option<OwnedFd>) -> PreExec {
         .step("no_new_privs", Step::NoNewPrivs)
 }
 
-/// The job in an anonymous memory file, to be the agent's stdin.
-fn job_file(job: &[u8]) -> io::Result<File> {
-    let fd = rustix::fs::memfd_create("plimsoll-job", rustix::fs::MemfdFlags::CLOEXEC)?;
-    let mut f = File::from(fd);
-    f.write_all(job)?;
-    io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
-    Ok(f)
-}
-
 /// Runs the agent in the run's cgroup, as the sandbox user (or, for a trial job, as uid 0
 /// with exactly CAP_SETUID and CAP_SETGID), streaming its stdout to the host
 /// as it comes and its stderr (kept short) at the end.
@@ -585,28 +571,21 @@ fn first_line(stdout: &mut impl io::Read) -> io::Result<(Vec<u8>, Vec<u8>)> {
 
 fn run_agent(
     port: &mut File,
-    job: Option<Vec<u8>>,
     procs: File,
     broker: bool,
     trial: bool,
 ) -> Result<std::process::ExitStatus, GuestInitError> {
-    let stdin = match &job {
-        Some(job) => Stdio::from(job_file(job).map_err(GuestInitError::Agent)?),
-        None => Stdio::piped(),
-    };
     #[expect(
         clippy::disallowed_methods,
         reason = "inside the guest, PID 1 starts the agent with its job on stdin; the host's Spawn helper gives /dev/null"
     )]
     let mut cmd = std::process::Command::new(AGENT);
-    if job.is_none() {
-        cmd.arg("--wall-first");
-    }
+    cmd.arg("--wall-first");
     cmd.env_clear()
         .envs(ENVIRONMENT)
         .envs(BROKER_ENVIRONMENT.into_iter().filter(|_| broker))
         .current_dir("/work")
-        .stdin(stdin)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let procs = Some(OwnedFd::from(procs));
@@ -637,30 +616,27 @@ fn run_agent(
         }
         kept
     });
-    if job.is_none() {
-        // Its wall first; then its job, once the host has judged the wall (a host that
-        // refuses sends no job: the guest is killed with the agent waiting).
-        let handed = (|| {
-            let (wall, rest) = first_line(&mut stdout).map_err(GuestInitError::Agent)?;
-            channel::write_frame(port, channel::WALL, &wall).map_err(GuestInitError::Channel)?;
-            let job = read_job(port)?;
-            let mut input = child
-                .stdin
-                .take()
-                .ok_or_else(|| GuestInitError::Agent(io::Error::other("no stdin pipe")))?;
-            input.write_all(&job).map_err(GuestInitError::Agent)?;
-            drop(input);
-            if !rest.is_empty() {
-                channel::write_frame(port, channel::STDOUT, &rest)
-                    .map_err(GuestInitError::Channel)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = handed {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
+    // Its wall first; then its job, once the host has judged the wall (a host that refuses
+    // sends no job: the guest is killed with the agent waiting).
+    let handed = (|| {
+        let (wall, rest) = first_line(&mut stdout).map_err(GuestInitError::Agent)?;
+        channel::write_frame(port, channel::WALL, &wall).map_err(GuestInitError::Channel)?;
+        let job = read_job(port)?;
+        let mut input = child
+            .stdin
+            .take()
+            .ok_or_else(|| GuestInitError::Agent(io::Error::other("no stdin pipe")))?;
+        input.write_all(&job).map_err(GuestInitError::Agent)?;
+        drop(input);
+        if !rest.is_empty() {
+            channel::write_frame(port, channel::STDOUT, &rest).map_err(GuestInitError::Channel)?;
         }
+        Ok(())
+    })();
+    if let Err(e) = handed {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
     }
     let mut buf = vec![0u8; channel::CHUNK];
     loop {

@@ -302,7 +302,6 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         )
         .collect(),
         files: Vec::new(),
-        owner_only: Vec::new(),
         binds: vec![("plimsoll-probe".into(), p.config().probe.clone())],
         output_bytes: 1 << 20,
         deadline: plan.limits.timeout,
@@ -365,6 +364,7 @@ pub fn expectations(kind: RuntimeKind, probe_uid: u32) -> Expectations {
             empty: strings(&["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]),
             // gVisor's /proc/self/status has no CapAmb line.
             may_be_absent: if gvisor { strings(&["CapAmb"]) } else { vec![] },
+            held: Vec::new(),
         },
         // gVisor's /proc/self/status has no NoNewPrivs line (the attack tests ask prctl).
         no_new_privs: if gvisor {

@@ -197,9 +197,6 @@ pub(crate) struct LaunchSpec {
     pub args: Vec<String>,
     /// Files written into the tools directory (name, content).
     pub files: Vec<(String, Vec<u8>)>,
-    /// Names among `files` written mode 0600 (root's, the rest 0644): a trial run's job
-    /// holds the scenarios its controller must not read; its shell opens it as uid 0.
-    pub owner_only: Vec<String>,
     /// Host files bound read-only into the tools directory (name, host path).
     pub binds: Vec<(String, PathBuf)>,
     pub output_bytes: u64,
@@ -473,8 +470,9 @@ impl OciProvider {
             // (the wall does not match, the process did not come to read) is not dispatched.
             let pid = created.pid().as_raw_nonzero().get() as u32;
             let (memory, pids) = (plan.limits.memory_bytes, plan.limits.pids);
+            let trial = plan.privileges.is_trial();
             let gated = if launch.wall_inside {
-                self.said_wall(&mut created, plan.uid, memory, pids)
+                self.said_wall(&mut created, plan.uid, memory, pids, trial)
             } else {
                 warm::wait_until_reading(pid, READY_WITHIN)
                     .map_err(|e| {
@@ -482,7 +480,7 @@ impl OciProvider {
                             "the container's process did not come to read its job: {e}"
                         ))
                     })
-                    .and_then(|()| self.checked_wall(pid, plan.uid, memory, pids))
+                    .and_then(|()| self.checked_wall(pid, plan.uid, memory, pids, trial))
             };
             match gated {
                 Ok(w) => wall = Some(w),
@@ -522,7 +520,8 @@ impl OciProvider {
     }
 
     /// The wall of the container process `pid`, read from the host, if it matches what this
-    /// provider's probe was judged on for `uid` and the run's memory and pids limits;
+    /// provider's probe was judged on for `uid` and the run's memory and pids limits (with
+    /// `trial`, what a trial's agent starts with: [`plimsoll_sandbox::wall::for_trial`]);
     /// otherwise a refusal (not dispatched, `environment`) saying which checks failed.
     pub(crate) fn checked_wall(
         &self,
@@ -530,12 +529,13 @@ impl OciProvider {
         uid: u32,
         memory: u64,
         pids: u64,
+        trial: bool,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
         let layout = self.layout().map_err(LaunchError::environment)?;
         let wall = plimsoll_sandbox::wall::read_unmarked(pid, layout).map_err(|e| {
             LaunchError::environment(format!("cannot read the sandbox's wall: {e}"))
         })?;
-        self.judged_wall(wall, uid, memory, pids)
+        self.judged_wall(wall, uid, memory, pids, trial)
     }
 
     /// The wall the container's process said of itself from inside (`plimsoll-agent
@@ -548,6 +548,7 @@ impl OciProvider {
         uid: u32,
         memory: u64,
         pids: u64,
+        trial: bool,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
         let line = created
             .first_line(Instant::now() + READY_WITHIN, WALL_LINE_MAX)
@@ -559,7 +560,7 @@ impl OciProvider {
                 "the agent's wall is not a wall ({e}): check plimsoll-agent"
             ))
         })?;
-        self.judged_wall(wall, uid, memory, pids)
+        self.judged_wall(wall, uid, memory, pids, trial)
     }
 
     /// `wall`, its namespaces compared with the host's, if it matches what this provider's
@@ -570,8 +571,12 @@ impl OciProvider {
         uid: u32,
         memory: u64,
         pids: u64,
+        trial: bool,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
-        let expected = crate::probe::run_expectations(self.config.kind, uid, memory, pids);
+        let mut expected = crate::probe::run_expectations(self.config.kind, uid, memory, pids);
+        if trial {
+            expected = plimsoll_sandbox::wall::for_trial(&expected);
+        }
         plimsoll_sandbox::wall::mark(&mut wall, &expected, &self.host);
         plimsoll_sandbox::wall::check(&wall, &expected, &self.host)
             .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))?;
@@ -840,12 +845,7 @@ impl OciProvider {
         };
         let write = |path: &Path, content: &[u8]| write_mode(path, content, 0o644);
         for (name, content) in &launch.files {
-            let mode = if launch.owner_only.contains(name) {
-                0o600
-            } else {
-                0o644
-            };
-            write_mode(&tools.join(name), content, mode)?;
+            write(&tools.join(name), content)?;
         }
         for (name, host) in &launch.binds {
             if !host.is_file() {
@@ -982,7 +982,6 @@ impl OciProvider {
         LaunchSpec {
             args,
             files,
-            owner_only: Vec::new(),
             binds: Vec::new(),
             output_bytes: plan.limits.output_bytes,
             deadline: plan.limits.timeout,
@@ -1040,17 +1039,13 @@ impl OciProvider {
         // JSON may spell one byte as six (`\u0000`).
         let content = 2 * plan.limits.output_bytes * (project.steps.len() as u64 + 1)
             + plan.limits.artifact_bytes * project.artifacts.len() as u64;
-        // At crun and runc (but not for a trial, whose agent starts as uid 0 with two
-        // capabilities) the agent reads its job from its standard input, handed over only
-        // once it waits for it and its wall matches. Otherwise the job is a file from the start.
-        let gated = trial.is_none();
+        // The agent reads its job from its standard input, handed over only once it waits
+        // for it and its wall matches (a trial's: uid 0 holding exactly the two
+        // capabilities). The job is in no file: a trial's controller, another uid, has
+        // nothing to read the scenarios from.
         // At runsc the daemon cannot see inside gVisor: the agent says its wall first.
         let wall_inside = self.config.kind == RuntimeKind::Runsc;
-        let (mut files, handed_over) = if gated {
-            (Vec::new(), Some(text))
-        } else {
-            (vec![("job.json".to_owned(), text)], None)
-        };
+        let mut files = Vec::new();
         if plan.broker.is_some() {
             use plimsoll_sandbox::broker::{
                 JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE,
@@ -1061,36 +1056,19 @@ impl OciProvider {
                 PYTHON_CLIENT.as_bytes().to_vec(),
             ));
         }
+        let mut args = vec![format!("{}/plimsoll-agent", spec::TOOLS_DIR)];
+        if wall_inside {
+            args.push("--wall-first".into());
+        }
         Ok(LaunchSpec {
-            args: if gated && wall_inside {
-                vec![
-                    format!("{}/plimsoll-agent", spec::TOOLS_DIR),
-                    "--wall-first".into(),
-                ]
-            } else if gated {
-                vec![format!("{}/plimsoll-agent", spec::TOOLS_DIR)]
-            } else {
-                vec![
-                    "/bin/sh".into(),
-                    "-c".into(),
-                    format!("exec {0}/plimsoll-agent < {0}/job.json", spec::TOOLS_DIR),
-                ]
-            },
+            args,
             files,
-            // The agent's shell opens the job as uid 0 (CAP_DAC_OVERRIDE is not among its
-            // two capabilities, so only the owner's bits let it); the controller, another
-            // uid, cannot read the scenarios there.
-            owner_only: if trial.is_some() {
-                vec!["job.json".to_owned()]
-            } else {
-                Vec::new()
-            },
             env: broker_env(plan, true),
             binds,
             output_bytes: content.saturating_mul(6).saturating_add(AGENT_ANSWER_SLACK),
             deadline: plan.limits.timeout + AGENT_GRACE,
-            handed_over,
-            wall_inside: gated && wall_inside,
+            handed_over: Some(text),
+            wall_inside,
         })
     }
 }
@@ -1360,12 +1338,7 @@ mod tests {
 
     /// The job, from the file or from what is handed over (never both).
     fn job_of(launch: &LaunchSpec) -> AgentJob {
-        let file = launch.files.iter().find(|(n, _)| n == "job.json");
-        let text = match (file, &launch.handed_over) {
-            (Some((_, text)), None) | (None, Some(text)) => text,
-            other => panic!("the job is in {other:?}"),
-        };
-        serde_json::from_slice(text).unwrap()
+        serde_json::from_slice(launch.handed_over.as_ref().expect("the job")).unwrap()
     }
 
     /// The wall an agent says inside gVisor is judged on the host like any other: one that
@@ -1402,7 +1375,7 @@ mod tests {
             ..plimsoll_wire::Wall::default()
         };
         let judged = p
-            .judged_wall(wall.clone(), 2_000_010, 256 << 20, 64)
+            .judged_wall(wall.clone(), 2_000_010, 256 << 20, 64, false)
             .unwrap();
         // Marked on the host: gVisor's namespaces are not the daemon's.
         assert!(
@@ -1434,7 +1407,7 @@ mod tests {
                 },
             ),
         ] {
-            match p.judged_wall(breach, 2_000_010, 256 << 20, 64) {
+            match p.judged_wall(breach, 2_000_010, 256 << 20, 64, false) {
                 Err(e @ LaunchError::NotStarted { .. }) => {
                     assert_eq!(e.not_dispatched(), Some(plimsoll_wire::Reason::Environment));
                     assert!(
@@ -1445,6 +1418,28 @@ mod tests {
                 }
                 other => panic!("{what}: {other:?}"),
             }
+        }
+        // A trial's agent: root holding exactly CAP_SETUID and CAP_SETGID, and only in a
+        // trial; the run's own wall is refused there.
+        let two = Some("00000000000000c0".to_owned());
+        let trial = plimsoll_wire::Wall {
+            uid: 0,
+            euid: 0,
+            gid: 0,
+            cap_prm: two.clone(),
+            cap_eff: two.clone(),
+            cap_bnd: two,
+            ..wall.clone()
+        };
+        assert!(
+            p.judged_wall(trial.clone(), 2_000_010, 256 << 20, 64, true)
+                .is_ok()
+        );
+        for (wall, is_trial) in [(trial, false), (wall, true)] {
+            let e = p
+                .judged_wall(wall, 2_000_010, 256 << 20, 64, is_trial)
+                .unwrap_err();
+            assert_eq!(e.not_dispatched(), Some(plimsoll_wire::Reason::Environment));
         }
     }
 
@@ -1497,17 +1492,17 @@ mod tests {
                 controller_gid: 2_000_021,
             })
         );
-        // The job holds the scenarios: root's alone in a trial run, a file from the start
-        // (its agent starts as uid 0 with two capabilities: no wall to check).
-        assert_eq!(launch.owner_only, ["job.json"]);
-        assert!(launch.handed_over.is_none());
+        // The job holds the scenarios: in no file, handed over on the agent's input once
+        // its wall (uid 0 holding exactly the two capabilities) matched.
+        assert!(launch.files.iter().all(|(n, _)| n != "job.json"));
+        assert!(launch.handed_over.is_some());
+        assert_eq!(launch.args, [format!("{}/plimsoll-agent", spec::TOOLS_DIR)]);
 
         // Without a trial step: no runner, no ids, whether or not the runner exists.
         let plain = project_plan(&["echo plimsoll-trial-runner"]);
         let launch = p.project_launch(&plain).unwrap();
         assert_eq!(launch.binds, [("plimsoll-agent".to_owned(), agent)]);
         assert_eq!(job_of(&launch).trial, None);
-        assert!(launch.owner_only.is_empty());
         // Any other project's job is handed over on the agent's input once its wall matched.
         assert!(launch.handed_over.is_some());
         assert_eq!(launch.args, [format!("{}/plimsoll-agent", spec::TOOLS_DIR)]);

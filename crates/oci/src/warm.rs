@@ -121,7 +121,6 @@ pub fn make_for(
     let launch = LaunchSpec {
         args,
         files,
-        owner_only: Vec::new(),
         binds,
         // Room for what the runtime says when `create` fails; the claim sets the run's cap
         // (the waiting interpreter writes nothing before, or only its wall and ready line).
@@ -145,7 +144,13 @@ pub fn make_for(
         .and_then(|()| {
             if inside {
                 let (memory, pids) = (plan.shape.memory_bytes, plan.shape.pids);
-                said = Some(provider.said_wall(&mut container.created, plan.uid, memory, pids)?);
+                said = Some(provider.said_wall(
+                    &mut container.created,
+                    plan.uid,
+                    memory,
+                    pids,
+                    false,
+                )?);
                 let line = container
                     .created
                     .first_line(std::time::Instant::now() + READY_WITHIN, READY_LINE.len())
@@ -215,8 +220,13 @@ impl OciMember {
             return Ok(said.clone());
         }
         let pid = self.container.created.pid().as_raw_nonzero().get() as u32;
-        self.provider
-            .checked_wall(pid, self.plan.uid, self.shape.memory_bytes, self.shape.pids)
+        self.provider.checked_wall(
+            pid,
+            self.plan.uid,
+            self.shape.memory_bytes,
+            self.shape.pids,
+            false,
+        )
     }
 }
 

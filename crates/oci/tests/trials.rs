@@ -165,6 +165,17 @@ fn the_accepted_controllers_give_their_fingerprint(kind: RuntimeKind, test: &str
         assert_eq!(t["fingerprint"], ACCEPTED, "{t}");
         assert_eq!(trajectory_sha256(&r), ACCEPTED);
         assert_eq!(r.artifacts[0].size, 80_000);
+        // Its wall, read (at runsc, said) before the job went in: the agent as uid 0
+        // holding exactly CAP_SETUID and CAP_SETGID.
+        let w = r.wall.as_ref().expect("a trial's result has its wall");
+        let two = Some("00000000000000c0");
+        assert_eq!((w.uid, w.euid, w.gid), (0, 0, 0), "{w:?}");
+        assert_eq!(
+            (w.cap_prm.as_deref(), w.cap_eff.as_deref()),
+            (two, two),
+            "{w:?}"
+        );
+        assert_eq!(w.cap_bnd.as_deref(), two, "{w:?}");
         // Timings are reported, never asserted.
         eprintln!(
             "TIMING {} {command}: run {run_ms} ms, verdict wall_ms {}",
@@ -297,7 +308,8 @@ fn the_controller_sees_neither_the_scenario_nor_the_runner(kind: RuntimeKind, te
     hostile::assert_saw_nothing(
         &seen,
         u + CONTROLLER_OFFSET,
-        "errno 13",
+        // The job is in no file: it came on the agent's input.
+        "errno 2",
         kind == RuntimeKind::Runsc,
     );
 }

@@ -345,6 +345,7 @@ pub fn expectations(uid: u32, state_dir: &Path) -> Expectations {
         capabilities: Capabilities {
             empty: strings(&["CapEff", "CapPrm", "CapInh", "CapAmb"]),
             may_be_absent: vec![],
+            held: Vec::new(),
         },
         no_new_privs: NoNewPrivs::Set,
         seccomp: Some(Seccomp::Filter),

@@ -29,7 +29,8 @@ pub enum Identity {
     },
 }
 
-/// The `capabilities` check: every named set is present and empty.
+/// The `capabilities` check: every named set is present and empty, and every held set is
+/// present and holds exactly its mask.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {
     /// The sets (`CapEff` …, as /proc/self/status names them) that must be 0.
@@ -37,6 +38,9 @@ pub struct Capabilities {
     /// Sets whose line may be missing from /proc/self/status (the probe then reports
     /// `error: not in …`): gVisor has no `CapAmb` line.
     pub may_be_absent: Vec<String>,
+    /// Sets that must hold exactly this mask (a trial runner's agent: CAP_SETUID and
+    /// CAP_SETGID in its permitted, effective and bounding sets), by name.
+    pub held: Vec<(String, u64)>,
 }
 
 /// The `no_new_privs` check.
@@ -370,6 +374,15 @@ fn capability_problems(r: &ProbeReport, rule: &Capabilities) -> Vec<String> {
             Some(v) if rule.may_be_absent.contains(set) && v.starts_with("error: not in") => {}
             other => p.push(format!(
                 "{set} = {}",
+                other.map_or("missing", String::as_str)
+            )),
+        }
+    }
+    for (set, mask) in &rule.held {
+        match r.capabilities.get(set) {
+            Some(v) if u64::from_str_radix(v, 16) == Ok(*mask) => {}
+            other => p.push(format!(
+                "{set} = {}, expected {mask:016x}",
                 other.map_or("missing", String::as_str)
             )),
         }

@@ -147,6 +147,25 @@ pub fn root_read_only(mountinfo: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// What the wall of a run with a trial step must show, from what a run's must show
+/// (`run`): its agent starts as uid 0 (and gid 0) holding exactly CAP_SETUID and CAP_SETGID
+/// ([`crate::caps::TRIAL_CAPS`]) in its permitted, effective and bounding sets, and none
+/// inheritable or ambient; everything else (no_new_privs, seccomp, namespaces, root,
+/// network, limits) as for any run.
+pub fn for_trial(run: &Expectations) -> Expectations {
+    const HELD: [&str; 3] = ["CapPrm", "CapEff", "CapBnd"];
+    let mut e = run.clone();
+    e.identity = crate::judge::Identity::Uid(0);
+    e.capabilities
+        .empty
+        .retain(|set| !HELD.contains(&set.as_str()));
+    e.capabilities.held = HELD
+        .iter()
+        .map(|set| ((*set).to_owned(), crate::caps::TRIAL_CAPS))
+        .collect();
+    e
+}
+
 /// The interface names of a /proc/PID/net/dev text, sorted.
 pub fn interfaces(net_dev: &str) -> Vec<String> {
     let mut names: Vec<String> = net_dev
@@ -270,6 +289,7 @@ CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t
                     .map(String::from)
                     .to_vec(),
                 may_be_absent: vec![],
+                held: Vec::new(),
             },
             no_new_privs: NoNewPrivs::Set,
             seccomp: Some(Seccomp::Filter),
@@ -424,5 +444,48 @@ CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t
                 .unwrap_err()
                 .contains("limits: ")
         );
+    }
+
+    /// A trial's wall: root holding exactly the two capabilities passes; a run's wall (no
+    /// capability, its own uid), a third capability, an inheritable or ambient one, or a
+    /// bounding set with more fails.
+    #[test]
+    fn a_trial_wall_holds_exactly_setuid_and_setgid_as_root() {
+        let trial = for_trial(&container());
+        let two = Some("00000000000000c0".to_owned());
+        let mut w = good();
+        (w.uid, w.euid, w.gid) = (0, 0, 0);
+        (w.cap_prm, w.cap_eff, w.cap_bnd) = (two.clone(), two.clone(), two);
+        assert_eq!(check(&w, &trial, &host()), Ok(()));
+        assert!(check(&good(), &trial, &host()).is_err(), "a run's wall");
+        assert!(
+            check(&w, &container(), &host()).is_err(),
+            "a trial's wall for a run"
+        );
+        type Breach = (&'static str, fn(&mut Wall));
+        let breaches: [Breach; 6] = [
+            ("uid", |w| w.euid = 2000),
+            ("capabilities", |w| {
+                w.cap_eff = Some("00000000000000c1".into())
+            }),
+            ("capabilities", |w| {
+                w.cap_prm = Some("0000000000000040".into())
+            }),
+            ("capabilities", |w| {
+                w.cap_bnd = Some("000001ffffffffff".into())
+            }),
+            ("capabilities", |w| {
+                w.cap_inh = Some("00000000000000c0".into())
+            }),
+            ("capabilities", |w| {
+                w.cap_amb = Some("0000000000000080".into())
+            }),
+        ];
+        for (name, breach) in breaches {
+            let mut b = w.clone();
+            breach(&mut b);
+            let refused = check(&b, &trial, &host()).unwrap_err();
+            assert!(refused.contains(&format!("{name}: ")), "{refused}");
+        }
     }
 }

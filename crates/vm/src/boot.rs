@@ -77,10 +77,10 @@ pub struct Job {
     pub answer_timeout: Duration,
     /// Most bytes of agent stdout accepted.
     pub answer_max: usize,
-    /// What the agent's wall must show before the job is sent (every job but a trial's, whose
-    /// agent starts privileged and gets its job at once): the guest starts the agent, the
-    /// agent says its wall, and the job goes only if it matches.
-    pub wall: Option<Expectations>,
+    /// What the agent's wall must show before the job is sent (a trial's: uid 0 holding
+    /// exactly its two capabilities): the guest starts the agent, the agent says its wall,
+    /// and the job goes only if it matches.
+    pub wall: Expectations,
 }
 
 /// How the conversation ended.
@@ -544,37 +544,36 @@ fn converse(
         report.answer = Answer::Lost(format!("sending the limits to the guest: {e}"));
         return false;
     }
-    if let Some(expected) = &job.wall {
-        // The agent is started with nothing to do and says its wall: judged here, by the
-        // probe's table, before anything of the job goes into the guest.
-        let mut reader = DeadlineReader::new(sock, Instant::now() + plan.boot_timeout);
-        let judged = match channel::read_frame(&mut reader, channel::WALL_MAX) {
-            Ok(Some((channel::WALL, payload))) => {
-                serde_json::from_slice::<plimsoll_wire::Wall>(&payload)
-                    .map_err(|e| format!("the agent's wall is not a wall ({e})"))
-                    .and_then(|mut wall| {
-                        let host = HostView::read();
-                        plimsoll_sandbox::wall::mark(&mut wall, expected, &host);
-                        plimsoll_sandbox::wall::check(&wall, expected, &host).map(|()| wall)
-                    })
-            }
-            Ok(Some((channel::FATAL, payload))) => Err(format!(
-                "the guest init failed before the agent said its wall: {}",
-                String::from_utf8_lossy(&payload)
-            )),
-            Ok(Some((tag, _))) => Err(format!(
-                "the guest sent `{}` instead of the agent's wall",
-                tag.escape_ascii()
-            )),
-            Ok(None) => Err("the VM ended before the agent said its wall".into()),
-            Err(e) => Err(format!("reading the agent's wall: {e}")),
-        };
-        match judged {
-            Ok(wall) => report.wall = Some(wall),
-            Err(why) => {
-                report.answer = Answer::WallRefused(why);
-                return false;
-            }
+    let expected = &job.wall;
+    // The agent is started with nothing to do and says its wall: judged here, by the
+    // probe's table, before anything of the job goes into the guest.
+    let mut reader = DeadlineReader::new(sock, Instant::now() + plan.boot_timeout);
+    let judged = match channel::read_frame(&mut reader, channel::WALL_MAX) {
+        Ok(Some((channel::WALL, payload))) => {
+            serde_json::from_slice::<plimsoll_wire::Wall>(&payload)
+                .map_err(|e| format!("the agent's wall is not a wall ({e})"))
+                .and_then(|mut wall| {
+                    let host = HostView::read();
+                    plimsoll_sandbox::wall::mark(&mut wall, expected, &host);
+                    plimsoll_sandbox::wall::check(&wall, expected, &host).map(|()| wall)
+                })
+        }
+        Ok(Some((channel::FATAL, payload))) => Err(format!(
+            "the guest init failed before the agent said its wall: {}",
+            String::from_utf8_lossy(&payload)
+        )),
+        Ok(Some((tag, _))) => Err(format!(
+            "the guest sent `{}` instead of the agent's wall",
+            tag.escape_ascii()
+        )),
+        Ok(None) => Err("the VM ended before the agent said its wall".into()),
+        Err(e) => Err(format!("reading the agent's wall: {e}")),
+    };
+    match judged {
+        Ok(wall) => report.wall = Some(wall),
+        Err(why) => {
+            report.answer = Answer::WallRefused(why);
+            return false;
         }
     }
     if let Err(e) = send(channel::JOB, &job.json) {

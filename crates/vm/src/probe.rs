@@ -608,6 +608,7 @@ pub fn expectations(kernel_release: &str) -> Expectations {
         capabilities: Capabilities {
             empty: strings(&["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]),
             may_be_absent: vec![],
+            held: Vec::new(),
         },
         no_new_privs: NoNewPrivs::Set,
         seccomp: None,

@@ -562,7 +562,15 @@ pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
         json,
         answer_timeout: l.timeout + AGENT_GRACE + transfer,
         answer_max: usize::try_from(answer_max).unwrap_or(usize::MAX),
-        wall: (!trial).then(|| crate::probe::run_expectations(l.memory_bytes, l.pids)),
+        // A trial's agent starts as uid 0 holding exactly CAP_SETUID and CAP_SETGID.
+        wall: {
+            let run = crate::probe::run_expectations(l.memory_bytes, l.pids);
+            if trial {
+                plimsoll_sandbox::wall::for_trial(&run)
+            } else {
+                run
+            }
+        },
     })
 }
 

@@ -707,6 +707,20 @@ accepted.main()
         Err(e) => panic!("qemu run failed: {e}"),
     };
     let r = outcome.result;
+    // The agent's wall, said in the guest and judged before the job went in: uid 0 holding
+    // exactly CAP_SETUID and CAP_SETGID.
+    let w = r.wall.as_ref().expect("a trial's result has its wall");
+    let two = Some("00000000000000c0");
+    assert_eq!((w.uid, w.euid, w.gid), (0, 0, 0), "{w:?}");
+    assert_eq!(
+        (
+            w.cap_prm.as_deref(),
+            w.cap_eff.as_deref(),
+            w.cap_bnd.as_deref()
+        ),
+        (two, two, two),
+        "{w:?}"
+    );
     let steps: Vec<String> = r
         .steps
         .iter()
