@@ -2233,7 +2233,18 @@ fn sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken() {
     assert!(d.logs().contains("names a provider that is not configured"));
     warm_within(&mut start_of_a_run);
 
-    // No pool: the pool is drained and every run starts cold.
+    // No pool: the pool is drained and every run starts cold. Its refilled member (made
+    // once the last claim's teardown freed its one uid) is what the drain must destroy.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let idle = r#"plimsoll_pool_idle{provider="process",language="python"}"#;
+    while metrics().get(idle).copied() != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the pool did not refill: {}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     with_pools("[pools]\n");
     hup_and_wait(&d, "warm pools replaced", 1);
     assert_eq!(members(), Vec::<std::path::PathBuf>::new());

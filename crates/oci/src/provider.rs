@@ -672,21 +672,40 @@ impl OciProvider {
         plan: &LaunchPlan,
         deadline: Duration,
     ) -> Result<plimsoll_sandbox::watchdog::Watchdog, LaunchError> {
+        plimsoll_sandbox::watchdog::start(&self.container_procs(plan)?, deadline + WATCHDOG_GRACE)
+            .map_err(|e| {
+                LaunchError::environment(format!(
+                    "cannot start the run's watchdog: {}",
+                    error_chain(&e)
+                ))
+            })
+    }
+
+    /// [`OciProvider::outside_watchdog`] started ahead, waiting for its deadline (a warm
+    /// member's).
+    pub(crate) fn armed_watchdog(
+        &self,
+        plan: &LaunchPlan,
+    ) -> Result<plimsoll_sandbox::watchdog::Armed, LaunchError> {
+        plimsoll_sandbox::watchdog::arm(&self.container_procs(plan)?).map_err(|e| {
+            LaunchError::environment(format!(
+                "cannot start the member's watchdog: {}",
+                error_chain(&e)
+            ))
+        })
+    }
+
+    /// The `cgroup.procs` files of the container's cgroups, in every hierarchy.
+    fn container_procs(&self, plan: &LaunchPlan) -> Result<Vec<PathBuf>, LaunchError> {
         let layout = self
             .layout
             .as_ref()
             .map_err(|e| LaunchError::environment(e.clone()))?;
-        let procs: Vec<PathBuf> = layout
+        Ok(layout
             .dirs(&spec::container_cgroup(&self.cgroup_parent, &plan.run_id))
             .into_iter()
             .map(|d| d.join("cgroup.procs"))
-            .collect();
-        plimsoll_sandbox::watchdog::start(&procs, deadline + WATCHDOG_GRACE).map_err(|e| {
-            LaunchError::environment(format!(
-                "cannot start the run's watchdog: {}",
-                error_chain(&e)
-            ))
-        })
+            .collect())
     }
 
     /// After `start` (or a warm member's `go`): captures the container's output until its

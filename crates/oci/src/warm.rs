@@ -38,6 +38,9 @@ pub struct OciMember {
     /// At runsc: the wall its process said from inside, judged, before it became the
     /// interpreter (nothing ran in the sandbox since: the interpreter only waits).
     said: Option<plimsoll_wire::Wall>,
+    /// The run's watchdog outside the daemon, started with the member and given its
+    /// deadline at the claim (`None` only while the member is being made).
+    watchdog: Option<plimsoll_sandbox::watchdog::Armed>,
 }
 
 /// The plan a member's container is made from: a cold run's of its shape, with no code yet.
@@ -181,9 +184,14 @@ pub fn make_for(
         max_timeout: plan.max_timeout,
         main,
         said,
+        watchdog: None,
     };
-    match started {
-        Ok(()) => Ok(member),
+    let armed = started.and_then(|()| provider.armed_watchdog(&member.plan));
+    match armed {
+        Ok(w) => Ok(OciMember {
+            watchdog: Some(w),
+            ..member
+        }),
         Err(e) => Err(e.after_cleanup(member.remove(false))),
     }
 }
@@ -262,19 +270,34 @@ impl WarmMember for OciMember {
         if let Err(e) = claimed {
             return Err(e.after_cleanup(self.remove(false)));
         }
-        let outside = match self
-            .provider
-            .outside_watchdog(&self.plan, plan.limits.timeout)
-        {
-            Ok(w) => w,
-            Err(e) => return Err(e.after_cleanup(self.remove(false))),
-        };
         let OciMember {
             provider,
             plan: member_plan,
             container,
+            watchdog,
             ..
         } = *self;
+        let outside = watchdog
+            .ok_or_else(|| std::io::Error::other("the member has no watchdog"))
+            .and_then(|w| w.start(plan.limits.timeout + crate::provider::WATCHDOG_GRACE));
+        let outside = match outside {
+            Ok(w) => w,
+            Err(e) => {
+                let e = LaunchError::environment(format!(
+                    "cannot give the run's watchdog its deadline: {e}"
+                ));
+                let Container {
+                    id,
+                    run_dir,
+                    created,
+                    input,
+                    ..
+                } = container;
+                drop(input);
+                drop(created);
+                return Err(e.after_cleanup(provider.clean(&member_plan, &id, run_dir, false)));
+            }
+        };
         let Container {
             id,
             run_dir,
@@ -299,7 +322,6 @@ impl WarmMember for OciMember {
             plan.limits.timeout,
             plan.limits.output_bytes,
         );
-        drop(outside);
         let ended_unix_ms = unix_ms_now();
         let backstop = followed.backstop;
         let timed_out = followed.timed_out;
@@ -326,6 +348,7 @@ impl WarmMember for OciMember {
             ..RunResult::default()
         };
         let teardown = Teardown::new(move || {
+            drop(outside);
             provider
                 .clean(&member_plan, &id, run_dir, backstop)
                 .map_err(Cause::from)

@@ -40,6 +40,9 @@ pub struct ProcessMember {
     host: HostView,
     /// Made for one cold run with that run's broker channel (and its client preloaded).
     brokered: bool,
+    /// The run's watchdog outside the daemon, started with the member and given its deadline
+    /// at the claim.
+    watchdog: plimsoll_sandbox::watchdog::Armed,
 }
 
 /// Removes what a member had: every process of its uid, its directory and mount, its cgroup.
@@ -79,8 +82,22 @@ pub fn make_for(
             return Err(e.after_cleanup(clean(plan.uid, &dir)));
         }
     };
-    match start(config, plan, &dir, &cgroup, broker) {
-        Ok((running, main)) => Ok(ProcessMember {
+    let started = start(config, plan, &dir, &cgroup, broker).and_then(|(running, main)| {
+        match plimsoll_sandbox::watchdog::arm(&[cgroup.procs_path()]) {
+            Ok(w) => Ok((running, main, w)),
+            Err(e) => {
+                running.kill_group();
+                let mut running = running;
+                let _ = running.child.wait();
+                Err(LaunchError::environment(format!(
+                    "cannot start the member's watchdog: {}",
+                    error_chain(&e)
+                )))
+            }
+        }
+    });
+    match started {
+        Ok((running, main, watchdog)) => Ok(ProcessMember {
             dir,
             cgroup,
             running,
@@ -91,6 +108,7 @@ pub fn make_for(
             expected: crate::probe::expectations(plan.uid, &config.state_dir),
             host: HostView::read(),
             brokered: broker.is_some(),
+            watchdog,
         }),
         Err(e) => Err(e.after_cleanup(remove(plan.uid, &dir, cgroup))),
     }
@@ -212,6 +230,7 @@ impl WarmMember for ProcessMember {
             expected,
             host,
             brokered,
+            watchdog,
         } = *self;
         let claimed = (|| {
             let code = warm::check_claim(plan, &shape, uid, max_timeout, brokered)
@@ -238,18 +257,13 @@ impl WarmMember for ProcessMember {
             }
         };
         let limits = CaptureLimits::new(plan.limits.output_bytes, plan.limits.timeout);
-        let outside = plimsoll_sandbox::watchdog::start(
-            &[cgroup.procs_path()],
-            plan.limits.timeout + WATCHDOG_GRACE,
-        );
-        let outside = match outside {
+        let outside = match watchdog.start(plan.limits.timeout + WATCHDOG_GRACE) {
             Ok(w) => w,
             Err(e) => {
                 running.kill_group();
                 let _ = running.child.wait();
                 let e = LaunchError::environment(format!(
-                    "cannot start the run's watchdog: {}",
-                    error_chain(&e)
+                    "cannot give the run's watchdog its deadline: {e}"
                 ));
                 return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
             }
@@ -268,12 +282,14 @@ impl WarmMember for ProcessMember {
         }
         let captured = capture(running, &limits);
         let ended_unix_ms = unix_ms_now();
-        drop(outside);
         let oom_killed = cgroup.oom_killed();
-        // Whatever the code left running dies now; the rest of the removal is off the
-        // answer's path.
+        // Whatever the code left running dies now; the rest of the removal (the watchdog's
+        // end too) is off the answer's path.
         let _ = plimsoll_sandbox::reap::signal_all_as(uid);
-        let teardown = Teardown::new(move || remove(uid, &dir, cgroup));
+        let teardown = Teardown::new(move || {
+            drop(outside);
+            remove(uid, &dir, cgroup)
+        });
         let c = match captured {
             Ok(c) => c,
             Err(e) => {

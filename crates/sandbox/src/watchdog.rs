@@ -17,8 +17,17 @@ use crate::spawn::{Running, Spawn, SpawnError};
 
 /// The script: `$1` seconds of sleep, then SIGKILL to every pid in the files that follow,
 /// again until they are empty (a fork between reading and killing is caught next turn), for
-/// at most 10 s. Output goes nowhere: the daemon that held the pipes may be gone.
-const SCRIPT: &str = r#"exec >/dev/null 2>&1 </dev/null
+/// at most 10 s. Output goes nowhere: the daemon that held the pipes may be gone. With `$1`
+/// `-` (an armed watchdog), the seconds are the first line of its standard input, which the
+/// daemon writes when the run starts; an input that closes first (the daemon gone before
+/// then) or an unusable line kills at once: nothing of a run was there yet.
+const SCRIPT: &str = r#"exec >/dev/null 2>&1
+if [ "$1" = - ]; then
+  read -r d || d=0
+  shift
+  set -- "$d" "$@"
+fi
+exec </dev/null
 sleep "$1"
 shift
 i=0
@@ -58,6 +67,47 @@ pub fn start(procs: &[PathBuf], after: Duration) -> Result<Watchdog, SpawnError>
     Ok(Watchdog {
         running: Some(running),
     })
+}
+
+/// A watchdog started ahead of its run (a warm member's), asleep on its input until
+/// [`Armed::start`] gives it the deadline: the claim of a member does not wait for a fork.
+/// Dropped unstarted, it ends.
+#[derive(Debug)]
+pub struct Armed {
+    dog: Watchdog,
+    input: std::process::ChildStdin,
+}
+
+/// Starts a watchdog for `procs` (as [`start`]) that waits for its deadline.
+pub fn arm(procs: &[PathBuf]) -> Result<Armed, SpawnError> {
+    let mut args: Vec<OsString> =
+        vec!["-c".into(), SCRIPT.into(), WATCHDOG_NAME.into(), "-".into()];
+    args.extend(procs.iter().map(|p| p.as_os_str().to_owned()));
+    let mut running = Spawn::new("/bin/sh", Path::new("/"))
+        .args(args)
+        .env("PATH", "/usr/bin:/bin")
+        .stdin_pipe()
+        .spawn()?;
+    let input = running.stdin.take().ok_or_else(|| SpawnError::Start {
+        program: "/bin/sh".into(),
+        source: std::io::Error::other("no input pipe"),
+    })?;
+    Ok(Armed {
+        dog: Watchdog {
+            running: Some(running),
+        },
+        input,
+    })
+}
+
+impl Armed {
+    /// Sets the deadline, `after` from now: from here it is a [`Watchdog`] like a started one.
+    pub fn start(self, after: Duration) -> std::io::Result<Watchdog> {
+        use std::io::Write as _;
+        let Armed { dog, mut input } = self;
+        writeln!(input, "{}.{:03}", after.as_secs(), after.subsec_millis())?;
+        Ok(dog)
+    }
 }
 
 impl Drop for Watchdog {
@@ -138,5 +188,48 @@ mod tests {
             })
             .collect();
         assert!(zombies.is_empty(), "zombies left in {me}: {zombies:?}");
+    }
+
+    /// An armed watchdog sleeps on its input: it kills nothing before its deadline is set,
+    /// then kills at that deadline; one whose input closes unset kills at once.
+    #[test]
+    fn an_armed_watchdog_kills_at_the_deadline_it_is_given_or_at_once_if_never_given_one() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let dir = plimsoll_testing::TestDir::new("watchdog", "armed");
+        let victim = || {
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "a plain victim process, not a sandboxed run"
+            )]
+            let v = std::process::Command::new("sleep")
+                .arg("300")
+                .spawn()
+                .unwrap();
+            v
+        };
+        let list = dir.path().join("cgroup.procs");
+        let mut v = victim();
+        std::fs::write(&list, format!("{}\n", v.id())).unwrap();
+        let armed = arm(std::slice::from_ref(&list)).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            v.try_wait().unwrap().is_none(),
+            "killed before its deadline was set"
+        );
+        let started = std::time::Instant::now();
+        let dog = armed.start(Duration::from_millis(300)).unwrap();
+        assert_eq!(v.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        std::fs::write(&list, "").unwrap();
+        drop(dog);
+
+        // Its input closed unset (the daemon gone before the claim): it kills at once.
+        let mut v = victim();
+        std::fs::write(&list, format!("{}\n", v.id())).unwrap();
+        let Armed { dog, input } = arm(std::slice::from_ref(&list)).unwrap();
+        drop(input);
+        assert_eq!(v.wait().unwrap().signal(), Some(libc::SIGKILL));
+        std::fs::write(&list, "").unwrap();
+        drop(dog);
     }
 }
