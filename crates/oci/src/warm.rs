@@ -243,7 +243,7 @@ impl WarmMember for OciMember {
         self.plan.uid
     }
 
-    fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
+    fn run(mut self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
         let mut wall = None;
         let brokered = self.plan.broker.is_some();
         let claimed =
@@ -270,14 +270,9 @@ impl WarmMember for OciMember {
         if let Err(e) = claimed {
             return Err(e.after_cleanup(self.remove(false)));
         }
-        let OciMember {
-            provider,
-            plan: member_plan,
-            container,
-            watchdog,
-            ..
-        } = *self;
-        let outside = watchdog
+        let outside = self
+            .watchdog
+            .take()
             .ok_or_else(|| std::io::Error::other("the member has no watchdog"))
             .and_then(|w| w.start(plan.limits.timeout + crate::provider::WATCHDOG_GRACE));
         let outside = match outside {
@@ -286,18 +281,15 @@ impl WarmMember for OciMember {
                 let e = LaunchError::environment(format!(
                     "cannot give the run's watchdog its deadline: {e}"
                 ));
-                let Container {
-                    id,
-                    run_dir,
-                    created,
-                    input,
-                    ..
-                } = container;
-                drop(input);
-                drop(created);
-                return Err(e.after_cleanup(provider.clean(&member_plan, &id, run_dir, false)));
+                return Err(e.after_cleanup(self.remove(false)));
             }
         };
+        let OciMember {
+            provider,
+            plan: member_plan,
+            container,
+            ..
+        } = *self;
         let Container {
             id,
             run_dir,
