@@ -255,8 +255,19 @@ pub fn judge(w: &Wall, expected: &Expectations, host: &HostView) -> BTreeMap<Str
     checks
 }
 
-/// `Ok` when every check of [`judge`] holds; otherwise what failed, one `name: why` each.
-pub fn check(w: &Wall, expected: &Expectations, host: &HostView) -> Result<(), String> {
+/// A wall that does not match: each failed check, `name: why`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the sandbox's wall does not match its provider's evidence, so its code was not handed over: {}",
+    .failed.join("; ")
+)]
+pub struct WallMismatch {
+    /// The failed checks, `name: why` each.
+    pub failed: Vec<String>,
+}
+
+/// `Ok` when every check of [`judge`] holds; otherwise what failed.
+pub fn check(w: &Wall, expected: &Expectations, host: &HostView) -> Result<(), WallMismatch> {
     let failed: Vec<String> = judge(w, expected, host)
         .into_iter()
         .filter(|(_, v)| v != "ok")
@@ -265,10 +276,7 @@ pub fn check(w: &Wall, expected: &Expectations, host: &HostView) -> Result<(), S
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "the sandbox's wall does not match its provider's evidence, so its code was not handed over: {}",
-            failed.join("; ")
-        ))
+        Err(WallMismatch { failed })
     }
 }
 
@@ -434,7 +442,7 @@ CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t
                 Some("ok"),
                 "{name}: {w:?}"
             );
-            let refused = check(&w, &container(), &host()).unwrap_err();
+            let refused = check(&w, &container(), &host()).unwrap_err().to_string();
             assert!(refused.contains(&format!("{name}: ")), "{refused}");
         }
         let mut w = good();
@@ -442,7 +450,9 @@ CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t
         assert!(
             check(&w, &container(), &host())
                 .unwrap_err()
-                .contains("limits: ")
+                .failed
+                .iter()
+                .any(|f| f.starts_with("limits: "))
         );
     }
 
@@ -484,7 +494,7 @@ CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t
         for (name, breach) in breaches {
             let mut b = w.clone();
             breach(&mut b);
-            let refused = check(&b, &trial, &host()).unwrap_err();
+            let refused = check(&b, &trial, &host()).unwrap_err().to_string();
             assert!(refused.contains(&format!("{name}: ")), "{refused}");
         }
     }

@@ -555,7 +555,9 @@ fn converse(
                 .and_then(|mut wall| {
                     let host = HostView::read();
                     plimsoll_sandbox::wall::mark(&mut wall, expected, &host);
-                    plimsoll_sandbox::wall::check(&wall, expected, &host).map(|()| wall)
+                    plimsoll_sandbox::wall::check(&wall, expected, &host)
+                        .map(|()| wall)
+                        .map_err(|e| e.to_string())
                 })
         }
         Ok(Some((channel::FATAL, payload))) => Err(format!(
