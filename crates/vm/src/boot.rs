@@ -22,6 +22,8 @@ use crate::jail::{self, Jail, JailSpec, inside};
 use crate::qemu::{self, QemuShape};
 use crate::tier::AccelEvidence;
 
+/// `MALLOC_ARENA_MAX` of QEMU: its address space stays near what `RLIMIT_AS` allows for.
+pub const QEMU_MALLOC_ARENAS: &str = "2";
 /// The lock file a live run holds; [`crate::VmProvider::reap`] removes run directories whose
 /// lock is free and that hold this file.
 pub const LOCK_FILE: &str = "qemu.lock";
@@ -417,8 +419,13 @@ fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmE
     };
     let started_unix_ms = unix_ms_now();
     let t0 = Instant::now();
+    // Two malloc arenas at most: glibc reserves 64 MiB of address space per arena, up to 8
+    // per CPU, and QEMU's I/O worker threads (more of them under load) would otherwise take
+    // new ones until thread stacks no longer fit under RLIMIT_AS ("failed to allocate memory
+    // for stack").
     let running = Spawn::new(plan.qemu, "/")
         .args(qemu::args(&plan.shape))
+        .env("MALLOC_ARENA_MAX", QEMU_MALLOC_ARENAS)
         .before_exec(jail.into_pre_exec())
         .spawn()?;
     // QEMU holds its ends now; ours must go, or the channel never reaches end of file.
