@@ -134,7 +134,6 @@ pub fn make_for(
         wall_inside: false,
     };
     let mut container = provider.create(&launch_plan, &launch, true)?;
-    let mut said = None;
     let started = provider
         .runtime()
         .start(&container.id)
@@ -146,35 +145,13 @@ pub fn make_for(
         })
         .and_then(|()| {
             if inside {
-                let (memory, pids) = (plan.shape.memory_bytes, plan.shape.pids);
-                said = Some(provider.said_wall(
-                    &mut container.created,
-                    plan.uid,
-                    memory,
-                    pids,
-                    false,
-                )?);
-                let line = container
-                    .created
-                    .first_line(std::time::Instant::now() + READY_WITHIN, READY_LINE.len())
-                    .map_err(|e| e.to_string());
-                match line {
-                    Ok(l) if l == READY_LINE => Ok(()),
-                    Ok(l) => Err(format!(
-                        "it said {:?}, not that it waits",
-                        String::from_utf8_lossy(&l)
-                    )),
-                    Err(e) => Err(e),
-                }
+                said_and_ready(provider, &mut container, &launch_plan).map(Some)
             } else {
                 let pid = container.created.pid().as_raw_nonzero().get() as u32;
-                warm::wait_until_reading(pid, READY_WITHIN).map_err(|e| e.to_string())
+                warm::wait_until_reading(pid, READY_WITHIN)
+                    .map(|()| None)
+                    .map_err(|e| not_waiting(&e))
             }
-            .map_err(|e| {
-                LaunchError::environment(format!(
-                    "the member's interpreter did not come to wait for its code: {e}"
-                ))
-            })
         });
     let member = OciMember {
         provider: provider.clone(),
@@ -183,17 +160,53 @@ pub fn make_for(
         shape: plan.shape,
         max_timeout: plan.max_timeout,
         main,
-        said,
+        said: None,
         watchdog: None,
     };
-    let armed = started.and_then(|()| provider.armed_watchdog(&member.plan));
-    match armed {
-        Ok(w) => Ok(OciMember {
+    let made = started.and_then(|said| Ok((said, provider.armed_watchdog(&member.plan)?)));
+    match made {
+        Ok((said, w)) => Ok(OciMember {
+            said,
             watchdog: Some(w),
             ..member
         }),
         Err(e) => Err(e.after_cleanup(member.remove(false))),
     }
+}
+
+/// Where the host cannot see the interpreter wait (runsc): the wall its process said, judged
+/// for the member's plan, then the interpreter's ready line.
+fn said_and_ready(
+    provider: &OciProvider,
+    container: &mut Container,
+    plan: &LaunchPlan,
+) -> Result<plimsoll_wire::Wall, LaunchError> {
+    let (uid, memory, pids) = (plan.uid, plan.limits.memory_bytes, plan.limits.pids);
+    let wall = provider.said_wall(&mut container.created, uid, memory, pids, false)?;
+    container
+        .created
+        .first_line(std::time::Instant::now() + READY_WITHIN, READY_LINE.len())
+        .map_err(|e| not_waiting(&e))
+        .and_then(|line| is_ready_line(&line).map_err(|e| not_waiting(&e)))?;
+    Ok(wall)
+}
+
+/// `line` is [`READY_LINE`], or what it said instead.
+fn is_ready_line(line: &[u8]) -> Result<(), String> {
+    if line == READY_LINE {
+        Ok(())
+    } else {
+        Err(format!(
+            "it said {:?}, not that it waits",
+            String::from_utf8_lossy(line)
+        ))
+    }
+}
+
+fn not_waiting(e: &dyn std::fmt::Display) -> LaunchError {
+    LaunchError::environment(format!(
+        "the member's interpreter did not come to wait for its code: {e}"
+    ))
 }
 
 impl OciMember {
@@ -357,5 +370,24 @@ impl WarmMember for OciMember {
 
     fn discard(self: Box<Self>) -> Result<(), Cause> {
         self.remove(false).map_err(Cause::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Only the exact ready line makes a member warm; anything else its process says first
+    /// (output of its own, a truncated line) is refused, and the member is not pooled.
+    #[test]
+    fn only_the_ready_line_says_a_member_waits() {
+        assert_eq!(super::is_ready_line(super::READY_LINE), Ok(()));
+        for other in [
+            &b"plimsoll-member: waiting"[..],
+            b"plimsoll-member: waiting \n",
+            b"1\n",
+            b"",
+        ] {
+            let e = super::is_ready_line(other).unwrap_err();
+            assert!(e.contains("not that it waits"), "{e}");
+        }
     }
 }
