@@ -86,9 +86,7 @@ pub fn make_for(
         match plimsoll_sandbox::watchdog::arm(&[cgroup.procs_path()]) {
             Ok(w) => Ok((running, main, w)),
             Err(e) => {
-                running.kill_group();
-                let mut running = running;
-                let _ = running.child.wait();
+                running.end();
                 Err(LaunchError::environment(format!(
                     "cannot start the member's watchdog: {}",
                     error_chain(&e)
@@ -203,9 +201,7 @@ fn start(
         .spawn()
         .map_err(|e| env(&e))?;
     if let Err(e) = warm::wait_until_reading(running.child.id(), READY_WITHIN) {
-        running.kill_group();
-        let mut running = running;
-        let _ = running.child.wait();
+        running.end();
         return Err(LaunchError::environment(format!(
             "the member's interpreter did not come to wait for its code: {e}"
         )));
@@ -251,8 +247,7 @@ impl WarmMember for ProcessMember {
         let wall = match claimed {
             Ok(wall) => wall,
             Err(e) => {
-                running.kill_group();
-                let _ = running.child.wait();
+                running.end();
                 return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
             }
         };
@@ -260,8 +255,7 @@ impl WarmMember for ProcessMember {
         let outside = match watchdog.start(plan.limits.timeout + WATCHDOG_GRACE) {
             Ok(w) => w,
             Err(e) => {
-                running.kill_group();
-                let _ = running.child.wait();
+                running.end();
                 let e = LaunchError::environment(format!(
                     "cannot give the run's watchdog its deadline: {e}"
                 ));
@@ -275,8 +269,7 @@ impl WarmMember for ProcessMember {
             .ok_or_else(|| std::io::Error::other("the member has no input pipe"))
             .and_then(|mut input| input.write_all(GO));
         if let Err(e) = sent {
-            running.kill_group();
-            let _ = running.child.wait();
+            running.end();
             let e = LaunchError::may_have_run(format!("cannot hand the member its code: {e}"));
             return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
         }
@@ -317,9 +310,7 @@ impl WarmMember for ProcessMember {
             uid,
             ..
         } = *self;
-        running.kill_group();
-        let mut running = running;
-        let _ = running.child.wait();
+        running.end();
         remove(uid, &dir, cgroup)
     }
 }

@@ -68,6 +68,12 @@ impl Running {
     pub fn kill_group(&self) {
         kill_group(&self.child);
     }
+
+    /// Kills the child's process group and reaps the child: a started process given up on.
+    pub fn end(mut self) {
+        self.kill_group();
+        let _ = self.child.wait();
+    }
 }
 
 /// Kills the process group led by `child` (SIGKILL). Call only before `child` is reaped.
