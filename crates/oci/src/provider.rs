@@ -852,17 +852,16 @@ impl OciProvider {
             // The mode given to mkdir is filtered by the umask.
             fs::set_permissions(d, fs::Permissions::from_mode(0o755)).map_err(|e| err(d, e))?;
         }
-        let write_mode = |path: &Path, content: &[u8], mode: u32| -> Result<(), String> {
+        let write = |path: &Path, content: &[u8]| -> Result<(), String> {
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(mode)
+                .mode(0o644)
                 .open(path)
                 .map_err(|e| err(path, e))?;
             f.write_all(content).map_err(|e| err(path, e))?;
-            fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| err(path, e))
+            fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(|e| err(path, e))
         };
-        let write = |path: &Path, content: &[u8]| write_mode(path, content, 0o644);
         for (name, content) in &launch.files {
             write(&tools.join(name), content)?;
         }
