@@ -469,10 +469,8 @@ impl OciProvider {
             // Nothing of the request is inside yet: until the input is written, a failure
             // (the wall does not match, the process did not come to read) is not dispatched.
             let pid = created.pid().as_raw_nonzero().get() as u32;
-            let (memory, pids) = (plan.limits.memory_bytes, plan.limits.pids);
-            let trial = plan.privileges.is_trial();
             let gated = if launch.wall_inside {
-                self.said_wall(&mut created, plan.uid, memory, pids, trial)
+                self.said_wall(&mut created, plan)
             } else {
                 warm::wait_until_reading(pid, READY_WITHIN)
                     .map_err(|e| {
@@ -480,7 +478,7 @@ impl OciProvider {
                             "the container's process did not come to read its job: {e}"
                         ))
                     })
-                    .and_then(|()| self.checked_wall(pid, plan.uid, memory, pids, trial))
+                    .and_then(|()| self.checked_wall(pid, plan))
             };
             match gated {
                 Ok(w) => wall = Some(w),
@@ -520,35 +518,29 @@ impl OciProvider {
     }
 
     /// The wall of the container process `pid`, read from the host, if it matches what this
-    /// provider's probe was judged on for `uid` and the run's memory and pids limits (with
-    /// `trial`, what a trial's agent starts with: [`plimsoll_sandbox::wall::for_trial`]);
-    /// otherwise a refusal (not dispatched, `environment`) saying which checks failed.
+    /// provider's probe was judged on for `plan`'s uid and memory and pids limits (for a
+    /// trial, what its agent starts with: [`plimsoll_sandbox::wall::for_trial`]); otherwise a
+    /// refusal (not dispatched, `environment`) saying which checks failed.
     pub(crate) fn checked_wall(
         &self,
         pid: u32,
-        uid: u32,
-        memory: u64,
-        pids: u64,
-        trial: bool,
+        plan: &LaunchPlan,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
         let layout = self.layout().map_err(LaunchError::environment)?;
         let wall = plimsoll_sandbox::wall::read_unmarked(pid, layout).map_err(|e| {
             LaunchError::environment(format!("cannot read the sandbox's wall: {e}"))
         })?;
-        self.judged_wall(wall, uid, memory, pids, trial)
+        self.judged_wall(wall, plan)
     }
 
     /// The wall the container's process said of itself from inside (`plimsoll-agent
     /// --wall-first` or `--wall-then-exec`: runsc, whose sandbox the host's /proc cannot
     /// see), its first line on standard output, if it matches what this provider's probe was
-    /// judged on for `uid` and the run's limits; otherwise a refusal.
+    /// judged on for `plan`; otherwise a refusal.
     pub(crate) fn said_wall(
         &self,
         created: &mut follow::Created,
-        uid: u32,
-        memory: u64,
-        pids: u64,
-        trial: bool,
+        plan: &LaunchPlan,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
         let line = created
             .first_line(Instant::now() + READY_WITHIN, WALL_LINE_MAX)
@@ -560,7 +552,7 @@ impl OciProvider {
                 "the agent's wall is not a wall ({e}): check plimsoll-agent"
             ))
         })?;
-        self.judged_wall(wall, uid, memory, pids, trial)
+        self.judged_wall(wall, plan)
     }
 
     /// `wall`, its namespaces compared with the host's, if it matches what this provider's
@@ -568,13 +560,11 @@ impl OciProvider {
     pub(crate) fn judged_wall(
         &self,
         mut wall: plimsoll_wire::Wall,
-        uid: u32,
-        memory: u64,
-        pids: u64,
-        trial: bool,
+        plan: &LaunchPlan,
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
-        let mut expected = crate::probe::run_expectations(self.config.kind, uid, memory, pids);
-        if trial {
+        let (memory, pids) = (plan.limits.memory_bytes, plan.limits.pids);
+        let mut expected = crate::probe::run_expectations(self.config.kind, plan.uid, memory, pids);
+        if plan.privileges.is_trial() {
             expected = plimsoll_sandbox::wall::for_trial(&expected);
         }
         plimsoll_sandbox::wall::mark(&mut wall, &expected, &self.host);
@@ -1371,6 +1361,10 @@ mod tests {
             1,
         );
         let p = OciProvider::new(c);
+        // A run's plan (uid 2_000_010, 256 MiB, 64 pids), and a trial's.
+        let run = project_plan(&["echo ok"]);
+        let trial_plan = project_plan(&["plimsoll-trial-runner --scenario s.json -- node c.js"]);
+        assert!(trial_plan.privileges.is_trial() && !run.privileges.is_trial());
         let zero = || Some("0000000000000000".to_owned());
         let wall = plimsoll_wire::Wall {
             uid: 2_000_010,
@@ -1392,9 +1386,7 @@ mod tests {
             network_interfaces: vec!["lo".into()],
             ..plimsoll_wire::Wall::default()
         };
-        let judged = p
-            .judged_wall(wall.clone(), 2_000_010, 256 << 20, 64, false)
-            .unwrap();
+        let judged = p.judged_wall(wall.clone(), &run).unwrap();
         // Marked on the host: gVisor's namespaces are not the daemon's.
         assert!(
             judged
@@ -1425,7 +1417,7 @@ mod tests {
                 },
             ),
         ] {
-            match p.judged_wall(breach, 2_000_010, 256 << 20, 64, false) {
+            match p.judged_wall(breach, &run) {
                 Err(e @ LaunchError::NotStarted { .. }) => {
                     assert_eq!(e.not_dispatched(), Some(plimsoll_wire::Reason::Environment));
                     assert!(
@@ -1449,13 +1441,10 @@ mod tests {
             cap_bnd: two,
             ..wall.clone()
         };
-        assert!(
-            p.judged_wall(trial.clone(), 2_000_010, 256 << 20, 64, true)
-                .is_ok()
-        );
+        assert!(p.judged_wall(trial.clone(), &trial_plan).is_ok());
         for (wall, is_trial) in [(trial, false), (wall, true)] {
             let e = p
-                .judged_wall(wall, 2_000_010, 256 << 20, 64, is_trial)
+                .judged_wall(wall, if is_trial { &trial_plan } else { &run })
                 .unwrap_err();
             assert_eq!(e.not_dispatched(), Some(plimsoll_wire::Reason::Environment));
         }

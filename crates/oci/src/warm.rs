@@ -181,8 +181,7 @@ fn said_and_ready(
     container: &mut Container,
     plan: &LaunchPlan,
 ) -> Result<plimsoll_wire::Wall, LaunchError> {
-    let (uid, memory, pids) = (plan.uid, plan.limits.memory_bytes, plan.limits.pids);
-    let wall = provider.said_wall(&mut container.created, uid, memory, pids, false)?;
+    let wall = provider.said_wall(&mut container.created, plan)?;
     container
         .created
         .first_line(std::time::Instant::now() + READY_WITHIN, READY_LINE.len())
@@ -241,13 +240,7 @@ impl OciMember {
             return Ok(said.clone());
         }
         let pid = self.container.created.pid().as_raw_nonzero().get() as u32;
-        self.provider.checked_wall(
-            pid,
-            self.plan.uid,
-            self.shape.memory_bytes,
-            self.shape.pids,
-            false,
-        )
+        self.provider.checked_wall(pid, &self.plan)
     }
 }
 
