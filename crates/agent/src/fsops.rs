@@ -335,13 +335,20 @@ impl SnippetFile {
     /// writes into a directory it created. In a sandbox the fixed name keeps the path (and
     /// with it tracebacks on stderr) the same on every run.
     pub fn write(base: &Path, name: &str, code: &[u8]) -> Result<Self, WriteSnippetError> {
+        Self::fill(Self::make_dir(base)?, name, code)
+    }
+
+    /// The directory [`SnippetFile::write`] writes into, made now and empty: a warm member
+    /// names its file's path to the interpreter before the code is known, and writes the file
+    /// into it with [`SnippetFile::write_in`].
+    pub fn make_dir(base: &Path) -> Result<PathBuf, WriteSnippetError> {
         let pid = std::process::id();
         let mut candidates = vec![base.join("plimsoll-snippet")];
         candidates.extend((0..16).map(|i| base.join(format!("plimsoll-snippet-{pid}-{i}"))));
         let mut last = Errno::EXIST;
         for dir in candidates {
             match rustix::fs::mkdir(&dir, Mode::from_bits_truncate(0o700)) {
-                Ok(()) => return Self::fill(dir, name, code),
+                Ok(()) => return Ok(dir),
                 Err(Errno::EXIST) => last = Errno::EXIST,
                 Err(source) => return Err(WriteSnippetError { path: dir, source }),
             }
@@ -350,6 +357,12 @@ impl SnippetFile {
             path: base.join("plimsoll-snippet"),
             source: last,
         })
+    }
+
+    /// Writes `code` to `<dir>/<name>` (a new file, mode 0600) in a directory from
+    /// [`SnippetFile::make_dir`].
+    pub fn write_in(dir: PathBuf, name: &str, code: &[u8]) -> Result<Self, WriteSnippetError> {
+        Self::fill(dir, name, code)
     }
 
     fn fill(dir: PathBuf, name: &str, code: &[u8]) -> Result<Self, WriteSnippetError> {

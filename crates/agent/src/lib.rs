@@ -17,7 +17,7 @@ mod supervise;
 
 pub use job::{MAX_JOB_BYTES, ReadJobError, read_job};
 pub use privilege::{RestoreUidError, TakePrivilegesError};
-pub use run::{RunJobError, run_job};
+pub use run::{RunJobError, Waiting, run_job, start_waiting};
 
 /// An error and its sources on one line (`a: b: c`), with line breaks replaced, for the one
 /// line the agent prints on stderr when it cannot do a job.

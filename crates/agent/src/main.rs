@@ -6,9 +6,11 @@ use std::io::{self, Write as _};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use plimsoll_agent::{one_line, read_job, run_job};
+use plimsoll_agent::{one_line, read_job, run_job, start_waiting};
+use plimsoll_wire::Language;
 
-const USAGE: &str = "usage: plimsoll-agent [--wall-first] < job.json > result.json
+const USAGE: &str =
+    "usage: plimsoll-agent [--wall-first] [--warm LANGUAGE] < job.json > result.json
        plimsoll-agent --wall-then-exec PROGRAM [ARG...]
 Runs one plimsoll job inside a sandbox: reads an AgentJob as JSON on stdin, writes a
 RunResult as JSON on stdout. Exit status 0 with a result, 2 with one line on stderr when the
@@ -16,7 +18,10 @@ job cannot be done. With --wall-first, it first writes its own wall (what /proc 
 identity, capabilities, no_new_privs, seccomp, namespaces, root, interfaces, cgroup limits)
 as one JSON line on stdout, and only then reads the job. With --wall-then-exec, it writes
 its wall the same way and then becomes PROGRAM (execve: the same process, so the wall is
-the program's), reading no job. See docs/agent.md.";
+the program's), reading no job. With --warm javascript|python (a warm member's VM), it
+starts that interpreter waiting for its code before it reads the job, writes
+`plimsoll-member: waiting` as one line on stdout once the interpreter waits, and the job
+must then be one snippet of that language. See docs/agent.md.";
 
 fn fail(message: &str) -> ExitCode {
     eprintln!("plimsoll-agent: {message}");
@@ -27,12 +32,23 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let mut args = std::env::args_os().skip(1);
     let mut wall_first = false;
+    let mut warm = None;
     while let Some(a) = args.next() {
         if a == "--help" || a == "-h" {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         } else if a == "--wall-first" {
             wall_first = true;
+        } else if a == "--warm" {
+            warm = match args.next().as_ref().and_then(|l| l.to_str()) {
+                Some("javascript") => Some(Language::Javascript),
+                Some("python") => Some(Language::Python),
+                other => {
+                    return fail(&format!(
+                        "--warm takes javascript or python, not {other:?} (see --help)"
+                    ));
+                }
+            };
         } else if a == "--wall-then-exec" {
             return wall_then_exec(args.collect());
         } else {
@@ -45,11 +61,30 @@ fn main() -> ExitCode {
     if wall_first && let Err(e) = say_wall() {
         return fail(&e);
     }
+    // A warm member: the interpreter waits before the job is known, and says so.
+    let waiting = match warm.map(start_waiting) {
+        None => None,
+        Some(Ok(w)) => {
+            let mut out = io::stdout().lock();
+            if let Err(e) = out
+                .write_all(plimsoll_sandbox::warm::READY_LINE)
+                .and_then(|()| out.flush())
+            {
+                return fail(&format!("cannot say that it waits: {e}"));
+            }
+            Some(w)
+        }
+        Some(Err(e)) => return fail(&one_line(&e)),
+    };
     let job = match read_job(io::stdin().lock()) {
         Ok(job) => job,
         Err(e) => return fail(&one_line(&e)),
     };
-    let result = match run_job(&job, started) {
+    let ran = match waiting {
+        Some(w) => w.run(&job),
+        None => run_job(&job, started),
+    };
+    let result = match ran {
         Ok(result) => result,
         Err(e) => return fail(&one_line(&e)),
     };

@@ -94,14 +94,7 @@ pub struct RestoreUidError {
 /// agent writes anything.
 pub(crate) fn take(job: &AgentJob) -> Result<Privileges, TakePrivilegesError> {
     let Some(ids) = job.trial else {
-        // Any root id would let the children become root again.
-        let res = plimsoll_sys::ids::process_res_uid().map_err(|e| TakePrivilegesError::Drop {
-            step: "read the uids",
-            source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        })?;
-        if [res.0, res.1, res.2].contains(&0) {
-            return Err(TakePrivilegesError::RootWithoutTrial);
-        }
+        not_root()?;
         return Ok(Privileges::Plain);
     };
     if matches!(job.spec, RunSpec::Snippet(_)) {
@@ -126,6 +119,19 @@ pub(crate) fn take(job: &AgentJob) -> Result<Privileges, TakePrivilegesError> {
     // A change of effective ids resets the flag to the system's default; set it again.
     not_dumpable().map_err(step("make the agent not dumpable"))?;
     Ok(Privileges::Trial(ids))
+}
+
+/// Refuses to go on with a root uid (real, effective or saved): any would let the
+/// children become root again. Every job but a trial's, and a warm member, starts so.
+pub(crate) fn not_root() -> Result<(), TakePrivilegesError> {
+    let res = plimsoll_sys::ids::process_res_uid().map_err(|e| TakePrivilegesError::Drop {
+        step: "read the uids",
+        source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+    })?;
+    if [res.0, res.1, res.2].contains(&0) {
+        return Err(TakePrivilegesError::RootWithoutTrial);
+    }
+    Ok(())
 }
 
 fn check_ids(ids: &TrialIds) -> Result<(), &'static str> {

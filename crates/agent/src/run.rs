@@ -20,7 +20,9 @@ use crate::privilege::{
     CONTROLLER_WRITABLE, ClearControllerFilesError, Privileges, RestoreUidError,
     TakePrivilegesError, as_run_uid, as_runner, clear_controller, take,
 };
-use crate::supervise::{Outcome, RunChildError, StartSupervisorError, Supervisor, command};
+use crate::supervise::{
+    Outcome, RunChildError, StartSupervisorError, Started, Supervisor, command,
+};
 
 /// Where the snippet's source file goes: the sandbox's per-run tmpfs (and `HOME`).
 const SNIPPET_BASE: &str = "/tmp";
@@ -91,6 +93,21 @@ pub enum RunJobError {
     /// What a trial's controller left could not be removed; no later step ran.
     #[error(transparent)]
     ClearController(#[from] ClearControllerFilesError),
+    /// A warm member's interpreter did not come to wait for its code, or could not be handed
+    /// it; nothing of a job ran.
+    #[error("the warm member's interpreter {0}")]
+    NotWaiting(String),
+    /// A job a warm member does not take; nothing of it ran.
+    #[error(
+        "a warm member runs one {member} snippet in its own work directory (where the agent \
+         started), with no trial ids; this job is {job}: run it cold"
+    )]
+    NotForMember {
+        /// The member's language.
+        member: &'static str,
+        /// What the job is.
+        job: String,
+    },
 }
 
 /// Runs `job`, whose deadline counts from `started` (the agent's start). Blocks SIGCHLD in
@@ -270,6 +287,167 @@ fn run_snippet(
     file.remove();
     let outcome = outcome.map_err(RunJobError::Snippet)?;
     Ok(mirror(&step_result(None, outcome)))
+}
+
+/// A warm member's interpreter (`plimsoll-agent --warm LANGUAGE`): started before any job
+/// is known, as the snippet's interpreter of a cold run would be (the same uid, cgroup,
+/// directory and environment), and blocked reading its standard input. [`Waiting::run`]
+/// gives it its one job; dropping it without one is the host's business (the sandbox is
+/// destroyed with it).
+#[derive(Debug)]
+pub struct Waiting {
+    sup: Supervisor,
+    child: Started,
+    language: Language,
+    /// The directory its code goes in (made before it started; its file's path is the one
+    /// its wait program was given).
+    dir: std::path::PathBuf,
+    /// Its work directory: the agent's own, where the interpreter started.
+    work_dir: std::path::PathBuf,
+}
+
+/// Starts `language`'s interpreter waiting for its code ([`plimsoll_sandbox::warm`]'s wait
+/// program, which says [`plimsoll_sandbox::warm::READY_LINE`] just before it blocks) and
+/// returns once it has said so. Its work directory is the agent's current one (a VM's
+/// `/work`). Refuses to start as root.
+pub fn start_waiting(language: Language) -> Result<Waiting, RunJobError> {
+    use plimsoll_sandbox::warm::{READY_LINE, wait_program};
+    crate::privilege::not_root()?;
+    mark_inherited_descriptors_cloexec();
+    // No deadline until the job comes; the host bounds the wait (and the member's age).
+    let far = Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+    let work_dir = std::env::current_dir().map_err(|e| {
+        RunJobError::NotWaiting(format!("has no work directory (the agent's: {e})"))
+    })?;
+    let mut sup = Supervisor::new(far)?;
+    let (program, _, file_name) = interpreter(language);
+    let dir = SnippetFile::make_dir(Path::new(SNIPPET_BASE))?;
+    let path = dir.join(file_name);
+    let mut cmd = command(program);
+    let wait = wait_program(language, false, true);
+    match language {
+        Language::Javascript => cmd.arg("-e").arg(wait),
+        Language::Python => cmd.args(["-I", "-B", "-c"]).arg(wait),
+    };
+    cmd.arg(&path).current_dir(&work_dir);
+    let child = sup.start(cmd).map_err(RunJobError::Snippet)?;
+    let said = child
+        .out
+        .as_ref()
+        .ok_or_else(|| "has no stdout pipe".to_owned())
+        .and_then(|out| {
+            let mut line = vec![0u8; READY_LINE.len()];
+            read_exact(out, &mut line).map_err(|e| format!("ended before it waited ({e})"))?;
+            if line == READY_LINE {
+                Ok(())
+            } else {
+                Err(format!(
+                    "said {:?}, not that it waits",
+                    String::from_utf8_lossy(&line)
+                ))
+            }
+        });
+    if let Err(why) = said {
+        drop(child);
+        sup.end_all();
+        let _ = std::fs::remove_dir(&dir);
+        return Err(RunJobError::NotWaiting(why));
+    }
+    Ok(Waiting {
+        sup,
+        child,
+        language,
+        dir,
+        work_dir,
+    })
+}
+
+/// Fills `buf` from `fd` (blocking).
+fn read_exact(fd: &std::os::fd::OwnedFd, buf: &mut [u8]) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match rustix::io::read(fd, &mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+impl Waiting {
+    /// Runs `job`, which must be a snippet of the member's language with the warm work
+    /// directory and no trial ids: its code is written where the interpreter will look,
+    /// the interpreter is told to go, and it is followed to its end as a cold snippet's is.
+    /// The job's deadline counts from now. Every process the job started has been killed
+    /// when this returns.
+    pub fn run(self, job: &AgentJob) -> Result<RunResult, RunJobError> {
+        let Waiting {
+            mut sup,
+            mut child,
+            language,
+            dir,
+            work_dir,
+        } = self;
+        let ran = (|| {
+            let member = match language {
+                Language::Javascript => "javascript",
+                Language::Python => "python",
+            };
+            let not_for = |job: String| RunJobError::NotForMember { member, job };
+            let snippet = match &job.spec {
+                RunSpec::Snippet(s) if s.language == language => s,
+                RunSpec::Snippet(s) => return Err(not_for(format!("a {:?} snippet", s.language))),
+                RunSpec::Project(_) => return Err(not_for("a project".into())),
+            };
+            if job.trial.is_some() {
+                return Err(not_for("a trial job".into()));
+            }
+            if Path::new(&job.work_dir) != work_dir {
+                return Err(not_for(format!("in {}", job.work_dir)));
+            }
+            let _work = WorkDir::open(&job.work_dir)?;
+            let now = Instant::now();
+            sup.set_deadline(
+                now.checked_add(Duration::from_millis(job.deadline_ms))
+                    .unwrap_or(now + Duration::from_secs(100 * 365 * 86_400)),
+            );
+            if sup.past_deadline() {
+                return Ok(RunResult {
+                    timed_out: true,
+                    ..RunResult::default()
+                });
+            }
+            let (_, _, file_name) = interpreter(language);
+            let file = SnippetFile::write_in(dir.clone(), file_name, snippet.code.as_bytes())?;
+            child.at = Instant::now();
+            let sent = child
+                .stdin
+                .take()
+                .ok_or_else(|| std::io::Error::other("no stdin pipe"))
+                .and_then(|mut stdin| {
+                    std::io::Write::write_all(&mut stdin, plimsoll_sandbox::warm::GO)
+                });
+            if let Err(e) = sent {
+                file.remove();
+                return Err(RunJobError::NotWaiting(format!(
+                    "could not be handed its code: {e}"
+                )));
+            }
+            let outcome = sup.finish(child, job.output_bytes);
+            sup.end_all();
+            file.remove();
+            Ok(mirror(&step_result(
+                None,
+                outcome.map_err(RunJobError::Snippet)?,
+            )))
+        })();
+        sup.end_all();
+        // A job refused before its file was written leaves the empty directory.
+        let _ = std::fs::remove_dir(&dir);
+        ran
+    }
 }
 
 /// The interpreter for a language: Debian's path first, else a search of `PATH` (by exec,

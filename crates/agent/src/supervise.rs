@@ -140,6 +140,21 @@ pub(crate) struct Supervisor {
     restore_error: Option<RestoreUidError>,
 }
 
+/// A child [`Supervisor::start`] started and nothing has followed yet.
+#[derive(Debug)]
+pub(crate) struct Started {
+    /// Its pid, which is also its process group's id.
+    pub pid: i32,
+    /// Our end of its stdin (closed when it is followed).
+    pub stdin: Option<std::process::ChildStdin>,
+    /// Its stdout, blocking until it is followed.
+    pub out: Option<OwnedFd>,
+    /// Its stderr.
+    pub err: Option<OwnedFd>,
+    /// Where its duration counts from.
+    pub at: Instant,
+}
+
 /// A status from waitpid, decoded.
 #[derive(Debug, Clone, Copy)]
 struct Ended {
@@ -292,27 +307,64 @@ impl Supervisor {
     /// [`Supervisor::end_all`].
     pub(crate) fn run(
         &mut self,
-        mut cmd: Command,
+        cmd: Command,
         output_bytes: u64,
     ) -> Result<Outcome, RunChildError> {
+        let mut started = self.start(cmd)?;
+        // Closing our end of stdin at once: the child reads end of file.
+        drop(started.stdin.take());
+        self.finish(started, output_bytes)
+    }
+
+    /// Starts one child as [`Supervisor::run`] does, and returns with it running: its stdin
+    /// still open (a warm member's interpreter waits on it), nothing of its output read yet.
+    pub(crate) fn start(&mut self, mut cmd: Command) -> Result<Started, RunChildError> {
         let program = cmd.get_program().to_string_lossy().into_owned();
         cmd.process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let oom_before = self.oom.read();
-        let started = Instant::now();
+        let at = Instant::now();
         let mut child = cmd
             .spawn()
             .map_err(|source| RunChildError::Spawn { program, source })?;
         let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
         self.groups.push(pid);
-        // Closing our end of stdin at once: the child reads end of file.
-        drop(child.stdin.take());
-        let mut out = child.stdout.take().map(OwnedFd::from);
-        let mut err = child.stderr.take().map(OwnedFd::from);
-        // The child is reaped through waitpid(-1) below, never through `child`.
+        let stdin = child.stdin.take();
+        let out = child.stdout.take().map(OwnedFd::from);
+        let err = child.stderr.take().map(OwnedFd::from);
+        // The child is reaped through waitpid(-1), never through `child`.
         drop(child);
+        Ok(Started {
+            pid,
+            stdin,
+            out,
+            err,
+            at,
+        })
+    }
+
+    /// Moves the deadline (a warm member's: its job's, known only once the job comes).
+    pub(crate) fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+
+    /// Follows a child [`Supervisor::start`] started to its end (or the deadline), reading
+    /// both its streams from here on; its duration counts from `started.at`.
+    pub(crate) fn finish(
+        &mut self,
+        started: Started,
+        output_bytes: u64,
+    ) -> Result<Outcome, RunChildError> {
+        let Started {
+            pid,
+            stdin,
+            mut out,
+            mut err,
+            at,
+        } = started;
+        drop(stdin);
+        let oom_before = self.oom.read();
         for fd in out.iter().chain(err.iter()) {
             // A blocking pipe would only make a read wait; keep going.
             let _ = set_nonblocking(fd);
@@ -343,7 +395,7 @@ impl Supervisor {
             stdout_truncated: stdout.truncated,
             stderr: stderr.buf,
             stderr_truncated: stderr.truncated,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            duration_ms: u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX),
         })
     }
 

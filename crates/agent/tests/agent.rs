@@ -1297,3 +1297,181 @@ fn the_controllers_files_go_before_the_next_step_and_scenarios_are_private() {
     }
     assert_eq!(processes_left(c_id), Vec::<String>::new());
 }
+
+// ---- Warm members (`--warm`, docs/agent.md "Warm members") ----
+
+/// The agent started with `--warm LANGUAGE` in `work`, as a VM's warm member starts it; its
+/// stdout and stdin, and its child the waiting interpreter.
+struct WarmAgent {
+    child: std::process::Child,
+    stdout: std::process::ChildStdout,
+    interpreter: i32,
+}
+
+fn warm_agent(language: &str, work: &Path) -> WarmAgent {
+    let mut cmd = agent_command();
+    cmd.arg("--warm")
+        .arg(language)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .current_dir(work)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if is_root() {
+        become_uid(&mut cmd, AGENT_UID);
+    }
+    let mut child = cmd.spawn().expect("start the agent");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut line = vec![0u8; plimsoll_sandbox::warm::READY_LINE.len()];
+    stdout.read_exact(&mut line).expect("the ready line");
+    assert_eq!(line, plimsoll_sandbox::warm::READY_LINE);
+    // The interpreter is the agent's one child, already started, blocked reading its input.
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children", pid = child.id()))
+            .unwrap();
+    let pids: Vec<i32> = children
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 1, "one waiting interpreter: {children:?}");
+    // It says it waits just before its read.
+    plimsoll_sandbox::warm::wait_until_reading(pids[0] as u32, Duration::from_secs(5))
+        .expect("the interpreter waits on its stdin");
+    WarmAgent {
+        child,
+        stdout,
+        interpreter: pids[0],
+    }
+}
+
+impl WarmAgent {
+    /// Gives the agent `job` and returns its exit status, stdout and stderr.
+    fn give(mut self, job: &[u8]) -> Ran {
+        let mut stdin = self.child.stdin.take().unwrap();
+        stdin.write_all(job).unwrap();
+        drop(stdin);
+        let mut stdout = Vec::new();
+        self.stdout.read_to_end(&mut stdout).unwrap();
+        let mut stderr = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        Ran {
+            code: status.code(),
+            stdout,
+            stderr,
+        }
+    }
+}
+
+/// The process `pid` is gone (or a zombie) within 5 s.
+fn is_gone(pid: i32) -> bool {
+    (0..100).any(|_| {
+        let gone = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |s| s.contains(") Z "));
+        if !gone {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        gone
+    })
+}
+
+#[test]
+fn a_warm_agent_waits_before_its_job_and_runs_one_snippet_of_its_language_from_the_job_on() {
+    let (node, python) = (which("node"), which("python3"));
+    if node.is_none() || python.is_none() {
+        return skip("a_warm_agent_waits_…", "node and python3");
+    }
+    let work = tempdir();
+    let snippet = |language, code: &str, deadline_ms| {
+        let mut j = job(
+            work.path(),
+            RunSpec::Snippet(Snippet {
+                language,
+                code: code.into(),
+            }),
+        );
+        j.deadline_ms = deadline_ms;
+        serde_json::to_vec(&j).unwrap()
+    };
+    let cwd = work.path().canonicalize().unwrap();
+    for (name, language, code, says) in [
+        (
+            "python",
+            Language::Python,
+            "import sys, os\nprint(__name__, sys.argv[0].endswith('/main.py'), sys.flags.isolated, os.getcwd())\nsys.exit(3)\n",
+            format!("__main__ True 1 {}\n", cwd.display()),
+        ),
+        (
+            "javascript",
+            Language::Javascript,
+            "console.log(require.main === module, process.argv[1].endsWith('/main.js'), process.cwd());\nprocess.exitCode = 3;\n",
+            format!("true true {}\n", cwd.display()),
+        ),
+    ] {
+        // Waiting longer than the job's deadline before the job comes: the deadline counts
+        // from the job.
+        let warm = warm_agent(name, work.path());
+        let waiting = warm.interpreter;
+        std::thread::sleep(Duration::from_millis(1500));
+        let ran = warm.give(&snippet(language, code, 1000));
+        assert_eq!(ran.code, Some(0), "{name}: {}", ran.stderr);
+        let r: RunResult = serde_json::from_slice(&ran.stdout).unwrap();
+        assert_eq!(text(&r.stdout), says, "{name}: {}", text(&r.stderr));
+        assert_eq!((r.exit_code, r.timed_out), (Some(3), false), "{name}");
+        assert!(is_gone(waiting));
+
+        // The deadline still holds, from the job on.
+        let sleep = match language {
+            Language::Python => "import time\ntime.sleep(30)\n",
+            Language::Javascript => "setTimeout(() => {}, 30000);\n",
+        };
+        let ran = warm_agent(name, work.path()).give(&snippet(language, sleep, 300));
+        let r: RunResult = serde_json::from_slice(&ran.stdout).unwrap();
+        assert!(r.timed_out, "{name}");
+
+        // Another language, a project or a job elsewhere: refused, and nothing ran.
+        let other = match language {
+            Language::Python => Language::Javascript,
+            Language::Javascript => Language::Python,
+        };
+        let mut elsewhere = job(
+            Path::new("/"),
+            RunSpec::Snippet(Snippet {
+                language,
+                code: "print(1)".into(),
+            }),
+        );
+        elsewhere.work_dir = "/".into();
+        for (job, why) in [
+            (snippet(other, "print(1)", 1000), "snippet: run it cold"),
+            (
+                serde_json::to_vec(&job(work.path(), project(vec![], &["echo ran > ran"], &[])))
+                    .unwrap(),
+                "a project: run it cold",
+            ),
+            (serde_json::to_vec(&elsewhere).unwrap(), "in /: run it cold"),
+        ] {
+            let warm = warm_agent(name, work.path());
+            let waiting = warm.interpreter;
+            let ran = warm.give(&job);
+            assert_eq!(ran.code, Some(2), "{name}");
+            assert!(ran.stdout.is_empty());
+            let msg = one_line(&ran.stderr);
+            assert!(msg.contains(why), "{name}: {msg}");
+            assert!(is_gone(waiting), "{name}: the waiting interpreter is ended");
+        }
+        assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0);
+    }
+
+    let mut cmd = agent_command();
+    let out = cmd.args(["--warm", "ruby"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("javascript or python"));
+}

@@ -818,10 +818,6 @@ runsc_platform = "kvm"
                 "not configured",
             ),
             (
-                "providers = [\"qemu\"]\n[pools.qemu.python]\n",
-                "no warm pool yet",
-            ),
-            (
                 "providers = [\"process\"]\n[pools.process.python]\nmin_idle = 3\nmax_members = 2\n",
                 "at most max_members",
             ),

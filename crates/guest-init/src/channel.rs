@@ -8,7 +8,9 @@
 //! ```text
 //! guest                                   host
 //!   H hello (uptime, kernel, cpu)  ──────▶   the guest booted
-//!                                  ◀──────   L limits (memory, pids, /work, /tmp sizes, trial)
+//!                                  ◀──────   L limits (memory, pids, /work, /tmp sizes, trial, warm)
+//!   W the agent's wall (JSON)      ──────▶   judged before anything of the job goes in
+//!   R ready (a warm member only)   ──────▶   its interpreter waits: the member is idle
 //!                                  ◀──────   J job (AgentJob JSON)
 //!   O agent stdout chunk ...       ──────▶
 //!   E agent stderr chunk ...       ──────▶
@@ -34,6 +36,9 @@ pub const JOB: u8 = b'J';
 pub const WALL: u8 = b'W';
 /// Largest wall.
 pub const WALL_MAX: usize = 64 * 1024;
+/// Guest → host, a warm member only: the agent's interpreter has started and waits for its
+/// code; the payload is the line the agent said (`plimsoll_sandbox::warm::READY_LINE`).
+pub const READY: u8 = b'R';
 /// Guest → host: a chunk of the agent's stdout.
 pub const STDOUT: u8 = b'O';
 /// Guest → host: a chunk of the agent's stderr.
@@ -164,6 +169,18 @@ pub struct GuestLimits {
     /// The job has a trial step: the agent starts as uid 0 with exactly CAP_SETUID and
     /// CAP_SETGID (docs/vm-tier.md, "Trial runs") instead of as the sandbox user.
     pub trial: bool,
+    /// A warm member's VM (docs/warm-pools.md): the agent starts this language's
+    /// interpreter waiting before the job is known, and says so (`READY`) before it is sent.
+    pub warm: Option<plimsoll_wire::Language>,
+}
+
+/// The `warm` value of a limits record.
+fn warm_name(warm: Option<plimsoll_wire::Language>) -> &'static str {
+    match warm {
+        None => "",
+        Some(plimsoll_wire::Language::Javascript) => "javascript",
+        Some(plimsoll_wire::Language::Python) => "python",
+    }
 }
 
 impl GuestLimits {
@@ -175,6 +192,7 @@ impl GuestLimits {
             ("work_bytes", self.work_bytes.to_string()),
             ("tmp_bytes", self.tmp_bytes.to_string()),
             ("trial", u8::from(self.trial).to_string()),
+            ("warm", warm_name(self.warm).to_owned()),
         ])
     }
 
@@ -203,6 +221,20 @@ impl GuestLimits {
                         why: format!("{n}, not 0 or 1"),
                     });
                 }
+            },
+            warm: {
+                let v = r.get("warm").ok_or(RecordError::Missing("warm"))?;
+                [
+                    None,
+                    Some(plimsoll_wire::Language::Javascript),
+                    Some(plimsoll_wire::Language::Python),
+                ]
+                .into_iter()
+                .find(|w| warm_name(*w) == v)
+                .ok_or_else(|| RecordError::Invalid {
+                    key: "warm",
+                    why: format!("{v:?}, not empty, javascript or python"),
+                })?
             },
         })
     }
@@ -242,10 +274,25 @@ mod tests {
             work_bytes: 48 << 20,
             tmp_bytes: 16 << 20,
             trial: false,
+            warm: None,
         };
         assert_eq!(GuestLimits::decode(&l.encode()).unwrap(), l);
         let t = GuestLimits { trial: true, ..l };
         assert_eq!(GuestLimits::decode(&t.encode()).unwrap(), t);
+        for language in [
+            plimsoll_wire::Language::Javascript,
+            plimsoll_wire::Language::Python,
+        ] {
+            let w = GuestLimits {
+                warm: Some(language),
+                ..l
+            };
+            assert_eq!(GuestLimits::decode(&w.encode()).unwrap(), w);
+        }
+        let ruby = String::from_utf8(l.encode())
+            .unwrap()
+            .replace("warm=\n", "warm=ruby\n");
+        assert!(GuestLimits::decode(ruby.as_bytes()).is_err());
         let bad = String::from_utf8(l.encode())
             .unwrap()
             .replace("trial=0", "trial=2");

@@ -242,7 +242,7 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
     }
     let uptime_agent = uptime();
     let started = Instant::now();
-    let status = run_agent(port, procs, broker, limits.trial)?;
+    let status = run_agent(port, procs, broker, &limits)?;
     let agent_ms = started.elapsed().as_millis();
     let mut exit = vec![
         ("uptime_init_s", format!("{uptime_init:.3}")),
@@ -546,10 +546,10 @@ fn read_job(port: &mut File) -> Result<Vec<u8>, GuestInitError> {
     }
 }
 
-/// Reads the agent's first line (its wall), at most `WALL_MAX` bytes; what came after the
-/// newline is returned too, to be sent on as output.
-fn first_line(stdout: &mut impl io::Read) -> io::Result<(Vec<u8>, Vec<u8>)> {
-    let mut seen = Vec::new();
+/// Reads the agent's next line (its wall, or a warm member's ready line) after what was
+/// `seen` already, at most `WALL_MAX` bytes; what came after the newline is returned too, to
+/// be sent on as output.
+fn next_line(stdout: &mut impl io::Read, mut seen: Vec<u8>) -> io::Result<(Vec<u8>, Vec<u8>)> {
     let mut buf = [0u8; 4096];
     loop {
         if let Some(i) = seen.iter().position(|b| *b == b'\n') {
@@ -561,7 +561,7 @@ fn first_line(stdout: &mut impl io::Read) -> io::Result<(Vec<u8>, Vec<u8>)> {
             return Err(io::Error::other("the agent's wall is too long"));
         }
         match stdout.read(&mut buf) {
-            Ok(0) => return Err(io::Error::other("the agent ended before it said its wall")),
+            Ok(0) => return Err(io::Error::other("the agent ended before it said its line")),
             Ok(n) => seen.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -573,14 +573,25 @@ fn run_agent(
     port: &mut File,
     procs: File,
     broker: bool,
-    trial: bool,
+    limits: &GuestLimits,
 ) -> Result<std::process::ExitStatus, GuestInitError> {
+    let trial = limits.trial;
     #[expect(
         clippy::disallowed_methods,
         reason = "inside the guest, PID 1 starts the agent with its job on stdin; the host's Spawn helper gives /dev/null"
     )]
     let mut cmd = std::process::Command::new(AGENT);
     cmd.arg("--wall-first");
+    // A warm member: the interpreter starts waiting before the job is known.
+    match limits.warm {
+        Some(plimsoll_wire::Language::Javascript) => {
+            cmd.args(["--warm", "javascript"]);
+        }
+        Some(plimsoll_wire::Language::Python) => {
+            cmd.args(["--warm", "python"]);
+        }
+        None => {}
+    }
     cmd.env_clear()
         .envs(ENVIRONMENT)
         .envs(BROKER_ENVIRONMENT.into_iter().filter(|_| broker))
@@ -619,8 +630,15 @@ fn run_agent(
     // Its wall first; then its job, once the host has judged the wall (a host that refuses
     // sends no job: the guest is killed with the agent waiting).
     let handed = (|| {
-        let (wall, rest) = first_line(&mut stdout).map_err(GuestInitError::Agent)?;
+        let (wall, mut rest) = next_line(&mut stdout, Vec::new()).map_err(GuestInitError::Agent)?;
         channel::write_frame(port, channel::WALL, &wall).map_err(GuestInitError::Channel)?;
+        if limits.warm.is_some() {
+            // Said once the interpreter waits; the host judges it (it must be the ready line).
+            let (mut ready, after) = next_line(&mut stdout, rest).map_err(GuestInitError::Agent)?;
+            ready.push(b'\n');
+            rest = after;
+            channel::write_frame(port, channel::READY, &ready).map_err(GuestInitError::Channel)?;
+        }
         let job = read_job(port)?;
         let mut input = child
             .stdin

@@ -11,10 +11,8 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use plimsoll_sandbox::warm::{self, GO, READY_LINE, WarmMember, WarmPlan, WarmShape};
-use plimsoll_sandbox::{
-    Cause, LaunchError, LaunchPlan, Outcome, Privileges, ResolvedLimits, Teardown, unix_ms_now,
-};
-use plimsoll_wire::{Bytes, Language, Reason, RunResult, RunSpec, Snippet};
+use plimsoll_sandbox::{Cause, LaunchError, LaunchPlan, Outcome, Teardown, unix_ms_now};
+use plimsoll_wire::{Bytes, Language, Reason, RunResult};
 
 use crate::provider::{Container, LaunchSpec, OciProvider, status_of};
 use crate::runtime::RuntimeKind;
@@ -43,33 +41,6 @@ pub struct OciMember {
     watchdog: Option<plimsoll_sandbox::watchdog::Armed>,
 }
 
-/// The plan a member's container is made from: a cold run's of its shape, with no code yet.
-fn member_plan(plan: &WarmPlan) -> LaunchPlan {
-    LaunchPlan {
-        run_id: plan.member_id.clone(),
-        request_id: format!("warm member {}", plan.member_id),
-        spec: RunSpec::Snippet(Snippet {
-            language: plan.shape.language,
-            code: String::new(),
-        }),
-        limits: ResolvedLimits {
-            timeout: plan.max_timeout,
-            memory_bytes: plan.shape.memory_bytes,
-            output_bytes: 0,
-            pids: plan.shape.pids,
-            disk_bytes: plan.shape.disk_bytes,
-            artifact_bytes: 0,
-        },
-        uid: plan.uid,
-        gid: plan.gid,
-        controller_uid: plan.uid,
-        controller_gid: plan.gid,
-        run_dir: plan.run_dir.clone(),
-        broker: None,
-        privileges: Privileges::Unprivileged,
-    }
-}
-
 /// Makes a member: creates and starts its container, and returns once its interpreter waits.
 pub fn make(provider: &OciProvider, plan: &WarmPlan) -> Result<OciMember, LaunchError> {
     make_for(provider, plan, None)
@@ -84,7 +55,7 @@ pub fn make_for(
     broker: Option<&plimsoll_sandbox::BrokerChannel>,
 ) -> Result<OciMember, LaunchError> {
     use plimsoll_sandbox::broker::{JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE};
-    let mut launch_plan = member_plan(plan);
+    let mut launch_plan = warm::member_plan(plan);
     launch_plan.broker = broker.cloned();
     let tool = |name: &str| format!("{TOOLS_DIR}/{name}");
     // Where the host cannot see the interpreter wait, it says so, and its wall is said first.

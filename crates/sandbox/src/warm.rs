@@ -176,6 +176,34 @@ pub fn cold_member_plan(plan: &LaunchPlan, grants: bool) -> Option<WarmPlan> {
     })
 }
 
+/// The plan a member's sandbox is made from: a cold run's of its shape, with no code yet,
+/// no output, no broker and no privileges.
+pub fn member_plan(plan: &WarmPlan) -> LaunchPlan {
+    LaunchPlan {
+        run_id: plan.member_id.clone(),
+        request_id: format!("warm member {}", plan.member_id),
+        spec: plimsoll_wire::RunSpec::Snippet(plimsoll_wire::Snippet {
+            language: plan.shape.language,
+            code: String::new(),
+        }),
+        limits: crate::ResolvedLimits {
+            timeout: plan.max_timeout,
+            memory_bytes: plan.shape.memory_bytes,
+            output_bytes: 0,
+            pids: plan.shape.pids,
+            disk_bytes: plan.shape.disk_bytes,
+            artifact_bytes: 0,
+        },
+        uid: plan.uid,
+        gid: plan.gid,
+        controller_uid: plan.uid,
+        controller_gid: plan.gid,
+        run_dir: plan.run_dir.clone(),
+        broker: None,
+        privileges: crate::Privileges::Unprivileged,
+    }
+}
+
 /// Gives `member` (made from [`cold_member_plan`]) its run, and removes it before answering,
 /// as a cold run is removed: a failed removal makes the run's answer an error.
 pub fn run_made(member: Box<dyn WarmMember>, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {

@@ -114,6 +114,8 @@ pub enum Answer {
     Lost(String),
     /// The agent's wall did not match (or it said none): the job was not sent.
     WallRefused(String),
+    /// A warm member's interpreter did not say it waits: no job was sent.
+    NotWaiting(String),
 }
 
 /// What one boot gave.
@@ -359,133 +361,274 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 
 /// Boots one VM for `plan`, talks to it, tears everything down.
 pub fn boot(plan: BootPlan<'_>) -> Result<BootReport, StartVmError> {
-    let run_dir = RunDir::create(plan.run_dir)?;
-    let started = boot_in(&plan, &run_dir);
-    // Whatever happened: no process of the uid outlives the run, nor its directory.
-    let processes = end_processes_of_uid(plan.uid, KILL_PATIENCE).map_err(TeardownError::from);
-    let path = run_dir.path.clone();
-    drop(run_dir);
-    let dir = remove_run_dir(&path).map_err(|source| TeardownError::RunDir { path, source });
-    let mut report = started?;
-    report.cleanup = match (processes, dir) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
-        (Err(a), Err(b)) => Err(TeardownError::Both(Box::new(a), Box::new(b))),
-    };
+    let vm = Vm::start(&plan, false)?;
+    let mut report = BootReport::new(vm.started_unix_ms);
+    let acked = converse(&plan, &vm.sock, vm.qmp.as_ref(), vm.t0, &mut report);
+    report.peak_rss_kib = peak_rss_kib(vm.pid);
+    vm.stop(acked).into_report(&mut report);
     Ok(report)
 }
 
-fn boot_in(plan: &BootPlan<'_>, run_dir: &RunDir) -> Result<BootReport, StartVmError> {
-    let (host_end, guest_end) = UnixStream::pair().map_err(StartVmError::Channel)?;
-    let qmp = if plan.shape.qmp {
-        Some(UnixStream::pair().map_err(StartVmError::Channel)?)
-    } else {
-        None
-    };
-    // The broker's channel: a socketpair, QEMU's end a chardev on the `plimsoll.broker` port.
-    let broker = match plan.broker {
-        Some(b) if plan.shape.broker => {
-            Some((b, UnixStream::pair().map_err(StartVmError::Channel)?))
+impl BootReport {
+    fn new(started_unix_ms: u64) -> Self {
+        BootReport {
+            started_unix_ms,
+            hello: None,
+            boot_ms: None,
+            accel: None,
+            answer: Answer::BootedOnly,
+            console: Vec::new(),
+            qemu_stderr: Vec::new(),
+            peak_rss_kib: None,
+            cleanup: Ok(()),
+            wall: None,
         }
-        _ => None,
-    };
-    let mut fds = vec![(guest_end.as_fd(), inside::CHANNEL_FD)];
-    if let Some((_, q)) = &qmp {
-        fds.push((q.as_fd(), inside::QMP_FD));
     }
-    if let Some((_, (_, q))) = &broker {
-        fds.push((q.as_fd(), inside::BROKER_FD));
+}
+
+/// A VM started: QEMU running in its jail as the run's uid, the host end of its channel,
+/// its run directory locked.
+#[derive(Debug)]
+struct Vm {
+    run_dir: RunDir,
+    child: std::process::Child,
+    pid: u32,
+    uid: u32,
+    sock: UnixStream,
+    qmp: Option<UnixStream>,
+    console: std::thread::JoinHandle<Vec<u8>>,
+    qemu_err: std::thread::JoinHandle<Vec<u8>>,
+    t0: Instant,
+    started_unix_ms: u64,
+    /// A warm member's: the thread QEMU was forked from, which waits until this is dropped
+    /// (QEMU's parent-death signal follows the thread that forked it; the thread that makes a
+    /// member ends long before its run does).
+    _holder: Option<std::sync::mpsc::Sender<()>>,
+}
+
+/// What a VM's teardown gave.
+struct Stopped {
+    console: Vec<u8>,
+    qemu_stderr: Vec<u8>,
+    cleanup: Result<(), TeardownError>,
+}
+
+impl Stopped {
+    fn into_report(self, report: &mut BootReport) {
+        report.console = self.console;
+        report.qemu_stderr = self.qemu_stderr;
+        report.cleanup = self.cleanup;
     }
-    let jail = Jail::prepare(&JailSpec {
-        root: &run_dir.path.join("jail"),
-        kernel: plan.kernel,
-        initrd: plan.initrd,
-        disk: plan.disk,
-        kvm_device: plan.kvm_device,
-        uid: plan.uid,
-        gid: plan.gid,
-        address_space: plan.address_space,
-        fds,
-    })?;
-    // A daemon that crashed mid-run could have left processes of this uid behind.
-    let _ = plimsoll_sandbox::reap::signal_all_as(plan.uid);
-    // The broker reads its end until QEMU's closes (QEMU exits) or the run ends.
-    let broker_guest = match broker {
-        Some((channel, (ours, theirs))) => {
-            channel.serve_stream(ours).map_err(StartVmError::Broker)?;
-            Some(theirs)
-        }
-        None => None,
-    };
-    let started_unix_ms = unix_ms_now();
-    let t0 = Instant::now();
-    // Two malloc arenas at most: glibc reserves 64 MiB of address space per arena, up to 8
-    // per CPU, and QEMU's I/O worker threads (more of them under load) would otherwise take
-    // new ones until thread stacks no longer fit under RLIMIT_AS ("failed to allocate memory
-    // for stack").
-    let running = Spawn::new(plan.qemu, "/")
-        .args(qemu::args(&plan.shape))
-        .env("MALLOC_ARENA_MAX", QEMU_MALLOC_ARENAS)
-        .before_exec(jail.into_pre_exec())
-        .spawn()?;
-    // QEMU holds its ends now; ours must go, or the channel never reaches end of file.
-    drop(guest_end);
-    let (qmp_host, qmp_guest) = match qmp {
-        Some((h, g)) => (Some(h), Some(g)),
-        None => (None, None),
-    };
-    drop(qmp_guest);
-    drop(broker_guest);
-    let plimsoll_sandbox::Running {
-        mut child,
-        stdout,
-        stderr,
-        ..
-    } = running;
-    let console = std::thread::spawn(move || drain_tail(stdout, CONSOLE_KEPT));
-    let qemu_err = std::thread::spawn(move || drain_tail(stderr, CONSOLE_KEPT));
-    let pid = child.id();
+}
 
-    let mut report = BootReport {
-        started_unix_ms,
-        hello: None,
-        boot_ms: None,
-        accel: None,
-        answer: Answer::BootedOnly,
-        console: Vec::new(),
-        qemu_stderr: Vec::new(),
-        peak_rss_kib: None,
-        cleanup: Ok(()),
-        wall: None,
-    };
-    let acked = converse(plan, &host_end, qmp_host.as_ref(), t0, &mut report);
-    report.peak_rss_kib = peak_rss_kib(pid);
+/// Forks QEMU from a thread of its own that lives until the returned sender is dropped.
+fn spawn_held(
+    spawn: Spawn,
+) -> Result<(plimsoll_sandbox::Running, std::sync::mpsc::Sender<()>), StartVmError> {
+    let (give, took) = std::sync::mpsc::channel();
+    let (hold, held) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("qemu-member".into())
+        .spawn(move || {
+            let _ = give.send(spawn.spawn());
+            // Until the member is gone: a closed channel ends the wait.
+            let _ = held.recv();
+        })
+        .map_err(StartVmError::Channel)?;
+    let running = took.recv().map_err(|_| {
+        StartVmError::Channel(io::Error::other("the thread that forks QEMU died"))
+    })??;
+    Ok((running, hold))
+}
 
-    // Teardown: after the ack the guest powers off (QEMU exits by itself); otherwise, or if
-    // it lingers, the whole process group is killed.
-    if acked {
-        let until = Instant::now() + POWER_OFF_WAIT;
-        while Instant::now() < until {
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                break;
+impl Vm {
+    /// Makes the run directory and starts QEMU in its jail. On `Err` nothing is left (no
+    /// process of the uid, no run directory). `held`: fork QEMU from a thread of its own
+    /// that lives as long as the VM (a warm member's).
+    fn start(plan: &BootPlan<'_>, held: bool) -> Result<Vm, StartVmError> {
+        let run_dir = RunDir::create(plan.run_dir)?;
+        match Self::start_in(plan, run_dir, held) {
+            Ok(vm) => Ok(vm),
+            Err((e, run_dir)) => {
+                let _ = end_processes_of_uid(plan.uid, KILL_PATIENCE);
+                let path = run_dir.path.clone();
+                drop(run_dir);
+                let _ = remove_run_dir(&path);
+                Err(e)
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
-    if let Some(p) = rustix::process::Pid::from_raw(pid as i32)
-        && matches!(child.try_wait(), Ok(None))
-    {
-        let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+
+    fn start_in(
+        plan: &BootPlan<'_>,
+        run_dir: RunDir,
+        held: bool,
+    ) -> Result<Vm, (StartVmError, RunDir)> {
+        macro_rules! tried {
+            ($e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(e) => return Err((e.into(), run_dir)),
+                }
+            };
+        }
+        let (host_end, guest_end) = tried!(UnixStream::pair().map_err(StartVmError::Channel));
+        let qmp = if plan.shape.qmp {
+            Some(tried!(UnixStream::pair().map_err(StartVmError::Channel)))
+        } else {
+            None
+        };
+        // The broker's channel: a socketpair, QEMU's end a chardev on the `plimsoll.broker` port.
+        let broker = match plan.broker {
+            Some(b) if plan.shape.broker => {
+                Some((b, tried!(UnixStream::pair().map_err(StartVmError::Channel))))
+            }
+            _ => None,
+        };
+        let mut fds = vec![(guest_end.as_fd(), inside::CHANNEL_FD)];
+        if let Some((_, q)) = &qmp {
+            fds.push((q.as_fd(), inside::QMP_FD));
+        }
+        if let Some((_, (_, q))) = &broker {
+            fds.push((q.as_fd(), inside::BROKER_FD));
+        }
+        let jail = tried!(Jail::prepare(&JailSpec {
+            root: &run_dir.path.join("jail"),
+            kernel: plan.kernel,
+            initrd: plan.initrd,
+            disk: plan.disk,
+            kvm_device: plan.kvm_device,
+            uid: plan.uid,
+            gid: plan.gid,
+            address_space: plan.address_space,
+            fds,
+        }));
+        // A daemon that crashed mid-run could have left processes of this uid behind.
+        let _ = plimsoll_sandbox::reap::signal_all_as(plan.uid);
+        // The broker reads its end until QEMU's closes (QEMU exits) or the run ends.
+        let broker_guest = match broker {
+            Some((channel, (ours, theirs))) => {
+                tried!(channel.serve_stream(ours).map_err(StartVmError::Broker));
+                Some(theirs)
+            }
+            None => None,
+        };
+        let started_unix_ms = unix_ms_now();
+        let t0 = Instant::now();
+        // Two malloc arenas at most: glibc reserves 64 MiB of address space per arena, up to 8
+        // per CPU, and QEMU's I/O worker threads (more of them under load) would otherwise take
+        // new ones until thread stacks no longer fit under RLIMIT_AS ("failed to allocate memory
+        // for stack").
+        let spawn = Spawn::new(plan.qemu, "/")
+            .args(qemu::args(&plan.shape))
+            .env("MALLOC_ARENA_MAX", QEMU_MALLOC_ARENAS)
+            .before_exec(jail.into_pre_exec());
+        let (running, holder) = if held {
+            let (r, h) = tried!(spawn_held(spawn));
+            (r, Some(h))
+        } else {
+            (tried!(spawn.spawn()), None)
+        };
+        // QEMU holds its ends now; ours must go, or the channel never reaches end of file.
+        drop(guest_end);
+        let (qmp_host, qmp_guest) = match qmp {
+            Some((h, g)) => (Some(h), Some(g)),
+            None => (None, None),
+        };
+        drop(qmp_guest);
+        drop(broker_guest);
+        let plimsoll_sandbox::Running {
+            child,
+            stdout,
+            stderr,
+            ..
+        } = running;
+        let console = std::thread::spawn(move || drain_tail(stdout, CONSOLE_KEPT));
+        let qemu_err = std::thread::spawn(move || drain_tail(stderr, CONSOLE_KEPT));
+        let pid = child.id();
+        Ok(Vm {
+            run_dir,
+            child,
+            pid,
+            uid: plan.uid,
+            sock: host_end,
+            qmp: qmp_host,
+            console,
+            qemu_err,
+            t0,
+            started_unix_ms,
+            _holder: holder,
+        })
     }
-    let _ = child.wait();
-    drop(host_end);
-    report.console = console.join().unwrap_or_default();
-    report.qemu_stderr = qemu_err.join().unwrap_or_default();
-    Ok(report)
+
+    /// Ends the VM: after an ack the guest powers off (QEMU exits by itself); otherwise, or
+    /// if it lingers, QEMU's whole process group is killed. Then no process of the uid
+    /// outlives it, nor its run directory.
+    fn stop(mut self, acked: bool) -> Stopped {
+        if acked {
+            let until = Instant::now() + POWER_OFF_WAIT;
+            while Instant::now() < until {
+                if matches!(self.child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        if let Some(p) = rustix::process::Pid::from_raw(self.pid as i32)
+            && matches!(self.child.try_wait(), Ok(None))
+        {
+            let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+        }
+        let _ = self.child.wait();
+        drop(self.sock);
+        drop(self.qmp);
+        let console = self.console.join().unwrap_or_default();
+        let qemu_stderr = self.qemu_err.join().unwrap_or_default();
+        let processes = end_processes_of_uid(self.uid, KILL_PATIENCE).map_err(TeardownError::from);
+        let path = self.run_dir.path.clone();
+        drop(self.run_dir);
+        let dir = remove_run_dir(&path).map_err(|source| TeardownError::RunDir { path, source });
+        Stopped {
+            console,
+            qemu_stderr,
+            cleanup: match (processes, dir) {
+                (Ok(()), Ok(())) => Ok(()),
+                (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+                (Err(a), Err(b)) => Err(TeardownError::Both(Box::new(a), Box::new(b))),
+            },
+        }
+    }
 }
 
 /// The conversation. Returns whether the guest got its ack (and will power off by itself).
 fn converse(
+    plan: &BootPlan<'_>,
+    sock: &UnixStream,
+    qmp: Option<&UnixStream>,
+    t0: Instant,
+    report: &mut BootReport,
+) -> bool {
+    if !hello(plan, sock, qmp, t0, report) {
+        return false;
+    }
+    let Some(job) = &plan.job else {
+        report.answer = Answer::BootedOnly;
+        return false;
+    };
+    limits_and_wall(sock, plan.boot_timeout, &job.limits, &job.wall, report)
+        && answer(sock, plan.boot_timeout, job, report)
+}
+
+/// Sends one frame, waiting at most `within` to write it.
+fn send(sock: &UnixStream, within: Duration, tag: u8, payload: &[u8]) -> io::Result<()> {
+    sock.set_write_timeout(Some(within))?;
+    let mut w = sock;
+    channel::write_frame(&mut w, tag, payload)
+}
+
+/// The guest's hello (and QEMU's accelerator, with a monitor). False, with the answer set,
+/// when it did not come.
+fn hello(
     plan: &BootPlan<'_>,
     sock: &UnixStream,
     qmp: Option<&UnixStream>,
@@ -538,23 +681,24 @@ fn converse(
             Instant::now() + Duration::from_secs(10),
         ));
     }
-    let Some(job) = &plan.job else {
-        report.answer = Answer::BootedOnly;
-        return false;
-    };
-    let send = |tag: u8, payload: &[u8]| -> io::Result<()> {
-        sock.set_write_timeout(Some(plan.boot_timeout))?;
-        let mut w = sock;
-        channel::write_frame(&mut w, tag, payload)
-    };
-    if let Err(e) = send(channel::LIMITS, &job.limits.encode()) {
+    true
+}
+
+/// Sends the limits; the guest starts the agent, which says its wall: judged here, by the
+/// probe's table, before anything of the job goes into the guest. False, with the answer
+/// set, when it does not match (or did not come within `within`).
+fn limits_and_wall(
+    sock: &UnixStream,
+    within: Duration,
+    limits: &GuestLimits,
+    expected: &Expectations,
+    report: &mut BootReport,
+) -> bool {
+    if let Err(e) = send(sock, within, channel::LIMITS, &limits.encode()) {
         report.answer = Answer::Lost(format!("sending the limits to the guest: {e}"));
         return false;
     }
-    let expected = &job.wall;
-    // The agent is started with nothing to do and says its wall: judged here, by the
-    // probe's table, before anything of the job goes into the guest.
-    let mut reader = DeadlineReader::new(sock, Instant::now() + plan.boot_timeout);
+    let mut reader = DeadlineReader::new(sock, Instant::now() + within);
     let judged = match channel::read_frame(&mut reader, channel::WALL_MAX) {
         Ok(Some((channel::WALL, payload))) => {
             serde_json::from_slice::<plimsoll_wire::Wall>(&payload)
@@ -585,7 +729,41 @@ fn converse(
             return false;
         }
     }
-    if let Err(e) = send(channel::JOB, &job.json) {
+    true
+}
+
+/// A warm member's ready frame: its interpreter waits. False, with the answer set, when it
+/// did not say so within `within`.
+fn ready(sock: &UnixStream, within: Duration, report: &mut BootReport) -> bool {
+    let mut reader = DeadlineReader::new(sock, Instant::now() + within);
+    let why = match channel::read_frame(&mut reader, channel::RECORD_MAX) {
+        Ok(Some((channel::READY, line))) if line == plimsoll_sandbox::warm::READY_LINE => {
+            return true;
+        }
+        Ok(Some((channel::READY, line))) => format!(
+            "it said {:?}, not that it waits",
+            String::from_utf8_lossy(&line)
+        ),
+        Ok(Some((channel::FATAL, payload))) => format!(
+            "the guest init failed: {}",
+            String::from_utf8_lossy(&payload)
+        ),
+        Ok(Some((channel::STDERR, payload))) => format!(
+            "the agent said: {}",
+            String::from_utf8_lossy(&payload).trim()
+        ),
+        Ok(Some((tag, _))) => format!("the guest sent `{}` instead", tag.escape_ascii()),
+        Ok(None) => "the VM ended first".into(),
+        Err(e) => format!("reading its ready frame: {e}"),
+    };
+    report.answer = Answer::NotWaiting(why);
+    false
+}
+
+/// Sends the job and reads the agent's answer to its exit record, then acks it. Returns
+/// whether the guest got its ack (and will power off by itself).
+fn answer(sock: &UnixStream, within: Duration, job: &Job, report: &mut BootReport) -> bool {
+    if let Err(e) = send(sock, within, channel::JOB, &job.json) {
         report.answer = Answer::Lost(format!("sending the job to the guest: {e}"));
         return false;
     }
@@ -661,6 +839,93 @@ fn converse(
                 return false;
             }
         }
+    }
+}
+
+/// A warm member's VM: booted, its agent's wall judged, its interpreter waiting for the
+/// job (docs/warm-pools.md). Dropping it kills QEMU (its forking thread ends); use
+/// [`WaitingVm::discard`] to remove everything.
+#[derive(Debug)]
+pub struct WaitingVm {
+    vm: Vm,
+    report: BootReport,
+    within: Duration,
+}
+
+/// Boots a warm member's VM for `plan` (whose `job` is not used): `limits` (with `warm`
+/// set) go to the guest, the agent's wall is judged against `wall`, and this returns once
+/// the guest says the interpreter waits. `Ok(Err(report))`: the VM was booted and is gone
+/// again, and the report says why it is not a member.
+pub fn make_member(
+    plan: &BootPlan<'_>,
+    limits: &GuestLimits,
+    wall: &Expectations,
+) -> Result<Result<WaitingVm, BootReport>, StartVmError> {
+    let vm = Vm::start(plan, true)?;
+    let mut report = BootReport::new(vm.started_unix_ms);
+    let made = hello(plan, &vm.sock, None, vm.t0, &mut report)
+        && limits_and_wall(&vm.sock, plan.boot_timeout, limits, wall, &mut report)
+        && ready(&vm.sock, plan.boot_timeout, &mut report);
+    if made {
+        return Ok(Ok(WaitingVm {
+            vm,
+            report,
+            within: plan.boot_timeout,
+        }));
+    }
+    report.peak_rss_kib = peak_rss_kib(vm.pid);
+    vm.stop(false).into_report(&mut report);
+    Ok(Err(report))
+}
+
+/// A used member's VM, after its answer: [`Ending::finish`] removes it.
+#[derive(Debug)]
+pub struct Ending {
+    vm: Vm,
+    acked: bool,
+}
+
+impl Ending {
+    /// Powers the VM off (or kills it) and removes everything of it.
+    pub fn finish(self) -> Result<(), TeardownError> {
+        self.vm.stop(self.acked).cleanup
+    }
+
+    /// [`Ending::finish`], with QEMU's and the console's tails kept in `report`.
+    pub fn finish_into(self, report: &mut BootReport) {
+        self.vm.stop(self.acked).into_report(report);
+    }
+}
+
+impl WaitingVm {
+    /// QEMU's pid.
+    pub fn pid(&self) -> u32 {
+        self.vm.pid
+    }
+
+    /// The agent's wall, judged when the member was made.
+    pub fn wall(&self) -> Option<&plimsoll_wire::Wall> {
+        self.report.wall.as_ref()
+    }
+
+    /// Gives the member its one job (its JSON and answer bounds; the limits and wall are
+    /// the ones it was made with) and reads the answer. The VM is still there: the returned
+    /// [`Ending`] removes it.
+    pub fn run(self, job: &Job) -> (BootReport, Ending) {
+        let WaitingVm {
+            vm,
+            mut report,
+            within,
+        } = self;
+        report.started_unix_ms = unix_ms_now();
+        let acked = answer(&vm.sock, within, job, &mut report);
+        report.peak_rss_kib = peak_rss_kib(vm.pid);
+        (report, Ending { vm, acked })
+    }
+
+    /// Removes a member that was never used.
+    pub fn discard(self) -> Result<(), TeardownError> {
+        self.vm.stop(false).cleanup
     }
 }
 

@@ -5,7 +5,10 @@ use std::fs;
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
-use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider, unix_ms_now};
+use plimsoll_sandbox::warm::{self, WarmMember, WarmPlan, WarmShape};
+use plimsoll_sandbox::{
+    Cause, LaunchError, LaunchPlan, Outcome, Probed, Provider, Teardown, unix_ms_now,
+};
 use plimsoll_wire::{AgentJob, RunResult, RunSpec, Tier, TrialIds};
 
 use crate::assets::{self, Assets, RunInitrd};
@@ -385,6 +388,20 @@ impl VmProvider {
         job: Option<Job>,
         boot_timeout: Duration,
     ) -> Result<BootReport, LaunchError> {
+        let spec = self.boot_spec(plan, prepared, accelerator, qmp, job, boot_timeout)?;
+        boot::boot(spec).map_err(|e| LaunchError::environment(error_chain(&e)))
+    }
+
+    /// What [`VmProvider::boot_plan`] boots.
+    fn boot_spec<'a>(
+        &'a self,
+        plan: &'a LaunchPlan,
+        prepared: &'a Prepared,
+        accelerator: Accelerator,
+        qmp: bool,
+        job: Option<Job>,
+        boot_timeout: Duration,
+    ) -> Result<BootPlan<'a>, LaunchError> {
         let runs = self.config.runs_root();
         if plan.run_dir.parent() != Some(runs.as_path()) {
             return Err(LaunchError::environment(format!(
@@ -419,7 +436,7 @@ impl VmProvider {
             Accelerator::Tcg => qemu::TCG_TB_MIB,
             Accelerator::Kvm => 0,
         };
-        boot::boot(BootPlan {
+        Ok(BootPlan {
             qemu: &self.config.qemu,
             kernel: &prepared.assets.kernel,
             initrd: &prepared.initrd.path,
@@ -434,7 +451,6 @@ impl VmProvider {
             job,
             broker: plan.broker.as_ref(),
         })
-        .map_err(|e| LaunchError::environment(error_chain(&e)))
     }
 
     /// Boots a guest for `plan`'s job. A guest that said no hello within the boot budget is
@@ -466,15 +482,16 @@ impl VmProvider {
         boot()
     }
 
-    /// Runs `plan` and also returns its timings and QEMU's peak memory.
-    pub fn run_measured(&self, plan: &LaunchPlan) -> Result<(Outcome, RunStats), LaunchError> {
+    /// What every boot of a run needs first: root, the run initramfs (a trial's with the
+    /// runner), and the accelerator the probe chose.
+    fn ready_to_boot(&self, trial: bool) -> Result<(Prepared, Accelerator), LaunchError> {
         if !rustix::process::geteuid().is_root() {
             return Err(LaunchError::environment(
                 "the qemu provider must run as root (it jails QEMU in a mount namespace under the run's uid): start the daemon as root",
             ));
         }
         let mut prepared = self.prepared(false).map_err(LaunchError::environment)?;
-        if plan.privileges.is_trial() {
+        if trial {
             prepared = self.for_trial(&prepared)?;
         }
         let accelerator = self.accelerator().ok_or_else(|| {
@@ -482,6 +499,68 @@ impl VmProvider {
                 "the qemu provider has not been probed yet: its accelerator is not known",
             )
         })?;
+        Ok((prepared, accelerator))
+    }
+
+    /// Makes one warm member: a VM booted for `plan`'s shape whose agent has said its wall
+    /// (judged as a run's would be) and whose interpreter waits for the code.
+    pub fn make_member(&self, plan: &WarmPlan) -> Result<VmMember, LaunchError> {
+        self.make_member_expecting(plan, |_| {})
+    }
+
+    /// [`VmProvider::make_member`], with the wall the member must show changed by `adjust`
+    /// first: a wall the guest does not show is refused as a wrong one is (the tests prove
+    /// the judge with a real guest so).
+    pub fn make_member_expecting(
+        &self,
+        plan: &WarmPlan,
+        adjust: impl FnOnce(&mut plimsoll_sandbox::judge::Expectations),
+    ) -> Result<VmMember, LaunchError> {
+        let (prepared, accelerator) = self.ready_to_boot(false)?;
+        let member = plimsoll_sandbox::warm::member_plan(plan);
+        let mut job = job_for(&member)?;
+        job.limits.warm = Some(plan.shape.language);
+        adjust(&mut job.wall);
+        let spec = self.boot_spec(
+            &member,
+            &prepared,
+            accelerator,
+            false,
+            None,
+            self.config.boot_timeout,
+        )?;
+        let made = boot::make_member(&spec, &job.limits, &job.wall)
+            .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+        match made {
+            Ok(waiting) => Ok(VmMember {
+                waiting,
+                uid: member.uid,
+                shape: plan.shape,
+                max_timeout: plan.max_timeout,
+            }),
+            Err(report) => {
+                let why = match &report.answer {
+                    Answer::BootTimedOut(budget) => LaunchError::environment(format!(
+                        "the member's VM did not boot within {} s ({})",
+                        budget.as_secs_f64(),
+                        report.diagnostics()
+                    )),
+                    _ => match result_of(&report) {
+                        Err(e) => e,
+                        Ok(_) => LaunchError::environment(format!(
+                            "the member's VM answered before it was given a job ({})",
+                            report.diagnostics()
+                        )),
+                    },
+                };
+                Err(why.after_cleanup(report.cleanup))
+            }
+        }
+    }
+
+    /// Runs `plan` and also returns its timings and QEMU's peak memory.
+    pub fn run_measured(&self, plan: &LaunchPlan) -> Result<(Outcome, RunStats), LaunchError> {
+        let (prepared, accelerator) = self.ready_to_boot(plan.privileges.is_trial())?;
         let report = self.boot_job(plan, &prepared, accelerator, false)?;
         let ended = unix_ms_now();
         let stats = stats_of(&report, ended);
@@ -558,6 +637,7 @@ pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
             work_bytes: l.disk_bytes / 4 * 3,
             tmp_bytes: l.disk_bytes / 4,
             trial,
+            warm: None,
         },
         json,
         answer_timeout: l.timeout + AGENT_GRACE + transfer,
@@ -591,6 +671,10 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
             plimsoll_wire::Reason::Environment,
             format!("the guest's agent was not handed its job: {why}"),
         )),
+        Answer::NotWaiting(why) => Err(LaunchError::environment(format!(
+            "the member's interpreter did not come to wait for its code: {why} ({})",
+            r.diagnostics()
+        ))),
         Answer::Exited {
             code: Some(0),
             stdout,
@@ -644,6 +728,67 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
 
 pub(crate) use plimsoll_sandbox::error_chain;
 
+/// A warm member at qemu (docs/warm-pools.md): a VM booted ahead, its agent's wall judged,
+/// its interpreter started in the guest and waiting. A claim sends the one job; the VM is
+/// powered off and removed after the answer, off the answer's path.
+#[derive(Debug)]
+pub struct VmMember {
+    waiting: boot::WaitingVm,
+    uid: u32,
+    shape: WarmShape,
+    max_timeout: Duration,
+}
+
+impl WarmMember for VmMember {
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
+        let VmMember {
+            waiting,
+            uid,
+            shape,
+            max_timeout,
+        } = *self;
+        let job = warm::check_claim(plan, &shape, uid, max_timeout, false)
+            .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))
+            .and_then(|_| job_for(plan));
+        let job = match job {
+            Ok(j) => j,
+            Err(e) => return Err(e.after_cleanup(waiting.discard())),
+        };
+        let (mut report, ending) = waiting.run(&job);
+        let ended_unix_ms = unix_ms_now();
+        let started_unix_ms = report.started_unix_ms;
+        let outcome = |result| Outcome {
+            result,
+            started_unix_ms,
+            ended_unix_ms,
+        };
+        // The answer came whole: the power-off and removal are off the answer's path.
+        if matches!(report.answer, Answer::Exited { code: Some(0), .. })
+            && let Ok(result) = result_of(&report)
+        {
+            let teardown = Teardown::new(move || ending.finish().map_err(Cause::from));
+            return Ok((outcome(result), teardown));
+        }
+        ending.finish_into(&mut report);
+        let result = result_of(&report)?;
+        if let Err(c) = &report.cleanup {
+            return Err(LaunchError::may_have_run(format!(
+                "the run ended but its VM was not fully removed: {}",
+                error_chain(c)
+            )));
+        }
+        Ok((outcome(result), Teardown::new(|| Ok(()))))
+    }
+
+    fn discard(self: Box<Self>) -> Result<(), Cause> {
+        self.waiting.discard().map_err(Cause::from)
+    }
+}
+
 impl Provider for VmProvider {
     fn name(&self) -> &str {
         "qemu"
@@ -679,6 +824,14 @@ impl Provider for VmProvider {
     /// end the broker serves; the guest init relays it to `/run/plimsoll/broker.sock`.
     fn supports_broker(&self) -> bool {
         true
+    }
+
+    fn warms(&self) -> bool {
+        true
+    }
+
+    fn warm(&self, plan: &WarmPlan) -> Result<Box<dyn WarmMember>, LaunchError> {
+        Ok(Box::new(self.make_member(plan)?))
     }
 
     /// The accelerator the probe chose is known only from a probe: cached evidence names it.

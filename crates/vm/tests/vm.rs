@@ -835,3 +835,125 @@ fn guest_init_binary() -> PathBuf {
     plimsoll_testing::tool_binary("plimsoll-guest-init", "plimsoll-guest-init")
         .unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// A warm member's plan at `rig`: its uid, a run directory of its own, the test's limits.
+fn member_plan(rig: &Rig, language: plimsoll_wire::Language) -> plimsoll_sandbox::WarmPlan {
+    let l = limits();
+    let member_id = fresh_id("m");
+    plimsoll_sandbox::WarmPlan {
+        run_dir: rig.p.config().runs_root().join(&member_id),
+        member_id,
+        shape: plimsoll_sandbox::WarmShape {
+            language,
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            disk_bytes: l.disk_bytes,
+        },
+        uid: rig.uid,
+        gid: rig.uid,
+        max_timeout: l.timeout,
+    }
+}
+
+/// Nothing of a member is left: no process of its uid, no run directory, no mount.
+fn assert_member_gone(rig: &Rig, plan: &plimsoll_sandbox::WarmPlan) {
+    rig.assert_clean(&LaunchPlan {
+        run_dir: plan.run_dir.clone(),
+        run_id: plan.member_id.clone(),
+        ..rig.plan(py(""), limits())
+    });
+}
+
+/// A warm member at qemu is a VM booted ahead whose guest agent has said its wall (judged
+/// before the member is pooled) and whose interpreter is already running in the guest,
+/// waiting: a claim gives it one snippet, the answer carries that wall, and the VM is gone
+/// after its teardown. A member never claimed is removed whole; a claim in another language
+/// is refused before anything runs; and a member whose guest shows a wall other than the one
+/// expected (here a memory limit the guest was not given) is never made.
+#[test]
+fn warm_members_boot_ahead_run_once_and_a_wrong_wall_is_refused() {
+    use plimsoll_sandbox::WarmMember as _;
+    use plimsoll_wire::Language::{Javascript, Python};
+    let Some(rig) = rig(
+        "warm_members_boot_ahead_run_once_and_a_wrong_wall_is_refused",
+        23,
+    ) else {
+        return;
+    };
+    for (language, spec, says) in [
+        (
+            Python,
+            py(
+                "import os\nprint('seen' if globals().get('marker') else 'fresh', os.getuid(), os.getcwd())\nmarker = 1\n",
+            ),
+            "fresh 1000 /work\n",
+        ),
+        (
+            Javascript,
+            js(
+                "console.log(globalThis.marker ? 'seen' : 'fresh', process.getuid(), process.cwd()); globalThis.marker = 1;",
+            ),
+            "fresh 1000 /work\n",
+        ),
+    ] {
+        let made = member_plan(&rig, language);
+        let t0 = Instant::now();
+        let member = rig.p.make_member(&made).expect("a member");
+        println!("{language:?} member made in {:?}", t0.elapsed());
+        assert_eq!(qemus_of(rig.uid).len(), 1, "its VM runs, waiting");
+        assert!(made.run_dir.exists());
+        let run = rig.plan(spec, limits());
+        let t0 = Instant::now();
+        let (outcome, teardown) = Box::new(member).run(&run).expect("the member's run");
+        println!("{language:?} warm run answered in {:?}", t0.elapsed());
+        let r = outcome.result;
+        assert_eq!(
+            (r.exit_code, text(&r.stdout)),
+            (Some(0), says.to_owned()),
+            "{r:?}"
+        );
+        let wall = r.wall.expect("a warm run's wall");
+        assert_eq!(wall.uid, 1000);
+        teardown.run().expect("the teardown");
+        assert_member_gone(&rig, &made);
+    }
+
+    // Never claimed: removed whole.
+    let made = member_plan(&rig, Python);
+    let member = rig.p.make_member(&made).expect("a member");
+    Box::new(member).discard().expect("discarded");
+    assert_member_gone(&rig, &made);
+
+    // Claimed by a run of the other language: refused, not dispatched, and removed.
+    let made = member_plan(&rig, Python);
+    let member = rig.p.make_member(&made).expect("a member");
+    let run = rig.plan(js("console.log(1)"), limits());
+    match Box::new(member).run(&run) {
+        Err(e @ plimsoll_sandbox::LaunchError::NotStarted { .. }) => {
+            assert!(e.message().contains("not the member's"), "{}", e.message());
+        }
+        other => panic!("expected a refusal: {other:?}"),
+    }
+    assert_member_gone(&rig, &made);
+
+    // A wall the guest does not show: the member is refused before anything of a run exists.
+    let made = member_plan(&rig, Python);
+    let refused = rig.p.make_member_expecting(&made, |wall| {
+        if let Some(plimsoll_sandbox::judge::Limits::Cgroup { memory, .. }) = &mut wall.limits {
+            *memory += 1 << 20;
+        } else {
+            panic!("a VM's wall has cgroup limits: {:?}", wall.limits);
+        }
+    });
+    match refused {
+        Err(e @ plimsoll_sandbox::LaunchError::NotStarted { .. }) => {
+            let m = e.message();
+            assert!(
+                m.contains("not handed its job") && m.contains("limits"),
+                "{m}"
+            );
+        }
+        other => panic!("expected the wall to be refused: {other:?}"),
+    }
+    assert_member_gone(&rig, &made);
+}
