@@ -646,7 +646,7 @@ impl Rig {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         // Asked again after the read: the keeper may have made a member since the listing.
         let members = self.engine.pool_member_ids();
-        let of_member = |l: &str| members.iter().any(|m| l.contains(&format!("/{m}/")));
+        let of_member = |l: &str| members.iter().any(|m| l.contains(&format!("{m}/")));
         if let Some(m) = mounts.lines().find(|l| l.contains(&dir) && !of_member(l)) {
             return Err(format!("{case}: a run's mount is left: {m}"));
         }
