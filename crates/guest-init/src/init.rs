@@ -216,6 +216,11 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         }
         Err(e) => return Err(GuestInitError::Channel(e)),
     };
+    if limits.trial && limits.warm.is_some() {
+        return Err(GuestInitError::Protocol(
+            "a trial job cannot run in a warm member".into(),
+        ));
+    }
     // The agent starts first, with nothing to do, and says its wall (a trial's too, as uid
     // 0 holding its two capabilities); the host sends the job only once it has judged that.
 
