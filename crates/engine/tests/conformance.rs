@@ -1867,6 +1867,7 @@ suite! {
         crun_warm => 6,
         runc_warm => 7,
         runsc_warm => 8,
+        qemu_warm => 9,
     ],
     cases: [
         identity,

@@ -1,5 +1,6 @@
 //! [`VmProvider`], the `qemu` provider: every run (snippet or project) is one fresh microVM
-//! whose guest runs `plimsoll-agent`; the VM is destroyed when the run ends.
+//! whose guest runs `plimsoll-agent`; the VM is destroyed when the run ends. A warm member
+//! ([`VmMember`]) is such a VM booted ahead, its interpreter waiting for one snippet.
 
 use std::fs;
 use std::sync::{Mutex, RwLock};
