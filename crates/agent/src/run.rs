@@ -311,7 +311,7 @@ pub struct Waiting {
 /// returns once it has said so. Its work directory is the agent's current one (a VM's
 /// `/work`). Refuses to start as root.
 pub fn start_waiting(language: Language) -> Result<Waiting, RunJobError> {
-    use plimsoll_sandbox::warm::{READY_LINE, wait_program};
+    use plimsoll_sandbox::warm::{READY_LINE, wait_command};
     crate::privilege::not_root()?;
     mark_inherited_descriptors_cloexec();
     // No deadline until the job comes; the host bounds the wait (and the member's age).
@@ -324,13 +324,23 @@ pub fn start_waiting(language: Language) -> Result<Waiting, RunJobError> {
     let dir = SnippetFile::make_dir(Path::new(SNIPPET_BASE))?;
     let path = dir.join(file_name);
     let mut cmd = command(program);
-    let wait = wait_program(language, false, true);
-    match language {
-        Language::Javascript => cmd.arg("-e").arg(wait),
-        Language::Python => cmd.args(["-I", "-B", "-c"]).arg(wait),
+    let wait = wait_command(language, &path, false, true);
+    for (name, text) in &wait.files {
+        if let Err(e) = std::fs::write(dir.join(name), text) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(RunJobError::NotWaiting(format!(
+                "cannot write its wait program: {e}"
+            )));
+        }
+    }
+    cmd.args(&wait.args).current_dir(&work_dir);
+    let child = match sup.start(cmd) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(RunJobError::Snippet(e));
+        }
     };
-    cmd.arg(&path).current_dir(&work_dir);
-    let child = sup.start(cmd).map_err(RunJobError::Snippet)?;
     let said = child
         .out
         .as_ref()
@@ -350,7 +360,7 @@ pub fn start_waiting(language: Language) -> Result<Waiting, RunJobError> {
     if let Err(why) = said {
         drop(child);
         sup.end_all();
-        let _ = std::fs::remove_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
         return Err(RunJobError::NotWaiting(why));
     }
     Ok(Waiting {
@@ -444,8 +454,8 @@ impl Waiting {
             )))
         })();
         sup.end_all();
-        // A job refused before its file was written leaves the empty directory.
-        let _ = std::fs::remove_dir(&dir);
+        // The wait program's file, and a job refused before its file was written.
+        let _ = std::fs::remove_dir_all(&dir);
         ran
     }
 }

@@ -552,16 +552,18 @@ fn cgroup_usage_kib(h: &plimsoll_sandbox::cgroup::Hierarchy, dir: &Path) -> Opti
 /// The resident set of `program` started as a member's interpreter is, outside any sandbox,
 /// once it waits on its input; and how long reading and judging its wall takes.
 fn bare_waiting_rss_kib(program: &Path, language: Language) -> Option<(u64, Option<f64>)> {
-    use plimsoll_sandbox::warm::{JS_WAIT, PYTHON_WAIT, wait_until_reading};
-    let (flag, code) = match language {
-        Language::Javascript => ("-e", JS_WAIT),
-        Language::Python => ("-c", PYTHON_WAIT),
-    };
+    use plimsoll_sandbox::warm::{wait_command, wait_until_reading};
+    let dir = tempfile::tempdir().ok()?;
+    let code = dir.path().join(match language {
+        Language::Javascript => "main.js",
+        Language::Python => "main.py",
+    });
+    let wait = wait_command(language, &code, false, false);
+    for (name, text) in &wait.files {
+        std::fs::write(dir.path().join(name), text).ok()?;
+    }
     let mut running = Spawn::new(program, "/")
-        .args(["-I", "-B"].iter().filter(|_| language == Language::Python))
-        .arg(flag)
-        .arg(code)
-        .arg("/nonexistent")
+        .args(&wait.args)
         .stdin_pipe()
         .spawn()
         .ok()?;

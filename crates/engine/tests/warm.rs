@@ -216,8 +216,8 @@ fn dropping_the_engine_leaves_no_member_behind() {
 }
 
 /// The same snippet warm and cold ends the same: status, output, the last line of standard
-/// error (a traceback's frames above it name the run's own paths, and runpy's in a warm
-/// Python run), and what the code sees of itself.
+/// error (a traceback's frames above it name the run's own paths), and what the code sees of
+/// itself.
 #[test]
 fn a_warm_run_ends_as_a_cold_one_does() {
     let Some((engine, _dir)) = engine("same", 3_300_400, 1, 2) else {

@@ -19,7 +19,7 @@ use plimsoll_wire::{AgentJob, Bytes, Language, RunResult, RunSpec, Tier};
 use crate::cgroup::{CgroupLayout, MemorySeen};
 use crate::follow;
 use crate::phases::{Phase, Phases};
-use crate::runtime::{Runtime, RuntimeKind};
+use crate::runtime::{Begin, Runtime, RuntimeKind};
 use crate::spec::{self, SpecInputs};
 use crate::state::{RunDir, StateDir};
 use crate::warm::READY_WITHIN;
@@ -145,6 +145,32 @@ pub(crate) struct Container {
     pub input: Option<std::process::ChildStdin>,
     /// The phases so far (a cold run logs them once it is over).
     pub phases: Phases,
+    /// The container's namespaces, held from its creation until its removal.
+    pub namespaces: HeldNamespaces,
+}
+
+/// References to a container's namespaces (`/proc/<pid>/ns/*` opened), held until the
+/// container is removed. While they are held, the end of the container's last process does
+/// not tear its namespaces down: in particular the kernel does not unmount the container's
+/// mount table, and wait for a grace period, before the process counts as exited. That
+/// teardown then happens when these are dropped, in the removal, off the answer's path
+/// where the removal is.
+#[derive(Debug, Default)]
+pub(crate) struct HeldNamespaces {
+    _held: Vec<fs::File>,
+}
+
+impl HeldNamespaces {
+    /// Opens what of process `pid`'s namespaces can be opened (none, if it is gone).
+    pub(crate) fn of(pid: rustix::process::Pid) -> Self {
+        let pid = pid.as_raw_nonzero().get();
+        HeldNamespaces {
+            _held: ["mnt", "net", "ipc", "uts", "pid", "cgroup"]
+                .iter()
+                .filter_map(|n| fs::File::open(format!("/proc/{pid}/ns/{n}")).ok())
+                .collect(),
+        }
+    }
 }
 
 /// What following a container to its end gave.
@@ -437,7 +463,7 @@ impl OciProvider {
             mut phases,
             input,
             ..
-        } = self.create(plan, launch, launch.handed_over.is_some())?;
+        } = self.create(plan, launch, launch.handed_over.is_some(), Begin::Create)?;
         // The deadline outside the daemon: a daemon killed mid-run leaves this watchdog,
         // which ends the container's processes (by its cgroup) at the deadline plus a grace.
         let outside = match self.outside_watchdog(plan, launch.deadline) {
@@ -582,6 +608,7 @@ impl OciProvider {
         plan: &LaunchPlan,
         launch: &LaunchSpec,
         stdin: bool,
+        begin: Begin,
     ) -> Result<Container, LaunchError> {
         let mut phases = Phases::new();
         if let Err(e) = &self.layout {
@@ -614,7 +641,7 @@ impl OciProvider {
         let pid_file = run_dir.path().join("pid");
         let spawned = prepared.and_then(|bundle| {
             self.runtime
-                .spawn_create(&bundle, &id, &pid_file, plan.broker.is_some(), stdin)
+                .spawn_create(&bundle, &id, &pid_file, plan.broker.is_some(), stdin, begin)
                 .map_err(|e| {
                     format!(
                         "cannot start {}: {}",
@@ -645,6 +672,7 @@ impl OciProvider {
             }
         };
         created.also_reap(self.runtime.helper_pids(&id));
+        let namespaces = HeldNamespaces::of(created.pid());
         phases.mark(Phase::Create);
         Ok(Container {
             id,
@@ -652,6 +680,7 @@ impl OciProvider {
             created,
             input,
             phases,
+            namespaces,
         })
     }
 

@@ -113,6 +113,18 @@ pub enum RuntimeCommandError {
     },
 }
 
+/// How a container is brought up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// `create`: its process waits in the runtime's init until `start`, so nothing of a run
+    /// has begun until then (a project, a trial).
+    Create,
+    /// `run --detach`: created and started in one invocation, for a process that itself
+    /// waits for what it is to run (a member's interpreter, waiting for `go`): one runtime
+    /// invocation fewer.
+    Run,
+}
+
 /// How one runtime binary is driven.
 #[derive(Debug, Clone)]
 pub struct Runtime {
@@ -193,16 +205,21 @@ impl Runtime {
         args
     }
 
-    /// The full argument list of `create` (after the global flags).
-    pub fn create_args(bundle: &Path, id: &str, pid_file: &Path) -> Vec<OsString> {
-        vec![
-            "create".into(),
+    /// The full argument list of `create` (after the global flags), or with `Begin::Run` of
+    /// `run --detach` (created and started in one invocation).
+    pub fn create_args(bundle: &Path, id: &str, pid_file: &Path, begin: Begin) -> Vec<OsString> {
+        let mut args: Vec<OsString> = match begin {
+            Begin::Create => vec!["create".into()],
+            Begin::Run => vec!["run".into(), "--detach".into()],
+        };
+        args.extend([
             "--bundle".into(),
             bundle.into(),
             "--pid-file".into(),
             pid_file.into(),
             id.into(),
-        ]
+        ]);
+        args
     }
 
     fn command(&self, args: &[OsString]) -> Spawn {
@@ -242,12 +259,13 @@ impl Runtime {
         pid_file: &Path,
         host_sockets: bool,
         stdin: bool,
+        begin: Begin,
     ) -> Result<Running, SpawnError> {
         let mut args = Vec::new();
         if host_sockets && self.kind == RuntimeKind::Runsc {
             args.push(OsString::from("--host-uds=open"));
         }
-        args.extend(Runtime::create_args(bundle, id, pid_file));
+        args.extend(Runtime::create_args(bundle, id, pid_file, begin));
         let command = self.command(&args);
         // The container's process inherits `create`'s standard input (pass-through).
         if stdin { command.stdin_pipe() } else { command }.spawn()
@@ -440,11 +458,25 @@ mod tests {
             ]
             .map(OsString::from)
         );
-        let create = Runtime::create_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"));
+        let create =
+            |begin| Runtime::create_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"), begin);
         assert_eq!(
-            create,
+            create(Begin::Create),
             [
                 "create",
+                "--bundle",
+                "/b",
+                "--pid-file",
+                "/b/pid",
+                "plimsoll-x"
+            ]
+            .map(OsString::from)
+        );
+        assert_eq!(
+            create(Begin::Run),
+            [
+                "run",
+                "--detach",
                 "--bundle",
                 "/b",
                 "--pid-file",

@@ -15,7 +15,7 @@ use plimsoll_sandbox::{Cause, LaunchError, LaunchPlan, Outcome, Teardown, unix_m
 use plimsoll_wire::{Bytes, Language, Reason, RunResult};
 
 use crate::provider::{Container, LaunchSpec, OciProvider, status_of};
-use crate::runtime::RuntimeKind;
+use crate::runtime::{Begin, RuntimeKind};
 use crate::spec::TOOLS_DIR;
 
 /// How much of the runtime's standard error a failed `create` of a member keeps.
@@ -68,7 +68,6 @@ pub fn make_for(
         args.extend([tool("plimsoll-agent"), "--wall-then-exec".to_owned()]);
     }
     let language = plan.shape.language;
-    let wait = warm::wait_program(language, broker.is_some(), inside);
     let main = match language {
         Language::Javascript => {
             args.push("/usr/bin/node".to_owned());
@@ -76,7 +75,6 @@ pub fn make_for(
                 files.push((JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()));
                 args.extend(["--require".to_owned(), tool(JS_CLIENT_FILE)]);
             }
-            args.extend(["-e".to_owned(), wait]);
             "main.js"
         }
         Language::Python => {
@@ -86,12 +84,22 @@ pub fn make_for(
                     PYTHON_CLIENT.as_bytes().to_vec(),
                 ));
             }
-            args.extend(["/usr/bin/python3", "-I", "-B", "-c"].map(str::to_owned));
-            args.push(wait);
+            args.push("/usr/bin/python3".to_owned());
             "main.py"
         }
     };
-    args.push(tool(main));
+    let wait = warm::wait_command(
+        language,
+        std::path::Path::new(&tool(main)),
+        broker.is_some(),
+        inside,
+    );
+    files.extend(
+        wait.files
+            .into_iter()
+            .map(|(name, text)| (name.to_owned(), text.into_bytes())),
+    );
+    args.extend(wait.args);
     let launch = LaunchSpec {
         args,
         files,
@@ -104,26 +112,22 @@ pub fn make_for(
         handed_over: None,
         wall_inside: false,
     };
-    let mut container = provider.create(&launch_plan, &launch, true)?;
-    let started = provider
-        .runtime()
-        .start(&container.id)
-        .map_err(|e| {
-            LaunchError::environment(format!(
-                "cannot start the member's container: {}",
-                plimsoll_sandbox::error_chain(&e)
-            ))
-        })
-        .and_then(|()| {
-            if inside {
-                said_and_ready(provider, &mut container, &launch_plan).map(Some)
-            } else {
-                let pid = container.created.pid().as_raw_nonzero().get() as u32;
-                warm::wait_until_reading(pid, READY_WITHIN)
-                    .map(|()| None)
-                    .map_err(|e| not_waiting(&e))
-            }
-        });
+    // Created and started at once: its process is the wait program, which runs nothing of a
+    // run's until a claim's `go`.
+    let mut container = provider.create(&launch_plan, &launch, true, Begin::Run)?;
+    // Armed while the interpreter starts, not after.
+    let armed = provider.armed_watchdog(&launch_plan);
+    let started = armed.and_then(|w| {
+        let said = if inside {
+            said_and_ready(provider, &mut container, &launch_plan).map(Some)
+        } else {
+            let pid = container.created.pid().as_raw_nonzero().get() as u32;
+            warm::wait_until_reading(pid, READY_WITHIN)
+                .map(|()| None)
+                .map_err(|e| not_waiting(&e))
+        };
+        said.map(|said| (said, w))
+    });
     let member = OciMember {
         provider: provider.clone(),
         plan: launch_plan,
@@ -134,8 +138,7 @@ pub fn make_for(
         said: None,
         watchdog: None,
     };
-    let made = started.and_then(|said| Ok((said, provider.armed_watchdog(&member.plan)?)));
-    match made {
+    match started {
         Ok((said, w)) => Ok(OciMember {
             said,
             watchdog: Some(w),
@@ -272,6 +275,7 @@ impl WarmMember for OciMember {
             run_dir,
             mut created,
             input,
+            namespaces,
             ..
         } = container;
         created.set_output_cap(plan.limits.output_bytes);
@@ -317,6 +321,7 @@ impl WarmMember for OciMember {
             ..RunResult::default()
         };
         let teardown = Teardown::new(move || {
+            drop(namespaces);
             drop(outside);
             provider
                 .clean(&member_plan, &id, run_dir, backstop)

@@ -186,12 +186,14 @@ fn crun_reap_after_the_daemon_was_killed() {
     );
 }
 
-/// The real runtime behind a wrapper that makes `create` fail (while `fail-create` exists)
-/// or runs the real `start` and then reports failure: a failed `create` ran nothing and is
-/// refused as not dispatched; a failure from `start` on may have run code that was in the
-/// bundle and is `MayHaveRun` (a project's, conservatively: its job is handed over only
-/// after the start too). A snippet is handed its code only after its container started and
-/// showed its wall (at runsc, said it), so a failed start ran nothing of it: not dispatched.
+/// The real runtime behind a wrapper that makes `create` and `run` fail (while `fail-create`
+/// exists) or runs the real `start` or `run --detach` and then reports failure: a failed
+/// `create` ran nothing and is refused as not dispatched; a failure from `start` on may have
+/// run code that was in the bundle and is `MayHaveRun` (a project's, conservatively: its job
+/// is handed over only after the start too). A snippet's container is created and started
+/// at once (`run --detach`), its process the waiting interpreter, and is handed its code
+/// only after it showed its wall (at runsc, said it), so a failed `run` ran nothing of it:
+/// not dispatched.
 fn only_a_failed_create_is_not_dispatched(kind: RuntimeKind, test: &str) {
     let Some(mut rig) = rig(kind, test) else {
         return;
@@ -203,7 +205,7 @@ fn only_a_failed_create_is_not_dispatched(kind: RuntimeKind, test: &str) {
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = start ]; then\n    {real} \"$@\"\n    echo 'wrapper: start failed after starting' >&2\n    exit 1\n  fi\n  if [ \"$a\" = create ] && [ -e {flag} ]; then\n    echo 'wrapper: create refused' >&2\n    exit 1\n  fi\ndone\nexec {real} \"$@\"\n",
+            "#!/bin/sh\nfor a in \"$@\"; do\n  if {{ [ \"$a\" = create ] || [ \"$a\" = run ]; }} && [ -e {flag} ]; then\n    echo 'wrapper: create refused' >&2\n    exit 1\n  fi\n  if [ \"$a\" = start ] || [ \"$a\" = run ]; then\n    {real} \"$@\"\n    echo 'wrapper: start failed after starting' >&2\n    exit 1\n  fi\ndone\nexec {real} \"$@\"\n",
             flag = flag.display()
         ),
     )

@@ -16,10 +16,10 @@ use plimsoll_sandbox::{
 };
 use plimsoll_wire::{Language, Reason};
 
+use crate::ProcessConfig;
 use crate::bounds::MemoryCgroup;
 use crate::harden::Hardening;
 use crate::launch::{RunDir, WATCHDOG_GRACE, clean, error_chain};
-use crate::{PYTHON_FLAGS, ProcessConfig};
 
 /// How long a new member's interpreter may take to start and reach its read.
 const READY_WITHIN: Duration = Duration::from_secs(20);
@@ -169,31 +169,28 @@ fn start(
     .map_err(|e| env(&e))?;
     plimsoll_sandbox::reap::signal_all_as(plan.uid)
         .map_err(|e| LaunchError::environment(format!("cannot clear uid {}: {e}", plan.uid)))?;
-    let (program, main, mut args): (_, _, Vec<OsString>) = match shape.language {
-        Language::Javascript => {
-            let mut args: Vec<OsString> = Vec::new();
-            if broker.is_some() {
-                let client = dir.code.join(plimsoll_sandbox::broker::JS_CLIENT_FILE);
-                args.extend(["--require".into(), client.into_os_string()]);
-            }
-            args.extend([
-                "-e".into(),
-                warm::wait_program(Language::Javascript, false, false).into(),
-            ]);
-            (&config.node, "main.js", args)
-        }
-        Language::Python => {
-            let mut args: Vec<OsString> = PYTHON_FLAGS.iter().map(Into::into).collect();
-            // `-I` keeps the code directory off sys.path: with a broker, the wait program
-            // puts it there (for the client) before it runs the code, as a cold run does.
-            args.extend([
-                "-c".into(),
-                warm::wait_program(Language::Python, broker.is_some(), false).into(),
-            ]);
-            (&config.python, "main.py", args)
-        }
+    let (program, main) = match shape.language {
+        Language::Javascript => (&config.node, "main.js"),
+        Language::Python => (&config.python, "main.py"),
     };
-    args.push(dir.code.join(main).into_os_string());
+    let mut args: Vec<OsString> = Vec::new();
+    if broker.is_some() && shape.language == Language::Javascript {
+        let client = dir.code.join(plimsoll_sandbox::broker::JS_CLIENT_FILE);
+        args.extend(["--require".into(), client.into_os_string()]);
+    }
+    // `-I` keeps the code directory off sys.path: with a broker, the wait program puts it
+    // there (for the client) before it runs the code, as a cold run does.
+    let wait = warm::wait_command(
+        shape.language,
+        &dir.code.join(main),
+        broker.is_some(),
+        false,
+    );
+    for (name, text) in &wait.files {
+        dir.add_code(name, text.as_bytes(), 0o640)
+            .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+    }
+    args.extend(wait.args.into_iter().map(OsString::from));
     let running = Spawn::new(program, &dir.work)
         .args(&args)
         .stdin_pipe()

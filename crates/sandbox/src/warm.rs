@@ -217,29 +217,41 @@ pub fn run_made(member: Box<dyn WarmMember>, plan: &LaunchPlan) -> Result<Outcom
     Ok(outcome)
 }
 
-/// The JavaScript an idle member's node runs (`node -e`): it opens its standard output and
-/// error streams (loading what they need, as a first `console.log` would), waits until its
-/// standard input closes, and then, only if it read exactly `go\n`, runs the file named by
-/// its first argument as the main module, as `node <file>` would. Anything else (the daemon
-/// went away before a claim) ends it without running anything.
+/// The JavaScript an idle member's node preloads (`node --require DIR/plimsoll-wait.js
+/// DIR/main.js`, [`wait_command`]): it opens its standard output and error streams (loading
+/// what they need, as a first `console.log` would), takes its own `--require` out of
+/// `process.execArgv` (so a child node the code forks does not wait too), waits until its
+/// standard input closes, and, only if it read exactly `go\n`, returns; node then runs the
+/// main module itself, exactly as `node DIR/main.js` does (the same stack frames, globals,
+/// `require.cache` and end). Anything else (the daemon went away before a claim) ends it
+/// without running anything.
 pub const JS_WAIT: &str = "process.stdout; process.stderr; \
+{ const a = process.execArgv; const i = a.indexOf(__filename); \
+if (i > 0 && a[i - 1] === '--require') a.splice(i - 1, 2); } \
 const fs = require('fs'); const b = Buffer.alloc(16); let s = ''; \
 for (;;) { let n; try { n = fs.readSync(0, b, 0, b.length, null); } \
 catch (e) { if (e.code === 'EAGAIN') continue; process.exit(75); } \
 if (n === 0) break; s += b.toString('latin1', 0, n); if (s.length > 3) break; } \
 if (s !== 'go\\n') process.exit(75); \
-require('module').runMain(process.argv[1]);";
+delete require.cache[__filename];";
+
+/// The file [`JS_WAIT`] is written to, beside the code, for node to preload.
+pub const JS_WAIT_FILE: &str = "plimsoll-wait.js";
 
 /// The Python an idle member's python3 runs (`python3 -I -B -c`): the same handshake as
-/// [`JS_WAIT`] (with what `runpy.run_path` imports already imported), then the file named by
-/// its first argument runs as `__main__`. Its end is Python's own, in the same order: an
-/// uncaught exception is printed by `sys.excepthook` (status 1), `SystemExit` gives its
-/// status (a non-integer is printed, status 1), non-daemon threads are joined, `atexit`
-/// handlers run, and standard output and error are flushed; then the process exits at once,
-/// without the interpreter's module teardown (objects still alive then are not finalized, as
-/// Python itself does not promise).
+/// [`JS_WAIT`], then the file named by its first argument runs as `__main__`, as
+/// `python3 FILE` runs it: compiled from its bytes (so its coding cookie or BOM counts), in
+/// a fresh `__main__` module whose `__file__` is FILE, with `sys.argv` `[FILE]`. Nothing is
+/// imported for it beyond what the interpreter itself starts with (`runpy` and `pkgutil`
+/// would cost a cold member about 10 ms of start-up). Its end is Python's own, in the same
+/// order: an uncaught exception is printed by `sys.excepthook` from the code's own frames
+/// (this program's frame left out, so the traceback reads as `python3 FILE`'s; status 1),
+/// `SystemExit` gives its status (a non-integer is printed, status 1), non-daemon threads
+/// are joined, `atexit` handlers run, and standard output and error are flushed; then the
+/// process exits at once, without the interpreter's module teardown (objects still alive
+/// then are not finalized, as Python itself does not promise).
 pub const PYTHON_WAIT: &str = concat!(
-    "import sys, os, runpy, pkgutil, atexit\n",
+    "import sys, os, atexit\n",
     "s = sys.stdin.buffer.read(4)\n",
     "if s != b'go\\n' or sys.stdin.buffer.read(1):\n",
     "    sys.exit(75)\n",
@@ -264,12 +276,24 @@ pub const PYTHON_WAIT: &str = concat!(
     "        except Exception:\n",
     "            code = code or 120\n",
     "    os._exit(code & 0xff)\n",
+    "m = type(sys)('__main__')\n",
+    "m.__loader__ = sys.modules['_frozen_importlib_external'].SourceFileLoader('__main__', p)\n",
+    "m.__annotations__ = {}\n",
+    "m.__builtins__ = __builtins__\n",
+    "m.__file__ = p\n",
+    "m.__cached__ = None\n",
+    "sys.modules['__main__'] = m\n",
     "try:\n",
-    "    runpy.run_path(p, run_name='__main__')\n",
+    "    with open(p, 'rb') as f:\n",
+    "        c = f.read()\n",
+    "    c = compile(c, p, 'exec')\n",
+    "    exec(c, m.__dict__)\n",
     "except SystemExit as e:\n",
     "    _end(e.code)\n",
     "except BaseException:\n",
-    "    sys.excepthook(*sys.exc_info())\n",
+    "    t, v, tb = sys.exc_info()\n",
+    "    tb = tb.tb_next\n",
+    "    sys.excepthook(t, v.with_traceback(tb), tb)\n",
     "    _end(1)\n",
     "_end(0)\n",
 );
@@ -280,8 +304,8 @@ pub const PYTHON_WAIT: &str = concat!(
 /// warm. The host reads it before the capture starts; the run's output never holds it.
 pub const READY_LINE: &[u8] = b"plimsoll-member: waiting\n";
 
-/// The wait program a member's interpreter runs: [`JS_WAIT`] (`node -e`) or [`PYTHON_WAIT`]
-/// (`python3 -I -B -c`), and
+/// The wait program a member's interpreter runs: [`JS_WAIT`] (preloaded from a file) or
+/// [`PYTHON_WAIT`] (`python3 -I -B -c`), and
 /// - with `code_dir_on_path` (a Python run with a broker, whose client sits beside the
 ///   code), the code's directory put first on `sys.path` once the handshake is done and the
 ///   code's path known, as a cold run's `PYTHON_BOOT` does (`-I` keeps it off otherwise);
@@ -315,6 +339,46 @@ pub fn wait_program(language: Language, code_dir_on_path: bool, say_ready: bool)
             }
             text
         }
+    }
+}
+
+/// How a member's interpreter is started to wait for the code file `code` (`.../main.js` or
+/// `.../main.py`): the files to write into `code`'s directory first, and the arguments after
+/// the interpreter's path (and after any `--require` of its own the caller puts first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitCommand {
+    /// `(file name, text)`: JavaScript's wait program, [`JS_WAIT_FILE`]; none for Python.
+    pub files: Vec<(&'static str, String)>,
+    /// `--require DIR/plimsoll-wait.js CODE`, or `-I -B -c PROGRAM CODE`.
+    pub args: Vec<String>,
+}
+
+/// The [`WaitCommand`] of a member of `language` whose code goes to `code` (as the
+/// interpreter sees it), with [`wait_program`]'s `code_dir_on_path` and `say_ready`.
+pub fn wait_command(
+    language: Language,
+    code: &std::path::Path,
+    code_dir_on_path: bool,
+    say_ready: bool,
+) -> WaitCommand {
+    let program = wait_program(language, code_dir_on_path, say_ready);
+    let code_arg = code.display().to_string();
+    match language {
+        Language::Javascript => {
+            let wait = code.with_file_name(JS_WAIT_FILE).display().to_string();
+            WaitCommand {
+                files: vec![(JS_WAIT_FILE, program)],
+                args: vec!["--require".to_owned(), wait, code_arg],
+            }
+        }
+        Language::Python => WaitCommand {
+            files: Vec::new(),
+            args: ["-I", "-B", "-c"]
+                .map(str::to_owned)
+                .into_iter()
+                .chain([program, code_arg])
+                .collect(),
+        },
     }
 }
 
