@@ -275,12 +275,19 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
         for i in 0..cases.len() {
             let index = (i + round as usize) % cases.len();
             let case = &cases[index];
+            // Each sample starts on a quiet machine: nothing of an earlier sample still
+            // being removed, every warm pool full again.
+            let engines: Vec<(&Engine, bool)> = std::iter::once((&engine, false))
+                .chain(warm_engine.iter().map(|w| (w, true)))
+                .collect();
+            let clients: Vec<&Client> = daemons
+                .iter()
+                .flat_map(|(c, w)| [&c.client, &w.client])
+                .collect();
+            quiesce(&engines, &clients);
             let (engine, client) = match case {
                 Case::Engine { warm: true, .. } => match &warm_engine {
-                    Some(w) => {
-                        wait_for_member(w, case);
-                        (w, None)
-                    }
+                    Some(w) => (w, None),
                     None => (&engine, None),
                 },
                 Case::Daemon { warm, .. } => (
@@ -403,26 +410,47 @@ fn node_and_python(settings: &Settings) -> (PathBuf, PathBuf) {
     )
 }
 
-/// Waits (untimed, at most 10 s) until the warm engine's pool for `case` has a member, so the
-/// sample measures a claim, not a refill.
-fn wait_for_member(engine: &Engine, case: &Case) {
-    let Case::Engine {
-        provider, language, ..
-    } = case
-    else {
-        return;
-    };
+/// Waits (untimed, at most 10 s) until nothing of an earlier sample goes on: no engine or
+/// daemon is still removing a sandbox after its answer, and every warm pool is full (its
+/// refill ended). So a sample measures its own run, with a member waiting if its case is
+/// warm, not the refill or teardown of the sample before it; the sustained figures are
+/// where that work competes.
+/// `engines`: each with whether it keeps its pools.
+fn quiesce(engines: &[(&Engine, bool)], daemons: &[&Client]) {
     let deadline = Instant::now() + Duration::from_secs(10);
+    let engines_quiet = || {
+        engines.iter().all(|(e, kept)| {
+            e.teardowns_running() == 0 && (!kept || e.pools_idle().iter().all(|(_, _, n)| *n >= 1))
+        })
+    };
+    let daemons_quiet = || daemons.iter().all(|c| daemon_quiet(c).unwrap_or(false));
     while Instant::now() < deadline {
-        let has = engine
-            .pools_idle()
-            .iter()
-            .any(|(p, l, n)| p == provider && l == language && *n > 0);
-        if has {
+        if engines_quiet() && daemons_quiet() {
             return;
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// From the daemon's `/metrics`: no teardown running, and every warm pool has a member.
+fn daemon_quiet(client: &Client) -> anyhow::Result<bool> {
+    let text = ureq::get(format!("{}/metrics", client.base_url()))
+        .call()?
+        .body_mut()
+        .read_to_string()?;
+    let mut quiet = true;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        if series == "plimsoll_teardowns_running" {
+            quiet &= value == 0.0;
+        } else if series.starts_with("plimsoll_pool_idle{") {
+            quiet &= value >= 1.0;
+        }
+    }
+    Ok(quiet)
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {

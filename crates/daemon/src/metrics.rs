@@ -129,9 +129,16 @@ impl Metrics {
                 );
             }
         });
-        out.push_str("# HELP plimsoll_runs_in_flight Runs admitted and not finished.\n");
+        out.push_str("# HELP plimsoll_runs_in_flight Runs admitted and not yet answered.\n");
         out.push_str("# TYPE plimsoll_runs_in_flight gauge\n");
         let _ = writeln!(out, "plimsoll_runs_in_flight {}", engine.in_flight());
+        out.push_str("# HELP plimsoll_teardowns_running Sandboxes being removed after their run was answered.\n");
+        out.push_str("# TYPE plimsoll_teardowns_running gauge\n");
+        let _ = writeln!(
+            out,
+            "plimsoll_teardowns_running {}",
+            engine.teardowns_running()
+        );
         out.push_str(
             "# HELP plimsoll_provider_available 1 when the provider's last probe passed, else 0.\n",
         );

@@ -58,11 +58,12 @@ struct State {
     per_caller: HashMap<String, usize>,
 }
 
-/// A run's place: released when dropped.
+/// A run's place: its caller's count and its uid slot, released when dropped.
 #[derive(Debug)]
 pub struct Permit {
     admission: Arc<Admission>,
-    caller: String,
+    /// `None` once the run was answered ([`Permit::answered`]).
+    caller: Option<String>,
     slot: usize,
     _leases: Vec<UidLease>,
 }
@@ -71,6 +72,32 @@ impl Permit {
     /// The uid slot this run holds, `0..max_total`.
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// The run is answered: its caller's place is given back now (the caller may send its
+    /// next run), while its uid slot stays held until the returned permit is dropped, once
+    /// what is left of its sandbox has been removed off the answer's path.
+    pub fn answered(mut self) -> Permit {
+        if let Some(caller) = self.caller.take() {
+            let mut st = self
+                .admission
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            st.release_caller(&caller);
+        }
+        self
+    }
+}
+
+impl State {
+    fn release_caller(&mut self, caller: &str) {
+        if let Some(n) = self.per_caller.get_mut(caller) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_caller.remove(caller);
+            }
+        }
     }
 }
 
@@ -82,11 +109,8 @@ impl Drop for Permit {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         st.slots[self.slot] = false;
-        if let Some(n) = st.per_caller.get_mut(&self.caller) {
-            *n -= 1;
-            if *n == 0 {
-                st.per_caller.remove(&self.caller);
-            }
+        if let Some(caller) = self.caller.take() {
+            st.release_caller(&caller);
         }
     }
 }
@@ -182,16 +206,16 @@ impl Admission {
         *st.per_caller.entry(caller.to_owned()).or_insert(0) += 1;
         Ok(Permit {
             admission: Arc::clone(self),
-            caller: caller.to_owned(),
+            caller: Some(caller.to_owned()),
             slot,
             _leases: lease,
         })
     }
 
-    /// Runs in flight now.
+    /// Runs in flight now: admitted and not yet answered.
     pub fn in_flight(&self) -> usize {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.slots.iter().filter(|b| **b).count()
+        st.per_caller.values().sum()
     }
 }
 
@@ -243,6 +267,26 @@ mod tests {
         assert_eq!(a.in_flight(), 2);
         drop((p2, p3));
         assert_eq!(a.in_flight(), 0);
+    }
+
+    /// An answered run gives its caller's place back at once, and its uid slot only when
+    /// its sandbox's removal has ended (the permit dropped).
+    #[test]
+    fn an_answered_run_keeps_its_uid_until_its_removal_ends() {
+        let a = Admission::new(2, 1);
+        let p1 = a.try_admit("alice").unwrap();
+        let slot = p1.slot();
+        let tearing = p1.answered();
+        assert_eq!(a.in_flight(), 0);
+        let p2 = a
+            .try_admit("alice")
+            .expect("alice's first run was answered");
+        assert_ne!(p2.slot(), slot, "a slot being torn down was handed out");
+        assert!(a.try_admit("bob").unwrap_err().contains("limit of 2"));
+        drop(tearing);
+        let p3 = a.try_admit("bob").unwrap();
+        assert_eq!(p3.slot(), slot);
+        assert_eq!(a.in_flight(), 2);
     }
 
     #[test]

@@ -168,6 +168,8 @@ pub struct Engine {
     first_pool_uid: u32,
     /// The pools' counts, kept across a swap.
     pool_counts: Arc<PoolCounts>,
+    /// Cold runs' removals, run after their answer.
+    cold_teardowns: Arc<crate::pool::Teardowns>,
 }
 
 /// The pools in force and their configuration.
@@ -241,6 +243,9 @@ impl Drop for Engine {
     /// used ones.
     fn drop(&mut self) {
         self.stop_pools();
+        if !self.cold_teardowns.wait(std::time::Duration::from_secs(60)) {
+            tracing::error!("cold runs' teardowns were still running after 60 s");
+        }
     }
 }
 
@@ -318,6 +323,7 @@ impl Engine {
             keeper: std::sync::Mutex::new(Keeper::default()),
             first_pool_uid,
             pool_counts,
+            cold_teardowns: Arc::default(),
             config,
         })
     }
@@ -499,7 +505,17 @@ impl Engine {
 
     /// Waits until every used member's background teardown has ended.
     pub fn wait_for_teardowns(&self, within: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
         self.pools().wait_for_teardowns(within)
+            && self
+                .cold_teardowns
+                .wait(deadline.saturating_duration_since(std::time::Instant::now()))
+    }
+
+    /// Sandboxes being removed after their run was answered now: used warm members' and
+    /// cold runs'.
+    pub fn teardowns_running(&self) -> usize {
+        self.pools().teardowns_running() + self.cold_teardowns.running()
     }
 
     /// Loads a grants file (docs/capability-grants.md), reading every secret it names from
@@ -862,6 +878,14 @@ impl Engine {
             tier = %state.probed.tier, grant = req.grant.as_deref().unwrap_or("-"),
             start = if claimed.is_some() { "warm" } else { "cold" }, "dispatching"
         );
+        // A cold run's removal, when its provider leaves it for after the answer.
+        let mut teardown = None;
+        let mut cold = |plan: &plimsoll_sandbox::LaunchPlan| {
+            slot.provider.run_then_tear_down(plan).map(|(o, t)| {
+                teardown = t;
+                o
+            })
+        };
         let (outcome, member_age) = match claimed {
             Some(member) => {
                 let age = member.age;
@@ -872,16 +896,30 @@ impl Engine {
                     // A member that could not take the run ran nothing: the run starts cold.
                     Err(e) if e.not_dispatched().is_some() => {
                         tracing::warn!(request_id = %req.request_id, provider = chosen, error = %e.message(), "a warm member could not take the run; starting it cold");
-                        (slot.provider.run(&cold_plan), None)
+                        (cold(&cold_plan), None)
                     }
                     other => (other, Some(age)),
                 }
             }
-            None => (slot.provider.run(&plan), None),
+            None => (cold(&plan), None),
         };
-        // The sandbox is gone: close the channel and collect the calls it made.
+        // The sandbox's processes are gone: close the channel and collect the calls it made.
         let calls = broker.map(|b| b.finish()).unwrap_or_default();
-        drop(permit);
+        // The caller's place is free now; the run's uids only once what is left of its
+        // sandbox has been removed, after the answer.
+        let permit = permit.answered();
+        match teardown {
+            Some(t) => {
+                let run = run_id.clone();
+                self.cold_teardowns.spawn("cold-teardown", t, move |ended| {
+                    if let Err(e) = ended {
+                        tracing::error!(run_id = %run, error = %plimsoll_sandbox::error_chain(e.as_ref()), "a run's sandbox was not fully removed");
+                    }
+                    drop(permit);
+                });
+            }
+            None => drop(permit),
+        }
         let mut outcome = match outcome {
             Ok(o) => o,
             Err(e) => {

@@ -155,7 +155,7 @@ pub(crate) struct Pools {
     wake: (Mutex<u64>, Condvar),
     pub counts: Arc<PoolCounts>,
     /// Teardowns still running in the background.
-    tearing: (Mutex<usize>, Condvar),
+    tearing: Arc<Teardowns>,
     /// The id of the member being made, while it is.
     making: Mutex<Option<String>>,
 }
@@ -201,7 +201,7 @@ impl Pools {
             stop: AtomicBool::new(false),
             wake: (Mutex::new(0), Condvar::new()),
             counts,
-            tearing: (Mutex::new(0), Condvar::new()),
+            tearing: Arc::new(Teardowns::default()),
             making: Mutex::new(None),
         })
     }
@@ -342,42 +342,24 @@ impl Pools {
     }
 
     fn tear_down_later(self: &Arc<Self>, teardown: Teardown, slot: usize, lease: Option<UidLease>) {
-        *self.tearing.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         let pools = Arc::clone(self);
-        let work = move || {
-            if let Err(e) = teardown.run() {
+        self.tearing.spawn("warm-teardown", teardown, move |ended| {
+            if let Err(e) = ended {
                 tracing::error!(error = %error_chain(e.as_ref()), "a used warm member was not fully removed");
             }
             drop(lease);
             pools.free_slot(slot);
-            let (lock, cv) = &pools.tearing;
-            *lock.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-            cv.notify_all();
-        };
-        if let Err(e) = std::thread::Builder::new()
-            .name("warm-teardown".into())
-            .spawn(work)
-        {
-            tracing::error!(error = %e, "no thread for a warm member's teardown");
-        }
+        });
     }
 
     /// Waits until every background teardown has ended (at shutdown, and for tests).
     pub fn wait_for_teardowns(&self, within: Duration) -> bool {
-        let (lock, cv) = &self.tearing;
-        let deadline = Instant::now() + within;
-        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while *n > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            n = cv
-                .wait_timeout(n, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+        self.tearing.wait(within)
+    }
+
+    /// Used members' teardowns running now.
+    pub fn teardowns_running(&self) -> usize {
+        self.tearing.running()
     }
 
     /// A free pool uid slot and its host-wide lease.
@@ -540,6 +522,74 @@ impl Pools {
     /// True once [`Pools::drain`] was called.
     pub fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// Removals running off the answer's path (a used member's, a cold run's), each on a thread
+/// of its own, counted so that shutdown and tests can wait for them.
+#[derive(Debug, Default)]
+pub(crate) struct Teardowns {
+    running: Mutex<usize>,
+    ended: Condvar,
+}
+
+impl Teardowns {
+    /// Runs `teardown` on a thread named `name`, then `after` with how it ended (which frees
+    /// what the removed sandbox held: its uid).
+    pub fn spawn(
+        self: &Arc<Self>,
+        name: &str,
+        teardown: Teardown,
+        after: impl FnOnce(Result<(), plimsoll_sandbox::Cause>) + Send + 'static,
+    ) {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let this = Arc::clone(self);
+        let work = move || {
+            after(teardown.run());
+            *this.running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            this.ended.notify_all();
+        };
+        // Without a thread, the removal runs here, on the caller's path, rather than never.
+        let work = Arc::new(Mutex::new(Some(work)));
+        let theirs = Arc::clone(&work);
+        let spawned = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let w = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(w) = w {
+                    w();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "no thread for a teardown: it runs before the answer");
+            let w = work.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(w) = w {
+                w();
+            }
+        }
+    }
+
+    /// How many are running now.
+    pub fn running(&self) -> usize {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until every teardown has ended; false when some still ran after `within`.
+    pub fn wait(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut n = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            n = self
+                .ended
+                .wait_timeout(n, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
     }
 }
 

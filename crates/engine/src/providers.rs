@@ -46,6 +46,12 @@ impl Provider for AnyProvider {
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
         self.inner().run(plan)
     }
+    fn run_then_tear_down(
+        &self,
+        plan: &LaunchPlan,
+    ) -> Result<(Outcome, Option<plimsoll_sandbox::Teardown>), LaunchError> {
+        self.inner().run_then_tear_down(plan)
+    }
     fn supports_broker(&self) -> bool {
         self.inner().supports_broker()
     }

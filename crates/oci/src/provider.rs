@@ -1241,6 +1241,13 @@ impl Provider for OciProvider {
     }
 
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+        plimsoll_sandbox::warm::tear_down_now(self.run_then_tear_down(plan))
+    }
+
+    fn run_then_tear_down(
+        &self,
+        plan: &LaunchPlan,
+    ) -> Result<(Outcome, Option<plimsoll_sandbox::Teardown>), LaunchError> {
         // A snippet runs in a member made for it (with the run's broker channel, if it has
         // one): its wall is read (at runsc, said from inside) and checked before its code is
         // handed over.
@@ -1255,35 +1262,41 @@ impl Provider for OciProvider {
                 let (exit_code, signal) = status_of(&l.captured);
                 let killed = signal == Some(libc::SIGKILL);
                 let c = l.captured;
-                Ok(Outcome {
-                    result: RunResult {
-                        exit_code,
-                        signal,
-                        timed_out: l.timed_out,
-                        oom_killed: !l.timed_out
-                            && l.memory.oom_killed(plan.limits.memory_bytes, killed),
-                        stdout: Bytes(c.stdout),
-                        stdout_truncated: c.stdout_truncated,
-                        stderr: Bytes(c.stderr),
-                        stderr_truncated: c.stderr_truncated,
-                        start: None,
-                        member_age_ms: None,
-                        ..RunResult::default()
+                Ok((
+                    Outcome {
+                        result: RunResult {
+                            exit_code,
+                            signal,
+                            timed_out: l.timed_out,
+                            oom_killed: !l.timed_out
+                                && l.memory.oom_killed(plan.limits.memory_bytes, killed),
+                            stdout: Bytes(c.stdout),
+                            stdout_truncated: c.stdout_truncated,
+                            stderr: Bytes(c.stderr),
+                            stderr_truncated: c.stderr_truncated,
+                            start: None,
+                            member_age_ms: None,
+                            ..RunResult::default()
+                        },
+                        started_unix_ms: l.started_unix_ms,
+                        ended_unix_ms: unix_ms_now(),
                     },
-                    started_unix_ms: l.started_unix_ms,
-                    ended_unix_ms: unix_ms_now(),
-                })
+                    None,
+                ))
             }
             RunSpec::Project(_) => {
                 let launch = self.project_launch(plan)?;
                 let l = self.launch(plan, &launch)?;
                 let mut result = agent_result(plan, &l)?;
                 result.wall = l.wall;
-                Ok(Outcome {
-                    result,
-                    started_unix_ms: l.started_unix_ms,
-                    ended_unix_ms: unix_ms_now(),
-                })
+                Ok((
+                    Outcome {
+                        result,
+                        started_unix_ms: l.started_unix_ms,
+                        ended_unix_ms: unix_ms_now(),
+                    },
+                    None,
+                ))
             }
         }
     }

@@ -196,6 +196,12 @@ impl Provider for ProcessProvider {
         Ok(Box::new(warm::make(&self.config, plan)?))
     }
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
+        plimsoll_sandbox::warm::tear_down_now(self.run_then_tear_down(plan))
+    }
+    fn run_then_tear_down(
+        &self,
+        plan: &LaunchPlan,
+    ) -> Result<(Outcome, Option<plimsoll_sandbox::Teardown>), LaunchError> {
         let RunSpec::Snippet(snippet) = &plan.spec else {
             return Err(LaunchError::not_started(
                 Reason::Unsupported,
@@ -237,10 +243,11 @@ impl Provider for ProcessProvider {
             },
             dir,
         )?;
-        Ok(Outcome {
+        let outcome = Outcome {
             result: snippet_result(launched.captured, launched.oom_killed),
             started_unix_ms: launched.started_unix_ms,
             ended_unix_ms: launched.ended_unix_ms,
-        })
+        };
+        Ok((outcome, None))
     }
 }

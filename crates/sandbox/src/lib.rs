@@ -174,6 +174,17 @@ pub trait Provider: Send + Sync {
     fn probe(&self) -> Probed;
     /// Runs one plan. Blocks until the run is over and its sandbox is gone.
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError>;
+    /// Runs one plan as [`Provider::run`] does, except that the removal of what is left of
+    /// its sandbox once its processes are dead (directories, mounts, cgroups, the runtime's
+    /// state) may be returned as a [`Teardown`] instead of done. The caller answers first and
+    /// runs the teardown off the answer's path, keeping the plan's uids out of use until it
+    /// has ended. By default nothing is deferred.
+    fn run_then_tear_down(
+        &self,
+        plan: &LaunchPlan,
+    ) -> Result<(Outcome, Option<Teardown>), LaunchError> {
+        self.run(plan).map(|o| (o, None))
+    }
     /// True when [`Provider::run`] carries a plan's [`LaunchPlan::broker`] into the sandbox.
     /// The engine never gives a run with a grant to a provider that says no.
     fn supports_broker(&self) -> bool {

@@ -204,16 +204,32 @@ pub fn member_plan(plan: &WarmPlan) -> LaunchPlan {
     }
 }
 
-/// Gives `member` (made from [`cold_member_plan`]) its run, and removes it before answering,
-/// as a cold run is removed: a failed removal makes the run's answer an error.
-pub fn run_made(member: Box<dyn WarmMember>, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
-    let (outcome, teardown) = member.run(plan)?;
-    teardown.run().map_err(|e| {
-        LaunchError::may_have_run(format!(
-            "the run finished but its cleanup failed: {}",
-            crate::error_chain(e.as_ref())
-        ))
-    })?;
+/// Gives `member` (made from [`cold_member_plan`]) its run; its removal is the returned
+/// teardown, for the caller to run after answering ([`Provider::run_then_tear_down`]) or
+/// at once ([`tear_down_now`]).
+///
+/// [`Provider::run_then_tear_down`]: crate::Provider::run_then_tear_down
+pub fn run_made(
+    member: Box<dyn WarmMember>,
+    plan: &LaunchPlan,
+) -> Result<(Outcome, Option<Teardown>), LaunchError> {
+    member.run(plan).map(|(o, t)| (o, Some(t)))
+}
+
+/// A run's outcome once its teardown, if any, has run (before answering, as
+/// [`crate::Provider::run`] promises): a failed removal makes the run's answer an error.
+pub fn tear_down_now(
+    ran: Result<(Outcome, Option<Teardown>), LaunchError>,
+) -> Result<Outcome, LaunchError> {
+    let (outcome, teardown) = ran?;
+    if let Some(teardown) = teardown {
+        teardown.run().map_err(|e| {
+            LaunchError::may_have_run(format!(
+                "the run finished but its cleanup failed: {}",
+                crate::error_chain(e.as_ref())
+            ))
+        })?;
+    }
     Ok(outcome)
 }
 
