@@ -138,6 +138,14 @@ impl MemoryCgroup {
         self.procs.try_clone()
     }
 
+    /// True when no process is in the cgroup (read from `cgroup.procs`; false when it cannot
+    /// be read). Every process of a run is in its cgroup, which it cannot leave (moving a
+    /// process takes writing another cgroup's root-owned `cgroup.procs`), so an empty one
+    /// means nothing of the run is left.
+    pub fn is_empty(&self) -> bool {
+        fs::read(self.procs_path()).is_ok_and(|procs| procs.iter().all(u8::is_ascii_whitespace))
+    }
+
     /// Whether the kernel's OOM killer ended a process of the run.
     pub fn oom_killed(&self) -> bool {
         oom_kills_in(&self.dir, self.v2).is_some_and(|n| n > 0)

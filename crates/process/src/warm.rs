@@ -273,9 +273,12 @@ impl WarmMember for ProcessMember {
         let captured = capture(running, &limits);
         let ended_unix_ms = unix_ms_now();
         let oom_killed = cgroup.oom_killed();
-        // Whatever the code left running dies now; the rest of the removal (the watchdog's
-        // end too) is off the answer's path.
-        let _ = plimsoll_sandbox::reap::signal_all_as(uid);
+        // Whatever the code left running dies now (nothing to do, and no process to fork
+        // for it, when its cgroup is empty); the rest of the removal (the watchdog's end too)
+        // is off the answer's path.
+        if !cgroup.is_empty() {
+            let _ = plimsoll_sandbox::reap::signal_all_as(uid);
+        }
         let teardown = Teardown::new(move || {
             drop(outside);
             remove(uid, &dir, cgroup)
