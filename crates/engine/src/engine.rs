@@ -24,7 +24,8 @@ use crate::providers::AnyProvider;
 #[derive(Debug)]
 struct Slot {
     provider: AnyProvider,
-    probed: RwLock<Option<ProbedState>>,
+    /// Shared whole: a run takes a snapshot of every provider's without copying evidence.
+    probed: RwLock<Option<Arc<ProbedState>>>,
     /// The uid its probe runs as, its own (`admission::probe_uid`).
     probe_uid: u32,
     /// Held while its probe runs: one probe per provider at a time (start-up, re-check and
@@ -561,8 +562,8 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .clone()?;
         Some(ProviderEvidence {
-            evidence: st.probed.evidence,
-            evidence_sha256: st.evidence_sha256,
+            evidence: st.probed.evidence.clone(),
+            evidence_sha256: st.evidence_sha256.clone(),
             cached: st.cached,
         })
     }
@@ -657,15 +658,16 @@ impl Engine {
                     "evidence reused from the cache"
                 );
                 let evidence_sha256 = evidence_sha256(&evidence);
-                *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
-                    probed: Probed {
-                        tier: evidence.isolation,
-                        evidence,
-                        available: Ok(()),
-                    },
-                    evidence_sha256,
-                    cached: true,
-                });
+                *slot.probed.write().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Arc::new(ProbedState {
+                        probed: Probed {
+                            tier: evidence.isolation,
+                            evidence,
+                            available: Ok(()),
+                        },
+                        evidence_sha256,
+                        cached: true,
+                    }));
                 true
             }
             Err(miss) => {
@@ -754,7 +756,7 @@ impl Engine {
                 let available = if slot.rechecking.load(Ordering::SeqCst) {
                     Err(RECHECKING.to_owned())
                 } else {
-                    st.probed.available.map_err(|w| w.to_string())
+                    st.probed.available.clone().map_err(|w| w.to_string())
                 };
                 Some((
                     slot.provider.cost(),
@@ -763,8 +765,8 @@ impl Engine {
                         isolation: st.probed.tier,
                         available: available.is_ok(),
                         unavailable_reason: available.err(),
-                        evidence: st.probed.evidence,
-                        evidence_sha256: st.evidence_sha256,
+                        evidence: st.probed.evidence.clone(),
+                        evidence_sha256: st.evidence_sha256.clone(),
                     },
                 ))
             })
@@ -802,7 +804,7 @@ impl Engine {
     pub fn run(&self, caller: &str, req: &RunRequest) -> Result<RunResponse, RunError> {
         let id = Some(req.request_id.as_str());
         // Snapshot every provider's state once, so the decision and the record agree.
-        let states: Vec<Option<ProbedState>> = self
+        let states: Vec<Option<Arc<ProbedState>>> = self
             .slots
             .iter()
             .map(|s| s.probed.read().unwrap_or_else(|p| p.into_inner()).clone())
@@ -1020,11 +1022,11 @@ fn probe_slot(slot: &Slot, lease_dir: &Path) {
         }
     }
     let evidence_sha256 = evidence_sha256(&probed.evidence);
-    *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(ProbedState {
+    *slot.probed.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(ProbedState {
         probed,
         evidence_sha256,
         cached: false,
-    });
+    }));
 }
 
 /// The state of a provider whose probe could not run: withdrawn, with the reason as evidence.
