@@ -704,26 +704,11 @@ impl Engine {
     /// answer does not wait for it, and routing skips the provider until it ends. A second
     /// failure while one runs starts none.
     fn recheck_in_background(&self, index: usize) {
-        let slot = &self.slots[index];
-        if slot.rechecking.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let slots = Arc::clone(&self.slots);
-        let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
-        let spawned = std::thread::Builder::new()
-            .name(format!("recheck-{}", slot.provider.name()))
-            .spawn(move || {
-                let slot = &slots[index];
-                probe_slot(slot, &lease_dir);
-                slot.rechecking.store(false, Ordering::SeqCst);
-            });
-        if let Err(e) = spawned {
-            // No thread to be had: probe here; this caller waits, but the provider
-            // comes back.
-            tracing::warn!(provider = slot.provider.name(), error = %e, "no thread for the re-check: probing on the caller's path");
-            self.probe_slot(slot);
-            slot.rechecking.store(false, Ordering::SeqCst);
-        }
+        recheck(
+            &self.slots,
+            index,
+            plimsoll_sandbox::lease_dir(&self.config.state_dir),
+        );
     }
 
     /// True while `name` is being probed again in the background after a failed run.
@@ -913,9 +898,14 @@ impl Engine {
         match teardown {
             Some(t) => {
                 let run = run_id.clone();
+                let slots = Arc::clone(&self.slots);
+                let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
                 self.cold_teardowns.spawn("cold-teardown", t, move |ended| {
+                    // As a run whose cleanup failed before its answer: logged, and the
+                    // provider probed again (routing skips it meanwhile).
                     if let Err(e) = ended {
-                        tracing::error!(run_id = %run, error = %plimsoll_sandbox::error_chain(e.as_ref()), "a run's sandbox was not fully removed");
+                        tracing::error!(run_id = %run, error = %plimsoll_sandbox::error_chain(e.as_ref()), "a run's sandbox was not fully removed after its answer");
+                        recheck(&slots, index, lease_dir);
                     }
                     drop(permit);
                 });
@@ -983,6 +973,29 @@ impl Engine {
 
 /// Probes `slot` as its own probe uid, leased host-wide from `lease_dir`, and keeps what it
 /// found.
+/// [`Engine::recheck_in_background`], for a caller holding only the slots.
+fn recheck(slots: &Arc<[Slot]>, index: usize, lease_dir: std::path::PathBuf) {
+    let slot = &slots[index];
+    if slot.rechecking.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let theirs = Arc::clone(slots);
+    let their_dir = lease_dir.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("recheck-{}", slot.provider.name()))
+        .spawn(move || {
+            let slot = &theirs[index];
+            probe_slot(slot, &their_dir);
+            slot.rechecking.store(false, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        // No thread to be had: probe here; this caller waits, but the provider comes back.
+        tracing::warn!(provider = slot.provider.name(), error = %e, "no thread for the re-check: probing on the caller's path");
+        probe_slot(slot, &lease_dir);
+        slot.rechecking.store(false, Ordering::SeqCst);
+    }
+}
+
 fn probe_slot(slot: &Slot, lease_dir: &Path) {
     let _one_at_a_time = slot.probing.lock().unwrap_or_else(|p| p.into_inner());
     // The provider's probe uid is leased host-wide too, so another engine with the same

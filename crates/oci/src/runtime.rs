@@ -458,32 +458,15 @@ mod tests {
             ]
             .map(OsString::from)
         );
-        let create =
-            |begin| Runtime::create_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"), begin);
-        assert_eq!(
-            create(Begin::Create),
-            [
-                "create",
-                "--bundle",
-                "/b",
-                "--pid-file",
-                "/b/pid",
-                "plimsoll-x"
-            ]
-            .map(OsString::from)
-        );
-        assert_eq!(
-            create(Begin::Run),
-            [
-                "run",
-                "--detach",
-                "--bundle",
-                "/b",
-                "--pid-file",
-                "/b/pid",
-                "plimsoll-x"
-            ]
-            .map(OsString::from)
-        );
+        let rest = ["--bundle", "/b", "--pid-file", "/b/pid", "plimsoll-x"];
+        for (begin, first) in [
+            (Begin::Create, &["create"][..]),
+            (Begin::Run, &["run", "--detach"][..]),
+        ] {
+            let args =
+                Runtime::create_args(Path::new("/b"), "plimsoll-x", Path::new("/b/pid"), begin);
+            let want: Vec<OsString> = first.iter().chain(&rest).map(OsString::from).collect();
+            assert_eq!(args, want, "{begin:?}");
+        }
     }
 }
