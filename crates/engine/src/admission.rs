@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use plimsoll_sandbox::{UidLease, try_lease};
 
@@ -40,7 +41,13 @@ pub fn uid_range_end(base: u32, max_total: usize, providers: usize) -> Option<u3
         .checked_add(base)
 }
 
+/// How long a run under the limits waits for a uid slot that is only held by an answered
+/// run's removal, or by a lease a moment from its release, before it is refused.
+pub const SLOT_WAIT: Duration = Duration::from_secs(10);
+
 /// Counts runs in flight. Over a limit, a run is refused at once (`capacity`), never queued.
+/// Under the limits, a run whose uid slots are all held by answered runs' removals (or by
+/// leases being released) waits for one, up to a bound, since it is not over any limit.
 #[derive(Debug)]
 pub struct Admission {
     max_total: usize,
@@ -48,7 +55,11 @@ pub struct Admission {
     /// With `Some((dir, base))`, slot `i` also needs the host-wide leases on its two uids,
     /// [`run_uid`] and [`controller_uid`].
     uid_leases: Option<(PathBuf, u32)>,
+    /// How long a run under the limits waits for a uid slot ([`SLOT_WAIT`]).
+    slot_wait: Duration,
     state: Mutex<State>,
+    /// Told when a slot is given back.
+    freed: Condvar,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +114,8 @@ impl State {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        // The leases go first: a slot seen free has its uids free too.
+        drop(std::mem::take(&mut self._leases));
         let mut st = self
             .admission
             .state
@@ -112,6 +125,8 @@ impl Drop for Permit {
         if let Some(caller) = self.caller.take() {
             st.release_caller(&caller);
         }
+        drop(st);
+        self.admission.freed.notify_all();
     }
 }
 
@@ -142,29 +157,81 @@ impl Admission {
             max_total,
             max_per_caller,
             uid_leases,
+            slot_wait: SLOT_WAIT,
             state: Mutex::new(State {
                 slots: vec![false; max_total],
                 per_caller: HashMap::new(),
             }),
+            freed: Condvar::new(),
         })
     }
 
-    /// Takes a place for `caller`, or says which limit is full.
+    /// The same admission waiting at most `wait` for a uid slot (for tests).
+    #[cfg(test)]
+    fn waiting_at_most(self: Arc<Self>, wait: Duration) -> Arc<Self> {
+        let mut a = Arc::into_inner(self).expect("not shared yet");
+        a.slot_wait = wait;
+        Arc::new(a)
+    }
+
+    /// Takes a place for `caller`, or says which limit is full. Over a limit it refuses at
+    /// once; under them it waits (up to [`SLOT_WAIT`]) for a uid slot held by an answered
+    /// run's removal or by a lease about to be released.
     pub fn try_admit(self: &Arc<Self>, caller: &str) -> Result<Permit, String> {
+        let deadline = Instant::now() + self.slot_wait;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mine = st.per_caller.get(caller).copied().unwrap_or(0);
-        if mine >= self.max_per_caller {
-            return Err(format!(
-                "caller `{caller}` already has {mine} runs in flight (limit {}): retry when one ends",
-                self.max_per_caller
-            ));
+        loop {
+            let mine = st.per_caller.get(caller).copied().unwrap_or(0);
+            if mine >= self.max_per_caller {
+                return Err(format!(
+                    "caller `{caller}` already has {mine} runs in flight (limit {}): retry when one ends",
+                    self.max_per_caller
+                ));
+            }
+            let unanswered: usize = st.per_caller.values().sum();
+            if unanswered >= self.max_total {
+                return Err(self.full(0));
+            }
+            let (taken, held_elsewhere) = self.take_slot(&st)?;
+            if let Some((slot, leases)) = taken {
+                st.slots[slot] = true;
+                *st.per_caller.entry(caller.to_owned()).or_insert(0) += 1;
+                return Ok(Permit {
+                    admission: Arc::clone(self),
+                    caller: Some(caller.to_owned()),
+                    slot,
+                    _leases: leases,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(if held_elsewhere > 0 {
+                    self.full(held_elsewhere)
+                } else {
+                    format!(
+                        "the server's {} sandbox uid slots are all held by runs whose sandboxes are still being removed: retry shortly",
+                        self.max_total
+                    )
+                });
+            }
+            // A lease held elsewhere frees without telling us: look again soon.
+            let wait = (deadline - now).min(Duration::from_millis(10));
+            st = self
+                .freed
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
-        let mut taken = None;
+    }
+
+    /// The first free slot whose uids this process could lease, with its leases, and how
+    /// many free slots had a uid held elsewhere.
+    #[expect(clippy::type_complexity, reason = "a private pair read at one place")]
+    fn take_slot(&self, st: &State) -> Result<(Option<(usize, Vec<UidLease>)>, usize), String> {
         let mut held_elsewhere = 0;
         for slot in (0..st.slots.len()).filter(|i| !st.slots[*i]) {
             let Some((dir, base)) = &self.uid_leases else {
-                taken = Some((slot, Vec::new()));
-                break;
+                return Ok((Some((slot, Vec::new())), 0));
             };
             let uids = [
                 run_uid(*base, slot),
@@ -184,32 +251,26 @@ impl Admission {
                 }
             }
             if leases.len() == uids.len() {
-                taken = Some((slot, leases));
-                break;
+                return Ok((Some((slot, leases)), held_elsewhere));
             }
             held_elsewhere += 1;
         }
-        let Some((slot, lease)) = taken else {
-            let also = if held_elsewhere > 0 {
-                format!(
-                    " ({held_elsewhere} of its sandbox uids are held by another plimsoll engine on this host: give each engine its own sandbox_uid_base)"
-                )
-            } else {
-                String::new()
-            };
-            return Err(format!(
-                "the server is running its limit of {} runs at once{also}: retry shortly",
-                self.max_total
-            ));
+        Ok((None, held_elsewhere))
+    }
+
+    /// The refusal of a full server.
+    fn full(&self, held_elsewhere: usize) -> String {
+        let also = if held_elsewhere > 0 {
+            format!(
+                " ({held_elsewhere} of its sandbox uids are held by another plimsoll engine on this host: give each engine its own sandbox_uid_base)"
+            )
+        } else {
+            String::new()
         };
-        st.slots[slot] = true;
-        *st.per_caller.entry(caller.to_owned()).or_insert(0) += 1;
-        Ok(Permit {
-            admission: Arc::clone(self),
-            caller: Some(caller.to_owned()),
-            slot,
-            _leases: lease,
-        })
+        format!(
+            "the server is running its limit of {} runs at once{also}: retry shortly",
+            self.max_total
+        )
     }
 
     /// Runs in flight now: admitted and not yet answered.
@@ -270,7 +331,8 @@ mod tests {
     }
 
     /// An answered run gives its caller's place back at once, and its uid slot only when
-    /// its sandbox's removal has ended (the permit dropped).
+    /// its sandbox's removal has ended (the permit dropped); a run under the limits waits
+    /// for that slot rather than being refused, up to the bound.
     #[test]
     fn an_answered_run_keeps_its_uid_until_its_removal_ends() {
         let a = Admission::new(2, 1);
@@ -282,18 +344,42 @@ mod tests {
             .try_admit("alice")
             .expect("alice's first run was answered");
         assert_ne!(p2.slot(), slot, "a slot being torn down was handed out");
-        assert!(a.try_admit("bob").unwrap_err().contains("limit of 2"));
-        drop(tearing);
-        let p3 = a.try_admit("bob").unwrap();
+        let removal = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(tearing);
+        });
+        let started = Instant::now();
+        let p3 = a.try_admit("bob").expect("bob is under every limit");
+        assert!(
+            started.elapsed() >= Duration::from_millis(90),
+            "bob got a held slot"
+        );
         assert_eq!(p3.slot(), slot);
         assert_eq!(a.in_flight(), 2);
+        removal.join().unwrap();
+        // Over the limit: refused at once, no wait.
+        let started = Instant::now();
+        assert!(a.try_admit("carol").unwrap_err().contains("limit of 2"));
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    /// A slot held only by a removal that does not end is refused after the bound, saying so.
+    #[test]
+    fn a_run_waits_for_a_removal_only_up_to_the_bound() {
+        let a = Admission::new(1, 1).waiting_at_most(Duration::from_millis(100));
+        let tearing = a.try_admit("alice").unwrap().answered();
+        let refused = a.try_admit("bob").unwrap_err();
+        assert!(refused.contains("still being removed"), "{refused}");
+        drop(tearing);
+        assert!(a.try_admit("bob").is_ok());
     }
 
     #[test]
     fn two_engines_never_share_a_uid() {
         let dir = std::env::temp_dir().join(format!("plimsoll-admission-{}", std::process::id()));
-        let one = Admission::with_uid_leases(2, 2, dir.clone(), 5000);
-        let two = Admission::with_uid_leases(2, 2, dir.clone(), 5000);
+        let wait = Duration::from_millis(100);
+        let one = Admission::with_uid_leases(2, 2, dir.clone(), 5000).waiting_at_most(wait);
+        let two = Admission::with_uid_leases(2, 2, dir.clone(), 5000).waiting_at_most(wait);
         let a = one.try_admit("x").unwrap();
         let b = two.try_admit("x").unwrap();
         assert_ne!(
@@ -309,6 +395,26 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A lease held for a moment elsewhere (a child forked while a run held it keeps it
+    /// until it closes its descriptors) delays the next run; it is not refused.
+    #[test]
+    fn a_lease_held_for_a_moment_is_waited_for() {
+        let dir = std::env::temp_dir().join(format!("plimsoll-moment-{}", std::process::id()));
+        let held = try_lease(&dir, run_uid(6000, 0)).unwrap().unwrap();
+        let one = Admission::with_uid_leases(1, 1, dir.clone(), 6000);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(held);
+        });
+        let p = one
+            .try_admit("x")
+            .expect("the lease was released within the bound");
+        assert_eq!(p.slot(), 0);
+        release.join().unwrap();
+        drop(p);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn a_slot_needs_its_controller_uid_too() {
         let dir = std::env::temp_dir().join(format!("plimsoll-ctl-{}", std::process::id()));
@@ -317,7 +423,8 @@ mod tests {
         let held = try_lease(&dir, controller_uid(5000, 2, 0))
             .unwrap()
             .unwrap();
-        let one = Admission::with_uid_leases(2, 2, dir.clone(), 5000);
+        let one = Admission::with_uid_leases(2, 2, dir.clone(), 5000)
+            .waiting_at_most(Duration::from_millis(100));
         let a = one.try_admit("x").unwrap();
         assert_eq!(a.slot(), 1);
         // Its run uid was given back: a lease of 5000 now succeeds.
