@@ -51,7 +51,11 @@ def test_a_snippet_runs_at_the_process_tier_and_verifies(client: plimsoll.Client
         assert b'"request_id":"' + res.request_id.encode() in res.request_body
     again = client.run_javascript("console.log(6 * 7)", minimum_isolation="process", provider="process")
     assert again.request_id != res.request_id
-    assert (again.request_sha256, again.result_sha256) == (res.request_sha256, res.result_sha256)
+    assert again.request_sha256 == res.request_sha256
+    assert (again.stdout, again.exit_code) == (res.stdout, res.exit_code)
+    # A result also says how its sandbox started (warm or cold, a member's age) and its wall
+    # (its uid), all inside the digest: the digests agree exactly when the results do.
+    assert (again.result_sha256 == res.result_sha256) == (again.result == res.result)
     assert again.record.record_sha256 != res.record.record_sha256  # other id, other times
 
 

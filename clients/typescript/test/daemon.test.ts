@@ -12,7 +12,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { type Server, createServer as createHttpServer } from "node:http";
 import { createServer as createTcpServer } from "node:net";
 import { after, before, test, type TestContext } from "node:test";
-import { inspect } from "node:util";
+import { inspect, isDeepStrictEqual } from "node:util";
 
 import {
   Client,
@@ -150,9 +150,12 @@ test("a JavaScript run at the process tier verifies, with a fresh request id eac
 
   const again = await c.runJavaScript("console.log(6 * 7)", { minimum_isolation: "process" });
   assert.notEqual(again.request_id, res.request_id);
-  // The id is not part of the request digest; a deterministic run has one result digest.
+  // The id is not part of the request digest. A result also says how its sandbox started
+  // (warm or cold, a member's age) and its wall (its uid), all inside the digest: the
+  // digests agree exactly when the results do.
   assert.equal(again.request_sha256, res.request_sha256);
-  assert.equal(again.result_sha256, res.result_sha256);
+  assert.deepEqual(again.result.stdout, res.result.stdout);
+  assert.equal(again.result_sha256 === res.result_sha256, isDeepStrictEqual(again.result, res.result));
 });
 
 test("a Python run keeps non-UTF-8 output as exact bytes and reports its exit code", async (t) => {

@@ -1381,7 +1381,11 @@ fn raw_output(rig: &Rig) -> Result<(), String> {
 /// so the test shows the attempts fell while the secret existed.
 fn concurrent(rig: &Rig) -> Result<(), String> {
     let secret = plimsoll_testing::fresh_id("SECRET-");
-    let hold = if rig.shape.gvisor || rig.provider == "qemu" {
+    // Long enough for the reader's sandbox to come up while the writer still holds the
+    // secret: at qemu the reader may boot a VM cold under TCG (the writer took the member).
+    let hold = if rig.provider == "qemu" {
+        30
+    } else if rig.shape.gvisor {
         14
     } else {
         8

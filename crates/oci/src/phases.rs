@@ -12,13 +12,21 @@ pub(crate) enum Phase {
     Prepare,
     /// `bundle/config.json`, the tools directory and its files (and a broker socket).
     Bundle,
-    /// `<runtime> create` until it exited and the container's process was opened.
+    /// `<runtime> create` (a snippet's: `<runtime> run --detach`) until it exited and the
+    /// container's process was opened.
     Create,
     /// The watchdog outside the daemon started (a `/bin/sh` fork and exec).
     Watchdog,
+    /// A snippet's: its interpreter starting until it waits for its code (at runsc, after
+    /// saying its wall).
+    Ready,
+    /// A snippet's: its wall read and judged, its code written, its watchdog given the
+    /// deadline, `go` sent.
+    Claim,
     /// `<runtime> start` until it exited (the code may already be running).
     Start,
-    /// From `start`'s exit until the container's process was seen to exit.
+    /// From `start`'s exit (a snippet's: from `go`) until the container's process was seen
+    /// to exit.
     Exit,
     /// The pipes drained to their end, the process and helpers reaped.
     Drain,
@@ -34,7 +42,7 @@ pub(crate) enum Phase {
     Dir,
 }
 
-const PHASES: usize = 12;
+const PHASES: usize = 14;
 
 impl Phase {
     fn index(self) -> usize {
@@ -47,6 +55,8 @@ impl Phase {
 pub(crate) struct Phases {
     began: Instant,
     last: Instant,
+    /// When the run's outcome was ready to answer, if its removal came after.
+    answered: Option<Instant>,
     spent: [Duration; PHASES],
 }
 
@@ -63,6 +73,7 @@ impl Phases {
         Phases {
             began: now,
             last: now,
+            answered: None,
             spent: [Duration::ZERO; PHASES],
         }
     }
@@ -79,6 +90,11 @@ impl Phases {
         self.last = at;
     }
 
+    /// The outcome is ready to answer now; what is marked after is the removal.
+    pub(crate) fn answered(&mut self) {
+        self.answered = Some(Instant::now().max(self.last));
+    }
+
     fn ms(&self, phase: Phase) -> f64 {
         self.spent[phase.index()].as_secs_f64() * 1000.0
     }
@@ -86,6 +102,7 @@ impl Phases {
     /// The one event of the run.
     pub(crate) fn log(&self, provider: &str, run_id: &str, kind: &str) {
         let total = (self.last - self.began).as_secs_f64() * 1000.0;
+        let answer = (self.answered.unwrap_or(self.last) - self.began).as_secs_f64() * 1000.0;
         tracing::debug!(
             target: "plimsoll_oci::phases",
             provider,
@@ -95,6 +112,8 @@ impl Phases {
             bundle_ms = self.ms(Phase::Bundle),
             create_ms = self.ms(Phase::Create),
             watchdog_ms = self.ms(Phase::Watchdog),
+            ready_ms = self.ms(Phase::Ready),
+            claim_ms = self.ms(Phase::Claim),
             start_ms = self.ms(Phase::Start),
             exit_ms = self.ms(Phase::Exit),
             drain_ms = self.ms(Phase::Drain),
@@ -103,6 +122,7 @@ impl Phases {
             delete_ms = self.ms(Phase::Delete),
             cgroup_ms = self.ms(Phase::Cgroup),
             dir_ms = self.ms(Phase::Dir),
+            answer_ms = answer,
             total_ms = total,
             "run phases"
         );

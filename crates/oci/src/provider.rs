@@ -943,7 +943,7 @@ impl OciProvider {
     }
 
     /// [`OciProvider::clean`], marking its phases in `phases`.
-    fn clean_timed(
+    pub(crate) fn clean_timed(
         &self,
         plan: &LaunchPlan,
         id: &str,
@@ -1252,7 +1252,7 @@ impl Provider for OciProvider {
         // one): its wall is read (at runsc, said from inside) and checked before its code is
         // handed over.
         if let Some(member) = plimsoll_sandbox::warm::cold_member_plan(plan, true) {
-            let member = Box::new(crate::warm::make_for(self, &member, plan.broker.as_ref())?);
+            let member = Box::new(crate::warm::make_cold(self, &member, plan.broker.as_ref())?);
             return plimsoll_sandbox::warm::run_made(member, plan);
         }
         match &plan.spec {

@@ -14,6 +14,7 @@ use plimsoll_sandbox::warm::{self, GO, READY_LINE, WarmMember, WarmPlan, WarmSha
 use plimsoll_sandbox::{Cause, LaunchError, LaunchPlan, Outcome, Teardown, unix_ms_now};
 use plimsoll_wire::{Bytes, Language, Reason, RunResult};
 
+use crate::phases::Phase;
 use crate::provider::{Container, LaunchSpec, OciProvider, status_of};
 use crate::runtime::{Begin, RuntimeKind};
 use crate::spec::TOOLS_DIR;
@@ -39,20 +40,32 @@ pub struct OciMember {
     /// The run's watchdog outside the daemon, started with the member and given its
     /// deadline at the claim (`None` only while the member is being made).
     watchdog: Option<plimsoll_sandbox::watchdog::Armed>,
+    /// Made for one cold run, which logs its phases (a pooled member's idle time is not a
+    /// phase of anything).
+    cold: bool,
 }
 
 /// Makes a member: creates and starts its container, and returns once its interpreter waits.
 pub fn make(provider: &OciProvider, plan: &WarmPlan) -> Result<OciMember, LaunchError> {
-    make_for(provider, plan, None)
+    make_member(provider, plan, None, false)
 }
 
-/// [`make`], with a cold run's broker channel when it has one: its socket in the tools
-/// directory, served, and the in-sandbox client preloaded (JavaScript) or on `sys.path`
-/// (Python), as a cold run without a member has them.
-pub fn make_for(
+/// [`make`], for one cold run, with its broker channel when it has one: its socket in the
+/// tools directory, served, and the in-sandbox client preloaded (JavaScript) or on
+/// `sys.path` (Python), as a cold run without a member has them. The run logs its phases.
+pub fn make_cold(
     provider: &OciProvider,
     plan: &WarmPlan,
     broker: Option<&plimsoll_sandbox::BrokerChannel>,
+) -> Result<OciMember, LaunchError> {
+    make_member(provider, plan, broker, true)
+}
+
+fn make_member(
+    provider: &OciProvider,
+    plan: &WarmPlan,
+    broker: Option<&plimsoll_sandbox::BrokerChannel>,
+    cold: bool,
 ) -> Result<OciMember, LaunchError> {
     use plimsoll_sandbox::broker::{JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE};
     let mut launch_plan = warm::member_plan(plan);
@@ -117,6 +130,7 @@ pub fn make_for(
     let mut container = provider.create(&launch_plan, &launch, true, Begin::Run)?;
     // Armed while the interpreter starts, not after.
     let armed = provider.armed_watchdog(&launch_plan);
+    container.phases.mark(Phase::Watchdog);
     let started = armed.and_then(|w| {
         let said = if inside {
             said_and_ready(provider, &mut container, &launch_plan).map(Some)
@@ -128,6 +142,7 @@ pub fn make_for(
         };
         said.map(|said| (said, w))
     });
+    container.phases.mark(Phase::Ready);
     let member = OciMember {
         provider: provider.clone(),
         plan: launch_plan,
@@ -137,6 +152,7 @@ pub fn make_for(
         main,
         said: None,
         watchdog: None,
+        cold,
     };
     match started {
         Ok((said, w)) => Ok(OciMember {
@@ -268,6 +284,8 @@ impl WarmMember for OciMember {
             provider,
             plan: member_plan,
             container,
+            cold,
+            shape,
             ..
         } = *self;
         let Container {
@@ -276,7 +294,7 @@ impl WarmMember for OciMember {
             mut created,
             input,
             namespaces,
-            ..
+            mut phases,
         } = container;
         created.set_output_cap(plan.limits.output_bytes);
         let started_unix_ms = unix_ms_now();
@@ -288,6 +306,7 @@ impl WarmMember for OciMember {
             let e = LaunchError::may_have_run(format!("cannot hand the member its code: {e}"));
             return Err(e.after_cleanup(provider.clean(&member_plan, &id, run_dir, false)));
         }
+        phases.mark(Phase::Claim);
         let followed = provider.follow_to_end(
             &member_plan,
             &id,
@@ -296,6 +315,10 @@ impl WarmMember for OciMember {
             plan.limits.output_bytes,
         );
         let ended_unix_ms = unix_ms_now();
+        if let Some(at) = followed.exited_at {
+            phases.mark_at(Phase::Exit, at);
+        }
+        phases.mark_at(Phase::Drain, followed.drained_at);
         let backstop = followed.backstop;
         let timed_out = followed.timed_out;
         let memory = followed.memory;
@@ -320,12 +343,18 @@ impl WarmMember for OciMember {
             wall,
             ..RunResult::default()
         };
+        phases.mark(Phase::Memory);
+        phases.answered();
+        let kind = shape.language.as_str();
         let teardown = Teardown::new(move || {
             drop(namespaces);
             drop(outside);
-            provider
-                .clean(&member_plan, &id, run_dir, backstop)
-                .map_err(Cause::from)
+            phases.mark(Phase::WatchdogEnd);
+            let cleaned = provider.clean_timed(&member_plan, &id, run_dir, backstop, &mut phases);
+            if cold {
+                phases.log(provider.config().kind.name(), &member_plan.run_id, kind);
+            }
+            cleaned.map_err(Cause::from)
         });
         Ok((
             Outcome {
