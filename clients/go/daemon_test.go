@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -169,8 +170,16 @@ func TestRunAtEachTierTheHostHas(t *testing.T) {
 	if again.RequestID == res.RequestID {
 		t.Error("two runs carried the same request id")
 	}
-	if again.RequestSHA256 != res.RequestSHA256 || again.ResultSHA256 != res.ResultSHA256 {
-		t.Error("the same request and output gave other digests")
+	if again.RequestSHA256 != res.RequestSHA256 {
+		t.Error("the same request gave another digest")
+	}
+	// A result also says how its sandbox started (warm or cold, a member's age) and its wall
+	// (its uid), all inside the digest: the digests agree exactly when the results do.
+	if again.Output.Stdout.String() != res.Output.Stdout.String() {
+		t.Errorf("the same code said %q, then %q", res.Output.Stdout, again.Output.Stdout)
+	}
+	if (again.ResultSHA256 == res.ResultSHA256) != reflect.DeepEqual(again.Output, res.Output) {
+		t.Errorf("result digests %s and %s disagree with the results:\n%+v\n%+v", res.ResultSHA256, again.ResultSHA256, res.Output, again.Output)
 	}
 
 	py, err := c.RunPython(ctx, sandbox.Request{Code: "import sys; print(6 * 7); sys.stderr.write('e\\n'); sys.exit(3)", MinimumIsolation: sandbox.IsolationProcess})
