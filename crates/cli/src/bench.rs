@@ -505,32 +505,50 @@ fn members_memory(
         return out;
     };
     let processes = memory_cgroups_of_processes(&hierarchy);
-    // (provider, language) -> (members, RSS KiB, cgroup charge KiB)
-    let mut seen: std::collections::BTreeMap<(String, &str), (u64, u64, u64)> =
+    // (provider, language) -> (members, RSS KiB, cgroup charge KiB, found by uid)
+    let mut seen: std::collections::BTreeMap<(String, &str), (u64, u64, u64, bool)> =
         std::collections::BTreeMap::new();
-    for (provider, language, id) in engine.pool_idle_members() {
+    for (provider, language, id, uid) in engine.pool_idle_members() {
         let mine: Vec<&(i32, PathBuf)> = processes
             .iter()
             .filter(|(_, dir)| dir.to_string_lossy().contains(&id))
             .collect();
-        let rss: u64 = mine
-            .iter()
-            .filter_map(|(pid, _)| rss_kib(*pid as u32))
-            .sum();
-        let dirs: std::collections::BTreeSet<&PathBuf> = mine.iter().map(|(_, d)| d).collect();
-        let charged: u64 = dirs
-            .iter()
-            .filter_map(|d| cgroup_usage_kib(&hierarchy, d))
-            .sum();
+        // A member without a memory cgroup of its own (qemu: the QEMU process, bounded by
+        // its guest's memory) is its processes on the host, found by the member's uid.
+        let (rss, charged, by_uid) = if mine.is_empty() {
+            let rss: u64 = plimsoll_sandbox::reap::processes_of_uids(uid..uid + 1)
+                .into_iter()
+                .filter_map(|pid| rss_kib(pid as u32))
+                .sum();
+            (rss, 0, true)
+        } else {
+            let rss: u64 = mine
+                .iter()
+                .filter_map(|(pid, _)| rss_kib(*pid as u32))
+                .sum();
+            let dirs: std::collections::BTreeSet<&PathBuf> = mine.iter().map(|(_, d)| d).collect();
+            let charged: u64 = dirs
+                .iter()
+                .filter_map(|d| cgroup_usage_kib(&hierarchy, d))
+                .sum();
+            (rss, charged, false)
+        };
         let e = seen.entry((provider, language.as_str())).or_default();
-        *e = (e.0 + 1, e.1 + rss, e.2 + charged);
+        *e = (e.0 + 1, e.1 + rss, e.2 + charged, e.3 || by_uid);
     }
-    for ((provider, language), (n, rss, charged)) in seen {
-        out.push_str(&format!(
-            "  {provider} {language}: {n} idle, {} KiB RSS and {} KiB cgroup charge (resident memory, page cache and tmpfs) a member\n",
-            rss / n.max(1),
-            charged / n.max(1),
-        ));
+    for ((provider, language), (n, rss, charged, by_uid)) in seen {
+        if by_uid {
+            out.push_str(&format!(
+                "  {provider} {language}: {n} idle, {} KiB RSS a member (its host processes, by its uid: no memory cgroup of its own)\n",
+                rss / n.max(1),
+            ));
+        } else {
+            out.push_str(&format!(
+                "  {provider} {language}: {n} idle, {} KiB RSS and {} KiB cgroup charge (resident memory, page cache and tmpfs) a member\n",
+                rss / n.max(1),
+                charged / n.max(1),
+            ));
+        }
     }
     out
 }

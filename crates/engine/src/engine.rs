@@ -478,7 +478,7 @@ impl Engine {
 
     /// Each idle member's provider, language and id (its id names its directory, container
     /// and cgroups).
-    pub fn pool_idle_members(&self) -> Vec<(String, plimsoll_wire::Language, String)> {
+    pub fn pool_idle_members(&self) -> Vec<(String, plimsoll_wire::Language, String, u32)> {
         self.pools().idle_ids()
     }
 

@@ -249,15 +249,19 @@ impl Pools {
         self.pools.is_empty()
     }
 
-    /// Each idle member's provider, language and id.
-    pub fn idle_ids(&self) -> Vec<(String, Language, String)> {
+    /// Each idle member's provider, language, id and uid.
+    pub fn idle_ids(&self) -> Vec<(String, Language, String, u32)> {
         let mut out = Vec::new();
         for p in &self.pools {
             let idle = p.idle.lock().unwrap_or_else(|e| e.into_inner());
-            out.extend(
-                idle.iter()
-                    .map(|m| (p.provider_name.clone(), p.shape.language, m.id.clone())),
-            );
+            out.extend(idle.iter().map(|m| {
+                (
+                    p.provider_name.clone(),
+                    p.shape.language,
+                    m.id.clone(),
+                    m.member.uid(),
+                )
+            }));
         }
         out
     }
