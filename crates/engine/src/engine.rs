@@ -832,6 +832,20 @@ impl Engine {
                 "the chosen provider fell below the floor",
             ));
         }
+        // The evidence still names what the run would get (a rebuilt image does not): else
+        // nothing runs, and the provider is probed again (routing skips it meanwhile; its
+        // warm members, made under the old evidence, are dropped once the new one is in).
+        if let Err(stale) = slot.provider.environment_holds(&state.probed.evidence) {
+            tracing::warn!(provider = chosen, %stale, "the provider's environment changed since its probe; probing it again");
+            self.recheck_in_background(index);
+            return Err(RunError::refused(
+                id,
+                Reason::Environment,
+                format!(
+                    "{chosen}'s environment changed since it was probed ({stale}): it is being probed again; retry shortly"
+                ),
+            ));
+        }
 
         let permit = self
             .admission

@@ -58,6 +58,12 @@ impl Provider for AnyProvider {
     fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), plimsoll_sandbox::Stale> {
         self.inner().adopt(evidence)
     }
+    fn environment_holds(
+        &self,
+        evidence: &plimsoll_wire::Evidence,
+    ) -> Result<(), plimsoll_sandbox::Stale> {
+        self.inner().environment_holds(evidence)
+    }
     fn warms(&self) -> bool {
         self.inner().warms()
     }

@@ -304,3 +304,135 @@ fn a_warm_run_ends_as_a_cold_one_does() {
         assert_eq!(w, c, "{language:?} {code}: warm and cold differ");
     }
 }
+
+/// A bind mount of the built image's root file system, undone when dropped.
+struct Bound(std::path::PathBuf);
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        let _ = mount(&["-l", &self.0.display().to_string()], "/bin/umount");
+    }
+}
+
+fn mount(args: &[&str], program: &str) -> Result<(), String> {
+    let mut r = plimsoll_sandbox::Spawn::new(program, "/")
+        .args(args)
+        .spawn()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let status = r.child.wait().map_err(|e| format!("{program}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{program} {args:?}: {status}"))
+    }
+}
+
+/// An image rebuilt under a running engine (its identity changed, as `make images` changes
+/// it): the next run at crun is refused, not dispatched (`environment`), the provider is
+/// probed again, and from then on runs carry the new identity and never get a member made
+/// under the old one, which is dropped.
+#[test]
+fn a_rebuilt_image_is_refused_until_probed_again_and_its_old_members_are_never_used() {
+    let test = "a_rebuilt_image_is_refused_until_probed_again";
+    if !is_root() {
+        skip_or_fail(test, "needs root to run crun");
+        return;
+    }
+    let built = plimsoll_testing::workspace_root().join("build/images/sandbox");
+    if !built.join("rootfs").is_dir() {
+        skip_or_fail(test, "no sandbox image: run `make images`");
+        return;
+    }
+    let dir = TestDir::new("warm", "rebuild");
+    // The image, as the engine sees it: the built root file system (bound read-only, not
+    // copied) and an identity file this test can change.
+    let image = dir.path().join("image");
+    std::fs::create_dir_all(image.join("rootfs")).unwrap();
+    let identity = std::fs::read_to_string(built.join("identity")).unwrap();
+    let old = identity.trim().to_owned();
+    std::fs::write(image.join("identity"), &identity).unwrap();
+    let rootfs = image.join("rootfs").display().to_string();
+    let src = built.join("rootfs").display().to_string();
+    mount(&["--bind", &src, &rootfs], "/bin/mount").unwrap_or_else(|e| panic!("{e}"));
+    let _bound = Bound(image.join("rootfs"));
+    mount(&["-o", "remount,bind,ro", &rootfs], "/bin/mount").unwrap_or_else(|e| panic!("{e}"));
+    let toml = format!(
+        "providers = [\"crun\"]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
+         sandbox_uid_base = 3300600\nmax_concurrent = 2\n\
+         [pools.crun.javascript]\nmin_idle = 1\nmax_members = 2\nmax_age_secs = 120\n\
+         [oci]\nimage = {image:?}\nstate_root = {root:?}\ncgroup_parent = \"/plimsoll-warm-rebuild-{pid}\"\n",
+        state = dir.path().join("state").display().to_string(),
+        image = image.display().to_string(),
+        root = dir.path().join("oci").display().to_string(),
+        pid = std::process::id(),
+    );
+    let engine = Settings::parse(&toml)
+        .unwrap()
+        .build_engine(&[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    engine.probe_all();
+    let info = engine.providers().into_iter().next().expect("one provider");
+    if !info.available {
+        skip_or_fail(
+            test,
+            &format!("crun is not available here: {:?}", info.unavailable_reason),
+        );
+        return;
+    }
+    engine.start_pools();
+    wait_idle(&engine, 1);
+    let container = |id: &str| {
+        let mut r = request(id, Language::Javascript, "console.log(1)");
+        r.minimum_isolation = Some(Tier::Container);
+        r
+    };
+    let before = engine.run("warm", &container("before")).unwrap();
+    assert_eq!(before.result.start, Some(Start::Warm));
+    assert_eq!(before.record.environment, old);
+    wait_idle(&engine, 1);
+
+    // Rebuilt: the identity moves (the files a run gets would be the new image's).
+    let new = format!("sha256:{}", "e".repeat(64));
+    std::fs::write(image.join("identity"), format!("{new}\n")).unwrap();
+    let rebuilt = Instant::now();
+    match engine.run("warm", &container("stale")) {
+        Err(plimsoll_engine::RunError::Refused {
+            reason, message, ..
+        }) => {
+            assert_eq!(reason, plimsoll_wire::Reason::Environment, "{message}");
+            assert!(
+                message.contains(&new) && message.contains(&old),
+                "{message}"
+            );
+        }
+        other => panic!("a run on the rebuilt image's old evidence was not refused: {other:?}"),
+    }
+
+    // Probed again in the background: then runs carry the new identity, from new members.
+    let start = Instant::now();
+    loop {
+        let e = engine.evidence("crun").map(|e| e.evidence.environment);
+        if !engine.rechecking("crun") && e.as_deref() == Some(new.as_str()) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "crun was not probed again: {e:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..3 {
+        let r = engine
+            .run("warm", &container(&format!("after-{i}")))
+            .unwrap_or_else(|e| panic!("after-{i}: {e}"));
+        assert_eq!(r.result.exit_code, Some(0), "{r:?}");
+        assert_eq!(r.record.environment, new);
+        if let Some(age) = r.result.member_age_ms {
+            assert!(
+                Duration::from_millis(age) <= rebuilt.elapsed(),
+                "a member made before the rebuild ({age} ms old) was used"
+            );
+        }
+    }
+    assert!(engine.pool_counts().discarded.load(Ordering::SeqCst) >= 1);
+}

@@ -1211,6 +1211,14 @@ impl Provider for OciProvider {
         true
     }
 
+    /// A rebuilt image (its identity file, read at every run) is a new probe.
+    fn environment_holds(
+        &self,
+        evidence: &plimsoll_wire::Evidence,
+    ) -> Result<(), plimsoll_sandbox::Stale> {
+        self.adopt(evidence)
+    }
+
     /// The image is not among the evidence's binaries: a rebuilt image is a new probe.
     fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), plimsoll_sandbox::Stale> {
         let now = self

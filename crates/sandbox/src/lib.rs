@@ -190,6 +190,13 @@ pub trait Provider: Send + Sync {
     fn supports_broker(&self) -> bool {
         false
     }
+    /// Whether what `evidence` names as a run's environment is still what a run here would
+    /// get, checked cheaply before every run (at crun, runc and runsc: the image's identity,
+    /// which a rebuild changes). The engine refuses a run on a provider whose environment
+    /// moved (not dispatched, `environment`) and probes it again.
+    fn environment_holds(&self, _evidence: &plimsoll_wire::Evidence) -> Result<(), Stale> {
+        Ok(())
+    }
     /// Takes `evidence` from an earlier probe of this host (the engine's evidence cache)
     /// instead of probing: sets what the provider learns only from a probe, or says why this
     /// evidence no longer describes it (then it is probed again). The cache has already
