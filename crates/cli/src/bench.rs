@@ -600,10 +600,7 @@ fn cgroup_usage_kib(h: &plimsoll_sandbox::cgroup::Hierarchy, dir: &Path) -> Opti
 fn bare_waiting_rss_kib(program: &Path, language: Language) -> Option<(u64, Option<f64>)> {
     use plimsoll_sandbox::warm::{wait_command, wait_until_reading};
     let dir = tempfile::tempdir().ok()?;
-    let code = dir.path().join(match language {
-        Language::Javascript => "main.js",
-        Language::Python => "main.py",
-    });
+    let code = dir.path().join(plimsoll_sandbox::snippet_file(language));
     let wait = wait_command(language, &code, false, false);
     for (name, text) in &wait.files {
         std::fs::write(dir.path().join(name), text).ok()?;

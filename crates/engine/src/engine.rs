@@ -985,8 +985,6 @@ impl Engine {
     }
 }
 
-/// Probes `slot` as its own probe uid, leased host-wide from `lease_dir`, and keeps what it
-/// found.
 /// [`Engine::recheck_in_background`], for a caller holding only the slots.
 fn recheck(slots: &Arc<[Slot]>, index: usize, lease_dir: std::path::PathBuf) {
     let slot = &slots[index];
@@ -1010,6 +1008,8 @@ fn recheck(slots: &Arc<[Slot]>, index: usize, lease_dir: std::path::PathBuf) {
     }
 }
 
+/// Probes `slot` as its own probe uid, leased host-wide from `lease_dir`, and keeps what it
+/// found.
 fn probe_slot(slot: &Slot, lease_dir: &Path) {
     let _one_at_a_time = slot.probing.lock().unwrap_or_else(|p| p.into_inner());
     // The provider's probe uid is leased host-wide too, so another engine with the same

@@ -1003,7 +1003,12 @@ impl OciProvider {
                 ("main.js", args)
             }
             Language::Python => {
-                let mut args = vec!["/usr/bin/python3".to_owned(), "-I".into(), "-B".into()];
+                let mut args = vec!["/usr/bin/python3".to_owned()];
+                args.extend(
+                    plimsoll_sandbox::PYTHON_FLAGS
+                        .iter()
+                        .map(|f| (*f).to_owned()),
+                );
                 if broker {
                     files.push((
                         PYTHON_CLIENT_FILE.to_owned(),

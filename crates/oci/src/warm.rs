@@ -81,14 +81,13 @@ fn make_member(
         args.extend([tool("plimsoll-agent"), "--wall-then-exec".to_owned()]);
     }
     let language = plan.shape.language;
-    let main = match language {
+    match language {
         Language::Javascript => {
             args.push("/usr/bin/node".to_owned());
             if broker.is_some() {
                 files.push((JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()));
                 args.extend(["--require".to_owned(), tool(JS_CLIENT_FILE)]);
             }
-            "main.js"
         }
         Language::Python => {
             if broker.is_some() {
@@ -98,9 +97,9 @@ fn make_member(
                 ));
             }
             args.push("/usr/bin/python3".to_owned());
-            "main.py"
         }
-    };
+    }
+    let main = plimsoll_sandbox::snippet_file(language);
     let wait = warm::wait_command(
         language,
         std::path::Path::new(&tool(main)),

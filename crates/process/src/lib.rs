@@ -82,9 +82,7 @@ impl ProcessProvider {
     }
 }
 
-/// Python's flags: isolated mode (no environment, no user site, script directory not on the
-/// path) and no bytecode written.
-pub const PYTHON_FLAGS: &[&str] = &["-I", "-B"];
+pub use plimsoll_sandbox::PYTHON_FLAGS;
 
 /// With a broker channel, Python starts here: `-I` keeps every directory off `sys.path`, so
 /// this puts the code directory (holding `plimsoll_host.py`) there and runs the snippet as

@@ -169,10 +169,11 @@ fn start(
     .map_err(|e| env(&e))?;
     plimsoll_sandbox::reap::signal_all_as(plan.uid)
         .map_err(|e| LaunchError::environment(format!("cannot clear uid {}: {e}", plan.uid)))?;
-    let (program, main) = match shape.language {
-        Language::Javascript => (&config.node, "main.js"),
-        Language::Python => (&config.python, "main.py"),
+    let program = match shape.language {
+        Language::Javascript => &config.node,
+        Language::Python => &config.python,
     };
+    let main = plimsoll_sandbox::snippet_file(shape.language);
     let mut args: Vec<OsString> = Vec::new();
     if broker.is_some() && shape.language == Language::Javascript {
         let client = dir.code.join(plimsoll_sandbox::broker::JS_CLIENT_FILE);

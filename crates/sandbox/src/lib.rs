@@ -33,6 +33,18 @@ pub use spawn::{Running, Spawn, SpawnError, spawned_total};
 pub use uidlease::{UidLease, lease_dir, try_lease};
 pub use warm::{Teardown, WarmMember, WarmPlan, WarmShape};
 
+/// Python's flags for a snippet, cold or warm, at every provider: isolated mode (no
+/// environment, no user site, script directory not on the path) and no bytecode written.
+pub const PYTHON_FLAGS: &[&str] = &["-I", "-B"];
+
+/// The file a snippet of `language` is written to, beside whatever its interpreter preloads.
+pub fn snippet_file(language: plimsoll_wire::Language) -> &'static str {
+    match language {
+        plimsoll_wire::Language::Javascript => "main.js",
+        plimsoll_wire::Language::Python => "main.py",
+    }
+}
+
 /// The inodes a writable tmpfs of `bytes` may hold: one per KiB, at least 64. A file that
 /// holds no bytes takes no space but still costs the kernel an inode and a dentry, so without
 /// this a run could make millions under any disk limit (the kernel's default is half the

@@ -389,10 +389,10 @@ pub fn wait_command(
         }
         Language::Python => WaitCommand {
             files: Vec::new(),
-            args: ["-I", "-B", "-c"]
-                .map(str::to_owned)
-                .into_iter()
-                .chain([program, code_arg])
+            args: crate::PYTHON_FLAGS
+                .iter()
+                .map(|f| (*f).to_owned())
+                .chain(["-c".to_owned(), program, code_arg])
                 .collect(),
         },
     }
