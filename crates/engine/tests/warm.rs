@@ -84,6 +84,16 @@ fn run(engine: &Engine, id: &str, language: Language, code: &str) -> RunResponse
     r
 }
 
+/// A warm run's member was made after `when` (`what`): none older was used.
+fn made_since(r: &RunResponse, when: Instant, what: &str) {
+    if let Some(age) = r.result.member_age_ms {
+        assert!(
+            Duration::from_millis(age) <= when.elapsed(),
+            "a member made before {what} ({age} ms old) was used"
+        );
+    }
+}
+
 fn stdout(r: &RunResponse) -> String {
     String::from_utf8_lossy(&r.result.stdout.0)
         .trim()
@@ -188,12 +198,7 @@ fn a_member_made_under_old_evidence_is_never_used_after_a_re_probe() {
             "console.log(1)",
         );
         assert_eq!(r.record.evidence_sha256, after);
-        if let Some(age) = r.result.member_age_ms {
-            assert!(
-                Duration::from_millis(age) <= reprobed.elapsed(),
-                "a member older than the re-probe ({age} ms) was used"
-            );
-        }
+        made_since(&r, reprobed, "the re-probe");
     }
     assert!(engine.pool_counts().discarded.load(Ordering::SeqCst) >= 1);
 }
@@ -310,11 +315,12 @@ struct Bound(std::path::PathBuf);
 
 impl Drop for Bound {
     fn drop(&mut self) {
-        let _ = mount(&["-l", &self.0.display().to_string()], "/bin/umount");
+        let _ = mount("/bin/umount", &["-l", &self.0.display().to_string()]);
     }
 }
 
-fn mount(args: &[&str], program: &str) -> Result<(), String> {
+/// Runs `program` (mount or umount) with `args` to its end.
+fn mount(program: &str, args: &[&str]) -> Result<(), String> {
     let mut r = plimsoll_sandbox::Spawn::new(program, "/")
         .args(args)
         .spawn()
@@ -353,9 +359,9 @@ fn a_rebuilt_image_is_refused_until_probed_again_and_its_old_members_are_never_u
     std::fs::write(image.join("identity"), &identity).unwrap();
     let rootfs = image.join("rootfs").display().to_string();
     let src = built.join("rootfs").display().to_string();
-    mount(&["--bind", &src, &rootfs], "/bin/mount").unwrap_or_else(|e| panic!("{e}"));
+    mount("/bin/mount", &["--bind", &src, &rootfs]).unwrap_or_else(|e| panic!("{e}"));
     let _bound = Bound(image.join("rootfs"));
-    mount(&["-o", "remount,bind,ro", &rootfs], "/bin/mount").unwrap_or_else(|e| panic!("{e}"));
+    mount("/bin/mount", &["-o", "remount,bind,ro", &rootfs]).unwrap_or_else(|e| panic!("{e}"));
     let toml = format!(
         "providers = [\"crun\"]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
          sandbox_uid_base = 3300600\nmax_concurrent = 2\n\
@@ -427,12 +433,7 @@ fn a_rebuilt_image_is_refused_until_probed_again_and_its_old_members_are_never_u
             .unwrap_or_else(|e| panic!("after-{i}: {e}"));
         assert_eq!(r.result.exit_code, Some(0), "{r:?}");
         assert_eq!(r.record.environment, new);
-        if let Some(age) = r.result.member_age_ms {
-            assert!(
-                Duration::from_millis(age) <= rebuilt.elapsed(),
-                "a member made before the rebuild ({age} ms old) was used"
-            );
-        }
+        made_since(&r, rebuilt, "the rebuild");
     }
     assert!(engine.pool_counts().discarded.load(Ordering::SeqCst) >= 1);
 }
