@@ -508,6 +508,8 @@ fn mirror(step: &StepResult) -> RunResult {
         start: None,
         member_age_ms: None,
         wall: None,
+        state_kept: None,
+        interpreter_end: None,
     }
 }
 

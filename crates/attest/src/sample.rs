@@ -71,6 +71,7 @@ pub fn sample_exchange(n: u64) -> Exchange {
         started_unix_ms: started,
         ended_unix_ms: started + 42,
         record_sha256: String::new(),
+        session: None,
     };
     let mut ex = Exchange {
         response: RunResponse {

@@ -269,6 +269,7 @@ impl ClientError {
                 code: self.code().to_owned(),
                 message,
                 not_dispatched: self.not_dispatched(),
+                end_reason: None,
             },
         }
     }

@@ -202,6 +202,7 @@ mod tests {
             started_unix_ms: 1,
             ended_unix_ms: 2,
             record_sha256: String::new(),
+            session: None,
         };
         record.record_sha256 = record_sha256(&record);
         RunResponse {

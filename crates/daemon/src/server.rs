@@ -217,6 +217,7 @@ impl Failure {
                 code: self.code().to_owned(),
                 message,
                 not_dispatched: self.not_dispatched(),
+                end_reason: None,
             },
         }
     }

@@ -141,6 +141,7 @@ impl RunError {
                 code,
                 message,
                 not_dispatched: nd,
+                end_reason: None,
             },
         }
     }
@@ -963,6 +964,7 @@ impl Engine {
             started_unix_ms: outcome.started_unix_ms,
             ended_unix_ms: outcome.ended_unix_ms,
             record_sha256: String::new(),
+            session: None,
         };
         record.record_sha256 = record_sha256(&record);
         tracing::info!(

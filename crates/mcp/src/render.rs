@@ -338,6 +338,7 @@ mod tests {
                 started_unix_ms: 0,
                 ended_unix_ms: 1,
                 record_sha256: String::new(),
+                session: None,
             },
         };
         let warm = run_structured(&resp(Some(Start::Warm), Some(1500)), 64);

@@ -27,3 +27,61 @@ pub struct AgentJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trial: Option<crate::TrialIds>,
 }
+
+/// One call to a session's agent (`plimsoll-agent --session LANGUAGE`): one JSON line on its
+/// standard input. The agent answers each with [`SessionLine`]s on its standard output:
+/// output chunks as they come, then one answer (docs/agent.md, "Sessions").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SessionCall {
+    /// Run code in the session's interpreter, whose state (variables, imports, functions,
+    /// open files) stays for the next cell.
+    Cell(SessionCell),
+    /// A project in the session's work directory: files written, steps run in order in the
+    /// shell, artifacts read (a step, an upload, a download). Never a trial.
+    Job(AgentJob),
+    /// Say the agent's own wall again, as `--wall-first` does at its start.
+    Wall,
+}
+
+/// A cell for a session's interpreter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCell {
+    /// The code, in the session's language.
+    pub code: String,
+    /// Start a fresh interpreter first (the old one, alive or not, is ended): the cell then
+    /// runs with no state, and says `state_kept: false`.
+    pub restart: bool,
+    /// Milliseconds the cell may run; past it the interpreter is killed (`cell_timeout`).
+    pub deadline_ms: u64,
+    /// Bytes kept per stream.
+    pub output_bytes: u64,
+    /// Send output chunks as they come, before the answer.
+    pub stream: bool,
+}
+
+/// One line a session's agent writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SessionLine {
+    /// Output as it came (a preview: the answer's result is what counts).
+    Chunk(crate::OutputChunk),
+    /// The call's answer.
+    Answer(SessionAnswer),
+}
+
+/// A session agent's answer to one call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionAnswer {
+    /// What a cell or job did (for a cell, with `state_kept` and `interpreter_end`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<crate::RunResult>,
+    /// The agent's wall, for [`SessionCall::Wall`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<crate::Wall>,
+    /// Why the call could not be done (nothing of it ran when it says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

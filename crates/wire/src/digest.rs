@@ -298,6 +298,12 @@ pub fn encode_result(r: &RunResult) -> Vec<u8> {
     if let Some(w) = &r.wall {
         e.nest("wall", &encode_wall(w));
     }
+    if let Some(kept) = r.state_kept {
+        e.bool("state_kept", kept);
+    }
+    if let Some(end) = r.interpreter_end {
+        e.str("interpreter_end", end.as_str());
+    }
     e.finish()
 }
 
@@ -387,6 +393,14 @@ pub fn encode_record(r: &RunRecord) -> Vec<u8> {
         .str("environment", &r.environment)
         .u64("started_unix_ms", r.started_unix_ms)
         .u64("ended_unix_ms", r.ended_unix_ms);
+    // Left out outside sessions, so every record written before sessions keeps its digest.
+    if let Some(s) = &r.session {
+        e.str("session_id", &s.session_id)
+            .u64("sequence", s.sequence);
+        if let Some(previous) = &s.previous_record_sha256 {
+            e.str("previous_record_sha256", previous);
+        }
+    }
     e.finish()
 }
 

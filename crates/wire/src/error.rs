@@ -92,6 +92,9 @@ pub struct ErrorBody {
     pub message: String,
     /// Set only when nothing ran. `null` means the code may have run: never retry blindly.
     pub not_dispatched: Option<Reason>,
+    /// For a call to a session that has ended: why it ended (docs/sessions.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<crate::EndReason>,
 }
 
 /// A request body that could not be accepted. Nothing ran.
@@ -122,6 +125,7 @@ impl RequestRejection {
                 code: self.reason.as_str().to_owned(),
                 message: self.message.clone(),
                 not_dispatched: Some(self.reason),
+                end_reason: None,
             },
         }
     }

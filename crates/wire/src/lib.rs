@@ -12,10 +12,11 @@ mod nulls;
 mod provider;
 mod request;
 mod result;
+mod session;
 mod tier;
 pub mod trial_step;
 
-pub use agent::AgentJob;
+pub use agent::{AgentJob, SessionAnswer, SessionCall, SessionCell, SessionLine};
 pub use bytes::Bytes;
 pub use error::{
     ErrorBody, ErrorResponse, NotDispatched, Reason, RequestRejection, not_dispatched_reason,
@@ -28,8 +29,12 @@ pub use request::{
     validate_request_id,
 };
 pub use result::{
-    Artifact, GrantCall, MalformedResult, RunRecord, RunResponse, RunResult, Start, StepResult,
-    Wall, WallNamespace,
+    Artifact, GrantCall, MalformedResult, RunRecord, RunResponse, RunResult, SessionLink, Start,
+    StepResult, Wall, WallNamespace,
+};
+pub use session::{
+    EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest,
+    session_instance, validate_session_id,
 };
 pub use tier::{ParseTierError, Tier};
 pub use trial_step::TrialIds;

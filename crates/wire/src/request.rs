@@ -191,6 +191,16 @@ impl RunRequest {
     /// Structural checks that need no operator settings. Limits against maximums and the
     /// floor against providers are the engine's job.
     pub fn validate(&self) -> Result<(), RequestRejection> {
+        self.validate_with(true)
+    }
+
+    /// [`RunRequest::validate`] for a call in a session, where a project may have no step
+    /// when it writes files or reads artifacts (an upload, a download).
+    pub fn validate_session_call(&self) -> Result<(), RequestRejection> {
+        self.validate_with(false)
+    }
+
+    fn validate_with(&self, steps_required: bool) -> Result<(), RequestRejection> {
         let reject = |message: String| RequestRejection {
             request_id: Some(self.request_id.clone()),
             reason: Reason::Request,
@@ -244,7 +254,9 @@ impl RunRequest {
                 }
             }
             RunSpec::Project(p) => {
-                if p.steps.is_empty() {
+                if p.steps.is_empty()
+                    && (steps_required || (p.files.is_empty() && p.artifacts.is_empty()))
+                {
                     return Err(reject(
                         "run.steps is empty: a project needs at least one step".into(),
                     ));

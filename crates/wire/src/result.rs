@@ -66,6 +66,15 @@ pub struct RunResult {
     /// (docs/protocol.md says which), and for a result written before the field existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall: Option<Wall>,
+    /// A session's cell only: whether the interpreter that ran it is the one of the
+    /// session's previous cell, alive with its state after this one (`false` when it ended
+    /// during this cell, or when this cell started a fresh one). Absent outside cells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_kept: Option<bool>,
+    /// A session's cell only: why its interpreter ended during this cell (its state is lost;
+    /// the next cell must ask for a restart). Absent when it did not end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter_end: Option<crate::EndReason>,
 }
 
 /// A run's sandbox as seen just before its code was handed over: who the code runs as, with
@@ -202,6 +211,8 @@ impl RunResult {
         r.start = None;
         r.member_age_ms = None;
         r.wall = None;
+        r.state_kept = None;
+        r.interpreter_end = None;
         Ok(r)
     }
 
@@ -313,6 +324,20 @@ pub struct RunResponse {
     pub record: RunRecord,
 }
 
+/// Where a session call's record sits in its session's chain: a signer's bundle of a
+/// session refuses a call missing, repeated or reordered by these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionLink {
+    /// The session's id.
+    pub session_id: String,
+    /// The call's sequence number in the session: 1 for its first call, then one more each.
+    pub sequence: u64,
+    /// The record digest of the session's previous call; absent exactly for sequence 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_record_sha256: Option<String>,
+}
+
 /// The run record: the facts a signer needs, with a digest over them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -341,6 +366,9 @@ pub struct RunRecord {
     pub started_unix_ms: u64,
     /// When the result was complete, Unix milliseconds.
     pub ended_unix_ms: u64,
+    /// A session call's place in its session's chain; absent for a run outside a session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionLink>,
     /// SHA-256 (lowercase hex) of the record's digest encoding (every field above).
     pub record_sha256: String,
 }

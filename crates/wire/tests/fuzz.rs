@@ -282,6 +282,8 @@ fn result() -> impl Strategy<Value = RunResult> {
                 start,
                 member_age_ms,
                 wall,
+                state_kept: None,
+                interpreter_end: None,
             },
         )
 }
@@ -308,6 +310,7 @@ fn record() -> impl Strategy<Value = RunRecord> {
                     started_unix_ms,
                     ended_unix_ms,
                     record_sha256: String::new(),
+                    session: None,
                 };
                 r.record_sha256 = record_sha256(&r);
                 r

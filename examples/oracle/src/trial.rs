@@ -511,6 +511,8 @@ mod tests {
                 start: None,
                 member_age_ms: None,
                 wall: None,
+                state_kept: None,
+                interpreter_end: None,
             },
             record: RunRecord {
                 request_id: "t-1".into(),
@@ -524,6 +526,7 @@ mod tests {
                 started_unix_ms: 0,
                 ended_unix_ms: 0,
                 record_sha256: String::new(),
+                session: None,
             },
         }
     }

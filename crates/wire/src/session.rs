@@ -1,0 +1,329 @@
+//! Sessions: one sandbox kept across calls (cells in an interpreter that keeps its state,
+//! shell steps, files), its chained records, and how it ends (docs/sessions.md).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Language, Limits, RequestRejection, Tier, Wall, validate_request_id};
+
+/// The body of `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOpenRequest {
+    /// Protocol number; must be [`crate::PROTOCOL`].
+    pub protocol: u32,
+    /// The caller's id for this request, echoed on the answer.
+    pub request_id: String,
+    /// The language of the session's interpreter (its cells).
+    pub language: Language,
+    /// The weakest tier the session may run at; the operator's default floor when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimum_isolation: Option<Tier>,
+    /// Names the provider to run at; the server chooses when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// A grant profile; sessions do not take one yet (refused `unsupported`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+    /// The session's limits: `memory_bytes`, `pids`, `disk_bytes` hold for its whole life;
+    /// `timeout_ms` and `output_bytes` are each call's defaults (a call may lower them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// The session ends after this long without a call, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// The session ends this long after it opened, milliseconds, whatever it is doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lifetime_ms: Option<u64>,
+}
+
+impl SessionOpenRequest {
+    /// Structural checks that need no operator settings.
+    pub fn validate(&self) -> Result<(), RequestRejection> {
+        let reject = |reason, message: String| RequestRejection {
+            request_id: validate_request_id(&self.request_id)
+                .ok()
+                .map(|()| self.request_id.clone()),
+            reason,
+            message,
+        };
+        if self.protocol != crate::PROTOCOL {
+            return Err(reject(
+                crate::Reason::Protocol,
+                format!(
+                    "protocol {} is not served: this server speaks protocol {}",
+                    self.protocol,
+                    crate::PROTOCOL
+                ),
+            ));
+        }
+        validate_request_id(&self.request_id).map_err(|m| reject(crate::Reason::Request, m))?;
+        if self.provider.as_deref() == Some("") {
+            return Err(reject(
+                crate::Reason::Request,
+                "provider must not be empty: omit it to let the server choose".into(),
+            ));
+        }
+        for (name, value) in [
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("max_lifetime_ms", self.max_lifetime_ms),
+        ] {
+            if value == Some(0) {
+                return Err(reject(
+                    crate::Reason::Request,
+                    format!("{name} must be greater than 0"),
+                ));
+            }
+        }
+        if let Some(l) = &self.limits {
+            for (name, value) in [
+                ("timeout_ms", l.timeout_ms),
+                ("memory_bytes", l.memory_bytes),
+                ("output_bytes", l.output_bytes),
+                ("pids", l.pids),
+                ("disk_bytes", l.disk_bytes),
+                ("artifact_bytes", l.artifact_bytes),
+            ] {
+                if value == Some(0) {
+                    return Err(reject(
+                        crate::Reason::Request,
+                        format!("limits.{name} must be greater than 0"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a session, or its interpreter, ended. Every end has one; none is silent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The caller closed it (`DELETE /v1/sessions/{id}`).
+    Closed,
+    /// No call came within its idle timeout.
+    IdleTimeout,
+    /// Its maximum lifetime passed.
+    MaxLifetime,
+    /// Its interpreter exited or was killed by something other than the memory limit or a
+    /// cell's timeout (ends the interpreter; the session's sandbox stays).
+    InterpreterCrash,
+    /// The memory limit killed its interpreter (ends the interpreter).
+    OutOfMemory,
+    /// A cell ran past its timeout and its interpreter was killed (ends the interpreter).
+    CellTimeout,
+    /// Its sandbox, re-checked before a call, no longer matched what it was at open.
+    SandboxChanged,
+    /// The daemon that held it restarted (sessions do not survive one).
+    DaemonRestarted,
+    /// Its sandbox failed under a call (the call may have run).
+    SandboxFailed,
+}
+
+impl EndReason {
+    /// Every reason, in the order docs/sessions.md lists them.
+    pub const ALL: [EndReason; 9] = [
+        EndReason::Closed,
+        EndReason::IdleTimeout,
+        EndReason::MaxLifetime,
+        EndReason::InterpreterCrash,
+        EndReason::OutOfMemory,
+        EndReason::CellTimeout,
+        EndReason::SandboxChanged,
+        EndReason::DaemonRestarted,
+        EndReason::SandboxFailed,
+    ];
+
+    /// The snake_case wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Closed => "closed",
+            EndReason::IdleTimeout => "idle_timeout",
+            EndReason::MaxLifetime => "max_lifetime",
+            EndReason::InterpreterCrash => "interpreter_crash",
+            EndReason::OutOfMemory => "out_of_memory",
+            EndReason::CellTimeout => "cell_timeout",
+            EndReason::SandboxChanged => "sandbox_changed",
+            EndReason::DaemonRestarted => "daemon_restarted",
+            EndReason::SandboxFailed => "sandbox_failed",
+        }
+    }
+
+    /// Whether this reason ends only the interpreter (its state), not the session.
+    pub fn ends_interpreter_only(self) -> bool {
+        matches!(
+            self,
+            EndReason::InterpreterCrash | EndReason::OutOfMemory | EndReason::CellTimeout
+        )
+    }
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A session as `POST /v1/sessions`, `GET /v1/sessions[/{id}]` and `DELETE` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionInfo {
+    /// Protocol number of the answer.
+    pub protocol: u32,
+    /// The request id of the request this answers (`POST` and `DELETE`); absent on `GET`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The session's id (`ses_...`), the path segment of its calls.
+    pub session_id: String,
+    /// Its interpreter's language.
+    pub language: Language,
+    /// The provider it runs at.
+    pub provider: String,
+    /// That provider's tier, measured at open; every call's floor is checked against it.
+    pub isolation: Tier,
+    /// The floor it was opened with (the request's, or the operator's default).
+    pub minimum_isolation: Tier,
+    /// Digest of the provider's evidence at open.
+    pub evidence_sha256: String,
+    /// What it runs on: the sandbox image identity.
+    pub environment: String,
+    /// Its sandbox at open, read from /proc (the host's, or said from inside at runsc):
+    /// what every call's re-check compares with.
+    pub wall: Wall,
+    /// When it opened, Unix milliseconds.
+    pub opened_unix_ms: u64,
+    /// When its maximum lifetime ends, Unix milliseconds.
+    pub expires_unix_ms: u64,
+    /// Its idle timeout, milliseconds.
+    pub idle_timeout_ms: u64,
+    /// How many calls it has answered (the sequence number of the last record).
+    pub calls: u64,
+    /// The record digest of its last call; absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_record_sha256: Option<String>,
+    /// Whether its interpreter is alive with its state (false after it ended, until a cell
+    /// asks for a restart).
+    pub interpreter_alive: bool,
+    /// Why it ended; absent while it is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<EndReason>,
+}
+
+/// The answer to `GET /v1/sessions`: the caller's own open sessions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionList {
+    /// Protocol number of the answer.
+    pub protocol: u32,
+    /// The caller's open sessions, oldest first.
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// A session id: `ses_`, 16 lowercase hex digits naming the daemon instance, `_`, 32 naming
+/// the session.
+pub fn validate_session_id(id: &str) -> Result<(), String> {
+    let ok = id.strip_prefix("ses_").is_some_and(|rest| {
+        let mut parts = rest.split('_');
+        let (Some(daemon), Some(session), None) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        let hex =
+            |s: &str, n| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        hex(daemon, 16) && hex(session, 32)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err("a session id is `ses_` then 16 and 32 lowercase hex digits joined by `_`".into())
+    }
+}
+
+/// The daemon-instance part of a valid session id.
+pub fn session_instance(id: &str) -> Option<&str> {
+    validate_session_id(id).ok()?;
+    id.get(4..20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids_have_one_shape() {
+        let good = format!("ses_{}_{}", "0123456789abcdef", "f".repeat(32));
+        assert_eq!(validate_session_id(&good), Ok(()));
+        assert_eq!(session_instance(&good), Some("0123456789abcdef"));
+        for bad in [
+            String::new(),
+            "ses_".into(),
+            good.to_uppercase(),
+            format!("{good}_"),
+            good.replace("ses_", "run_"),
+            format!("ses_{}_{}", "0123456789abcdef", "f".repeat(31)),
+            format!("ses_{}_{}", "0123456789abcdeg", "f".repeat(32)),
+            "../etc/passwd".into(),
+        ] {
+            assert!(validate_session_id(&bad).is_err(), "{bad}");
+            assert_eq!(session_instance(&bad), None);
+        }
+    }
+
+    #[test]
+    fn end_reasons_are_snake_case_on_the_wire() {
+        for r in EndReason::ALL {
+            let json = serde_json::to_string(&r).unwrap();
+            assert_eq!(json, format!("\"{}\"", r.as_str()));
+            assert_eq!(serde_json::from_str::<EndReason>(&json).unwrap(), r);
+        }
+        assert!(EndReason::OutOfMemory.ends_interpreter_only());
+        assert!(!EndReason::IdleTimeout.ends_interpreter_only());
+    }
+
+    #[test]
+    fn an_open_request_with_zero_limits_or_another_protocol_is_refused() {
+        let ok = SessionOpenRequest {
+            protocol: crate::PROTOCOL,
+            request_id: "r1".into(),
+            language: Language::Python,
+            minimum_isolation: None,
+            provider: None,
+            grant: None,
+            limits: None,
+            idle_timeout_ms: Some(1000),
+            max_lifetime_ms: None,
+        };
+        assert!(ok.validate().is_ok());
+        let bad = SessionOpenRequest {
+            idle_timeout_ms: Some(0),
+            ..ok.clone()
+        };
+        assert_eq!(bad.validate().unwrap_err().reason, crate::Reason::Request);
+        let bad = SessionOpenRequest { protocol: 9, ..ok };
+        assert_eq!(bad.validate().unwrap_err().reason, crate::Reason::Protocol);
+    }
+}
+
+/// Which stream a chunk of output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// A chunk of a run's or call's output as it came: a preview, covered by no digest (the
+/// final result, with its digests, is what counts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputChunk {
+    /// Its stream.
+    pub stream: OutputStream,
+    /// Where its first byte sits in the stream (bytes before it, in this stream).
+    pub offset: u64,
+    /// The bytes.
+    pub bytes: crate::Bytes,
+}
