@@ -39,10 +39,24 @@ pub enum SessionCall {
     Cell(SessionCell),
     /// A project in the session's work directory: files written, steps run in order in the
     /// shell, artifacts read (a step, an upload, a download). Never a trial.
-    Job(AgentJob),
+    Job(SessionJob),
     /// Say the agent's own wall again, as `--wall-first` does at its start.
     Wall,
 }
+
+/// A project job for a session's agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionJob {
+    /// The job; its spec is a project without trial steps, `trial` is absent.
+    pub job: AgentJob,
+    /// Send its steps' output chunks as they come, before the answer.
+    pub stream: bool,
+}
+
+/// What a session's agent writes, as one line on its standard output, once its interpreter
+/// has started and it reads calls (after its wall, with `--wall-first`).
+pub const SESSION_READY_LINE: &[u8] = b"plimsoll-session: ready\n";
 
 /// A cell for a session's interpreter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,7 +16,9 @@ mod session;
 mod tier;
 pub mod trial_step;
 
-pub use agent::{AgentJob, SessionAnswer, SessionCall, SessionCell, SessionLine};
+pub use agent::{
+    AgentJob, SESSION_READY_LINE, SessionAnswer, SessionCall, SessionCell, SessionJob, SessionLine,
+};
 pub use bytes::Bytes;
 pub use error::{
     ErrorBody, ErrorResponse, NotDispatched, Reason, RequestRejection, not_dispatched_reason,
