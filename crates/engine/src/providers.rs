@@ -73,4 +73,14 @@ impl Provider for AnyProvider {
     ) -> Result<Box<dyn plimsoll_sandbox::WarmMember>, LaunchError> {
         self.inner().warm(plan)
     }
+    fn opens_sessions(&self) -> bool {
+        self.inner().opens_sessions()
+    }
+    fn open_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: std::time::Duration,
+    ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
+        self.inner().open_session(plan, lifetime)
+    }
 }

@@ -22,6 +22,7 @@ pub mod probe;
 pub mod provider;
 pub mod runtime;
 pub mod seccomp;
+mod session;
 pub mod spec;
 pub mod state;
 mod warm;

@@ -1253,6 +1253,18 @@ impl Provider for OciProvider {
         Ok(Box::new(crate::warm::make(self, plan)?))
     }
 
+    fn opens_sessions(&self) -> bool {
+        true
+    }
+
+    fn open_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: Duration,
+    ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
+        Ok(Box::new(crate::session::open(self, plan, lifetime)?))
+    }
+
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {
         plimsoll_sandbox::warm::tear_down_now(self.run_then_tear_down(plan))
     }

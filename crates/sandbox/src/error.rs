@@ -147,6 +147,11 @@ pub enum Unsupported {
     /// The provider makes no warm members.
     #[error("this provider has no warm pool: its runs start cold")]
     NoWarmPool,
+    /// The provider keeps no session.
+    #[error(
+        "this provider keeps no session: sessions run at crun, runc, runsc and qemu; set a floor of container or above, or name one of them"
+    )]
+    NoSessions,
 }
 
 /// Why a provider is not offered: the checks its probe failed, or why it could not probe.

@@ -14,6 +14,7 @@ pub mod evidence;
 pub mod fds;
 pub mod judge;
 pub mod reap;
+pub mod session;
 pub mod spawn;
 pub mod uidlease;
 pub mod wall;
@@ -31,6 +32,7 @@ use plimsoll_wire::{Evidence, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
 pub use spawn::{Running, Spawn, SpawnError, spawned_total};
 pub use uidlease::{UidLease, lease_dir, try_lease};
+pub use session::SessionSandbox;
 pub use warm::{Teardown, WarmMember, WarmPlan, WarmShape};
 
 /// Python's flags for a snippet, cold or warm, at every provider: isolated mode (no
@@ -228,6 +230,24 @@ pub trait Provider: Send + Sync {
         Err(LaunchError::not_started(
             plimsoll_wire::Reason::Unsupported,
             Unsupported::NoWarmPool,
+        ))
+    }
+    /// True when [`Provider::open_session`] keeps sessions.
+    fn opens_sessions(&self) -> bool {
+        false
+    }
+    /// Opens a session's sandbox for `plan` ([`session`]): started, its wall judged and
+    /// read, its interpreter waiting for cells. `lifetime` bounds it even if the daemon dies
+    /// (the watchdog outside the daemon ends it then). Blocks until it is ready.
+    fn open_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: Duration,
+    ) -> Result<Box<dyn SessionSandbox>, LaunchError> {
+        let _ = (plan, lifetime);
+        Err(LaunchError::not_started(
+            plimsoll_wire::Reason::Unsupported,
+            Unsupported::NoSessions,
         ))
     }
 }

@@ -1,0 +1,241 @@
+//! Sessions at crun, runc and runsc: one container kept across calls, its process
+//! `plimsoll-agent --session LANGUAGE`, created from the same bundle, limits, uid, mounts and
+//! cgroups as a run's. The agent starts the interpreter and says it is ready; each call is
+//! one JSON line on the container's standard input (a pipe this process holds), answered by
+//! chunk lines and one answer line on its standard output. The wall is read before the
+//! session is offered and again before every call: from the host's /proc at crun and runc,
+//! said by the agent from inside at runsc (whose Sentry the host's /proc cannot see into).
+//! The watchdog outside the daemon ends the container at its maximum lifetime even if the
+//! daemon is killed; `reap()` removes what such a daemon left.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::{LaunchError, LaunchPlan, SessionSandbox};
+use plimsoll_wire::{
+    Language, OutputChunk, SESSION_READY_LINE, SessionAnswer, SessionCall, SessionLine, Wall,
+};
+
+use crate::provider::{Container, LaunchSpec, OciProvider};
+use crate::runtime::{Begin, RuntimeKind};
+use crate::spec::TOOLS_DIR;
+
+/// The most a session's agent may write in one line (an answer holds both streams and any
+/// artifacts, base64-encoded where they are not UTF-8).
+const LINE_MAX: usize = 512 * 1024 * 1024;
+
+/// How long the agent may take to start its interpreter and say it is ready.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// An open session's container.
+#[derive(Debug)]
+pub struct OciSession {
+    provider: OciProvider,
+    plan: LaunchPlan,
+    container: Option<Container>,
+    input: Option<std::process::ChildStdin>,
+    wall: Wall,
+    /// The watchdog outside the daemon, ending the container at the maximum lifetime.
+    _watchdog: plimsoll_sandbox::watchdog::Watchdog,
+}
+
+/// Opens a session's container for `plan`, bounded by `lifetime`.
+pub fn open(
+    provider: &OciProvider,
+    plan: &LaunchPlan,
+    lifetime: Duration,
+) -> Result<OciSession, LaunchError> {
+    let language = match &plan.spec {
+        plimsoll_wire::RunSpec::Snippet(s) => s.language,
+        plimsoll_wire::RunSpec::Project(_) => Language::Python,
+    };
+    let inside = provider.config().kind == RuntimeKind::Runsc;
+    let mut args = vec![format!("{TOOLS_DIR}/plimsoll-agent")];
+    if inside {
+        args.push("--wall-first".into());
+    }
+    args.extend(["--session".into(), language.as_str().into()]);
+    let launch = LaunchSpec {
+        args,
+        files: Vec::new(),
+        binds: vec![("plimsoll-agent".to_owned(), provider.config().agent.clone())],
+        output_bytes: LINE_MAX as u64,
+        deadline: lifetime,
+        env: Vec::new(),
+        handed_over: None,
+        wall_inside: false,
+    };
+    let mut container = provider.create(plan, &launch, true, Begin::Run)?;
+    let input = container.input.take();
+    let gone = |container: Container, e: LaunchError| {
+        let Container {
+            id,
+            run_dir,
+            created,
+            ..
+        } = container;
+        drop(created);
+        e.after_cleanup(provider.clean(plan, &id, run_dir, false))
+    };
+    let watchdog = match provider.outside_watchdog(plan, lifetime) {
+        Ok(w) => w,
+        Err(e) => return Err(gone(container, e)),
+    };
+    let said = if inside {
+        provider.said_wall(&mut container.created, plan).map(Some)
+    } else {
+        Ok(None)
+    };
+    let ready = said.and_then(|said| {
+        let line = container
+            .created
+            .first_line(Instant::now() + READY_WITHIN, LINE_MAX)
+            .map_err(|e| {
+                LaunchError::environment(format!(
+                    "the session's agent did not say it is ready: {e}"
+                ))
+            })?;
+        if line != SESSION_READY_LINE {
+            return Err(LaunchError::environment(format!(
+                "the session's agent said {:?}, not that it is ready",
+                String::from_utf8_lossy(&line)
+            )));
+        }
+        match said {
+            Some(wall) => Ok(wall),
+            None => {
+                let pid = container.created.pid().as_raw_nonzero().get() as u32;
+                provider.checked_wall(pid, plan)
+            }
+        }
+    });
+    match ready {
+        Ok(wall) => Ok(OciSession {
+            provider: provider.clone(),
+            plan: plan.clone(),
+            container: Some(container),
+            input,
+            wall,
+            _watchdog: watchdog,
+        }),
+        Err(e) => {
+            drop(input);
+            Err(gone(container, e))
+        }
+    }
+}
+
+impl OciSession {
+    fn container(&mut self) -> Result<&mut Container, LaunchError> {
+        self.container
+            .as_mut()
+            .ok_or_else(|| LaunchError::may_have_run("the session's container is gone"))
+    }
+
+    fn send(&mut self, call: &SessionCall) -> Result<(), LaunchError> {
+        let mut line = serde_json::to_vec(call)
+            .map_err(|e| LaunchError::may_have_run(format!("cannot encode the call: {e}")))?;
+        line.push(b'\n');
+        let input = self
+            .input
+            .as_mut()
+            .ok_or_else(|| LaunchError::may_have_run("the session's input is closed"))?;
+        input
+            .write_all(&line)
+            .and_then(|()| input.flush())
+            .map_err(|e| {
+                LaunchError::may_have_run(format!("cannot hand the session's agent a call: {e}"))
+            })
+    }
+}
+
+impl SessionSandbox for OciSession {
+    fn uid(&self) -> u32 {
+        self.plan.uid
+    }
+
+    fn wall_at_open(&self) -> &Wall {
+        &self.wall
+    }
+
+    fn wall_now(&mut self) -> Result<Wall, LaunchError> {
+        if self.provider.config().kind == RuntimeKind::Runsc {
+            let answer = self.call(&SessionCall::Wall, READY_WITHIN, &mut |_| {})?;
+            let wall = answer.wall.ok_or_else(|| {
+                LaunchError::environment("the session's agent answered no wall")
+            })?;
+            return self.provider.judged_wall(wall, &self.plan);
+        }
+        let pid = self.container()?.created.pid().as_raw_nonzero().get() as u32;
+        self.provider.checked_wall(pid, &self.plan)
+    }
+
+    fn call(
+        &mut self,
+        call: &SessionCall,
+        within: Duration,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+    ) -> Result<SessionAnswer, LaunchError> {
+        self.send(call)?;
+        let until = Instant::now() + within;
+        loop {
+            let line = self
+                .container()?
+                .created
+                .first_line(until, LINE_MAX)
+                .map_err(|e| {
+                    LaunchError::may_have_run(format!("the session's agent did not answer: {e}"))
+                })?;
+            let line: SessionLine = serde_json::from_slice(&line).map_err(|e| {
+                LaunchError::may_have_run(format!(
+                    "the session's agent answered something else ({e}): check plimsoll-agent"
+                ))
+            })?;
+            match line {
+                SessionLine::Chunk(chunk) => on_chunk(chunk),
+                SessionLine::Answer(answer) => return Ok(answer),
+            }
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        let Some(c) = self.container.as_ref() else {
+            return false;
+        };
+        let pid = c.created.pid().as_raw_nonzero().get();
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+            .unwrap_or(false)
+    }
+
+    fn close(mut self: Box<Self>) -> Result<(), String> {
+        self.remove()
+    }
+}
+
+impl OciSession {
+    /// Closes its input (the agent reads end of file, ends its interpreter and exits), kills
+    /// and reaps the container's process, and removes everything of it. Once.
+    fn remove(&mut self) -> Result<(), String> {
+        drop(self.input.take());
+        let Some(Container {
+            id,
+            run_dir,
+            created,
+            ..
+        }) = self.container.take()
+        else {
+            return Ok(());
+        };
+        drop(created);
+        self.provider.clean(&self.plan, &id, run_dir, false)
+    }
+}
+
+impl Drop for OciSession {
+    fn drop(&mut self) {
+        if let Err(e) = self.remove() {
+            tracing::error!(run_id = %self.plan.run_id, error = %e, "a session's container was not fully removed");
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! A session's sandbox: one sandbox kept across calls, its agent (`plimsoll-agent
+//! --session`) serving cells in an interpreter that keeps its state, shell steps and files,
+//! one call at a time (docs/sessions.md). The engine decides everything (who, which floor,
+//! which limits, when it ends); a provider only opens, calls, re-reads the wall and closes.
+
+use std::time::Duration;
+
+use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, Wall};
+
+use crate::LaunchError;
+
+/// An open session's sandbox. Dropping it without [`SessionSandbox::close`] must still end
+/// its processes; `close` also removes what is left and says whether that worked.
+pub trait SessionSandbox: Send + std::fmt::Debug {
+    /// The uid its code runs as.
+    fn uid(&self) -> u32;
+    /// Its wall when it opened, judged against the provider's evidence: what every call's
+    /// re-check compares with.
+    fn wall_at_open(&self) -> &Wall;
+    /// Its wall now, read as it was at open (from the host's /proc, or said from inside at
+    /// runsc) and judged again. `Err` when it cannot be read or no longer passes.
+    fn wall_now(&mut self) -> Result<Wall, LaunchError>;
+    /// One call, answered within `within` (else an error: the call may have run); each
+    /// output chunk the agent sends first goes to `on_chunk`.
+    fn call(
+        &mut self,
+        call: &SessionCall,
+        within: Duration,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+    ) -> Result<SessionAnswer, LaunchError>;
+    /// Whether its sandbox is still there (its agent alive).
+    fn alive(&mut self) -> bool;
+    /// Ends its processes and removes everything of it.
+    fn close(self: Box<Self>) -> Result<(), String>;
+}
