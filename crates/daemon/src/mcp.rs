@@ -159,7 +159,9 @@ impl Backend for DaemonBackend {
                     "run answered"
                 );
             }
-            Err(err @ RunError::Refused { reason, .. }) => {
+            Err(
+                err @ (RunError::Refused { reason, .. } | RunError::SessionRefused { reason, .. }),
+            ) => {
                 st.metrics.refused(*reason);
                 tracing::info!(
                     request_id = %request.request_id,

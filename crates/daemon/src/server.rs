@@ -141,6 +141,17 @@ pub enum Failure {
     HeadTooLarge,
     /// The request target is over hyper's length limit.
     UriTooLong,
+    /// A session's open or call refused before anything of it ran, with a code of its own
+    /// (docs/sessions.md): `session_not_found` (404), `session_ended` (410),
+    /// `sandbox_changed` and `interpreter_ended` (409).
+    Session {
+        /// The code on the wire.
+        code: &'static str,
+        /// The not-dispatched reason.
+        reason: Reason,
+        /// Why the session ended, when it has.
+        end_reason: Option<plimsoll_wire::EndReason>,
+    },
     /// The run failed after its code may have started.
     SandboxFailed,
     /// The daemon failed while handling the run; its code may have started.
@@ -152,6 +163,12 @@ impl Failure {
     pub fn status(self) -> StatusCode {
         match self {
             Failure::Refused(reason) => status_for(reason),
+            Failure::Session { code, reason, .. } => match code {
+                "session_not_found" => StatusCode::NOT_FOUND,
+                "session_ended" => StatusCode::GONE,
+                "sandbox_changed" | "interpreter_ended" => StatusCode::CONFLICT,
+                _ => status_for(reason),
+            },
             Failure::Unauthenticated => StatusCode::UNAUTHORIZED,
             Failure::CallersUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Failure::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -171,6 +188,7 @@ impl Failure {
     pub fn code(self) -> &'static str {
         match self {
             Failure::Refused(reason) => reason.as_str(),
+            Failure::Session { code, .. } => code,
             Failure::Unauthenticated => "unauthenticated",
             Failure::CallersUnavailable => "callers_unavailable",
             Failure::BodyTooLarge
@@ -191,7 +209,7 @@ impl Failure {
     /// The not-dispatched mark: set for every failure before a run could start.
     pub fn not_dispatched(self) -> Option<Reason> {
         match self {
-            Failure::Refused(reason) => Some(reason),
+            Failure::Refused(reason) | Failure::Session { reason, .. } => Some(reason),
             Failure::Unauthenticated => Some(Reason::Permission),
             Failure::CallersUnavailable => Some(Reason::Environment),
             Failure::BodyTooLarge
@@ -217,7 +235,10 @@ impl Failure {
                 code: self.code().to_owned(),
                 message,
                 not_dispatched: self.not_dispatched(),
-                end_reason: None,
+                end_reason: match self {
+                    Failure::Session { end_reason, .. } => end_reason,
+                    _ => None,
+                },
             },
         }
     }
@@ -235,6 +256,24 @@ impl Failure {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
+    }
+}
+
+/// The failure a refusal of the engine answers with.
+pub(crate) fn failure_of(err: &RunError) -> Failure {
+    match err {
+        RunError::SessionRefused {
+            reason,
+            code,
+            end_reason,
+            ..
+        } => Failure::Session {
+            code,
+            reason: *reason,
+            end_reason: *end_reason,
+        },
+        RunError::Refused { reason, .. } => Failure::Refused(*reason),
+        RunError::Failed { .. } => Failure::SandboxFailed,
     }
 }
 
@@ -524,14 +563,9 @@ impl Answer<'_> {
                 );
                 (StatusCode::OK, axum::Json(resp)).into_response()
             }
-            Err(err @ RunError::Refused { .. }) => {
-                let reason = plimsoll_wire::not_dispatched_reason(&err).unwrap_or(Reason::Request);
+            Err(err @ (RunError::Refused { .. } | RunError::SessionRefused { .. })) => {
                 let body = err.to_response();
-                self.refused(
-                    Failure::Refused(reason),
-                    body.request_id,
-                    body.error.message,
-                )
+                self.refused(failure_of(&err), body.request_id, body.error.message)
             }
             Err(err @ RunError::Failed { .. }) => {
                 if let RunError::Failed { provider, .. } = &err {

@@ -87,6 +87,21 @@ pub enum RunError {
         /// What to do.
         message: String,
     },
+    /// A session's open or call refused before anything of it ran, with a code of its own
+    /// (`session_not_found`, `session_ended`, `sandbox_changed`, `interpreter_ended`).
+    #[error("not dispatched ({reason}, {code}): {message}")]
+    SessionRefused {
+        /// The caller's request id, when it could be read.
+        request_id: Option<String>,
+        /// Why, as a refusal reason.
+        reason: Reason,
+        /// The code on the wire.
+        code: &'static str,
+        /// What to do.
+        message: String,
+        /// Why the session ended, when it has.
+        end_reason: Option<plimsoll_wire::EndReason>,
+    },
     /// Failed after the code may have started.
     #[error("the run failed after it may have started on `{provider}`: {message}")]
     Failed {
@@ -102,7 +117,9 @@ pub enum RunError {
 impl NotDispatched for RunError {
     fn not_dispatched(&self) -> Option<Reason> {
         match self {
-            RunError::Refused { reason, .. } => Some(*reason),
+            RunError::Refused { reason, .. } | RunError::SessionRefused { reason, .. } => {
+                Some(*reason)
+            }
             RunError::Failed { .. } => None,
         }
     }
@@ -121,17 +138,30 @@ impl RunError {
     /// The caller's request id, if known.
     pub fn request_id(&self) -> Option<&str> {
         match self {
-            RunError::Refused { request_id, .. } => request_id.as_deref(),
+            RunError::Refused { request_id, .. } | RunError::SessionRefused { request_id, .. } => {
+                request_id.as_deref()
+            }
             RunError::Failed { request_id, .. } => Some(request_id),
         }
     }
 
     /// The wire form.
     pub fn to_response(&self) -> ErrorResponse {
+        let mut end_reason = None;
         let (code, message, nd) = match self {
             RunError::Refused {
                 reason, message, ..
             } => (reason.as_str().to_owned(), message.clone(), Some(*reason)),
+            RunError::SessionRefused {
+                reason,
+                code,
+                message,
+                end_reason: end,
+                ..
+            } => {
+                end_reason = *end;
+                ((*code).to_owned(), message.clone(), Some(*reason))
+            }
             RunError::Failed { .. } => ("sandbox_failed".to_owned(), self.to_string(), None),
         };
         ErrorResponse {
@@ -141,7 +171,7 @@ impl RunError {
                 code,
                 message,
                 not_dispatched: nd,
-                end_reason: None,
+                end_reason,
             },
         }
     }
