@@ -262,17 +262,9 @@ fn read_tail(file: &File, path: &Path, key: &AttestKey) -> Result<Tail, AppendEr
     }
 }
 
-/// Appends the line `make` builds for the tail, holding an exclusive lock on the bundle from
-/// reading the tail to the end of the fsync.
-fn append_line<F>(
-    path: &Path,
-    key: &AttestKey,
-    create: bool,
-    make: F,
-) -> Result<Appended, AppendError>
-where
-    F: FnOnce(&Tail) -> Result<BundleLine, AppendError>,
-{
+/// Opens the bundle at `path` for appending (creating it if `create`) and takes its exclusive
+/// lock, held until the file is dropped: signers in other processes take turns on it.
+pub(crate) fn open_locked(path: &Path, create: bool) -> Result<File, AppendError> {
     let io = |action, source| AppendError::Io {
         action,
         path: path.to_owned(),
@@ -290,14 +282,47 @@ where
             },
             _ => io("open", e),
         })?;
-    // Held until `file` is dropped at the end of this function.
     flock(&file, FlockOperation::LockExclusive).map_err(|e| io("lock", e.into()))?;
+    Ok(file)
+}
+
+/// Appends the line `make` builds for the tail, holding an exclusive lock on the bundle from
+/// reading the tail to the end of the fsync.
+fn append_line<F>(
+    path: &Path,
+    key: &AttestKey,
+    create: bool,
+    make: F,
+) -> Result<Appended, AppendError>
+where
+    F: FnOnce(&Tail) -> Result<BundleLine, AppendError>,
+{
+    // Locked until `file` is dropped at the end of this function.
+    let file = open_locked(path, create)?;
     let tail = read_tail(&file, path, key)?;
     let line = make(&tail)?;
     let mut bytes = line.to_bytes();
     bytes.push(b'\n');
+    write_locked(&file, path, &bytes)?;
+    Ok(Appended {
+        sequence: tail.next_sequence,
+        line: tail.next_sequence + 1,
+        envelope_sha256: envelope_sha256(&line.envelope),
+        bytes: bytes.len(),
+    })
+}
+
+/// Appends `bytes` (whole lines) to the bundle `file` at `path`, whose exclusive lock the
+/// caller holds, with one write, then makes them durable. A failed write is cut off again.
+pub(crate) fn write_locked(file: &File, path: &Path, bytes: &[u8]) -> Result<(), AppendError> {
+    let io = |action, source| AppendError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    };
     let before = file.metadata().map_err(|e| io("stat", e))?.len();
-    if let Err(source) = (&file).write_all(&bytes) {
+    let mut writer = file;
+    if let Err(source) = writer.write_all(bytes) {
         return Err(match file.set_len(before) {
             Ok(()) => io("write", source),
             Err(truncate) => AppendError::WriteAndTruncate {
@@ -318,12 +343,7 @@ where
             .and_then(|d| d.sync_all())
             .map_err(|e| io("fsync the directory of", e))?;
     }
-    Ok(Appended {
-        sequence: tail.next_sequence,
-        line: tail.next_sequence + 1,
-        envelope_sha256: envelope_sha256(&line.envelope),
-        bytes: bytes.len(),
-    })
+    Ok(())
 }
 
 /// Checks, without writing, that the bundle at `path` can take another entry: missing (it will

@@ -2,9 +2,13 @@
 //! pass before it is signed and again whenever it is verified: every digest recomputed, every
 //! echoed field consistent, the tier at or above the floor.
 
+use std::path::{Path, PathBuf};
+
 use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256, sha256_hex};
 use plimsoll_wire::{PROTOCOL, RunRequest, RunResponse, Tier};
 use serde::{Deserialize, Serialize};
+
+use crate::session::{SessionLinkProblem, link_problem};
 
 /// One request and the daemon's answer to it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +31,50 @@ impl Exchange {
     pub fn sha256(&self) -> String {
         sha256_hex(&self.canonical_json())
     }
+}
+
+/// Why a file of stored exchanges could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadExchangesError {
+    /// The file could not be read.
+    #[error("cannot read exchanges from {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line is not an exchange.
+    #[error("{} line {line} is not an exchange (one JSON object per line, `{{\"request\":…,\"response\":…}}`): {why}", path.display())]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// The line number, from 1.
+        line: usize,
+        /// The parser's complaint.
+        why: String,
+    },
+}
+
+/// Reads stored exchanges, one JSON object per line as [`Exchange`] serialises (blank lines are
+/// passed over), in order. Nothing is checked here but the shape: see [`check_exchange`].
+pub fn read_exchanges(path: &Path) -> Result<Vec<Exchange>, ReadExchangesError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReadExchangesError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| ReadExchangesError::Line {
+                path: path.to_owned(),
+                line: i + 1,
+                why: e.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// The digests of an exchange that passed [`check_exchange`].
@@ -91,6 +139,16 @@ pub enum CheckExchangeError {
         /// The floor.
         floor: Tier,
     },
+    /// The record's session link is malformed.
+    #[error("the record's session link (session `{session_id}`, call {sequence}) {problem}")]
+    SessionLink {
+        /// The session.
+        session_id: String,
+        /// The call's sequence.
+        sequence: u64,
+        /// What is wrong.
+        problem: SessionLinkProblem,
+    },
     /// A digest that is not 64 lowercase hex digits.
     #[error("{field} `{value}` is not 64 lowercase hex digits")]
     NotHex {
@@ -145,8 +203,11 @@ fn digest(
 }
 
 /// Recomputes the request, result and record digests from the exchange and checks that the
-/// response and its record state exactly those, that the echoed fields agree, and that the
-/// tier meets the request's floor (and the provider is the one the request named, if any).
+/// response and its record state exactly those, that the echoed fields agree, that a session
+/// link is well formed (sequence from 1, a previous record digest exactly after call 1), and
+/// that the tier meets the request's floor (and the provider is the one the request named, if
+/// any). Where a session call stands in its session's chain is checked across entries
+/// (`session`).
 pub fn check_exchange(ex: &Exchange) -> Result<CheckedDigests, CheckExchangeError> {
     let (req, resp, rec) = (&ex.request, &ex.response, &ex.response.record);
     for (side, found) in [("request", req.protocol), ("response", resp.protocol)] {
@@ -214,6 +275,23 @@ pub fn check_exchange(ex: &Exchange) -> Result<CheckedDigests, CheckExchangeErro
             field: "record.evidence_sha256",
             value: rec.evidence_sha256.clone(),
         });
+    }
+    if let Some(link) = &rec.session {
+        if let Some(problem) = link_problem(link) {
+            return Err(CheckExchangeError::SessionLink {
+                session_id: link.session_id.clone(),
+                sequence: link.sequence,
+                problem,
+            });
+        }
+        if let Some(previous) = &link.previous_record_sha256
+            && !is_sha256_hex(previous)
+        {
+            return Err(CheckExchangeError::NotHex {
+                field: "record.session.previous_record_sha256",
+                value: previous.clone(),
+            });
+        }
     }
     if let Some(floor) = req.minimum_isolation
         && rec.isolation < floor

@@ -32,6 +32,20 @@ enum Command {
     /// Run code through a daemon, check the result, and sign it into a bundle.
     #[command(after_help = env_help())]
     Run(RunArgs),
+    /// Sign stored exchanges (one JSON per line), in order, as one chain, and close the bundle.
+    ///
+    /// Every exchange is checked, and the calls of a session must form its chain whole and in
+    /// order, before anything is signed.
+    Sign {
+        /// The private key (PREFIX.key).
+        #[arg(long, value_name = "PREFIX.key")]
+        key: PathBuf,
+        /// The bundle to append to (created if missing); closed afterwards.
+        bundle: PathBuf,
+        /// The exchanges: one `{"request":…,"response":…}` per line.
+        #[arg(value_name = "EXCHANGES.jsonl")]
+        exchanges: PathBuf,
+    },
     /// Append a signed close (count of entries, last entry's digest) to a bundle.
     Close {
         /// The private key (PREFIX.key).
@@ -216,6 +230,25 @@ fn execute(command: Command) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+        Command::Sign {
+            key,
+            bundle,
+            exchanges,
+        } => {
+            let exchanges = plimsoll_attest::read_exchanges(&exchanges)?;
+            let key = plimsoll_attest::load_private_key(&key)?;
+            let signed = plimsoll_attest::sign_chain(&bundle, &key, &exchanges)?;
+            let (first, last) = (
+                signed.entries.first().map_or(0, |a| a.sequence),
+                signed.entries.last().map_or(0, |a| a.sequence),
+            );
+            println!(
+                "signed {} entries (sequences {first} to {last}) into {} and closed it (close at line {})",
+                signed.entries.len(),
+                bundle.display(),
+                signed.close.line
+            );
         }
         Command::Close { key, bundle } => {
             let key = plimsoll_attest::load_private_key(&key)?;

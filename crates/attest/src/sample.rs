@@ -3,7 +3,8 @@
 
 use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256, sha256_hex};
 use plimsoll_wire::{
-    Language, PROTOCOL, RunRecord, RunRequest, RunResponse, RunResult, RunSpec, Snippet, Tier,
+    Language, PROTOCOL, RunRecord, RunRequest, RunResponse, RunResult, RunSpec, SessionLink,
+    Snippet, Tier,
 };
 
 use crate::bundle::{sign_close, sign_exchange};
@@ -89,6 +90,27 @@ pub fn sample_exchange(n: u64) -> Exchange {
     };
     restate_digests(&mut ex);
     ex
+}
+
+/// `n` calls of one session, in order: sample exchanges numbered from `first`, each record
+/// linked to the session `session_id` (sequence 1, 2, …, each naming the record digest of the
+/// call before it), every digest computed.
+pub fn sample_session(session_id: &str, first: u64, n: u64) -> Vec<Exchange> {
+    let mut calls: Vec<Exchange> = Vec::new();
+    for i in 0..n {
+        let mut ex = sample_exchange(first + i);
+        ex.request.request_id = format!("{session_id}-call-{}", i + 1);
+        ex.response.request_id = ex.request.request_id.clone();
+        ex.response.record.request_id = ex.request.request_id.clone();
+        ex.response.record.session = Some(SessionLink {
+            session_id: session_id.to_owned(),
+            sequence: i + 1,
+            previous_record_sha256: calls.last().map(|p| p.response.record.record_sha256.clone()),
+        });
+        restate_digests(&mut ex);
+        calls.push(ex);
+    }
+    calls
 }
 
 /// Recomputes and writes every digest the response states, as a daemon would.

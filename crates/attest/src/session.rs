@@ -191,13 +191,10 @@ pub fn check_session_chains(records: &[&RunRecord]) -> Result<(), (usize, Sessio
         .map(|l| (l.session_id.as_str(), l.sequence))
         .collect();
     let mut chains: BTreeMap<&str, Chain<'_>> = BTreeMap::new();
-    let mut seen: HashSet<(&str, u64)> = HashSet::new();
     for (index, record) in records.iter().enumerate() {
-        let Some(link) = &record.session else {
-            continue;
-        };
-        check_call(record, link, &present, &seen, &mut chains).map_err(|e| (index, e))?;
-        seen.insert((link.session_id.as_str(), link.sequence));
+        if let Some(link) = &record.session {
+            check_call(record, link, &present, &mut chains).map_err(|e| (index, e))?;
+        }
     }
     Ok(())
 }
@@ -206,7 +203,6 @@ fn check_call<'a>(
     record: &'a RunRecord,
     link: &'a SessionLink,
     present: &HashSet<(&str, u64)>,
-    seen: &HashSet<(&str, u64)>,
     chains: &mut BTreeMap<&'a str, Chain<'a>>,
 ) -> Result<(), SessionChainError> {
     let id = link.session_id.as_str();
@@ -232,9 +228,8 @@ fn check_call<'a>(
         });
     }
     if sequence > expected {
-        // The call expected here is somewhere after this one (it is not before: the chain
-        // would have moved past it).
-        let later = present.contains(&(id, expected)) && !seen.contains(&(id, expected));
+        // Present means after this one: had it come before, the chain would be past it.
+        let later = present.contains(&(id, expected));
         return Err(match (later, chain) {
             (true, _) => SessionChainError::OutOfOrder {
                 session_id: session_id(),

@@ -1,5 +1,6 @@
 //! Verifying a bundle: every line opened and checked on its own, then the chain (contiguous
-//! sequences from 0, each line naming its predecessor) and the close (present, last, agreeing).
+//! sequences from 0, each line naming its predecessor), the session chains the entries' records
+//! carry (`session`), and the close (present, last, agreeing).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use crate::keys::PublicKey;
 use crate::line::{
     LineProblem, check_close, check_entry, check_position, envelope_sha256, open_line,
 };
+use crate::session::{SessionChainError, check_session_chains};
 use crate::statement::{AnyStatement, GENESIS_SHA256, RunPredicate};
 
 /// One verified entry.
@@ -99,6 +101,17 @@ pub enum VerifyBundleError {
         /// What is wrong.
         problem: LineProblem,
     },
+    /// The entries' session calls do not form whole chains: a call missing, repeated, out of
+    /// order, replaced, or run elsewhere. Named by the entry where the chain breaks.
+    #[error("line {line} (sequence {sequence}): {problem}")]
+    Session {
+        /// The entry's line number, 1-based.
+        line: usize,
+        /// The entry's sequence in the bundle.
+        sequence: u64,
+        /// Where and how the session's chain breaks.
+        problem: SessionChainError,
+    },
     /// The last line is an entry: the close is missing.
     #[error(
         "no close: the bundle ends at line {last_line} (sequence {last_sequence}) after {entries} entries; it was cut short, or never closed (`plimsoll-attest close`)"
@@ -129,7 +142,8 @@ pub fn verify_bundle(path: &Path, key: &PublicKey) -> Result<VerifiedBundle, Ver
     verify_bundle_bytes(&bytes, key)
 }
 
-/// Verifies a bundle held in memory. Stops at the first line that is wrong.
+/// Verifies a bundle held in memory. Stops at the first line that is wrong; once every line
+/// checks, the session chains, then the close.
 pub fn verify_bundle_bytes(
     bytes: &[u8],
     key: &PublicKey,
@@ -137,14 +151,47 @@ pub fn verify_bundle_bytes(
     if bytes.is_empty() {
         return Err(VerifyBundleError::Empty);
     }
+    let read = read_lines(bytes, key)?;
+    check_sessions(&read.entries)?;
+    let Some((close_line, close_sha256)) = read.close else {
+        let entries = read.entries.len() as u64;
+        return Err(VerifyBundleError::NoClose {
+            entries,
+            last_line: read.lines,
+            last_sequence: entries.saturating_sub(1),
+        });
+    };
+    Ok(VerifiedBundle {
+        entries: read.entries,
+        key_id: key.key_id().to_owned(),
+        close_line,
+        last_entry_sha256: read.previous,
+        close_sha256,
+    })
+}
+
+/// A bundle's lines read as far as they go, each checked on its own and in the chain.
+pub(crate) struct ReadLines {
+    /// The entries, in order.
+    pub entries: Vec<VerifiedEntry>,
+    /// The last entry's envelope digest (the genesis value when there are none).
+    pub previous: String,
+    /// The close's line number and envelope digest, if there is one.
+    pub close: Option<(usize, String)>,
+    /// How many lines were read.
+    pub lines: usize,
+}
+
+/// Reads and checks every line of `bytes` (each line, its place in the chain, the close if
+/// any), without asking for a close and without the session chains.
+pub(crate) fn read_lines(bytes: &[u8], key: &PublicKey) -> Result<ReadLines, VerifyBundleError> {
     let parts: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
     // A file ending in a newline splits into the lines and one empty tail.
     let (tail, lines) = parts.split_last().expect("split yields at least one part");
     let mut expected: u64 = 0;
     let mut previous = GENESIS_SHA256.to_owned();
     let mut entries = Vec::new();
-    let mut close_line: Option<usize> = None;
-    let mut close_sha256 = String::new();
+    let mut close: Option<(usize, String)> = None;
     let unterminated = (!tail.is_empty()).then_some(*tail);
     let all = lines
         .iter()
@@ -158,7 +205,7 @@ pub fn verify_bundle_bytes(
             expected,
             problem,
         };
-        if let Some(close_line) = close_line {
+        if let Some((close_line, _)) = close {
             return Err(refuse(None, LineProblem::AfterClose { close_line }));
         }
         if cut {
@@ -180,23 +227,24 @@ pub fn verify_bundle_bytes(
             }
             AnyStatement::Close(st) => {
                 check_close(&line, &st, expected, &previous).map_err(|p| refuse(seq, p))?;
-                close_line = Some(line_no);
-                close_sha256 = envelope_sha256(&line.envelope);
+                close = Some((line_no, envelope_sha256(&line.envelope)));
             }
         }
     }
-    let Some(close_line) = close_line else {
-        return Err(VerifyBundleError::NoClose {
-            entries: expected,
-            last_line: lines.len(),
-            last_sequence: expected.saturating_sub(1),
-        });
-    };
-    Ok(VerifiedBundle {
+    Ok(ReadLines {
         entries,
-        key_id: key.key_id().to_owned(),
-        close_line,
-        last_entry_sha256: previous,
-        close_sha256,
+        previous,
+        close,
+        lines: lines.len(),
+    })
+}
+
+/// The session chains of verified entries, a break named by its entry's line and sequence.
+pub(crate) fn check_sessions(entries: &[VerifiedEntry]) -> Result<(), VerifyBundleError> {
+    let records: Vec<_> = entries.iter().map(|e| &e.exchange.response.record).collect();
+    check_session_chains(&records).map_err(|(index, problem)| VerifyBundleError::Session {
+        line: entries[index].line,
+        sequence: entries[index].predicate.sequence,
+        problem,
     })
 }

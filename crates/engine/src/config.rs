@@ -107,6 +107,8 @@ pub struct EngineConfig {
     /// Warm pools, one per provider and language (docs/warm-pools.md). Their members' uids
     /// follow the range above: `uid_range_end(..)..` plus one per member at most.
     pub pools: Vec<crate::pool::PoolConfig>,
+    /// Limits on sessions.
+    pub sessions: SessionPolicy,
 }
 
 impl Default for EngineConfig {
@@ -119,6 +121,38 @@ impl Default for EngineConfig {
             sandbox_uid_base: 2_000_000,
             state_dir: PathBuf::from("/var/lib/plimsoll"),
             pools: Vec::new(),
+            sessions: SessionPolicy::default(),
+        }
+    }
+}
+
+/// The operator's limits on sessions (docs/sessions.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionPolicy {
+    /// Sessions open at once, in total. Each holds a uid slot of `max_concurrent` for its
+    /// whole life, so this stays below it.
+    pub max_total: usize,
+    /// Sessions open at once per caller.
+    pub max_per_caller: usize,
+    /// The idle timeout of a session that asks for none.
+    pub idle_timeout: Duration,
+    /// The longest idle timeout a session may ask for.
+    pub max_idle_timeout: Duration,
+    /// The lifetime of a session that asks for none.
+    pub lifetime: Duration,
+    /// The longest lifetime a session may ask for.
+    pub max_lifetime: Duration,
+}
+
+impl Default for SessionPolicy {
+    fn default() -> Self {
+        SessionPolicy {
+            max_total: 4,
+            max_per_caller: 2,
+            idle_timeout: Duration::from_secs(300),
+            max_idle_timeout: Duration::from_secs(3600),
+            lifetime: Duration::from_secs(3600),
+            max_lifetime: Duration::from_secs(24 * 3600),
         }
     }
 }

@@ -22,8 +22,8 @@ use crate::providers::AnyProvider;
 
 /// A provider with its latest probe.
 #[derive(Debug)]
-struct Slot {
-    provider: AnyProvider,
+pub(crate) struct Slot {
+    pub(crate) provider: AnyProvider,
     /// Shared whole: a run takes a snapshot of every provider's without copying evidence.
     probed: RwLock<Option<Arc<ProbedState>>>,
     /// The uid its probe runs as, its own (`admission::probe_uid`).
@@ -41,9 +41,9 @@ pub(crate) const RECHECKING: &str =
     "being checked again after a failed run: its probe is running; retry shortly";
 
 #[derive(Debug, Clone)]
-struct ProbedState {
-    probed: Probed,
-    evidence_sha256: String,
+pub(crate) struct ProbedState {
+    pub(crate) probed: Probed,
+    pub(crate) evidence_sha256: String,
     /// Read from the evidence cache, not probed by this engine.
     cached: bool,
 }
@@ -180,10 +180,10 @@ impl RunError {
 /// The engine. Cheap to share behind an `Arc`; every method takes `&self`.
 #[derive(Debug)]
 pub struct Engine {
-    config: EngineConfig,
+    pub(crate) config: EngineConfig,
     /// Shared with the background re-checks a failed run starts.
-    slots: Arc<[Slot]>,
-    admission: Arc<Admission>,
+    pub(crate) slots: Arc<[Slot]>,
+    pub(crate) admission: Arc<Admission>,
     /// Swapped whole by [`Engine::replace_grants`]; a run takes its profile out once, so a
     /// run in flight keeps the profile it started with.
     grants: RwLock<Arc<GrantProfiles>>,
@@ -202,6 +202,8 @@ pub struct Engine {
     pool_counts: Arc<PoolCounts>,
     /// Cold runs' removals, run after their answer.
     cold_teardowns: Arc<crate::pool::Teardowns>,
+    /// Open sessions and what is remembered of ended ones.
+    pub(crate) sessions: Arc<crate::session::Sessions>,
 }
 
 /// The pools in force and their configuration.
@@ -356,6 +358,7 @@ impl Engine {
             first_pool_uid,
             pool_counts,
             cold_teardowns: Arc::default(),
+            sessions: crate::session::Sessions::new(),
             config,
         })
     }
@@ -734,7 +737,7 @@ impl Engine {
     /// Probes `slot` again off the caller's path, after a run on it failed: the caller's
     /// answer does not wait for it, and routing skips the provider until it ends. A second
     /// failure while one runs starts none.
-    fn recheck_in_background(&self, index: usize) {
+    pub(crate) fn recheck_in_background(&self, index: usize) {
         recheck(
             &self.slots,
             index,
@@ -815,9 +818,16 @@ impl Engine {
         self.admission.in_flight()
     }
 
-    /// Runs one request for `caller`. Blocks until the run is over. Every refusal comes
-    /// before anything starts and carries its reason.
-    pub fn run(&self, caller: &str, req: &RunRequest) -> Result<RunResponse, RunError> {
+    /// Decides `req` for `caller` on one snapshot of every provider: its plan, the chosen
+    /// provider's probed state and index. With `sessions`, only providers that open sessions
+    /// are candidates. Refuses (nothing ran) when the floor, routing or the provider's
+    /// environment says no.
+    pub(crate) fn decide(
+        &self,
+        caller: &str,
+        req: &RunRequest,
+        sessions: bool,
+    ) -> Result<(crate::plan::Plan, Arc<ProbedState>, usize), RunError> {
         let id = Some(req.request_id.as_str());
         // Snapshot every provider's state once, so the decision and the record agree.
         let states: Vec<Option<Arc<ProbedState>>> = self
@@ -835,7 +845,11 @@ impl Engine {
                     .as_ref()
                     .map_or(slot.provider.nominal_tier(), |s| s.probed.tier),
                 cost: slot.provider.cost(),
-                supports: slot.provider.supports(&req.run),
+                supports: if sessions && !slot.provider.opens_sessions() {
+                    Err(plimsoll_sandbox::Unsupported::NoSessions)
+                } else {
+                    slot.provider.supports(&req.run)
+                },
                 carries_broker: slot.provider.supports_broker(),
                 available: match st {
                     _ if slot.rechecking.load(Ordering::SeqCst) => Err(Unavailable::Rechecking),
@@ -877,6 +891,17 @@ impl Engine {
                 ),
             ));
         }
+        Ok((decided, state, index))
+    }
+
+    /// Runs one request for `caller`. Blocks until the run is over. Every refusal comes
+    /// before anything starts and carries its reason.
+    pub fn run(&self, caller: &str, req: &RunRequest) -> Result<RunResponse, RunError> {
+        let id = Some(req.request_id.as_str());
+        let (decided, state, index) = self.decide(caller, req, false)?;
+        let floor = decided.floor;
+        let slot = &self.slots[index];
+        let chosen = slot.provider.name();
 
         let permit = self
             .admission

@@ -10,10 +10,11 @@ pub mod plan;
 pub mod pool;
 mod providers;
 mod routing;
+mod session;
 pub mod settings;
 
 pub use admission::{Admission, Permit, uid_range_end};
-pub use config::{EngineConfig, LimitPolicy};
+pub use config::{EngineConfig, LimitPolicy, SessionPolicy};
 pub use engine::{BuildEngineError, Engine, PoolsReplaced, ProviderEvidence, RunError};
 pub use evidence_cache::{CacheMiss, EvidenceCache};
 pub use plan::{Plan, ProviderView, Unavailable, plan};

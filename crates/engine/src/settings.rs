@@ -43,6 +43,14 @@
 //! max_members = 2
 //! max_age_secs = 300
 //!
+//! [sessions]                       # docs/sessions.md
+//! max_total = 4                    # open at once; each holds one of max_concurrent's uid slots
+//! max_per_caller = 2
+//! idle_timeout_secs = 300          # default; a session may ask for up to max_idle_timeout_secs
+//! max_idle_timeout_secs = 3600
+//! lifetime_secs = 3600             # default; a session may ask for up to max_lifetime_secs
+//! max_lifetime_secs = 86400
+//!
 //! [daemon]
 //! listen = "127.0.0.1:7878"
 //! callers_file = "/etc/plimsoll/callers.toml"
@@ -104,9 +112,44 @@ pub struct Settings {
     /// The daemon's own settings (ignored by the CLI's embedded engine).
     #[serde(default)]
     pub daemon: DaemonSection,
+    /// Limits on sessions (docs/sessions.md).
+    #[serde(default)]
+    pub sessions: SessionsSection,
     /// Warm pools by provider and language. Absent: the default floor's provider keeps
     /// [`PoolSettings::default`] for both languages; present (even empty): exactly these.
     pub pools: Option<std::collections::BTreeMap<String, PoolsOfProvider>>,
+}
+
+/// `[sessions]`: limits on sessions; each absent value keeps the built-in one.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsSection {
+    /// Sessions open at once, in total (default 4).
+    pub max_total: Option<usize>,
+    /// Sessions open at once per caller (default 2).
+    pub max_per_caller: Option<usize>,
+    /// The idle timeout of a session that asks for none, seconds (default 300).
+    pub idle_timeout_secs: Option<u64>,
+    /// The longest idle timeout a session may ask for, seconds (default 3600).
+    pub max_idle_timeout_secs: Option<u64>,
+    /// The lifetime of a session that asks for none, seconds (default 3600).
+    pub lifetime_secs: Option<u64>,
+    /// The longest lifetime a session may ask for, seconds (default 86400).
+    pub max_lifetime_secs: Option<u64>,
+}
+
+impl SessionsSection {
+    fn apply(&self, d: crate::config::SessionPolicy) -> crate::config::SessionPolicy {
+        let secs = |v: Option<u64>, d: Duration| v.map_or(d, Duration::from_secs);
+        crate::config::SessionPolicy {
+            max_total: self.max_total.unwrap_or(d.max_total),
+            max_per_caller: self.max_per_caller.unwrap_or(d.max_per_caller),
+            idle_timeout: secs(self.idle_timeout_secs, d.idle_timeout),
+            max_idle_timeout: secs(self.max_idle_timeout_secs, d.max_idle_timeout),
+            lifetime: secs(self.lifetime_secs, d.lifetime),
+            max_lifetime: secs(self.max_lifetime_secs, d.max_lifetime),
+        }
+    }
 }
 
 /// `[pools.<provider>]`: a pool per language.
@@ -463,6 +506,7 @@ impl Settings {
             sandbox_uid_base: self.sandbox_uid_base.unwrap_or(d.sandbox_uid_base),
             state_dir: self.state_dir.clone().unwrap_or(d.state_dir),
             pools: Vec::new(),
+            sessions: self.sessions.apply(d.sessions),
         }
     }
 

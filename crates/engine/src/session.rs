@@ -1,0 +1,847 @@
+//! Sessions (docs/sessions.md): one sandbox kept across calls, opened on a provider that
+//! keeps them, its tier measured at open. Every call is checked against the session (the
+//! caller owns it, its floor is met by the tier at open, its limits are the session's), the
+//! sandbox's wall is read again and compared with the one at open, and the answer carries a
+//! record chained to the session's previous one. Every end has a reason; none is silent.
+//!
+//! The engine decides here; a provider only opens, calls, re-reads the wall and closes
+//! ([`plimsoll_sandbox::SessionSandbox`]).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::{LaunchError, Provider as _, SessionSandbox, unix_ms_now};
+use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256};
+use plimsoll_wire::{
+    AgentJob, EndReason, Language, OutputChunk, PROTOCOL, Reason, RunRecord,
+    RunRequest, RunResponse, RunSpec, SessionCall, SessionCell, SessionInfo,
+    SessionJob, SessionLink, SessionList, SessionOpenRequest, Snippet, Tier, Wall,
+    validate_session_id,
+};
+
+use crate::engine::{Engine, RunError, new_run_id};
+
+/// Ended sessions remembered, so a call to one says why it ended (oldest forgotten first).
+const ENDED_KEPT: usize = 4096;
+/// How often idle timeouts and lifetimes are checked.
+const REAP_EVERY: Duration = Duration::from_millis(250);
+/// What a call's answer may take beyond its own timeout before the session is given up.
+const CALL_GRACE: Duration = Duration::from_secs(10);
+/// Where a session's calls run inside its sandbox.
+const WORK_DIR: &str = "/work";
+
+/// Every session of one engine.
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    /// This engine's instance, in every session id it gives: an id from another instance
+    /// (the daemon restarted) is told apart from an unknown one.
+    instance: String,
+    inner: Mutex<Inner>,
+    /// Ends by reason (sessions' and interpreters'), for the metrics.
+    ends: Mutex<BTreeMap<&'static str, u64>>,
+    reaper: std::sync::Once,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    open: HashMap<String, Arc<Session>>,
+    /// Sessions being opened, per caller (they count against the limits).
+    opening: HashMap<String, usize>,
+    /// Recently ended: (id, caller, why).
+    ended: VecDeque<(String, String, EndReason)>,
+}
+
+/// One open session.
+#[derive(Debug)]
+struct Session {
+    id: String,
+    caller: String,
+    language: Language,
+    provider: String,
+    tier: Tier,
+    floor: Tier,
+    evidence_sha256: String,
+    environment: String,
+    limits: plimsoll_sandbox::ResolvedLimits,
+    opened_unix_ms: u64,
+    opened: Instant,
+    lifetime: Duration,
+    idle_timeout: Duration,
+    wall: Wall,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// `None` once ended.
+    sandbox: Option<Box<dyn SessionSandbox>>,
+    /// Its uid slot, held for its life.
+    permit: Option<crate::admission::Permit>,
+    calls: u64,
+    last_record: Option<String>,
+    last_call: Instant,
+    interpreter_alive: bool,
+    ended: Option<EndReason>,
+}
+
+/// A call in a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// A cell for the interpreter; with `restart`, a fresh interpreter first.
+    Cell {
+        /// Start a fresh interpreter first.
+        restart: bool,
+    },
+    /// Files, shell steps and artifacts in the session's /work.
+    Job,
+}
+
+impl Sessions {
+    pub(crate) fn new() -> Arc<Self> {
+        let bytes: [u8; 8] = rand::random();
+        Arc::new(Sessions {
+            instance: hex::encode(bytes),
+            inner: Mutex::new(Inner::default()),
+            ends: Mutex::new(BTreeMap::new()),
+            reaper: std::sync::Once::new(),
+        })
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count_end(&self, reason: EndReason) {
+        *self
+            .ends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason.as_str())
+            .or_default() += 1;
+    }
+
+    /// Starts the thread that ends idle and expired sessions, once; it stops when the
+    /// sessions are dropped.
+    fn start_reaper(self: &Arc<Self>) {
+        let weak: Weak<Sessions> = Arc::downgrade(self);
+        self.reaper.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("session-reaper".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(REAP_EVERY);
+                        let Some(sessions) = weak.upgrade() else { break };
+                        sessions.reap_expired();
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the session reaper: sessions end only at their next call");
+            }
+        });
+    }
+
+    /// Ends every session past its idle timeout or lifetime that no call holds.
+    fn reap_expired(&self) {
+        let open: Vec<Arc<Session>> = self.inner().open.values().cloned().collect();
+        for s in open {
+            // A session in a call is not idle; its lifetime is enforced by the call's bounds.
+            let Ok(mut st) = s.state.try_lock() else {
+                continue;
+            };
+            if let Some(reason) = s.expired(&st) {
+                self.end(&s, &mut st, reason);
+            }
+        }
+    }
+
+    /// Ends `s` for `reason`: its sandbox closed and removed, its uid slot freed, its id
+    /// remembered as ended.
+    fn end(&self, s: &Session, st: &mut State, reason: EndReason) {
+        if st.ended.is_some() {
+            return;
+        }
+        st.ended = Some(reason);
+        st.interpreter_alive = false;
+        if let Some(sandbox) = st.sandbox.take()
+            && let Err(e) = sandbox.close()
+        {
+            tracing::error!(session_id = %s.id, error = %e, "a session's sandbox was not fully removed");
+        }
+        drop(st.permit.take());
+        self.count_end(reason);
+        let mut inner = self.inner();
+        inner.open.remove(&s.id);
+        inner
+            .ended
+            .push_back((s.id.clone(), s.caller.clone(), reason));
+        while inner.ended.len() > ENDED_KEPT {
+            inner.ended.pop_front();
+        }
+        drop(inner);
+        tracing::info!(session_id = %s.id, caller = %s.caller, reason = reason.as_str(), calls = st.calls, "session ended");
+    }
+
+    /// The caller's open session `id`, or the refusal a call to it gets: the same for an
+    /// unknown id and another caller's.
+    fn find(&self, caller: &str, id: &str, request_id: Option<&str>) -> Result<Arc<Session>, RunError> {
+        let inner = self.inner();
+        if let Some(s) = inner.open.get(id).filter(|s| s.caller == caller) {
+            return Ok(Arc::clone(s));
+        }
+        let ended = inner
+            .ended
+            .iter()
+            .rev()
+            .find(|(i, c, _)| i == id && c == caller)
+            .map(|(_, _, r)| *r);
+        drop(inner);
+        if let Some(reason) = ended {
+            return Err(ended_refusal(request_id, id, reason));
+        }
+        let restarted = plimsoll_wire::session_instance(id).is_some_and(|i| i != self.instance);
+        Err(RunError::SessionRefused {
+            request_id: request_id.map(str::to_owned),
+            reason: Reason::Request,
+            code: "session_not_found",
+            message: if restarted {
+                "no such session: it was opened by an earlier run of this daemon, and sessions do not survive a restart; open a new one".into()
+            } else {
+                "no such session of this caller: open one with POST /v1/sessions".into()
+            },
+            end_reason: restarted.then_some(EndReason::DaemonRestarted),
+        })
+    }
+}
+
+fn ended_refusal(request_id: Option<&str>, id: &str, reason: EndReason) -> RunError {
+    RunError::SessionRefused {
+        request_id: request_id.map(str::to_owned),
+        reason: Reason::Request,
+        code: "session_ended",
+        message: format!(
+            "session {id} has ended ({reason}); nothing ran: open a new session (a dead session is never re-created)"
+        ),
+        end_reason: Some(reason),
+    }
+}
+
+impl Session {
+    /// Why it should end now, if it should.
+    fn expired(&self, st: &State) -> Option<EndReason> {
+        if st.ended.is_some() {
+            return None;
+        }
+        if self.opened.elapsed() >= self.lifetime {
+            Some(EndReason::MaxLifetime)
+        } else if st.last_call.elapsed() >= self.idle_timeout {
+            Some(EndReason::IdleTimeout)
+        } else {
+            None
+        }
+    }
+
+    fn info(&self, st: &State, request_id: Option<&str>) -> SessionInfo {
+        SessionInfo {
+            protocol: PROTOCOL,
+            request_id: request_id.map(str::to_owned),
+            session_id: self.id.clone(),
+            language: self.language,
+            provider: self.provider.clone(),
+            isolation: self.tier,
+            minimum_isolation: self.floor,
+            evidence_sha256: self.evidence_sha256.clone(),
+            environment: self.environment.clone(),
+            wall: self.wall.clone(),
+            opened_unix_ms: self.opened_unix_ms,
+            expires_unix_ms: self
+                .opened_unix_ms
+                .saturating_add(u64::try_from(self.lifetime.as_millis()).unwrap_or(u64::MAX)),
+            idle_timeout_ms: u64::try_from(self.idle_timeout.as_millis()).unwrap_or(u64::MAX),
+            calls: st.calls,
+            last_record_sha256: st.last_record.clone(),
+            interpreter_alive: st.interpreter_alive,
+            end_reason: st.ended,
+        }
+    }
+}
+
+fn lock(s: &Session) -> std::sync::MutexGuard<'_, State> {
+    s.state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `asked` (milliseconds) or `default`, refused above `max`.
+fn pick(name: &str, asked: Option<u64>, default: Duration, max: Duration) -> Result<Duration, String> {
+    match asked {
+        None => Ok(default.min(max)),
+        Some(ms) if Duration::from_millis(ms) <= max => Ok(Duration::from_millis(ms)),
+        Some(ms) => Err(format!(
+            "{name} = {ms} is above this server's maximum {}",
+            millis(max)
+        )),
+    }
+}
+
+impl Engine {
+    /// Opens a session for `caller`: refused (nothing started) when the request is
+    /// malformed, names a grant, is over the session limits, or no available provider that
+    /// keeps sessions meets its floor. Blocks until the sandbox's interpreter is ready.
+    pub fn open_session(
+        &self,
+        caller: &str,
+        req: &SessionOpenRequest,
+    ) -> Result<SessionInfo, RunError> {
+        req.validate()
+            .map_err(|r| RunError::refused(r.request_id.as_deref(), r.reason, r.message))?;
+        let id = Some(req.request_id.as_str());
+        let refuse = |reason, message: String| RunError::refused(id, reason, message);
+        if req.grant.is_some() {
+            return Err(refuse(
+                Reason::Unsupported,
+                "sessions take no grant yet: open it without `grant`, or send single runs with the grant".into(),
+            ));
+        }
+        let policy = self.config.sessions;
+        let idle = pick(
+            "idle_timeout_ms",
+            req.idle_timeout_ms,
+            policy.idle_timeout,
+            policy.max_idle_timeout,
+        )
+        .map_err(|m| refuse(Reason::Request, m))?;
+        let lifetime = pick(
+            "max_lifetime_ms",
+            req.max_lifetime_ms,
+            policy.lifetime,
+            policy.max_lifetime,
+        )
+        .map_err(|m| refuse(Reason::Request, m))?;
+        // What a run of this session's kind would be: routed, limited and checked as one.
+        let as_run = RunRequest {
+            protocol: req.protocol,
+            request_id: req.request_id.clone(),
+            minimum_isolation: req.minimum_isolation,
+            provider: req.provider.clone(),
+            limits: req.limits.clone(),
+            run: RunSpec::Snippet(Snippet {
+                language: req.language,
+                code: "session".into(),
+            }),
+            grant: None,
+        };
+        let (decided, state, index) = self.decide(caller, &as_run, true)?;
+        // Counted before the sandbox is made, so two opens at once cannot both pass.
+        {
+            let mut inner = self.sessions.inner();
+            let total = inner.open.len() + inner.opening.values().sum::<usize>();
+            let mine = inner.open.values().filter(|s| s.caller == caller).count()
+                + inner.opening.get(caller).copied().unwrap_or(0);
+            if total >= policy.max_total {
+                return Err(refuse(
+                    Reason::Capacity,
+                    format!(
+                        "{total} sessions are open, this server's limit: close one, or retry later"
+                    ),
+                ));
+            }
+            if mine >= policy.max_per_caller {
+                return Err(refuse(
+                    Reason::Capacity,
+                    format!(
+                        "this caller has {mine} sessions open, its limit: close one (DELETE /v1/sessions/ID)"
+                    ),
+                ));
+            }
+            *inner.opening.entry(caller.to_owned()).or_default() += 1;
+        }
+        let opened = self.open_sandbox(caller, req, &as_run, decided, &state, index, idle, lifetime);
+        {
+            let mut inner = self.sessions.inner();
+            if let Some(n) = inner.opening.get_mut(caller) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.opening.remove(caller);
+                }
+            }
+            if let Ok(s) = &opened {
+                inner.open.insert(s.id.clone(), Arc::clone(s));
+            }
+        }
+        let s = opened?;
+        self.sessions.start_reaper();
+        tracing::info!(session_id = %s.id, request_id = %req.request_id, caller, provider = %s.provider, tier = %s.tier, "session opened");
+        let st = lock(&s);
+        Ok(s.info(&st, id))
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one open's decided parts, passed once")]
+    fn open_sandbox(
+        &self,
+        caller: &str,
+        req: &SessionOpenRequest,
+        as_run: &RunRequest,
+        decided: crate::plan::Plan,
+        state: &crate::engine::ProbedState,
+        index: usize,
+        idle: Duration,
+        lifetime: Duration,
+    ) -> Result<Arc<Session>, RunError> {
+        let id = Some(req.request_id.as_str());
+        let slot = &self.slots[index];
+        let chosen = slot.provider.name();
+        // The session holds a uid slot for its life, not a place among the caller's runs.
+        let permit = self
+            .admission
+            .try_admit(caller)
+            .map_err(|m| RunError::refused(id, Reason::Capacity, m))?
+            .answered();
+        let run_id = new_run_id();
+        let plan = decided.launch(as_run, &self.config, permit.slot(), &run_id, None);
+        let sandbox = slot.provider.open_session(&plan, lifetime).map_err(|e| {
+            let message = e.message();
+            match e.not_dispatched() {
+                Some(reason) => {
+                    if reason == Reason::Environment {
+                        self.recheck_in_background(index);
+                    }
+                    RunError::refused(id, reason, message)
+                }
+                None => {
+                    self.recheck_in_background(index);
+                    RunError::Failed {
+                        request_id: req.request_id.clone(),
+                        provider: chosen.to_owned(),
+                        message,
+                    }
+                }
+            }
+        })?;
+        let session_bytes: [u8; 16] = rand::random();
+        let session_id = format!("ses_{}_{}", self.sessions.instance, hex::encode(session_bytes));
+        debug_assert!(validate_session_id(&session_id).is_ok());
+        Ok(Arc::new(Session {
+            id: session_id,
+            caller: caller.to_owned(),
+            language: req.language,
+            provider: chosen.to_owned(),
+            tier: state.probed.tier,
+            floor: decided.floor,
+            evidence_sha256: state.evidence_sha256.clone(),
+            environment: state.probed.evidence.environment.clone(),
+            limits: decided.limits,
+            opened_unix_ms: unix_ms_now(),
+            opened: Instant::now(),
+            lifetime,
+            idle_timeout: idle,
+            wall: sandbox.wall_at_open().clone(),
+            state: Mutex::new(State {
+                sandbox: Some(sandbox),
+                permit: Some(permit),
+                calls: 0,
+                last_record: None,
+                last_call: Instant::now(),
+                interpreter_alive: true,
+                ended: None,
+            }),
+        }))
+    }
+
+    /// One call in `caller`'s session `id`: a cell (`req.run` a snippet of the session's
+    /// language) or a job (`req.run` a project: files, steps, artifacts; steps may be
+    /// none). Output chunks go to `on_chunk` as they come. Refused (nothing ran) when the
+    /// session is not the caller's, has ended, its sandbox changed, or the call does not fit
+    /// it; an error without a mark ends the session (`sandbox_failed`): the call may have run.
+    pub fn session_call(
+        &self,
+        caller: &str,
+        id: &str,
+        req: &RunRequest,
+        kind: CallKind,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+    ) -> Result<RunResponse, RunError> {
+        let request_id = Some(req.request_id.as_str());
+        let s = self.sessions.find(caller, id, request_id)?;
+        let mut st = lock(&s);
+        if let Some(reason) = st.ended {
+            return Err(ended_refusal(request_id, id, reason));
+        }
+        if let Some(reason) = s.expired(&st) {
+            self.sessions.end(&s, &mut st, reason);
+            return Err(ended_refusal(request_id, id, reason));
+        }
+        let limits = self.call_limits(&s, req)?;
+        let call = match (kind, &req.run) {
+            (CallKind::Cell { restart }, RunSpec::Snippet(snippet)) => {
+                if snippet.language != s.language {
+                    return Err(RunError::refused(
+                        request_id,
+                        Reason::Request,
+                        format!(
+                            "this session's interpreter is {}, not {}: open a {} session",
+                            s.language.as_str(),
+                            snippet.language.as_str(),
+                            snippet.language.as_str()
+                        ),
+                    ));
+                }
+                if !st.interpreter_alive && !restart {
+                    return Err(RunError::SessionRefused {
+                        request_id: request_id.map(str::to_owned),
+                        reason: Reason::Request,
+                        code: "interpreter_ended",
+                        message: "the session's interpreter has ended and its state is lost; send the cell with restart (?restart=true) to start a fresh one".into(),
+                        end_reason: None,
+                    });
+                }
+                SessionCall::Cell(SessionCell {
+                    code: snippet.code.clone(),
+                    restart,
+                    deadline_ms: millis(limits.timeout),
+                    output_bytes: limits.output_bytes,
+                    stream: true,
+                })
+            }
+            (CallKind::Job, RunSpec::Project(project)) => {
+                if project
+                    .steps
+                    .iter()
+                    .any(|step| plimsoll_wire::trial_step::trial_step(step).is_some())
+                {
+                    return Err(RunError::refused(
+                        request_id,
+                        Reason::Unsupported,
+                        "a session runs no trial step: send trials as single runs",
+                    ));
+                }
+                SessionCall::Job(SessionJob {
+                    job: AgentJob {
+                        spec: req.run.clone(),
+                        work_dir: WORK_DIR.into(),
+                        output_bytes: limits.output_bytes,
+                        artifact_bytes: limits.artifact_bytes,
+                        deadline_ms: millis(limits.timeout),
+                        trial: None,
+                    },
+                    stream: true,
+                })
+            }
+            (CallKind::Cell { .. }, _) => {
+                return Err(RunError::refused(
+                    request_id,
+                    Reason::Request,
+                    "a cell's run is a snippet (kind, language, code)",
+                ));
+            }
+            (CallKind::Job, _) => {
+                return Err(RunError::refused(
+                    request_id,
+                    Reason::Request,
+                    "a step's run is a project (files, steps, artifacts)",
+                ));
+            }
+        };
+        let sandbox = st.sandbox.as_mut().expect("an open session has its sandbox");
+        // The sandbox now against the sandbox at open: any difference ends the session.
+        let wall = match sandbox.wall_now() {
+            Ok(w) if w == s.wall => w,
+            other => {
+                let why = match other {
+                    Ok(w) => describe_change(&s.wall, &w),
+                    Err(e) => e.message(),
+                };
+                tracing::warn!(session_id = %s.id, why = %why, "a session's sandbox changed; ending it");
+                self.sessions.end(&s, &mut st, EndReason::SandboxChanged);
+                return Err(RunError::SessionRefused {
+                    request_id: request_id.map(str::to_owned),
+                    reason: Reason::Environment,
+                    code: "sandbox_changed",
+                    message: format!(
+                        "the session's sandbox is no longer what it was at open ({why}); the session has ended and nothing ran: open a new one"
+                    ),
+                    end_reason: Some(EndReason::SandboxChanged),
+                });
+            }
+        };
+        let started_unix_ms = unix_ms_now();
+        let remaining = s.lifetime.saturating_sub(s.opened.elapsed());
+        let within = limits.timeout.min(remaining) + CALL_GRACE;
+        let answered = sandbox.call(&call, within, on_chunk);
+        st.last_call = Instant::now();
+        let answer = match answered {
+            Ok(a) => a,
+            Err(e) => return Err(self.failed_call(&s, &mut st, req, e)),
+        };
+        let mut result = match (answer.result, answer.error) {
+            (Some(r), None) => r,
+            (_, error) => {
+                let e = LaunchError::may_have_run(format!(
+                    "the session's agent could not do the call: {}",
+                    error.unwrap_or_else(|| "it answered no result".into())
+                ));
+                return Err(self.failed_call(&s, &mut st, req, e));
+            }
+        };
+        // What only the host knows: the wall it read; no start, no broker calls.
+        result.start = None;
+        result.member_age_ms = None;
+        result.calls = Vec::new();
+        result.wall = Some(wall);
+        match kind {
+            CallKind::Cell { .. } => {
+                if let Some(end) = result.interpreter_end {
+                    st.interpreter_alive = false;
+                    self.sessions.count_end(end);
+                } else {
+                    st.interpreter_alive = true;
+                }
+                result.state_kept.get_or_insert(false);
+            }
+            CallKind::Job => {
+                result.state_kept = None;
+                result.interpreter_end = None;
+            }
+        }
+        let ended_unix_ms = unix_ms_now();
+        let request_sha = request_sha256(req);
+        let result_sha = result_sha256(&result);
+        st.calls += 1;
+        let mut record = RunRecord {
+            request_id: req.request_id.clone(),
+            request_sha256: request_sha.clone(),
+            result_sha256: result_sha.clone(),
+            provider: s.provider.clone(),
+            isolation: s.tier,
+            minimum_isolation: Some(req.minimum_isolation.unwrap_or(s.floor)),
+            evidence_sha256: s.evidence_sha256.clone(),
+            environment: s.environment.clone(),
+            started_unix_ms,
+            ended_unix_ms,
+            session: Some(SessionLink {
+                session_id: s.id.clone(),
+                sequence: st.calls,
+                previous_record_sha256: st.last_record.clone(),
+            }),
+            record_sha256: String::new(),
+        };
+        record.record_sha256 = record_sha256(&record);
+        st.last_record = Some(record.record_sha256.clone());
+        tracing::info!(session_id = %s.id, request_id = %req.request_id, sequence = st.calls, exit_code = ?result.exit_code, "session call answered");
+        // A call the lifetime cut short ends the session once answered.
+        if s.opened.elapsed() >= s.lifetime {
+            self.sessions.end(&s, &mut st, EndReason::MaxLifetime);
+        }
+        Ok(RunResponse {
+            protocol: PROTOCOL,
+            request_id: req.request_id.clone(),
+            provider: s.provider.clone(),
+            isolation: s.tier,
+            duration_ms: ended_unix_ms.saturating_sub(started_unix_ms),
+            request_sha256: request_sha,
+            result_sha256: result_sha,
+            result,
+            record,
+        })
+    }
+
+    /// A call that failed after it may have started: the session ends (`sandbox_failed`).
+    fn failed_call(
+        &self,
+        s: &Session,
+        st: &mut State,
+        req: &RunRequest,
+        e: LaunchError,
+    ) -> RunError {
+        let message = e.message();
+        tracing::error!(session_id = %s.id, request_id = %req.request_id, %message, "a session call failed; ending the session");
+        self.sessions.end(s, st, EndReason::SandboxFailed);
+        RunError::Failed {
+            request_id: req.request_id.clone(),
+            provider: s.provider.clone(),
+            message: format!("{message}; the session has ended (sandbox_failed)"),
+        }
+    }
+
+    /// A call's limits: its timeout, output and artifact caps (at most the server's
+    /// maximums; the session's by default); the session's memory, pids and disk, which a
+    /// call may only repeat. Also its floor against the tier measured at open.
+    fn call_limits(
+        &self,
+        s: &Session,
+        req: &RunRequest,
+    ) -> Result<plimsoll_sandbox::ResolvedLimits, RunError> {
+        let id = Some(req.request_id.as_str());
+        req.validate_session_call()
+            .map_err(|r| RunError::refused(r.request_id.as_deref().or(id), r.reason, r.message))?;
+        if req.grant.is_some() {
+            return Err(RunError::refused(
+                id,
+                Reason::Unsupported,
+                "a session call takes no grant: sessions run without one",
+            ));
+        }
+        if let Some(p) = &req.provider
+            && *p != s.provider
+        {
+            return Err(RunError::refused(
+                id,
+                Reason::Request,
+                format!("this session runs at {}, not {p}", s.provider),
+            ));
+        }
+        if let Some(floor) = req.minimum_isolation
+            && s.tier < floor
+        {
+            return Err(RunError::refused(
+                id,
+                Reason::Isolation,
+                format!(
+                    "the session's tier, measured at open, is {}, below this call's floor {floor}: open a session that meets it",
+                    s.tier
+                ),
+            ));
+        }
+        let asked = req.limits.clone().unwrap_or_default();
+        let fixed = [
+            ("memory_bytes", asked.memory_bytes, s.limits.memory_bytes),
+            ("pids", asked.pids, s.limits.pids),
+            ("disk_bytes", asked.disk_bytes, s.limits.disk_bytes),
+        ];
+        for (name, ask, held) in fixed {
+            if let Some(v) = ask
+                && v != held
+            {
+                return Err(RunError::refused(
+                    id,
+                    Reason::Request,
+                    format!(
+                        "limits.{name} is the session's ({held}) for its whole life: leave it out of the call"
+                    ),
+                ));
+            }
+        }
+        let resolved = crate::config::LimitPolicy {
+            defaults: s.limits,
+            maximums: self.config.limits.maximums,
+        }
+        .resolve(Some(&plimsoll_wire::Limits {
+            memory_bytes: None,
+            pids: None,
+            disk_bytes: None,
+            ..asked
+        }))
+        .map_err(|m| RunError::refused(id, Reason::Request, m))?;
+        Ok(resolved)
+    }
+
+    /// `caller`'s session `id` as it is now.
+    pub fn session_info(&self, caller: &str, id: &str) -> Result<SessionInfo, RunError> {
+        let s = self.sessions.find(caller, id, None)?;
+        let st = lock(&s);
+        Ok(s.info(&st, None))
+    }
+
+    /// Closes `caller`'s session `id` (`closed`) and says what it was.
+    pub fn close_session(
+        &self,
+        caller: &str,
+        id: &str,
+        request_id: Option<&str>,
+    ) -> Result<SessionInfo, RunError> {
+        let s = self.sessions.find(caller, id, request_id)?;
+        let mut st = lock(&s);
+        if let Some(reason) = st.ended {
+            return Err(ended_refusal(request_id, id, reason));
+        }
+        self.sessions.end(&s, &mut st, EndReason::Closed);
+        Ok(s.info(&st, request_id))
+    }
+
+    /// `caller`'s open sessions, oldest first.
+    pub fn list_sessions(&self, caller: &str) -> SessionList {
+        let mut mine: Vec<Arc<Session>> = self
+            .sessions
+            .inner()
+            .open
+            .values()
+            .filter(|s| s.caller == caller)
+            .cloned()
+            .collect();
+        mine.sort_by_key(|s| s.opened);
+        SessionList {
+            protocol: PROTOCOL,
+            sessions: mine
+                .iter()
+                .map(|s| {
+                    let st = lock(s);
+                    s.info(&st, None)
+                })
+                .collect(),
+        }
+    }
+
+    /// Ends every open session (the daemon is stopping: `daemon_restarted`).
+    pub fn end_all_sessions(&self) {
+        let open: Vec<Arc<Session>> = self.sessions.inner().open.values().cloned().collect();
+        for s in open {
+            let mut st = lock(&s);
+            self.sessions.end(&s, &mut st, EndReason::DaemonRestarted);
+        }
+    }
+
+    /// Sessions open now.
+    pub fn sessions_open(&self) -> usize {
+        self.sessions.inner().open.len()
+    }
+
+    /// Ends so far, by reason (sessions' and interpreters').
+    pub fn session_ends(&self) -> Vec<(&'static str, u64)> {
+        self.sessions
+            .ends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(r, n)| (*r, *n))
+            .collect()
+    }
+}
+
+/// What differs between the wall at open and the wall now, briefly.
+fn describe_change(open: &Wall, now: &Wall) -> String {
+    let mut diffs = Vec::new();
+    if (open.uid, open.euid, open.gid) != (now.uid, now.euid, now.gid) {
+        diffs.push("its uid or gid".to_owned());
+    }
+    if (&open.cap_prm, &open.cap_eff, &open.cap_bnd, &open.cap_amb, &open.cap_inh)
+        != (&now.cap_prm, &now.cap_eff, &now.cap_bnd, &now.cap_amb, &now.cap_inh)
+    {
+        diffs.push("its capabilities".into());
+    }
+    if open.namespaces != now.namespaces {
+        diffs.push("its namespaces".into());
+    }
+    if open.memory_limit_bytes != now.memory_limit_bytes {
+        diffs.push(format!(
+            "its memory limit ({:?} at open, {:?} now)",
+            open.memory_limit_bytes, now.memory_limit_bytes
+        ));
+    }
+    if open.pids_limit != now.pids_limit {
+        diffs.push(format!(
+            "its pids limit ({:?} at open, {:?} now)",
+            open.pids_limit, now.pids_limit
+        ));
+    }
+    if open.root_read_only != now.root_read_only || open.network_interfaces != now.network_interfaces
+    {
+        diffs.push("its root or network".into());
+    }
+    if diffs.is_empty() {
+        "its wall".into()
+    } else {
+        diffs.join(", ")
+    }
+}
