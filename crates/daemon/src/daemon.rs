@@ -699,8 +699,14 @@ pub async fn run(
     hup.abort();
     // Every idle warm member goes with the daemon.
     let engine = Arc::clone(daemon.engine());
-    if let Err(e) = tokio::task::spawn_blocking(move || engine.stop_pools()).await {
-        tracing::error!(error = %e, "stopping the warm pools panicked");
+    if let Err(e) = tokio::task::spawn_blocking(move || {
+        engine.stop_pools();
+        // Sessions do not survive the daemon: each ends, its sandbox removed.
+        engine.end_all_sessions();
+    })
+    .await
+    {
+        tracing::error!(error = %e, "stopping the warm pools and sessions panicked");
     }
     if result.is_ok() {
         tracing::info!("stopped");

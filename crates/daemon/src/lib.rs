@@ -9,6 +9,7 @@ pub mod logging;
 mod mcp;
 mod metrics;
 mod server;
+mod sessions;
 pub mod testing;
 
 pub use daemon::{

@@ -139,6 +139,14 @@ impl Metrics {
             "plimsoll_teardowns_running {}",
             engine.teardowns_running()
         );
+        out.push_str("# HELP plimsoll_sessions_open Sessions open now.\n");
+        out.push_str("# TYPE plimsoll_sessions_open gauge\n");
+        let _ = writeln!(out, "plimsoll_sessions_open {}", engine.sessions_open());
+        out.push_str("# HELP plimsoll_session_ends_total Ends of sessions and of their interpreters, by reason (docs/sessions.md).\n");
+        out.push_str("# TYPE plimsoll_session_ends_total counter\n");
+        for (reason, n) in engine.session_ends() {
+            let _ = writeln!(out, "plimsoll_session_ends_total{{reason=\"{reason}\"}} {n}");
+        }
         out.push_str(
             "# HELP plimsoll_provider_available 1 when the provider's last probe passed, else 0.\n",
         );

@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, get, post, put};
 use http_body_util::BodyExt;
 use plimsoll_engine::{Engine, RunError};
 use plimsoll_wire::{
@@ -64,6 +64,36 @@ pub const ROUTES: &[Route] = &[
         path: "/v1/runs",
         auth: true,
         make: || post(runs),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/sessions",
+        auth: true,
+        make: || post(crate::sessions::open).get(crate::sessions::list),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/sessions/{id}",
+        auth: true,
+        make: || get(crate::sessions::show).delete(crate::sessions::close),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/sessions/{id}/cells",
+        auth: true,
+        make: || post(crate::sessions::cell),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/sessions/{id}/steps",
+        auth: true,
+        make: || post(crate::sessions::steps),
+    },
+    Route {
+        method: "PUT",
+        path: "/v1/sessions/{id}/files/{*path}",
+        auth: true,
+        make: || put(crate::sessions::put_file).get(crate::sessions::get_file),
     },
     Route {
         method: "GET",

@@ -23,6 +23,7 @@ pub use plimsoll_wire::{NotDispatched, Reason, not_dispatched_reason};
 pub use pool::{PoolConfig, PoolSettings};
 pub use providers::AnyProvider;
 pub use routing::{Candidate, RouteError, route};
+pub use session::CallKind as SessionCallKind;
 pub use settings::{LoadSettingsError, Settings};
 
 /// The engine's version, reported as the environment identity of runs without an image.

@@ -35,8 +35,8 @@ pub use result::{
     StepResult, Wall, WallNamespace,
 };
 pub use session::{
-    EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest,
-    session_instance, validate_session_id,
+    EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest, StreamChunk,
+    StreamLine, session_instance, validate_session_id,
 };
 pub use tier::{ParseTierError, Tier};
 pub use trial_step::TrialIds;

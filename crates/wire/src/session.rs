@@ -327,3 +327,37 @@ pub struct OutputChunk {
     /// The bytes.
     pub bytes: crate::Bytes,
 }
+
+/// One line of a streamed answer (`Accept: application/x-ndjson`): chunks of output as they
+/// came, then exactly one response or error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum StreamLine {
+    /// Output as it came: a preview, covered by no digest.
+    Chunk(StreamChunk),
+    /// The final answer, with its digests (exactly what the answer without streaming is).
+    Response(Box<crate::RunResponse>),
+    /// The final answer when there was no result.
+    Error(Box<crate::ErrorResponse>),
+}
+
+/// A streamed chunk: says it is a preview.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamChunk {
+    /// Always true: a chunk is a preview; the final response is what its digests cover.
+    pub preview: bool,
+    /// The output.
+    #[serde(flatten)]
+    pub chunk: OutputChunk,
+}
+
+impl StreamLine {
+    /// A chunk line for `chunk`.
+    pub fn chunk(chunk: OutputChunk) -> Self {
+        StreamLine::Chunk(StreamChunk {
+            preview: true,
+            chunk,
+        })
+    }
+}

@@ -1,0 +1,398 @@
+//! The sessions API (docs/sessions.md): open, list, show and close a caller's sessions;
+//! cells, steps and files in one. Every answer to a call is a run response whose record is
+//! chained to the session's previous call; with `Accept: application/x-ndjson`, cells and
+//! steps send output chunks as they come (a preview, in no digest), then the answer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use plimsoll_engine::{RunError, SessionCallKind};
+use plimsoll_wire::{
+    Bytes as WireBytes, PROTOCOL, Project, ProjectFile, RunRequest, RunSpec, SessionOpenRequest,
+    StreamLine, parse_request, validate_request_id,
+};
+
+use crate::server::{
+    AppState, BODY_READ_TIMEOUT, Failure, authenticate, closing, declared_over, failure_of,
+    read_body, too_large,
+};
+
+/// The header carrying the request id of a request without a JSON body (`DELETE`, and a
+/// file's `PUT` and `GET`).
+pub const REQUEST_ID_HEADER: &str = "plimsoll-request-id";
+/// The media type of a streamed answer.
+pub const NDJSON: &str = "application/x-ndjson";
+
+/// The caller, the request head and its whole body; or the answer that refuses it.
+async fn caller_and_body(
+    st: &AppState,
+    req: Request,
+) -> Result<(String, axum::http::request::Parts, axum::body::Bytes), Response> {
+    let (parts, body) = req.into_parts();
+    let caller = authenticate(st, &parts.headers).map_err(|f| {
+        let (failure, message) = f.failure();
+        closing(failure.respond(header_request_id(&parts.headers), message))
+    })?;
+    if declared_over(&parts.headers, st.max_body_bytes) {
+        return Err(closing(Failure::BodyTooLarge.respond(
+            header_request_id(&parts.headers),
+            too_large(st.max_body_bytes),
+        )));
+    }
+    let bytes = read_body(body, st.max_body_bytes, BODY_READ_TIMEOUT)
+        .await
+        .map_err(|e| {
+            let (failure, message, _) = e.failure(st.max_body_bytes);
+            closing(failure.respond(header_request_id(&parts.headers), message))
+        })?;
+    Ok((caller, parts, bytes))
+}
+
+fn header_request_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| validate_request_id(id).is_ok())
+        .map(str::to_owned)
+}
+
+/// The request id a body-less request must carry in [`REQUEST_ID_HEADER`].
+fn required_request_id(headers: &HeaderMap) -> Result<String, Response> {
+    let Some(value) = headers.get(REQUEST_ID_HEADER) else {
+        return Err(Failure::Refused(plimsoll_wire::Reason::Request).respond(
+            None,
+            format!("send the request id in the {REQUEST_ID_HEADER} header"),
+        ));
+    };
+    let id = value.to_str().unwrap_or("");
+    validate_request_id(id).map_err(|m| {
+        Failure::Refused(plimsoll_wire::Reason::Request)
+            .respond(None, format!("{REQUEST_ID_HEADER}: {m}"))
+    })?;
+    Ok(id.to_owned())
+}
+
+/// The answer to an engine refusal or failure.
+fn refused(st: &AppState, err: &RunError) -> Response {
+    let body = err.to_response();
+    let failure = failure_of(err);
+    if let Some(reason) = failure.not_dispatched() {
+        st.metrics.refused(reason);
+    }
+    failure.respond(body.request_id, body.error.message)
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    (StatusCode::OK, axum::Json(value)).into_response()
+}
+
+/// Runs `f` on a blocking thread; a panic there is an internal failure (it may have run).
+async fn blocking<T: Send + 'static>(
+    request_id: Option<String>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Response> {
+    tokio::task::spawn_blocking(f).await.map_err(|join| {
+        tracing::error!(error = %join, "the engine failed while handling a session request");
+        Failure::Internal.respond(
+            request_id,
+            "the daemon failed while handling this session request; it may have run: do not retry blindly".into(),
+        )
+    })
+}
+
+/// `POST /v1/sessions`.
+pub(crate) async fn open(State(st): State<AppState>, req: Request) -> Response {
+    let (caller, _, bytes) = match caller_and_body(&st, req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let open: SessionOpenRequest = match serde_json::from_slice(&bytes) {
+        Ok(o) => o,
+        Err(e) => {
+            let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("request_id")?.as_str().map(str::to_owned))
+                .filter(|id| validate_request_id(id).is_ok());
+            return Failure::Refused(plimsoll_wire::Reason::Request).respond(
+                id,
+                format!("the body is not a session open request ({e}): see docs/sessions.md"),
+            );
+        }
+    };
+    let engine = Arc::clone(&st);
+    let id = Some(open.request_id.clone());
+    match blocking(id, move || engine.engine.open_session(&caller, &open)).await {
+        Ok(Ok(info)) => json(&info),
+        Ok(Err(e)) => refused(&st, &e),
+        Err(resp) => resp,
+    }
+}
+
+/// `GET /v1/sessions`.
+pub(crate) async fn list(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    match authenticate(&st, &headers) {
+        Ok(caller) => json(&st.engine.list_sessions(&caller)),
+        Err(f) => {
+            let (failure, message) = f.failure();
+            failure.respond(None, message)
+        }
+    }
+}
+
+/// `GET /v1/sessions/{id}`.
+pub(crate) async fn show(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match authenticate(&st, &headers) {
+        Ok(caller) => match st.engine.session_info(&caller, &id) {
+            Ok(info) => json(&info),
+            Err(e) => refused(&st, &e),
+        },
+        Err(f) => {
+            let (failure, message) = f.failure();
+            failure.respond(None, message)
+        }
+    }
+}
+
+/// `DELETE /v1/sessions/{id}`.
+pub(crate) async fn close(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match authenticate(&st, &headers) {
+        Ok(c) => c,
+        Err(f) => {
+            let (failure, message) = f.failure();
+            return failure.respond(header_request_id(&headers), message);
+        }
+    };
+    let request_id = header_request_id(&headers);
+    let engine = Arc::clone(&st);
+    let rid = request_id.clone();
+    match blocking(request_id, move || {
+        engine.engine.close_session(&caller, &id, rid.as_deref())
+    })
+    .await
+    {
+        Ok(Ok(info)) => json(&info),
+        Ok(Err(e)) => refused(&st, &e),
+        Err(resp) => resp,
+    }
+}
+
+/// `?restart=true` on a cell.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct CellQuery {
+    #[serde(default)]
+    restart: bool,
+}
+
+/// `POST /v1/sessions/{id}/cells`.
+pub(crate) async fn cell(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<CellQuery>,
+    req: Request,
+) -> Response {
+    let (caller, parts, bytes) = match caller_and_body(&st, req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    match parse_request(&bytes) {
+        Ok(run) => {
+            let kind = SessionCallKind::Cell { restart: q.restart };
+            call(st, caller, id, run, kind, wants_stream(&parts.headers)).await
+        }
+        Err(r) => Failure::Refused(r.reason).respond(r.request_id, r.message),
+    }
+}
+
+/// `POST /v1/sessions/{id}/steps`.
+pub(crate) async fn steps(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    let (caller, parts, bytes) = match caller_and_body(&st, req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    match parse_request(&bytes) {
+        Ok(run) => {
+            let stream = wants_stream(&parts.headers);
+            call(st, caller, id, run, SessionCallKind::Job, stream).await
+        }
+        Err(r) => Failure::Refused(r.reason).respond(r.request_id, r.message),
+    }
+}
+
+/// `PUT /v1/sessions/{id}/files/{*path}`: the body's bytes, exactly, to /work/PATH; the
+/// call is the project `{files: [{path, content}]}` (docs/sessions.md), answered as a run.
+pub(crate) async fn put_file(
+    State(st): State<AppState>,
+    Path((id, path)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    let (caller, parts, bytes) = match caller_and_body(&st, req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let request_id = match required_request_id(&parts.headers) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let run = file_request(
+        request_id,
+        Project {
+            files: vec![ProjectFile {
+                path,
+                content: WireBytes::from(bytes.to_vec()),
+                executable: false,
+            }],
+            steps: Vec::new(),
+            artifacts: Vec::new(),
+        },
+    );
+    call(st, caller, id, run, SessionCallKind::Job, false).await
+}
+
+/// `GET /v1/sessions/{id}/files/{*path}`: the file at /work/PATH as the run response of
+/// the project `{artifacts: [PATH]}`, its bytes in `result.artifacts[0].content`.
+pub(crate) async fn get_file(
+    State(st): State<AppState>,
+    Path((id, path)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match authenticate(&st, &headers) {
+        Ok(c) => c,
+        Err(f) => {
+            let (failure, message) = f.failure();
+            return failure.respond(header_request_id(&headers), message);
+        }
+    };
+    let request_id = match required_request_id(&headers) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let run = file_request(
+        request_id,
+        Project {
+            files: Vec::new(),
+            steps: Vec::new(),
+            artifacts: vec![path],
+        },
+    );
+    call(st, caller, id, run, SessionCallKind::Job, false).await
+}
+
+/// The request a file's `PUT` or `GET` stands for (its digest is what the record names).
+fn file_request(request_id: String, project: Project) -> RunRequest {
+    RunRequest {
+        protocol: PROTOCOL,
+        request_id,
+        minimum_isolation: None,
+        provider: None,
+        limits: None,
+        run: RunSpec::Project(project),
+        grant: None,
+    }
+}
+
+fn wants_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| m.trim().split(';').next().is_some_and(|t| t.trim() == NDJSON))
+}
+
+/// One call, answered whole, or streamed as NDJSON.
+async fn call(
+    st: AppState,
+    caller: String,
+    id: String,
+    run: RunRequest,
+    kind: SessionCallKind,
+    stream: bool,
+) -> Response {
+    let request_id = Some(run.request_id.clone());
+    let started = Instant::now();
+    if !stream {
+        let engine = Arc::clone(&st);
+        let answered = blocking(request_id, move || {
+            engine
+                .engine
+                .session_call(&caller, &id, &run, kind, &mut |_| {})
+        })
+        .await;
+        return match answered {
+            Ok(Ok(resp)) => {
+                tracing::info!(request_id = %resp.request_id, duration_ms = started.elapsed().as_millis() as u64, "session call answered");
+                json(&resp)
+            }
+            Ok(Err(e)) => refused(&st, &e),
+            Err(resp) => resp,
+        };
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let engine = Arc::clone(&st);
+    tokio::task::spawn_blocking(move || {
+        let line = |l: &StreamLine| {
+            let mut bytes = serde_json::to_vec(l).unwrap_or_default();
+            bytes.push(b'\n');
+            bytes
+        };
+        let chunks = tx.clone();
+        let answered = engine.engine.session_call(&caller, &id, &run, kind, &mut |c| {
+            // A client that went away no longer reads: its chunks are dropped.
+            let _ = chunks.send(line(&StreamLine::chunk(c)));
+        });
+        let last = match answered {
+            Ok(resp) => StreamLine::Response(Box::new(resp)),
+            Err(e) => {
+                if let Some(reason) = plimsoll_wire::not_dispatched_reason(&e) {
+                    engine.metrics.refused(reason);
+                }
+                let failure = failure_of(&e);
+                let body = e.to_response();
+                StreamLine::Error(Box::new(
+                    failure.body(body.request_id, body.error.message),
+                ))
+            }
+        };
+        let _ = tx.send(line(&last));
+    });
+    let body = Body::from_stream(futures_stream(rx));
+    let mut resp = Response::new(body);
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
+    resp
+}
+
+/// The receiver as a stream of body frames.
+fn futures_stream(
+    rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+) -> impl futures_core::Stream<Item = Result<axum::body::Bytes, std::convert::Infallible>> {
+    struct Lines(tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>);
+    impl futures_core::Stream for Lines {
+        type Item = Result<axum::body::Bytes, std::convert::Infallible>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.0
+                .poll_recv(cx)
+                .map(|line| line.map(|l| Ok(axum::body::Bytes::from(l))))
+        }
+    }
+    Lines(rx)
+}
