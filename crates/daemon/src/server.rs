@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post, put};
+use axum::routing::{MethodRouter, delete, get, post, put};
 use http_body_util::BodyExt;
 use plimsoll_engine::{Engine, RunError};
 use plimsoll_wire::{
@@ -69,13 +69,25 @@ pub const ROUTES: &[Route] = &[
         method: "POST",
         path: "/v1/sessions",
         auth: true,
-        make: || post(crate::sessions::open).get(crate::sessions::list),
+        make: || post(crate::sessions::open),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/sessions",
+        auth: true,
+        make: || get(crate::sessions::list),
     },
     Route {
         method: "GET",
         path: "/v1/sessions/{id}",
         auth: true,
-        make: || get(crate::sessions::show).delete(crate::sessions::close),
+        make: || get(crate::sessions::show),
+    },
+    Route {
+        method: "DELETE",
+        path: "/v1/sessions/{id}",
+        auth: true,
+        make: || delete(crate::sessions::close),
     },
     Route {
         method: "POST",
@@ -93,7 +105,13 @@ pub const ROUTES: &[Route] = &[
         method: "PUT",
         path: "/v1/sessions/{id}/files/{*path}",
         auth: true,
-        make: || put(crate::sessions::put_file).get(crate::sessions::get_file),
+        make: || put(crate::sessions::put_file),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/sessions/{id}/files/{*path}",
+        auth: true,
+        make: || get(crate::sessions::get_file),
     },
     Route {
         method: "GET",
