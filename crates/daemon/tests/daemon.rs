@@ -801,7 +801,7 @@ fn every_route_served_is_in_the_openapi_document_and_nothing_else() {
     assert_eq!(mcp_post(&d.url, None, &serde_json::json!({})).status, 401);
 
     for r in ROUTES {
-        let op = &paths[r.path.replace("{*", "{")][r.method.to_lowercase()];
+        let op = &paths[&r.path.replace("{*", "{")][r.method.to_lowercase()];
         let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
         assert_eq!(
             secured, r.auth,
