@@ -6,9 +6,12 @@ Ed25519 and the standard library for the rest.
 Usage:
   attest_check.py bundle PUBLIC.pem BUNDLE   every line: canonical JSON, DSSE PAE and Ed25519
                                              signature, key id, sequence, predecessor digest,
-                                             exchange digest, record digest; the close
+                                             exchange digest, record digest; the session
+                                             chains; the close
   attest_check.py golden DIR                 the golden vectors in DIR (PAE bytes, signatures,
-                                             key id), then DIR/bundle.jsonl as a bundle
+                                             key id), then DIR/bundle.jsonl and
+                                             DIR/session.jsonl as bundles, and
+                                             DIR/session-reordered.jsonl refused
 
 Needs `cryptography` (pip install cryptography). Exits 0 when everything checks; otherwise
 prints `REFUSED: line N ...` to stderr and exits 1.
@@ -98,6 +101,15 @@ def record_sha256(rec):
         ("started_unix_ms", rec["started_unix_ms"].to_bytes(8, "big")),
         ("ended_unix_ms", rec["ended_unix_ms"].to_bytes(8, "big")),
     ]
+    # A session call's link: left out when absent or null (runs outside sessions).
+    link = rec.get("session")
+    if link is not None:
+        fields += [
+            ("session_id", link["session_id"].encode()),
+            ("sequence", link["sequence"].to_bytes(8, "big")),
+        ]
+        if link.get("previous_record_sha256") is not None:
+            fields.append(("previous_record_sha256", link["previous_record_sha256"].encode()))
     for name, value in fields:
         out += frame(name.encode()) + frame(value)
     return sha256_hex(out)
@@ -122,6 +134,77 @@ def open_envelope(env, key, key_id):
     return payload
 
 
+def is_sha256_hex(value):
+    return (
+        isinstance(value, str)
+        and len(value) == 64
+        and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+def check_link(link):
+    """One record's session link on its own: sequence from 1, a previous record digest
+    exactly when the sequence is above 1."""
+    where = f"session {link['session_id']} call {link['sequence']}"
+    previous = link.get("previous_record_sha256")
+    if link["sequence"] < 1:
+        raise Refused(f"{where}: a session's calls count from 1")
+    if link["sequence"] == 1 and previous is not None:
+        raise Refused(f"{where}: the first call names a previous record")
+    if link["sequence"] > 1 and previous is None:
+        raise Refused(f"{where}: names no previous record")
+    if previous is not None and not is_sha256_hex(previous):
+        raise Refused(f"{where}: previous_record_sha256 is not 64 lowercase hex digits")
+
+
+SANDBOX_FIELDS = ("provider", "isolation", "evidence_sha256", "environment")
+
+
+def check_sessions(records):
+    """The session chains of a bundle's records (with their line numbers), in order: per
+    session, calls 1, 2, 3, ... each naming the previous call's record digest, on one
+    provider, tier, evidence digest and environment. Runs outside sessions are passed over."""
+    present = {
+        (rec["session"]["session_id"], rec["session"]["sequence"])
+        for _, rec in records
+        if rec.get("session") is not None
+    }
+    chains = {}
+    for number, rec in records:
+        link = rec.get("session")
+        if link is None:
+            continue
+        sid, seq = link["session_id"], link["sequence"]
+        where = f"line {number}: session {sid} call {seq}"
+        chain = chains.get(sid)
+        expected = chain["next"] if chain else 1
+        if seq < expected:
+            raise Refused(f"{where}: repeated (calls 1 to {expected - 1} came before)")
+        if seq > expected:
+            if (sid, expected) in present:
+                raise Refused(f"{where}: out of order (call {expected} comes after it)")
+            if chain is None:
+                raise Refused(f"{where}: the session's first call here is not call 1")
+            raise Refused(f"{where}: calls {expected} to {seq - 1} are missing")
+        if chain is None:
+            chains[sid] = {
+                "next": 2,
+                "last": rec["record_sha256"],
+                "first": {f: rec[f] for f in SANDBOX_FIELDS},
+            }
+            continue
+        if link.get("previous_record_sha256") != chain["last"]:
+            raise Refused(
+                f"{where}: names {link.get('previous_record_sha256')} as the previous record, "
+                f"but call {seq - 1} has {chain['last']}"
+            )
+        for field in SANDBOX_FIELDS:
+            if rec[field] != chain["first"][field]:
+                raise Refused(f"{where}: {field} differs from the session's first call")
+        chain["next"] += 1
+        chain["last"] = rec["record_sha256"]
+
+
 def check_bundle(data, key, key_id):
     if not data:
         raise Refused("empty bundle")
@@ -131,6 +214,7 @@ def check_bundle(data, key, key_id):
     previous = GENESIS
     entries = 0
     closed = False
+    records = []
     for number, raw in enumerate(lines, start=1):
         where = f"line {number} (expected sequence {entries})"
         try:
@@ -181,6 +265,9 @@ def check_bundle(data, key, key_id):
                         raise Refused(f"{field} differs between statement and record")
                 if pred["request_id"] != req["request_id"] or resp["request_id"] != req["request_id"]:
                     raise Refused("request_id differs")
+                if rec.get("session") is not None:
+                    check_link(rec["session"])
+                records.append((number, rec))
                 entries += 1
             elif st["predicateType"] == CLOSE_TYPE:
                 if "exchange" in line:
@@ -200,6 +287,10 @@ def check_bundle(data, key, key_id):
             raise Refused(f"{where}: {e}")
         except (KeyError, TypeError, AttributeError) as e:
             raise Refused(f"{where}: malformed ({type(e).__name__}: {e})")
+    try:
+        check_sessions(records)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise Refused(f"a session link is malformed ({type(e).__name__}: {e})")
     if not closed:
         raise Refused(f"no close after {entries} entries")
     return entries
@@ -229,6 +320,19 @@ def check_golden(directory):
             raise Refused(f"{name}: {name}.sig.hex does not verify over the PAE")
     with open(os.path.join(directory, "bundle.jsonl"), "rb") as f:
         entries = check_bundle(f.read(), key, key_id)
+    # A session of three calls with a plain run between; then the same calls reordered
+    # (1, 3, 2) and signed with the same key: each line checks, the session chain does not.
+    with open(os.path.join(directory, "session.jsonl"), "rb") as f:
+        check_bundle(f.read(), key, key_id)
+    with open(os.path.join(directory, "session-reordered.jsonl"), "rb") as f:
+        reordered = f.read()
+    try:
+        check_bundle(reordered, key, key_id)
+    except Refused as e:
+        if "out of order" not in str(e):
+            raise Refused(f"session-reordered.jsonl refused for another reason: {e}")
+    else:
+        raise Refused("session-reordered.jsonl (calls 1, 3, 2) was accepted")
     return key_id, entries
 
 

@@ -37,7 +37,7 @@ pub enum SignChainError {
         /// Its request id.
         request_id: String,
         /// Why.
-        error: CheckExchangeError,
+        error: Box<CheckExchangeError>,
     },
     /// Signing a session: an exchange that is not a session call.
     #[error(
@@ -73,7 +73,7 @@ pub enum SignChainError {
         /// Its request id.
         request_id: String,
         /// Where and how the session's chain breaks.
-        problem: SessionChainError,
+        problem: Box<SessionChainError>,
     },
     /// The bundle there does not verify as far as it goes; nothing is chained onto it.
     #[error(
@@ -149,7 +149,7 @@ pub fn sign_chain(
         check_exchange(ex).map_err(|error| SignChainError::Check {
             number: i + 1,
             request_id: ex.request.request_id.clone(),
-            error,
+            error: Box::new(error),
         })?;
     }
     // A bundle that is not there yet is not created for a chain that cannot be signed.
@@ -228,6 +228,6 @@ fn check_chain(entries: &[VerifiedEntry], exchanges: &[Exchange]) -> Result<(), 
     check_session_chains(&records).map_err(|(index, problem)| SignChainError::Session {
         sequence: index as u64,
         request_id: records[index].request_id.clone(),
-        problem,
+        problem: Box::new(problem),
     })
 }

@@ -41,9 +41,7 @@ pub use keys::{
 pub use line::{BundleLine, LineProblem};
 pub use replay::{ReplayBundleError, ReplayOutcome, ReplayReport, replay_bundle};
 pub use run::{RunAndSignError, SignedRun, run_and_sign};
-pub use session::{
-    SessionChainError, SessionLinkProblem, check_session_chains, link_problem,
-};
+pub use session::{SessionChainError, SessionLinkProblem, check_session_chains, link_problem};
 pub use verify::{
     VerifiedBundle, VerifiedEntry, VerifyBundleError, verify_bundle, verify_bundle_bytes,
 };

@@ -16,15 +16,22 @@ use crate::statement::GENESIS_SHA256;
 /// The lines (without newlines) of a closed bundle of `n` sample exchanges numbered from
 /// `first`, signed by `key`.
 pub fn sample_bundle_lines(key: &AttestKey, first: u64, n: u64) -> Vec<Vec<u8>> {
+    let exchanges: Vec<Exchange> = (first..first + n).map(sample_exchange).collect();
+    signed_lines(key, &exchanges)
+}
+
+/// The lines (without newlines) of a closed bundle of `exchanges`, in order, signed by `key`.
+/// Each exchange is checked on its own, but nothing across entries (a session's chain): this
+/// signs what `sign_chain` would refuse, for tests of what `verify` refuses.
+pub fn signed_lines(key: &AttestKey, exchanges: &[Exchange]) -> Vec<Vec<u8>> {
     let mut lines = Vec::new();
     let mut previous = GENESIS_SHA256.to_owned();
-    for i in 0..n {
-        let line = sign_exchange(key, &sample_exchange(first + i), i, &previous)
-            .expect("a sample exchange checks");
+    for (i, ex) in (0u64..).zip(exchanges) {
+        let line = sign_exchange(key, ex, i, &previous).expect("the exchange checks");
         previous = envelope_sha256(&line.envelope);
         lines.push(line.to_bytes());
     }
-    lines.push(sign_close(key, n, &previous).to_bytes());
+    lines.push(sign_close(key, exchanges.len() as u64, &previous).to_bytes());
     lines
 }
 
@@ -105,7 +112,9 @@ pub fn sample_session(session_id: &str, first: u64, n: u64) -> Vec<Exchange> {
         ex.response.record.session = Some(SessionLink {
             session_id: session_id.to_owned(),
             sequence: i + 1,
-            previous_record_sha256: calls.last().map(|p| p.response.record.record_sha256.clone()),
+            previous_record_sha256: calls
+                .last()
+                .map(|p| p.response.record.record_sha256.clone()),
         });
         restate_digests(&mut ex);
         calls.push(ex);

@@ -241,7 +241,10 @@ pub(crate) fn read_lines(bytes: &[u8], key: &PublicKey) -> Result<ReadLines, Ver
 
 /// The session chains of verified entries, a break named by its entry's line and sequence.
 pub(crate) fn check_sessions(entries: &[VerifiedEntry]) -> Result<(), VerifyBundleError> {
-    let records: Vec<_> = entries.iter().map(|e| &e.exchange.response.record).collect();
+    let records: Vec<_> = entries
+        .iter()
+        .map(|e| &e.exchange.response.record)
+        .collect();
     check_session_chains(&records).map_err(|(index, problem)| VerifyBundleError::Session {
         line: entries[index].line,
         sequence: entries[index].predicate.sequence,

@@ -8,12 +8,15 @@ use std::process::Output;
 use plimsoll_attest::bundle::{close_statement, entry_statement};
 use plimsoll_attest::dsse::{PAYLOAD_TYPE, pae};
 use plimsoll_attest::line::envelope_sha256;
-use plimsoll_attest::sample::{join_lines, restate_digests, sample_bundle_lines, sample_exchange};
+use plimsoll_attest::sample::{
+    join_lines, restate_digests, sample_bundle_lines, sample_exchange, sample_session, signed_lines,
+};
 use plimsoll_attest::statement::{GENESIS_SHA256, to_payload};
 use plimsoll_attest::{
-    AppendError, AttestKey, BundleLine, LineProblem, PublicKey, SignExchangeError,
-    VerifyBundleError, append_entry, check_exchange, close_bundle, sign_exchange, verify_bundle,
-    verify_bundle_bytes,
+    AppendError, AttestKey, BundleLine, CheckExchangeError, Exchange, LineProblem, PublicKey,
+    SessionChainError, SessionLinkProblem, SignChainError, SignExchangeError, VerifyBundleError,
+    append_entry, check_exchange, close_bundle, sign_chain, sign_exchange, sign_session,
+    verify_bundle, verify_bundle_bytes,
 };
 use plimsoll_env as env;
 
@@ -96,7 +99,24 @@ fn golden_files() -> Vec<(&'static str, Vec<u8>)> {
             text(hex::encode(key.sign(&close_pae)).into_bytes()),
         ),
         ("bundle.jsonl", bundle_bytes(&key, 1)),
+        ("session.jsonl", golden_session_bundle(&key, &[0, 3, 1, 2])),
+        (
+            "session-reordered.jsonl",
+            golden_session_bundle(&key, &[0, 2, 1]),
+        ),
     ]
+}
+
+/// The golden session's id.
+const GOLDEN_SESSION: &str = "ses_0123456789abcdef_00112233445566778899aabbccddeeff";
+
+/// A closed bundle of the golden session's three calls and one plain run (index 3), in the
+/// order given: `[0, 3, 1, 2]` verifies; `[0, 2, 1]` (calls 1, 3, 2) is refused.
+fn golden_session_bundle(key: &AttestKey, order: &[usize]) -> Vec<u8> {
+    let mut all = sample_session(GOLDEN_SESSION, 0, 3);
+    all.push(sample_exchange(7));
+    let exchanges: Vec<Exchange> = order.iter().map(|&i| all[i].clone()).collect();
+    join_lines(&signed_lines(key, &exchanges))
 }
 
 fn line_diff(old: &str, new: &str) -> String {
@@ -582,6 +602,357 @@ fn concurrent_appends_take_turns() {
     );
 }
 
+// ---------------------------------------------------------------- sessions
+
+/// A session id of the daemon's shape, `n` telling sessions apart.
+fn session_id(n: u8) -> String {
+    format!("ses_0123456789abcdef_{}", hex::encode([n; 16]))
+}
+
+/// Signs `exchanges` one by one with `append_entry` (which checks each exchange on its own,
+/// never a session's chain: what a signer holding the key could do) and closes the bundle.
+fn append_each_and_close(path: &Path, key: &AttestKey, exchanges: &[&Exchange]) {
+    for ex in exchanges {
+        append_entry(path, key, ex).unwrap();
+    }
+    close_bundle(path, key).unwrap();
+}
+
+/// The session problem `verify` names for a bundle, with its line.
+fn session_refusal(path: &Path, key: &PublicKey) -> (usize, SessionChainError, String) {
+    match verify_bundle(path, key) {
+        Err(e @ VerifyBundleError::Session { .. }) => {
+            let message = e.to_string();
+            let VerifyBundleError::Session { line, problem, .. } = e else {
+                unreachable!()
+            };
+            (line, problem, message)
+        }
+        other => panic!("expected a session refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_session_signed_as_one_chain_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    let key = golden_key();
+    let calls = sample_session(&session_id(1), 0, 3);
+    let signed = sign_session(&path, &key, &calls).unwrap();
+    let sequences: Vec<u64> = signed.entries.iter().map(|a| a.sequence).collect();
+    assert_eq!(sequences, [0, 1, 2]);
+    assert_eq!((signed.close.sequence, signed.close.line), (3, 4));
+    let v = verify_bundle(&path, key.public()).unwrap();
+    assert_eq!(v.entries.len(), 3);
+    assert_eq!(v.close_sha256, signed.close.envelope_sha256);
+    // Every digest is real: each call names the record digest the previous call's record has.
+    for pair in v.entries.windows(2) {
+        let link = pair[1].exchange.response.record.session.as_ref().unwrap();
+        assert_eq!(
+            link.previous_record_sha256.as_deref(),
+            Some(pair[0].exchange.response.record.record_sha256.as_str())
+        );
+    }
+    // The same bytes as signing the calls one by one and closing.
+    let one_by_one = dir.path().join("o.jsonl");
+    append_each_and_close(&one_by_one, &key, &calls.iter().collect::<Vec<_>>());
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(&one_by_one).unwrap()
+    );
+    // The bundle is closed: a further chain is refused, nothing written.
+    let before = std::fs::read(&path).unwrap();
+    let e = sign_session(&path, &key, &calls).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SignChainError::Append(AppendError::Closed { sequence: 3, .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+/// A call dropped, repeated, two swapped, a wrong previous digest, a session starting at call
+/// 2, a call run elsewhere: signed with the real key through `append_entry` (no session
+/// check), every bundle verifies line by line, and is refused for its session chain, naming the
+/// session and the call. `sign_session` refuses the same lists before writing anything.
+#[test]
+fn broken_session_chains_are_refused_by_name_even_when_re_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = golden_key();
+    let id = session_id(2);
+    let c = sample_session(&id, 0, 4);
+
+    // A wrong previous digest: call 2 names another record (its digests restated).
+    let mut c2_wrong = c[1].clone();
+    let elsewhere = sample_exchange(50).response.record.record_sha256;
+    c2_wrong
+        .response
+        .record
+        .session
+        .as_mut()
+        .unwrap()
+        .previous_record_sha256 = Some(elsewhere.clone());
+    restate_digests(&mut c2_wrong);
+    // Call 2 ran on another environment.
+    let mut c2_moved = c[1].clone();
+    c2_moved.response.record.environment = "another image".into();
+    restate_digests(&mut c2_moved);
+
+    type Expect = fn(&SessionChainError) -> bool;
+    let cases: Vec<(&str, Vec<&Exchange>, usize, Expect)> = vec![
+        ("dropped", vec![&c[0], &c[2], &c[3]], 2, |e| {
+            matches!(
+                e,
+                SessionChainError::Missing {
+                    sequence: 3,
+                    expected: 2,
+                    ..
+                }
+            )
+        }),
+        ("repeated", vec![&c[0], &c[1], &c[1], &c[2]], 3, |e| {
+            matches!(e, SessionChainError::Repeated { sequence: 2, .. })
+        }),
+        ("swapped", vec![&c[0], &c[2], &c[1], &c[3]], 2, |e| {
+            matches!(
+                e,
+                SessionChainError::OutOfOrder {
+                    sequence: 3,
+                    expected: 2,
+                    ..
+                }
+            )
+        }),
+        ("wrong previous", vec![&c[0], &c2_wrong], 2, |e| {
+            matches!(e, SessionChainError::Previous { sequence: 2, .. })
+        }),
+        ("starts at call 2", vec![&c[1], &c[2]], 1, |e| {
+            matches!(e, SessionChainError::StartsLate { sequence: 2, .. })
+        }),
+        ("run elsewhere", vec![&c[0], &c2_moved], 2, |e| {
+            matches!(
+                e,
+                SessionChainError::Changed {
+                    sequence: 2,
+                    field: "environment",
+                    ..
+                }
+            )
+        }),
+    ];
+    for (name, list, want_line, expect) in cases {
+        let path = dir.path().join(format!("{name}.jsonl"));
+        append_each_and_close(&path, &key, &list);
+        let (line, problem, message) = session_refusal(&path, key.public());
+        assert!(expect(&problem), "{name}: {problem:?}");
+        assert_eq!(line, want_line, "{name}: {message}");
+        assert_eq!(problem.session_id(), id, "{name}");
+        assert!(
+            message.starts_with(&format!(
+                "line {want_line} (sequence {}): session `{id}` call ",
+                want_line - 1
+            )),
+            "{name}: {message}"
+        );
+        // The in-memory signer gives the same bytes, and the same refusal.
+        let owned: Vec<Exchange> = list.iter().map(|e| (*e).clone()).collect();
+        let bytes = join_lines(&signed_lines(&key, &owned));
+        assert_eq!(bytes, std::fs::read(&path).unwrap(), "{name}");
+        assert_eq!(refusal(&bytes, key.public()), message, "{name}");
+        // Signing the list as one chain is refused before anything is written.
+        let fresh = dir.path().join(format!("{name}.fresh.jsonl"));
+        let e = sign_chain(&fresh, &key, &owned).unwrap_err();
+        match &e {
+            SignChainError::Session {
+                sequence, problem, ..
+            } => {
+                assert!(expect(problem), "{name}: {e}");
+                assert_eq!(*sequence, want_line as u64 - 1, "{name}: {e}");
+            }
+            other => panic!("{name}: {other}"),
+        }
+        assert!(!fresh.exists(), "{name}: no bundle was created");
+    }
+    let msg = refusal(
+        &join_lines(&signed_lines(&key, &[c[0].clone(), c2_wrong.clone()])),
+        key.public(),
+    );
+    assert!(
+        msg.contains(&elsewhere) && msg.contains(&c[0].response.record.record_sha256),
+        "{msg}"
+    );
+}
+
+#[test]
+fn malformed_session_links_are_never_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = golden_key();
+    let c = sample_session(&session_id(3), 0, 2);
+    let broken = |f: fn(&mut plimsoll_wire::SessionLink)| {
+        let mut ex = c[1].clone();
+        f(ex.response.record.session.as_mut().unwrap());
+        restate_digests(&mut ex);
+        ex
+    };
+    for (ex, want) in [
+        (broken(|l| l.sequence = 0), SessionLinkProblem::ZeroSequence),
+        (
+            broken(|l| l.sequence = 1),
+            SessionLinkProblem::PreviousOnFirst,
+        ),
+        (
+            broken(|l| l.previous_record_sha256 = None),
+            SessionLinkProblem::NoPrevious,
+        ),
+    ] {
+        let e = check_exchange(&ex).unwrap_err();
+        assert!(
+            matches!(e, CheckExchangeError::SessionLink { problem, .. } if problem == want),
+            "{e}"
+        );
+        let path = dir.path().join("b.jsonl");
+        assert!(append_entry(&path, &key, &ex).is_err());
+        assert!(!path.exists());
+    }
+    let e = check_exchange(&broken(|l| l.previous_record_sha256 = Some("ABC".into()))).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CheckExchangeError::NotHex {
+                field: "record.session.previous_record_sha256",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn interleaved_sessions_and_plain_runs_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = golden_key();
+    let (a, b) = (session_id(4), session_id(5));
+    let s = sample_session(&a, 0, 3);
+    let t = sample_session(&b, 10, 2);
+    let plain = |n| sample_exchange(n);
+    let chain = vec![
+        plain(20),
+        s[0].clone(),
+        t[0].clone(),
+        s[1].clone(),
+        plain(21),
+        t[1].clone(),
+        s[2].clone(),
+    ];
+    let path = dir.path().join("mixed.jsonl");
+    let signed = sign_chain(&path, &key, &chain).unwrap();
+    assert_eq!(signed.entries.len(), 7);
+    let v = verify_bundle(&path, key.public()).unwrap();
+    assert_eq!(v.entries.len(), 7);
+
+    // A session continued across two chains into one bundle: calls 1 then 2 and 3.
+    let cont = dir.path().join("cont.jsonl");
+    append_entry(&cont, &key, &s[0]).unwrap();
+    sign_session(&cont, &key, &s[1..]).unwrap();
+    verify_bundle(&cont, key.public()).unwrap();
+    // The whole session again after call 1 is in the bundle: refused, nothing written.
+    let again = dir.path().join("again.jsonl");
+    append_entry(&again, &key, &s[0]).unwrap();
+    let before = std::fs::read(&again).unwrap();
+    let e = sign_session(&again, &key, &s).unwrap_err();
+    assert!(
+        matches!(&e, SignChainError::Session { sequence: 1, problem, .. }
+            if matches!(**problem, SessionChainError::Repeated { sequence: 1, .. })),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&again).unwrap(), before);
+
+    // sign_session takes the calls of one session only.
+    let e = sign_session(&dir.path().join("x"), &key, &[s[0].clone(), t[0].clone()]).unwrap_err();
+    assert!(
+        matches!(e, SignChainError::OtherSession { number: 2, .. }),
+        "{e}"
+    );
+    let e = sign_session(&dir.path().join("x"), &key, &[s[0].clone(), plain(1)]).unwrap_err();
+    assert!(
+        matches!(e, SignChainError::NotSessionCall { number: 2, .. }),
+        "{e}"
+    );
+    assert!(matches!(
+        sign_session(&dir.path().join("x"), &key, &[]),
+        Err(SignChainError::Empty)
+    ));
+    assert!(!dir.path().join("x").exists());
+}
+
+#[test]
+fn cli_sign_signs_stored_exchanges_as_one_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).display().to_string();
+    let o = attest(&["keygen", "--out", &d("k")], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let c = sample_session(&session_id(6), 0, 3);
+    let jsonl = |order: &[usize]| {
+        let mut out = String::new();
+        for &i in order {
+            out.push_str(&String::from_utf8(c[i].canonical_json()).unwrap());
+            out.push('\n');
+        }
+        out
+    };
+    std::fs::write(d("calls.jsonl"), jsonl(&[0, 1, 2])).unwrap();
+    let o = attest(
+        &["sign", "--key", &d("k.key"), &d("b"), &d("calls.jsonl")],
+        &[],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .0
+            .starts_with("signed 3 entries (sequences 0 to 2)"),
+        "{:?}",
+        text(&o)
+    );
+    let o = attest(&["verify", "--pub", &d("k.pub"), &d("b")], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o).0.starts_with("bundle OK: 3 entries"),
+        "{:?}",
+        text(&o)
+    );
+
+    // Reordered: refused, naming the session and the call, and no bundle is created.
+    std::fs::write(d("swapped.jsonl"), jsonl(&[0, 2, 1])).unwrap();
+    let o = attest(
+        &["sign", "--key", &d("k.key"), &d("b2"), &d("swapped.jsonl")],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    let err = text(&o).1;
+    assert!(
+        err.contains(&format!(
+            "session `{}` call 3 comes before call 2",
+            session_id(6)
+        )),
+        "{err}"
+    );
+    assert!(!dir.path().join("b2").exists());
+    // A line that is not an exchange is named.
+    std::fs::write(d("bad.jsonl"), format!("{}{{}}\n", jsonl(&[0]))).unwrap();
+    let o = attest(
+        &["sign", "--key", &d("k.key"), &d("b3"), &d("bad.jsonl")],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("line 2 is not an exchange"),
+        "{:?}",
+        text(&o)
+    );
+}
+
 // ---------------------------------------------------------------- the binary
 
 #[expect(
@@ -850,6 +1221,38 @@ fn independent_python_check_agrees() {
         &[Path::new("bundle"), &golden.join("public.pem"), &bundle],
     );
     assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+
+    // Sessions: a chain signed whole passes; each break re-signed with the key is refused
+    // there too, naming the session.
+    let id = session_id(8);
+    let c = sample_session(&id, 0, 3);
+    let whole = dir.path().join("session.jsonl");
+    sign_chain(
+        &whole,
+        &key,
+        &[c[0].clone(), sample_exchange(9), c[1].clone(), c[2].clone()],
+    )
+    .unwrap();
+    let o = attest_check(&python, &[Path::new("bundle"), &files.public, &whole]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    for (name, order) in [
+        ("dropped", &[0, 2][..]),
+        ("repeated", &[0, 1, 1, 2]),
+        ("swapped", &[0, 2, 1]),
+        ("late", &[1, 2]),
+    ] {
+        let path = dir.path().join(format!("{name}.jsonl"));
+        let list: Vec<&Exchange> = order.iter().map(|&i| &c[i]).collect();
+        append_each_and_close(&path, &key, &list);
+        assert!(verify_bundle(&path, key.public()).is_err(), "{name}");
+        let o = attest_check(&python, &[Path::new("bundle"), &files.public, &path]);
+        assert_eq!(o.status.code(), Some(1), "{name}: {:?}", text(&o));
+        assert!(
+            text(&o).1.contains(&format!("session {id}")),
+            "{name}: {:?}",
+            text(&o)
+        );
+    }
 }
 
 // ---------------------------------------------------------------- against a real daemon
