@@ -145,7 +145,10 @@ impl Metrics {
         out.push_str("# HELP plimsoll_session_ends_total Ends of sessions and of their interpreters, by reason (docs/sessions.md).\n");
         out.push_str("# TYPE plimsoll_session_ends_total counter\n");
         for (reason, n) in engine.session_ends() {
-            let _ = writeln!(out, "plimsoll_session_ends_total{{reason=\"{reason}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "plimsoll_session_ends_total{{reason=\"{reason}\"}} {n}"
+            );
         }
         out.push_str(
             "# HELP plimsoll_provider_available 1 when the provider's last probe passed, else 0.\n",

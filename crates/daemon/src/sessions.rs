@@ -312,7 +312,12 @@ fn wants_stream(headers: &HeaderMap) -> bool {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|m| m.trim().split(';').next().is_some_and(|t| t.trim() == NDJSON))
+        .any(|m| {
+            m.trim()
+                .split(';')
+                .next()
+                .is_some_and(|t| t.trim() == NDJSON)
+        })
 }
 
 /// One call, answered whole, or streamed as NDJSON.
@@ -352,10 +357,12 @@ async fn call(
             bytes
         };
         let chunks = tx.clone();
-        let answered = engine.engine.session_call(&caller, &id, &run, kind, &mut |c| {
-            // A client that went away no longer reads: its chunks are dropped.
-            let _ = chunks.send(line(&StreamLine::chunk(c)));
-        });
+        let answered = engine
+            .engine
+            .session_call(&caller, &id, &run, kind, &mut |c| {
+                // A client that went away no longer reads: its chunks are dropped.
+                let _ = chunks.send(line(&StreamLine::chunk(c)));
+            });
         let last = match answered {
             Ok(resp) => StreamLine::Response(Box::new(resp)),
             Err(e) => {
@@ -364,9 +371,7 @@ async fn call(
                 }
                 let failure = failure_of(&e);
                 let body = e.to_response();
-                StreamLine::Error(Box::new(
-                    failure.body(body.request_id, body.error.message),
-                ))
+                StreamLine::Error(Box::new(failure.body(body.request_id, body.error.message)))
             }
         };
         let _ = tx.send(line(&last));

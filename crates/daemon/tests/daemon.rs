@@ -2275,3 +2275,595 @@ fn sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken() {
     );
     warm_within(&mut start_of_a_run);
 }
+
+// Sessions (docs/sessions.md), at crun: one sandbox kept across calls.
+
+/// A daemon offering crun alone, with these extra settings.
+fn session_daemon(extra: &str) -> TestDaemon {
+    let image = workspace_root().join("build/images/sandbox");
+    TestDaemon::start(&format!(
+        "default_floor = \"container\"\nproviders = [\"crun\"]\n[pools]\n[oci]\nimage = \"{}\"\n{extra}",
+        image.display()
+    ))
+}
+
+/// One request to the sessions API.
+fn call(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let url = format!("{url}{path}");
+    let auth = format!("Bearer {token}");
+    macro_rules! with_headers {
+        ($req:expr) => {{
+            let mut req = $req.header("Authorization", &auth);
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            req
+        }};
+    }
+    let a = agent();
+    answer(match (method, body) {
+        ("GET", _) => with_headers!(a.get(&url)).call(),
+        ("DELETE", _) => with_headers!(a.delete(&url)).call(),
+        ("POST", Some(b)) => {
+            with_headers!(a.post(&url).header("Content-Type", "application/json")).send(b)
+        }
+        ("PUT", Some(b)) => with_headers!(a.put(&url)).send(b),
+        other => panic!("untested {other:?}"),
+    })
+}
+
+fn open_session(
+    url: &str,
+    token: &str,
+    language: &str,
+    extra: serde_json::Value,
+) -> plimsoll_wire::SessionInfo {
+    let mut body = serde_json::json!({"protocol": 1, "request_id": "open-1", "language": language});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    let a = call(
+        url,
+        "POST",
+        "/v1/sessions",
+        token,
+        Some(body.to_string().as_bytes()),
+        &[],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    serde_json::from_str(&a.body).expect("a SessionInfo")
+}
+
+fn cell_body(id: &str, language: &str, code: &str) -> String {
+    snippet(id, language, code)
+}
+
+fn step_body(id: &str, run: &str) -> String {
+    serde_json::json!({"protocol": 1, "request_id": id, "run": {"kind": "project", "steps": [{"run": run}]}}).to_string()
+}
+
+/// Checks a session call's answer the way a client does: every digest recomputed, the
+/// record linked to `previous` at `sequence`.
+fn checked_call(
+    a: &Answer,
+    sent: &str,
+    session: &str,
+    sequence: u64,
+    previous: Option<&str>,
+) -> RunResponse {
+    let resp = a.run();
+    let req: RunRequest = serde_json::from_str(sent).unwrap();
+    assert_eq!(resp.request_sha256, request_sha256(&req));
+    assert_eq!(resp.result_sha256, result_sha256(&resp.result));
+    assert_eq!(resp.record.record_sha256, record_sha256(&resp.record));
+    let link = resp
+        .record
+        .session
+        .as_ref()
+        .expect("a session call's record names its session");
+    assert_eq!(link.session_id, session);
+    assert_eq!(link.sequence, sequence);
+    assert_eq!(link.previous_record_sha256.as_deref(), previous);
+    assert!(
+        resp.result.wall.is_some(),
+        "every call carries the wall read before it"
+    );
+    resp
+}
+
+/// #13: state kept across 100 cells in both languages; a file a step wrote read by a cell;
+/// bytes uploaded and downloaded exactly; every record chained to the one before; a cell's
+/// output streamed before its end, the final digest verifying.
+#[test]
+fn a_session_keeps_its_state_across_cells_and_shares_work_with_steps_and_files() {
+    let test = "a_session_keeps_its_state_across_cells_and_shares_work_with_steps_and_files";
+    let d = session_daemon("");
+    if !available(test, &d.url, &d.token, "crun") {
+        return;
+    }
+    for (language, define, bump, read) in [
+        (
+            "python",
+            "import json\nn = 0\nf = open('/work/log', 'w')\ndef twice(x):\n    return 2 * x",
+            "n += 1\nf.write(str(n))",
+            "f.flush(); print(twice(n), json.dumps(open('/work/from-step').read()))",
+        ),
+        (
+            "javascript",
+            "var n = 0; const fs = require('fs'); function twice(x) { return 2 * x }",
+            "n += 1",
+            "console.log(twice(n), JSON.stringify(fs.readFileSync('/work/from-step', 'utf8')))",
+        ),
+    ] {
+        let info = open_session(&d.url, &d.token, language, serde_json::json!({}));
+        assert_eq!(
+            (info.provider.as_str(), info.isolation),
+            ("crun", Tier::Container)
+        );
+        assert!(info.interpreter_alive && info.calls == 0);
+        let sid = info.session_id.clone();
+        let cells = format!("/v1/sessions/{sid}/cells");
+        let mut previous: Option<String> = None;
+        let mut seq = 0;
+        let mut send = |path: &str, body: String| {
+            seq += 1;
+            let a = call(&d.url, "POST", path, &d.token, Some(body.as_bytes()), &[]);
+            let resp = checked_call(&a, &body, &sid, seq, previous.as_deref());
+            previous = Some(resp.record.record_sha256.clone());
+            resp
+        };
+        let r = send(&cells, cell_body("c0", language, define));
+        assert_eq!(
+            (r.result.exit_code, r.result.state_kept),
+            (Some(0), Some(true)),
+            "{:?}",
+            r.result
+        );
+        for i in 1..=100 {
+            let r = send(&cells, cell_body(&format!("c{i}"), language, bump));
+            assert_eq!(r.result.exit_code, Some(0), "{:?}", r.result);
+            assert_eq!(r.result.state_kept, Some(true));
+        }
+        let r = send(
+            &format!("/v1/sessions/{sid}/steps"),
+            step_body(
+                "s1",
+                "printf 'step wrote this' > /work/from-step && ls /work",
+            ),
+        );
+        assert_eq!(r.result.exit_code, Some(0), "{:?}", r.result);
+        assert_eq!(
+            r.result.state_kept, None,
+            "a step says nothing of the interpreter"
+        );
+        let r = send(&cells, cell_body("c-read", language, read));
+        assert_eq!(
+            r.result.stdout.as_slice(),
+            b"200 \"step wrote this\"\n",
+            "{:?}",
+            r.result
+        );
+        // Bytes exact, both ways, through the files API.
+        let bytes: Vec<u8> = (0u8..=255).chain([0xff, 0xfe, 0, b'\n']).collect();
+        let put = call(
+            &d.url,
+            "PUT",
+            &format!("/v1/sessions/{sid}/files/data/blob.bin"),
+            &d.token,
+            Some(&bytes),
+            &[("plimsoll-request-id", "put-1")],
+        );
+        seq += 1;
+        let put_req = serde_json::json!({"protocol": 1, "request_id": "put-1", "run": {"kind": "project", "files": [{"path": "data/blob.bin", "content": plimsoll_wire::Bytes::from(bytes.clone())}], "steps": []}}).to_string();
+        let r = checked_call(&put, &put_req, &sid, seq, previous.as_deref());
+        previous = Some(r.record.record_sha256.clone());
+        let got = call(
+            &d.url,
+            "GET",
+            &format!("/v1/sessions/{sid}/files/data/blob.bin"),
+            &d.token,
+            None,
+            &[("plimsoll-request-id", "get-1")],
+        );
+        seq += 1;
+        let get_req = serde_json::json!({"protocol": 1, "request_id": "get-1", "run": {"kind": "project", "artifacts": ["data/blob.bin"], "steps": []}}).to_string();
+        let r = checked_call(&got, &get_req, &sid, seq, previous.as_deref());
+        previous = Some(r.record.record_sha256.clone());
+        assert_eq!(r.result.artifacts[0].content.as_slice(), &bytes[..]);
+        // A path out of /work is refused, nothing ran (the chain does not move).
+        let bad = call(
+            &d.url,
+            "PUT",
+            &format!("/v1/sessions/{sid}/files/a/../../etc/x"),
+            &d.token,
+            Some(b"x"),
+            &[("plimsoll-request-id", "put-2")],
+        );
+        assert_eq!(bad.status, 400, "{}", bad.body);
+        assert_eq!(bad.error().error.not_dispatched, Some(Reason::Request));
+
+        // Streamed: the first chunk comes while the cell still sleeps.
+        let code = match language {
+            "python" => "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')",
+            _ => {
+                "console.log('first'); const t = Date.now(); while (Date.now() - t < 1500) {} console.log('second')"
+            }
+        };
+        let body = cell_body("stream-1", language, code);
+        let mut resp = agent()
+            .post(format!("{}{cells}", d.url))
+            .header("Authorization", format!("Bearer {}", d.token))
+            .header("Accept", "application/x-ndjson")
+            .send(body.as_bytes())
+            .expect("a streamed answer");
+        assert_eq!(resp.status(), 200);
+        let mut lines = BufReader::new(resp.body_mut().as_reader()).lines();
+        let first = lines.next().expect("a line").expect("readable");
+        let first_at = Instant::now();
+        let first: plimsoll_wire::StreamLine = serde_json::from_str(&first).unwrap();
+        let plimsoll_wire::StreamLine::Chunk(chunk) = first else {
+            panic!("{first:?}")
+        };
+        assert!(chunk.preview);
+        assert_eq!(
+            (chunk.chunk.offset, chunk.chunk.bytes.as_slice()),
+            (0, &b"first\n"[..])
+        );
+        let mut last = None;
+        for line in lines {
+            last = Some(serde_json::from_str::<plimsoll_wire::StreamLine>(&line.unwrap()).unwrap());
+        }
+        assert!(
+            first_at.elapsed() >= Duration::from_secs(1),
+            "the first chunk came only with the end"
+        );
+        let Some(plimsoll_wire::StreamLine::Response(resp)) = last else {
+            panic!("{last:?}")
+        };
+        assert_eq!(resp.result.stdout.as_slice(), b"first\nsecond\n");
+        assert_eq!(resp.result_sha256, result_sha256(&resp.result));
+        assert_eq!(resp.record.session.as_ref().unwrap().sequence, seq + 1);
+        assert_eq!(
+            resp.record.session.as_ref().unwrap().previous_record_sha256,
+            previous
+        );
+
+        let closed = call(
+            &d.url,
+            "DELETE",
+            &format!("/v1/sessions/{sid}"),
+            &d.token,
+            None,
+            &[("plimsoll-request-id", "close-1")],
+        );
+        assert_eq!(closed.status, 200, "{}", closed.body);
+        let closed: plimsoll_wire::SessionInfo = serde_json::from_str(&closed.body).unwrap();
+        assert_eq!(closed.end_reason, Some(plimsoll_wire::EndReason::Closed));
+        assert_eq!(closed.request_id.as_deref(), Some("close-1"));
+        let after = call(
+            &d.url,
+            "POST",
+            &cells,
+            &d.token,
+            Some(cell_body("late", language, bump).as_bytes()),
+            &[],
+        );
+        assert_eq!(after.status, 410, "{}", after.body);
+        let e = after.error();
+        assert_eq!(
+            (e.error.code.as_str(), e.error.end_reason),
+            ("session_ended", Some(plimsoll_wire::EndReason::Closed))
+        );
+        assert_eq!(e.error.not_dispatched, Some(Reason::Request));
+    }
+    assert_eq!(d.engine().sessions_open(), 0);
+}
+
+/// #13: another caller's session id gets the answer an unknown id gets; callers see only
+/// their own sessions; two sessions share no files or processes.
+#[test]
+fn two_callers_sessions_are_isolated() {
+    let test = "two_callers_sessions_are_isolated";
+    let d = session_daemon("");
+    if !available(test, &d.url, &d.token, "crun") {
+        return;
+    }
+    let other = d.add_caller("other");
+    let mine = open_session(&d.url, &d.token, "python", serde_json::json!({}));
+    let theirs = open_session(&d.url, &other, "python", serde_json::json!({}));
+    let write = step_body("w", "echo secret > /work/mine.txt && sleep 0");
+    let a = call(
+        &d.url,
+        "POST",
+        &format!("/v1/sessions/{}/steps", mine.session_id),
+        &d.token,
+        Some(write.as_bytes()),
+        &[],
+    );
+    assert_eq!(a.run().result.exit_code, Some(0));
+    // Their sandbox has no such file, and sees no process of mine.
+    let look = cell_body(
+        "l",
+        "python",
+        "import os\nprint(os.path.exists('/work/mine.txt'), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+    );
+    let a = call(
+        &d.url,
+        "POST",
+        &format!("/v1/sessions/{}/cells", theirs.session_id),
+        &other,
+        Some(look.as_bytes()),
+        &[],
+    );
+    let out = String::from_utf8(a.run().result.stdout.as_slice().to_vec()).unwrap();
+    assert!(out.starts_with("False "), "{out}");
+    let pids: Vec<u32> = serde_json::from_str(out.trim_start_matches("False ").trim()).unwrap();
+    assert!(
+        pids.len() < 6,
+        "a session sees only its own processes: {pids:?}"
+    );
+    // My id, asked by them, reads exactly as an unknown id does.
+    let unknown = format!("ses_{}_{}", &mine.session_id[4..20], "0".repeat(32));
+    for (method, suffix, body) in [
+        ("GET", "", None),
+        ("DELETE", "", None),
+        ("POST", "/cells", Some(look.as_bytes())),
+        ("GET", "/files/mine.txt", None),
+    ] {
+        let headers = [("plimsoll-request-id", "x-1")];
+        let theirs_view = call(
+            &d.url,
+            method,
+            &format!("/v1/sessions/{}{suffix}", mine.session_id),
+            &other,
+            body,
+            &headers,
+        );
+        let unknown_view = call(
+            &d.url,
+            method,
+            &format!("/v1/sessions/{unknown}{suffix}"),
+            &other,
+            body,
+            &headers,
+        );
+        assert_eq!(
+            theirs_view.status, 404,
+            "{method} {suffix}: {}",
+            theirs_view.body
+        );
+        assert_eq!(
+            theirs_view.body.replace(&mine.session_id, "ID"),
+            unknown_view.body.replace(&unknown, "ID")
+        );
+    }
+    let list: plimsoll_wire::SessionList =
+        serde_json::from_str(&call(&d.url, "GET", "/v1/sessions", &other, None, &[]).body).unwrap();
+    assert_eq!(
+        list.sessions
+            .iter()
+            .map(|s| s.session_id.clone())
+            .collect::<Vec<_>>(),
+        vec![theirs.session_id.clone()]
+    );
+    // Mine is still open and mine.
+    let a = call(
+        &d.url,
+        "GET",
+        &format!("/v1/sessions/{}", mine.session_id),
+        &d.token,
+        None,
+        &[],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    // An id from an earlier run of the daemon says so.
+    let restarted = format!("ses_{}_{}", "f".repeat(16), "0".repeat(32));
+    let e = call(
+        &d.url,
+        "GET",
+        &format!("/v1/sessions/{restarted}"),
+        &d.token,
+        None,
+        &[],
+    )
+    .error();
+    assert_eq!(
+        (e.error.code.as_str(), e.error.end_reason),
+        (
+            "session_not_found",
+            Some(plimsoll_wire::EndReason::DaemonRestarted)
+        )
+    );
+}
+
+/// #13: the ends: an idle timeout ends a session and frees its slot; an interpreter killed
+/// from inside is reported and restarted only when asked; a changed sandbox ends the session
+/// and refuses the call; the process tier keeps no session; the limits refuse `capacity`.
+#[test]
+fn every_end_of_a_session_is_explicit() {
+    let test = "every_end_of_a_session_is_explicit";
+    let d = session_daemon("[sessions]\nmax_per_caller = 1\n");
+    if !available(test, &d.url, &d.token, "crun") {
+        return;
+    }
+    // Idle timeout: ended by the daemon, its slot free again.
+    let s = open_session(
+        &d.url,
+        &d.token,
+        "python",
+        serde_json::json!({"idle_timeout_ms": 800}),
+    );
+    let full = call(
+        &d.url,
+        "POST",
+        "/v1/sessions",
+        &d.token,
+        Some(br#"{"protocol":1,"request_id":"o2","language":"python"}"#),
+        &[],
+    );
+    assert_eq!(full.status, 429, "{}", full.body);
+    assert_eq!(full.error().error.not_dispatched, Some(Reason::Capacity));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = call(
+            &d.url,
+            "GET",
+            &format!("/v1/sessions/{}", s.session_id),
+            &d.token,
+            None,
+            &[],
+        );
+        if a.status == 410 {
+            assert_eq!(
+                a.error().error.end_reason,
+                Some(plimsoll_wire::EndReason::IdleTimeout)
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle session was not ended: {}",
+            a.body
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let metrics = get(&d.url, "/metrics", None).body;
+    assert!(
+        metrics.contains(r#"plimsoll_session_ends_total{reason="idle_timeout"} 1"#),
+        "{metrics}"
+    );
+
+    // An interpreter killed from inside: reported, state lost, restarted only when asked.
+    let s = open_session(&d.url, &d.token, "python", serde_json::json!({}));
+    let cells = format!("/v1/sessions/{}/cells", s.session_id);
+    let post =
+        |path: &str, body: String| call(&d.url, "POST", path, &d.token, Some(body.as_bytes()), &[]);
+    assert_eq!(
+        post(&cells, cell_body("a", "python", "x = 42"))
+            .run()
+            .result
+            .state_kept,
+        Some(true)
+    );
+    let killed = post(
+        &cells,
+        cell_body(
+            "b",
+            "python",
+            "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+        ),
+    )
+    .run();
+    assert_eq!(killed.result.state_kept, Some(false));
+    assert_eq!(
+        killed.result.interpreter_end,
+        Some(plimsoll_wire::EndReason::InterpreterCrash)
+    );
+    let refused = post(&cells, cell_body("c", "python", "print(x)"));
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert_eq!(refused.error().error.code, "interpreter_ended");
+    let fresh = post(
+        &format!("{cells}?restart=true"),
+        cell_body("d", "python", "print('x' in globals())"),
+    )
+    .run();
+    assert_eq!(
+        (fresh.result.stdout.as_slice(), fresh.result.state_kept),
+        (&b"False\n"[..], Some(false))
+    );
+    let info: plimsoll_wire::SessionInfo = serde_json::from_str(
+        &call(
+            &d.url,
+            "GET",
+            &format!("/v1/sessions/{}", s.session_id),
+            &d.token,
+            None,
+            &[],
+        )
+        .body,
+    )
+    .unwrap();
+    assert!(info.interpreter_alive);
+    assert_eq!(info.calls, 3, "a refused call is not in the chain");
+
+    // The sandbox changed under the session: its memory limit lowered from the host.
+    let uid = s.wall.uid;
+    let pid = processes_of_uids(uid..uid + 1)
+        .into_iter()
+        .next()
+        .expect("the session's processes");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let memory = cgroup
+        .lines()
+        .find_map(|l| {
+            l.split(':')
+                .nth(1)
+                .filter(|c| c.split(',').any(|c| c == "memory"))
+                .map(|_| l.rsplit(':').next().unwrap().to_owned())
+        })
+        .expect("a memory cgroup");
+    let limit = std::path::Path::new("/sys/fs/cgroup/memory")
+        .join(memory.trim_start_matches('/'))
+        .join("memory.limit_in_bytes");
+    let now: u64 = std::fs::read_to_string(&limit)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::write(&limit, (now - 1024 * 1024).to_string()).unwrap();
+    let changed = post(&cells, cell_body("e", "python", "print(1)"));
+    assert_eq!(changed.status, 409, "{}", changed.body);
+    let e = changed.error();
+    assert_eq!(
+        (e.error.code.as_str(), e.error.end_reason),
+        (
+            "sandbox_changed",
+            Some(plimsoll_wire::EndReason::SandboxChanged)
+        )
+    );
+    assert_eq!(e.error.not_dispatched, Some(Reason::Environment));
+    assert_eq!(d.engine().sessions_open(), 0);
+    assert!(
+        processes_of_uids(uid..uid + 1).is_empty(),
+        "the ended session left processes"
+    );
+
+    // A floor the session's tier does not meet is refused per call.
+    let s = open_session(&d.url, &d.token, "javascript", serde_json::json!({}));
+    let high = serde_json::json!({"protocol": 1, "request_id": "v", "minimum_isolation": "vm", "run": {"kind": "snippet", "language": "javascript", "code": "1"}}).to_string();
+    let a = call(
+        &d.url,
+        "POST",
+        &format!("/v1/sessions/{}/cells", s.session_id),
+        &d.token,
+        Some(high.as_bytes()),
+        &[],
+    );
+    assert_eq!(a.status, 422, "{}", a.body);
+    assert_eq!(a.error().error.not_dispatched, Some(Reason::Isolation));
+    assert_eq!(
+        call(
+            &d.url,
+            "DELETE",
+            &format!("/v1/sessions/{}", s.session_id),
+            &d.token,
+            None,
+            &[]
+        )
+        .status,
+        200
+    );
+
+    // The process tier keeps no session.
+    let p = TestDaemon::start(PROCESS);
+    let a = call(&p.url, "POST", "/v1/sessions", &p.token, Some(br#"{"protocol":1,"request_id":"o3","language":"python","minimum_isolation":"process"}"#), &[]);
+    assert_eq!(a.status, 422, "{}", a.body);
+    assert_eq!(a.error().error.not_dispatched, Some(Reason::Unsupported));
+}
