@@ -193,7 +193,7 @@ impl SessionSandbox for OciSession {
             })?;
             match line {
                 SessionLine::Chunk(chunk) => on_chunk(chunk),
-                SessionLine::Answer(answer) => return Ok(answer),
+                SessionLine::Answer(answer) => return Ok(*answer),
             }
         }
     }

@@ -82,7 +82,7 @@ pub enum SessionLine {
     /// Output as it came (a preview: the answer's result is what counts).
     Chunk(crate::OutputChunk),
     /// The call's answer.
-    Answer(SessionAnswer),
+    Answer(Box<SessionAnswer>),
 }
 
 /// A session agent's answer to one call.
