@@ -67,6 +67,8 @@ pub enum ClientError {
         code: String,
         /// The daemon's message: what to do.
         message: String,
+        /// For a call to a session that has ended: why it ended.
+        end_reason: Option<plimsoll_wire::EndReason>,
     },
     /// The daemon answered with an error that does not say nothing ran.
     #[error(

@@ -19,6 +19,7 @@
 //! ```
 
 mod error;
+mod session;
 mod token;
 mod verify;
 
@@ -31,6 +32,7 @@ use plimsoll_wire::{
 };
 
 pub use error::{ClientError, DigestKind, ProvidersError};
+pub use session::{Session, SessionOptions};
 pub use token::Token;
 pub use verify::{check_tier, verify_response};
 
@@ -197,15 +199,42 @@ impl Client {
     /// Runs a request and verifies its answer (see [`verify_response`]). Blocks until the run
     /// is over.
     pub fn run(&self, options: impl Into<RunOptions>) -> Result<RunResponse, ClientError> {
-        let request_id = new_request_id();
-        let request = options.into().into_request(request_id.clone());
-        request
-            .validate()
-            .map_err(|r| ClientError::InvalidRequest {
-                request_id: request_id.clone(),
-                message: r.message,
-            })?;
-        let body = serde_json::to_vec(&request).map_err(|e| ClientError::InvalidRequest {
+        let request = options.into().into_request(new_request_id());
+        self.send_run("/v1/runs", &request, false)
+    }
+
+    /// Sends `request` to `path` (a run, or a session's cell or steps) and verifies the
+    /// answer; `validated` says the caller already checked the request its own way.
+    pub(crate) fn send_run(
+        &self,
+        path: &str,
+        request: &RunRequest,
+        validated: bool,
+    ) -> Result<RunResponse, ClientError> {
+        let (body, sent) = self.prepare(request, validated)?;
+        let budget = run_budget(request);
+        let (status, bytes) =
+            self.exchange("POST", path, Some(&body), &[], budget, &sent.request_id)?;
+        self.verified(&sent, status, &bytes)
+    }
+
+    /// The body of `request` and the request as that body reads back (what digests are
+    /// recomputed over), or a refusal before anything is sent.
+    pub(crate) fn prepare(
+        &self,
+        request: &RunRequest,
+        validated: bool,
+    ) -> Result<(Vec<u8>, RunRequest), ClientError> {
+        let request_id = request.request_id.clone();
+        if !validated {
+            request
+                .validate()
+                .map_err(|r| ClientError::InvalidRequest {
+                    request_id: request_id.clone(),
+                    message: r.message,
+                })?;
+        }
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::InvalidRequest {
             request_id: request_id.clone(),
             message: format!("the request does not serialise: {e}"),
         })?;
@@ -227,75 +256,86 @@ impl Client {
                 request_id: request_id.clone(),
                 message: format!("the request does not read back: {e}"),
             })?;
+        Ok((body, sent))
+    }
 
-        let url = format!("{}/v1/runs", self.base_url);
-        let budget = request
-            .limits
-            .as_ref()
-            .and_then(|l| l.timeout_ms)
-            .map_or(DEFAULT_RUN_BUDGET, Duration::from_millis)
-            + EXCHANGE_SLACK;
-        let answer = self
-            .agent
-            .post(&url)
-            .header("authorization", format!("Bearer {}", self.token.expose()))
-            .header("content-type", "application/json")
-            .config()
-            .timeout_global(Some(budget))
-            .build()
-            .send(&body[..]);
-        let (status, bytes) = match read_answer(answer) {
-            Ok(v) => v,
-            Err(Exchange::NotSent(message)) => {
-                return Err(ClientError::Unreachable { url, message });
-            }
-            Err(Exchange::MaySent(message)) => {
-                return Err(ClientError::Transport {
-                    request_id,
-                    url,
-                    message,
-                });
-            }
-        };
+    /// One exchange with the daemon: `method` on `path` with `body` (JSON unless a header
+    /// says otherwise), within `budget`. The answer's status and bytes, or why there is none
+    /// (nothing sent, or sent and unanswered).
+    pub(crate) fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, &str)],
+        budget: Duration,
+        request_id: &str,
+    ) -> Result<(u16, Vec<u8>), ClientError> {
+        let url = format!("{}{path}", self.base_url);
+        let answer = self.send(method, &url, body, headers, budget);
+        read_answer(answer).map_err(|e| match e {
+            Exchange::NotSent(message) => ClientError::Unreachable { url, message },
+            Exchange::MaySent(message) => ClientError::Transport {
+                request_id: request_id.to_owned(),
+                url,
+                message,
+            },
+        })
+    }
 
+    /// Sends one request; the raw answer.
+    pub(crate) fn send(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, &str)],
+        budget: Duration,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let auth = format!("Bearer {}", self.token.expose());
+        macro_rules! headed {
+            ($req:expr) => {{
+                let mut req = $req.header("authorization", &auth);
+                for (k, v) in headers {
+                    req = req.header(*k, *v);
+                }
+                req.config().timeout_global(Some(budget)).build()
+            }};
+        }
+        let typed = headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"));
+        match (method, body) {
+            ("GET", _) => headed!(self.agent.get(url)).call(),
+            ("DELETE", _) => headed!(self.agent.delete(url)).call(),
+            ("PUT", Some(b)) => headed!(self.agent.put(url)).send(b),
+            (_, b) => {
+                let mut req = self.agent.post(url);
+                if !typed {
+                    req = req.header("content-type", "application/json");
+                }
+                headed!(req).send(b.unwrap_or_default())
+            }
+        }
+    }
+
+    /// A run response verified against `sent`, or the error an answer of `status` says.
+    pub(crate) fn verified(
+        &self,
+        sent: &RunRequest,
+        status: u16,
+        bytes: &[u8],
+    ) -> Result<RunResponse, ClientError> {
         if status == 200 {
             let response: RunResponse =
-                serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
-                    request_id: request_id.clone(),
+                serde_json::from_slice(bytes).map_err(|e| ClientError::BadResponse {
+                    request_id: sent.request_id.clone(),
                     status,
                     message: format!("not a run response: {e}"),
                 })?;
-            return verify_response(&sent, response);
+            return verify_response(sent, response);
         }
-        let answer: ErrorResponse =
-            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
-                request_id: request_id.clone(),
-                status,
-                message: format!("not an error response ({e}): {}", preview(&bytes)),
-            })?;
-        let error = answer.error;
-        match error.not_dispatched {
-            Some(reason) if answer.request_id.as_deref() == Some(request_id.as_str()) => {
-                Err(ClientError::Refused {
-                    request_id,
-                    reason,
-                    code: error.code,
-                    message: error.message,
-                })
-            }
-            Some(reason) => Err(ClientError::UnverifiedRefusal {
-                sent: request_id,
-                echoed: answer.request_id,
-                reason,
-                message: error.message,
-            }),
-            None => Err(ClientError::Failed {
-                request_id,
-                status,
-                code: error.code,
-                message: error.message,
-            }),
-        }
+        Err(refusal(&sent.request_id, status, bytes))
     }
 
     /// True when the daemon answers `GET /readyz` with `200` (every provider probed, at least
@@ -353,6 +393,53 @@ impl Client {
                 message: format!("not an error response ({e}): {}", preview(&bytes)),
             }),
         }
+    }
+}
+
+/// The exchange budget of a request: its timeout (or the largest), plus slack.
+pub(crate) fn run_budget(request: &RunRequest) -> Duration {
+    request
+        .limits
+        .as_ref()
+        .and_then(|l| l.timeout_ms)
+        .map_or(DEFAULT_RUN_BUDGET, Duration::from_millis)
+        + EXCHANGE_SLACK
+}
+
+/// The error an answer other than `200` says to the request `request_id`: a refusal only
+/// when its mark comes with that id echoed.
+pub(crate) fn refusal(request_id: &str, status: u16, bytes: &[u8]) -> ClientError {
+    let answer: ErrorResponse = match serde_json::from_slice(bytes) {
+        Ok(a) => a,
+        Err(e) => {
+            return ClientError::BadResponse {
+                request_id: request_id.to_owned(),
+                status,
+                message: format!("not an error response ({e}): {}", preview(bytes)),
+            };
+        }
+    };
+    let error = answer.error;
+    match error.not_dispatched {
+        Some(reason) if answer.request_id.as_deref() == Some(request_id) => ClientError::Refused {
+            request_id: request_id.to_owned(),
+            reason,
+            code: error.code,
+            message: error.message,
+            end_reason: error.end_reason,
+        },
+        Some(reason) => ClientError::UnverifiedRefusal {
+            sent: request_id.to_owned(),
+            echoed: answer.request_id,
+            reason,
+            message: error.message,
+        },
+        None => ClientError::Failed {
+            request_id: request_id.to_owned(),
+            status,
+            code: error.code,
+            message: error.message,
+        },
     }
 }
 

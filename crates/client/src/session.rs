@@ -1,0 +1,505 @@
+//! Sessions through the client (docs/sessions.md): open one, send cells, steps and files,
+//! close it. Every call's answer is verified as a run's is (request id, floor, digests), and
+//! besides: its record names this session, the next sequence number and the previous call's
+//! record digest, and its tier and provider are the session's. A refusal of a session call
+//! is believed only with the echoed request id, as any other.
+
+use std::io::BufRead as _;
+
+use plimsoll_wire::{
+    Bytes, EndReason, Language, Limits, OutputChunk, PROTOCOL, Project, ProjectFile, RunRequest,
+    RunResponse, RunSpec, SessionInfo, SessionList, SessionOpenRequest, Snippet, Step, StreamLine,
+    Tier,
+};
+
+use crate::{Client, ClientError, EXCHANGE_SLACK, new_request_id, refusal, run_budget};
+
+/// What to open a session with; the client adds the protocol and a fresh request id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// The interpreter's language.
+    pub language: Language,
+    /// The floor; the daemon's default when absent.
+    pub minimum_isolation: Option<Tier>,
+    /// A provider that keeps sessions; the daemon chooses when absent.
+    pub provider: Option<String>,
+    /// Limits: memory, pids and disk for the session's life; timeout and output caps per call.
+    pub limits: Option<Limits>,
+    /// The idle timeout, milliseconds.
+    pub idle_timeout_ms: Option<u64>,
+    /// The maximum lifetime, milliseconds.
+    pub max_lifetime_ms: Option<u64>,
+}
+
+impl SessionOptions {
+    /// A session of `language` with the daemon's defaults.
+    pub fn new(language: Language) -> Self {
+        SessionOptions {
+            language,
+            minimum_isolation: None,
+            provider: None,
+            limits: None,
+            idle_timeout_ms: None,
+            max_lifetime_ms: None,
+        }
+    }
+
+    /// Sets the floor.
+    pub fn min_isolation(mut self, floor: Tier) -> Self {
+        self.minimum_isolation = Some(floor);
+        self
+    }
+
+    /// Names the provider.
+    pub fn provider(mut self, name: impl Into<String>) -> Self {
+        self.provider = Some(name.into());
+        self
+    }
+}
+
+/// An open session of this client's caller. Calls take `&mut self`: a session answers one
+/// call at a time, in order, and the client follows its chain.
+#[derive(Debug)]
+pub struct Session {
+    client: Client,
+    info: SessionInfo,
+    /// The sequence number and record digest of the last call answered.
+    last: (u64, Option<String>),
+}
+
+impl Client {
+    /// Opens a session, checks the answer (echoed request id, the tier against the floor,
+    /// the provider if named) and returns it.
+    pub fn open_session(&self, options: SessionOptions) -> Result<Session, ClientError> {
+        let request_id = new_request_id();
+        let open = SessionOpenRequest {
+            protocol: PROTOCOL,
+            request_id: request_id.clone(),
+            language: options.language,
+            minimum_isolation: options.minimum_isolation,
+            provider: options.provider.clone(),
+            grant: None,
+            limits: options.limits,
+            idle_timeout_ms: options.idle_timeout_ms,
+            max_lifetime_ms: options.max_lifetime_ms,
+        };
+        open.validate().map_err(|r| ClientError::InvalidRequest {
+            request_id: request_id.clone(),
+            message: r.message,
+        })?;
+        let body = serde_json::to_vec(&open).map_err(|e| ClientError::InvalidRequest {
+            request_id: request_id.clone(),
+            message: format!("the request does not serialise: {e}"),
+        })?;
+        let (status, bytes) = self.exchange(
+            "POST",
+            "/v1/sessions",
+            Some(&body),
+            &[],
+            EXCHANGE_SLACK,
+            &request_id,
+        )?;
+        if status != 200 {
+            return Err(refusal(&request_id, status, &bytes));
+        }
+        let info: SessionInfo =
+            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
+                request_id: request_id.clone(),
+                status,
+                message: format!("not a session: {e}"),
+            })?;
+        if info.request_id.as_deref() != Some(request_id.as_str()) {
+            return Err(ClientError::RequestIdMismatch {
+                sent: request_id,
+                echoed: info.request_id.unwrap_or_default(),
+            });
+        }
+        crate::check_tier(
+            &request_id,
+            options.minimum_isolation,
+            &info.provider,
+            info.isolation,
+        )?;
+        crate::check_tier(
+            &request_id,
+            Some(info.minimum_isolation),
+            &info.provider,
+            info.isolation,
+        )?;
+        if let Some(asked) = &options.provider
+            && *asked != info.provider
+        {
+            return Err(ClientError::ProviderMismatch {
+                request_id,
+                asked: asked.clone(),
+                provider: info.provider,
+            });
+        }
+        Ok(Session {
+            client: self.clone(),
+            info,
+            last: (0, None),
+        })
+    }
+
+    /// This caller's open sessions.
+    pub fn list_sessions(&self) -> Result<SessionList, ClientError> {
+        let request_id = new_request_id();
+        let (status, bytes) = self.exchange(
+            "GET",
+            "/v1/sessions",
+            None,
+            &[],
+            EXCHANGE_SLACK,
+            &request_id,
+        )?;
+        if status != 200 {
+            return Err(refusal(&request_id, status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
+            request_id,
+            status,
+            message: format!("not a session list: {e}"),
+        })
+    }
+}
+
+impl Session {
+    /// The session as it was opened (and as the last call left its chain).
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+
+    /// Its id.
+    pub fn id(&self) -> &str {
+        &self.info.session_id
+    }
+
+    /// Runs `code` in the session's interpreter.
+    pub fn cell(&mut self, code: impl Into<String>) -> Result<RunResponse, ClientError> {
+        self.cell_with(code, false, None, &mut |_| {})
+    }
+
+    /// Runs `code`; with `restart`, in a fresh interpreter; `timeout_ms` for this cell;
+    /// output chunks, as they come, to `on_chunk` (streamed when it is used: pass a closure
+    /// that does nothing to have the answer whole).
+    pub fn cell_with(
+        &mut self,
+        code: impl Into<String>,
+        restart: bool,
+        timeout_ms: Option<u64>,
+        on_chunk: &mut dyn FnMut(&OutputChunk),
+    ) -> Result<RunResponse, ClientError> {
+        let request = self.request(
+            RunSpec::Snippet(Snippet {
+                language: self.info.language,
+                code: code.into(),
+            }),
+            timeout_ms,
+        );
+        let path = format!(
+            "/v1/sessions/{}/cells{}",
+            self.info.session_id,
+            if restart { "?restart=true" } else { "" }
+        );
+        self.streamed(&path, &request, on_chunk)
+    }
+
+    /// Runs shell `steps` in order in the session's /work (stopping at the first failure).
+    pub fn steps(&mut self, steps: &[&str]) -> Result<RunResponse, ClientError> {
+        self.steps_with(steps, None, &mut |_| {})
+    }
+
+    /// [`Session::steps`], with a timeout and output chunks as they come.
+    pub fn steps_with(
+        &mut self,
+        steps: &[&str],
+        timeout_ms: Option<u64>,
+        on_chunk: &mut dyn FnMut(&OutputChunk),
+    ) -> Result<RunResponse, ClientError> {
+        let request = self.request(
+            RunSpec::Project(Project {
+                files: Vec::new(),
+                steps: steps
+                    .iter()
+                    .map(|s| Step {
+                        name: None,
+                        run: (*s).to_owned(),
+                    })
+                    .collect(),
+                artifacts: Vec::new(),
+            }),
+            timeout_ms,
+        );
+        let path = format!("/v1/sessions/{}/steps", self.info.session_id);
+        self.streamed(&path, &request, on_chunk)
+    }
+
+    /// Writes `content` to /work/`path` in the session, bytes exact.
+    pub fn put(&mut self, path: &str, content: &[u8]) -> Result<RunResponse, ClientError> {
+        let request = self.request(
+            RunSpec::Project(Project {
+                files: vec![ProjectFile {
+                    path: path.to_owned(),
+                    content: Bytes::from(content.to_vec()),
+                    executable: false,
+                }],
+                steps: Vec::new(),
+                artifacts: Vec::new(),
+            }),
+            None,
+        );
+        self.file_call("PUT", path, &request, Some(content))
+    }
+
+    /// Reads /work/`path` from the session: its bytes (`None` when there is no such file),
+    /// with the call's verified response.
+    pub fn get(&mut self, path: &str) -> Result<(Option<Vec<u8>>, RunResponse), ClientError> {
+        let request = self.request(
+            RunSpec::Project(Project {
+                files: Vec::new(),
+                steps: Vec::new(),
+                artifacts: vec![path.to_owned()],
+            }),
+            None,
+        );
+        let resp = self.file_call("GET", path, &request, None)?;
+        let bytes = resp
+            .result
+            .artifacts
+            .first()
+            .filter(|a| a.found)
+            .map(|a| a.content.as_slice().to_vec());
+        Ok((bytes, resp))
+    }
+
+    /// The session as the daemon shows it now.
+    pub fn refresh(&mut self) -> Result<&SessionInfo, ClientError> {
+        let request_id = new_request_id();
+        let path = format!("/v1/sessions/{}", self.info.session_id);
+        let (status, bytes) =
+            self.client
+                .exchange("GET", &path, None, &[], EXCHANGE_SLACK, &request_id)?;
+        if status != 200 {
+            return Err(refusal(&request_id, status, &bytes));
+        }
+        self.info = serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
+            request_id,
+            status,
+            message: format!("not a session: {e}"),
+        })?;
+        Ok(&self.info)
+    }
+
+    /// Closes the session: its sandbox is removed; the answer says it ended `closed`.
+    pub fn close(self) -> Result<SessionInfo, ClientError> {
+        let request_id = new_request_id();
+        let path = format!("/v1/sessions/{}", self.info.session_id);
+        let (status, bytes) = self.client.exchange(
+            "DELETE",
+            &path,
+            None,
+            &[("plimsoll-request-id", &request_id)],
+            EXCHANGE_SLACK,
+            &request_id,
+        )?;
+        if status != 200 {
+            return Err(refusal(&request_id, status, &bytes));
+        }
+        let info: SessionInfo =
+            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
+                request_id: request_id.clone(),
+                status,
+                message: format!("not a session: {e}"),
+            })?;
+        if info.request_id.as_deref() != Some(request_id.as_str()) {
+            return Err(ClientError::RequestIdMismatch {
+                sent: request_id,
+                echoed: info.request_id.unwrap_or_default(),
+            });
+        }
+        if info.end_reason != Some(EndReason::Closed) {
+            return Err(ClientError::BadResponse {
+                request_id,
+                status,
+                message: format!(
+                    "the close answered end reason {:?}, not closed",
+                    info.end_reason
+                ),
+            });
+        }
+        Ok(info)
+    }
+
+    fn request(&self, run: RunSpec, timeout_ms: Option<u64>) -> RunRequest {
+        RunRequest {
+            protocol: PROTOCOL,
+            request_id: new_request_id(),
+            minimum_isolation: None,
+            provider: None,
+            limits: timeout_ms.map(|t| Limits {
+                timeout_ms: Some(t),
+                ..Limits::default()
+            }),
+            run,
+            grant: None,
+        }
+    }
+
+    fn file_call(
+        &mut self,
+        method: &str,
+        path: &str,
+        request: &RunRequest,
+        content: Option<&[u8]>,
+    ) -> Result<RunResponse, ClientError> {
+        request
+            .validate_session_call()
+            .map_err(|r| ClientError::InvalidRequest {
+                request_id: request.request_id.clone(),
+                message: r.message,
+            })?;
+        let url_path = format!("/v1/sessions/{}/files/{path}", self.info.session_id);
+        let headers = [
+            ("plimsoll-request-id", request.request_id.as_str()),
+            ("content-type", "application/octet-stream"),
+        ];
+        let (status, bytes) = self.client.exchange(
+            method,
+            &url_path,
+            content,
+            &headers,
+            run_budget(request),
+            &request.request_id,
+        )?;
+        let resp = self.client.verified(request, status, &bytes)?;
+        self.follow(request, resp)
+    }
+
+    /// Sends a cell or steps, streamed, and verifies the final answer.
+    fn streamed(
+        &mut self,
+        path: &str,
+        request: &RunRequest,
+        on_chunk: &mut dyn FnMut(&OutputChunk),
+    ) -> Result<RunResponse, ClientError> {
+        request
+            .validate_session_call()
+            .map_err(|r| ClientError::InvalidRequest {
+                request_id: request.request_id.clone(),
+                message: r.message,
+            })?;
+        let (body, sent) = self.client.prepare(request, true)?;
+        let id = sent.request_id.clone();
+        let url = format!("{}{path}", self.client.base_url);
+        let answer = self.client.send(
+            "POST",
+            &url,
+            Some(&body),
+            &[("accept", "application/x-ndjson")],
+            run_budget(request),
+        );
+        let mut response = answer.map_err(|e| ClientError::Transport {
+            request_id: id.clone(),
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        let status = response.status().as_u16();
+        let streamed = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("application/x-ndjson"));
+        let mut reader = std::io::BufReader::new(response.body_mut().as_reader());
+        if status != 200 || !streamed {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut bytes).map_err(|e| {
+                ClientError::Transport {
+                    request_id: id.clone(),
+                    url: url.clone(),
+                    message: format!("reading the answer: {e}"),
+                }
+            })?;
+            let resp = self.client.verified(&sent, status, &bytes)?;
+            return self.follow(&sent, resp);
+        }
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|e| ClientError::Transport {
+                    request_id: id.clone(),
+                    url: url.clone(),
+                    message: format!("reading the stream: {e}"),
+                })?;
+            if n == 0 {
+                return Err(ClientError::Transport {
+                    request_id: id,
+                    url,
+                    message: "the stream ended before its answer".into(),
+                });
+            }
+            let parsed: StreamLine =
+                serde_json::from_slice(&line).map_err(|e| ClientError::BadResponse {
+                    request_id: id.clone(),
+                    status,
+                    message: format!("not a stream line: {e}"),
+                })?;
+            match parsed {
+                StreamLine::Chunk(c) => on_chunk(&c.chunk),
+                StreamLine::Response(resp) => {
+                    let resp = crate::verify_response(&sent, *resp)?;
+                    return self.follow(&sent, resp);
+                }
+                StreamLine::Error(e) => {
+                    // The stream's own status was 200; the error line is the answer.
+                    let bytes = serde_json::to_vec(&e).unwrap_or_default();
+                    return Err(refusal(&id, status, &bytes));
+                }
+            }
+        }
+    }
+
+    /// Checks a verified call's place in the session's chain and moves the chain on.
+    fn follow(&mut self, sent: &RunRequest, resp: RunResponse) -> Result<RunResponse, ClientError> {
+        let id = sent.request_id.as_str();
+        let bad = |message: String| ClientError::BadResponse {
+            request_id: id.to_owned(),
+            status: 200,
+            message,
+        };
+        let Some(link) = &resp.record.session else {
+            return Err(bad("the record of a session call names no session".into()));
+        };
+        if link.session_id != self.info.session_id {
+            return Err(bad(format!(
+                "the record names session {}, not {}",
+                link.session_id, self.info.session_id
+            )));
+        }
+        let (sequence, previous) = &self.last;
+        if link.sequence != sequence + 1 || link.previous_record_sha256 != *previous {
+            return Err(bad(format!(
+                "the record is call {} after {:?}, not call {} after {:?}: a call of this session is missing, repeated or reordered",
+                link.sequence,
+                link.previous_record_sha256,
+                sequence + 1,
+                previous
+            )));
+        }
+        if resp.isolation != self.info.isolation
+            || resp.provider != self.info.provider
+            || resp.record.evidence_sha256 != self.info.evidence_sha256
+        {
+            return Err(bad(format!(
+                "the call ran at {} ({}), not the session's {} ({}) on its evidence",
+                resp.provider, resp.isolation, self.info.provider, self.info.isolation
+            )));
+        }
+        self.last = (link.sequence, Some(resp.record.record_sha256.clone()));
+        self.info.calls = link.sequence;
+        self.info.last_record_sha256 = Some(resp.record.record_sha256.clone());
+        Ok(resp)
+    }
+}
