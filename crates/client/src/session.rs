@@ -142,6 +142,30 @@ impl Client {
         })
     }
 
+    /// This caller's open session `id`, resumed where the daemon says its chain stands (its
+    /// last call's sequence and record digest): for a caller that did not open it in this
+    /// process (the CLI between invocations). A client that opened it keeps its own chain.
+    pub fn session(&self, id: &str) -> Result<Session, ClientError> {
+        let request_id = new_request_id();
+        let path = format!("/v1/sessions/{id}");
+        let (status, bytes) = self.exchange("GET", &path, None, &[], EXCHANGE_SLACK, &request_id)?;
+        if status != 200 {
+            return Err(refusal(&request_id, status, &bytes));
+        }
+        let info: SessionInfo =
+            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
+                request_id,
+                status,
+                message: format!("not a session: {e}"),
+            })?;
+        let last = (info.calls, info.last_record_sha256.clone());
+        Ok(Session {
+            client: self.clone(),
+            info,
+            last,
+        })
+    }
+
     /// This caller's open sessions.
     pub fn list_sessions(&self) -> Result<SessionList, ClientError> {
         let request_id = new_request_id();
