@@ -46,6 +46,10 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// List providers: tier, availability, and the evidence behind it.
     Providers(ProvidersArgs),
+    /// Keep one sandbox across calls on a daemon: open a session, run cells in its
+    /// interpreter (state kept), shell steps, put and get files, close it (docs/sessions.md).
+    #[command(subcommand)]
+    Session(SessionCommand),
     /// Manage the callers of a daemon.
     #[command(subcommand)]
     Callers(CallersCommand),
@@ -135,6 +139,110 @@ pub struct RunArgs {
     /// grants are its operator's.
     #[arg(long, value_name = "FILE", conflicts_with = "daemon")]
     pub grants: Option<PathBuf>,
+}
+
+/// Where a session command goes: a daemon (sessions live in a daemon, not in this process).
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// The daemon (token from PLIMSOLL_TOKEN). Default: PLIMSOLL_DAEMON.
+    #[arg(long, value_name = "URL")]
+    pub daemon: Option<String>,
+    /// Print the answer as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `plimsoll session ...`.
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Open a session and print its id on stdout (the tier and provider on stderr).
+    Open {
+        /// The interpreter's language: javascript (js) or python (py).
+        #[arg(long, value_name = "LANG", value_parser = parse_language)]
+        lang: Language,
+        /// The floor: the weakest tier to accept.
+        #[arg(long, value_name = "TIER", value_parser = parse_tier)]
+        min_isolation: Option<Tier>,
+        /// Open it on this provider (crun, runc, runsc, qemu).
+        #[arg(long, value_name = "NAME")]
+        provider: Option<String>,
+        /// End it after this long without a call, in milliseconds.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        idle_timeout_ms: Option<u64>,
+        /// End it this long after it opened, in milliseconds.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        max_lifetime_ms: Option<u64>,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Run a cell in the session's interpreter; its output comes as it is printed.
+    Run {
+        /// The session id.
+        id: String,
+        /// The code (else FILE, or standard input).
+        #[arg(short = 'e', long = "eval", value_name = "CODE")]
+        code: Option<String>,
+        /// A file holding the code; `-` or nothing reads standard input.
+        #[arg(value_name = "FILE", conflicts_with = "code")]
+        file: Option<PathBuf>,
+        /// Start a fresh interpreter first (after it ended, or to drop its state).
+        #[arg(long)]
+        restart: bool,
+        /// This cell's timeout, in milliseconds.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: Option<u64>,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Run shell steps in order in the session's /work; output comes as it is printed.
+    Step {
+        /// The session id.
+        id: String,
+        /// The commands, each run by `/bin/sh -c`.
+        #[arg(required = true, value_name = "CMD")]
+        steps: Vec<String>,
+        /// The steps' timeout, in milliseconds.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: Option<u64>,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Write a local file (or standard input) to /work/PATH in the session, bytes exact.
+    Put {
+        /// The session id.
+        id: String,
+        /// The path under /work.
+        path: String,
+        /// The local file; `-` or nothing reads standard input.
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Read /work/PATH from the session to standard output (or --out FILE), bytes exact.
+    Get {
+        /// The session id.
+        id: String,
+        /// The path under /work.
+        path: String,
+        /// Write it here instead of standard output.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Close the session: its sandbox is removed.
+    Close {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// List this caller's open sessions.
+    List {
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
 }
 
 /// `plimsoll providers`.

@@ -12,6 +12,7 @@ mod manuals;
 mod mcp;
 mod providers;
 mod run;
+mod session;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +72,7 @@ pub fn main_with(cli: Cli) -> u8 {
     let outcome = match cli.command {
         Command::Run(a) => run::run(config, &a),
         Command::Providers(a) => providers::providers(config, &a),
+        Command::Session(c) => session::session(c),
         Command::Callers(args::CallersCommand::Add { name, file }) => {
             callers::add(config, &name, file.as_deref())
         }

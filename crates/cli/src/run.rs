@@ -386,7 +386,7 @@ fn truncation(r: &RunResult) -> &'static str {
 /// and from the embedded engine `evidence`, `evidence_sha256`, `evidence_age_ms` and
 /// `evidence_cached`), or the header on stderr and the program's exact output on stdout and
 /// stderr. Exit 0: the run happened.
-fn print_result(
+pub(crate) fn print_result(
     sent: &RunRequest,
     resp: &RunResponse,
     evidence: Option<&ProviderEvidence>,
@@ -463,7 +463,12 @@ pub fn call_line(c: &GrantCall) -> String {
 
 /// Prints an error: the error object as JSON on stdout, or its message on stderr. Exit 3
 /// when nothing ran, 4 when the code may have run.
-fn print_error(response: &ErrorResponse, message: &str, nd: Option<Reason>, json: bool) -> u8 {
+pub(crate) fn print_error(
+    response: &ErrorResponse,
+    message: &str,
+    nd: Option<Reason>,
+    json: bool,
+) -> u8 {
     if json {
         print_json(response);
     } else if nd.is_some() {
@@ -478,7 +483,7 @@ fn print_error(response: &ErrorResponse, message: &str, nd: Option<Reason>, json
     }
 }
 
-fn print_json<T: serde::Serialize>(value: &T) {
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) {
     let mut out = std::io::stdout().lock();
     let _ = serde_json::to_writer_pretty(&mut out, value);
     let _ = writeln!(out);

@@ -1,0 +1,265 @@
+//! `plimsoll session ...`: sessions on a daemon (docs/sessions.md). Each call's answer is
+//! verified by the client (digests, the tier, the session's chain); a cell's or step's output
+//! is written as it comes, then its header on stderr.
+
+use std::io::{Read as _, Write as _};
+use std::path::Path;
+
+use anyhow::{Context as _, anyhow};
+use plimsoll_client::{Client, ClientError, Session, SessionOptions};
+use plimsoll_wire::{OutputChunk, OutputStream, RunResponse, SessionInfo, Tier};
+
+use crate::args::{DaemonArgs, SessionCommand};
+use crate::local::{client, daemon_url};
+use crate::run::{header, print_error, print_json};
+use crate::{EXIT_FAILED, EXIT_OK, Failure};
+
+/// Runs `plimsoll session ...`.
+pub fn session(command: SessionCommand) -> Result<u8, Failure> {
+    match command {
+        SessionCommand::Open {
+            lang,
+            min_isolation,
+            provider,
+            idle_timeout_ms,
+            max_lifetime_ms,
+            to,
+        } => {
+            let c = connect(&to)?;
+            let mut options = SessionOptions::new(lang);
+            options.minimum_isolation = min_isolation;
+            options.provider = provider;
+            options.idle_timeout_ms = idle_timeout_ms;
+            options.max_lifetime_ms = max_lifetime_ms;
+            Ok(match c.open_session(options) {
+                Ok(s) => {
+                    let info = s.info();
+                    if to.json {
+                        print_json(info);
+                    } else {
+                        describe(info);
+                        println!("{}", info.session_id);
+                    }
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+        SessionCommand::Run {
+            id,
+            code,
+            file,
+            restart,
+            timeout_ms,
+            to,
+        } => {
+            let code = match code {
+                Some(c) => c,
+                None => read_input(file.as_deref())?,
+            };
+            with_session(&to, &id, |s, on_chunk| {
+                s.cell_with(code, restart, timeout_ms, on_chunk)
+            })
+        }
+        SessionCommand::Step {
+            id,
+            steps,
+            timeout_ms,
+            to,
+        } => with_session(&to, &id, |s, on_chunk| {
+            let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+            s.steps_with(&steps, timeout_ms, on_chunk)
+        }),
+        SessionCommand::Put { id, path, from, to } => {
+            let bytes = read_bytes(from.as_deref())?;
+            let c = connect(&to)?;
+            Ok(
+                match c.session(&id).and_then(|mut s| s.put(&path, &bytes)) {
+                    Ok(resp) => {
+                        if to.json {
+                            print_json(&resp);
+                        } else {
+                            eprintln!("{}", header(&resp));
+                        }
+                        EXIT_OK
+                    }
+                    Err(e) => failed(&e, to.json),
+                },
+            )
+        }
+        SessionCommand::Get { id, path, out, to } => {
+            let c = connect(&to)?;
+            match c.session(&id).and_then(|mut s| s.get(&path)) {
+                Ok((bytes, resp)) => {
+                    if to.json {
+                        print_json(&resp);
+                        return Ok(EXIT_OK);
+                    }
+                    let Some(bytes) = bytes else {
+                        eprintln!("plimsoll: /work/{path} is not a file in session {id}");
+                        return Ok(EXIT_FAILED);
+                    };
+                    match out {
+                        Some(file) => std::fs::write(&file, &bytes)
+                            .with_context(|| format!("cannot write {}", file.display()))
+                            .map_err(Failure::failed)?,
+                        None => {
+                            let mut o = std::io::stdout().lock();
+                            let _ = o.write_all(&bytes);
+                            let _ = o.flush();
+                        }
+                    }
+                    Ok(EXIT_OK)
+                }
+                Err(e) => Ok(failed(&e, to.json)),
+            }
+        }
+        SessionCommand::Close { id, to } => {
+            let c = connect(&to)?;
+            Ok(match c.session(&id).and_then(Session::close) {
+                Ok(info) => {
+                    if to.json {
+                        print_json(&info);
+                    } else {
+                        eprintln!(
+                            "plimsoll: session {} closed after {} calls",
+                            info.session_id, info.calls
+                        );
+                    }
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+        SessionCommand::List { to } => {
+            let c = connect(&to)?;
+            Ok(match c.list_sessions() {
+                Ok(list) => {
+                    if to.json {
+                        print_json(&list);
+                    } else {
+                        for s in &list.sessions {
+                            println!(
+                                "{}\t{}\t{}\t{}\t{} calls",
+                                s.session_id,
+                                s.language.as_str(),
+                                s.provider,
+                                s.isolation,
+                                s.calls
+                            );
+                        }
+                    }
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+    }
+}
+
+fn connect(to: &DaemonArgs) -> Result<Client, Failure> {
+    let url = daemon_url(to.daemon.as_deref()).ok_or_else(|| {
+        Failure::usage(anyhow!(
+            "sessions live in a daemon: pass --daemon URL or set PLIMSOLL_DAEMON"
+        ))
+    })?;
+    client(&url)
+}
+
+/// A cell or steps in session `id`: output written as it comes (unless --json), then the
+/// header on stderr.
+fn with_session(
+    to: &DaemonArgs,
+    id: &str,
+    call: impl FnOnce(&mut Session, &mut dyn FnMut(&OutputChunk)) -> Result<RunResponse, ClientError>,
+) -> Result<u8, Failure> {
+    let c = connect(to)?;
+    let mut session = match c.session(id) {
+        Ok(s) => s,
+        Err(e) => return Ok(failed(&e, to.json)),
+    };
+    let json = to.json;
+    let mut on_chunk = |chunk: &OutputChunk| {
+        if json {
+            return;
+        }
+        let bytes = chunk.bytes.as_slice();
+        let _ = match chunk.stream {
+            OutputStream::Stdout => {
+                let mut o = std::io::stdout().lock();
+                o.write_all(bytes).and_then(|()| o.flush())
+            }
+            OutputStream::Stderr => {
+                let mut e = std::io::stderr().lock();
+                e.write_all(bytes).and_then(|()| e.flush())
+            }
+        };
+    };
+    Ok(match call(&mut session, &mut on_chunk) {
+        Ok(resp) => {
+            if json {
+                print_json(&resp);
+            } else {
+                eprintln!("{}", header(&resp));
+                if resp.result.state_kept == Some(false) {
+                    match resp.result.interpreter_end {
+                        Some(end) => eprintln!(
+                            "plimsoll: the interpreter ended ({end}): its state is lost; the next cell needs --restart"
+                        ),
+                        None => eprintln!(
+                            "plimsoll: a fresh interpreter ran this cell (no earlier state)"
+                        ),
+                    }
+                }
+            }
+            EXIT_OK
+        }
+        Err(e) => failed(&e, json),
+    })
+}
+
+fn failed(e: &ClientError, json: bool) -> u8 {
+    print_error(
+        &e.to_response(),
+        &e.to_string(),
+        plimsoll_wire::not_dispatched_reason(e),
+        json,
+    )
+}
+
+fn describe(info: &SessionInfo) {
+    if crate::quiet() {
+        return;
+    }
+    eprintln!(
+        "plimsoll: session on provider {}, isolation {}, idle timeout {} ms, expires at {} (Unix ms)",
+        info.provider, info.isolation, info.idle_timeout_ms, info.expires_unix_ms
+    );
+    if info.isolation == Tier::Process {
+        eprintln!("plimsoll: note: the process tier is no wall for hostile code");
+    }
+}
+
+fn read_bytes(file: Option<&Path>) -> Result<Vec<u8>, Failure> {
+    let mut bytes = Vec::new();
+    match file {
+        None => std::io::stdin()
+            .read_to_end(&mut bytes)
+            .map(|_| ())
+            .context("cannot read standard input"),
+        Some(p) if p == Path::new("-") => std::io::stdin()
+            .read_to_end(&mut bytes)
+            .map(|_| ())
+            .context("cannot read standard input"),
+        Some(p) => std::fs::read(p)
+            .map(|b| bytes = b)
+            .with_context(|| format!("cannot read {}", p.display())),
+    }
+    .map_err(Failure::usage)?;
+    Ok(bytes)
+}
+
+fn read_input(file: Option<&Path>) -> Result<String, Failure> {
+    String::from_utf8(read_bytes(file)?)
+        .map_err(|_| Failure::usage(anyhow!("the code is not UTF-8")))
+}
