@@ -252,7 +252,9 @@ def encode_result(r):
         r,
         "result",
         OUTCOME_REQUIRED,
-        OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall"),
+        OUTCOME_OPTIONAL
+        + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall")
+        + ("state_kept", "interpreter_end"),
     )
     e = Encoding(RESULT_DOMAIN)
     encode_outcome(e, r, "result")
@@ -311,6 +313,11 @@ def encode_result(r):
     # Field 14, likewise.
     if opt(r, "wall") is not None:
         e.raw("wall", encode_wall(r["wall"]))
+    # Fields 15 and 16, a session cell's, likewise.
+    if opt(r, "state_kept") is not None:
+        e.boolean("state_kept", want_bool(r["state_kept"], "result.state_kept"))
+    if opt(r, "interpreter_end") is not None:
+        e.string("interpreter_end", want_str(r["interpreter_end"], "result.interpreter_end"))
     return e.bytes()
 
 
@@ -391,7 +398,7 @@ def encode_record(r):
             "ended_unix_ms",
             "record_sha256",
         ),
-        ("minimum_isolation",),
+        ("minimum_isolation", "session"),
     )
     e = Encoding(RECORD_DOMAIN)
     for name in RECORD_STRINGS:
@@ -403,6 +410,17 @@ def encode_record(r):
     e.string("environment", want_str(r["environment"], "environment"))
     e.u64("started_unix_ms", want_int(r["started_unix_ms"], "started_unix_ms", 0, U64_MAX))
     e.u64("ended_unix_ms", want_int(r["ended_unix_ms"], "ended_unix_ms", 0, U64_MAX))
+    # Field 11: a session call's link, its members as fields of the record itself.
+    if opt(r, "session") is not None:
+        link = r["session"]
+        check_keys(link, "record.session", ("session_id", "sequence"), ("previous_record_sha256",))
+        e.string("session_id", want_str(link["session_id"], "record.session.session_id"))
+        e.u64("sequence", want_int(link["sequence"], "record.session.sequence", 0, U64_MAX))
+        if opt(link, "previous_record_sha256") is not None:
+            e.string(
+                "previous_record_sha256",
+                want_str(link["previous_record_sha256"], "record.session.previous_record_sha256"),
+            )
     return e.bytes()
 
 

@@ -431,6 +431,8 @@ fn leaf_candidates(key: &str, leaf: &Value) -> Vec<Value> {
                 "javascript",
                 "warm",
                 "cold",
+                "cell_timeout",
+                "out_of_memory",
             ] {
                 if alt != s {
                     out.push(Value::String(alt.to_owned()));
