@@ -161,6 +161,9 @@ export function encodeResult(r: RunResult): Uint8Array {
   e.optional("member_age_ms", r.member_age_ms, u64);
   // What the sandbox looked like before its code was handed over (field 14), likewise.
   e.optional("wall", r.wall, encodeWall);
+  // A session cell's members (fields 15-16), likewise left out when absent.
+  e.optional("state_kept", r.state_kept, boolByte);
+  e.optional("interpreter_end", r.interpreter_end, utf8);
   return e.bytes();
 }
 
@@ -193,7 +196,7 @@ function encodeWall(w: Wall): Uint8Array {
 
 /** The record's encoding (every member but `record_sha256`). */
 export function encodeRecord(r: RunRecord): Uint8Array {
-  return top(DOMAINS.record)
+  const e = top(DOMAINS.record)
     .field("request_id", utf8(r.request_id))
     .field("request_sha256", utf8(r.request_sha256))
     .field("result_sha256", utf8(r.result_sha256))
@@ -205,8 +208,15 @@ export function encodeRecord(r: RunRecord): Uint8Array {
     .field("evidence_sha256", utf8(r.evidence_sha256))
     .field("environment", utf8(r.environment))
     .field("started_unix_ms", u64be(r.started_unix_ms))
-    .field("ended_unix_ms", u64be(r.ended_unix_ms))
-    .bytes();
+    .field("ended_unix_ms", u64be(r.ended_unix_ms));
+  // A session call's place in its chain (field 11): its members as fields of the record
+  // itself, not nested; absent, nothing, so a record outside sessions keeps its digest.
+  if (r.session !== undefined) {
+    e.field("session_id", utf8(r.session.session_id))
+      .field("sequence", u64be(r.session.sequence))
+      .optional("previous_record_sha256", r.session.previous_record_sha256, utf8);
+  }
+  return e.bytes();
 }
 
 /** SHA-256 of `bytes`, as 64 lowercase hex characters. */

@@ -10,6 +10,8 @@ import { JsonNumber, type JsonObject, type JsonValue, parseJson } from "./json.j
 import {
   type Artifact,
   type BinaryIdentity,
+  END_REASONS,
+  type EndReason,
   type ErrorResponse,
   type Evidence,
   type GrantCall,
@@ -18,6 +20,7 @@ import {
   type Limits,
   type NamespaceSeen,
   type Outcome,
+  type OutputStream,
   type ProbeReport,
   type ProviderInfo,
   type ProvidersResponse,
@@ -28,9 +31,13 @@ import {
   type RunResponse,
   type RunResult,
   type SentRunSpec,
+  type SessionInfo,
+  type SessionLink,
+  type SessionList,
   STARTS,
   type Start,
   type StepResult,
+  type StreamLine,
   TIERS,
   type Tier,
   type Wall,
@@ -151,6 +158,7 @@ const tier = oneOf<Tier>(TIERS, "tier");
 const start = oneOf<Start>(STARTS, "start");
 const reason = oneOf<Reason>(REASONS, "reason");
 const language = oneOf<Language>(["javascript", "python"], "language");
+const endReason = oneOf<EndReason>(END_REASONS, "session end reason");
 
 /** Bytes in either wire form. */
 function bytes(v: JsonValue, path: string): Uint8Array {
@@ -378,6 +386,8 @@ export function readRunResult(v: JsonValue, path = "result"): RunResult {
     "start",
     "member_age_ms",
     "wall",
+    "state_kept",
+    "interpreter_end",
   ]);
   const out: RunResult = {
     ...outcome(m, path),
@@ -388,6 +398,15 @@ export function readRunResult(v: JsonValue, path = "result"): RunResult {
   optInto(out, m, "start", path, start);
   optInto(out, m, "member_age_ms", path, u64);
   optInto(out, m, "wall", path, wall);
+  optInto(out, m, "state_kept", path, bool);
+  optInto(out, m, "interpreter_end", path, endReason);
+  return out;
+}
+
+function sessionLink(v: JsonValue, path: string): SessionLink {
+  const m = object(v, path, ["session_id", "sequence", "previous_record_sha256"]);
+  const out: SessionLink = { session_id: req(m, "session_id", path, str), sequence: req(m, "sequence", path, u64) };
+  optInto(out, m, "previous_record_sha256", path, str);
   return out;
 }
 
@@ -404,9 +423,11 @@ export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
     "environment",
     "started_unix_ms",
     "ended_unix_ms",
+    "session",
     "record_sha256",
   ]);
   const floor = opt(m, "minimum_isolation", path, tier);
+  const session = opt(m, "session", path, sessionLink);
   return {
     request_id: req(m, "request_id", path, str),
     request_sha256: req(m, "request_sha256", path, str),
@@ -418,6 +439,7 @@ export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
     environment: req(m, "environment", path, str),
     started_unix_ms: req(m, "started_unix_ms", path, u64),
     ended_unix_ms: req(m, "ended_unix_ms", path, u64),
+    ...(session === undefined ? {} : { session }),
     record_sha256: req(m, "record_sha256", path, str),
   };
 }
@@ -451,9 +473,9 @@ export function readRunResponse(v: JsonValue, path = "answer"): RunResponse {
 /** Reads an error answer. */
 export function readErrorResponse(v: JsonValue, path = "answer"): ErrorResponse {
   const m = object(v, path, ["protocol", "request_id", "error"]);
-  const e = req(m, "error", path, (x, p) => object(x, p, ["code", "message", "not_dispatched"]));
+  const e = req(m, "error", path, (x, p) => object(x, p, ["code", "message", "not_dispatched", "end_reason"]));
   const ep = `${path}.error`;
-  return {
+  const out: ErrorResponse = {
     protocol: req(m, "protocol", path, u32),
     // Nullable members: always sent by servers, `null` and absent read the same.
     request_id: opt(m, "request_id", path, str) ?? null,
@@ -463,6 +485,8 @@ export function readErrorResponse(v: JsonValue, path = "answer"): ErrorResponse 
       not_dispatched: opt(e, "not_dispatched", ep, reason) ?? null,
     },
   };
+  optInto(out.error, e, "end_reason", ep, endReason);
+  return out;
 }
 
 function binary(v: JsonValue, path: string): BinaryIdentity {
@@ -577,6 +601,86 @@ export function readProvidersResponse(v: JsonValue, path = "answer"): ProvidersR
     protocol: req(m, "protocol", path, u32),
     default_floor: req(m, "default_floor", path, tier),
     providers: req(m, "providers", path, list(providerInfo)),
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions (docs/sessions.md).
+
+/** Reads a session as `POST /v1/sessions`, `GET /v1/sessions[/{id}]` and `DELETE` answer it. */
+export function readSessionInfo(v: JsonValue, path = "session"): SessionInfo {
+  const m = object(v, path, [
+    "protocol",
+    "request_id",
+    "session_id",
+    "language",
+    "provider",
+    "isolation",
+    "minimum_isolation",
+    "evidence_sha256",
+    "environment",
+    "wall",
+    "opened_unix_ms",
+    "expires_unix_ms",
+    "idle_timeout_ms",
+    "calls",
+    "last_record_sha256",
+    "interpreter_alive",
+    "end_reason",
+  ]);
+  const out: SessionInfo = {
+    protocol: req(m, "protocol", path, u32),
+    session_id: req(m, "session_id", path, str),
+    language: req(m, "language", path, language),
+    provider: req(m, "provider", path, str),
+    isolation: req(m, "isolation", path, tier),
+    minimum_isolation: req(m, "minimum_isolation", path, tier),
+    evidence_sha256: req(m, "evidence_sha256", path, str),
+    environment: req(m, "environment", path, str),
+    wall: req(m, "wall", path, wall),
+    opened_unix_ms: req(m, "opened_unix_ms", path, u64),
+    expires_unix_ms: req(m, "expires_unix_ms", path, u64),
+    idle_timeout_ms: req(m, "idle_timeout_ms", path, u64),
+    calls: req(m, "calls", path, u64),
+    interpreter_alive: req(m, "interpreter_alive", path, bool),
+  };
+  optInto(out, m, "request_id", path, str);
+  optInto(out, m, "last_record_sha256", path, str);
+  optInto(out, m, "end_reason", path, endReason);
+  return out;
+}
+
+/** Reads the answer to `GET /v1/sessions`. */
+export function readSessionList(v: JsonValue, path = "answer"): SessionList {
+  const m = object(v, path, ["protocol", "sessions"]);
+  return {
+    protocol: req(m, "protocol", path, u32),
+    sessions: req(m, "sessions", path, list(readSessionInfo)),
+  };
+}
+
+const outputStream = oneOf<OutputStream>(["stdout", "stderr"], "stream");
+
+/** Reads one line of a streamed answer (`Accept: application/x-ndjson`), not yet verified. */
+export function readStreamLine(v: JsonValue, path = "line"): StreamLine {
+  const m = object(v, path, ["chunk", "response", "error"]);
+  if (m.size !== 1) {
+    throw new ShapeError(path, `a stream line has exactly one of \`chunk\`, \`response\`, \`error\`, not ${m.size} members`);
+  }
+  if (m.has("response")) return { response: req(m, "response", path, readRunResponse) };
+  if (m.has("error")) return { error: req(m, "error", path, readErrorResponse) };
+  const c = req(m, "chunk", path, (x, p) => object(x, p, ["preview", "stream", "offset", "bytes"]));
+  const cp = `${path}.chunk`;
+  if (req(c, "preview", cp, bool) !== true) {
+    throw new ShapeError(`${cp}.preview`, "a chunk is always a preview (`true`)");
+  }
+  return {
+    chunk: {
+      preview: true,
+      stream: req(c, "stream", cp, outputStream),
+      offset: req(c, "offset", cp, u64),
+      bytes: req(c, "bytes", cp, bytes),
+    },
   };
 }
 

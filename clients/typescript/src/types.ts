@@ -49,6 +49,34 @@ export const REASONS: readonly Reason[] = [
   "capacity",
 ];
 
+/**
+ * Why a session, or its interpreter, ended (docs/sessions.md, "Ends"). `interpreter_crash`,
+ * `out_of_memory` and `cell_timeout` end only the interpreter; the others the session.
+ */
+export type EndReason =
+  | "closed"
+  | "idle_timeout"
+  | "max_lifetime"
+  | "interpreter_crash"
+  | "out_of_memory"
+  | "cell_timeout"
+  | "sandbox_changed"
+  | "daemon_restarted"
+  | "sandbox_failed";
+
+/** Every end reason, in the order docs/sessions.md lists them. */
+export const END_REASONS: readonly EndReason[] = [
+  "closed",
+  "idle_timeout",
+  "max_lifetime",
+  "interpreter_crash",
+  "out_of_memory",
+  "cell_timeout",
+  "sandbox_changed",
+  "daemon_restarted",
+  "sandbox_failed",
+];
+
 /** A snippet language, as the wire names it. */
 export type Language = "javascript" | "python";
 
@@ -196,6 +224,18 @@ export interface RunResult extends Outcome {
    * provider reads none. Inside the result digest.
    */
   wall?: Wall;
+  /**
+   * A session's cell only: whether the interpreter's state from earlier cells was there for
+   * this one (`false` when it ended during this cell, or when this cell started a fresh
+   * one). Absent outside cells. Inside the result digest (field 15).
+   */
+  state_kept?: boolean;
+  /**
+   * A session's cell only: why its interpreter ended during this cell (`interpreter_crash`,
+   * `out_of_memory`, `cell_timeout`); its state is lost, and the next cell must ask for a
+   * restart. Absent when it did not end. Inside the result digest (field 16).
+   */
+  interpreter_end?: EndReason;
 }
 
 /** One namespace of a run's sandbox. */
@@ -250,7 +290,19 @@ export interface RunRecord {
   environment: string;
   started_unix_ms: number;
   ended_unix_ms: number;
+  /** A session call's place in its session's chain; absent for a run outside a session. */
+  session?: SessionLink;
   record_sha256: string;
+}
+
+/** A session call's place in its session's chain (docs/sessions.md, "Chained records"). */
+export interface SessionLink {
+  /** The session's id. */
+  session_id: string;
+  /** 1 for the session's first call, then one more each. */
+  sequence: number;
+  /** The record digest of the session's previous call; absent exactly for sequence 1. */
+  previous_record_sha256?: string;
 }
 
 /** A verified `200` answer: the run happened, on `provider` at tier `isolation`. */
@@ -275,6 +327,11 @@ export interface ErrorResponse {
     message: string;
     /** The not-dispatched mark: set only when certainly nothing ran. */
     not_dispatched: Reason | null;
+    /**
+     * For a call to a session that has ended (codes `session_ended`, `sandbox_changed`, or
+     * `session_not_found` after a daemon restart): why it ended.
+     */
+    end_reason?: EndReason;
   };
 }
 
@@ -345,3 +402,69 @@ export interface ProvidersResponse {
   /** Cheapest first. */
   providers: ProviderInfo[];
 }
+
+// ---------------------------------------------------------------------------------------
+// Sessions (docs/sessions.md).
+
+/** A session as `POST /v1/sessions`, `GET /v1/sessions[/{id}]` and `DELETE` show it. */
+export interface SessionInfo {
+  protocol: number;
+  /** The request id of the request this answers (`POST` and `DELETE`); absent on `GET`. */
+  request_id?: string;
+  /** `ses_` + 16 hex digits (the daemon instance) + `_` + 32 hex digits. */
+  session_id: string;
+  /** Its interpreter's language. */
+  language: Language;
+  /** The provider it runs at. */
+  provider: string;
+  /** That provider's tier, measured at open; every call's floor is checked against it. */
+  isolation: Tier;
+  /** The floor it was opened with (the one sent, or the daemon's default). */
+  minimum_isolation: Tier;
+  /** Digest of the provider's evidence at open; every call's record names it. */
+  evidence_sha256: string;
+  /** What it runs on: the sandbox image's identity. */
+  environment: string;
+  /** Its sandbox at open: what every call's re-check compares with. */
+  wall: Wall;
+  opened_unix_ms: number;
+  /** When its maximum lifetime ends. */
+  expires_unix_ms: number;
+  idle_timeout_ms: number;
+  /** How many calls it has answered (the sequence number of the last record). */
+  calls: number;
+  /** The record digest of its last call; absent before the first. */
+  last_record_sha256?: string;
+  /** Whether its interpreter is alive with its state. */
+  interpreter_alive: boolean;
+  /** Why it ended; absent while it is open. */
+  end_reason?: EndReason;
+}
+
+/** The answer to `GET /v1/sessions`: the caller's own open sessions, oldest first. */
+export interface SessionList {
+  protocol: number;
+  sessions: SessionInfo[];
+}
+
+/** Which stream a chunk of output came from. */
+export type OutputStream = "stdout" | "stderr";
+
+/**
+ * A chunk of a streamed call's output as it came: a **preview**, covered by no digest (the
+ * final, verified result holds the whole output).
+ */
+export interface OutputChunk {
+  /** Always `true`: a chunk is a preview. */
+  preview: true;
+  stream: OutputStream;
+  /** Bytes of this stream before the chunk, in the call (for steps, across its steps). */
+  offset: number;
+  bytes: Uint8Array;
+}
+
+/** One line of a streamed answer: a chunk, then exactly one response or error. */
+export type StreamLine =
+  | { chunk: OutputChunk }
+  | { response: RunResponse }
+  | { error: ErrorResponse };

@@ -397,3 +397,46 @@ test("a member age without a warm start, or a warm start without one, is a bad r
     );
   }
 });
+
+test("a cell's state_kept and interpreter_end are read strictly, null as absent, and digested", () => {
+  const kept = decodeRunResult(resultJson({ state_kept: true }));
+  assert.equal(kept.state_kept, true);
+  assert.equal("interpreter_end" in kept, false);
+  const ended = decodeRunResult(resultJson({ state_kept: false, interpreter_end: "cell_timeout" }));
+  assert.deepEqual([ended.state_kept, ended.interpreter_end], [false, "cell_timeout"]);
+  const plain = decodeRunResult(resultJson());
+  const nulls = decodeRunResult(resultJson({ state_kept: null, interpreter_end: null }));
+  assert.equal("state_kept" in nulls || "interpreter_end" in nulls, false);
+  // Absent adds nothing: a result outside sessions keeps its digest.
+  assert.equal(resultSha256(nulls), resultSha256(plain));
+  assert.notEqual(resultSha256(kept), resultSha256(plain));
+  assert.notEqual(resultSha256(kept), resultSha256({ ...kept, state_kept: false }));
+  assert.notEqual(resultSha256(ended), resultSha256({ ...ended, interpreter_end: "interpreter_crash" }));
+  assert.throws(() => decodeRunResult(resultJson({ interpreter_end: "tired" })), /is not a session end reason/);
+  assert.throws(() => decodeRunResult(resultJson({ state_kept: "yes" })), /state_kept/);
+});
+
+test("a record's session link is read strictly, null as absent, and digested as record fields", () => {
+  const base = honest(request("container"), "container").record;
+  const json = (over: Record<string, unknown>): string => JSON.stringify({ ...base, ...over });
+  const first = decodeRunRecord(json({ session: { session_id: "ses_a", sequence: 1, previous_record_sha256: null } }));
+  assert.deepEqual(first.session, { session_id: "ses_a", sequence: 1 });
+  assert.equal(recordSha256(decodeRunRecord(json({ session: null }))), recordSha256(base));
+  assert.notEqual(recordSha256(first), recordSha256(base));
+  const second: RunRecord = { ...first, session: { session_id: "ses_a", sequence: 2, previous_record_sha256: "a".repeat(64) } };
+  for (const changed of [
+    { session_id: "ses_b", sequence: 2, previous_record_sha256: "a".repeat(64) },
+    { session_id: "ses_a", sequence: 3, previous_record_sha256: "a".repeat(64) },
+    { session_id: "ses_a", sequence: 2, previous_record_sha256: "b".repeat(64) },
+    { session_id: "ses_a", sequence: 2 },
+  ]) {
+    assert.notEqual(recordSha256({ ...second, session: changed }), recordSha256(second));
+  }
+  for (const [bad, says] of [
+    [{ session_id: "ses_a" }, /sequence: missing/],
+    [{ session_id: "ses_a", sequence: 1, extra: 1 }, /unknown member `extra`/],
+    [{ session_id: "ses_a", sequence: -1 }, /sequence/],
+  ] as const) {
+    assert.throws(() => decodeRunRecord(json({ session: bad })), says);
+  }
+});
