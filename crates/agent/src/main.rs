@@ -1,16 +1,18 @@
 //! `plimsoll-agent`: reads one AgentJob (JSON) on stdin, runs it, writes one RunResult
 //! (JSON) on stdout and exits 0; exits 2 with one line on stderr when it cannot do the job.
-//! See docs/agent.md.
+//! With `--session`, serves calls line by line instead. See docs/agent.md.
 
 use std::io::{self, Write as _};
+use std::os::fd::AsFd as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use plimsoll_agent::{one_line, read_job, run_job, start_waiting};
+use plimsoll_agent::{one_line, own_wall, read_job, run_job, start_session, start_waiting};
 use plimsoll_wire::Language;
 
 const USAGE: &str =
     "usage: plimsoll-agent [--wall-first] [--warm LANGUAGE] < job.json > result.json
+       plimsoll-agent [--wall-first] --session LANGUAGE < calls > lines
        plimsoll-agent --wall-then-exec PROGRAM [ARG...]
 Runs one plimsoll job inside a sandbox: reads an AgentJob as JSON on stdin, writes a
 RunResult as JSON on stdout. Exit status 0 with a result, 2 with one line on stderr when the
@@ -21,7 +23,15 @@ its wall the same way and then becomes PROGRAM (execve: the same process, so the
 the program's), reading no job. With --warm javascript|python (a warm member's VM), it
 starts that interpreter waiting for its code before it reads the job, writes
 `plimsoll-member: waiting` as one line on stdout once the interpreter waits, and the job
-must then be one snippet of that language. See docs/agent.md.";
+must then be one snippet of that language.
+With --session javascript|python (a session's sandbox), it starts that interpreter with its
+session driver in its current directory (the work directory), writes
+`plimsoll-session: ready` as one line on stdout once the interpreter takes cells, then
+reads one SessionCall as JSON per line on stdin (a `cell` run in the interpreter, whose
+state stays for the next; a project `job` run in the same directory; `wall`) and answers
+each with one `{\"answer\":...}` line on stdout, after `{\"chunk\":...}` lines of output when
+the call streams. At end of stdin it kills everything it started and exits 0. See
+docs/agent.md.";
 
 fn fail(message: &str) -> ExitCode {
     eprintln!("plimsoll-agent: {message}");
@@ -33,22 +43,29 @@ fn main() -> ExitCode {
     let mut args = std::env::args_os().skip(1);
     let mut wall_first = false;
     let mut warm = None;
+    let mut session = None;
     while let Some(a) = args.next() {
         if a == "--help" || a == "-h" {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         } else if a == "--wall-first" {
             wall_first = true;
-        } else if a == "--warm" {
-            warm = match args.next().as_ref().and_then(|l| l.to_str()) {
-                Some("javascript") => Some(Language::Javascript),
-                Some("python") => Some(Language::Python),
+        } else if a == "--warm" || a == "--session" {
+            let language = match args.next().as_ref().and_then(|l| l.to_str()) {
+                Some("javascript") => Language::Javascript,
+                Some("python") => Language::Python,
                 other => {
                     return fail(&format!(
-                        "--warm takes javascript or python, not {other:?} (see --help)"
+                        "{} takes javascript or python, not {other:?} (see --help)",
+                        a.to_string_lossy()
                     ));
                 }
             };
+            if a == "--warm" {
+                warm = Some(language);
+            } else {
+                session = Some(language);
+            }
         } else if a == "--wall-then-exec" {
             return wall_then_exec(args.collect());
         } else {
@@ -58,8 +75,14 @@ fn main() -> ExitCode {
             ));
         }
     }
+    if warm.is_some() && session.is_some() {
+        return fail("--warm and --session do not go together (see --help)");
+    }
     if wall_first && let Err(e) = say_wall() {
         return fail(&e);
+    }
+    if let Some(language) = session {
+        return serve_session(language);
     }
     // A warm member: the interpreter waits before the job is known, and says so.
     let waiting = match warm.map(start_waiting) {
@@ -99,12 +122,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--session LANGUAGE`: starts the interpreter, says it is ready, serves calls until stdin
+/// ends.
+fn serve_session(language: Language) -> ExitCode {
+    let session = match start_session(language) {
+        Ok(s) => s,
+        Err(e) => return fail(&one_line(&e)),
+    };
+    let mut out = io::stdout().lock();
+    if let Err(e) = out
+        .write_all(plimsoll_wire::SESSION_READY_LINE)
+        .and_then(|()| out.flush())
+    {
+        return fail(&format!("cannot say that the session is ready: {e}"));
+    }
+    let stdin = io::stdin();
+    match session.serve(stdin.as_fd(), &mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&one_line(&e)),
+    }
+}
+
 /// Writes this process's own wall, as its /proc shows it, as one JSON line on stdout: said
 /// before any of a job is known.
 fn say_wall() -> Result<(), String> {
-    let wall = plimsoll_sandbox::cgroup::CgroupLayout::detect()
-        .and_then(|layout| plimsoll_sandbox::wall::read_unmarked(std::process::id(), &layout))
-        .map_err(|e| format!("cannot read its own wall: {e}"))?;
+    let wall = own_wall().map_err(|e| one_line(&e))?;
     let mut out = io::stdout().lock();
     serde_json::to_writer(&mut out, &wall)
         .map_err(io::Error::from)

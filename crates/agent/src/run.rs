@@ -21,7 +21,7 @@ use crate::privilege::{
     TakePrivilegesError, as_run_uid, as_runner, clear_controller, take,
 };
 use crate::supervise::{
-    Outcome, RunChildError, StartSupervisorError, Started, Supervisor, command,
+    Outcome, RunChildError, StartSupervisorError, Started, Supervisor, Tap, command,
 };
 
 /// Where the snippet's source file goes: the sandbox's per-run tmpfs (and `HOME`).
@@ -127,7 +127,10 @@ pub fn run_job(job: &AgentJob, started: Instant) -> Result<RunResult, RunJobErro
         .unwrap_or(started);
     match &job.spec {
         RunSpec::Snippet(snippet) => run_snippet(job, snippet, deadline),
-        RunSpec::Project(project) => run_project(job, project, privileges, deadline),
+        RunSpec::Project(project) => {
+            let mut sup = Supervisor::new(deadline)?;
+            run_project(&mut sup, job, project, privileges, None)
+        }
     }
 }
 
@@ -139,11 +142,16 @@ enum StepKind {
     Trial(Vec<String>, TrialIds),
 }
 
-fn run_project(
+/// Runs a project under `sup` (whose deadline is the job's): every path and step checked,
+/// files written, steps run in order, the clean-up ([`Supervisor::end_job`]: everything the
+/// job started, or in a session everything but its interpreter), artifacts read. `tap` sees
+/// each step's output as it comes.
+pub(crate) fn run_project(
+    sup: &mut Supervisor,
     job: &AgentJob,
     project: &Project,
     privileges: Privileges,
-    deadline: Instant,
+    mut tap: Tap<'_>,
 ) -> Result<RunResult, RunJobError> {
     // Every step is read before anything is written: the host refuses a malformed trial
     // step already, but the agent does not rely on it.
@@ -190,7 +198,6 @@ fn run_project(
         let private = scenarios.contains(&f.path);
         work.write_file(&f.path, f.content.as_slice(), f.executable, private)?;
     }
-    let mut sup = Supervisor::new(deadline)?;
     if let Privileges::Trial(ids) = privileges {
         sup.end_controller_too(ids);
     }
@@ -207,7 +214,7 @@ fn run_project(
         };
         let cmd = step_command(&step.run, kind, privileges, &job.work_dir);
         let outcome = sup
-            .run(cmd, job.output_bytes)
+            .run(cmd, job.output_bytes, tap.as_mut().map(|t| &mut **t as _))
             .map_err(|source| RunJobError::Step { index, source })?;
         let ok = outcome.succeeded();
         steps.push(step_result(step.name.clone(), outcome));
@@ -220,7 +227,7 @@ fn run_project(
             break;
         }
     }
-    sup.end_all();
+    sup.end_job();
     if let Some(e) = sup.take_restore_error() {
         return Err(e.into());
     }
@@ -282,7 +289,7 @@ fn run_snippet(
     let file = SnippetFile::write(Path::new(SNIPPET_BASE), file_name, snippet.code.as_bytes())?;
     let mut cmd = command(program);
     cmd.args(args).arg(file.path()).current_dir(&job.work_dir);
-    let outcome = sup.run(cmd, job.output_bytes);
+    let outcome = sup.run(cmd, job.output_bytes, None);
     sup.end_all();
     file.remove();
     let outcome = outcome.map_err(RunJobError::Snippet)?;
@@ -445,7 +452,7 @@ impl Waiting {
                     "could not be handed its code: {e}"
                 )));
             }
-            let outcome = sup.finish(child, job.output_bytes);
+            let outcome = sup.finish(child, job.output_bytes, None);
             sup.end_all();
             file.remove();
             Ok(mirror(&step_result(
@@ -462,7 +469,9 @@ impl Waiting {
 
 /// The interpreter for a language: Debian's path first, else a search of `PATH` (by exec,
 /// so the agent itself reads no variable), its arguments, and the source file's name.
-fn interpreter(language: Language) -> (&'static str, &'static [&'static str], &'static str) {
+pub(crate) fn interpreter(
+    language: Language,
+) -> (&'static str, &'static [&'static str], &'static str) {
     let pick = |fixed: &'static str, bare: &'static str| {
         if Path::new(fixed).exists() {
             fixed
@@ -517,7 +526,7 @@ fn mirror(step: &StepResult) -> RunResult {
 /// step (the agent's own descriptors are opened close-on-exec, and each child gets fresh
 /// pipes as 0, 1 and 2). close_range where the kernel has it, else one by one from
 /// /proc/self/fd; without either, inherited descriptors stay as they are.
-fn mark_inherited_descriptors_cloexec() {
+pub(crate) fn mark_inherited_descriptors_cloexec() {
     if plimsoll_sandbox::fds::close_range_cloexec().is_err() {
         let _ = plimsoll_sandbox::fds::mark_cloexec_from_proc();
     }

@@ -1,7 +1,9 @@
 //! Running the job's children: each in a process group of its own with fresh pipes, both
 //! streams read at once into capped buffers while the deadline is watched, every child reaped
 //! (the agent is a child subreaper, so orphans come back to it), and at the end every process
-//! the job started is killed.
+//! the job started is killed. A session's agent keeps one supervisor for its whole life: its
+//! interpreter is spared by each job's clean-up (`spare`) and its exit status is kept when
+//! any wait reaps it (`track`).
 //!
 //! Needs a single-threaded process (the agent binary): SIGCHLD is blocked in the calling
 //! thread and read from a signalfd, which another thread with SIGCHLD unblocked would take.
@@ -15,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use plimsoll_sys::signals::ChildSignals;
-use plimsoll_wire::TrialIds;
+use plimsoll_wire::{OutputStream, TrialIds};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -26,22 +28,27 @@ use crate::privilege::{RestoreUidError, end_controller_processes};
 /// How long the pipes are still read after a step's first process has exited: output its
 /// background processes print in that time is kept; after it, pipes they hold are drained
 /// and dropped while later steps run.
-const DRAIN_GRACE: Duration = Duration::from_millis(100);
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_millis(100);
 /// How long to wait for a killed step's first process to be reaped before giving up on it.
-const KILL_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(2);
 /// How long the final clean-up keeps killing what is left.
 const END_WAIT: Duration = Duration::from_secs(2);
 /// The longest single poll: exited children are looked for at least this often.
-const POLL_CAP: Duration = Duration::from_millis(250);
+pub(crate) const POLL_CAP: Duration = Duration::from_millis(250);
 /// Reads per stream per wake-up, so one busy stream cannot starve the deadline.
 const READS_PER_WAKE: usize = 16;
+
+/// Where the bytes a child's streams keep go as they are read, besides its result (a
+/// session's streamed output): called with each stream's newly kept bytes, never more than
+/// the result keeps.
+pub(crate) type Tap<'a> = Option<&'a mut dyn FnMut(OutputStream, &[u8])>;
 
 /// Bytes kept from one stream: the first `cap`, the rest counted as dropped.
 #[derive(Debug, Default)]
 pub(crate) struct Sink {
-    buf: Vec<u8>,
+    pub(crate) buf: Vec<u8>,
     cap: usize,
-    truncated: bool,
+    pub(crate) truncated: bool,
 }
 
 impl Sink {
@@ -138,6 +145,15 @@ pub(crate) struct Supervisor {
     trial: Option<TrialIds>,
     /// Becoming the run's uid again failed after ending the controller's processes.
     restore_error: Option<RestoreUidError>,
+    /// Children whose exit status is kept whichever wait reaps them (a session's
+    /// interpreter, which may end while a job's steps are being waited for), with it once
+    /// known.
+    tracked: HashMap<i32, Option<Ended>>,
+    /// A session's supervisor: [`Supervisor::end_job`] is not the end.
+    session: bool,
+    /// A process (with its process group and descendants) that [`Supervisor::end_job`]
+    /// leaves alive in a session: its interpreter.
+    spare: Option<i32>,
 }
 
 /// A child [`Supervisor::start`] started and nothing has followed yet.
@@ -157,9 +173,9 @@ pub(crate) struct Started {
 
 /// A status from waitpid, decoded.
 #[derive(Debug, Clone, Copy)]
-struct Ended {
-    exit_code: Option<i32>,
-    signal: Option<i32>,
+pub(crate) struct Ended {
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) signal: Option<i32>,
 }
 
 fn decode(status: libc::c_int) -> Ended {
@@ -183,7 +199,7 @@ fn decode(status: libc::c_int) -> Ended {
 
 /// Reads what a non-blocking pipe holds now, into `sink` (or nowhere). True at end of file
 /// or on an error (the stream is then given up).
-fn drain(fd: BorrowedFd<'_>, scratch: &mut [u8], mut sink: Option<&mut Sink>) -> bool {
+pub(crate) fn drain(fd: BorrowedFd<'_>, scratch: &mut [u8], mut sink: Option<&mut Sink>) -> bool {
     let mut reads = 0;
     while reads < READS_PER_WAKE {
         match rustix::io::read(fd, &mut *scratch) {
@@ -202,13 +218,13 @@ fn drain(fd: BorrowedFd<'_>, scratch: &mut [u8], mut sink: Option<&mut Sink>) ->
     false
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> Result<(), Errno> {
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> Result<(), Errno> {
     let flags = rustix::fs::fcntl_getfl(fd)?;
     rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
 }
 
 /// The time until `wake`, rounded up to a millisecond, at most [`POLL_CAP`].
-fn poll_timeout(now: Instant, wake: Instant) -> Timespec {
+pub(crate) fn poll_timeout(now: Instant, wake: Instant) -> Timespec {
     let wait = wake.saturating_duration_since(now).min(POLL_CAP);
     let ms = i64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i64::MAX);
     Timespec {
@@ -218,7 +234,7 @@ fn poll_timeout(now: Instant, wake: Instant) -> Timespec {
 }
 
 /// SIGKILL to the process group `pgid`; gone already is fine.
-fn kill_group(pgid: i32) {
+pub(crate) fn kill_group(pgid: i32) {
     if let Some(pid) = Pid::from_raw(pgid) {
         let _ = rustix::process::kill_process_group(pid, Signal::KILL);
     }
@@ -247,7 +263,50 @@ impl Supervisor {
             ended: false,
             trial: None,
             restore_error: None,
+            tracked: HashMap::new(),
+            session: false,
+            spare: None,
         })
+    }
+
+    /// A supervisor for a session's agent: it serves call after call, and a job's clean-up
+    /// ([`Supervisor::end_job`]) spares the process named by [`Supervisor::spare`].
+    pub(crate) fn for_session(deadline: Instant) -> Result<Self, StartSupervisorError> {
+        let mut sup = Supervisor::new(deadline)?;
+        sup.session = true;
+        Ok(sup)
+    }
+
+    /// Keeps `pid`'s exit status when any wait reaps it, for [`Supervisor::status_of`].
+    pub(crate) fn track(&mut self, pid: i32) {
+        self.tracked.insert(pid, None);
+    }
+
+    /// The exit status of a tracked child, once it has been reaped.
+    pub(crate) fn status_of(&self, pid: i32) -> Option<Ended> {
+        self.tracked.get(&pid).copied().flatten()
+    }
+
+    /// Stops tracking `pid`.
+    pub(crate) fn forget(&mut self, pid: i32) {
+        self.tracked.remove(&pid);
+    }
+
+    /// Makes [`Supervisor::end_job`] of a session's supervisor leave `pid` alive, with its
+    /// process group and its descendants (`None`: end everything the jobs started).
+    pub(crate) fn spare(&mut self, pid: Option<i32>) {
+        self.spare = pid;
+    }
+
+    /// The signalfd that becomes readable when a child exits, for a caller's own poll.
+    pub(crate) fn child_signals(&self) -> BorrowedFd<'_> {
+        self.sigchld.as_fd()
+    }
+
+    /// Reaps every child that has ended now (tracked ones keep their status).
+    pub(crate) fn reap_now(&mut self) {
+        let mut none = None;
+        self.reap(None, &mut none);
     }
 
     /// Makes [`Supervisor::end_all`] also end every process of the trial's controller uid.
@@ -284,8 +343,13 @@ impl Supervisor {
             match rustix::process::wait(WaitOptions::NOHANG) {
                 Ok(None) => return true,
                 Ok(Some((p, status))) => {
-                    if Some(p.as_raw_nonzero().get()) == leader {
-                        *found = Some(decode(status.as_raw()));
+                    let p = p.as_raw_nonzero().get();
+                    let ended = decode(status.as_raw());
+                    if Some(p) == leader {
+                        *found = Some(ended);
+                    }
+                    if let Some(slot) = self.tracked.get_mut(&p) {
+                        *slot = Some(ended);
                     }
                 }
                 Err(Errno::INTR) => {}
@@ -309,11 +373,12 @@ impl Supervisor {
         &mut self,
         cmd: Command,
         output_bytes: u64,
+        tap: Tap<'_>,
     ) -> Result<Outcome, RunChildError> {
         let mut started = self.start(cmd)?;
         // Closing our end of stdin at once: the child reads end of file.
         drop(started.stdin.take());
-        self.finish(started, output_bytes)
+        self.finish(started, output_bytes, tap)
     }
 
     /// Starts one child as [`Supervisor::run`] does, and returns with it running: its stdin
@@ -355,6 +420,7 @@ impl Supervisor {
         &mut self,
         started: Started,
         output_bytes: u64,
+        tap: Tap<'_>,
     ) -> Result<Outcome, RunChildError> {
         let Started {
             pid,
@@ -369,7 +435,7 @@ impl Supervisor {
             // A blocking pipe would only make a read wait; keep going.
             let _ = set_nonblocking(fd);
         }
-        let watched = self.watch(pid, &mut out, &mut err, output_bytes);
+        let watched = self.watch(pid, &mut out, &mut err, output_bytes, tap);
         // Pipes still held open by background processes: keep draining them.
         self.leftovers.extend(out.into_iter().chain(err));
         let (ended, timed_out, stdout, stderr) = match watched {
@@ -408,6 +474,7 @@ impl Supervisor {
         out: &mut Option<OwnedFd>,
         err: &mut Option<OwnedFd>,
         output_bytes: u64,
+        mut tap: Tap<'_>,
     ) -> Result<(Option<Ended>, bool, Sink, Sink), Errno> {
         let mut stdout = Sink::new(output_bytes);
         let mut stderr = Sink::new(output_bytes);
@@ -450,15 +517,21 @@ impl Supervisor {
                     Err(e) => return Err(e),
                 }
             }
-            if let Some(fd) = out.as_ref()
-                && drain(fd.as_fd(), &mut self.scratch, Some(&mut stdout))
-            {
-                *out = None;
-            }
-            if let Some(fd) = err.as_ref()
-                && drain(fd.as_fd(), &mut self.scratch, Some(&mut stderr))
-            {
-                *err = None;
+            for (fd, sink, stream) in [
+                (&mut *out, &mut stdout, OutputStream::Stdout),
+                (&mut *err, &mut stderr, OutputStream::Stderr),
+            ] {
+                let kept = sink.buf.len();
+                if let Some(f) = fd.as_ref()
+                    && drain(f.as_fd(), &mut self.scratch, Some(&mut *sink))
+                {
+                    *fd = None;
+                }
+                if let Some(t) = tap.as_mut()
+                    && sink.buf.len() > kept
+                {
+                    t(stream, &sink.buf[kept..]);
+                }
             }
             self.drain_leftovers();
             if ended.is_none() {
@@ -478,13 +551,41 @@ impl Supervisor {
 
     /// Kills every process the job started that is still alive (its descendants, found in
     /// /proc; or, without /proc, the process groups of its steps) and, for a trial job, every
-    /// process of the controller uid, reaps them, and drops the leftover pipes. Best effort for at most [`END_WAIT`]: the host destroys the sandbox
-    /// anyway. Idempotent.
+    /// process of the controller uid, reaps them, and drops the leftover pipes. Best effort
+    /// for at most [`END_WAIT`]: the host destroys the sandbox anyway. Idempotent.
     pub(crate) fn end_all(&mut self) {
         if self.ended {
             return;
         }
         self.ended = true;
+        self.kill_started(None);
+        // Those that are not the agent's descendants (orphans given to the sandbox's init).
+        self.end_controller();
+        self.leftovers.clear();
+    }
+
+    /// The clean-up after a job's last step: [`Supervisor::end_all`], or in a session's
+    /// supervisor [`Supervisor::end_started`] sparing its interpreter, so that the
+    /// supervisor serves the next call.
+    pub(crate) fn end_job(&mut self) {
+        if self.session {
+            self.end_started(self.spare);
+        } else {
+            self.end_all();
+        }
+    }
+
+    /// Kills every process started so far that is still alive, except `spare` with its
+    /// process group and descendants, reaps them and drops the leftover pipes, as
+    /// [`Supervisor::end_all`] does; then goes on serving (a session's next call).
+    pub(crate) fn end_started(&mut self, spare: Option<i32>) {
+        self.kill_started(spare);
+        self.leftovers.clear();
+        self.groups.retain(|g| Some(*g) == spare);
+    }
+
+    /// The killing loop of [`Supervisor::end_all`] and [`Supervisor::end_started`].
+    fn kill_started(&mut self, spare: Option<i32>) {
         let until = Instant::now() + END_WAIT;
         let me = std::process::id() as i32;
         loop {
@@ -492,9 +593,25 @@ impl Supervisor {
             if !self.reap(None, &mut none) || Instant::now() >= until {
                 break;
             }
-            match descendants(me) {
-                Some(found) => {
-                    for (pid, pgid) in found {
+            let tree = process_tree();
+            match &tree {
+                Some(tree) => {
+                    // The spared process, what it started, and its group's members it left
+                    // as orphans (they came back to the agent).
+                    let spared: HashSet<i32> = spare
+                        .into_iter()
+                        .chain(spare.iter().flat_map(|s| below(tree, *s)).map(|(p, _)| p))
+                        .collect();
+                    let targets: Vec<(i32, i32)> = below(tree, me)
+                        .into_iter()
+                        .filter(|(pid, pgid)| !spared.contains(pid) && Some(*pgid) != spare)
+                        .collect();
+                    // With a spared process alive, a child is always left: stop when
+                    // nothing else is.
+                    if spare.is_some() && targets.is_empty() {
+                        break;
+                    }
+                    for (pid, pgid) in targets {
                         // Killing the whole group at once stops a member forking away.
                         if self.groups.contains(&pgid) {
                             kill_group(pgid);
@@ -503,7 +620,7 @@ impl Supervisor {
                     }
                 }
                 None => {
-                    for g in &self.groups {
+                    for g in self.groups.iter().filter(|g| Some(**g) != spare) {
                         kill_group(*g);
                     }
                 }
@@ -517,10 +634,14 @@ impl Supervisor {
                 tv_nsec: 10_000_000,
             };
             let _ = poll(&mut fds, Some(&ten_ms));
+            // Without /proc nothing tells when all but the spared process are gone: one
+            // round of kills, then what has ended is reaped.
+            if spare.is_some() && tree.is_none() {
+                let mut none = None;
+                self.reap(None, &mut none);
+                break;
+            }
         }
-        // Those that are not the agent's descendants (orphans given to the sandbox's init).
-        self.end_controller();
-        self.leftovers.clear();
     }
 }
 
@@ -543,9 +664,9 @@ pub(crate) fn parse_stat(stat: &str) -> Option<(i32, i32, i32)> {
     Some((pid, ppid, pgrp))
 }
 
-/// Every descendant of `root` now alive (or a zombie), with its process group, found by
-/// walking /proc. `None` when /proc cannot be read.
-fn descendants(root: i32) -> Option<Vec<(i32, i32)>> {
+/// Every process now alive (or a zombie) by its parent, with its process group, from /proc.
+/// `None` when /proc cannot be read.
+fn process_tree() -> Option<HashMap<i32, Vec<(i32, i32)>>> {
     let mut children: HashMap<i32, Vec<(i32, i32)>> = HashMap::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name();
@@ -560,18 +681,23 @@ fn descendants(root: i32) -> Option<Vec<(i32, i32)>> {
             children.entry(ppid).or_default().push((pid, pgrp));
         }
     }
+    Some(children)
+}
+
+/// Every descendant of `root` in `tree` ([`process_tree`]), with its process group.
+fn below(tree: &HashMap<i32, Vec<(i32, i32)>>, root: i32) -> Vec<(i32, i32)> {
     let mut found = Vec::new();
     let mut seen = HashSet::from([root]);
     let mut queue = VecDeque::from([root]);
     while let Some(parent) = queue.pop_front() {
-        for &(pid, pgrp) in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+        for &(pid, pgrp) in tree.get(&parent).map_or(&[][..], Vec::as_slice) {
             if seen.insert(pid) {
                 found.push((pid, pgrp));
                 queue.push_back(pid);
             }
         }
     }
-    Some(found)
+    found
 }
 
 #[cfg(test)]

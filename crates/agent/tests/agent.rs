@@ -1475,3 +1475,916 @@ fn a_warm_agent_waits_before_its_job_and_runs_one_snippet_of_its_language_from_t
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("javascript or python"));
 }
+
+// ---- Sessions (`--session`, docs/agent.md "Sessions") ----
+
+use plimsoll_wire::{
+    OutputChunk, OutputStream, SESSION_READY_LINE, SessionAnswer, SessionCall, SessionCell,
+    SessionJob, SessionLine,
+};
+
+/// A session's agent (`--session LANGUAGE`), started in `work` as a sandbox starts it; its
+/// stdout read line by line on a thread of its own, so a test sees each line as it comes
+/// and never hangs on a silent agent.
+struct SessionAgent {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<Vec<u8>>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+/// How long a test waits for any one line of a session's agent.
+const LINE_WAIT: Duration = Duration::from_secs(60);
+
+fn session_agent(language: &str, work: &Path) -> SessionAgent {
+    session_agent_with(&["--session", language], work, |_| {})
+}
+
+fn session_agent_with(
+    args: &[&str],
+    work: &Path,
+    configure: impl FnOnce(&mut Command),
+) -> SessionAgent {
+    use std::io::BufRead as _;
+    let mut cmd = agent_command();
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .current_dir(work)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    configure(&mut cmd);
+    if is_root() {
+        become_uid(&mut cmd, AGENT_UID);
+    }
+    let mut child = cmd.spawn().expect("start the agent");
+    let stdout = child.stdout.take().unwrap();
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        loop {
+            let mut line = Vec::new();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if send.send(line).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    SessionAgent {
+        stdin: child.stdin.take(),
+        child,
+        lines,
+        stderr: Some(stderr),
+    }
+}
+
+/// A session's agent that has said it is ready.
+fn ready_session(language: &str, work: &Path) -> SessionAgent {
+    let mut s = session_agent(language, work);
+    let line = s.next_line();
+    assert_eq!(
+        line,
+        SESSION_READY_LINE,
+        "{}",
+        String::from_utf8_lossy(&line)
+    );
+    s
+}
+
+fn cell_call(code: &str) -> SessionCell {
+    SessionCell {
+        code: code.into(),
+        restart: false,
+        deadline_ms: 30_000,
+        output_bytes: 1 << 20,
+        stream: false,
+    }
+}
+
+impl SessionAgent {
+    fn next_line(&mut self) -> Vec<u8> {
+        match self.lines.recv_timeout(LINE_WAIT) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = self.child.kill();
+                let stderr = self.stderr.take().unwrap().join().unwrap();
+                panic!("no line from the session's agent ({e}); its stderr: {stderr}")
+            }
+        }
+    }
+
+    fn read(&mut self) -> SessionLine {
+        let line = self.next_line();
+        assert_eq!(line.last(), Some(&b'\n'));
+        serde_json::from_slice(&line)
+            .unwrap_or_else(|e| panic!("not a line ({e}): {}", String::from_utf8_lossy(&line)))
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn send(&mut self, call: &SessionCall) {
+        let mut line = serde_json::to_vec(call).unwrap();
+        line.push(b'\n');
+        self.send_raw(&line);
+    }
+
+    /// The chunks and the answer that follow a call.
+    fn answer(&mut self) -> (Vec<OutputChunk>, SessionAnswer) {
+        let mut chunks = Vec::new();
+        loop {
+            match self.read() {
+                SessionLine::Chunk(c) => chunks.push(c),
+                SessionLine::Answer(a) => return (chunks, *a),
+            }
+        }
+    }
+
+    fn call(&mut self, call: &SessionCall) -> (Vec<OutputChunk>, SessionAnswer) {
+        self.send(call);
+        self.answer()
+    }
+
+    /// A call whose answer is a result.
+    fn result(&mut self, call: &SessionCall) -> RunResult {
+        let (_, answer) = self.call(call);
+        assert_eq!(answer.error, None, "{call:?}");
+        answer.result.expect("a result")
+    }
+
+    /// A cell with the defaults of [`cell_call`].
+    fn cell(&mut self, code: &str) -> RunResult {
+        self.result(&SessionCall::Cell(cell_call(code)))
+    }
+
+    /// A call whose answer is an error.
+    fn error(&mut self, call: &SessionCall) -> String {
+        let (chunks, answer) = self.call(call);
+        assert!(
+            chunks.is_empty() && answer.result.is_none() && answer.wall.is_none(),
+            "{chunks:?} {answer:?}"
+        );
+        answer.error.expect("an error")
+    }
+
+    /// The agent's children now: its interpreter, and whatever else is left.
+    fn children(&self) -> Vec<i32> {
+        let pid = self.child.id();
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    }
+
+    /// Its interpreter: its one child between calls.
+    fn interpreter(&self) -> i32 {
+        let children = self.children();
+        assert_eq!(children.len(), 1, "one interpreter: {children:?}");
+        children[0]
+    }
+
+    /// Closes its stdin; returns its exit status and stderr once it has ended, with no
+    /// line after the last answer.
+    fn close(mut self) -> (Option<i32>, String) {
+        drop(self.stdin.take());
+        if let Ok(line) = self.lines.recv_timeout(LINE_WAIT) {
+            panic!("a line after the end: {}", String::from_utf8_lossy(&line));
+        }
+        let status = self.child.wait().unwrap();
+        (status.code(), self.stderr.take().unwrap().join().unwrap())
+    }
+}
+
+impl Drop for SessionAgent {
+    fn drop(&mut self) {
+        // A failed test leaves no agent behind (its interpreter ends with its pipes).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The session's tests that need `name` (node or python3) skip without it.
+fn session_languages(test: &str) -> Vec<&'static str> {
+    let mut found = Vec::new();
+    for (language, program) in [("python", "python3"), ("javascript", "node")] {
+        if which(program).is_some() {
+            found.push(language);
+        } else {
+            skip(test, program);
+        }
+    }
+    found
+}
+
+fn session_job(work: &Path, spec: RunSpec, stream: bool) -> SessionCall {
+    SessionCall::Job(SessionJob {
+        job: job(work, spec),
+        stream,
+    })
+}
+
+#[test]
+fn a_session_keeps_its_state_across_100_cells() {
+    for language in session_languages("a_session_keeps_its_state_across_100_cells") {
+        let work = tempdir();
+        let mut s = ready_session(language, work.path());
+        let interpreter = s.interpreter();
+        // A counter, a function, an import and an open file, each used by every later cell.
+        let (first, each, last) = match language {
+            "python" => (
+                "import json, os\ncount = 0\ndef bump():\n    global count\n    count += 1\n    return count\nlog = open('log.txt', 'w')\nprint(os.getpid())\n",
+                "bump(); log.write('%d\\n' % count)",
+                "log.flush()\nprint(bump(), json.dumps([count]), len(open('log.txt').read().splitlines()), os.getpid())",
+            ),
+            _ => (
+                "let count = 0;\nconst fs = require('fs');\nfunction bump() { return ++count; }\nvar fd = fs.openSync('log.txt', 'w');\nconsole.log(process.pid);\n",
+                "bump(); fs.writeSync(fd, count + '\\n');",
+                "console.log(bump(), JSON.stringify([count]), fs.readFileSync('log.txt', 'utf8').split('\\n').length - 1, process.pid)",
+            ),
+        };
+        let r = s.cell(first);
+        assert_eq!(
+            (r.exit_code, r.state_kept),
+            (Some(0), Some(true)),
+            "{language}: {}",
+            text(&r.stderr)
+        );
+        assert_eq!(text(&r.stdout), format!("{interpreter}\n"), "{language}");
+        for n in 2..100 {
+            let r = s.cell(each);
+            assert_eq!(
+                (r.exit_code, r.state_kept, r.interpreter_end),
+                (Some(0), Some(true), None),
+                "{language}: cell {n}: {}",
+                text(&r.stderr)
+            );
+            assert!(r.stdout.0.is_empty() && r.stderr.0.is_empty() && !r.timed_out);
+        }
+        let r = s.cell(last);
+        assert_eq!(
+            text(&r.stdout),
+            format!("99 [99] 98 {interpreter}\n"),
+            "{language}: {}",
+            text(&r.stderr)
+        );
+        assert_eq!(r.state_kept, Some(true));
+        assert_eq!(s.interpreter(), interpreter);
+        let (code, stderr) = s.close();
+        assert_eq!(code, Some(0), "{language}: {stderr}");
+        assert!(stderr.is_empty(), "{language}: {stderr}");
+        assert!(
+            is_gone(interpreter),
+            "{language}: the interpreter outlived stdin"
+        );
+    }
+}
+
+#[test]
+fn a_session_job_shares_the_work_directory_with_cells() {
+    if which("python3").is_none() {
+        return skip(
+            "a_session_job_shares_the_work_directory_with_cells",
+            "python3",
+        );
+    }
+    let work = tempdir();
+    let w = work.path();
+    let mut s = ready_session("python", w);
+    let interpreter = s.interpreter();
+    // A process the interpreter started outlives the jobs; the jobs' own do not.
+    let r =
+        s.cell("import subprocess\nchild = subprocess.Popen(['sleep', '1000'])\nnote = 'kept'\n");
+    assert_eq!(r.exit_code, Some(0), "{}", text(&r.stderr));
+
+    // A shell step writes a file; a cell reads it.
+    let r = s.result(&session_job(
+        w,
+        project(
+            vec![file("in.txt", b"from a file\n", false)],
+            &[
+                "cat in.txt; echo step > made.txt; sleep 1000 & echo $! > bg.pid",
+                "echo second >&2",
+            ],
+            &["made.txt"],
+        ),
+        false,
+    ));
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.steps.len(), 2);
+    assert_eq!(text(&r.steps[0].stdout), "from a file\n");
+    assert_eq!(text(&r.stderr), "second\n");
+    assert_eq!(r.artifacts[0].content.0, b"step\n");
+    assert_eq!((r.state_kept, r.interpreter_end), (None, None));
+    assert!(
+        sleep_is_gone(read_pid(w, "bg.pid")),
+        "the step's sleep outlived its job"
+    );
+    let r = s.cell("print(open('made.txt').read().strip(), note, child.poll())");
+    assert_eq!(text(&r.stdout), "step kept None\n", "{}", text(&r.stderr));
+    assert_eq!(r.state_kept, Some(true));
+    assert_eq!(s.interpreter(), interpreter);
+
+    // An upload (files only), then a download (artifacts only), byte-exact.
+    let bytes: Vec<u8> = (0..=255u8).rev().chain(0..=255u8).collect();
+    assert!(std::str::from_utf8(&bytes).is_err());
+    let r = s.result(&session_job(
+        w,
+        project(vec![file("up/data.bin", &bytes, false)], &[], &[]),
+        false,
+    ));
+    assert!(r.steps.is_empty() && r.artifacts.is_empty());
+    assert_eq!((r.exit_code, r.timed_out), (None, false));
+    let r = s.cell("data = open('up/data.bin', 'rb').read()\nprint(len(data), data[:2].hex())");
+    assert_eq!(text(&r.stdout), "512 fffe\n");
+    s.cell("open('down.bin', 'wb').write(data[::-1])");
+    let r = s.result(&session_job(
+        w,
+        project(vec![], &[], &["up/data.bin", "down.bin", "missing"]),
+        false,
+    ));
+    assert!(r.steps.is_empty());
+    assert_eq!(r.artifacts.len(), 3);
+    assert_eq!(r.artifacts[0].content.0, bytes);
+    let reversed: Vec<u8> = bytes.iter().rev().copied().collect();
+    assert_eq!(r.artifacts[1].content.0, reversed);
+    assert!(r.artifacts[0].found && r.artifacts[1].found && !r.artifacts[2].found);
+
+    // Jobs a session does not take: nothing of them runs.
+    let mut elsewhere = job(w, project(vec![], &["echo ran > ran"], &[]));
+    elsewhere.work_dir = "/tmp".into();
+    let mut trial_ids = job(w, project(vec![], &["echo ran > ran"], &[]));
+    trial_ids.trial = Some(trial_ids_for_refusal());
+    for (call, why) in [
+        (
+            SessionCall::Job(SessionJob {
+                job: elsewhere,
+                stream: false,
+            }),
+            "is not the session's",
+        ),
+        (
+            SessionCall::Job(SessionJob {
+                job: trial_ids,
+                stream: false,
+            }),
+            "runs no trial",
+        ),
+        (
+            session_job(
+                w,
+                project(
+                    vec![],
+                    &["echo ran > ran", "plimsoll-trial-runner -- node a.js"],
+                    &[],
+                ),
+                false,
+            ),
+            "step #1 runs plimsoll-trial-runner",
+        ),
+        (
+            session_job(
+                w,
+                RunSpec::Snippet(Snippet {
+                    language: Language::Python,
+                    code: "open('ran', 'w')".into(),
+                }),
+                false,
+            ),
+            "runs as a cell",
+        ),
+        (
+            session_job(w, project(vec![file("../x", b"", false)], &[], &[]), false),
+            "run.files[0] is refused",
+        ),
+    ] {
+        let e = s.error(&call);
+        assert!(e.contains(why), "{e}");
+    }
+    assert!(!w.join("ran").exists());
+    assert_eq!(s.interpreter(), interpreter);
+    let r = s.cell("print(note)");
+    assert_eq!(text(&r.stdout), "kept\n");
+    let child = s.cell("print(child.pid)");
+    let child: i32 = text(&child.stdout).trim().parse().unwrap();
+    let (code, stderr) = s.close();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        is_gone(interpreter) && sleep_is_gone(child),
+        "stdin's end ends everything"
+    );
+}
+
+fn trial_ids_for_refusal() -> plimsoll_wire::TrialIds {
+    plimsoll_wire::TrialIds {
+        uid: 2_190_990,
+        gid: 2_190_990,
+        controller_uid: 2_190_991,
+        controller_gid: 2_190_991,
+    }
+}
+
+#[test]
+fn an_interpreter_that_exits_from_inside_ends_its_state_until_a_restart() {
+    for language in session_languages("an_interpreter_that_exits_from_inside_…") {
+        let work = tempdir();
+        let mut s = ready_session(language, work.path());
+        let first = s.interpreter();
+        let (set, exit, read) = match language {
+            "python" => (
+                "old = 1",
+                "import os\nprint('bye', flush=True)\nos._exit(3)",
+                "print(old)",
+            ),
+            _ => (
+                "var old = 1",
+                "console.log('bye'); process.exit(3)",
+                "console.log(old)",
+            ),
+        };
+        assert_eq!(s.cell(set).exit_code, Some(0));
+        let r = s.cell(exit);
+        assert_eq!(
+            (r.exit_code, r.signal, r.timed_out, r.oom_killed),
+            (Some(3), None, false, false),
+            "{language}: {}",
+            text(&r.stderr)
+        );
+        assert_eq!(text(&r.stdout), "bye\n");
+        assert_eq!(r.state_kept, Some(false));
+        assert_eq!(
+            r.interpreter_end,
+            Some(plimsoll_wire::EndReason::InterpreterCrash)
+        );
+        assert!(is_gone(first));
+        assert!(s.children().is_empty(), "{language}: nothing is left");
+
+        // Without restart: refused, nothing run.
+        let e = s.error(&SessionCall::Cell(cell_call("open('ran', 'w')")));
+        assert!(e.contains("send the cell with restart"), "{language}: {e}");
+        assert!(e.contains("exited with status 3"), "{language}: {e}");
+        assert!(!work.path().join("ran").exists());
+
+        // With restart: a fresh interpreter, without the old state.
+        let mut restart = cell_call(read);
+        restart.restart = true;
+        let r = s.result(&SessionCall::Cell(restart.clone()));
+        assert_eq!(r.exit_code, Some(1), "{language}");
+        assert!(
+            text(&r.stderr).contains("'old' is not defined")
+                || text(&r.stderr).contains("old is not defined"),
+            "{language}: {}",
+            text(&r.stderr)
+        );
+        assert_eq!((r.state_kept, r.interpreter_end), (Some(false), None));
+        let second = s.interpreter();
+        assert_ne!(second, first);
+        let r = s.cell(set);
+        assert_eq!((r.exit_code, r.state_kept), (Some(0), Some(true)));
+        // A restart of a live interpreter ends it too.
+        let r = s.result(&SessionCall::Cell(restart));
+        assert_eq!(
+            (r.exit_code, r.state_kept),
+            (Some(1), Some(false)),
+            "{language}"
+        );
+        assert!(is_gone(second));
+        let third = s.interpreter();
+
+        // Python's own exit, and a kill from inside.
+        let (exit, kill) = match language {
+            "python" => (
+                "import sys\nsys.exit(4)",
+                "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+            ),
+            _ => (
+                "process.exitCode = 4; process.exit()",
+                "process.kill(process.pid, 'SIGKILL')",
+            ),
+        };
+        let r = s.cell(exit);
+        assert_eq!(
+            (r.exit_code, r.state_kept),
+            (Some(4), Some(false)),
+            "{language}"
+        );
+        assert!(is_gone(third));
+        let mut again = cell_call(kill);
+        again.restart = true;
+        let r = s.result(&SessionCall::Cell(again));
+        assert_eq!((r.exit_code, r.signal), (None, Some(9)), "{language}");
+        assert_eq!(
+            r.interpreter_end,
+            Some(plimsoll_wire::EndReason::InterpreterCrash)
+        );
+        assert_eq!(r.state_kept, Some(false));
+        let (code, stderr) = s.close();
+        assert_eq!(code, Some(0), "{stderr}");
+    }
+}
+
+/// The process `pid` is gone and reaped (no /proc entry) within 5 s.
+fn is_reaped(pid: i32) -> bool {
+    (0..100).any(|_| {
+        let gone = !Path::new(&format!("/proc/{pid}")).exists();
+        if !gone {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        gone
+    })
+}
+
+#[test]
+fn an_interpreter_that_ends_outside_a_cell_is_told_to_the_next_cell() {
+    for language in session_languages("an_interpreter_that_ends_outside_a_cell_…") {
+        let work = tempdir();
+        let mut s = ready_session(language, work.path());
+        let first = s.interpreter();
+        // It ends on its own after the cell has answered.
+        let code = match language {
+            "python" => concat!(
+                "import os, threading, time\n",
+                "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(7))).start()\n",
+            ),
+            _ => "setTimeout(() => process.exit(7), 300);",
+        };
+        let r = s.cell(code);
+        assert_eq!(
+            (r.exit_code, r.state_kept),
+            (Some(0), Some(true)),
+            "{language}"
+        );
+        // Reaped by the agent, not only a zombie: a zombie whose other threads are still
+        // ending cannot be reaped yet, and a cell sent then meets it ending.
+        assert!(is_reaped(first), "{language}");
+        let e = s.error(&SessionCall::Cell(cell_call("1")));
+        assert!(
+            e.contains("exited with status 7 outside a cell"),
+            "{language}: {e}"
+        );
+        // A job's step that kills it: the job still answers; the next cell is told.
+        let mut restart = cell_call("1");
+        restart.restart = true;
+        assert_eq!(s.result(&SessionCall::Cell(restart)).exit_code, Some(0));
+        let second = s.interpreter();
+        let kill = format!("kill -9 {second}; echo killed");
+        let r = s.result(&session_job(
+            work.path(),
+            project(vec![], &[&kill], &[]),
+            false,
+        ));
+        assert_eq!(text(&r.stdout), "killed\n");
+        assert!(is_reaped(second));
+        let e = s.error(&SessionCall::Cell(cell_call("1")));
+        assert!(
+            e.contains("was killed by signal 9 outside a cell"),
+            "{language}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_cell_past_its_deadline_ends_the_interpreter_and_its_processes() {
+    for language in session_languages("a_cell_past_its_deadline_…") {
+        let work = tempdir();
+        let mut s = ready_session(language, work.path());
+        let interpreter = s.interpreter();
+        // A child in the interpreter's group and one in a session of its own.
+        let code = match language {
+            "python" => concat!(
+                "import subprocess, time\n",
+                "a = subprocess.Popen(['sleep', '1000'])\n",
+                "b = subprocess.Popen(['sleep', '1000'], start_new_session=True)\n",
+                "open('pids', 'w').write('%d %d' % (a.pid, b.pid))\n",
+                "print('waiting', flush=True)\n",
+                "time.sleep(1000)\n",
+            ),
+            _ => concat!(
+                "const cp = require('child_process');\n",
+                "const a = cp.spawn('sleep', ['1000']);\n",
+                "const b = cp.spawn('sleep', ['1000'], { detached: true });\n",
+                "require('fs').writeFileSync('pids', a.pid + ' ' + b.pid);\n",
+                "console.log('waiting');\n",
+                "for (;;) {}\n",
+            ),
+        };
+        let mut call = cell_call(code);
+        call.deadline_ms = 1000;
+        let r = s.result(&SessionCall::Cell(call));
+        assert!(r.timed_out, "{language}: {}", text(&r.stderr));
+        assert_eq!((r.exit_code, r.signal), (None, Some(9)));
+        assert_eq!(text(&r.stdout), "waiting\n");
+        assert_eq!(r.state_kept, Some(false));
+        assert_eq!(
+            r.interpreter_end,
+            Some(plimsoll_wire::EndReason::CellTimeout)
+        );
+        assert!(is_gone(interpreter), "{language}");
+        let pids = std::fs::read_to_string(work.path().join("pids")).unwrap();
+        for pid in pids.split_whitespace() {
+            assert!(
+                sleep_is_gone(pid.parse().unwrap()),
+                "{language}: {pid} survived"
+            );
+        }
+        assert!(s.children().is_empty(), "{language}");
+        let e = s.error(&SessionCall::Cell(cell_call("1")));
+        assert!(e.contains("past its deadline"), "{e}");
+        let (code, stderr) = s.close();
+        assert_eq!(code, Some(0), "{stderr}");
+    }
+}
+
+#[test]
+fn a_streamed_cell_sends_its_output_while_it_runs() {
+    for language in session_languages("a_streamed_cell_sends_its_output_while_it_runs") {
+        let work = tempdir();
+        let mut s = ready_session(language, work.path());
+        // The cell waits for a file the test creates only once it has the first chunk: that
+        // chunk came while the cell ran, before its answer.
+        let code = match language {
+            "python" => concat!(
+                "import os, time\n",
+                "print('first')\n",
+                "while not os.path.exists('go'):\n",
+                "    time.sleep(0.01)\n",
+                "print('second')\n",
+            ),
+            _ => concat!(
+                "const fs = require('fs');\n",
+                "console.log('first');\n",
+                "(async () => {\n",
+                "  while (!fs.existsSync('go')) await new Promise((r) => setTimeout(r, 10));\n",
+                "  console.log('second');\n",
+                "})()\n",
+            ),
+        };
+        let mut call = cell_call(code);
+        call.stream = true;
+        s.send(&SessionCall::Cell(call));
+        let SessionLine::Chunk(first) = s.read() else {
+            panic!("{language}: the first line is not a chunk");
+        };
+        assert_eq!(
+            (first.stream, first.offset, text(&first.bytes)),
+            (OutputStream::Stdout, 0, "first\n".to_owned()),
+            "{language}"
+        );
+        std::fs::write(work.path().join("go"), b"").unwrap();
+        let (chunks, answer) = s.answer();
+        let r = answer.result.expect("a result");
+        assert_eq!(text(&r.stdout), "first\nsecond\n");
+        let rest: Vec<(u64, String)> = chunks.iter().map(|c| (c.offset, text(&c.bytes))).collect();
+        assert_eq!(rest, [(6, "second\n".to_owned())], "{language}");
+        assert_eq!((r.exit_code, r.state_kept), (Some(0), Some(true)));
+
+        // Chunks never hold more than the result keeps.
+        let code = match language {
+            "python" => "import sys\nprint('0123456789')\nsys.stderr.write('abc')",
+            _ => "console.log('0123456789'); process.stderr.write('abc')",
+        };
+        let mut call = cell_call(code);
+        call.stream = true;
+        call.output_bytes = 4;
+        let (chunks, answer) = s.call(&SessionCall::Cell(call));
+        let r = answer.result.unwrap();
+        assert_eq!(
+            (text(&r.stdout).as_str(), r.stdout_truncated),
+            ("0123", true)
+        );
+        assert_eq!(
+            (text(&r.stderr).as_str(), r.stderr_truncated),
+            ("abc", false)
+        );
+        for (stream, kept) in [
+            (OutputStream::Stdout, "0123"),
+            (OutputStream::Stderr, "abc"),
+        ] {
+            let mut joined = Vec::new();
+            for c in chunks.iter().filter(|c| c.stream == stream) {
+                assert_eq!(c.offset, joined.len() as u64);
+                joined.extend_from_slice(&c.bytes.0);
+            }
+            assert_eq!(joined, kept.as_bytes(), "{language}");
+        }
+        // Without stream, no chunk.
+        let (chunks, _) = s.call(&SessionCall::Cell(cell_call(code)));
+        assert!(chunks.is_empty());
+    }
+}
+
+#[test]
+fn a_streamed_job_sends_each_steps_output_with_offsets_across_the_job() {
+    let work = tempdir();
+    let Some(language) = session_languages("a_streamed_job_…").into_iter().next() else {
+        return;
+    };
+    let mut s = ready_session(language, work.path());
+    let spec = project(vec![], &["echo one; echo e >&2", "echo two"], &[]);
+    let (chunks, answer) = s.call(&session_job(work.path(), spec, true));
+    let r = answer.result.unwrap();
+    assert_eq!(r.steps.len(), 2);
+    let got: Vec<(OutputStream, u64, String)> = chunks
+        .iter()
+        .map(|c| (c.stream, c.offset, text(&c.bytes)))
+        .collect();
+    let out: Vec<_> = got.iter().filter(|c| c.0 == OutputStream::Stdout).collect();
+    assert_eq!(
+        out,
+        [
+            &(OutputStream::Stdout, 0, "one\n".to_owned()),
+            &(OutputStream::Stdout, 4, "two\n".to_owned())
+        ]
+    );
+    assert!(got.contains(&(OutputStream::Stderr, 0, "e\n".to_owned())));
+}
+
+#[test]
+fn an_exception_in_a_cell_is_exit_1_with_its_traceback_and_the_state_stays() {
+    for language in session_languages("an_exception_in_a_cell_…") {
+        let work = tempdir();
+        let mut s = ready_session(language, work.path());
+        let (set, raise, says, read) = match language {
+            "python" => (
+                "kept = 5",
+                "def f():\n    raise ValueError('boom')\nf()",
+                &[
+                    "Traceback (most recent call last):\n",
+                    "  File \"<cell 2>\", line 3, in <module>\n",
+                    "  File \"<cell 2>\", line 2, in f\n    raise ValueError('boom')\n",
+                    "ValueError: boom\n",
+                ][..],
+                "print(kept)",
+            ),
+            _ => (
+                "let kept = 5",
+                "function f() {\n  throw new Error('boom');\n}\nf()",
+                &[
+                    "Error: boom\n",
+                    "    at f (<cell 2>:2:9)\n",
+                    "    at <cell 2>:4:1",
+                ][..],
+                "console.log(kept)",
+            ),
+        };
+        assert_eq!(s.cell(set).exit_code, Some(0));
+        let r = s.cell(raise);
+        let stderr = text(&r.stderr);
+        assert_eq!(
+            (r.exit_code, r.state_kept, r.interpreter_end),
+            (Some(1), Some(true), None)
+        );
+        for part in says {
+            assert!(stderr.contains(part), "{language}: {part:?} in {stderr}");
+        }
+        // The driver's own frames are not shown.
+        assert!(
+            !stderr.contains("_plimsoll_session") && !stderr.contains("[eval]"),
+            "{stderr}"
+        );
+        let r = s.cell(read);
+        assert_eq!(text(&r.stdout), "5\n", "{language}");
+        // A syntax error too.
+        let r = s.cell("(");
+        assert_eq!(
+            (r.exit_code, r.state_kept),
+            (Some(1), Some(true)),
+            "{language}"
+        );
+        assert!(
+            text(&r.stderr).contains("SyntaxError"),
+            "{language}: {}",
+            text(&r.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_wall_call_answers_the_agents_wall_and_bad_lines_an_error() {
+    let Some(language) = session_languages("the_wall_call_…").into_iter().next() else {
+        return;
+    };
+    let work = tempdir();
+    // With --wall-first, the wall comes first, then the ready line.
+    let mut s = session_agent_with(
+        &["--wall-first", "--session", language],
+        work.path(),
+        |_| {},
+    );
+    let said: plimsoll_wire::Wall = serde_json::from_slice(&s.next_line()).unwrap();
+    assert_eq!(s.next_line(), SESSION_READY_LINE);
+    let (_, answer) = s.call(&SessionCall::Wall);
+    let wall = answer.wall.expect("a wall");
+    assert!(answer.result.is_none() && answer.error.is_none());
+    let uid = if is_root() {
+        AGENT_UID
+    } else {
+        rustix::process::getuid().as_raw()
+    };
+    assert_eq!((wall.uid, said.uid), (uid, uid));
+    assert_eq!(wall.namespaces, said.namespaces);
+
+    // A line that is not a call, or too long, is answered with an error; the session goes on.
+    s.send_raw(b"nonsense\n");
+    assert!(s.answer().1.error.unwrap().contains("not a SessionCall"));
+    s.send_raw(b"{\"cell\":{\"code\":\"1\"}}\n");
+    assert!(s.answer().1.error.unwrap().contains("missing field"));
+    let mut long = vec![b' '; plimsoll_agent::MAX_CALL_BYTES + 10];
+    long.push(b'\n');
+    s.send_raw(&long);
+    let e = s.answer().1.error.unwrap();
+    assert!(e.contains("longer than"), "{e}");
+    let code = if language == "python" {
+        "print(6 * 7)"
+    } else {
+        "console.log(6 * 7)"
+    };
+    assert_eq!(text(&s.cell(code).stdout), "42\n");
+    let (status, stderr) = s.close();
+    assert_eq!(status, Some(0), "{stderr}");
+}
+
+#[test]
+fn a_session_is_refused_what_it_cannot_serve() {
+    let out = agent_command()
+        .args(["--session", "ruby"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("javascript or python"));
+    let out = agent_command()
+        .args(["--warm", "python", "--session", "python"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("do not go together"));
+    let out = agent_command().arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--session LANGUAGE"));
+    if is_root() && which("python3").is_some() {
+        // Started as root (no sandbox's uid): refused before anything starts.
+        let work = tempdir();
+        let out = agent_command()
+            .args(["--session", "python"])
+            .current_dir(work.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(out.stdout.is_empty());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("uid 0"));
+    }
+}
+
+#[test]
+fn a_cell_killed_by_the_memory_limit_ends_the_interpreter_as_out_of_memory() {
+    if which("python3").is_none() {
+        return skip("a_cell_killed_by_the_memory_limit_…", "python3");
+    }
+    let cg = match MemoryCgroup::create(64 * 1024 * 1024) {
+        Ok(cg) => cg,
+        Err(reason) => return skip("a_cell_killed_by_the_memory_limit_…", &reason),
+    };
+    let work = tempdir();
+    let procs = cg.dir.join("cgroup.procs");
+    let mut s = session_agent_with(&["--session", "python"], work.path(), move |cmd| {
+        let fd = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&procs)
+            .unwrap();
+        PreExec::new()
+            .unnamed(Step::Write {
+                fd: fd.into(),
+                bytes: b"0\n",
+            })
+            .install_untracked(cmd);
+    });
+    assert_eq!(s.next_line(), SESSION_READY_LINE);
+    assert_eq!(s.cell("small = 1").exit_code, Some(0));
+    let r = s.cell("x = bytes(range(256)) * (2 * 1024 * 1024)\nprint(len(x))");
+    assert_eq!(r.signal, Some(9), "{:?} {}", r.exit_code, text(&r.stderr));
+    assert!(r.oom_killed && !r.timed_out);
+    assert_eq!(r.state_kept, Some(false));
+    assert_eq!(
+        r.interpreter_end,
+        Some(plimsoll_wire::EndReason::OutOfMemory)
+    );
+    let e = s.error(&SessionCall::Cell(cell_call("print(small)")));
+    assert!(e.contains("the memory limit killed it"), "{e}");
+    let (code, stderr) = s.close();
+    assert_eq!(code, Some(0), "{stderr}");
+}
