@@ -173,6 +173,7 @@ impl Plan {
             run_dir: run_dir(&config.state_dir, run_id),
             broker,
             privileges: self.privileges,
+            tap: None,
         }
     }
 }

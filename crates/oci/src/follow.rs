@@ -262,8 +262,6 @@ fn status_text(code: Option<i32>, signal: Option<i32>) -> String {
 }
 
 impl Created {
-    /// Keeps at most `cap` bytes per stream from now on (a warm member learns its run's
-    /// output cap at the claim; its interpreter has printed nothing before).
     /// Reads the container's standard output up to and including its first newline (at most
     /// `max` bytes), waiting until `until`: what a process inside says before it is handed
     /// anything (`plimsoll-agent --wall-first`). Nothing read after the newline is lost: it
@@ -296,10 +294,14 @@ impl Created {
         }
     }
 
-    pub(crate) fn set_output_cap(&mut self, cap: u64) {
+    /// Keeps at most `cap` bytes per stream from now on, each kept byte also handed to
+    /// `tap` as it is read (a warm member learns its run's output cap at the claim; its
+    /// interpreter has printed nothing before, or only its wall and ready lines, read).
+    pub(crate) fn set_output(&mut self, cap: u64, tap: Option<plimsoll_sandbox::OutputTap>) {
+        use plimsoll_sandbox::capture::OutputStream;
         let cap = usize::try_from(cap).unwrap_or(usize::MAX);
-        self.pipes.out = Stream::new(cap);
-        self.pipes.err = Stream::new(cap);
+        self.pipes.out = Stream::tapped(cap, tap.clone(), OutputStream::Stdout);
+        self.pipes.err = Stream::tapped(cap, tap, OutputStream::Stderr);
     }
 
     /// The container's process (its pid on the host).

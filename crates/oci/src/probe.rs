@@ -287,6 +287,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
         controller_gid: uid,
         run_dir: p.state().runs().join(&run_id),
         broker: None,
+        tap: None,
     };
     let launch = LaunchSpec {
         args: [

@@ -295,7 +295,7 @@ impl WarmMember for OciMember {
             namespaces,
             mut phases,
         } = container;
-        created.set_output_cap(plan.limits.output_bytes);
+        created.set_output(plan.limits.output_bytes, plan.tap.clone());
         let started_unix_ms = unix_ms_now();
         let sent = input
             .ok_or_else(|| std::io::Error::other("the member has no input pipe"))

@@ -394,6 +394,7 @@ fn run_snippet(provider: &ProcessProvider, language: Language, code: &str) -> Re
         controller_gid: cfg.probe_uid,
         run_dir,
         broker: None,
+        tap: None,
     };
     let out = provider.run(&plan).map_err(|e| e.to_string())?;
     let r = &out.result;

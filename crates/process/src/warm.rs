@@ -249,7 +249,8 @@ impl WarmMember for ProcessMember {
                 return Err(e.after_cleanup(remove(uid, &dir, cgroup)));
             }
         };
-        let limits = CaptureLimits::new(plan.limits.output_bytes, plan.limits.timeout);
+        let limits = CaptureLimits::new(plan.limits.output_bytes, plan.limits.timeout)
+            .with_tap(plan.tap.clone());
         let outside = match watchdog.start(plan.limits.timeout + WATCHDOG_GRACE) {
             Ok(w) => w,
             Err(e) => {

@@ -20,10 +20,12 @@ use rustix::process::{Pid, PidfdFlags, pidfd_open};
 use crate::spawn::{Running, kill_group};
 
 /// How long to wait and how much to keep.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CaptureLimits {
     /// Bytes kept per stream; the rest is read and dropped.
     pub output_bytes: u64,
+    /// Where kept bytes also go as they are read (a streamed answer); `None`: nowhere.
+    pub tap: Option<OutputTap>,
     /// When the child is killed if it has not exited.
     pub deadline: Instant,
     /// How long to keep draining the pipes after the child has exited.
@@ -35,9 +37,15 @@ impl CaptureLimits {
     pub fn new(output_bytes: u64, timeout: Duration) -> Self {
         CaptureLimits {
             output_bytes,
+            tap: None,
             deadline: Instant::now() + timeout,
             drain_grace: Duration::from_millis(100),
         }
+    }
+
+    /// These limits, kept bytes also handed to `tap` as they are read.
+    pub fn with_tap(self, tap: Option<OutputTap>) -> Self {
+        CaptureLimits { tap, ..self }
     }
 }
 
@@ -83,6 +91,32 @@ pub enum CaptureError {
     },
 }
 
+/// Where a run's output also goes as it is read, besides its capped buffer: a streamed
+/// answer's chunks (docs/sessions.md, "Streaming"). It is given exactly the bytes the buffer
+/// keeps, with their offset in the stream, so no chunk goes past what the result holds.
+#[derive(Clone)]
+pub struct OutputTap(std::sync::Arc<dyn Fn(OutputStream, u64, &[u8]) + Send + Sync>);
+
+impl OutputTap {
+    /// A tap calling `f(stream, offset, bytes)`.
+    pub fn new(f: impl Fn(OutputStream, u64, &[u8]) + Send + Sync + 'static) -> Self {
+        OutputTap(std::sync::Arc::new(f))
+    }
+
+    /// Hands it `bytes` of `stream`, starting at `offset`.
+    pub fn send(&self, stream: OutputStream, offset: u64, bytes: &[u8]) {
+        (self.0)(stream, offset, bytes);
+    }
+}
+
+impl std::fmt::Debug for OutputTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutputTap")
+    }
+}
+
+pub use plimsoll_wire::OutputStream;
+
 /// One output stream being drained into a capped buffer: what providers that follow a
 /// sandbox's pipes themselves (rather than through [`capture`]) share with it.
 #[derive(Debug)]
@@ -94,6 +128,10 @@ pub struct Stream {
     pub truncated: bool,
     /// The writer closed its end.
     pub eof: bool,
+    /// Where kept bytes also go, and as which stream.
+    tap: Option<(OutputTap, OutputStream)>,
+    /// Bytes kept so far (the buffer may have been drained by a reader of lines).
+    kept: u64,
 }
 
 impl Stream {
@@ -104,6 +142,16 @@ impl Stream {
             cap,
             truncated: false,
             eof: false,
+            tap: None,
+            kept: 0,
+        }
+    }
+
+    /// [`Stream::new`], its kept bytes also handed to `tap` as `stream` as they are read.
+    pub fn tapped(cap: usize, tap: Option<OutputTap>, stream: OutputStream) -> Self {
+        Stream {
+            tap: tap.map(|t| (t, stream)),
+            ..Stream::new(cap)
         }
     }
 
@@ -117,6 +165,12 @@ impl Stream {
                     let keep = n.min(self.cap.saturating_sub(self.buf.len()));
                     self.buf.extend_from_slice(&scratch[..keep]);
                     self.truncated |= keep < n;
+                    if let Some((tap, stream)) = &self.tap
+                        && keep > 0
+                    {
+                        tap.send(*stream, self.kept, &scratch[..keep]);
+                    }
+                    self.kept += keep as u64;
                 }
                 Err(rustix::io::Errno::AGAIN) => break,
                 Err(rustix::io::Errno::INTR) => {}
@@ -179,8 +233,8 @@ fn pump(
     let pid = Pid::from_raw(child.id() as i32).ok_or_else(|| io::Error::other("pid 0"))?;
     let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
     let cap = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
-    let mut out = Stream::new(cap);
-    let mut err = Stream::new(cap);
+    let mut out = Stream::tapped(cap, limits.tap.clone(), OutputStream::Stdout);
+    let mut err = Stream::tapped(cap, limits.tap.clone(), OutputStream::Stderr);
     let mut scratch = vec![0u8; 64 * 1024];
     let mut timed_out = false;
     // Set once the child has exited: stop draining at this instant.

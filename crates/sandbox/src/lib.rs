@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use broker::{BROKER_FD, BrokerChannel, BrokerPort};
-pub use capture::{CaptureError, CaptureLimits, Captured, capture};
+pub use capture::{CaptureError, CaptureLimits, Captured, OutputTap, capture};
 pub use error::{Cause, LaunchError, ReadFileError, Stale, Unsupported, Withdrawn, error_chain};
 pub use plimsoll_sys::exec::{PreExec, Step};
 use plimsoll_wire::{Evidence, RunResult, RunSpec, Tier};
@@ -103,6 +103,9 @@ pub struct LaunchPlan {
     /// What the sandbox's first process holds, decided where the plan is made (the engine's
     /// `plan()`); a provider applies it and never looks at the steps to decide it.
     pub privileges: Privileges,
+    /// Where the run's output also goes as it is read (a streamed answer), where the
+    /// provider reads the code's output itself as it comes; `None`: only into the result.
+    pub tap: Option<capture::OutputTap>,
 }
 
 /// What a run's first process may hold inside its sandbox.

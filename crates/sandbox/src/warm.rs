@@ -201,6 +201,7 @@ pub fn member_plan(plan: &WarmPlan) -> LaunchPlan {
         run_dir: plan.run_dir.clone(),
         broker: None,
         privileges: crate::Privileges::Unprivileged,
+        tap: None,
     }
 }
 

@@ -73,6 +73,7 @@ fn probe_plan(p: &VmProvider, what: &str, spec: RunSpec) -> LaunchPlan {
         controller_uid: uid,
         controller_gid: uid,
         broker: None,
+        tap: None,
     }
 }
 
