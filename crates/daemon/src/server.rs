@@ -562,10 +562,10 @@ pub(crate) fn closing(mut resp: Response) -> Response {
 }
 
 /// The end of a `POST /v1/runs`: counts, logs one line, answers.
-struct Answer<'a> {
-    st: &'a Shared,
-    started: Instant,
-    caller: Option<&'a str>,
+pub(crate) struct Answer<'a> {
+    pub(crate) st: &'a Shared,
+    pub(crate) started: Instant,
+    pub(crate) caller: Option<&'a str>,
 }
 
 impl Answer<'_> {
@@ -588,7 +588,7 @@ impl Answer<'_> {
     }
 
     /// Accounts for what the engine answered and turns it into HTTP.
-    fn ran(&self, result: Result<RunResponse, RunError>, request_id: &str) -> Response {
+    pub(crate) fn ran(&self, result: Result<RunResponse, RunError>, request_id: &str) -> Response {
         let caller = self.caller.unwrap_or("");
         let duration_ms = self.started.elapsed().as_millis() as u64;
         match result {
@@ -680,11 +680,14 @@ async fn runs(State(st): State<AppState>, req: Request) -> Response {
             return answer.refused(Failure::Refused(rejection.reason), id, rejection.message);
         }
     };
+    let started = answer.started;
+    if crate::sessions::wants_stream(&parts.headers) {
+        return crate::sessions::stream_run(Arc::clone(&st), caller, request, started);
+    }
     // The run, its counting and its log line happen on the blocking thread, so they are
     // accounted for even when the client goes away before the answer.
     let request_id = request.request_id.clone();
     let shared = Arc::clone(&st);
-    let started = answer.started;
     let who = caller.clone();
     let joined = tokio::task::spawn_blocking(move || {
         let answer = Answer {

@@ -306,7 +306,7 @@ fn file_request(request_id: String, project: Project) -> RunRequest {
     }
 }
 
-fn wants_stream(headers: &HeaderMap) -> bool {
+pub(crate) fn wants_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()
@@ -351,11 +351,6 @@ async fn call(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     let engine = Arc::clone(&st);
     tokio::task::spawn_blocking(move || {
-        let line = |l: &StreamLine| {
-            let mut bytes = serde_json::to_vec(l).unwrap_or_default();
-            bytes.push(b'\n');
-            bytes
-        };
         let chunks = tx.clone();
         let answered = engine
             .engine
@@ -376,8 +371,97 @@ async fn call(
         };
         let _ = tx.send(line(&last));
     });
-    let body = Body::from_stream(futures_stream(rx));
-    let mut resp = Response::new(body);
+    ndjson(rx)
+}
+
+/// How often a streamed run's answer gets an empty line while nothing else is sent: the
+/// write is how a client that went away is noticed (and its run cancelled).
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `POST /v1/runs` with `Accept: application/x-ndjson`: output chunks as the run prints them
+/// (a preview), an empty line each [`KEEPALIVE`] of silence, then the response or error. A
+/// client that goes away cancels the run: its sandbox's processes are killed (again each
+/// second while it still runs), and it is cleaned up as any run is.
+pub(crate) fn stream_run(
+    st: AppState,
+    caller: String,
+    request: RunRequest,
+    started: Instant,
+) -> Response {
+    use plimsoll_engine::{Cancel, RunHooks};
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let cancel = Cancel::new();
+    let chunks = tx.clone();
+    let tap = plimsoll_engine::OutputTap::new(move |stream, offset, bytes| {
+        let chunk = plimsoll_wire::OutputChunk {
+            stream,
+            offset,
+            bytes: WireBytes::from(bytes.to_vec()),
+        };
+        let _ = chunks.send(line(&StreamLine::chunk(chunk)));
+    });
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Keep-alives while the run is silent; once the client is gone, cancel (again each
+    // second, until the run is over: its processes may not have existed at the first).
+    let (watch, watch_cancel, watch_done) = (tx.clone(), Arc::clone(&cancel), Arc::clone(&done));
+    let request_id = request.request_id.clone();
+    tokio::spawn(async move {
+        let gone = loop {
+            tokio::select! {
+                () = watch.closed() => break true,
+                () = tokio::time::sleep(KEEPALIVE) => {
+                    if watch_done.load(std::sync::atomic::Ordering::SeqCst) {
+                        break false;
+                    }
+                    let _ = watch.send(b"\n".to_vec());
+                }
+            }
+        };
+        if !gone {
+            return;
+        }
+        tracing::info!(request_id = %request_id, "the client of a streamed run went away; cancelling the run");
+        while !watch_done.load(std::sync::atomic::Ordering::SeqCst) {
+            let c = Arc::clone(&watch_cancel);
+            let _ = tokio::task::spawn_blocking(move || c.cancel()).await;
+            tokio::time::sleep(KEEPALIVE).await;
+        }
+    });
+    tokio::task::spawn_blocking(move || {
+        let hooks = RunHooks {
+            tap: Some(tap),
+            cancel: Some(cancel),
+        };
+        let result = st.engine.run_with(&caller, &request, hooks);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let last = match &result {
+            Ok(resp) => StreamLine::Response(Box::new(resp.clone())),
+            Err(e) => {
+                let body = e.to_response();
+                StreamLine::Error(Box::new(failure_of(e).body(body.request_id, body.error.message)))
+            }
+        };
+        // Counted and logged as a run answered whole is.
+        let answer = crate::server::Answer {
+            st: &st,
+            started,
+            caller: Some(&caller),
+        };
+        drop(answer.ran(result, &request.request_id));
+        let _ = tx.send(line(&last));
+    });
+    ndjson(rx)
+}
+
+fn line(l: &StreamLine) -> Vec<u8> {
+    let mut bytes = serde_json::to_vec(l).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+/// A streamed answer over the lines `rx` gives.
+fn ndjson(rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
+    let mut resp = Response::new(Body::from_stream(futures_stream(rx)));
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
     resp

@@ -897,6 +897,17 @@ impl Engine {
     /// Runs one request for `caller`. Blocks until the run is over. Every refusal comes
     /// before anything starts and carries its reason.
     pub fn run(&self, caller: &str, req: &RunRequest) -> Result<RunResponse, RunError> {
+        self.run_with(caller, req, crate::RunHooks::default())
+    }
+
+    /// [`Engine::run`], with its output also handed to `hooks.tap` as it is read, and ended
+    /// early when `hooks.cancel` is cancelled (refused, not dispatched, if that came first).
+    pub fn run_with(
+        &self,
+        caller: &str,
+        req: &RunRequest,
+        hooks: crate::RunHooks,
+    ) -> Result<RunResponse, RunError> {
         let id = Some(req.request_id.as_str());
         let (decided, state, index) = self.decide(caller, req, false)?;
         let floor = decided.floor;
@@ -922,6 +933,26 @@ impl Engine {
                 .as_ref()
                 .map(|b| BrokerChannel::new(Arc::new(b.clone()))),
         );
+        plan.tap = hooks.tap.clone();
+        // Kills the run's processes by the provider's own means, whichever uid it gets.
+        let arm = |plan: &plimsoll_sandbox::LaunchPlan| {
+            if let Some(c) = &hooks.cancel {
+                let slots = Arc::clone(&self.slots);
+                let plan = plan.clone();
+                c.arm(Box::new(move || {
+                    if let Err(e) = slots[index].provider.cancel(&plan) {
+                        tracing::warn!(run_id = %plan.run_id, error = %e, "cannot end a cancelled run's processes");
+                    }
+                }));
+            }
+        };
+        if hooks.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+            return Err(RunError::refused(
+                id,
+                Reason::Request,
+                "the run was cancelled (its client went away) before it was dispatched",
+            ));
+        }
         // A warm member when a pool matches exactly and has one made under this evidence.
         let claimed = self.pools().claim(
             index,
@@ -938,6 +969,7 @@ impl Engine {
         // A cold run's removal, when its provider leaves it for after the answer.
         let mut teardown = None;
         let mut cold = |plan: &plimsoll_sandbox::LaunchPlan| {
+            arm(plan);
             slot.provider.run_then_tear_down(plan).map(|(o, t)| {
                 teardown = t;
                 o
@@ -949,6 +981,7 @@ impl Engine {
                 let cold_plan = plan.clone();
                 plan.uid = member.uid();
                 plan.gid = member.uid();
+                arm(&plan);
                 match member.run(&plan) {
                     // A member that could not take the run ran nothing: the run starts cold.
                     Err(e) if e.not_dispatched().is_some() => {
@@ -960,6 +993,9 @@ impl Engine {
             }
             None => (cold(&plan), None),
         };
+        if let Some(c) = &hooks.cancel {
+            c.disarm();
+        }
         // The sandbox's processes are gone: close the channel and collect the calls it made.
         let calls = broker.map(|b| b.finish()).unwrap_or_default();
         // The caller's place is free now; the run's uids only once what is left of its

@@ -3,6 +3,7 @@
 //! resolved [`LaunchPlan`](plimsoll_sandbox::LaunchPlan).
 
 mod admission;
+mod cancel;
 mod config;
 mod engine;
 pub mod evidence_cache;
@@ -14,11 +15,12 @@ mod session;
 pub mod settings;
 
 pub use admission::{Admission, Permit, uid_range_end};
+pub use cancel::{Cancel, RunHooks};
 pub use config::{EngineConfig, LimitPolicy, SessionPolicy};
 pub use engine::{BuildEngineError, Engine, PoolsReplaced, ProviderEvidence, RunError};
 pub use evidence_cache::{CacheMiss, EvidenceCache};
 pub use plan::{Plan, ProviderView, Unavailable, plan};
-pub use plimsoll_sandbox::{ResolvedLimits, error_chain};
+pub use plimsoll_sandbox::{OutputTap, ResolvedLimits, error_chain};
 pub use plimsoll_wire::{NotDispatched, Reason, not_dispatched_reason};
 pub use pool::{PoolConfig, PoolSettings};
 pub use providers::AnyProvider;

@@ -76,6 +76,9 @@ impl Provider for AnyProvider {
     fn opens_sessions(&self) -> bool {
         self.inner().opens_sessions()
     }
+    fn cancel(&self, plan: &LaunchPlan) -> Result<(), String> {
+        self.inner().cancel(plan)
+    }
     fn open_session(
         &self,
         plan: &LaunchPlan,

@@ -1257,6 +1257,13 @@ impl Provider for OciProvider {
         true
     }
 
+    /// By the container's cgroups, not its uid: at runsc the sandbox's processes are
+    /// gVisor's, which run as other users.
+    fn cancel(&self, plan: &LaunchPlan) -> Result<(), String> {
+        let procs = self.container_procs(plan).map_err(|e| e.message())?;
+        plimsoll_sandbox::reap::kill_cgroup_processes(&procs, Duration::from_secs(5))
+    }
+
     fn open_session(
         &self,
         plan: &LaunchPlan,

@@ -30,9 +30,9 @@ pub use error::{Cause, LaunchError, ReadFileError, Stale, Unsupported, Withdrawn
 pub use plimsoll_sys::exec::{PreExec, Step};
 use plimsoll_wire::{Evidence, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
+pub use session::SessionSandbox;
 pub use spawn::{Running, Spawn, SpawnError, spawned_total};
 pub use uidlease::{UidLease, lease_dir, try_lease};
-pub use session::SessionSandbox;
 pub use warm::{Teardown, WarmMember, WarmPlan, WarmShape};
 
 /// Python's flags for a snippet, cold or warm, at every provider: isolated mode (no
@@ -234,6 +234,15 @@ pub trait Provider: Send + Sync {
             plimsoll_wire::Reason::Unsupported,
             Unsupported::NoWarmPool,
         ))
+    }
+    /// Ends a dispatched run early (its client went away): kills the processes of its
+    /// sandbox by this provider's means. Called from another thread while
+    /// [`Provider::run`] (or a member's run) is under way, perhaps more than once, perhaps
+    /// before the sandbox's processes exist; the run then ends as a killed run does. By
+    /// default, every process of the plan's uid (the process tier's child, a container's
+    /// processes at crun and runc, a jailed QEMU).
+    fn cancel(&self, plan: &LaunchPlan) -> Result<(), String> {
+        end_processes_of_uid(plan.uid, Duration::from_secs(5)).map_err(|e| e.to_string())
     }
     /// True when [`Provider::open_session`] keeps sessions.
     fn opens_sessions(&self) -> bool {
