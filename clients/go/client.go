@@ -142,80 +142,187 @@ func (c *Client) Run(ctx context.Context, req RunRequest) (*Result, error) {
 	id := NewRequestID()
 	refuse := func(err error) error { return refusedHere(id, ReasonRequest, err.Error(), err) }
 	w, err := req.toWire(id)
+	if err == nil {
+		err = w.validate()
+	}
 	if err != nil {
 		return nil, refuse(err)
 	}
-	body, err := json.Marshal(w)
+	body, sent, err := c.prepare(w)
 	if err != nil {
-		return nil, refuse(fmt.Errorf("the request does not serialise: %w", err))
+		return nil, refuse(err)
+	}
+	floor, source := sent.MinimumIsolation, floorSent
+	if floor == "" {
+		if floor, err = c.defaultFloorOrRefusal(ctx, id, "run"); err != nil {
+			return nil, err
+		}
+		source = floorDefault
+	}
+	return c.runExchange(ctx, runExchange{method: http.MethodPost, url: c.baseURL + "/v1/runs", body: body,
+		sent: sent, floor: floor, source: source})
+}
+
+// prepare serialises a request, refuses it when it is over the body limit, and reads it
+// back: the request digest is over exactly the bytes that leave this process.
+func (c *Client) prepare(w wireRequest) ([]byte, *wireRequest, error) {
+	body, sent, err := serialise(w)
+	if err != nil {
+		return nil, nil, err
 	}
 	// Over the daemon's limit it would be refused after being sent, and the refusal may
 	// arrive as a closed connection ("may have run"): refuse it here, sending nothing.
 	if len(body) > c.maxBody {
-		return nil, refuse(&RequestTooLargeError{Size: len(body), Limit: c.maxBody})
+		return nil, nil, &RequestTooLargeError{Size: len(body), Limit: c.maxBody}
 	}
-	// The request digest is over exactly the bytes that leave this process.
+	return body, sent, nil
+}
+
+// serialise is a request's JSON and the request as that JSON reads back.
+func serialise(w wireRequest) ([]byte, *wireRequest, error) {
+	body, err := json.Marshal(w)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the request does not serialise: %w", err)
+	}
 	var sent wireRequest
 	if _, err := readStrict(body, &sent); err != nil {
-		return nil, refuse(fmt.Errorf("the request does not read back: %w", err))
+		return nil, nil, fmt.Errorf("the request does not read back: %w", err)
 	}
-	floor, fromDaemon := sent.MinimumIsolation, false
-	if floor == "" {
-		if floor, err = c.DefaultFloor(ctx); err != nil {
-			reason := ReasonEnvironment
-			var pe *ProvidersError
-			if errors.As(err, &pe) && pe.Reason != "" {
-				reason = pe.Reason
-			}
-			return nil, refusedHere(id, reason, "no floor was set and the daemon's default floor could not be read, so the run was not sent ("+err.Error()+"): set MinimumIsolation, or fix what the error says", err)
-		}
-		fromDaemon = true
-	}
+	return body, &sent, nil
+}
 
+// defaultFloorOrRefusal is the daemon's default floor, or the refusal (made here, nothing
+// sent) of a request that set no floor when that floor cannot be read.
+func (c *Client) defaultFloorOrRefusal(ctx context.Context, id, what string) (Isolation, error) {
+	floor, err := c.DefaultFloor(ctx)
+	if err == nil {
+		return floor, nil
+	}
+	reason := ReasonEnvironment
+	var pe *ProvidersError
+	if errors.As(err, &pe) && pe.Reason != "" {
+		reason = pe.Reason
+	}
+	return "", refusedHere(id, reason, "no floor was set and the daemon's default floor could not be read, so the "+what+" was not sent ("+err.Error()+"): set MinimumIsolation, or fix what the error says", err)
+}
+
+// floorSource says which floor a run was held to.
+type floorSource int
+
+const (
+	// floorSent: the floor the request carried.
+	floorSent floorSource = iota
+	// floorDefault: none was sent; the daemon's default floor, learnt from GET /v1/providers.
+	floorDefault
+	// floorSession: a session call; the floor its session was opened with (checked then).
+	floorSession
+)
+
+func (f floorSource) String() string {
+	switch f {
+	case floorDefault:
+		return "the daemon's default floor"
+	case floorSession:
+		return "the session's floor"
+	}
+	return "the floor sent"
+}
+
+// runExchange is one exchange whose answer is a run response.
+type runExchange struct {
+	method, url string
+	// body is what is sent (nil: none).
+	body []byte
+	// headers are set on the request besides the client's own.
+	headers map[string]string
+	// sent is the request the answer's digest must cover.
+	sent   *wireRequest
+	floor  Isolation
+	source floorSource
+	// onChunk, when set, asks for a streamed answer and is given each chunk as it comes.
+	onChunk func(Chunk)
+}
+
+// runExchange sends one request whose answer is a run response (whole, or streamed when
+// x.onChunk is set) and verifies that answer.
+func (c *Client) runExchange(ctx context.Context, x runExchange) (*Result, error) {
+	id := x.sent.RequestID
 	budget := defaultRunBudget
-	if sent.Limits != nil && sent.Limits.TimeoutMS > 0 {
-		budget = time.Duration(sent.Limits.TimeoutMS) * time.Millisecond
+	if x.sent.Limits != nil && x.sent.Limits.TimeoutMS > 0 {
+		budget = time.Duration(x.sent.Limits.TimeoutMS) * time.Millisecond
 	}
 	ctx, cancel := context.WithTimeout(ctx, budget+exchangeSlack)
 	defer cancel()
-	url := c.baseURL + "/v1/runs"
-	status, answer, err := c.exchange(ctx, http.MethodPost, url, body)
+	headers := x.headers
+	if x.onChunk != nil {
+		headers = map[string]string{"Accept": ndjson}
+		for k, v := range x.headers {
+			headers[k] = v
+		}
+	}
+	resp, err := c.send(ctx, x.method, x.url, x.body, headers)
 	if err != nil {
-		var ns *notSent
-		if errors.As(err, &ns) {
-			return nil, refusedHere(id, ReasonEnvironment, fmt.Sprintf("cannot reach the daemon at %s (%v): check that plimsolld is running and the URL is right", url, ns.err), ns.err)
-		}
-		return nil, &MayHaveRunError{RequestID: id, Code: "transport",
-			Message: fmt.Sprintf("the exchange with %s failed after the request may have been sent: %v", url, err), Err: err}
+		return nil, sendFailure(id, x.url, err)
 	}
-	if status == http.StatusOK {
-		var res Result
-		if _, err := readStrict(answer, &res); err != nil {
-			return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: status,
-				Message: "not a run response: " + err.Error()}
-		}
-		return verify(&sent, floor, fromDaemon, &res)
+	defer resp.Body.Close()
+	if x.onChunk != nil && resp.StatusCode == http.StatusOK && isNDJSON(resp.Header) {
+		return x.readStream(resp.Body)
 	}
+	answer, err := readAnswer(resp.Body)
+	if err != nil {
+		return nil, &MayHaveRunError{RequestID: id, Code: "transport", Status: resp.StatusCode,
+			Message: fmt.Sprintf("the exchange with %s failed after the request was sent: %v", x.url, err), Err: err}
+	}
+	return x.answered(resp.StatusCode, answer)
+}
+
+// answered verifies a whole answer: a run response when status is 200, a refusal otherwise.
+func (x *runExchange) answered(status int, answer []byte) (*Result, error) {
+	if status != http.StatusOK {
+		return nil, refusal(x.sent.RequestID, status, answer)
+	}
+	var res Result
+	if _, err := readStrict(answer, &res); err != nil {
+		return nil, &MayHaveRunError{RequestID: x.sent.RequestID, Code: "bad_response", Status: status,
+			Message: "not a run response: " + err.Error()}
+	}
+	return verify(x.sent, x.floor, x.source, &res)
+}
+
+// sendFailure is the error of an exchange whose answer never came: not dispatched when the
+// connection never opened, may have run otherwise.
+func sendFailure(id, url string, err error) error {
+	var ns *notSent
+	if errors.As(err, &ns) {
+		return refusedHere(id, ReasonEnvironment, fmt.Sprintf("cannot reach the daemon at %s (%v): check that plimsolld is running and the URL is right", url, ns.err), ns.err)
+	}
+	return &MayHaveRunError{RequestID: id, Code: "transport",
+		Message: fmt.Sprintf("the exchange with %s failed after the request may have been sent: %v", url, err), Err: err}
+}
+
+// refusal reads an answer other than a run response to the request sent under id: its
+// not-dispatched mark is believed only when it echoes id.
+func refusal(id string, status int, answer []byte) error {
 	e, err := readErrorAnswer(answer)
 	if err != nil {
-		return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: status, Message: err.Error()}
+		return &MayHaveRunError{RequestID: id, Code: "bad_response", Status: status, Message: err.Error()}
 	}
 	switch {
 	case e.Error.NotDispatched != nil && e.RequestID != nil && *e.RequestID == id:
-		return nil, &NotDispatchedError{RequestID: id, Reason: *e.Error.NotDispatched, Code: e.Error.Code,
-			Message: e.Error.Message, Status: status}
+		return &NotDispatchedError{RequestID: id, Reason: *e.Error.NotDispatched, Code: e.Error.Code,
+			Message: e.Error.Message, Status: status, EndReason: e.Error.EndReason}
 	case e.Error.NotDispatched != nil:
 		echoed := "(none)"
 		if e.RequestID != nil {
 			echoed = *e.RequestID
 		}
-		return nil, &MayHaveRunError{RequestID: id, Code: "unverified_refusal", Status: status,
-			EchoedRequestID: e.RequestID, ClaimedReason: *e.Error.NotDispatched,
+		return &MayHaveRunError{RequestID: id, Code: "unverified_refusal", Status: status,
+			EchoedRequestID: e.RequestID, ClaimedReason: *e.Error.NotDispatched, EndReason: e.Error.EndReason,
 			Message: fmt.Sprintf("an answer claimed `not dispatched (%s)` but echoed request id %s, not %s; something between this client and the daemon mixed up answers (%s)",
 				*e.Error.NotDispatched, echoed, id, e.Error.Message)}
 	default:
-		return nil, &MayHaveRunError{RequestID: id, Code: e.Error.Code, Status: status, EchoedRequestID: e.RequestID,
-			Message: fmt.Sprintf("HTTP %d: %s", status, e.Error.Message)}
+		return &MayHaveRunError{RequestID: id, Code: e.Error.Code, Status: status, EchoedRequestID: e.RequestID,
+			EndReason: e.Error.EndReason, Message: fmt.Sprintf("HTTP %d: %s", status, e.Error.Message)}
 	}
 }
 
@@ -234,8 +341,8 @@ func readErrorAnswer(answer []byte) (*wireError, error) {
 	return &e, nil
 }
 
-// verify checks a 200 answer to the request sent, against floor.
-func verify(sent *wireRequest, floor Isolation, fromDaemon bool, res *Result) (*Result, error) {
+// verify checks a 200 answer to the request sent, against floor (from source).
+func verify(sent *wireRequest, floor Isolation, source floorSource, res *Result) (*Result, error) {
 	id := sent.RequestID
 	for _, echoed := range []string{res.RequestID, res.Record.RequestID} {
 		if echoed != id {
@@ -255,7 +362,8 @@ func verify(sent *wireRequest, floor Isolation, fromDaemon bool, res *Result) (*
 		weakest = res.Record.Isolation
 	}
 	if !weakest.AtLeast(floor) {
-		return nil, &EvidenceMismatchError{RequestID: id, Provider: res.Provider, Isolation: weakest, Floor: floor, DefaultFloor: fromDaemon}
+		return nil, &EvidenceMismatchError{RequestID: id, Provider: res.Provider, Isolation: weakest, Floor: floor,
+			DefaultFloor: source == floorDefault, SessionFloor: source == floorSession}
 	}
 	// The record states the floor the daemon applied: the one sent, or its default floor when
 	// none was sent. It must be there, the tier must meet it, and it must be the floor this
@@ -269,11 +377,7 @@ func verify(sent *wireRequest, floor Isolation, fromDaemon bool, res *Result) (*
 		return nil, &EvidenceMismatchError{RequestID: id, Provider: res.Provider, Isolation: weakest, Floor: applied, AppliedFloor: true}
 	}
 	if applied != floor {
-		against := "the floor sent"
-		if fromDaemon {
-			against = "the daemon's default floor"
-		}
-		return nil, &RecordMismatchError{RequestID: id, Field: "minimum_isolation", Response: string(floor), Record: string(applied), Against: against}
+		return nil, &RecordMismatchError{RequestID: id, Field: "minimum_isolation", Response: string(floor), Record: string(applied), Against: source.String()}
 	}
 	if sent.Provider != "" {
 		for _, named := range []string{res.Provider, res.Record.Provider} {
@@ -396,36 +500,60 @@ func (n *notSent) Unwrap() error { return n.err }
 
 // exchange sends one request and reads the whole answer.
 func (c *Client) exchange(ctx context.Context, method, url string, body []byte) (int, []byte, error) {
+	return c.exchangeWith(ctx, method, url, body, nil)
+}
+
+// exchangeWith is exchange with headers of its own.
+func (c *Client) exchangeWith(ctx context.Context, method, url string, body []byte, headers map[string]string) (int, []byte, error) {
+	resp, err := c.send(ctx, method, url, body, headers)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := readAnswer(resp.Body)
+	return resp.StatusCode, data, err
+}
+
+// send sends one request; the caller reads and closes the answer's body. Its error is a
+// *notSent when nothing can have left.
+func (c *Client) send(ctx context.Context, method, url string, body []byte, headers map[string]string) (*http.Response, error) {
 	var reader io.Reader
 	if body != nil {
 		reader = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, reader)
 	if err != nil {
-		return 0, nil, &notSent{err}
+		return nil, &notSent{err}
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token.token)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("User-Agent", "plimsoll-client-go/"+Version)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
-			return 0, nil, &notSent{op}
+			return nil, &notSent{op}
 		}
-		return 0, nil, err
+		return nil, err
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	return resp, nil
+}
+
+// readAnswer reads a whole answer, at most maxAnswerBytes.
+func readAnswer(body io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(body, maxAnswerBytes+1))
 	if err != nil {
-		return resp.StatusCode, nil, fmt.Errorf("reading the answer: %w", err)
+		return nil, fmt.Errorf("reading the answer: %w", err)
 	}
 	if len(data) > maxAnswerBytes {
-		return resp.StatusCode, nil, fmt.Errorf("the answer is over %d bytes", maxAnswerBytes)
+		return nil, fmt.Errorf("the answer is over %d bytes", maxAnswerBytes)
 	}
-	return resp.StatusCode, data, nil
+	return data, nil
 }
 
 // Version is this client's version, sent in its User-Agent.

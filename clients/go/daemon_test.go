@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	if shared.d != nil {
 		shared.d.Stop()
 	}
+	if sessionShared.d != nil {
+		sessionShared.d.Stop()
+	}
 	os.Exit(code)
 }
 
@@ -509,7 +512,7 @@ func forward(t *testing.T, upstream string, r *http.Request, body []byte) (int, 
 	}
 	req.Header.Set("Authorization", r.Header.Get("Authorization"))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Transport: &http.Transport{Proxy: nil}}).Do(req)
+	resp, err := relayClient.Do(req)
 	if err != nil {
 		t.Error(err)
 		return 502, nil

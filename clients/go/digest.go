@@ -203,6 +203,13 @@ func encodeResult(o *Output) []byte {
 	if o.Wall != nil {
 		e.field("wall", encodeWall(o.Wall))
 	}
+	// A session's cell only (fields 15 and 16), likewise left out when absent.
+	if o.StateKept != nil {
+		e.boolean("state_kept", *o.StateKept)
+	}
+	if o.InterpreterEnd != "" {
+		e.str("interpreter_end", string(o.InterpreterEnd))
+	}
 	return e.buf
 }
 
@@ -274,6 +281,15 @@ func encodeRecord(r *Record) []byte {
 	e.str("environment", r.Environment)
 	e.u64("started_unix_ms", r.StartedUnixMS)
 	e.u64("ended_unix_ms", r.EndedUnixMS)
+	// A session call's link (field 11): its members as fields of the record itself, not
+	// nested; nothing outside sessions, so every other record keeps its digest.
+	if s := r.Session; s != nil {
+		e.str("session_id", s.SessionID)
+		e.u64("sequence", s.Sequence)
+		if s.PreviousRecordSHA256 != "" {
+			e.str("previous_record_sha256", s.PreviousRecordSHA256)
+		}
+	}
 	return e.buf
 }
 

@@ -78,6 +78,41 @@ var ErrRecordMismatch error = &sentinel{"record mismatch"}
 // ErrRequestTooLarge matches a *RequestTooLargeError (also a not-dispatched `request` error).
 var ErrRequestTooLarge error = &sentinel{"request too large"}
 
+// One sentinel per refusal code of the sessions API (docs/sessions.md, "Refusals and
+// limits"). A *NotDispatchedError or *SessionError with that code matches it.
+var (
+	// ErrSessionNotFound: code `session_not_found`: no such session for this caller (an
+	// unknown id, another caller's, or one from before the daemon restarted).
+	ErrSessionNotFound error = &sentinel{"session not found"}
+	// ErrSessionEnded: code `session_ended`: the session has ended (EndReason says why).
+	ErrSessionEnded error = &sentinel{"session ended"}
+	// ErrInterpreterEnded: code `interpreter_ended`: the session's interpreter ended in an
+	// earlier cell; send the cell with CellOptions.Restart.
+	ErrInterpreterEnded error = &sentinel{"interpreter ended"}
+	// ErrSandboxChanged: code `sandbox_changed`: the session's sandbox differed from what it
+	// was at open; the session has ended.
+	ErrSandboxChanged error = &sentinel{"sandbox changed"}
+)
+
+// codeError returns the sentinel of a sessions refusal code (nil for any other code).
+func codeError(code string) error {
+	switch code {
+	case "session_not_found":
+		return ErrSessionNotFound
+	case "session_ended":
+		return ErrSessionEnded
+	case "interpreter_ended":
+		return ErrInterpreterEnded
+	case "sandbox_changed":
+		return ErrSandboxChanged
+	}
+	return nil
+}
+
+// ErrChainMismatch matches a *ChainMismatchError: a session call's record is not the next
+// link of the session's chain.
+var ErrChainMismatch error = &sentinel{"session chain mismatch"}
+
 // NotDispatchedReason returns why nothing ran when err promises that, and false otherwise
 // (also for a nil error): without the promise the code may have run.
 func NotDispatchedReason(err error) (Reason, bool) {
@@ -99,19 +134,31 @@ type NotDispatchedError struct {
 	Code string
 	// Message says what went wrong and what to do.
 	Message string
-	// Status is the HTTP status of the daemon's refusal; 0 when nothing was sent.
+	// Status is the HTTP status of the daemon's refusal; 0 when nothing was sent (200 for a
+	// streamed answer whose last line is the refusal).
 	Status int
+	// EndReason says why the session ended, for a refusal of a call to an ended session
+	// (codes `session_ended`, `sandbox_changed`, or `session_not_found` after a daemon
+	// restart); "" otherwise.
+	EndReason EndReason
 	// Err is the cause of a refusal made here (a *RequestTooLargeError, a connect error).
 	Err error
 }
 
 func (e *NotDispatchedError) Error() string {
+	if e.EndReason != "" {
+		return fmt.Sprintf("not dispatched (%s, %s, the session ended: %s): %s", e.Reason, e.Code, e.EndReason, e.Message)
+	}
+	if codeError(e.Code) != nil {
+		return fmt.Sprintf("not dispatched (%s, %s): %s", e.Reason, e.Code, e.Message)
+	}
 	return fmt.Sprintf("not dispatched (%s): %s", e.Reason, e.Message)
 }
 
-// Is matches ErrNotDispatched and the reason's sentinel.
+// Is matches ErrNotDispatched, the reason's sentinel and a sessions code's sentinel
+// (ErrSessionNotFound, ErrSessionEnded, ErrInterpreterEnded, ErrSandboxChanged).
 func (e *NotDispatchedError) Is(target error) bool {
-	return target == ErrNotDispatched || target == ReasonError(e.Reason)
+	return target == ErrNotDispatched || target == ReasonError(e.Reason) || (target != nil && target == codeError(e.Code))
 }
 
 // Unwrap returns the cause, if any.
@@ -146,6 +193,9 @@ type MayHaveRunError struct {
 	EchoedRequestID *string
 	// ClaimedReason is the reason an unverified refusal claimed.
 	ClaimedReason Reason
+	// EndReason is the end reason the answer gave for a session, if any (believe it no more
+	// than the rest of an answer that could not be verified).
+	EndReason EndReason
 	// Err is the transport error, if any.
 	Err error
 }
@@ -175,6 +225,10 @@ type EvidenceMismatchError struct {
 	// AppliedFloor is true when Floor is the one the record says the daemon applied
 	// (Record.MinimumIsolation).
 	AppliedFloor bool
+	// SessionFloor is true when Floor is the floor of the session the call was sent to (the
+	// one its open sent, or the daemon's default floor then), or, at open, the floor the
+	// daemon says it opened the session with.
+	SessionFloor bool
 }
 
 func (e *EvidenceMismatchError) Error() string {
@@ -182,6 +236,8 @@ func (e *EvidenceMismatchError) Error() string {
 	switch {
 	case e.AppliedFloor:
 		which = "the floor the record says the daemon applied,"
+	case e.SessionFloor:
+		which = "the session's floor"
 	case e.DefaultFloor:
 		which = "the daemon's default floor (no floor was sent)"
 	}
@@ -292,3 +348,82 @@ func (e *ProvidersError) Error() string {
 
 // Unwrap returns the cause, if any.
 func (e *ProvidersError) Unwrap() error { return e.Err }
+
+// ChainMismatchError: a session call's answer verified as a run's, but its record is not the
+// next link of this session's chain: it names another session, a sequence number or
+// previous record that says a call is missing, repeated or reordered, or another provider,
+// tier, evidence or environment than the session's (docs/sessions.md, "Chained records").
+// The call may have run; the session's chain, as this client follows it, does not move.
+type ChainMismatchError struct {
+	RequestID string
+	// SessionID is the session the call was sent to.
+	SessionID string
+	// Field is the member that differs: `session` (the record names none), `session_id`,
+	// `sequence`, `previous_record_sha256`, `provider`, `isolation`, `evidence_sha256`,
+	// `environment`.
+	Field string
+	// Want is what the chain expects; Got what the answer says.
+	Want, Got string
+}
+
+func (e *ChainMismatchError) Error() string {
+	return fmt.Sprintf("session %s, request %s: the answer's record is not the next link of the session's chain: `%s` is %q, the chain expects %q (a call of this session is missing, repeated or reordered, or the answer is another's); the code may have run", e.SessionID, e.RequestID, e.Field, e.Got, e.Want)
+}
+
+// Is matches ErrChainMismatch and ErrMayHaveRun.
+func (e *ChainMismatchError) Is(target error) bool {
+	return target == ErrChainMismatch || target == ErrMayHaveRun
+}
+
+// SessionError: showing, listing or resuming sessions (a GET: nothing runs) gave no usable
+// answer. Status 0: none was read.
+type SessionError struct {
+	// SessionID is the session asked about ("" for a list).
+	SessionID string
+	URL       string
+	Status    int
+	// Code is the daemon's error code (`session_not_found`, `session_ended`,
+	// `unauthenticated`, ...) or `bad_response`, `transport`, `request` (an id that is not a
+	// session id, refused here).
+	Code    string
+	Message string
+	// Reason is the daemon's not-dispatched mark on its refusal, if it set one.
+	Reason Reason
+	// EndReason says why the session ended, when the daemon said.
+	EndReason EndReason
+	Err       error
+}
+
+func (e *SessionError) Error() string {
+	what := "the sessions"
+	if e.SessionID != "" {
+		what = "session " + e.SessionID
+	}
+	if e.Status == 0 {
+		return fmt.Sprintf("%s could not be read (%s): %s", what, e.Code, e.Message)
+	}
+	if e.EndReason != "" {
+		return fmt.Sprintf("%s: the daemon answered HTTP %d (%s, ended: %s): %s", what, e.Status, e.Code, e.EndReason, e.Message)
+	}
+	return fmt.Sprintf("%s: the daemon answered HTTP %d (%s): %s", what, e.Status, e.Code, e.Message)
+}
+
+// Is matches a sessions code's sentinel (ErrSessionNotFound, ErrSessionEnded, ...).
+func (e *SessionError) Is(target error) bool { return target != nil && target == codeError(e.Code) }
+
+// Unwrap returns the cause, if any.
+func (e *SessionError) Unwrap() error { return e.Err }
+
+// CleanupError: an operation failed, and cleaning up after it failed too. Err is the first
+// failure (errors.Is and errors.As see it); Cleanup is the second.
+type CleanupError struct {
+	Err     error
+	Cleanup error
+}
+
+func (e *CleanupError) Error() string {
+	return fmt.Sprintf("%v; cleaning up after it failed too: %v", e.Err, e.Cleanup)
+}
+
+// Unwrap returns the first failure.
+func (e *CleanupError) Unwrap() error { return e.Err }

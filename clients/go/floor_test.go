@@ -45,34 +45,34 @@ func sentWith(floor Isolation) *wireRequest {
 
 func TestTheRecordsAppliedFloorIsChecked(t *testing.T) {
 	sent := sentWith(IsolationProcess)
-	if _, err := verify(sent, IsolationProcess, false, honest(t, sent, IsolationProcess, IsolationProcess)); err != nil {
+	if _, err := verify(sent, IsolationProcess, floorSent, honest(t, sent, IsolationProcess, IsolationProcess)); err != nil {
 		t.Fatalf("an honest answer: %v", err)
 	}
 	// Absent: a daemon older than this client, or one that hides the floor it applied.
-	_, err := verify(sent, IsolationProcess, false, honest(t, sent, IsolationProcess, ""))
+	_, err := verify(sent, IsolationProcess, floorSent, honest(t, sent, IsolationProcess, ""))
 	var mh *MayHaveRunError
 	if !errors.As(err, &mh) || mh.Code != "bad_response" || !strings.Contains(err.Error(), "minimum_isolation") {
 		t.Errorf("absent: %v", err)
 	}
 	// Lowered below the floor sent: the tier still meets it, the record does not agree.
 	container := sentWith(IsolationContainer)
-	_, err = verify(container, IsolationContainer, false, honest(t, container, IsolationContainer, IsolationProcess))
+	_, err = verify(container, IsolationContainer, floorSent, honest(t, container, IsolationContainer, IsolationProcess))
 	var rm *RecordMismatchError
 	if !errors.As(err, &rm) || rm.Field != "minimum_isolation" || rm.Response != "container" || rm.Record != "process" || rm.Against != "the floor sent" {
 		t.Errorf("lowered: %v", err)
 	}
 	// Raised above the tier that ran.
-	_, err = verify(sent, IsolationProcess, false, honest(t, sent, IsolationProcess, IsolationKernel))
+	_, err = verify(sent, IsolationProcess, floorSent, honest(t, sent, IsolationProcess, IsolationKernel))
 	var em *EvidenceMismatchError
 	if !errors.As(err, &em) || !em.AppliedFloor || em.Floor != IsolationKernel {
 		t.Errorf("raised: %v", err)
 	}
 	// None sent: it must be the daemon's default floor this client learnt.
 	none := sentWith("")
-	if _, err := verify(none, IsolationContainer, true, honest(t, none, IsolationContainer, IsolationContainer)); err != nil {
+	if _, err := verify(none, IsolationContainer, floorDefault, honest(t, none, IsolationContainer, IsolationContainer)); err != nil {
 		t.Errorf("the default floor: %v", err)
 	}
-	_, err = verify(none, IsolationContainer, true, honest(t, none, IsolationVM, IsolationVM))
+	_, err = verify(none, IsolationContainer, floorDefault, honest(t, none, IsolationVM, IsolationVM))
 	if !errors.As(err, &rm) || rm.Field != "minimum_isolation" || rm.Response != "container" || !strings.Contains(err.Error(), "default floor") {
 		t.Errorf("another floor than the default: %v", err)
 	}
@@ -152,7 +152,7 @@ func TestTheStartIsReadAndAMemberAgeNeedsAWarmStart(t *testing.T) {
 	}
 	age := uint64(1500)
 	for _, ok := range []*Result{with(StartWarm, &age), with(StartCold, nil), with("", nil)} {
-		if _, err := verify(sent, IsolationProcess, false, ok); err != nil {
+		if _, err := verify(sent, IsolationProcess, floorSent, ok); err != nil {
 			t.Errorf("start %q, age %v: %v", ok.Output.Start, ok.Output.MemberAgeMS, err)
 		}
 	}
@@ -164,7 +164,7 @@ func TestTheStartIsReadAndAMemberAgeNeedsAWarmStart(t *testing.T) {
 		{with(StartCold, &age), "`start` is \"cold\""},
 		{with(StartWarm, nil), "`member_age_ms` is absent"},
 	} {
-		_, err := verify(sent, IsolationProcess, false, bad.res)
+		_, err := verify(sent, IsolationProcess, floorSent, bad.res)
 		var mh *MayHaveRunError
 		if !errors.As(err, &mh) || mh.Code != "bad_response" || !strings.Contains(err.Error(), "malformed") || !strings.Contains(err.Error(), bad.says) {
 			t.Errorf("%s: %v", bad.says, err)

@@ -6,7 +6,10 @@
 // honours a "not dispatched" mark only when the answer echoes that id, recomputes the
 // request, result and record digests of docs/protocol.md, and re-checks the tier against
 // the floor it asked for (or, when it asked for none, the daemon's default floor) and the
-// provider against the one it named. Standard library only.
+// provider against the one it named. Sessions (Client.OpenSession) keep one sandbox across
+// calls (cells in an interpreter that keeps its state, steps, files), each call verified as
+// a run and as the next link of the session's chain, cells and steps streamed on request.
+// Standard library only.
 //
 //	c := sandbox.New("http://127.0.0.1:7878", token)
 //	res, err := c.RunJavaScript(ctx, sandbox.Request{
@@ -367,6 +370,14 @@ type Output struct {
 	// Wall is what the sandbox looked like just before its code was handed over; nil where
 	// the provider reads none. Inside the result digest.
 	Wall *Wall `json:"wall,omitempty"`
+	// StateKept is set on a session's cell only: whether the interpreter that ran it is the
+	// one of the session's previous cell, alive with its state after this one (false when it
+	// ended during this cell, or when this cell started a fresh one). nil outside cells.
+	StateKept *bool `json:"state_kept,omitempty"`
+	// InterpreterEnd is set on a session's cell only, when its interpreter ended during it
+	// (EndInterpreterCrash, EndOutOfMemory, EndCellTimeout): its state is lost, and the next
+	// cell must ask for a restart. "" when it did not end.
+	InterpreterEnd EndReason `json:"interpreter_end,omitempty"`
 }
 
 // Wall is a run's sandbox as /proc showed it for the process that ran the code, just before
@@ -481,7 +492,22 @@ type Record struct {
 	Environment   string `json:"environment"`
 	StartedUnixMS uint64 `json:"started_unix_ms"`
 	EndedUnixMS   uint64 `json:"ended_unix_ms"`
-	RecordSHA256  string `json:"record_sha256"`
+	// Session is a session call's place in its session's chain; nil for a run outside a
+	// session. Inside the record digest (record field 11).
+	Session      *SessionLink `json:"session,omitempty"`
+	RecordSHA256 string       `json:"record_sha256"`
+}
+
+// SessionLink is where a session call's record sits in its session's chain: a call
+// missing, repeated or reordered breaks it (docs/sessions.md, "Chained records").
+type SessionLink struct {
+	// SessionID is the session's id.
+	SessionID string `json:"session_id"`
+	// Sequence is 1 for the session's first call, then one more for each call after it.
+	Sequence uint64 `json:"sequence"`
+	// PreviousRecordSHA256 is the record digest of the session's previous call; "" exactly
+	// for sequence 1.
+	PreviousRecordSHA256 string `json:"previous_record_sha256,omitempty"`
 }
 
 // Providers is the answer to GET /v1/providers.

@@ -56,10 +56,54 @@ type wireError struct {
 		Code          string  `json:"code"`
 		Message       string  `json:"message"`
 		NotDispatched *Reason `json:"not_dispatched"`
+		// EndReason: for a call to a session that has ended, why it ended.
+		EndReason EndReason `json:"end_reason,omitempty"`
 	} `json:"error"`
 }
 
-// toWire turns a request into its wire form with this id, or says what is wrong with it.
+// wireSessionOpen is the body of POST /v1/sessions; request_id before the rest, as a run's.
+type wireSessionOpen struct {
+	Protocol         uint32    `json:"protocol"`
+	RequestID        string    `json:"request_id"`
+	Language         Language  `json:"language"`
+	MinimumIsolation Isolation `json:"minimum_isolation,omitempty"`
+	Provider         string    `json:"provider,omitempty"`
+	Limits           *Limits   `json:"limits,omitempty"`
+	IdleTimeoutMS    uint64    `json:"idle_timeout_ms,omitempty"`
+	MaxLifetimeMS    uint64    `json:"max_lifetime_ms,omitempty"`
+}
+
+// validate makes the checks the daemon makes on an open before anything starts.
+func (w wireSessionOpen) validate() error {
+	if w.Language != JavaScript && w.Language != Python {
+		return fmt.Errorf("language `%s` is not one of javascript, python", w.Language)
+	}
+	if w.MinimumIsolation != "" && !w.MinimumIsolation.Valid() {
+		return fmt.Errorf("minimum_isolation `%s` is not a tier: use IsolationProcess, IsolationContainer, IsolationKernel or IsolationVM", w.MinimumIsolation)
+	}
+	if !utf8.ValidString(w.Provider) {
+		return errors.New("provider is not valid UTF-8")
+	}
+	return nil
+}
+
+// streamLine is one line of a streamed answer (application/x-ndjson): exactly one member.
+type streamLine struct {
+	Chunk    *streamChunk    `json:"chunk,omitempty"`
+	Response json.RawMessage `json:"response,omitempty"`
+	Error    json.RawMessage `json:"error,omitempty"`
+}
+
+// streamChunk is output as it came: a preview, in no digest.
+type streamChunk struct {
+	Preview bool         `json:"preview"`
+	Stream  OutputStream `json:"stream"`
+	Offset  uint64       `json:"offset"`
+	Bytes   Bytes        `json:"bytes"`
+}
+
+// toWire turns a request into its wire form with this id, or says why it has none (the
+// checks of its members are validate's).
 func (r RunRequest) toWire(id string) (wireRequest, error) {
 	w := wireRequest{
 		Protocol:         Protocol,
@@ -89,7 +133,7 @@ func (r RunRequest) toWire(id string) (wireRequest, error) {
 	default:
 		return w, fmt.Errorf("run is a %T: set Run to a Snippet or a Project", spec)
 	}
-	return w, w.validate()
+	return w, nil
 }
 
 func snippetWire(s Snippet) wireRun {
@@ -115,7 +159,13 @@ func projectWire(p Project) wireRun {
 
 // validate makes the checks a daemon makes before anything runs, so that a request it would
 // refuse is refused here, unsent.
-func (w wireRequest) validate() error {
+func (w wireRequest) validate() error { return w.check(true) }
+
+// validateSessionCall is validate for a call in a session, where a project may have no
+// step when it writes files or reads artifacts (an upload, a download).
+func (w wireRequest) validateSessionCall() error { return w.check(false) }
+
+func (w wireRequest) check(stepsRequired bool) error {
 	texts := []struct{ where, text string }{
 		{"provider", w.Provider}, {"grant", w.Grant}, {"minimum_isolation", string(w.MinimumIsolation)},
 	}
@@ -132,7 +182,7 @@ func (w wireRequest) validate() error {
 		}
 		texts = append(texts, struct{ where, text string }{"run.code", *w.Run.Code})
 	case "project":
-		if len(w.Run.Steps) == 0 {
+		if len(w.Run.Steps) == 0 && (stepsRequired || (len(w.Run.Files) == 0 && len(w.Run.Artifacts) == 0)) {
 			return errors.New("run.steps is empty: a project needs at least one step")
 		}
 		for i, s := range w.Run.Steps {

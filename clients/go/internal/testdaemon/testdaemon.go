@@ -99,6 +99,8 @@ type Daemon struct {
 	URL string
 	// Token is a caller token it accepts (caller CallerName).
 	Token string
+	// Tokens holds a token of each caller of Options.Callers, by name.
+	Tokens map[string]string
 	// Log is its log file (JSON lines).
 	Log string
 	// Dir holds its settings, callers file and state.
@@ -121,6 +123,8 @@ type Options struct {
 	Grants string
 	// Env is added to the daemon's environment (the secrets grant profiles name).
 	Env []string
+	// Callers are more callers besides CallerName, each with a token of its own (Tokens).
+	Callers []string
 }
 
 // Start writes the settings and callers file, starts plimsolld and waits until every
@@ -150,9 +154,10 @@ func Start(opts Options) (*Daemon, error) {
 		return fail(err)
 	}
 	callers := filepath.Join(dir, "callers.toml")
-	if d.Token, err = writeCaller(callers, CallerName); err != nil {
+	if d.Tokens, err = writeCallers(callers, append([]string{CallerName}, opts.Callers...)); err != nil {
 		return fail(err)
 	}
+	d.Token = d.Tokens[CallerName]
 	if d.uidPort, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		return fail(fmt.Errorf("cannot bind a loopback port (it picks the daemon's uid range): %w", err))
 	}
@@ -207,17 +212,23 @@ func Start(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// writeCaller creates a callers file holding one caller and returns its token: `plm_` and
-// 256 random bits in unpadded base64url; the file holds only the token's SHA-256.
-func writeCaller(path, name string) (string, error) {
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
+// writeCallers creates a callers file holding these callers and returns their tokens by
+// name: each `plm_` and 256 random bits in unpadded base64url; the file holds only the
+// tokens' SHA-256.
+func writeCallers(path string, names []string) (map[string]string, error) {
+	tokens := map[string]string{}
+	var text strings.Builder
+	for _, name := range names {
+		var b [32]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		token := "plm_" + base64.RawURLEncoding.EncodeToString(b[:])
+		digest := sha256.Sum256([]byte(token))
+		fmt.Fprintf(&text, "[[caller]]\nname = %q\ntoken_sha256 = %q\n\n", name, hex.EncodeToString(digest[:]))
+		tokens[name] = token
 	}
-	token := "plm_" + base64.RawURLEncoding.EncodeToString(b[:])
-	digest := sha256.Sum256([]byte(token))
-	text := fmt.Sprintf("[[caller]]\nname = %q\ntoken_sha256 = %q\n", name, hex.EncodeToString(digest[:]))
-	return token, os.WriteFile(path, []byte(text), 0o600)
+	return tokens, os.WriteFile(path, []byte(text.String()), 0o600)
 }
 
 func (d *Daemon) exited() bool {
