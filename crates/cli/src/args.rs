@@ -130,6 +130,10 @@ pub struct RunArgs {
     /// holds the request as sent and, from the embedded engine, the evidence it ran on.
     #[arg(long)]
     pub json: bool,
+    /// Write the run's output as it is printed (a snippet at process, crun, runc and runsc),
+    /// then the header; through a daemon, interrupting this command cancels the run.
+    #[arg(long, conflicts_with = "json")]
+    pub stream: bool,
     /// Let the code call the API of this grant profile through the broker (`host.get(...)`
     /// in JavaScript, `plimsoll_host` in Python); see docs/capability-grants.md.
     #[arg(long, value_name = "PROFILE")]

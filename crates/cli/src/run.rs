@@ -3,6 +3,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context as _, anyhow, bail};
 use plimsoll_client::{RunOptions, new_request_id};
@@ -32,6 +33,8 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
     request
         .validate()
         .map_err(|r| Failure::usage(anyhow!("the request is invalid: {}", r.message)))?;
+    // What of the output went out as it came (--stream).
+    let streamed = Arc::new(Streamed::default());
     match daemon_url(a.daemon.as_deref()) {
         Some(url) => {
             if a.grants.is_some() {
@@ -40,7 +43,15 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
                 )));
             }
             let client = client(&url)?;
-            match client.run(options) {
+            let answered = if a.stream {
+                let seen = Arc::clone(&streamed);
+                client.run_streamed(options, &mut |c| {
+                    seen.write(c.stream, c.bytes.as_slice());
+                })
+            } else {
+                client.run(options)
+            };
+            match answered {
                 Ok(resp) => {
                     // The client sent exactly these options under the id the answer echoes
                     // (it checked the echo and the request digest against what it sent).
@@ -48,7 +59,7 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
                         request_id: resp.request_id.clone(),
                         ..request
                     };
-                    Ok(finish(&sent, &resp, None, a))
+                    Ok(finish(&sent, &resp, None, a, &streamed))
                 }
                 Err(e) => Ok(print_error(
                     &e.to_response(),
@@ -65,13 +76,22 @@ pub fn run(config: Option<&Path>, a: &RunArgs) -> Result<u8, Failure> {
                 request.provider.as_deref(),
                 &request.run,
             );
-            match engine.run(LOCAL_CALLER, &request) {
+            let hooks = plimsoll_engine::RunHooks {
+                tap: a.stream.then(|| {
+                    let seen = Arc::clone(&streamed);
+                    plimsoll_engine::OutputTap::new(move |stream, _, bytes| {
+                        seen.write(stream, bytes);
+                    })
+                }),
+                cancel: None,
+            };
+            match engine.run_with(LOCAL_CALLER, &request, hooks) {
                 Ok(resp) => {
                     // The evidence the run carried, if the engine still holds exactly it.
                     let evidence = engine
                         .evidence(&resp.provider)
                         .filter(|e| e.evidence_sha256 == resp.record.evidence_sha256);
-                    Ok(finish(&request, &resp, evidence.as_ref(), a))
+                    Ok(finish(&request, &resp, evidence.as_ref(), a, &streamed))
                 }
                 Err(e) => Ok(print_error(
                     &e.to_response(),
@@ -196,8 +216,9 @@ fn finish(
     resp: &RunResponse,
     evidence: Option<&ProviderEvidence>,
     a: &RunArgs,
+    streamed: &Streamed,
 ) -> u8 {
-    let status = print_result(sent, resp, evidence, a.json);
+    let status = print_result(sent, resp, evidence, a.json, streamed.counts());
     let asked: &[String] = match &sent.run {
         RunSpec::Project(p) => &p.artifacts,
         RunSpec::Snippet(_) => &[],
@@ -391,6 +412,7 @@ pub(crate) fn print_result(
     resp: &RunResponse,
     evidence: Option<&ProviderEvidence>,
     json: bool,
+    streamed: [usize; 2],
 ) -> u8 {
     let age_ms = evidence
         .map(|e| plimsoll_sandbox::unix_ms_now().saturating_sub(e.evidence.checked_unix_ms));
@@ -433,11 +455,15 @@ pub(crate) fn print_result(
     for c in &resp.result.calls {
         eprintln!("plimsoll: {}", call_line(c));
     }
+    // What went out as it came (--stream) is not written again: chunks are exactly the
+    // result's leading bytes. The rest (all of it for a run that streams none: a project's
+    // steps, a VM's run) goes now.
+    let rest = |bytes: &[u8], sent: usize| bytes.get(sent..).unwrap_or_default().to_vec();
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(resp.result.stdout.as_slice());
+    let _ = out.write_all(&rest(resp.result.stdout.as_slice(), streamed[0]));
     let _ = out.flush();
     let mut err = std::io::stderr().lock();
-    let _ = err.write_all(resp.result.stderr.as_slice());
+    let _ = err.write_all(&rest(resp.result.stderr.as_slice(), streamed[1]));
     let _ = err.flush();
     EXIT_OK
 }
@@ -480,6 +506,39 @@ pub(crate) fn print_error(
     match nd {
         Some(_) => EXIT_NOT_DISPATCHED,
         None => EXIT_MAY_HAVE_RUN,
+    }
+}
+
+/// How much of each stream went out as it came (`--stream`).
+#[derive(Debug, Default)]
+pub(crate) struct Streamed([std::sync::atomic::AtomicUsize; 2]);
+
+impl Streamed {
+    /// Writes a chunk of the run's output where the run wrote it, at once, and counts it.
+    pub(crate) fn write(&self, stream: plimsoll_wire::OutputStream, bytes: &[u8]) {
+        use std::sync::atomic::Ordering;
+        let (i, written) = match stream {
+            plimsoll_wire::OutputStream::Stdout => {
+                let mut o = std::io::stdout().lock();
+                (0, o.write_all(bytes).and_then(|()| o.flush()))
+            }
+            plimsoll_wire::OutputStream::Stderr => {
+                let mut e = std::io::stderr().lock();
+                (1, e.write_all(bytes).and_then(|()| e.flush()))
+            }
+        };
+        if written.is_ok() {
+            self.0[i].fetch_add(bytes.len(), Ordering::SeqCst);
+        }
+    }
+
+    /// Bytes of stdout and stderr written so far.
+    pub(crate) fn counts(&self) -> [usize; 2] {
+        use std::sync::atomic::Ordering;
+        [
+            self.0[0].load(Ordering::SeqCst),
+            self.0[1].load(Ordering::SeqCst),
+        ]
     }
 }
 

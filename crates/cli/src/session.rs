@@ -11,7 +11,7 @@ use plimsoll_wire::{OutputChunk, OutputStream, RunResponse, SessionInfo, Tier};
 
 use crate::args::{DaemonArgs, SessionCommand};
 use crate::local::{client, daemon_url};
-use crate::run::{header, print_error, print_json};
+use crate::run::{Streamed, header, print_error, print_json};
 use crate::{EXIT_FAILED, EXIT_OK, Failure};
 
 /// Runs `plimsoll session ...`.
@@ -179,27 +179,27 @@ fn with_session(
         Err(e) => return Ok(failed(&e, to.json)),
     };
     let json = to.json;
+    let streamed = Streamed::default();
     let mut on_chunk = |chunk: &OutputChunk| {
-        if json {
-            return;
+        if !json {
+            streamed.write(chunk.stream, chunk.bytes.as_slice());
         }
-        let bytes = chunk.bytes.as_slice();
-        let _ = match chunk.stream {
-            OutputStream::Stdout => {
-                let mut o = std::io::stdout().lock();
-                o.write_all(bytes).and_then(|()| o.flush())
-            }
-            OutputStream::Stderr => {
-                let mut e = std::io::stderr().lock();
-                e.write_all(bytes).and_then(|()| e.flush())
-            }
-        };
     };
     Ok(match call(&mut session, &mut on_chunk) {
         Ok(resp) => {
             if json {
                 print_json(&resp);
             } else {
+                // Whatever did not come as chunks goes now.
+                let [out, err] = streamed.counts();
+                for (bytes, sent, stream) in [
+                    (resp.result.stdout.as_slice(), out, OutputStream::Stdout),
+                    (resp.result.stderr.as_slice(), err, OutputStream::Stderr),
+                ] {
+                    if let Some(rest) = bytes.get(sent..).filter(|r| !r.is_empty()) {
+                        Streamed::default().write(stream, rest);
+                    }
+                }
                 eprintln!("{}", header(&resp));
                 if resp.result.state_kept == Some(false) {
                     match resp.result.interpreter_end {

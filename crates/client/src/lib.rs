@@ -27,8 +27,8 @@ use std::io;
 use std::time::Duration;
 
 use plimsoll_wire::{
-    ErrorResponse, Language, Limits, PROTOCOL, ProvidersResponse, RunRequest, RunResponse, RunSpec,
-    Snippet, Tier,
+    ErrorResponse, Language, Limits, OutputChunk, PROTOCOL, ProvidersResponse, RunRequest,
+    RunResponse, RunSpec, Snippet, StreamLine, Tier,
 };
 
 pub use error::{ClientError, DigestKind, ProvidersError};
@@ -201,6 +201,109 @@ impl Client {
     pub fn run(&self, options: impl Into<RunOptions>) -> Result<RunResponse, ClientError> {
         let request = options.into().into_request(new_request_id());
         self.send_run("/v1/runs", &request, false)
+    }
+
+    /// [`Client::run`], streamed: each chunk of the run's output goes to `on_chunk` as the
+    /// daemon sends it (a preview, in no digest), and the final answer is verified as
+    /// [`Client::run`] verifies it. Dropping the connection (a timeout here, or this process
+    /// going away) cancels the run on the daemon.
+    pub fn run_streamed(
+        &self,
+        options: impl Into<RunOptions>,
+        on_chunk: &mut dyn FnMut(&OutputChunk),
+    ) -> Result<RunResponse, ClientError> {
+        let request = options.into().into_request(new_request_id());
+        let (body, sent) = self.prepare(&request, false)?;
+        self.post_streamed("/v1/runs", &body, &sent, on_chunk)
+    }
+
+    /// POSTs `body` (`sent` as serialised) to `path` asking for NDJSON, hands every chunk
+    /// line to `on_chunk`, skips keep-alive (empty) lines, and verifies the final response
+    /// line against `sent`; an error line is read as an error answer is. A daemon that
+    /// answers whole (a refusal before the engine) is read as such.
+    pub(crate) fn post_streamed(
+        &self,
+        path: &str,
+        body: &[u8],
+        sent: &RunRequest,
+        on_chunk: &mut dyn FnMut(&OutputChunk),
+    ) -> Result<RunResponse, ClientError> {
+        use std::io::BufRead as _;
+        let id = sent.request_id.clone();
+        let url = format!("{}{path}", self.base_url);
+        let answer = self.send(
+            "POST",
+            &url,
+            Some(body),
+            &[("accept", "application/x-ndjson")],
+            run_budget(sent),
+        );
+        let mut response = answer.map_err(|e| {
+            if nothing_was_sent(&e) {
+                ClientError::Unreachable {
+                    url: url.clone(),
+                    message: e.to_string(),
+                }
+            } else {
+                ClientError::Transport {
+                    request_id: id.clone(),
+                    url: url.clone(),
+                    message: e.to_string(),
+                }
+            }
+        })?;
+        let status = response.status().as_u16();
+        let streamed = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("application/x-ndjson"));
+        let transport = |message: String| ClientError::Transport {
+            request_id: id.clone(),
+            url: url.clone(),
+            message,
+        };
+        let mut reader = std::io::BufReader::new(
+            response
+                .body_mut()
+                .with_config()
+                .limit(MAX_ANSWER_BYTES)
+                .reader(),
+        );
+        if status != 200 || !streamed {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut reader, &mut bytes)
+                .map_err(|e| transport(format!("reading the answer: {e}")))?;
+            return self.verified(sent, status, &bytes);
+        }
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|e| transport(format!("reading the stream: {e}")))?;
+            if n == 0 {
+                return Err(transport("the stream ended before its answer".into()));
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let parsed: StreamLine =
+                serde_json::from_slice(&line).map_err(|e| ClientError::BadResponse {
+                    request_id: id.clone(),
+                    status,
+                    message: format!("not a stream line: {e}"),
+                })?;
+            match parsed {
+                StreamLine::Chunk(c) => on_chunk(&c.chunk),
+                StreamLine::Response(resp) => return verify_response(sent, *resp),
+                StreamLine::Error(e) => {
+                    // The stream's own status was 200; the error line is the answer.
+                    let bytes = serde_json::to_vec(&e).unwrap_or_default();
+                    return Err(refusal(&id, status, &bytes));
+                }
+            }
+        }
     }
 
     /// Sends `request` to `path` (a run, or a session's cell or steps) and verifies the

@@ -4,12 +4,9 @@
 //! record digest, and its tier and provider are the session's. A refusal of a session call
 //! is believed only with the echoed request id, as any other.
 
-use std::io::BufRead as _;
-
 use plimsoll_wire::{
     Bytes, EndReason, Language, Limits, OutputChunk, PROTOCOL, Project, ProjectFile, RunRequest,
-    RunResponse, RunSpec, SessionInfo, SessionList, SessionOpenRequest, Snippet, Step, StreamLine,
-    Tier,
+    RunResponse, RunSpec, SessionInfo, SessionList, SessionOpenRequest, Snippet, Step, Tier,
 };
 
 use crate::{Client, ClientError, EXCHANGE_SLACK, new_request_id, refusal, run_budget};
@@ -148,7 +145,8 @@ impl Client {
     pub fn session(&self, id: &str) -> Result<Session, ClientError> {
         let request_id = new_request_id();
         let path = format!("/v1/sessions/{id}");
-        let (status, bytes) = self.exchange("GET", &path, None, &[], EXCHANGE_SLACK, &request_id)?;
+        let (status, bytes) =
+            self.exchange("GET", &path, None, &[], EXCHANGE_SLACK, &request_id)?;
         if status != 200 {
             return Err(refusal(&request_id, status, &bytes));
         }
@@ -414,75 +412,8 @@ impl Session {
                 message: r.message,
             })?;
         let (body, sent) = self.client.prepare(request, true)?;
-        let id = sent.request_id.clone();
-        let url = format!("{}{path}", self.client.base_url);
-        let answer = self.client.send(
-            "POST",
-            &url,
-            Some(&body),
-            &[("accept", "application/x-ndjson")],
-            run_budget(request),
-        );
-        let mut response = answer.map_err(|e| ClientError::Transport {
-            request_id: id.clone(),
-            url: url.clone(),
-            message: e.to_string(),
-        })?;
-        let status = response.status().as_u16();
-        let streamed = response
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|t| t.starts_with("application/x-ndjson"));
-        let mut reader = std::io::BufReader::new(response.body_mut().as_reader());
-        if status != 200 || !streamed {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut reader, &mut bytes).map_err(|e| {
-                ClientError::Transport {
-                    request_id: id.clone(),
-                    url: url.clone(),
-                    message: format!("reading the answer: {e}"),
-                }
-            })?;
-            let resp = self.client.verified(&sent, status, &bytes)?;
-            return self.follow(&sent, resp);
-        }
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let n = reader
-                .read_until(b'\n', &mut line)
-                .map_err(|e| ClientError::Transport {
-                    request_id: id.clone(),
-                    url: url.clone(),
-                    message: format!("reading the stream: {e}"),
-                })?;
-            if n == 0 {
-                return Err(ClientError::Transport {
-                    request_id: id,
-                    url,
-                    message: "the stream ended before its answer".into(),
-                });
-            }
-            let parsed: StreamLine =
-                serde_json::from_slice(&line).map_err(|e| ClientError::BadResponse {
-                    request_id: id.clone(),
-                    status,
-                    message: format!("not a stream line: {e}"),
-                })?;
-            match parsed {
-                StreamLine::Chunk(c) => on_chunk(&c.chunk),
-                StreamLine::Response(resp) => {
-                    let resp = crate::verify_response(&sent, *resp)?;
-                    return self.follow(&sent, resp);
-                }
-                StreamLine::Error(e) => {
-                    // The stream's own status was 200; the error line is the answer.
-                    let bytes = serde_json::to_vec(&e).unwrap_or_default();
-                    return Err(refusal(&id, status, &bytes));
-                }
-            }
-        }
+        let resp = self.client.post_streamed(path, &body, &sent, on_chunk)?;
+        self.follow(&sent, resp)
     }
 
     /// Checks a verified call's place in the session's chain and moves the chain on.
