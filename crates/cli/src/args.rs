@@ -154,6 +154,10 @@ pub struct DaemonArgs {
     /// Print the answer as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Append the call's exchange (`{"request":…,"response":…}`, the request as sent and the
+    /// verified answer) as one line to this file, for `plimsoll-attest sign`.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub exchanges: Option<PathBuf>,
 }
 
 /// `plimsoll session ...`.

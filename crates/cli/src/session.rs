@@ -89,8 +89,12 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
         }
         SessionCommand::Get { id, path, out, to } => {
             let c = connect(&to)?;
-            match c.session(&id).and_then(|mut s| s.get(&path)) {
-                Ok((bytes, resp)) => {
+            match c.session(&id).and_then(|mut s| {
+                let (bytes, resp) = s.get(&path)?;
+                Ok((s, bytes, resp))
+            }) {
+                Ok((s, bytes, resp)) => {
+                    record(&to, &s, &resp)?;
                     if to.json {
                         print_json(&resp);
                         return Ok(EXIT_OK);
@@ -187,6 +191,7 @@ fn with_session(
     };
     Ok(match call(&mut session, &mut on_chunk) {
         Ok(resp) => {
+            record(to, &session, &resp)?;
             if json {
                 print_json(&resp);
             } else {
@@ -216,6 +221,23 @@ fn with_session(
         }
         Err(e) => failed(&e, json),
     })
+}
+
+/// With `--exchanges FILE`: appends the call's exchange to it, one line.
+fn record(to: &DaemonArgs, session: &Session, resp: &RunResponse) -> Result<(), Failure> {
+    let (Some(file), Some(request)) = (&to.exchanges, session.last_request()) else {
+        return Ok(());
+    };
+    let mut line = serde_json::to_vec(&serde_json::json!({"request": request, "response": resp}))
+        .map_err(|e| Failure::failed(anyhow!("cannot encode the exchange: {e}")))?;
+    line.push(b'\n');
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .and_then(|mut f| f.write_all(&line))
+        .with_context(|| format!("cannot append the exchange to {}", file.display()))
+        .map_err(Failure::failed)
 }
 
 fn failed(e: &ClientError, json: bool) -> u8 {

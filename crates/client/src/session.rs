@@ -62,6 +62,8 @@ pub struct Session {
     info: SessionInfo,
     /// The sequence number and record digest of the last call answered.
     last: (u64, Option<String>),
+    /// The last call's request exactly as sent (what a signer stores beside its answer).
+    last_request: Option<RunRequest>,
 }
 
 impl Client {
@@ -136,6 +138,7 @@ impl Client {
             client: self.clone(),
             info,
             last: (0, None),
+            last_request: None,
         })
     }
 
@@ -161,6 +164,7 @@ impl Client {
             client: self.clone(),
             info,
             last,
+            last_request: None,
         })
     }
 
@@ -190,6 +194,12 @@ impl Session {
     /// The session as it was opened (and as the last call left its chain).
     pub fn info(&self) -> &SessionInfo {
         &self.info
+    }
+
+    /// The request of the last call answered, exactly as it was sent: with the call's
+    /// response, the exchange `plimsoll-attest sign` takes.
+    pub fn last_request(&self) -> Option<&RunRequest> {
+        self.last_request.as_ref()
     }
 
     /// Its id.
@@ -453,6 +463,7 @@ impl Session {
             )));
         }
         self.last = (link.sequence, Some(resp.record.record_sha256.clone()));
+        self.last_request = Some(sent.clone());
         self.info.calls = link.sequence;
         self.info.last_record_sha256 = Some(resp.record.record_sha256.clone());
         Ok(resp)
