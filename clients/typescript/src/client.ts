@@ -6,10 +6,10 @@
  * @module
  */
 
-import { randomBytes } from "node:crypto";
 import { inspect } from "node:util";
 
-import { bytesToWire, utf8 } from "./bytes.js";
+import { RequestShapeError, buildRequest } from "./build.js";
+import { utf8 } from "./bytes.js";
 import { evidenceSha256 } from "./digest.js";
 import {
   MayHaveRunError,
@@ -17,11 +17,26 @@ import {
   ProvidersError,
   RequestTooLargeError,
 } from "./errors.js";
-import { JsonSyntaxError, type JsonValue, parseJson } from "./json.js";
-import { ShapeError, readErrorResponse, readProvidersResponse, readRunRequest, readRunResponse } from "./read.js";
+import {
+  DEFAULT_RUN_BUDGET_MS,
+  EXCHANGE_SLACK_MS,
+  ExchangeFailure,
+  Http,
+  LOOKUP_BUDGET_MS,
+  badResponse,
+  describeError,
+  exchangeError,
+  newRequestId,
+  preview,
+  readAnswer,
+  refusal,
+  unreachable,
+} from "./http.js";
+import { parseJson } from "./json.js";
+import { readErrorResponse, readProvidersResponse, readRunRequest, readRunResponse } from "./read.js";
+import { Session, type SessionOptions, listSessions, openSession, resumeSession } from "./session.js";
 import {
   type Language,
-  LIMIT_NAMES,
   type Limits,
   PROTOCOL,
   type Project,
@@ -29,7 +44,7 @@ import {
   type RunRequest,
   type RunResponse,
   type RunSpec,
-  TIERS,
+  type SessionList,
   type Tier,
 } from "./types.js";
 import { type Floor, verifyResponse } from "./verify.js";
@@ -38,12 +53,8 @@ import { type Floor, verifyResponse } from "./verify.js";
 export const DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024;
 /** The largest answer read unless told otherwise (outputs and artifacts can be large). */
 export const DEFAULT_MAX_ANSWER_BYTES = 1024 * 1024 * 1024;
-/** The exchange budget of a run that sets no timeout: the daemon's built-in maximum timeout. */
-const DEFAULT_RUN_BUDGET_MS = 600_000;
-/** Added to the run's own timeout for the whole exchange (queueing, sandbox start, answer). */
-const EXCHANGE_SLACK_MS = 120_000;
-/** The budget of an exchange that runs nothing (`/v1/providers`, `/readyz`). */
-const LOOKUP_BUDGET_MS = 30_000;
+
+export { newRequestId };
 
 /** How to reach one daemon. */
 export interface ClientOptions {
@@ -99,29 +110,11 @@ export interface Exchange {
   floor: Floor;
 }
 
-/** A fresh request id: 128 random bits in lowercase hex. */
-export function newRequestId(): string {
-  return randomBytes(16).toString("hex");
-}
-
-/** How an exchange ended before a whole answer was read. */
-class ExchangeFailure extends Error {
-  constructor(
-    /** True when the request may have reached the daemon. */
-    readonly maySent: boolean,
-    message: string,
-    options?: ErrorOptions,
-  ) {
-    super(message, options);
-  }
-}
-
 /** A client of one daemon. Holds no connection between calls: each exchange opens its own. */
 export class Client {
   readonly #url: string;
-  readonly #token: string;
+  readonly #http: Http;
   readonly #maxBodyBytes: number;
-  readonly #maxAnswerBytes: number;
   #defaultFloor: Promise<Tier> | undefined;
 
   constructor(options: ClientOptions) {
@@ -138,9 +131,12 @@ export class Client {
       throw new TypeError("a caller token is needed: `plimsoll callers add NAME` prints one (e.g. set PLIMSOLL_TOKEN)");
     }
     this.#url = options.url.replace(/\/+$/, "");
-    this.#token = options.token;
     this.#maxBodyBytes = positive(options.maxBodyBytes, DEFAULT_MAX_BODY_BYTES, "maxBodyBytes");
-    this.#maxAnswerBytes = positive(options.maxAnswerBytes, DEFAULT_MAX_ANSWER_BYTES, "maxAnswerBytes");
+    this.#http = new Http(
+      this.#url,
+      options.token,
+      positive(options.maxAnswerBytes, DEFAULT_MAX_ANSWER_BYTES, "maxAnswerBytes"),
+    );
   }
 
   /** The daemon's base URL. */
@@ -225,69 +221,53 @@ export class Client {
       }
     }
 
-    const url = `${this.#url}/v1/runs`;
+    const path = "/v1/runs";
     const timeout = sent.limits?.timeout_ms ?? DEFAULT_RUN_BUDGET_MS;
     let status: number;
     let responseBody: Uint8Array;
     try {
-      ({ status, body: responseBody } = await this.#send("POST", url, {
+      ({ status, body: responseBody } = await this.#http.send("POST", path, {
         body: requestBody,
         budgetMs: timeout + EXCHANGE_SLACK_MS,
         signal: options.signal,
       }));
     } catch (e) {
       if (!(e instanceof ExchangeFailure)) throw e;
-      if (!e.maySent) {
-        throw new NotDispatchedError(
-          "environment",
-          unreachable(url, e),
-          requestId,
-          "unreachable",
-          { cause: e.cause },
-        );
-      }
-      throw new MayHaveRunError(
-        "transport",
-        `the code may have run: the exchange with ${url} failed after the request may have been sent (request ${requestId}): ${e.message}`,
-        requestId,
-        { cause: e.cause },
-      );
+      throw exchangeError(e, `${this.#url}${path}`, requestId);
     }
-
-    const badResponse = (what: string, cause: unknown): MayHaveRunError =>
-      new MayHaveRunError(
-        "bad_response",
-        `the code may have run: unreadable answer from the daemon (request ${requestId}, HTTP ${status}): ${what}: ${describeError(cause)}`,
-        requestId,
-        { status, cause },
-      );
 
     if (status === 200) {
-      const response = readAnswer(responseBody, readRunResponse, (e) => badResponse("not a run response", e));
+      const response = readAnswer(responseBody, readRunResponse, (e) =>
+        badResponse(requestId, status, "not a run response", e),
+      );
       return { request: sent, requestBody, response: verifyResponse(sent, response, floor), responseBody, floor };
     }
+    throw refusal(requestId, status, responseBody);
+  }
 
-    const answer = readAnswer(responseBody, readErrorResponse, (e) =>
-      badResponse(`not an error response (${preview(responseBody)})`, e),
-    );
-    const { code, message, not_dispatched: mark } = answer.error;
-    if (mark !== null && answer.request_id === requestId) {
-      throw new NotDispatchedError(mark, message, requestId, "daemon", { code, status });
-    }
-    if (mark !== null) {
-      throw new MayHaveRunError(
-        "unverified_refusal",
-        `the code may have run: an answer claimed \`not dispatched (${mark})\` but echoed request id ${answer.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers`,
-        requestId,
-        { status, code, echoedRequestId: answer.request_id, claimedReason: mark },
-      );
-    }
-    throw new MayHaveRunError(
-      "failed",
-      `the code may have run (request ${requestId}, HTTP ${status}, ${code}): ${message}; do not retry blindly`,
-      requestId,
-      { status, code },
-    );
+  /**
+   * Opens a session (docs/sessions.md): one sandbox kept across calls, an interpreter of
+   * `language` whose state survives from one cell to the next. The answer is checked: the
+   * echoed request id, the tier against the floor (the one sent, or the daemon's default
+   * floor) and against the floor the daemon says it applied, which must be that floor, and
+   * the provider if one was named.
+   */
+  openSession(options: SessionOptions): Promise<Session> {
+    return openSession(this.#http, this.#maxBodyBytes, options, () => this.defaultFloor());
+  }
+
+  /**
+   * This caller's open session `id`, resumed where the daemon says its chain stands (its last
+   * call's sequence and record digest): for a process that did not open it. With
+   * `minimum_isolation`, its tier must meet that floor too.
+   */
+  session(id: string, options: { minimum_isolation?: Tier; signal?: AbortSignal } = {}): Promise<Session> {
+    return resumeSession(this.#http, this.#maxBodyBytes, id, options);
+  }
+
+  /** This caller's open sessions, oldest first. */
+  listSessions(options: { signal?: AbortSignal } = {}): Promise<SessionList> {
+    return listSessions(this.#http, options);
   }
 
   /**
@@ -299,7 +279,7 @@ export class Client {
     let status: number;
     let body: Uint8Array;
     try {
-      ({ status, body } = await this.#send("GET", url, { budgetMs: LOOKUP_BUDGET_MS }));
+      ({ status, body } = await this.#http.send("GET", "/v1/providers", { budgetMs: LOOKUP_BUDGET_MS }));
     } catch (e) {
       if (!(e instanceof ExchangeFailure)) throw e;
       if (!e.maySent) {
@@ -362,72 +342,11 @@ export class Client {
   /** True when the daemon answers `GET /readyz` with 200; false when not ready or unreachable. */
   async isReady(): Promise<boolean> {
     try {
-      const { status } = await this.#send("GET", `${this.#url}/readyz`, { budgetMs: LOOKUP_BUDGET_MS, auth: false });
+      const { status } = await this.#http.send("GET", "/readyz", { budgetMs: LOOKUP_BUDGET_MS, auth: false });
       return status === 200;
     } catch (e) {
       if (e instanceof ExchangeFailure) return false;
       throw e;
-    }
-  }
-
-  /** One HTTP exchange on a connection of its own, the whole answer read within a budget. */
-  async #send(
-    method: "GET" | "POST",
-    url: string,
-    options: { body?: Uint8Array; budgetMs: number; signal?: AbortSignal | undefined; auth?: boolean },
-  ): Promise<{ status: number; body: Uint8Array }> {
-    const headers: Record<string, string> = {
-      // A fresh connection per exchange: a connect failure then proves nothing was sent, and
-      // no idle connection outlives a call (nothing keeps the caller's process alive).
-      connection: "close",
-      "user-agent": "plimsoll-client-typescript/0.1.0",
-    };
-    if (options.auth !== false) {
-      headers.authorization = `Bearer ${this.#token}`;
-    }
-    if (options.body !== undefined) {
-      headers["content-type"] = "application/json";
-    }
-    const abort = new AbortController();
-    const timer = setTimeout(
-      () => abort.abort(new Error(`no whole answer within ${options.budgetMs} ms`)),
-      options.budgetMs,
-    );
-    timer.unref();
-    const outer = options.signal;
-    const onAbort = (): void => abort.abort(outer?.reason ?? new Error("aborted by the caller"));
-    if (outer !== undefined) {
-      if (outer.aborted) onAbort();
-      else outer.addEventListener("abort", onAbort, { once: true });
-    }
-    try {
-      let response: Response;
-      try {
-        response = await fetch(url, {
-          method,
-          headers,
-          body: options.body,
-          // Redirects are answers too: a run is never replayed elsewhere.
-          redirect: "manual",
-          signal: abort.signal,
-        });
-      } catch (e) {
-        throw new ExchangeFailure(!nothingWasSent(e), describeError(abort.signal.aborted ? abort.signal.reason : e), {
-          cause: e,
-        });
-      }
-      try {
-        return { status: response.status, body: await readCapped(response, this.#maxAnswerBytes, abort) };
-      } catch (e) {
-        throw new ExchangeFailure(
-          true,
-          `reading the answer: ${describeError(abort.signal.aborted ? abort.signal.reason : e)}`,
-          { cause: e },
-        );
-      }
-    } finally {
-      clearTimeout(timer);
-      outer?.removeEventListener("abort", onAbort);
     }
   }
 
@@ -447,86 +366,6 @@ export class Client {
   }
 }
 
-/** Reads a whole body, refusing one over `max` bytes. */
-async function readCapped(response: Response, max: number, abort: AbortController): Promise<Uint8Array> {
-  if (response.body === null) {
-    return new Uint8Array(0);
-  }
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for await (const chunk of response.body) {
-    total += chunk.byteLength;
-    if (total > max) {
-      const e = new Error(`the answer is over this client's limit of ${max} bytes (maxAnswerBytes)`);
-      abort.abort(e);
-      throw e;
-    }
-    chunks.push(chunk);
-  }
-  return new Uint8Array(Buffer.concat(chunks));
-}
-
-/**
- * True only for failures that happen before a connection exists: a name that does not
- * resolve, a refused or timed-out connect, a port fetch refuses to use. Each exchange opens
- * its own connection and writes nothing before it is up, so none of the request left.
- */
-function nothingWasSent(e: unknown): boolean {
-  // Aborts and timeouts are DOMExceptions: they may come after the request left.
-  return e instanceof TypeError && beforeConnect((e as { cause?: unknown }).cause);
-}
-
-function beforeConnect(cause: unknown): boolean {
-  if (cause instanceof AggregateError) {
-    // Several addresses tried in turn (happy eyeballs): each must have failed to connect.
-    return cause.errors.length > 0 && cause.errors.every(beforeConnect);
-  }
-  if (typeof cause !== "object" || cause === null) {
-    return false;
-  }
-  const { code, syscall, message } = cause as { code?: unknown; syscall?: unknown; message?: unknown };
-  // A TCP refusal or an unroutable address is reported by connect() itself; a reset or an
-  // unreachable network on an open connection comes from read or write, and stays "may
-  // have run".
-  return (
-    syscall === "connect" ||
-    syscall === "getaddrinfo" ||
-    code === "UND_ERR_CONNECT_TIMEOUT" ||
-    message === "bad port"
-  );
-}
-
-function describeError(e: unknown): string {
-  if (e instanceof Error) {
-    const cause = (e as { cause?: unknown }).cause;
-    return cause instanceof Error && !e.message.includes(cause.message) ? `${e.message} (${cause.message})` : e.message;
-  }
-  return String(e);
-}
-
-/**
- * Reads an answer's JSON with `read`; one that is not JSON or not of that shape is
- * `bad(cause)`.
- */
-function readAnswer<T>(body: Uint8Array, read: (v: JsonValue) => T, bad: (cause: unknown) => Error): T {
-  try {
-    return read(parseJson(body));
-  } catch (e) {
-    if (e instanceof JsonSyntaxError || e instanceof ShapeError) throw bad(e);
-    throw e;
-  }
-}
-
-/** The message of an exchange that could not reach the daemon (nothing was sent). */
-function unreachable(url: string, e: ExchangeFailure): string {
-  return `cannot reach the daemon at ${url} (${e.message}): check that plimsolld is running and the URL is right`;
-}
-
-/** The start of a body, for messages. */
-function preview(bytes: Uint8Array): string {
-  return JSON.stringify(new TextDecoder().decode(bytes.subarray(0, 200)));
-}
-
 function positive(v: number | undefined, fallback: number, name: string): number {
   if (v === undefined) return fallback;
   if (!Number.isSafeInteger(v) || v <= 0) {
@@ -535,128 +374,3 @@ function positive(v: number | undefined, fallback: number, name: string): number
   return v;
 }
 
-// ---------------------------------------------------------------------------------------
-// Building the request: the checks a server makes that need no settings, so that a malformed
-// request is refused here ("not dispatched", nothing sent) with a message saying what to fix.
-
-class RequestShapeError extends Error {}
-
-function fail(message: string): never {
-  throw new RequestShapeError(message);
-}
-
-/** Blank as the daemon reads it: nothing but Unicode White_Space. */
-function blank(s: string): boolean {
-  return /^\p{White_Space}*$/u.test(s);
-}
-
-function text(v: unknown, what: string): string {
-  if (typeof v !== "string") fail(`${what} must be a string`);
-  if (!v.isWellFormed()) fail(`${what} holds a lone surrogate: it is not valid Unicode and has no UTF-8`);
-  return v;
-}
-
-function only(v: unknown, what: string, allowed: readonly string[]): Record<string, unknown> {
-  if (typeof v !== "object" || v === null || Array.isArray(v)) fail(`${what} must be an object`);
-  for (const k of Object.keys(v)) {
-    if (!allowed.includes(k)) fail(`${what} has an unknown member \`${k}\` (allowed: ${allowed.join(", ")})`);
-  }
-  return v as Record<string, unknown>;
-}
-
-function projectPath(v: unknown, what: string): string {
-  const p = text(v, what);
-  const bad =
-    p === "" ||
-    utf8(p).byteLength > 4096 ||
-    p.startsWith("/") ||
-    p.includes("\0") ||
-    p.includes("\\") ||
-    p.split("/").some((s) => s === "" || s === "." || s === "..");
-  if (bad) {
-    fail(`${what} \`${p}\` must be relative to /work, with no empty, \`.\` or \`..\` segment, no backslash or NUL, at most 4096 bytes`);
-  }
-  return p;
-}
-
-function buildRun(v: unknown): Record<string, unknown> {
-  const kind = only(v, "run", ["kind", "language", "code", "files", "steps", "artifacts"]).kind;
-  if (kind === "snippet") {
-    const s = only(v, "run", ["kind", "language", "code"]);
-    if (s.language !== "javascript" && s.language !== "python") {
-      fail(`run.language must be \`javascript\` or \`python\`, not ${JSON.stringify(s.language)}`);
-    }
-    const code = text(s.code, "run.code");
-    if (blank(code)) fail("run.code is empty: send the code to run");
-    return { kind, language: s.language, code };
-  }
-  if (kind !== "project") fail(`run.kind must be \`snippet\` or \`project\`, not ${JSON.stringify(kind)}`);
-  const p = only(v, "run", ["kind", "files", "steps", "artifacts"]);
-  const out: Record<string, unknown> = { kind };
-  if (p.files !== undefined) {
-    if (!Array.isArray(p.files)) fail("run.files must be a list");
-    const seen = new Set<string>();
-    out.files = p.files.map((f: unknown, i) => {
-      const what = `run.files[${i}]`;
-      const m = only(f, what, ["path", "content", "executable"]);
-      const path = projectPath(m.path, `${what}.path`);
-      if (seen.has(path)) fail(`run.files: \`${path}\` appears twice`);
-      seen.add(path);
-      let content: unknown;
-      if (typeof m.content === "string") content = text(m.content, `${what}.content`);
-      else if (m.content instanceof Uint8Array) content = bytesToWire(m.content);
-      else fail(`${what}.content must be a string or a Uint8Array`);
-      if (m.executable !== undefined && typeof m.executable !== "boolean") fail(`${what}.executable must be a boolean`);
-      return { path, content, executable: m.executable === true };
-    });
-  }
-  if (!Array.isArray(p.steps) || p.steps.length === 0) fail("run.steps is empty: a project needs at least one step");
-  out.steps = p.steps.map((s: unknown, i) => {
-    const what = `run.steps[${i}]`;
-    const m = only(s, what, ["name", "run"]);
-    const run = text(m.run, `${what}.run`);
-    if (blank(run)) fail(`${what}.run is empty`);
-    return m.name === undefined ? { run } : { name: text(m.name, `${what}.name`), run };
-  });
-  if (p.artifacts !== undefined) {
-    if (!Array.isArray(p.artifacts)) fail("run.artifacts must be a list");
-    out.artifacts = p.artifacts.map((a: unknown, i) => projectPath(a, `run.artifacts[${i}]`));
-  }
-  return out;
-}
-
-/** The request's JSON object, members in the order sent (`request_id` early, so that even a
- * refusal of a cut-off body can echo it). */
-function buildRequest(options: RunOptions, requestId: string): Record<string, unknown> {
-  const o = only(options, "the run options", ["run", "minimum_isolation", "provider", "limits", "grant", "signal"]);
-  const wire: Record<string, unknown> = { protocol: PROTOCOL, request_id: requestId };
-  if (o.minimum_isolation !== undefined) {
-    if (!(TIERS as readonly unknown[]).includes(o.minimum_isolation)) {
-      fail(`minimum_isolation must be one of ${TIERS.join(", ")}, not ${JSON.stringify(o.minimum_isolation)}`);
-    }
-    wire.minimum_isolation = o.minimum_isolation;
-  }
-  if (o.provider !== undefined) {
-    if (text(o.provider, "provider") === "") fail("provider must not be empty: omit it to let the daemon choose");
-    wire.provider = o.provider;
-  }
-  if (o.limits !== undefined) {
-    const l = only(o.limits, "limits", LIMIT_NAMES);
-    const out: Record<string, number> = {};
-    for (const k of LIMIT_NAMES) {
-      const n = l[k];
-      if (n === undefined) continue;
-      if (typeof n !== "number" || !Number.isSafeInteger(n) || n <= 0) {
-        fail(`limits.${k} must be a whole number greater than 0, not ${String(n)}`);
-      }
-      out[k] = n;
-    }
-    wire.limits = out;
-  }
-  wire.run = buildRun(o.run);
-  if (o.grant !== undefined) {
-    if (text(o.grant, "grant") === "") fail("grant must not be empty: omit it for a run without grants");
-    wire.grant = o.grant;
-  }
-  return wire;
-}

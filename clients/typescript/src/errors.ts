@@ -5,7 +5,7 @@
  * @module
  */
 
-import type { Reason, Tier } from "./types.js";
+import type { EndReason, Reason, Tier } from "./types.js";
 
 /** Every error this client throws. */
 export abstract class PlimsollError extends Error {
@@ -43,15 +43,21 @@ export class NotDispatchedError extends PlimsollError {
     message: string,
     requestId: string | undefined,
     readonly source: NotDispatchedSource,
-    details: { code?: string; status?: number; cause?: unknown } = {},
+    details: { code?: string; status?: number; endReason?: EndReason | undefined; cause?: unknown } = {},
   ) {
     super(`not dispatched (${reason}): ${message}`, requestId, { cause: details.cause });
     this.code = details.code ?? reason;
     this.status = details.status;
+    this.endReason = details.endReason;
   }
 
   /** The HTTP status of the daemon's refusal, when it came from the daemon. */
   readonly status: number | undefined;
+  /**
+   * For a call to a session that has ended (`code` `session_ended`, `sandbox_changed`, or
+   * `session_not_found` after a daemon restart): why it ended.
+   */
+  readonly endReason: EndReason | undefined;
 }
 
 /** The request body is larger than this client sends (the daemon's limit): it was not sent. */
@@ -91,7 +97,12 @@ export type MayHaveRunKind =
   /** The run used a tier below the floor ({@link EvidenceMismatchError}). */
   | "evidence_mismatch"
   /** The run used another provider than the one named ({@link ProviderMismatchError}). */
-  | "provider_mismatch";
+  | "provider_mismatch"
+  /**
+   * A session's answer disagrees with the session: its chain, provider, tier, evidence or
+   * floor ({@link SessionMismatchError}).
+   */
+  | "session_mismatch";
 
 /** The code may have run: there is no verified result, and a retry may run it twice. */
 export class MayHaveRunError extends PlimsollError {
@@ -102,6 +113,8 @@ export class MayHaveRunError extends PlimsollError {
   readonly echoedRequestId: string | null | undefined;
   /** For `unverified_refusal`: the reason the answer claimed (not honoured). */
   readonly claimedReason: Reason | undefined;
+  /** For a session call the daemon answered with an end reason (`sandbox_failed`, ...): why it ended. */
+  readonly endReason: EndReason | undefined;
 
   constructor(
     readonly kind: MayHaveRunKind,
@@ -112,6 +125,7 @@ export class MayHaveRunError extends PlimsollError {
       status?: number;
       echoedRequestId?: string | null;
       claimedReason?: Reason;
+      endReason?: EndReason | undefined;
       cause?: unknown;
     } = {},
   ) {
@@ -120,6 +134,7 @@ export class MayHaveRunError extends PlimsollError {
     this.status = details.status;
     this.echoedRequestId = details.echoedRequestId;
     this.claimedReason = details.claimedReason;
+    this.endReason = details.endReason;
   }
 }
 
@@ -176,7 +191,9 @@ export type FloorSource =
   /** None was sent: the daemon's `default_floor` from `GET /v1/providers`. */
   | "daemon_default"
   /** The floor the record says the daemon applied (`record.minimum_isolation`). */
-  | "record";
+  | "record"
+  /** A session's call: the floor the session was opened with (`SessionInfo.minimum_isolation`). */
+  | "session";
 
 /**
  * The result says the run used a tier below the floor. The code ran (this is not a refusal),
@@ -199,7 +216,9 @@ export class EvidenceMismatchError extends MayHaveRunError {
         ? "asked for"
         : floorSource === "record"
           ? "the floor the record says the daemon applied"
-          : "the daemon's default floor, none having been sent";
+          : floorSource === "session"
+            ? "the floor the session was opened with"
+            : "the daemon's default floor, none having been sent";
     super(
       "evidence_mismatch",
       `evidence mismatch for request ${requestId}: the run used \`${isolation}\` (provider ${provider}), below the floor \`${floor}\` (${which}); the code ran, but not behind the wall you required`,
@@ -225,6 +244,64 @@ export class ProviderMismatchError extends MayHaveRunError {
       { code: "evidence_mismatch" },
     );
   }
+}
+
+/**
+ * A session's answer disagrees with the session (docs/sessions.md, "Chained records"): a
+ * call's record names another session, or is not the next link of its chain (a call missing,
+ * repeated or reordered: `sequence`, `previous_record_sha256`), or names another provider,
+ * tier, evidence or environment than the session's; or the answer to opening, resuming or
+ * closing a session is not the session asked for (`field` says which member).
+ */
+export class SessionMismatchError extends MayHaveRunError {
+  constructor(
+    /** The member that disagrees (`sequence`, `previous_record_sha256`, `session_id`, `provider`, ...). */
+    readonly field: string,
+    /** What the session says it must be (`undefined`: absent). */
+    readonly expected: string | undefined,
+    /** What the answer says (`undefined`: absent). */
+    readonly found: string | undefined,
+    requestId: string,
+    /** Why it matters, for the message. */
+    why: string,
+  ) {
+    super(
+      "session_mismatch",
+      `session mismatch for request ${requestId}: \`${field}\` is ${found ?? "absent"}, the session's is ${expected ?? "absent"}: ${why}; the call may have run`,
+      requestId,
+    );
+  }
+}
+
+/** What went wrong looking a session up (`listSessions()`, `session(id)`, `refresh()`). */
+export type SessionLookupErrorKind = "request" | "unreachable" | "refused" | "transport" | "bad_response";
+
+/**
+ * A session lookup gave no verified answer. A lookup runs nothing, so nothing ran; `code`
+ * is the daemon's (`session_not_found`, `session_ended`) and `endReason` says why a session
+ * ended, when the daemon said.
+ */
+export class SessionLookupError extends PlimsollError {
+  readonly code: string;
+
+  constructor(
+    readonly kind: SessionLookupErrorKind,
+    message: string,
+    details: { code?: string; status?: number; reason?: Reason; endReason?: EndReason | undefined; cause?: unknown } = {},
+  ) {
+    super(message, undefined, { cause: details.cause });
+    this.code = details.code ?? kind;
+    this.status = details.status;
+    this.reason = details.reason;
+    this.endReason = details.endReason;
+  }
+
+  /** The HTTP status, if an answer was read. */
+  readonly status: number | undefined;
+  /** The daemon's not-dispatched reason, if its error answer carried one. */
+  readonly reason: Reason | undefined;
+  /** Why the session ended, if the daemon said. */
+  readonly endReason: EndReason | undefined;
 }
 
 /** What went wrong with `GET /v1/providers`. */

@@ -42,6 +42,9 @@ export {
   type ProvidersErrorKind,
   RecordMismatchError,
   RequestTooLargeError,
+  SessionLookupError,
+  type SessionLookupErrorKind,
+  SessionMismatchError,
 } from "./errors.js";
 export { bytesToWire, decodeBase64, encodeBase64, text } from "./bytes.js";
 export {
@@ -62,8 +65,18 @@ export {
   decodeRunRequest,
   decodeRunResponse,
   decodeRunResult,
+  decodeSessionInfo,
+  decodeStreamLine,
   ShapeError,
 } from "./read.js";
+export {
+  type CellOptions,
+  type ChunkHandler,
+  Session,
+  type SessionFile,
+  type SessionOptions,
+  type StepsOptions,
+} from "./session.js";
 export { JsonSyntaxError } from "./json.js";
 export { type Floor, verifyResponse } from "./verify.js";
 export * from "./types.js";

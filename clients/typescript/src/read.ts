@@ -711,3 +711,13 @@ export function decodeEvidence(json: Uint8Array | string): Evidence {
 export function decodeRunResponse(json: Uint8Array | string): RunResponse {
   return readRunResponse(parseJson(json));
 }
+
+/** Parses and reads a session (`SessionInfo`) from its JSON. */
+export function decodeSessionInfo(json: Uint8Array | string): SessionInfo {
+  return readSessionInfo(parseJson(json));
+}
+
+/** Parses and reads one line of a streamed answer from its JSON (a response in it is not verified). */
+export function decodeStreamLine(json: Uint8Array | string): StreamLine {
+  return readStreamLine(parseJson(json));
+}

@@ -83,7 +83,11 @@ export function verifyResponse(sent: RunRequest, response: RunResponse, floor: F
       floor.tier,
       applied,
       id,
-      floor.source === "request" ? "the floor sent" : "the daemon's default floor",
+      floor.source === "request"
+        ? "the floor sent"
+        : floor.source === "session"
+          ? "the session's floor"
+          : "the daemon's default floor",
     );
   }
   if (sent.provider !== undefined) {

@@ -24,6 +24,8 @@ import {
   decodeRunRecord,
   decodeRunRequest,
   decodeRunResult,
+  decodeSessionInfo,
+  decodeStreamLine,
   DigestMismatchError,
   EvidenceMismatchError,
   notDispatchedReason,
@@ -438,5 +440,58 @@ test("a record's session link is read strictly, null as absent, and digested as 
     [{ session_id: "ses_a", sequence: -1 }, /sequence/],
   ] as const) {
     assert.throws(() => decodeRunRecord(json({ session: bad })), says);
+  }
+});
+
+test("a stream line is one of chunk, response or error, and a chunk is always a preview", () => {
+  const chunk = decodeStreamLine('{"chunk":{"preview":true,"stream":"stderr","offset":5,"bytes":{"base64":"/wA="}}}');
+  assert.ok("chunk" in chunk);
+  assert.deepEqual(chunk.chunk, { preview: true, stream: "stderr", offset: 5, bytes: Uint8Array.of(0xff, 0x00) });
+  const error = decodeStreamLine(
+    '{"error":{"protocol":1,"request_id":"r","error":{"code":"session_ended","message":"m","not_dispatched":"request","end_reason":"closed"}}}',
+  );
+  assert.ok("error" in error);
+  assert.equal(error.error.error.end_reason, "closed");
+  for (const [bad, says] of [
+    ['{"chunk":{"preview":false,"stream":"stdout","offset":0,"bytes":""}}', /always a preview/],
+    ['{"chunk":{"preview":true,"stream":"stdin","offset":0,"bytes":""}}', /not a stream/],
+    ['{"chunk":{"preview":true,"stream":"stdout","offset":0,"bytes":"","more":1}}', /unknown member `more`/],
+    ['{"chunk":{"preview":true,"stream":"stdout","offset":0,"bytes":""},"error":null}', /exactly one/],
+    ["{}", /exactly one/],
+    ['{"keepalive":true}', /unknown member `keepalive`/],
+  ] as const) {
+    assert.throws(() => decodeStreamLine(bad), says);
+  }
+});
+
+test("a session is read strictly: required members, end reasons, null as absent", () => {
+  const info = {
+    protocol: 1,
+    request_id: "r",
+    session_id: `ses_${"a".repeat(16)}_${"b".repeat(32)}`,
+    language: "python",
+    provider: "crun",
+    isolation: "container",
+    minimum_isolation: "container",
+    evidence_sha256: "e".repeat(64),
+    environment: "sha256:abc",
+    wall: { uid: 1, euid: 1, gid: 1, root_read_only: true },
+    opened_unix_ms: 1,
+    expires_unix_ms: 2,
+    idle_timeout_ms: 300000,
+    calls: 0,
+    interpreter_alive: true,
+  };
+  const read = decodeSessionInfo(JSON.stringify({ ...info, last_record_sha256: null, end_reason: null }));
+  assert.equal("last_record_sha256" in read || "end_reason" in read, false);
+  assert.equal(decodeSessionInfo(JSON.stringify({ ...info, end_reason: "idle_timeout" })).end_reason, "idle_timeout");
+  const { wall: _, ...noWall } = info;
+  for (const [bad, says] of [
+    [{ ...info, end_reason: "bored" }, /not a session end reason/],
+    [noWall, /wall: missing/],
+    [{ ...info, extra: 1 }, /unknown member `extra`/],
+    [{ ...info, calls: -1 }, /calls/],
+  ] as const) {
+    assert.throws(() => decodeSessionInfo(JSON.stringify(bad)), says);
   }
 });

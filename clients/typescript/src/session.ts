@@ -1,0 +1,786 @@
+/**
+ * Sessions (docs/sessions.md): one sandbox kept across calls, an interpreter whose state
+ * survives from one cell to the next, shell steps and files in the same /work. Every call's
+ * answer is verified as a run's is (request id, floor, digests), and besides: its record names
+ * this session, the next sequence number and the previous call's record digest, and the
+ * session's provider, tier, evidence and environment. A refusal is believed only with the
+ * echoed request id, as any other; a session's end reason rides on the error.
+ * @module
+ */
+
+import { inspect } from "node:util";
+
+import { RequestShapeError, buildLimits, buildRun, fail, only, positive, projectPath, provider, text, tier } from "./build.js";
+import { utf8 } from "./bytes.js";
+import {
+  EvidenceMismatchError,
+  MayHaveRunError,
+  NotDispatchedError,
+  ProviderMismatchError,
+  ProvidersError,
+  RequestTooLargeError,
+  SessionLookupError,
+  SessionMismatchError,
+} from "./errors.js";
+import {
+  DEFAULT_RUN_BUDGET_MS,
+  EXCHANGE_SLACK_MS,
+  ExchangeFailure,
+  type Http,
+  LOOKUP_BUDGET_MS,
+  NDJSON,
+  REQUEST_ID_HEADER,
+  badResponse,
+  describeError,
+  exchangeError,
+  newRequestId,
+  preview,
+  readAnswer,
+  refusal,
+  refusalOf,
+  unreachable,
+} from "./http.js";
+import { JsonSyntaxError, type JsonValue, parseJson } from "./json.js";
+import {
+  ShapeError,
+  readErrorResponse,
+  readRunRequest,
+  readRunResponse,
+  readSessionInfo,
+  readSessionList,
+  readStreamLine,
+} from "./read.js";
+import {
+  type Artifact,
+  type EndReason,
+  type ErrorResponse,
+  type Language,
+  type Limits,
+  type OutputChunk,
+  PROTOCOL,
+  type ProjectFile,
+  type RunRequest,
+  type RunResponse,
+  type SessionInfo,
+  type SessionList,
+  type Step,
+  TIERS,
+  type Tier,
+  tierRank,
+} from "./types.js";
+import { type Floor, verifyResponse } from "./verify.js";
+
+/** What to open a session with; the client adds the protocol and a fresh request id. */
+export interface SessionOptions {
+  /** The language of its interpreter (its cells). */
+  language: Language;
+  /**
+   * The floor: the weakest tier to accept. Absent: the daemon's default floor, learnt from
+   * `GET /v1/providers` and checked against.
+   */
+  minimum_isolation?: Tier;
+  /** A provider that keeps sessions (crun, runc, runsc); the daemon chooses when absent. */
+  provider?: string;
+  /**
+   * `memory_bytes`, `pids`, `disk_bytes` hold for the session's whole life; `timeout_ms`,
+   * `output_bytes` and `artifact_bytes` are each call's defaults.
+   */
+  limits?: Limits;
+  /** The session ends after this long without a call, milliseconds (default 300 s). */
+  idle_timeout_ms?: number;
+  /** The session ends this long after it opened, milliseconds (default 1 h). */
+  max_lifetime_ms?: number;
+  /** Aborts the exchange: "may have run" (`transport`), as the session may have been opened. */
+  signal?: AbortSignal;
+}
+
+/** Gets each chunk of a call's output as it comes: a preview, covered by no digest. */
+export type ChunkHandler = (chunk: OutputChunk) => void;
+
+/** How to send one cell. */
+export interface CellOptions {
+  /** Start a fresh interpreter first (its state is lost; `state_kept` is then `false`). */
+  restart?: boolean;
+  /** This cell's timeout, milliseconds (the session's by default). */
+  timeoutMs?: number;
+  /**
+   * Streams the call (`Accept: application/x-ndjson`): each chunk of output goes here as it
+   * comes. The promise still resolves to the whole, verified response.
+   */
+  onChunk?: ChunkHandler;
+  /** Aborts the exchange: "may have run" (`transport`). */
+  signal?: AbortSignal;
+}
+
+/** How to send one steps call. */
+export interface StepsOptions {
+  /** The call's timeout, milliseconds (the session's by default). */
+  timeoutMs?: number;
+  /** Streams the call, as {@link CellOptions.onChunk}. */
+  onChunk?: ChunkHandler;
+  /** Files written into /work before the steps. */
+  files?: ProjectFile[];
+  /** Paths under /work returned after the steps, in this order. */
+  artifacts?: string[];
+  /** Aborts the exchange: "may have run" (`transport`). */
+  signal?: AbortSignal;
+}
+
+/** A file read from a session's /work: the artifact and the verified call that read it. */
+export interface SessionFile extends Artifact {
+  /** The call's verified response (its record is the call's link in the chain). */
+  response: RunResponse;
+}
+
+/** What a session's constructor takes: only the client makes sessions. */
+export interface SessionInternals {
+  http: Http;
+  maxBodyBytes: number;
+  info: SessionInfo;
+}
+
+const SESSION_ID = /^ses_[0-9a-f]{16}_[0-9a-f]{32}$/;
+const OPEN_MAY_HAVE = "a session may have been opened";
+const CLOSE_MAY_HAVE = "the session may have been closed";
+/** The ends of an interpreter (a cell's `interpreter_end`); the others end the session. */
+const INTERPRETER_ENDS: readonly EndReason[] = ["interpreter_crash", "out_of_memory", "cell_timeout"];
+
+/**
+ * An open session of this client's caller. Its calls are sent one at a time, in the order
+ * they were made (the daemon serves a session's calls so, and the client follows its chain);
+ * a call made while another is under way waits for it.
+ *
+ * After a call that fails "may have run", the chain's position is unknown: if that call did
+ * run, the next call's record is two links on and reads {@link SessionMismatchError}.
+ * `client.session(id)` resumes where the daemon says the chain stands.
+ */
+export class Session {
+  readonly #http: Http;
+  readonly #maxBodyBytes: number;
+  /** The session as opened: what every call is checked against. */
+  readonly #opened: SessionInfo;
+  #info: SessionInfo;
+  /** The sequence number and record digest of the last call answered. */
+  #last: { sequence: number; record: string | undefined };
+  #queue: Promise<unknown> = Promise.resolve();
+
+  /** Not for use: `client.openSession(...)` opens one, `client.session(id)` resumes one. */
+  constructor(internals: SessionInternals) {
+    this.#http = internals.http;
+    this.#maxBodyBytes = internals.maxBodyBytes;
+    this.#opened = structuredClone(internals.info);
+    this.#info = internals.info;
+    this.#last = { sequence: internals.info.calls, record: internals.info.last_record_sha256 };
+  }
+
+  /** Its id (`ses_...`). */
+  get id(): string {
+    return this.#opened.session_id;
+  }
+
+  /**
+   * The session as opened (or resumed), with its chain as this client last verified it
+   * (`calls`, `last_record_sha256`), or as `refresh()` or `close()` last showed it.
+   */
+  get info(): SessionInfo {
+    return this.#info;
+  }
+
+  /** Runs `code` in the session's interpreter; resolves to the verified response. */
+  cell(code: string, options: CellOptions = {}): Promise<RunResponse> {
+    return this.#serial(async () => {
+      const requestId = newRequestId();
+      checked(requestId, () => {
+        const o = only(options, "the cell options", ["restart", "timeoutMs", "onChunk", "signal"]);
+        if (o.restart !== undefined && typeof o.restart !== "boolean") fail("restart must be a boolean");
+      });
+      const wire = this.#callRequest(requestId, options.timeoutMs, options.onChunk, () =>
+        buildRun({ kind: "snippet", language: this.#opened.language, code }, true),
+      );
+      const query = options.restart === true ? "?restart=true" : "";
+      return this.#post(`/cells${query}`, wire, requestId, "cell", options.onChunk, options.signal, options.timeoutMs);
+    });
+  }
+
+  /**
+   * Runs shell steps in order in the session's /work (`/bin/sh -c`, the first that fails
+   * stops them), with `files` written first and `artifacts` read back after, if given.
+   */
+  steps(steps: readonly (string | Step)[], options: StepsOptions = {}): Promise<RunResponse> {
+    return this.#serial(async () => {
+      const requestId = newRequestId();
+      checked(requestId, () => {
+        only(options, "the steps options", ["timeoutMs", "onChunk", "files", "artifacts", "signal"]);
+        if (!Array.isArray(steps)) fail("steps must be a list of commands");
+      });
+      const wire = this.#callRequest(requestId, options.timeoutMs, options.onChunk, () =>
+        buildRun(
+          {
+            kind: "project",
+            ...(options.files === undefined ? {} : { files: options.files }),
+            steps: steps.map((s) => (typeof s === "string" ? { run: s } : s)),
+            ...(options.artifacts === undefined ? {} : { artifacts: options.artifacts }),
+          },
+          true,
+        ),
+      );
+      return this.#post("/steps", wire, requestId, "steps", options.onChunk, options.signal, options.timeoutMs);
+    });
+  }
+
+  /** Writes `content` (exact bytes; a string is its UTF-8) to /work/`path` in the session. */
+  put(path: string, content: Uint8Array | string, options: { signal?: AbortSignal } = {}): Promise<RunResponse> {
+    return this.#serial(async () => {
+      const requestId = newRequestId();
+      const [p, bytes] = checked(requestId, () => {
+        const p = projectPath(path, "path");
+        if (typeof content === "string") return [p, utf8(text(content, "content"))] as const;
+        if (!(content instanceof Uint8Array)) fail("content must be a Uint8Array or a string");
+        return [p, content] as const;
+      });
+      if (bytes.byteLength > this.#maxBodyBytes) {
+        throw new RequestTooLargeError(bytes.byteLength, this.#maxBodyBytes, requestId);
+      }
+      // What the daemon digests a file's PUT as (docs/sessions.md).
+      const sent: RunRequest = {
+        protocol: PROTOCOL,
+        request_id: requestId,
+        run: { kind: "project", files: [{ path: p, content: bytes, executable: false }], steps: [], artifacts: [] },
+      };
+      const answer = await this.#exchange("PUT", `/files/${urlPath(p)}`, requestId, {
+        body: bytes,
+        contentType: "application/octet-stream",
+        signal: options.signal,
+      });
+      return this.#accept(sent, answer.status, answer.body, "file");
+    });
+  }
+
+  /**
+   * Reads /work/`path` from the session: `found`, `size`, the bytes (at most the artifact
+   * limit: `truncated` says when the file was larger) and the verified call.
+   */
+  get(path: string, options: { signal?: AbortSignal } = {}): Promise<SessionFile> {
+    return this.#serial(async () => {
+      const requestId = newRequestId();
+      const p = checked(requestId, () => projectPath(path, "path"));
+      const sent: RunRequest = {
+        protocol: PROTOCOL,
+        request_id: requestId,
+        run: { kind: "project", files: [], steps: [], artifacts: [p] },
+      };
+      const answer = await this.#exchange("GET", `/files/${urlPath(p)}`, requestId, { signal: options.signal });
+      const response = this.#accept(sent, answer.status, answer.body, "file");
+      const [artifact, ...more] = response.result.artifacts;
+      if (artifact === undefined || more.length > 0 || artifact.path !== p) {
+        throw new MayHaveRunError(
+          "bad_response",
+          `the code may have run: the answer to reading ${p} (request ${requestId}) holds ${response.result.artifacts.length} artifacts${artifact === undefined ? "" : `, the first ${JSON.stringify(artifact.path)}`}, not exactly that file`,
+          requestId,
+          { status: 200 },
+        );
+      }
+      return { ...artifact, response };
+    });
+  }
+
+  /** The session as the daemon shows it now (its calls, whether its interpreter is alive). */
+  refresh(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
+    return this.#serial(async () => {
+      const info = await showSession(this.#http, this.id, options.signal);
+      for (const field of ["session_id", "language", "provider", "isolation", "minimum_isolation", "evidence_sha256", "environment"] as const) {
+        if (info[field] !== this.#opened[field]) {
+          throw new SessionLookupError(
+            "bad_response",
+            `the daemon shows session ${this.id} with ${field} ${info[field]}, not ${this.#opened[field]} as when it was opened: the answer was altered on the way or the daemon is faulty`,
+            { status: 200 },
+          );
+        }
+      }
+      this.#info = info;
+      return info;
+    });
+  }
+
+  /**
+   * Closes the session: its sandbox is removed. Resolves to the session as it ended, its
+   * `end_reason` `closed`. Calls after it are refused (`session_ended`, not dispatched).
+   */
+  close(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
+    return this.#serial(async () => {
+      const requestId = newRequestId();
+      const path = sessionPath(this.id);
+      let answer: { status: number; body: Uint8Array };
+      try {
+        answer = await this.#http.send("DELETE", path, {
+          headers: { [REQUEST_ID_HEADER]: requestId },
+          budgetMs: EXCHANGE_SLACK_MS,
+          signal: options.signal,
+        });
+      } catch (e) {
+        if (!(e instanceof ExchangeFailure)) throw e;
+        throw exchangeError(e, `${this.#http.url}${path}`, requestId, CLOSE_MAY_HAVE);
+      }
+      const { status, body } = answer;
+      if (status !== 200) throw refusal(requestId, status, body, CLOSE_MAY_HAVE);
+      const info = readAnswer(body, readSessionInfo, (e) => badResponse(requestId, status, "not a session", e, CLOSE_MAY_HAVE));
+      if (info.request_id !== requestId) {
+        throw new MayHaveRunError(
+          "request_id_mismatch",
+          `${CLOSE_MAY_HAVE}: the answer echoes request id ${info.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers`,
+          requestId,
+          { echoedRequestId: info.request_id ?? null, status },
+        );
+      }
+      if (info.session_id !== this.id) {
+        throw new SessionMismatchError("session_id", this.id, info.session_id, requestId, "the close answered for another session");
+      }
+      if (info.end_reason !== "closed") {
+        throw new MayHaveRunError(
+          "bad_response",
+          `${CLOSE_MAY_HAVE}: the close (request ${requestId}) answered end reason ${info.end_reason ?? "(none)"}, not closed`,
+          requestId,
+          { status },
+        );
+      }
+      this.#info = info;
+      return info;
+    });
+  }
+
+  /** Shows the session, never the token. */
+  [inspect.custom](): string {
+    return `Session { id: ${JSON.stringify(this.id)}, provider: ${JSON.stringify(this.#opened.provider)}, isolation: ${JSON.stringify(this.#opened.isolation)}, calls: ${this.#last.sequence} }`;
+  }
+
+  /** The session as shown: no token. */
+  toJSON(): SessionInfo {
+    return this.#info;
+  }
+
+  // -------------------------------------------------------------------------------------
+
+  /** Runs `f` after every call made before it has settled. */
+  #serial<T>(f: () => Promise<T>): Promise<T> {
+    const run = this.#queue.then(f, f);
+    this.#queue = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    return run;
+  }
+
+  /** A cell's or steps call's JSON, checked; a malformed one is refused here, unsent. */
+  #callRequest(
+    requestId: string,
+    timeoutMs: unknown,
+    onChunk: unknown,
+    run: () => Record<string, unknown>,
+  ): Record<string, unknown> {
+    return checked(requestId, () => {
+      if (onChunk !== undefined && typeof onChunk !== "function") fail("onChunk must be a function");
+      const wire: Record<string, unknown> = { protocol: PROTOCOL, request_id: requestId };
+      if (timeoutMs !== undefined) wire.limits = { timeout_ms: positive(timeoutMs, "timeoutMs") };
+      wire.run = run();
+      return wire;
+    });
+  }
+
+  /** One exchange with a path under this session's. */
+  async #exchange(
+    method: "GET" | "POST" | "PUT",
+    sub: string,
+    requestId: string,
+    o: {
+      body?: Uint8Array;
+      contentType?: string;
+      signal?: AbortSignal | undefined;
+      budgetMs?: number;
+      accept?: string;
+      onLine?: (line: Uint8Array) => "more" | "done";
+    },
+  ): Promise<{ status: number; body: Uint8Array; streamed: boolean }> {
+    const path = `${sessionPath(this.id)}${sub}`;
+    try {
+      return await this.#http.send(method, path, {
+        ...(o.body === undefined ? {} : { body: o.body }),
+        ...(o.contentType === undefined ? {} : { contentType: o.contentType }),
+        // The request id in a header too: a refusal before the body is read (a bad token, an
+        // over-size body) can then echo it.
+        headers: { [REQUEST_ID_HEADER]: requestId, ...(o.accept === undefined ? {} : { accept: o.accept }) },
+        budgetMs: o.budgetMs ?? DEFAULT_RUN_BUDGET_MS + EXCHANGE_SLACK_MS,
+        signal: o.signal,
+        ...(o.onLine === undefined ? {} : { onLine: o.onLine }),
+      });
+    } catch (e) {
+      if (!(e instanceof ExchangeFailure)) throw e;
+      throw exchangeError(e, `${this.#http.url}${path}`, requestId);
+    }
+  }
+
+  /** Sends a cell or steps call, streamed when `onChunk` is given, and verifies its answer. */
+  async #post(
+    sub: string,
+    wire: Record<string, unknown>,
+    requestId: string,
+    kind: "cell" | "steps",
+    onChunk: ChunkHandler | undefined,
+    signal: AbortSignal | undefined,
+    timeoutMs: number | undefined,
+  ): Promise<RunResponse> {
+    const body = utf8(JSON.stringify(wire));
+    if (body.byteLength > this.#maxBodyBytes) {
+      throw new RequestTooLargeError(body.byteLength, this.#maxBodyBytes, requestId);
+    }
+    // Digests are recomputed over exactly the bytes that leave this process.
+    let sent: RunRequest;
+    try {
+      sent = readRunRequest(parseJson(body));
+    } catch (e) {
+      throw new NotDispatchedError("request", `the request does not read back (${String(e)}); nothing was sent`, requestId, "client", {
+        cause: e,
+      });
+    }
+    let last: { response: RunResponse } | { error: ErrorResponse } | undefined;
+    const onLine =
+      onChunk === undefined
+        ? undefined
+        : (bytes: Uint8Array): "more" | "done" => {
+            const line = readAnswer(bytes, readStreamLine, (e) =>
+              badResponse(requestId, 200, `not a stream line (${preview(bytes)})`, e),
+            );
+            if ("chunk" in line) {
+              try {
+                onChunk(line.chunk);
+              } catch (e) {
+                throw new MayHaveRunError(
+                  "transport",
+                  `the code may have run: the onChunk handler threw (${describeError(e)}), so the answer to request ${requestId} was not read`,
+                  requestId,
+                  { cause: e },
+                );
+              }
+              return "more";
+            }
+            last = line;
+            return "done";
+          };
+    const answer = await this.#exchange("POST", sub, requestId, {
+      body,
+      signal,
+      budgetMs: (timeoutMs ?? DEFAULT_RUN_BUDGET_MS) + EXCHANGE_SLACK_MS,
+      ...(onLine === undefined ? {} : { accept: NDJSON, onLine }),
+    });
+    if (!answer.streamed) return this.#accept(sent, answer.status, answer.body, kind);
+    // The stream's own status is 200 even when its last line is an error.
+    const final = last as { response: RunResponse } | { error: ErrorResponse } | undefined;
+    if (final === undefined) {
+      throw new MayHaveRunError("transport", `the code may have run: the stream for request ${requestId} ended before its answer`, requestId);
+    }
+    if ("error" in final) throw refusalOf(requestId, 200, final.error);
+    return this.#follow(sent, final.response, kind);
+  }
+
+  /** A whole answer to a call: verified and followed, or the error it means. */
+  #accept(sent: RunRequest, status: number, body: Uint8Array, kind: "cell" | "steps" | "file"): RunResponse {
+    if (status !== 200) throw refusal(sent.request_id, status, body);
+    const response = readAnswer(body, readRunResponse, (e) => badResponse(sent.request_id, status, "not a run response", e));
+    return this.#follow(sent, response, kind);
+  }
+
+  /**
+   * Verifies a call's answer as a run's (its floor the session's), then checks its place in
+   * the session's chain, and moves the chain on.
+   */
+  #follow(sent: RunRequest, response: RunResponse, kind: "cell" | "steps" | "file"): RunResponse {
+    const id = sent.request_id;
+    const floor: Floor = { tier: this.#opened.minimum_isolation, source: "session" };
+    verifyResponse(sent, response, floor);
+    const record = response.record;
+    const link = record.session;
+    const mismatch = (field: string, expected: string | undefined, found: string | undefined, why: string): never => {
+      throw new SessionMismatchError(field, expected, found, id, why);
+    };
+    if (link === undefined) {
+      mismatch("session", this.id, undefined, "the record of a session call names no session");
+    } else {
+      if (link.session_id !== this.id) {
+        mismatch("session_id", this.id, link.session_id, "the record is another session's");
+      }
+      const { sequence, record: previous } = this.#last;
+      const why = "a call of this session is missing, repeated or reordered";
+      if (link.sequence !== sequence + 1) mismatch("sequence", String(sequence + 1), String(link.sequence), why);
+      if (link.previous_record_sha256 !== previous) {
+        mismatch("previous_record_sha256", previous, link.previous_record_sha256, why);
+      }
+    }
+    const same = "the call ran elsewhere than the session (its provider, tier, evidence and environment are fixed at open)";
+    if (response.provider !== this.#opened.provider) mismatch("provider", this.#opened.provider, response.provider, same);
+    if (response.isolation !== this.#opened.isolation) mismatch("isolation", this.#opened.isolation, response.isolation, same);
+    if (record.evidence_sha256 !== this.#opened.evidence_sha256) {
+      mismatch("evidence_sha256", this.#opened.evidence_sha256, record.evidence_sha256, same);
+    }
+    if (record.environment !== this.#opened.environment) mismatch("environment", this.#opened.environment, record.environment, same);
+    // What the types cannot say: only a cell says whether its interpreter's state was kept,
+    // always, and an interpreter that ended kept none.
+    const { state_kept: kept, interpreter_end: end } = response.result;
+    const malformed = (what: string): never => {
+      throw new MayHaveRunError(
+        "bad_response",
+        `the code may have run: the result for request ${id} is malformed: ${what}`,
+        id,
+        { status: 200 },
+      );
+    };
+    if (kind === "cell") {
+      if (kept === undefined) malformed("a cell's result says nothing of `state_kept`");
+      if (end !== undefined && kept === true) malformed(`its interpreter ended (${end}) yet \`state_kept\` is true`);
+      if (end !== undefined && !INTERPRETER_ENDS.includes(end)) malformed(`\`interpreter_end\` is ${end}, which ends a session, not an interpreter`);
+    } else if (kept !== undefined || end !== undefined) {
+      malformed("only a cell's result has `state_kept` or `interpreter_end`");
+    }
+    this.#last = { sequence: link!.sequence, record: record.record_sha256 };
+    this.#info.calls = link!.sequence;
+    this.#info.last_record_sha256 = record.record_sha256;
+    if (kind === "cell") this.#info.interpreter_alive = end === undefined;
+    return response;
+  }
+}
+
+/** Runs `f`; a request it finds malformed is refused, not dispatched, nothing sent. */
+function checked<T>(requestId: string, f: () => T): T {
+  try {
+    return f();
+  } catch (e) {
+    if (e instanceof RequestShapeError) {
+      throw new NotDispatchedError("request", `${e.message}; nothing was sent`, requestId, "client", { cause: e });
+    }
+    throw e;
+  }
+}
+
+function sessionPath(id: string): string {
+  return `/v1/sessions/${encodeURIComponent(id)}`;
+}
+
+/** A /work path as URL path segments, each percent-encoded. */
+function urlPath(path: string): string {
+  return path.split("/").map(encodeURIComponent).join("/");
+}
+
+// ---------------------------------------------------------------------------------------
+// Opening, resuming, listing (the client's methods call these).
+
+/** `client.openSession(options)`. */
+export async function openSession(
+  http: Http,
+  maxBodyBytes: number,
+  options: SessionOptions,
+  defaultFloor: () => Promise<Tier>,
+): Promise<Session> {
+  const requestId = newRequestId();
+  const wire = checked(requestId, () => {
+    const o = only(options, "the session options", [
+      "language",
+      "minimum_isolation",
+      "provider",
+      "limits",
+      "idle_timeout_ms",
+      "max_lifetime_ms",
+      "signal",
+    ]);
+    if (o.language !== "javascript" && o.language !== "python") {
+      fail(`language must be \`javascript\` or \`python\`, not ${JSON.stringify(o.language)}`);
+    }
+    const wire: Record<string, unknown> = { protocol: PROTOCOL, request_id: requestId, language: o.language };
+    if (o.minimum_isolation !== undefined) wire.minimum_isolation = tier(o.minimum_isolation, "minimum_isolation");
+    if (o.provider !== undefined) wire.provider = provider(o.provider);
+    if (o.limits !== undefined) wire.limits = buildLimits(o.limits);
+    if (o.idle_timeout_ms !== undefined) wire.idle_timeout_ms = positive(o.idle_timeout_ms, "idle_timeout_ms");
+    if (o.max_lifetime_ms !== undefined) wire.max_lifetime_ms = positive(o.max_lifetime_ms, "max_lifetime_ms");
+    return wire;
+  });
+  const body = utf8(JSON.stringify(wire));
+  if (body.byteLength > maxBodyBytes) throw new RequestTooLargeError(body.byteLength, maxBodyBytes, requestId);
+
+  let floor: Floor;
+  if (options.minimum_isolation !== undefined) {
+    floor = { tier: options.minimum_isolation, source: "request" };
+  } else {
+    try {
+      floor = { tier: await defaultFloor(), source: "daemon_default" };
+    } catch (e) {
+      const reason = e instanceof ProvidersError && e.reason !== undefined ? e.reason : "environment";
+      throw new NotDispatchedError(
+        reason,
+        `no floor was set and this client could not learn the daemon's default floor, so it opened nothing (${describeError(e)}); set minimum_isolation, or fix what the message says`,
+        requestId,
+        "client",
+        { cause: e },
+      );
+    }
+  }
+
+  const path = "/v1/sessions";
+  let status: number;
+  let answer: Uint8Array;
+  try {
+    ({ status, body: answer } = await http.send("POST", path, {
+      body,
+      headers: { [REQUEST_ID_HEADER]: requestId },
+      budgetMs: EXCHANGE_SLACK_MS,
+      signal: options.signal,
+    }));
+  } catch (e) {
+    if (!(e instanceof ExchangeFailure)) throw e;
+    throw exchangeError(e, `${http.url}${path}`, requestId, OPEN_MAY_HAVE);
+  }
+  if (status !== 200) throw refusal(requestId, status, answer, OPEN_MAY_HAVE);
+  const info = readAnswer(answer, readSessionInfo, (e) => badResponse(requestId, status, "not a session", e, OPEN_MAY_HAVE));
+  if (info.request_id !== requestId) {
+    throw new MayHaveRunError(
+      "request_id_mismatch",
+      `${OPEN_MAY_HAVE}: the answer echoes request id ${info.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers, so this session is not yours`,
+      requestId,
+      { echoedRequestId: info.request_id ?? null, status },
+    );
+  }
+  checkShown(info, (what) => new MayHaveRunError("bad_response", `${OPEN_MAY_HAVE}: ${what} (request ${requestId})`, requestId, { status }));
+  if (info.end_reason !== undefined || info.calls !== 0 || info.last_record_sha256 !== undefined) {
+    throw new MayHaveRunError(
+      "bad_response",
+      `${OPEN_MAY_HAVE}: the answer to opening it shows a session that is not new (calls ${info.calls}, end reason ${info.end_reason ?? "none"}) (request ${requestId})`,
+      requestId,
+      { status },
+    );
+  }
+  if (info.language !== options.language) {
+    throw new SessionMismatchError("language", options.language, info.language, requestId, "the session opened is not the one asked for");
+  }
+  // The tier against the floor held, and against the floor the daemon says it applied,
+  // which must be that floor.
+  if (tierRank(info.isolation) < tierRank(floor.tier)) {
+    throw new EvidenceMismatchError(info.provider, info.isolation, floor.tier, floor.source, requestId);
+  }
+  if (tierRank(info.isolation) < tierRank(info.minimum_isolation)) {
+    throw new EvidenceMismatchError(info.provider, info.isolation, info.minimum_isolation, "session", requestId);
+  }
+  if (info.minimum_isolation !== floor.tier) {
+    throw new SessionMismatchError(
+      "minimum_isolation",
+      floor.tier,
+      info.minimum_isolation,
+      requestId,
+      floor.source === "request" ? "the daemon holds the session to another floor than the one sent" : "the daemon holds the session to another floor than its default floor",
+    );
+  }
+  if (options.provider !== undefined && info.provider !== options.provider) {
+    throw new ProviderMismatchError(options.provider, info.provider, requestId);
+  }
+  return new Session({ http, maxBodyBytes, info });
+}
+
+/** `client.session(id)`. */
+export async function resumeSession(
+  http: Http,
+  maxBodyBytes: number,
+  id: string,
+  options: { minimum_isolation?: Tier; signal?: AbortSignal },
+): Promise<Session> {
+  if (typeof id !== "string" || !SESSION_ID.test(id)) {
+    throw new SessionLookupError("request", `not a session id: ${JSON.stringify(id)} (\`ses_\`, 16 hex digits, \`_\`, 32 hex digits); nothing was sent`);
+  }
+  if (options.minimum_isolation !== undefined && !(TIERS as readonly unknown[]).includes(options.minimum_isolation)) {
+    throw new SessionLookupError("request", `minimum_isolation must be one of ${TIERS.join(", ")}, not ${JSON.stringify(options.minimum_isolation)}; nothing was sent`);
+  }
+  // A lookup runs nothing; its id is for the errors that name one.
+  const lookupId = newRequestId();
+  const info = await showSession(http, id, options.signal, lookupId);
+  if (info.session_id !== id) {
+    throw new SessionLookupError("bad_response", `the daemon answered for session ${info.session_id}, not ${id}`, { status: 200 });
+  }
+  if ((info.calls === 0) !== (info.last_record_sha256 === undefined)) {
+    throw new SessionLookupError(
+      "bad_response",
+      `the daemon shows session ${id} with ${info.calls} calls and ${info.last_record_sha256 === undefined ? "no" : "a"} last record: a chain cannot stand so`,
+      { status: 200 },
+    );
+  }
+  if (tierRank(info.isolation) < tierRank(info.minimum_isolation)) {
+    throw new EvidenceMismatchError(info.provider, info.isolation, info.minimum_isolation, "session", lookupId);
+  }
+  if (options.minimum_isolation !== undefined && tierRank(info.isolation) < tierRank(options.minimum_isolation)) {
+    throw new EvidenceMismatchError(info.provider, info.isolation, options.minimum_isolation, "request", lookupId);
+  }
+  return new Session({ http, maxBodyBytes, info });
+}
+
+/** `GET /v1/sessions/{id}`, read strictly. */
+async function showSession(http: Http, id: string, signal: AbortSignal | undefined, requestId = newRequestId()): Promise<SessionInfo> {
+  const info = await lookup(http, sessionPath(id), readSessionInfo, "a session", signal, requestId);
+  checkShown(info, (what) => new SessionLookupError("bad_response", `${what} (session ${id})`, { status: 200 }));
+  return info;
+}
+
+/** `client.listSessions()`. */
+export async function listSessions(http: Http, options: { signal?: AbortSignal }): Promise<SessionList> {
+  const list = await lookup(http, "/v1/sessions", readSessionList, "a session list", options.signal, newRequestId());
+  if (list.protocol !== PROTOCOL) {
+    throw new SessionLookupError("bad_response", `the session list speaks protocol ${list.protocol}, this client protocol ${PROTOCOL}`, { status: 200 });
+  }
+  for (const info of list.sessions) {
+    checkShown(info, (what) => new SessionLookupError("bad_response", `${what} (in the session list)`, { status: 200 }));
+  }
+  return list;
+}
+
+/** The checks any session answer must pass: its protocol and its id's shape. */
+function checkShown(info: SessionInfo, bad: (what: string) => Error): void {
+  if (info.protocol !== PROTOCOL) throw bad(`the answer speaks protocol ${info.protocol}, this client protocol ${PROTOCOL}`);
+  if (!SESSION_ID.test(info.session_id)) throw bad(`${JSON.stringify(info.session_id)} is not a session id`);
+}
+
+/** A lookup that runs nothing: its failures are {@link SessionLookupError}s. */
+async function lookup<T>(
+  http: Http,
+  path: string,
+  read: (v: JsonValue) => T,
+  what: string,
+  signal: AbortSignal | undefined,
+  requestId: string,
+): Promise<T> {
+  const url = `${http.url}${path}`;
+  let status: number;
+  let body: Uint8Array;
+  try {
+    ({ status, body } = await http.send("GET", path, { headers: { [REQUEST_ID_HEADER]: requestId }, budgetMs: LOOKUP_BUDGET_MS, signal }));
+  } catch (e) {
+    if (!(e instanceof ExchangeFailure)) throw e;
+    if (!e.maySent) throw new SessionLookupError("unreachable", unreachable(url, e), { cause: e.cause });
+    throw new SessionLookupError("transport", `the exchange with ${url} failed: ${e.message}`, { cause: e.cause });
+  }
+  const bad = (about: string, cause: unknown): SessionLookupError =>
+    new SessionLookupError("bad_response", `unreadable answer from ${url} (HTTP ${status}): ${about}: ${describeError(cause)}`, { status, cause });
+  const parse = <U>(r: (v: JsonValue) => U, about: string): U => {
+    try {
+      return r(parseJson(body));
+    } catch (e) {
+      if (e instanceof JsonSyntaxError || e instanceof ShapeError) throw bad(about, e);
+      throw e;
+    }
+  };
+  if (status !== 200) {
+    const answer = parse(readErrorResponse, `not an error response (${preview(body)})`);
+    throw new SessionLookupError(
+      "refused",
+      `the daemon at ${url} answered HTTP ${status} (${answer.error.code}${answer.error.end_reason === undefined ? "" : `, ended: ${answer.error.end_reason}`}): ${answer.error.message}`,
+      {
+        status,
+        code: answer.error.code,
+        reason: answer.error.not_dispatched ?? undefined,
+        endReason: answer.error.end_reason,
+      },
+    );
+  }
+  return parse(read, `not ${what}`);
+}
