@@ -32,6 +32,10 @@ export interface DaemonPlan {
   grants?: string;
   /** Variables added to the daemon's otherwise clean environment (a grant's secret). */
   env?: Record<string, string>;
+  /** Further callers (each gets a token of its own: {@link LocalDaemon.tokenOf}). */
+  otherCallers?: string[];
+  /** Further settings sections, appended (`[pools]\n`, `[sessions]\n...`). */
+  sections?: string;
 }
 
 /** What keeps these tests from starting a daemon, or `undefined` when nothing does. */
@@ -81,6 +85,7 @@ export class LocalDaemon {
     readonly token: string,
     private readonly uidPort: Server,
     private readonly dir: string,
+    private readonly others: Map<string, string>,
   ) {
     child.stderr?.setEncoding("utf8");
     child.stderr?.on("data", (chunk: string) => {
@@ -93,6 +98,13 @@ export class LocalDaemon {
     });
   }
 
+  /** The token of one of the plan's `otherCallers`. */
+  tokenOf(caller: string): string {
+    const t = this.others.get(caller);
+    if (t === undefined) throw new Error(`no caller ${caller} in this daemon's plan`);
+    return t;
+  }
+
   /** Starts plimsolld and waits until every provider has been probed. */
   static async start(plan: DaemonPlan): Promise<LocalDaemon> {
     const dir = await mkdtemp(join(tmpdir(), "plimsoll-ts-client-"));
@@ -100,10 +112,13 @@ export class LocalDaemon {
     await chmod(dir, 0o711);
     const state = join(dir, "state");
     await mkdir(state);
-    const token = `plm_${randomBytes(32).toString("base64url")}`;
-    const digest = createHash("sha256").update(token).digest("hex");
+    const newToken = (): string => `plm_${randomBytes(32).toString("base64url")}`;
+    const token = newToken();
+    const others = new Map((plan.otherCallers ?? []).map((name) => [name, newToken()] as const));
     const callers = join(dir, "callers.toml");
-    await writeFile(callers, `[[caller]]\nname = ${toml(CALLER)}\ntoken_sha256 = ${toml(digest)}\n`, { mode: 0o600 });
+    const entry = (name: string, t: string): string =>
+      `[[caller]]\nname = ${toml(name)}\ntoken_sha256 = ${toml(createHash("sha256").update(t).digest("hex"))}\n`;
+    await writeFile(callers, [entry(CALLER, token), ...[...others].map(([n, t]) => entry(n, t))].join("\n"), { mode: 0o600 });
     const uidPort = createServer();
     const port = await listenOnLoopback(uidPort);
     uidPort.unref();
@@ -123,6 +138,7 @@ export class LocalDaemon {
       `callers_file = ${toml(callers)}`,
       ...(plan.maxBodyBytes !== undefined ? [`max_body_bytes = ${plan.maxBodyBytes}`] : []),
       "",
+      plan.sections ?? "",
     ].join("\n");
     const config = join(dir, "plimsoll.toml");
     await writeFile(config, settings);
@@ -142,7 +158,7 @@ export class LocalDaemon {
       },
       stdio: ["ignore", "ignore", "pipe"],
     });
-    const d = new LocalDaemon(child, token, uidPort, dir);
+    const d = new LocalDaemon(child, token, uidPort, dir, others);
     try {
       await d.waitReady();
     } catch (e) {

@@ -6,23 +6,40 @@
 
 import { type IncomingMessage, type Server, createServer, request as httpRequest } from "node:http";
 
-/** Rewrites a parsed JSON body in place. */
+/** Rewrites a parsed JSON body in place, or returns what to send instead. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export type Rewrite = (body: any) => void;
+export type Rewrite = (body: any) => unknown;
+
+/** Which requests a proxy alters (by default, runs: `POST /v1/runs`). */
+export type Match = (method: string, url: string) => boolean;
 
 /** What the proxy does. */
 export type Mode =
-  | { kind: "rewrite"; request?: Rewrite; response?: Rewrite }
+  | {
+      kind: "rewrite";
+      request?: Rewrite;
+      response?: Rewrite;
+      /** The requests to alter (default: runs). */
+      match?: Match;
+      /** Sent instead of the caller's `Authorization` on the requests altered. */
+      authorization?: string;
+    }
   /** Holds the answers of two requests until both are in, then gives each the other's. */
   | { kind: "swap" }
   /** Forwards a run, then resets the client's connection instead of answering. */
   | { kind: "reset" }
   /** Forwards a run, then answers this instead. */
-  | { kind: "replace"; status: number; body: string; headers?: Record<string, string> };
+  | { kind: "replace"; status: number; body: string; headers?: Record<string, string> }
+  /**
+   * Forwards what `match` names, then writes its answer back in pieces of `piece` bytes, an
+   * empty line (a keep-alive) after each newline: lines split across reads.
+   */
+  | { kind: "dribble"; match: Match; piece: number };
 
 interface Answer {
   status: number;
   body: Buffer;
+  contentType?: string | undefined;
 }
 
 function readAll(stream: IncomingMessage): Promise<Buffer> {
@@ -37,20 +54,27 @@ function readAll(stream: IncomingMessage): Promise<Buffer> {
 function rewrite(body: Buffer, f: Rewrite | undefined): Buffer {
   if (f === undefined || body.length === 0) return body;
   const v: unknown = JSON.parse(body.toString("utf8"));
-  f(v);
-  return Buffer.from(JSON.stringify(v), "utf8");
+  const instead = f(v);
+  return Buffer.from(JSON.stringify(instead === undefined ? v : instead), "utf8");
 }
 
-/** Sends a request on to the daemon, passing the caller's authorization through. */
-function forward(upstream: URL, req: IncomingMessage, body: Buffer): Promise<Answer> {
+/**
+ * Sends a request on to the daemon, passing the caller's authorization (or `authorization`)
+ * and the headers a session call carries through.
+ */
+function forward(upstream: URL, req: IncomingMessage, body: Buffer, authorization?: string): Promise<Answer> {
   return new Promise((resolve, reject) => {
     const headers: Record<string, string | number> = { connection: "close", "content-length": body.length };
-    if (req.headers.authorization !== undefined) headers.authorization = req.headers.authorization;
-    if (req.headers["content-type"] !== undefined) headers["content-type"] = req.headers["content-type"];
+    const auth = authorization ?? req.headers.authorization;
+    if (auth !== undefined) headers.authorization = auth;
+    for (const name of ["content-type", "accept", "plimsoll-request-id"]) {
+      const v = req.headers[name];
+      if (typeof v === "string") headers[name] = v;
+    }
     const up = httpRequest(
       { host: upstream.hostname, port: upstream.port, method: req.method, path: req.url, headers, agent: false },
       (res) => {
-        readAll(res).then((b) => resolve({ status: res.statusCode ?? 502, body: b }), reject);
+        readAll(res).then((b) => resolve({ status: res.statusCode ?? 502, body: b, contentType: res.headers["content-type"] }), reject);
       },
     );
     up.on("error", reject);
@@ -78,16 +102,19 @@ export class Proxy {
       const n = proxy!.received++;
       void (async () => {
         try {
-          // Only runs are altered: the client's other calls (its default floor) pass through.
-          const runs = req.url === "/v1/runs";
+          // Only runs (or what `match` names) are altered: the client's other calls (its
+          // default floor) pass through.
+          const match: Match =
+            (mode.kind === "rewrite" || mode.kind === "dribble" ? mode.match : undefined) ?? ((_, url) => url === "/v1/runs");
+          const runs = match(req.method ?? "", req.url ?? "");
           let body = await readAll(req);
           if (mode.kind === "rewrite" && runs) body = rewrite(body, mode.request);
-          let answer = await forward(target, req, body);
-          let headers: Record<string, string> = { "content-type": "application/json" };
+          let answer = await forward(target, req, body, mode.kind === "rewrite" && runs ? mode.authorization : undefined);
+          let headers: Record<string, string> = { "content-type": answer.contentType ?? "application/json" };
           if (runs) {
             switch (mode.kind) {
               case "rewrite":
-                answer = { status: answer.status, body: rewrite(answer.body, mode.response) };
+                answer = { status: answer.status, body: rewrite(answer.body, mode.response), contentType: answer.contentType };
                 break;
               case "swap":
                 answer = await proxy!.swap(n, answer);
@@ -99,6 +126,16 @@ export class Proxy {
                 answer = { status: mode.status, body: Buffer.from(mode.body) };
                 headers = { "content-type": "text/html", ...mode.headers };
                 break;
+              case "dribble": {
+                const body = Buffer.from(answer.body.toString("latin1").replaceAll("\n", "\n\n"), "latin1");
+                res.writeHead(answer.status, { ...headers, connection: "close" });
+                for (let at = 0; at < body.length; at += mode.piece) {
+                  res.write(body.subarray(at, at + mode.piece));
+                  await new Promise((resolve) => setImmediate(resolve));
+                }
+                res.end();
+                return;
+              }
             }
           }
           res.writeHead(answer.status, { ...headers, "content-length": answer.body.length, connection: "close" });
