@@ -146,6 +146,17 @@ def _obj(v: Any, what: str) -> Mapping[str, Any]:
 
 _TIERS = ("process", "container", "kernel", "vm")
 _STARTS = ("warm", "cold")
+_END_REASONS = (
+    "closed",
+    "idle_timeout",
+    "max_lifetime",
+    "interpreter_crash",
+    "out_of_memory",
+    "cell_timeout",
+    "sandbox_changed",
+    "daemon_restarted",
+    "sandbox_failed",
+)
 
 
 def _tier(v: Any) -> bytes:
@@ -157,6 +168,12 @@ def _tier(v: Any) -> bytes:
 def _start(v: Any) -> bytes:
     if v not in _STARTS:
         raise EncodingError(f"unknown start {v!r}")
+    return _str(v)
+
+
+def _end_reason(v: Any) -> bytes:
+    if v not in _END_REASONS:
+        raise EncodingError(f"unknown end reason {v!r}")
     return _str(v)
 
 
@@ -304,6 +321,10 @@ def result_encoding(result: Mapping[str, Any]) -> bytes:
     f.opt(result, "member_age_ms", _u64)
     # What the sandbox looked like before its code was handed over (field 14), likewise.
     f.opt(result, "wall", _wall)
+    # A session's cell only (fields 15 and 16): left out when absent or null, so every result
+    # outside sessions keeps its digest.
+    f.opt(result, "state_kept", _bool)
+    f.opt(result, "interpreter_end", _end_reason)
     return f.top(RESULT_DOMAIN)
 
 
@@ -322,6 +343,14 @@ def record_encoding(record: Mapping[str, Any]) -> bytes:
     f.req(record, "environment", _str)
     f.req(record, "started_unix_ms", _u64)
     f.req(record, "ended_unix_ms", _u64)
+    # A session call's link (field 11): its members as fields of the record itself, not
+    # nested; absent or null adds nothing, so every record outside sessions keeps its digest.
+    session = record.get("session")
+    if session is not None:
+        link = _obj(session, "record.session")
+        f.req(link, "session_id", _str)
+        f.req(link, "sequence", _u64)
+        f.opt(link, "previous_record_sha256", _str)
     return f.top(RECORD_DOMAIN)
 
 

@@ -71,6 +71,34 @@ class Start(str, enum.Enum):
         return self.value
 
 
+class EndReason(str, enum.Enum):
+    """Why a session, or its interpreter, ended (docs/sessions.md, "Ends"). Every end has one;
+    none is silent. ``interpreter_crash``, ``out_of_memory`` and ``cell_timeout`` end only the
+    interpreter (its state); the others end the session."""
+
+    CLOSED = "closed"
+    IDLE_TIMEOUT = "idle_timeout"
+    MAX_LIFETIME = "max_lifetime"
+    INTERPRETER_CRASH = "interpreter_crash"
+    OUT_OF_MEMORY = "out_of_memory"
+    CELL_TIMEOUT = "cell_timeout"
+    SANDBOX_CHANGED = "sandbox_changed"
+    DAEMON_RESTARTED = "daemon_restarted"
+    SANDBOX_FAILED = "sandbox_failed"
+
+    @property
+    def ends_interpreter_only(self) -> bool:
+        """Whether this ends only the interpreter (its state), not the session."""
+        return self in (
+            EndReason.INTERPRETER_CRASH,
+            EndReason.OUT_OF_MEMORY,
+            EndReason.CELL_TIMEOUT,
+        )
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Reason(str, enum.Enum):
     """Why nothing ran: the reason of a "not dispatched" mark."""
 
@@ -260,6 +288,16 @@ def _tier(o: Mapping[str, Any], name: str, what: str) -> Tier:
         raise WireError(f"{what}.{name} is not a tier: {v!r}") from None
 
 
+def _end_reason(o: Mapping[str, Any], name: str, what: str) -> Optional[EndReason]:
+    v = o.get(name)
+    if v is None:
+        return None
+    try:
+        return EndReason(v)
+    except ValueError:
+        raise WireError(f"{what}.{name} is not an end reason: {v!r}") from None
+
+
 def _list(o: Mapping[str, Any], name: str, what: str) -> list[Any]:
     v = o.get(name)
     if v is None:
@@ -415,8 +453,8 @@ class Wall:
     pids_limit: Optional[int]
 
     @classmethod
-    def from_wire(cls, o: Any) -> "Wall":
-        w = "result.wall"
+    def from_wire(cls, o: Any, what: str = "result.wall") -> "Wall":
+        w = what
         caps = ("cap_inh", "cap_prm", "cap_eff", "cap_bnd", "cap_amb")
         o = _check_members(
             o,
@@ -481,6 +519,13 @@ class RunResult:
     wall: Optional[Wall] = None
     """What the sandbox looked like just before its code was handed over (``None`` where the
     provider reads none: docs/warm-pools.md lists where it does)."""
+    state_kept: Optional[bool] = None
+    """A session's cell only: the interpreter that ran it is the previous cell's, alive with
+    its state after this one; ``False`` when it ended during this cell or the cell started a
+    fresh one. ``None`` outside cells."""
+    interpreter_end: Optional[EndReason] = None
+    """A session's cell only: why its interpreter ended during this cell (its state is lost;
+    the next cell needs ``restart=True``)."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunResult":
@@ -489,8 +534,11 @@ class RunResult:
             o,
             w,
             _OUTCOME_REQUIRED,
-            _OUTCOME_OPTIONAL + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall"),
+            _OUTCOME_OPTIONAL
+            + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall")
+            + ("state_kept", "interpreter_end"),
         )
+        kept = o.get("state_kept")
         start = o.get("start")
         if start is not None:
             try:
@@ -521,6 +569,8 @@ class RunResult:
             start=start,
             member_age_ms=_u64(o, "member_age_ms", w),
             wall=None if o.get("wall") is None else Wall.from_wire(o["wall"]),
+            state_kept=None if kept is None else _bool(o, "state_kept", w),
+            interpreter_end=_end_reason(o, "interpreter_end", w),
         )
 
     def start_problem(self) -> Optional[str]:
@@ -548,6 +598,31 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class SessionLink:
+    """A session call's place in its session's chain: ``sequence`` is 1 for the session's
+    first call and one more for each after it; ``previous_record_sha256`` is the record digest
+    of the call before (``None`` exactly for sequence 1)."""
+
+    session_id: str
+    sequence: int
+    previous_record_sha256: Optional[str] = None
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "SessionLink":
+        w = "record.session"
+        o = _check_members(o, w, ("session_id", "sequence"), ("previous_record_sha256",))
+        return cls(
+            session_id=_str(o, "session_id", w) or "",
+            sequence=_u64(o, "sequence", w) or 0,
+            previous_record_sha256=(
+                None
+                if o.get("previous_record_sha256") is None
+                else _digest(o, "previous_record_sha256", w)
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """The facts a signer needs, with a digest over them."""
 
@@ -564,6 +639,8 @@ class RunRecord:
     minimum_isolation: Optional[Tier] = None
     """The floor the daemon held the run to (the one sent, or its default floor when none
     was). Read as optional so an older record parses; a verified response always has it."""
+    session: Optional[SessionLink] = None
+    """A session call's link in its session's chain; ``None`` outside sessions."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunRecord":
@@ -583,9 +660,10 @@ class RunRecord:
                 "ended_unix_ms",
                 "record_sha256",
             ),
-            ("minimum_isolation",),
+            ("minimum_isolation", "session"),
         )
         floor = o.get("minimum_isolation")
+        link = o.get("session")
         return cls(
             request_id=_str(o, "request_id", w) or "",
             request_sha256=_digest(o, "request_sha256", w),
@@ -598,6 +676,7 @@ class RunRecord:
             ended_unix_ms=_u64(o, "ended_unix_ms", w) or 0,
             record_sha256=_digest(o, "record_sha256", w),
             minimum_isolation=None if floor is None else _tier(o, "minimum_isolation", w),
+            session=None if link is None else SessionLink.from_wire(link),
         )
 
 
@@ -720,3 +799,4 @@ class ProvidersResponse:
     def get(self, name: str) -> Optional[ProviderInfo]:
         """The provider of this name, if the daemon has one."""
         return next((p for p in self.providers if p.name == name), None)
+
