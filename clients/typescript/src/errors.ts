@@ -115,6 +115,11 @@ export class MayHaveRunError extends PlimsollError {
   readonly claimedReason: Reason | undefined;
   /** For a session call the daemon answered with an end reason (`sandbox_failed`, ...): why it ended. */
   readonly endReason: EndReason | undefined;
+  /**
+   * For a session whose opening answer failed a check: the client closes it again, and this
+   * is why that failed too (`undefined` when it was closed, or nothing was to be closed).
+   */
+  closeError: unknown = undefined;
 
   constructor(
     readonly kind: MayHaveRunKind,

@@ -150,9 +150,9 @@ const INTERPRETER_ENDS: readonly EndReason[] = ["interpreter_crash", "out_of_mem
  * they were made (the daemon serves a session's calls so, and the client follows its chain);
  * a call made while another is under way waits for it.
  *
- * After a call that fails "may have run", the chain's position is unknown: if that call did
- * run, the next call's record is two links on and reads {@link SessionMismatchError}.
- * `client.session(id)` resumes where the daemon says the chain stands.
+ * After a call that fails "may have run", the chain's position is unknown: the session sends
+ * nothing more (`chain_in_doubt`, not dispatched) until {@link Session.resync} takes the
+ * daemon's word for where it stands.
  */
 export class Session {
   readonly #http: Http;
@@ -162,6 +162,8 @@ export class Session {
   #info: SessionInfo;
   /** The sequence number and record digest of the last call answered. */
   #last: { sequence: number; record: string | undefined };
+  /** Why the chain's position is unknown, after a call that may have run unverified. */
+  #doubt: string | undefined;
   #queue: Promise<unknown> = Promise.resolve();
 
   /** Not for use: `client.openSession(...)` opens one, `client.session(id)` resumes one. */
@@ -180,7 +182,8 @@ export class Session {
 
   /**
    * The session as opened (or resumed), with its chain as this client last verified it
-   * (`calls`, `last_record_sha256`), or as `refresh()` or `close()` last showed it.
+   * (`calls`, `last_record_sha256`), or as `refresh()` or `close()` last showed it: a new
+   * object after each, never changed once handed out.
    */
   get info(): SessionInfo {
     return this.#info;
@@ -188,8 +191,7 @@ export class Session {
 
   /** Runs `code` in the session's interpreter; resolves to the verified response. */
   cell(code: string, options: CellOptions = {}): Promise<RunResponse> {
-    return this.#serial(async () => {
-      const requestId = newRequestId();
+    return this.#call(async (requestId) => {
       checked(requestId, () => {
         const o = only(options, "the cell options", ["restart", "timeoutMs", "onChunk", "signal"]);
         if (o.restart !== undefined && typeof o.restart !== "boolean") fail("restart must be a boolean");
@@ -207,8 +209,7 @@ export class Session {
    * stops them), with `files` written first and `artifacts` read back after, if given.
    */
   steps(steps: readonly (string | Step)[], options: StepsOptions = {}): Promise<RunResponse> {
-    return this.#serial(async () => {
-      const requestId = newRequestId();
+    return this.#call(async (requestId) => {
       checked(requestId, () => {
         only(options, "the steps options", ["timeoutMs", "onChunk", "files", "artifacts", "signal"]);
         if (!Array.isArray(steps)) fail("steps must be a list of commands");
@@ -230,8 +231,7 @@ export class Session {
 
   /** Writes `content` (exact bytes; a string is its UTF-8) to /work/`path` in the session. */
   put(path: string, content: Uint8Array | string, options: { signal?: AbortSignal } = {}): Promise<RunResponse> {
-    return this.#serial(async () => {
-      const requestId = newRequestId();
+    return this.#call(async (requestId) => {
       const [p, bytes] = checked(requestId, () => {
         const p = projectPath(path, "path");
         if (typeof content === "string") return [p, utf8(text(content, "content"))] as const;
@@ -261,8 +261,7 @@ export class Session {
    * limit: `truncated` says when the file was larger) and the verified call.
    */
   get(path: string, options: { signal?: AbortSignal } = {}): Promise<SessionFile> {
-    return this.#serial(async () => {
-      const requestId = newRequestId();
+    return this.#call(async (requestId) => {
       const p = checked(requestId, () => projectPath(path, "path"));
       const sent: RunRequest = {
         protocol: PROTOCOL,
@@ -286,18 +285,28 @@ export class Session {
 
   /** The session as the daemon shows it now (its calls, whether its interpreter is alive). */
   refresh(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
+    return this.#serial(async () => (this.#info = await this.#show(options.signal)));
+  }
+
+  /**
+   * After a call that may have run without an answer this client could verify, where the
+   * chain stands is unknown and the session sends nothing more (`chain_in_doubt`, not
+   * dispatched): `resync()` takes the daemon's word for it (`GET /v1/sessions/{id}`: its
+   * calls and last record digest), and calls go on from there.
+   */
+  resync(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
     return this.#serial(async () => {
-      const info = await showSession(this.#http, this.id, options.signal);
-      for (const field of ["session_id", "language", "provider", "isolation", "minimum_isolation", "evidence_sha256", "environment"] as const) {
-        if (info[field] !== this.#opened[field]) {
-          throw new SessionLookupError(
-            "bad_response",
-            `the daemon shows session ${this.id} with ${field} ${info[field]}, not ${this.#opened[field]} as when it was opened: the answer was altered on the way or the daemon is faulty`,
-            { status: 200 },
-          );
-        }
+      const info = await this.#show(options.signal);
+      if ((info.calls === 0) !== (info.last_record_sha256 === undefined)) {
+        throw new SessionLookupError(
+          "bad_response",
+          `the daemon shows session ${this.id} with ${info.calls} calls and ${info.last_record_sha256 === undefined ? "no" : "a"} last record: a chain cannot stand so`,
+          { status: 200 },
+        );
       }
       this.#info = info;
+      this.#last = { sequence: info.calls, record: info.last_record_sha256 };
+      this.#doubt = undefined;
       return info;
     });
   }
@@ -307,45 +316,7 @@ export class Session {
    * `end_reason` `closed`. Calls after it are refused (`session_ended`, not dispatched).
    */
   close(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
-    return this.#serial(async () => {
-      const requestId = newRequestId();
-      const path = sessionPath(this.id);
-      let answer: { status: number; body: Uint8Array };
-      try {
-        answer = await this.#http.send("DELETE", path, {
-          headers: { [REQUEST_ID_HEADER]: requestId },
-          budgetMs: EXCHANGE_SLACK_MS,
-          signal: options.signal,
-        });
-      } catch (e) {
-        if (!(e instanceof ExchangeFailure)) throw e;
-        throw exchangeError(e, `${this.#http.url}${path}`, requestId, CLOSE_MAY_HAVE);
-      }
-      const { status, body } = answer;
-      if (status !== 200) throw refusal(requestId, status, body, CLOSE_MAY_HAVE);
-      const info = readAnswer(body, readSessionInfo, (e) => badResponse(requestId, status, "not a session", e, CLOSE_MAY_HAVE));
-      if (info.request_id !== requestId) {
-        throw new MayHaveRunError(
-          "request_id_mismatch",
-          `${CLOSE_MAY_HAVE}: the answer echoes request id ${info.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers`,
-          requestId,
-          { echoedRequestId: info.request_id ?? null, status },
-        );
-      }
-      if (info.session_id !== this.id) {
-        throw new SessionMismatchError("session_id", this.id, info.session_id, requestId, "the close answered for another session");
-      }
-      if (info.end_reason !== "closed") {
-        throw new MayHaveRunError(
-          "bad_response",
-          `${CLOSE_MAY_HAVE}: the close (request ${requestId}) answered end reason ${info.end_reason ?? "(none)"}, not closed`,
-          requestId,
-          { status },
-        );
-      }
-      this.#info = info;
-      return info;
-    });
+    return this.#serial(async () => (this.#info = await closeSession(this.#http, this.id, options.signal)));
   }
 
   /** Shows the session, never the token. */
@@ -359,6 +330,48 @@ export class Session {
   }
 
   // -------------------------------------------------------------------------------------
+
+  /** The session as the daemon shows it, checked to be this one as it was opened. */
+  async #show(signal: AbortSignal | undefined): Promise<SessionInfo> {
+    const info = await showSession(this.#http, this.id, signal);
+    for (const field of ["session_id", "language", "provider", "isolation", "minimum_isolation", "evidence_sha256", "environment"] as const) {
+      if (info[field] !== this.#opened[field]) {
+        throw new SessionLookupError(
+          "bad_response",
+          `the daemon shows session ${this.id} with ${field} ${info[field]}, not ${this.#opened[field]} as when it was opened: the answer was altered on the way or the daemon is faulty`,
+          { status: 200 },
+        );
+      }
+    }
+    return info;
+  }
+
+  /**
+   * One call, in turn: refused here while the chain is in doubt; a call that may have run
+   * without a verified answer puts it in doubt.
+   */
+  #call<T>(f: (requestId: string) => Promise<T>): Promise<T> {
+    return this.#serial(async () => {
+      const requestId = newRequestId();
+      if (this.#doubt !== undefined) {
+        throw new NotDispatchedError(
+          "request",
+          `where session ${this.id}'s chain stands is unknown since ${this.#doubt}, so this client sent nothing; call resync() to take the daemon's word for it, or open a new session`,
+          requestId,
+          "client",
+          { code: "chain_in_doubt" },
+        );
+      }
+      try {
+        return await f(requestId);
+      } catch (e) {
+        if (e instanceof MayHaveRunError) {
+          this.#doubt = `request ${requestId} may have run without an answer this client could verify (${e.code})`;
+        }
+        throw e;
+      }
+    });
+  }
 
   /** Runs `f` after every call made before it has settled. */
   #serial<T>(f: () => Promise<T>): Promise<T> {
@@ -540,9 +553,13 @@ export class Session {
       malformed("only a cell's result has `state_kept` or `interpreter_end`");
     }
     this.#last = { sequence: link!.sequence, record: record.record_sha256 };
-    this.#info.calls = link!.sequence;
-    this.#info.last_record_sha256 = record.record_sha256;
-    if (kind === "cell") this.#info.interpreter_alive = end === undefined;
+    // A new object: an info handed out earlier stays what it was.
+    this.#info = {
+      ...this.#info,
+      calls: link!.sequence,
+      last_record_sha256: record.record_sha256,
+      ...(kind === "cell" ? { interpreter_alive: end === undefined } : {}),
+    };
     return response;
   }
 }
@@ -557,6 +574,46 @@ function checked<T>(requestId: string, f: () => T): T {
     }
     throw e;
   }
+}
+
+/** `DELETE /v1/sessions/{id}`, its answer checked: this session, ended `closed`. */
+async function closeSession(http: Http, id: string, signal: AbortSignal | undefined): Promise<SessionInfo> {
+  const requestId = newRequestId();
+  const path = sessionPath(id);
+  let answer: { status: number; body: Uint8Array };
+  try {
+    answer = await http.send("DELETE", path, {
+      headers: { [REQUEST_ID_HEADER]: requestId },
+      budgetMs: EXCHANGE_SLACK_MS,
+      signal,
+    });
+  } catch (e) {
+    if (!(e instanceof ExchangeFailure)) throw e;
+    throw exchangeError(e, `${http.url}${path}`, requestId, CLOSE_MAY_HAVE);
+  }
+  const { status, body } = answer;
+  if (status !== 200) throw refusal(requestId, status, body, CLOSE_MAY_HAVE);
+  const info = readAnswer(body, readSessionInfo, (e) => badResponse(requestId, status, "not a session", e, CLOSE_MAY_HAVE));
+  if (info.request_id !== requestId) {
+    throw new MayHaveRunError(
+      "request_id_mismatch",
+      `${CLOSE_MAY_HAVE}: the answer echoes request id ${info.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers`,
+      requestId,
+      { echoedRequestId: info.request_id ?? null, status },
+    );
+  }
+  if (info.session_id !== id) {
+    throw new SessionMismatchError("session_id", id, info.session_id, requestId, "the close answered for another session");
+  }
+  if (info.end_reason !== "closed") {
+    throw new MayHaveRunError(
+      "bad_response",
+      `${CLOSE_MAY_HAVE}: the close (request ${requestId}) answered end reason ${info.end_reason ?? "(none)"}, not closed`,
+      requestId,
+      { status },
+    );
+  }
+  return info;
 }
 
 function sessionPath(id: string): string {
@@ -646,6 +703,25 @@ export async function openSession(
     );
   }
   checkShown(info, (what) => new MayHaveRunError("bad_response", `${OPEN_MAY_HAVE}: ${what} (request ${requestId})`, requestId, { status }));
+  try {
+    checkOpened(info, options, floor, requestId, status);
+  } catch (e) {
+    // A session this client will not hand out is closed again; if that fails too, both
+    // errors are kept.
+    if (e instanceof MayHaveRunError) {
+      try {
+        await closeSession(http, info.session_id, options.signal);
+      } catch (c) {
+        e.closeError = c;
+      }
+    }
+    throw e;
+  }
+  return new Session({ http, maxBodyBytes, info });
+}
+
+/** The checks on a session just opened, its id echoed and well formed. */
+function checkOpened(info: SessionInfo, options: SessionOptions, floor: Floor, requestId: string, status: number): void {
   if (info.end_reason !== undefined || info.calls !== 0 || info.last_record_sha256 !== undefined) {
     throw new MayHaveRunError(
       "bad_response",
@@ -677,7 +753,6 @@ export async function openSession(
   if (options.provider !== undefined && info.provider !== options.provider) {
     throw new ProviderMismatchError(options.provider, info.provider, requestId);
   }
-  return new Session({ http, maxBodyBytes, info });
 }
 
 /** `client.session(id)`. */

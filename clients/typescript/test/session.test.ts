@@ -15,9 +15,11 @@ import { inspect } from "node:util";
 import {
   Client,
   DigestMismatchError,
+  EvidenceMismatchError,
   MayHaveRunError,
   NotDispatchedError,
   type OutputChunk,
+  ProviderMismatchError,
   type RunResponse,
   type Session,
   SessionLookupError,
@@ -413,9 +415,65 @@ test("a proxy that alters a call's answer is caught: a digest, or the chain", as
           assert.ok(e instanceof MayHaveRunError, what);
           assert.equal(notDispatchedReason(e), undefined, what);
           assert.equal(s.info.calls, 0, `${what}: an unverified answer does not move the chain`);
+          // Where the chain stands is now unknown: nothing more is sent until a resync.
+          const doubt = await rejection(s.cell("print(1)"));
+          assert.ok(doubt instanceof NotDispatchedError, `${what}: ${inspect(doubt)}`);
+          assert.deepEqual([doubt.code, doubt.reason, doubt.source], ["chain_in_doubt", "request", "client"]);
+          const synced = await s.resync();
+          assert.deepEqual([synced.calls, s.info.calls], [1, 1], what);
+          // The altered call did run: the next one (unaltered) is the chain's second link.
+          const put = await s.put("after.txt", "ok");
+          assert.deepEqual(put.record.session?.previous_record_sha256, synced.last_record_sha256);
+          assert.equal(put.record.session?.sequence, 2, what);
         },
         client(proxy.url),
       );
+    } finally {
+      await proxy.close();
+    }
+  }
+});
+
+test("an opening answer that fails a check is refused, and that session closed again", async (t) => {
+  if (!ready(t)) return;
+  const cases: [Rewrite, (e: unknown) => void][] = [
+    [
+      (v) => {
+        v.minimum_isolation = "kernel";
+      },
+      (e) => {
+        assert.ok(e instanceof EvidenceMismatchError, inspect(e));
+        assert.deepEqual([e.isolation, e.floor, e.floorSource], ["container", "kernel", "session"]);
+      },
+    ],
+    [
+      (v) => {
+        v.isolation = "process";
+      },
+      (e) => {
+        assert.ok(e instanceof EvidenceMismatchError, inspect(e));
+        assert.deepEqual([e.isolation, e.floor, e.floorSource], ["process", "container", "request"]);
+      },
+    ],
+    [
+      (v) => {
+        v.provider = "runc";
+      },
+      (e) => assert.ok(e instanceof ProviderMismatchError && e.provider === "runc", inspect(e)),
+    ],
+  ];
+  for (const [rewrite, check] of cases) {
+    const proxy = await Proxy.start(daemon!.url, {
+      kind: "rewrite",
+      response: rewrite,
+      match: (m, url) => m === "POST" && url === "/v1/sessions",
+    });
+    try {
+      const e = await rejection(client(proxy.url).openSession({ language: "python", minimum_isolation: "container", provider: "crun" }));
+      check(e);
+      assert.ok(e instanceof MayHaveRunError && e.closeError === undefined, inspect(e));
+      assert.equal(notDispatchedReason(e), undefined);
+      assert.deepEqual((await client().listSessions()).sessions, [], "the session was closed again");
     } finally {
       await proxy.close();
     }
