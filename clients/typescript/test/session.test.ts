@@ -9,6 +9,8 @@
  */
 
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
 import { after, before, test, type TestContext } from "node:test";
 import { inspect } from "node:util";
 
@@ -31,7 +33,7 @@ import {
 } from "@plimsoll/client";
 
 import { LocalDaemon, missingForDaemon, missingForImage } from "./daemon.js";
-import { strict } from "./paths.js";
+import { CLIENT_DIR, strict } from "./paths.js";
 import { Proxy, type Rewrite } from "./proxy.js";
 
 /** A second caller, whose view of the first caller's sessions is tested. */
@@ -595,4 +597,24 @@ test("a stream read in small pieces, keep-alive lines between, gives the same ch
   } finally {
     await proxy.close();
   }
+});
+
+test("the README's sessions example runs as written", async (t) => {
+  if (!ready(t)) return;
+  const readme = readFileSync(`${CLIENT_DIR}/README.md`, "utf8");
+  const block = /## Sessions[\s\S]*?```ts\n([\s\S]*?)```/.exec(readme)?.[1];
+  assert.ok(block !== undefined, "no sessions block in README.md");
+  // Inside the package directory, so `@plimsoll/client` resolves to this package.
+  const script = `${CLIENT_DIR}/build/sessions-readme.mjs`;
+  writeFileSync(script, block);
+  const out = await new Promise<string>((resolve, reject) => {
+    execFile(
+      process.execPath,
+      [script],
+      { env: { PLIMSOLL_URL: daemon!.url, PLIMSOLL_TOKEN: daemon!.token }, timeout: 60_000 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)),
+    );
+  });
+  assert.equal(out, "12.57 true 2\nUint8Array(2) [ 0, 255 ]\n");
+  assert.deepEqual((await client().listSessions()).sessions, [], "the example closed its session");
 });
