@@ -800,3 +800,167 @@ class ProvidersResponse:
         """The provider of this name, if the daemon has one."""
         return next((p for p in self.providers if p.name == name), None)
 
+
+# --- sessions (docs/sessions.md) -------------------------------------------------------
+
+_HEX = "0123456789abcdef"
+
+
+def is_session_id(value: Any) -> bool:
+    """Whether ``value`` has the shape of a session id: ``ses_``, 16 lowercase hex digits (the
+    daemon's instance), ``_``, 32 lowercase hex digits."""
+    if not isinstance(value, str) or not value.startswith("ses_"):
+        return False
+    parts = value[4:].split("_")
+    return (
+        len(parts) == 2
+        and len(parts[0]) == 16
+        and len(parts[1]) == 32
+        and all(c in _HEX for c in parts[0] + parts[1])
+    )
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session as the daemon shows it: where it runs (provider, tier, the floor it holds,
+    the evidence digest and environment fixed at open), its wall at open, when it expires,
+    how far its chain has come (``calls``, ``last_record_sha256``), whether its interpreter
+    is alive, and why it ended (``None`` while it is open)."""
+
+    protocol: int
+    request_id: Optional[str]
+    session_id: str
+    language: str
+    provider: str
+    isolation: Tier
+    minimum_isolation: Tier
+    evidence_sha256: str
+    environment: str
+    wall: Wall
+    opened_unix_ms: int
+    expires_unix_ms: int
+    idle_timeout_ms: int
+    calls: int
+    last_record_sha256: Optional[str]
+    interpreter_alive: bool
+    end_reason: Optional[EndReason] = None
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str = "the session") -> "SessionInfo":
+        w = what
+        o = _check_members(
+            o,
+            w,
+            (
+                "protocol",
+                "session_id",
+                "language",
+                "provider",
+                "isolation",
+                "minimum_isolation",
+                "evidence_sha256",
+                "environment",
+                "wall",
+                "opened_unix_ms",
+                "expires_unix_ms",
+                "idle_timeout_ms",
+                "calls",
+                "interpreter_alive",
+            ),
+            ("request_id", "last_record_sha256", "end_reason"),
+        )
+        sid = _str(o, "session_id", w)
+        if not is_session_id(sid):
+            raise WireError(f"{w}.session_id is not a session id: {sid!r}")
+        language = _str(o, "language", w)
+        if language not in ("javascript", "python"):
+            raise WireError(f"{w}.language is not javascript or python: {language!r}")
+        last = o.get("last_record_sha256")
+        return cls(
+            protocol=_u64(o, "protocol", w) or 0,
+            request_id=_str(o, "request_id", w),
+            session_id=sid or "",
+            language=language or "",
+            provider=_str(o, "provider", w) or "",
+            isolation=_tier(o, "isolation", w),
+            minimum_isolation=_tier(o, "minimum_isolation", w),
+            evidence_sha256=_digest(o, "evidence_sha256", w),
+            environment=_str(o, "environment", w) or "",
+            wall=Wall.from_wire(o["wall"], f"{w}.wall"),
+            opened_unix_ms=_u64(o, "opened_unix_ms", w) or 0,
+            expires_unix_ms=_u64(o, "expires_unix_ms", w) or 0,
+            idle_timeout_ms=_u64(o, "idle_timeout_ms", w) or 0,
+            calls=_u64(o, "calls", w) or 0,
+            last_record_sha256=None if last is None else _digest(o, "last_record_sha256", w),
+            interpreter_alive=_bool(o, "interpreter_alive", w),
+            end_reason=_end_reason(o, "end_reason", w),
+        )
+
+
+@dataclass(frozen=True)
+class SessionList:
+    """``GET /v1/sessions``: the caller's own open sessions, oldest first."""
+
+    protocol: int
+    sessions: list[SessionInfo]
+
+    def __iter__(self) -> Any:
+        return iter(self.sessions)
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def get(self, session_id: str) -> Optional[SessionInfo]:
+        """The open session of this id, if it is one of the caller's."""
+        return next((s for s in self.sessions if s.session_id == session_id), None)
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "SessionList":
+        w = "the session list"
+        o = _check_members(o, w, ("protocol", "sessions"))
+        return cls(
+            protocol=_u64(o, "protocol", w) or 0,
+            sessions=[
+                SessionInfo.from_wire(s, f"sessions[{i}]")
+                for i, s in enumerate(_list(o, "sessions", w))
+            ],
+        )
+
+
+class OutputStream(str, enum.Enum):
+    """Which stream a chunk of output came from."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """Output of a streamed cell or steps call as it was written: **a preview**, covered by no
+    digest. ``offset`` counts the bytes of its stream before it, in the call (for steps,
+    across the call's steps). The verified response's result holds the whole output; that is
+    what counts."""
+
+    stream: OutputStream
+    offset: int
+    bytes: Output
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "OutputChunk":
+        w = "a stream chunk"
+        o = _check_members(o, w, ("preview", "stream", "offset", "bytes"))
+        if o["preview"] is not True:
+            raise WireError(f"{w} does not say it is a preview: {o['preview']!r}")
+        stream = o["stream"]
+        try:
+            stream = OutputStream(stream)
+        except ValueError:
+            raise WireError(f"{w}.stream is not stdout or stderr: {stream!r}") from None
+        return cls(
+            stream=stream,
+            offset=_u64(o, "offset", w) or 0,
+            bytes=_bytes(o, "bytes", w),
+        )

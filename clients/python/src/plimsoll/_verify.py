@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from . import _digest
 from ._types import (
     PROTOCOL,
+    EndReason,
     Limits,
     Project,
     ProvidersResponse,
@@ -109,8 +110,10 @@ def _check_path(path: Any, what: str) -> None:
         )
 
 
-def _check_spec(spec: RunSpec) -> None:
-    """The structural checks the daemon makes too, so a bad request is refused unsent."""
+def _check_spec(spec: RunSpec, steps_required: bool = True) -> None:
+    """The structural checks the daemon makes too, so a bad request is refused unsent. In a
+    session (``steps_required`` false) a project may have no step when it has files or
+    artifacts."""
     if isinstance(spec, Snippet):
         if spec.language not in LANGUAGES:
             raise ValueError(
@@ -122,8 +125,12 @@ def _check_spec(spec: RunSpec) -> None:
         for name in ("steps", "files", "artifacts"):
             if isinstance(getattr(spec, name), (str, bytes)):
                 raise ValueError(f"run.{name} must be a list, not a string")
-        if not spec.steps:
-            raise ValueError("run.steps is empty: a project needs at least one step")
+        if not spec.steps and (steps_required or not (spec.files or spec.artifacts)):
+            raise ValueError(
+                "run.steps is empty: a project needs at least one step"
+                if steps_required
+                else "the project is empty: give it steps, files or artifacts"
+            )
         for i, step in enumerate(spec.steps):
             run = step if isinstance(step, str) else step.run
             if not isinstance(run, str) or not run.strip():
@@ -164,6 +171,7 @@ def prepare(
     grant: Optional[str] = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     request_id: Optional[str] = None,
+    steps_required: bool = True,
 ) -> Prepared:
     """Builds and checks a request; raises :class:`InvalidRequest` or
     :class:`RequestTooLarge` (both not dispatched) before anything is sent."""
@@ -182,7 +190,7 @@ def prepare(
                     raise ValueError(f"limits.{name} must be an integer")
                 if not 0 < value < 1 << 64:
                     raise ValueError(f"limits.{name} must be greater than 0")
-        _check_spec(run)
+        _check_spec(run, steps_required)
         # request_id before run: a daemon that refuses a body it does not read whole (413)
         # finds the id in its first bytes and echoes it.
         request: dict[str, Any] = {"protocol": PROTOCOL, "request_id": rid}
@@ -222,20 +230,48 @@ def prepare(
     )
 
 
+DAEMON_DEFAULT_FLOOR = "the daemon's default floor"
+
+
 def verify_answer(
     prepared: Prepared,
     status: int,
     body: bytes,
     default_floor: Optional[Tier] = None,
+    *,
+    default_floor_name: str = DAEMON_DEFAULT_FLOOR,
 ) -> RunResponse:
     """Reads the daemon's answer to ``prepared``: returns the verified response, or raises the
-    error it amounts to. ``default_floor`` is the daemon's, checked when the request set no
-    floor of its own."""
-    rid = prepared.request_id
+    error it amounts to. ``default_floor`` is the daemon's (or a session's:
+    ``default_floor_name`` says which, for messages), checked when the request set no floor
+    of its own."""
     if status != 200:
         raise error_for(prepared, status, body)
     try:
         answer = loads_strict(body)
+    except WireError as e:
+        raise BadResponse(
+            f"not a run response: {e}", request_id=prepared.request_id, status=status
+        ) from None
+    return verify_value(
+        prepared, answer, body, default_floor, default_floor_name=default_floor_name
+    )
+
+
+def verify_value(
+    prepared: Prepared,
+    answer: Any,
+    body: bytes,
+    default_floor: Optional[Tier] = None,
+    *,
+    default_floor_name: str = DAEMON_DEFAULT_FLOOR,
+    status: int = 200,
+) -> RunResponse:
+    """:func:`verify_answer` on a run response already read as JSON (``answer``), whose bytes
+    as received are ``body``: the final line of a streamed answer is verified exactly as a
+    whole answer is."""
+    rid = prepared.request_id
+    try:
         response = RunResponse.from_wire(answer)
     except WireError as e:
         raise BadResponse(f"not a run response: {e}", request_id=rid, status=status) from None
@@ -260,6 +296,11 @@ def verify_answer(
             isolation=weakest,
             floor=floor,
             default=prepared.floor is None,
+            which=(
+                default_floor_name
+                if prepared.floor is None and default_floor_name != DAEMON_DEFAULT_FLOOR
+                else None
+            ),
         )
     # The record states the floor the daemon applied: the one sent, or its default floor when
     # none was sent. It must be there, the tier must meet it (checked first, as above), and it
@@ -288,9 +329,7 @@ def verify_answer(
             response=floor.value,
             record=applied.value,
             request_id=rid,
-            against=(
-                "the floor sent" if prepared.floor is not None else "the daemon's default floor"
-            ),
+            against=("the floor sent" if prepared.floor is not None else default_floor_name),
         )
     if prepared.provider is not None:
         for named in (response.provider, response.record.provider):
@@ -332,9 +371,20 @@ def verify_answer(
     return response
 
 
-def _error_answer(body: bytes) -> tuple[Optional[str], str, str, Optional[Reason]]:
-    """An ErrorResponse: (echoed id, code, message, mark). Absent and null are the same."""
-    o = loads_strict(body)
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """An ErrorResponse, read strictly. Absent and null are the same."""
+
+    request_id: Optional[str]
+    code: str
+    message: str
+    reason: Optional[Reason]
+    end_reason: Optional[EndReason]
+
+
+def read_error(body: Union[bytes, Any]) -> ErrorAnswer:
+    """An ErrorResponse from its bytes, or from the JSON value of a stream's error line."""
+    o = loads_strict(body) if isinstance(body, (bytes, bytearray)) else body
     if not isinstance(o, dict):
         raise WireError("the error answer is not an object")
     unknown = set(o) - {"protocol", "request_id", "error"}
@@ -343,11 +393,12 @@ def _error_answer(body: bytes) -> tuple[Optional[str], str, str, Optional[Reason
     err = o.get("error")
     if not isinstance(err, dict):
         raise WireError("the error answer has no `error` object")
-    unknown = set(err) - {"code", "message", "not_dispatched"}
+    unknown = set(err) - {"code", "message", "not_dispatched", "end_reason"}
     if unknown:
         raise WireError(f"`error` has unknown members: {', '.join(sorted(unknown))}")
     rid = o.get("request_id")
     code, message, mark = err.get("code"), err.get("message"), err.get("not_dispatched")
+    ended = err.get("end_reason")
     if rid is not None and not isinstance(rid, str):
         raise WireError("`request_id` is not a string")
     if not isinstance(code, str) or not isinstance(message, str):
@@ -358,43 +409,56 @@ def _error_answer(body: bytes) -> tuple[Optional[str], str, str, Optional[Reason
             reason = Reason(mark)
         except ValueError:
             raise WireError(f"`error.not_dispatched` is not a reason: {mark!r}") from None
-    return rid, code, message, reason
+    end_reason = None
+    if ended is not None:
+        try:
+            end_reason = EndReason(ended)
+        except ValueError:
+            raise WireError(f"`error.end_reason` is not an end reason: {ended!r}") from None
+    return ErrorAnswer(rid, code, message, reason, end_reason)
 
 
-def error_for(prepared: Prepared, status: int, body: bytes) -> Exception:
-    """The error a non-200 answer amounts to. The mark is honoured only when the answer echoes
-    this request's id."""
-    rid = prepared.request_id
+def error_for(
+    prepared: Union[Prepared, str], status: int, body: Union[bytes, Any]
+) -> Exception:
+    """The error a non-200 answer (or a stream's error line, already read as JSON) amounts to.
+    The mark is honoured only when the answer echoes this request's id."""
+    rid = prepared if isinstance(prepared, str) else prepared.request_id
     try:
-        echoed, code, message, reason = _error_answer(body)
+        a = read_error(body)
     except WireError as e:
+        shown = _preview(body) if isinstance(body, (bytes, bytearray)) else repr(body)[:200]
         return BadResponse(
-            f"not an error response ({e}): {_preview(body)}", request_id=rid, status=status
+            f"not an error response ({e}): {shown}", request_id=rid, status=status
         )
-    if reason is None:
-        return DaemonFailed(message, request_id=rid, code=code, status=status)
-    if echoed != rid:
+    if a.reason is None:
+        return DaemonFailed(
+            a.message, request_id=rid, code=a.code, status=status, end_reason=a.end_reason
+        )
+    if a.request_id != rid:
         return UnverifiedRefusal(
-            sent=rid, echoed=echoed, reason=reason, message=message, status=status
+            sent=rid, echoed=a.request_id, reason=a.reason, message=a.message, status=status
         )
-    return NotDispatched(reason, message, request_id=rid, code=code, status=status)
+    return NotDispatched(
+        a.reason, a.message, request_id=rid, code=a.code, status=status, end_reason=a.end_reason
+    )
 
 
 def read_providers(status: int, body: bytes, url: str) -> ProvidersResponse:
     """Reads a ``GET /v1/providers`` answer and recomputes every evidence digest."""
     if status != 200:
         try:
-            _, code, message, reason = _error_answer(body)
+            a = read_error(body)
         except WireError as e:
             raise ProvidersError(
                 f"unreadable answer from {url} (HTTP {status}): {e}: {_preview(body)}",
                 status=status,
             ) from None
         raise ProvidersError(
-            f"the daemon at {url} answered HTTP {status} ({code}): {message}",
+            f"the daemon at {url} answered HTTP {status} ({a.code}): {a.message}",
             status=status,
-            code=code,
-            reason=reason,
+            code=a.code,
+            reason=a.reason,
         )
     try:
         providers = ProvidersResponse.from_wire(loads_strict(body))

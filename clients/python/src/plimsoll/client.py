@@ -4,7 +4,9 @@ Each run gets a fresh request id; its answer is verified (echoed id, tier agains
 named provider, the three digests, the record against the response) before it is returned.
 Nothing is ever retried: an error either promises that nothing ran
 (:class:`~plimsoll.errors.NotDispatched`) or says the code may have run
-(:class:`~plimsoll.errors.MayHaveRun`).
+(:class:`~plimsoll.errors.MayHaveRun`). Sessions (:meth:`Client.open_session`) keep one
+sandbox across calls, each verified the same way and checked against the session's chain
+(:mod:`plimsoll.session`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import httpx
 
-from . import _verify
+from . import _session, _verify
+from ._session import Chain, PreparedOpen
 from ._types import (
     File,
     Limits,
@@ -21,58 +24,36 @@ from ._types import (
     ProvidersResponse,
     RunResponse,
     RunSpec,
+    SessionList,
     Snippet,
     Step,
     Tier,
     TierLike,
 )
+from ._http import (
+    FAILED,
+    NOT_SENT,
+    __version__,
+    aread_capped,
+    describe,
+    http_options,
+    read_capped,
+    exchange_timeout,
+)
 from ._verify import (
     CONNECT_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     EXCHANGE_SLACK_S,
-    MAX_ANSWER_BYTES,
     Prepared,
 )
-from .errors import PlimsollError, ProvidersError, TransportError, Unreachable
-
-__version__ = "0.1.0"
-_USER_AGENT = f"plimsoll-python/{__version__}"
-
-# Failures that can only happen before a byte of the request was written: no connection was
-# made (keep-alive is off, so every exchange opens its own), or the URL is unusable.
-_NOT_SENT = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-    httpx.InvalidURL,
+from .errors import (
+    PlimsollError,
+    ProvidersError,
+    SessionsError,
+    TransportError,
+    Unreachable,
 )
-
-
-class _AnswerTooLarge(Exception):
-    pass
-
-
-# Every way an exchange can fail without an answer (``httpx.InvalidURL`` is no HTTPError).
-_FAILED = (httpx.HTTPError, httpx.InvalidURL, _AnswerTooLarge)
-
-
-def _http_options() -> dict[str, Any]:
-    return dict(
-        # No proxy or netrc from the environment: a proxy would blur "connection refused"
-        # into "may have run", and would see the token.
-        trust_env=False,
-        # A fresh connection per exchange, so a connect failure proves nothing was sent and a
-        # connection the daemon closed while idle is never reused for a run.
-        limits=httpx.Limits(max_keepalive_connections=0),
-        # Redirects are answers too; a POST is never replayed elsewhere.
-        follow_redirects=False,
-        headers={"user-agent": _USER_AGENT},
-    )
-
-
-def _timeout(budget_s: float) -> httpx.Timeout:
-    return httpx.Timeout(budget_s, connect=CONNECT_TIMEOUT_S, pool=CONNECT_TIMEOUT_S)
+from .session import AsyncSession, Session
 
 
 def _project(
@@ -103,7 +84,7 @@ class _Base:
         self._default_floor: Optional[Tier] = (
             Tier(default_floor) if default_floor is not None else None
         )
-        self._http = self._HTTP(**_http_options())
+        self._http = self._HTTP(**http_options())
 
     @property
     def base_url(self) -> str:
@@ -144,7 +125,7 @@ class _Base:
             url=self._runs_url(),
             content=prepared.body,
             headers={**self._auth(), "content-type": "application/json"},
-            timeout=_timeout(prepared.budget_s),
+            timeout=exchange_timeout(prepared.budget_s),
         )
 
     def _providers_stream(self) -> dict[str, Any]:
@@ -153,19 +134,49 @@ class _Base:
             method="GET",
             url=self._providers_url(),
             headers=self._auth(),
-            timeout=_timeout(EXCHANGE_SLACK_S),
+            timeout=exchange_timeout(EXCHANGE_SLACK_S),
         )
 
     def _run_failed(self, prepared: Prepared, e: BaseException) -> PlimsollError:
         """The error for a run exchange that failed without an answer: nothing was sent, or
         the request may have left."""
-        url = self._runs_url()
-        if isinstance(e, _NOT_SENT):
-            return Unreachable(url, _describe(e), request_id=prepared.request_id)
-        return TransportError(url, _describe(e), request_id=prepared.request_id)
+        return self._failed(self._runs_url(), prepared.request_id, e)
+
+    def _failed(self, url: str, request_id: str, e: BaseException) -> PlimsollError:
+        """The error for an exchange (a run, a session's open or call) that failed without
+        an answer: nothing was sent, or the request may have left."""
+        if isinstance(e, NOT_SENT):
+            return Unreachable(url, describe(e), request_id=request_id)
+        return TransportError(url, describe(e), request_id=request_id)
+
+    def _sessions_url(self) -> str:
+        return f"{self._base_url}/v1/sessions"
+
+    def _open_stream(self, p: PreparedOpen) -> dict[str, Any]:
+        """The arguments of ``stream`` for ``POST /v1/sessions``."""
+        return dict(
+            method="POST",
+            url=self._sessions_url(),
+            content=p.body,
+            headers={**self._auth(), "content-type": "application/json"},
+            timeout=exchange_timeout(EXCHANGE_SLACK_S),
+        )
+
+    def _get_stream(self, url: str) -> dict[str, Any]:
+        return dict(
+            method="GET", url=url, headers=self._auth(), timeout=exchange_timeout(EXCHANGE_SLACK_S)
+        )
+
+    def _sessions_failed(
+        self, url: str, e: BaseException, session_id: Optional[str] = None
+    ) -> SessionsError:
+        return SessionsError(f"cannot read {url}: {describe(e)}", session_id=session_id)
+
+    def _prepare_open(self, language: str, **options: Any) -> PreparedOpen:
+        return _session.prepare_open(language, max_body_bytes=self._max_body_bytes, **options)
 
     def _providers_failed(self, e: BaseException) -> ProvidersError:
-        return ProvidersError(f"cannot read {self._providers_url()}: {_describe(e)}")
+        return ProvidersError(f"cannot read {self._providers_url()}: {describe(e)}")
 
     def _read_providers(self, status: int, body: bytes) -> ProvidersResponse:
         """Checks the answer to ``GET /v1/providers`` and remembers the default floor."""
@@ -219,8 +230,8 @@ class Client(_Base):
                 raise _verify.floor_unknown(e, prepared.request_id) from None
         try:
             with self._http.stream(**self._run_stream(prepared)) as r:
-                status, body = r.status_code, _read_capped(r.iter_bytes())
-        except _FAILED as e:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
             raise self._run_failed(prepared, e) from None
         return _verify.verify_answer(prepared, status, body, default_floor)
 
@@ -245,6 +256,79 @@ class Client(_Base):
         """Writes ``files`` under ``/work``, runs ``steps`` in order, returns ``artifacts``."""
         return self.run(_project(steps, files, artifacts), **options)
 
+    # --- sessions -----------------------------------------------------------------------
+
+    def open_session(
+        self,
+        language: str,
+        *,
+        minimum_isolation: Optional[TierLike] = None,
+        provider: Optional[str] = None,
+        limits: Optional[Limits] = None,
+        idle_timeout_ms: Optional[int] = None,
+        max_lifetime_ms: Optional[int] = None,
+    ) -> Session:
+        """Opens a session: one sandbox kept across calls, with an interpreter of
+        ``language`` (``javascript`` or ``python``). Checked before it is returned: the echoed
+        request id, its tier against the floor (the one given, or the daemon's default), the
+        floor it holds, the provider named. A session that fails a check is closed again.
+        ``limits``: ``memory_bytes``, ``pids`` and ``disk_bytes`` hold for its whole life;
+        ``timeout_ms``, ``output_bytes`` and ``artifact_bytes`` are each call's defaults."""
+        p = self._prepare_open(
+            language,
+            minimum_isolation=minimum_isolation,
+            provider=provider,
+            limits=limits,
+            idle_timeout_ms=idle_timeout_ms,
+            max_lifetime_ms=max_lifetime_ms,
+        )
+        default_floor = None
+        if p.floor is None:
+            try:
+                default_floor = self.default_floor()
+            except PlimsollError as e:
+                raise _verify.floor_unknown(e, p.request_id) from None
+        args = self._open_stream(p)
+        try:
+            with self._http.stream(**args) as r:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
+            raise self._failed(args["url"], p.request_id, e) from None
+        info = _session.read_opened(p, status, body)
+        session = Session(self, info, Chain(info, 0, None))
+        problem = _session.check_opened(p, info, default_floor)
+        if problem is not None:
+            try:
+                session.close()
+            except PlimsollError as e:
+                problem.close_error = e
+            raise problem
+        return session
+
+    def session(self, session_id: str) -> Session:
+        """This caller's open session ``session_id``, resumed where the daemon says its
+        chain stands (its last call's sequence and record digest): for a caller that did not
+        open it in this process. A session opened here keeps its own chain."""
+        sid = _session.check_session_id(session_id)
+        url = _session.session_url(self._base_url, sid)
+        try:
+            with self._http.stream(**self._get_stream(url)) as r:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
+            raise self._sessions_failed(url, e, sid) from None
+        info = _session.read_shown(url, sid, status, body)
+        return Session(self, info, Chain(info, info.calls, info.last_record_sha256))
+
+    def list_sessions(self) -> SessionList:
+        """This caller's open sessions, oldest first."""
+        url = self._sessions_url()
+        try:
+            with self._http.stream(**self._get_stream(url)) as r:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
+            raise self._sessions_failed(url, e) from None
+        return _session.read_list(url, status, body)
+
     # --- the daemon ---------------------------------------------------------------------
 
     def providers(self) -> ProvidersResponse:
@@ -252,8 +336,8 @@ class Client(_Base):
         digest recomputed). Also remembers the daemon's default floor."""
         try:
             with self._http.stream(**self._providers_stream()) as r:
-                status, body = r.status_code, _read_capped(r.iter_bytes())
-        except _FAILED as e:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
             raise self._providers_failed(e) from None
         return self._read_providers(status, body)
 
@@ -310,8 +394,8 @@ class AsyncClient(_Base):
                 raise _verify.floor_unknown(e, prepared.request_id) from None
         try:
             async with self._http.stream(**self._run_stream(prepared)) as r:
-                status, body = r.status_code, await _aread_capped(r.aiter_bytes())
-        except _FAILED as e:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
             raise self._run_failed(prepared, e) from None
         return _verify.verify_answer(prepared, status, body, default_floor)
 
@@ -334,11 +418,75 @@ class AsyncClient(_Base):
     ) -> RunResponse:
         return await self.run(_project(steps, files, artifacts), **options)
 
+    async def open_session(
+        self,
+        language: str,
+        *,
+        minimum_isolation: Optional[TierLike] = None,
+        provider: Optional[str] = None,
+        limits: Optional[Limits] = None,
+        idle_timeout_ms: Optional[int] = None,
+        max_lifetime_ms: Optional[int] = None,
+    ) -> AsyncSession:
+        """:meth:`Client.open_session`, for asyncio."""
+        p = self._prepare_open(
+            language,
+            minimum_isolation=minimum_isolation,
+            provider=provider,
+            limits=limits,
+            idle_timeout_ms=idle_timeout_ms,
+            max_lifetime_ms=max_lifetime_ms,
+        )
+        default_floor = None
+        if p.floor is None:
+            try:
+                default_floor = await self.default_floor()
+            except PlimsollError as e:
+                raise _verify.floor_unknown(e, p.request_id) from None
+        args = self._open_stream(p)
+        try:
+            async with self._http.stream(**args) as r:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
+            raise self._failed(args["url"], p.request_id, e) from None
+        info = _session.read_opened(p, status, body)
+        session = AsyncSession(self, info, Chain(info, 0, None))
+        problem = _session.check_opened(p, info, default_floor)
+        if problem is not None:
+            try:
+                await session.close()
+            except PlimsollError as e:
+                problem.close_error = e
+            raise problem
+        return session
+
+    async def session(self, session_id: str) -> AsyncSession:
+        """:meth:`Client.session`, for asyncio."""
+        sid = _session.check_session_id(session_id)
+        url = _session.session_url(self._base_url, sid)
+        try:
+            async with self._http.stream(**self._get_stream(url)) as r:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
+            raise self._sessions_failed(url, e, sid) from None
+        info = _session.read_shown(url, sid, status, body)
+        return AsyncSession(self, info, Chain(info, info.calls, info.last_record_sha256))
+
+    async def list_sessions(self) -> SessionList:
+        """:meth:`Client.list_sessions`, for asyncio."""
+        url = self._sessions_url()
+        try:
+            async with self._http.stream(**self._get_stream(url)) as r:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
+            raise self._sessions_failed(url, e) from None
+        return _session.read_list(url, status, body)
+
     async def providers(self) -> ProvidersResponse:
         try:
             async with self._http.stream(**self._providers_stream()) as r:
-                status, body = r.status_code, await _aread_capped(r.aiter_bytes())
-        except _FAILED as e:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
             raise self._providers_failed(e) from None
         return self._read_providers(status, body)
 
@@ -354,28 +502,3 @@ class AsyncClient(_Base):
         except httpx.HTTPError:
             return False
         return r.status_code == 200
-
-
-def _take(out: bytearray, chunk: bytes) -> None:
-    out.extend(chunk)
-    if len(out) > MAX_ANSWER_BYTES:
-        raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES} bytes")
-
-
-def _read_capped(chunks: Iterable[bytes]) -> bytes:
-    out = bytearray()
-    for c in chunks:
-        _take(out, c)
-    return bytes(out)
-
-
-async def _aread_capped(chunks: Any) -> bytes:
-    out = bytearray()
-    async for c in chunks:
-        _take(out, c)
-    return bytes(out)
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e) or type(e).__name__
-    return f"{type(e).__name__}: {text}" if str(e) else text

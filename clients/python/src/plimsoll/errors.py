@@ -10,19 +10,24 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-from ._types import Reason, Tier
+from ._types import EndReason, Reason, Tier
 
 
 class PlimsollError(Exception):
     """Base of every error this client raises.
 
     ``request_id`` is the id this client sent (or would have sent); ``code`` a stable
-    machine-readable code.
+    machine-readable code; ``end_reason``, for a session that has ended, why it ended
+    (``None`` otherwise).
     """
 
     code: str = "error"
+    end_reason: Optional[EndReason] = None
+    close_error: Optional[BaseException] = None
+    """When this client closed a session after this error (one opened below the floor, say)
+    and the close failed too: why. Both errors are kept."""
 
     def __init__(self, message: str, *, request_id: Optional[str] = None) -> None:
         super().__init__(message)
@@ -38,7 +43,11 @@ class PlimsollError(Exception):
 class NotDispatched(PlimsollError):
     """Nothing ran: the daemon refused the request and its answer echoed this request's id,
     or this client refused to send it (:class:`InvalidRequest`, :class:`RequestTooLarge`), or
-    the daemon could not be reached (:class:`Unreachable`)."""
+    the daemon could not be reached (:class:`Unreachable`).
+
+    A session call's refusal has a code of its own (``session_not_found``,
+    ``session_ended``, ``interpreter_ended``, ``sandbox_changed``) and, when the session has
+    ended, ``end_reason``."""
 
     def __init__(
         self,
@@ -48,12 +57,15 @@ class NotDispatched(PlimsollError):
         request_id: Optional[str] = None,
         code: Optional[str] = None,
         status: Optional[int] = None,
+        end_reason: Optional[EndReason] = None,
     ) -> None:
-        super().__init__(f"not dispatched ({reason}): {message}", request_id=request_id)
+        ended = f" (the session ended: {end_reason})" if end_reason is not None else ""
+        super().__init__(f"not dispatched ({reason}): {message}{ended}", request_id=request_id)
         self.reason = reason
         self.detail = message
         self.code = code or reason.value
         self.status = status
+        self.end_reason = end_reason
 
     @property
     def not_dispatched(self) -> Optional[Reason]:
@@ -120,10 +132,17 @@ class MayHaveRun(PlimsollError):
 
 
 class DaemonFailed(MayHaveRun):
-    """The daemon answered an error without the not-dispatched mark (e.g. ``sandbox_failed``)."""
+    """The daemon answered an error without the not-dispatched mark (e.g. ``sandbox_failed``,
+    after which a session has ended)."""
 
     def __init__(
-        self, message: str, *, request_id: str, code: str, status: int
+        self,
+        message: str,
+        *,
+        request_id: str,
+        code: str,
+        status: int,
+        end_reason: Optional[EndReason] = None,
     ) -> None:
         super().__init__(
             f"the code may have run (request {request_id}, HTTP {status}, {code}): {message}; "
@@ -133,6 +152,7 @@ class DaemonFailed(MayHaveRun):
             status=status,
         )
         self.detail = message
+        self.end_reason = end_reason
 
 
 class UnverifiedRefusal(MayHaveRun):
@@ -237,11 +257,12 @@ class RecordMismatch(MayHaveRun):
         record: str,
         request_id: str,
         against: str = "the response",
+        subject: str = "the run record",
     ) -> None:
         super().__init__(
-            f"the run record disagrees with {against} on `{field}` for request "
-            f"{request_id}: {against} {response}, record {record}; the answer was altered or "
-            "the daemon is faulty, and the code may have run",
+            f"{subject} disagrees with {against} on `{field}` for request "
+            f"{request_id}: {against} {response}, {subject} {record}; the answer was altered "
+            "or the daemon is faulty, and the code may have run",
             request_id=request_id,
             status=200,
         )
@@ -266,17 +287,21 @@ class EvidenceMismatch(MayHaveRun):
         floor: Tier,
         default: bool,
         applied: bool = False,
+        which: Optional[str] = None,
+        subject: str = "the run",
+        outcome: str = "the code ran, but not behind the wall you required",
     ) -> None:
-        if applied:
+        if which is not None:
+            which = f"{which} `{floor}`"
+        elif applied:
             which = f"the floor `{floor}` its record says the daemon applied"
         elif default:
             which = f"the daemon's default floor `{floor}`"
         else:
             which = f"the floor `{floor}` asked for"
         super().__init__(
-            f"evidence mismatch for request {request_id}: the run used `{isolation}` "
-            f"(provider {provider}), below {which}; the code ran, but not "
-            "behind the wall you required",
+            f"evidence mismatch for request {request_id}: {subject} used `{isolation}` "
+            f"(provider {provider}), below {which}; {outcome}",
             request_id=request_id,
             status=200,
         )
@@ -290,15 +315,121 @@ class ProviderMismatch(MayHaveRun):
 
     code = "evidence_mismatch"
 
-    def __init__(self, *, request_id: str, asked: str, provider: str) -> None:
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        asked: str,
+        provider: str,
+        subject: str = "the run",
+        outcome: str = "the code ran, but not where you required",
+    ) -> None:
         super().__init__(
-            f"evidence mismatch for request {request_id}: the run used provider "
-            f"`{provider}`, not `{asked}` as asked; the code ran, but not where you required",
+            f"evidence mismatch for request {request_id}: {subject} used provider "
+            f"`{provider}`, not `{asked}` as asked; {outcome}",
             request_id=request_id,
             status=200,
         )
         self.asked = asked
         self.provider = provider
+
+
+class ChainMismatch(MayHaveRun):
+    """A session call's answer verified as a run, but does not follow the session's chain
+    (docs/sessions.md, "Chained records"): its record names another session, or is not the
+    call after the last one this client saw (``sequence``, ``previous_record_sha256``: a call
+    missing, repeated or reordered, or another call's answer replayed), or ran elsewhere than
+    the session (``provider``, ``isolation``, ``evidence_sha256``, ``environment``). The call
+    may have run."""
+
+    code = "chain_mismatch"
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        request_id: str,
+        field: str,
+        expected: str,
+        got: str,
+        why: str,
+    ) -> None:
+        super().__init__(
+            f"session {session_id}: the answer to request {request_id} does not follow the "
+            f"session's chain: `{field}` is {got}, not {expected} ({why}); the answer was "
+            "altered or replayed, or the daemon is faulty, and the call may have run",
+            request_id=request_id,
+            status=200,
+        )
+        self.session_id = session_id
+        self.field = field
+        self.expected = expected
+        self.got = got
+
+
+class FileTruncated(MayHaveRun):
+    """A session's file came back cut at the artifact limit: the call ran and verified (it is
+    in the session's chain, ``response`` holds it), but these are not the file's bytes."""
+
+    code = "file_truncated"
+
+    def __init__(self, *, path: str, size: int, kept: int, response: Any) -> None:
+        super().__init__(
+            f"the file `{path}` is {size} bytes, and only its first {kept} came back (the "
+            "session's artifact limit): open the session with a larger limits.artifact_bytes, "
+            "or read the file in parts with steps",
+            request_id=response.request_id,
+            status=200,
+        )
+        self.path = path
+        self.size = size
+        self.kept = kept
+        self.response = response
+
+
+class ChainInDoubt(NotDispatched):
+    """A session call was not sent: an earlier call of this session may have run without an
+    answer this client could verify, so where the session's chain stands is unknown here.
+    ``Session.resync()`` takes the daemon's word for it (or open a new session)."""
+
+    def __init__(self, *, session_id: str, request_id: str, earlier: str) -> None:
+        super().__init__(
+            Reason.REQUEST,
+            f"session {session_id}: request {earlier} may have run without a verified answer, "
+            "so this client no longer knows where the session's chain stands and did not "
+            "send this call; call resync() to take the daemon's word for it, or open a new "
+            "session",
+            request_id=request_id,
+            code="chain_in_doubt",
+        )
+        self.session_id = session_id
+        self.earlier = earlier
+
+
+class SessionsError(PlimsollError):
+    """``GET /v1/sessions`` or ``GET /v1/sessions/{id}`` gave no usable answer (they run
+    nothing, so they carry no mark): ``code`` is the daemon's (``session_not_found``,
+    ``session_ended``...) when it answered one, ``end_reason`` why the session ended."""
+
+    code = "sessions"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: Optional[int] = None,
+        code: Optional[str] = None,
+        reason: Optional[Reason] = None,
+        end_reason: Optional[EndReason] = None,
+        session_id: Optional[str] = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        if code is not None:
+            self.code = code
+        self.reason = reason
+        self.end_reason = end_reason
+        self.session_id = session_id
 
 
 class ProvidersError(PlimsollError):
