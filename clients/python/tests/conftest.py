@@ -121,3 +121,23 @@ def need_provider(
 @pytest.fixture
 def container(request: pytest.FixtureRequest, providers: plimsoll.ProvidersResponse) -> None:
     need_provider(request, providers, "crun")
+
+
+# Sessions (docs/sessions.md) are kept by crun: a daemon of its own offering crun alone, with
+# no warm pools (each session holds one of its four uid slots for its life).
+SESSION_SETTINGS = "[pools]\n[sessions]\nmax_total = 3\nmax_per_caller = 2\n"
+
+
+@pytest.fixture(scope="session")
+def session_daemon() -> Iterator[Daemon]:
+    d = start_daemon("session_daemon", ["crun"], extra_settings=SESSION_SETTINGS)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def sessions(request: pytest.FixtureRequest, session_daemon: Daemon) -> Daemon:
+    """The sessions daemon, once it offers crun (skipped, or failed under CI=true, when not)."""
+    with plimsoll.Client(session_daemon.url, session_daemon.token) as c:
+        need_provider(request, c.providers(), "crun")
+    return session_daemon
