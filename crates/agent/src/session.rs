@@ -174,11 +174,22 @@ fn describe(ended: Option<Ended>) -> String {
     }
 }
 
+/// A refusal: nothing of the call ran.
 fn error_answer(message: String) -> SessionAnswer {
     SessionAnswer {
         result: None,
         wall: None,
         error: Some(message),
+        nothing_ran: true,
+        interpreter_ended: None,
+    }
+}
+
+/// A call that failed after some of it may have run.
+fn failed_answer(message: String) -> SessionAnswer {
+    SessionAnswer {
+        nothing_ran: false,
+        ..error_answer(message)
     }
 }
 
@@ -187,6 +198,8 @@ fn result_answer(result: RunResult) -> SessionAnswer {
         result: Some(result),
         wall: None,
         error: None,
+        nothing_ran: false,
+        interpreter_ended: None,
     }
 }
 
@@ -332,6 +345,8 @@ impl Session {
                     result: None,
                     wall: Some(wall),
                     error: None,
+                    nothing_ran: false,
+                    interpreter_ended: None,
                 },
                 Err(e) => error_answer(crate::one_line(&e)),
             }),
@@ -568,10 +583,13 @@ impl Session {
             self.notice_end();
             if self.interpreter.is_none() {
                 let how = self.ended.as_deref().unwrap_or("it ended");
-                return Ok(error_answer(format!(
-                    "the interpreter ended ({how}) and its state is lost; nothing ran: send \
-                     the cell with restart to start a fresh one"
-                )));
+                return Ok(SessionAnswer {
+                    interpreter_ended: Some(EndReason::InterpreterCrash),
+                    ..error_answer(format!(
+                        "the interpreter ended ({how}) and its state is lost; nothing ran: \
+                         send the cell with restart to start a fresh one"
+                    ))
+                });
             }
         }
         // Output written before the cell is handed over is not the cell's.
@@ -813,7 +831,13 @@ impl Session {
                     }
                     _ => String::new(),
                 };
-                error_answer(format!("{}{ran_before}", crate::one_line(&e)))
+                let message = format!("{}{ran_before}", crate::one_line(&e));
+                // A step that could not start or be watched: earlier ones, or it, ran.
+                if matches!(e, crate::RunJobError::Step { .. }) {
+                    failed_answer(message)
+                } else {
+                    error_answer(message)
+                }
             }
         })
     }

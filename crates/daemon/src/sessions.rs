@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use plimsoll_engine::{RunError, SessionCallKind};
 use plimsoll_wire::{
     Bytes as WireBytes, PROTOCOL, Project, ProjectFile, RunRequest, RunSpec, SessionOpenRequest,
-    StreamLine, parse_request, validate_request_id,
+    StreamLine, parse_session_call, validate_request_id,
 };
 
 use crate::server::{
@@ -206,7 +206,7 @@ pub(crate) async fn cell(
         Ok(x) => x,
         Err(resp) => return resp,
     };
-    match parse_request(&bytes) {
+    match parse_session_call(&bytes) {
         Ok(run) => {
             let kind = SessionCallKind::Cell { restart: q.restart };
             call(st, caller, id, run, kind, wants_stream(&parts.headers)).await
@@ -225,7 +225,7 @@ pub(crate) async fn steps(
         Ok(x) => x,
         Err(resp) => return resp,
     };
-    match parse_request(&bytes) {
+    match parse_session_call(&bytes) {
         Ok(run) => {
             let stream = wants_stream(&parts.headers);
             call(st, caller, id, run, SessionCallKind::Job, stream).await
@@ -438,7 +438,9 @@ pub(crate) fn stream_run(
             Ok(resp) => StreamLine::Response(Box::new(resp.clone())),
             Err(e) => {
                 let body = e.to_response();
-                StreamLine::Error(Box::new(failure_of(e).body(body.request_id, body.error.message)))
+                StreamLine::Error(Box::new(
+                    failure_of(e).body(body.request_id, body.error.message),
+                ))
             }
         };
         // Counted and logged as a run answered whole is.

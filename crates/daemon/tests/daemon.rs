@@ -2663,6 +2663,25 @@ fn two_callers_sessions_are_isolated() {
         &[],
     );
     assert_eq!(a.status, 200, "{}", a.body);
+    // A steps call with no step: files written and artifacts read, as the docs allow.
+    let files_only = serde_json::json!({"protocol": 1, "request_id": "fo", "run": {"kind": "project", "files": [{"path": "a.txt", "content": "A"}], "steps": [], "artifacts": ["a.txt", "mine.txt"]}}).to_string();
+    let a = call(
+        &d.url,
+        "POST",
+        &format!("/v1/sessions/{}/steps", mine.session_id),
+        &d.token,
+        Some(files_only.as_bytes()),
+        &[],
+    );
+    let r = a.run();
+    assert_eq!(
+        r.result
+            .artifacts
+            .iter()
+            .map(|a| a.content.as_slice().to_vec())
+            .collect::<Vec<_>>(),
+        vec![b"A".to_vec(), b"secret\n".to_vec()]
+    );
     // An id from an earlier run of the daemon says so.
     let restarted = format!("ses_{}_{}", "f".repeat(16), "0".repeat(32));
     let e = call(
@@ -2792,6 +2811,34 @@ fn every_end_of_a_session_is_explicit() {
     .unwrap();
     assert!(info.interpreter_alive);
     assert_eq!(info.calls, 3, "a refused call is not in the chain");
+    // An interpreter that dies between calls (a thread of an earlier cell ends it): the next
+    // cell is refused, nothing ran, and the session goes on.
+    let later = "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(7))).start()";
+    assert_eq!(
+        post(&cells, cell_body("f", "python", later))
+            .run()
+            .result
+            .state_kept,
+        Some(true)
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let refused = post(&cells, cell_body("g", "python", "print(1)"));
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    let e = refused.error();
+    assert_eq!(
+        (e.error.code.as_str(), e.error.not_dispatched),
+        ("interpreter_ended", Some(Reason::Request))
+    );
+    let fresh = post(
+        &format!("{cells}?restart=true"),
+        cell_body("h", "python", "print(2)"),
+    )
+    .run();
+    assert_eq!(
+        (fresh.result.stdout.as_slice(), fresh.result.state_kept),
+        (&b"2\n"[..], Some(false))
+    );
+    assert_eq!(fresh.record.session.as_ref().unwrap().sequence, 5);
 
     // The sandbox changed under the session: its memory limit lowered from the host.
     let uid = s.wall.uid;

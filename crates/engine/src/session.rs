@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 use plimsoll_sandbox::{LaunchError, Provider as _, SessionSandbox, unix_ms_now};
 use plimsoll_wire::digest::{record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
-    AgentJob, EndReason, Language, OutputChunk, PROTOCOL, Reason, RunRecord,
-    RunRequest, RunResponse, RunSpec, SessionCall, SessionCell, SessionInfo,
-    SessionJob, SessionLink, SessionList, SessionOpenRequest, Snippet, Tier, Wall,
-    validate_session_id,
+    AgentJob, EndReason, Language, OutputChunk, PROTOCOL, Reason, RunRecord, RunRequest,
+    RunResponse, RunSpec, SessionCall, SessionCell, SessionInfo, SessionJob, SessionLink,
+    SessionList, SessionOpenRequest, Snippet, Tier, Wall, validate_session_id,
 };
 
 use crate::engine::{Engine, RunError, new_run_id};
@@ -184,7 +183,12 @@ impl Sessions {
 
     /// The caller's open session `id`, or the refusal a call to it gets: the same for an
     /// unknown id and another caller's.
-    fn find(&self, caller: &str, id: &str, request_id: Option<&str>) -> Result<Arc<Session>, RunError> {
+    fn find(
+        &self,
+        caller: &str,
+        id: &str,
+        request_id: Option<&str>,
+    ) -> Result<Arc<Session>, RunError> {
         let inner = self.inner();
         if let Some(s) = inner.open.get(id).filter(|s| s.caller == caller) {
             return Ok(Arc::clone(s));
@@ -275,7 +279,12 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// `asked` (milliseconds) or `default`, refused above `max`.
-fn pick(name: &str, asked: Option<u64>, default: Duration, max: Duration) -> Result<Duration, String> {
+fn pick(
+    name: &str,
+    asked: Option<u64>,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, String> {
     match asked {
         None => Ok(default.min(max)),
         Some(ms) if Duration::from_millis(ms) <= max => Ok(Duration::from_millis(ms)),
@@ -358,7 +367,8 @@ impl Engine {
             }
             *inner.opening.entry(caller.to_owned()).or_default() += 1;
         }
-        let opened = self.open_sandbox(caller, req, &as_run, decided, &state, index, idle, lifetime);
+        let opened =
+            self.open_sandbox(caller, req, &as_run, decided, &state, index, idle, lifetime);
         {
             let mut inner = self.sessions.inner();
             if let Some(n) = inner.opening.get_mut(caller) {
@@ -378,7 +388,10 @@ impl Engine {
         Ok(s.info(&st, id))
     }
 
-    #[expect(clippy::too_many_arguments, reason = "one open's decided parts, passed once")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one open's decided parts, passed once"
+    )]
     fn open_sandbox(
         &self,
         caller: &str,
@@ -421,7 +434,11 @@ impl Engine {
             }
         })?;
         let session_bytes: [u8; 16] = rand::random();
-        let session_id = format!("ses_{}_{}", self.sessions.instance, hex::encode(session_bytes));
+        let session_id = format!(
+            "ses_{}_{}",
+            self.sessions.instance,
+            hex::encode(session_bytes)
+        );
         debug_assert!(validate_session_id(&session_id).is_ok());
         Ok(Arc::new(Session {
             id: session_id,
@@ -544,7 +561,10 @@ impl Engine {
                 ));
             }
         };
-        let sandbox = st.sandbox.as_mut().expect("an open session has its sandbox");
+        let sandbox = st
+            .sandbox
+            .as_mut()
+            .expect("an open session has its sandbox");
         // The sandbox now against the sandbox at open: any difference ends the session.
         let wall = match sandbox.wall_now() {
             Ok(w) if w == s.wall => w,
@@ -577,6 +597,29 @@ impl Engine {
         };
         let mut result = match (answer.result, answer.error) {
             (Some(r), None) => r,
+            // The agent refused the call before any of it ran: the session goes on.
+            (None, Some(error)) if answer.nothing_ran => {
+                let CallKind::Cell { .. } = kind else {
+                    return Err(RunError::refused(
+                        request_id,
+                        Reason::Request,
+                        format!("the session's agent refused the call: {error}"),
+                    ));
+                };
+                // A cell is refused only when there is no interpreter to run it: it ended
+                // between calls (a thread, a timer or a step ended it), or a restart failed.
+                st.interpreter_alive = false;
+                if let Some(end) = answer.interpreter_ended {
+                    self.sessions.count_end(end);
+                }
+                return Err(RunError::SessionRefused {
+                    request_id: request_id.map(str::to_owned),
+                    reason: Reason::Request,
+                    code: "interpreter_ended",
+                    message: format!("{error} (?restart=true)"),
+                    end_reason: answer.interpreter_ended,
+                });
+            }
             (_, error) => {
                 let e = LaunchError::may_have_run(format!(
                     "the session's agent could not do the call: {}",
@@ -815,9 +858,19 @@ fn describe_change(open: &Wall, now: &Wall) -> String {
     if (open.uid, open.euid, open.gid) != (now.uid, now.euid, now.gid) {
         diffs.push("its uid or gid".to_owned());
     }
-    if (&open.cap_prm, &open.cap_eff, &open.cap_bnd, &open.cap_amb, &open.cap_inh)
-        != (&now.cap_prm, &now.cap_eff, &now.cap_bnd, &now.cap_amb, &now.cap_inh)
-    {
+    if (
+        &open.cap_prm,
+        &open.cap_eff,
+        &open.cap_bnd,
+        &open.cap_amb,
+        &open.cap_inh,
+    ) != (
+        &now.cap_prm,
+        &now.cap_eff,
+        &now.cap_bnd,
+        &now.cap_amb,
+        &now.cap_inh,
+    ) {
         diffs.push("its capabilities".into());
     }
     if open.namespaces != now.namespaces {
@@ -835,7 +888,8 @@ fn describe_change(open: &Wall, now: &Wall) -> String {
             open.pids_limit, now.pids_limit
         ));
     }
-    if open.root_read_only != now.root_read_only || open.network_interfaces != now.network_interfaces
+    if open.root_read_only != now.root_read_only
+        || open.network_interfaces != now.network_interfaces
     {
         diffs.push("its root or network".into());
     }

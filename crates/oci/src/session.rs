@@ -161,9 +161,9 @@ impl SessionSandbox for OciSession {
     fn wall_now(&mut self) -> Result<Wall, LaunchError> {
         if self.provider.config().kind == RuntimeKind::Runsc {
             let answer = self.call(&SessionCall::Wall, READY_WITHIN, &mut |_| {})?;
-            let wall = answer.wall.ok_or_else(|| {
-                LaunchError::environment("the session's agent answered no wall")
-            })?;
+            let wall = answer
+                .wall
+                .ok_or_else(|| LaunchError::environment("the session's agent answered no wall"))?;
             return self.provider.judged_wall(wall, &self.plan);
         }
         let pid = self.container()?.created.pid().as_raw_nonzero().get() as u32;
@@ -204,7 +204,11 @@ impl SessionSandbox for OciSession {
         };
         let pid = c.created.pid().as_raw_nonzero().get();
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
             .unwrap_or(false)
     }
 

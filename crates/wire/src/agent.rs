@@ -95,7 +95,14 @@ pub struct SessionAnswer {
     /// The agent's wall, for [`SessionCall::Wall`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall: Option<crate::Wall>,
-    /// Why the call could not be done (nothing of it ran when it says so).
+    /// Why the call could not be done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `error`: nothing of the call ran (it was refused before any of it started).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nothing_ran: bool,
+    /// With `error`, for a cell refused because the interpreter had already ended (between
+    /// calls): why it ended, as far as the agent can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter_ended: Option<crate::EndReason>,
 }

@@ -28,15 +28,15 @@ pub use provider::{
 };
 pub use request::{
     Language, Limits, Project, ProjectFile, RunRequest, RunSpec, Snippet, Step, parse_request,
-    validate_request_id,
+    parse_session_call, validate_request_id,
 };
 pub use result::{
     Artifact, GrantCall, MalformedResult, RunRecord, RunResponse, RunResult, SessionLink, Start,
     StepResult, Wall, WallNamespace,
 };
 pub use session::{
-    EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest, StreamChunk,
-    StreamLine, session_instance, validate_session_id,
+    EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest,
+    StreamChunk, StreamLine, session_instance, validate_session_id,
 };
 pub use tier::{ParseTierError, Tier};
 pub use trial_step::TrialIds;

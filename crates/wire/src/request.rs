@@ -296,6 +296,17 @@ impl RunRequest {
 /// Parses and checks a request body. The protocol number is checked before the rest, so a
 /// request from a future protocol gets `protocol`, not `request`. Nothing ran on any error.
 pub fn parse_request(body: &[u8]) -> Result<RunRequest, RequestRejection> {
+    parse_with(body, true)
+}
+
+/// [`parse_request`] for a call in a session, checked by
+/// [`RunRequest::validate_session_call`] (a project may have no step when it writes files or
+/// reads artifacts).
+pub fn parse_session_call(body: &[u8]) -> Result<RunRequest, RequestRejection> {
+    parse_with(body, false)
+}
+
+fn parse_with(body: &[u8], steps_required: bool) -> Result<RunRequest, RequestRejection> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| RequestRejection {
         request_id: None,
         reason: Reason::Request,
@@ -337,7 +348,7 @@ pub fn parse_request(body: &[u8]) -> Result<RunRequest, RequestRejection> {
         reason: Reason::Request,
         message: format!("the request does not match protocol {PROTOCOL}: {e}"),
     })?;
-    request.validate()?;
+    request.validate_with(steps_required)?;
     Ok(request)
 }
 

@@ -120,6 +120,7 @@ fn plan(run_id: String, language: Language, code: &str, uid: u32, timeout: Durat
         controller_gid: uid + 1,
         run_dir: PathBuf::from("/nonexistent"),
         broker: None,
+        tap: None,
     }
 }
 

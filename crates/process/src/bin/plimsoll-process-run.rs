@@ -94,6 +94,7 @@ fn main() {
         controller_uid: uid.saturating_add(1),
         controller_gid: uid.saturating_add(1),
         broker: None,
+        tap: None,
     };
     match provider.run(&plan) {
         Ok(o) => {

@@ -124,6 +124,7 @@ fn plan(o: &Options, spec: RunSpec, n: usize) -> LaunchPlan {
         controller_uid: o.uid + 1,
         controller_gid: o.uid + 1,
         broker: None,
+        tap: None,
     }
 }
 
