@@ -92,6 +92,10 @@ var (
 	// ErrSandboxChanged: code `sandbox_changed`: the session's sandbox differed from what it
 	// was at open; the session has ended.
 	ErrSandboxChanged error = &sentinel{"sandbox changed"}
+	// ErrChainInDoubt: code `chain_in_doubt`, a refusal made here: an earlier call of the
+	// session may have run without an answer this client could verify, so no call is sent
+	// until Session.Resync.
+	ErrChainInDoubt error = &sentinel{"session chain in doubt"}
 )
 
 // codeError returns the sentinel of a sessions refusal code (nil for any other code).
@@ -105,6 +109,8 @@ func codeError(code string) error {
 		return ErrInterpreterEnded
 	case "sandbox_changed":
 		return ErrSandboxChanged
+	case "chain_in_doubt":
+		return ErrChainInDoubt
 	}
 	return nil
 }

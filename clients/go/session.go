@@ -199,8 +199,9 @@ type StepsOptions struct {
 // Session is an open session of this client's caller. Its calls are served one at a time,
 // in order, and the client follows its chain: each call's record must name this session,
 // the next sequence number and the previous call's record digest, and the session's
-// provider, tier, evidence and environment. It is safe for concurrent use (calls wait for
-// each other).
+// provider, tier, evidence and environment. After a call that may have run without an
+// answer it could verify, it sends nothing more (ErrChainInDoubt) until Resync. It is safe
+// for concurrent use (calls wait for each other).
 type Session struct {
 	client *Client
 	id     string
@@ -211,10 +212,22 @@ type Session struct {
 	// number and record digest.
 	sequence uint64
 	last     string
+	// doubt is the error of a call that may have run without an answer this client could
+	// verify: where the chain stands is then unknown, and no call is sent until Resync.
+	doubt error
 }
 
 // ID is the session's id.
 func (s *Session) ID() string { return s.id }
+
+// Doubt is the error of the call that put the session's chain in doubt (a call that may
+// have run without an answer this client could verify), or nil. While it is set, calls are
+// refused here, unsent (code `chain_in_doubt`), until Resync.
+func (s *Session) Doubt() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.doubt
+}
 
 // Info is the session as last seen: at open, after Refresh or Close, and with its calls,
 // last record and interpreter updated by each verified call.
@@ -427,6 +440,30 @@ func (c *Client) sessionGet(ctx context.Context, id, url string, v any) error {
 func (s *Session) Refresh(ctx context.Context) (*SessionInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.show(ctx)
+}
+
+// Resync takes the chain up where the daemon says it stands now (its last call's sequence
+// number and record digest), as ResumeSession does, and lifts the doubt a call that may
+// have run put on it: the calls since the last one this client verified are taken on the
+// daemon's word (a signer checks them from their records).
+func (s *Session) Resync(ctx context.Context) (*SessionInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info, err := s.show(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if (info.Calls == 0) != (info.LastRecordSHA256 == "") {
+		return nil, &SessionError{SessionID: s.id, URL: s.client.sessionURL(s.id), Status: http.StatusOK, Code: "bad_response",
+			Message: fmt.Sprintf("the session says it answered %d calls, last record %q", info.Calls, info.LastRecordSHA256)}
+	}
+	s.sequence, s.last, s.doubt = info.Calls, info.LastRecordSHA256, nil
+	return info, nil
+}
+
+// show reads the session as the daemon shows it now into s.info; s.mu is held.
+func (s *Session) show(ctx context.Context) (*SessionInfo, error) {
 	url := s.client.sessionURL(s.id)
 	var info SessionInfo
 	if err := s.client.sessionGet(ctx, s.id, url, &info); err != nil {
@@ -532,8 +569,33 @@ func (s *Session) Steps(ctx context.Context, steps []string, opts StepsOptions) 
 	return s.jsonCall(ctx, "/steps", w, opts.OnChunk, callJob)
 }
 
+// inDoubt is the refusal, made here, of a call while the chain is in doubt; nil otherwise.
+func (s *Session) inDoubt(id string) error {
+	if s.doubt == nil {
+		return nil
+	}
+	// The doubt's error is not wrapped: this call did not run, and must not match
+	// ErrMayHaveRun (Session.Doubt says what happened to the earlier one).
+	return &NotDispatchedError{RequestID: id, Reason: ReasonRequest, Code: "chain_in_doubt",
+		Message: fmt.Sprintf("an earlier call of session %s may have run without an answer this client could verify (%v), so where its chain stands is unknown: nothing more is sent until Resync takes the daemon's word for it", s.id, s.doubt)}
+}
+
+// settle puts the chain in doubt after a call that may have run unverified.
+func (s *Session) settle(res *Result, err error) (*Result, error) {
+	if err != nil {
+		if _, refused := NotDispatchedReason(err); !refused {
+			s.doubt = err
+		}
+		return nil, err
+	}
+	return res, nil
+}
+
 // jsonCall sends a cell or steps call (a run request as its body) and follows the chain.
 func (s *Session) jsonCall(ctx context.Context, path string, w wireRequest, onChunk func(Chunk), kind callKind) (*Result, error) {
+	if err := s.inDoubt(w.RequestID); err != nil {
+		return nil, err
+	}
 	if err := w.validateSessionCall(); err != nil {
 		return nil, refusedHere(w.RequestID, ReasonRequest, err.Error(), err)
 	}
@@ -543,10 +605,10 @@ func (s *Session) jsonCall(ctx context.Context, path string, w wireRequest, onCh
 	}
 	res, err := s.client.runExchange(ctx, runExchange{method: http.MethodPost, url: s.client.sessionURL(s.id) + path,
 		body: body, sent: sent, floor: s.info.MinimumIsolation, source: floorSession, onChunk: onChunk})
-	if err != nil {
-		return nil, err
+	if err == nil {
+		res, err = s.follow(res, kind)
 	}
-	return s.follow(res, kind)
+	return s.settle(res, err)
 }
 
 // Put writes content, bytes exact, to /work/path in the session (PUT; the call stands for
@@ -555,6 +617,9 @@ func (s *Session) Put(ctx context.Context, path string, content []byte) (*Result
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w := s.request(wireRun{Kind: "project", Files: []wireFile{{Path: path, Content: Bytes(content)}}}, 0)
+	if err := s.inDoubt(w.RequestID); err != nil {
+		return nil, err
+	}
 	if len(content) > s.client.maxBody {
 		err := &RequestTooLargeError{Size: len(content), Limit: s.client.maxBody}
 		return nil, refusedHere(w.RequestID, ReasonRequest, err.Error(), err)
@@ -572,6 +637,9 @@ func (s *Session) Get(ctx context.Context, path string) (*Artifact, *Result, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w := s.request(wireRun{Kind: "project", Artifacts: []string{path}}, 0)
+	if err := s.inDoubt(w.RequestID); err != nil {
+		return nil, nil, err
+	}
 	res, err := s.fileCall(ctx, http.MethodGet, path, w, nil)
 	if err != nil {
 		return nil, nil, err
@@ -602,19 +670,16 @@ func (s *Session) fileCall(ctx context.Context, method, path string, w wireReque
 	res, err := s.client.runExchange(ctx, runExchange{method: method,
 		url:  s.client.sessionURL(s.id) + "/files/" + strings.Join(segments, "/"),
 		body: body, headers: headers, sent: sent, floor: s.info.MinimumIsolation, source: floorSession})
-	if err != nil {
-		return nil, err
-	}
-	if res, err = s.follow(res, callJob); err != nil {
-		return nil, err
-	}
-	if method == http.MethodGet {
+	if err == nil && method == http.MethodGet {
 		if arts := res.Output.Artifacts; len(arts) != 1 || arts[0].Path != path {
-			return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: http.StatusOK,
+			err = &MayHaveRunError{RequestID: id, Code: "bad_response", Status: http.StatusOK,
 				Message: fmt.Sprintf("the answer to reading %q holds %d artifacts, not that one", path, len(arts))}
 		}
 	}
-	return res, nil
+	if err == nil {
+		res, err = s.follow(res, callJob)
+	}
+	return s.settle(res, err)
 }
 
 // follow checks a verified call's place in the session's chain and moves the chain on.
@@ -694,9 +759,12 @@ func (x *runExchange) readStream(body io.Reader) (*Result, error) {
 				Message: fmt.Sprintf("the stream from %s broke before its answer: %v", x.url, err), Err: err}
 		}
 		line = bytes.TrimSuffix(line, []byte{'\n'})
-		if len(line) == 0 && err != nil {
-			return nil, &MayHaveRunError{RequestID: id, Code: "transport", Status: http.StatusOK,
-				Message: fmt.Sprintf("the stream from %s ended before its answer", x.url), Err: io.ErrUnexpectedEOF}
+		if len(line) == 0 {
+			if err != nil {
+				return nil, &MayHaveRunError{RequestID: id, Code: "transport", Status: http.StatusOK,
+					Message: fmt.Sprintf("the stream from %s ended before its answer", x.url), Err: io.ErrUnexpectedEOF}
+			}
+			continue // a keep-alive, sent while the call is silent
 		}
 		var l streamLine
 		if _, perr := readStrict(line, &l); perr != nil {

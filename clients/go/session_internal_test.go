@@ -139,6 +139,10 @@ func TestAStreamedAnswerIsReadLineByLine(t *testing.T) {
 		chunks[1].Stream != Stderr || string(chunks[1].Bytes) != "\xff\x00" {
 		t.Errorf("chunks %+v", chunks)
 	}
+	// Empty lines are keep-alives, sent while the call is silent.
+	if chunks, _, err := streamOf(t, sent, "\n", chunk, "\n", "\n", `{"response":`+answer+"}\n"); err != nil || len(chunks) != 1 {
+		t.Errorf("keep-alives: %d chunks, %v", len(chunks), err)
+	}
 	// The last line without its newline is still a line.
 	if _, _, err := streamOf(t, sent, chunk, `{"response":`+answer+"}"); err != nil {
 		t.Errorf("no final newline: %v", err)
@@ -155,7 +159,6 @@ func TestAStreamedAnswerIsReadLineByLine(t *testing.T) {
 		"an unknown member": {`{"chunks":[]}` + "\n"},
 		"a bad stream":      {strings.Replace(chunk, "stdout", "stdin", 1)},
 		"not JSON":          {"data: hello\n"},
-		"a blank line":      {chunk, "\n"},
 		"a duplicate":       {`{"chunk":{"preview":true,"preview":true,"stream":"stdout","offset":0,"bytes":""}}` + "\n"},
 	} {
 		_, _, err := streamOf(t, sent, lines...)
@@ -165,7 +168,8 @@ func TestAStreamedAnswerIsReadLineByLine(t *testing.T) {
 		}
 	}
 	// Cut short: may have run.
-	for name, lines := range map[string][]string{"empty": nil, "chunks only": {chunk, chunk}, "a cut line": {chunk, `{"response":{"prot`}} {
+	for name, lines := range map[string][]string{"empty": nil, "chunks only": {chunk, chunk}, "keep-alives only": {chunk, "\n", "\n"},
+		"a cut line": {chunk, `{"response":{"prot`}} {
 		_, _, err := streamOf(t, sent, lines...)
 		var mh *MayHaveRunError
 		if !errors.As(err, &mh) || (mh.Code != "transport" && mh.Code != "bad_response") {
@@ -188,5 +192,30 @@ func TestAStreamedAnswerIsReadLineByLine(t *testing.T) {
 	var mh *MayHaveRunError
 	if !errors.As(err, &mh) || mh.Code != "unverified_refusal" || mh.EndReason != EndIdleTimeout {
 		t.Errorf("another's refusal: %v", err)
+	}
+}
+
+// After a call that may have run unverified, the session sends nothing until a resync.
+func TestACallInDoubtStopsTheSession(t *testing.T) {
+	s := testSession("ses_0123456789abcdef_" + strings.Repeat("a", 32))
+	refused := &NotDispatchedError{RequestID: "r-1", Reason: ReasonCapacity, Code: "capacity"}
+	if _, err := s.settle(nil, refused); err != refused || s.doubt != nil || s.inDoubt("r-2") != nil {
+		t.Fatalf("a refusal put the chain in doubt: %v", s.doubt)
+	}
+	broken := &MayHaveRunError{RequestID: "r-3", Code: "transport", Message: "reset"}
+	if _, err := s.settle(nil, broken); err != broken || s.doubt != broken {
+		t.Fatalf("a broken exchange left the chain trusted")
+	}
+	err := s.inDoubt("r-4")
+	var nd *NotDispatchedError
+	if !errors.As(err, &nd) || nd.Code != "chain_in_doubt" || nd.Reason != ReasonRequest || nd.Status != 0 || nd.RequestID != "r-4" {
+		t.Fatalf("a call in doubt: %#v", err)
+	}
+	// This call did not run: it matches nothing that says it may have.
+	if !errors.Is(err, ErrChainInDoubt) || !errors.Is(err, ErrNotDispatched) || errors.Is(err, ErrMayHaveRun) {
+		t.Errorf("errors.Is: %v", err)
+	}
+	if !strings.Contains(err.Error(), "chain_in_doubt") || !strings.Contains(err.Error(), "Resync") || !strings.Contains(err.Error(), "reset") {
+		t.Errorf("the refusal: %v", err)
 	}
 }

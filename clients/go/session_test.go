@@ -486,6 +486,16 @@ func TestAResumedSessionFollowsTheChainAndTheOtherHandleCatchesTheGap(t *testing
 	if _, ok := sandbox.NotDispatchedReason(err); ok {
 		t.Error("a chain mismatch reads not dispatched")
 	}
+	// That call ran: the stale handle sends nothing more until it resyncs.
+	if _, err := s.Steps(ctx(t), []string{"true"}, sandbox.StepsOptions{}); !errors.Is(err, sandbox.ErrChainInDoubt) {
+		t.Errorf("after the gap: %v", err)
+	}
+	if info, err := s.Resync(ctx(t)); err != nil || info.Calls != 3 {
+		t.Fatalf("resync: %+v, %v", info, err)
+	}
+	if res := cell(t, s, "print(n)"); res.Output.Stdout.String() != "42\n" || res.Record.Session.Sequence != 4 {
+		t.Errorf("after the resync: %q, sequence %d", res.Output.Stdout, res.Record.Session.Sequence)
+	}
 }
 
 // ---------------------------------------------------------------------------------------
@@ -562,8 +572,9 @@ func isCall(r *http.Request) bool {
 }
 
 // callProxy relays everything to the sessions daemon and hands the answer to each session
-// call, with the call's number (1 for the first call through it), to rewrite.
-func callProxy(t *testing.T, rewrite func(n int, r *http.Request, a relayed) relayed) *sandbox.Client {
+// call, with the call's number (1 for the first call through it) and its request id, to
+// rewrite.
+func callProxy(t *testing.T, rewrite func(n int, id string, a relayed) relayed) *sandbox.Client {
 	d := sessionDaemon(t)
 	var mu sync.Mutex
 	calls := 0
@@ -575,7 +586,11 @@ func callProxy(t *testing.T, rewrite func(n int, r *http.Request, a relayed) rel
 			calls++
 			n := calls
 			mu.Unlock()
-			a = rewrite(n, r, a)
+			id := r.Header.Get("plimsoll-request-id")
+			if id == "" {
+				id, _ = decode(t, body)["request_id"].(string)
+			}
+			a = rewrite(n, id, a)
 		}
 		reply(w, a)
 	}))
@@ -593,7 +608,7 @@ func streamed(on bool) sandbox.CellOptions {
 
 func TestAProxyThatAltersACallsAnswerIsCaught(t *testing.T) {
 	for _, stream := range []bool{false, true} {
-		c := callProxy(t, func(n int, r *http.Request, a relayed) relayed {
+		c := callProxy(t, func(n int, id string, a relayed) relayed {
 			if n != 2 {
 				return a
 			}
@@ -620,31 +635,47 @@ func TestAProxyThatAltersACallsAnswerIsCaught(t *testing.T) {
 }
 
 func TestAProxyThatReplaysAnEarlierAnswerForALaterCallIsCaught(t *testing.T) {
-	for _, stream := range []bool{false, true} {
+	for _, tc := range []struct {
+		stream, redress bool
+	}{{false, false}, {true, false}, {false, true}, {true, true}} {
 		var first relayed
-		c := callProxy(t, func(n int, r *http.Request, a relayed) relayed {
+		c := callProxy(t, func(n int, id string, a relayed) relayed {
 			switch n {
 			case 1:
 				first = a
 			case 2:
-				return first
+				if !tc.redress {
+					return first
+				}
+				// Re-dressed: the earlier answer under this call's id, its record digest
+				// recomputed.
+				return rewriteAnswer(t, first, func(v map[string]any) {
+					v["request_id"] = id
+					record := member(v, "record")
+					record["request_id"] = id
+					resign(t, record)
+				})
 			}
 			return a
 		})
 		s := open(t, c, sandbox.Python)
-		opts := streamed(stream)
+		opts := streamed(tc.stream)
 		if _, err := s.Cell(ctx(t), "print('same')", opts); err != nil {
 			t.Fatal(err)
 		}
 		// The same code again: the replayed answer is a true answer to the same request,
-		// under the first call's id and place in the chain.
+		// with the first call's place in the chain.
 		_, err := s.Cell(ctx(t), "print('same')", opts)
 		var mh *sandbox.MayHaveRunError
-		if !errors.As(err, &mh) || mh.Code != "request_id_mismatch" {
-			t.Fatalf("stream %v: want a request id mismatch, got %v", stream, err)
+		var cm *sandbox.ChainMismatchError
+		switch {
+		case !tc.redress && (!errors.As(err, &mh) || mh.Code != "request_id_mismatch"):
+			t.Fatalf("%+v: want a request id mismatch, got %v", tc, err)
+		case tc.redress && (!errors.As(err, &cm) || cm.Field != "sequence" || cm.Want != "2" || cm.Got != "1"):
+			t.Fatalf("%+v: want a chain mismatch on the sequence, got %v", tc, err)
 		}
-		if _, ok := sandbox.NotDispatchedReason(err); ok {
-			t.Errorf("stream %v: reads not dispatched", stream)
+		if _, ok := sandbox.NotDispatchedReason(err); ok || !errors.Is(err, sandbox.ErrMayHaveRun) {
+			t.Errorf("%+v: reads not dispatched: %v", tc, err)
 		}
 		closeQuietly(s)
 	}
@@ -660,7 +691,7 @@ func TestAProxyThatRewritesTheChainIsCaught(t *testing.T) {
 		defer mu.Unlock()
 		rewrite = f
 	}
-	c := callProxy(t, func(n int, r *http.Request, a relayed) relayed {
+	c := callProxy(t, func(n int, id string, a relayed) relayed {
 		mu.Lock()
 		f := rewrite
 		mu.Unlock()
@@ -698,18 +729,29 @@ func TestAProxyThatRewritesTheChainIsCaught(t *testing.T) {
 		if !errors.As(err, &cm) || cm.Field != tc.field || !errors.Is(err, sandbox.ErrMayHaveRun) {
 			t.Fatalf("%s: want a chain mismatch on it, got %v", tc.field, err)
 		}
-		// The call did run at the daemon: its chain moved on without this handle, which now
-		// finds a call missing. Resumed, it follows again.
+		// The call did run at the daemon, so where the chain stands is in doubt here:
+		// nothing more is sent until a resync takes the daemon's word for it.
+		if !errors.Is(s.Doubt(), sandbox.ErrChainMismatch) {
+			t.Errorf("%s: the doubt is %v", tc.field, s.Doubt())
+		}
 		_, err = s.Cell(ctx(t), "n += 1", sandbox.CellOptions{})
-		if !errors.As(err, &cm) || cm.Field != "sequence" {
+		var nd *sandbox.NotDispatchedError
+		if !errors.As(err, &nd) || nd.Code != "chain_in_doubt" || nd.Status != 0 || !errors.Is(err, sandbox.ErrChainInDoubt) {
 			t.Fatalf("%s: the call after: %v", tc.field, err)
 		}
-		if s, err = c.ResumeSession(ctx(t), s.ID()); err != nil {
-			t.Fatal(err)
+		if _, _, err := s.Get(ctx(t), "f"); !errors.Is(err, sandbox.ErrChainInDoubt) {
+			t.Fatalf("%s: a get after: %v", tc.field, err)
+		}
+		info, err := s.Resync(ctx(t))
+		if err != nil || s.Doubt() != nil {
+			t.Fatalf("%s: resync: %v", tc.field, err)
+		}
+		if info.Calls != s.Info().Calls || info.LastRecordSHA256 == "" {
+			t.Errorf("%s: resynced at %+v", tc.field, info)
 		}
 	}
-	t.Cleanup(func() { closeQuietly(s) })
-	if res := cell(t, s, "print(n)"); res.Output.Stdout.String() != "13\n" {
+	// Each rewritten call ran once; none of the refused ones did.
+	if res := cell(t, s, "print(n)"); res.Output.Stdout.String() != "7\n" {
 		t.Errorf("after the rewrites: %q", res.Output.Stdout)
 	}
 }
@@ -739,11 +781,17 @@ func TestAProxyThatSlipsInACallIsCaught(t *testing.T) {
 	if s.Info().LastRecordSHA256 != first.Record.RecordSHA256 {
 		t.Error("the chain moved on an answer that failed its check")
 	}
+	if _, err := s.Resync(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if res := cell(t, s, "print(x)"); res.Output.Stdout.String() != "slipped in\n" || res.Record.Session.Sequence != 4 {
+		t.Errorf("after the resync: %q, sequence %d", res.Output.Stdout, res.Record.Session.Sequence)
+	}
 }
 
 // A refusal of a session call echoing another id is not believed, end reason or not.
 func TestASessionRefusalWhoseEchoIsRewrittenIsNotHonoured(t *testing.T) {
-	c := callProxy(t, func(n int, r *http.Request, a relayed) relayed {
+	c := callProxy(t, func(n int, id string, a relayed) relayed {
 		if a.status == http.StatusOK {
 			return a
 		}
