@@ -2914,3 +2914,114 @@ fn every_end_of_a_session_is_explicit() {
     assert_eq!(a.status, 422, "{}", a.body);
     assert_eq!(a.error().error.not_dispatched, Some(Reason::Unsupported));
 }
+
+/// #13: `POST /v1/runs` streamed: the output comes while the run goes on, the final answer's
+/// digests verify; a client that goes away ends its run long before its timeout and leaves
+/// no process behind, at the process tier and at crun.
+#[test]
+fn a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away() {
+    use std::io::{Read, Write};
+    let test = "a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away";
+    let image = workspace_root().join("build/images/sandbox");
+    let d = TestDaemon::start(&format!(
+        "default_floor = \"process\"\nproviders = [\"process\", \"crun\"]\n[pools]\n[oci]\nimage = \"{}\"\n",
+        image.display()
+    ));
+    for provider in ["process", "crun"] {
+        if !available(test, &d.url, &d.token, provider) {
+            return;
+        }
+        let body = serde_json::json!({
+            "protocol": 1, "request_id": format!("s-{provider}"), "provider": provider,
+            "run": {"kind": "snippet", "language": "python", "code": "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')"},
+        })
+        .to_string();
+        let mut resp = agent()
+            .post(format!("{}/v1/runs", d.url))
+            .header("Authorization", format!("Bearer {}", d.token))
+            .header("Accept", "application/x-ndjson")
+            .send(body.as_bytes())
+            .expect("a streamed answer");
+        assert_eq!(resp.status(), 200);
+        let lines: Vec<(Instant, String)> = BufReader::new(resp.body_mut().as_reader())
+            .lines()
+            .map(|l| (Instant::now(), l.expect("a line")))
+            .filter(|(_, l)| !l.is_empty())
+            .collect();
+        let (first_at, first) = &lines[0];
+        let first: plimsoll_wire::StreamLine = serde_json::from_str(first).unwrap();
+        let plimsoll_wire::StreamLine::Chunk(chunk) = first else {
+            panic!("{first:?}")
+        };
+        assert!(chunk.preview);
+        assert_eq!(
+            (chunk.chunk.offset, chunk.chunk.bytes.as_slice()),
+            (0, &b"first\n"[..])
+        );
+        let (last_at, last) = lines.last().unwrap();
+        assert!(
+            last_at.duration_since(*first_at) >= Duration::from_secs(1),
+            "{provider}: the first chunk came only with the end"
+        );
+        let last: plimsoll_wire::StreamLine = serde_json::from_str(last).unwrap();
+        let plimsoll_wire::StreamLine::Response(resp) = last else {
+            panic!("{last:?}")
+        };
+        let sent: RunRequest = serde_json::from_str(&body).unwrap();
+        assert_eq!(resp.request_sha256, request_sha256(&sent));
+        assert_eq!(resp.result_sha256, result_sha256(&resp.result));
+        assert_eq!(resp.record.record_sha256, record_sha256(&resp.record));
+        assert_eq!(resp.result.stdout.as_slice(), b"first\nsecond\n");
+        assert_eq!(resp.provider, provider);
+
+        // A client that goes away: the run (60 s timeout) ends within seconds, nothing left.
+        let body = serde_json::json!({
+            "protocol": 1, "request_id": format!("gone-{provider}"), "provider": provider,
+            "limits": {"timeout_ms": 60_000},
+            "run": {"kind": "snippet", "language": "python", "code": "import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.05)"},
+        })
+        .to_string();
+        let addr = d.url.trim_start_matches("http://");
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        write!(
+            conn,
+            "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            d.token,
+            body.len()
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("\"chunk\"") {
+            let n = conn.read(&mut buf).unwrap();
+            assert!(n > 0, "the stream ended before a chunk");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let gone_at = Instant::now();
+        drop(conn);
+        let base = uid_base_for_port(d.url.rsplit(':').next().unwrap().parse().unwrap());
+        let uids = base..base + plimsoll_test_daemon::UIDS_PER_PORT;
+        loop {
+            let left = processes_of_uids(uids.clone());
+            if left.is_empty() && d.engine().in_flight() == 0 && d.engine().teardowns_running() == 0
+            {
+                break;
+            }
+            assert!(
+                gone_at.elapsed() < Duration::from_secs(30),
+                "{provider}: the run of a client that went away still runs: {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Ended by the cancellation, not its timeout: counted as a run its signal ended.
+        let metrics = get(&d.url, "/metrics", None).body;
+        assert!(
+            metrics.contains(&format!(
+                "plimsoll_runs_total{{provider=\"{provider}\",outcome=\"error\"}}"
+            )),
+            "{metrics}"
+        );
+    }
+}
