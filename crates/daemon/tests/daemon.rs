@@ -3025,3 +3025,76 @@ fn a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away() 
         );
     }
 }
+
+/// #13: sessions at runc and at runsc (whose wall the agent says from inside, before every
+/// call): state kept, a step's file read by a cell, each call's wall the one at open, and
+/// nothing left once closed.
+#[test]
+fn sessions_keep_state_at_runc_and_runsc() {
+    let test = "sessions_keep_state_at_runc_and_runsc";
+    let image = workspace_root().join("build/images/sandbox");
+    let d = TestDaemon::start(&format!(
+        "default_floor = \"container\"\nproviders = [\"runc\", \"runsc\"]\n[pools]\n[oci]\nimage = \"{}\"\n",
+        image.display()
+    ));
+    for (provider, tier) in [("runc", Tier::Container), ("runsc", Tier::Kernel)] {
+        if !available(test, &d.url, &d.token, provider) {
+            return;
+        }
+        let s = open_session(
+            &d.url,
+            &d.token,
+            "javascript",
+            serde_json::json!({"provider": provider}),
+        );
+        assert_eq!((s.provider.as_str(), s.isolation), (provider, tier));
+        let cells = format!("/v1/sessions/{}/cells", s.session_id);
+        let post = |path: &str, body: String| {
+            call(&d.url, "POST", path, &d.token, Some(body.as_bytes()), &[])
+        };
+        let r = post(
+            &cells,
+            cell_body("a", "javascript", "let seen = []; seen.push(1)"),
+        )
+        .run();
+        assert_eq!(r.result.exit_code, Some(0), "{:?}", r.result);
+        assert_eq!(r.result.wall.as_ref(), Some(&s.wall));
+        let r = post(
+            &format!("/v1/sessions/{}/steps", s.session_id),
+            step_body("b", "echo from-step > /work/f"),
+        )
+        .run();
+        assert_eq!(r.result.exit_code, Some(0), "{:?}", r.result);
+        let r = post(
+            &cells,
+            cell_body(
+                "c",
+                "javascript",
+                "seen.push(require('fs').readFileSync('/work/f', 'utf8').trim()); console.log(JSON.stringify(seen))",
+            ),
+        )
+        .run();
+        assert_eq!(
+            r.result.stdout.as_slice(),
+            b"[1,\"from-step\"]\n",
+            "{:?}",
+            r.result
+        );
+        assert_eq!(r.result.state_kept, Some(true));
+        assert_eq!(r.result.wall.as_ref(), Some(&s.wall));
+        assert_eq!(r.record.session.as_ref().unwrap().sequence, 3);
+        let closed = call(
+            &d.url,
+            "DELETE",
+            &format!("/v1/sessions/{}", s.session_id),
+            &d.token,
+            None,
+            &[],
+        );
+        assert_eq!(closed.status, 200, "{}", closed.body);
+        assert!(
+            processes_of_uids(s.wall.uid..s.wall.uid + 1).is_empty(),
+            "{provider}: a closed session left processes"
+        );
+    }
+}
