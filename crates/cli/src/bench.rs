@@ -321,6 +321,18 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
     if let Some(w) = &warm_engine {
         report.push_str(&members_memory(w, &warming, &node_and_python(&settings)));
     }
+    if let Some((cold, _)) = &daemons {
+        let keeping: Vec<(String, Tier)> = available
+            .iter()
+            .filter(|(name, _)| engine.opens_sessions(name))
+            .cloned()
+            .collect();
+        report.push_str(&session_round_trips(
+            &cold.client,
+            &keeping,
+            (a.runs * 3).max(20),
+        ));
+    }
     if let Some((_, warm)) = &daemons {
         report.push_str(&throughput(
             &warm.client,
@@ -737,6 +749,70 @@ fn throughput(
                     String::new()
                 }
             ));
+        }
+    }
+    out
+}
+
+/// Sessions through the daemon: per provider that keeps them and language, how long an
+/// open takes, and a trivial cell's round trip on the open session (the client's whole
+/// call: HTTP, the wall re-read and compared, the cell, digests and chain verified).
+fn session_round_trips(client: &Client, providers: &[(String, Tier)], cells: u32) -> String {
+    let mut out = format!(
+        "
+sessions through the daemon ({cells} cells each, after 3 unmeasured):
+"
+    );
+    for (provider, tier) in providers {
+        for language in LANGUAGES {
+            let options = plimsoll_client::SessionOptions::new(language)
+                .min_isolation(*tier)
+                .provider(provider.clone());
+            let opened = Instant::now();
+            let mut session = match client.open_session(options) {
+                Ok(s) => s,
+                Err(e) => {
+                    out.push_str(&format!(
+                        "  {provider} {}: cannot open a session: {e}\n",
+                        language.as_str()
+                    ));
+                    continue;
+                }
+            };
+            let open_ms = opened.elapsed().as_secs_f64() * 1000.0;
+            let code = match language {
+                Language::Javascript => "globalThis.n = (globalThis.n || 0) + 1",
+                Language::Python => "n = globals().get('n', 0) + 1",
+            };
+            let mut ms = Vec::new();
+            let mut failed = 0u32;
+            for i in 0..cells + 3 {
+                let started = Instant::now();
+                let ok = session.cell(code).is_ok_and(|r| {
+                    r.result.exit_code == Some(0) && r.result.state_kept == Some(true)
+                });
+                if i >= 3 {
+                    if ok {
+                        ms.push(started.elapsed().as_secs_f64() * 1000.0);
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+            ms.sort_by(f64::total_cmp);
+            let closed = session.close().is_ok();
+            match median_p90(&ms) {
+                Some((p50, p90)) => out.push_str(&format!(
+                    "  {provider} {}: open {open_ms:.1} ms, cell round trip p50 {p50:.2} ms, p90 {p90:.2} ms{}{}\n",
+                    language.as_str(),
+                    if failed > 0 { format!(", {failed} failed") } else { String::new() },
+                    if closed { "" } else { ", close failed" }
+                )),
+                None => out.push_str(&format!(
+                    "  {provider} {}: every cell failed\n",
+                    language.as_str()
+                )),
+            }
         }
     }
     out

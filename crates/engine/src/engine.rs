@@ -505,6 +505,13 @@ impl Engine {
             .any(|s| s.provider.name() == provider && s.provider.warms())
     }
 
+    /// Whether the provider named `provider` keeps sessions.
+    pub fn opens_sessions(&self, provider: &str) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.provider.name() == provider && s.provider.opens_sessions())
+    }
+
     /// The idle members of every pool now: `(provider, language, idle)`.
     pub fn pools_idle(&self) -> Vec<(String, plimsoll_wire::Language, usize)> {
         self.pools().idle()
