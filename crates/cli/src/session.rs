@@ -58,7 +58,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
                 None => read_input(file.as_deref())?,
             };
             with_session(&to, &id, |s, on_chunk| {
-                s.cell_with(code, restart, timeout_ms, on_chunk)
+                s.cell_with(code, restart, timeout_ms, Some(on_chunk))
             })
         }
         SessionCommand::Step {
@@ -68,7 +68,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
             to,
         } => with_session(&to, &id, |s, on_chunk| {
             let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
-            s.steps_with(&steps, timeout_ms, on_chunk)
+            s.steps_with(&steps, timeout_ms, Some(on_chunk))
         }),
         SessionCommand::Put { id, path, from, to } => {
             let bytes = read_bytes(from.as_deref())?;

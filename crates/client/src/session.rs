@@ -209,18 +209,17 @@ impl Session {
 
     /// Runs `code` in the session's interpreter.
     pub fn cell(&mut self, code: impl Into<String>) -> Result<RunResponse, ClientError> {
-        self.cell_with(code, false, None, &mut |_| {})
+        self.cell_with(code, false, None, None)
     }
 
     /// Runs `code`; with `restart`, in a fresh interpreter; `timeout_ms` for this cell;
-    /// output chunks, as they come, to `on_chunk` (streamed when it is used: pass a closure
-    /// that does nothing to have the answer whole).
+    /// with `on_chunk`, the answer is streamed and each output chunk goes to it as it comes.
     pub fn cell_with(
         &mut self,
         code: impl Into<String>,
         restart: bool,
         timeout_ms: Option<u64>,
-        on_chunk: &mut dyn FnMut(&OutputChunk),
+        on_chunk: Option<&mut dyn FnMut(&OutputChunk)>,
     ) -> Result<RunResponse, ClientError> {
         let request = self.request(
             RunSpec::Snippet(Snippet {
@@ -239,15 +238,16 @@ impl Session {
 
     /// Runs shell `steps` in order in the session's /work (stopping at the first failure).
     pub fn steps(&mut self, steps: &[&str]) -> Result<RunResponse, ClientError> {
-        self.steps_with(steps, None, &mut |_| {})
+        self.steps_with(steps, None, None)
     }
 
-    /// [`Session::steps`], with a timeout and output chunks as they come.
+    /// [`Session::steps`], with a timeout, and with `on_chunk` streamed: output chunks to it
+    /// as they come.
     pub fn steps_with(
         &mut self,
         steps: &[&str],
         timeout_ms: Option<u64>,
-        on_chunk: &mut dyn FnMut(&OutputChunk),
+        on_chunk: Option<&mut dyn FnMut(&OutputChunk)>,
     ) -> Result<RunResponse, ClientError> {
         let request = self.request(
             RunSpec::Project(Project {
@@ -408,12 +408,12 @@ impl Session {
         self.follow(request, resp)
     }
 
-    /// Sends a cell or steps, streamed, and verifies the final answer.
+    /// Sends a cell or steps, streamed when `on_chunk` is given, and verifies the answer.
     fn streamed(
         &mut self,
         path: &str,
         request: &RunRequest,
-        on_chunk: &mut dyn FnMut(&OutputChunk),
+        on_chunk: Option<&mut dyn FnMut(&OutputChunk)>,
     ) -> Result<RunResponse, ClientError> {
         request
             .validate_session_call()
@@ -422,7 +422,20 @@ impl Session {
                 message: r.message,
             })?;
         let (body, sent) = self.client.prepare(request, true)?;
-        let resp = self.client.post_streamed(path, &body, &sent, on_chunk)?;
+        let resp = match on_chunk {
+            Some(on_chunk) => self.client.post_streamed(path, &body, &sent, on_chunk)?,
+            None => {
+                let (status, bytes) = self.client.exchange(
+                    "POST",
+                    path,
+                    Some(&body),
+                    &[],
+                    run_budget(&sent),
+                    &sent.request_id,
+                )?;
+                self.client.verified(&sent, status, &bytes)?
+            }
+        };
         self.follow(&sent, resp)
     }
 
