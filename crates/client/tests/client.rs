@@ -263,6 +263,9 @@ enum Mode {
     },
     /// Holds the answers of two requests until both are in, then gives each the other's.
     Swap,
+    /// Forwards every request, but answers the `n`th (from 0) that goes to a session's cells
+    /// with a `500` that says nothing of what ran: a call the daemon ran, hidden.
+    HideCell(usize),
 }
 
 fn keep(_: &mut Value) {}
@@ -301,6 +304,7 @@ impl Proxy {
 }
 
 fn serve(n: usize, mut conn: TcpStream, upstream: &str, mode: Mode, held: &(Mutex<Held>, Condvar)) {
+    static CELLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let (method, path, headers, mut body) = read_request(&conn);
     if let Mode::Rewrite { request, .. } = mode {
         body = rewrite(&body, request);
@@ -308,6 +312,17 @@ fn serve(n: usize, mut conn: TcpStream, upstream: &str, mode: Mode, held: &(Mute
     let mut answer = forward(upstream, &method, &path, &headers, &body);
     match mode {
         Mode::Rewrite { response, .. } => answer.1 = rewrite(&answer.1, response),
+        Mode::HideCell(hidden) => {
+            if path.contains("/cells")
+                && CELLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == hidden
+            {
+                let id: Value = serde_json::from_slice(&body).unwrap();
+                answer = (
+                    500,
+                    serde_json::to_vec(&serde_json::json!({"protocol": 1, "request_id": id["request_id"], "error": {"code": "internal", "message": "hidden", "not_dispatched": null}})).unwrap(),
+                );
+            }
+        }
         Mode::Swap => {
             let (lock, cv) = held;
             let mut h = lock.lock().unwrap();
@@ -390,12 +405,23 @@ fn forward(
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
     let url = format!("{upstream}{path}");
+    let rid = headers
+        .iter()
+        .find(|(k, _)| k == "plimsoll-request-id")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| "none".into());
     let mut resp = match method {
         "POST" => agent
             .post(&url)
             .header("authorization", &auth)
             .header("content-type", "application/json")
             .send(body)
+            .unwrap(),
+        "DELETE" => agent
+            .delete(&url)
+            .header("authorization", &auth)
+            .header("plimsoll-request-id", &rid)
+            .call()
             .unwrap(),
         _ => agent
             .get(&url)
@@ -604,4 +630,133 @@ fn a_refusal_whose_echo_is_rewritten_is_not_honoured() {
         "{e:?}"
     );
     assert_eq!(not_dispatched_reason(&e), None);
+}
+
+/// A daemon offering crun, for sessions (`slot` as in [`Fixture::start`]).
+fn session_fixture(test: &str, slot: u32) -> Option<Fixture> {
+    if !need_root(test) {
+        return None;
+    }
+    let state = tempfile::Builder::new()
+        .prefix("plimsoll-client-test-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let image = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/images/sandbox");
+    let daemon = TestDaemon::start(&format!(
+        "providers = [\"crun\"]\n[pools]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[oci]\nimage = \"{}\"\n",
+        state.path().display(),
+        2_400_000 + 100 * slot,
+        image.display()
+    ));
+    let f = Fixture {
+        daemon,
+        _state: state,
+    };
+    let crun = f
+        .client()
+        .providers()
+        .unwrap()
+        .providers
+        .into_iter()
+        .any(|p| p.name == "crun" && p.available);
+    if !crun {
+        let why = "the crun provider is unavailable";
+        if plimsoll_env::strict() {
+            panic!("{test}: {why}");
+        }
+        eprintln!("SKIP {test}: {why}");
+        return None;
+    }
+    Some(f)
+}
+
+#[test]
+fn a_session_keeps_state_streams_resumes_and_ends_explicitly() {
+    let Some(f) = session_fixture(
+        "a_session_keeps_state_streams_resumes_and_ends_explicitly",
+        7,
+    ) else {
+        return;
+    };
+    let client = f.client();
+    let options =
+        plimsoll_client::SessionOptions::new(Language::Python).min_isolation(Tier::Container);
+    let mut s = client.open_session(options).unwrap();
+    assert_eq!(
+        (s.info().provider.as_str(), s.info().isolation),
+        ("crun", Tier::Container)
+    );
+    let r = s.cell("n = 41").unwrap();
+    assert_eq!(r.result.state_kept, Some(true));
+    // Streamed: chunks as they come, exactly the result's bytes.
+    let mut chunks = Vec::new();
+    let r = s
+        .cell_with(
+            "n += 1\nprint('a', flush=True)\nprint(n)",
+            false,
+            None,
+            Some(&mut |c: &plimsoll_wire::OutputChunk| {
+                chunks.extend_from_slice(c.bytes.as_slice())
+            }),
+        )
+        .unwrap();
+    assert_eq!(r.result.stdout.as_slice(), b"a\n42\n");
+    assert_eq!(chunks, b"a\n42\n");
+    assert_eq!(
+        s.last_request().map(|q| q.request_id.as_str()),
+        Some(r.request_id.as_str())
+    );
+    // Resumed by id (as another process would): the chain goes on at call 3.
+    let id = s.id().to_owned();
+    let mut again = client.session(&id).unwrap();
+    let r = again.cell("print(n)").unwrap();
+    assert_eq!(r.result.stdout.as_slice(), b"42\n");
+    assert_eq!(r.record.session.as_ref().unwrap().sequence, 3);
+    let bytes = [0u8, 255, 10, 200];
+    again.put("d/x.bin", &bytes).unwrap();
+    let (got, _) = again.get("d/x.bin").unwrap();
+    assert_eq!(got.as_deref(), Some(&bytes[..]));
+    let (missing, _) = again.get("nope").unwrap();
+    assert_eq!(missing, None);
+    let info = again.close().unwrap();
+    assert_eq!(info.end_reason, Some(plimsoll_wire::EndReason::Closed));
+    // The first handle's next call: refused, nothing ran, with the reason it ended.
+    let e = s.cell("print(n)").unwrap_err();
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Request));
+    match e {
+        ClientError::Refused {
+            code, end_reason, ..
+        } => assert_eq!(
+            (code.as_str(), end_reason),
+            ("session_ended", Some(plimsoll_wire::EndReason::Closed))
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_session_call_hidden_by_a_proxy_breaks_the_chain_and_is_caught() {
+    let Some(f) = session_fixture(
+        "a_session_call_hidden_by_a_proxy_breaks_the_chain_and_is_caught",
+        8,
+    ) else {
+        return;
+    };
+    let proxy = Proxy::start(&f.daemon.url, Mode::HideCell(1));
+    let client = Client::new(&proxy.url, Token::new(f.daemon.token.clone()));
+    let mut s = client
+        .open_session(plimsoll_client::SessionOptions::new(Language::Javascript))
+        .unwrap();
+    s.cell("var n = 1").unwrap();
+    // The daemon runs this one; the proxy says it failed.
+    let hidden = s.cell("n += 1").unwrap_err();
+    assert_eq!(not_dispatched_reason(&hidden), None, "{hidden}");
+    // The next answer is call 3, after call 2's record: the client expected call 2.
+    let e = s.cell("console.log(n)").unwrap_err();
+    assert_eq!(not_dispatched_reason(&e), None);
+    assert!(
+        e.to_string().contains("missing, repeated or reordered"),
+        "{e}"
+    );
 }
