@@ -1128,3 +1128,157 @@ fn evidence_is_reused_while_it_holds_and_probed_again_when_not() {
     assert_eq!(json_run(&c.path())["evidence_cached"], false);
     assert_eq!(json_run(&c.path())["evidence_cached"], false);
 }
+
+/// #13: `plimsoll session` against a daemon at crun: open, cells keeping state, a step, put
+/// and get bytes exact, each call's exchange kept; `plimsoll-attest sign` signs the session as
+/// one chain that verifies, and refuses it with a call dropped or two swapped.
+#[test]
+fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
+    let test = "session_commands_keep_state_and_their_exchanges_sign_as_one_chain";
+    if !need_root(test) {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let image = plimsoll_testing::workspace_root().join("build/images/sandbox");
+    let daemon = TestDaemon::start(&format!(
+        "providers = [\"crun\"]\n[pools]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[oci]\nimage = \"{}\"\n",
+        state.path().display(),
+        uid_base(21),
+        image.display()
+    ));
+    let session = |args: &[&str]| {
+        let mut cmd = plimsoll();
+        cmd.arg("session")
+            .args(args)
+            .env("PLIMSOLL_DAEMON", &daemon.url)
+            .env("PLIMSOLL_TOKEN", &daemon.token);
+        cmd
+    };
+    let out = run(&mut session(&["open", "--lang", "python"]));
+    if out.status.code() == Some(3) && !plimsoll_env::strict() {
+        eprintln!("SKIP {test}: crun is unavailable: {}", text(&out.stderr));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0));
+    let id = text(&out.stdout).trim().to_owned();
+    assert!(text(&out.stderr).contains("provider crun, isolation container"));
+    let dir = tempfile::tempdir().unwrap();
+    let ex = dir.path().join("session.jsonl");
+    let ex = ex.to_str().unwrap();
+    let out = run(&mut session(&[
+        "run",
+        &id,
+        "-e",
+        "n = 20",
+        "--exchanges",
+        ex,
+    ]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&mut session(&[
+        "step",
+        &id,
+        "echo 22 > /work/more",
+        "--exchanges",
+        ex,
+    ]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&mut session(&[
+        "run",
+        &id,
+        "-e",
+        "print(n + int(open('/work/more').read()))",
+        "--exchanges",
+        ex,
+    ]));
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice()),
+        (Some(0), &b"42\n"[..])
+    );
+    let blob = dir.path().join("blob");
+    std::fs::write(&blob, [0u8, 1, 255, 10]).unwrap();
+    let out = run(&mut session(&[
+        "put",
+        &id,
+        "x/blob",
+        "--from",
+        blob.to_str().unwrap(),
+        "--exchanges",
+        ex,
+    ]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&mut session(&["get", &id, "x/blob", "--exchanges", ex]));
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice()),
+        (Some(0), &[0u8, 1, 255, 10][..])
+    );
+    let out = run(&mut session(&["list"]));
+    assert!(text(&out.stdout).contains(&id));
+    let out = run(&mut session(&["close", &id]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&mut session(&["run", &id, "-e", "print(n)"]));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a closed session's call runs nothing"
+    );
+    assert!(text(&out.stderr).contains("session_ended") || text(&out.stderr).contains("has ended"));
+
+    // Signed as one chain, verified; a dropped or reordered call is refused.
+    let attest = plimsoll_testing::tool_binary("plimsoll-attest", "plimsoll-attest").unwrap();
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test runs the built plimsoll-attest as a user would"
+    )]
+    let attest_cmd = |args: &[&str]| {
+        let mut cmd = Command::new(&attest);
+        cmd.args(args).stdin(Stdio::null());
+        run(&mut cmd)
+    };
+    let key = dir.path().join("k");
+    let key = key.to_str().unwrap();
+    assert_eq!(attest_cmd(&["keygen", "--out", key]).status.code(), Some(0));
+    let (private, public) = (format!("{key}.key"), format!("{key}.pub"));
+    let bundle = dir.path().join("b.jsonl");
+    let out = attest_cmd(&["sign", "--key", &private, bundle.to_str().unwrap(), ex]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = attest_cmd(&["verify", "--pub", &public, bundle.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<String> = std::fs::read_to_string(ex)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 5);
+    for (name, kept) in [
+        (
+            "dropped",
+            [&lines[0], &lines[2], &lines[3], &lines[4]]
+                .map(|l| l.as_str())
+                .to_vec(),
+        ),
+        (
+            "swapped",
+            [&lines[0], &lines[2], &lines[1], &lines[3], &lines[4]]
+                .map(|l| l.as_str())
+                .to_vec(),
+        ),
+    ] {
+        let file = dir.path().join(format!("{name}.jsonl"));
+        std::fs::write(&file, kept.join("\n") + "\n").unwrap();
+        let b = dir.path().join(format!("{name}-bundle.jsonl"));
+        let out = attest_cmd(&[
+            "sign",
+            "--key",
+            &private,
+            b.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ]);
+        assert_ne!(
+            out.status.code(),
+            Some(0),
+            "{name}: a broken session chain was signed"
+        );
+        assert!(!b.exists(), "{name}: a refused chain left a bundle");
+    }
+}
