@@ -490,7 +490,12 @@ impl Engine {
             self.sessions.end(&s, &mut st, reason);
             return Err(ended_refusal(request_id, id, reason));
         }
-        let limits = self.call_limits(&s, req)?;
+        let mut limits = self.call_limits(&s, req)?;
+        // A call runs at most until the session's lifetime ends (then the session ends
+        // `max_lifetime` once the call is answered, before the watchdog's grace is out).
+        limits.timeout = limits
+            .timeout
+            .min(s.lifetime.saturating_sub(s.opened.elapsed()));
         let call = match (kind, &req.run) {
             (CallKind::Cell { restart }, RunSpec::Snippet(snippet)) => {
                 if snippet.language != s.language {
@@ -587,8 +592,7 @@ impl Engine {
             }
         };
         let started_unix_ms = unix_ms_now();
-        let remaining = s.lifetime.saturating_sub(s.opened.elapsed());
-        let within = limits.timeout.min(remaining) + CALL_GRACE;
+        let within = limits.timeout + CALL_GRACE;
         let answered = sandbox.call(&call, within, on_chunk);
         st.last_call = Instant::now();
         let answer = match answered {
