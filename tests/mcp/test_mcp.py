@@ -3,7 +3,11 @@
 The official Python MCP SDK talks to `plimsoll mcp` over stdio and to a real plimsolld over
 streamable HTTP at /mcp; the MCP Inspector's CLI mode does the same from node. Each lists the
 tools, calls each one, and sees a refusal (a floor of `vm`: not dispatched) and a timeout;
-over HTTP a missing or a wrong token is refused with 401 and nothing runs.
+over HTTP a missing or a wrong token is refused with 401 and nothing runs. The session tools
+open a session at crun, keep state across cells, share /work between cells, steps and files,
+close it, and see a cell on the closed session refused (not dispatched, session_ended); over
+HTTP a session is the token's caller's, the same one `/v1/sessions` shows, and another
+caller's id is not found.
 
 Run by `make mcp` (scripts/mcp-test-env installs the clients first), with
 build/mcp/venv/bin/python. Providers `process` and `crun`. Under CI=true nothing may skip.
@@ -11,6 +15,7 @@ Prints one line per check and closes with `N passed, N failed`.
 """
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -35,6 +40,11 @@ PLIMSOLLD = TARGET / "plimsolld"
 INSPECTOR = ROOT / "tests" / "mcp" / "inspector" / "node_modules" / ".bin" / "mcp-inspector"
 CI = os.environ.get("CI") in ("true", "1")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+SESSION_ID = re.compile(r"^ses_[0-9a-f]{16}_[0-9a-f]{32}$")
+TOOLS = {
+    "run_code", "run_project", "list_providers", "open_session", "run_cell", "run_session_steps",
+    "write_session_file", "read_session_file", "close_session", "list_sessions",
+}
 # Sandbox uids: above every range the Rust tests derive from ports (1e9 + port * 1024), and
 # derived from a port this process holds, so two runs at once never share one.
 UID_BASE = 1_100_000_000
@@ -86,6 +96,9 @@ max_concurrent = 4
 [oci]
 # The real path: the image refuses to be reached through a symlink (build/ may be one).
 image = "{(ROOT / 'build/images/sandbox').resolve()}"
+
+# No warm pools: their members would hold uid slots a session needs.
+[pools]
 """
     if listen:
         text += f'\n[daemon]\nlisten = "{listen}"\ncallers_file = "{callers}"\n'
@@ -111,7 +124,7 @@ async def exercise(session, label, strict_tier):
     seen.setdefault("tools/list", [t.name for t in tools])
 
     def tool_list():
-        assert set(by_name) == {"run_code", "run_project", "list_providers"}, by_name
+        assert set(by_name) == TOOLS, by_name
         props = by_name["run_code"].input_schema["properties"]
         for p in ["language", "code", "min_isolation", "provider", "timeout_ms", "grant"]:
             assert p in props, (p, props)
@@ -121,7 +134,24 @@ async def exercise(session, label, strict_tier):
         assert "not dispatched" in schema and "floor" in schema, schema
         assert "not dispatched" in by_name["run_code"].description
 
-    check(f"{label}: tools/list names the three tools with schemas a model can act on", tool_list)
+    check(f"{label}: tools/list names every tool, the run tools with schemas a model can act on", tool_list)
+
+    def session_tool_list():
+        for tool, args in {
+            "open_session": ["language", "min_isolation", "provider", "idle_timeout_ms", "max_lifetime_ms"],
+            "run_cell": ["session_id", "code", "restart"],
+            "run_session_steps": ["session_id", "commands"],
+            "write_session_file": ["session_id", "path", "content", "content_base64"],
+            "read_session_file": ["session_id", "path"],
+            "close_session": ["session_id"],
+        }.items():
+            props = by_name[tool].input_schema["properties"]
+            for a in args:
+                assert a in props, (tool, a, props)
+        assert "restart" in by_name["run_cell"].description and "interpreter_end" in by_name["run_cell"].description
+        assert "interpreter_ended" in json.dumps(by_name["run_cell"].input_schema)
+
+    check(f"{label}: tools/list names the session tools with their arguments", session_tool_list)
 
     r = await session.call_tool(
         "run_code",
@@ -268,6 +298,167 @@ async def exercise(session, label, strict_tier):
     check(f"{label}: list_providers lists process and crun with their tiers", providers)
 
 
+# --- sessions ------------------------------------------------------------------------------
+
+
+def structured(r):
+    return r.structured_content or {}
+
+
+async def session_checks(session, label, strict_tier, cross=None):
+    """A session at crun through the tools: state across cells, a step's file read by a cell,
+    files in and out, an interpreter's end and its restart, list, close, and a cell on the
+    closed session refused. `cross(session_id)`, if given, runs while the session is open
+    (the HTTP checks against the REST API and another caller). Returns nothing; every check
+    is reported."""
+    opened = await session.call_tool(
+        "open_session", {"language": "python", "min_isolation": "container", "provider": "crun"}
+    )
+    seen.setdefault("open_session", (opened.structured_content, text_of(opened)))
+    if not strict_tier and opened.is_error:
+        # Already reported once as a skip (or, under CI, a failure): no crun here.
+        return
+
+    def open_ok():
+        assert not opened.is_error, text_of(opened)
+        s = structured(opened)
+        assert s["status"] == "open" and SESSION_ID.match(s["session_id"]), s
+        assert s["provider"] == "crun" and s["isolation"] == "container", s
+        assert s["minimum_isolation"] == "container" and s["language"] == "python", s
+        assert HEX64.match(s["evidence_sha256"]), s
+        assert s["expires_unix_ms"] > s["opened_unix_ms"] and s["idle_timeout_ms"] > 0, s
+        t = text_of(opened)
+        assert s["session_id"] in t and "isolation container" in t and s["evidence_sha256"] in t, t
+
+    check(f"{label}: open_session opens a python session at crun, its id, tier, evidence and expiry", open_ok)
+    sid = structured(opened).get("session_id")
+    if opened.is_error or not sid:
+        return
+
+    async def call(tool, **args):
+        return await session.call_tool(tool, {"session_id": sid, **args})
+
+    first = await call("run_cell", code="x = 20\nprint('x is set')")
+    second = await call("run_cell", code="print(x * 2 + 2)")
+    seen.setdefault("run_cell", (second.structured_content, text_of(second)))
+
+    def state_kept():
+        for r in [first, second]:
+            assert not r.is_error, text_of(r)
+        a, b = structured(first), structured(second)
+        assert a["stdout"]["text"] == "x is set\n", a["stdout"]
+        assert b["stdout"]["text"] == "42\n", b["stdout"]
+        assert a["state_kept"] is True and b["state_kept"] is True, (a, b)
+        assert "interpreter_end" not in b, b
+        assert a["provider"] == b["provider"] == "crun" and a["isolation"] == b["isolation"] == "container"
+        assert a["session"] == {"session_id": sid, "sequence": 1, "previous_record_sha256": None}, a["session"]
+        assert b["session"]["sequence"] == 2 and b["session"]["previous_record_sha256"] == a["record_sha256"], b
+        assert b["record"]["session"]["sequence"] == 2 and b["record"]["session"]["session_id"] == sid, b["record"]
+        assert b["record"]["evidence_sha256"] == structured(opened)["evidence_sha256"], b["record"]
+        for d in ["request_sha256", "result_sha256", "record_sha256"]:
+            assert HEX64.match(b[d]), (d, b[d])
+        t = text_of(second)
+        assert "42" in t and f"session {sid}, call 2" in t and "state kept" in t, t
+
+    check(f"{label}: run_cell keeps state: a variable set in one cell is read in the next", state_kept)
+
+    steps = await call("run_session_steps", commands=["echo from-a-step > shared.txt", "wc -c < shared.txt"])
+    seen.setdefault("run_session_steps", (steps.structured_content, text_of(steps)))
+    reads = await call("run_cell", code="print(open('/work/shared.txt').read().strip())")
+
+    def step_then_cell():
+        assert not steps.is_error, text_of(steps)
+        s = structured(steps)
+        assert [st["exit_code"] for st in s["steps"]] == [0, 0], s["steps"]
+        assert s["steps"][1]["stdout"]["text"].strip() == "12", s["steps"][1]
+        assert s["session"]["sequence"] == 3 and "state_kept" not in s, s
+        assert not reads.is_error, text_of(reads)
+        r = structured(reads)
+        assert r["stdout"]["text"] == "from-a-step\n", r["stdout"]
+        assert r["session"]["sequence"] == 4 and r["state_kept"] is True, r
+
+    check(f"{label}: run_session_steps writes a file in /work that the next cell reads", step_then_cell)
+
+    raw = b"\x00\xffbytes"
+    wrote = await call("write_session_file", path="in/data.bin", content_base64=base64.b64encode(raw).decode())
+    read = await call("read_session_file", path="in/data.bin")
+    cell_reads = await call("run_cell", code="print(open('/work/in/data.bin', 'rb').read()[2:].decode())")
+    missing = await call("read_session_file", path="not-there.txt")
+    seen.setdefault("read_session_file", (read.structured_content, text_of(read)))
+
+    def files():
+        for r in [wrote, read, cell_reads, missing]:
+            assert not r.is_error, text_of(r)
+        w = structured(wrote)
+        assert w["path"] == "in/data.bin" and w["bytes_written"] == len(raw) and w["session"]["sequence"] == 5, w
+        r = structured(read)
+        assert r["found"] is True and r["size"] == len(raw), r
+        assert r["content"]["encoding"] == "base64" and base64.b64decode(r["content"]["base64"]) == raw, r["content"]
+        assert HEX64.match(r["record_sha256"]) and r["session"]["sequence"] == 6, r
+        assert structured(cell_reads)["stdout"]["text"] == "bytes\n", structured(cell_reads)
+        m = structured(missing)
+        assert m["found"] is False and "content" not in m, m
+        assert "not found" in text_of(missing)
+
+    check(f"{label}: write_session_file and read_session_file move exact bytes a cell sees", files)
+
+    crash = await call("run_cell", code="import os\nos._exit(3)")
+    refused = await call("run_cell", code="print(x)")
+    restarted = await call("run_cell", code="print('x' in dir())", restart=True)
+
+    def interpreter_end():
+        assert not crash.is_error, text_of(crash)
+        c = structured(crash)
+        assert c["state_kept"] is False and c["interpreter_end"] == "interpreter_crash", c
+        assert "restart=true" in text_of(crash), text_of(crash)
+        assert refused.is_error, text_of(refused)
+        t = text_of(refused)
+        assert t.startswith("not dispatched (request): nothing ran"), t
+        assert "restart=true" in t, t
+        r = structured(refused)
+        assert r["code"] == "interpreter_ended" and r["nothing_ran"] is True, r
+        assert not restarted.is_error, text_of(restarted)
+        s = structured(restarted)
+        assert s["stdout"]["text"] == "False\n" and s["state_kept"] is False, s
+        # The refused cell is not in the chain: the restart follows the crash.
+        assert s["session"]["sequence"] == c["session"]["sequence"] + 1, (c["session"], s["session"])
+
+    check(f"{label}: an interpreter that ended is refused (interpreter_ended) until restart=true", interpreter_end)
+
+    listed = await session.call_tool("list_sessions", {})
+
+    def lists():
+        assert not listed.is_error, text_of(listed)
+        mine = [x for x in structured(listed)["sessions"] if x["session_id"] == sid]
+        assert len(mine) == 1 and mine[0]["calls"] == 10 and mine[0]["status"] == "open", mine
+        assert sid in text_of(listed)
+
+    check(f"{label}: list_sessions shows the open session and its calls", lists)
+
+    if cross is not None:
+        await cross(sid)
+
+    closed = await call("close_session")
+    after = await call("run_cell", code="print(1)")
+    again = await call("close_session")
+    seen.setdefault("closed_session_cell", (after.structured_content, text_of(after)))
+
+    def close_then_refused():
+        assert not closed.is_error, text_of(closed)
+        c = structured(closed)
+        assert c["end_reason"] == "closed" and c["calls"] == 10 and c["status"] == "ended", c
+        assert after.is_error, text_of(after)
+        t = text_of(after)
+        assert t.startswith("not dispatched (request): nothing ran"), t
+        a = structured(after)
+        assert a["status"] == "not_dispatched" and a["nothing_ran"] is True, a
+        assert a["code"] == "session_ended" and a["end_reason"] == "closed", a
+        assert "session_ended" in t and "open_session" in t, t
+        assert again.is_error and structured(again).get("code") == "session_ended", text_of(again)
+
+    check(f"{label}: after close_session a cell is refused: not dispatched, session_ended (closed)", close_then_refused)
+
+
 # --- transports ----------------------------------------------------------------------------
 
 
@@ -281,6 +472,7 @@ async def over_stdio(tmp, uid_base, strict_tier):
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await exercise(session, "python sdk, stdio", strict_tier)
+            await session_checks(session, "python sdk, stdio", strict_tier)
 
 
 class Daemon:
@@ -293,6 +485,12 @@ class Daemon:
             check=True, capture_output=True, text=True, env=clean_env(),
         )
         self.token = out.stdout.strip()
+        # A second caller, whose sessions are not the first's.
+        out = subprocess.run(
+            [str(PLIMSOLL), "callers", "add", "mcp-other", "--file", str(self.callers)],
+            check=True, capture_output=True, text=True, env=clean_env(),
+        )
+        self.other_token = out.stdout.strip()
         cfg = settings(tmp, uid_base, listen=f"127.0.0.1:{port}", callers=self.callers)
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(Path(tmp) / "plimsolld.log", "w")
@@ -340,10 +538,54 @@ CALL = {
 
 async def over_http(daemon, strict_tier):
     mcp_url = daemon.url + "/mcp"
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {daemon.token}"}, timeout=120) as http:
+    label = "python sdk, streamable http"
+    auth = {"Authorization": f"Bearer {daemon.token}"}
+    other = {"Authorization": f"Bearer {daemon.other_token}"}
+
+    async def cross(sid):
+        """While `sid` (opened through /mcp) is open: the REST API shows it to its caller and
+        to no one else, and another caller's MCP calls do not find it."""
+        listed = httpx2.get(daemon.url + "/v1/sessions", headers=auth, timeout=30)
+        shown = httpx2.get(daemon.url + f"/v1/sessions/{sid}", headers=auth, timeout=30)
+        theirs = httpx2.get(daemon.url + f"/v1/sessions/{sid}", headers=other, timeout=30)
+        their_list = httpx2.get(daemon.url + "/v1/sessions", headers=other, timeout=30)
+        async with httpx2.AsyncClient(headers=other, timeout=120) as http:
+            async with streamable_http_client(mcp_url, http_client=http) as (read, write):
+                async with ClientSession(read, write) as intruder:
+                    await intruder.initialize()
+                    cell = await intruder.call_tool("run_cell", {"session_id": sid, "code": "print(x)"})
+                    close = await intruder.call_tool("close_session", {"session_id": sid})
+                    mine = await intruder.call_tool("list_sessions", {})
+
+        def rest_sees_it():
+            assert listed.status_code == 200, listed.text
+            assert [x["session_id"] for x in listed.json()["sessions"]] == [sid], listed.json()
+            assert shown.status_code == 200 and shown.json()["calls"] == 10, shown.text
+            assert shown.json()["provider"] == "crun" and shown.json()["isolation"] == "container", shown.json()
+
+        check("http: a session opened through /mcp is the token's caller's on /v1/sessions", rest_sees_it)
+
+        def others_do_not():
+            assert theirs.status_code == 404 and theirs.json()["error"]["code"] == "session_not_found", theirs.text
+            assert their_list.status_code == 200 and their_list.json()["sessions"] == [], their_list.text
+            for r in [cell, close]:
+                assert r.is_error, text_of(r)
+                assert text_of(r).startswith("not dispatched (request): nothing ran"), text_of(r)
+                assert structured(r)["code"] == "session_not_found", structured(r)
+            assert structured(mine)["sessions"] == [], structured(mine)
+
+        check("http: another caller's MCP calls and REST requests do not find the session", others_do_not)
+
+    async with httpx2.AsyncClient(headers=auth, timeout=120) as http:
         async with streamable_http_client(mcp_url, http_client=http) as (read, write):
             async with ClientSession(read, write) as session:
-                await exercise(session, "python sdk, streamable http", strict_tier)
+                await exercise(session, label, strict_tier)
+                await session_checks(session, label, strict_tier, cross=cross)
+                if strict_tier:
+                    await rest_opened(daemon, session, auth)
+
+    if strict_tier:
+        await sessions_via_client(daemon)
 
     # `plimsoll mcp --daemon`: stdio in front, the Rust client (which verifies digests, the
     # request id and the tier) behind.
@@ -409,6 +651,88 @@ async def over_http(daemon, strict_tier):
           lambda: expect(big.status_code == 413, big.status_code))
 
 
+async def rest_opened(daemon, session, auth):
+    """A session opened on /v1/sessions is used through /mcp and back: one chain."""
+    opened = httpx2.post(
+        daemon.url + "/v1/sessions",
+        json={"protocol": 1, "request_id": os.urandom(16).hex(), "language": "python",
+              "minimum_isolation": "container", "provider": "crun"},
+        headers=auth, timeout=120,
+    )
+    if opened.status_code != 200:
+        check("http: a session opened on /v1/sessions is used through /mcp",
+              lambda: expect(False, (opened.status_code, opened.text)))
+        return
+    sid = opened.json()["session_id"]
+    listed = await session.call_tool("list_sessions", {})
+    cell = await session.call_tool("run_cell", {"session_id": sid, "code": "y = 6"})
+    rest_cell = httpx2.post(
+        daemon.url + f"/v1/sessions/{sid}/cells",
+        json={"protocol": 1, "request_id": os.urandom(16).hex(),
+              "run": {"kind": "snippet", "language": "python", "code": "print(y * 7)"}},
+        headers=auth, timeout=120,
+    )
+    closed = httpx2.delete(daemon.url + f"/v1/sessions/{sid}",
+                           headers=auth | {"plimsoll-request-id": os.urandom(16).hex()}, timeout=60)
+    after = await session.call_tool("run_cell", {"session_id": sid, "code": "print(y)"})
+
+    def both_ways():
+        assert sid in [x["session_id"] for x in structured(listed)["sessions"]], structured(listed)
+        assert not cell.is_error, text_of(cell)
+        c = structured(cell)
+        assert c["session"]["sequence"] == 1 and c["state_kept"] is True, c
+        assert rest_cell.status_code == 200, rest_cell.text
+        r = rest_cell.json()
+        assert r["result"]["stdout"] == "42\n", r["result"]
+        assert r["record"]["session"]["sequence"] == 2, r["record"]
+        assert r["record"]["session"]["previous_record_sha256"] == c["record_sha256"], (r["record"], c)
+        assert closed.status_code == 200 and closed.json()["end_reason"] == "closed", closed.text
+        assert after.is_error and structured(after)["code"] == "session_ended", text_of(after)
+        assert structured(after)["end_reason"] == "closed", structured(after)
+
+    check("http: a session opened on /v1/sessions is used through /mcp and back, one chain", both_ways)
+
+
+async def sessions_via_client(daemon):
+    """`plimsoll mcp --daemon`: the session tools through the Rust client, which resumes the
+    session by id for each call and checks every answer against the session's chain."""
+    params = StdioServerParameters(
+        command=str(PLIMSOLL), args=["mcp", "--daemon", daemon.url], env=clean_env(PLIMSOLL_TOKEN=daemon.token)
+    )
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            opened = await session.call_tool("open_session", {"language": "javascript", "provider": "crun"})
+            sid = structured(opened).get("session_id", "none")
+            calls = [
+                await session.call_tool("run_cell", {"session_id": sid, "code": "globalThis.n = 40"}),
+                await session.call_tool("run_session_steps", {"session_id": sid, "commands": ["printf 2 > two"]}),
+                await session.call_tool("run_cell", {"session_id": sid, "code":
+                                                     "console.log(n + Number(require('fs').readFileSync('/work/two', 'utf8')))"}),
+                await session.call_tool("write_session_file", {"session_id": sid, "path": "t.txt", "content": "text"}),
+                await session.call_tool("read_session_file", {"session_id": sid, "path": "t.txt"}),
+            ]
+            closed = await session.call_tool("close_session", {"session_id": sid})
+            after = await session.call_tool("run_cell", {"session_id": sid, "code": "1"})
+            bogus = await session.call_tool("run_cell", {"session_id": sid[:-1] + "/", "code": "1"})
+    seen.setdefault("closed_session_cell_via_client", (after.structured_content, text_of(after)))
+
+    def through_the_client():
+        assert not opened.is_error, text_of(opened)
+        assert structured(opened)["provider"] == "crun" and structured(opened)["language"] == "javascript"
+        for r in calls:
+            assert not r.is_error, text_of(r)
+        assert [structured(r)["session"]["sequence"] for r in calls] == [1, 2, 3, 4, 5]
+        assert structured(calls[2])["stdout"]["text"] == "42\n", structured(calls[2])
+        assert structured(calls[4])["content"]["text"] == "text", structured(calls[4])
+        assert not closed.is_error and structured(closed)["end_reason"] == "closed", text_of(closed)
+        # Nothing was sent to run: the session is looked up first, and that finds it ended.
+        assert after.is_error and text_of(after).startswith("not dispatched (request): nothing ran"), text_of(after)
+        assert bogus.is_error and structured(bogus)["code"] == "session_not_found", text_of(bogus)
+
+    check("python sdk, stdio with --daemon: a session through the Rust client, refused once closed", through_the_client)
+
+
 # --- the inspector -------------------------------------------------------------------------
 
 
@@ -434,7 +758,7 @@ def inspector_checks(label, target, strict_tier):
     def tools():
         assert listed.returncode == 0, listed.stderr
         names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
-        assert names == {"run_code", "run_project", "list_providers"}, names
+        assert names == TOOLS, names
 
     check(f"{label}: tools/list", tools)
 

@@ -1,4 +1,5 @@
 //! `plimsoll mcp`: the MCP tools (crates/mcp) over stdio, on the embedded engine or a daemon.
+//! On the embedded engine, sessions are caller `local`'s and end when the server does.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,6 +28,8 @@ pub struct McpArgs {
 
 /// Runs `plimsoll mcp` until the client closes stdin.
 pub fn mcp(config: Option<&Path>, a: &McpArgs) -> Result<u8, Failure> {
+    // The embedded engine, if that is where the tools go: its sessions end with this process.
+    let mut embedded = None;
     let backend: Arc<dyn Backend> = match daemon_url(a.daemon.as_deref()) {
         Some(url) => {
             if a.grants.is_some() {
@@ -37,10 +40,14 @@ pub fn mcp(config: Option<&Path>, a: &McpArgs) -> Result<u8, Failure> {
             Arc::new(ClientBackend::new(client(&url)?))
         }
         None => {
-            let engine = granted_engine(&load_settings(config)?, a.grants.as_deref())?;
+            let engine = Arc::new(granted_engine(
+                &load_settings(config)?,
+                a.grants.as_deref(),
+            )?);
+            embedded = Some(Arc::clone(&engine));
             // Providers are probed at the first call that needs them, so the client's
             // handshake is answered at once.
-            Arc::new(EngineBackend::lazy(Arc::new(engine), LOCAL_CALLER))
+            Arc::new(EngineBackend::lazy(engine, LOCAL_CALLER))
         }
     };
     let rt = tokio::runtime::Runtime::new()
@@ -49,6 +56,11 @@ pub fn mcp(config: Option<&Path>, a: &McpArgs) -> Result<u8, Failure> {
     let served = rt.block_on(plimsoll_mcp::serve_stdio(backend));
     // A run still going when the client left must not hold the process open for long.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Sessions do not outlive the server that opened them: their sandboxes are removed now
+    // (`daemon_restarted`), not left to their lifetime's watchdog and the next reap.
+    if let Some(engine) = embedded {
+        engine.end_all_sessions();
+    }
     served.map_err(|e| Failure::failed(anyhow!(e)))?;
     Ok(EXIT_OK)
 }

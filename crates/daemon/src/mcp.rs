@@ -2,7 +2,10 @@
 //! as `/v1`. Served statelessly (one POST, one answer; no MCP transport session), so every
 //! call is authenticated on its own and runs as the caller its token names, through the same
 //! engine path as `POST /v1/runs` (admission, per-caller limits, digests, records), counted
-//! and logged the same way.
+//! and logged the same way. Sessions are the caller's own on the engine, as on
+//! `/v1/sessions`: one opened here is seen there and the other way round, and another
+//! caller's session id is not found; a session is named by the tools' `session_id`
+//! argument, never by the transport.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,10 +17,10 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use http_body_util::BodyExt as _;
-use plimsoll_client::{RunOptions, new_request_id};
+use plimsoll_client::{RunOptions, SessionOptions, new_request_id};
 use plimsoll_engine::RunError;
-use plimsoll_mcp::{Backend, BackendError, Caller, PlimsollMcp};
-use plimsoll_wire::{ProvidersResponse, Reason, RunResponse};
+use plimsoll_mcp::{Backend, BackendError, Caller, PlimsollMcp, SessionCall, on_engine};
+use plimsoll_wire::{ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
@@ -127,16 +130,63 @@ struct DaemonBackend {
     shared: AppState,
 }
 
+/// The guard always attaches a caller; without one nothing runs.
+fn authenticated(caller: Option<&str>) -> Result<&str, BackendError> {
+    caller.ok_or_else(|| BackendError::refused(Reason::Permission, "no authenticated caller"))
+}
+
+impl DaemonBackend {
+    /// Counts and logs a session operation's outcome as `/v1/sessions` does (a refusal in
+    /// the refusals by reason), then sorts it by its mark.
+    fn session_outcome<T>(
+        &self,
+        caller: &str,
+        op: &'static str,
+        session_id: Option<&str>,
+        started: Instant,
+        result: Result<T, RunError>,
+        answered: impl FnOnce(&T) -> (String, u64),
+    ) -> Result<T, BackendError> {
+        let duration_ms = started.elapsed().as_millis() as u64;
+        match &result {
+            Ok(value) => {
+                let (id, sequence) = answered(value);
+                tracing::info!(
+                    caller,
+                    via = "mcp",
+                    op,
+                    session_id = %id,
+                    sequence,
+                    duration_ms,
+                    "session call answered"
+                );
+            }
+            Err(err) => {
+                if let Some(reason) = plimsoll_wire::not_dispatched_reason(err) {
+                    self.shared.metrics.refused(reason);
+                }
+                let code = err.to_response().error.code;
+                tracing::info!(
+                    request_id = err.request_id().unwrap_or(""),
+                    caller,
+                    via = "mcp",
+                    op,
+                    session_id = session_id.unwrap_or(""),
+                    code,
+                    duration_ms,
+                    error = %err,
+                    "session call not answered"
+                );
+            }
+        }
+        result.map_err(|e| BackendError::from_engine(&e))
+    }
+}
+
 impl Backend for DaemonBackend {
     fn run(&self, caller: Option<&str>, options: RunOptions) -> Result<RunResponse, BackendError> {
         let started = Instant::now();
-        // The guard always attaches a caller; without one nothing runs.
-        let Some(caller) = caller else {
-            return Err(BackendError::NotDispatched {
-                reason: Reason::Permission,
-                message: "no authenticated caller".into(),
-            });
-        };
+        let caller = authenticated(caller)?;
         let request = options.into_request(new_request_id());
         let st = &self.shared;
         let result = st.engine.run(caller, &request);
@@ -187,10 +237,61 @@ impl Backend for DaemonBackend {
                 );
             }
         }
-        result.map_err(|e| BackendError::from_marked(&e))
+        result.map_err(|e| BackendError::from_engine(&e))
     }
 
     fn providers(&self, _caller: Option<&str>) -> Result<ProvidersResponse, BackendError> {
         Ok(self.shared.engine.providers_response())
+    }
+
+    fn open_session(
+        &self,
+        caller: Option<&str>,
+        options: SessionOptions,
+    ) -> Result<SessionInfo, BackendError> {
+        let started = Instant::now();
+        let caller = authenticated(caller)?;
+        let opened = on_engine::open(&self.shared.engine, caller, options);
+        self.session_outcome(caller, "open", None, started, opened, |info| {
+            (info.session_id.clone(), 0)
+        })
+    }
+
+    fn session_call(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+        call: &SessionCall,
+    ) -> Result<RunResponse, BackendError> {
+        let started = Instant::now();
+        let caller = authenticated(caller)?;
+        let op = match call {
+            SessionCall::Cell { .. } => "cell",
+            SessionCall::Steps { .. } => "steps",
+            SessionCall::Put { .. } => "put",
+            SessionCall::Get { .. } => "get",
+        };
+        let answered = on_engine::call(&self.shared.engine, caller, session_id, call);
+        self.session_outcome(caller, op, Some(session_id), started, answered, |resp| {
+            let sequence = resp.record.session.as_ref().map_or(0, |l| l.sequence);
+            (session_id.to_owned(), sequence)
+        })
+    }
+
+    fn close_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<SessionInfo, BackendError> {
+        let started = Instant::now();
+        let caller = authenticated(caller)?;
+        let closed = on_engine::close(&self.shared.engine, caller, session_id);
+        self.session_outcome(caller, "close", Some(session_id), started, closed, |info| {
+            (info.session_id.clone(), info.calls)
+        })
+    }
+
+    fn sessions(&self, caller: Option<&str>) -> Result<SessionList, BackendError> {
+        Ok(self.shared.engine.list_sessions(authenticated(caller)?))
     }
 }

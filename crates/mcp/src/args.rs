@@ -1,11 +1,15 @@
 //! The tools' arguments as a model sees them: JSON Schemas (from these types and their doc
-//! comments) whose descriptions say what a tier is, what a floor does and when a retry is
-//! safe; and their translation into run options.
+//! comments) whose descriptions say what a tier is, what a floor does, when a retry is safe
+//! and what a session keeps; and their translation into run options and session calls.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use plimsoll_client::RunOptions;
-use plimsoll_wire::{Bytes, Language, Project, ProjectFile, RunSpec, Step, Tier};
+use plimsoll_client::{RunOptions, SessionOptions};
+use plimsoll_wire::{
+    Bytes, Language, Project, ProjectFile, RunSpec, Step, Tier, validate_session_id,
+};
+
+use crate::backend::SessionCall;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -142,6 +146,107 @@ pub struct RunProjectArgs {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 pub struct ListProvidersArgs {}
 
+/// Arguments of `open_session`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct OpenSessionArgs {
+    /// The language of the session's interpreter: every `run_cell` in it is this language.
+    pub language: LanguageArg,
+    /// The floor: the weakest isolation tier you accept for the whole session (process <
+    /// container < kernel < vm). It opens at the cheapest available provider that keeps
+    /// sessions and meets it (the process tier keeps none: sessions start at `container`);
+    /// if none is available the call is refused with "not dispatched" and nothing starts.
+    /// Omit it to take the operator's default floor (usually `container`).
+    #[serde(default)]
+    pub min_isolation: Option<TierArg>,
+    /// Open it on this provider only (a name from `list_providers` that keeps sessions:
+    /// `crun`, `runc`, `runsc`); it must still meet the floor. Omit it to let plimsoll choose.
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// The session ends after this many milliseconds without a call (the operator's default,
+    /// usually 5 minutes, when omitted). A call to an ended session is refused
+    /// `session_ended`: open a new one.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub idle_timeout_ms: Option<u64>,
+    /// The session ends this many milliseconds after it opened, whatever it is doing (the
+    /// operator's default, usually 1 hour, when omitted).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub max_lifetime_ms: Option<u64>,
+}
+
+/// Arguments of `run_cell`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct RunCellArgs {
+    /// The session's id, from `open_session` (`ses_...`).
+    pub session_id: String,
+    /// Code in the session's language, run by its interpreter: variables, imports and
+    /// functions from earlier cells are there, and this cell's stay for the next
+    /// (`state_kept` in the result says so). Print what you want to see.
+    pub code: String,
+    /// Start a fresh interpreter first (all earlier state gone). Required after the
+    /// interpreter ended (a result with `interpreter_end`, or a refusal coded
+    /// `interpreter_ended`); otherwise leave it false.
+    #[serde(default)]
+    pub restart: bool,
+    /// This cell's wall-clock limit in milliseconds (the session's own when omitted). Past
+    /// it the interpreter is killed and its state lost (`timed_out: true`,
+    /// `interpreter_end: "cell_timeout"`); the session stays.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Arguments of `run_session_steps`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct RunSessionStepsArgs {
+    /// The session's id, from `open_session` (`ses_...`).
+    pub session_id: String,
+    /// Shell commands, each run by `/bin/sh -c` in the session's `/work` (the directory its
+    /// cells see too), in order; the first that fails stops them. At least one.
+    pub commands: Vec<String>,
+    /// Wall-clock limit for all of them, in milliseconds (the session's own when omitted).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Arguments of `write_session_file`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct WriteSessionFileArgs {
+    /// The session's id, from `open_session` (`ses_...`).
+    pub session_id: String,
+    /// Path relative to `/work`, `/`-separated, no `.` or `..`; parent directories are
+    /// made. An existing file is replaced.
+    pub path: String,
+    /// The file's text (UTF-8). Give this or `content_base64`, not both.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// The file's exact bytes, base64-encoded, for content that is not UTF-8 text.
+    #[serde(default)]
+    pub content_base64: Option<String>,
+}
+
+/// Arguments of `read_session_file`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct ReadSessionFileArgs {
+    /// The session's id, from `open_session` (`ses_...`).
+    pub session_id: String,
+    /// Path relative to `/work`, `/`-separated, no `.` or `..`.
+    pub path: String,
+}
+
+/// Arguments of `close_session`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct CloseSessionArgs {
+    /// The session's id, from `open_session` (`ses_...`).
+    pub session_id: String,
+}
+
+/// Arguments of `list_sessions` (none).
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct ListSessionsArgs {}
+
 /// Arguments that cannot make a request (checked before anything is sent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
@@ -151,6 +256,36 @@ pub enum ArgsError {
     /// `content_base64` is not base64.
     #[error("file `{0}`: `content_base64` is not valid base64: {1}")]
     Base64(String, String),
+    /// A session id that no session can have.
+    #[error(
+        "`{0}` is not a session id ({1}): use the `session_id` open_session or list_sessions gave"
+    )]
+    SessionId(String, String),
+    /// A session's steps with no command.
+    #[error("give at least one command in `commands`")]
+    NoCommands,
+}
+
+/// A file's bytes from exactly one of `content` (text) and `content_base64`.
+fn file_bytes(
+    path: &str,
+    content: Option<&String>,
+    content_base64: Option<&String>,
+) -> Result<Vec<u8>, ArgsError> {
+    match (content, content_base64) {
+        (Some(text), None) => Ok(text.as_bytes().to_vec()),
+        (None, Some(b64)) => STANDARD
+            .decode(b64)
+            .map_err(|e| ArgsError::Base64(path.to_owned(), e.to_string())),
+        _ => Err(ArgsError::FileContent(path.to_owned())),
+    }
+}
+
+/// `id` if a session can have it. Checked before anything is sent: an id goes into the
+/// daemon's URL path, where a `/` or `?` would name another route.
+pub fn session_id(id: &str) -> Result<&str, ArgsError> {
+    validate_session_id(id).map_err(|m| ArgsError::SessionId(id.to_owned(), m))?;
+    Ok(id)
 }
 
 impl Placement {
@@ -181,18 +316,10 @@ impl RunProjectArgs {
             .files
             .iter()
             .map(|f| {
-                let content = match (&f.content, &f.content_base64) {
-                    (Some(text), None) => Bytes::from(text.as_str()),
-                    (None, Some(b64)) => Bytes(
-                        STANDARD
-                            .decode(b64)
-                            .map_err(|e| ArgsError::Base64(f.path.clone(), e.to_string()))?,
-                    ),
-                    _ => return Err(ArgsError::FileContent(f.path.clone())),
-                };
+                let content = file_bytes(&f.path, f.content.as_ref(), f.content_base64.as_ref())?;
                 Ok(ProjectFile {
                     path: f.path.clone(),
-                    content,
+                    content: Bytes(content),
                     executable: f.executable,
                 })
             })
@@ -213,6 +340,80 @@ impl RunProjectArgs {
         Ok(self
             .placement
             .apply(RunOptions::new(RunSpec::Project(project))))
+    }
+}
+
+impl OpenSessionArgs {
+    /// The session these arguments ask for.
+    pub fn to_options(&self) -> SessionOptions {
+        let mut o = SessionOptions::new(self.language.into());
+        o.minimum_isolation = self.min_isolation.map(Tier::from);
+        o.provider = self.provider.clone();
+        o.idle_timeout_ms = self.idle_timeout_ms;
+        o.max_lifetime_ms = self.max_lifetime_ms;
+        o
+    }
+}
+
+impl RunCellArgs {
+    /// The session and the cell.
+    pub fn to_call(&self) -> Result<(&str, SessionCall), ArgsError> {
+        Ok((
+            session_id(&self.session_id)?,
+            SessionCall::Cell {
+                code: self.code.clone(),
+                restart: self.restart,
+                timeout_ms: self.timeout_ms,
+            },
+        ))
+    }
+}
+
+impl RunSessionStepsArgs {
+    /// The session and its steps.
+    pub fn to_call(&self) -> Result<(&str, SessionCall), ArgsError> {
+        let id = session_id(&self.session_id)?;
+        if self.commands.is_empty() {
+            return Err(ArgsError::NoCommands);
+        }
+        Ok((
+            id,
+            SessionCall::Steps {
+                steps: self.commands.clone(),
+                timeout_ms: self.timeout_ms,
+            },
+        ))
+    }
+}
+
+impl WriteSessionFileArgs {
+    /// The session and the file.
+    pub fn to_call(&self) -> Result<(&str, SessionCall), ArgsError> {
+        let id = session_id(&self.session_id)?;
+        let content = file_bytes(
+            &self.path,
+            self.content.as_ref(),
+            self.content_base64.as_ref(),
+        )?;
+        Ok((
+            id,
+            SessionCall::Put {
+                path: self.path.clone(),
+                content,
+            },
+        ))
+    }
+}
+
+impl ReadSessionFileArgs {
+    /// The session and the path.
+    pub fn to_call(&self) -> Result<(&str, SessionCall), ArgsError> {
+        Ok((
+            session_id(&self.session_id)?,
+            SessionCall::Get {
+                path: self.path.clone(),
+            },
+        ))
     }
 }
 
@@ -279,5 +480,152 @@ mod tests {
         ] {
             assert!(schema.contains(needle), "{needle} missing from {schema}");
         }
+    }
+
+    const ID: &str = "ses_0123456789abcdef_00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn session_arguments_make_the_calls_they_say() {
+        let open: OpenSessionArgs = serde_json::from_value(serde_json::json!({
+            "language": "javascript", "min_isolation": "kernel", "provider": "runsc",
+            "idle_timeout_ms": 1000, "max_lifetime_ms": 60000
+        }))
+        .unwrap();
+        let o = open.to_options();
+        assert_eq!(o.language, Language::Javascript);
+        assert_eq!(o.minimum_isolation, Some(Tier::Kernel));
+        assert_eq!(o.provider.as_deref(), Some("runsc"));
+        assert_eq!(
+            (o.idle_timeout_ms, o.max_lifetime_ms),
+            (Some(1000), Some(60000))
+        );
+        assert_eq!(o.limits, None);
+
+        let cell: RunCellArgs = serde_json::from_value(serde_json::json!({
+            "session_id": ID, "code": "x = 1", "restart": true, "timeout_ms": 900
+        }))
+        .unwrap();
+        assert_eq!(
+            cell.to_call().unwrap(),
+            (
+                ID,
+                SessionCall::Cell {
+                    code: "x = 1".into(),
+                    restart: true,
+                    timeout_ms: Some(900)
+                }
+            )
+        );
+        let cell: RunCellArgs =
+            serde_json::from_value(serde_json::json!({"session_id": ID, "code": "x"})).unwrap();
+        assert!(matches!(
+            cell.to_call().unwrap().1,
+            SessionCall::Cell {
+                restart: false,
+                timeout_ms: None,
+                ..
+            }
+        ));
+
+        let steps: RunSessionStepsArgs = serde_json::from_value(serde_json::json!({
+            "session_id": ID, "commands": ["echo a > f", "cat f"]
+        }))
+        .unwrap();
+        assert_eq!(
+            steps.to_call().unwrap().1,
+            SessionCall::Steps {
+                steps: vec!["echo a > f".into(), "cat f".into()],
+                timeout_ms: None
+            }
+        );
+        let none: RunSessionStepsArgs =
+            serde_json::from_value(serde_json::json!({"session_id": ID, "commands": []})).unwrap();
+        assert_eq!(none.to_call().unwrap_err(), ArgsError::NoCommands);
+
+        let read: ReadSessionFileArgs =
+            serde_json::from_value(serde_json::json!({"session_id": ID, "path": "out/a.txt"}))
+                .unwrap();
+        assert_eq!(
+            read.to_call().unwrap().1,
+            SessionCall::Get {
+                path: "out/a.txt".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_session_file_takes_text_or_base64_never_both() {
+        let write = |v: serde_json::Value| {
+            serde_json::from_value::<WriteSessionFileArgs>(v)
+                .unwrap()
+                .to_call()
+                .map(|(_, call)| call)
+        };
+        assert_eq!(
+            write(serde_json::json!({"session_id": ID, "path": "a.txt", "content": "hi"})),
+            Ok(SessionCall::Put {
+                path: "a.txt".into(),
+                content: b"hi".to_vec()
+            })
+        );
+        assert_eq!(
+            write(serde_json::json!({"session_id": ID, "path": "a.bin", "content_base64": "/wA="})),
+            Ok(SessionCall::Put {
+                path: "a.bin".into(),
+                content: vec![0xff, 0x00]
+            })
+        );
+        assert_eq!(
+            write(
+                serde_json::json!({"session_id": ID, "path": "a", "content": "x", "content_base64": "eA=="})
+            ),
+            Err(ArgsError::FileContent("a".into()))
+        );
+        assert_eq!(
+            write(serde_json::json!({"session_id": ID, "path": "a"})),
+            Err(ArgsError::FileContent("a".into()))
+        );
+        assert!(matches!(
+            write(serde_json::json!({"session_id": ID, "path": "a", "content_base64": "%%"})),
+            Err(ArgsError::Base64(..))
+        ));
+    }
+
+    #[test]
+    fn a_session_id_is_checked_before_it_goes_anywhere() {
+        // An id goes into the daemon's URL path: one with `/` or `?` would name another route.
+        for bad in [
+            "",
+            "ses_x",
+            "ses_0123456789abcdef_00112233445566778899aabbccddeeff/cells",
+            "../runs",
+            "ses_0123456789abcdef_00112233445566778899aabbccddeeff?restart=true",
+        ] {
+            let cell: RunCellArgs =
+                serde_json::from_value(serde_json::json!({"session_id": bad, "code": "1"}))
+                    .unwrap();
+            assert!(
+                matches!(cell.to_call(), Err(ArgsError::SessionId(..))),
+                "{bad} was taken"
+            );
+        }
+        assert_eq!(session_id(ID), Ok(ID));
+    }
+
+    #[test]
+    fn the_session_schemas_tell_a_model_what_a_session_keeps_and_how_to_recover() {
+        let cell = serde_json::to_string(&schemars::schema_for!(RunCellArgs)).unwrap();
+        for needle in ["state_kept", "interpreter_ended", "restart", "open_session"] {
+            assert!(cell.contains(needle), "{needle} missing from {cell}");
+        }
+        let open = serde_json::to_string(&schemars::schema_for!(OpenSessionArgs)).unwrap();
+        for needle in ["floor", "session_ended", "\"vm\"", "keeps none"] {
+            assert!(open.contains(needle), "{needle} missing from {open}");
+        }
+        let write = serde_json::to_string(&schemars::schema_for!(WriteSessionFileArgs)).unwrap();
+        assert!(
+            write.contains("content_base64") && write.contains("/work"),
+            "{write}"
+        );
     }
 }

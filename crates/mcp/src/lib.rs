@@ -1,13 +1,17 @@
-//! plimsoll as Model Context Protocol tools: `run_code`, `run_project` and `list_providers`,
-//! built on the official Rust SDK (rmcp). The handler ([`PlimsollMcp`]) is transport-agnostic
+//! plimsoll as Model Context Protocol tools: `run_code`, `run_project`, `list_providers` and
+//! the session tools (`open_session`, `run_cell`, `run_session_steps`, `write_session_file`,
+//! `read_session_file`, `close_session`, `list_sessions`), built on the official Rust SDK
+//! (rmcp). The handler ([`PlimsollMcp`]) is transport-agnostic
 //! and reaches plimsoll through a [`Backend`]: the embedded engine ([`EngineBackend`]) or a
 //! daemon through the Rust client ([`ClientBackend`]). `plimsoll mcp` serves it over stdio
 //! ([`serve_stdio`]); plimsolld serves it over streamable HTTP at `/mcp`.
 //!
 //! Tool results carry structured content and a text rendering (docs/mcp.md): capped stdout
 //! and stderr with truncation flags, exit code, timed out, provider, isolation and the
-//! request, result and record digests. A refusal is a tool error saying "not dispatched
-//! (REASON): nothing ran"; any other error says the code may have run.
+//! request, result and record digests; a session call's also its place in the session's
+//! chain and, for a cell, `state_kept` and `interpreter_end`. A refusal is a tool error
+//! saying "not dispatched (REASON): nothing ran", with its code (`session_ended`,
+//! `interpreter_ended`, ...); any other error says the code may have run.
 
 pub mod args;
 mod backend;
@@ -16,7 +20,7 @@ mod server;
 
 use std::sync::Arc;
 
-pub use backend::{Backend, BackendError, ClientBackend, EngineBackend};
+pub use backend::{Backend, BackendError, ClientBackend, EngineBackend, SessionCall, on_engine};
 pub use server::{Caller, PlimsollMcp};
 
 /// Serving over stdio stopped with an error.

@@ -1,10 +1,12 @@
-//! Tool results for a model: the run's response as structured content (JSON) and as text,
-//! with each output stream capped for a model's context and bytes that are not UTF-8 kept
-//! exactly (base64) rather than mangled.
+//! Tool results for a model: the run's response (or a session's) as structured content
+//! (JSON) and as text, with each output stream capped for a model's context and bytes that
+//! are not UTF-8 kept exactly (base64) rather than mangled.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use plimsoll_wire::{ProvidersResponse, Reason, RunResponse, StepResult, Tier};
+use plimsoll_wire::{
+    ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList, StepResult, Tier,
+};
 use serde_json::{Value, json};
 
 use crate::backend::BackendError;
@@ -114,6 +116,22 @@ pub fn run_structured(resp: &RunResponse, cap: usize) -> Value {
     if let Some(wall) = &r.wall {
         obj.insert("wall".into(), json!(wall));
     }
+    if let Some(kept) = r.state_kept {
+        obj.insert("state_kept".into(), json!(kept));
+    }
+    if let Some(end) = r.interpreter_end {
+        obj.insert("interpreter_end".into(), json!(end));
+    }
+    if let Some(link) = &resp.record.session {
+        obj.insert(
+            "session".into(),
+            json!({
+                "session_id": link.session_id,
+                "sequence": link.sequence,
+                "previous_record_sha256": link.previous_record_sha256,
+            }),
+        );
+    }
     v
 }
 
@@ -205,11 +223,210 @@ pub fn run_text(resp: &RunResponse, v: &Value) -> String {
             calls.len()
         ));
     }
+    out.push_str(&session_lines(v));
     out.push_str(&format!(
         "request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
         resp.request_sha256, resp.result_sha256, resp.record.record_sha256
     ));
     out
+}
+
+/// A session call's place in its session and, for a cell, what became of the interpreter.
+fn session_lines(v: &Value) -> String {
+    let mut out = String::new();
+    if let Some(link) = v.get("session") {
+        out.push_str(&format!(
+            "session {}, call {}\n",
+            link["session_id"].as_str().unwrap_or(""),
+            link["sequence"]
+        ));
+    }
+    match (v["state_kept"].as_bool(), v["interpreter_end"].as_str()) {
+        (_, Some(end)) => out.push_str(&format!(
+            "the interpreter ended during this cell ({end}): its state is lost; the next run_cell must set restart=true\n"
+        )),
+        (Some(true), None) => out.push_str(
+            "state kept: this cell ran in the session's interpreter, whose variables, imports and functions carry on to the next cell\n",
+        ),
+        (Some(false), None) => out.push_str(
+            "state not kept: this cell ran in a fresh interpreter (restart); what earlier cells defined is gone\n",
+        ),
+        (None, None) => {}
+    }
+    out
+}
+
+/// What an open (or closed) session is, structured: its id, where it runs and how strong
+/// that is, the evidence it was opened on, and when it ends.
+pub fn session_structured(info: &SessionInfo) -> Value {
+    let mut v = json!({
+        "status": if info.end_reason.is_some() { "ended" } else { "open" },
+        "session_id": info.session_id,
+        "language": info.language,
+        "provider": info.provider,
+        "isolation": info.isolation,
+        "minimum_isolation": info.minimum_isolation,
+        "evidence_sha256": info.evidence_sha256,
+        "environment": info.environment,
+        "opened_unix_ms": info.opened_unix_ms,
+        "expires_unix_ms": info.expires_unix_ms,
+        "idle_timeout_ms": info.idle_timeout_ms,
+        "calls": info.calls,
+        "interpreter_alive": info.interpreter_alive,
+        "wall": info.wall,
+    });
+    let obj = v.as_object_mut().expect("an object");
+    if let Some(last) = &info.last_record_sha256 {
+        obj.insert("last_record_sha256".into(), json!(last));
+    }
+    if let Some(end) = info.end_reason {
+        obj.insert("end_reason".into(), json!(end));
+    }
+    v
+}
+
+fn secs(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{ms} ms")
+    }
+}
+
+/// The answer to `open_session`, structured and as text.
+pub fn session_opened(info: &SessionInfo) -> (Value, String) {
+    let text = format!(
+        "opened session {id} ({lang}) on provider {p} at isolation {t} ({note}), floor {floor}\n\
+         it ends after {idle} without a call, or at unix ms {exp} ({life} after it opened), whichever comes first\n\
+         evidence_sha256 {ev}\n\
+         use this session_id with run_cell, run_session_steps, write_session_file and read_session_file; close_session when done\n",
+        id = info.session_id,
+        lang = info.language.as_str(),
+        p = info.provider,
+        t = info.isolation,
+        note = tier_note(info.isolation),
+        floor = info.minimum_isolation,
+        idle = secs(info.idle_timeout_ms),
+        exp = info.expires_unix_ms,
+        life = secs(info.expires_unix_ms.saturating_sub(info.opened_unix_ms)),
+        ev = info.evidence_sha256,
+    );
+    (session_structured(info), text)
+}
+
+/// The answer to `close_session`, structured and as text.
+pub fn session_closed(info: &SessionInfo) -> (Value, String) {
+    let last = info
+        .last_record_sha256
+        .as_deref()
+        .map(|d| format!(", last record_sha256 {d}"))
+        .unwrap_or_default();
+    let text = format!(
+        "closed session {} after {} call(s){last}: its sandbox and everything in it are gone\n",
+        info.session_id, info.calls
+    );
+    (session_structured(info), text)
+}
+
+/// The answer to `list_sessions`, structured and as text.
+pub fn session_list(list: &SessionList) -> (Value, String) {
+    let mut text = format!("{} open session(s)\n", list.sessions.len());
+    for s in &list.sessions {
+        text.push_str(&format!(
+            "{}: {} on provider {} at isolation {}, {} call(s), interpreter {}, idle timeout {}, expires at unix ms {}\n",
+            s.session_id,
+            s.language.as_str(),
+            s.provider,
+            s.isolation,
+            s.calls,
+            if s.interpreter_alive {
+                "alive"
+            } else {
+                "ended (the next run_cell must set restart=true)"
+            },
+            secs(s.idle_timeout_ms),
+            s.expires_unix_ms
+        ));
+    }
+    let sessions: Vec<Value> = list.sessions.iter().map(session_structured).collect();
+    (json!({"sessions": sessions}), text)
+}
+
+/// The answer to `write_session_file`: the call's run facts, the path and the bytes written.
+pub fn file_written(resp: &RunResponse, path: &str, bytes: usize, cap: usize) -> (Value, String) {
+    let mut v = run_structured(resp, cap);
+    let obj = v.as_object_mut().expect("an object");
+    obj.insert("path".into(), json!(path));
+    obj.insert("bytes_written".into(), json!(bytes));
+    let text = format!(
+        "wrote {bytes} bytes to /work/{path} on provider {} at isolation {} ({})\n{}request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
+        resp.provider,
+        resp.isolation,
+        tier_note(resp.isolation),
+        session_lines(&v),
+        resp.request_sha256,
+        resp.result_sha256,
+        resp.record.record_sha256
+    );
+    (v, text)
+}
+
+/// The answer to `read_session_file`: the call's run facts and the file (`found`, `size`,
+/// its content capped and shown as a stream is).
+pub fn file_read(resp: &RunResponse, path: &str, cap: usize) -> (Value, String) {
+    let mut v = run_structured(resp, cap);
+    let file = resp.result.artifacts.first();
+    let content = file
+        .filter(|a| a.found)
+        .map(|a| stream(a.content.as_slice(), a.truncated, cap));
+    let obj = v.as_object_mut().expect("an object");
+    obj.remove("artifacts");
+    obj.insert("path".into(), json!(path));
+    obj.insert("found".into(), json!(content.is_some()));
+    obj.insert(
+        "size".into(),
+        json!(file.filter(|a| a.found).map(|a| a.size)),
+    );
+    let head = format!(
+        "read on provider {} at isolation {} ({})\n",
+        resp.provider,
+        resp.isolation,
+        tier_note(resp.isolation)
+    );
+    let body = match &content {
+        Some(c) => text_of(&format!("/work/{path}"), c),
+        None => format!("/work/{path}: not found (no such file)\n"),
+    };
+    if let Some(c) = content {
+        obj.insert("content".into(), c);
+    }
+    let text = format!(
+        "{head}{body}{}request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
+        session_lines(&v),
+        resp.request_sha256,
+        resp.result_sha256,
+        resp.record.record_sha256
+    );
+    (v, text)
+}
+
+/// What to do about a session refusal, by its wire code; `None` for codes a reason covers.
+fn session_hint(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "session_not_found" => {
+            "this caller has no session with this id (a typo, another caller's, forgotten long ago, or opened before the server restarted): call list_sessions, or open a new one with open_session"
+        }
+        "session_ended" => {
+            "the session has ended and its state is gone (a session is never re-created): open a new one with open_session and rebuild what you need"
+        }
+        "interpreter_ended" => {
+            "the session's interpreter ended (see its last cell's interpreter_end) and its state is lost: send the cell again with restart=true, which starts a fresh interpreter, after re-running what it needs"
+        }
+        "sandbox_changed" => {
+            "the session's sandbox no longer matched what it was at open, so the session ended: open a new one with open_session"
+        }
+        _ => return None,
+    })
 }
 
 /// What to do about a refusal, by reason: every one of them is safe to retry, since
@@ -236,19 +453,39 @@ fn retry_hint(reason: Reason) -> &'static str {
 /// safe; any other failure says the code may have run.
 pub fn error(e: &BackendError) -> (Value, String) {
     match e {
-        BackendError::NotDispatched { reason, message } => {
-            let hint = retry_hint(*reason);
+        BackendError::NotDispatched {
+            reason,
+            code,
+            end_reason,
+            message,
+        } => {
+            let hint = code
+                .as_deref()
+                .and_then(session_hint)
+                .unwrap_or_else(|| retry_hint(*reason));
+            let mut v = json!({
+                "status": "not_dispatched",
+                "reason": reason,
+                "message": message,
+                "nothing_ran": true,
+                "retry_safe": true,
+                "what_to_do": hint,
+            });
+            let obj = v.as_object_mut().expect("an object");
+            let mut coded = String::new();
+            if let Some(code) = code {
+                obj.insert("code".into(), json!(code));
+                coded = format!(" Code {code}");
+                if let Some(end) = end_reason {
+                    obj.insert("end_reason".into(), json!(end));
+                    coded.push_str(&format!(" (the session ended: {end})"));
+                }
+                coded.push('.');
+            }
             (
-                json!({
-                    "status": "not_dispatched",
-                    "reason": reason,
-                    "message": message,
-                    "nothing_ran": true,
-                    "retry_safe": true,
-                    "what_to_do": hint,
-                }),
+                v,
                 format!(
-                    "not dispatched ({reason}): nothing ran, so a retry is safe. {message}. What to do: {hint}."
+                    "not dispatched ({reason}): nothing ran, so a retry is safe.{coded} {message}. What to do: {hint}."
                 ),
             )
         }
@@ -401,10 +638,10 @@ mod tests {
 
     #[test]
     fn a_refusal_says_nothing_ran_and_a_failure_says_it_may_have() {
-        let (v, text) = error(&BackendError::NotDispatched {
-            reason: Reason::Isolation,
-            message: "no provider at vm".into(),
-        });
+        let (v, text) = error(&BackendError::refused(
+            Reason::Isolation,
+            "no provider at vm",
+        ));
         assert!(
             text.starts_with("not dispatched (isolation): nothing ran"),
             "{text}"
@@ -416,5 +653,222 @@ mod tests {
         });
         assert!(text.contains("may have run"), "{text}");
         assert_eq!(v["retry_safe"], false);
+    }
+
+    fn session_response(result: plimsoll_wire::RunResult, sequence: u64) -> RunResponse {
+        use plimsoll_wire::{PROTOCOL, RunRecord, SessionLink};
+        RunResponse {
+            protocol: PROTOCOL,
+            request_id: "r-2".into(),
+            provider: "crun".into(),
+            isolation: Tier::Container,
+            duration_ms: 3,
+            request_sha256: "a".repeat(64),
+            result_sha256: "b".repeat(64),
+            result,
+            record: RunRecord {
+                request_id: "r-2".into(),
+                request_sha256: "a".repeat(64),
+                result_sha256: "b".repeat(64),
+                provider: "crun".into(),
+                isolation: Tier::Container,
+                minimum_isolation: Some(Tier::Container),
+                evidence_sha256: "e".repeat(64),
+                environment: "image".into(),
+                started_unix_ms: 0,
+                ended_unix_ms: 3,
+                record_sha256: "c".repeat(64),
+                session: Some(SessionLink {
+                    session_id: "ses_1".into(),
+                    sequence,
+                    previous_record_sha256: (sequence > 1).then(|| "d".repeat(64)),
+                }),
+            },
+        }
+    }
+
+    #[test]
+    fn a_cell_says_its_place_in_the_session_and_what_became_of_the_interpreter() {
+        use plimsoll_wire::{EndReason, RunResult};
+        let kept = session_response(
+            RunResult {
+                exit_code: Some(0),
+                stdout: b"2\n".to_vec().into(),
+                state_kept: Some(true),
+                ..RunResult::default()
+            },
+            2,
+        );
+        let v = run_structured(&kept, 64);
+        assert_eq!(v["state_kept"], true);
+        assert!(v.get("interpreter_end").is_none());
+        assert_eq!(
+            v["session"],
+            json!({"session_id": "ses_1", "sequence": 2, "previous_record_sha256": "d".repeat(64)})
+        );
+        let text = run_text(&kept, &v);
+        assert!(text.contains("session ses_1, call 2"), "{text}");
+        assert!(text.contains("state kept"), "{text}");
+
+        let crashed = session_response(
+            RunResult {
+                exit_code: Some(3),
+                state_kept: Some(false),
+                interpreter_end: Some(EndReason::InterpreterCrash),
+                ..RunResult::default()
+            },
+            3,
+        );
+        let v = run_structured(&crashed, 64);
+        assert_eq!(
+            (&v["state_kept"], &v["interpreter_end"]),
+            (&json!(false), &json!("interpreter_crash"))
+        );
+        let text = run_text(&crashed, &v);
+        assert!(
+            text.contains("interpreter_crash") && text.contains("restart=true"),
+            "{text}"
+        );
+        // A run outside a session says nothing of one.
+        let mut single = session_response(RunResult::default(), 1);
+        single.record.session = None;
+        let v = run_structured(&single, 64);
+        assert!(v.get("session").is_none() && v.get("state_kept").is_none());
+        assert!(!run_text(&single, &v).contains("session"));
+    }
+
+    #[test]
+    fn a_file_read_back_is_shown_as_a_stream_is() {
+        use plimsoll_wire::{Artifact, RunResult};
+        let read = |content: &[u8], found: bool| {
+            session_response(
+                RunResult {
+                    exit_code: Some(0),
+                    artifacts: vec![Artifact {
+                        path: "f".into(),
+                        found,
+                        size: content.len() as u64,
+                        content: content.to_vec().into(),
+                        truncated: false,
+                    }],
+                    ..RunResult::default()
+                },
+                4,
+            )
+        };
+        let (v, text) = file_read(&read(b"hello", true), "f", 64);
+        assert_eq!((&v["found"], &v["size"]), (&json!(true), &json!(5)));
+        assert_eq!(v["content"]["text"], "hello");
+        assert!(v.get("artifacts").is_none());
+        assert!(
+            text.contains("/work/f (5 bytes)") && text.contains("hello"),
+            "{text}"
+        );
+        assert!(text.contains(&"c".repeat(64)), "{text}");
+        let (v, _) = file_read(&read(&[0xff, 0xfe], true), "f", 64);
+        assert_eq!(v["content"]["encoding"], "base64");
+        let (v, _) = file_read(&read(b"0123456789", true), "f", 4);
+        assert_eq!(v["content"]["truncated_for_context"], true);
+        let (v, text) = file_read(&read(b"", false), "f", 64);
+        assert_eq!((&v["found"], &v["size"]), (&json!(false), &json!(null)));
+        assert!(v.get("content").is_none());
+        assert!(text.contains("not found"), "{text}");
+        let (v, text) = file_written(&read(b"", false), "a/b.txt", 12, 64);
+        assert_eq!(
+            (&v["path"], &v["bytes_written"]),
+            (&json!("a/b.txt"), &json!(12))
+        );
+        assert!(
+            text.starts_with("wrote 12 bytes to /work/a/b.txt"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_session_refusal_says_nothing_ran_with_its_code_and_what_to_do() {
+        use plimsoll_wire::EndReason;
+        let (v, text) = error(&BackendError::NotDispatched {
+            reason: Reason::Request,
+            code: Some("session_ended".into()),
+            end_reason: Some(EndReason::Closed),
+            message: "session ses_1 has ended (closed)".into(),
+        });
+        assert!(
+            text.starts_with("not dispatched (request): nothing ran"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Code session_ended (the session ended: closed)"),
+            "{text}"
+        );
+        assert!(text.contains("open_session"), "{text}");
+        assert_eq!(
+            (&v["code"], &v["end_reason"], &v["nothing_ran"]),
+            (&json!("session_ended"), &json!("closed"), &json!(true))
+        );
+        let (v, text) = error(&BackendError::NotDispatched {
+            reason: Reason::Request,
+            code: Some("interpreter_ended".into()),
+            end_reason: None,
+            message: "the interpreter has ended".into(),
+        });
+        assert!(text.contains("restart=true"), "{text}");
+        assert!(v.get("end_reason").is_none());
+        // A plain refusal keeps its reason's advice.
+        let (v, text) = error(&BackendError::refused(Reason::Capacity, "busy"));
+        assert!(v.get("code").is_none());
+        assert!(text.contains("retry unchanged"), "{text}");
+    }
+
+    #[test]
+    fn a_session_opened_closed_and_listed_says_where_it_runs_and_when_it_ends() {
+        use plimsoll_wire::{EndReason, Language, PROTOCOL, SessionInfo, SessionList, Wall};
+        let mut info = SessionInfo {
+            protocol: PROTOCOL,
+            request_id: Some("r".into()),
+            session_id: "ses_1".into(),
+            language: Language::Python,
+            provider: "crun".into(),
+            isolation: Tier::Container,
+            minimum_isolation: Tier::Container,
+            evidence_sha256: "e".repeat(64),
+            environment: "image".into(),
+            wall: Wall::default(),
+            opened_unix_ms: 1_000,
+            expires_unix_ms: 3_601_000,
+            idle_timeout_ms: 300_000,
+            calls: 0,
+            last_record_sha256: None,
+            interpreter_alive: true,
+            end_reason: None,
+        };
+        let (v, text) = session_opened(&info);
+        assert_eq!(v["status"], "open");
+        assert_eq!(v["session_id"], "ses_1");
+        assert_eq!(v["isolation"], "container");
+        assert_eq!(v["evidence_sha256"], "e".repeat(64));
+        assert_eq!(v["expires_unix_ms"], 3_601_000);
+        assert!(text.contains("isolation container"), "{text}");
+        assert!(
+            text.contains("300 s without a call") && text.contains("3600 s after"),
+            "{text}"
+        );
+        let (_, text) = session_list(&SessionList {
+            protocol: PROTOCOL,
+            sessions: vec![info.clone()],
+        });
+        assert!(
+            text.starts_with("1 open session(s)\nses_1: python"),
+            "{text}"
+        );
+        info.calls = 4;
+        info.end_reason = Some(EndReason::Closed);
+        info.last_record_sha256 = Some("c".repeat(64));
+        let (v, text) = session_closed(&info);
+        assert_eq!(
+            (&v["status"], &v["end_reason"]),
+            (&json!("ended"), &json!("closed"))
+        );
+        assert!(text.contains("after 4 call(s)"), "{text}");
     }
 }

@@ -12,8 +12,12 @@ use rmcp::model::{
 use rmcp::{ErrorData, ServerHandler, tool, tool_handler, tool_router};
 use serde_json::Value;
 
-use crate::args::{ListProvidersArgs, RunCodeArgs, RunProjectArgs};
-use crate::backend::{Backend, BackendError};
+use crate::args::{
+    ArgsError, CloseSessionArgs, ListProvidersArgs, ListSessionsArgs, OpenSessionArgs,
+    ReadSessionFileArgs, RunCellArgs, RunCodeArgs, RunProjectArgs, RunSessionStepsArgs,
+    WriteSessionFileArgs,
+};
+use crate::backend::{Backend, BackendError, SessionCall};
 use crate::render;
 
 /// The authenticated caller of a request, set by the transport (the daemon's `/mcp` puts it
@@ -23,7 +27,8 @@ pub struct Caller(pub String);
 
 /// What the server tells a client at initialisation.
 const INSTRUCTIONS: &str = "\
-plimsoll runs code in a fresh sandbox per call and says how strong that sandbox was. \
+plimsoll runs code in a fresh sandbox per call (or, in a session, in one sandbox kept \
+across calls) and says how strong that sandbox was. \
 Isolation tiers, weakest first: process (a hardened child process; no wall at the OS level), \
 container (namespaces, cgroups, seccomp; the host kernel is shared), kernel (a user-space \
 kernel or an emulated VM between the code and the host kernel), vm (hardware \
@@ -31,9 +36,18 @@ virtualisation). Set min_isolation (the floor) to the weakest tier you accept; a
 available provider can meet is refused as `not dispatched (isolation)` and nothing runs. Any \
 `not dispatched` error means nothing ran and a retry is safe; any other error means the code \
 may have run. Every result states its provider and isolation and carries SHA-256 digests of \
-the request, the result and the run record.";
+the request, the result and the run record. \
+To keep state across calls, open a session (open_session, at container or above): run_cell \
+runs code in one interpreter whose variables, imports and functions carry on from cell to \
+cell (state_kept), run_session_steps runs shell commands and write_session_file and \
+read_session_file move files, all in the session's one sandbox and its /work; close_session \
+ends it. A session ends by itself when idle or at its lifetime; a refusal coded \
+session_ended means: open a new one; interpreter_ended means: send the cell with \
+restart=true.";
 
-/// The MCP server: `run_code`, `run_project`, `list_providers` over one backend.
+/// The MCP server: `run_code`, `run_project`, `list_providers` and the session tools
+/// (`open_session`, `run_cell`, `run_session_steps`, `write_session_file`,
+/// `read_session_file`, `close_session`, `list_sessions`) over one backend.
 #[derive(Debug, Clone)]
 pub struct PlimsollMcp {
     backend: Arc<dyn Backend>,
@@ -61,6 +75,18 @@ fn failed(e: &BackendError) -> CallToolResult {
     let mut r = CallToolResult::error(vec![ContentBlock::text(text)]);
     r.structured_content = Some(structured);
     r
+}
+
+/// Arguments that made no request: refused, nothing sent. An id no session can have is
+/// answered as the engine answers an unknown one.
+fn bad_args(e: &ArgsError) -> CallToolResult {
+    let code = matches!(e, ArgsError::SessionId(..)).then(|| "session_not_found".to_owned());
+    failed(&BackendError::NotDispatched {
+        reason: plimsoll_wire::Reason::Request,
+        code,
+        end_reason: None,
+        message: e.to_string(),
+    })
 }
 
 /// Runs blocking backend work off the async threads. A panic there is a failure after the
@@ -103,6 +129,35 @@ impl PlimsollMcp {
         }
     }
 
+    /// One call in a session, its answer rendered by `render`.
+    async fn session_call(
+        &self,
+        caller: Option<String>,
+        parsed: Result<(&str, SessionCall), ArgsError>,
+        render: impl FnOnce(&plimsoll_wire::RunResponse, &SessionCall) -> (Value, String),
+    ) -> CallToolResult {
+        let (id, call) = match parsed {
+            Ok((id, call)) => (id.to_owned(), call),
+            Err(e) => return bad_args(&e),
+        };
+        let backend = Arc::clone(&self.backend);
+        let sent = call.clone();
+        match blocking(move || backend.session_call(caller.as_deref(), &id, &call)).await {
+            Ok(resp) => {
+                let (v, text) = render(&resp, &sent);
+                ok(v, text)
+            }
+            Err(e) => failed(&e),
+        }
+    }
+
+    /// A run's rendering, for cells and steps.
+    fn as_run(resp: &plimsoll_wire::RunResponse, _: &SessionCall) -> (Value, String) {
+        let v = render::run_structured(resp, render::DEFAULT_OUTPUT_CAP);
+        let text = render::run_text(resp, &v);
+        (v, text)
+    }
+
     /// Runs one snippet.
     #[tool(
         name = "run_code",
@@ -142,12 +197,7 @@ impl PlimsollMcp {
     ) -> Result<CallToolResult, ErrorData> {
         let options = match args.to_options() {
             Ok(o) => o,
-            Err(e) => {
-                return Ok(failed(&BackendError::NotDispatched {
-                    reason: plimsoll_wire::Reason::Request,
-                    message: e.to_string(),
-                }));
-            }
+            Err(e) => return Ok(bad_args(&e)),
         };
         Ok(self.run(caller_of(&ext), options).await)
     }
@@ -181,6 +231,201 @@ impl PlimsollMcp {
             },
         )
     }
+
+    /// Opens a session.
+    #[tool(
+        name = "open_session",
+        description = "Open a session: one sandbox kept across calls, with an interpreter (python or javascript) whose state (variables, imports, functions) carries on from one run_cell to the next, and a /work directory that run_session_steps, write_session_file and read_session_file share with it. Returns the session_id to pass to those tools, the provider and isolation tier it runs at (measured at open; process < container < kernel < vm; sessions need container or above), the digest of the provider's evidence, and when it expires. min_isolation is the floor. It ends after idle_timeout_ms without a call or at max_lifetime_ms; close it with close_session when done. A tool error starting `not dispatched (REASON)` means nothing was opened and retrying is safe.",
+        annotations(
+            title = "Open a sandbox session",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn open_session(
+        &self,
+        Parameters(args): Parameters<OpenSessionArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        let options = args.to_options();
+        Ok(
+            match blocking(move || backend.open_session(caller.as_deref(), options)).await {
+                Ok(info) => {
+                    let (v, text) = render::session_opened(&info);
+                    ok(v, text)
+                }
+                Err(e) => failed(&e),
+            },
+        )
+    }
+
+    /// Runs a cell.
+    #[tool(
+        name = "run_cell",
+        description = "Run code in a session's interpreter (open_session first): what earlier cells defined is still there, and what this one defines stays for the next. Returns stdout, stderr (capped at 64 KiB each, with truncation flags; non-UTF-8 as base64), exit code, timed_out, state_kept (true: the interpreter and its state carry on), interpreter_end (present when the interpreter died during this cell: its state is lost, so the next run_cell must set restart=true), the session's provider and isolation tier, the call's sequence number in the session, and SHA-256 digests of the request, result and record. A tool error starting `not dispatched (REASON)` means nothing ran and retrying is safe: its code says why (session_not_found, session_ended: open a new session; interpreter_ended: send the cell with restart=true). Any other error means the code may have run.",
+        annotations(
+            title = "Run a cell in a sandbox session",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn run_cell(
+        &self,
+        Parameters(args): Parameters<RunCellArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(self
+            .session_call(caller_of(&ext), args.to_call(), Self::as_run)
+            .await)
+    }
+
+    /// Runs shell steps in a session.
+    #[tool(
+        name = "run_session_steps",
+        description = "Run shell commands in a session's sandbox (open_session first), in order, each by /bin/sh -c in the session's /work (the directory its cells see); the first that fails stops them. Files they write stay for later cells, steps and read_session_file. Returns each command's exit code and output (capped at 64 KiB per stream, with truncation flags), the session's provider and isolation tier, the call's sequence number in the session and SHA-256 digests of the request, result and record. A tool error starting `not dispatched (REASON)` means nothing ran and retrying is safe (its code says why); any other error means the commands may have run.",
+        annotations(
+            title = "Run shell commands in a sandbox session",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn run_session_steps(
+        &self,
+        Parameters(args): Parameters<RunSessionStepsArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(self
+            .session_call(caller_of(&ext), args.to_call(), Self::as_run)
+            .await)
+    }
+
+    /// Writes a file into a session.
+    #[tool(
+        name = "write_session_file",
+        description = "Write a file into a session's /work (open_session first), exactly: text in `content`, or any bytes base64-encoded in `content_base64`. Cells and shell steps of the session then see it. Returns the bytes written, the session's provider and isolation tier, the call's sequence number and SHA-256 digests of the request, result and record. A tool error starting `not dispatched (REASON)` means nothing was written and retrying is safe (its code says why).",
+        annotations(
+            title = "Write a file into a sandbox session",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn write_session_file(
+        &self,
+        Parameters(args): Parameters<WriteSessionFileArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(self
+            .session_call(caller_of(&ext), args.to_call(), |resp, call| {
+                let (path, bytes) = match call {
+                    SessionCall::Put { path, content } => (path.as_str(), content.len()),
+                    _ => ("", 0),
+                };
+                render::file_written(resp, path, bytes, render::DEFAULT_OUTPUT_CAP)
+            })
+            .await)
+    }
+
+    /// Reads a file from a session.
+    #[tool(
+        name = "read_session_file",
+        description = "Read a file from a session's /work (open_session first). Returns found (false when there is no such file), its size, and its content (UTF-8 text, or base64 for other bytes; capped at 64 KiB for your context, with truncation flags), the session's provider and isolation tier, the call's sequence number and SHA-256 digests of the request, result and record. A tool error starting `not dispatched (REASON)` means nothing was read and retrying is safe (its code says why).",
+        annotations(
+            title = "Read a file from a sandbox session",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn read_session_file(
+        &self,
+        Parameters(args): Parameters<ReadSessionFileArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(self
+            .session_call(caller_of(&ext), args.to_call(), |resp, call| {
+                let path = match call {
+                    SessionCall::Get { path } => path.as_str(),
+                    _ => "",
+                };
+                render::file_read(resp, path, render::DEFAULT_OUTPUT_CAP)
+            })
+            .await)
+    }
+
+    /// Closes a session.
+    #[tool(
+        name = "close_session",
+        description = "Close a session: its sandbox, its interpreter's state and its /work are removed, and its id is dead from then on (a later call is refused `session_ended`). Returns how many calls it answered and its last record digest. A tool error starting `not dispatched (REASON)` means nothing changed (code session_not_found: no such session of yours; session_ended: it had already ended).",
+        annotations(
+            title = "Close a sandbox session",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn close_session(
+        &self,
+        Parameters(args): Parameters<CloseSessionArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let id = match crate::args::session_id(&args.session_id) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return Ok(bad_args(&e)),
+        };
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        Ok(
+            match blocking(move || backend.close_session(caller.as_deref(), &id)).await {
+                Ok(info) => {
+                    let (v, text) = render::session_closed(&info);
+                    ok(v, text)
+                }
+                Err(e) => failed(&e),
+            },
+        )
+    }
+
+    /// Lists the caller's sessions.
+    #[tool(
+        name = "list_sessions",
+        description = "List your open sessions: each one's session_id, language, provider and isolation tier, how many calls it answered, whether its interpreter is alive (if not, the next run_cell must set restart=true), its idle timeout and when it expires. Runs nothing.",
+        annotations(
+            title = "List sandbox sessions",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_sessions(
+        &self,
+        Parameters(_args): Parameters<ListSessionsArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        Ok(
+            match blocking(move || backend.sessions(caller.as_deref())).await {
+                Ok(list) => {
+                    let (v, text) = render::session_list(&list);
+                    ok(v, text)
+                }
+                Err(e) => failed(&e),
+            },
+        )
+    }
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -189,5 +434,453 @@ impl ServerHandler for PlimsollMcp {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("plimsoll", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use plimsoll_client::{RunOptions, SessionOptions};
+    use plimsoll_wire::{
+        EndReason, Language, PROTOCOL, ProvidersResponse, Reason, RunRecord, RunResponse,
+        RunResult, SessionInfo, SessionLink, SessionList, Tier, Wall,
+    };
+    use serde_json::json;
+
+    use super::*;
+
+    /// A fake session: its owner, its calls, why it ended.
+    type Kept = (String, u64, Option<EndReason>);
+
+    /// Sessions kept by caller as the engine keeps them (another caller's id is not found, an
+    /// ended one is refused with its end reason), answering each call with its chain link.
+    #[derive(Debug, Default)]
+    struct Fake {
+        /// id → (caller, calls, ended).
+        sessions: Mutex<HashMap<String, Kept>>,
+        /// Calls that reached the backend.
+        calls: Mutex<Vec<(Option<String>, String, SessionCall)>>,
+    }
+
+    const ID: &str = "ses_0123456789abcdef_00112233445566778899aabbccddeeff";
+
+    fn info(id: &str, calls: u64, end_reason: Option<EndReason>) -> SessionInfo {
+        SessionInfo {
+            protocol: PROTOCOL,
+            request_id: None,
+            session_id: id.into(),
+            language: Language::Python,
+            provider: "crun".into(),
+            isolation: Tier::Container,
+            minimum_isolation: Tier::Container,
+            evidence_sha256: "e".repeat(64),
+            environment: "image".into(),
+            wall: Wall::default(),
+            opened_unix_ms: 0,
+            expires_unix_ms: 3_600_000,
+            idle_timeout_ms: 300_000,
+            calls,
+            last_record_sha256: None,
+            interpreter_alive: true,
+            end_reason,
+        }
+    }
+
+    fn not_found() -> BackendError {
+        BackendError::NotDispatched {
+            reason: Reason::Request,
+            code: Some("session_not_found".into()),
+            end_reason: None,
+            message: "no such session of this caller".into(),
+        }
+    }
+
+    impl Backend for Fake {
+        fn run(&self, _: Option<&str>, _: RunOptions) -> Result<RunResponse, BackendError> {
+            Err(BackendError::MayHaveRun {
+                message: "not dispatched (isolation): a message is not a mark".into(),
+            })
+        }
+        fn providers(&self, _: Option<&str>) -> Result<ProvidersResponse, BackendError> {
+            Err(BackendError::refused(Reason::Environment, "none"))
+        }
+        fn open_session(
+            &self,
+            caller: Option<&str>,
+            _: SessionOptions,
+        ) -> Result<SessionInfo, BackendError> {
+            self.sessions
+                .lock()
+                .unwrap()
+                .insert(ID.into(), (caller.unwrap_or("local").into(), 0, None));
+            Ok(info(ID, 0, None))
+        }
+        fn session_call(
+            &self,
+            caller: Option<&str>,
+            id: &str,
+            call: &SessionCall,
+        ) -> Result<RunResponse, BackendError> {
+            let caller = caller.unwrap_or("local");
+            self.calls
+                .lock()
+                .unwrap()
+                .push((Some(caller.into()), id.into(), call.clone()));
+            let mut sessions = self.sessions.lock().unwrap();
+            let Some((owner, calls, ended)) = sessions.get_mut(id) else {
+                return Err(not_found());
+            };
+            if owner != caller {
+                return Err(not_found());
+            }
+            if let Some(end) = ended {
+                return Err(BackendError::NotDispatched {
+                    reason: Reason::Request,
+                    code: Some("session_ended".into()),
+                    end_reason: Some(*end),
+                    message: format!("session {id} has ended ({end})"),
+                });
+            }
+            *calls += 1;
+            let stdout = match call {
+                SessionCall::Cell { code, .. } => code.clone().into_bytes(),
+                _ => Vec::new(),
+            };
+            Ok(RunResponse {
+                protocol: PROTOCOL,
+                request_id: format!("r-{calls}"),
+                provider: "crun".into(),
+                isolation: Tier::Container,
+                duration_ms: 1,
+                request_sha256: "a".repeat(64),
+                result_sha256: "b".repeat(64),
+                result: RunResult {
+                    exit_code: Some(0),
+                    stdout: stdout.into(),
+                    state_kept: matches!(call, SessionCall::Cell { .. }).then_some(true),
+                    ..RunResult::default()
+                },
+                record: RunRecord {
+                    request_id: format!("r-{calls}"),
+                    request_sha256: "a".repeat(64),
+                    result_sha256: "b".repeat(64),
+                    provider: "crun".into(),
+                    isolation: Tier::Container,
+                    minimum_isolation: Some(Tier::Container),
+                    evidence_sha256: "e".repeat(64),
+                    environment: "image".into(),
+                    started_unix_ms: 0,
+                    ended_unix_ms: 1,
+                    record_sha256: "c".repeat(64),
+                    session: Some(SessionLink {
+                        session_id: id.into(),
+                        sequence: *calls,
+                        previous_record_sha256: (*calls > 1).then(|| "c".repeat(64)),
+                    }),
+                },
+            })
+        }
+        fn close_session(
+            &self,
+            caller: Option<&str>,
+            id: &str,
+        ) -> Result<SessionInfo, BackendError> {
+            let mut sessions = self.sessions.lock().unwrap();
+            match sessions.get_mut(id) {
+                Some((owner, calls, ended @ None)) if owner == caller.unwrap_or("local") => {
+                    *ended = Some(EndReason::Closed);
+                    Ok(info(id, *calls, Some(EndReason::Closed)))
+                }
+                _ => Err(not_found()),
+            }
+        }
+        fn sessions(&self, caller: Option<&str>) -> Result<SessionList, BackendError> {
+            let sessions = self.sessions.lock().unwrap();
+            Ok(SessionList {
+                protocol: PROTOCOL,
+                sessions: sessions
+                    .iter()
+                    .filter(|(_, (owner, _, ended))| {
+                        owner == caller.unwrap_or("local") && ended.is_none()
+                    })
+                    .map(|(id, (_, calls, _))| info(id, *calls, None))
+                    .collect(),
+            })
+        }
+    }
+
+    fn as_caller(name: &str) -> Extensions {
+        let mut ext = Extensions::new();
+        ext.insert(Caller(name.into()));
+        ext
+    }
+
+    fn text(r: &CallToolResult) -> String {
+        r.content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect()
+    }
+
+    fn cell(code: &str) -> Parameters<RunCellArgs> {
+        Parameters(RunCellArgs {
+            session_id: ID.into(),
+            code: code.into(),
+            restart: false,
+            timeout_ms: None,
+        })
+    }
+
+    #[test]
+    fn every_tool_is_listed_with_a_schema() {
+        let tools = PlimsollMcp::tool_router().list_all();
+        let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "close_session",
+                "list_providers",
+                "list_sessions",
+                "open_session",
+                "read_session_file",
+                "run_cell",
+                "run_code",
+                "run_project",
+                "run_session_steps",
+                "write_session_file"
+            ]
+        );
+        for t in &tools {
+            let schema = serde_json::to_string(&t.input_schema).unwrap();
+            if t.name.contains("session") || t.name == "run_cell" {
+                let desc = t.description.as_deref().unwrap_or("");
+                assert!(
+                    t.name == "list_sessions"
+                        || schema.contains("session_id")
+                        || t.name == "open_session",
+                    "{}: {schema}",
+                    t.name
+                );
+                assert!(
+                    t.name == "list_sessions" || desc.contains("not dispatched"),
+                    "{}: {desc}",
+                    t.name
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_is_its_caller_s_and_its_refusals_say_nothing_ran() {
+        let fake = Arc::new(Fake::default());
+        let server = PlimsollMcp::new(Arc::clone(&fake) as Arc<dyn Backend>);
+        let opened = server
+            .open_session(
+                Parameters(OpenSessionArgs {
+                    language: crate::args::LanguageArg::Python,
+                    min_isolation: Some(crate::args::TierArg::Container),
+                    provider: None,
+                    idle_timeout_ms: None,
+                    max_lifetime_ms: None,
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        let s = opened.structured_content.clone().unwrap();
+        assert_eq!(
+            (&s["session_id"], &s["isolation"], &s["provider"]),
+            (&json!(ID), &json!("container"), &json!("crun"))
+        );
+        assert_eq!(s["evidence_sha256"], "e".repeat(64));
+
+        for (i, code) in ["x = 41", "print(x + 1)"].into_iter().enumerate() {
+            let r = server
+                .run_cell(cell(code), as_caller("alice"))
+                .await
+                .unwrap();
+            assert_ne!(r.is_error, Some(true), "{}", text(&r));
+            let v = r.structured_content.unwrap();
+            assert_eq!(v["session"]["sequence"], i + 1);
+            assert_eq!(v["session"]["session_id"], ID);
+            assert_eq!(v["state_kept"], true);
+            assert_eq!(v["isolation"], "container");
+        }
+
+        // Another caller's session id is not found, and nothing of it ran.
+        let r = server
+            .run_cell(cell("1"), as_caller("mallory"))
+            .await
+            .unwrap();
+        assert_eq!(r.is_error, Some(true));
+        assert!(
+            text(&r).starts_with("not dispatched (request): nothing ran"),
+            "{}",
+            text(&r)
+        );
+        assert_eq!(r.structured_content.unwrap()["code"], "session_not_found");
+        let listed = server
+            .list_sessions(Parameters(ListSessionsArgs {}), as_caller("mallory"))
+            .await
+            .unwrap();
+        assert_eq!(listed.structured_content.unwrap()["sessions"], json!([]));
+        let listed = server
+            .list_sessions(Parameters(ListSessionsArgs {}), as_caller("alice"))
+            .await
+            .unwrap();
+        assert_eq!(
+            listed.structured_content.unwrap()["sessions"][0]["session_id"],
+            ID
+        );
+
+        let closed = server
+            .close_session(
+                Parameters(CloseSessionArgs {
+                    session_id: ID.into(),
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(closed.structured_content.unwrap()["end_reason"], "closed");
+        let r = server
+            .run_cell(cell("x"), as_caller("alice"))
+            .await
+            .unwrap();
+        assert_eq!(r.is_error, Some(true));
+        let t = text(&r);
+        assert!(
+            t.starts_with("not dispatched (request): nothing ran"),
+            "{t}"
+        );
+        assert!(t.contains("session_ended") && t.contains("closed"), "{t}");
+        let v = r.structured_content.unwrap();
+        assert_eq!(
+            (&v["code"], &v["end_reason"], &v["retry_safe"]),
+            (&json!("session_ended"), &json!("closed"), &json!(true))
+        );
+    }
+
+    #[tokio::test]
+    async fn arguments_that_make_no_call_never_reach_the_backend() {
+        let fake = Arc::new(Fake::default());
+        let server = PlimsollMcp::new(Arc::clone(&fake) as Arc<dyn Backend>);
+        let mut bad = cell("1");
+        bad.0.session_id = format!("{ID}/../../runs");
+        let r = server.run_cell(bad, as_caller("alice")).await.unwrap();
+        assert_eq!(r.is_error, Some(true));
+        assert_eq!(r.structured_content.unwrap()["code"], "session_not_found");
+        let r = server
+            .write_session_file(
+                Parameters(WriteSessionFileArgs {
+                    session_id: ID.into(),
+                    path: "a".into(),
+                    content: None,
+                    content_base64: None,
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        assert!(
+            text(&r).starts_with("not dispatched (request)"),
+            "{}",
+            text(&r)
+        );
+        let r = server
+            .run_session_steps(
+                Parameters(RunSessionStepsArgs {
+                    session_id: ID.into(),
+                    commands: Vec::new(),
+                    timeout_ms: None,
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        assert!(
+            text(&r).starts_with("not dispatched (request)"),
+            "{}",
+            text(&r)
+        );
+        assert!(fake.calls.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn files_go_in_and_come_back_through_the_session() {
+        let fake = Arc::new(Fake::default());
+        let server = PlimsollMcp::new(Arc::clone(&fake) as Arc<dyn Backend>);
+        fake.open_session(None, SessionOptions::new(Language::Python))
+            .unwrap();
+        let r = server
+            .write_session_file(
+                Parameters(WriteSessionFileArgs {
+                    session_id: ID.into(),
+                    path: "data/in.bin".into(),
+                    content: None,
+                    content_base64: Some("AP8=".into()),
+                }),
+                Extensions::new(),
+            )
+            .await
+            .unwrap();
+        let v = r.structured_content.unwrap();
+        assert_eq!(
+            (&v["path"], &v["bytes_written"]),
+            (&json!("data/in.bin"), &json!(2))
+        );
+        assert_eq!(
+            fake.calls.lock().unwrap()[0],
+            (
+                Some("local".into()),
+                ID.into(),
+                SessionCall::Put {
+                    path: "data/in.bin".into(),
+                    content: vec![0x00, 0xff]
+                }
+            )
+        );
+        let r = server
+            .read_session_file(
+                Parameters(ReadSessionFileArgs {
+                    session_id: ID.into(),
+                    path: "data/in.bin".into(),
+                }),
+                Extensions::new(),
+            )
+            .await
+            .unwrap();
+        // The fake reads back no artifact: the file is not found, which is a result.
+        assert_ne!(r.is_error, Some(true));
+        assert_eq!(r.structured_content.unwrap()["found"], false);
+    }
+
+    #[tokio::test]
+    async fn a_failure_that_reads_like_a_refusal_still_may_have_run() {
+        let server = PlimsollMcp::new(Arc::new(Fake::default()));
+        let r = server
+            .run_code(
+                Parameters(RunCodeArgs {
+                    language: crate::args::LanguageArg::Python,
+                    code: "1".into(),
+                    placement: crate::args::Placement::default(),
+                }),
+                Extensions::new(),
+            )
+            .await
+            .unwrap();
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(
+            (&v["status"], &v["nothing_ran"]),
+            (&json!("may_have_run"), &json!(false))
+        );
+        assert!(
+            text(&r).starts_with("the code may have run"),
+            "{}",
+            text(&r)
+        );
     }
 }
