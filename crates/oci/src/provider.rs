@@ -1415,6 +1415,7 @@ mod tests {
             controller_gid: 2_000_021,
             run_dir: PathBuf::from("/unused"),
             broker: None,
+            tap: None,
         }
     }
 

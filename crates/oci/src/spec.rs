@@ -278,6 +278,7 @@ mod tests {
             controller_gid: 2_000_003 + 1,
             run_dir: PathBuf::from("/unused"),
             broker: None,
+            tap: None,
         }
     }
 

@@ -428,6 +428,7 @@ fn a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code(kind: Runtime
         controller_gid: uid,
         run_dir: wp.run_dir.clone(),
         broker: None,
+        tap: None,
     };
 
     let wp = warm_plan();

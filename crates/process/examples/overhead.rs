@@ -60,6 +60,7 @@ fn main() {
             controller_gid: 2_390_000 + 1,
             run_dir: state.join("runs").join(format!("bench-{i}")),
             broker: None,
+            tap: None,
         };
         let t = Instant::now();
         let out = provider.run(&plan).expect("sandboxed run");

@@ -78,6 +78,7 @@ fn plan(env: &Env, uid: u32, language: Language, code: &str, limits: ResolvedLim
         controller_uid: UID_BASE + uid + 1,
         controller_gid: UID_BASE + uid + 1,
         broker: None,
+        tap: None,
     }
 }
 

@@ -155,6 +155,7 @@ fn every_allowed_call_works_and_every_denied_one_fails_as_documented() {
         controller_uid: UID_BASE + 1,
         controller_gid: UID_BASE + 1,
         broker: None,
+        tap: None,
     };
     let r = provider
         .run(&plan)

@@ -112,6 +112,7 @@ impl Rig {
             controller_gid: uid + CONTROLLER_OFFSET,
             run_dir: self.state_root.join("unused"),
             broker: None,
+            tap: None,
         }
     }
 
