@@ -8,7 +8,8 @@
 //! ```text
 //! guest                                   host
 //!   H hello (uptime, kernel, cpu)  ──────▶   the guest booted
-//!                                  ◀──────   L limits (memory, pids, /work, /tmp sizes, trial, warm)
+//!                                  ◀──────   L limits (memory, pids, /work, /tmp sizes, trial, warm,
+//!                                              session)
 //!   W the agent's wall (JSON)      ──────▶   judged before anything of the job goes in
 //!   R ready (a warm member only)   ──────▶   its interpreter waits: the member is idle
 //!                                  ◀──────   J job (AgentJob JSON)
@@ -17,6 +18,19 @@
 //!   X exit (status, timings)       ──────▶
 //!                                  ◀──────   A ack: the guest powers off
 //!   F fatal (one line), any time   ──────▶   the guest could not do its part
+//! ```
+//!
+//! A session's VM (`session` named in the limits) has no job: after its wall, the agent
+//! (`plimsoll-agent --wall-first --session LANGUAGE`) says it is ready, and from then on its
+//! standard input and output are relayed both ways until the host ends the VM:
+//!
+//! ```text
+//!   W the agent's wall (JSON)      ──────▶   judged before the session is offered
+//!   R ready (the session's line)   ──────▶   its interpreter takes calls
+//!                                  ◀──────   I a piece of the agent's stdin (call lines) ...
+//!   O agent stdout chunk ...       ──────▶   chunk lines and answer lines
+//!   E, X (the agent ended)         ──────▶   the session's sandbox failed
+//!                                  ◀──────   A (or the end of the channel): stdin closed
 //! ```
 //!
 //! Everything the guest sends is untrusted (code in the guest may own the guest kernel):
@@ -45,8 +59,12 @@ pub const STDOUT: u8 = b'O';
 pub const STDERR: u8 = b'E';
 /// Guest → host: the agent ended; `key=value` lines.
 pub const EXIT: u8 = b'X';
-/// Host → guest: the answer arrived; power off.
+/// Host → guest: the answer arrived; power off. In a session: the session ends.
 pub const ACK: u8 = b'A';
+/// Host → guest, a session only: bytes for the agent's standard input (its call lines).
+pub const INPUT: u8 = b'I';
+/// Largest input frame (the host cuts a longer call line into pieces).
+pub const INPUT_MAX: usize = 1024 * 1024;
 /// Guest → host: the guest init failed; one line of text.
 pub const FATAL: u8 = b'F';
 
@@ -172,9 +190,12 @@ pub struct GuestLimits {
     /// A warm member's VM (docs/warm-pools.md): the agent starts this language's
     /// interpreter waiting before the job is known, and says so (`READY`) before it is sent.
     pub warm: Option<plimsoll_wire::Language>,
+    /// A session's VM (docs/sessions.md): the agent serves calls in this language
+    /// (`--session`), relayed over [`INPUT`] and [`STDOUT`] frames, instead of one job.
+    pub session: Option<plimsoll_wire::Language>,
 }
 
-/// The `warm` value of a limits record.
+/// The `warm` or `session` value of a limits record.
 fn warm_name(warm: Option<plimsoll_wire::Language>) -> &'static str {
     match warm {
         None => "",
@@ -193,12 +214,27 @@ impl GuestLimits {
             ("tmp_bytes", self.tmp_bytes.to_string()),
             ("trial", u8::from(self.trial).to_string()),
             ("warm", warm_name(self.warm).to_owned()),
+            ("session", warm_name(self.session).to_owned()),
         ])
     }
 
     /// From a `key=value` record; every key must be there and be a number.
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let r = decode_record(bytes)?;
+        let language = |k: &'static str| -> Result<Option<plimsoll_wire::Language>, RecordError> {
+            let v = r.get(k).ok_or(RecordError::Missing(k))?;
+            [
+                None,
+                Some(plimsoll_wire::Language::Javascript),
+                Some(plimsoll_wire::Language::Python),
+            ]
+            .into_iter()
+            .find(|w| warm_name(*w) == v)
+            .ok_or_else(|| RecordError::Invalid {
+                key: k,
+                why: format!("{v:?}, not empty, javascript or python"),
+            })
+        };
         let num = |k: &'static str| -> Result<u64, RecordError> {
             r.get(k).ok_or(RecordError::Missing(k))?.parse().map_err(
                 |e: std::num::ParseIntError| RecordError::Invalid {
@@ -222,20 +258,8 @@ impl GuestLimits {
                     });
                 }
             },
-            warm: {
-                let v = r.get("warm").ok_or(RecordError::Missing("warm"))?;
-                [
-                    None,
-                    Some(plimsoll_wire::Language::Javascript),
-                    Some(plimsoll_wire::Language::Python),
-                ]
-                .into_iter()
-                .find(|w| warm_name(*w) == v)
-                .ok_or_else(|| RecordError::Invalid {
-                    key: "warm",
-                    why: format!("{v:?}, not empty, javascript or python"),
-                })?
-            },
+            warm: language("warm")?,
+            session: language("session")?,
         })
     }
 }
@@ -275,6 +299,7 @@ mod tests {
             tmp_bytes: 16 << 20,
             trial: false,
             warm: None,
+            session: None,
         };
         assert_eq!(GuestLimits::decode(&l.encode()).unwrap(), l);
         let t = GuestLimits { trial: true, ..l };
@@ -288,11 +313,24 @@ mod tests {
                 ..l
             };
             assert_eq!(GuestLimits::decode(&w.encode()).unwrap(), w);
+            let s = GuestLimits {
+                session: Some(language),
+                ..l
+            };
+            assert_eq!(GuestLimits::decode(&s.encode()).unwrap(), s);
         }
         let ruby = String::from_utf8(l.encode())
             .unwrap()
             .replace("warm=\n", "warm=ruby\n");
         assert!(GuestLimits::decode(ruby.as_bytes()).is_err());
+        let ruby = String::from_utf8(l.encode())
+            .unwrap()
+            .replace("session=\n", "session=ruby\n");
+        assert!(GuestLimits::decode(ruby.as_bytes()).is_err());
+        let none = String::from_utf8(l.encode())
+            .unwrap()
+            .replace("session=\n", "");
+        assert!(GuestLimits::decode(none.as_bytes()).is_err());
         let bad = String::from_utf8(l.encode())
             .unwrap()
             .replace("trial=0", "trial=2");

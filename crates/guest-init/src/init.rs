@@ -4,7 +4,9 @@
 //! sets up `/dev`, `/work`, `/tmp`, the run's cgroup and loopback, remounts the root
 //! read-only, runs `plimsoll-agent` as the unprivileged `sandbox` user (for a job with a
 //! trial step: as uid 0 with exactly CAP_SETUID and CAP_SETGID, which the agent splits
-//! itself), streams its answer back and powers the VM off.
+//! itself), streams its answer back and powers the VM off. A session's VM has no job: its
+//! agent (`--session`) serves calls, its stdin and stdout relayed over the channel until
+//! the host ends the VM.
 //!
 //! Everything here runs inside the guest as root; nothing here is trusted by the host.
 
@@ -221,6 +223,11 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
             "a trial job cannot run in a warm member".into(),
         ));
     }
+    if limits.session.is_some() && (limits.trial || limits.warm.is_some()) {
+        return Err(GuestInitError::Protocol(
+            "a session's VM is neither a trial's nor a warm member".into(),
+        ));
+    }
     // The agent starts first, with nothing to do, and says its wall (a trial's too, as uid
     // 0 holding its two capabilities); the host sends the job only once it has judged that.
 
@@ -247,6 +254,9 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
     }
     let uptime_agent = uptime();
     let started = Instant::now();
+    if let Some(language) = limits.session {
+        return run_session(port, procs, broker, language);
+    }
     let status = run_agent(port, procs, broker, &limits)?;
     let agent_ms = started.elapsed().as_millis();
     let mut exit = vec![
@@ -574,30 +584,30 @@ fn next_line(stdout: &mut impl io::Read, mut seen: Vec<u8>) -> io::Result<(Vec<u
     }
 }
 
-fn run_agent(
-    port: &mut File,
+/// Starts the agent with `args` in the run's cgroup, as the sandbox user (or, for a trial
+/// job, as uid 0 with exactly CAP_SETUID and CAP_SETGID), its three standard streams pipes;
+/// returns it, its stdout, and a thread keeping the first [`STDERR_KEPT`] bytes of its
+/// stderr.
+fn start_agent(
+    args: &[&str],
     procs: File,
     broker: bool,
-    limits: &GuestLimits,
-) -> Result<std::process::ExitStatus, GuestInitError> {
-    let trial = limits.trial;
+    trial: bool,
+) -> Result<
+    (
+        std::process::Child,
+        std::process::ChildStdout,
+        std::thread::JoinHandle<Vec<u8>>,
+    ),
+    GuestInitError,
+> {
     #[expect(
         clippy::disallowed_methods,
         reason = "inside the guest, PID 1 starts the agent with its job on stdin; the host's Spawn helper gives /dev/null"
     )]
     let mut cmd = std::process::Command::new(AGENT);
-    cmd.arg("--wall-first");
-    // A warm member: the interpreter starts waiting before the job is known.
-    match limits.warm {
-        Some(plimsoll_wire::Language::Javascript) => {
-            cmd.args(["--warm", "javascript"]);
-        }
-        Some(plimsoll_wire::Language::Python) => {
-            cmd.args(["--warm", "python"]);
-        }
-        None => {}
-    }
-    cmd.env_clear()
+    cmd.args(args)
+        .env_clear()
         .envs(ENVIRONMENT)
         .envs(BROKER_ENVIRONMENT.into_iter().filter(|_| broker))
         .current_dir("/work")
@@ -614,8 +624,9 @@ fn run_agent(
     let mut child = cmd.spawn().map_err(GuestInitError::Agent)?;
     // The hook's copy of the cgroup descriptor goes with the command.
     drop(cmd);
-    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+    let (Some(stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
         let _ = child.kill();
+        let _ = child.wait();
         return Err(GuestInitError::Agent(io::Error::other("no pipes")));
     };
     let errors = std::thread::spawn(move || {
@@ -632,6 +643,23 @@ fn run_agent(
         }
         kept
     });
+    Ok((child, stdout, errors))
+}
+
+fn run_agent(
+    port: &mut File,
+    procs: File,
+    broker: bool,
+    limits: &GuestLimits,
+) -> Result<std::process::ExitStatus, GuestInitError> {
+    let mut args = vec!["--wall-first"];
+    // A warm member: the interpreter starts waiting before the job is known.
+    match limits.warm {
+        Some(plimsoll_wire::Language::Javascript) => args.extend(["--warm", "javascript"]),
+        Some(plimsoll_wire::Language::Python) => args.extend(["--warm", "python"]),
+        None => {}
+    }
+    let (mut child, mut stdout, errors) = start_agent(&args, procs, broker, limits.trial)?;
     // Its wall first; then its job, once the host has judged the wall (a host that refuses
     // sends no job: the guest is killed with the agent waiting).
     let handed = (|| {
@@ -677,6 +705,101 @@ fn run_agent(
         channel::write_frame(port, channel::STDERR, &kept).map_err(GuestInitError::Channel)?;
     }
     Ok(status)
+}
+
+/// A session's VM: the agent (`--wall-first --session LANGUAGE`, as the sandbox user) says
+/// its wall and that its interpreter is ready; then its stdin takes what the host sends
+/// ([`channel::INPUT`] frames) and its stdout goes to the host as it comes, until the host
+/// ends the session (an ack, or the end of the channel) or kills the VM. If the agent ends
+/// first, its stderr and exit record follow its last output.
+fn run_session(
+    port: &mut File,
+    procs: File,
+    broker: bool,
+    language: plimsoll_wire::Language,
+) -> Result<(), GuestInitError> {
+    let name = match language {
+        plimsoll_wire::Language::Javascript => "javascript",
+        plimsoll_wire::Language::Python => "python",
+    };
+    let started = Instant::now();
+    let (mut child, mut stdout, errors) =
+        start_agent(&["--wall-first", "--session", name], procs, broker, false)?;
+    let said = (|| {
+        let (wall, rest) = next_line(&mut stdout, Vec::new()).map_err(GuestInitError::Agent)?;
+        channel::write_frame(port, channel::WALL, &wall).map_err(GuestInitError::Channel)?;
+        // Said once the interpreter takes calls; the host judges it.
+        let (mut ready, rest) = next_line(&mut stdout, rest).map_err(GuestInitError::Agent)?;
+        ready.push(b'\n');
+        channel::write_frame(port, channel::READY, &ready).map_err(GuestInitError::Channel)?;
+        let input = child
+            .stdin
+            .take()
+            .ok_or_else(|| GuestInitError::Agent(io::Error::other("no stdin pipe")))?;
+        let out = port.try_clone().map_err(GuestInitError::Channel)?;
+        Ok((rest, input, out))
+    })();
+    let (rest, input, mut out) = match said {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
+    // Agent → host, on a thread of its own: only this thread writes to the port from now on.
+    let relay = std::thread::spawn(move || -> io::Result<()> {
+        if !rest.is_empty() {
+            channel::write_frame(&mut out, channel::STDOUT, &rest)?;
+        }
+        let mut buf = vec![0u8; channel::CHUNK];
+        loop {
+            match stdout.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => channel::write_frame(&mut out, channel::STDOUT, &buf[..n])?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let status = child.wait()?;
+        let kept = errors.join().unwrap_or_default();
+        if !kept.is_empty() {
+            channel::write_frame(&mut out, channel::STDERR, &kept)?;
+        }
+        let mut exit = vec![("agent_ms", started.elapsed().as_millis().to_string())];
+        match (status.code(), status.signal()) {
+            (Some(c), _) => exit.push(("code", c.to_string())),
+            (None, Some(s)) => exit.push(("signal", s.to_string())),
+            (None, None) => {}
+        }
+        channel::write_frame(&mut out, channel::EXIT, &channel::encode_record(exit))
+    });
+    // Host → agent, until the host ends the session. Input the agent no longer reads (it
+    // ended: the relay says so) is dropped.
+    let mut input = Some(input);
+    let ended = loop {
+        match channel::read_frame(port, channel::INPUT_MAX) {
+            Ok(Some((channel::INPUT, bytes))) => {
+                if let Some(i) = input.as_mut()
+                    && i.write_all(&bytes).and_then(|()| i.flush()).is_err()
+                {
+                    input = None;
+                }
+            }
+            Ok(Some((channel::ACK, _)) | None) => break Ok(()),
+            Ok(Some((tag, _))) => {
+                break Err(GuestInitError::Protocol(format!(
+                    "expected the session's input, got {:?}",
+                    tag as char
+                )));
+            }
+            Err(e) => break Err(GuestInitError::Channel(e)),
+        }
+    };
+    // The agent reads the end of its input, ends its interpreter and exits.
+    drop(input);
+    let _ = relay.join();
+    ended
 }
 
 /// Waits (bounded) for the host's ack, so the last frame is out of QEMU before power-off.

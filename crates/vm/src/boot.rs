@@ -703,13 +703,7 @@ fn limits_and_wall(
         Ok(Some((channel::WALL, payload))) => {
             serde_json::from_slice::<plimsoll_wire::Wall>(&payload)
                 .map_err(|e| format!("the agent's wall is not a wall ({e})"))
-                .and_then(|mut wall| {
-                    let host = HostView::read();
-                    plimsoll_sandbox::wall::mark(&mut wall, expected, &host);
-                    plimsoll_sandbox::wall::check(&wall, expected, &host)
-                        .map(|()| wall)
-                        .map_err(|e| e.to_string())
-                })
+                .and_then(|wall| judge_wall(wall, expected))
         }
         Ok(Some((channel::FATAL, payload))) => Err(format!(
             "the guest init failed before the agent said its wall: {}",
@@ -732,17 +726,32 @@ fn limits_and_wall(
     true
 }
 
-/// A warm member's ready frame: its interpreter waits. False, with the answer set, when it
-/// did not say so within `within`.
-fn ready(sock: &UnixStream, within: Duration, report: &mut BootReport) -> bool {
+/// The agent's wall, said from inside the guest, judged by the probe's table (its
+/// namespaces compared with the host's view): the wall, marked, or why it does not pass.
+pub fn judge_wall(
+    mut wall: plimsoll_wire::Wall,
+    expected: &Expectations,
+) -> Result<plimsoll_wire::Wall, String> {
+    let host = HostView::read();
+    plimsoll_sandbox::wall::mark(&mut wall, expected, &host);
+    plimsoll_sandbox::wall::check(&wall, expected, &host)
+        .map(|()| wall)
+        .map_err(|e| e.to_string())
+}
+
+/// The ready frame of a warm member (its interpreter waits) or of a session (its
+/// interpreter takes calls): it must carry `line`. False, with the answer set, when it did
+/// not say so within `within`.
+fn ready(sock: &UnixStream, within: Duration, line: &[u8], report: &mut BootReport) -> bool {
     let mut reader = DeadlineReader::new(sock, Instant::now() + within);
     let why = match channel::read_frame(&mut reader, channel::RECORD_MAX) {
-        Ok(Some((channel::READY, line))) if line == plimsoll_sandbox::warm::READY_LINE => {
+        Ok(Some((channel::READY, said))) if said == line => {
             return true;
         }
-        Ok(Some((channel::READY, line))) => format!(
-            "it said {:?}, not that it waits",
-            String::from_utf8_lossy(&line)
+        Ok(Some((channel::READY, said))) => format!(
+            "it said {:?}, not {:?}",
+            String::from_utf8_lossy(&said),
+            String::from_utf8_lossy(line)
         ),
         Ok(Some((channel::FATAL, payload))) => format!(
             "the guest init failed: {}",
@@ -865,7 +874,12 @@ pub fn make_member(
     let mut report = BootReport::new(vm.started_unix_ms);
     let made = hello(plan, &vm.sock, None, vm.t0, &mut report)
         && limits_and_wall(&vm.sock, plan.boot_timeout, limits, wall, &mut report)
-        && ready(&vm.sock, plan.boot_timeout, &mut report);
+        && ready(
+            &vm.sock,
+            plan.boot_timeout,
+            plimsoll_sandbox::warm::READY_LINE,
+            &mut report,
+        );
     if made {
         return Ok(Ok(WaitingVm {
             vm,
@@ -925,6 +939,134 @@ impl WaitingVm {
 
     /// Removes a member that was never used.
     pub fn discard(self) -> Result<(), TeardownError> {
+        self.vm.stop(false).cleanup
+    }
+}
+
+/// A session's VM (docs/sessions.md): booted, its agent's wall judged, its interpreter
+/// ready for calls; the agent's standard input and output relayed over the channel
+/// ([`channel::INPUT`] frames in, [`channel::STDOUT`] frames out). QEMU is killed at the
+/// session's maximum lifetime even if nobody closes it (and with its forking thread, which
+/// lives as long as this value, if the daemon dies); [`SessionVm::stop`] removes everything.
+#[derive(Debug)]
+pub struct SessionVm {
+    vm: Vm,
+    wall: plimsoll_wire::Wall,
+    /// The lifetime's timer: a thread that kills QEMU's process group unless told first.
+    lifetime: Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+}
+
+/// Boots a session's VM for `plan` (whose `job` is not used): `limits` (with `session` set)
+/// go to the guest, the agent's wall is judged against `wall`, and this returns once the
+/// agent says its interpreter is ready (within `ready_within`). `Ok(Err(report))`: the VM
+/// was booted and is gone again, and the report says why.
+pub fn open_session(
+    plan: &BootPlan<'_>,
+    limits: &GuestLimits,
+    wall: &Expectations,
+    lifetime: Duration,
+    ready_within: Duration,
+) -> Result<Result<SessionVm, BootReport>, StartVmError> {
+    let vm = Vm::start(plan, true)?;
+    let mut report = BootReport::new(vm.started_unix_ms);
+    let opened = hello(plan, &vm.sock, None, vm.t0, &mut report)
+        && limits_and_wall(&vm.sock, plan.boot_timeout, limits, wall, &mut report)
+        && ready(
+            &vm.sock,
+            ready_within,
+            plimsoll_wire::SESSION_READY_LINE,
+            &mut report,
+        );
+    match report.wall.take() {
+        Some(wall) if opened => {
+            let pid = vm.pid;
+            let (tell, told) = std::sync::mpsc::channel::<()>();
+            let timer = std::thread::Builder::new()
+                .name("qemu-session-lifetime".into())
+                .spawn(move || {
+                    if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        told.recv_timeout(lifetime)
+                        && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
+                    {
+                        // Not reaped before this thread is joined: the pid is still QEMU's.
+                        let _ =
+                            rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+                    }
+                });
+            match timer {
+                Ok(timer) => Ok(Ok(SessionVm {
+                    vm,
+                    wall,
+                    lifetime: Some((tell, timer)),
+                })),
+                Err(e) => {
+                    report.answer = Answer::NotWaiting(format!("cannot start its timer: {e}"));
+                    vm.stop(false).into_report(&mut report);
+                    Ok(Err(report))
+                }
+            }
+        }
+        taken => {
+            report.wall = taken;
+            report.peak_rss_kib = peak_rss_kib(vm.pid);
+            vm.stop(false).into_report(&mut report);
+            Ok(Err(report))
+        }
+    }
+}
+
+impl SessionVm {
+    /// QEMU's pid.
+    pub fn pid(&self) -> u32 {
+        self.vm.pid
+    }
+
+    /// The agent's wall, judged when the VM was opened.
+    pub fn wall(&self) -> &plimsoll_wire::Wall {
+        &self.wall
+    }
+
+    /// Hands `bytes` to the agent's standard input, in frames of at most
+    /// [`channel::INPUT_MAX`], each written within `within`.
+    pub fn send(&self, bytes: &[u8], within: Duration) -> io::Result<()> {
+        for piece in bytes.chunks(channel::INPUT_MAX) {
+            send(&self.vm.sock, within, channel::INPUT, piece)?;
+        }
+        Ok(())
+    }
+
+    /// The guest's next frame (payload at most `max` bytes), waiting until `until`.
+    /// `Ok(None)`: the channel ended (QEMU exited).
+    pub fn next_frame(&self, until: Instant, max: usize) -> io::Result<Option<(u8, Vec<u8>)>> {
+        let mut reader = DeadlineReader::new(&self.vm.sock, until);
+        channel::read_frame(&mut reader, max)
+    }
+
+    /// Whether the guest has sent something not yet read (between calls, only an agent that
+    /// ended, or a guest out of step, does).
+    pub fn has_output(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.vm.sock,
+            rustix::event::PollFlags::IN,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+    }
+
+    /// Whether QEMU is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.vm.child.try_wait(), Ok(None))
+    }
+
+    /// Kills QEMU and removes everything of the VM: no process of its uid, no run directory.
+    pub fn stop(mut self) -> Result<(), TeardownError> {
+        if let Some((tell, timer)) = self.lifetime.take() {
+            drop(tell);
+            let _ = timer.join();
+        }
         self.vm.stop(false).cleanup
     }
 }

@@ -11,6 +11,8 @@
 //!   crate's, shared with the guest).
 //! - [`boot`]: one VM's life, from run directory to teardown.
 //! - [`provider`]: the provider itself, [`VmProvider`].
+//! - [`session`]: a session's VM ([`session::VmSession`]), its agent's calls relayed over
+//!   the channel.
 //! - [`probe`]: the startup probe and its checks.
 //! - [`tier`]: the tier rule.
 //! - [`guest`]: where things are in the guest (the guest-init crate's layout; the guest's
@@ -27,6 +29,7 @@ pub mod jail;
 pub mod probe;
 pub mod provider;
 pub mod qemu;
+pub mod session;
 pub mod tier;
 
 pub use plimsoll_guest_init::channel;

@@ -559,6 +559,76 @@ impl VmProvider {
         }
     }
 
+    /// Opens a session's VM for `plan` (docs/sessions.md): booted as a run's, its agent
+    /// (`plimsoll-agent --wall-first --session LANGUAGE`) says its wall (judged as a run's
+    /// is) and that its interpreter is ready; QEMU is killed at `lifetime` at the latest.
+    pub fn open_session_vm(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: Duration,
+    ) -> Result<crate::session::VmSession, LaunchError> {
+        if plan.privileges.is_trial() {
+            return Err(LaunchError::not_started(
+                plimsoll_wire::Reason::Unsupported,
+                "a session takes no trial step",
+            ));
+        }
+        let (prepared, accelerator) = self.ready_to_boot(false)?;
+        let language = match &plan.spec {
+            RunSpec::Snippet(s) => s.language,
+            RunSpec::Project(_) => plimsoll_wire::Language::Python,
+        };
+        let mut job = job_for(plan)?;
+        job.limits.session = Some(language);
+        let spec = self.boot_spec(
+            plan,
+            &prepared,
+            accelerator,
+            false,
+            None,
+            self.config.boot_timeout,
+        )?;
+        let opened = boot::open_session(
+            &spec,
+            &job.limits,
+            &job.wall,
+            lifetime,
+            crate::session::READY_WITHIN,
+        )
+        .map_err(|e| LaunchError::environment(error_chain(&e)))?;
+        match opened {
+            Ok(vm) => Ok(crate::session::VmSession::new(vm, plan.clone(), job.wall)),
+            Err(report) => {
+                let why = match &report.answer {
+                    Answer::NotWaiting(why) => LaunchError::environment(format!(
+                        "the session's agent did not say it is ready: {why} ({})",
+                        report.diagnostics()
+                    )),
+                    Answer::WallRefused(why) => LaunchError::not_started(
+                        plimsoll_wire::Reason::Environment,
+                        format!("the session's wall was refused: {why}"),
+                    ),
+                    Answer::BootTimedOut(budget) => LaunchError::environment(format!(
+                        "the session's VM did not boot within {} s ({})",
+                        budget.as_secs_f64(),
+                        report.diagnostics()
+                    )),
+                    Answer::NotBooted(why) | Answer::Lost(why) => {
+                        LaunchError::environment(format!(
+                            "the session's VM did not open: {why} ({})",
+                            report.diagnostics()
+                        ))
+                    }
+                    other => LaunchError::environment(format!(
+                        "the session's VM did not open: {other:?} ({})",
+                        report.diagnostics()
+                    )),
+                };
+                Err(why.after_cleanup(report.cleanup))
+            }
+        }
+    }
+
     /// Runs `plan` and also returns its timings and QEMU's peak memory.
     pub fn run_measured(&self, plan: &LaunchPlan) -> Result<(Outcome, RunStats), LaunchError> {
         let (prepared, accelerator) = self.ready_to_boot(plan.privileges.is_trial())?;
@@ -639,6 +709,7 @@ pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
             tmp_bytes: l.disk_bytes / 4,
             trial,
             warm: None,
+            session: None,
         },
         json,
         answer_timeout: l.timeout + AGENT_GRACE + transfer,
@@ -831,6 +902,20 @@ impl Provider for VmProvider {
         true
     }
 
+    /// A session is one VM booted as a run's, its agent serving calls relayed over the
+    /// channel; its wall is said by the agent inside the guest, at open and per call.
+    fn opens_sessions(&self) -> bool {
+        true
+    }
+
+    fn open_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: Duration,
+    ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
+        Ok(Box::new(self.open_session_vm(plan, lifetime)?))
+    }
+
     fn warm(&self, plan: &WarmPlan) -> Result<Box<dyn WarmMember>, LaunchError> {
         Ok(Box::new(self.make_member(plan)?))
     }
@@ -880,6 +965,7 @@ mod tests {
             controller_gid: 5 + 1,
             run_dir: "/x/runs/r".into(),
             broker: None,
+            tap: None,
         }
     }
 

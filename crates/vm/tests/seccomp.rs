@@ -90,6 +90,7 @@ fn every_allowed_call_works_and_no_namespace_or_mount_is_made() {
         controller_uid: UID + 1,
         controller_gid: UID + 1,
         broker: None,
+        tap: None,
     };
     let outcome = p.run(&plan);
     let left = processes_of_uid(UID);

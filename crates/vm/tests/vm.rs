@@ -134,6 +134,7 @@ impl Rig {
             controller_uid: self.uid + 1,
             controller_gid: self.uid + 1,
             broker: None,
+            tap: None,
         }
     }
 
@@ -389,6 +390,7 @@ fn missing_assets_are_not_offered() {
         controller_gid: 2_400_990 + 1,
         run_dir: tmp.path().join("state/runs/r"),
         broker: None,
+        tap: None,
     };
     match p.run(&plan) {
         Err(plimsoll_sandbox::LaunchError::NotStarted { .. }) => {}
@@ -956,4 +958,153 @@ fn warm_members_boot_ahead_run_once_and_a_wrong_wall_is_refused() {
         other => panic!("expected the wall to be refused: {other:?}"),
     }
     assert_member_gone(&rig, &made);
+}
+
+/// A cell of `code` for a session, answered within 30 s.
+fn cell(code: &str) -> plimsoll_wire::SessionCall {
+    plimsoll_wire::SessionCall::Cell(plimsoll_wire::SessionCell {
+        code: code.into(),
+        restart: false,
+        deadline_ms: 30_000,
+        output_bytes: 1 << 20,
+        stream: true,
+    })
+}
+
+/// A session at qemu is one VM kept across calls, its guest agent serving them: two cells
+/// share a variable, a step writes a file a cell then reads, output chunks come before the
+/// answer, the wall said by the agent inside the guest now is the wall at open, and closing
+/// leaves no QEMU, no process of the uid and no run directory. Dropping an open session
+/// removes it too. Prints the median round trip of a trivial cell.
+#[test]
+fn a_session_keeps_one_vm_across_calls_and_leaves_nothing() {
+    use plimsoll_wire::{AgentJob, SessionCall, SessionJob};
+    let test = "a_session_keeps_one_vm_across_calls_and_leaves_nothing";
+    let Some(rig) = rig(test, 25) else {
+        return;
+    };
+    assert!(rig.p.opens_sessions());
+    let l = limits();
+    let plan = rig.plan(py(""), l);
+    let t0 = Instant::now();
+    let mut s = rig
+        .p
+        .open_session(&plan, Duration::from_secs(600))
+        .expect("a session at qemu");
+    println!("session opened in {:?}", t0.elapsed());
+    assert_eq!(qemus_of(rig.uid).len(), 1, "one VM for the session");
+    assert!(plan.run_dir.exists());
+    assert!(s.alive());
+    let at_open = s.wall_at_open().clone();
+    assert_eq!((at_open.uid, at_open.no_new_privs), (1000, Some(true)));
+
+    let within = Duration::from_secs(60);
+    let run = |s: &mut Box<dyn plimsoll_sandbox::SessionSandbox>, call: &SessionCall| {
+        let mut chunks = Vec::new();
+        let a = s
+            .call(call, within, &mut |c| chunks.push(c))
+            .expect("an answer");
+        let r = a
+            .result
+            .unwrap_or_else(|| panic!("no result: {:?}", a.error));
+        (r, chunks)
+    };
+    let (r, _) = run(
+        &mut s,
+        &cell("import os\nx = 41\nprint(os.getuid(), os.getcwd())"),
+    );
+    assert_eq!(
+        (r.exit_code, text(&r.stdout)),
+        (Some(0), "1000 /work\n".to_owned()),
+        "{r:?}"
+    );
+    let (r, chunks) = run(&mut s, &cell("x += 1\nprint(x)"));
+    assert_eq!(
+        (text(&r.stdout), r.state_kept),
+        ("42\n".to_owned(), Some(true))
+    );
+    assert!(
+        chunks.iter().any(|c| c.bytes.0 == b"42\n"),
+        "the output came as a chunk first: {chunks:?}"
+    );
+
+    // A step writes a file; a cell reads it.
+    let job = AgentJob {
+        spec: RunSpec::Project(Project {
+            files: vec![],
+            steps: vec![step("write", "echo from-the-step > note.txt && id -u")],
+            artifacts: vec![],
+        }),
+        work_dir: "/work".into(),
+        output_bytes: 1 << 20,
+        artifact_bytes: 1 << 20,
+        deadline_ms: 30_000,
+        trial: None,
+    };
+    let (r, _) = run(&mut s, &SessionCall::Job(SessionJob { job, stream: false }));
+    assert_eq!(r.steps.len(), 1, "{r:?}");
+    assert_eq!(
+        (r.steps[0].exit_code, text(&r.steps[0].stdout)),
+        (Some(0), "1000\n".to_owned())
+    );
+    let (r, _) = run(&mut s, &cell("print(open('note.txt').read().strip(), x)"));
+    assert_eq!(text(&r.stdout), "from-the-step 42\n", "{r:?}");
+
+    // The wall now, said by the agent in the guest, is the wall at open.
+    assert_eq!(s.wall_now().expect("the wall now"), at_open);
+
+    // A trivial cell's round trip (a preview for benchmarks, never asserted).
+    let mut trips: Vec<Duration> = (0..20)
+        .map(|_| {
+            let t = Instant::now();
+            let (r, _) = run(&mut s, &cell("pass"));
+            assert_eq!(r.exit_code, Some(0));
+            t.elapsed()
+        })
+        .collect();
+    trips.sort();
+    println!(
+        "qemu ({}) session cell round trip: median {:?}, min {:?}, max {:?} over {} cells",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        trips[trips.len() / 2],
+        trips[0],
+        trips[trips.len() - 1],
+        trips.len()
+    );
+
+    s.close().expect("closed");
+    assert!(qemus_of(rig.uid).is_empty(), "no QEMU after close");
+    rig.assert_clean(&plan);
+
+    // An agent that ends between calls (here killed by the code, its uid's) is seen: the
+    // session is no longer alive, and a call fails (it may have run). Dropped without close,
+    // it is removed all the same.
+    let plan = rig.plan(py(""), limits());
+    let mut s = rig
+        .p
+        .open_session(&plan, Duration::from_secs(600))
+        .expect("a second session");
+    let (r, _) = run(
+        &mut s,
+        &cell("import os, threading\nthreading.Timer(1.0, os.kill, (os.getppid(), 9)).start()"),
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let until = Instant::now() + Duration::from_secs(30);
+    while s.alive() {
+        assert!(Instant::now() < until, "the agent's end was not seen");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    match s.call(&cell("print(1)"), within, &mut |_| {}) {
+        Err(e @ plimsoll_sandbox::LaunchError::MayHaveRun { .. }) => {
+            assert!(e.message().contains("ended"), "{}", e.message());
+        }
+        other => panic!("expected the call to fail: {other:?}"),
+    }
+    drop(s);
+    assert!(qemus_of(rig.uid).is_empty(), "no QEMU after drop");
+    rig.assert_clean(&plan);
 }

@@ -1,0 +1,224 @@
+//! Sessions at qemu: one VM kept across calls, booted as a run's (the same kernel, image,
+//! jail, limits and guest set-up), whose guest runs `plimsoll-agent --wall-first --session
+//! LANGUAGE` as the sandbox user instead of one job. Each call is one JSON line handed to
+//! the agent's standard input over the channel, answered by chunk lines and one answer line
+//! from its standard output (docs/sessions.md). The wall is said by the agent from inside the
+//! guest (the host's /proc sees only QEMU): at open, and again before every call
+//! (`SessionCall::Wall`), judged as a run's wall is. QEMU is killed at the session's maximum
+//! lifetime by a timer of its own, and with the daemon (its parent-death signal).
+
+use std::time::{Duration, Instant};
+
+use plimsoll_sandbox::judge::Expectations;
+use plimsoll_sandbox::{LaunchError, LaunchPlan, SessionSandbox};
+use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, SessionLine, Wall};
+
+use crate::boot::SessionVm;
+use crate::channel;
+use crate::provider::error_chain;
+
+/// The most a session's agent may write in one line (an answer holds both streams and any
+/// artifacts, base64-encoded where they are not UTF-8); as at the container providers.
+const LINE_MAX: usize = 512 * 1024 * 1024;
+
+/// How long the agent may take, after its wall, to start its interpreter and say it is
+/// ready (or to answer a wall call).
+pub const READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// Stderr kept of an agent that ended.
+const STDERR_KEPT: usize = 16 * 1024;
+
+/// An open session's VM.
+#[derive(Debug)]
+pub struct VmSession {
+    vm: Option<SessionVm>,
+    plan: LaunchPlan,
+    /// What the agent's wall must show (the run's expectations).
+    expected: Expectations,
+    wall: Wall,
+    /// Output of the agent read but not yet a whole line.
+    pending: Vec<u8>,
+    /// Why the agent can serve no more calls (it ended, or a call broke the channel).
+    broken: Option<String>,
+}
+
+impl VmSession {
+    pub(crate) fn new(vm: SessionVm, plan: LaunchPlan, expected: Expectations) -> Self {
+        let wall = vm.wall().clone();
+        VmSession {
+            vm: Some(vm),
+            plan,
+            expected,
+            wall,
+            pending: Vec::new(),
+            broken: None,
+        }
+    }
+
+    /// QEMU's pid, while the VM is there.
+    pub fn pid(&self) -> Option<u32> {
+        self.vm.as_ref().map(SessionVm::pid)
+    }
+
+    /// The next whole line of the agent's output, read until `until`.
+    fn next_line(&mut self, until: Instant) -> Result<Vec<u8>, String> {
+        let mut stderr = Vec::new();
+        loop {
+            if let Some(i) = self.pending.iter().position(|b| *b == b'\n') {
+                let mut line: Vec<u8> = self.pending.drain(..=i).collect();
+                line.pop();
+                return Ok(line);
+            }
+            if self.pending.len() > LINE_MAX {
+                return Err(format!("the agent wrote a line over {LINE_MAX} bytes"));
+            }
+            let vm = self.vm.as_ref().ok_or("the session's VM is gone")?;
+            let frame = vm
+                .next_frame(until, channel::CHUNK.max(channel::RECORD_MAX))
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::TimedOut => "the agent did not answer in time".to_owned(),
+                    _ => format!("reading the agent's output: {e}"),
+                })?;
+            match frame {
+                Some((channel::STDOUT, bytes)) => self.pending.extend_from_slice(&bytes),
+                Some((channel::STDERR, bytes)) => {
+                    let room = STDERR_KEPT.saturating_sub(stderr.len());
+                    stderr.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                }
+                Some((channel::EXIT, record)) => {
+                    let record = channel::decode_record(&record).unwrap_or_default();
+                    let how = record
+                        .get("code")
+                        .map(|c| format!("exit {c}"))
+                        .or_else(|| record.get("signal").map(|s| format!("signal {s}")))
+                        .unwrap_or_else(|| "no status".into());
+                    let said = String::from_utf8_lossy(&stderr);
+                    return Err(format!(
+                        "the session's agent ended ({how}): {}",
+                        said.lines().last().unwrap_or("").trim()
+                    ));
+                }
+                Some((channel::FATAL, line)) => {
+                    return Err(format!(
+                        "the guest init failed: {}",
+                        String::from_utf8_lossy(&line)
+                    ));
+                }
+                Some((tag, _)) => {
+                    return Err(format!(
+                        "the guest sent an unexpected frame `{}`",
+                        tag.escape_ascii()
+                    ));
+                }
+                None => return Err("the session's VM ended".into()),
+            }
+        }
+    }
+
+    /// The agent's chunk lines (each to `on_chunk`) up to its answer line, until `until`.
+    fn answer(
+        &mut self,
+        until: Instant,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+    ) -> Result<SessionAnswer, String> {
+        loop {
+            let line = self.next_line(until)?;
+            let line: SessionLine = serde_json::from_slice(&line).map_err(|e| {
+                format!("the session's agent answered something else ({e}): check plimsoll-agent")
+            })?;
+            match line {
+                SessionLine::Chunk(chunk) => on_chunk(chunk),
+                SessionLine::Answer(answer) => return Ok(*answer),
+            }
+        }
+    }
+
+    /// Kills QEMU and removes everything of the VM. Once.
+    fn remove(&mut self) -> Result<(), String> {
+        match self.vm.take() {
+            Some(vm) => vm.stop().map_err(|e| error_chain(&e)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl SessionSandbox for VmSession {
+    /// The host uid QEMU runs as (the code runs as the guest's `sandbox` user).
+    fn uid(&self) -> u32 {
+        self.plan.uid
+    }
+
+    fn wall_at_open(&self) -> &Wall {
+        &self.wall
+    }
+
+    fn wall_now(&mut self) -> Result<Wall, LaunchError> {
+        let answer = self.call(&SessionCall::Wall, READY_WITHIN, &mut |_| {})?;
+        let wall = answer
+            .wall
+            .ok_or_else(|| LaunchError::environment("the session's agent answered no wall"))?;
+        crate::boot::judge_wall(wall, &self.expected)
+            .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))
+    }
+
+    fn call(
+        &mut self,
+        call: &SessionCall,
+        within: Duration,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+    ) -> Result<SessionAnswer, LaunchError> {
+        if let Some(why) = &self.broken {
+            return Err(LaunchError::may_have_run(format!(
+                "the session's sandbox failed before: {why}"
+            )));
+        }
+        let mut line = serde_json::to_vec(call)
+            .map_err(|e| LaunchError::may_have_run(format!("cannot encode the call: {e}")))?;
+        line.push(b'\n');
+        let until = Instant::now() + within;
+        let sent = match self.vm.as_ref() {
+            Some(vm) => vm
+                .send(&line, within)
+                .map_err(|e| format!("cannot hand the session's agent a call: {e}")),
+            None => Err("the session's VM is gone".into()),
+        };
+        let answered = sent.and_then(|()| self.answer(until, on_chunk));
+        answered.map_err(|why| {
+            // The channel may be out of step (a frame cut by the deadline): no more calls.
+            self.broken = Some(why.clone());
+            LaunchError::may_have_run(why)
+        })
+    }
+
+    /// QEMU runs and the agent has said nothing since its last answer (an agent that ended
+    /// has: its stderr and exit record, read here).
+    fn alive(&mut self) -> bool {
+        if self.broken.is_some() || !self.vm.as_mut().is_some_and(SessionVm::running) {
+            return false;
+        }
+        if self.vm.as_ref().is_some_and(SessionVm::has_output) {
+            let why = match self.next_line(Instant::now() + Duration::from_secs(2)) {
+                Ok(line) => format!(
+                    "the agent wrote between calls: {}",
+                    String::from_utf8_lossy(&line[..line.len().min(200)])
+                ),
+                Err(why) => why,
+            };
+            self.broken = Some(why);
+            return false;
+        }
+        true
+    }
+
+    fn close(mut self: Box<Self>) -> Result<(), String> {
+        self.remove()
+    }
+}
+
+impl Drop for VmSession {
+    fn drop(&mut self) {
+        if let Err(e) = self.remove() {
+            tracing::error!(run_id = %self.plan.run_id, error = %e, "a session's VM was not fully removed");
+        }
+    }
+}
