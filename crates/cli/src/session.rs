@@ -74,8 +74,12 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
             let bytes = read_bytes(from.as_deref())?;
             let c = connect(&to)?;
             Ok(
-                match c.session(&id).and_then(|mut s| s.put(&path, &bytes)) {
-                    Ok(resp) => {
+                match c.session(&id).and_then(|mut s| {
+                    let resp = s.put(&path, &bytes)?;
+                    Ok((s, resp))
+                }) {
+                    Ok((s, resp)) => {
+                        record(&to, &s, &resp)?;
                         if to.json {
                             print_json(&resp);
                         } else {

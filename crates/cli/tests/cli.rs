@@ -1142,7 +1142,7 @@ fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
     std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let image = plimsoll_testing::workspace_root().join("build/images/sandbox");
     let daemon = TestDaemon::start(&format!(
-        "providers = [\"crun\"]\n[pools]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[oci]\nimage = \"{}\"\n",
+        "providers = [\"crun\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[pools]\n[oci]\nimage = \"{}\"\n",
         state.path().display(),
         uid_base(21),
         image.display()

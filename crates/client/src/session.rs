@@ -148,8 +148,9 @@ impl Client {
     pub fn session(&self, id: &str) -> Result<Session, ClientError> {
         let request_id = new_request_id();
         let path = format!("/v1/sessions/{id}");
+        let headers = [("plimsoll-request-id", request_id.as_str())];
         let (status, bytes) =
-            self.exchange("GET", &path, None, &[], EXCHANGE_SLACK, &request_id)?;
+            self.exchange("GET", &path, None, &headers, EXCHANGE_SLACK, &request_id)?;
         if status != 200 {
             return Err(refusal(&request_id, status, &bytes));
         }
@@ -309,9 +310,10 @@ impl Session {
     pub fn refresh(&mut self) -> Result<&SessionInfo, ClientError> {
         let request_id = new_request_id();
         let path = format!("/v1/sessions/{}", self.info.session_id);
+        let headers = [("plimsoll-request-id", request_id.as_str())];
         let (status, bytes) =
             self.client
-                .exchange("GET", &path, None, &[], EXCHANGE_SLACK, &request_id)?;
+                .exchange("GET", &path, None, &headers, EXCHANGE_SLACK, &request_id)?;
         if status != 200 {
             return Err(refusal(&request_id, status, &bytes));
         }

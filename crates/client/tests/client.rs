@@ -643,8 +643,10 @@ fn session_fixture(test: &str, slot: u32) -> Option<Fixture> {
         .unwrap();
     std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let image = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/images/sandbox");
+    // The image is refused through anything but its real path.
+    let image = std::fs::canonicalize(&image).unwrap_or(image);
     let daemon = TestDaemon::start(&format!(
-        "providers = [\"crun\"]\n[pools]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[oci]\nimage = \"{}\"\n",
+        "providers = [\"crun\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[pools]\n[oci]\nimage = \"{}\"\n",
         state.path().display(),
         2_400_000 + 100 * slot,
         image.display()
@@ -659,9 +661,10 @@ fn session_fixture(test: &str, slot: u32) -> Option<Fixture> {
         .unwrap()
         .providers
         .into_iter()
-        .any(|p| p.name == "crun" && p.available);
-    if !crun {
-        let why = "the crun provider is unavailable";
+        .find(|p| p.name == "crun")
+        .map(|p| p.unavailable_reason.filter(|_| !p.available));
+    if crun != Some(None) {
+        let why = format!("the crun provider is unavailable: {crun:?}");
         if plimsoll_env::strict() {
             panic!("{test}: {why}");
         }

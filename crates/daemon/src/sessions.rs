@@ -78,12 +78,18 @@ fn required_request_id(headers: &HeaderMap) -> Result<String, Response> {
 
 /// The answer to an engine refusal or failure.
 fn refused(st: &AppState, err: &RunError) -> Response {
+    refused_echoing(st, err, None)
+}
+
+/// [`refused`], echoing `request_id` when the engine's answer has none (a request whose
+/// id came in the [`REQUEST_ID_HEADER`]).
+fn refused_echoing(st: &AppState, err: &RunError, request_id: Option<String>) -> Response {
     let body = err.to_response();
     let failure = failure_of(err);
     if let Some(reason) = failure.not_dispatched() {
         st.metrics.refused(reason);
     }
-    failure.respond(body.request_id, body.error.message)
+    failure.respond(body.request_id.or(request_id), body.error.message)
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Response {
@@ -152,7 +158,8 @@ pub(crate) async fn show(
     match authenticate(&st, &headers) {
         Ok(caller) => match st.engine.session_info(&caller, &id) {
             Ok(info) => json(&info),
-            Err(e) => refused(&st, &e),
+            // Echoes the id a client sent in the header, as every session answer does.
+            Err(e) => refused_echoing(&st, &e, header_request_id(&headers)),
         },
         Err(f) => {
             let (failure, message) = f.failure();
