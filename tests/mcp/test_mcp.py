@@ -726,8 +726,11 @@ async def sessions_via_client(daemon):
         assert structured(calls[2])["stdout"]["text"] == "42\n", structured(calls[2])
         assert structured(calls[4])["content"]["text"] == "text", structured(calls[4])
         assert not closed.is_error and structured(closed)["end_reason"] == "closed", text_of(closed)
-        # Nothing was sent to run: the session is looked up first, and that finds it ended.
+        # Nothing was sent to run: the session is looked up first, and that finds it ended
+        # (the look-up's refusal echoes its request id, so the client believes its code).
         assert after.is_error and text_of(after).startswith("not dispatched (request): nothing ran"), text_of(after)
+        a = structured(after)
+        assert a["code"] == "session_ended" and a["end_reason"] == "closed", a
         assert bogus.is_error and structured(bogus)["code"] == "session_not_found", text_of(bogus)
 
     check("python sdk, stdio with --daemon: a session through the Rust client, refused once closed", through_the_client)

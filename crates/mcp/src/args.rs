@@ -159,7 +159,8 @@ pub struct OpenSessionArgs {
     #[serde(default)]
     pub min_isolation: Option<TierArg>,
     /// Open it on this provider only (a name from `list_providers` that keeps sessions:
-    /// `crun`, `runc`, `runsc`); it must still meet the floor. Omit it to let plimsoll choose.
+    /// `crun`, `runc`, `runsc`, `qemu`); it must still meet the floor. Omit it to let
+    /// plimsoll choose.
     #[serde(default)]
     pub provider: Option<String>,
     /// The session ends after this many milliseconds without a call (the operator's default,

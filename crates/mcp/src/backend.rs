@@ -470,9 +470,9 @@ impl ClientBackend {
         self.client.session(id).map_err(|e| match e {
             // The client checked the echoed request id: its code and end reason hold.
             ClientError::Refused { .. } => BackendError::from_client(&e),
-            // The daemon answers a look-up without echoing a request id, so the client
-            // cannot tie its code to this request: the reason and message are kept, the
-            // code is not claimed.
+            // A daemon that does not echo the look-up's request id (one from before it
+            // did): the client cannot tie a code to this request, so the reason and
+            // message are kept and no code is claimed.
             ClientError::UnverifiedRefusal {
                 reason, message, ..
             } => BackendError::refused(
