@@ -291,6 +291,10 @@ pub struct BenchArgs {
     /// Seconds of each sustained-throughput measurement.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=600))]
     pub seconds: u32,
+    /// Measure only sessions (open time, cell round trips), `--runs` times 3 cells (at
+    /// least 20) per provider that keeps sessions and language.
+    #[arg(long)]
+    pub sessions_only: bool,
 }
 
 /// `plimsoll init`.

@@ -230,6 +230,25 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
         Some((cold, warm))
     };
 
+    if a.sessions_only {
+        let report = match &daemons {
+            Some((cold, _)) => {
+                let keeping: Vec<(String, Tier)> = available
+                    .iter()
+                    .filter(|(name, _)| engine.opens_sessions(name))
+                    .cloned()
+                    .collect();
+                session_round_trips(&cold.client, &keeping, (a.runs * 3).max(20))
+            }
+            None => "no provider is available: no session to measure\n".to_owned(),
+        };
+        drop(daemons);
+        drop(warm_engine);
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(report.as_bytes());
+        let _ = out.flush();
+        return Ok(EXIT_OK);
+    }
     let mut cases = Vec::new();
     for (provider, tier) in &available {
         for language in LANGUAGES {

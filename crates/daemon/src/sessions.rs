@@ -60,19 +60,18 @@ fn header_request_id(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The request id a body-less request must carry in [`REQUEST_ID_HEADER`].
-fn required_request_id(headers: &HeaderMap) -> Result<String, Response> {
+/// The request id a body-less request must carry in [`REQUEST_ID_HEADER`], or the refusal
+/// (not dispatched, `request`) that says it is missing or malformed.
+fn required_request_id(headers: &HeaderMap) -> Result<String, Box<Response>> {
+    let refuse =
+        |m: String| Box::new(Failure::Refused(plimsoll_wire::Reason::Request).respond(None, m));
     let Some(value) = headers.get(REQUEST_ID_HEADER) else {
-        return Err(Failure::Refused(plimsoll_wire::Reason::Request).respond(
-            None,
-            format!("send the request id in the {REQUEST_ID_HEADER} header"),
-        ));
+        return Err(refuse(format!(
+            "send the request id in the {REQUEST_ID_HEADER} header"
+        )));
     };
     let id = value.to_str().unwrap_or("");
-    validate_request_id(id).map_err(|m| {
-        Failure::Refused(plimsoll_wire::Reason::Request)
-            .respond(None, format!("{REQUEST_ID_HEADER}: {m}"))
-    })?;
+    validate_request_id(id).map_err(|m| refuse(format!("{REQUEST_ID_HEADER}: {m}")))?;
     Ok(id.to_owned())
 }
 
@@ -254,7 +253,7 @@ pub(crate) async fn put_file(
     };
     let request_id = match required_request_id(&parts.headers) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let run = file_request(
         request_id,
@@ -287,7 +286,7 @@ pub(crate) async fn get_file(
     };
     let request_id = match required_request_id(&headers) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let run = file_request(
         request_id,

@@ -95,7 +95,10 @@ pub enum CaptureError {
 /// answer's chunks (docs/sessions.md, "Streaming"). It is given exactly the bytes the buffer
 /// keeps, with their offset in the stream, so no chunk goes past what the result holds.
 #[derive(Clone)]
-pub struct OutputTap(std::sync::Arc<dyn Fn(OutputStream, u64, &[u8]) + Send + Sync>);
+pub struct OutputTap(std::sync::Arc<TapFn>);
+
+/// What a tap calls: `(stream, offset, bytes)`.
+type TapFn = dyn Fn(OutputStream, u64, &[u8]) + Send + Sync;
 
 impl OutputTap {
     /// A tap calling `f(stream, offset, bytes)`.

@@ -255,6 +255,45 @@ pub fn is_zombie(pid: i32) -> bool {
     })
 }
 
+/// Kills (SIGKILL) every process listed in `procs` (the `cgroup.procs` files of a run's
+/// cgroups; one that does not exist is skipped), again until they list none or `patience`
+/// has passed (a fork between reading and killing is caught next turn). What ends a
+/// cancelled run at the OCI providers, gVisor's own processes included.
+pub fn kill_cgroup_processes(
+    procs: &[std::path::PathBuf],
+    patience: Duration,
+) -> Result<(), String> {
+    let until = Instant::now() + patience;
+    loop {
+        let pids: Vec<i32> = procs
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .flat_map(|text| {
+                text.lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in &pids {
+            if let Some(pid) = Pid::from_raw(*pid) {
+                // Gone already is as good as killed.
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "{} processes still listed after {} ms",
+                pids.len(),
+                patience.as_millis()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,44 +392,5 @@ mod tests {
             Err(EndProcessesError::Root)
         ));
         assert!(signal_all_as(0).is_err());
-    }
-}
-
-/// Kills (SIGKILL) every process listed in `procs` (the `cgroup.procs` files of a run's
-/// cgroups; one that does not exist is skipped), again until they list none or `patience`
-/// has passed (a fork between reading and killing is caught next turn). What ends a
-/// cancelled run at the OCI providers, gVisor's own processes included.
-pub fn kill_cgroup_processes(
-    procs: &[std::path::PathBuf],
-    patience: Duration,
-) -> Result<(), String> {
-    let until = Instant::now() + patience;
-    loop {
-        let pids: Vec<i32> = procs
-            .iter()
-            .filter_map(|p| std::fs::read_to_string(p).ok())
-            .flat_map(|text| {
-                text.lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect::<Vec<i32>>()
-            })
-            .collect();
-        if pids.is_empty() {
-            return Ok(());
-        }
-        for pid in &pids {
-            if let Some(pid) = Pid::from_raw(*pid) {
-                // Gone already is as good as killed.
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
-        if Instant::now() >= until {
-            return Err(format!(
-                "{} processes still listed after {} ms",
-                pids.len(),
-                patience.as_millis()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
