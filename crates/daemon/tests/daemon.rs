@@ -3107,3 +3107,83 @@ fn sessions_keep_state_at_runc_runsc_and_qemu() {
         }
     }
 }
+
+/// #13: a session does not survive its daemon. Killed (SIGKILL), it leaves the session's
+/// container behind, which the next daemon's start-up reap removes; the old id is then
+/// refused `session_not_found`, not dispatched, saying the daemon restarted.
+#[test]
+fn a_session_does_not_survive_a_killed_daemon() {
+    let test = "a_session_does_not_survive_a_killed_daemon";
+    let image = workspace_root().join("build/images/sandbox");
+    let oci_state = tempfile::tempdir().unwrap();
+    let mut d = Spawned::start_settings(
+        "default_floor = \"container\"\nproviders = [\"crun\"]\n",
+        &format!(
+            "[pools]\n[oci]\nimage = \"{}\"\nstate_root = \"{}\"\n",
+            image.display(),
+            oci_state.path().display()
+        ),
+        &[],
+        &[],
+    );
+    if !available(test, &d.url, &d.token, "crun") {
+        return;
+    }
+    let s = open_session(&d.url, &d.token, "python", serde_json::json!({}));
+    let a = call(
+        &d.url,
+        "POST",
+        &format!("/v1/sessions/{}/cells", s.session_id),
+        &d.token,
+        Some(cell_body("a", "python", "x = 1").as_bytes()),
+        &[],
+    );
+    assert_eq!(a.run().result.exit_code, Some(0));
+    let uid = s.wall.uid;
+    assert!(!processes_of_uids(uid..uid + 1).is_empty());
+    assert!(!plimsoll_testing::run_dirs_under(oci_state.path()).is_empty());
+    d.signal(rustix::process::Signal::KILL);
+    let _ = d.wait_exit();
+    // Its sandbox outlives the daemon until the next one's reap (or its lifetime's watchdog).
+    assert!(!processes_of_uids(uid..uid + 1).is_empty());
+    d.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !processes_of_uids(uid..uid + 1).is_empty()
+        || !plimsoll_testing::run_dirs_under(oci_state.path()).is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the reap left the dead daemon's session: {:?}, {}",
+            plimsoll_testing::run_dirs_under(oci_state.path()),
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (method, suffix, body) in [
+        ("GET", "", None),
+        ("POST", "/cells", Some(cell_body("b", "python", "print(x)"))),
+    ] {
+        let a = call(
+            &d.url,
+            method,
+            &format!("/v1/sessions/{}{suffix}", s.session_id),
+            &d.token,
+            body.as_deref().map(str::as_bytes),
+            &[("plimsoll-request-id", "after-restart")],
+        );
+        assert_eq!(a.status, 404, "{}", a.body);
+        let e = a.error();
+        assert_eq!(
+            (
+                e.error.code.as_str(),
+                e.error.end_reason,
+                e.error.not_dispatched
+            ),
+            (
+                "session_not_found",
+                Some(plimsoll_wire::EndReason::DaemonRestarted),
+                Some(Reason::Request)
+            )
+        );
+    }
+}
