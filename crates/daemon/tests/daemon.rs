@@ -3187,3 +3187,93 @@ fn a_session_does_not_survive_a_killed_daemon() {
         );
     }
 }
+
+/// #13: a session's sandbox holds its limits for its whole life: a step that fills the disk
+/// stops at `disk_bytes`, a fork bomb at `pids`, a cell that fills memory is killed by the
+/// memory limit (`out_of_memory`, its interpreter only); the session goes on after each.
+#[test]
+fn a_session_holds_its_limits_against_disk_forks_and_memory() {
+    let test = "a_session_holds_its_limits_against_disk_forks_and_memory";
+    let d = session_daemon("");
+    if !available(test, &d.url, &d.token, "crun") {
+        return;
+    }
+    let s = open_session(
+        &d.url,
+        &d.token,
+        "python",
+        serde_json::json!({"limits": {"disk_bytes": 8 << 20, "memory_bytes": 128 << 20, "pids": 32, "timeout_ms": 20_000}}),
+    );
+    let steps = format!("/v1/sessions/{}/steps", s.session_id);
+    let cells = format!("/v1/sessions/{}/cells", s.session_id);
+    let post =
+        |path: &str, body: String| call(&d.url, "POST", path, &d.token, Some(body.as_bytes()), &[]);
+    let r = post(
+        &steps,
+        step_body(
+            "disk",
+            "dd if=/dev/zero of=/work/big bs=1M count=64; du -k /work/big",
+        ),
+    )
+    .run();
+    let out = String::from_utf8_lossy(r.result.stdout.as_slice()).into_owned();
+    let kib: u64 = out.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(
+        kib <= 8 * 1024,
+        "the disk limit did not hold: {kib} KiB written"
+    );
+    assert!(String::from_utf8_lossy(r.result.stderr.as_slice()).contains("No space left"));
+    // A fork bomb from a cell: the pids limit stops it; the children are ended by the cell.
+    let bomb = "import os, time\npids = []\ntry:\n    for _ in range(200):\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(30)\n            os._exit(0)\n        pids.append(pid)\nexcept OSError as e:\n    print(len(pids), e.errno)\nfor p in pids:\n    os.kill(p, 9)\n    os.waitpid(p, 0)";
+    let r = post(&cells, cell_body("forks", "python", bomb)).run();
+    let out = String::from_utf8_lossy(r.result.stdout.as_slice()).into_owned();
+    let forked: Vec<u64> = out
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        forked.len() == 2 && forked[0] < 32 && forked[1] == 11,
+        "the pids limit did not hold: {:?}",
+        r.result
+    );
+    assert_eq!(r.result.state_kept, Some(true));
+    // Memory: the cell's interpreter is killed for it, the session stays.
+    let r = post(
+        &cells,
+        cell_body(
+            "mem",
+            "python",
+            "x = 1\nblobs = [bytearray(16 << 20) for _ in range(64)]",
+        ),
+    )
+    .run();
+    assert_eq!(
+        (
+            r.result.oom_killed,
+            r.result.state_kept,
+            r.result.interpreter_end
+        ),
+        (
+            true,
+            Some(false),
+            Some(plimsoll_wire::EndReason::OutOfMemory)
+        ),
+        "{:?}",
+        r.result
+    );
+    let r = post(
+        &format!("{cells}?restart=true"),
+        cell_body(
+            "after",
+            "python",
+            "print(open('/work/big', 'rb').read(1) == b'\\0')",
+        ),
+    )
+    .run();
+    assert_eq!(r.result.stdout.as_slice(), b"True\n");
+    let metrics = get(&d.url, "/metrics", None).body;
+    assert!(
+        metrics.contains(r#"plimsoll_session_ends_total{reason="out_of_memory"} 1"#),
+        "{metrics}"
+    );
+}
