@@ -98,21 +98,7 @@ impl Client {
             EXCHANGE_SLACK,
             &request_id,
         )?;
-        if status != 200 {
-            return Err(refusal(&request_id, status, &bytes));
-        }
-        let info: SessionInfo =
-            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
-                request_id: request_id.clone(),
-                status,
-                message: format!("not a session: {e}"),
-            })?;
-        if info.request_id.as_deref() != Some(request_id.as_str()) {
-            return Err(ClientError::RequestIdMismatch {
-                sent: request_id,
-                echoed: info.request_id.unwrap_or_default(),
-            });
-        }
+        let info = session_answer(&request_id, status, &bytes, true)?;
         crate::check_tier(
             &request_id,
             options.minimum_isolation,
@@ -151,15 +137,7 @@ impl Client {
         let headers = [("plimsoll-request-id", request_id.as_str())];
         let (status, bytes) =
             self.exchange("GET", &path, None, &headers, EXCHANGE_SLACK, &request_id)?;
-        if status != 200 {
-            return Err(refusal(&request_id, status, &bytes));
-        }
-        let info: SessionInfo =
-            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
-                request_id,
-                status,
-                message: format!("not a session: {e}"),
-            })?;
+        let info = session_answer(&request_id, status, &bytes, false)?;
         let last = (info.calls, info.last_record_sha256.clone());
         Ok(Session {
             client: self.clone(),
@@ -314,14 +292,7 @@ impl Session {
         let (status, bytes) =
             self.client
                 .exchange("GET", &path, None, &headers, EXCHANGE_SLACK, &request_id)?;
-        if status != 200 {
-            return Err(refusal(&request_id, status, &bytes));
-        }
-        self.info = serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
-            request_id,
-            status,
-            message: format!("not a session: {e}"),
-        })?;
+        self.info = session_answer(&request_id, status, &bytes, false)?;
         Ok(&self.info)
     }
 
@@ -337,21 +308,7 @@ impl Session {
             EXCHANGE_SLACK,
             &request_id,
         )?;
-        if status != 200 {
-            return Err(refusal(&request_id, status, &bytes));
-        }
-        let info: SessionInfo =
-            serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse {
-                request_id: request_id.clone(),
-                status,
-                message: format!("not a session: {e}"),
-            })?;
-        if info.request_id.as_deref() != Some(request_id.as_str()) {
-            return Err(ClientError::RequestIdMismatch {
-                sent: request_id,
-                echoed: info.request_id.unwrap_or_default(),
-            });
-        }
+        let info = session_answer(&request_id, status, &bytes, true)?;
         if info.end_reason != Some(EndReason::Closed) {
             return Err(ClientError::BadResponse {
                 request_id,
@@ -483,4 +440,30 @@ impl Session {
         self.info.last_record_sha256 = Some(resp.record.record_sha256.clone());
         Ok(resp)
     }
+}
+
+/// The session a `200` answer to `request_id` describes, or the error another status says;
+/// with `echoed` (an open or a close), the answer must echo `request_id`.
+fn session_answer(
+    request_id: &str,
+    status: u16,
+    bytes: &[u8],
+    echoed: bool,
+) -> Result<SessionInfo, ClientError> {
+    if status != 200 {
+        return Err(refusal(request_id, status, bytes));
+    }
+    let info: SessionInfo =
+        serde_json::from_slice(bytes).map_err(|e| ClientError::BadResponse {
+            request_id: request_id.to_owned(),
+            status,
+            message: format!("not a session: {e}"),
+        })?;
+    if echoed && info.request_id.as_deref() != Some(request_id) {
+        return Err(ClientError::RequestIdMismatch {
+            sent: request_id.to_owned(),
+            echoed: info.request_id.unwrap_or_default(),
+        });
+    }
+    Ok(info)
 }

@@ -52,6 +52,14 @@ async fn caller_and_body(
     Ok((caller, parts, bytes))
 }
 
+/// The caller a request's token names, or the refusal (echoing the header's request id).
+fn caller_of(st: &AppState, headers: &HeaderMap) -> Result<String, Box<Response>> {
+    authenticate(st, headers).map_err(|f| {
+        let (failure, message) = f.failure();
+        Box::new(failure.respond(header_request_id(headers), message))
+    })
+}
+
 fn header_request_id(headers: &HeaderMap) -> Option<String> {
     headers
         .get(REQUEST_ID_HEADER)
@@ -139,12 +147,9 @@ pub(crate) async fn open(State(st): State<AppState>, req: Request) -> Response {
 
 /// `GET /v1/sessions`.
 pub(crate) async fn list(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    match authenticate(&st, &headers) {
+    match caller_of(&st, &headers) {
         Ok(caller) => json(&st.engine.list_sessions(&caller)),
-        Err(f) => {
-            let (failure, message) = f.failure();
-            failure.respond(None, message)
-        }
+        Err(refusal) => *refusal,
     }
 }
 
@@ -154,16 +159,13 @@ pub(crate) async fn show(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    match authenticate(&st, &headers) {
+    match caller_of(&st, &headers) {
         Ok(caller) => match st.engine.session_info(&caller, &id) {
             Ok(info) => json(&info),
             // Echoes the id a client sent in the header, as every session answer does.
             Err(e) => refused_echoing(&st, &e, header_request_id(&headers)),
         },
-        Err(f) => {
-            let (failure, message) = f.failure();
-            failure.respond(None, message)
-        }
+        Err(refusal) => *refusal,
     }
 }
 
@@ -173,12 +175,9 @@ pub(crate) async fn close(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = match authenticate(&st, &headers) {
+    let caller = match caller_of(&st, &headers) {
         Ok(c) => c,
-        Err(f) => {
-            let (failure, message) = f.failure();
-            return failure.respond(header_request_id(&headers), message);
-        }
+        Err(refusal) => return *refusal,
     };
     let request_id = header_request_id(&headers);
     let engine = Arc::clone(&st);
@@ -277,12 +276,9 @@ pub(crate) async fn get_file(
     Path((id, path)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = match authenticate(&st, &headers) {
+    let caller = match caller_of(&st, &headers) {
         Ok(c) => c,
-        Err(f) => {
-            let (failure, message) = f.failure();
-            return failure.respond(header_request_id(&headers), message);
-        }
+        Err(refusal) => return *refusal,
     };
     let request_id = match required_request_id(&headers) {
         Ok(r) => r,

@@ -2033,14 +2033,17 @@ fn a_run_ends_at_its_deadline_after_the_daemon_is_killed() {
         ("runsc", plimsoll_oci::WATCHDOG_GRACE),
         ("qemu", Duration::ZERO),
     ] {
-        // The container state of this daemon alone, so its runtime processes are known by it.
+        // The container state and cgroups of this daemon alone, so its runtime processes are
+        // known by it, and its restart's reap touches no other test's containers.
         let oci_state = tempfile::tempdir().unwrap();
+        let cgroups = PrivateCgroup::new(&oci_state);
         let mut d = Spawned::start_settings(
             &format!("default_floor = \"process\"\nproviders = [\"{provider}\"]\n"),
             &format!(
-                "[oci]\nimage = \"{}\"\nstate_root = \"{}\"\n",
+                "[oci]\nimage = \"{}\"\nstate_root = \"{}\"\ncgroup_parent = \"{}\"\n",
                 image.display(),
-                oci_state.path().display()
+                oci_state.path().display(),
+                cgroups
             ),
             &[],
             &[],
@@ -3115,13 +3118,17 @@ fn sessions_keep_state_at_runc_runsc_and_qemu() {
 fn a_session_does_not_survive_a_killed_daemon() {
     let test = "a_session_does_not_survive_a_killed_daemon";
     let image = workspace_root().join("build/images/sandbox");
+    // Its own container state and cgroups: the restart's reap must touch nothing of another
+    // test's daemon.
     let oci_state = tempfile::tempdir().unwrap();
+    let cgroups = PrivateCgroup::new(&oci_state);
     let mut d = Spawned::start_settings(
         "default_floor = \"container\"\nproviders = [\"crun\"]\n",
         &format!(
-            "[pools]\n[oci]\nimage = \"{}\"\nstate_root = \"{}\"\n",
+            "[pools]\n[oci]\nimage = \"{}\"\nstate_root = \"{}\"\ncgroup_parent = \"{}\"\n",
             image.display(),
-            oci_state.path().display()
+            oci_state.path().display(),
+            cgroups
         ),
         &[],
         &[],
@@ -3276,4 +3283,31 @@ fn a_session_holds_its_limits_against_disk_forks_and_memory() {
         metrics.contains(r#"plimsoll_session_ends_total{reason="out_of_memory"} 1"#),
         "{metrics}"
     );
+}
+
+/// A cgroup parent no other daemon uses (named after `dir`, a test's own temporary directory):
+/// a daemon's start-up reap removes every cgroup under its parent that its own state does not
+/// name, so a test that restarts a daemon gives it a parent of its own. Removed (in every
+/// hierarchy) when dropped, after the daemon.
+struct PrivateCgroup(String);
+
+impl PrivateCgroup {
+    fn new(dir: &tempfile::TempDir) -> Self {
+        let name = dir.path().file_name().unwrap().to_string_lossy();
+        PrivateCgroup(format!("/plimsoll-test-{}", name.trim_start_matches('.')))
+    }
+}
+
+impl std::fmt::Display for PrivateCgroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Drop for PrivateCgroup {
+    fn drop(&mut self) {
+        if let Ok(layout) = plimsoll_sandbox::cgroup::CgroupLayout::detect() {
+            let _ = layout.remove(self.0.trim_start_matches('/'));
+        }
+    }
 }

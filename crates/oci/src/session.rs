@@ -12,9 +12,7 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use plimsoll_sandbox::{LaunchError, LaunchPlan, SessionSandbox};
-use plimsoll_wire::{
-    Language, OutputChunk, SESSION_READY_LINE, SessionAnswer, SessionCall, SessionLine, Wall,
-};
+use plimsoll_wire::{Language, OutputChunk, SESSION_READY_LINE, SessionAnswer, SessionCall, Wall};
 
 use crate::provider::{Container, LaunchSpec, OciProvider};
 use crate::runtime::{Begin, RuntimeKind};
@@ -160,10 +158,7 @@ impl SessionSandbox for OciSession {
 
     fn wall_now(&mut self) -> Result<Wall, LaunchError> {
         if self.provider.config().kind == RuntimeKind::Runsc {
-            let answer = self.call(&SessionCall::Wall, READY_WITHIN, &mut |_| {})?;
-            let wall = answer
-                .wall
-                .ok_or_else(|| LaunchError::environment("the session's agent answered no wall"))?;
+            let wall = plimsoll_sandbox::session::said_wall_now(self, READY_WITHIN)?;
             return self.provider.judged_wall(wall, &self.plan);
         }
         let pid = self.container()?.created.pid().as_raw_nonzero().get() as u32;
@@ -178,24 +173,17 @@ impl SessionSandbox for OciSession {
     ) -> Result<SessionAnswer, LaunchError> {
         self.send(call)?;
         let until = Instant::now() + within;
-        loop {
-            let line = self
-                .container()?
-                .created
-                .first_line(until, LINE_MAX)
-                .map_err(|e| {
-                    LaunchError::may_have_run(format!("the session's agent did not answer: {e}"))
-                })?;
-            let line: SessionLine = serde_json::from_slice(&line).map_err(|e| {
-                LaunchError::may_have_run(format!(
-                    "the session's agent answered something else ({e}): check plimsoll-agent"
-                ))
-            })?;
-            match line {
-                SessionLine::Chunk(chunk) => on_chunk(chunk),
-                SessionLine::Answer(answer) => return Ok(*answer),
-            }
-        }
+        let container = self.container()?;
+        plimsoll_sandbox::session::read_answer(
+            || {
+                container
+                    .created
+                    .first_line(until, LINE_MAX)
+                    .map_err(|e| format!("the session's agent did not answer: {e}"))
+            },
+            on_chunk,
+        )
+        .map_err(LaunchError::may_have_run)
     }
 
     fn alive(&mut self) -> bool {

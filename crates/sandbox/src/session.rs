@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, Wall};
+use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, SessionLine, Wall};
 
 use crate::LaunchError;
 
@@ -32,4 +32,35 @@ pub trait SessionSandbox: Send + std::fmt::Debug {
     fn alive(&mut self) -> bool;
     /// Ends its processes and removes everything of it.
     fn close(self: Box<Self>) -> Result<(), String>;
+}
+
+/// Reads an agent's lines (each from `next_line`) up to its answer: every chunk line goes to
+/// `on_chunk`, the answer line is returned. Anything that is not a [`SessionLine`] is an
+/// error: the agent is not trusted beyond what it reports.
+pub fn read_answer(
+    mut next_line: impl FnMut() -> Result<Vec<u8>, String>,
+    on_chunk: &mut dyn FnMut(OutputChunk),
+) -> Result<SessionAnswer, String> {
+    loop {
+        let line = next_line()?;
+        let line: SessionLine = serde_json::from_slice(&line).map_err(|e| {
+            format!("the session's agent answered something else ({e}): check plimsoll-agent")
+        })?;
+        match line {
+            SessionLine::Chunk(chunk) => on_chunk(chunk),
+            SessionLine::Answer(answer) => return Ok(*answer),
+        }
+    }
+}
+
+/// The wall the session's agent says of itself now ([`SessionCall::Wall`]), not yet judged:
+/// where the host's /proc cannot see into the sandbox (gVisor, a VM's guest).
+pub fn said_wall_now(
+    sandbox: &mut dyn SessionSandbox,
+    within: Duration,
+) -> Result<Wall, LaunchError> {
+    sandbox
+        .call(&SessionCall::Wall, within, &mut |_| {})?
+        .wall
+        .ok_or_else(|| LaunchError::environment("the session's agent answered no wall"))
 }

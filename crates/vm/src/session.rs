@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use plimsoll_sandbox::judge::Expectations;
 use plimsoll_sandbox::{LaunchError, LaunchPlan, SessionSandbox};
-use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, SessionLine, Wall};
+use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, Wall};
 
 use crate::boot::SessionVm;
 use crate::channel;
@@ -121,16 +121,7 @@ impl VmSession {
         until: Instant,
         on_chunk: &mut dyn FnMut(OutputChunk),
     ) -> Result<SessionAnswer, String> {
-        loop {
-            let line = self.next_line(until)?;
-            let line: SessionLine = serde_json::from_slice(&line).map_err(|e| {
-                format!("the session's agent answered something else ({e}): check plimsoll-agent")
-            })?;
-            match line {
-                SessionLine::Chunk(chunk) => on_chunk(chunk),
-                SessionLine::Answer(answer) => return Ok(*answer),
-            }
-        }
+        plimsoll_sandbox::session::read_answer(|| self.next_line(until), on_chunk)
     }
 
     /// Kills QEMU and removes everything of the VM. Once.
@@ -153,10 +144,7 @@ impl SessionSandbox for VmSession {
     }
 
     fn wall_now(&mut self) -> Result<Wall, LaunchError> {
-        let answer = self.call(&SessionCall::Wall, READY_WITHIN, &mut |_| {})?;
-        let wall = answer
-            .wall
-            .ok_or_else(|| LaunchError::environment("the session's agent answered no wall"))?;
+        let wall = plimsoll_sandbox::session::said_wall_now(self, READY_WITHIN)?;
         crate::boot::judge_wall(wall, &self.expected)
             .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))
     }

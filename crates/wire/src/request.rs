@@ -54,6 +54,22 @@ pub struct Limits {
     pub artifact_bytes: Option<u64>,
 }
 
+impl Limits {
+    /// The name of the first member set to 0, which no limit may be.
+    pub fn zero(&self) -> Option<&'static str> {
+        [
+            ("timeout_ms", self.timeout_ms),
+            ("memory_bytes", self.memory_bytes),
+            ("output_bytes", self.output_bytes),
+            ("pids", self.pids),
+            ("disk_bytes", self.disk_bytes),
+            ("artifact_bytes", self.artifact_bytes),
+        ]
+        .into_iter()
+        .find_map(|(name, value)| (value == Some(0)).then_some(name))
+    }
+}
+
 /// The kinds of run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -232,20 +248,8 @@ impl RunRequest {
                 "provider must not be empty: omit it to let the server choose".into(),
             ));
         }
-        if let Some(limits) = &self.limits {
-            let all = [
-                ("timeout_ms", limits.timeout_ms),
-                ("memory_bytes", limits.memory_bytes),
-                ("output_bytes", limits.output_bytes),
-                ("pids", limits.pids),
-                ("disk_bytes", limits.disk_bytes),
-                ("artifact_bytes", limits.artifact_bytes),
-            ];
-            for (name, value) in all {
-                if value == Some(0) {
-                    return Err(reject(format!("limits.{name} must be greater than 0")));
-                }
-            }
+        if let Some(name) = self.limits.as_ref().and_then(Limits::zero) {
+            return Err(reject(format!("limits.{name} must be greater than 0")));
         }
         match &self.run {
             RunSpec::Snippet(s) => {

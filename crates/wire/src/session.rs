@@ -76,22 +76,11 @@ impl SessionOpenRequest {
                 ));
             }
         }
-        if let Some(l) = &self.limits {
-            for (name, value) in [
-                ("timeout_ms", l.timeout_ms),
-                ("memory_bytes", l.memory_bytes),
-                ("output_bytes", l.output_bytes),
-                ("pids", l.pids),
-                ("disk_bytes", l.disk_bytes),
-                ("artifact_bytes", l.artifact_bytes),
-            ] {
-                if value == Some(0) {
-                    return Err(reject(
-                        crate::Reason::Request,
-                        format!("limits.{name} must be greater than 0"),
-                    ));
-                }
-            }
+        if let Some(name) = self.limits.as_ref().and_then(Limits::zero) {
+            return Err(reject(
+                crate::Reason::Request,
+                format!("limits.{name} must be greater than 0"),
+            ));
         }
         Ok(())
     }

@@ -9,6 +9,13 @@ def _plimsoll_session():
     import sys
 
     cells, done = 3, 4
+    # The memory limit's OOM killer picks the cells' interpreter (and what it starts) before
+    # the agent that holds the session: raising one's own score needs no privilege.
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     # Placed by the agent without close-on-exec; a process a cell starts gets neither.
     os.set_inheritable(cells, False)
     os.set_inheritable(done, False)
