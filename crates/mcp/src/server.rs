@@ -70,6 +70,20 @@ fn ok(structured: Value, text: String) -> CallToolResult {
     r
 }
 
+/// A tool's answer: `render` of what the backend gave, or the error it said.
+fn answer<T>(
+    result: Result<T, BackendError>,
+    render: impl FnOnce(&T) -> (Value, String),
+) -> CallToolResult {
+    match result {
+        Ok(value) => {
+            let (v, text) = render(&value);
+            ok(v, text)
+        }
+        Err(e) => failed(&e),
+    }
+}
+
 fn failed(e: &BackendError) -> CallToolResult {
     let (structured, text) = render::error(e);
     let mut r = CallToolResult::error(vec![ContentBlock::text(text)]);
@@ -142,13 +156,10 @@ impl PlimsollMcp {
         };
         let backend = Arc::clone(&self.backend);
         let sent = call.clone();
-        match blocking(move || backend.session_call(caller.as_deref(), &id, &call)).await {
-            Ok(resp) => {
-                let (v, text) = render(&resp, &sent);
-                ok(v, text)
-            }
-            Err(e) => failed(&e),
-        }
+        answer(
+            blocking(move || backend.session_call(caller.as_deref(), &id, &call)).await,
+            |resp| render(resp, &sent),
+        )
     }
 
     /// A run's rendering, for cells and steps.
@@ -221,15 +232,10 @@ impl PlimsollMcp {
     ) -> Result<CallToolResult, ErrorData> {
         let backend = Arc::clone(&self.backend);
         let caller = caller_of(&ext);
-        Ok(
-            match blocking(move || backend.providers(caller.as_deref())).await {
-                Ok(resp) => {
-                    let (v, text) = render::providers(&resp);
-                    ok(v, text)
-                }
-                Err(e) => failed(&e),
-            },
-        )
+        Ok(answer(
+            blocking(move || backend.providers(caller.as_deref())).await,
+            render::providers,
+        ))
     }
 
     /// Opens a session.
@@ -252,15 +258,10 @@ impl PlimsollMcp {
         let backend = Arc::clone(&self.backend);
         let caller = caller_of(&ext);
         let options = args.to_options();
-        Ok(
-            match blocking(move || backend.open_session(caller.as_deref(), options)).await {
-                Ok(info) => {
-                    let (v, text) = render::session_opened(&info);
-                    ok(v, text)
-                }
-                Err(e) => failed(&e),
-            },
-        )
+        Ok(answer(
+            blocking(move || backend.open_session(caller.as_deref(), options)).await,
+            render::session_opened,
+        ))
     }
 
     /// Runs a cell.
@@ -386,15 +387,10 @@ impl PlimsollMcp {
         };
         let backend = Arc::clone(&self.backend);
         let caller = caller_of(&ext);
-        Ok(
-            match blocking(move || backend.close_session(caller.as_deref(), &id)).await {
-                Ok(info) => {
-                    let (v, text) = render::session_closed(&info);
-                    ok(v, text)
-                }
-                Err(e) => failed(&e),
-            },
-        )
+        Ok(answer(
+            blocking(move || backend.close_session(caller.as_deref(), &id)).await,
+            render::session_closed,
+        ))
     }
 
     /// Lists the caller's sessions.
@@ -416,15 +412,10 @@ impl PlimsollMcp {
     ) -> Result<CallToolResult, ErrorData> {
         let backend = Arc::clone(&self.backend);
         let caller = caller_of(&ext);
-        Ok(
-            match blocking(move || backend.sessions(caller.as_deref())).await {
-                Ok(list) => {
-                    let (v, text) = render::session_list(&list);
-                    ok(v, text)
-                }
-                Err(e) => failed(&e),
-            },
-        )
+        Ok(answer(
+            blocking(move || backend.sessions(caller.as_deref())).await,
+            render::session_list,
+        ))
     }
 }
 
