@@ -207,17 +207,7 @@ pub(crate) async fn cell(
     Query(q): Query<CellQuery>,
     req: Request,
 ) -> Response {
-    let (caller, parts, bytes) = match caller_and_body(&st, req).await {
-        Ok(x) => x,
-        Err(resp) => return resp,
-    };
-    match parse_session_call(&bytes) {
-        Ok(run) => {
-            let kind = SessionCallKind::Cell { restart: q.restart };
-            call(st, caller, id, run, kind, wants_stream(&parts.headers)).await
-        }
-        Err(r) => Failure::Refused(r.reason).respond(r.request_id, r.message),
-    }
+    posted_call(st, id, req, SessionCallKind::Cell { restart: q.restart }).await
 }
 
 /// `POST /v1/sessions/{id}/steps`.
@@ -226,15 +216,17 @@ pub(crate) async fn steps(
     Path(id): Path<String>,
     req: Request,
 ) -> Response {
+    posted_call(st, id, req, SessionCallKind::Job).await
+}
+
+/// A cell or steps: the body a run request, streamed when the caller accepts NDJSON.
+async fn posted_call(st: AppState, id: String, req: Request, kind: SessionCallKind) -> Response {
     let (caller, parts, bytes) = match caller_and_body(&st, req).await {
         Ok(x) => x,
         Err(resp) => return resp,
     };
     match parse_session_call(&bytes) {
-        Ok(run) => {
-            let stream = wants_stream(&parts.headers);
-            call(st, caller, id, run, SessionCallKind::Job, stream).await
-        }
+        Ok(run) => call(st, caller, id, run, kind, wants_stream(&parts.headers)).await,
         Err(r) => Failure::Refused(r.reason).respond(r.request_id, r.message),
     }
 }
