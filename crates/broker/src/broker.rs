@@ -455,7 +455,10 @@ impl Inner {
         };
         // An API that echoes the request's headers, in any common encoding, would hand the
         // sandbox its credential.
-        if self.needles.found(&answer.body, &body) {
+        if self
+            .needles
+            .found(&answer.body, &body, p.max_response_bytes())
+        {
             let refusal = Refusal::new(
                 "response_rejected",
                 "the API's response contained the credential, so the broker withheld it",

@@ -1,10 +1,14 @@
 //! Whether an API's answer would hand the sandbox its run's credential: the exact bytes, or
 //! any of the re-encodings an API commonly applies when it echoes a header (JSON escapes such
-//! as `\/` and `\u0026`, percent-encoding, base64 in both alphabets, hex), searched in the raw
-//! body and in every key and string the sandbox would receive once the body is decoded.
+//! as `\/` and `\u0026`, percent-encoding, base64 in both alphabets, base32 in both RFC 4648
+//! alphabets, hex, any of them broken by whitespace), searched in the raw body, in every key
+//! and string the sandbox would receive once the body is decoded, and in what a gzip or zlib
+//! body inflates to.
 //!
 //! A match withholds the answer. A false match only withholds an answer; a missed one leaks
-//! the credential, so the search errs towards matching.
+//! the credential, so the search errs towards matching. It is a list, and a list misses the
+//! encoding it does not name (split, reversed, encrypted): docs/capability-grants.md says
+//! exactly what is searched, and recommends a minted credential that is not worth stealing.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
@@ -37,14 +41,47 @@ impl Needles {
         }
         exact.sort();
         exact.dedup();
-        let folded = vec![hex::encode(secret).into_bytes()];
+        let mut folded = vec![hex::encode(secret).into_bytes()];
+        // Base32 (RFC 4648 §6 and the base32hex alphabet of §7), the same way: 5-byte groups,
+        // each written as 8 characters, at each of the five alignments. Upper or lower case,
+        // with or without `=` padding: searched in a lowercased copy, without the padding.
+        for skip in 0..5 {
+            let rest = secret.get(skip..).unwrap_or_default();
+            let whole = &rest[..rest.len() - rest.len() % 5];
+            if whole.len() >= 5 {
+                for alphabet in [BASE32, BASE32_HEX] {
+                    folded.push(base32_lower(alphabet, whole));
+                }
+            }
+        }
+        folded.sort();
+        folded.dedup();
         Needles {
             exact: Secret::new(exact),
             folded: Secret::new(folded),
         }
     }
 
+    /// Whether `text` holds a form of the secret, as it is or with its ASCII whitespace
+    /// removed (an encoder that wraps its lines, as MIME base64 does every 76 characters,
+    /// breaks an encoded credential; the credential itself holds no whitespace, so removing
+    /// it can only find more).
     fn in_text(&self, text: &[u8]) -> bool {
+        if self.in_text_as_is(text) {
+            return true;
+        }
+        if text.iter().any(u8::is_ascii_whitespace) {
+            let joined: Vec<u8> = text
+                .iter()
+                .copied()
+                .filter(|b| !b.is_ascii_whitespace())
+                .collect();
+            return self.in_text_as_is(&joined);
+        }
+        false
+    }
+
+    fn in_text_as_is(&self, text: &[u8]) -> bool {
         if self.exact.expose().iter().any(|n| contains(text, n)) {
             return true;
         }
@@ -83,9 +120,24 @@ impl Needles {
     }
 
     /// Whether an answer whose raw body is `body`, and which reaches the sandbox as `value`,
-    /// carries the secret.
-    pub(crate) fn found(&self, body: &[u8], value: &Value) -> bool {
-        self.in_any_reading(body) || self.in_value(value)
+    /// carries the secret. The raw body is searched as bytes, whatever its encoding, besides
+    /// the value the sandbox gets (where a body that is not UTF-8 arrives lossy). A body that
+    /// starts as gzip or zlib does (whatever its `Content-Encoding` said) is also inflated, to
+    /// at most `max_inflated` bytes, and what it inflates to is searched the same way (up to
+    /// where it stops inflating, for one that is broken); one that inflates to more counts as
+    /// carrying the secret, since it cannot be searched whole.
+    pub(crate) fn found(&self, body: &[u8], value: &Value, max_inflated: u64) -> bool {
+        if self.in_any_reading(body) || self.in_value(value) {
+            return true;
+        }
+        match inflate(body, max_inflated) {
+            Inflated::NotCompressed => false,
+            Inflated::Whole(inner) | Inflated::Broken(inner) => {
+                self.in_any_reading(&inner)
+                    || serde_json::from_slice::<Value>(&inner).is_ok_and(|v| self.in_value(&v))
+            }
+            Inflated::TooLarge => true,
+        }
     }
 
     fn in_value(&self, v: &Value) -> bool {
@@ -97,6 +149,62 @@ impl Needles {
                 .any(|(k, v)| self.in_any_reading(k.as_bytes()) || self.in_value(v)),
             Value::Null | Value::Bool(_) | Value::Number(_) => false,
         }
+    }
+}
+
+/// RFC 4648 §6's alphabet.
+const BASE32: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+/// RFC 4648 §7's (base32hex).
+const BASE32_HEX: &[u8; 32] = b"0123456789ABCDEFGHIJKLMNOPQRSTUV";
+
+/// `data` (whole 5-byte groups) in base32 with `alphabet`, lowercased, without padding.
+fn base32_lower(alphabet: &[u8; 32], data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() / 5 * 8);
+    for group in data.chunks_exact(5) {
+        let bits = group.iter().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
+        for i in (0..8).rev() {
+            let c = alphabet[(bits >> (i * 5) & 31) as usize];
+            out.push(c.to_ascii_lowercase());
+        }
+    }
+    out
+}
+
+/// What a body that may be compressed inflates to.
+enum Inflated {
+    /// It does not start as gzip (`1f 8b 08`) or zlib (deflate, a header whose check holds).
+    NotCompressed,
+    /// All of it, within the cap.
+    Whole(Vec<u8>),
+    /// More than the cap.
+    TooLarge,
+    /// It starts as one but does not inflate to the end: what it inflated to until then.
+    Broken(Vec<u8>),
+}
+
+/// Inflates a gzip (every member) or zlib body to at most `max` bytes.
+fn inflate(body: &[u8], max: u64) -> Inflated {
+    use std::io::Read as _;
+    let reader: Box<dyn std::io::Read + '_> = match body {
+        [0x1f, 0x8b, 0x08, ..] => Box::new(flate2::read::MultiGzDecoder::new(body)),
+        // RFC 1950: deflate (CM 8) with a window of at most 32 KiB, no preset dictionary, and
+        // the header's check. A text can start so too (`x^`...): it then fails to inflate at
+        // once, and only what it inflated to (nothing) is searched.
+        [cmf, flg, ..]
+            if cmf & 0x0f == 8
+                && cmf >> 4 <= 7
+                && flg & 0x20 == 0
+                && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0 =>
+        {
+            Box::new(flate2::read::ZlibDecoder::new(body))
+        }
+        _ => return Inflated::NotCompressed,
+    };
+    let mut out = Vec::new();
+    match reader.take(max.saturating_add(1)).read_to_end(&mut out) {
+        Ok(_) if out.len() as u64 > max => Inflated::TooLarge,
+        Ok(_) => Inflated::Whole(out),
+        Err(_) => Inflated::Broken(out),
     }
 }
 
@@ -275,8 +383,108 @@ mod tests {
             ("nested json", nested.into_bytes()),
             ("key", format!("{{\"{text}\":1}}").into_bytes()),
             ("not json", format!("you sent <{text}>").into_bytes()),
+            (
+                "base32",
+                format!("{{\"b\":\"{}\"}}", base32_reference(BASE32, text, true)).into_bytes(),
+            ),
+            (
+                "base32 unpadded",
+                format!("{{\"b\":\"{}\"}}", base32_reference(BASE32, text, false)).into_bytes(),
+            ),
+            (
+                "base32 lower",
+                format!(
+                    "{{\"b\":\"{}\"}}",
+                    base32_reference(BASE32, text, true).to_ascii_lowercase()
+                )
+                .into_bytes(),
+            ),
+            (
+                "base32hex",
+                format!("{{\"b\":\"{}\"}}", base32_reference(BASE32_HEX, text, true)).into_bytes(),
+            ),
+            (
+                "base32hex lower unpadded",
+                format!(
+                    "{{\"b\":\"{}\"}}",
+                    base32_reference(BASE32_HEX, text, false).to_ascii_lowercase()
+                )
+                .into_bytes(),
+            ),
+            (
+                "base64 in MIME lines",
+                format!(
+                    "{{\"b\":{}}}",
+                    json!(wrapped(&STANDARD.encode(text), 76, "\r\n"))
+                )
+                .into_bytes(),
+            ),
+            (
+                "base32 in lines of 16",
+                format!(
+                    "saw:\n{}",
+                    wrapped(&base32_reference(BASE32, text, true), 16, "\n")
+                )
+                .into_bytes(),
+            ),
+            (
+                "hex in pairs",
+                format!("{{\"h\":\"{}\"}}", wrapped(&hex::encode(text), 2, " ")).into_bytes(),
+            ),
+            ("gzip", gzip(format!("{{\"saw\":\"{text}\"}}").as_bytes())),
+            ("zlib", zlib(format!("you sent <{text}>").as_bytes())),
+            (
+                "gzip of base32",
+                gzip(base32_reference(BASE32, text, true).as_bytes()),
+            ),
         ]
     }
+
+    /// Base32 written bit by bit, the way RFC 4648 §6 describes it, as a check on the
+    /// broker's own.
+    fn base32_reference(alphabet: &[u8; 32], text: &str, pad: bool) -> String {
+        let bits: String = text.bytes().map(|b| format!("{b:08b}")).collect();
+        let mut out: String = bits
+            .as_bytes()
+            .chunks(5)
+            .map(|c| {
+                let mut five = String::from_utf8(c.to_vec()).unwrap();
+                while five.len() < 5 {
+                    five.push('0');
+                }
+                char::from(alphabet[usize::from_str_radix(&five, 2).unwrap()])
+            })
+            .collect();
+        while pad && out.len() % 8 != 0 {
+            out.push('=');
+        }
+        out
+    }
+
+    fn wrapped(text: &str, width: usize, newline: &str) -> String {
+        text.as_bytes()
+            .chunks(width)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect::<Vec<_>>()
+            .join(newline)
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(data).unwrap();
+        z.finish().unwrap()
+    }
+
+    fn zlib(data: &[u8]) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(data).unwrap();
+        z.finish().unwrap()
+    }
+
+    /// The inflate cap of these tests.
+    const CAP: u64 = 1 << 20;
 
     fn as_sent(body: &[u8]) -> Value {
         serde_json::from_slice(body)
@@ -292,7 +500,7 @@ mod tests {
             for prefix in ["", "Bearer ", "Bearer  ", "x"] {
                 for (how, body) in echoes(&format!("{prefix}{secret}")) {
                     assert!(
-                        needles.found(&body, &as_sent(&body)),
+                        needles.found(&body, &as_sent(&body), CAP),
                         "{secret:?} behind {prefix:?}, written {how}: {}",
                         String::from_utf8_lossy(&body)
                     );
@@ -310,14 +518,55 @@ mod tests {
                 br#"{"b":"aGVsbG8gd29ybGQ=","h":"68656c6c6f","q":"a%20b+c"}"#,
                 b"",
                 b"plain text answer",
+                // Starts as a zlib header would, but is text.
+                b"x^2 + y^2",
+                br#"{"b":"MZXW6YTBOI======","c":"CPNMUOJ1E8","words":"tok 3f9a 1c7e"}"#,
+                &gzip(br#"{"orders":[1,2,3]}"#),
             ] {
                 assert!(
-                    !needles.found(body, &as_sent(body)),
+                    !needles.found(body, &as_sent(body), CAP),
                     "{secret:?} found in {}",
                     String::from_utf8_lossy(body)
                 );
             }
         }
+    }
+
+    #[test]
+    fn base32_is_rfc_4648s() {
+        // RFC 4648 §10's test vectors.
+        assert_eq!(base32_lower(BASE32, b"fooba"), b"mzxw6ytb");
+        assert_eq!(base32_lower(BASE32_HEX, b"fooba"), b"cpnmuoj1");
+        for text in ["fooba", "foobarbaz!", "tok-3f9a1c7e5b2d4a6c8e0f"] {
+            let whole = &text.as_bytes()[..text.len() / 5 * 5];
+            for alphabet in [BASE32, BASE32_HEX] {
+                let reference = base32_reference(alphabet, text, false).to_ascii_lowercase();
+                let ours = String::from_utf8(base32_lower(alphabet, whole)).unwrap();
+                assert!(
+                    reference.starts_with(&ours),
+                    "{text}: {reference} vs {ours}"
+                );
+            }
+        }
+    }
+
+    /// A compressed body that inflates past the cap cannot be searched whole, so it is
+    /// withheld; one within it is searched and passes when clean.
+    #[test]
+    fn a_compressed_body_past_the_cap_is_withheld() {
+        let needles = Needles::new(SECRETS[0].as_bytes());
+        let bomb = gzip(&vec![b'a'; 4 << 20]);
+        assert!(bomb.len() < 64 << 10);
+        assert!(needles.found(&bomb, &as_sent(&bomb), CAP));
+        assert!(!needles.found(&bomb, &as_sent(&bomb), 8 << 20));
+        // A broken stream is searched as far as it inflates.
+        let mut cut = gzip(
+            format!("{{\"saw\":\"{}\"}}", SECRETS[0])
+                .repeat(50)
+                .as_bytes(),
+        );
+        cut.truncate(cut.len() - 12);
+        assert!(needles.found(&cut, &as_sent(&cut), CAP));
     }
 
     #[test]
