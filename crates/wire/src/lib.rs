@@ -13,6 +13,7 @@ mod provider;
 mod request;
 mod result;
 mod session;
+mod shape;
 mod tier;
 pub mod trial_step;
 
@@ -36,7 +37,7 @@ pub use result::{
 };
 pub use session::{
     EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest,
-    StreamChunk, StreamLine, session_instance, validate_session_id,
+    StreamChunk, StreamLine, parse_session_open, session_instance, validate_session_id,
 };
 pub use tier::{ParseTierError, Tier};
 pub use trial_step::TrialIds;

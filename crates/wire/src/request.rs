@@ -310,6 +310,10 @@ pub fn parse_session_call(body: &[u8]) -> Result<RunRequest, RequestRejection> {
     parse_with(body, false)
 }
 
+/// The members of a run request that are lists; a JSON array anywhere else is refused
+/// (`crate::shape`).
+const REQUEST_LISTS: &[&str] = &["run.files", "run.steps", "run.artifacts"];
+
 fn parse_with(body: &[u8], steps_required: bool) -> Result<RunRequest, RequestRejection> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| RequestRejection {
         request_id: None,
@@ -344,6 +348,13 @@ fn parse_with(body: &[u8], steps_required: bool) -> Result<RunRequest, RequestRe
                 message: format!("the request has no `protocol`: set \"protocol\": {PROTOCOL}"),
             });
         }
+    }
+    if let Some(message) = crate::shape::array_outside(&value, REQUEST_LISTS, "run request") {
+        return Err(RequestRejection {
+            request_id,
+            reason: Reason::Request,
+            message,
+        });
     }
     // Deserialise from the original bytes, not from `value`: the derived types refuse a
     // duplicated key, where a `Value` would keep the last one silently.
@@ -507,6 +518,41 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// serde's derived structs read a JSON array positionally: `"limits": [100]` ran with a
+    /// 100 ms timeout under the digest of `{"timeout_ms": 100}` (issue 28, finding 17).
+    #[test]
+    fn an_array_where_the_schema_says_object_is_refused() {
+        for (bad, at) in [
+            (body(r#","limits":[100]"#), "limits"),
+            (body(r#","limits":[100,null,5]"#), "limits"),
+            (
+                r#"{"protocol":1,"request_id":"r-1","run":["snippet","python","print(1)"]}"#
+                    .to_owned(),
+                "run",
+            ),
+            (
+                r#"{"protocol":1,"request_id":"r-1","run":{"kind":"project","files":[["a","x",false]],"steps":[{"run":"true"}]}}"#
+                    .to_owned(),
+                "run.files[]",
+            ),
+            (
+                r#"{"protocol":1,"request_id":"r-1","run":{"kind":"project","steps":[["n","true"]]}}"#
+                    .to_owned(),
+                "run.steps[]",
+            ),
+        ] {
+            for parse in [parse_request, parse_session_call] {
+                let e = parse(bad.as_bytes()).unwrap_err();
+                assert_eq!(e.reason, Reason::Request, "{bad}");
+                assert!(e.message.contains(&format!("`{at}`")), "{bad}: {}", e.message);
+                assert_eq!(e.request_id.as_deref(), Some("r-1"), "{bad}");
+            }
+        }
+        // The lists themselves, and the object forms, still read.
+        let ok = r#"{"protocol":1,"request_id":"r-1","limits":{"timeout_ms":100},"run":{"kind":"project","files":[{"path":"a","content":"x"}],"steps":[{"run":"true"}],"artifacts":["a"]}}"#;
+        assert!(parse_request(ok.as_bytes()).is_ok());
     }
 
     #[test]

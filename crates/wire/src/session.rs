@@ -38,6 +38,44 @@ pub struct SessionOpenRequest {
     pub max_lifetime_ms: Option<u64>,
 }
 
+/// Parses a session open request's body (`POST /v1/sessions`): JSON, an object, no array
+/// (an open request holds no list; serde would read one as the members in order), then the
+/// typed parse. The request id is echoed on a refusal whenever it can be read. Nothing ran
+/// on any error; [`SessionOpenRequest::validate`] checks the rest.
+pub fn parse_session_open(body: &[u8]) -> Result<SessionOpenRequest, RequestRejection> {
+    let refuse = |request_id: Option<String>, message: String| RequestRejection {
+        request_id,
+        reason: crate::Reason::Request,
+        message,
+    };
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        refuse(
+            None,
+            format!(
+                "the body is not valid JSON ({e}): send a session open request (docs/sessions.md)"
+            ),
+        )
+    })?;
+    let request_id = value
+        .get("request_id")
+        .and_then(|v| v.as_str())
+        .filter(|id| validate_request_id(id).is_ok())
+        .map(str::to_owned);
+    if !value.is_object() {
+        return Err(refuse(request_id, "the body must be a JSON object".into()));
+    }
+    if let Some(message) = crate::shape::array_outside(&value, &[], "session open request") {
+        return Err(refuse(request_id, message));
+    }
+    // From the bytes, not `value`: the derived type refuses a duplicated member name.
+    serde_json::from_slice(body).map_err(|e| {
+        refuse(
+            request_id,
+            format!("the body is not a session open request ({e}): see docs/sessions.md"),
+        )
+    })
+}
+
 impl SessionOpenRequest {
     /// Structural checks that need no operator settings.
     pub fn validate(&self) -> Result<(), RequestRejection> {
@@ -238,6 +276,33 @@ pub fn session_instance(id: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `"limits": [100]` opened a session with a 100 ms call timeout (issue 28, finding 17).
+    #[test]
+    fn a_session_open_request_with_an_array_for_an_object_is_refused() {
+        let ok =
+            r#"{"protocol":1,"request_id":"o-1","language":"python","limits":{"timeout_ms":100}}"#;
+        let open = parse_session_open(ok.as_bytes()).unwrap();
+        assert_eq!(open.limits.unwrap().timeout_ms, Some(100));
+        let bad = ok.replace(r#"{"timeout_ms":100}"#, "[100]");
+        let e = parse_session_open(bad.as_bytes()).unwrap_err();
+        assert_eq!(e.reason, crate::Reason::Request);
+        assert_eq!(e.request_id.as_deref(), Some("o-1"));
+        assert!(e.message.contains("`limits`"), "{}", e.message);
+        for bad in [
+            r#"[1,"o-2","python"]"#,
+            "{nope",
+            r#"{"request_id":"o-3","x":1}"#,
+        ] {
+            assert_eq!(
+                parse_session_open(bad.as_bytes()).unwrap_err().reason,
+                crate::Reason::Request,
+                "{bad}"
+            );
+        }
+        let e = parse_session_open(br#"{"request_id":"o-3","protocol":1,"x":1}"#).unwrap_err();
+        assert_eq!(e.request_id.as_deref(), Some("o-3"));
+    }
 
     #[test]
     fn session_ids_have_one_shape() {
