@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv package package-test readme-test mcp bench clean
+.PHONY: demo test deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv package package-test readme-test mcp bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,10 +15,20 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps build images vm-assets lint unit independent client-python client-go client-typescript openapi package-test readme-test mcp
+test: deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi package-test readme-test mcp
 
 deps:
 	@scripts/install-deps
+
+## deny: the dependency tree against deny.toml (licenses, bans, sources), with the cargo-deny
+## that scripts/install-deps installs. The crates for this target are fetched first (from
+## crates.io; nothing when they are already here); cargo-deny itself runs --offline, so it
+## fetches nothing, and the advisories check, whose database cannot be fetched here, is left out.
+## Duplicate versions are warnings, printed without the crates that pull them in (thousands of
+## lines): `cargo deny --offline check bans` shows those.
+deny: deps
+	$(CARGO) fetch --locked --target x86_64-unknown-linux-gnu
+	$(CARGO) deny --offline --locked check --hide-inclusion-graph licenses bans sources
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
