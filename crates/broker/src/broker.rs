@@ -117,7 +117,9 @@ impl Broker {
     /// The broker of run `run_id` by `caller` under `profile`, which may last `budget`: mints
     /// the run's credential now (a JWT's expiry is the end of the budget at the latest).
     pub fn start(profile: Arc<Profile>, caller: &str, run_id: &str, budget: Duration) -> Broker {
-        let credential = profile.minter().mint(caller, SystemTime::now(), budget);
+        let credential = profile
+            .minter()
+            .mint(caller, run_id, SystemTime::now(), budget);
         let needles = Needles::new(credential.expose().as_bytes());
         Broker {
             inner: Arc::new(Inner {
@@ -549,6 +551,13 @@ impl Inner {
         tracing::info!(
             run_id = %self.run_id,
             profile = self.profile.name(),
+            // A static secret is the same for every run and outlives it: said on every call,
+            // so the evidence of the run's calls shows which kind the API was handed.
+            credential = if self.profile.minter().is_static() {
+                "static"
+            } else {
+                "minted"
+            },
             method,
             route = route.unwrap_or("-"),
             status = status.map_or(0, u32::from),

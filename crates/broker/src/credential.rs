@@ -29,8 +29,8 @@ pub enum Minter {
         /// The secret, read from the variable the profile names.
         secret: EnvSecret,
     },
-    /// An HS256 JWT per run: subject = the caller, the profile's audience, a random id, and
-    /// an expiry no later than the end of the run's budget.
+    /// An HS256 JWT per run: subject = the caller, the profile's audience, the run's id
+    /// (`plimsoll_run`), a random id, and an expiry no later than the end of the run's budget.
     Jwt {
         /// The HMAC key, read from the variable the profile names.
         key: EnvSecret,
@@ -47,8 +47,21 @@ pub enum Minter {
 pub const MIN_HMAC_KEY_BYTES: usize = 32;
 
 impl Minter {
-    /// The credential of a run by `caller` that started at `now` and may last `budget`.
-    pub fn mint(&self, caller: &str, now: SystemTime, budget: Duration) -> Credential {
+    /// Whether this mints the same static secret for every run (development only); the
+    /// result lists it on every call, so a reader of the run's evidence sees it.
+    pub fn is_static(&self) -> bool {
+        matches!(self, Minter::Static { .. })
+    }
+
+    /// The credential of run `run_id` by `caller` that started at `now` and may last
+    /// `budget`.
+    pub fn mint(
+        &self,
+        caller: &str,
+        run_id: &str,
+        now: SystemTime,
+        budget: Duration,
+    ) -> Credential {
         match self {
             Minter::Static { secret } => {
                 Credential::new(String::from_utf8_lossy(secret.expose()).into_owned())
@@ -75,6 +88,9 @@ impl Minter {
                     claims.insert("iss".into(), iss.as_str().into());
                 }
                 claims.insert("sub".into(), caller.into());
+                // Binds the token to the run: the daemon logs this id with each of the run's
+                // grant calls, so the API can tell which run a token was minted for.
+                claims.insert("plimsoll_run".into(), run_id.into());
                 claims.insert("aud".into(), audience.as_str().into());
                 claims.insert("iat".into(), iat.into());
                 claims.insert("nbf".into(), iat.into());
@@ -106,7 +122,8 @@ mod tests {
         assert_eq!(format!("{s:?}"), "<redacted>");
         let m = Minter::Static { secret: s };
         assert!(!format!("{m:?}").contains("s3cr3t"));
-        let c = m.mint("alice", SystemTime::now(), Duration::from_secs(5));
+        assert!(m.is_static());
+        let c = m.mint("alice", "run-1", SystemTime::now(), Duration::from_secs(5));
         assert_eq!(c.expose(), "s3cr3t-value");
         assert_eq!(format!("{c:?} {c}"), "<redacted> <redacted>");
     }
@@ -120,12 +137,13 @@ mod tests {
             max_lifetime: None,
         };
         let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_700);
-        let token = m.mint("alice", now, Duration::from_millis(2_500));
+        let token = m.mint("alice", "run-7", now, Duration::from_millis(2_500));
         let parts: Vec<&str> = token.expose().split('.').collect();
         assert_eq!(parts.len(), 3);
         let claims: serde_json::Value =
             serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
         assert_eq!(claims["sub"], "alice");
+        assert_eq!(claims["plimsoll_run"], "run-7", "bound to the run");
         assert_eq!(claims["aud"], "orders-api");
         assert_eq!(claims["iss"], "plimsoll");
         assert_eq!(claims["iat"], 1_700_000_000u64);
@@ -136,7 +154,7 @@ mod tests {
         mac.update(format!("{}.{}", parts[0], parts[1]).as_bytes());
         mac.verify_slice(&URL_SAFE_NO_PAD.decode(parts[2]).unwrap())
             .expect("the signature verifies");
-        let other = m.mint("alice", now, Duration::from_millis(2_500));
+        let other = m.mint("alice", "run-7", now, Duration::from_millis(2_500));
         assert_ne!(other.expose(), token.expose(), "every run gets its own id");
         let capped = Minter::Jwt {
             key: Secret::new(vec![7u8; 32]),
@@ -144,11 +162,13 @@ mod tests {
             issuer: None,
             max_lifetime: Some(Duration::from_secs(1)),
         }
-        .mint("bob", now, Duration::from_secs(600));
+        .mint("bob", "run-8", now, Duration::from_secs(600));
         let parts: Vec<&str> = capped.expose().split('.').collect();
         let claims: serde_json::Value =
             serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
         assert_eq!(claims["exp"], 1_700_000_001u64);
+        assert_eq!(claims["plimsoll_run"], "run-8");
         assert!(claims.get("iss").is_none());
+        assert!(!m.is_static());
     }
 }

@@ -264,6 +264,14 @@ impl GrantProfiles {
         let mut profiles = BTreeMap::new();
         for (name, entry) in file.profiles {
             let profile = validate(&name, entry, &read_env)?;
+            if profile.minter().is_static() {
+                tracing::warn!(
+                    profile = %name,
+                    "this grant profile sends a static secret: the same token on every call of \
+                     every run, which a run that gets hold of it can use after it ends; use \
+                     `kind = \"jwt\"` (minted per run, short-lived) outside development"
+                );
+            }
             profiles.insert(name, Arc::new(profile));
         }
         Ok(GrantProfiles { profiles })

@@ -26,7 +26,7 @@ fn grants_text(api: &str, budget: u32) -> String {
         r#"
 [profiles.orders]
 base_url = "{api}"
-routes = ["GET /orders/*", "POST /orders", "GET /status/*", "GET /redirect", "GET /echo-auth", "GET /echo-auth/*", "GET /big", "GET /search?", "GET /slow"]
+routes = ["GET /orders/*", "POST /orders", "GET /status/*", "GET /redirect", "GET /echo-auth", "GET /echo-auth/*", "GET /big", "GET /search?", "GET /slow", "GET /gzip"]
 callers = ["alice"]
 call_budget = {budget}
 max_request_bytes = 65536
@@ -597,6 +597,23 @@ fn the_credential_is_nowhere_but_the_request_to_the_api() {
         logged.contains("grant call"),
         "the broker logged its calls: {logged}"
     );
+    // Each call's line says the API was handed a static secret, and loading the profile
+    // warned of it.
+    let calls: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("grant call"))
+        .collect();
+    assert!(!calls.is_empty());
+    for line in &calls {
+        assert!(
+            line.contains("credential=\"static\""),
+            "a call's line does not say its credential is static: {line}"
+        );
+    }
+    assert!(
+        logged.contains("this grant profile sends a static secret") && logged.contains("orders"),
+        "no warning that the profile is static: {logged}"
+    );
     // Not whole, and not in pieces either (a hex dump of the wire splits it across rows).
     for piece in TOKEN.as_bytes().windows(8) {
         let piece = std::str::from_utf8(piece).unwrap();
@@ -668,6 +685,13 @@ fn a_jwt_names_the_caller_and_dies_with_the_run() {
             "expires with the run"
         );
     }
+    // Bound to the run: it names the run it was minted for.
+    let run = seen[0].claims.as_ref().unwrap()["plimsoll_run"].clone();
+    assert!(
+        run.as_str().is_some_and(|r| !r.is_empty()),
+        "no plimsoll_run claim: {:?}",
+        seen[0].claims
+    );
     // One token per run: both calls carried the same one.
     assert_eq!(seen[0].claims, seen[1].claims);
     // Another run gets another token.
@@ -676,6 +700,11 @@ fn a_jwt_names_the_caller_and_dies_with_the_run() {
     assert_ne!(
         api.seen()[2].claims.as_ref().unwrap()["jti"],
         seen[0].claims.as_ref().unwrap()["jti"]
+    );
+    assert_ne!(
+        api.seen()[2].claims.as_ref().unwrap()["plimsoll_run"],
+        run,
+        "another run, another run id"
     );
 
     // A caller the profile does not list is refused before anything runs, exactly as for a
@@ -890,9 +919,9 @@ fn echoed_credentials_are_withheld_in_every_common_encoding() {
                 .call()
                 .unwrap()
                 .body_mut()
-                .read_to_string()
+                .read_to_vec()
                 .unwrap();
-            if !body.contains(&secret) {
+            if !body.windows(secret.len()).any(|w| w == secret.as_bytes()) {
                 without_exact_bytes += 1;
             }
         }
@@ -901,6 +930,30 @@ fn echoed_credentials_are_withheld_in_every_common_encoding() {
             "{profile}: only {without_exact_bytes} encodings hide the exact bytes"
         );
     }
+}
+
+/// A gzipped body without `Content-Encoding` is not JSON, so it reaches the code as text, and
+/// not UTF-8, so as lossy text: each byte sequence that is not UTF-8 is U+FFFD. Its bytes never
+/// reach the code; what it inflates to was searched for the credential (the echo test above
+/// has one that is withheld).
+#[test]
+fn a_gzipped_body_reaches_the_code_as_lossy_text() {
+    let api = static_api();
+    let grants = GrantProfiles::parse(&grants_text(&api.url(), 20), test_env).unwrap();
+    let Some((engine, _dir)) = engine("gzip", 2_450_128, grants) else {
+        return;
+    };
+    let js = r#"
+(async () => {
+  const r = await host.get('/gzip');
+  console.log(typeof r, r.includes('�'), r.startsWith('�'));
+})();
+"#;
+    let resp = run_ok(&engine, Language::Javascript, js, Some("orders"));
+    assert_eq!(stdout(&resp), "string true true\n", "{}", stderr(&resp));
+    assert_eq!(resp.result.calls.len(), 1);
+    assert_eq!(resp.result.calls[0].status, Some(200));
+    assert_eq!(resp.result.calls[0].error, None);
 }
 
 /// A run holds at most its grant's cap of broker connections at once (the extra ones are

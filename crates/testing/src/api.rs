@@ -4,8 +4,9 @@
 //!
 //! Paths: `/status/N` answers status N; `/redirect` answers 302 to another path; `/big`
 //! answers 2 MiB; `/echo-auth` echoes the credential header (an API the broker must not
-//! trust), and `/echo-auth/ENCODING` echoes it re-encoded ([`ECHO_ENCODINGS`]); `/slow`
-//! answers after 3 s; anything else answers 200 with `{"method", "path", "body"}`.
+//! trust), and `/echo-auth/ENCODING` echoes it re-encoded ([`ECHO_ENCODINGS`]); `/gzip`
+//! answers a clean JSON body gzipped, without `Content-Encoding`; `/slow` answers after 3 s;
+//! anything else answers 200 with `{"method", "path", "body"}`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
@@ -24,7 +25,9 @@ use sha2::Sha256;
 /// The encodings `/echo-auth/ENCODING` writes the credential header in, as APIs do by
 /// default: JSON with `/` as `\/`, JSON with `&`, `<`, `>` as `\u0026`…, JSON with every
 /// character but letters and digits as `\u00XX`, a JSON string holding JSON, a JSON key,
-/// percent-encoding (upper and lower case), base64 (both alphabets), hex, and plain text.
+/// percent-encoding (upper and lower case), base64 (both alphabets, and in MIME's 76-character
+/// lines), hex, plain text, base32 (RFC 4648: padded, lower case, unpadded, and base32hex), and
+/// the JSON gzipped, with `Content-Encoding: gzip` and without it.
 pub const ECHO_ENCODINGS: &[&str] = &[
     "json-slashes",
     "json-html",
@@ -37,13 +40,56 @@ pub const ECHO_ENCODINGS: &[&str] = &[
     "base64url",
     "hex",
     "text",
+    "base32",
+    "base32-lower",
+    "base32-nopad",
+    "base32hex",
+    "base64-mime",
+    "gzip",
+    "gzip-encoded",
 ];
 
-/// `text` written in `encoding` (one of [`ECHO_ENCODINGS`]), as a body.
-fn echo_as(encoding: &str, text: &str) -> Option<String> {
+/// `data` in base32 (RFC 4648) with `alphabet`, padded to a multiple of 8 when `pad`.
+fn base32(alphabet: &[u8; 32], data: &[u8], pad: bool) -> String {
+    let mut out = String::new();
+    for group in data.chunks(5) {
+        let mut five = [0u8; 5];
+        five[..group.len()].copy_from_slice(group);
+        let bits = five.iter().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
+        // 8 bits a byte, 5 a character, rounded up.
+        let chars = (group.len() * 8).div_ceil(5);
+        for i in 0..8 {
+            if i < chars {
+                out.push(char::from(alphabet[(bits >> (35 - i * 5) & 31) as usize]));
+            } else if pad {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(data).expect("gzip in memory");
+    z.finish().expect("gzip in memory")
+}
+
+/// `text` written in `encoding` (one of [`ECHO_ENCODINGS`]), as a body, with the headers it
+/// takes.
+fn echo_as(encoding: &str, text: &str) -> Option<(&'static str, Vec<u8>)> {
     use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+    const BASE32: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    const BASE32_HEX: &[u8; 32] = b"0123456789ABCDEFGHIJKLMNOPQRSTUV";
     let json = || json!({"saw": text}).to_string();
-    Some(match encoding {
+    match encoding {
+        "gzip" => return Some(("", gzip(json().as_bytes()))),
+        "gzip-encoded" => {
+            return Some(("content-encoding: gzip\r\n", gzip(json().as_bytes())));
+        }
+        _ => {}
+    }
+    let body = match encoding {
         "json-slashes" => json().replace('/', "\\/"),
         "json-html" => json()
             .replace('&', "\\u0026")
@@ -85,8 +131,24 @@ fn echo_as(encoding: &str, text: &str) -> Option<String> {
         "base64url" => json!({"saw": URL_SAFE.encode(text)}).to_string(),
         "hex" => json!({"saw": hex::encode(text)}).to_string(),
         "text" => format!("you sent: {text}"),
+        "base32" => json!({"saw": base32(BASE32, text.as_bytes(), true)}).to_string(),
+        "base32-lower" => {
+            json!({"saw": base32(BASE32, text.as_bytes(), true).to_ascii_lowercase()}).to_string()
+        }
+        "base32-nopad" => json!({"saw": base32(BASE32, text.as_bytes(), false)}).to_string(),
+        "base32hex" => json!({"saw": base32(BASE32_HEX, text.as_bytes(), true)}).to_string(),
+        "base64-mime" => {
+            let b = STANDARD.encode(text);
+            let lines: Vec<&str> = b
+                .as_bytes()
+                .chunks(76)
+                .map(|l| std::str::from_utf8(l).expect("base64 is ASCII"))
+                .collect();
+            json!({"saw": lines.join("\r\n")}).to_string()
+        }
         _ => return None,
-    })
+    };
+    Some(("", body.into_bytes()))
 }
 
 /// What the API demands in its credential header.
@@ -232,7 +294,11 @@ fn serve(conn: TcpStream, expect: &Expect, seen: &Mutex<Vec<Seen>>) {
             headers: headers.clone(),
         });
         let (status, extra, reply) = if !authorized {
-            (401, "", json!({"error": "unauthorized"}).to_string())
+            (
+                401,
+                "",
+                json!({"error": "unauthorized"}).to_string().into_bytes(),
+            )
         } else {
             answer(&method, &target, &body, expect, &headers)
         };
@@ -240,7 +306,7 @@ fn serve(conn: TcpStream, expect: &Expect, seen: &Mutex<Vec<Seen>>) {
             "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
             reply.len()
         );
-        if out.write_all(head.as_bytes()).is_err() || out.write_all(reply.as_bytes()).is_err() {
+        if out.write_all(head.as_bytes()).is_err() || out.write_all(&reply).is_err() {
             return;
         }
         if headers.get("connection").is_some_and(|c| c == "close") {
@@ -255,12 +321,12 @@ fn answer(
     body: &[u8],
     expect: &Expect,
     headers: &BTreeMap<String, String>,
-) -> (u16, &'static str, String) {
+) -> (u16, &'static str, Vec<u8>) {
     if let Some(code) = target.strip_prefix("/status/") {
         let code = code.parse().unwrap_or(500);
-        return (code, "", json!({"status": code}).to_string());
+        return (code, "", json!({"status": code}).to_string().into_bytes());
     }
-    match target {
+    let (status, extra, reply) = match target {
         "/redirect" => (
             302,
             "location: /elsewhere\r\n",
@@ -280,11 +346,18 @@ fn answer(
                 Expect::Jwt { .. } => "authorization",
             };
             let saw = headers.get(name).map_or("", String::as_str);
-            match echo_as(&echo["/echo-auth/".len()..], saw) {
-                Some(body) => (200, "", body),
-                None => (404, "", json!({"error": "no such encoding"}).to_string()),
-            }
+            return match echo_as(&echo["/echo-auth/".len()..], saw) {
+                Some((extra, body)) => (200, extra, body),
+                None => (
+                    404,
+                    "",
+                    json!({"error": "no such encoding"})
+                        .to_string()
+                        .into_bytes(),
+                ),
+            };
         }
+        "/gzip" => return (200, "", gzip(json!({"gzip": true}).to_string().as_bytes())),
         "/slow" => {
             std::thread::sleep(Duration::from_secs(3));
             (200, "", json!({"slow": true}).to_string())
@@ -297,7 +370,8 @@ fn answer(
                 json!({"method": method, "path": target, "body": body}).to_string(),
             )
         }
-    }
+    };
+    (status, extra, reply.into_bytes())
 }
 
 /// Checks the credential; for a JWT, its claims when they verify.
