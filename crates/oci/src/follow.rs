@@ -235,6 +235,10 @@ pub(crate) fn created(
         path,
         why: format!("cannot open process {}: {e}", pid.as_raw_nonzero()),
     })?;
+    // crun's `create` forks twice: the container's process is the child of crun's second
+    // fork, which may still be there after `create` has exited. Until it is gone the
+    // container's process is not ours to reap: wait for it (it ends at once) and reap it.
+    let _ = adopt(pid, Instant::now() + ADOPT_WAIT);
     Ok(Created {
         pid,
         pidfd,
@@ -242,6 +246,64 @@ pub(crate) fn created(
         reaped: false,
         helpers: Vec::new(),
     })
+}
+
+/// How long the runtime's intermediate process (crun's second fork) may take to end after
+/// `create` has, before the container's process is followed anyway.
+const ADOPT_WAIT: Duration = Duration::from_secs(5);
+
+/// The parent and state of process `pid`, from `/proc/<pid>/stat` (`None`: gone).
+fn parent_and_state(pid: i32) -> Option<(i32, char)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(") ")?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((fields.next()?.parse().ok()?, state))
+}
+
+/// Waits, at most until `until`, for process `pid` (the container's) to be this process's
+/// child, so that this process is its one reaper. The runtime's process it came from may
+/// outlive `create` (crun's `create` and `run --detach` fork twice: `create` waits for the
+/// first fork, the second one starts the container and exits on its own): until that one
+/// is gone, the container's process is its child, and a wait for it here fails with
+/// `ECHILD` (had it exited already, its status would be lost). That intermediate process,
+/// once it ended, is a child of this process (a child subreaper), which reaps it here: no
+/// one else waits for it. Returns whether `pid` is this process's child (false: it is gone,
+/// or still another's at `until`).
+fn adopt(pid: Pid, until: Instant) -> bool {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let pid = pid.as_raw_nonzero().get();
+    loop {
+        let Some((parent, _)) = parent_and_state(pid) else {
+            return false;
+        };
+        if parent == me {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return false;
+        }
+        // A pidfd for the parent, which names that parent only if it still is `pid`'s
+        // parent once opened (a pid read from /proc could have been reused in between).
+        let opened = Pid::from_raw(parent)
+            .and_then(|p| Some((p, pidfd_open(p, PidfdFlags::empty()).ok()?)))
+            .filter(|_| parent_and_state(pid).map(|(p, _)| p) == Some(parent));
+        match opened {
+            Some((parent, fd)) => {
+                let wait = until.saturating_duration_since(now);
+                let timeout = Timespec {
+                    tv_sec: wait.as_secs() as i64,
+                    tv_nsec: i64::from(wait.subsec_nanos()),
+                };
+                let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+                if matches!(poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
+                    // Ended: reap it if it is ours (ECHILD: it is not, its parent reaps it).
+                    let _ = rustix::process::waitpid(Some(parent), WaitOptions::NOHANG);
+                }
+            }
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
 }
 
 fn open_pid_file(pid_file: &Path) -> Result<Pid, String> {
@@ -404,7 +466,14 @@ impl Created {
         } else {
             WaitOptions::empty()
         };
-        match rustix::process::waitpid(Some(self.pid), options) {
+        let mut waited = rustix::process::waitpid(Some(self.pid), options);
+        if matches!(waited, Err(rustix::io::Errno::CHILD))
+            && adopt(self.pid, Instant::now() + ADOPT_WAIT)
+        {
+            // It was still the runtime's intermediate process's child; it is ours now.
+            waited = rustix::process::waitpid(Some(self.pid), options);
+        }
+        match waited {
             Ok(found) => {
                 self.reaped = found.is_some();
                 Ok(found.map(|(_, s)| s))
@@ -428,5 +497,74 @@ impl Drop for Created {
             let _ = self.reap(Some(KILL_WAIT));
         }
         self.reap_helpers();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A runtime that starts its container as crun does (`create` forks, that fork makes a
+    /// session, forks again and exits; the second fork starts the container's process and
+    /// writes the pid file), its second fork outliving `create` by a second without waiting
+    /// for anything, and a container's process that exits 3 at once: the one crun left a
+    /// moment longer under load.
+    const CRUN_LIKE: &str = r#"exec </dev/null
+(
+  (
+    sh -c 'sleep 0.2; exit 3' &
+    echo $! > "$1.tmp" && mv "$1.tmp" "$1"
+    exec sh -c 'echo $$ > "$1"; exec sleep 1 >/dev/null 2>&1' second "$2"
+  ) &
+  while [ ! -s "$1" ]; do sleep 0.01; done
+)
+"#;
+
+    /// The container's process is still the child of the runtime's second fork when it
+    /// exits, so this process cannot wait for it yet. Its status is the run's all the same
+    /// (before: "cannot reap the container's process N: No child processes", a run failed
+    /// as `sandbox_failed`), and the runtime's second fork is reaped too: no zombie is left.
+    /// Four at once, each also reaping its intermediate process.
+    #[test]
+    fn the_container_process_is_reaped_here_once_the_runtime_let_it_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs: Vec<_> = (0..4)
+            .map(|i| {
+                let pid_file = dir.path().join(format!("pid{i}"));
+                let second = dir.path().join(format!("second{i}"));
+                std::thread::spawn(move || {
+                    let running = plimsoll_sandbox::Spawn::new("/bin/sh", "/")
+                        .arg("-c")
+                        .arg(CRUN_LIKE)
+                        .arg("runtime")
+                        .arg(&pid_file)
+                        .arg(&second)
+                        .spawn()
+                        .unwrap();
+                    let created = created(
+                        "crun-like",
+                        running,
+                        &pid_file,
+                        1024,
+                        Duration::from_secs(10),
+                    )
+                    .unwrap_or_else(|e| panic!("{e}"));
+                    let followed = created
+                        .follow(&CaptureLimits::new(1024, Duration::from_secs(10)))
+                        .map(|(c, _)| (c.exit_code, c.signal));
+                    let second: i32 = fs::read_to_string(&second).unwrap().trim().parse().unwrap();
+                    (followed.map_err(|e| e.to_string()), second)
+                })
+            })
+            .collect();
+        for run in runs {
+            let (followed, second) = run.join().unwrap();
+            assert_eq!(followed, Ok((Some(3), None)));
+            assert!(
+                parent_and_state(second).is_none(),
+                "the runtime's second fork {second} is left: {:?}",
+                parent_and_state(second)
+            );
+        }
     }
 }
