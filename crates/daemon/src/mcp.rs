@@ -13,7 +13,7 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use http_body_util::BodyExt as _;
@@ -78,7 +78,11 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
         closing(failure.respond(None, message))
     };
     if req.method() != Method::POST {
-        return closing(method_not_allowed(req.method().clone(), req.uri().clone()).await);
+        // RFC 9110: a 405 names the methods the target takes.
+        let mut resp = method_not_allowed(req.method().clone(), req.uri().clone()).await;
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return closing(resp);
     }
     let caller = match authenticate(&st, req.headers()) {
         Ok(c) => c,

@@ -406,7 +406,7 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A whole JSON body is parsed; a cut-off prefix is scanned tolerantly for the first
 /// `"request_id"`, a colon and a string without escapes. Either way the id must be a valid
 /// request id. A client puts `request_id` early (before `run`) to be sure it is echoed.
-fn scanned_request_id(prefix: &[u8]) -> Option<String> {
+pub(crate) fn scanned_request_id(prefix: &[u8]) -> Option<String> {
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(prefix) {
         let id = value.get("request_id")?.as_str()?;
         validate_request_id(id).ok()?;

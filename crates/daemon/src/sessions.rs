@@ -7,18 +7,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use plimsoll_engine::{RunError, SessionCallKind};
 use plimsoll_wire::{
-    Bytes as WireBytes, PROTOCOL, Project, ProjectFile, RunRequest, RunSpec, SessionOpenRequest,
-    StreamLine, parse_session_call, validate_request_id,
+    Bytes as WireBytes, PROTOCOL, Project, ProjectFile, RunRequest, RunSpec, StreamLine,
+    parse_session_call, parse_session_open, validate_request_id,
 };
 
 use crate::server::{
     AppState, BODY_READ_TIMEOUT, Failure, authenticate, closing, declared_over, failure_of,
-    read_body, too_large,
+    read_body, scanned_request_id, too_large,
 };
 
 /// The header carrying the request id of a request without a JSON body (`DELETE`, and a
@@ -66,6 +67,32 @@ fn header_request_id(headers: &HeaderMap) -> Option<String> {
         .and_then(|v| v.to_str().ok())
         .filter(|id| validate_request_id(id).is_ok())
         .map(str::to_owned)
+}
+
+/// What a route's path or query extractor gave; or, when it could not read them (a `%ff`
+/// in the path, `?restart=maybe`), the answer: the token checked first, as on every session
+/// route (401 without one), then `400`, not dispatched (`request`), an `ErrorResponse` with
+/// the header's request id. Closes the connection: a body is left unread.
+fn target<T>(st: &AppState, headers: &HeaderMap, got: Result<T, String>) -> Result<T, Response> {
+    let why = match got {
+        Ok(t) => return Ok(t),
+        Err(why) => why,
+    };
+    let refusal = match caller_of(st, headers) {
+        Err(refusal) => *refusal,
+        Ok(_) => {
+            st.metrics.refused(plimsoll_wire::Reason::Request);
+            Failure::Refused(plimsoll_wire::Reason::Request).respond(
+                header_request_id(headers),
+                format!("{why}: see GET /v1/openapi.json for this route's path and query"),
+            )
+        }
+    };
+    Err(closing(refusal))
+}
+
+fn path_of<T>(p: Result<Path<T>, PathRejection>) -> Result<T, String> {
+    p.map(|Path(t)| t).map_err(|e| e.body_text())
 }
 
 /// The request id a body-less request must carry in [`REQUEST_ID_HEADER`], or the refusal
@@ -123,17 +150,13 @@ pub(crate) async fn open(State(st): State<AppState>, req: Request) -> Response {
         Ok(x) => x,
         Err(resp) => return resp,
     };
-    let open: SessionOpenRequest = match serde_json::from_slice(&bytes) {
+    let open = match parse_session_open(&bytes) {
         Ok(o) => o,
-        Err(e) => {
-            let id = serde_json::from_slice::<serde_json::Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("request_id")?.as_str().map(str::to_owned))
-                .filter(|id| validate_request_id(id).is_ok());
-            return Failure::Refused(plimsoll_wire::Reason::Request).respond(
-                id,
-                format!("the body is not a session open request ({e}): see docs/sessions.md"),
-            );
+        // A body that arrived whole but does not parse still has its id echoed when it can
+        // be read, as on `/v1/runs`.
+        Err(r) => {
+            let id = r.request_id.or_else(|| scanned_request_id(&bytes));
+            return Failure::Refused(r.reason).respond(id, r.message);
         }
     };
     let engine = Arc::clone(&st);
@@ -156,9 +179,13 @@ pub(crate) async fn list(State(st): State<AppState>, headers: HeaderMap) -> Resp
 /// `GET /v1/sessions/{id}`.
 pub(crate) async fn show(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
+    let id = match target(&st, &headers, path_of(id)) {
+        Ok(id) => id,
+        Err(resp) => return resp,
+    };
     match caller_of(&st, &headers) {
         Ok(caller) => match st.engine.session_info(&caller, &id) {
             Ok(info) => json(&info),
@@ -172,9 +199,13 @@ pub(crate) async fn show(
 /// `DELETE /v1/sessions/{id}`.
 pub(crate) async fn close(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
+    let id = match target(&st, &headers, path_of(id)) {
+        Ok(id) => id,
+        Err(resp) => return resp,
+    };
     let caller = match caller_of(&st, &headers) {
         Ok(c) => c,
         Err(refusal) => return *refusal,
@@ -203,19 +234,31 @@ pub(crate) struct CellQuery {
 /// `POST /v1/sessions/{id}/cells`.
 pub(crate) async fn cell(
     State(st): State<AppState>,
-    Path(id): Path<String>,
-    Query(q): Query<CellQuery>,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<CellQuery>, QueryRejection>,
     req: Request,
 ) -> Response {
+    let got = path_of(id).and_then(|id| {
+        let Query(q) = query.map_err(|e| e.body_text())?;
+        Ok((id, q))
+    });
+    let (id, q) = match target(&st, req.headers(), got) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
     posted_call(st, id, req, SessionCallKind::Cell { restart: q.restart }).await
 }
 
 /// `POST /v1/sessions/{id}/steps`.
 pub(crate) async fn steps(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
+    let id = match target(&st, req.headers(), path_of(id)) {
+        Ok(id) => id,
+        Err(resp) => return resp,
+    };
     posted_call(st, id, req, SessionCallKind::Job).await
 }
 
@@ -227,7 +270,10 @@ async fn posted_call(st: AppState, id: String, req: Request, kind: SessionCallKi
     };
     match parse_session_call(&bytes) {
         Ok(run) => call(st, caller, id, run, kind, wants_stream(&parts.headers)).await,
-        Err(r) => Failure::Refused(r.reason).respond(r.request_id, r.message),
+        Err(r) => {
+            let id = r.request_id.or_else(|| scanned_request_id(&bytes));
+            Failure::Refused(r.reason).respond(id, r.message)
+        }
     }
 }
 
@@ -235,9 +281,13 @@ async fn posted_call(st: AppState, id: String, req: Request, kind: SessionCallKi
 /// call is the project `{files: [{path, content}]}` (docs/sessions.md), answered as a run.
 pub(crate) async fn put_file(
     State(st): State<AppState>,
-    Path((id, path)): Path<(String, String)>,
+    target_path: Result<Path<(String, String)>, PathRejection>,
     req: Request,
 ) -> Response {
+    let (id, path) = match target(&st, req.headers(), path_of(target_path)) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
     let (caller, parts, bytes) = match caller_and_body(&st, req).await {
         Ok(x) => x,
         Err(resp) => return resp,
@@ -265,9 +315,13 @@ pub(crate) async fn put_file(
 /// the project `{artifacts: [PATH]}`, its bytes in `result.artifacts[0].content`.
 pub(crate) async fn get_file(
     State(st): State<AppState>,
-    Path((id, path)): Path<(String, String)>,
+    target_path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
+    let (id, path) = match target(&st, &headers, path_of(target_path)) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
     let caller = match caller_of(&st, &headers) {
         Ok(c) => c,
         Err(refusal) => return *refusal,

@@ -1892,6 +1892,160 @@ fn hyper_s_own_answers_to_a_broken_head_are_error_responses() {
     assert_eq!(get(&d.url, "/healthz", None).status, 200);
 }
 
+/// Sends `request` as it is on a fresh connection and reads until the daemon closes it:
+/// status, head and body.
+fn raw_exchange(url: &str, request: &str) -> (u16, String, String) {
+    use std::io::Write;
+    let mut conn = connect(url);
+    conn.write_all(request.as_bytes())
+        .expect("send the request");
+    let got = read_until_closed(&mut conn, CLOSED_WITHIN).unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP answer to {request:?}: {text:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+/// A session route whose path or query cannot be read (axum's extractors refused them with a
+/// plain-text 400, before the token check) answers as every route does: 401 without a
+/// token, else a 400 `ErrorResponse` marked not dispatched (issue 28, finding 17).
+#[test]
+fn a_session_route_with_an_unreadable_path_or_query_is_refused_after_the_token() {
+    let d = TestDaemon::start(PROCESS);
+    let sid = format!("ses_{}_{}", "0".repeat(16), "0".repeat(32));
+    let body = snippet("c-1", "python", "print(1)");
+    for (method, target, body) in [
+        (
+            "POST",
+            format!("/v1/sessions/{sid}/cells?restart=1"),
+            body.as_str(),
+        ),
+        (
+            "POST",
+            format!("/v1/sessions/{sid}/cells?restart=maybe"),
+            body.as_str(),
+        ),
+        ("POST", "/v1/sessions/%ff/cells".to_owned(), body.as_str()),
+        ("POST", "/v1/sessions/%ff/steps".to_owned(), body.as_str()),
+        ("GET", "/v1/sessions/%ff".to_owned(), ""),
+        ("DELETE", "/v1/sessions/%ff".to_owned(), ""),
+        ("PUT", format!("/v1/sessions/{sid}/files/a%ffb"), "bytes"),
+        ("GET", format!("/v1/sessions/{sid}/files/%ff"), ""),
+    ] {
+        let what = format!("{method} {target}");
+        for token in [None, Some(d.token.as_str())] {
+            let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+            let request = format!(
+                "{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}plimsoll-request-id: h-1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let (status, head, text) = raw_exchange(&d.url, &request);
+            assert!(
+                head.contains("content-type: application/json"),
+                "{what}: {head}"
+            );
+            let e: ErrorResponse = serde_json::from_str(&text)
+                .unwrap_or_else(|err| panic!("{what}: not an ErrorResponse ({err}): {text:?}"));
+            assert_eq!(e.request_id.as_deref(), Some("h-1"), "{what}: {text}");
+            if token.is_none() {
+                assert_eq!(status, 401, "{what} without a token: {text}");
+                assert_eq!(e.error.not_dispatched, Some(Reason::Permission), "{what}");
+            } else {
+                assert_eq!(status, 400, "{what}: {text}");
+                assert_eq!(e.error.code, "request", "{what}");
+                assert_eq!(e.error.not_dispatched, Some(Reason::Request), "{what}");
+            }
+        }
+    }
+}
+
+/// A session open or call whose body arrives whole but does not parse echoes the request id
+/// it holds, as `/v1/runs` does; an array where the schema says object is refused, not read
+/// positionally (issue 28, finding 17).
+#[test]
+fn a_session_body_that_does_not_parse_has_its_request_id_echoed_and_arrays_are_refused() {
+    let d = TestDaemon::start(PROCESS);
+    let sid = format!("ses_{}_{}", "0".repeat(16), "0".repeat(32));
+    let cells = format!("/v1/sessions/{sid}/cells");
+    let steps = format!("/v1/sessions/{sid}/steps");
+    for (path, body, id) in [
+        (
+            "/v1/sessions",
+            r#"{"request_id":"o-1","protocol":1,"language":"#,
+            "o-1",
+        ),
+        (
+            "/v1/sessions",
+            "{\"request_id\":\"o-2\",\"protocol\":1,\"language\":\"python\"}\u{feff}",
+            "o-2",
+        ),
+        (
+            "/v1/sessions",
+            r#"{"request_id":"o-3","protocol":1,"language":"python","limits":[100]}"#,
+            "o-3",
+        ),
+        (
+            cells.as_str(),
+            r#"{"request_id":"c-1","protocol":1,"run":{"kind":"snip"#,
+            "c-1",
+        ),
+        (
+            cells.as_str(),
+            r#"{"request_id":"c-2","protocol":1,"limits":[100],"run":{"kind":"snippet","language":"python","code":"1"}}"#,
+            "c-2",
+        ),
+        (
+            steps.as_str(),
+            r#"{"request_id":"s-1","protocol":1,"run":{"#,
+            "s-1",
+        ),
+    ] {
+        let a = call(&d.url, "POST", path, &d.token, Some(body.as_bytes()), &[]);
+        assert_eq!(a.status, 400, "{path} {body}: {}", a.body);
+        let e = a.error();
+        assert_eq!(e.error.not_dispatched, Some(Reason::Request), "{body}");
+        assert_eq!(
+            e.request_id.as_deref(),
+            Some(id),
+            "{path} {body}: {}",
+            a.body
+        );
+    }
+    // `/v1/runs` too: `"limits": [100]` is not `{"timeout_ms": 100}`.
+    let a = post(
+        &d.url,
+        Some(&d.token),
+        br#"{"protocol":1,"request_id":"r-1","limits":[100],"run":{"kind":"snippet","language":"python","code":"1"}}"#,
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.error().error.message.contains("`limits`"), "{}", a.body);
+}
+
+/// `/mcp` takes POST only, and its 405 says so (issue 28, finding 17).
+#[test]
+fn mcp_s_405_names_the_method_it_takes() {
+    let d = TestDaemon::start(PROCESS);
+    for method in ["GET", "DELETE", "PUT"] {
+        let (status, head, body) = raw_exchange(
+            &d.url,
+            &format!(
+                "{method} /mcp HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {}\r\nContent-Length: 0\r\n\r\n",
+                d.token
+            ),
+        );
+        assert_eq!(status, 405, "{method}: {body}");
+        assert!(head.contains("\r\nallow: post"), "{method}: {head}");
+        let e: ErrorResponse = serde_json::from_str(&body).expect("an ErrorResponse");
+        assert_eq!(e.error.not_dispatched, Some(Reason::Request));
+    }
+}
+
 /// One JSON-RPC message to `/mcp`.
 fn mcp_post(url: &str, token: Option<&str>, body: &serde_json::Value) -> Answer {
     let mut req = agent()
