@@ -360,8 +360,10 @@ fn status_has_uid(status: &str, uid: u32) -> bool {
     found && !zombie
 }
 
-/// Makes the agent not dumpable (again: a change of effective ids resets the flag).
-fn not_dumpable() -> Result<(), Errno> {
+/// Makes the agent not dumpable (again: a change of effective ids resets the flag): its
+/// /proc/<pid>/{fd,mem,environ,...} are then root's, so a process of the same uid (a
+/// session's cell) can neither open its pipes nor read or write its memory.
+pub(crate) fn not_dumpable() -> Result<(), Errno> {
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
 }
 

@@ -61,6 +61,9 @@ pub enum StartSessionError {
     /// The agent runs as root.
     #[error(transparent)]
     Privileges(#[from] TakePrivilegesError),
+    /// The agent could not make itself not dumpable.
+    #[error("cannot make the session's agent not dumpable")]
+    NotDumpable(#[source] io::Error),
     /// The agent's current directory (the session's work directory) cannot be known.
     #[error("the session has no work directory (the agent's current directory)")]
     WorkDir(#[source] io::Error),
@@ -219,11 +222,16 @@ fn chunk(stream: OutputStream, offset: usize, bytes: &[u8]) -> SessionLine {
     })
 }
 
-/// Starts a session's agent: refuses root, marks inherited descriptors close-on-exec, and
-/// starts `language`'s interpreter in the agent's current directory (the session's work
-/// directory), returning once the interpreter has said it is ready for cells.
+/// Starts a session's agent: refuses root, makes itself not dumpable, marks inherited
+/// descriptors close-on-exec, and starts `language`'s interpreter in the agent's current
+/// directory (the session's work directory), returning once the interpreter has said it is
+/// ready for cells.
 pub fn start_session(language: Language) -> Result<Session, StartSessionError> {
     crate::privilege::not_root()?;
+    // The cells run as the agent's uid: not dumpable, the agent's stdin and stdout (the
+    // host's calls and the answers it trusts) and its memory are out of their reach through
+    // /proc/<agent>/{fd,mem}. Before the interpreter exists, so no cell ever sees otherwise.
+    crate::privilege::not_dumpable().map_err(|e| StartSessionError::NotDumpable(e.into()))?;
     mark_inherited_descriptors_cloexec();
     let work_dir = std::env::current_dir().map_err(StartSessionError::WorkDir)?;
     let sup = Supervisor::for_session(far())?;

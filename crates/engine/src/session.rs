@@ -140,16 +140,32 @@ impl Sessions {
         });
     }
 
-    /// Ends every session past its idle timeout or lifetime that no call holds.
-    fn reap_expired(&self) {
+    /// Ends every session past its idle timeout or lifetime that no call holds, each on a
+    /// thread of its own: one sandbox's removal (a VM's takes seconds) never delays another
+    /// session's end. A session being ended holds its lock, so later passes skip it.
+    fn reap_expired(self: &Arc<Self>) {
         let open: Vec<Arc<Session>> = self.inner().open.values().cloned().collect();
         for s in open {
             // A session in a call is not idle; its lifetime is enforced by the call's bounds.
-            let Ok(mut st) = s.state.try_lock() else {
+            let Ok(st) = s.state.try_lock() else {
                 continue;
             };
-            if let Some(reason) = s.expired(&st) {
-                self.end(&s, &mut st, reason);
+            let Some(reason) = s.expired(&st) else {
+                continue;
+            };
+            drop(st);
+            let sessions = Arc::clone(self);
+            let ends = move || {
+                let mut st = lock(&s);
+                if s.expired(&st) == Some(reason) {
+                    sessions.end(&s, &mut st, reason);
+                }
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("session-end".into())
+                .spawn(ends)
+            {
+                tracing::error!(error = %e, "cannot start a thread to end an expired session; the next pass tries again");
             }
         }
     }
@@ -593,9 +609,21 @@ impl Engine {
         };
         let started_unix_ms = unix_ms_now();
         let within = limits.timeout + CALL_GRACE;
-        let answered = sandbox.call(&call, within, on_chunk);
+        // The agent is not trusted beyond what it reports: a chunk past the call's caps or
+        // out of place is not passed on, and fails the call once it is answered.
+        let mut chunks = ChunkBounds::for_call(&call);
+        let answered = sandbox.call(&call, within, &mut |c| {
+            if chunks.admit(&c) {
+                on_chunk(c);
+            }
+        });
         st.last_call = Instant::now();
-        let answer = match answered {
+        let answer = match answered.and_then(|a| {
+            chunks
+                .broken
+                .take()
+                .map_or(Ok(a), |why| Err(LaunchError::may_have_run(why)))
+        }) {
             Ok(a) => a,
             Err(e) => return Err(self.failed_call(&s, &mut st, req, e)),
         };
@@ -632,6 +660,12 @@ impl Engine {
                 return Err(self.failed_call(&s, &mut st, req, e));
             }
         };
+        if let Err(why) = within_caps(&result, &call) {
+            let e = LaunchError::may_have_run(format!(
+                "the session's agent answered more than the call allows ({why})"
+            ));
+            return Err(self.failed_call(&s, &mut st, req, e));
+        }
         // What only the host knows: the wall it read; no start, no broker calls.
         result.start = None;
         result.member_age_ms = None;
@@ -856,6 +890,117 @@ impl Engine {
     }
 }
 
+/// What a call's output chunks may be: per stream, one after the other from offset 0 (no
+/// gap, no overlap), never past what the call's answer may keep of that stream.
+#[derive(Debug)]
+struct ChunkBounds {
+    /// Bytes a stream may keep in all: `output_bytes` of a cell, of each step of a job.
+    cap: u64,
+    /// The offset the next chunk of stdout and of stderr must start at.
+    next: [u64; 2],
+    /// Why a chunk was refused, once one was.
+    broken: Option<String>,
+}
+
+impl ChunkBounds {
+    fn for_call(call: &SessionCall) -> Self {
+        let cap = match call {
+            SessionCall::Cell(cell) => cell.output_bytes,
+            SessionCall::Job(SessionJob { job, .. }) => match &job.spec {
+                RunSpec::Project(p) => job.output_bytes.saturating_mul(p.steps.len() as u64),
+                RunSpec::Snippet(_) => job.output_bytes,
+            },
+            SessionCall::Wall => 0,
+        };
+        ChunkBounds {
+            cap,
+            next: [0, 0],
+            broken: None,
+        }
+    }
+
+    /// Whether `c` may be passed on; once one may not, none may.
+    fn admit(&mut self, c: &OutputChunk) -> bool {
+        if self.broken.is_some() {
+            return false;
+        }
+        let (i, name) = match c.stream {
+            plimsoll_wire::OutputStream::Stdout => (0, "stdout"),
+            plimsoll_wire::OutputStream::Stderr => (1, "stderr"),
+        };
+        let len = c.bytes.as_slice().len() as u64;
+        let end = c.offset.saturating_add(len);
+        if c.offset != self.next[i] || end > self.cap {
+            self.broken = Some(format!(
+                "its agent sent {len} bytes of {name} at offset {} where the next may start only at {} and the stream keeps at most {} bytes",
+                c.offset, self.next[i], self.cap
+            ));
+            return false;
+        }
+        self.next[i] = end;
+        true
+    }
+}
+
+/// Whether an agent's answer keeps no more than `call` lets it keep: `output_bytes` per
+/// stream (of the cell, of every step and of the job, which mirrors its last step), no more
+/// steps than were sent, no more artifacts than were asked for, each within `artifact_bytes`.
+/// The agent caps all of these itself; the host checks rather than trusts it.
+fn within_caps(result: &plimsoll_wire::RunResult, call: &SessionCall) -> Result<(), String> {
+    let (output, artifact, steps, artifacts) = match call {
+        SessionCall::Cell(cell) => (cell.output_bytes, 0, 0, 0),
+        SessionCall::Job(SessionJob { job, .. }) => match &job.spec {
+            RunSpec::Project(p) => (
+                job.output_bytes,
+                job.artifact_bytes,
+                p.steps.len(),
+                p.artifacts.len(),
+            ),
+            RunSpec::Snippet(_) => (job.output_bytes, 0, 0, 0),
+        },
+        SessionCall::Wall => (0, 0, 0, 0),
+    };
+    let streams = std::iter::once(("the call", &result.stdout, &result.stderr)).chain(
+        result
+            .steps
+            .iter()
+            .map(|step| ("a step", &step.stdout, &step.stderr)),
+    );
+    for (whose, stdout, stderr) in streams {
+        for (name, bytes) in [("stdout", stdout), ("stderr", stderr)] {
+            let len = bytes.as_slice().len() as u64;
+            if len > output {
+                return Err(format!(
+                    "{len} bytes of {whose}'s {name} where output_bytes is {output}"
+                ));
+            }
+        }
+    }
+    if result.steps.len() > steps {
+        return Err(format!(
+            "{} step results for {steps} steps",
+            result.steps.len()
+        ));
+    }
+    if result.artifacts.len() > artifacts {
+        return Err(format!(
+            "{} artifacts where {artifacts} were asked for",
+            result.artifacts.len()
+        ));
+    }
+    if let Some(a) = result
+        .artifacts
+        .iter()
+        .find(|a| a.content.as_slice().len() as u64 > artifact)
+    {
+        return Err(format!(
+            "{} bytes of an artifact where artifact_bytes is {artifact}",
+            a.content.as_slice().len()
+        ));
+    }
+    Ok(())
+}
+
 /// What differs between the wall at open and the wall now, briefly.
 fn describe_change(open: &Wall, now: &Wall) -> String {
     let mut diffs = Vec::new();
@@ -901,5 +1046,256 @@ fn describe_change(open: &Wall, now: &Wall) -> String {
         "its wall".into()
     } else {
         diffs.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use plimsoll_wire::{Artifact, Bytes, OutputStream, RunResult, StepResult};
+
+    use super::*;
+
+    /// A session's sandbox whose close waits until the test lets it go (a VM's slow
+    /// removal), and says when it was asked to close.
+    #[derive(Debug)]
+    struct SlowToClose {
+        wall: Wall,
+        closing: mpsc::Sender<&'static str>,
+        release: Arc<Mutex<mpsc::Receiver<()>>>,
+        name: &'static str,
+    }
+
+    impl SessionSandbox for SlowToClose {
+        fn uid(&self) -> u32 {
+            1
+        }
+        fn wall_at_open(&self) -> &Wall {
+            &self.wall
+        }
+        fn wall_now(&mut self) -> Result<Wall, LaunchError> {
+            Ok(self.wall.clone())
+        }
+        fn call(
+            &mut self,
+            _: &SessionCall,
+            _: Duration,
+            _: &mut dyn FnMut(OutputChunk),
+        ) -> Result<plimsoll_wire::SessionAnswer, LaunchError> {
+            Err(LaunchError::may_have_run("not for this test"))
+        }
+        fn alive(&mut self) -> bool {
+            true
+        }
+        fn close(self: Box<Self>) -> Result<(), String> {
+            let _ = self.closing.send(self.name);
+            let _ = self
+                .release
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(30));
+            Ok(())
+        }
+    }
+
+    fn idle_session(id: &str, sandbox: SlowToClose) -> Arc<Session> {
+        let past = Instant::now() - Duration::from_secs(5);
+        Arc::new(Session {
+            id: id.into(),
+            caller: "c".into(),
+            language: Language::Python,
+            provider: "crun".into(),
+            tier: Tier::Container,
+            floor: Tier::Container,
+            evidence_sha256: String::new(),
+            environment: String::new(),
+            limits: plimsoll_sandbox::ResolvedLimits {
+                timeout: Duration::from_secs(1),
+                memory_bytes: 1,
+                output_bytes: 1,
+                pids: 1,
+                disk_bytes: 1,
+                artifact_bytes: 1,
+            },
+            opened_unix_ms: 0,
+            opened: past,
+            lifetime: Duration::from_secs(3600),
+            idle_timeout: Duration::from_secs(1),
+            wall: Wall::default(),
+            state: Mutex::new(State {
+                sandbox: Some(Box::new(sandbox)),
+                permit: None,
+                calls: 0,
+                last_record: None,
+                last_call: past,
+                interpreter_alive: true,
+                ended: None,
+            }),
+        })
+    }
+
+    /// #28.12: the reaper ends each expired session on a thread of its own: while one
+    /// sandbox's removal has not finished, another expired session still ends.
+    #[test]
+    fn one_slow_removal_does_not_hold_back_another_sessions_end() {
+        let sessions = Sessions::new();
+        let (closing, closed) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let hold = Arc::new(Mutex::new(hold));
+        for name in ["a", "b"] {
+            let s = idle_session(
+                name,
+                SlowToClose {
+                    wall: Wall::default(),
+                    closing: closing.clone(),
+                    release: Arc::clone(&hold),
+                    name,
+                },
+            );
+            sessions.inner().open.insert(name.into(), s);
+        }
+        sessions.reap_expired();
+        let mut started = vec![
+            closed.recv_timeout(Duration::from_secs(10)).unwrap(),
+            closed
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the second session's removal starts while the first's waits"),
+        ];
+        started.sort_unstable();
+        assert_eq!(started, ["a", "b"]);
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !sessions.inner().open.is_empty() {
+            assert!(Instant::now() < until, "both sessions ended within 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ends = sessions.ends.lock().unwrap().get("idle_timeout").copied();
+        assert_eq!(ends, Some(2));
+    }
+
+    fn cell(output_bytes: u64) -> SessionCall {
+        SessionCall::Cell(SessionCell {
+            code: String::new(),
+            restart: false,
+            deadline_ms: 1,
+            output_bytes,
+            stream: true,
+        })
+    }
+
+    fn job(output_bytes: u64, steps: usize, artifacts: &[&str]) -> SessionCall {
+        SessionCall::Job(SessionJob {
+            job: AgentJob {
+                spec: RunSpec::Project(plimsoll_wire::Project {
+                    files: Vec::new(),
+                    steps: (0..steps)
+                        .map(|_| plimsoll_wire::Step {
+                            name: None,
+                            run: "true".into(),
+                        })
+                        .collect(),
+                    artifacts: artifacts.iter().map(|a| (*a).to_owned()).collect(),
+                }),
+                work_dir: WORK_DIR.into(),
+                output_bytes,
+                artifact_bytes: 10,
+                deadline_ms: 1,
+                trial: None,
+            },
+            stream: true,
+        })
+    }
+
+    fn chunk(stream: OutputStream, offset: u64, len: usize) -> OutputChunk {
+        OutputChunk {
+            stream,
+            offset,
+            bytes: Bytes(vec![b'x'; len]),
+        }
+    }
+
+    /// #28.3: chunks are held to the call's cap and to their places: a gap, an overlap, or
+    /// a byte past `output_bytes` is not passed on, and nothing after it is.
+    #[test]
+    fn chunks_are_held_to_their_caps_and_places() {
+        let mut b = ChunkBounds::for_call(&cell(10));
+        assert!(b.admit(&chunk(OutputStream::Stdout, 0, 6)));
+        assert!(b.admit(&chunk(OutputStream::Stderr, 0, 10)));
+        assert!(b.admit(&chunk(OutputStream::Stdout, 6, 4)));
+        assert!(
+            !b.admit(&chunk(OutputStream::Stdout, 10, 1)),
+            "past the cap"
+        );
+        assert!(b.broken.is_some());
+        assert!(!b.admit(&chunk(OutputStream::Stderr, 10, 0)), "none after");
+
+        for bad in [
+            chunk(OutputStream::Stdout, 1, 1),
+            chunk(OutputStream::Stdout, 0, 11),
+        ] {
+            let mut b = ChunkBounds::for_call(&cell(10));
+            assert!(!b.admit(&bad), "{bad:?}");
+        }
+        let mut b = ChunkBounds::for_call(&cell(10));
+        assert!(b.admit(&chunk(OutputStream::Stdout, 0, 5)));
+        assert!(!b.admit(&chunk(OutputStream::Stdout, 3, 2)), "an overlap");
+
+        // A job's stream runs on across its steps, each keeping output_bytes.
+        let mut b = ChunkBounds::for_call(&job(10, 3, &[]));
+        assert!(b.admit(&chunk(OutputStream::Stdout, 0, 10)));
+        assert!(b.admit(&chunk(OutputStream::Stdout, 10, 20)));
+        assert!(!b.admit(&chunk(OutputStream::Stdout, 30, 1)));
+    }
+
+    /// #28.1: an answer keeping more than its call allows is caught by the host, whatever
+    /// the agent's truncation flags say.
+    #[test]
+    fn an_answer_over_its_calls_caps_is_refused() {
+        let ok = RunResult {
+            stdout: Bytes(vec![b'x'; 4096]),
+            ..RunResult::default()
+        };
+        assert_eq!(within_caps(&ok, &cell(4096)), Ok(()));
+        let forged = RunResult {
+            stdout: Bytes(vec![b'F'; 40_000]),
+            stdout_truncated: false,
+            ..RunResult::default()
+        };
+        let why = within_caps(&forged, &cell(4096)).unwrap_err();
+        assert!(why.contains("40000 bytes"), "{why}");
+        let step = StepResult {
+            stderr: Bytes(vec![b'x'; 11]),
+            ..StepResult::default()
+        };
+        let many_steps = RunResult {
+            steps: vec![step.clone()],
+            ..RunResult::default()
+        };
+        assert!(within_caps(&many_steps, &job(10, 1, &[])).is_err());
+        let two = RunResult {
+            steps: vec![StepResult::default(), StepResult::default()],
+            ..RunResult::default()
+        };
+        assert!(within_caps(&two, &job(10, 1, &[])).is_err());
+        let artifact = |len| Artifact {
+            path: "a".into(),
+            found: true,
+            size: len as u64,
+            content: Bytes(vec![b'x'; len]),
+            truncated: false,
+        };
+        let big = RunResult {
+            artifacts: vec![artifact(11)],
+            ..RunResult::default()
+        };
+        assert!(within_caps(&big, &job(10, 0, &["a"])).is_err());
+        let fine = RunResult {
+            artifacts: vec![artifact(10)],
+            ..RunResult::default()
+        };
+        assert_eq!(within_caps(&fine, &job(10, 0, &["a"])), Ok(()));
+        assert!(within_caps(&fine, &job(10, 0, &[])).is_err());
     }
 }

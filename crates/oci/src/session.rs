@@ -18,9 +18,13 @@ use crate::provider::{Container, LaunchSpec, OciProvider};
 use crate::runtime::{Begin, RuntimeKind};
 use crate::spec::TOOLS_DIR;
 
-/// The most a session's agent may write in one line (an answer holds both streams and any
-/// artifacts, base64-encoded where they are not UTF-8).
-const LINE_MAX: usize = 512 * 1024 * 1024;
+/// The cap of the pipe buffer that holds the session agent's output: above any call's
+/// [`SessionCall::line_max`] under the server's maximums. What one call may have buffered is
+/// its own `line_max` (plus one pipe's worth read at once), never this.
+const STREAM_CAP: usize = 1 << 40;
+
+/// The longest ready line (`plimsoll-session: ready`) the host reads at open.
+const READY_LINE_MAX: usize = 4096;
 
 /// How long the agent may take to start its interpreter and say it is ready.
 const READY_WITHIN: Duration = Duration::from_secs(60);
@@ -57,7 +61,7 @@ pub fn open(
         args,
         files: Vec::new(),
         binds: vec![("plimsoll-agent".to_owned(), provider.config().agent.clone())],
-        output_bytes: LINE_MAX as u64,
+        output_bytes: STREAM_CAP as u64,
         deadline: lifetime,
         env: Vec::new(),
         handed_over: None,
@@ -87,7 +91,7 @@ pub fn open(
     let ready = said.and_then(|said| {
         let line = container
             .created
-            .first_line(Instant::now() + READY_WITHIN, LINE_MAX)
+            .first_line(Instant::now() + READY_WITHIN, READY_LINE_MAX)
             .map_err(|e| {
                 LaunchError::environment(format!(
                     "the session's agent did not say it is ready: {e}"
@@ -173,12 +177,13 @@ impl SessionSandbox for OciSession {
     ) -> Result<SessionAnswer, LaunchError> {
         self.send(call)?;
         let until = Instant::now() + within;
+        let line_max = call.line_max();
         let container = self.container()?;
         plimsoll_sandbox::session::read_answer(
             || {
                 container
                     .created
-                    .first_line(until, LINE_MAX)
+                    .first_line(until, line_max)
                     .map_err(|e| format!("the session's agent did not answer: {e}"))
             },
             on_chunk,

@@ -17,9 +17,10 @@ use crate::boot::SessionVm;
 use crate::channel;
 use crate::provider::error_chain;
 
-/// The most a session's agent may write in one line (an answer holds both streams and any
-/// artifacts, base64-encoded where they are not UTF-8); as at the container providers.
-const LINE_MAX: usize = 512 * 1024 * 1024;
+/// The longest line the agent may write between calls (it writes none: one is read only to
+/// say what broke the session). During a call the bound is the call's own
+/// [`SessionCall::line_max`].
+const BETWEEN_CALLS_LINE_MAX: usize = 64 * 1024;
 
 /// How long the agent may take, after its wall, to start its interpreter and say it is
 /// ready (or to answer a wall call).
@@ -60,8 +61,9 @@ impl VmSession {
         self.vm.as_ref().map(SessionVm::pid)
     }
 
-    /// The next whole line of the agent's output, read until `until`.
-    fn next_line(&mut self, until: Instant) -> Result<Vec<u8>, String> {
+    /// The next whole line of the agent's output, at most `line_max` bytes, read until
+    /// `until`.
+    fn next_line(&mut self, until: Instant, line_max: usize) -> Result<Vec<u8>, String> {
         let mut stderr = Vec::new();
         loop {
             if let Some(i) = self.pending.iter().position(|b| *b == b'\n') {
@@ -69,8 +71,10 @@ impl VmSession {
                 line.pop();
                 return Ok(line);
             }
-            if self.pending.len() > LINE_MAX {
-                return Err(format!("the agent wrote a line over {LINE_MAX} bytes"));
+            if self.pending.len() > line_max {
+                return Err(format!(
+                    "the agent wrote a line over {line_max} bytes, more than the call allows"
+                ));
             }
             let vm = self.vm.as_ref().ok_or("the session's VM is gone")?;
             let frame = vm
@@ -119,9 +123,10 @@ impl VmSession {
     fn answer(
         &mut self,
         until: Instant,
+        line_max: usize,
         on_chunk: &mut dyn FnMut(OutputChunk),
     ) -> Result<SessionAnswer, String> {
-        plimsoll_sandbox::session::read_answer(|| self.next_line(until), on_chunk)
+        plimsoll_sandbox::session::read_answer(|| self.next_line(until, line_max), on_chunk)
     }
 
     /// Kills QEMU and removes everything of the VM. Once.
@@ -170,7 +175,7 @@ impl SessionSandbox for VmSession {
                 .map_err(|e| format!("cannot hand the session's agent a call: {e}")),
             None => Err("the session's VM is gone".into()),
         };
-        let answered = sent.and_then(|()| self.answer(until, on_chunk));
+        let answered = sent.and_then(|()| self.answer(until, call.line_max(), on_chunk));
         answered.map_err(|why| {
             // The channel may be out of step (a frame cut by the deadline): no more calls.
             self.broken = Some(why.clone());
@@ -185,7 +190,10 @@ impl SessionSandbox for VmSession {
             return false;
         }
         if self.vm.as_ref().is_some_and(SessionVm::has_output) {
-            let why = match self.next_line(Instant::now() + Duration::from_secs(2)) {
+            let why = match self.next_line(
+                Instant::now() + Duration::from_secs(2),
+                BETWEEN_CALLS_LINE_MAX,
+            ) {
                 Ok(line) => format!(
                     "the agent wrote between calls: {}",
                     String::from_utf8_lossy(&line[..line.len().min(200)])

@@ -44,6 +44,47 @@ pub enum SessionCall {
     Wall,
 }
 
+/// Bytes of an agent's line beyond what its call's caps let its content be: JSON framing,
+/// member names, a wall, an error message.
+pub const ANSWER_FRAMING: u64 = 1024 * 1024;
+
+impl SessionCall {
+    /// The longest line a session's agent may write for this call (an output chunk or its
+    /// answer): every byte the call's caps let its answer keep (both streams of the cell, or
+    /// of every step and the job, and every artifact), six times over since JSON may spell
+    /// one byte as six (`\u0000`), plus [`ANSWER_FRAMING`]. What the host reads from a
+    /// session's sandbox for one call is bounded by it, never by what the agent says.
+    pub fn line_max(&self) -> usize {
+        let content = match self {
+            SessionCall::Cell(cell) => cell.output_bytes.saturating_mul(2),
+            SessionCall::Job(SessionJob { job, .. }) => {
+                let (steps, artifacts, names) = match &job.spec {
+                    RunSpec::Project(p) => (
+                        p.steps.len() as u64,
+                        p.artifacts.len() as u64,
+                        // Paths and step names come back in the answer too.
+                        p.artifacts.iter().map(String::len).sum::<usize>() as u64
+                            + p.steps
+                                .iter()
+                                .filter_map(|s| s.name.as_ref())
+                                .map(String::len)
+                                .sum::<usize>() as u64,
+                    ),
+                    RunSpec::Snippet(_) => (1, 0, 0),
+                };
+                job.output_bytes
+                    .saturating_mul(2)
+                    .saturating_mul(steps.saturating_add(1))
+                    .saturating_add(job.artifact_bytes.saturating_mul(artifacts))
+                    .saturating_add(names)
+            }
+            SessionCall::Wall => 0,
+        };
+        usize::try_from(content.saturating_mul(6).saturating_add(ANSWER_FRAMING))
+            .unwrap_or(usize::MAX)
+    }
+}
+
 /// A project job for a session's agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
