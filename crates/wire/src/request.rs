@@ -55,18 +55,47 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The name of the first member set to 0, which no limit may be.
-    pub fn zero(&self) -> Option<&'static str> {
+    /// The least memory a run may ask for: what an interpreter (python3, node) and the
+    /// sandbox's own processes need to start at every provider, 32 MiB. Below it a run could
+    /// only fail while its sandbox is set up, which would say nothing of the provider.
+    pub const MIN_MEMORY_BYTES: u64 = 32 * 1024 * 1024;
+    /// The fewest processes and threads a run may ask for: node alone starts about a dozen
+    /// threads, 16.
+    pub const MIN_PIDS: u64 = 16;
+    /// The least writable disk a run may ask for, 1 MiB: a sandbox's tmpfs mounts are split
+    /// from it and each needs whole pages and inodes.
+    pub const MIN_DISK_BYTES: u64 = 1024 * 1024;
+
+    /// The first member below its minimum, with that minimum: 1 for every limit but
+    /// `memory_bytes`, `pids` and `disk_bytes` ([`Limits::MIN_MEMORY_BYTES`],
+    /// [`Limits::MIN_PIDS`], [`Limits::MIN_DISK_BYTES`]).
+    pub fn below_minimum(&self) -> Option<(&'static str, u64, u64)> {
         [
-            ("timeout_ms", self.timeout_ms),
-            ("memory_bytes", self.memory_bytes),
-            ("output_bytes", self.output_bytes),
-            ("pids", self.pids),
-            ("disk_bytes", self.disk_bytes),
-            ("artifact_bytes", self.artifact_bytes),
+            ("timeout_ms", self.timeout_ms, 1),
+            ("memory_bytes", self.memory_bytes, Self::MIN_MEMORY_BYTES),
+            ("output_bytes", self.output_bytes, 1),
+            ("pids", self.pids, Self::MIN_PIDS),
+            ("disk_bytes", self.disk_bytes, Self::MIN_DISK_BYTES),
+            ("artifact_bytes", self.artifact_bytes, 1),
         ]
         .into_iter()
-        .find_map(|(name, value)| (value == Some(0)).then_some(name))
+        .find_map(|(name, value, min)| match value {
+            Some(v) if v < min => Some((name, v, min)),
+            _ => None,
+        })
+    }
+
+    /// The refusal's message for [`Limits::below_minimum`]'s answer.
+    pub fn below_minimum_message(&self) -> Option<String> {
+        self.below_minimum().map(|(name, value, min)| {
+            if min == 1 {
+                format!("limits.{name} must be greater than 0")
+            } else {
+                format!(
+                    "limits.{name} = {value} is below the minimum {min} a sandbox's interpreter needs: ask for at least {min}, or omit it for the server's default"
+                )
+            }
+        })
     }
 }
 
@@ -248,8 +277,8 @@ impl RunRequest {
                 "provider must not be empty: omit it to let the server choose".into(),
             ));
         }
-        if let Some(name) = self.limits.as_ref().and_then(Limits::zero) {
-            return Err(reject(format!("limits.{name} must be greater than 0")));
+        if let Some(m) = self.limits.as_ref().and_then(Limits::below_minimum_message) {
+            return Err(reject(m));
         }
         match &self.run {
             RunSpec::Snippet(s) => {
@@ -268,6 +297,12 @@ impl RunRequest {
                 for (i, step) in p.steps.iter().enumerate() {
                     if step.run.trim().is_empty() {
                         return Err(reject(format!("run.steps[{i}].run is empty")));
+                    }
+                    // A step is a shell's argument: a NUL cannot be passed to a program.
+                    if step.run.contains('\0') {
+                        return Err(reject(format!(
+                            "run.steps[{i}].run contains a NUL byte, which no command line can hold: remove it"
+                        )));
                     }
                     if let Some(Err(e)) = crate::trial_step::trial_step(step) {
                         return Err(reject(format!("run.steps[{i}] {e}")));
@@ -590,5 +625,76 @@ mod tests {
         assert!(validate_request_id("").is_err());
         assert!(validate_request_id("a b").is_err());
         assert!(validate_request_id(&"a".repeat(129)).is_err());
+    }
+
+    /// #28 (13): a NUL in a step reaches no shell (it failed inside, `sandbox_failed`, and
+    /// took the provider away while it was checked again): refused before anything runs,
+    /// in a run and in a session's job alike.
+    #[test]
+    fn a_step_with_a_nul_byte_is_refused_as_request() {
+        let project = |step: &str| {
+            format!(
+                r#"{{"protocol":1,"request_id":"r-nul","run":{{"kind":"project","steps":[{{"run":{}}}]}}}}"#,
+                serde_json::to_string(step).unwrap()
+            )
+        };
+        for step in ["echo a\0b", "\0", "true\0; id"] {
+            let e = parse_request(project(step).as_bytes()).unwrap_err();
+            assert_eq!(e.reason, Reason::Request, "{step:?}");
+            assert_eq!(e.request_id.as_deref(), Some("r-nul"));
+            assert!(
+                e.message.contains("run.steps[0].run contains a NUL"),
+                "{}",
+                e.message
+            );
+            let e = parse_session_call(project(step).as_bytes()).unwrap_err();
+            assert_eq!(e.reason, Reason::Request, "{step:?}");
+        }
+        assert!(parse_request(project("echo a; echo b").as_bytes()).is_ok());
+        // In a file's content or a snippet's code a NUL is data, and runs.
+        let code = body("").replace("print(1)", "print(1)\\u0000");
+        assert!(parse_request(code.as_bytes()).is_ok());
+    }
+
+    /// #28 (13): limits an interpreter cannot start under (`memory_bytes: 1` and `pids: 1`
+    /// failed inside, `503 environment`) are refused, the message saying the minimum.
+    #[test]
+    fn limits_below_the_minimums_are_refused_saying_the_minimum() {
+        for (limit, min) in [
+            ("memory_bytes", Limits::MIN_MEMORY_BYTES),
+            ("pids", Limits::MIN_PIDS),
+            ("disk_bytes", Limits::MIN_DISK_BYTES),
+        ] {
+            for value in [1, min - 1] {
+                let e =
+                    parse_request(body(&format!(r#","limits":{{"{limit}":{value}}}"#)).as_bytes())
+                        .unwrap_err();
+                assert_eq!(e.reason, Reason::Request, "{limit} = {value}");
+                assert!(
+                    e.message.contains(&format!(
+                        "limits.{limit} = {value} is below the minimum {min}"
+                    )),
+                    "{}",
+                    e.message
+                );
+            }
+            assert!(
+                parse_request(body(&format!(r#","limits":{{"{limit}":{min}}}"#)).as_bytes())
+                    .is_ok(),
+                "{limit} = {min}"
+            );
+        }
+        for limit in ["timeout_ms", "output_bytes", "artifact_bytes"] {
+            let e = parse_request(body(&format!(r#","limits":{{"{limit}":0}}"#)).as_bytes())
+                .unwrap_err();
+            assert!(
+                e.message.contains("must be greater than 0"),
+                "{}",
+                e.message
+            );
+            assert!(
+                parse_request(body(&format!(r#","limits":{{"{limit}":1}}"#)).as_bytes()).is_ok()
+            );
+        }
     }
 }

@@ -114,11 +114,8 @@ impl SessionOpenRequest {
                 ));
             }
         }
-        if let Some(name) = self.limits.as_ref().and_then(Limits::zero) {
-            return Err(reject(
-                crate::Reason::Request,
-                format!("limits.{name} must be greater than 0"),
-            ));
+        if let Some(m) = self.limits.as_ref().and_then(Limits::below_minimum_message) {
+            return Err(reject(crate::Reason::Request, m));
         }
         Ok(())
     }

@@ -419,7 +419,7 @@ fn trial_words() -> impl Strategy<Value = Vec<String>> {
 // --- parse_request ------------------------------------------------------------------------
 
 /// A valid request's body, to mutate.
-const VALID: &str = r#"{"protocol":1,"request_id":"r-1","minimum_isolation":"container","limits":{"timeout_ms":1000,"pids":8},"run":{"kind":"project","files":[{"path":"a/b.txt","content":{"base64":"AAE="},"executable":true}],"steps":[{"name":"s","run":"cat a/b.txt"},{"run":"plimsoll-trial-runner --scenario s.json -- node c.js"}],"artifacts":["out"]},"grant":"g"}"#;
+const VALID: &str = r#"{"protocol":1,"request_id":"r-1","minimum_isolation":"container","limits":{"timeout_ms":1000,"pids":16},"run":{"kind":"project","files":[{"path":"a/b.txt","content":{"base64":"AAE="},"executable":true}],"steps":[{"name":"s","run":"cat a/b.txt"},{"run":"plimsoll-trial-runner --scenario s.json -- node c.js"}],"artifacts":["out"]},"grant":"g"}"#;
 
 /// What every answer of `parse_request` must satisfy, whatever the body.
 fn check_parse(body: &[u8]) -> Result<(), TestCaseError> {
