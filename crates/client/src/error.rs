@@ -27,9 +27,10 @@ impl fmt::Display for DigestKind {
 
 /// [`Client::run`](crate::Client::run) gave no verified result.
 ///
-/// Only three variants promise that nothing ran ([`not_dispatched_reason`] is `Some`):
-/// [`InvalidRequest`](ClientError::InvalidRequest) and
-/// [`Unreachable`](ClientError::Unreachable) (nothing was sent), and
+/// Only five variants promise that nothing ran ([`not_dispatched_reason`] is `Some`):
+/// [`InvalidRequest`](ClientError::InvalidRequest),
+/// [`Unreachable`](ClientError::Unreachable), [`FloorUnknown`](ClientError::FloorUnknown)
+/// and [`ChainInDoubt`](ClientError::ChainInDoubt) (nothing was sent), and
 /// [`Refused`](ClientError::Refused) (the daemon said so, echoing this request's id). Every
 /// other variant means the code may have run: never retry it blindly.
 ///
@@ -54,6 +55,36 @@ pub enum ClientError {
         url: String,
         /// What failed.
         message: String,
+    },
+    /// No floor was set and the daemon's default floor could not be learnt
+    /// (`GET /v1/providers` failed), so the answer could not be checked against it: nothing
+    /// was sent.
+    #[error(
+        "not dispatched ({reason}): no floor was set and this client could not learn the daemon's default floor, so it sent nothing ({message}); set a floor (minimum_isolation), or fix what the message says"
+    )]
+    FloorUnknown {
+        /// The id the request would have carried.
+        request_id: String,
+        /// The refusal's reason when the daemon refused the listing, else `environment`.
+        reason: Reason,
+        /// The daemon's error code when it refused the listing.
+        code: Option<String>,
+        /// Why the listing gave no floor.
+        message: String,
+    },
+    /// A call of a session was not sent: an earlier call of it may have run without an
+    /// answer this client could verify, so where the session's chain stands is unknown here
+    /// until [`Session::resync`](crate::Session::resync) takes the daemon's word for it.
+    #[error(
+        "not dispatched (request): session {session_id}'s chain is in doubt since {earlier}, so this client sent nothing; call resync() to take the daemon's word for where it stands, or open a new session"
+    )]
+    ChainInDoubt {
+        /// The id the call would have carried.
+        request_id: String,
+        /// The session.
+        session_id: String,
+        /// What put the chain in doubt: the earlier call and its error.
+        earlier: String,
     },
     /// The daemon refused the request before anything ran, and its answer echoed this
     /// request's id.
@@ -138,10 +169,11 @@ pub enum ClientError {
         /// The value in the record.
         record: String,
     },
-    /// The result says the run used a tier below the floor this request asked for. The code
-    /// ran: this is not a refusal.
+    /// The result says the run used a tier below the floor it was held to (the one this
+    /// request asked for, the daemon's default floor when it asked for none, or the floor the
+    /// record states). The code ran: this is not a refusal.
     #[error(
-        "evidence mismatch for request {request_id}: the run used `{isolation}` (provider {provider}), below the floor `{floor}` asked for; the code ran, but not behind the wall you required"
+        "evidence mismatch for request {request_id}: the run used `{isolation}` (provider {provider}), below the floor `{floor}` it was held to; the code ran, but not behind the wall you required"
     )]
     EvidenceMismatch {
         /// The request id sent.
@@ -150,7 +182,7 @@ pub enum ClientError {
         provider: String,
         /// The tier the answer states (the weaker of response and record).
         isolation: Tier,
-        /// The floor the request asked for.
+        /// The floor: the one the request asked for, or the daemon's default, or the record's.
         floor: Tier,
     },
     /// The result says the run used another provider than the one this request named. The
@@ -165,6 +197,29 @@ pub enum ClientError {
         asked: String,
         /// The provider the answer (response or record) names.
         provider: String,
+    },
+    /// A session call's answer verified as a run, but it is not the next link of the
+    /// session's chain: its record names another session, or is not the call after the last
+    /// one this client verified (a call missing, slipped in, repeated or reordered), or it
+    /// ran elsewhere than the session (provider, tier, evidence, environment).
+    #[error(
+        "the code may have run: the answer to request {request_id} breaks session {session_id}'s chain on `{field}`: expected {}, the record says {}; a call of the session is missing, slipped in, repeated or reordered, or the answer is not this session's",
+        expected.as_deref().unwrap_or("(none)"),
+        got.as_deref().unwrap_or("(none)")
+    )]
+    ChainMismatch {
+        /// The request id sent.
+        request_id: String,
+        /// The session the call was sent to.
+        session_id: String,
+        /// The member that breaks the chain: `session` (the record names none),
+        /// `session_id`, `sequence`, `previous_record_sha256`, `provider`, `isolation`,
+        /// `evidence_sha256`, `environment`.
+        field: &'static str,
+        /// What the session's chain says it must be (`None`: absent).
+        expected: Option<String>,
+        /// What the answer says (`None`: absent).
+        got: Option<String>,
     },
     /// The exchange failed after the request may have been sent.
     #[error(
@@ -195,10 +250,15 @@ pub enum ClientError {
 impl NotDispatched for ClientError {
     fn not_dispatched(&self) -> Option<Reason> {
         match self {
-            ClientError::InvalidRequest { .. } => Some(Reason::Request),
+            ClientError::InvalidRequest { .. } | ClientError::ChainInDoubt { .. } => {
+                Some(Reason::Request)
+            }
             ClientError::Unreachable { .. } => Some(Reason::Environment),
-            ClientError::Refused { reason, .. } => Some(*reason),
+            ClientError::Refused { reason, .. } | ClientError::FloorUnknown { reason, .. } => {
+                Some(*reason)
+            }
             ClientError::Failed { .. }
+            | ClientError::ChainMismatch { .. }
             | ClientError::UnverifiedRefusal { .. }
             | ClientError::RequestIdMismatch { .. }
             | ClientError::DigestMismatch { .. }
@@ -218,6 +278,9 @@ impl ClientError {
         match self {
             ClientError::Unreachable { .. } => None,
             ClientError::InvalidRequest { request_id, .. }
+            | ClientError::FloorUnknown { request_id, .. }
+            | ClientError::ChainInDoubt { request_id, .. }
+            | ClientError::ChainMismatch { request_id, .. }
             | ClientError::Refused { request_id, .. }
             | ClientError::Failed { request_id, .. }
             | ClientError::DigestMismatch { request_id, .. }
@@ -231,14 +294,20 @@ impl ClientError {
         }
     }
 
-    /// A stable machine-readable code: the reason's name for refusals, the daemon's code for
-    /// its own failures, otherwise the check that failed.
+    /// A stable machine-readable code: the daemon's own code for its refusals and failures
+    /// (`isolation`, `session_ended`, `interpreter_ended`, `sandbox_failed`, ...), otherwise
+    /// the check that failed here (`chain_in_doubt`, `digest_mismatch`, ...), or the reason's
+    /// name for a request refused here.
     pub fn code(&self) -> &str {
         match self {
             ClientError::InvalidRequest { .. } => Reason::Request.as_str(),
             ClientError::Unreachable { .. } => Reason::Environment.as_str(),
-            ClientError::Refused { reason, .. } => reason.as_str(),
-            ClientError::Failed { code, .. } => code,
+            ClientError::FloorUnknown { code, reason, .. } => {
+                code.as_deref().unwrap_or(reason.as_str())
+            }
+            ClientError::ChainInDoubt { .. } => "chain_in_doubt",
+            ClientError::Refused { code, .. } | ClientError::Failed { code, .. } => code,
+            ClientError::ChainMismatch { .. } => "chain_mismatch",
             ClientError::UnverifiedRefusal { .. } => "unverified_refusal",
             ClientError::RequestIdMismatch { .. } => "request_id_mismatch",
             ClientError::DigestMismatch { .. } => "digest_mismatch",
@@ -251,7 +320,8 @@ impl ClientError {
         }
     }
 
-    /// The error as a wire [`ErrorResponse`], echoing the id this client sent; its
+    /// The error as a wire [`ErrorResponse`], echoing the id this client sent, with the
+    /// daemon's code and the session's end reason for the daemon's own refusals; its
     /// `not_dispatched` is set only when nothing ran.
     pub fn to_response(&self) -> ErrorResponse {
         // Not-dispatched errors carry the bare message: the mark is a field of its own.
@@ -262,7 +332,15 @@ impl ClientError {
             ClientError::Unreachable { url, message } => format!(
                 "cannot reach the daemon at {url} ({message}): check that plimsolld is running and the URL is right"
             ),
-            other => other.to_string(),
+            other => {
+                let text = other.to_string();
+                match other.not_dispatched() {
+                    Some(reason) => text
+                        .strip_prefix(&format!("not dispatched ({reason}): "))
+                        .map_or_else(|| text.clone(), str::to_owned),
+                    None => text,
+                }
+            }
         };
         ErrorResponse {
             protocol: PROTOCOL,
@@ -271,7 +349,10 @@ impl ClientError {
                 code: self.code().to_owned(),
                 message,
                 not_dispatched: self.not_dispatched(),
-                end_reason: None,
+                end_reason: match self {
+                    ClientError::Refused { end_reason, .. } => *end_reason,
+                    _ => None,
+                },
             },
         }
     }
@@ -301,6 +382,8 @@ pub enum ProvidersError {
         code: String,
         /// The daemon's message.
         message: String,
+        /// The refusal's reason (`permission` for a token it does not know), if it gave one.
+        not_dispatched: Option<Reason>,
     },
     /// The exchange failed midway.
     #[error("the exchange with {url} failed: {message}")]

@@ -1,7 +1,8 @@
 //! The official Rust client of plimsolld: a blocking client that sends a fresh request id
 //! with every run, honours a "not dispatched" mark only when the answer echoes that id,
 //! recomputes the request, result and record digests, and re-checks the tier against the
-//! floor it asked for.
+//! floor it held the run to: the one it asked for, or, none asked for, the daemon's default
+//! floor, learnt once from `GET /v1/providers`.
 //!
 //! ```no_run
 //! use plimsoll_client::{Client, RunOptions, Token};
@@ -24,17 +25,18 @@ mod token;
 mod verify;
 
 use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use plimsoll_wire::{
-    ErrorResponse, Language, Limits, OutputChunk, PROTOCOL, ProvidersResponse, RunRequest,
+    ErrorResponse, Language, Limits, OutputChunk, PROTOCOL, ProvidersResponse, Reason, RunRequest,
     RunResponse, RunSpec, Snippet, StreamLine, Tier,
 };
 
 pub use error::{ClientError, DigestKind, ProvidersError};
 pub use session::{Session, SessionOptions};
 pub use token::Token;
-pub use verify::{check_tier, verify_response};
+pub use verify::{check_tier, verify_response, verify_response_held_to};
 
 /// Largest answer read from the daemon (outputs and artifacts can be large).
 const MAX_ANSWER_BYTES: u64 = 1 << 30;
@@ -53,8 +55,10 @@ const DEFAULT_RUN_BUDGET: Duration = Duration::from_secs(600);
 pub struct RunOptions {
     /// What to run.
     pub run: RunSpec,
-    /// The floor. `None` takes the daemon's default floor, and the client then checks nothing
-    /// about the tier (it does not know that default).
+    /// The floor. `None` takes the daemon's default floor: the client learns it from
+    /// `GET /v1/providers` before the first such run (once per client, again only after a
+    /// failure) and holds the answer to it as to a floor it sent; when it cannot learn it, it
+    /// sends nothing ([`ClientError::FloorUnknown`]).
     pub minimum_isolation: Option<Tier>,
     /// Run on this provider only.
     pub provider: Option<String>,
@@ -142,6 +146,8 @@ pub struct Client {
     token: Token,
     agent: ureq::Agent,
     max_body_bytes: usize,
+    /// The daemon's default floor once learnt, shared by this client's clones.
+    default_floor: Arc<Mutex<Option<Tier>>>,
 }
 
 /// How an exchange ended before an answer could be read.
@@ -175,6 +181,7 @@ impl Client {
             token: token.into(),
             agent: config.new_agent(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            default_floor: Arc::default(),
         }
     }
 
@@ -196,11 +203,22 @@ impl Client {
         &self.base_url
     }
 
-    /// Runs a request and verifies its answer (see [`verify_response`]). Blocks until the run
-    /// is over.
+    /// Runs a request and verifies its answer (see [`verify_response_held_to`]) against the
+    /// floor it sets, or, none set, the daemon's default floor ([`Client::default_floor`]).
+    /// Blocks until the run is over.
     pub fn run(&self, options: impl Into<RunOptions>) -> Result<RunResponse, ClientError> {
         let request = options.into().into_request(new_request_id());
-        self.send_run("/v1/runs", &request, false)
+        let (body, sent) = self.prepare(&request, false)?;
+        let floor = self.floor_of(&sent)?;
+        let (status, bytes) = self.exchange(
+            "POST",
+            "/v1/runs",
+            Some(&body),
+            &[],
+            run_budget(&sent),
+            &sent.request_id,
+        )?;
+        self.verified(&sent, floor, status, &bytes)
     }
 
     /// [`Client::run`], streamed: each chunk of the run's output goes to `on_chunk` as the
@@ -214,7 +232,67 @@ impl Client {
     ) -> Result<RunResponse, ClientError> {
         let request = options.into().into_request(new_request_id());
         let (body, sent) = self.prepare(&request, false)?;
-        self.post_streamed("/v1/runs", &body, &sent, on_chunk)
+        let floor = self.floor_of(&sent)?;
+        self.post_streamed("/v1/runs", &body, &sent, floor, on_chunk)
+    }
+
+    /// The floor the daemon gives a run that sets none, from `GET /v1/providers`: asked once
+    /// per client (its clones share it), again only after a failure.
+    pub fn default_floor(&self) -> Result<Tier, ProvidersError> {
+        let known = *self
+            .default_floor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(floor) = known {
+            return Ok(floor);
+        }
+        let floor = self.providers()?.default_floor;
+        *self
+            .default_floor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(floor);
+        Ok(floor)
+    }
+
+    /// The floor `sent` is held to: its own, or the daemon's default floor; when that cannot
+    /// be learnt, the refusal (nothing sent).
+    fn floor_of(&self, sent: &RunRequest) -> Result<Tier, ClientError> {
+        match sent.minimum_isolation {
+            Some(floor) => Ok(floor),
+            None => self.learnt_floor(&sent.request_id),
+        }
+    }
+
+    /// The daemon's default floor for the request `request_id` that sets none; when it
+    /// cannot be learnt, the refusal (nothing sent).
+    pub(crate) fn learnt_floor(&self, request_id: &str) -> Result<Tier, ClientError> {
+        self.default_floor().map_err(|e| {
+            let (reason, code) = match &e {
+                ProvidersError::Unreachable { url, message } => {
+                    return ClientError::Unreachable {
+                        url: url.clone(),
+                        message: message.clone(),
+                    };
+                }
+                ProvidersError::Refused {
+                    code,
+                    not_dispatched,
+                    ..
+                } => (
+                    not_dispatched.unwrap_or(Reason::Environment),
+                    Some(code.clone()),
+                ),
+                ProvidersError::Transport { .. } | ProvidersError::BadResponse { .. } => {
+                    (Reason::Environment, None)
+                }
+            };
+            ClientError::FloorUnknown {
+                request_id: request_id.to_owned(),
+                reason,
+                code,
+                message: e.to_string(),
+            }
+        })
     }
 
     /// POSTs `body` (`sent` as serialised) to `path` asking for NDJSON, hands every chunk
@@ -226,6 +304,7 @@ impl Client {
         path: &str,
         body: &[u8],
         sent: &RunRequest,
+        floor: Tier,
         on_chunk: &mut dyn FnMut(&OutputChunk),
     ) -> Result<RunResponse, ClientError> {
         use std::io::BufRead as _;
@@ -274,7 +353,7 @@ impl Client {
             let mut bytes = Vec::new();
             io::Read::read_to_end(&mut reader, &mut bytes)
                 .map_err(|e| transport(format!("reading the answer: {e}")))?;
-            return self.verified(sent, status, &bytes);
+            return self.verified(sent, floor, status, &bytes);
         }
         let mut line = Vec::new();
         loop {
@@ -296,7 +375,7 @@ impl Client {
                 })?;
             match parsed {
                 StreamLine::Chunk(c) => on_chunk(&c.chunk),
-                StreamLine::Response(resp) => return verify_response(sent, *resp),
+                StreamLine::Response(resp) => return verify_response_held_to(sent, floor, *resp),
                 StreamLine::Error(e) => {
                     // The stream's own status was 200; the error line is the answer.
                     let bytes = serde_json::to_vec(&e).unwrap_or_default();
@@ -304,21 +383,6 @@ impl Client {
                 }
             }
         }
-    }
-
-    /// Sends `request` to `path` (a run, or a session's cell or steps) and verifies the
-    /// answer; `validated` says the caller already checked the request its own way.
-    pub(crate) fn send_run(
-        &self,
-        path: &str,
-        request: &RunRequest,
-        validated: bool,
-    ) -> Result<RunResponse, ClientError> {
-        let (body, sent) = self.prepare(request, validated)?;
-        let budget = run_budget(request);
-        let (status, bytes) =
-            self.exchange("POST", path, Some(&body), &[], budget, &sent.request_id)?;
-        self.verified(&sent, status, &bytes)
     }
 
     /// The body of `request` and the request as that body reads back (what digests are
@@ -422,10 +486,12 @@ impl Client {
         }
     }
 
-    /// A run response verified against `sent`, or the error an answer of `status` says.
+    /// A run response verified against `sent` held to `floor`, or the error an answer of
+    /// `status` says.
     pub(crate) fn verified(
         &self,
         sent: &RunRequest,
+        floor: Tier,
         status: u16,
         bytes: &[u8],
     ) -> Result<RunResponse, ClientError> {
@@ -436,7 +502,7 @@ impl Client {
                     status,
                     message: format!("not a run response: {e}"),
                 })?;
-            return verify_response(sent, response);
+            return verify_response_held_to(sent, floor, response);
         }
         Err(refusal(&sent.request_id, status, bytes))
     }
@@ -489,6 +555,7 @@ impl Client {
                 status,
                 code: answer.error.code,
                 message: answer.error.message,
+                not_dispatched: answer.error.not_dispatched,
             }),
             Err(e) => Err(ProvidersError::BadResponse {
                 url,

@@ -1,12 +1,16 @@
 //! Sessions through the client (docs/sessions.md): open one, send cells, steps and files,
-//! close it. Every call's answer is verified as a run's is (request id, floor, digests), and
-//! besides: its record names this session, the next sequence number and the previous call's
-//! record digest, and its tier and provider are the session's. A refusal of a session call
-//! is believed only with the echoed request id, as any other.
+//! close it. Every call's answer is verified as a run's is (request id, the session's floor,
+//! digests), and besides: its record names this session, the next sequence number and the
+//! previous call's record digest, and its tier, provider, evidence and environment are the
+//! session's (otherwise [`ClientError::ChainMismatch`]). After a call that may have run
+//! without an answer the client could verify, where the chain stands is unknown: the session
+//! sends nothing more ([`ClientError::ChainInDoubt`]) until [`Session::resync`]. A refusal of
+//! a session call is believed only with the echoed request id, as any other.
 
 use plimsoll_wire::{
-    Bytes, EndReason, Language, Limits, OutputChunk, PROTOCOL, Project, ProjectFile, RunRequest,
-    RunResponse, RunSpec, SessionInfo, SessionList, SessionOpenRequest, Snippet, Step, Tier,
+    Bytes, EndReason, Language, Limits, NotDispatched as _, OutputChunk, PROTOCOL, Project,
+    ProjectFile, RunRequest, RunResponse, RunSpec, SessionInfo, SessionList, SessionOpenRequest,
+    Snippet, Step, Tier,
 };
 
 use crate::{Client, ClientError, EXCHANGE_SLACK, new_request_id, refusal, run_budget};
@@ -16,7 +20,8 @@ use crate::{Client, ClientError, EXCHANGE_SLACK, new_request_id, refusal, run_bu
 pub struct SessionOptions {
     /// The interpreter's language.
     pub language: Language,
-    /// The floor; the daemon's default when absent.
+    /// The floor; the daemon's default when absent (learnt from `GET /v1/providers`, as for
+    /// a run, and the session's stated floor must equal it).
     pub minimum_isolation: Option<Tier>,
     /// A provider that keeps sessions; the daemon chooses when absent.
     pub provider: Option<String>,
@@ -55,7 +60,9 @@ impl SessionOptions {
 }
 
 /// An open session of this client's caller. Calls take `&mut self`: a session answers one
-/// call at a time, in order, and the client follows its chain.
+/// call at a time, in order, and the client follows its chain. After a call that may have
+/// run without an answer it could verify, it sends nothing more
+/// ([`ClientError::ChainInDoubt`]) until [`Session::resync`].
 #[derive(Debug)]
 pub struct Session {
     client: Client,
@@ -64,6 +71,9 @@ pub struct Session {
     last: (u64, Option<String>),
     /// The last call's request exactly as sent (what a signer stores beside its answer).
     last_request: Option<RunRequest>,
+    /// What put the chain in doubt: a call that may have run without an answer this client
+    /// could verify. While set, no call is sent.
+    doubt: Option<String>,
 }
 
 impl Client {
@@ -90,6 +100,11 @@ impl Client {
             request_id: request_id.clone(),
             message: format!("the request does not serialise: {e}"),
         })?;
+        // The floor the session is held to: the one asked for, or the daemon's default.
+        let floor = match options.minimum_isolation {
+            Some(floor) => floor,
+            None => self.learnt_floor(&request_id)?,
+        };
         let (status, bytes) = self.exchange(
             "POST",
             "/v1/sessions",
@@ -99,18 +114,21 @@ impl Client {
             &request_id,
         )?;
         let info = session_answer(&request_id, status, &bytes, true)?;
-        crate::check_tier(
-            &request_id,
-            options.minimum_isolation,
-            &info.provider,
-            info.isolation,
-        )?;
+        crate::check_tier(&request_id, Some(floor), &info.provider, info.isolation)?;
         crate::check_tier(
             &request_id,
             Some(info.minimum_isolation),
             &info.provider,
             info.isolation,
         )?;
+        if info.minimum_isolation != floor {
+            return Err(ClientError::RecordMismatch {
+                request_id,
+                field: "minimum_isolation",
+                response: floor.as_str().to_owned(),
+                record: info.minimum_isolation.as_str().to_owned(),
+            });
+        }
         if let Some(asked) = &options.provider
             && *asked != info.provider
         {
@@ -125,6 +143,7 @@ impl Client {
             info,
             last: (0, None),
             last_request: None,
+            doubt: None,
         })
     }
 
@@ -144,6 +163,7 @@ impl Client {
             info,
             last,
             last_request: None,
+            doubt: None,
         })
     }
 
@@ -184,6 +204,87 @@ impl Session {
     /// Its id.
     pub fn id(&self) -> &str {
         &self.info.session_id
+    }
+
+    /// What put the session's chain in doubt (a call that may have run without an answer
+    /// this client could verify), or `None`. While it is set every call but
+    /// [`Session::close`] is refused here, unsent ([`ClientError::ChainInDoubt`]), until
+    /// [`Session::resync`].
+    pub fn doubt(&self) -> Option<&str> {
+        self.doubt.as_deref()
+    }
+
+    /// Takes the chain up where the daemon says it stands now (its last call's sequence
+    /// number and record digest), as [`Client::session`] does, and lifts the doubt a call
+    /// that may have run put on it: the calls since the last one this client verified are
+    /// taken on the daemon's word (a signer checks them from their records). The session must
+    /// be the one this client holds: same id, language, provider, tier, floor, evidence and
+    /// environment.
+    pub fn resync(&mut self) -> Result<&SessionInfo, ClientError> {
+        let request_id = new_request_id();
+        let info = self.show(&request_id)?;
+        let bad = |message: String| ClientError::BadResponse {
+            request_id: request_id.clone(),
+            status: 200,
+            message,
+        };
+        let held = &self.info;
+        for (field, shown, opened) in [
+            (
+                "session_id",
+                info.session_id.clone(),
+                held.session_id.clone(),
+            ),
+            (
+                "language",
+                info.language.as_str().to_owned(),
+                held.language.as_str().to_owned(),
+            ),
+            ("provider", info.provider.clone(), held.provider.clone()),
+            (
+                "isolation",
+                info.isolation.as_str().to_owned(),
+                held.isolation.as_str().to_owned(),
+            ),
+            (
+                "minimum_isolation",
+                info.minimum_isolation.as_str().to_owned(),
+                held.minimum_isolation.as_str().to_owned(),
+            ),
+            (
+                "evidence_sha256",
+                info.evidence_sha256.clone(),
+                held.evidence_sha256.clone(),
+            ),
+            (
+                "environment",
+                info.environment.clone(),
+                held.environment.clone(),
+            ),
+        ] {
+            if shown != opened {
+                return Err(bad(format!(
+                    "the daemon shows session {} with {field} {shown}, not {opened} as this client holds it: the answer was altered on the way or the daemon is faulty",
+                    held.session_id
+                )));
+            }
+        }
+        if (info.calls == 0) != info.last_record_sha256.is_none() {
+            return Err(bad(format!(
+                "the daemon shows session {} with {} calls and {} last record: a chain cannot stand so",
+                info.session_id,
+                info.calls,
+                if info.last_record_sha256.is_some() {
+                    "a"
+                } else {
+                    "no"
+                }
+            )));
+        }
+        self.last = (info.calls, info.last_record_sha256.clone());
+        self.doubt = None;
+        self.info = info;
+        Ok(&self.info)
     }
 
     /// Runs `code` in the session's interpreter.
@@ -287,13 +388,18 @@ impl Session {
     /// The session as the daemon shows it now.
     pub fn refresh(&mut self) -> Result<&SessionInfo, ClientError> {
         let request_id = new_request_id();
+        self.info = self.show(&request_id)?;
+        Ok(&self.info)
+    }
+
+    /// `GET /v1/sessions/{id}` under `request_id`.
+    fn show(&self, request_id: &str) -> Result<SessionInfo, ClientError> {
         let path = format!("/v1/sessions/{}", self.info.session_id);
-        let headers = [("plimsoll-request-id", request_id.as_str())];
+        let headers = [("plimsoll-request-id", request_id)];
         let (status, bytes) =
             self.client
-                .exchange("GET", &path, None, &headers, EXCHANGE_SLACK, &request_id)?;
-        self.info = session_answer(&request_id, status, &bytes, false)?;
-        Ok(&self.info)
+                .exchange("GET", &path, None, &headers, EXCHANGE_SLACK, request_id)?;
+        session_answer(request_id, status, &bytes, false)
     }
 
     /// Closes the session: its sandbox is removed; the answer says it ended `closed`.
@@ -337,7 +443,50 @@ impl Session {
         }
     }
 
+    /// The refusal, made here, of a call while the chain is in doubt.
+    fn in_doubt(&self, request: &RunRequest) -> Result<(), ClientError> {
+        match &self.doubt {
+            Some(earlier) => Err(ClientError::ChainInDoubt {
+                request_id: request.request_id.clone(),
+                session_id: self.info.session_id.clone(),
+                earlier: earlier.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// A call's outcome: one that may have run without a verified answer puts the chain in
+    /// doubt.
+    fn settle(
+        &mut self,
+        request: &RunRequest,
+        outcome: Result<RunResponse, ClientError>,
+    ) -> Result<RunResponse, ClientError> {
+        if let Err(e) = &outcome
+            && e.not_dispatched().is_none()
+        {
+            self.doubt = Some(format!(
+                "request {} may have run without an answer this client could verify ({}: {e})",
+                request.request_id,
+                e.code()
+            ));
+        }
+        outcome
+    }
+
     fn file_call(
+        &mut self,
+        method: &str,
+        path: &str,
+        request: &RunRequest,
+        content: Option<&[u8]>,
+    ) -> Result<RunResponse, ClientError> {
+        self.in_doubt(request)?;
+        let outcome = self.send_file_call(method, path, request, content);
+        self.settle(request, outcome)
+    }
+
+    fn send_file_call(
         &mut self,
         method: &str,
         path: &str,
@@ -363,12 +512,25 @@ impl Session {
             run_budget(request),
             &request.request_id,
         )?;
-        let resp = self.client.verified(request, status, &bytes)?;
+        let resp = self
+            .client
+            .verified(request, self.info.minimum_isolation, status, &bytes)?;
         self.follow(request, resp)
     }
 
     /// Sends a cell or steps, streamed when `on_chunk` is given, and verifies the answer.
     fn streamed(
+        &mut self,
+        path: &str,
+        request: &RunRequest,
+        on_chunk: Option<&mut dyn FnMut(&OutputChunk)>,
+    ) -> Result<RunResponse, ClientError> {
+        self.in_doubt(request)?;
+        let outcome = self.send_streamed(path, request, on_chunk);
+        self.settle(request, outcome)
+    }
+
+    fn send_streamed(
         &mut self,
         path: &str,
         request: &RunRequest,
@@ -381,8 +543,11 @@ impl Session {
                 message: r.message,
             })?;
         let (body, sent) = self.client.prepare(request, true)?;
+        let floor = self.info.minimum_isolation;
         let resp = match on_chunk {
-            Some(on_chunk) => self.client.post_streamed(path, &body, &sent, on_chunk)?,
+            Some(on_chunk) => self
+                .client
+                .post_streamed(path, &body, &sent, floor, on_chunk)?,
             None => {
                 let (status, bytes) = self.client.exchange(
                     "POST",
@@ -392,7 +557,7 @@ impl Session {
                     run_budget(&sent),
                     &sent.request_id,
                 )?;
-                self.client.verified(&sent, status, &bytes)?
+                self.client.verified(&sent, floor, status, &bytes)?
             }
         };
         self.follow(&sent, resp)
@@ -400,39 +565,61 @@ impl Session {
 
     /// Checks a verified call's place in the session's chain and moves the chain on.
     fn follow(&mut self, sent: &RunRequest, resp: RunResponse) -> Result<RunResponse, ClientError> {
-        let id = sent.request_id.as_str();
-        let bad = |message: String| ClientError::BadResponse {
-            request_id: id.to_owned(),
-            status: 200,
-            message,
+        let broken = |field: &'static str, expected: Option<String>, got: Option<String>| {
+            Err(ClientError::ChainMismatch {
+                request_id: sent.request_id.clone(),
+                session_id: self.info.session_id.clone(),
+                field,
+                expected,
+                got,
+            })
         };
         let Some(link) = &resp.record.session else {
-            return Err(bad("the record of a session call names no session".into()));
+            return broken("session", Some(self.info.session_id.clone()), None);
         };
         if link.session_id != self.info.session_id {
-            return Err(bad(format!(
-                "the record names session {}, not {}",
-                link.session_id, self.info.session_id
-            )));
+            return broken(
+                "session_id",
+                Some(self.info.session_id.clone()),
+                Some(link.session_id.clone()),
+            );
         }
         let (sequence, previous) = &self.last;
-        if link.sequence != sequence + 1 || link.previous_record_sha256 != *previous {
-            return Err(bad(format!(
-                "the record is call {} after {:?}, not call {} after {:?}: a call of this session is missing, repeated or reordered",
-                link.sequence,
-                link.previous_record_sha256,
-                sequence + 1,
-                previous
-            )));
+        if link.sequence != sequence + 1 {
+            return broken(
+                "sequence",
+                Some((sequence + 1).to_string()),
+                Some(link.sequence.to_string()),
+            );
         }
-        if resp.isolation != self.info.isolation
-            || resp.provider != self.info.provider
-            || resp.record.evidence_sha256 != self.info.evidence_sha256
-        {
-            return Err(bad(format!(
-                "the call ran at {} ({}), not the session's {} ({}) on its evidence",
-                resp.provider, resp.isolation, self.info.provider, self.info.isolation
-            )));
+        if link.previous_record_sha256 != *previous {
+            return broken(
+                "previous_record_sha256",
+                previous.clone(),
+                link.previous_record_sha256.clone(),
+            );
+        }
+        for (field, session, answer) in [
+            ("provider", &self.info.provider, &resp.provider),
+            (
+                "isolation",
+                &self.info.isolation.as_str().to_owned(),
+                &resp.isolation.as_str().to_owned(),
+            ),
+            (
+                "evidence_sha256",
+                &self.info.evidence_sha256,
+                &resp.record.evidence_sha256,
+            ),
+            (
+                "environment",
+                &self.info.environment,
+                &resp.record.environment,
+            ),
+        ] {
+            if session != answer {
+                return broken(field, Some(session.clone()), Some(answer.clone()));
+            }
         }
         self.last = (link.sequence, Some(resp.record.record_sha256.clone()));
         self.last_request = Some(sent.clone());

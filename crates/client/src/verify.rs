@@ -1,5 +1,8 @@
-//! The checks on every result: the echoed request id, the tier against the floor asked for,
-//! the provider against the one asked for (if any), the three digests recomputed here, and the record against the response around it.
+//! The checks on every result: the echoed request id, the tier against the floor it was
+//! held to (the one asked for, or the daemon's default floor when none was), the record's
+//! applied floor (present, met, equal to that floor), the provider against the one asked for
+//! (if any), the three digests recomputed here, and the record against the response around
+//! it.
 //!
 //! What this can catch without a signature: an answer meant for another request, a tier
 //! below the floor, and any change to the request, the result or the record that leaves a
@@ -32,10 +35,36 @@ pub fn check_tier(
     }
 }
 
-/// Verifies a `200` answer to `sent` (the request exactly as serialised and sent). Returns
-/// the response when every check passes.
+/// Verifies a `200` answer to `sent` (the request exactly as serialised and sent) against
+/// the floor it sent. With none sent, only against the floor the record states: what a
+/// client that does not know the daemon's default floor can check; [`Client::run`] knows it
+/// and calls [`verify_response_held_to`]. Returns the response when every check passes.
+///
+/// [`Client::run`]: crate::Client::run
 pub fn verify_response(
     sent: &RunRequest,
+    response: RunResponse,
+) -> Result<RunResponse, ClientError> {
+    verify(sent, sent.minimum_isolation, response)
+}
+
+/// Verifies a `200` answer to `sent` (the request exactly as serialised and sent) held to
+/// `floor`: the floor sent, or, none sent, the daemon's default floor (a session's floor for
+/// its calls). The tier must meet it and the record must state exactly it as the floor it
+/// applied. Returns the response when every check passes.
+pub fn verify_response_held_to(
+    sent: &RunRequest,
+    floor: Tier,
+    response: RunResponse,
+) -> Result<RunResponse, ClientError> {
+    verify(sent, Some(floor), response)
+}
+
+/// [`verify_response_held_to`], with the tier and applied floor unchecked against any floor
+/// but the record's when `floor` is `None`.
+fn verify(
+    sent: &RunRequest,
+    floor: Option<Tier>,
     response: RunResponse,
 ) -> Result<RunResponse, ClientError> {
     let id = sent.request_id.as_str();
@@ -64,9 +93,11 @@ pub fn verify_response(
     // The tier comes before the digests: whatever else is wrong, a run below the floor is
     // the fact the caller most needs, and it is an error even if every digest matched.
     let weakest = response.isolation.min(response.record.isolation);
-    check_tier(id, sent.minimum_isolation, &response.provider, weakest)?;
+    check_tier(id, floor, &response.provider, weakest)?;
     // The record states the floor the daemon applied: the one sent, or the operator's default
-    // when none was sent. It must be there, equal what was sent, and the tier must meet it.
+    // when none was sent. It must be there, the tier must meet it, and it must be the floor
+    // this client held the run to (which also catches a daemon whose listing and records
+    // disagree).
     let Some(applied) = response.record.minimum_isolation else {
         return Err(ClientError::BadResponse {
             request_id: id.to_owned(),
@@ -74,7 +105,8 @@ pub fn verify_response(
             message: "the record states no applied floor (`record.minimum_isolation`): the daemon is older than this client or faulty, and the code may have run".into(),
         });
     };
-    if let Some(floor) = sent.minimum_isolation
+    check_tier(id, Some(applied), &response.provider, weakest)?;
+    if let Some(floor) = floor
         && floor != applied
     {
         return Err(ClientError::RecordMismatch {
@@ -84,7 +116,6 @@ pub fn verify_response(
             record: applied.as_str().to_owned(),
         });
     }
-    check_tier(id, Some(applied), &response.provider, weakest)?;
     // So does the provider, when the request named one.
     if let Some(asked) = &sent.provider {
         for named in [&response.provider, &response.record.provider] {
@@ -315,6 +346,48 @@ mod tests {
         let e = verify_response(&req, resp).unwrap_err();
         assert!(e.to_string().contains("no applied floor"), "{e}");
         assert_eq!(not_dispatched_reason(&e), None);
+    }
+
+    #[test]
+    fn with_no_floor_sent_the_daemons_default_floor_holds() {
+        // The daemon's default floor is container; an answer that says process throughout,
+        // every digest consistent, is below it: the code ran.
+        let req = request(None);
+        let e = verify_response_held_to(&req, Tier::Container, honest(&req, Tier::Process))
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::EvidenceMismatch {
+                    isolation: Tier::Process,
+                    floor: Tier::Container,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(not_dispatched_reason(&e), None);
+        // Without the default floor, only the record's own floor is there to check against.
+        verify_response(&req, honest(&req, Tier::Process)).unwrap();
+        // Above it, the record must still state it as the floor applied.
+        let e =
+            verify_response_held_to(&req, Tier::Container, honest(&req, Tier::Kernel)).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                ClientError::RecordMismatch {
+                    field: "minimum_isolation",
+                    response,
+                    record,
+                    ..
+                } if response == "container" && record == "process"
+            ),
+            "{e}"
+        );
+        let mut resp = honest(&req, Tier::Kernel);
+        resp.record.minimum_isolation = Some(Tier::Container);
+        resp.record.record_sha256 = record_sha256(&resp.record);
+        verify_response_held_to(&req, Tier::Container, resp).unwrap();
     }
 
     #[test]

@@ -266,6 +266,9 @@ enum Mode {
     /// Forwards every request, but answers the `n`th (from 0) that goes to a session's cells
     /// with a `500` that says nothing of what ran: a call the daemon ran, hidden.
     HideCell(usize),
+    /// Forwards every request, but before the `n`th (from 0) that goes to a session's cells
+    /// sends a cell of its own to the same session: a call slipped into the chain.
+    SlipCell(usize),
 }
 
 fn keep(_: &mut Value) {}
@@ -278,6 +281,8 @@ type Answer = (u16, Vec<u8>);
 struct Held {
     answers: HashMap<usize, Answer>,
     taken: usize,
+    /// Requests to a session's cells seen so far.
+    cells: usize,
 }
 
 /// A proxy serving on loopback, forwarding to `upstream`. Its threads end with the test.
@@ -304,18 +309,35 @@ impl Proxy {
 }
 
 fn serve(n: usize, mut conn: TcpStream, upstream: &str, mode: Mode, held: &(Mutex<Held>, Condvar)) {
-    static CELLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let (method, path, headers, mut body) = read_request(&conn);
     if let Mode::Rewrite { request, .. } = mode {
         body = rewrite(&body, request);
     }
+    // Which request to a session's cells this is, from 0.
+    let cell = path.contains("/cells").then(|| {
+        let mut h = held.0.lock().unwrap();
+        h.cells += 1;
+        h.cells - 1
+    });
+    if let Mode::SlipCell(slipped) = mode
+        && cell == Some(slipped)
+    {
+        let own = serde_json::json!({"protocol": 1, "request_id": "slipped-in", "run": {"kind": "snippet", "language": "javascript", "code": "1"}});
+        let (status, _) = forward(
+            upstream,
+            &method,
+            &path,
+            &headers,
+            own.to_string().as_bytes(),
+        );
+        assert_eq!(status, 200, "the slipped-in call");
+    }
     let mut answer = forward(upstream, &method, &path, &headers, &body);
     match mode {
         Mode::Rewrite { response, .. } => answer.1 = rewrite(&answer.1, response),
+        Mode::SlipCell(_) => {}
         Mode::HideCell(hidden) => {
-            if path.contains("/cells")
-                && CELLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == hidden
-            {
+            if cell == Some(hidden) {
                 let id: Value = serde_json::from_slice(&body).unwrap();
                 answer = (
                     500,
@@ -678,7 +700,7 @@ fn session_fixture(test: &str, slot: u32) -> Option<Fixture> {
 fn a_session_keeps_state_streams_resumes_and_ends_explicitly() {
     let Some(f) = session_fixture(
         "a_session_keeps_state_streams_resumes_and_ends_explicitly",
-        7,
+        12,
     ) else {
         return;
     };
@@ -738,11 +760,14 @@ fn a_session_keeps_state_streams_resumes_and_ends_explicitly() {
     }
 }
 
+/// #28.8: a call that may have run with no answer this client could verify leaves where the
+/// chain stands unknown: the session sends nothing more (refused here, not dispatched) until
+/// `resync` takes the daemon's word for it, and then goes on from there.
 #[test]
-fn a_session_call_hidden_by_a_proxy_breaks_the_chain_and_is_caught() {
+fn a_session_call_hidden_by_a_proxy_puts_the_chain_in_doubt_until_resync() {
     let Some(f) = session_fixture(
-        "a_session_call_hidden_by_a_proxy_breaks_the_chain_and_is_caught",
-        8,
+        "a_session_call_hidden_by_a_proxy_puts_the_chain_in_doubt_until_resync",
+        13,
     ) else {
         return;
     };
@@ -752,14 +777,166 @@ fn a_session_call_hidden_by_a_proxy_breaks_the_chain_and_is_caught() {
         .open_session(plimsoll_client::SessionOptions::new(Language::Javascript))
         .unwrap();
     s.cell("var n = 1").unwrap();
+    assert_eq!(s.doubt(), None);
     // The daemon runs this one; the proxy says it failed.
     let hidden = s.cell("n += 1").unwrap_err();
     assert_eq!(not_dispatched_reason(&hidden), None, "{hidden}");
-    // The next answer is call 3, after call 2's record: the client expected call 2.
-    let e = s.cell("console.log(n)").unwrap_err();
-    assert_eq!(not_dispatched_reason(&e), None);
+    let hidden_id = hidden.request_id().unwrap().to_owned();
     assert!(
-        e.to_string().contains("missing, repeated or reordered"),
-        "{e}"
+        s.doubt().is_some_and(|d| d.contains(&hidden_id)),
+        "{:?}",
+        s.doubt()
     );
+    // The next call is refused here, unsent: nothing ran, and the daemon saw no call.
+    for _ in 0..2 {
+        let e = s.cell("n += 10").unwrap_err();
+        assert!(matches!(e, ClientError::ChainInDoubt { .. }), "{e:?}");
+        assert_eq!(not_dispatched_reason(&e), Some(Reason::Request), "{e}");
+        assert_eq!(e.code(), "chain_in_doubt");
+        assert!(e.to_string().contains("resync"), "{e}");
+    }
+    assert!(matches!(
+        s.put("f", b"x"),
+        Err(ClientError::ChainInDoubt { .. })
+    ));
+    assert!(matches!(s.get("f"), Err(ClientError::ChainInDoubt { .. })));
+    assert!(matches!(
+        s.steps(&["true"]),
+        Err(ClientError::ChainInDoubt { .. })
+    ));
+    let shown = f.client().session(s.id()).unwrap();
+    assert_eq!(shown.info().calls, 2, "a call in doubt sent something");
+    // Resynced, it goes on where the daemon says the chain stands: the hidden call ran.
+    let info = s.resync().unwrap();
+    assert_eq!(info.calls, 2);
+    assert_eq!(s.doubt(), None);
+    let r = s.cell("console.log(n)").unwrap();
+    assert_eq!(r.result.stdout.as_slice(), b"2\n");
+    assert_eq!(r.record.session.as_ref().unwrap().sequence, 3);
+}
+
+/// #28.8: an answer that verifies as a run but is not the next link of the session's chain
+/// (here a proxy slipped a call of its own in before it) is a chain mismatch, with its own
+/// kind and the field that breaks, may have run; and the chain is then in doubt.
+#[test]
+fn a_call_slipped_into_a_session_is_a_chain_mismatch() {
+    let Some(f) = session_fixture("a_call_slipped_into_a_session_is_a_chain_mismatch", 11) else {
+        return;
+    };
+    let proxy = Proxy::start(&f.daemon.url, Mode::SlipCell(1));
+    let client = Client::new(&proxy.url, Token::new(f.daemon.token.clone()));
+    let mut s = client
+        .open_session(plimsoll_client::SessionOptions::new(Language::Javascript))
+        .unwrap();
+    s.cell("var n = 1").unwrap();
+    let e = s.cell("console.log(n)").unwrap_err();
+    match &e {
+        ClientError::ChainMismatch {
+            session_id,
+            field,
+            expected,
+            got,
+            ..
+        } => {
+            assert_eq!(session_id, s.id());
+            assert_eq!(
+                (*field, expected.as_deref(), got.as_deref()),
+                ("sequence", Some("2"), Some("3"))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.code(), "chain_mismatch");
+    assert_eq!(not_dispatched_reason(&e), None, "{e}");
+    assert!(e.to_string().contains("may have run"), "{e}");
+    assert!(s.doubt().is_some());
+    assert!(matches!(
+        s.cell("console.log(n)"),
+        Err(ClientError::ChainInDoubt { .. })
+    ));
+}
+
+/// #28.7: no floor sent, so the daemon's default floor (container) holds; a proxy lowers the
+/// tier and the applied floor the answer states to `process` and recomputes the record
+/// digest. Every digest then checks, and only the floor this client learnt from the daemon
+/// (`GET /v1/providers`) tells the run fell below it: the code ran, so it is an evidence
+/// mismatch, never a refusal. Lowered in the record alone, it is a record mismatch.
+#[test]
+fn a_run_lowered_below_the_daemons_default_floor_is_caught_though_no_floor_was_sent() {
+    let test = "a_run_lowered_below_the_daemons_default_floor_is_caught_though_no_floor_was_sent";
+    let Some(f) = session_fixture(test, 10) else {
+        return;
+    };
+    assert_eq!(
+        f.client().providers().unwrap().default_floor,
+        Tier::Container
+    );
+    let run_through = |response: fn(&mut Value)| {
+        let proxy = Proxy::start(
+            &f.daemon.url,
+            Mode::Rewrite {
+                request: keep,
+                response,
+            },
+        );
+        Client::new(&proxy.url, Token::new(f.daemon.token.clone())).run(js("console.log(1)"))
+    };
+    // Unaltered, the run meets the default floor.
+    let honest = run_through(keep).unwrap();
+    assert_eq!(honest.isolation, Tier::Container);
+    assert_eq!(honest.record.minimum_isolation, Some(Tier::Container));
+
+    fn downgrade(v: &mut Value) {
+        if v.get("record").is_none() {
+            return; // the listing, or a refusal
+        }
+        assert_eq!(v["isolation"], "container", "{v}");
+        v["isolation"] = "process".into();
+        v["record"]["isolation"] = "process".into();
+        v["record"]["minimum_isolation"] = "process".into();
+        recompute_record_digest(v);
+    }
+    let e = run_through(downgrade).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::EvidenceMismatch {
+                isolation: Tier::Process,
+                floor: Tier::Container,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The code ran (may have run): not a refusal.
+    assert_eq!(not_dispatched_reason(&e), None, "{e}");
+    assert_eq!(e.to_response().error.not_dispatched, None);
+
+    fn lower_record_floor(v: &mut Value) {
+        if v.get("record").is_none() {
+            return;
+        }
+        v["record"]["minimum_isolation"] = "process".into();
+        recompute_record_digest(v);
+    }
+    let e = run_through(lower_record_floor).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ClientError::RecordMismatch {
+                field: "minimum_isolation",
+                response,
+                record,
+                ..
+            } if response == "container" && record == "process"
+        ),
+        "{e:?}"
+    );
+    assert_eq!(not_dispatched_reason(&e), None, "{e}");
+}
+
+/// Recomputes `record.record_sha256` of a run response after a proxy's change to its record.
+fn recompute_record_digest(v: &mut Value) {
+    let record: plimsoll_wire::RunRecord = serde_json::from_value(v["record"].clone()).unwrap();
+    v["record"]["record_sha256"] = plimsoll_wire::digest::record_sha256(&record).into();
 }
