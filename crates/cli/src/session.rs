@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, anyhow};
 use plimsoll_client::{Client, ClientError, Session, SessionOptions};
-use plimsoll_wire::{OutputChunk, OutputStream, RunResponse, SessionInfo, Tier};
+use plimsoll_wire::{OutputChunk, OutputStream, RunRequest, RunResponse, SessionInfo, Tier};
 
 use crate::args::{DaemonArgs, SessionCommand};
 use crate::local::{client, daemon_url};
@@ -232,9 +232,8 @@ fn record(to: &DaemonArgs, session: &Session, resp: &RunResponse) -> Result<(), 
     let (Some(file), Some(request)) = (&to.exchanges, session.last_request()) else {
         return Ok(());
     };
-    let mut line = serde_json::to_vec(&serde_json::json!({"request": request, "response": resp}))
+    let line = exchange_line(request, resp)
         .map_err(|e| Failure::failed(anyhow!("cannot encode the exchange: {e}")))?;
-    line.push(b'\n');
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -242,6 +241,18 @@ fn record(to: &DaemonArgs, session: &Session, resp: &RunResponse) -> Result<(), 
         .and_then(|mut f| f.write_all(&line))
         .with_context(|| format!("cannot append the exchange to {}", file.display()))
         .map_err(Failure::failed)
+}
+
+/// One exchange as a line of JSON, `{"request": ..., "response": ...}`, every object's
+/// members in protocol order (docs/protocol.md's tables, the wire types' order): each side is
+/// written from its own type, not through a map, which would sort them.
+fn exchange_line(request: &RunRequest, resp: &RunResponse) -> serde_json::Result<Vec<u8>> {
+    let mut line = b"{\"request\":".to_vec();
+    serde_json::to_writer(&mut line, request)?;
+    line.extend_from_slice(b",\"response\":");
+    serde_json::to_writer(&mut line, resp)?;
+    line.extend_from_slice(b"}\n");
+    Ok(line)
 }
 
 fn failed(e: &ClientError, json: bool) -> u8 {
@@ -288,4 +299,59 @@ fn read_bytes(file: Option<&Path>) -> Result<Vec<u8>, Failure> {
 fn read_input(file: Option<&Path>) -> Result<String, Failure> {
     String::from_utf8(read_bytes(file)?)
         .map_err(|_| Failure::usage(anyhow!("the code is not UTF-8")))
+}
+
+#[cfg(test)]
+mod tests {
+    use plimsoll_wire::{Language, PROTOCOL, RunSpec, Snippet};
+
+    use super::*;
+
+    #[test]
+    fn an_exchange_line_keeps_protocol_order_and_reads_back() {
+        let request = RunRequest {
+            protocol: PROTOCOL,
+            request_id: "r-1".into(),
+            minimum_isolation: Some(Tier::Container),
+            provider: None,
+            limits: None,
+            run: RunSpec::Snippet(Snippet {
+                language: Language::Python,
+                code: "print(1)".into(),
+            }),
+            grant: None,
+        };
+        let line = String::from_utf8(exchange_line(&request, &sample_response()).unwrap()).unwrap();
+        assert!(
+            line.ends_with("}\n") && !line[..line.len() - 1].contains('\n'),
+            "{line}"
+        );
+        assert!(
+            line.starts_with(r#"{"request":{"protocol":1,"request_id":"r-1","minimum_isolation":"container","run":{"kind":"snippet","#),
+            "{line}"
+        );
+        assert!(
+            line.contains(r#"},"response":{"protocol":1,"request_id":"r-1","provider":"p","isolation":"container","duration_ms":1,"#),
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            serde_json::from_value::<RunRequest>(v["request"].clone()).unwrap(),
+            request
+        );
+    }
+
+    fn sample_response() -> RunResponse {
+        serde_json::from_value(serde_json::json!({
+            "protocol": 1, "request_id": "r-1", "provider": "p", "isolation": "container",
+            "duration_ms": 1, "request_sha256": "a", "result_sha256": "b",
+            "result": {"exit_code": 0, "timed_out": false, "stdout": "1\n",
+                "stdout_truncated": false, "stderr": "", "stderr_truncated": false},
+            "record": {"request_id": "r-1", "request_sha256": "a", "result_sha256": "b",
+                "provider": "p", "isolation": "container", "minimum_isolation": "container",
+                "evidence_sha256": "e", "environment": "x", "started_unix_ms": 1,
+                "ended_unix_ms": 2, "record_sha256": "c"}
+        }))
+        .unwrap()
+    }
 }

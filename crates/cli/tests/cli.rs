@@ -674,11 +674,23 @@ fn a_failure_that_may_have_run_exits_4_and_unreachable_exits_3() {
         r#"{"protocol":1,"request_id":null,"error":{"code":"sandbox_failed","message":"it broke","not_dispatched":null}}"#,
     );
     let out = run(plimsoll()
-        .args(["run", "--daemon", &url, "-e", "console.log(1)"])
+        .args(["run", "--daemon", &url, "--min-isolation", "container"])
+        .args(["-e", "console.log(1)"])
         .env("PLIMSOLL_TOKEN", "plm_x"));
     assert_eq!(out.status.code(), Some(4));
     assert!(
         text(&out.stderr).contains("may have run"),
+        "{}",
+        text(&out.stderr)
+    );
+    // With no floor the client must learn the daemon's default floor first; this daemon's
+    // listing fails, so nothing is sent.
+    let out = run(plimsoll()
+        .args(["run", "--daemon", &url, "-e", "console.log(1)"])
+        .env("PLIMSOLL_TOKEN", "plm_x"));
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stderr).contains("could not learn the daemon's default floor"),
         "{}",
         text(&out.stderr)
     );
@@ -689,7 +701,15 @@ fn a_failure_that_may_have_run_exits_4_and_unreachable_exits_3() {
         r#"{"protocol":1,"request_id":"someone-else","error":{"code":"isolation","message":"no","not_dispatched":"isolation"}}"#,
     );
     let out = run(plimsoll()
-        .args(["run", "--json", "--daemon", &url, "-e", "console.log(1)"])
+        .args([
+            "run",
+            "--json",
+            "--daemon",
+            &url,
+            "--min-isolation",
+            "process",
+        ])
+        .args(["-e", "console.log(1)"])
         .env("PLIMSOLL_TOKEN", "plm_x"));
     assert_eq!(out.status.code(), Some(4));
     let e: ErrorResponse = serde_json::from_slice(&out.stdout).unwrap();
@@ -1223,6 +1243,62 @@ fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
         "a closed session's call runs nothing"
     );
     assert!(text(&out.stderr).contains("session_ended") || text(&out.stderr).contains("has ended"));
+    // #28.9: with --json, the daemon's own code and the session's end reason, not the bare
+    // reason.
+    let out = run(&mut session(&["run", &id, "-e", "print(n)", "--json"]));
+    assert_eq!(out.status.code(), Some(3));
+    let refused: ErrorResponse = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            refused.error.code.as_str(),
+            refused.error.not_dispatched,
+            refused.error.end_reason
+        ),
+        (
+            "session_ended",
+            Some(Reason::Request),
+            Some(plimsoll_wire::EndReason::Closed)
+        ),
+        "{refused:?}"
+    );
+    // An interpreter that ended: its next cell is refused `interpreter_ended` until a restart.
+    let out = run(&mut session(&["open", "--lang", "python"]));
+    assert_eq!(out.status.code(), Some(0));
+    let second = text(&out.stdout).trim().to_owned();
+    let out = run(&mut session(&[
+        "run",
+        &second,
+        "-e",
+        "import os; os._exit(3)",
+    ]));
+    assert!(
+        text(&out.stderr).contains("the interpreter ended"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&mut session(&["run", &second, "-e", "print(1)", "--json"]));
+    assert_eq!(out.status.code(), Some(3));
+    let refused: ErrorResponse = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (refused.error.code.as_str(), refused.error.not_dispatched),
+        ("interpreter_ended", Some(Reason::Request)),
+        "{refused:?}"
+    );
+    let out = run(&mut session(&[
+        "run",
+        &second,
+        "-e",
+        "print(1)",
+        "--restart",
+    ]));
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice()),
+        (Some(0), &b"1\n"[..])
+    );
+    assert_eq!(
+        run(&mut session(&["close", &second])).status.code(),
+        Some(0)
+    );
 
     // Signed as one chain, verified; a dropped or reordered call is refused.
     let attest = plimsoll_testing::tool_binary("plimsoll-attest", "plimsoll-attest").unwrap();
@@ -1250,6 +1326,79 @@ fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
         .map(str::to_owned)
         .collect();
     assert_eq!(lines.len(), 5);
+    // #28.10: each exchange is written with its members in protocol order (docs/protocol.md's
+    // tables), not sorted.
+    for line in &lines {
+        in_protocol_order(line, &[], &["request", "response"]);
+        in_protocol_order(
+            line,
+            &["request"],
+            &[
+                "protocol",
+                "request_id",
+                "minimum_isolation",
+                "provider",
+                "limits",
+                "run",
+                "grant",
+            ],
+        );
+        in_protocol_order(
+            line,
+            &["response"],
+            &[
+                "protocol",
+                "request_id",
+                "provider",
+                "isolation",
+                "duration_ms",
+                "request_sha256",
+                "result_sha256",
+                "result",
+                "record",
+            ],
+        );
+        in_protocol_order(
+            line,
+            &["response", "result"],
+            &[
+                "exit_code",
+                "signal",
+                "timed_out",
+                "oom_killed",
+                "stdout",
+                "stdout_truncated",
+                "stderr",
+                "stderr_truncated",
+                "steps",
+                "artifacts",
+                "calls",
+                "start",
+                "member_age_ms",
+                "wall",
+                "state_kept",
+                "interpreter_end",
+            ],
+        );
+        in_protocol_order(
+            line,
+            &["response", "record"],
+            &[
+                "request_id",
+                "request_sha256",
+                "result_sha256",
+                "provider",
+                "isolation",
+                "minimum_isolation",
+                "evidence_sha256",
+                "environment",
+                "started_unix_ms",
+                "ended_unix_ms",
+                "session",
+                "record_sha256",
+            ],
+        );
+    }
     for (name, kept) in [
         (
             "dropped",
@@ -1281,4 +1430,70 @@ fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
         );
         assert!(!b.exists(), "{name}: a refused chain left a bundle");
     }
+}
+
+/// Asserts that the object at `path` in the JSON `text` writes its members in the order of
+/// `order` (each one it has, none it lacks), read from the text itself: a parsed value keeps
+/// no order.
+fn in_protocol_order(text: &str, path: &[&str], order: &[&str]) {
+    let names = member_names(text, path);
+    assert!(!names.is_empty(), "no object at {path:?} in {text}");
+    let want: Vec<&str> = order
+        .iter()
+        .copied()
+        .filter(|n| names.iter().any(|m| m == n))
+        .collect();
+    assert_eq!(names, want, "the members at {path:?} of {text}");
+}
+
+/// The member names of the object at `path` (member names from the top; an array's items are
+/// `[]`) in `text`, in the order written.
+fn member_names(text: &str, path: &[&str]) -> Vec<String> {
+    let mut names = Vec::new();
+    // Each open object or array: whether it is an object, and the member it is the value of.
+    let mut open: Vec<(bool, Option<String>)> = Vec::new();
+    let mut key: Option<String> = None;
+    let mut expect_key = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                let mut s = String::new();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => s.extend(chars.next()),
+                        '"' => break,
+                        c => s.push(c),
+                    }
+                }
+                if expect_key {
+                    let here: Vec<&str> = open
+                        .iter()
+                        .skip(1)
+                        .map(|(_, k)| k.as_deref().unwrap_or("[]"))
+                        .collect();
+                    if here == path {
+                        names.push(s.clone());
+                    }
+                    key = Some(s);
+                    expect_key = false;
+                }
+            }
+            '{' => {
+                open.push((true, key.take()));
+                expect_key = true;
+            }
+            '[' => open.push((false, key.take())),
+            '}' | ']' => {
+                open.pop();
+                key = None;
+            }
+            ',' => {
+                expect_key = open.last().is_some_and(|(object, _)| *object);
+                key = None;
+            }
+            _ => {}
+        }
+    }
+    names
 }
