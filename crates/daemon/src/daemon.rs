@@ -46,6 +46,13 @@ pub const MAX_MAX_CONNECTIONS: u64 = 65536;
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u64 = 64;
 /// The shortest interval between two log lines saying the connection cap was reached.
 pub const CAP_WARN_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a connection over its peer's cap waits for one of the peer's connections to
+/// close before it is closed unanswered. A connection the peer has just closed is counted
+/// until the daemon's task for it runs again, so a client's next connection can arrive
+/// while its last one still holds a place; it then waits for that place rather than being
+/// refused. At most [`DaemonOptions::max_connections_per_peer`] of a peer's connections
+/// wait at once.
+pub const PEER_WAIT: Duration = Duration::from_secs(1);
 /// How long the accept loop pauses after an accept error other than a connection's own
 /// failure (e.g. `EMFILE`, out of file descriptors), before accepting again.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
@@ -71,7 +78,8 @@ pub struct DaemonOptions {
     /// without an answer.
     pub max_connections: usize,
     /// The most connections open at once from one peer ([`peer_key`]); one accepted beyond it
-    /// is closed at once, without an answer, so one client cannot hold every place.
+    /// waits up to [`PEER_WAIT`] for one of the peer's connections to close, and is then
+    /// closed without an answer, so one client cannot hold every place.
     pub max_connections_per_peer: usize,
     /// How long shutdown waits for runs in flight: the longest run timeout the settings
     /// allow, plus [`SHUTDOWN_SLACK`].
@@ -452,11 +460,9 @@ async fn accept_loop(
 ) {
     let permits = Arc::new(Semaphore::new(max_connections));
     let peers = PeerCounts::default();
-    let mut last_peer_warn: Option<tokio::time::Instant> = None;
-    let mut peer_refused_since_warn: u64 = 0;
-    // When the last line about the cap was logged, and connections refused since.
-    let mut last_cap_warn: Option<tokio::time::Instant> = None;
-    let mut refused_since_warn: u64 = 0;
+    // When the last line about each cap was logged, and connections refused since.
+    let peer_warn = CapWarning::default();
+    let cap_warn = CapWarning::default();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
@@ -483,49 +489,48 @@ async fn accept_loop(
                 }
             }
         };
+        let key = peer_key(peer.ip());
+        let admit = Admit {
+            permits: Arc::clone(&permits),
+            max_connections,
+            cap_warn: cap_warn.clone(),
+            http: http.clone(),
+            service: service.clone(),
+            watcher: graceful.watcher(),
+        };
         // The peer's own cap first, so a peer over it does not take a place of the global one.
-        let Some(peer_place) = peers.try_take(peer_key(peer.ip()), max_per_peer) else {
-            drop(stream);
-            peer_refused_since_warn += 1;
-            let now = tokio::time::Instant::now();
-            if last_peer_warn.is_none_or(|t| now.duration_since(t) >= CAP_WARN_INTERVAL) {
+        if let Some(place) = peers.try_take(key, max_per_peer) {
+            admit.serve(stream, place);
+            continue;
+        }
+        // Over it: wait a moment for a place one of its connections is giving back, off the
+        // accept loop; beyond as many waiting as the cap, closed at once.
+        let refuse = move |peer_warn: &CapWarning| {
+            if let Some(refused) = peer_warn.refused() {
                 tracing::warn!(
                     max_connections_per_peer = max_per_peer,
-                    peer = %peer_key(peer.ip()),
-                    refused = peer_refused_since_warn,
+                    peer = %key,
+                    refused,
                     "per-peer connection cap reached: closing this peer's new connections without an answer; raise [daemon].max_connections_per_peer if it is an honest proxy"
                 );
-                last_peer_warn = Some(now);
-                peer_refused_since_warn = 0;
             }
-            continue;
         };
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            // Over the cap: closed without a byte written.
+        let Some(waiting) = peers.try_wait(key, max_per_peer) else {
             drop(stream);
-            refused_since_warn += 1;
-            let now = tokio::time::Instant::now();
-            if last_cap_warn.is_none_or(|t| now.duration_since(t) >= CAP_WARN_INTERVAL) {
-                tracing::warn!(
-                    max_connections,
-                    refused = refused_since_warn,
-                    "connection cap reached: closing new connections without an answer; raise [daemon].max_connections if clients are honest"
-                );
-                last_cap_warn = Some(now);
-                refused_since_warn = 0;
-            }
+            refuse(&peer_warn);
             continue;
         };
-        // hyper's own answers (a head it cannot parse) get an ErrorResponse body on the way out.
-        let io = TokioIo::new(crate::server::AutoErrorBodies::new(stream));
-        let conn = graceful.watch(http.serve_connection(io, service.clone()));
+        let (peers, peer_warn) = (peers.clone(), peer_warn.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection closed with an error");
+            let place = peers.take_within(key, max_per_peer, PEER_WAIT).await;
+            drop(waiting);
+            match place {
+                Some(place) => admit.serve(stream, place),
+                None => {
+                    drop(stream);
+                    refuse(&peer_warn);
+                }
             }
-            // Held until the connection ends.
-            drop(permit);
-            drop(peer_place);
         });
     }
     drop(listener);
@@ -552,9 +557,91 @@ fn peer_key(ip: std::net::IpAddr) -> std::net::IpAddr {
     }
 }
 
-/// Connections open per peer key.
+/// What serving one more connection takes, once it holds its peer's place: a place of the
+/// global cap (or it is closed at once, nothing written), then hyper on it until it ends.
+struct Admit {
+    permits: Arc<Semaphore>,
+    max_connections: usize,
+    cap_warn: CapWarning,
+    http: hyper::server::conn::http1::Builder,
+    service: TowerToHyperService<Router>,
+    watcher: hyper_util::server::graceful::Watcher,
+}
+
+impl Admit {
+    fn serve(self, stream: tokio::net::TcpStream, peer_place: PeerPlace) {
+        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
+            // Over the cap: closed without a byte written.
+            drop(stream);
+            if let Some(refused) = self.cap_warn.refused() {
+                tracing::warn!(
+                    max_connections = self.max_connections,
+                    refused,
+                    "connection cap reached: closing new connections without an answer; raise [daemon].max_connections if clients are honest"
+                );
+            }
+            return;
+        };
+        // hyper's own answers (a head it cannot parse) get an ErrorResponse body on the way out.
+        let io = TokioIo::new(crate::server::AutoErrorBodies::new(stream));
+        let conn = self
+            .watcher
+            .watch(self.http.serve_connection(io, self.service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+            // Held until the connection ends.
+            drop(permit);
+            drop(peer_place);
+        });
+    }
+}
+
+/// Connections refused since a cap's last log line, and when that was: one line at most
+/// every [`CAP_WARN_INTERVAL`].
 #[derive(Debug, Clone, Default)]
-struct PeerCounts(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+struct CapWarning(Arc<std::sync::Mutex<(Option<tokio::time::Instant>, u64)>>);
+
+impl CapWarning {
+    /// Counts one refusal; the count to log, when a line is due.
+    fn refused(&self) -> Option<u64> {
+        let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        w.1 += 1;
+        let now = tokio::time::Instant::now();
+        if w.0
+            .is_some_and(|t| now.duration_since(t) < CAP_WARN_INTERVAL)
+        {
+            return None;
+        }
+        w.0 = Some(now);
+        Some(std::mem::take(&mut w.1))
+    }
+}
+
+/// Connections open per peer key, and those waiting for a place.
+#[derive(Debug, Clone, Default)]
+struct PeerCounts(Arc<PeerTable>);
+
+#[derive(Debug, Default)]
+struct PeerTable {
+    peers: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, Peer>>,
+    /// Notified whenever a place is given back.
+    freed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Peer {
+    open: usize,
+    waiting: usize,
+}
+
+/// A connection's turn to wait for its peer's place, given back when dropped.
+#[derive(Debug)]
+struct PeerWaiting {
+    counts: PeerCounts,
+    key: std::net::IpAddr,
+}
 
 /// One connection's place in its peer's count, given back when dropped.
 #[derive(Debug)]
@@ -564,31 +651,85 @@ struct PeerPlace {
 }
 
 impl PeerCounts {
+    fn peers(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, Peer>> {
+        self.0.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A place for one more connection of `key`, unless it holds `max` already.
     fn try_take(&self, key: std::net::IpAddr, max: usize) -> Option<PeerPlace> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(key).or_insert(0);
-        if *n >= max {
+        let mut map = self.peers();
+        let peer = map.entry(key).or_default();
+        if peer.open >= max {
             return None;
         }
-        *n += 1;
+        peer.open += 1;
         Some(PeerPlace {
             counts: self.clone(),
             key,
         })
     }
+
+    /// A turn to wait for a place of `key`, unless `max` of its connections wait already.
+    fn try_wait(&self, key: std::net::IpAddr, max: usize) -> Option<PeerWaiting> {
+        let mut map = self.peers();
+        let peer = map.entry(key).or_default();
+        if peer.waiting >= max {
+            return None;
+        }
+        peer.waiting += 1;
+        Some(PeerWaiting {
+            counts: self.clone(),
+            key,
+        })
+    }
+
+    /// A place for one more connection of `key` as soon as it holds fewer than `max`,
+    /// waiting at most `wait`.
+    async fn take_within(
+        &self,
+        key: std::net::IpAddr,
+        max: usize,
+        wait: Duration,
+    ) -> Option<PeerPlace> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before looking, so a place given back in between is not missed.
+            let freed = self.0.freed.notified();
+            let mut freed = pin!(freed);
+            freed.as_mut().enable();
+            if let Some(place) = self.try_take(key, max) {
+                return Some(place);
+            }
+            tokio::time::timeout_at(deadline, freed).await.ok()?;
+        }
+    }
+
+    /// Forgets `key` once nothing of it is open or waiting, so the map stays small.
+    fn release(&self, key: std::net::IpAddr, f: impl FnOnce(&mut Peer)) {
+        let mut map = self.peers();
+        if let Some(peer) = map.get_mut(&key) {
+            f(peer);
+            if peer.open == 0 && peer.waiting == 0 {
+                map.remove(&key);
+            }
+        }
+    }
 }
 
 impl Drop for PeerPlace {
     fn drop(&mut self) {
-        let mut map = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.key) {
-            *n -= 1;
-            // No entry outlives its peer's last connection, so the map stays small.
-            if *n == 0 {
-                map.remove(&self.key);
-            }
-        }
+        self.counts
+            .release(self.key, |p| p.open = p.open.saturating_sub(1));
+        self.counts.0.freed.notify_waiters();
+    }
+}
+
+impl Drop for PeerWaiting {
+    fn drop(&mut self) {
+        self.counts
+            .release(self.key, |p| p.waiting = p.waiting.saturating_sub(1));
     }
 }
 
