@@ -103,6 +103,8 @@ pub struct ReapReport {
     pub cgroups: Vec<String>,
     /// Run directories removed.
     pub run_dirs: Vec<String>,
+    /// The pids of the watchdogs a dead daemon left for these runs, ended.
+    pub watchdogs: Vec<i32>,
     /// What failed.
     pub errors: Vec<String>,
 }
@@ -116,6 +118,9 @@ impl ReapReport {
             self.cgroups.len(),
             self.run_dirs.len()
         );
+        if !self.watchdogs.is_empty() {
+            s.push_str(&format!(", ended {} watchdogs", self.watchdogs.len()));
+        }
         if !self.errors.is_empty() {
             s.push_str(&format!("; failed: {}", self.errors.join("; ")));
         }
@@ -361,7 +366,14 @@ impl OciProvider {
 
     /// Deletes every container, run cgroup and run directory of this provider that no live
     /// run holds (a run's lock dies with its process, so after a daemon was SIGKILLed all of
-    /// its runs are leftovers). Safe while other runs are in flight.
+    /// its runs are leftovers), and ends the watchdogs such a daemon left for them. Safe while
+    /// other runs are in flight.
+    ///
+    /// Only what this provider's own state names is touched: the containers its runtime
+    /// root lists and the runs its state directory holds (a run's directory is made before
+    /// its cgroup and removed only once the cgroup is gone). Never every cgroup under the
+    /// cgroup parent: another daemon on the host with another state root and the same
+    /// parent runs its containers there.
     pub fn reap(&self) -> ReapReport {
         let mut report = ReapReport::default();
         let _exclusive = match self.state.global_lock(true) {
@@ -385,20 +397,27 @@ impl OciProvider {
         };
         let mut ids = listed.clone();
         ids.extend(self.state.run_ids());
-        if let Ok(layout) = &self.layout {
-            ids.extend(
-                layout
-                    .children(&self.cgroup_parent)
-                    .into_iter()
-                    .map(|run_id| format!("plimsoll-{run_id}")),
-            );
-        }
         ids.sort();
         ids.dedup();
-        for id in ids {
-            if self.state.is_live(&id) {
-                continue;
-            }
+        let left: Vec<String> = ids
+            .into_iter()
+            .filter(|id| !self.state.is_live(id))
+            .collect();
+        // The dead daemon's watchdogs first: each would otherwise sleep on to its run's
+        // deadline (up to the longest timeout, a session's lifetime).
+        if let Ok(layout) = &self.layout {
+            let cgroups: Vec<PathBuf> = left
+                .iter()
+                .flat_map(|id| {
+                    layout.dirs(&spec::run_cgroup(
+                        &self.cgroup_parent,
+                        id.trim_start_matches("plimsoll-"),
+                    ))
+                })
+                .collect();
+            report.watchdogs = plimsoll_sandbox::watchdog::end_left_behind(&cgroups);
+        }
+        for id in left {
             // The dead daemon's runtime process (`<runtime> create`) first, so that it does not
             // race the deletion below.
             if let Some(pid) = self.orphaned_runtime(&id) {
@@ -974,7 +993,11 @@ impl OciProvider {
                 }
             }
         }
-        if let Err(e) = self.state.remove_run(id) {
+        // The run's directory is the record `reap` goes by: kept while its container or
+        // cgroup is left, so that a later reap removes them.
+        if errors.is_empty()
+            && let Err(e) = self.state.remove_run(id)
+        {
             errors.push(format!("cannot remove {}: {e}", run_dir.path().display()));
         }
         drop(run_dir);

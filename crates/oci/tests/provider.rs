@@ -106,8 +106,10 @@ fn the_probe_passes(kind: RuntimeKind, test: &str) {
     assert!(rig.p.state().run_ids().is_empty());
 }
 
-/// The daemon is SIGKILLed mid-run: the container, its cgroup and its run directory stay.
-/// The next provider's `reap` removes them all.
+/// The daemon is SIGKILLed mid-run: the container, its cgroup, its run directory and the
+/// run's watchdog (a root shell and its `sleep`, until the deadline, 100 s on) stay. The next
+/// provider's `reap` removes them all and ends the watchdog (before, it slept on to its
+/// deadline: one pair per run under `Restart=always`).
 #[test]
 fn crun_reap_after_the_daemon_was_killed() {
     let test = "crun_reap_after_the_daemon_was_killed";
@@ -138,9 +140,14 @@ fn crun_reap_after_the_daemon_was_killed() {
     loop {
         let listed = rig.p.runtime().list().unwrap_or_default().contains(&id);
         let procs = !processes_of_uid(uid).is_empty();
+        // Its watchdog given its deadline: the code was handed over.
+        let watching = watchdog_groups(&run_id)
+            .iter()
+            .any(|g| group_members(*g).len() > 1);
         seen.insert("listed", listed);
         seen.insert("processes", procs);
-        if listed && procs {
+        seen.insert("watchdog started", watching);
+        if listed && procs && watching {
             break;
         }
         assert!(
@@ -171,12 +178,25 @@ fn crun_reap_after_the_daemon_was_killed() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
+    let watchdogs = watchdog_groups(&run_id);
+    assert_eq!(watchdogs.len(), 1, "the run's watchdog outlives the daemon");
+
     // A new daemon starts: a fresh provider on the same state root reaps.
     let mut c = rig.p.config().clone();
     c.state_root = rig.state_root.clone();
     let again = OciProvider::new(c);
     let report = again.reap();
     assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.watchdogs, watchdogs, "{report:?}");
+    let ended = Instant::now();
+    while !group_members(watchdogs[0]).is_empty() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(5),
+            "the dead daemon's watchdog lives on after the reap: {:?}",
+            group_members(watchdogs[0])
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(report.containers, std::slice::from_ref(&id));
     assert_eq!(report.run_dirs, std::slice::from_ref(&id));
     assert_eq!(report.cgroups, std::slice::from_ref(&run_id));
@@ -495,6 +515,75 @@ fn a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code(kind: Runtime
     rig.assert_clean(&wp.member_id, uid);
 }
 
+/// Two daemons on one host, each with a state root of its own and the same (default-like)
+/// cgroup parent: one's start-up reap leaves the other's runs alone. A member of the first
+/// waits (its container running in its cgroup under the shared parent) while the second
+/// reaps; the member then runs its code. Before, the reap removed every cgroup under the
+/// parent that its own state did not name, killing the other daemon's container.
+#[test]
+fn crun_a_reap_leaves_the_runs_of_another_state_root_alone() {
+    use plimsoll_sandbox::warm::{WarmPlan, WarmShape};
+    let test = "crun_a_reap_leaves_the_runs_of_another_state_root_alone";
+    let Some(rig) = rig(RuntimeKind::Crun, test) else {
+        return;
+    };
+    let uid = uid(23, RuntimeKind::Crun);
+    let l = limits();
+    let member_id = fresh_id("other");
+    let wp = WarmPlan {
+        run_dir: rig.state_root.join("runs").join(&member_id),
+        member_id: member_id.clone(),
+        shape: WarmShape {
+            language: plimsoll_wire::Language::Python,
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            disk_bytes: l.disk_bytes,
+        },
+        uid,
+        gid: uid,
+        max_timeout: l.timeout,
+    };
+    let member = rig.p.warm(&wp).unwrap_or_else(|e| panic!("{e}"));
+
+    // The other daemon: the same runtime and cgroup parent, another state root.
+    let mut c = rig.p.config().clone();
+    c.state_root = rig.state_root.join("other-daemon");
+    let other = OciProvider::new(c);
+    assert_eq!(other.cgroup_parent(), rig.p.cgroup_parent());
+    let report = other.reap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(
+        (
+            report.containers.len(),
+            report.cgroups.len(),
+            report.run_dirs.len()
+        ),
+        (0, 0, 0),
+        "the other daemon's reap took this one's member: {report:?}"
+    );
+
+    let plan = plimsoll_sandbox::LaunchPlan {
+        run_id: fresh_id("claim"),
+        request_id: "two-daemons".into(),
+        privileges: plimsoll_sandbox::Privileges::Unprivileged,
+        spec: py("print('ran')"),
+        limits: l,
+        uid,
+        gid: uid,
+        controller_uid: uid,
+        controller_gid: uid,
+        run_dir: wp.run_dir.clone(),
+        broker: None,
+        tap: None,
+    };
+    let (outcome, teardown) = member
+        .run(&plan)
+        .unwrap_or_else(|e| panic!("the member did not survive the other reap: {e}"));
+    teardown.run().unwrap();
+    assert_eq!(outcome.result.stdout.0, b"ran\n", "{:?}", outcome.result);
+    rig.assert_clean(&member_id, uid);
+}
+
 /// The processes with `path` open (their pid and command line), from /proc.
 fn holders_of(path: &std::path::Path) -> Vec<(i32, String)> {
     let mut out = Vec::new();
@@ -510,6 +599,39 @@ fn holders_of(path: &std::path::Path) -> Vec<(i32, String)> {
         if holds {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             out.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
+        }
+    }
+    out
+}
+
+/// The watchdogs (their process group ids: each leads its own) watching run `run_id`'s
+/// cgroups, alive.
+fn watchdog_groups(run_id: &str) -> Vec<i32> {
+    let mut groups: Vec<i32> = common::processes_naming(plimsoll_sandbox::watchdog::WATCHDOG_NAME)
+        .into_iter()
+        .filter(|(pid, cmd)| cmd.contains(run_id) && !plimsoll_sandbox::reap::is_zombie(*pid))
+        .map(|(pid, _)| pid)
+        .collect();
+    groups.sort();
+    groups
+}
+
+/// The live (not zombie) processes of process group `pgid`.
+fn group_members(pgid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() != Some(&"Z") && fields.get(2) == Some(&pgid.to_string().as_str()) {
+            out.push(pid);
         }
     }
     out

@@ -387,6 +387,8 @@ pub use plimsoll_sandbox::error_chain;
 pub struct ReapReport {
     /// Run directories removed (with their processes, mount and cgroup).
     pub run_dirs: Vec<String>,
+    /// The pids of the watchdogs a dead daemon left for these runs, ended.
+    pub watchdogs: Vec<i32>,
     /// What failed.
     pub errors: Vec<String>,
 }
@@ -397,7 +399,8 @@ const REAP_PATIENCE: Duration = Duration::from_secs(5);
 /// Removes what runs of a killed daemon left under `runs_root`: every process-tier run
 /// directory (one holding [`LOCK_FILE`]) whose lock no live run holds loses its processes
 /// (every process of its uid, when no live engine leases that uid now), its work tmpfs, its
-/// memory cgroup and its files. Safe while runs are in flight: each holds its lock.
+/// memory cgroup and its files, and the watchdog the daemon left for it ends. Safe while runs
+/// are in flight: each holds its lock.
 pub fn reap(runs_root: &Path, lease_dir: &Path) -> ReapReport {
     let mut report = ReapReport::default();
     let Ok(entries) = fs::read_dir(runs_root) else {
@@ -417,6 +420,14 @@ pub fn reap(runs_root: &Path, lease_dir: &Path) -> ReapReport {
             continue;
         }
         let mut problems = Vec::new();
+        // The dead daemon's watchdog for it, which would sleep on to the run's deadline.
+        if let Some((root, _)) = bounds::memory_hierarchy() {
+            report
+                .watchdogs
+                .extend(plimsoll_sandbox::watchdog::end_left_behind(&[
+                    MemoryCgroup::path_for(&root, &name),
+                ]));
+        }
         let work = path.join("work");
         let uid = fs::metadata(&work).map(|m| m.uid()).unwrap_or(0);
         if uid != 0 {

@@ -197,9 +197,10 @@ fn a_missing_binary_withdraws_the_provider() {
 }
 
 /// The "daemon" (plimsoll-process-run) is SIGKILLed mid-run: its snippet's process, work
-/// tmpfs, memory cgroup and run directory (holding the code) stay behind. The next
-/// provider's probe reaps them all. Before, the orphan outlived the restart and the
-/// directory was never removed.
+/// tmpfs, memory cgroup, run directory (holding the code) and the run's watchdog (a root
+/// shell and its `sleep`, until the deadline, 100 s on) stay behind. The next provider's
+/// probe reaps them all. Before, the orphan outlived the restart and the directory was never
+/// removed; the watchdog slept on to its deadline.
 #[test]
 fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
     let test = "nothing_is_left_after_the_daemon_is_killed_and_restarted";
@@ -246,6 +247,8 @@ fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
     );
     let cgroup = memory_cgroup_of(&run_id);
     assert!(cgroup.exists(), "{} stays behind", cgroup.display());
+    let watchdogs = watchdog_groups(&run_id);
+    assert_eq!(watchdogs.len(), 1, "the run's watchdog outlives the daemon");
 
     // A new daemon starts: its probe reaps.
     let again = ProcessProvider::new(env.provider.config().clone());
@@ -268,6 +271,15 @@ fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
     }
     assert!(!run_dir.exists(), "{} left behind", run_dir.display());
     assert!(!cgroup.exists(), "{} left behind", cgroup.display());
+    let start = std::time::Instant::now();
+    while !live_of_group(watchdogs[0]).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the dead daemon's watchdog lives on after the reap: {:?}",
+            live_of_group(watchdogs[0])
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
         !mounts.contains(&run_id),
@@ -282,6 +294,48 @@ fn live_of_uid(uid: u32) -> Vec<i32> {
     let mut p = processes_of_uid(uid);
     p.retain(|&p| !plimsoll_sandbox::reap::is_zombie(p));
     p
+}
+
+/// The live watchdogs (their process group ids: each leads its own) of run `run_id`.
+fn watchdog_groups(run_id: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd);
+        if cmd.contains(plimsoll_sandbox::watchdog::WATCHDOG_NAME)
+            && cmd.contains(run_id)
+            && !plimsoll_sandbox::reap::is_zombie(pid)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The live (not zombie) processes of process group `pgid`.
+fn live_of_group(pgid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.first() != Some(&"Z") && f.get(2) == Some(&pgid.to_string().as_str()) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 /// The memory cgroup a run named `run_id` gets (cgroup v1's memory hierarchy here).

@@ -2,7 +2,9 @@
 //! session of its own) that sleeps until the deadline plus a grace and then kills every
 //! process listed in the run's cgroups (`cgroup.procs`), until none is left. The daemon ends
 //! it when the run is over; a daemon that is SIGKILLed does not, so the watchdog still ends
-//! the run at its deadline (docs/isolation-tiers.md, docs/container-tier.md).
+//! the run at its deadline (docs/isolation-tiers.md, docs/container-tier.md), unless the next
+//! daemon's start-up reap removes the run first: that reap ends the watchdog too
+//! ([`end_left_behind`]), which would otherwise sleep on to the deadline.
 //!
 //! Killing by cgroup, not by uid: a run cannot leave its cgroup (no process of a run holds
 //! a capability), and its cgroup is named after its run id, which is never reused, so a
@@ -110,6 +112,87 @@ impl Armed {
     }
 }
 
+/// Ends the watchdogs a dead daemon left (one SIGKILLed, then restarted): every watchdog
+/// process on the host (a `/bin/sh` running this module's script, named
+/// [`WATCHDOG_NAME`], leading its own process group) one of whose listed files lies under
+/// one of `cgroups` (the cgroup directories of runs a reap found left behind). Its process
+/// group (the shell and the `sleep` it waits in) is killed: it would otherwise live on until
+/// its run's deadline, killing nothing, since the reap removes the run's cgroups. A
+/// watchdog of a live run is never named by a left-behind run's cgroups (each run's cgroup
+/// is its own, named after its run id). Returns the pids of the watchdogs ended.
+///
+/// A dead daemon's watchdogs are not this process's children (they went to init, or to the
+/// nearest child subreaper), so they are not reaped here.
+pub fn end_left_behind(cgroups: &[PathBuf]) -> Vec<i32> {
+    let mut ended = Vec::new();
+    if cgroups.is_empty() {
+        return ended;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return ended;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !watches_under(pid, cgroups) {
+            continue;
+        }
+        let Some(p) = rustix::process::Pid::from_raw(pid) else {
+            continue;
+        };
+        // A pidfd, then the same check again: the pid now names that watchdog, not a process
+        // that took its pid in between. Its group's id is its pid while it lives.
+        let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+            continue;
+        };
+        if watches_under(pid, cgroups)
+            && rustix::process::kill_process_group(p, rustix::process::Signal::KILL).is_ok()
+        {
+            ended.push(pid);
+        }
+        drop(fd);
+    }
+    ended
+}
+
+/// Whether process `pid` is a watchdog (its command line this module's, leading its own
+/// process group) that watches a file under one of `cgroups`.
+fn watches_under(pid: i32, cgroups: &[PathBuf]) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline
+        .strip_suffix(b"\0")
+        .unwrap_or(&cmdline)
+        .split(|b| *b == 0)
+        .collect();
+    let [sh, c, script, name, _deadline, files @ ..] = args.as_slice() else {
+        return false;
+    };
+    if *sh != b"/bin/sh" || *c != b"-c" || *script != SCRIPT.as_bytes() {
+        return false;
+    }
+    if *name != WATCHDOG_NAME.as_bytes() {
+        return false;
+    }
+    let leads_its_group = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().nth(2).map(str::to_owned))
+            .is_some_and(|pgid| pgid == pid.to_string())
+    });
+    leads_its_group
+        && files.iter().any(|f| {
+            let f = Path::new(std::ffi::OsStr::from_bytes(f));
+            cgroups.iter().any(|c| f.starts_with(c))
+        })
+}
+
 impl Drop for Watchdog {
     fn drop(&mut self) {
         if let Some(r) = self.running.take() {
@@ -188,6 +271,61 @@ mod tests {
             })
             .collect();
         assert!(zombies.is_empty(), "zombies left in {me}: {zombies:?}");
+    }
+
+    /// The reap's end of a dead daemon's watchdogs takes those watching a left-behind run's
+    /// cgroups, shell and `sleep` both, and nothing else: not another run's watchdog, not a
+    /// process that names the cgroup and the watchdog's name but runs another script.
+    #[test]
+    fn the_watchdogs_of_left_behind_runs_end_and_no_other() {
+        use std::os::unix::process::CommandExt as _;
+        let dir = plimsoll_testing::TestDir::new("watchdog", "left-behind");
+        let (left, live) = (dir.path().join("left"), dir.path().join("live"));
+        let dog = start(&[left.join("cgroup.procs")], Duration::from_secs(60)).unwrap();
+        let other = start(&[live.join("cgroup.procs")], Duration::from_secs(60)).unwrap();
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a plain process naming the cgroup, not a sandboxed run"
+        )]
+        let mut bystander = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 60", WATCHDOG_NAME, "60"])
+            .arg(left.join("cgroup.procs"))
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = |w: &Watchdog| w.running.as_ref().unwrap().child.id() as i32;
+        // Let each shell fork its `sleep`.
+        std::thread::sleep(Duration::from_millis(300));
+        let group_alive = |g: i32| {
+            rustix::process::test_kill_process_group(rustix::process::Pid::from_raw(g).unwrap())
+                .is_ok()
+                && std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+                    std::fs::read_to_string(e.path().join("stat")).is_ok_and(|st| {
+                        st.rsplit_once(") ").is_some_and(|(_, r)| {
+                            let f: Vec<&str> = r.split_whitespace().collect();
+                            f[0] != "Z" && f[2] == g.to_string()
+                        })
+                    })
+                })
+        };
+        assert!(group_alive(pid(&dog)) && group_alive(pid(&other)));
+        assert_eq!(end_left_behind(std::slice::from_ref(&left)), [pid(&dog)]);
+        let start = std::time::Instant::now();
+        while group_alive(pid(&dog)) {
+            assert!(start.elapsed() < Duration::from_secs(5), "still alive");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(group_alive(pid(&other)), "another run's watchdog was ended");
+        assert_eq!(
+            bystander.try_wait().unwrap(),
+            None,
+            "a bystander was killed"
+        );
+        let group = rustix::process::Pid::from_raw(bystander.id() as i32).unwrap();
+        rustix::process::kill_process_group(group, rustix::process::Signal::KILL).unwrap();
+        bystander.wait().unwrap();
+        drop(dog);
+        drop(other);
     }
 
     /// An armed watchdog sleeps on its input: it kills nothing before its deadline is set,
