@@ -113,6 +113,11 @@ export class MayHaveRunError extends PlimsollError {
   readonly echoedRequestId: string | null | undefined;
   /** For `unverified_refusal`: the reason the answer claimed (not honoured). */
   readonly claimedReason: Reason | undefined;
+  /**
+   * For `unverified_refusal`: the error code the answer claimed (`isolation`,
+   * `session_ended`, ...), not honoured; `.code` is then `unverified_refusal`.
+   */
+  readonly claimedCode: string | undefined;
   /** For a session call the daemon answered with an end reason (`sandbox_failed`, ...): why it ended. */
   readonly endReason: EndReason | undefined;
   /**
@@ -130,12 +135,14 @@ export class MayHaveRunError extends PlimsollError {
       status?: number;
       echoedRequestId?: string | null;
       claimedReason?: Reason;
+      claimedCode?: string;
       endReason?: EndReason | undefined;
       cause?: unknown;
     } = {},
   ) {
     super(message, requestId, { cause: details.cause });
     this.code = details.code ?? kind;
+    this.claimedCode = details.claimedCode;
     this.status = details.status;
     this.echoedRequestId = details.echoedRequestId;
     this.claimedReason = details.claimedReason;

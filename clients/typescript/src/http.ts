@@ -331,7 +331,9 @@ export function refusalOf(requestId: string, status: number, answer: ErrorRespon
       "unverified_refusal",
       `${mayHave}: an answer claimed \`not dispatched (${mark})\` but echoed request id ${answer.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers`,
       requestId,
-      { status, code, echoedRequestId: answer.request_id, claimedReason: mark, endReason },
+      // `.code` is the check that failed here, as in every client; what the answer claimed
+      // (its code, reason and end reason) is kept apart, believed no more than the rest.
+      { status, claimedCode: code, echoedRequestId: answer.request_id, claimedReason: mark, endReason },
     );
   }
   return new MayHaveRunError(

@@ -393,7 +393,10 @@ test("a proxy that swaps two answers cannot make a run read 'nothing ran'", asyn
     const r = ran.reason as unknown;
     assert.ok(r instanceof MayHaveRunError, inspect(r));
     assert.equal(r.kind, "unverified_refusal");
+    // The code is the check that failed here, as in every client, never the forger's word.
+    assert.equal(r.code, "unverified_refusal");
     assert.equal(r.claimedReason, "isolation");
+    assert.equal(r.claimedCode, "isolation");
     assert.equal(notDispatchedReason(r), undefined);
     assert.match(r.message, /may have run/);
     // The refused one got the other's result: it must not take it as its own.
@@ -650,6 +653,7 @@ test("a refusal whose echoed id is rewritten is not honoured", async (t) => {
     try {
       const e = await rejection(client(proxy.url).runJavaScript("console.log(1)", { minimum_isolation: "vm" }));
       assert.ok(e instanceof MayHaveRunError && e.kind === "unverified_refusal", inspect(e));
+      assert.deepEqual([e.code, e.claimedCode, e.claimedReason], ["unverified_refusal", "isolation", "isolation"]);
       assert.equal(e.echoedRequestId, id);
       assert.equal(notDispatchedReason(e), undefined);
     } finally {
