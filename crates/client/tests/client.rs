@@ -310,7 +310,10 @@ impl Proxy {
 
 fn serve(n: usize, mut conn: TcpStream, upstream: &str, mode: Mode, held: &(Mutex<Held>, Condvar)) {
     let (method, path, headers, mut body) = read_request(&conn);
-    if let Mode::Rewrite { request, .. } = mode {
+    // A GET (the providers listing a client reads for the default floor) has no body.
+    if let Mode::Rewrite { request, .. } = mode
+        && !body.is_empty()
+    {
         body = rewrite(&body, request);
     }
     // Which request to a session's cells this is, from 0.
