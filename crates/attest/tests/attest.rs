@@ -953,6 +953,63 @@ fn cli_sign_signs_stored_exchanges_as_one_chain() {
     );
 }
 
+/// `sign` stores each request in plimsoll's reading of it, as docs/attestation.md says: a
+/// member with a default that the stored exchange left out is written with it, a `null`
+/// member is left out, and the digest is the one the daemon answered (issue 28, finding 10).
+#[test]
+fn cli_sign_stores_a_request_in_its_canonical_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).display().to_string();
+    let o = attest(&["keygen", "--out", &d("k")], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let mut ex = sample_exchange(0);
+    ex.request.run = plimsoll_wire::RunSpec::Project(plimsoll_wire::Project {
+        files: vec![plimsoll_wire::ProjectFile {
+            path: "a.py".into(),
+            content: "print(0)\n".into(),
+            executable: false,
+        }],
+        steps: vec![plimsoll_wire::Step {
+            name: None,
+            run: "python3 a.py".into(),
+        }],
+        artifacts: Vec::new(),
+    });
+    restate_digests(&mut ex);
+    // As a client may have sent it: no `executable`, no `artifacts`, a `null` grant.
+    let mut line: serde_json::Value = serde_json::from_slice(&ex.canonical_json()).unwrap();
+    let run = &mut line["request"]["run"];
+    run["files"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("executable");
+    run.as_object_mut().unwrap().remove("artifacts");
+    line["request"]["grant"] = serde_json::Value::Null;
+    std::fs::write(d("sent.jsonl"), format!("{line}\n")).unwrap();
+    let o = attest(
+        &["sign", "--key", &d("k.key"), &d("b"), &d("sent.jsonl")],
+        &[],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let bundle = std::fs::read_to_string(d("b")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(bundle.lines().next().unwrap()).unwrap();
+    let stored = &first["exchange"]["request"];
+    assert_eq!(stored["run"]["files"][0]["executable"], false, "{stored}");
+    assert_eq!(
+        stored["run"]["artifacts"],
+        serde_json::json!([]),
+        "{stored}"
+    );
+    assert!(stored.get("grant").is_none(), "{stored}");
+    let reread: plimsoll_wire::RunRequest = serde_json::from_value(stored.clone()).unwrap();
+    assert_eq!(
+        plimsoll_wire::digest::request_sha256(&reread),
+        ex.response.request_sha256
+    );
+    let o = attest(&["verify", "--pub", &d("k.pub"), &d("b")], &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+}
+
 // ---------------------------------------------------------------- the binary
 
 #[expect(

@@ -274,6 +274,10 @@ fn the_vectors_cover_every_kind_and_case() {
         "result/null-start",
         "result/wall-container",
         "result/wall-lines-absent",
+        "result/wall-null-lists",
+        "result/wall-empty-lists",
+        "result/session-file-put",
+        "result/session-file-get",
         "evidence/process",
         "evidence/container-with-probe",
     ] {
@@ -341,6 +345,14 @@ fn the_vectors_cover_every_kind_and_case() {
             ][..],
         ),
         ("result/null-start", &["/start", "/member_age_ms"][..]),
+        (
+            "result/wall-null-lists",
+            &[
+                "/wall/groups",
+                "/wall/namespaces",
+                "/wall/network_interfaces",
+            ][..],
+        ),
         ("record/null-floor", &["/minimum_isolation"][..]),
     ] {
         for p in pointers {
@@ -353,6 +365,14 @@ fn the_vectors_cover_every_kind_and_case() {
     assert!(warm.start == Some(Start::Warm) && warm.member_age_ms.is_some());
     let cold = result("result/cold-start");
     assert!(cold.start == Some(Start::Cold) && cold.member_age_ms.is_none());
+    // A session's file call ran no step: no exit status and no signal; as every session
+    // call's, no start; not a cell, so nothing of an interpreter (docs/protocol.md).
+    for name in ["result/session-file-put", "result/session-file-get"] {
+        let r = result(name);
+        assert!(r.exit_code.is_none() && r.signal.is_none(), "{name}");
+        assert!(r.start.is_none() && r.state_kept.is_none(), "{name}");
+        assert!(r.steps.is_empty() && r.wall.is_some(), "{name}");
+    }
     // The result vectors are results a client accepts, not only shapes serde accepts.
     for v in file.vectors.iter().filter(|v| v.kind == "result") {
         if let Err(e) = result(&v.name).validate() {
