@@ -240,6 +240,19 @@ impl Backend for DaemonBackend {
                     "run failed after it may have started"
                 );
             }
+            // A tool call hooks no cancellation today; counted as `/v1/runs` counts one.
+            Err(err @ RunError::Cancelled { provider, .. }) => {
+                st.metrics.run_cancelled(provider);
+                tracing::info!(
+                    request_id = %request.request_id,
+                    caller,
+                    via = "mcp",
+                    outcome = crate::metrics::OUTCOME_CANCELLED,
+                    error = %err,
+                    duration_ms,
+                    "run cancelled: its client went away"
+                );
+            }
         }
         result.map_err(|e| BackendError::from_engine(&e))
     }

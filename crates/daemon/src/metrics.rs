@@ -25,6 +25,10 @@ pub fn outcome_label(result: &RunResult) -> &'static str {
 /// The outcome label of a run that failed after it may have started.
 pub const OUTCOME_SANDBOX_FAILED: &str = "sandbox_failed";
 
+/// The outcome label of a run cancelled after dispatch (its client went away), however its
+/// sandbox ended.
+pub const OUTCOME_CANCELLED: &str = "cancelled";
+
 #[derive(Debug, Default)]
 struct Inner {
     runs: BTreeMap<(String, &'static str), u64>,
@@ -75,6 +79,15 @@ impl Metrics {
         });
     }
 
+    /// A run was dispatched to `provider` and cancelled: its client went away.
+    pub fn run_cancelled(&self, provider: &str) {
+        self.with(|m| {
+            *m.runs
+                .entry((provider.to_owned(), OUTCOME_CANCELLED))
+                .or_default() += 1;
+        });
+    }
+
     /// A run request was refused before anything ran.
     pub fn refused(&self, reason: Reason) {
         self.with(|m| *m.refusals.entry(reason.as_str()).or_default() += 1);
@@ -90,7 +103,7 @@ impl Metrics {
         let mut out = String::new();
         let providers = engine.providers();
         self.with(|m| {
-            out.push_str("# HELP plimsoll_runs_total Runs that were dispatched, by provider and outcome (ok, error, timed_out, oom_killed, sandbox_failed).\n");
+            out.push_str("# HELP plimsoll_runs_total Runs that were dispatched, by provider and outcome (ok, error, timed_out, oom_killed, sandbox_failed, cancelled).\n");
             out.push_str("# TYPE plimsoll_runs_total counter\n");
             for ((provider, outcome), n) in &m.runs {
                 let _ = writeln!(

@@ -20,7 +20,7 @@ use plimsoll_wire::{
 use plimsoll_callers::Token;
 
 use crate::callers::CallerStore;
-use crate::metrics::{Metrics, outcome_label};
+use crate::metrics::{Metrics, OUTCOME_CANCELLED, outcome_label};
 
 /// The OpenAPI document of this daemon (docs/openapi.json), served at `GET /v1/openapi.json`.
 pub const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
@@ -202,6 +202,9 @@ pub enum Failure {
     },
     /// The run failed after its code may have started.
     SandboxFailed,
+    /// The run was cancelled after it was dispatched: its client went away (a streamed
+    /// run); its code may have run. Only a client that left is ever answered this.
+    Cancelled,
     /// The daemon failed while handling the run; its code may have started.
     Internal,
 }
@@ -229,6 +232,8 @@ impl Failure {
             Failure::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Failure::UriTooLong => StatusCode::URI_TOO_LONG,
             Failure::SandboxFailed | Failure::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            // nginx's "client closed request": the client that would read it is gone.
+            Failure::Cancelled => StatusCode::from_u16(499).expect("499 is a valid status"),
         }
     }
 
@@ -250,6 +255,7 @@ impl Failure {
             Failure::NotFound => "not_found",
             Failure::MethodNotAllowed => "method_not_allowed",
             Failure::SandboxFailed => "sandbox_failed",
+            Failure::Cancelled => "cancelled",
             Failure::Internal => "internal",
         }
     }
@@ -270,7 +276,7 @@ impl Failure {
             | Failure::UriTooLong
             | Failure::NotAcceptable
             | Failure::UnsupportedMediaType => Some(Reason::Request),
-            Failure::SandboxFailed | Failure::Internal => None,
+            Failure::SandboxFailed | Failure::Cancelled | Failure::Internal => None,
         }
     }
 
@@ -322,6 +328,7 @@ pub(crate) fn failure_of(err: &RunError) -> Failure {
         },
         RunError::Refused { reason, .. } => Failure::Refused(*reason),
         RunError::Failed { .. } => Failure::SandboxFailed,
+        RunError::Cancelled { .. } => Failure::Cancelled,
     }
 }
 
@@ -630,6 +637,21 @@ impl Answer<'_> {
                 );
                 let body = err.to_response();
                 Failure::SandboxFailed.respond(body.request_id, body.error.message)
+            }
+            Err(err @ RunError::Cancelled { .. }) => {
+                if let RunError::Cancelled { provider, .. } = &err {
+                    self.st.metrics.run_cancelled(provider);
+                }
+                tracing::info!(
+                    request_id,
+                    caller,
+                    outcome = OUTCOME_CANCELLED,
+                    status = Failure::Cancelled.status().as_u16(),
+                    duration_ms,
+                    "run cancelled: its client went away"
+                );
+                let body = err.to_response();
+                Failure::Cancelled.respond(body.request_id, body.error.message)
             }
         }
     }
@@ -997,6 +1019,12 @@ mod tests {
             assert_eq!(f.not_dispatched(), None, "{f:?}");
             assert_eq!(f.status(), StatusCode::INTERNAL_SERVER_ERROR);
         }
+        // A cancelled run may have run: no mark, and its own code and status.
+        assert_eq!(Failure::Cancelled.not_dispatched(), None);
+        assert_eq!(
+            (Failure::Cancelled.code(), Failure::Cancelled.status().as_u16()),
+            ("cancelled", 499)
+        );
         for r in Reason::ALL {
             assert_eq!(Failure::Refused(r).status(), status_for(r));
             assert_eq!(Failure::Refused(r).not_dispatched(), Some(r));

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
-use plimsoll_sandbox::{BrokerChannel, Probed, Provider};
+use plimsoll_sandbox::{BrokerChannel, Probed, Provider, RunningIn};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
     ErrorBody, ErrorResponse, GrantCall, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord,
@@ -31,14 +31,19 @@ pub(crate) struct Slot {
     /// Held while its probe runs: one probe per provider at a time (start-up, re-check and
     /// a re-probe after a failure may meet).
     probing: std::sync::Mutex<()>,
-    /// Set while a probe after a failed run is running in the background: routing skips the
-    /// provider until it ends, and at most one such probe runs at a time.
+    /// Set while a probe after a failure is running in the background (at most one at a
+    /// time). The provider keeps serving on its last good evidence meanwhile: what one
+    /// request did never takes it away from everyone; only the probe's own failure does.
     rechecking: AtomicBool,
+    /// Set when its environment was seen to have moved since its evidence (a rebuilt
+    /// image): routing skips it until the probe this started has ended.
+    stale: AtomicBool,
 }
 
-/// The unavailability a provider shows while it is re-checked.
-pub(crate) const RECHECKING: &str =
-    "being checked again after a failed run: its probe is running; retry shortly";
+/// The unavailability a provider shows while its environment is known to have moved since
+/// its probe and it is probed again.
+pub(crate) const STALE: &str =
+    "its environment changed since its probe and it is being probed again; retry shortly";
 
 #[derive(Debug, Clone)]
 pub(crate) struct ProbedState {
@@ -102,6 +107,16 @@ pub enum RunError {
         /// Why the session ended, when it has.
         end_reason: Option<plimsoll_wire::EndReason>,
     },
+    /// Cancelled after it was dispatched: the client that asked went away
+    /// ([`crate::Cancel`]) before its answer. Its code may have run; whatever the sandbox
+    /// gave is not kept, and nothing of the provider is in doubt (it is not checked again).
+    #[error("the run on `{provider}` was cancelled (its client went away); it may have run")]
+    Cancelled {
+        /// The caller's request id.
+        request_id: String,
+        /// The provider it was dispatched to.
+        provider: String,
+    },
     /// Failed after the code may have started.
     #[error("the run failed after it may have started on `{provider}`: {message}")]
     Failed {
@@ -120,7 +135,7 @@ impl NotDispatched for RunError {
             RunError::Refused { reason, .. } | RunError::SessionRefused { reason, .. } => {
                 Some(*reason)
             }
-            RunError::Failed { .. } => None,
+            RunError::Failed { .. } | RunError::Cancelled { .. } => None,
         }
     }
 }
@@ -141,7 +156,9 @@ impl RunError {
             RunError::Refused { request_id, .. } | RunError::SessionRefused { request_id, .. } => {
                 request_id.as_deref()
             }
-            RunError::Failed { request_id, .. } => Some(request_id),
+            RunError::Failed { request_id, .. } | RunError::Cancelled { request_id, .. } => {
+                Some(request_id)
+            }
         }
     }
 
@@ -163,6 +180,7 @@ impl RunError {
                 ((*code).to_owned(), message.clone(), Some(*reason))
             }
             RunError::Failed { .. } => ("sandbox_failed".to_owned(), self.to_string(), None),
+            RunError::Cancelled { .. } => ("cancelled".to_owned(), self.to_string(), None),
         };
         ErrorResponse {
             protocol: PROTOCOL,
@@ -343,6 +361,7 @@ impl Engine {
                 ),
                 probing: std::sync::Mutex::new(()),
                 rechecking: AtomicBool::new(false),
+                stale: AtomicBool::new(false),
             })
             .collect();
         Ok(Engine {
@@ -463,8 +482,7 @@ impl Engine {
                                 .unwrap_or_else(|p| p.into_inner())
                                 .as_ref()
                                 .filter(|st| {
-                                    st.probed.available.is_ok()
-                                        && !s.rechecking.load(Ordering::SeqCst)
+                                    st.probed.available.is_ok() && !s.stale.load(Ordering::SeqCst)
                                 })
                                 .map(|st| st.evidence_sha256.clone()),
                         })
@@ -741,18 +759,20 @@ impl Engine {
         probe_slot(slot, &plimsoll_sandbox::lease_dir(&self.config.state_dir));
     }
 
-    /// Probes `slot` again off the caller's path, after a run on it failed: the caller's
-    /// answer does not wait for it, and routing skips the provider until it ends. A second
-    /// failure while one runs starts none.
+    /// Probes `slot` again off the caller's path, after a failure that says something of
+    /// the provider ([`concerns_provider`]): the caller's answer does not wait for it, and
+    /// the provider keeps serving on its last good evidence until the probe says otherwise.
+    /// A second failure while one runs starts none.
     pub(crate) fn recheck_in_background(&self, index: usize) {
         recheck(
             &self.slots,
             index,
             plimsoll_sandbox::lease_dir(&self.config.state_dir),
+            Recheck::AfterFailure,
         );
     }
 
-    /// True while `name` is being probed again in the background after a failed run.
+    /// True while `name` is being probed again in the background after a failure.
     pub fn rechecking(&self, name: &str) -> bool {
         self.slots
             .iter()
@@ -779,8 +799,8 @@ impl Engine {
                     .read()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone()?;
-                let available = if slot.rechecking.load(Ordering::SeqCst) {
-                    Err(RECHECKING.to_owned())
+                let available = if slot.stale.load(Ordering::SeqCst) {
+                    Err(STALE.to_owned())
                 } else {
                     st.probed.available.clone().map_err(|w| w.to_string())
                 };
@@ -859,7 +879,7 @@ impl Engine {
                 },
                 carries_broker: slot.provider.supports_broker(),
                 available: match st {
-                    _ if slot.rechecking.load(Ordering::SeqCst) => Err(Unavailable::Rechecking),
+                    _ if slot.stale.load(Ordering::SeqCst) => Err(Unavailable::Stale),
                     None => Err(Unavailable::Probing),
                     Some(s) => s
                         .probed
@@ -889,7 +909,12 @@ impl Engine {
         // warm members, made under the old evidence, are dropped once the new one is in).
         if let Err(stale) = slot.provider.environment_holds(&state.probed.evidence) {
             tracing::warn!(provider = chosen, %stale, "the provider's environment changed since its probe; probing it again");
-            self.recheck_in_background(index);
+            recheck(
+                &self.slots,
+                index,
+                plimsoll_sandbox::lease_dir(&self.config.state_dir),
+                Recheck::Stale,
+            );
             return Err(RunError::refused(
                 id,
                 Reason::Environment,
@@ -899,6 +924,18 @@ impl Engine {
             ));
         }
         Ok((decided, state, index))
+    }
+
+    /// Makes `cancel` kill the processes of `sandbox`, on the provider of slot `index`, from
+    /// now on (a dispatched run's own sandbox or its warm member's; a session's, for a call
+    /// in it). Disarm it once the run or call is over.
+    pub(crate) fn arm_cancel(&self, cancel: &crate::Cancel, index: usize, sandbox: RunningIn) {
+        let slots = Arc::clone(&self.slots);
+        cancel.arm(Box::new(move || {
+            if let Err(e) = slots[index].provider.cancel(&sandbox) {
+                tracing::warn!(sandbox = %sandbox.id, error = %e, "cannot end a cancelled run's processes");
+            }
+        }));
     }
 
     /// Runs one request for `caller`. Blocks until the run is over. Every refusal comes
@@ -941,18 +978,14 @@ impl Engine {
                 .map(|b| BrokerChannel::new(Arc::new(b.clone()))),
         );
         plan.tap = hooks.tap.clone();
-        // Kills the run's processes by the provider's own means, whichever uid it gets.
-        let arm = |plan: &plimsoll_sandbox::LaunchPlan| {
+        // Kills the processes of the sandbox the run runs in (its own, or its warm
+        // member's), by the provider's own means.
+        let arm = |sandbox: RunningIn| {
             if let Some(c) = &hooks.cancel {
-                let slots = Arc::clone(&self.slots);
-                let plan = plan.clone();
-                c.arm(Box::new(move || {
-                    if let Err(e) = slots[index].provider.cancel(&plan) {
-                        tracing::warn!(run_id = %plan.run_id, error = %e, "cannot end a cancelled run's processes");
-                    }
-                }));
+                self.arm_cancel(c, index, sandbox);
             }
         };
+        let cancelled = || hooks.cancel.as_ref().is_some_and(|c| c.is_cancelled());
         if hooks.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
             return Err(RunError::refused(
                 id,
@@ -976,7 +1009,7 @@ impl Engine {
         // A cold run's removal, when its provider leaves it for after the answer.
         let mut teardown = None;
         let mut cold = |plan: &plimsoll_sandbox::LaunchPlan| {
-            arm(plan);
+            arm(RunningIn::made_for(plan));
             slot.provider.run_then_tear_down(plan).map(|(o, t)| {
                 teardown = t;
                 o
@@ -988,10 +1021,11 @@ impl Engine {
                 let cold_plan = plan.clone();
                 plan.uid = member.uid();
                 plan.gid = member.uid();
-                arm(&plan);
+                arm(member.sandbox());
                 match member.run(&plan) {
-                    // A member that could not take the run ran nothing: the run starts cold.
-                    Err(e) if e.not_dispatched().is_some() => {
+                    // A member that could not take the run ran nothing: the run starts cold,
+                    // unless its client went away meanwhile.
+                    Err(e) if e.not_dispatched().is_some() && !cancelled() => {
                         tracing::warn!(request_id = %req.request_id, provider = chosen, error = %e.message(), "a warm member could not take the run; starting it cold");
                         (cold(&cold_plan), None)
                     }
@@ -1015,21 +1049,50 @@ impl Engine {
                 let lease_dir = plimsoll_sandbox::lease_dir(&self.config.state_dir);
                 self.cold_teardowns.spawn("cold-teardown", t, move |ended| {
                     // As a run whose cleanup failed before its answer: logged, and the
-                    // provider probed again (routing skips it meanwhile).
+                    // provider probed again (serving on its last good evidence meanwhile).
                     if let Err(e) = ended {
                         tracing::error!(run_id = %run, error = %plimsoll_sandbox::error_chain(e.as_ref()), "a run's sandbox was not fully removed after its answer");
-                        recheck(&slots, index, lease_dir);
+                        recheck(&slots, index, lease_dir, Recheck::AfterFailure);
                     }
                     drop(permit);
                 });
             }
             None => drop(permit),
         }
+        // A run whose client went away before its answer ends as cancelled, however its
+        // sandbox ended (killed, or failing because it was): one outcome, never the
+        // provider's failure, and no re-check of it unless what was left of the sandbox
+        // could not be removed.
+        if cancelled() {
+            let ended = match &outcome {
+                Ok(_) => "with a result".to_owned(),
+                Err(e) => e.message(),
+            };
+            tracing::info!(request_id = %req.request_id, provider = chosen, %ended, "run cancelled: its client went away");
+            if let Err(e) = &outcome
+                && e.cleanup().is_some()
+            {
+                self.recheck_in_background(index);
+            }
+            return Err(match outcome {
+                Err(e) if e.not_dispatched().is_some() => RunError::refused(
+                    id,
+                    Reason::Request,
+                    "the run was cancelled (its client went away) before its code started",
+                ),
+                _ => RunError::Cancelled {
+                    request_id: req.request_id.clone(),
+                    provider: chosen.to_owned(),
+                },
+            });
+        }
         let mut outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
                 let message = e.message();
-                self.recheck_in_background(index);
+                if concerns_provider(&e) {
+                    self.recheck_in_background(index);
+                }
                 return Err(match e.not_dispatched() {
                     Some(reason) => {
                         tracing::warn!(request_id = %req.request_id, provider = chosen, %message, "launch failed before start");
@@ -1085,12 +1148,40 @@ impl Engine {
     }
 }
 
+/// Whether a run's failure says something about its provider, so that the provider is
+/// probed again: its sandbox could not be set up (`environment`, nothing ran), or what was
+/// left of it could not be removed. A failure after the code had its sandbox does not, on
+/// its own: the code may have caused it (it can kill its own agent or interpreter), and a
+/// provider that really broke fails the next run's setup or cleanup, which does. A request
+/// that cannot run is refused before it is dispatched (`RunRequest::validate`, `plan()`),
+/// never left to fail inside.
+pub(crate) fn concerns_provider(e: &plimsoll_sandbox::LaunchError) -> bool {
+    e.cleanup().is_some() || e.not_dispatched() == Some(Reason::Environment)
+}
+
+/// Why a provider is probed again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recheck {
+    /// A failure that concerns it: it serves on its last good evidence until the probe
+    /// says otherwise.
+    AfterFailure,
+    /// Its environment moved since its evidence: skipped until the probe has ended.
+    Stale,
+}
+
 /// [`Engine::recheck_in_background`], for a caller holding only the slots.
-fn recheck(slots: &Arc<[Slot]>, index: usize, lease_dir: std::path::PathBuf) {
+fn recheck(slots: &Arc<[Slot]>, index: usize, lease_dir: std::path::PathBuf, why: Recheck) {
     let slot = &slots[index];
+    if why == Recheck::Stale {
+        slot.stale.store(true, Ordering::SeqCst);
+    }
     if slot.rechecking.swap(true, Ordering::SeqCst) {
         return;
     }
+    let ended = |slot: &Slot| {
+        slot.stale.store(false, Ordering::SeqCst);
+        slot.rechecking.store(false, Ordering::SeqCst);
+    };
     let theirs = Arc::clone(slots);
     let their_dir = lease_dir.clone();
     let spawned = std::thread::Builder::new()
@@ -1098,13 +1189,13 @@ fn recheck(slots: &Arc<[Slot]>, index: usize, lease_dir: std::path::PathBuf) {
         .spawn(move || {
             let slot = &theirs[index];
             probe_slot(slot, &their_dir);
-            slot.rechecking.store(false, Ordering::SeqCst);
+            ended(slot);
         });
     if let Err(e) = spawned {
         // No thread to be had: probe here; this caller waits, but the provider comes back.
         tracing::warn!(provider = slot.provider.name(), error = %e, "no thread for the re-check: probing on the caller's path");
         probe_slot(slot, &lease_dir);
-        slot.rechecking.store(false, Ordering::SeqCst);
+        ended(slot);
     }
 }
 
@@ -1265,5 +1356,50 @@ mod tests {
                 "the start is covered by the result digest"
             );
         }
+    }
+
+    /// #28 (13): a provider is checked again only for a failure that says something about
+    /// it: its sandbox could not be set up, or not removed. What the request or its code
+    /// brought about (a refusal of its own, a failure once the code had the sandbox) does
+    /// not take it through a re-check.
+    #[test]
+    fn only_a_failure_of_the_provider_s_own_checks_it_again() {
+        use plimsoll_sandbox::LaunchError;
+        assert!(concerns_provider(&LaunchError::environment(
+            "cannot create the container"
+        )));
+        assert!(concerns_provider(
+            &LaunchError::may_have_run("the agent died").with_cleanup("cannot remove the cgroup")
+        ));
+        assert!(concerns_provider(
+            &LaunchError::not_started(Reason::Request, "x").with_cleanup("cannot remove /run/x")
+        ));
+        assert!(!concerns_provider(&LaunchError::may_have_run(
+            "the agent could not do the job (exit 1): nul byte found in provided data"
+        )));
+        for reason in [Reason::Request, Reason::Unsupported, Reason::Capacity] {
+            assert!(
+                !concerns_provider(&LaunchError::not_started(reason, "x")),
+                "{reason}"
+            );
+        }
+    }
+
+    /// #28 (4): a cancelled run says it may have run, with its own code, never
+    /// `sandbox_failed`.
+    #[test]
+    fn a_cancelled_run_may_have_run_and_says_cancelled() {
+        let e = RunError::Cancelled {
+            request_id: "r-1".into(),
+            provider: "crun".into(),
+        };
+        assert_eq!(e.not_dispatched(), None);
+        assert_eq!(e.request_id(), Some("r-1"));
+        let wire = e.to_response();
+        assert_eq!(
+            (wire.error.code.as_str(), wire.error.not_dispatched),
+            ("cancelled", None)
+        );
+        assert_eq!(wire.request_id.as_deref(), Some("r-1"));
     }
 }

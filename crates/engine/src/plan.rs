@@ -24,9 +24,10 @@ use crate::routing::{Candidate, route};
 pub enum Unavailable<'a> {
     /// Its first probe has not ended yet.
     Probing,
-    /// A run on it failed and it is being probed again in the background; routing skips it
-    /// until that check ends.
-    Rechecking,
+    /// Its environment changed since its probe (a rebuilt image) and it is being probed
+    /// again; routing skips it until that check ends. (After a run's failure a provider is
+    /// probed again too, but keeps serving on its last good evidence meanwhile.)
+    Stale,
     /// Its probe failed: why, and what to do.
     Withdrawn(&'a Withdrawn),
 }
@@ -37,7 +38,7 @@ impl Unavailable<'_> {
             Unavailable::Probing => {
                 "not probed yet: its probe is still running; retry shortly".to_owned()
             }
-            Unavailable::Rechecking => crate::engine::RECHECKING.to_owned(),
+            Unavailable::Stale => crate::engine::STALE.to_owned(),
             Unavailable::Withdrawn(why) => why.to_string(),
         }
     }
@@ -320,29 +321,29 @@ mod tests {
     }
 
     #[test]
-    fn a_provider_being_rechecked_is_skipped_and_says_so_when_named() {
+    fn a_provider_whose_environment_moved_is_skipped_and_says_so_when_named() {
         let c = EngineConfig::default();
         let mut views = [
             view("crun", Tier::Container, 80),
             view("runc", Tier::Container, 100),
         ];
-        views[0].available = Err(Unavailable::Rechecking);
+        views[0].available = Err(Unavailable::Stale);
         let req = request(snippet());
         let p = plan("a", &req, &c, &GrantProfiles::none(), &views).unwrap();
-        assert_eq!(p.provider, 1, "the cheaper provider is being re-checked");
+        assert_eq!(p.provider, 1, "the cheaper provider's environment moved");
         let named = RunRequest {
             provider: Some("crun".into()),
             ..request(snippet())
         };
         let (reason, message) = refusal(plan("a", &named, &c, &GrantProfiles::none(), &views));
         assert_eq!(reason, Reason::Environment);
-        assert!(message.contains("being checked again"), "{message}");
+        assert!(message.contains("being probed again"), "{message}");
         // With nothing else to take it, the refusal names both and why.
         views[1].available = Err(Unavailable::Probing);
         let (reason, message) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
         assert_eq!(reason, Reason::Isolation);
         assert!(
-            message.contains("being checked again") && message.contains("not probed yet"),
+            message.contains("being probed again") && message.contains("not probed yet"),
             "{message}"
         );
     }
@@ -379,5 +380,54 @@ mod tests {
         let views = [view("crun", Tier::Container, 80)];
         let (reason, _) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
         assert_eq!(reason, Reason::Request);
+    }
+
+    /// #28 (13): what cannot run is refused here, before any provider sees it, so that it
+    /// can neither fail inside nor say anything about the provider: a step with a NUL byte
+    /// (it failed `sandbox_failed`), limits below what an interpreter needs (they failed
+    /// `environment`), each `request`, naming the minimum.
+    #[test]
+    fn a_request_that_cannot_run_is_refused_before_routing() {
+        let c = EngineConfig::default();
+        let views = [view("crun", Tier::Container, 80)];
+        let nul = request(project(&["echo a\0b"]));
+        let (reason, message) = refusal(plan("a", &nul, &c, &GrantProfiles::none(), &views));
+        assert_eq!(reason, Reason::Request);
+        assert!(message.contains("NUL"), "{message}");
+        for (limits, min) in [
+            (
+                plimsoll_wire::Limits {
+                    memory_bytes: Some(1),
+                    ..Default::default()
+                },
+                plimsoll_wire::Limits::MIN_MEMORY_BYTES,
+            ),
+            (
+                plimsoll_wire::Limits {
+                    pids: Some(1),
+                    ..Default::default()
+                },
+                plimsoll_wire::Limits::MIN_PIDS,
+            ),
+        ] {
+            let req = RunRequest {
+                limits: Some(limits.clone()),
+                ..request(snippet())
+            };
+            let (reason, message) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+            assert_eq!(reason, Reason::Request, "{limits:?}");
+            assert!(message.contains(&format!("minimum {min}")), "{message}");
+        }
+        // At the minimums, it is planned.
+        let at_min = RunRequest {
+            limits: Some(plimsoll_wire::Limits {
+                memory_bytes: Some(plimsoll_wire::Limits::MIN_MEMORY_BYTES),
+                pids: Some(plimsoll_wire::Limits::MIN_PIDS),
+                disk_bytes: Some(plimsoll_wire::Limits::MIN_DISK_BYTES),
+                ..Default::default()
+            }),
+            ..request(snippet())
+        };
+        assert!(plan("a", &at_min, &c, &GrantProfiles::none(), &views).is_ok());
     }
 }

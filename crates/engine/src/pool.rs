@@ -58,7 +58,8 @@ pub struct PoolConfig {
 /// What a pool's provider looks like to the keeper now.
 #[derive(Debug, Clone)]
 pub(crate) struct ProviderNow {
-    /// Its evidence digest, when it takes runs now (probed, available, not being rechecked).
+    /// Its evidence digest, when it takes runs now (probed, available, its environment not
+    /// seen to have moved since).
     pub evidence_sha256: Option<String>,
 }
 
@@ -86,6 +87,15 @@ impl Claimed {
     /// The uid the run must be planned with.
     pub fn uid(&self) -> u32 {
         self.idle.member.uid()
+    }
+
+    /// The sandbox the run will run in: the member's own (its id names its container and
+    /// cgroups), which a cancellation must kill, not the run id's.
+    pub fn sandbox(&self) -> plimsoll_sandbox::RunningIn {
+        plimsoll_sandbox::RunningIn {
+            id: self.idle.id.clone(),
+            uid: self.uid(),
+        }
     }
 
     /// The member's one run; its removal goes on in the background, and its uid is free

@@ -76,8 +76,8 @@ impl Provider for AnyProvider {
     fn opens_sessions(&self) -> bool {
         self.inner().opens_sessions()
     }
-    fn cancel(&self, plan: &LaunchPlan) -> Result<(), String> {
-        self.inner().cancel(plan)
+    fn cancel(&self, sandbox: &plimsoll_sandbox::RunningIn) -> Result<(), String> {
+        self.inner().cancel(sandbox)
     }
     fn open_session(
         &self,

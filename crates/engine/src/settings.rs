@@ -618,6 +618,18 @@ impl Settings {
                 "a limit default is above its maximum: lower [limits.defaults] or raise [limits.maximums]".into(),
             ));
         }
+        // What no request may ask for, no default may give (docs/protocol.md, "Limits").
+        let below = plimsoll_wire::Limits {
+            memory_bytes: Some(d.memory_bytes.min(m.memory_bytes)),
+            pids: Some(d.pids.min(m.pids)),
+            disk_bytes: Some(d.disk_bytes.min(m.disk_bytes)),
+            ..Default::default()
+        };
+        if let Some((name, value, min)) = below.below_minimum() {
+            return Err(BuildEngineError::Invalid(format!(
+                "[limits] {name} = {value} is below the minimum {min} a sandbox's interpreter needs: raise it"
+            )));
+        }
         let names: Vec<String> = match &self.providers {
             Some(list) => list.clone(),
             None => default_providers.iter().map(|s| (*s).to_owned()).collect(),

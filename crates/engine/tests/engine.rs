@@ -222,9 +222,10 @@ fn errors_after_the_start_carry_no_refusal_mark() {
 }
 
 /// A run that fails before it starts is answered at once: the provider's re-check runs in the
-/// background, routing skips the provider until it ends, and it serves again after. The test
-/// holds the probe uid's host-wide lease, so the re-check is provably still running (waiting
-/// for the lease) when the answer arrives.
+/// background, and the provider keeps serving on its last good evidence meanwhile (#28, 13:
+/// it no longer refuses everyone until the check ends). The test holds the probe uid's
+/// host-wide lease, so the re-check is provably still running (waiting for the lease) when
+/// the answer arrives and while the next run is served.
 #[test]
 fn a_failed_run_is_answered_before_its_provider_is_checked_again() {
     let uid_base = 2_320_700;
@@ -255,15 +256,11 @@ fn a_failed_run_is_answered_before_its_provider_is_checked_again() {
         engine.rechecking("process"),
         "answered while the re-check waits for the probe uid"
     );
+    // It is still offered on its last good evidence, and serves: the host is mended, and a
+    // run named to it runs while its re-check still waits.
     let p = &engine.providers()[0];
-    assert!(!p.available);
-    assert!(
-        p.unavailable_reason
-            .as_deref()
-            .is_some_and(|r| r.contains("being checked again")),
-        "{p:?}"
-    );
-    // Routing skips it meanwhile, and says why when it is named.
+    assert!(p.available, "{p:?}");
+    std::fs::remove_file(&runs).unwrap();
     let named = RunRequest {
         provider: Some("process".into()),
         ..request(
@@ -273,19 +270,17 @@ fn a_failed_run_is_answered_before_its_provider_is_checked_again() {
             "print(2)",
         )
     };
-    match engine.run("alice", &named) {
-        Err(RunError::Refused {
-            reason, message, ..
-        }) => {
-            assert_eq!(reason, Reason::Environment);
-            assert!(message.contains("being checked again"), "{message}");
-        }
-        other => panic!("a provider being re-checked took a run: {other:?}"),
-    }
+    let served = engine
+        .run("alice", &named)
+        .expect("a provider being re-checked serves on its last good evidence");
+    assert_eq!(served.result.stdout.as_slice(), b"2\n");
+    assert!(
+        engine.rechecking("process"),
+        "served while the re-check still waits"
+    );
     assert_eq!(engine.in_flight(), 0);
 
-    // The host is mended and the lease let go: the re-check runs, and the provider serves.
-    std::fs::remove_file(&runs).unwrap();
+    // The lease let go: the re-check runs, passes, and the provider serves on.
     drop(lease);
     let start = std::time::Instant::now();
     while engine.rechecking("process") {
@@ -308,4 +303,65 @@ fn a_failed_run_is_answered_before_its_provider_is_checked_again() {
         )
         .unwrap();
     assert_eq!(ok.result.exit_code, Some(0));
+}
+
+/// #28 (13): one caller's run that cannot run (limits below what an interpreter needs) is
+/// refused before it is dispatched, `request` naming the minimum, and takes the provider
+/// from no one: it is not checked again, and another caller's run right after is served.
+/// The probe uid's lease is held, so a re-check, had one started, would still be running.
+#[test]
+fn one_caller_s_limits_below_the_minimum_take_the_provider_from_no_one() {
+    let uid_base = 2_320_800;
+    let Some((engine, dir)) = engine("minimums", uid_base, "") else {
+        return;
+    };
+    let state = dir.path().join("state");
+    let _lease = plimsoll_sandbox::try_lease(&plimsoll_sandbox::lease_dir(&state), uid_base + 4)
+        .unwrap()
+        .expect("nothing else holds this test's probe uid");
+    for (i, limits) in [
+        plimsoll_wire::Limits {
+            memory_bytes: Some(1),
+            ..Default::default()
+        },
+        plimsoll_wire::Limits {
+            pids: Some(1),
+            ..Default::default()
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bad = RunRequest {
+            limits: Some(limits.clone()),
+            ..request(
+                &format!("bad-{i}"),
+                Some(Tier::Process),
+                Language::Python,
+                "print(1)",
+            )
+        };
+        match engine.run("mallory", &bad) {
+            Err(RunError::Refused {
+                reason, message, ..
+            }) => {
+                assert_eq!(reason, Reason::Request, "{limits:?}: {message}");
+                assert!(message.contains("below the minimum"), "{message}");
+            }
+            other => panic!("{limits:?} was not refused as the request's: {other:?}"),
+        }
+        assert!(!engine.rechecking("process"), "{limits:?}");
+        let good = engine
+            .run(
+                "alice",
+                &request(
+                    &format!("good-{i}"),
+                    Some(Tier::Process),
+                    Language::Python,
+                    "print(6 * 7)",
+                ),
+            )
+            .expect("another caller's run is served");
+        assert_eq!(good.result.stdout.as_slice(), b"42\n");
+    }
 }

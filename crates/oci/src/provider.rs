@@ -735,12 +735,17 @@ impl OciProvider {
 
     /// The `cgroup.procs` files of the container's cgroups, in every hierarchy.
     fn container_procs(&self, plan: &LaunchPlan) -> Result<Vec<PathBuf>, LaunchError> {
+        self.container_procs_of(&plan.run_id)
+    }
+
+    /// The `cgroup.procs` files of the container named `id` (a run's id, a member's).
+    fn container_procs_of(&self, id: &str) -> Result<Vec<PathBuf>, LaunchError> {
         let layout = self
             .layout
             .as_ref()
             .map_err(|e| LaunchError::environment(e.clone()))?;
         Ok(layout
-            .dirs(&spec::container_cgroup(&self.cgroup_parent, &plan.run_id))
+            .dirs(&spec::container_cgroup(&self.cgroup_parent, id))
             .into_iter()
             .map(|d| d.join("cgroup.procs"))
             .collect())
@@ -1281,9 +1286,10 @@ impl Provider for OciProvider {
     }
 
     /// By the container's cgroups, not its uid: at runsc the sandbox's processes are
-    /// gVisor's, which run as other users.
-    fn cancel(&self, plan: &LaunchPlan) -> Result<(), String> {
-        let procs = self.container_procs(plan).map_err(|e| e.message())?;
+    /// gVisor's, which run as other users. A warm member's container is named by the
+    /// member's id, not the run's.
+    fn cancel(&self, sandbox: &plimsoll_sandbox::RunningIn) -> Result<(), String> {
+        let procs = self.container_procs_of(&sandbox.id).map_err(|e| e.message())?;
         plimsoll_sandbox::reap::kill_cgroup_processes(&procs, Duration::from_secs(5))
     }
 

@@ -175,6 +175,28 @@ pub struct Probed {
     pub available: Result<(), Withdrawn>,
 }
 
+/// The sandbox a dispatched run is running in, as [`Provider::cancel`] finds it: a cold
+/// run's own (named by its run id), or the warm member's that took it (`warm-<hex>`, its
+/// own uid); a session's, for a call in it. Whoever dispatches a run knows which.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningIn {
+    /// The id that names its directory, container and cgroups.
+    pub id: String,
+    /// The uid its code runs as.
+    pub uid: u32,
+}
+
+impl RunningIn {
+    /// The sandbox made for `plan` alone (a cold run, a session): named by its run id, as
+    /// its uid.
+    pub fn made_for(plan: &LaunchPlan) -> Self {
+        RunningIn {
+            id: plan.run_id.clone(),
+            uid: plan.uid,
+        }
+    }
+}
+
 /// A provider family: one kind of wall.
 pub trait Provider: Send + Sync {
     /// The name requests and results use.
@@ -235,14 +257,14 @@ pub trait Provider: Send + Sync {
             Unsupported::NoWarmPool,
         ))
     }
-    /// Ends a dispatched run early (its client went away): kills the processes of its
-    /// sandbox by this provider's means. Called from another thread while
-    /// [`Provider::run`] (or a member's run) is under way, perhaps more than once, perhaps
-    /// before the sandbox's processes exist; the run then ends as a killed run does. By
-    /// default, every process of the plan's uid (the process tier's child, a container's
-    /// processes at crun and runc, a jailed QEMU).
-    fn cancel(&self, plan: &LaunchPlan) -> Result<(), String> {
-        end_processes_of_uid(plan.uid, Duration::from_secs(5)).map_err(|e| e.to_string())
+    /// Ends a dispatched run early (its client went away): kills the processes of the
+    /// sandbox it runs in, `sandbox` (its own, or the warm member's that took it), by this
+    /// provider's means. Called from another thread while [`Provider::run`] (or a member's
+    /// run) is under way, perhaps more than once, perhaps before the sandbox's processes
+    /// exist; the run then ends as a killed run does. By default, every process of the
+    /// sandbox's uid (the process tier's child, a jailed QEMU).
+    fn cancel(&self, sandbox: &RunningIn) -> Result<(), String> {
+        end_processes_of_uid(sandbox.uid, Duration::from_secs(5)).map_err(|e| e.to_string())
     }
     /// True when [`Provider::open_session`] keeps sessions.
     fn opens_sessions(&self) -> bool {
