@@ -179,6 +179,7 @@ pub(crate) fn created(
         }
     }
     let status = child.wait().map_err(io_err)?;
+    reap_ended_forks(runtime);
     let (mut pipes, exited) = waited.map_err(io_err)?;
     // Whatever of the container's process exists now is ours to end: open it first.
     let opened = open_pid_file(pid_file);
@@ -238,7 +239,9 @@ pub(crate) fn created(
     // crun's `create` forks twice: the container's process is the child of crun's second
     // fork, which may still be there after `create` has exited. Until it is gone the
     // container's process is not ours to reap: wait for it (it ends at once) and reap it.
+    following(pid, true);
     let _ = adopt(pid, Instant::now() + ADOPT_WAIT);
+    reap_ended_forks(runtime);
     Ok(Created {
         pid,
         pidfd,
@@ -302,6 +305,72 @@ fn adopt(pid: Pid, until: Instant) -> bool {
                 }
             }
             None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// The containers' processes being followed here (each reaped by its [`Created`] alone).
+static FOLLOWED: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Marks `pid` as a followed container's process (`true`), or no longer (`false`).
+fn following(pid: Pid, yes: bool) {
+    let pid = pid.as_raw_nonzero().get();
+    let mut followed = FOLLOWED.lock().unwrap_or_else(|e| e.into_inner());
+    followed.retain(|p| *p != pid);
+    if yes {
+        followed.push(pid);
+    }
+}
+
+/// Reaps the runtime's second forks that ended here (crun's: see [`adopt`]), which no one
+/// else waits for: children of this process, dead, running the runtime (`comm` the
+/// runtime's name), as root, that do not lead a session (every child this process starts
+/// does, [`plimsoll_sandbox::Spawn`], and so does a container's process at crun) and are no
+/// followed container's process. Only at crun: runsc's helpers are reaped by
+/// [`Created::reap_helpers`], runc forks none.
+fn reap_ended_forks(runtime: &str) {
+    if runtime != "crun" {
+        return;
+    }
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    let children: Vec<i32> = tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect();
+    for child in children {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let comm = head.split_once(" (").map_or("", |(_, c)| c);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(&"Z"), Some(session)) = (fields.first(), fields.get(3)) else {
+            continue;
+        };
+        let root = fs::read_to_string(format!("/proc/{child}/status")).is_ok_and(|st| {
+            st.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|u| u.split_whitespace().next())
+                == Some("0")
+        });
+        if comm != runtime || *session == child.to_string() || !root {
+            continue;
+        }
+        let followed = FOLLOWED.lock().unwrap_or_else(|e| e.into_inner());
+        if !followed.contains(&child)
+            && let Some(pid) = Pid::from_raw(child)
+        {
+            // Under the lock: a container's process registered meanwhile is never taken.
+            let _ = rustix::process::waitpid(Some(pid), WaitOptions::NOHANG);
         }
     }
 }
@@ -496,6 +565,7 @@ impl Drop for Created {
             let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
             let _ = self.reap(Some(KILL_WAIT));
         }
+        following(self.pid, false);
         self.reap_helpers();
     }
 }
@@ -507,48 +577,61 @@ mod tests {
     /// A runtime that starts its container as crun does (`create` forks, that fork makes a
     /// session, forks again and exits; the second fork starts the container's process and
     /// writes the pid file), its second fork outliving `create` by a second without waiting
-    /// for anything, and a container's process that exits 3 at once: the one crun left a
-    /// moment longer under load.
+    /// for anything (once its parent, the first fork, is gone), and a container's process
+    /// that exits 3 half a second in: the one crun left a moment longer under load.
+    ///
+    /// With `$3` `early`, the second fork ends at once instead, before `create` exits. `$4`:
+    /// `sleep` under the name `crun`, which the second fork runs (as crun's is named); `$5`:
+    /// this process, the subreaper the second fork comes to once the first one is gone.
     const CRUN_LIKE: &str = r#"exec </dev/null
 (
   (
-    sh -c 'sleep 0.2; exit 3' &
+    sh -c 'sleep 0.5; exit 3' &
     echo $! > "$1.tmp" && mv "$1.tmp" "$1"
-    exec sh -c 'echo $$ > "$1"; exec sleep 1 >/dev/null 2>&1' second "$2"
+    [ "$3" = early ] && linger=0 || linger=1
+    exec sh -c 'echo $$ > "$1"
+      while [ "$(cut -d" " -f4 /proc/$$/stat)" != "$4" ]; do sleep 0.01; done
+      exec "$3" "$2" >/dev/null 2>&1' second "$2" "$linger" "$4" "$5"
   ) &
-  while [ ! -s "$1" ]; do sleep 0.01; done
+  while [ ! -s "$2" ]; do sleep 0.01; done
 )
+if [ "$3" = early ]; then
+  g=$(cat "$2")
+  while [ -e "/proc/$g" ] && [ "$(cut -d' ' -f3 "/proc/$g/stat")" != Z ]; do sleep 0.01; done
+fi
 "#;
 
     /// The container's process is still the child of the runtime's second fork when it
     /// exits, so this process cannot wait for it yet. Its status is the run's all the same
     /// (before: "cannot reap the container's process N: No child processes", a run failed
     /// as `sandbox_failed`), and the runtime's second fork is reaped too: no zombie is left.
-    /// Four at once, each also reaping its intermediate process.
+    /// Four at once, two of whose second forks end before `create` does (each such fork,
+    /// dead, was left a zombie here before: no one reaped it).
     #[test]
     fn the_container_process_is_reaped_here_once_the_runtime_let_it_go() {
         let dir = tempfile::tempdir().unwrap();
+        let named_crun = dir.path().join("crun");
+        fs::copy("/bin/sleep", &named_crun).unwrap();
         let runs: Vec<_> = (0..4)
             .map(|i| {
                 let pid_file = dir.path().join(format!("pid{i}"));
                 let second = dir.path().join(format!("second{i}"));
+                let named_crun = named_crun.clone();
                 std::thread::spawn(move || {
                     let running = plimsoll_sandbox::Spawn::new("/bin/sh", "/")
                         .arg("-c")
                         .arg(CRUN_LIKE)
-                        .arg("runtime")
+                        .arg("crun")
                         .arg(&pid_file)
                         .arg(&second)
+                        .arg(if i % 2 == 0 { "early" } else { "late" })
+                        .arg(&named_crun)
+                        .arg(std::process::id().to_string())
                         .spawn()
                         .unwrap();
-                    let created = created(
-                        "crun-like",
-                        running,
-                        &pid_file,
-                        1024,
-                        Duration::from_secs(10),
-                    )
-                    .unwrap_or_else(|e| panic!("{e}"));
+                    let created =
+                        created("crun", running, &pid_file, 1024, Duration::from_secs(10))
+                            .unwrap_or_else(|e| panic!("{e}"));
                     let followed = created
                         .follow(&CaptureLimits::new(1024, Duration::from_secs(10)))
                         .map(|(c, _)| (c.exit_code, c.signal));
