@@ -73,7 +73,11 @@ fn header_request_id(headers: &HeaderMap) -> Option<String> {
 /// in the path, `?restart=maybe`), the answer: the token checked first, as on every session
 /// route (401 without one), then `400`, not dispatched (`request`), an `ErrorResponse` with
 /// the header's request id. Closes the connection: a body is left unread.
-fn target<T>(st: &AppState, headers: &HeaderMap, got: Result<T, String>) -> Result<T, Response> {
+fn target<T>(
+    st: &AppState,
+    headers: &HeaderMap,
+    got: Result<T, String>,
+) -> Result<T, Box<Response>> {
     let why = match got {
         Ok(t) => return Ok(t),
         Err(why) => why,
@@ -88,7 +92,7 @@ fn target<T>(st: &AppState, headers: &HeaderMap, got: Result<T, String>) -> Resu
             )
         }
     };
-    Err(closing(refusal))
+    Err(Box::new(closing(refusal)))
 }
 
 fn path_of<T>(p: Result<Path<T>, PathRejection>) -> Result<T, String> {
@@ -184,7 +188,7 @@ pub(crate) async fn show(
 ) -> Response {
     let id = match target(&st, &headers, path_of(id)) {
         Ok(id) => id,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     match caller_of(&st, &headers) {
         Ok(caller) => match st.engine.session_info(&caller, &id) {
@@ -204,7 +208,7 @@ pub(crate) async fn close(
 ) -> Response {
     let id = match target(&st, &headers, path_of(id)) {
         Ok(id) => id,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let caller = match caller_of(&st, &headers) {
         Ok(c) => c,
@@ -244,7 +248,7 @@ pub(crate) async fn cell(
     });
     let (id, q) = match target(&st, req.headers(), got) {
         Ok(x) => x,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     posted_call(st, id, req, SessionCallKind::Cell { restart: q.restart }).await
 }
@@ -257,7 +261,7 @@ pub(crate) async fn steps(
 ) -> Response {
     let id = match target(&st, req.headers(), path_of(id)) {
         Ok(id) => id,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     posted_call(st, id, req, SessionCallKind::Job).await
 }
@@ -286,7 +290,7 @@ pub(crate) async fn put_file(
 ) -> Response {
     let (id, path) = match target(&st, req.headers(), path_of(target_path)) {
         Ok(x) => x,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let (caller, parts, bytes) = match caller_and_body(&st, req).await {
         Ok(x) => x,
@@ -320,7 +324,7 @@ pub(crate) async fn get_file(
 ) -> Response {
     let (id, path) = match target(&st, &headers, path_of(target_path)) {
         Ok(x) => x,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let caller = match caller_of(&st, &headers) {
         Ok(c) => c,
