@@ -431,11 +431,21 @@ mod tests {
                 "hex in pairs",
                 format!("{{\"h\":\"{}\"}}", wrapped(&hex::encode(text), 2, " ")).into_bytes(),
             ),
-            ("gzip", gzip(format!("{{\"saw\":\"{text}\"}}").as_bytes())),
-            ("zlib", zlib(format!("you sent <{text}>").as_bytes())),
+            // Said three times, so that deflate codes it rather than storing it as it is.
+            (
+                "gzip",
+                gzip(
+                    format!("{{\"saw\":\"{text}\",\"again\":\"{text}\",\"and\":\"{text}\"}}")
+                        .as_bytes(),
+                ),
+            ),
+            (
+                "zlib",
+                zlib(format!("you sent <{text}>, <{text}> and <{text}>").as_bytes()),
+            ),
             (
                 "gzip of base32",
-                gzip(base32_reference(BASE32, text, true).as_bytes()),
+                gzip(base32_reference(BASE32, text, true).repeat(3).as_bytes()),
             ),
         ]
     }
@@ -493,16 +503,37 @@ mod tests {
 
     #[test]
     fn every_common_echo_of_the_credential_is_found() {
+        let mut missed = Vec::new();
         for secret in SECRETS {
             let needles = Needles::new(secret.as_bytes());
-            // With and without a scheme before it, so the secret sits at every base64
-            // alignment.
-            for prefix in ["", "Bearer ", "Bearer  ", "x"] {
+            // With and without a scheme before it, so the secret sits at every base64 and
+            // base32 alignment.
+            for prefix in ["", "Bearer ", "Bearer  ", "x", "xyz", "Token "] {
                 for (how, body) in echoes(&format!("{prefix}{secret}")) {
+                    if !needles.found(&body, &as_sent(&body), CAP) {
+                        missed.push(format!(
+                            "{secret:?} behind {prefix:?}, written {how}: {}",
+                            String::from_utf8_lossy(&body)
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(missed.is_empty(), "missed:\n{}", missed.join("\n"));
+    }
+
+    /// A deflated echo does not hold the credential's bytes as they are: only inflating it
+    /// finds it.
+    #[test]
+    fn the_compressed_echoes_hide_the_exact_bytes() {
+        for secret in SECRETS {
+            for (how, body) in echoes(&format!("Bearer {secret}")) {
+                if how.starts_with("gzip") || how == "zlib" {
                     assert!(
-                        needles.found(&body, &as_sent(&body), CAP),
-                        "{secret:?} behind {prefix:?}, written {how}: {}",
-                        String::from_utf8_lossy(&body)
+                        !body
+                            .windows(8)
+                            .any(|w| secret.as_bytes().windows(8).any(|s| s == w)),
+                        "{how} of {secret:?} stores it as it is"
                     );
                 }
             }

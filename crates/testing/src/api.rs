@@ -82,10 +82,12 @@ fn echo_as(encoding: &str, text: &str) -> Option<(&'static str, Vec<u8>)> {
     const BASE32: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     const BASE32_HEX: &[u8; 32] = b"0123456789ABCDEFGHIJKLMNOPQRSTUV";
     let json = || json!({"saw": text}).to_string();
+    // Said three times, so that deflate codes it rather than storing it as it is.
+    let thrice = || json!({"saw": text, "again": text, "and": text}).to_string();
     match encoding {
-        "gzip" => return Some(("", gzip(json().as_bytes()))),
+        "gzip" => return Some(("", gzip(thrice().as_bytes()))),
         "gzip-encoded" => {
-            return Some(("content-encoding: gzip\r\n", gzip(json().as_bytes())));
+            return Some(("content-encoding: gzip\r\n", gzip(thrice().as_bytes())));
         }
         _ => {}
     }
