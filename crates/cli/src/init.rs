@@ -149,6 +149,26 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
     Ok(EXIT_OK)
 }
 
+/// The grant profile the settings file shows, commented out, as the one to copy: a credential
+/// minted per run, short-lived, naming the caller and the run. The same text is the first
+/// profile of docs/capability-grants.md's example (a test checks), which the broker's tests
+/// load.
+const EXAMPLE_GRANT: &str = r#"[profiles.orders]
+base_url = "https://orders.example.com"
+routes = ["GET /orders/*", "PATCH /orders/*"]
+callers = ["alice"]
+call_budget = 50
+
+[profiles.orders.credential]
+kind = "jwt"
+key_env = "ORDERS_JWT_KEY"                  # the HMAC key, at least 32 bytes
+audience = "orders-api"                     # `aud`
+issuer = "plimsoll"                         # `iss` (optional)
+max_lifetime_secs = 60                      # optional: a cap below the run's budget
+header = "Authorization"                    # optional, the default
+scheme = "Bearer"                           # optional, the default; "" sends the token alone
+"#;
+
 /// The settings file's text: the providers that passed, a comment for each that did not.
 pub fn render(settings: &Settings, found: &[ProviderInfo]) -> String {
     let mut s = String::new();
@@ -204,6 +224,26 @@ pub fn render(settings: &Settings, found: &[ProviderInfo]) -> String {
                 "# sandbox_uid_base = 2000000   # two daemons on one host need disjoint ranges"
             );
         }
+    }
+    let grants = settings
+        .daemon
+        .callers_file
+        .as_deref()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("/etc/plimsoll"))
+        .join("grants.toml");
+    let _ = writeln!(
+        s,
+        "\n# Grants (docs/capability-grants.md) let sandboxed code call an API of yours without\n\
+         # ever holding its credential. To offer one, write a grants file with a profile such as\n\
+         # the one below and name it here. Its credential is minted for each run: an HS256 JWT\n\
+         # naming the caller and the run, dead within a minute. Prefer it to `kind = \"static\"`\n\
+         # (one secret for every run, for development only).\n\
+         # grants_file = {}\n#",
+        quote_path(&grants)
+    );
+    for line in EXAMPLE_GRANT.lines() {
+        let _ = writeln!(s, "#   {line}");
     }
     let _ = writeln!(s, "\n[oci]");
     if let Some(image) = &settings.oci.image {
@@ -360,6 +400,51 @@ mod tests {
         assert_eq!(
             parsed.daemon.callers_file.as_deref(),
             Some(Path::new("/etc/plimsoll/callers.toml"))
+        );
+    }
+
+    /// The settings file shows a grant profile to copy, commented out, and it is the
+    /// recommended kind: a JWT minted per run with a short lifetime, the same profile the
+    /// grants doc shows first (whose example the broker's tests load).
+    #[test]
+    fn the_file_shows_a_minted_grant_to_copy() {
+        let settings = Settings {
+            daemon: plimsoll_engine::settings::DaemonSection {
+                callers_file: Some("/etc/plimsoll/callers.toml".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let text = render(&settings, &[info("process", Tier::Process, None)]);
+        let example: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("#   "))
+            .filter(|l| !l.starts_with("process (tier"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(example, EXAMPLE_GRANT, "{text}");
+        let doc = include_str!("../../../docs/capability-grants.md");
+        assert!(
+            doc.contains(&format!("```toml\n# The recommended default: an HS256 JWT minted for each run, naming the caller and the run,\n# and dead within a minute, or when the run's time is up if that is sooner.\n{EXAMPLE_GRANT}")),
+            "docs/capability-grants.md's example does not start with init's profile"
+        );
+        let grants: toml::Value = toml::from_str(&example).unwrap();
+        let credential = &grants["profiles"]["orders"]["credential"];
+        assert_eq!(credential["kind"].as_str(), Some("jwt"));
+        assert!(
+            credential["max_lifetime_secs"]
+                .as_integer()
+                .is_some_and(|s| s <= 300)
+        );
+        // Uncommenting the `grants_file` line names the file beside the callers file.
+        let named = text.replace(
+            "# grants_file = \"/etc/plimsoll/grants.toml\"",
+            "grants_file = \"/etc/plimsoll/grants.toml\"",
+        );
+        assert_ne!(named, text);
+        assert_eq!(
+            Settings::parse(&named).unwrap().grants_file.as_deref(),
+            Some(Path::new("/etc/plimsoll/grants.toml"))
         );
     }
 }
