@@ -584,6 +584,48 @@ fn crun_a_reap_leaves_the_runs_of_another_state_root_alone() {
     rig.assert_clean(&member_id, uid);
 }
 
+/// #28 (15): a run at crun leaves no zombie in the process that ran it (a child subreaper,
+/// as the daemon is). crun's `create` forks twice and its second fork, which starts the
+/// container and exits on its own, comes to this process: before, no one reaped it (one
+/// zombie per run), and a container's process that exited while that fork was still there
+/// could not be waited for ("No child processes"). Eight runs, four at a time.
+#[test]
+fn crun_runs_leave_no_zombie_here() {
+    let test = "crun_runs_leave_no_zombie_here";
+    let Some(rig) = rig(RuntimeKind::Crun, test) else {
+        return;
+    };
+    // Scenarios 24 to 31: a uid of its own for each of the eight runs.
+    let uid = |i: u32| uid(24 + i, RuntimeKind::Crun);
+    for round in 0..2 {
+        std::thread::scope(|s| {
+            for i in 0..4 {
+                let rig = &rig;
+                s.spawn(move || {
+                    let r = rig.run(py("print('ran')"), limits(), uid(round * 4 + i));
+                    assert_eq!(r.stdout.0, b"ran\n", "{r:?}");
+                });
+            }
+        });
+    }
+    let zombies: Vec<(i32, String)> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(") ")?;
+            rest.starts_with('Z').then(|| (pid, head.to_owned()))
+        })
+        .collect();
+    assert_eq!(zombies, Vec::<(i32, String)>::new(), "zombies left here");
+}
+
 /// The processes with `path` open (their pid and command line), from /proc.
 fn holders_of(path: &std::path::Path) -> Vec<(i32, String)> {
     let mut out = Vec::new();
