@@ -250,7 +250,12 @@ pub struct Daemon {
 impl Daemon {
     /// A daemon in front of `engine`. Reads the callers file now.
     pub fn new(engine: Arc<Engine>, options: DaemonOptions) -> Daemon {
+        let deliveries = crate::streams::Deliveries::new(
+            engine.config().max_concurrent,
+            engine.config().max_per_caller,
+        );
         let state = Arc::new(Shared {
+            deliveries,
             engine,
             callers: CallerStore::open(&options.callers_file),
             metrics: Metrics::default(),

@@ -10,6 +10,7 @@ mod mcp;
 mod metrics;
 mod server;
 mod sessions;
+mod streams;
 pub mod testing;
 
 pub use daemon::{

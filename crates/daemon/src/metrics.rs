@@ -99,7 +99,7 @@ impl Metrics {
     }
 
     /// The exposition text, with the engine's live gauges.
-    pub fn render(&self, engine: &Engine) -> String {
+    pub fn render(&self, engine: &Engine, streams_delivering: usize) -> String {
         let mut out = String::new();
         let providers = engine.providers();
         self.with(|m| {
@@ -152,6 +152,9 @@ impl Metrics {
             "plimsoll_teardowns_running {}",
             engine.teardowns_running()
         );
+        out.push_str("# HELP plimsoll_streams_delivering Streamed answers whose client has not yet taken their last line (each holds a place of its caller's).\n");
+        out.push_str("# TYPE plimsoll_streams_delivering gauge\n");
+        let _ = writeln!(out, "plimsoll_streams_delivering {streams_delivering}");
         out.push_str("# HELP plimsoll_sessions_open Sessions open now.\n");
         out.push_str("# TYPE plimsoll_sessions_open gauge\n");
         let _ = writeln!(out, "plimsoll_sessions_open {}", engine.sessions_open());

@@ -39,6 +39,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Largest accepted `POST /v1/runs` body.
     pub max_body_bytes: usize,
+    /// Streamed answers being delivered, bounded in all and per caller.
+    pub(crate) deliveries: Arc<crate::streams::Deliveries>,
 }
 
 /// Handler state: cheap to clone.
@@ -769,7 +771,7 @@ async fn readyz(State(st): State<AppState>) -> Response {
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
-    let text = st.metrics.render(&st.engine);
+    let text = st.metrics.render(&st.engine, st.deliveries.in_flight());
     (
         [(
             header::CONTENT_TYPE,
@@ -1022,7 +1024,10 @@ mod tests {
         // A cancelled run may have run: no mark, and its own code and status.
         assert_eq!(Failure::Cancelled.not_dispatched(), None);
         assert_eq!(
-            (Failure::Cancelled.code(), Failure::Cancelled.status().as_u16()),
+            (
+                Failure::Cancelled.code(),
+                Failure::Cancelled.status().as_u16()
+            ),
             ("cancelled", 499)
         );
         for r in Reason::ALL {

@@ -400,15 +400,17 @@ async fn call(
             Err(resp) => resp,
         };
     }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let (tx, rx) = match stream_place(&st, &caller, &run.request_id) {
+        Ok(place) => crate::streams::channel(place),
+        Err(resp) => return *resp,
+    };
     let engine = Arc::clone(&st);
     tokio::task::spawn_blocking(move || {
-        let chunks = tx.clone();
         let answered = engine
             .engine
             .session_call(&caller, &id, &run, kind, &mut |c| {
-                // A client that went away no longer reads: its chunks are dropped.
-                let _ = chunks.send(line(&StreamLine::chunk(c)));
+                // A client that went away, or reads too slowly, misses chunks: a preview.
+                tx.preview(line(&StreamLine::chunk(c)));
             });
         let last = match answered {
             Ok(resp) => StreamLine::Response(Box::new(resp)),
@@ -421,9 +423,24 @@ async fn call(
                 StreamLine::Error(Box::new(failure.body(body.request_id, body.error.message)))
             }
         };
-        let _ = tx.send(line(&last));
+        tx.last(line(&last));
     });
     ndjson(rx)
+}
+
+/// A place for one more streamed answer of `caller`, or the refusal (`capacity`, nothing
+/// ran) when its streams, or all, are at their bound (crate::streams).
+fn stream_place(
+    st: &AppState,
+    caller: &str,
+    request_id: &str,
+) -> Result<crate::streams::Place, Box<Response>> {
+    st.deliveries.take(caller).map_err(|why| {
+        Box::new(refused(
+            st,
+            &RunError::refused(Some(request_id), plimsoll_wire::Reason::Capacity, why),
+        ))
+    })
 }
 
 /// How often a streamed run's answer gets an empty line while nothing else is sent: the
@@ -441,7 +458,10 @@ pub(crate) fn stream_run(
     started: Instant,
 ) -> Response {
     use plimsoll_engine::{Cancel, RunHooks};
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let (tx, rx) = match stream_place(&st, &caller, &request.request_id) {
+        Ok(place) => crate::streams::channel(place),
+        Err(resp) => return *resp,
+    };
     let cancel = Cancel::new();
     let chunks = tx.clone();
     let tap = plimsoll_engine::OutputTap::new(move |stream, offset, bytes| {
@@ -450,7 +470,8 @@ pub(crate) fn stream_run(
             offset,
             bytes: WireBytes::from(bytes.to_vec()),
         };
-        let _ = chunks.send(line(&StreamLine::chunk(chunk)));
+        // A client that reads too slowly misses chunks (a preview): never waited for.
+        chunks.preview(line(&StreamLine::chunk(chunk)));
     });
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Keep-alives while the run is silent; once the client is gone, cancel (again each
@@ -465,7 +486,7 @@ pub(crate) fn stream_run(
                     if watch_done.load(std::sync::atomic::Ordering::SeqCst) {
                         break false;
                     }
-                    let _ = watch.send(b"\n".to_vec());
+                    watch.preview(b"\n".to_vec());
                 }
             }
         };
@@ -502,7 +523,7 @@ pub(crate) fn stream_run(
             caller: Some(&caller),
         };
         drop(answer.ran(result, &request.request_id));
-        let _ = tx.send(line(&last));
+        tx.last(line(&last));
     });
     ndjson(rx)
 }
@@ -514,28 +535,9 @@ fn line(l: &StreamLine) -> Vec<u8> {
 }
 
 /// A streamed answer over the lines `rx` gives.
-fn ndjson(rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
-    let mut resp = Response::new(Body::from_stream(futures_stream(rx)));
+fn ndjson(rx: crate::streams::Inbox) -> Response {
+    let mut resp = Response::new(Body::from_stream(rx));
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
     resp
-}
-
-/// The receiver as a stream of body frames.
-fn futures_stream(
-    rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
-) -> impl futures_core::Stream<Item = Result<axum::body::Bytes, std::convert::Infallible>> {
-    struct Lines(tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>);
-    impl futures_core::Stream for Lines {
-        type Item = Result<axum::body::Bytes, std::convert::Infallible>;
-        fn poll_next(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Option<Self::Item>> {
-            self.0
-                .poll_recv(cx)
-                .map(|line| line.map(|l| Ok(axum::body::Bytes::from(l))))
-        }
-    }
-    Lines(rx)
 }

@@ -59,8 +59,11 @@ pub fn said_wall_now(
     sandbox: &mut dyn SessionSandbox,
     within: Duration,
 ) -> Result<Wall, LaunchError> {
-    sandbox
-        .call(&SessionCall::Wall, within, &mut |_| {})?
-        .wall
-        .ok_or_else(|| LaunchError::environment("the session's agent answered no wall"))
+    let answer = sandbox.call(&SessionCall::Wall, within, &mut |_| {})?;
+    answer.wall.ok_or_else(|| {
+        LaunchError::environment(format!(
+            "the session's agent answered no wall ({})",
+            answer.error.as_deref().unwrap_or("and said nothing of why")
+        ))
+    })
 }

@@ -57,6 +57,20 @@ pub fn mark(wall: &mut Wall, expected: &Expectations, host: &HostView) {
 }
 
 /// Reads process `pid`'s wall from /proc as this process sees it, its namespaces unmarked:
+/// Every entry Linux has in /proc/<pid>/ns.
+const NAMESPACE_NAMES: &[&str] = &[
+    "cgroup",
+    "ipc",
+    "mnt",
+    "net",
+    "pid",
+    "pid_for_children",
+    "time",
+    "time_for_children",
+    "user",
+    "uts",
+];
+
 /// [`read`] without the comparison, for a program inside a sandbox reporting its own
 /// (`plimsoll-agent --wall-first`). `layout` is this mount namespace's cgroup layout, read
 /// once by the caller (`CgroupLayout::detect`), not per run.
@@ -65,10 +79,23 @@ pub fn read_unmarked(pid: u32, layout: &CgroupLayout) -> io::Result<Wall> {
     let identity = from_status(&fs::read_to_string(format!("{proc}/status"))?)?;
     let mut wall = identity.clone();
     let mut namespaces = Vec::new();
-    for entry in fs::read_dir(format!("{proc}/ns"))? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let id = fs::read_link(entry.path())?.display().to_string();
+    let names: Vec<String> = match fs::read_dir(format!("{proc}/ns")) {
+        Ok(dir) => dir
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<io::Result<_>>()?,
+        // gVisor's /proc lets a process that is not dumpable (a session's agent) read its
+        // own namespace links but not list them: every name Linux has, those there.
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            NAMESPACE_NAMES.iter().map(|n| (*n).to_owned()).collect()
+        }
+        Err(e) => return Err(e),
+    };
+    for name in names {
+        let id = match fs::read_link(format!("{proc}/ns/{name}")) {
+            Ok(link) => link.display().to_string(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
         namespaces.push(WallNamespace {
             name,
             id,
