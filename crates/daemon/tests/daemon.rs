@@ -1047,7 +1047,59 @@ impl Drop for Spawned {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The killed daemon's process-tier runs and warm members keep their work tmpfs
+        // mounted under its state directory, which `_dir` is about to remove: the removal
+        // stops at each mount and leaves it for good, where no later daemon's reap looks.
+        // Reap as the next daemon on this state directory would.
+        reap_process_state(&self._dir.path().join("state"));
     }
+}
+
+/// The process provider's reap of what a killed daemon left under `state` (its runs' and
+/// members' processes, work tmpfs, memory cgroups, directories).
+fn reap_process_state(state: &std::path::Path) -> plimsoll_process::ReapReport {
+    plimsoll_process::ProcessProvider::new(plimsoll_process::ProcessConfig {
+        node: "/usr/bin/node".into(),
+        python: "/usr/bin/python3".into(),
+        probe: "/nonexistent/plimsoll-probe".into(),
+        state_dir: state.to_owned(),
+        probe_uid: 0,
+    })
+    .reap()
+}
+
+/// #28 (12): the work tmpfs mounts of a killed daemon's warm members were found left behind
+/// (`state/runs/warm-*/work`): these tests kill their daemon (`Spawned`'s drop) and then
+/// remove its state directory, which stopped at each mount. A daemon with a process pool is
+/// killed and its test ends: no mount of its state directory is left.
+#[test]
+fn a_killed_daemons_members_leave_no_mount_when_its_test_ends() {
+    let test = "a_killed_daemons_members_leave_no_mount_when_its_test_ends";
+    let d = Spawned::start("\n[pools.process.python]\nmin_idle = 1\nmax_members = 1\n");
+    if !process_available(test, &d.url, &d.token) {
+        return;
+    }
+    let state = d._dir.path().join("state");
+    let prefix = format!("{}/", state.display());
+    let mounted = || -> Vec<String> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+            .filter(|m| m.starts_with(&prefix))
+            .collect()
+    };
+    let start = Instant::now();
+    while mounted().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no warm member was made: {}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(d);
+    assert_eq!(mounted(), Vec::<String>::new(), "left mounted");
 }
 
 #[test]
