@@ -114,29 +114,18 @@ impl Client {
             &request_id,
         )?;
         let info = session_answer(&request_id, status, &bytes, true)?;
-        crate::check_tier(&request_id, Some(floor), &info.provider, info.isolation)?;
-        crate::check_tier(
-            &request_id,
-            Some(info.minimum_isolation),
-            &info.provider,
-            info.isolation,
-        )?;
-        if info.minimum_isolation != floor {
-            return Err(ClientError::RecordMismatch {
-                request_id,
-                field: "minimum_isolation",
-                response: floor.as_str().to_owned(),
-                record: info.minimum_isolation.as_str().to_owned(),
-            });
-        }
-        if let Some(asked) = &options.provider
-            && *asked != info.provider
-        {
-            return Err(ClientError::ProviderMismatch {
-                request_id,
-                asked: asked.clone(),
-                provider: info.provider,
-            });
+        if let Err(e) = check_open(&request_id, floor, options.provider.as_deref(), &info) {
+            // A session this client will not use is not left open on the daemon: closed
+            // again, as well as it can be (the error that matters is the check's).
+            let _ = Session {
+                client: self.clone(),
+                info,
+                last: (0, None),
+                last_request: None,
+                doubt: None,
+            }
+            .close();
+            return Err(e);
         }
         Ok(Session {
             client: self.clone(),
@@ -627,6 +616,42 @@ impl Session {
         self.info.last_record_sha256 = Some(resp.record.record_sha256.clone());
         Ok(resp)
     }
+}
+
+/// The checks on an opened session: its tier meets the floor this client holds it to (the
+/// one asked for, or the daemon's default) and the floor it says it holds, that floor is
+/// this one, and its provider is the one named.
+fn check_open(
+    request_id: &str,
+    floor: Tier,
+    provider: Option<&str>,
+    info: &SessionInfo,
+) -> Result<(), ClientError> {
+    crate::check_tier(request_id, Some(floor), &info.provider, info.isolation)?;
+    crate::check_tier(
+        request_id,
+        Some(info.minimum_isolation),
+        &info.provider,
+        info.isolation,
+    )?;
+    if info.minimum_isolation != floor {
+        return Err(ClientError::RecordMismatch {
+            request_id: request_id.to_owned(),
+            field: "minimum_isolation",
+            response: floor.as_str().to_owned(),
+            record: info.minimum_isolation.as_str().to_owned(),
+        });
+    }
+    if let Some(asked) = provider
+        && asked != info.provider
+    {
+        return Err(ClientError::ProviderMismatch {
+            request_id: request_id.to_owned(),
+            asked: asked.to_owned(),
+            provider: info.provider.clone(),
+        });
+    }
+    Ok(())
 }
 
 /// The session a `200` answer to `request_id` describes, or the error another status says;

@@ -943,3 +943,49 @@ fn recompute_record_digest(v: &mut Value) {
     let record: plimsoll_wire::RunRecord = serde_json::from_value(v["record"].clone()).unwrap();
     v["record"]["record_sha256"] = plimsoll_wire::digest::record_sha256(&record).into();
 }
+
+/// #28.7, for a session: opened with no floor, it is held to the daemon's default floor; an
+/// open answer rewritten to say `process` (tier and floor alike: an open answer carries no
+/// digest) is an evidence mismatch, and the session is closed again.
+#[test]
+fn a_session_opened_below_the_daemons_default_floor_is_caught_and_closed() {
+    let test = "a_session_opened_below_the_daemons_default_floor_is_caught_and_closed";
+    let Some(f) = session_fixture(test, 14) else {
+        return;
+    };
+    fn downgrade(v: &mut Value) {
+        if v.get("session_id").is_none() || v.get("end_reason").is_some() {
+            return; // the listing, or the close
+        }
+        v["isolation"] = "process".into();
+        v["minimum_isolation"] = "process".into();
+    }
+    let proxy = Proxy::start(
+        &f.daemon.url,
+        Mode::Rewrite {
+            request: keep,
+            response: downgrade,
+        },
+    );
+    let client = Client::new(&proxy.url, Token::new(f.daemon.token.clone()));
+    let e = client
+        .open_session(plimsoll_client::SessionOptions::new(Language::Python))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::EvidenceMismatch {
+                isolation: Tier::Process,
+                floor: Tier::Container,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(not_dispatched_reason(&e), None);
+    assert_eq!(
+        f.client().list_sessions().unwrap().sessions.len(),
+        0,
+        "the session was left open"
+    );
+}
