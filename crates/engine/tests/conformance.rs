@@ -208,7 +208,7 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
     });
     let grants = GrantProfiles::parse(
         &format!(
-            "[profiles.orders]\nbase_url = \"{}\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"{CALLER}\"]\n\
+            "[profiles.orders]\nbase_url = \"{}\"\nroutes = [\"GET /orders/*\", \"GET /echo-auth/*\"]\ncallers = [\"{CALLER}\"]\n\
              call_budget = 20\ntimeout_ms = 5000\n[profiles.orders.credential]\nkind = \"static\"\n\
              secret_env = \"ORDERS_API_TOKEN\"\n",
             api.url()
@@ -1684,6 +1684,28 @@ fn grant(rig: &Rig) -> Result<(), String> {
             "grant: the API should see the two allowed calls, authorised: {new:?}"
         ));
     }
+    // An API that echoes the credential, in any encoding the broker searches for (base32
+    // among them), has its answer withheld on every provider.
+    let encodings = plimsoll_testing::api::ECHO_ENCODINGS;
+    let list = encodings
+        .iter()
+        .map(|e| format!("'{e}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let r = rig.run(
+        "grant",
+        Ask::new(js(&format!(
+            "(async () => {{ for (const e of [{list}]) {{\n\
+             try {{ console.log(e, 'ok', JSON.stringify(await host.get('/echo-auth/' + e))); }}\n\
+             catch (err) {{ console.log(e, err.code); }} }} }})()"
+        )))
+        .grant("orders"),
+    )?;
+    let want: String = encodings
+        .iter()
+        .map(|e| format!("{e} response_rejected\n"))
+        .collect();
+    expect("grant (echoed credential)", stdout(&r) == want, &r)?;
     if rig.shape.projects {
         let step = RunSpec::Project(Project {
             files: vec![],
