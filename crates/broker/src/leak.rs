@@ -465,7 +465,7 @@ mod tests {
                 char::from(alphabet[usize::from_str_radix(&five, 2).unwrap()])
             })
             .collect();
-        while pad && out.len() % 8 != 0 {
+        while pad && !out.len().is_multiple_of(8) {
             out.push('=');
         }
         out
