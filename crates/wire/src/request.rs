@@ -697,4 +697,23 @@ mod tests {
             );
         }
     }
+
+    /// docs/openapi.json states the same minimums, so a schema-driven client refuses what
+    /// the server refuses.
+    #[test]
+    fn the_openapi_minimums_are_these() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../../docs/openapi.json")).unwrap();
+        let limits = &doc["components"]["schemas"]["Limits"]["properties"];
+        for (name, min) in [
+            ("timeout_ms", 1),
+            ("memory_bytes", Limits::MIN_MEMORY_BYTES),
+            ("output_bytes", 1),
+            ("pids", Limits::MIN_PIDS),
+            ("disk_bytes", Limits::MIN_DISK_BYTES),
+            ("artifact_bytes", 1),
+        ] {
+            assert_eq!(limits[name]["minimum"].as_u64(), Some(min), "{name}");
+        }
+    }
 }
