@@ -1050,8 +1050,23 @@ impl Drop for Spawned {
         // The killed daemon's process-tier runs and warm members keep their work tmpfs
         // mounted under its state directory, which `_dir` is about to remove: the removal
         // stops at each mount and leaves it for good, where no later daemon's reap looks.
-        // Reap as the next daemon on this state directory would.
-        reap_process_state(&self._dir.path().join("state"));
+        // Reap as the next daemon on this state directory would, until nothing is left: a
+        // child the daemon had just forked (and that has not exec'd or exited yet) may hold
+        // a run's lock for a moment more.
+        let state = self._dir.path().join("state");
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            reap_process_state(&state);
+            let left = std::fs::read_dir(state.join("runs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.path().join("process.lock").exists());
+            if !left || Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
