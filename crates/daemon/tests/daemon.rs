@@ -3220,11 +3220,30 @@ fn every_end_of_a_session_is_explicit() {
 /// no process behind, at the process tier and at crun.
 #[test]
 fn a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away() {
+    streamed_run_ends_when_its_client_goes_away(
+        "a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away",
+        false,
+    );
+}
+
+/// #28 (4): the same with warm pools on, where the run lives in its member's sandbox (at
+/// crun the member's `warm-<id>` cgroups, not the run id's): the cancel kills that one, and
+/// the run is counted `cancelled`, never `sandbox_failed`, its provider not checked again.
+#[test]
+fn a_streamed_warm_run_ends_when_its_client_goes_away() {
+    streamed_run_ends_when_its_client_goes_away("a_streamed_warm_run_ends_when_its_client_goes_away", true);
+}
+
+fn streamed_run_ends_when_its_client_goes_away(test: &str, warm: bool) {
     use std::io::{Read, Write};
-    let test = "a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away";
     let image = workspace_root().join("build/images/sandbox");
+    let pools = if warm {
+        "[pools.process.python]\nmin_idle = 1\nmax_members = 2\n[pools.crun.python]\nmin_idle = 1\nmax_members = 2\n"
+    } else {
+        "[pools]\n"
+    };
     let d = TestDaemon::start(&format!(
-        "default_floor = \"process\"\nproviders = [\"process\", \"crun\"]\n[pools]\n[oci]\nimage = \"{}\"\n",
+        "default_floor = \"process\"\nproviders = [\"process\", \"crun\"]\n{pools}[oci]\nimage = \"{}\"\n",
         image.display()
     ));
     for provider in ["process", "crun"] {
@@ -3275,6 +3294,17 @@ fn a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away() 
         assert_eq!(resp.provider, provider);
 
         // A client that goes away: the run (60 s timeout) ends within seconds, nothing left.
+        // With pools on, it takes a warm member.
+        let claimed = d.engine().pool_counts().claimed.load(std::sync::atomic::Ordering::SeqCst);
+        if warm {
+            // A test daemon keeps no pool until asked (plimsolld does once its probes end).
+            d.engine().start_pools();
+            let start = Instant::now();
+            while !d.engine().pools_idle().iter().any(|(p, _, idle)| p == provider && *idle > 0) {
+                assert!(start.elapsed() < Duration::from_secs(120), "{provider}: no warm member came");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let body = serde_json::json!({
             "protocol": 1, "request_id": format!("gone-{provider}"), "provider": provider,
             "limits": {"timeout_ms": 60_000},
@@ -3302,7 +3332,13 @@ fn a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away() 
         let gone_at = Instant::now();
         drop(conn);
         let base = uid_base_for_port(d.url.rsplit(':').next().unwrap().parse().unwrap());
-        let uids = base..base + plimsoll_test_daemon::UIDS_PER_PORT;
+        // With pools on, the idle members the keeper makes meanwhile live on: their uids
+        // (past every run's) are not watched; the run's end is, through `in_flight`.
+        let uids = if warm {
+            base..d.engine().pool_uid_range().start
+        } else {
+            base..base + plimsoll_test_daemon::UIDS_PER_PORT
+        };
         loop {
             let left = processes_of_uids(uids.clone());
             if left.is_empty() && d.engine().in_flight() == 0 && d.engine().teardowns_running() == 0
@@ -3315,15 +3351,109 @@ fn a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away() 
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        // Ended by the cancellation, not its timeout: counted as a run its signal ended.
+        // Ended by the cancellation, not its timeout: counted `cancelled` whichever way its
+        // sandbox ended, never as the provider's failure, and the provider not re-checked.
         let metrics = get(&d.url, "/metrics", None).body;
         assert!(
             metrics.contains(&format!(
-                "plimsoll_runs_total{{provider=\"{provider}\",outcome=\"error\"}}"
+                "plimsoll_runs_total{{provider=\"{provider}\",outcome=\"cancelled\"}} 1"
             )),
             "{metrics}"
         );
+        assert!(!metrics.contains("outcome=\"sandbox_failed\""), "{metrics}");
+        assert!(!d.engine().rechecking(provider), "{provider} is being checked again");
+        let now = d.engine().pool_counts().claimed.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(now > claimed, warm, "{provider}: the run took a warm member ({claimed} -> {now})");
     }
+}
+
+/// #28 (13): one caller's requests that cannot run (a step with a NUL byte, `memory_bytes: 1`,
+/// `pids: 1`) are refused before they are dispatched (`request`, saying why) and take crun
+/// from no one: another caller's run after each is served. Before, the NUL step failed
+/// inside (500 `sandbox_failed`), the limits with 503 `environment`, and crun was checked
+/// again and refused every run until that ended.
+#[test]
+fn one_caller_s_request_that_cannot_run_takes_the_provider_from_no_one() {
+    let test = "one_caller_s_request_that_cannot_run_takes_the_provider_from_no_one";
+    let image = workspace_root().join("build/images/sandbox");
+    let d = TestDaemon::start(&format!(
+        "default_floor = \"container\"\nproviders = [\"crun\"]\n[pools]\n[oci]\nimage = \"{}\"\n",
+        image.display()
+    ));
+    if !available(test, &d.url, &d.token, "crun") {
+        return;
+    }
+    let other = d.add_caller("bob");
+    let python = serde_json::json!({"kind": "snippet", "language": "python", "code": "print(6 * 7)"});
+    let bad = [
+        (
+            serde_json::json!({"protocol": 1, "request_id": "bad-nul", "run": {"kind": "project", "steps": [{"run": "echo a\u{0}b"}]}}),
+            "NUL",
+        ),
+        (
+            serde_json::json!({"protocol": 1, "request_id": "bad-mem", "limits": {"memory_bytes": 1}, "run": python}),
+            "below the minimum",
+        ),
+        (
+            serde_json::json!({"protocol": 1, "request_id": "bad-pids", "limits": {"pids": 1}, "run": python}),
+            "below the minimum",
+        ),
+    ];
+    let mut served = 0;
+    for round in 0..2 {
+        for (body, why) in &bad {
+            let a = post(&d.url, Some(&d.token), body.to_string().as_bytes());
+            let e = a.error();
+            assert_eq!(
+                (a.status, e.error.not_dispatched),
+                (400, Some(Reason::Request)),
+                "{}",
+                a.body
+            );
+            assert!(e.error.message.contains(why), "{}", a.body);
+            let a = post(
+                &d.url,
+                Some(&other),
+                snippet(&format!("good-{round}-{served}"), "python", "print(6 * 7)").as_bytes(),
+            );
+            assert_eq!(a.status, 200, "another caller's run after {}: {}", body["request_id"], a.body);
+            assert_eq!(a.run().result.stdout.as_slice(), b"42\n");
+            served += 1;
+        }
+    }
+    assert_eq!(served, 6);
+    assert!(!d.engine().rechecking("crun"));
+}
+
+/// #28 (13): in a session, a step with a NUL byte is refused (`request`, nothing ran) and the
+/// session goes on, its interpreter's state there for the next cell. Before, the call failed
+/// inside and ended the session (`sandbox_failed`).
+#[test]
+fn a_session_s_nul_step_is_refused_and_the_session_goes_on() {
+    let test = "a_session_s_nul_step_is_refused_and_the_session_goes_on";
+    let d = session_daemon("");
+    if !available(test, &d.url, &d.token, "crun") {
+        return;
+    }
+    let s = open_session(&d.url, &d.token, "python", serde_json::json!({}));
+    let cells = format!("/v1/sessions/{}/cells", s.session_id);
+    let steps = format!("/v1/sessions/{}/steps", s.session_id);
+    let body = cell_body("c-1", "python", "n = 41");
+    let a = call(&d.url, "POST", &cells, &d.token, Some(body.as_bytes()), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let body = step_body("s-nul", "echo a\u{0}b");
+    let a = call(&d.url, "POST", &steps, &d.token, Some(body.as_bytes()), &[]);
+    let e = a.error();
+    assert_eq!(
+        (a.status, e.error.not_dispatched),
+        (400, Some(Reason::Request)),
+        "{}",
+        a.body
+    );
+    let body = cell_body("c-2", "python", "print(n + 1)");
+    let a = call(&d.url, "POST", &cells, &d.token, Some(body.as_bytes()), &[]);
+    assert_eq!(a.status, 200, "the session ended: {}", a.body);
+    assert_eq!(a.run().result.stdout.as_slice(), b"42\n");
 }
 
 /// #13: sessions at runc, at runsc and at qemu (whose walls the agent says from inside,
