@@ -20,7 +20,7 @@ mod supervise;
 mod wall;
 
 pub use job::{MAX_JOB_BYTES, ReadJobError, read_job};
-pub use privilege::{RestoreUidError, TakePrivilegesError};
+pub use privilege::{DropToError, RestoreUidError, TakePrivilegesError, drop_to};
 pub use run::{RunJobError, Waiting, run_job, start_waiting};
 pub use session::{
     MAX_CALL_BYTES, ServeSessionError, Session, StartInterpreterError, StartSessionError,

@@ -7,12 +7,14 @@ use std::os::fd::AsFd as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use plimsoll_agent::{one_line, own_wall, read_job, run_job, start_session, start_waiting};
+use plimsoll_agent::{
+    drop_to, one_line, own_wall, read_job, run_job, start_session, start_waiting,
+};
 use plimsoll_wire::Language;
 
 const USAGE: &str =
     "usage: plimsoll-agent [--wall-first] [--warm LANGUAGE] < job.json > result.json
-       plimsoll-agent [--wall-first] --session LANGUAGE < calls > lines
+       plimsoll-agent [--drop-to UID:GID] [--wall-first] --session LANGUAGE < calls > lines
        plimsoll-agent --wall-then-exec PROGRAM [ARG...]
 Runs one plimsoll job inside a sandbox: reads an AgentJob as JSON on stdin, writes a
 RunResult as JSON on stdout. Exit status 0 with a result, 2 with one line on stderr when the
@@ -30,8 +32,10 @@ session driver in its current directory (the work directory), writes
 reads one SessionCall as JSON per line on stdin (a `cell` run in the interpreter, whose
 state stays for the next; a project `job` run in the same directory; `wall`) and answers
 each with one `{\"answer\":...}` line on stdout, after `{\"chunk\":...}` lines of output when
-the call streams. At end of stdin it kills everything it started and exits 0. See
-docs/agent.md.";
+the call streams. At end of stdin it kills everything it started and exits 0. With
+--drop-to UID:GID (a session at runsc), it is started as uid 0 holding exactly CAP_SETUID and
+CAP_SETGID and becomes UID and GID for good before anything else, so that its standard input
+and output stay uid 0's. See docs/agent.md.";
 
 fn fail(message: &str) -> ExitCode {
     eprintln!("plimsoll-agent: {message}");
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
     let mut wall_first = false;
     let mut warm = None;
     let mut session = None;
+    let mut drop_ids = None;
     while let Some(a) = args.next() {
         if a == "--help" || a == "-h" {
             println!("{USAGE}");
@@ -66,6 +71,15 @@ fn main() -> ExitCode {
             } else {
                 session = Some(language);
             }
+        } else if a == "--drop-to" {
+            let ids = args.next().and_then(|v| {
+                let (u, g) = v.to_str()?.split_once(':')?;
+                Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?))
+            });
+            match ids {
+                Some(ids) => drop_ids = Some(ids),
+                None => return fail("--drop-to takes UID:GID, two numbers (see --help)"),
+            }
         } else if a == "--wall-then-exec" {
             return wall_then_exec(args.collect());
         } else {
@@ -77,6 +91,15 @@ fn main() -> ExitCode {
     }
     if warm.is_some() && session.is_some() {
         return fail("--warm and --session do not go together (see --help)");
+    }
+    if let Some((uid, gid)) = drop_ids {
+        if session.is_none() {
+            return fail("--drop-to goes with --session only (see --help)");
+        }
+        // First of all: nothing is read or said as uid 0.
+        if let Err(e) = drop_to(uid, gid) {
+            return fail(&one_line(&e));
+        }
     }
     if wall_first && let Err(e) = say_wall() {
         return fail(&e);

@@ -77,6 +77,94 @@ pub enum TakePrivilegesError {
     },
 }
 
+/// A session's agent started as uid 0 to drop (`--drop-to UID:GID`) could not; nothing was
+/// read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum DropToError {
+    /// The ids are root's.
+    #[error("--drop-to takes the run's uid and gid, never 0")]
+    Root,
+    /// It was not started as uid 0 with exactly the two capabilities and no_new_privs.
+    #[error("the agent was not started to drop to the run's uid ({found}): {TRIAL_START}")]
+    NotProvided {
+        /// What is wrong.
+        found: String,
+    },
+    /// A step of the drop failed.
+    #[error("cannot {step} to drop to the run's uid")]
+    Drop {
+        /// The step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: Errno,
+    },
+    /// After the drop it still holds a root id or a capability.
+    #[error("after the drop to the run's uid it still holds {0}")]
+    Kept(String),
+}
+
+/// `--drop-to UID:GID`, a session's agent at runsc: started as uid 0 with exactly CAP_SETUID
+/// and CAP_SETGID (as a trial job's agent is), it becomes UID and GID as real, effective and
+/// saved ids with no supplementary group, which leaves it no capability but the two in its
+/// bounding set (no_new_privs keeps any child from gaining them), and makes itself not
+/// dumpable; then it checks /proc/self/status says so. Its standard input and output, made
+/// when it started as uid 0, stay uid 0's and mode 0600 in gVisor, whose /proc lets a
+/// process reopen another's descriptors by their own permissions: so the code it runs as UID
+/// cannot reach them (docs/sessions.md, "The agent's channel"). First thing, before it reads
+/// or says anything.
+pub fn drop_to(uid: u32, gid: u32) -> Result<(), DropToError> {
+    if uid == 0 || gid == 0 {
+        return Err(DropToError::Root);
+    }
+    let status = |what: &str| {
+        std::fs::read_to_string("/proc/self/status").map_err(|e| DropToError::NotProvided {
+            found: format!("cannot read /proc/self/status {what}: {e}"),
+        })
+    };
+    let no_new_privs = rustix::thread::no_new_privs().unwrap_or(false);
+    check_trial_start(&status("at start")?, no_new_privs)
+        .map_err(|found| DropToError::NotProvided { found })?;
+    let step = |step: &'static str| move |source| DropToError::Drop { step, source };
+    raw_setgroups_empty().map_err(step("clear the supplementary groups"))?;
+    raw_setresgid(gid, gid, gid).map_err(step("become the run's gid"))?;
+    raw_setresuid(uid, uid, uid).map_err(step("become the run's uid"))?;
+    not_dumpable().map_err(step("make the agent not dumpable"))?;
+    let now = status("after the drop")?;
+    let field = |name: &str| {
+        now.lines()
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+            .unwrap_or("")
+            .to_owned()
+    };
+    let mut kept = Vec::new();
+    for (name, want) in [("Uid:", uid), ("Gid:", gid)] {
+        if !field(name)
+            .split_whitespace()
+            .all(|w| w == want.to_string())
+        {
+            kept.push(format!("{name} {}", field(name)));
+        }
+    }
+    for name in ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"] {
+        // gVisor's status has no ambient set (and no ambient capabilities).
+        if name == "CapAmb:" && field(name).is_empty() {
+            continue;
+        }
+        if u64::from_str_radix(&field(name), 16).unwrap_or(u64::MAX) != 0 {
+            kept.push(format!("{name} {}", field(name)));
+        }
+    }
+    if !field("Groups:").is_empty() {
+        kept.push(format!("Groups: {}", field("Groups:")));
+    }
+    if kept.is_empty() {
+        Ok(())
+    } else {
+        Err(DropToError::Kept(kept.join(", ")))
+    }
+}
+
 /// The agent could not become the run's uid again after ending the controller's processes.
 /// It stops at once: it must not go on with more than the run's uid.
 #[derive(Debug, thiserror::Error)]

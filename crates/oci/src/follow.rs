@@ -440,6 +440,20 @@ impl Created {
         self.pid
     }
 
+    /// The last line its process wrote on standard error so far (read now, without
+    /// waiting), for an error that says why it ended: `: LINE`, or nothing.
+    pub(crate) fn said_on_stderr(&mut self) -> String {
+        let _ = self
+            .pipes
+            .err
+            .drain(self.pipes.stderr.as_fd(), &mut self.pipes.scratch);
+        let text = String::from_utf8_lossy(&self.pipes.err.buf);
+        match text.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(line) => format!(": {}", line.trim()),
+            None => String::new(),
+        }
+    }
+
     /// Also reaps these helper processes of the runtime once the container's process is
     /// gone (runsc's gofer: a zombie left unreaped makes `runsc delete` wait 5 s for it).
     pub(crate) fn also_reap(&mut self, pids: Vec<Pid>) {

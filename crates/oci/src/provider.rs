@@ -609,8 +609,14 @@ impl OciProvider {
     ) -> Result<plimsoll_wire::Wall, LaunchError> {
         let (memory, pids) = (plan.limits.memory_bytes, plan.limits.pids);
         let mut expected = crate::probe::run_expectations(self.config.kind, plan.uid, memory, pids);
-        if plan.privileges.is_trial() {
-            expected = plimsoll_sandbox::wall::for_trial(&expected);
+        match plan.privileges {
+            plimsoll_sandbox::Privileges::TrialRunner => {
+                expected = plimsoll_sandbox::wall::for_trial(&expected);
+            }
+            plimsoll_sandbox::Privileges::DropsToRunUid => {
+                expected = plimsoll_sandbox::wall::for_dropped(&expected);
+            }
+            plimsoll_sandbox::Privileges::Unprivileged => {}
         }
         plimsoll_sandbox::wall::mark(&mut wall, &expected, &self.host);
         plimsoll_sandbox::wall::check(&wall, &expected, &self.host)
@@ -1289,7 +1295,9 @@ impl Provider for OciProvider {
     /// gVisor's, which run as other users. A warm member's container is named by the
     /// member's id, not the run's.
     fn cancel(&self, sandbox: &plimsoll_sandbox::RunningIn) -> Result<(), String> {
-        let procs = self.container_procs_of(&sandbox.id).map_err(|e| e.message())?;
+        let procs = self
+            .container_procs_of(&sandbox.id)
+            .map_err(|e| e.message())?;
         plimsoll_sandbox::reap::kill_cgroup_processes(&procs, Duration::from_secs(5))
     }
 

@@ -53,9 +53,20 @@ pub fn open(
     };
     let inside = provider.config().kind == RuntimeKind::Runsc;
     let mut args = vec![format!("{TOOLS_DIR}/plimsoll-agent")];
-    if inside {
+    // At runsc the agent starts as uid 0 and drops to the run's uid first: its standard
+    // input and output then stay uid 0's, out of reach of the code through gVisor's /proc,
+    // which does not honour the not-dumpable flag (docs/sessions.md, "The agent's channel").
+    // At crun and runc the Linux /proc of a process that is not dumpable is enough.
+    let mut dropping;
+    let plan = if inside {
+        dropping = plan.clone();
+        dropping.privileges = plimsoll_sandbox::Privileges::DropsToRunUid;
+        args.extend(["--drop-to".into(), format!("{}:{}", plan.uid, plan.gid)]);
         args.push("--wall-first".into());
-    }
+        &dropping
+    } else {
+        plan
+    };
     args.extend(["--session".into(), language.as_str().into()]);
     let launch = LaunchSpec {
         args,
@@ -122,6 +133,13 @@ pub fn open(
         }),
         Err(e) => {
             drop(input);
+            // What the agent said before it ended, if it did.
+            let said = container.created.said_on_stderr();
+            let e = if said.is_empty() {
+                e
+            } else {
+                LaunchError::environment(format!("{}{said}", e.message()))
+            };
             Err(gone(container, e))
         }
     }

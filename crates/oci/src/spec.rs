@@ -205,7 +205,9 @@ pub fn container_config(plan: &LaunchPlan, inputs: &SpecInputs<'_>) -> Value {
     // works as the run's uid from its first instruction on and gives every ordinary step
     // neither (docs/container-tier.md, "Trial runs"). Every other run starts as its own uid
     // with no capability at all.
-    let (user, capabilities) = if plan.privileges.is_trial() {
+    // A session's agent at runsc starts so too, and drops to the run's uid before anything
+    // else (`--drop-to`, Privileges::DropsToRunUid).
+    let (user, capabilities) = if plan.privileges.starts_as_root() {
         (
             json!({"uid": 0, "gid": 0, "additionalGids": []}),
             json!({"bounding": TRIAL_CAPABILITIES, "effective": TRIAL_CAPABILITIES,

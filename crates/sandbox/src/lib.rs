@@ -118,6 +118,16 @@ pub enum Privileges {
     /// runs the controller as the run's controller uid (docs/trials.md). The trial runner is
     /// bound into the sandbox for this run alone.
     TrialRunner,
+    /// A session's agent at runsc (`plimsoll-agent --drop-to UID:GID --session`): starts as
+    /// uid 0 holding exactly CAP_SETUID and CAP_SETGID and drops to the run's uid and gid,
+    /// every id and both capabilities, before it reads or says anything; only its bounding
+    /// set keeps the two, which no process of the session can use (no_new_privs). What the
+    /// code gets is what [`Privileges::Unprivileged`] gives; what differs is that the
+    /// agent's standard input and output, made while it was uid 0, stay uid 0's, so the code
+    /// cannot reopen them through gVisor's /proc (docs/sessions.md, "The agent's channel").
+    /// The provider chooses it for its session's agent: how the agent starts, not what the
+    /// code may do.
+    DropsToRunUid,
 }
 
 impl Privileges {
@@ -135,6 +145,12 @@ impl Privileges {
     /// True for [`Privileges::TrialRunner`].
     pub fn is_trial(self) -> bool {
         self == Privileges::TrialRunner
+    }
+
+    /// True when the sandbox's first process starts as uid 0 with CAP_SETUID and CAP_SETGID
+    /// ([`Privileges::TrialRunner`], [`Privileges::DropsToRunUid`]).
+    pub fn starts_as_root(self) -> bool {
+        self != Privileges::Unprivileged
     }
 }
 
@@ -208,6 +224,14 @@ pub trait Provider: Send + Sync {
     fn cost(&self) -> u32;
     /// `Err(why)` when this provider cannot do this kind of run at all.
     fn supports(&self, spec: &RunSpec) -> Result<(), Unsupported>;
+    /// The least `memory_bytes` a run of `spec` can start under here, when it is more than
+    /// the protocol's own minimum (`plimsoll_wire::Limits::MIN_MEMORY_BYTES`): the engine
+    /// routes a run asking for less elsewhere, or refuses it (`unsupported`), rather than let
+    /// it fail while its sandbox is set up. By default none.
+    fn memory_floor(&self, spec: &RunSpec) -> Option<u64> {
+        let _ = spec;
+        None
+    }
     /// Runs the probe inside the wall and judges what it saw. Slow; called at start-up and
     /// when evidence is re-checked.
     fn probe(&self) -> Probed;

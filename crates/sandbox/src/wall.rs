@@ -193,6 +193,18 @@ pub fn for_trial(run: &Expectations) -> Expectations {
     e
 }
 
+/// What a session's agent that dropped to the run's uid must show instead of `run`'s
+/// expectations ([`crate::Privileges::DropsToRunUid`]): the run's uid and every capability
+/// set empty but the bounding set, which keeps exactly CAP_SETUID and CAP_SETGID.
+pub fn for_dropped(run: &Expectations) -> Expectations {
+    let mut e = run.clone();
+    e.capabilities.empty.retain(|set| set != "CapBnd");
+    e.capabilities
+        .held
+        .push(("CapBnd".to_owned(), crate::caps::TRIAL_CAPS));
+    e
+}
+
 /// The interface names of a /proc/PID/net/dev text, sorted.
 pub fn interfaces(net_dev: &str) -> Vec<String> {
     let mut names: Vec<String> = net_dev
