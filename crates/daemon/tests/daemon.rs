@@ -3231,7 +3231,10 @@ fn a_streamed_run_sends_output_as_it_comes_and_ends_when_its_client_goes_away() 
 /// the run is counted `cancelled`, never `sandbox_failed`, its provider not checked again.
 #[test]
 fn a_streamed_warm_run_ends_when_its_client_goes_away() {
-    streamed_run_ends_when_its_client_goes_away("a_streamed_warm_run_ends_when_its_client_goes_away", true);
+    streamed_run_ends_when_its_client_goes_away(
+        "a_streamed_warm_run_ends_when_its_client_goes_away",
+        true,
+    );
 }
 
 fn streamed_run_ends_when_its_client_goes_away(test: &str, warm: bool) {
@@ -3295,13 +3298,25 @@ fn streamed_run_ends_when_its_client_goes_away(test: &str, warm: bool) {
 
         // A client that goes away: the run (60 s timeout) ends within seconds, nothing left.
         // With pools on, it takes a warm member.
-        let claimed = d.engine().pool_counts().claimed.load(std::sync::atomic::Ordering::SeqCst);
+        let claimed = d
+            .engine()
+            .pool_counts()
+            .claimed
+            .load(std::sync::atomic::Ordering::SeqCst);
         if warm {
             // A test daemon keeps no pool until asked (plimsolld does once its probes end).
             d.engine().start_pools();
             let start = Instant::now();
-            while !d.engine().pools_idle().iter().any(|(p, _, idle)| p == provider && *idle > 0) {
-                assert!(start.elapsed() < Duration::from_secs(120), "{provider}: no warm member came");
+            while !d
+                .engine()
+                .pools_idle()
+                .iter()
+                .any(|(p, _, idle)| p == provider && *idle > 0)
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(120),
+                    "{provider}: no warm member came"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -3361,9 +3376,20 @@ fn streamed_run_ends_when_its_client_goes_away(test: &str, warm: bool) {
             "{metrics}"
         );
         assert!(!metrics.contains("outcome=\"sandbox_failed\""), "{metrics}");
-        assert!(!d.engine().rechecking(provider), "{provider} is being checked again");
-        let now = d.engine().pool_counts().claimed.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(now > claimed, warm, "{provider}: the run took a warm member ({claimed} -> {now})");
+        assert!(
+            !d.engine().rechecking(provider),
+            "{provider} is being checked again"
+        );
+        let now = d
+            .engine()
+            .pool_counts()
+            .claimed
+            .load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            now > claimed,
+            warm,
+            "{provider}: the run took a warm member ({claimed} -> {now})"
+        );
     }
 }
 
@@ -3384,7 +3410,8 @@ fn one_caller_s_request_that_cannot_run_takes_the_provider_from_no_one() {
         return;
     }
     let other = d.add_caller("bob");
-    let python = serde_json::json!({"kind": "snippet", "language": "python", "code": "print(6 * 7)"});
+    let python =
+        serde_json::json!({"kind": "snippet", "language": "python", "code": "print(6 * 7)"});
     let bad = [
         (
             serde_json::json!({"protocol": 1, "request_id": "bad-nul", "run": {"kind": "project", "steps": [{"run": "echo a\u{0}b"}]}}),
@@ -3416,7 +3443,11 @@ fn one_caller_s_request_that_cannot_run_takes_the_provider_from_no_one() {
                 Some(&other),
                 snippet(&format!("good-{round}-{served}"), "python", "print(6 * 7)").as_bytes(),
             );
-            assert_eq!(a.status, 200, "another caller's run after {}: {}", body["request_id"], a.body);
+            assert_eq!(
+                a.status, 200,
+                "another caller's run after {}: {}",
+                body["request_id"], a.body
+            );
             assert_eq!(a.run().result.stdout.as_slice(), b"42\n");
             served += 1;
         }
@@ -3535,6 +3566,226 @@ fn sessions_keep_state_at_runc_runsc_and_qemu() {
                 "{provider}: a closed session left processes"
             );
         }
+    }
+}
+
+/// A cell that tries to reach its session agent's channel: the agent's stdin (the host's
+/// calls), its stdout (the answers the host records and chains), its memory and its
+/// descriptor table, through /proc/<agent>. Each attempt's outcome is printed as JSON.
+const AGENT_ATTACK: &str = r#"
+import json, os
+agent = os.getppid()
+forged = b'{"answer":{"result":{"exit_code":0,"timed_out":false,"stdout":"' + b'F' * 40000 + b'","stdout_truncated":false,"stderr":"","stderr_truncated":false}}}\n'
+seen = {}
+for what, how in [("fd/1", "wb"), ("fd/0", "rb"), ("mem", "r+b"), ("fd", "list")]:
+    path = "/proc/%d/%s" % (agent, what)
+    try:
+        if how == "list":
+            os.listdir(path)
+        else:
+            with open(path, how, buffering=0) as f:
+                if "w" in how:
+                    f.write(forged)
+        seen[what] = "opened"
+    except OSError as e:
+        seen[what] = type(e).__name__
+print(json.dumps(seen))
+"#;
+
+/// #28.1: a cell cannot write its session agent's answers or read its calls. The agent
+/// runs as the cells' uid and is not dumpable: its /proc/<pid>/fd and mem are out of a
+/// cell's reach (at runsc, whose /proc does not honour that flag, its standard input and
+/// output are uid 0's: it started as uid 0 and dropped to the cells' uid); the forged
+/// answer never reaches the host, the next call is answered as itself, not one behind, and
+/// `output_bytes` holds. At crun, runc, runsc and qemu.
+#[test]
+fn a_cell_cannot_reach_its_session_agents_channel() {
+    let test = "a_cell_cannot_reach_its_session_agents_channel";
+    let image = workspace_root().join("build/images/sandbox");
+    let d = TestDaemon::start(&format!(
+        "default_floor = \"container\"\nproviders = [\"crun\", \"runc\", \"runsc\", \"qemu\"]\n[pools]\n[oci]\nimage = \"{}\"\n",
+        image.display()
+    ));
+    for provider in ["crun", "runc", "runsc", "qemu"] {
+        if !available(test, &d.url, &d.token, provider) {
+            return;
+        }
+        let s = open_session(
+            &d.url,
+            &d.token,
+            "python",
+            serde_json::json!({"provider": provider}),
+        );
+        let cells = format!("/v1/sessions/{}/cells", s.session_id);
+        let post =
+            |body: String| call(&d.url, "POST", &cells, &d.token, Some(body.as_bytes()), &[]);
+        let mut body: serde_json::Value =
+            serde_json::from_str(&cell_body("attack", "python", AGENT_ATTACK)).unwrap();
+        body["limits"] = serde_json::json!({"output_bytes": 4096});
+        let sent = body.to_string();
+        let a = post(sent.clone());
+        let r = checked_call(&a, &sent, &s.session_id, 1, None);
+        assert_eq!(r.result.exit_code, Some(0), "{provider}: {:?}", r.result);
+        let out = String::from_utf8_lossy(r.result.stdout.as_slice()).into_owned();
+        let seen: BTreeMap<String, String> = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{provider}: the attack's report ({e}): {out:?}"));
+        assert_eq!(seen.len(), 4, "{provider}: {seen:?}");
+        for (what, outcome) in &seen {
+            // gVisor lists any process's descriptor numbers; it opens none of them here.
+            if provider == "runsc" && what == "fd" {
+                continue;
+            }
+            assert_ne!(
+                outcome, "opened",
+                "{provider}: a cell opened /proc/<agent>/{what}: {seen:?}"
+            );
+        }
+        assert!(r.result.stdout.as_slice().len() <= 4096);
+        // The next call is answered as itself.
+        let next = cell_body("next", "python", "print('next')");
+        let a = post(next.clone());
+        let r2 = checked_call(
+            &a,
+            &next,
+            &s.session_id,
+            2,
+            Some(r.record.record_sha256.as_str()),
+        );
+        assert_eq!(
+            r2.result.stdout.as_slice(),
+            b"next\n",
+            "{provider}: {:?}",
+            r2.result
+        );
+        let closed = call(
+            &d.url,
+            "DELETE",
+            &format!("/v1/sessions/{}", s.session_id),
+            &d.token,
+            None,
+            &[],
+        );
+        assert_eq!(closed.status, 200, "{}", closed.body);
+    }
+}
+
+/// #28.3, #28.14: a streamed answer whose client reads nothing holds a bounded preview in
+/// the daemon: the run prints 16 MiB of `\x01` (96 MiB as JSON chunk lines) to a client that
+/// reads nothing until the run is answered; the chunks it then finds are at most the
+/// daemon's preview bound plus what the sockets buffer, with a gap where chunks were
+/// dropped, and the final answer is whole and verifies. Until that client has taken its
+/// answer (or gone), the stream holds its caller's place: with `max_per_caller = 1` the
+/// same caller's next streamed request is refused `capacity`, nothing ran.
+#[test]
+fn a_streamed_answer_to_a_slow_reader_holds_a_bounded_preview_and_its_callers_place() {
+    use std::io::{Read, Write};
+    let d = TestDaemon::start(
+        "default_floor = \"process\"\nproviders = [\"process\"]\nmax_per_caller = 1\n[pools]\n",
+    );
+    if !available(
+        "a_streamed_answer_to_a_slow_reader_holds_a_bounded_preview_and_its_callers_place",
+        &d.url,
+        &d.token,
+        "process",
+    ) {
+        return;
+    }
+    let output: usize = 16 << 20;
+    let body = serde_json::json!({
+        "protocol": 1, "request_id": "slow-reader", "provider": "process",
+        "limits": {"output_bytes": output, "timeout_ms": 60_000},
+        "run": {"kind": "snippet", "language": "python",
+                "code": format!("import sys\nfor _ in range(256):\n    sys.stdout.buffer.write(b'\\x01' * {})\n    sys.stdout.flush()", output / 256)},
+    })
+    .to_string();
+    let addr = d.url.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    write!(
+        conn,
+        "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {}\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        d.token,
+        body.len()
+    )
+    .unwrap();
+    // Read nothing until the run has been admitted and answered.
+    let until = Instant::now() + Duration::from_secs(120);
+    while d.engine().in_flight() == 0 {
+        assert!(Instant::now() < until, "the run was admitted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    while d.engine().in_flight() != 0 {
+        assert!(Instant::now() < until, "the run was answered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its answer is not taken yet: the caller's one place is still held.
+    let second = snippet("second", "python", "print(1)");
+    let a = answer(
+        agent()
+            .post(format!("{}/v1/runs", d.url))
+            .header("Authorization", format!("Bearer {}", d.token))
+            .header("Accept", "application/x-ndjson")
+            .send(second.as_bytes()),
+    );
+    assert_eq!(a.status, 429, "{}", a.body);
+    assert!(
+        a.body.contains("\"not_dispatched\":\"capacity\""),
+        "{}",
+        a.body
+    );
+    // Now take everything.
+    let mut all = Vec::new();
+    conn.read_to_end(&mut all).unwrap();
+    let text = String::from_utf8_lossy(&all);
+    let (_, payload) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let mut chunk_bytes = 0usize;
+    let mut offsets = Vec::new();
+    let mut last = None;
+    // Chunked transfer encoding: the lines are whole JSON objects between the size lines.
+    for l in payload.split('\n') {
+        let l = l.trim_matches(|c: char| c == '\r');
+        if let Ok(line) = serde_json::from_str::<plimsoll_wire::StreamLine>(l) {
+            match line {
+                plimsoll_wire::StreamLine::Chunk(c) => {
+                    chunk_bytes += l.len();
+                    offsets.push((c.chunk.offset, c.chunk.bytes.as_slice().len() as u64));
+                }
+                other => last = Some(other),
+            }
+        }
+    }
+    assert!(
+        chunk_bytes < 32 << 20,
+        "{chunk_bytes} bytes of chunk lines were held for a client that read nothing"
+    );
+    assert!(
+        offsets.windows(2).any(|w| w[0].0 + w[0].1 != w[1].0) || offsets.is_empty(),
+        "chunks were dropped, so their offsets show a gap"
+    );
+    let Some(plimsoll_wire::StreamLine::Response(resp)) = last else {
+        panic!("the stream ends with the response: {last:?}")
+    };
+    let sent: RunRequest = serde_json::from_str(&body).unwrap();
+    assert_eq!(resp.request_sha256, request_sha256(&sent));
+    assert_eq!(resp.result_sha256, result_sha256(&resp.result));
+    assert_eq!(resp.result.stdout.as_slice().len(), output);
+    drop(conn);
+    // The place is given back once the answer is taken.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = answer(
+            agent()
+                .post(format!("{}/v1/runs", d.url))
+                .header("Authorization", format!("Bearer {}", d.token))
+                .header("Accept", "application/x-ndjson")
+                .send(second.as_bytes()),
+        );
+        if a.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < until, "the place came back: {}", a.body);
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
