@@ -877,6 +877,7 @@ impl Engine {
                 } else {
                     slot.provider.supports(&req.run)
                 },
+                memory_floor: slot.provider.memory_floor(&req.run),
                 carries_broker: slot.provider.supports_broker(),
                 available: match st {
                     _ if slot.stale.load(Ordering::SeqCst) => Err(Unavailable::Stale),

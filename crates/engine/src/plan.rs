@@ -56,6 +56,9 @@ pub struct ProviderView<'a> {
     pub cost: u32,
     /// `Err(why)` when it cannot do this kind of run (its own `supports`).
     pub supports: Result<(), Unsupported>,
+    /// The least `memory_bytes` this run can start under there (its own `memory_floor`):
+    /// a run asking for less is not routed to it.
+    pub memory_floor: Option<u64>,
     /// Whether it carries a grant's broker channel into the sandbox.
     pub carries_broker: bool,
     /// `Ok` when its evidence lets it take runs now.
@@ -114,7 +117,12 @@ pub fn plan(
             let unsupported = match &p.supports {
                 Err(why) => Some(why.to_string()),
                 Ok(()) if grant.is_some() && !p.carries_broker => Some(NO_BROKER.to_owned()),
-                Ok(()) => None,
+                // It would fail while its sandbox is set up, which says nothing of the
+                // provider: another takes it, or it is refused.
+                Ok(()) => p
+                    .memory_floor
+                    .filter(|needs| limits.memory_bytes < *needs)
+                    .map(|needs| Unsupported::MemoryBelowFloor { needs }.to_string()),
             };
             (
                 unsupported,
@@ -194,6 +202,7 @@ mod tests {
             tier,
             cost,
             supports: Ok(()),
+            memory_floor: None,
             carries_broker: true,
             available: Ok(()),
         }
@@ -429,5 +438,57 @@ mod tests {
             ..request(snippet())
         };
         assert!(plan("a", &at_min, &c, &GrantProfiles::none(), &views).is_ok());
+    }
+
+    /// #28 (13): a run asking for less memory than its interpreter needs at a provider (node
+    /// at the process tier, whose address space is bounded by `memory_bytes`) is routed to
+    /// another, or refused `unsupported` when none can take it: never dispatched to fail
+    /// while its sandbox is set up (`environment`, and a re-check).
+    #[test]
+    fn a_run_below_a_provider_s_memory_floor_goes_elsewhere_or_is_refused() {
+        let c = EngineConfig::default();
+        let mut process = view("process", Tier::Process, 10);
+        process.memory_floor = Some(768 << 20);
+        let small = RunRequest {
+            minimum_isolation: Some(Tier::Process),
+            limits: Some(plimsoll_wire::Limits {
+                memory_bytes: Some(256 << 20),
+                ..Default::default()
+            }),
+            ..request(snippet())
+        };
+        let both = [process.clone(), view("crun", Tier::Container, 80)];
+        let p = plan("a", &small, &c, &GrantProfiles::none(), &both).unwrap();
+        assert_eq!(
+            p.provider, 1,
+            "crun takes what the process tier cannot start"
+        );
+        let (reason, message) = refusal(plan(
+            "a",
+            &small,
+            &c,
+            &GrantProfiles::none(),
+            &[process.clone()],
+        ));
+        assert_eq!(reason, Reason::Unsupported);
+        assert!(message.contains("at least 805306368"), "{message}");
+        // At the floor (and by default, 1 GiB) it runs there.
+        let enough = RunRequest {
+            limits: Some(plimsoll_wire::Limits {
+                memory_bytes: Some(768 << 20),
+                ..Default::default()
+            }),
+            ..small.clone()
+        };
+        for req in [
+            enough,
+            RunRequest {
+                limits: None,
+                ..small
+            },
+        ] {
+            let p = plan("a", &req, &c, &GrantProfiles::none(), &both).unwrap();
+            assert_eq!(p.provider, 0);
+        }
     }
 }

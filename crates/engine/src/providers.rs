@@ -40,6 +40,9 @@ impl Provider for AnyProvider {
     fn supports(&self, spec: &RunSpec) -> Result<(), plimsoll_sandbox::Unsupported> {
         self.inner().supports(spec)
     }
+    fn memory_floor(&self, spec: &RunSpec) -> Option<u64> {
+        self.inner().memory_floor(spec)
+    }
     fn probe(&self) -> Probed {
         self.inner().probe()
     }

@@ -49,6 +49,11 @@ pub struct ProcessConfig {
     pub probe_uid: u32,
 }
 
+/// The least `memory_bytes` a JavaScript snippet starts under at the process tier, whose
+/// `RLIMIT_AS` is `memory_bytes`: node reserves about 700 MiB of address space before it runs
+/// anything (measured with node 20: it does not start at 640 MiB, does at 768 MiB), 768 MiB.
+pub const NODE_MEMORY_FLOOR: u64 = 768 * 1024 * 1024;
+
 /// The process-tier provider.
 #[derive(Debug)]
 pub struct ProcessProvider {
@@ -170,6 +175,17 @@ impl Provider for ProcessProvider {
         match spec {
             RunSpec::Snippet(_) => Ok(()),
             RunSpec::Project(_) => Err(plimsoll_sandbox::Unsupported::SnippetsOnly),
+        }
+    }
+    /// node reserves most of its address space at start, which `RLIMIT_AS` (= the run's
+    /// `memory_bytes`) bounds here: below [`NODE_MEMORY_FLOOR`] it exits before it waits
+    /// for its code.
+    fn memory_floor(&self, spec: &RunSpec) -> Option<u64> {
+        match spec {
+            RunSpec::Snippet(s) if s.language == plimsoll_wire::Language::Javascript => {
+                Some(NODE_MEMORY_FLOOR)
+            }
+            _ => None,
         }
     }
     fn probe(&self) -> Probed {

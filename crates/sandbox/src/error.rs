@@ -147,6 +147,15 @@ pub enum Unsupported {
     /// The provider makes no warm members.
     #[error("this provider has no warm pool: its runs start cold")]
     NoWarmPool,
+    /// The run asks for less memory than its interpreter needs at this provider
+    /// ([`crate::Provider::memory_floor`]).
+    #[error(
+        "at this provider its interpreter needs memory_bytes of at least {needs} (the process tier bounds the address space by it): ask for at least that, or run it at the container tier or above"
+    )]
+    MemoryBelowFloor {
+        /// The least memory the run needs here.
+        needs: u64,
+    },
     /// The provider keeps no session.
     #[error(
         "this provider keeps no session: sessions run at crun, runc, runsc and qemu; set a floor of container or above, or name one of them"
