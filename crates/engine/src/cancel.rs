@@ -12,7 +12,9 @@ pub struct RunHooks {
     /// Where the run's output also goes as it is read, at the providers that read a
     /// snippet's output themselves as it comes (process, crun, runc, runsc).
     pub tap: Option<OutputTap>,
-    /// Ends the run early when cancelled.
+    /// Ends the run early when cancelled: the engine arms it with the provider's `cancel` of
+    /// the sandbox the run runs in (its own, or the warm member's that took it), and a run
+    /// cancelled before its answer ends `RunError::Cancelled`, however its sandbox ended.
     pub cancel: Option<Arc<Cancel>>,
 }
 
@@ -56,7 +58,9 @@ impl Cancel {
         self.cancelled.load(Ordering::SeqCst)
     }
 
-    /// What [`Cancel::cancel`] kills from now on (the run about to be dispatched).
+    /// What [`Cancel::cancel`] kills from now on (the run about to be dispatched; through
+    /// `Engine::arm_cancel`, the sandbox it runs in: a cold run's, a warm member's, or a
+    /// session's for a call in it).
     pub(crate) fn arm(&self, kill: Killer) {
         *self.killer.lock().unwrap_or_else(|p| p.into_inner()) = Some(kill);
     }
