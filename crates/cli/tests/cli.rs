@@ -1497,3 +1497,180 @@ fn member_names(text: &str, path: &[&str]) -> Vec<String> {
     }
     names
 }
+
+/// #28.7 end to end: a daemon at crun (default floor container) behind a proxy that lowers
+/// every run answer's tier and applied floor to `process` and recomputes the record digest.
+/// With no floor sent, `plimsoll run --daemon` exits 4 (may have run: an evidence mismatch,
+/// the code ran below the daemon's default floor) and `plimsoll mcp --daemon`'s `run_code`
+/// says the code may have run; neither reports a run, nor "nothing ran".
+#[test]
+fn run_and_mcp_through_a_daemon_refuse_a_run_lowered_below_the_default_floor() {
+    let test = "run_and_mcp_through_a_daemon_refuse_a_run_lowered_below_the_default_floor";
+    if !need_root(test) {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    // This crate's own checkout (the image is refused through anything but its real path).
+    let image = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/images/sandbox");
+    let image = std::fs::canonicalize(&image).unwrap_or(image);
+    let daemon = TestDaemon::start(&format!(
+        "providers = [\"crun\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[pools]\n[oci]\nimage = \"{}\"\n",
+        state.path().display(),
+        uid_base(22),
+        image.display()
+    ));
+    // Straight to the daemon the run meets its default floor (or crun is missing here).
+    let out = run(plimsoll()
+        .args([
+            "run",
+            "--json",
+            "--daemon",
+            &daemon.url,
+            "-e",
+            "console.log(1)",
+        ])
+        .env("PLIMSOLL_TOKEN", &daemon.token));
+    if out.status.code() == Some(3) && !plimsoll_env::strict() {
+        eprintln!("SKIP {test}: crun is unavailable: {}", text(&out.stdout));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0));
+    let honest: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&honest["isolation"], &honest["record"]["minimum_isolation"]),
+        (&Value::from("container"), &Value::from("container"))
+    );
+
+    let proxy = downgrading_proxy(&daemon.url);
+    let out = run(plimsoll()
+        .args(["run", "--daemon", &proxy, "-e", "console.log(1)"])
+        .env("PLIMSOLL_TOKEN", &daemon.token));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("evidence mismatch")
+            && text(&out.stderr).contains("below the floor `container`"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The MCP server on stdio, its runs through the Rust client and the proxy.
+    let mut mcp = plimsoll()
+        .args(["mcp", "--daemon", &proxy])
+        .env("PLIMSOLL_TOKEN", &daemon.token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = mcp.stdin.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(mcp.stdout.take().unwrap()));
+    let mut answer_to = |id: u64| -> Value {
+        loop {
+            let line = lines.next().expect("the MCP server answered").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == id {
+                return v;
+            }
+        }
+    };
+    for message in [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "cli-test", "version": "0"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    ] {
+        writeln!(stdin, "{message}").unwrap();
+    }
+    assert!(answer_to(1)["result"].is_object());
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_code", "arguments": {"language": "javascript", "code": "console.log(1)"}}});
+    writeln!(stdin, "{call}").unwrap();
+    let result = answer_to(2)["result"].clone();
+    drop(stdin);
+    let _ = mcp.wait();
+    assert_eq!(result["isError"], true, "{result}");
+    let said = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(said.contains("may have run"), "{said}");
+    assert!(said.contains("evidence mismatch"), "{said}");
+}
+
+/// A proxy on loopback in front of `upstream` that rewrites every run answer to say it ran
+/// at `process` under a `process` floor, its record digest recomputed; everything else
+/// passes unchanged. Its threads end with the test.
+fn downgrading_proxy(upstream: &str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let upstream = upstream.to_owned();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let upstream = upstream.clone();
+            std::thread::spawn(move || downgrade_one(conn, &upstream));
+        }
+    });
+    url
+}
+
+fn downgrade_one(mut conn: std::net::TcpStream, upstream: &str) {
+    use std::io::BufRead as _;
+    let mut r = std::io::BufReader::new(&conn);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let mut parts = line.split_whitespace();
+    let (method, path) = (
+        parts.next().unwrap().to_owned(),
+        parts.next().unwrap().to_owned(),
+    );
+    let (mut auth, mut length) = (String::new(), 0usize);
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':').unwrap();
+        match k.trim().to_ascii_lowercase().as_str() {
+            "authorization" => auth = v.trim().to_owned(),
+            "content-length" => length = v.trim().parse().unwrap(),
+            _ => {}
+        }
+    }
+    let mut body = vec![0; length];
+    r.read_exact(&mut body).unwrap();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .build()
+        .into();
+    let url = format!("{upstream}{path}");
+    let mut resp = match method.as_str() {
+        "POST" => agent
+            .post(&url)
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .send(&body[..])
+            .unwrap(),
+        _ => agent
+            .get(&url)
+            .header("authorization", &auth)
+            .call()
+            .unwrap(),
+    };
+    let status = resp.status().as_u16();
+    let mut answer = resp.body_mut().read_to_vec().unwrap();
+    if let Ok(mut v) = serde_json::from_slice::<Value>(&answer)
+        && v.get("record").is_some()
+    {
+        v["isolation"] = "process".into();
+        v["record"]["isolation"] = "process".into();
+        v["record"]["minimum_isolation"] = "process".into();
+        let record: plimsoll_wire::RunRecord = serde_json::from_value(v["record"].clone()).unwrap();
+        v["record"]["record_sha256"] = plimsoll_wire::digest::record_sha256(&record).into();
+        answer = serde_json::to_vec(&v).unwrap();
+    }
+    let head = format!(
+        "HTTP/1.1 {status} Proxied\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        answer.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&answer).unwrap();
+}
