@@ -324,9 +324,12 @@ impl Session {
                     "the call is longer than {MAX_CALL_BYTES} bytes: send large files in \
                      several jobs"
                 )),
+                // An empty line is the host's cancel of a call that was answered first (it
+                // is sent while a call runs, never answered).
+                Line::Call(bytes) if bytes.trim_ascii().is_empty() => continue,
                 Line::Call(bytes) => match serde_json::from_slice::<SessionCall>(&bytes) {
                     Err(e) => error_answer(format!("the line is not a SessionCall in JSON: {e}")),
-                    Ok(call) => match self.call(&call, out) {
+                    Ok(call) => match self.call(&call, input, out) {
                         Ok(answer) => answer,
                         Err(e) => break Err(e),
                     },
@@ -343,10 +346,11 @@ impl Session {
     fn call(
         &mut self,
         call: &SessionCall,
+        input: BorrowedFd<'_>,
         out: &mut dyn Write,
     ) -> Result<SessionAnswer, ServeSessionError> {
         match call {
-            SessionCall::Cell(cell) => self.cell(cell, out),
+            SessionCall::Cell(cell) => self.cell(cell, input, out),
             SessionCall::Job(job) => self.job(job, out),
             SessionCall::Wall => Ok(match crate::wall::own_wall() {
                 Ok(wall) => SessionAnswer {
@@ -576,6 +580,7 @@ impl Session {
     fn cell(
         &mut self,
         cell: &SessionCell,
+        input: BorrowedFd<'_>,
         out: &mut dyn Write,
     ) -> Result<SessionAnswer, ServeSessionError> {
         let fresh = cell.restart;
@@ -613,7 +618,7 @@ impl Session {
         let mut message = format!("{}\n", cell.code.len()).into_bytes();
         message.extend_from_slice(cell.code.as_bytes());
         let oom_before = self.oom.read();
-        let ran = self.run_cell(&message, cell, out)?;
+        let ran = self.run_cell(&message, cell, input, out)?;
         let oom_rose = matches!((oom_before, self.oom.read()), (Some(b), Some(a)) if a > b);
         let alive = ran.alive();
         let end = if alive {
@@ -660,6 +665,7 @@ impl Session {
         &mut self,
         message: &[u8],
         cell: &SessionCell,
+        input: BorrowedFd<'_>,
         out: &mut dyn Write,
     ) -> Result<CellRun, ServeSessionError> {
         let Session {
@@ -682,6 +688,11 @@ impl Session {
         let mut sent = 0;
         let mut killed_at: Option<Instant> = None;
         let mut drain_until: Option<Instant> = None;
+        // The host writes nothing while a call runs but a cancel (an empty line: its client
+        // went away), or closes stdin (the session ends): either ends the cell as its
+        // deadline would, without `timed_out`.
+        let mut input_open = true;
+        let mut cancelled = false;
         loop {
             let now = Instant::now();
             if let Some(until) = drain_until
@@ -694,6 +705,10 @@ impl Session {
             }
             if ran.exited.is_none() {
                 match killed_at {
+                    None if cancelled => {
+                        kill_group(it.pid);
+                        killed_at = Some(now);
+                    }
                     None if now >= deadline => {
                         kill_group(it.pid);
                         ran.timed_out = true;
@@ -708,9 +723,13 @@ impl Session {
                 (None, Some(at)) => at + KILL_WAIT,
                 (None, None) => deadline,
             };
-            {
+            let input_ready = {
                 let signals = sup.child_signals();
                 let mut fds = vec![PollFd::new(&signals, PollFlags::IN)];
+                let watch_input = input_open && !cancelled;
+                if watch_input {
+                    fds.push(PollFd::new(&input, PollFlags::IN));
+                }
                 for fd in it.out.iter().chain(it.err.iter()) {
                     fds.push(PollFd::new(fd, PollFlags::IN));
                 }
@@ -727,6 +746,18 @@ impl Session {
                 match poll(&mut fds, Some(&poll_timeout(now, wake))) {
                     Ok(_) | Err(Errno::INTR) => {}
                     Err(e) => return Err(ServeSessionError::Watch(e)),
+                }
+                watch_input && !fds[1].revents().is_empty()
+            };
+            if input_ready {
+                match rustix::io::read(input, &mut scratch[..]) {
+                    Ok(0) => {
+                        input_open = false;
+                        cancelled = true;
+                    }
+                    Ok(_) => cancelled = true,
+                    Err(Errno::AGAIN | Errno::INTR) => {}
+                    Err(_) => input_open = false,
                 }
             }
             read_output(it, scratch, &mut ran, cell.stream, out)?;

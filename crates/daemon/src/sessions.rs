@@ -405,13 +405,22 @@ async fn call(
         Err(resp) => return *resp,
     };
     let engine = Arc::clone(&st);
+    // A client that goes away cancels its cell (the session goes on: docs/sessions.md).
+    let cancel = plimsoll_engine::Cancel::new();
+    let done = watch_client(&tx, &cancel, run.request_id.clone());
     tokio::task::spawn_blocking(move || {
-        let answered = engine
-            .engine
-            .session_call(&caller, &id, &run, kind, &mut |c| {
+        let answered = engine.engine.session_call_with(
+            &caller,
+            &id,
+            &run,
+            kind,
+            &mut |c| {
                 // A client that went away, or reads too slowly, misses chunks: a preview.
                 tx.preview(line(&StreamLine::chunk(c)));
-            });
+            },
+            Some(cancel),
+        );
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
         let last = match answered {
             Ok(resp) => StreamLine::Response(Box::new(resp)),
             Err(e) => {
@@ -447,6 +456,42 @@ fn stream_place(
 /// write is how a client that went away is noticed (and its run cancelled).
 const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Keeps a streamed answer's client watched until `done` is set: an empty line each
+/// [`KEEPALIVE`] while nothing else is sent (the write is how a client that went away is
+/// noticed); once the client is gone, `cancel` is cancelled, again each second until the
+/// run or call is over (its processes may not have existed at the first).
+fn watch_client(
+    tx: &crate::streams::Outbox,
+    cancel: &Arc<plimsoll_engine::Cancel>,
+    request_id: String,
+) -> Arc<std::sync::atomic::AtomicBool> {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (watch, cancel, watch_done) = (tx.clone(), Arc::clone(cancel), Arc::clone(&done));
+    tokio::spawn(async move {
+        let gone = loop {
+            tokio::select! {
+                () = watch.closed() => break true,
+                () = tokio::time::sleep(KEEPALIVE) => {
+                    if watch_done.load(std::sync::atomic::Ordering::SeqCst) {
+                        break false;
+                    }
+                    watch.preview(b"\n".to_vec());
+                }
+            }
+        };
+        if !gone {
+            return;
+        }
+        tracing::info!(request_id = %request_id, "the client of a streamed answer went away; cancelling");
+        while !watch_done.load(std::sync::atomic::Ordering::SeqCst) {
+            let c = Arc::clone(&cancel);
+            let _ = tokio::task::spawn_blocking(move || c.cancel()).await;
+            tokio::time::sleep(KEEPALIVE).await;
+        }
+    });
+    done
+}
+
 /// `POST /v1/runs` with `Accept: application/x-ndjson`: output chunks as the run prints them
 /// (a preview), an empty line each [`KEEPALIVE`] of silence, then the response or error. A
 /// client that goes away cancels the run: its sandbox's processes are killed (again each
@@ -473,33 +518,7 @@ pub(crate) fn stream_run(
         // A client that reads too slowly misses chunks (a preview): never waited for.
         chunks.preview(line(&StreamLine::chunk(chunk)));
     });
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Keep-alives while the run is silent; once the client is gone, cancel (again each
-    // second, until the run is over: its processes may not have existed at the first).
-    let (watch, watch_cancel, watch_done) = (tx.clone(), Arc::clone(&cancel), Arc::clone(&done));
-    let request_id = request.request_id.clone();
-    tokio::spawn(async move {
-        let gone = loop {
-            tokio::select! {
-                () = watch.closed() => break true,
-                () = tokio::time::sleep(KEEPALIVE) => {
-                    if watch_done.load(std::sync::atomic::Ordering::SeqCst) {
-                        break false;
-                    }
-                    watch.preview(b"\n".to_vec());
-                }
-            }
-        };
-        if !gone {
-            return;
-        }
-        tracing::info!(request_id = %request_id, "the client of a streamed run went away; cancelling the run");
-        while !watch_done.load(std::sync::atomic::Ordering::SeqCst) {
-            let c = Arc::clone(&watch_cancel);
-            let _ = tokio::task::spawn_blocking(move || c.cancel()).await;
-            tokio::time::sleep(KEEPALIVE).await;
-        }
-    });
+    let done = watch_client(&tx, &cancel, request.request_id.clone());
     tokio::task::spawn_blocking(move || {
         let hooks = RunHooks {
             tap: Some(tap),

@@ -496,6 +496,22 @@ impl Engine {
         kind: CallKind,
         on_chunk: &mut dyn FnMut(OutputChunk),
     ) -> Result<RunResponse, RunError> {
+        self.session_call_with(caller, id, req, kind, on_chunk, None)
+    }
+
+    /// [`Engine::session_call`], a cell of which `cancel` ends early (its client went
+    /// away): the agent ends the cell's interpreter as its deadline would, without
+    /// `timed_out` (`interpreter_crash`, killed by a signal), and the call is answered and
+    /// recorded as any is; the session goes on. A job's steps run to their deadline.
+    pub fn session_call_with(
+        &self,
+        caller: &str,
+        id: &str,
+        req: &RunRequest,
+        kind: CallKind,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+        cancel: Option<Arc<crate::Cancel>>,
+    ) -> Result<RunResponse, RunError> {
         let request_id = Some(req.request_id.as_str());
         let s = self.sessions.find(caller, id, request_id)?;
         let mut st = lock(&s);
@@ -612,11 +628,24 @@ impl Engine {
         // The agent is not trusted beyond what it reports: a chunk past the call's caps or
         // out of place is not passed on, and fails the call once it is answered.
         let mut chunks = ChunkBounds::for_call(&call);
+        let cancel = cancel.filter(|_| matches!(call, SessionCall::Cell(_)));
+        if let Some(c) = &cancel
+            && let Some(kill) = sandbox.canceller()
+        {
+            c.arm(kill);
+            // Cancelled before it was armed: at once.
+            if c.is_cancelled() {
+                c.cancel();
+            }
+        }
         let answered = sandbox.call(&call, within, &mut |c| {
             if chunks.admit(&c) {
                 on_chunk(c);
             }
         });
+        if let Some(c) = &cancel {
+            c.disarm();
+        }
         st.last_call = Instant::now();
         let answer = match answered.and_then(|a| {
             chunks

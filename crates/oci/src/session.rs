@@ -35,7 +35,8 @@ pub struct OciSession {
     provider: OciProvider,
     plan: LaunchPlan,
     container: Option<Container>,
-    input: Option<std::process::ChildStdin>,
+    /// The agent's standard input: calls, and a cancel from another thread, never at once.
+    input: Option<std::sync::Arc<std::sync::Mutex<std::process::ChildStdin>>>,
     wall: Wall,
     /// The watchdog outside the daemon, ending the container at the maximum lifetime.
     _watchdog: plimsoll_sandbox::watchdog::Watchdog,
@@ -127,7 +128,7 @@ pub fn open(
             provider: provider.clone(),
             plan: plan.clone(),
             container: Some(container),
-            input,
+            input: input.map(|i| std::sync::Arc::new(std::sync::Mutex::new(i))),
             wall,
             _watchdog: watchdog,
         }),
@@ -158,8 +159,9 @@ impl OciSession {
         line.push(b'\n');
         let input = self
             .input
-            .as_mut()
+            .as_ref()
             .ok_or_else(|| LaunchError::may_have_run("the session's input is closed"))?;
+        let mut input = input.lock().unwrap_or_else(|p| p.into_inner());
         input
             .write_all(&line)
             .and_then(|()| input.flush())
@@ -207,6 +209,16 @@ impl SessionSandbox for OciSession {
             on_chunk,
         )
         .map_err(LaunchError::may_have_run)
+    }
+
+    fn canceller(&self) -> Option<plimsoll_sandbox::session::Canceller> {
+        let input = std::sync::Arc::clone(self.input.as_ref()?);
+        Some(Box::new(move || {
+            let mut input = input.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = input
+                .write_all(plimsoll_sandbox::session::CANCEL_LINE)
+                .and_then(|()| input.flush());
+        }))
     }
 
     fn alive(&mut self) -> bool {

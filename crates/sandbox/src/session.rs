@@ -9,6 +9,13 @@ use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, SessionLine, Wall};
 
 use crate::LaunchError;
 
+/// Cancels the cell a session's agent is running ([`SessionSandbox::canceller`]).
+pub type Canceller = Box<dyn Fn() + Send + Sync>;
+
+/// What a canceller writes to a session agent's standard input: an empty line, which the
+/// agent takes as a cancel while a cell runs and drops otherwise (docs/agent.md).
+pub const CANCEL_LINE: &[u8] = b"\n";
+
 /// An open session's sandbox. Dropping it without [`SessionSandbox::close`] must still end
 /// its processes; `close` also removes what is left and says whether that worked.
 pub trait SessionSandbox: Send + std::fmt::Debug {
@@ -28,6 +35,14 @@ pub trait SessionSandbox: Send + std::fmt::Debug {
         within: Duration,
         on_chunk: &mut dyn FnMut(OutputChunk),
     ) -> Result<SessionAnswer, LaunchError>;
+    /// What cancels a cell under way from another thread (its client went away): the
+    /// agent ends the cell's interpreter as its deadline would (`interpreter_crash`, killed
+    /// by a signal) and answers; the session goes on. `None` where it cannot. Sent after the
+    /// cell's answer, it is dropped. A job's steps are not cancelled: they run to their
+    /// deadline.
+    fn canceller(&self) -> Option<Canceller> {
+        None
+    }
     /// Whether its sandbox is still there (its agent alive).
     fn alive(&mut self) -> bool;
     /// Ends its processes and removes everything of it.

@@ -954,6 +954,8 @@ pub struct SessionVm {
     wall: plimsoll_wire::Wall,
     /// The lifetime's timer: a thread that kills QEMU's process group unless told first.
     lifetime: Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+    /// Held while input frames are written: a call's, or a cancel from another thread.
+    sending: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 /// Boots a session's VM for `plan` (whose `job` is not used): `limits` (with `session` set)
@@ -998,6 +1000,7 @@ pub fn open_session(
                     vm,
                     wall,
                     lifetime: Some((tell, timer)),
+                    sending: std::sync::Arc::default(),
                 })),
                 Err(e) => {
                     report.answer = Answer::NotWaiting(format!("cannot start its timer: {e}"));
@@ -1029,10 +1032,22 @@ impl SessionVm {
     /// Hands `bytes` to the agent's standard input, in frames of at most
     /// [`channel::INPUT_MAX`], each written within `within`.
     pub fn send(&self, bytes: &[u8], within: Duration) -> io::Result<()> {
+        let _sending = self.sending.lock().unwrap_or_else(|p| p.into_inner());
         for piece in bytes.chunks(channel::INPUT_MAX) {
             send(&self.vm.sock, within, channel::INPUT, piece)?;
         }
         Ok(())
+    }
+
+    /// What hands `bytes` to the agent's standard input from another thread, as
+    /// [`SessionVm::send`] does, never in the middle of another's frames.
+    pub fn input_writer(&self) -> io::Result<Box<dyn Fn(&[u8]) + Send + Sync>> {
+        let sock = self.vm.sock.try_clone()?;
+        let sending = std::sync::Arc::clone(&self.sending);
+        Ok(Box::new(move |bytes: &[u8]| {
+            let _sending = sending.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = send(&sock, Duration::from_secs(5), channel::INPUT, bytes);
+        }))
     }
 
     /// The guest's next frame (payload at most `max` bytes), waiting until `until`.

@@ -183,6 +183,13 @@ impl SessionSandbox for VmSession {
         })
     }
 
+    fn canceller(&self) -> Option<plimsoll_sandbox::session::Canceller> {
+        let write = self.vm.as_ref()?.input_writer().ok()?;
+        Some(Box::new(move || {
+            write(plimsoll_sandbox::session::CANCEL_LINE);
+        }))
+    }
+
     /// QEMU runs and the agent has said nothing since its last answer (an agent that ended
     /// has: its stderr and exit record, read here).
     fn alive(&mut self) -> bool {
