@@ -3238,7 +3238,6 @@ fn a_streamed_warm_run_ends_when_its_client_goes_away() {
 }
 
 fn streamed_run_ends_when_its_client_goes_away(test: &str, warm: bool) {
-    use std::io::{Read, Write};
     let image = workspace_root().join("build/images/sandbox");
     let pools = if warm {
         "[pools.process.python]\nmin_idle = 1\nmax_members = 2\n[pools.crun.python]\nmin_idle = 1\nmax_members = 2\n"
@@ -3326,24 +3325,8 @@ fn streamed_run_ends_when_its_client_goes_away(test: &str, warm: bool) {
             "run": {"kind": "snippet", "language": "python", "code": "import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.05)"},
         })
         .to_string();
-        let addr = d.url.trim_start_matches("http://");
-        let mut conn = std::net::TcpStream::connect(addr).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        write!(
-            conn,
-            "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            d.token,
-            body.len()
-        )
-        .unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&seen).contains("\"chunk\"") {
-            let n = conn.read(&mut buf).unwrap();
-            assert!(n > 0, "the stream ended before a chunk");
-            seen.extend_from_slice(&buf[..n]);
-        }
+        let conn = streamed_post(&d, "/v1/runs", &body, false);
+        first_chunk(&conn, provider);
         let gone_at = Instant::now();
         drop(conn);
         let base = uid_base_for_port(d.url.rsplit(':').next().unwrap().parse().unwrap());
@@ -3592,12 +3575,42 @@ for what, how in [("fd/1", "wb"), ("fd/0", "rb"), ("mem", "r+b"), ("fd", "list")
 print(json.dumps(seen))
 "#;
 
+/// A streamed POST of `body` to `path` on a connection of its own, whose answer the test
+/// reads (or not) as it likes; with `close`, the daemon closes the connection after it.
+fn streamed_post(d: &TestDaemon, path: &str, body: &str, close: bool) -> std::net::TcpStream {
+    use std::io::Write;
+    let addr = d.url.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let connection = if close { "Connection: close\r\n" } else { "" };
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\n{connection}Authorization: Bearer {}\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        d.token,
+        body.len()
+    )
+    .unwrap();
+    conn
+}
+
+/// Reads `conn` until a chunk line has come.
+fn first_chunk(mut conn: &std::net::TcpStream, what: &str) {
+    use std::io::Read;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"chunk\"") {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "{what}: the stream ended before a chunk");
+        seen.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// A streamed cell that would run for a minute, whose client reads its first chunk and goes
 /// away: the cell's interpreter is ended within seconds (`interpreter_alive` false, the call
 /// recorded as the session's third), and the session goes on (a restarted cell is its
 /// fourth, chained to the third).
 fn streamed_cell_whose_client_goes_away(d: &TestDaemon, provider: &str, session: &str) {
-    use std::io::{Read, Write};
     let body = serde_json::json!({
         "protocol": 1, "request_id": "left",
         "limits": {"timeout_ms": 60_000},
@@ -3613,24 +3626,8 @@ fn streamed_cell_whose_client_goes_away(d: &TestDaemon, provider: &str, session:
             .map_or(0, |(_, n)| *n)
     };
     let (crashes, timeouts) = (ends("interpreter_crash"), ends("cell_timeout"));
-    let addr = d.url.trim_start_matches("http://").to_owned();
-    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    write!(
-        conn,
-        "POST /v1/sessions/{session}/cells HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        d.token,
-        body.len()
-    )
-    .unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("\"chunk\"") {
-        let n = conn.read(&mut buf).unwrap();
-        assert!(n > 0, "{provider}: the stream ended before a chunk");
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let conn = streamed_post(d, &format!("/v1/sessions/{session}/cells"), &body, false);
+    first_chunk(&conn, provider);
     drop(conn);
     let until = Instant::now() + Duration::from_secs(30);
     let info = loop {
@@ -3777,7 +3774,7 @@ fn a_cell_cannot_reach_its_session_agents_channel() {
 /// same caller's next streamed request is refused `capacity`, nothing ran.
 #[test]
 fn a_streamed_answer_to_a_slow_reader_holds_a_bounded_preview_and_its_callers_place() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let d = TestDaemon::start(
         "default_floor = \"process\"\nproviders = [\"process\"]\nmax_per_caller = 1\n[pools]\n",
     );
@@ -3797,17 +3794,7 @@ fn a_streamed_answer_to_a_slow_reader_holds_a_bounded_preview_and_its_callers_pl
                 "code": format!("import sys\nfor _ in range(256):\n    sys.stdout.buffer.write(b'\\x01' * {})\n    sys.stdout.flush()", output / 256)},
     })
     .to_string();
-    let addr = d.url.trim_start_matches("http://").to_owned();
-    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(120)))
-        .unwrap();
-    write!(
-        conn,
-        "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {}\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        d.token,
-        body.len()
-    )
-    .unwrap();
+    let mut conn = streamed_post(&d, "/v1/runs", &body, true);
     // Read nothing until the run has been admitted and answered.
     let until = Instant::now() + Duration::from_secs(120);
     while d.engine().in_flight() == 0 {
