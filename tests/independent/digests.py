@@ -21,6 +21,7 @@ RECORD_DOMAIN = "plimsoll/run-record/v1"
 
 TIERS = ("process", "container", "kernel", "vm")
 STARTS = ("warm", "cold")
+CREDENTIALS = ("static", "minted")
 LANGUAGES = ("javascript", "python")
 
 U32_MAX = 2**32 - 1
@@ -288,7 +289,7 @@ def encode_result(r):
             c,
             where,
             ("method", "request_bytes", "response_bytes", "latency_ms"),
-            ("route", "status", "error"),
+            ("route", "status", "error", "credential"),
         )
         want_int(c["latency_ms"], f"{where}.latency_ms", 0, U64_MAX)  # checked, never encoded
         ce = Encoding()
@@ -301,6 +302,11 @@ def encode_result(r):
             ce.string("error", want_str(c["error"], f"{where}.error"))
         ce.u64("request_bytes", want_int(c["request_bytes"], f"{where}.request_bytes", 0, U64_MAX))
         ce.u64("response_bytes", want_int(c["response_bytes"], f"{where}.response_bytes", 0, U64_MAX))
+        # The call's field 7, left out when absent (or null): a call listed before it existed.
+        if opt(c, "credential") is not None:
+            if c["credential"] not in CREDENTIALS:
+                raise Invalid(f"{where}.credential must be one of {CREDENTIALS}")
+            ce.string("credential", c["credential"])
         calls.append(ce.bytes())
     e.items("calls", calls)
     # Fields 12 and 13, left out when absent (or null) like every optional field.

@@ -614,6 +614,7 @@ mod tests {
             request_bytes: 0,
             response_bytes: 27,
             latency_ms: 3,
+            credential: Some(plimsoll_wire::CredentialKind::Minted),
         };
         assert_eq!(
             call_line(&c),

@@ -285,6 +285,10 @@ pub fn encode_result(r: &RunResult) -> Vec<u8> {
             }
             ce.u64("request_bytes", c.request_bytes)
                 .u64("response_bytes", c.response_bytes);
+            // Left out when absent, so a call listed before the field existed keeps its digest.
+            if let Some(kind) = c.credential {
+                ce.str("credential", kind.as_str());
+            }
             ce.finish()
         }),
     );

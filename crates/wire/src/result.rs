@@ -176,6 +176,33 @@ impl Start {
     }
 }
 
+/// Which kind of credential the broker attached to a grant's call: the profile's static
+/// secret (development; the same on every call of every run) or a JWT minted for the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CredentialKind {
+    /// The profile's static secret.
+    Static,
+    /// A short-lived JWT minted for this run.
+    Minted,
+}
+
+impl CredentialKind {
+    /// The lowercase wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::Static => "static",
+            CredentialKind::Minted => "minted",
+        }
+    }
+}
+
+impl fmt::Display for CredentialKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl fmt::Display for Start {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -253,6 +280,11 @@ pub struct GrantCall {
     pub response_bytes: u64,
     /// Wall time of the call in the broker. Not covered by the result digest.
     pub latency_ms: u64,
+    /// The kind of credential the broker attached (`static` or `minted`). The broker sets it
+    /// on every call it lists; `None` only for a result written before the field existed
+    /// (its digest unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<CredentialKind>,
 }
 
 /// The outcome of one project step.

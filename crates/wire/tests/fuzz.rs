@@ -16,9 +16,9 @@ use plimsoll_wire::digest::{
 };
 use plimsoll_wire::trial_step::{TRIAL_RUNNER, scenario_paths, trial_step};
 use plimsoll_wire::{
-    Artifact, BinaryIdentity, Bytes, Evidence, GrantCall, Language, Limits, NamespaceSeen,
-    ProbeReport, Project, ProjectFile, Reason, RunRecord, RunRequest, RunResult, RunSpec, Snippet,
-    Start, Step, StepResult, Wall, WallNamespace, parse_request,
+    Artifact, BinaryIdentity, Bytes, CredentialKind, Evidence, GrantCall, Language, Limits,
+    NamespaceSeen, ProbeReport, Project, ProjectFile, Reason, RunRecord, RunRequest, RunResult,
+    RunSpec, Snippet, Start, Step, StepResult, Wall, WallNamespace, parse_request,
 };
 use proptest::prelude::*;
 
@@ -194,8 +194,12 @@ fn result() -> impl Strategy<Value = RunResult> {
         proptest::option::of(any::<u16>()),
         proptest::option::of(text()),
         any::<[u64; 3]>(),
+        proptest::option::of(prop_oneof![
+            Just(CredentialKind::Static),
+            Just(CredentialKind::Minted)
+        ]),
     )
-        .prop_map(|(method, route, status, error, n)| GrantCall {
+        .prop_map(|(method, route, status, error, n, credential)| GrantCall {
             method,
             route,
             status,
@@ -203,6 +207,7 @@ fn result() -> impl Strategy<Value = RunResult> {
             request_bytes: n[0],
             response_bytes: n[1],
             latency_ms: n[2],
+            credential,
         });
     let namespace = (text(), text(), proptest::option::of(any::<bool>())).prop_map(
         |(name, id, same_as_host)| WallNamespace {

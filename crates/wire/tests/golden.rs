@@ -263,6 +263,7 @@ fn the_vectors_cover_every_kind_and_case() {
         "result/truncated-binary-output",
         "result/project",
         "result/grant-calls",
+        "result/grant-calls-credential",
         "record/plain",
         "record/applied-floor",
         "record/null-floor",
@@ -451,6 +452,8 @@ fn leaf_candidates(key: &str, leaf: &Value) -> Vec<Value> {
                 "javascript",
                 "warm",
                 "cold",
+                "static",
+                "minted",
                 "cell_timeout",
                 "out_of_memory",
             ] {
