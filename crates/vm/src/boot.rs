@@ -1018,6 +1018,9 @@ pub fn open_session(
     }
 }
 
+/// Hands bytes to a session agent's standard input from any thread ([`SessionVm::input_writer`]).
+pub type InputWriter = Box<dyn Fn(&[u8]) + Send + Sync>;
+
 impl SessionVm {
     /// QEMU's pid.
     pub fn pid(&self) -> u32 {
@@ -1041,7 +1044,7 @@ impl SessionVm {
 
     /// What hands `bytes` to the agent's standard input from another thread, as
     /// [`SessionVm::send`] does, never in the middle of another's frames.
-    pub fn input_writer(&self) -> io::Result<Box<dyn Fn(&[u8]) + Send + Sync>> {
+    pub fn input_writer(&self) -> io::Result<InputWriter> {
         let sock = self.vm.sock.try_clone()?;
         let sending = std::sync::Arc::clone(&self.sending);
         Ok(Box::new(move |bytes: &[u8]| {
