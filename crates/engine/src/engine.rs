@@ -934,7 +934,7 @@ impl Engine {
         let slots = Arc::clone(&self.slots);
         cancel.arm(Box::new(move || {
             if let Err(e) = slots[index].provider.cancel(&sandbox) {
-                tracing::warn!(sandbox = %sandbox.id, error = %e, "cannot end a cancelled run's processes");
+                tracing::warn!(error = %plimsoll_sandbox::error_chain(&e), "cannot end a cancelled run's processes");
             }
         }));
     }

@@ -79,7 +79,10 @@ impl Provider for AnyProvider {
     fn opens_sessions(&self) -> bool {
         self.inner().opens_sessions()
     }
-    fn cancel(&self, sandbox: &plimsoll_sandbox::RunningIn) -> Result<(), String> {
+    fn cancel(
+        &self,
+        sandbox: &plimsoll_sandbox::RunningIn,
+    ) -> Result<(), plimsoll_sandbox::CancelRunError> {
         self.inner().cancel(sandbox)
     }
     fn open_session(

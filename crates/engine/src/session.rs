@@ -181,7 +181,7 @@ impl Sessions {
         if let Some(sandbox) = st.sandbox.take()
             && let Err(e) = sandbox.close()
         {
-            tracing::error!(session_id = %s.id, error = %e, "a session's sandbox was not fully removed");
+            tracing::error!(session_id = %s.id, error = %plimsoll_sandbox::error_chain(&e), "a session's sandbox was not fully removed");
         }
         drop(st.permit.take());
         self.count_end(reason);
@@ -1117,7 +1117,7 @@ mod tests {
         fn alive(&mut self) -> bool {
             true
         }
-        fn close(self: Box<Self>) -> Result<(), String> {
+        fn close(self: Box<Self>) -> Result<(), plimsoll_sandbox::CloseSessionError> {
             let _ = self.closing.send(self.name);
             let _ = self
                 .release

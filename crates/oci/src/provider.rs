@@ -1294,11 +1294,23 @@ impl Provider for OciProvider {
     /// By the container's cgroups, not its uid: at runsc the sandbox's processes are
     /// gVisor's, which run as other users. A warm member's container is named by the
     /// member's id, not the run's.
-    fn cancel(&self, sandbox: &plimsoll_sandbox::RunningIn) -> Result<(), String> {
-        let procs = self
-            .container_procs_of(&sandbox.id)
-            .map_err(|e| e.message())?;
-        plimsoll_sandbox::reap::kill_cgroup_processes(&procs, Duration::from_secs(5))
+    fn cancel(
+        &self,
+        sandbox: &plimsoll_sandbox::RunningIn,
+    ) -> Result<(), plimsoll_sandbox::CancelRunError> {
+        let procs = self.container_procs_of(&sandbox.id).map_err(|e| {
+            plimsoll_sandbox::CancelRunError::Find {
+                sandbox: sandbox.id.clone(),
+                cause: Box::new(e),
+            }
+        })?;
+        plimsoll_sandbox::reap::kill_cgroup_processes(&procs, Duration::from_secs(5)).map_err(|e| {
+            plimsoll_sandbox::CancelRunError::End {
+                sandbox: sandbox.id.clone(),
+                uid: sandbox.uid,
+                cause: e.into(),
+            }
+        })
     }
 
     fn open_session(

@@ -235,8 +235,12 @@ impl SessionSandbox for OciSession {
             .unwrap_or(false)
     }
 
-    fn close(mut self: Box<Self>) -> Result<(), String> {
+    fn close(mut self: Box<Self>) -> Result<(), plimsoll_sandbox::CloseSessionError> {
         self.remove()
+            .map_err(|e| plimsoll_sandbox::CloseSessionError::Remove {
+                run_id: self.plan.run_id.clone(),
+                cause: e.into(),
+            })
     }
 }
 

@@ -2,7 +2,8 @@
 //! or may have run ([`LaunchError::MayHaveRun`]), each keeping the error that caused it as its
 //! source and a failed cleanup beside it; a kind of run a provider cannot do
 //! ([`Unsupported`]); a provider whose probe failed ([`Withdrawn`]); cached evidence that no
-//! longer describes a provider ([`Stale`]).
+//! longer describes a provider ([`Stale`]); a cancel that could not end a run's processes
+//! ([`CancelRunError`]); a session's sandbox not fully removed ([`CloseSessionError`]).
 
 use std::error::Error;
 use std::fmt;
@@ -224,6 +225,45 @@ pub enum Stale {
     /// The evidence does not name what only a probe learns (the VM's accelerator).
     #[error("the evidence names no accelerator ({0:?})")]
     NoAccelerator(Option<String>),
+}
+
+/// Why [`crate::Provider::cancel`] could not end the processes of a cancelled run's sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelRunError {
+    /// The sandbox's processes could not be found (its cgroups, say).
+    #[error("cannot find the processes of sandbox {sandbox}")]
+    Find {
+        /// The sandbox ([`crate::RunningIn::id`]).
+        sandbox: String,
+        /// What failed.
+        #[source]
+        cause: Cause,
+    },
+    /// Its processes were found but could not all be ended.
+    #[error("cannot end the processes of sandbox {sandbox} (uid {uid})")]
+    End {
+        /// The sandbox ([`crate::RunningIn::id`]).
+        sandbox: String,
+        /// The uid its code runs as.
+        uid: u32,
+        /// What failed.
+        #[source]
+        cause: Cause,
+    },
+}
+
+/// Why [`crate::SessionSandbox::close`] did not remove everything of a session's sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum CloseSessionError {
+    /// Ending its processes or removing what it left failed.
+    #[error("session sandbox {run_id} was not fully removed")]
+    Remove {
+        /// The run id its sandbox was opened under.
+        run_id: String,
+        /// What failed.
+        #[source]
+        cause: Cause,
+    },
 }
 
 #[cfg(test)]

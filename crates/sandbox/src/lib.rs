@@ -26,7 +26,10 @@ use std::time::Duration;
 
 pub use broker::{BROKER_FD, BrokerChannel, BrokerPort};
 pub use capture::{CaptureError, CaptureLimits, Captured, OutputTap, capture};
-pub use error::{Cause, LaunchError, ReadFileError, Stale, Unsupported, Withdrawn, error_chain};
+pub use error::{
+    CancelRunError, Cause, CloseSessionError, LaunchError, ReadFileError, Stale, Unsupported,
+    Withdrawn, error_chain,
+};
 pub use plimsoll_sys::exec::{PreExec, Step};
 use plimsoll_wire::{Evidence, RunResult, RunSpec, Tier};
 pub use reap::{EndProcessesError, end_processes_of_uid};
@@ -287,8 +290,12 @@ pub trait Provider: Send + Sync {
     /// run) is under way, perhaps more than once, perhaps before the sandbox's processes
     /// exist; the run then ends as a killed run does. By default, every process of the
     /// sandbox's uid (the process tier's child, a jailed QEMU).
-    fn cancel(&self, sandbox: &RunningIn) -> Result<(), String> {
-        end_processes_of_uid(sandbox.uid, Duration::from_secs(5)).map_err(|e| e.to_string())
+    fn cancel(&self, sandbox: &RunningIn) -> Result<(), CancelRunError> {
+        end_processes_of_uid(sandbox.uid, Duration::from_secs(5)).map_err(|e| CancelRunError::End {
+            sandbox: sandbox.id.clone(),
+            uid: sandbox.uid,
+            cause: Box::new(e),
+        })
     }
     /// True when [`Provider::open_session`] keeps sessions.
     fn opens_sessions(&self) -> bool {

@@ -46,7 +46,7 @@ pub trait SessionSandbox: Send + std::fmt::Debug {
     /// Whether its sandbox is still there (its agent alive).
     fn alive(&mut self) -> bool;
     /// Ends its processes and removes everything of it.
-    fn close(self: Box<Self>) -> Result<(), String>;
+    fn close(self: Box<Self>) -> Result<(), crate::CloseSessionError>;
 }
 
 /// Reads an agent's lines (each from `next_line`) up to its answer: every chunk line goes to

@@ -213,8 +213,16 @@ impl SessionSandbox for VmSession {
         true
     }
 
-    fn close(mut self: Box<Self>) -> Result<(), String> {
-        self.remove()
+    fn close(mut self: Box<Self>) -> Result<(), plimsoll_sandbox::CloseSessionError> {
+        match self.vm.take() {
+            Some(vm) => vm
+                .stop()
+                .map_err(|e| plimsoll_sandbox::CloseSessionError::Remove {
+                    run_id: self.plan.run_id.clone(),
+                    cause: Box::new(e),
+                }),
+            None => Ok(()),
+        }
     }
 }
 
