@@ -361,6 +361,7 @@ impl Inner {
                 request_bytes: 0,
                 response_bytes: 0,
                 latency_ms: 0,
+                credential: Some(self.profile.minter().kind()),
             });
             drop(ledger);
             self.log(method, None, None, Some(refusal.code), 0, 0, Duration::ZERO);
@@ -521,6 +522,7 @@ impl Inner {
             request_bytes,
             response_bytes,
             latency_ms: latency.as_millis() as u64,
+            credential: Some(self.profile.minter().kind()),
         });
         self.log(
             method,

@@ -10,6 +10,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac as _};
 pub use plimsoll_secret::Secret;
+use plimsoll_wire::CredentialKind;
 use sha2::Sha256;
 
 /// A secret read from the daemon's environment: a static API token, or an HMAC key. The one
@@ -51,6 +52,14 @@ impl Minter {
     /// result lists it on every call, so a reader of the run's evidence sees it.
     pub fn is_static(&self) -> bool {
         matches!(self, Minter::Static { .. })
+    }
+
+    /// The kind of credential this hands out, as every call the result lists names it.
+    pub fn kind(&self) -> CredentialKind {
+        match self {
+            Minter::Static { .. } => CredentialKind::Static,
+            Minter::Jwt { .. } => CredentialKind::Minted,
+        }
     }
 
     /// The credential of run `run_id` by `caller` that started at `now` and may last
@@ -123,6 +132,7 @@ mod tests {
         let m = Minter::Static { secret: s };
         assert!(!format!("{m:?}").contains("s3cr3t"));
         assert!(m.is_static());
+        assert_eq!(m.kind(), CredentialKind::Static);
         let c = m.mint("alice", "run-1", SystemTime::now(), Duration::from_secs(5));
         assert_eq!(c.expose(), "s3cr3t-value");
         assert_eq!(format!("{c:?} {c}"), "<redacted> <redacted>");
@@ -170,5 +180,6 @@ mod tests {
         assert_eq!(claims["plimsoll_run"], "run-8");
         assert!(claims.get("iss").is_none());
         assert!(!m.is_static());
+        assert_eq!(m.kind(), CredentialKind::Minted);
     }
 }

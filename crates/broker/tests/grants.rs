@@ -1078,3 +1078,66 @@ fn connections_are_capped_and_closed_on_protocol_errors() {
     drop(again);
     broker.finish();
 }
+
+/// Every call the broker lists names the kind of credential it attached: `static` under the
+/// static profile (answered, and past the budget), `minted` under the JWT one (answered, and
+/// refused), so a run's evidence says when it went out under a development secret.
+#[test]
+fn every_listed_call_names_its_credential_kind() {
+    use plimsoll_sandbox::BrokerPort as _;
+    use plimsoll_wire::CredentialKind;
+    use std::io::Read as _;
+    use std::os::unix::net::UnixStream;
+
+    fn call(s: &mut UnixStream, request: &str) -> serde_json::Value {
+        let mut f = (request.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(request.as_bytes());
+        s.write_all(&f).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    let jwt_api = TestApi::start(Expect::Jwt {
+        key: HMAC_KEY.as_bytes().to_vec(),
+        audience: "orders-api".into(),
+        subject: "alice".into(),
+    });
+    let static_api = static_api();
+    for (profile, api, expected) in [
+        ("orders", &static_api, CredentialKind::Static),
+        ("orders-jwt", &jwt_api, CredentialKind::Minted),
+    ] {
+        // A budget of one call: the static profile's second call is past it.
+        let grants = GrantProfiles::parse(&grants_text(&api.url(), 1), test_env).unwrap();
+        let broker = plimsoll_broker::Broker::start(
+            grants.authorize(profile, "alice").unwrap(),
+            "alice",
+            "credential-kind-test",
+            Duration::from_secs(60),
+        );
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        broker.serve_stream(theirs).unwrap();
+        let answered = call(&mut ours, r#"{"id":1,"method":"GET","path":"/orders/1"}"#);
+        assert_eq!(answered["status"], 200, "{profile}: {answered}");
+        let second = if profile == "orders" {
+            r#"{"id":2,"method":"GET","path":"/orders/2"}"#
+        } else {
+            r#"{"id":2,"method":"POST","path":"/orders"}"#
+        };
+        let refused = call(&mut ours, second);
+        assert!(refused["error"]["code"].is_string(), "{profile}: {refused}");
+        drop(ours);
+        let calls = broker.finish();
+        assert_eq!(calls.len(), 2, "{profile}: {calls:?}");
+        assert_eq!(calls[0].status, Some(200), "{profile}: {calls:?}");
+        assert!(calls[1].error.is_some(), "{profile}: {calls:?}");
+        for c in &calls {
+            assert_eq!(c.credential, Some(expected), "{profile}: {c:?}");
+        }
+    }
+}
