@@ -186,6 +186,10 @@ func encodeResult(o *Output) []byte {
 		}
 		n.u64("request_bytes", c.RequestBytes)
 		n.u64("response_bytes", c.ResponseBytes)
+		// Left out when absent, so a call listed before the member existed keeps its digest.
+		if c.Credential != "" {
+			n.str("credential", string(c.Credential))
+		}
 		calls = append(calls, n.buf)
 	}
 	e.list("steps", steps)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -189,5 +190,33 @@ func TestTheMemberAgeIsCovered(t *testing.T) {
 	b := Output{Start: StartWarm, MemberAgeMS: &two}
 	if ResultSHA256(&a) == ResultSHA256(&b) {
 		t.Error("member_age_ms is not covered by the result digest")
+	}
+}
+
+func TestTheCallsCredentialKindIsReadStrictlyAndCovered(t *testing.T) {
+	call := func(kind string) string {
+		c := `{"method":"GET","request_bytes":0,"response_bytes":2,"latency_ms":1`
+		if kind != "" {
+			c += `,"credential":` + kind
+		}
+		return strings.Replace(plainResult, `"exit_code"`, `"calls":[`+c+`}],"exit_code"`, 1)
+	}
+	digests := map[string]string{}
+	for _, kind := range []string{"", "null", `"static"`, `"minted"`} {
+		var o Output
+		if _, err := readStrict([]byte(call(kind)), &o); err != nil {
+			t.Fatalf("credential %s: %v", kind, err)
+		}
+		digests[kind] = ResultSHA256(&o)
+	}
+	if digests[""] != digests["null"] {
+		t.Error("a null credential is not the same as an absent one")
+	}
+	if digests[`"static"`] == digests[""] || digests[`"static"`] == digests[`"minted"`] {
+		t.Error("the credential kind is not covered by the result digest")
+	}
+	var o Output
+	if _, err := readStrict([]byte(call(`"borrowed"`)), &o); err == nil || !strings.Contains(err.Error(), "not a credential kind") {
+		t.Errorf("a credential kind that is neither static nor minted: %v", err)
 	}
 }

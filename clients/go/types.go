@@ -113,6 +113,34 @@ func (s *Start) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
+// CredentialKind says which kind of credential the broker attached to a grant's call.
+type CredentialKind string
+
+// The two credential kinds.
+const (
+	// CredentialStatic: the profile's static secret (development only), the same on every
+	// call of every run.
+	CredentialStatic CredentialKind = "static"
+	// CredentialMinted: a short-lived JWT minted for the run.
+	CredentialMinted CredentialKind = "minted"
+)
+
+// UnmarshalJSON accepts only the two credential kind names.
+func (k *CredentialKind) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var v string
+	if err := json.Unmarshal(data, &v); err != nil {
+		return fmt.Errorf("a credential kind must be a string: %w", err)
+	}
+	if CredentialKind(v) != CredentialStatic && CredentialKind(v) != CredentialMinted {
+		return fmt.Errorf("`%s` is not a credential kind (static, minted)", v)
+	}
+	*k = CredentialKind(v)
+	return nil
+}
+
 // Reason says why nothing ran: the not-dispatched mark of a refusal.
 type Reason string
 
@@ -474,6 +502,10 @@ type GrantCall struct {
 	ResponseBytes uint64  `json:"response_bytes"`
 	// LatencyMS is not covered by the result digest.
 	LatencyMS uint64 `json:"latency_ms"`
+	// Credential is the kind of credential the broker attached, CredentialStatic or
+	// CredentialMinted. Read as optional so that an older result parses ("" when absent or
+	// null); the daemon sets it on every call it lists. Inside the result digest.
+	Credential CredentialKind `json:"credential,omitempty"`
 }
 
 // Record is the run record: the facts a signer needs, with a digest over them.
