@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import plimsoll
-from plimsoll import _digest
+from plimsoll import _digest, _types
 
 sys.path.insert(0, str(Path(__file__).parent))
 from daemon import REPO  # noqa: E402
@@ -152,3 +152,26 @@ def test_the_start_and_a_warm_members_age_are_read_and_covered() -> None:
     cold["start"] = "hot"
     with pytest.raises(_digest.EncodingError, match="unknown start"):
         plimsoll.result_sha256(cold)
+
+
+def test_a_calls_credential_kind_is_read_and_covered() -> None:
+    with_kinds = copy.deepcopy(BY_NAME["result/grant-calls-credential"]["input"])
+    r = plimsoll.RunResult.from_wire(with_kinds)
+    assert [c.credential for c in r.calls] == [
+        plimsoll.CredentialKind.STATIC,
+        plimsoll.CredentialKind.MINTED,
+    ]
+    before = plimsoll.result_sha256(with_kinds)
+    with_kinds["calls"][0]["credential"] = "minted"
+    assert plimsoll.result_sha256(with_kinds) != before
+    # Absent and null are the same: a call listed before the member existed.
+    del with_kinds["calls"][0]["credential"]
+    absent = plimsoll.result_sha256(with_kinds)
+    with_kinds["calls"][0]["credential"] = None
+    assert plimsoll.result_sha256(with_kinds) == absent != before
+    assert plimsoll.RunResult.from_wire(with_kinds).calls[0].credential is None
+    with_kinds["calls"][0]["credential"] = "borrowed"
+    with pytest.raises(_digest.EncodingError, match="unknown credential kind"):
+        plimsoll.result_sha256(with_kinds)
+    with pytest.raises(_types.WireError, match="not static or minted"):
+        plimsoll.RunResult.from_wire(with_kinds)

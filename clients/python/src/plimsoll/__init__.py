@@ -28,6 +28,7 @@ from ._digest import (
 from ._types import (
     PROTOCOL,
     Artifact,
+    CredentialKind,
     EndReason,
     File,
     GrantCall,
@@ -89,6 +90,7 @@ __all__ = [
     "ChainInDoubt",
     "ChainMismatch",
     "Client",
+    "CredentialKind",
     "DaemonFailed",
     "DEFAULT_MAX_BODY_BYTES",
     "DigestMismatch",

@@ -146,6 +146,7 @@ def _obj(v: Any, what: str) -> Mapping[str, Any]:
 
 _TIERS = ("process", "container", "kernel", "vm")
 _STARTS = ("warm", "cold")
+_CREDENTIALS = ("static", "minted")
 _END_REASONS = (
     "closed",
     "idle_timeout",
@@ -168,6 +169,12 @@ def _tier(v: Any) -> bytes:
 def _start(v: Any) -> bytes:
     if v not in _STARTS:
         raise EncodingError(f"unknown start {v!r}")
+    return _str(v)
+
+
+def _credential(v: Any) -> bytes:
+    if v not in _CREDENTIALS:
+        raise EncodingError(f"unknown credential kind {v!r}")
     return _str(v)
 
 
@@ -278,6 +285,8 @@ def _call(v: Any) -> bytes:
     f.opt(o, "error", _str)
     f.req(o, "request_bytes", _u64)
     f.req(o, "response_bytes", _u64)
+    # Left out when absent or null, so a call listed before the member existed keeps its digest.
+    f.opt(o, "credential", _credential)
     return f.nested()
 
 

@@ -71,6 +71,18 @@ class Start(str, enum.Enum):
         return self.value
 
 
+class CredentialKind(str, enum.Enum):
+    """Which kind of credential the broker attached to a grant's call: ``static``, the
+    profile's static secret (development only, the same on every call of every run), or
+    ``minted``, a short-lived JWT minted for the run."""
+
+    STATIC = "static"
+    MINTED = "minted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class EndReason(str, enum.Enum):
     """Why a session, or its interpreter, ended (docs/sessions.md, "Ends"). Every end has one;
     none is silent. ``interpreter_crash``, ``out_of_memory`` and ``cell_timeout`` end only the
@@ -385,6 +397,9 @@ class GrantCall:
     request_bytes: int
     response_bytes: int
     latency_ms: int
+    credential: Optional[CredentialKind] = None
+    """The kind of credential the broker attached. Read as optional so an older result
+    parses; the daemon sets it on every call it lists. Inside the result digest."""
 
     @classmethod
     def from_wire(cls, o: Any, what: str) -> "GrantCall":
@@ -392,8 +407,16 @@ class GrantCall:
             o,
             what,
             ("method", "request_bytes", "response_bytes", "latency_ms"),
-            ("route", "status", "error"),
+            ("route", "status", "error", "credential"),
         )
+        credential = o.get("credential")
+        if credential is not None:
+            try:
+                credential = CredentialKind(credential)
+            except ValueError:
+                raise WireError(
+                    f"{what}.credential is not static or minted: {credential!r}"
+                ) from None
         return cls(
             method=_str(o, "method", what) or "",
             route=_str(o, "route", what),
@@ -402,6 +425,7 @@ class GrantCall:
             request_bytes=_u64(o, "request_bytes", what) or 0,
             response_bytes=_u64(o, "response_bytes", what) or 0,
             latency_ms=_u64(o, "latency_ms", what) or 0,
+            credential=credential,
         )
 
 
