@@ -153,6 +153,8 @@ export function encodeResult(r: RunResult): Uint8Array {
       .optional("error", c.error, utf8)
       .field("request_bytes", u64be(c.request_bytes))
       .field("response_bytes", u64be(c.response_bytes))
+      // Left out when absent, so a call listed before the member existed keeps its digest.
+      .optional("credential", c.credential, utf8)
       .bytes(),
   );
   // How the sandbox started, and a warm member's age: left out when absent, so a result

@@ -36,6 +36,8 @@ import {
   type SessionList,
   STARTS,
   type Start,
+  CREDENTIAL_KINDS,
+  type CredentialKind,
   type StepResult,
   type StreamLine,
   TIERS,
@@ -156,6 +158,7 @@ function oneOf<T extends string>(values: readonly T[], type: string): (v: JsonVa
 
 const tier = oneOf<Tier>(TIERS, "tier");
 const start = oneOf<Start>(STARTS, "start");
+const credentialKind = oneOf<CredentialKind>(CREDENTIAL_KINDS, "credential kind");
 const reason = oneOf<Reason>(REASONS, "reason");
 const language = oneOf<Language>(["javascript", "python"], "language");
 const endReason = oneOf<EndReason>(END_REASONS, "session end reason");
@@ -322,6 +325,7 @@ function grantCall(v: JsonValue, path: string): GrantCall {
     "request_bytes",
     "response_bytes",
     "latency_ms",
+    "credential",
   ]);
   const out: GrantCall = {
     method: req(m, "method", path, str),
@@ -332,6 +336,7 @@ function grantCall(v: JsonValue, path: string): GrantCall {
   optInto(out, m, "route", path, str);
   optInto(out, m, "status", path, u16);
   optInto(out, m, "error", path, str);
+  optInto(out, m, "credential", path, credentialKind);
   return out;
 }
 

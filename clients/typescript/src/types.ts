@@ -28,6 +28,16 @@ export type Start = "warm" | "cold";
 /** Every start. */
 export const STARTS: readonly Start[] = ["warm", "cold"];
 
+/**
+ * Which kind of credential the broker attached to a grant's call: `static`, the profile's
+ * static secret (development only, the same on every call of every run), or `minted`, a
+ * short-lived JWT minted for the run.
+ */
+export type CredentialKind = "static" | "minted";
+
+/** Every credential kind. */
+export const CREDENTIAL_KINDS: readonly CredentialKind[] = ["static", "minted"];
+
 /** Why nothing ran: the reason of a "not dispatched" mark. */
 export type Reason =
   | "request"
@@ -202,6 +212,11 @@ export interface GrantCall {
   response_bytes: number;
   /** Not covered by the result digest. */
   latency_ms: number;
+  /**
+   * The kind of credential the broker attached. Optional when read, so that an older result
+   * parses; the daemon sets it on every call it lists. Inside the result digest.
+   */
+  credential?: CredentialKind;
 }
 
 /** What a run produced. */

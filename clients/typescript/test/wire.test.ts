@@ -340,6 +340,24 @@ test("a result's start is read, null as absent, and covered by its digest with a
   assert.throws(() => decodeRunResult(resultJson({ start: "hot" })), /not a start/);
 });
 
+test("a call's credential kind is read, null as absent, and covered by the result digest", () => {
+  const call = (credential?: unknown) => ({
+    method: "GET",
+    request_bytes: 0,
+    response_bytes: 2,
+    latency_ms: 1,
+    ...(credential === undefined ? {} : { credential }),
+  });
+  const withKind = (credential?: unknown) => decodeRunResult(resultJson({ calls: [call(credential)] }));
+  assert.equal(withKind("static").calls[0]?.credential, "static");
+  assert.equal(withKind("minted").calls[0]?.credential, "minted");
+  assert.equal("credential" in (withKind(null).calls[0] ?? {}), false);
+  assert.equal(resultSha256(withKind(null)), resultSha256(withKind()));
+  assert.notEqual(resultSha256(withKind("static")), resultSha256(withKind()));
+  assert.notEqual(resultSha256(withKind("static")), resultSha256(withKind("minted")));
+  assert.throws(() => withKind("borrowed"), /not a credential kind/);
+});
+
 test("a result's wall is read strictly, null as absent, and covered by its digest", () => {
   const wall = {
     uid: 2000100,
