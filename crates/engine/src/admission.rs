@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use plimsoll_sandbox::{UidLease, try_lease};
 
+use crate::error::BuildEngineError;
+
 /// The run uid of slot `slot`: `base + slot`.
 pub fn run_uid(base: u32, slot: usize) -> u32 {
     base + slot as u32
@@ -280,6 +282,25 @@ impl Admission {
     }
 }
 
+/// Sandbox uids must sit above the 16-bit range where system and login accounts live, and the
+/// whole range (run uids, the first probe uid, the controller uids, then one probe uid per
+/// further provider) must fit in a uid.
+pub(crate) fn validate_uid_range(
+    base: u32,
+    max_concurrent: usize,
+    providers: usize,
+) -> Result<(), BuildEngineError> {
+    const LOWEST: u32 = 65_536;
+    let top = uid_range_end(base, max_concurrent, providers).map(|end| end - 1);
+    match top {
+        Some(top) if base >= LOWEST && top < u32::MAX - 1 => Ok(()),
+        _ => Err(BuildEngineError::Invalid(format!(
+            "sandbox_uid_base = {base} with max_concurrent = {max_concurrent} and {providers} provider(s) is out of range: the uids base..=base+2*max_concurrent+providers-1 must lie between {LOWEST} and {}, unused on this host",
+            u32::MAX - 2
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,9 +331,9 @@ mod tests {
                 uid_range_end(base, max, providers),
                 Some(*uids.last().unwrap() + 1)
             );
-            assert!(crate::engine::validate_uid_range(base, max, providers).is_ok());
+            assert!(validate_uid_range(base, max, providers).is_ok());
         }
-        assert!(crate::engine::validate_uid_range(u32::MAX - 30, 8, 20).is_err());
+        assert!(validate_uid_range(u32::MAX - 30, 8, 20).is_err());
     }
 
     #[test]

@@ -2,23 +2,24 @@
 //! runs, and builds the response with its digests and record.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
 use plimsoll_sandbox::{BrokerChannel, Probed, Provider, RunningIn};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
-    ErrorBody, ErrorResponse, GrantCall, NotDispatched, PROTOCOL, ProviderInfo, Reason, RunRecord,
-    RunRequest, RunResponse, RunResult, Start,
+    GrantCall, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest, RunResponse, RunResult, Start,
 };
 
-use crate::admission::Admission;
+use crate::admission::{Admission, validate_uid_range};
 use crate::config::EngineConfig;
+use crate::error::{BuildEngineError, RunError};
 use crate::evidence_cache::EvidenceCache;
+use crate::ids::new_run_id;
 use crate::plan::{ProviderView, Unavailable, plan};
 use crate::pool::{PoolConfig, PoolCounts, Pools, ProviderNow};
 use crate::providers::AnyProvider;
+use crate::recheck::{Recheck, RecheckState, STALE};
 
 /// A provider with its latest probe.
 #[derive(Debug)]
@@ -31,19 +32,9 @@ pub(crate) struct Slot {
     /// Held while its probe runs: one probe per provider at a time (start-up, re-check and
     /// a re-probe after a failure may meet).
     probing: std::sync::Mutex<()>,
-    /// Set while a probe after a failure is running in the background (at most one at a
-    /// time). The provider keeps serving on its last good evidence meanwhile: what one
-    /// request did never takes it away from everyone; only the probe's own failure does.
-    rechecking: AtomicBool,
-    /// Set when its environment was seen to have moved since its evidence (a rebuilt
-    /// image): routing skips it until the probe this started has ended.
-    stale: AtomicBool,
+    /// Whether it is being probed again, and whether its environment moved.
+    recheck: RecheckState,
 }
-
-/// The unavailability a provider shows while its environment is known to have moved since
-/// its probe and it is probed again.
-pub(crate) const STALE: &str =
-    "its environment changed since its probe and it is being probed again; retry shortly";
 
 #[derive(Debug, Clone)]
 pub(crate) struct ProbedState {
@@ -63,136 +54,6 @@ pub struct ProviderEvidence {
     /// It came from the host's evidence cache ([`EvidenceCache`]), not from a probe of
     /// this engine.
     pub cached: bool,
-}
-
-/// The engine could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildEngineError {
-    /// No provider was configured: nothing would run, so nothing starts.
-    #[error("no provider is configured: configure at least one (for example `process`)")]
-    NoProviders,
-    /// Two providers share a name.
-    #[error("two providers are named `{0}`")]
-    DuplicateName(String),
-    /// A limit setting makes no sense.
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
-}
-
-/// A run that did not give a result.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// Refused before anything ran.
-    #[error("not dispatched ({reason}): {message}")]
-    Refused {
-        /// The caller's request id, when it could be read.
-        request_id: Option<String>,
-        /// Why.
-        reason: Reason,
-        /// What to do.
-        message: String,
-    },
-    /// A session's open or call refused before anything of it ran, with a code of its own
-    /// (`session_not_found`, `session_ended`, `sandbox_changed`, `interpreter_ended`).
-    #[error("not dispatched ({reason}, {code}): {message}")]
-    SessionRefused {
-        /// The caller's request id, when it could be read.
-        request_id: Option<String>,
-        /// Why, as a refusal reason.
-        reason: Reason,
-        /// The code on the wire.
-        code: &'static str,
-        /// What to do.
-        message: String,
-        /// Why the session ended, when it has.
-        end_reason: Option<plimsoll_wire::EndReason>,
-    },
-    /// Cancelled after it was dispatched: the client that asked went away
-    /// ([`crate::Cancel`]) before its answer. Its code may have run; whatever the sandbox
-    /// gave is not kept, and nothing of the provider is in doubt (it is not checked again).
-    #[error("the run on `{provider}` was cancelled (its client went away); it may have run")]
-    Cancelled {
-        /// The caller's request id.
-        request_id: String,
-        /// The provider it was dispatched to.
-        provider: String,
-    },
-    /// Failed after the code may have started.
-    #[error("the run failed after it may have started on `{provider}`: {message}")]
-    Failed {
-        /// The caller's request id.
-        request_id: String,
-        /// The provider it was dispatched to.
-        provider: String,
-        /// What failed.
-        message: String,
-    },
-}
-
-impl NotDispatched for RunError {
-    fn not_dispatched(&self) -> Option<Reason> {
-        match self {
-            RunError::Refused { reason, .. } | RunError::SessionRefused { reason, .. } => {
-                Some(*reason)
-            }
-            RunError::Failed { .. } | RunError::Cancelled { .. } => None,
-        }
-    }
-}
-
-impl RunError {
-    /// A refusal: nothing ran.
-    pub fn refused(request_id: Option<&str>, reason: Reason, message: impl Into<String>) -> Self {
-        RunError::Refused {
-            request_id: request_id.map(str::to_owned),
-            reason,
-            message: message.into(),
-        }
-    }
-
-    /// The caller's request id, if known.
-    pub fn request_id(&self) -> Option<&str> {
-        match self {
-            RunError::Refused { request_id, .. } | RunError::SessionRefused { request_id, .. } => {
-                request_id.as_deref()
-            }
-            RunError::Failed { request_id, .. } | RunError::Cancelled { request_id, .. } => {
-                Some(request_id)
-            }
-        }
-    }
-
-    /// The wire form.
-    pub fn to_response(&self) -> ErrorResponse {
-        let mut end_reason = None;
-        let (code, message, nd) = match self {
-            RunError::Refused {
-                reason, message, ..
-            } => (reason.as_str().to_owned(), message.clone(), Some(*reason)),
-            RunError::SessionRefused {
-                reason,
-                code,
-                message,
-                end_reason: end,
-                ..
-            } => {
-                end_reason = *end;
-                ((*code).to_owned(), message.clone(), Some(*reason))
-            }
-            RunError::Failed { .. } => ("sandbox_failed".to_owned(), self.to_string(), None),
-            RunError::Cancelled { .. } => ("cancelled".to_owned(), self.to_string(), None),
-        };
-        ErrorResponse {
-            protocol: PROTOCOL,
-            request_id: self.request_id().map(str::to_owned),
-            error: ErrorBody {
-                code,
-                message,
-                not_dispatched: nd,
-                end_reason,
-            },
-        }
-    }
 }
 
 /// The engine. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -360,8 +221,7 @@ impl Engine {
                     index,
                 ),
                 probing: std::sync::Mutex::new(()),
-                rechecking: AtomicBool::new(false),
-                stale: AtomicBool::new(false),
+                recheck: RecheckState::default(),
             })
             .collect();
         Ok(Engine {
@@ -394,18 +254,6 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .configs
             .clone()
-    }
-
-    /// Puts the warm pools `settings` ask for in force ([`Engine::replace_pools`]): only its
-    /// `[pools]` section is read, over the providers and the default floor in force (a
-    /// change to anything else needs a restart).
-    pub fn reload_pools(
-        &self,
-        settings: &crate::settings::Settings,
-    ) -> Result<PoolsReplaced, BuildEngineError> {
-        let providers: Vec<&AnyProvider> = self.slots.iter().map(|s| &s.provider).collect();
-        let configs = settings.pool_configs(&providers, self.config.default_floor)?;
-        self.replace_pools(configs)
     }
 
     /// Puts `configs` in force (the daemon's SIGHUP): a configuration equal to the one in
@@ -481,9 +329,7 @@ impl Engine {
                                 .read()
                                 .unwrap_or_else(|p| p.into_inner())
                                 .as_ref()
-                                .filter(|st| {
-                                    st.probed.available.is_ok() && !s.stale.load(Ordering::SeqCst)
-                                })
+                                .filter(|st| st.probed.available.is_ok() && !s.recheck.stale())
                                 .map(|st| st.evidence_sha256.clone()),
                         })
                         .collect();
@@ -776,7 +622,7 @@ impl Engine {
     pub fn rechecking(&self, name: &str) -> bool {
         self.slots
             .iter()
-            .any(|s| s.provider.name() == name && s.rechecking.load(Ordering::SeqCst))
+            .any(|s| s.provider.name() == name && s.recheck.rechecking())
     }
 
     /// The answer to `GET /v1/providers`: the default floor and [`Engine::providers`].
@@ -799,7 +645,7 @@ impl Engine {
                     .read()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone()?;
-                let available = if slot.stale.load(Ordering::SeqCst) {
+                let available = if slot.recheck.stale() {
                     Err(STALE.to_owned())
                 } else {
                     st.probed.available.clone().map_err(|w| w.to_string())
@@ -880,7 +726,7 @@ impl Engine {
                 memory_floor: slot.provider.memory_floor(&req.run),
                 carries_broker: slot.provider.supports_broker(),
                 available: match st {
-                    _ if slot.stale.load(Ordering::SeqCst) => Err(Unavailable::Stale),
+                    _ if slot.recheck.stale() => Err(Unavailable::Stale),
                     None => Err(Unavailable::Probing),
                     Some(s) => s
                         .probed
@@ -1160,29 +1006,13 @@ pub(crate) fn concerns_provider(e: &plimsoll_sandbox::LaunchError) -> bool {
     e.cleanup().is_some() || e.not_dispatched() == Some(Reason::Environment)
 }
 
-/// Why a provider is probed again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Recheck {
-    /// A failure that concerns it: it serves on its last good evidence until the probe
-    /// says otherwise.
-    AfterFailure,
-    /// Its environment moved since its evidence: skipped until the probe has ended.
-    Stale,
-}
-
 /// [`Engine::recheck_in_background`], for a caller holding only the slots.
 fn recheck(slots: &Arc<[Slot]>, index: usize, lease_dir: std::path::PathBuf, why: Recheck) {
     let slot = &slots[index];
-    if why == Recheck::Stale {
-        slot.stale.store(true, Ordering::SeqCst);
-    }
-    if slot.rechecking.swap(true, Ordering::SeqCst) {
+    if !slot.recheck.begin(why) {
         return;
     }
-    let ended = |slot: &Slot| {
-        slot.stale.store(false, Ordering::SeqCst);
-        slot.rechecking.store(false, Ordering::SeqCst);
-    };
+    let ended = |slot: &Slot| slot.recheck.ended();
     let theirs = Arc::clone(slots);
     let their_dir = lease_dir.clone();
     let spawned = std::thread::Builder::new()
@@ -1266,25 +1096,6 @@ fn unprobed(name: &str, tier: plimsoll_wire::Tier, why: String) -> Probed {
     }
 }
 
-/// Sandbox uids must sit above the 16-bit range where system and login accounts live, and the
-/// whole range (run uids, the first probe uid, the controller uids, then one probe uid per
-/// further provider) must fit in a uid.
-pub(crate) fn validate_uid_range(
-    base: u32,
-    max_concurrent: usize,
-    providers: usize,
-) -> Result<(), BuildEngineError> {
-    const LOWEST: u32 = 65_536;
-    let top = crate::admission::uid_range_end(base, max_concurrent, providers).map(|end| end - 1);
-    match top {
-        Some(top) if base >= LOWEST && top < u32::MAX - 1 => Ok(()),
-        _ => Err(BuildEngineError::Invalid(format!(
-            "sandbox_uid_base = {base} with max_concurrent = {max_concurrent} and {providers} provider(s) is out of range: the uids base..=base+2*max_concurrent+providers-1 must lie between {LOWEST} and {}, unused on this host",
-            u32::MAX - 2
-        ))),
-    }
-}
-
 /// Completes a dispatched run's result before its digest is taken: the calls its broker saw,
 /// and how its sandbox started. Every sandbox is started for its request (no warm pool yet),
 /// so every result says `cold` and has no member age, whatever the provider wrote.
@@ -1300,12 +1111,6 @@ fn finish_result(
         Start::Cold
     });
     result.member_age_ms = member_age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX));
-}
-
-/// A fresh id for a run (or a warm member): 96 random bits, hex.
-pub(crate) fn new_run_id() -> String {
-    let bytes: [u8; 12] = rand::random();
-    hex::encode(bytes)
 }
 
 #[cfg(test)]
@@ -1384,23 +1189,5 @@ mod tests {
                 "{reason}"
             );
         }
-    }
-
-    /// #28 (4): a cancelled run says it may have run, with its own code, never
-    /// `sandbox_failed`.
-    #[test]
-    fn a_cancelled_run_may_have_run_and_says_cancelled() {
-        let e = RunError::Cancelled {
-            request_id: "r-1".into(),
-            provider: "crun".into(),
-        };
-        assert_eq!(e.not_dispatched(), None);
-        assert_eq!(e.request_id(), Some("r-1"));
-        let wire = e.to_response();
-        assert_eq!(
-            (wire.error.code.as_str(), wire.error.not_dispatched),
-            ("cancelled", None)
-        );
-        assert_eq!(wire.request_id.as_deref(), Some("r-1"));
     }
 }

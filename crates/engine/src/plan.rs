@@ -16,7 +16,7 @@ use plimsoll_wire::{Reason, RunRequest, Tier};
 
 use crate::admission::{controller_uid, run_uid};
 use crate::config::EngineConfig;
-use crate::engine::RunError;
+use crate::error::RunError;
 use crate::routing::{Candidate, route};
 
 /// Why a provider cannot take runs right now, as the snapshot saw it.
@@ -38,7 +38,7 @@ impl Unavailable<'_> {
             Unavailable::Probing => {
                 "not probed yet: its probe is still running; retry shortly".to_owned()
             }
-            Unavailable::Stale => crate::engine::STALE.to_owned(),
+            Unavailable::Stale => crate::recheck::STALE.to_owned(),
             Unavailable::Withdrawn(why) => why.to_string(),
         }
     }

@@ -435,7 +435,7 @@ impl Pools {
                 continue;
             };
             let uid = self.first_uid + slot as u32;
-            let member_id = format!("warm-{}", crate::engine::new_run_id());
+            let member_id = format!("warm-{}", crate::ids::new_run_id());
             let plan = WarmPlan {
                 run_dir: self.runs_dir.join(&member_id),
                 member_id,

@@ -19,7 +19,9 @@ use plimsoll_wire::{
     SessionList, SessionOpenRequest, Snippet, Tier, Wall, validate_session_id,
 };
 
-use crate::engine::{Engine, RunError, new_run_id};
+use crate::engine::Engine;
+use crate::error::RunError;
+use crate::ids::new_run_id;
 
 /// Ended sessions remembered, so a call to one says why it ended (oldest forgotten first).
 const ENDED_KEPT: usize = 4096;

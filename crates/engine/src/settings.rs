@@ -72,7 +72,8 @@ use plimsoll_wire::Tier;
 use serde::Deserialize;
 
 use crate::config::{EngineConfig, LimitPolicy};
-use crate::engine::{BuildEngineError, Engine};
+use crate::engine::{Engine, PoolsReplaced};
+use crate::error::BuildEngineError;
 use crate::pool::{PoolConfig, PoolSettings};
 use crate::providers::AnyProvider;
 
@@ -635,7 +636,7 @@ impl Settings {
             None => default_providers.iter().map(|s| (*s).to_owned()).collect(),
         };
         self.oci.validate().map_err(BuildEngineError::Invalid)?;
-        crate::engine::validate_uid_range(
+        crate::admission::validate_uid_range(
             config.sandbox_uid_base,
             config.max_concurrent,
             names.len(),
@@ -739,6 +740,17 @@ pub fn default_image_dir() -> PathBuf {
         .map(|d| d.join("build/images/sandbox"))
         .find(|d| d.join("identity").is_file())
         .unwrap_or_else(|| PathBuf::from("/var/lib/plimsoll/build/images/sandbox"))
+}
+
+impl Engine {
+    /// Puts the warm pools `settings` ask for in force ([`Engine::replace_pools`]): only its
+    /// `[pools]` section is read, over the providers and the default floor in force (a
+    /// change to anything else needs a restart).
+    pub fn reload_pools(&self, settings: &Settings) -> Result<PoolsReplaced, BuildEngineError> {
+        let providers: Vec<&AnyProvider> = self.slots.iter().map(|s| &s.provider).collect();
+        let configs = settings.pool_configs(&providers, self.config.default_floor)?;
+        self.replace_pools(configs)
+    }
 }
 
 #[cfg(test)]
