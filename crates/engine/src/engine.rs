@@ -1136,6 +1136,7 @@ mod tests {
                 request_bytes: 0,
                 response_bytes: 2,
                 latency_ms: 1,
+                credential: None,
             };
             finish_result(&mut result, vec![call.clone()], None);
             assert_eq!(result.start, Some(Start::Cold));
