@@ -841,13 +841,8 @@ impl Engine {
             ));
         }
         // A warm member when a pool matches exactly and has one made under this evidence.
-        let claimed = self.pools().claim(
-            index,
-            &req.run,
-            &decided.limits,
-            decided.grant.is_none() && !decided.privileges.is_trial(),
-            &state.evidence_sha256,
-        );
+        // Keyed on the resolved plan, not the request.
+        let claimed = self.pools().claim(index, &plan, &state.evidence_sha256);
         tracing::info!(
             request_id = %req.request_id, run_id = %run_id, caller, provider = chosen,
             tier = %state.probed.tier, grant = req.grant.as_deref().unwrap_or("-"),

@@ -290,19 +290,21 @@ impl Pools {
             .collect()
     }
 
-    /// Takes an idle member for a run at `provider` of `spec` with these limits, made under
-    /// `evidence_sha256`, if a pool matches and has one. A match with none counts as empty.
+    /// Takes an idle member for the run `plan` resolved at `provider` (its decided provider,
+    /// language and limits), made under `evidence_sha256`, if a pool matches and has one. A
+    /// match with none counts as empty. Only a plain snippet claims one: no broker channel,
+    /// no trial privileges.
     pub fn claim(
         self: &Arc<Self>,
         provider: usize,
-        spec: &RunSpec,
-        limits: &plimsoll_sandbox::ResolvedLimits,
-        plain: bool,
+        plan: &plimsoll_sandbox::LaunchPlan,
         evidence_sha256: &str,
     ) -> Option<Claimed> {
-        let RunSpec::Snippet(snippet) = spec else {
+        let RunSpec::Snippet(snippet) = &plan.spec else {
             return None;
         };
+        let limits = &plan.limits;
+        let plain = plan.broker.is_none() && !plan.privileges.is_trial();
         if !plain || limits.timeout > self.max_timeout {
             return None;
         }
