@@ -304,6 +304,31 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_or_close_error_names_its_sandbox_and_keeps_its_cause() {
+        let e = CancelRunError::End {
+            sandbox: "warm-ab12".into(),
+            uid: 70_001,
+            cause: Box::new(Outer(std::io::Error::other("EPERM"))),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot end the processes of sandbox warm-ab12 (uid 70001)"
+        );
+        assert_eq!(
+            error_chain(&e),
+            "cannot end the processes of sandbox warm-ab12 (uid 70001): cannot write the bundle: EPERM"
+        );
+        let c = CloseSessionError::Remove {
+            run_id: "r1".into(),
+            cause: "cannot remove /run/x".into(),
+        };
+        assert_eq!(
+            error_chain(&c),
+            "session sandbox r1 was not fully removed: cannot remove /run/x"
+        );
+    }
+
+    #[test]
     fn withdrawn_lists_every_failed_check() {
         let w = Withdrawn::Checks {
             provider: "crun".into(),
