@@ -137,6 +137,10 @@ pub struct Stream {
     kept: u64,
 }
 
+/// The most [`Stream::drain`] reads in one call: more than a pipe holds (at most 1 MiB), so
+/// what a writer left before it ended is read in one call.
+pub const DRAIN_MAX: usize = 4 * 1024 * 1024;
+
 impl Stream {
     /// An empty stream keeping at most `cap` bytes.
     pub fn new(cap: usize) -> Self {
@@ -159,12 +163,16 @@ impl Stream {
     }
 
     /// Reads what is available now (the descriptor must be non-blocking), keeping at most
-    /// `cap` bytes in all.
+    /// `cap` bytes in all, and reading at most [`DRAIN_MAX`] bytes in one call: a writer
+    /// that keeps its pipe full cannot hold its reader here, whose poll loop comes back (to
+    /// its deadline, to a line it waits for) between calls.
     pub fn drain(&mut self, fd: BorrowedFd<'_>, scratch: &mut [u8]) -> io::Result<()> {
-        while !self.eof {
+        let mut read = 0;
+        while !self.eof && read < DRAIN_MAX {
             match rustix::io::read(fd, &mut *scratch) {
                 Ok(0) => self.eof = true,
                 Ok(n) => {
+                    read += n;
                     let keep = n.min(self.cap.saturating_sub(self.buf.len()));
                     self.buf.extend_from_slice(&scratch[..keep]);
                     self.truncated |= keep < n;
@@ -317,6 +325,29 @@ mod tests {
         assert_eq!(c.stdout, b"out");
         assert_eq!(c.stderr, b"err");
         assert!(!c.timed_out && !c.stdout_truncated && !c.stderr_truncated);
+    }
+
+    /// A writer that never leaves the pipe empty (here a file, which never says EAGAIN)
+    /// does not keep one drain reading: it returns after DRAIN_MAX, and the next goes on.
+    #[test]
+    fn one_drain_reads_at_most_drain_max() {
+        use std::os::fd::AsFd as _;
+        let path = std::env::temp_dir().join(format!("plimsoll-drain-{}", std::process::id()));
+        std::fs::write(&path, vec![b'x'; 3 * DRAIN_MAX]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut s = Stream::new(usize::MAX);
+        let mut scratch = vec![0u8; 64 * 1024];
+        s.drain(file.as_fd(), &mut scratch).unwrap();
+        assert!(!s.eof);
+        assert!(s.buf.len() <= DRAIN_MAX + scratch.len(), "{}", s.buf.len());
+        let mut calls = 1;
+        while !s.eof {
+            s.drain(file.as_fd(), &mut scratch).unwrap();
+            calls += 1;
+        }
+        assert_eq!(s.buf.len(), 3 * DRAIN_MAX);
+        assert!(calls >= 3, "{calls}");
     }
 
     #[test]
