@@ -143,7 +143,7 @@ fn crun_reap_after_the_daemon_was_killed() {
         // Its watchdog given its deadline: the code was handed over.
         let watching = watchdog_groups(&run_id)
             .iter()
-            .any(|g| group_members(*g).len() > 1);
+            .any(|g| plimsoll_testing::live_of_group(*g).len() > 1);
         seen.insert("listed", listed);
         seen.insert("processes", procs);
         seen.insert("watchdog started", watching);
@@ -189,11 +189,11 @@ fn crun_reap_after_the_daemon_was_killed() {
     assert!(report.errors.is_empty(), "{report:?}");
     assert_eq!(report.watchdogs, watchdogs, "{report:?}");
     let ended = Instant::now();
-    while !group_members(watchdogs[0]).is_empty() {
+    while !plimsoll_testing::live_of_group(watchdogs[0]).is_empty() {
         assert!(
             ended.elapsed() < Duration::from_secs(5),
             "the dead daemon's watchdog lives on after the reap: {:?}",
-            group_members(watchdogs[0])
+            plimsoll_testing::live_of_group(watchdogs[0])
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -656,25 +656,4 @@ fn watchdog_groups(run_id: &str) -> Vec<i32> {
         .collect();
     groups.sort();
     groups
-}
-
-/// The live (not zombie) processes of process group `pgid`.
-fn group_members(pgid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(") ") else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() != Some(&"Z") && fields.get(2) == Some(&pgid.to_string().as_str()) {
-            out.push(pid);
-        }
-    }
-    out
 }

@@ -272,11 +272,11 @@ fn nothing_is_left_after_the_daemon_is_killed_and_restarted() {
     assert!(!run_dir.exists(), "{} left behind", run_dir.display());
     assert!(!cgroup.exists(), "{} left behind", cgroup.display());
     let start = std::time::Instant::now();
-    while !live_of_group(watchdogs[0]).is_empty() {
+    while !plimsoll_testing::live_of_group(watchdogs[0]).is_empty() {
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "the dead daemon's watchdog lives on after the reap: {:?}",
-            live_of_group(watchdogs[0])
+            plimsoll_testing::live_of_group(watchdogs[0])
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -311,27 +311,6 @@ fn watchdog_groups(run_id: &str) -> Vec<i32> {
             && cmd.contains(run_id)
             && !plimsoll_sandbox::reap::is_zombie(pid)
         {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-/// The live (not zombie) processes of process group `pgid`.
-fn live_of_group(pgid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(") ") else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if f.first() != Some(&"Z") && f.get(2) == Some(&pgid.to_string().as_str()) {
             out.push(pid);
         }
     }

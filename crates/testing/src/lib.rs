@@ -156,6 +156,27 @@ pub fn text(b: &Bytes) -> String {
     b.to_string_lossy()
 }
 
+/// The live (not zombie) processes of process group `pgid`, from /proc.
+pub fn live_of_group(pgid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() != Some(&"Z") && fields.get(2) == Some(&pgid.to_string().as_str()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 /// The CPU time (user and system) a live process has used, from /proc/PID/stat; `None` when
 /// it is gone or a zombie.
 pub fn cpu_seconds(pid: i32) -> Option<f64> {
