@@ -1768,15 +1768,19 @@ fn exchange_from(url: &str, from: &str, request: &[u8], bound: Duration) -> (u16
     conn.write_all(request).expect("send the request");
     let got = read_until_closed(&mut conn, bound).unwrap_or_else(|e| panic!("{e}"));
     let text = String::from_utf8_lossy(&got).into_owned();
+    let (status, head, body) = http_answer(&text, "");
+    let status = status.unwrap_or_else(|| panic!("no status line: {head:?}"));
+    (status, body.to_owned())
+}
+
+/// A raw HTTP answer's status (if its status line has one), head and body; a text with no
+/// head at all fails the test, naming `request`.
+fn http_answer<'a>(text: &'a str, request: &str) -> (Option<u16>, &'a str, &'a str) {
     let (head, body) = text
         .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {head:?}"));
-    (status, body.to_owned())
+        .unwrap_or_else(|| panic!("no HTTP answer to {request:?}: {text:?}"));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok());
+    (status, head, body)
 }
 
 #[test]
@@ -2044,15 +2048,12 @@ fn raw_exchange(url: &str, request: &str) -> (u16, String, String) {
         .expect("send the request");
     let got = read_until_closed(&mut conn, CLOSED_WITHIN).unwrap_or_else(|e| panic!("{e}"));
     let text = String::from_utf8_lossy(&got).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP answer to {request:?}: {text:?}"));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let (status, head, body) = http_answer(&text, request);
+    (
+        status.unwrap_or(0),
+        head.to_ascii_lowercase(),
+        body.to_owned(),
+    )
 }
 
 /// A session route whose path or query cannot be read (axum's extractors refused them with a
