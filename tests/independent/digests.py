@@ -162,7 +162,7 @@ def encode_request(r):
         r,
         "request",
         ("protocol", "request_id", "run"),
-        ("minimum_isolation", "provider", "limits", "grant"),
+        ("minimum_isolation", "provider", "limits", "grant", "image"),
     )
     want_str(r["request_id"], "request_id")  # checked, never encoded
     e = Encoding(REQUEST_DOMAIN)
@@ -182,6 +182,9 @@ def encode_request(r):
     e.nested("run", encode_run(r["run"]))
     if opt(r, "grant") is not None:
         e.string("grant", want_str(r["grant"], "grant"))
+    # Field 7: the image named, a name or an identity, as a string.
+    if opt(r, "image") is not None:
+        e.string("image", want_str(r["image"], "image"))
     return e.bytes()
 
 
@@ -404,7 +407,7 @@ def encode_record(r):
             "ended_unix_ms",
             "record_sha256",
         ),
-        ("minimum_isolation", "session"),
+        ("minimum_isolation", "session", "image"),
     )
     e = Encoding(RECORD_DOMAIN)
     for name in RECORD_STRINGS:
@@ -427,6 +430,14 @@ def encode_record(r):
                 "previous_record_sha256",
                 want_str(link["previous_record_sha256"], "record.session.previous_record_sha256"),
             )
+    # Field 12: the image the code ran in, nested: name, then identity.
+    if opt(r, "image") is not None:
+        image = r["image"]
+        check_keys(image, "record.image", ("name", "identity"), ())
+        ie = Encoding()
+        ie.string("name", want_str(image["name"], "record.image.name"))
+        ie.string("identity", want_str(image["identity"], "record.image.identity"))
+        e.nested("image", ie)
     return e.bytes()
 
 

@@ -48,6 +48,7 @@ pub fn join_lines(lines: &[Vec<u8>]) -> Vec<u8> {
 /// The `n`th sample: a Python snippet printing `n`, run on the process tier at fixed times.
 pub fn sample_exchange(n: u64) -> Exchange {
     let request = RunRequest {
+        image: None,
         protocol: PROTOCOL,
         request_id: format!("sample-{n}"),
         minimum_isolation: Some(Tier::Process),
@@ -68,6 +69,7 @@ pub fn sample_exchange(n: u64) -> Exchange {
     };
     let started = 1_700_000_000_000 + n * 1000;
     let record = RunRecord {
+        image: None,
         request_id: request.request_id.clone(),
         request_sha256: String::new(),
         result_sha256: String::new(),

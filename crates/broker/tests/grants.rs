@@ -93,6 +93,7 @@ fn engine(test: &str, uid_base: u32, grants: GrantProfiles) -> Option<(Engine, T
 
 fn request(language: Language, code: &str, grant: Option<&str>) -> RunRequest {
     RunRequest {
+        image: None,
         protocol: PROTOCOL,
         request_id: "r-grant".into(),
         minimum_isolation: Some(Tier::Process),

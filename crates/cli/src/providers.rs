@@ -144,6 +144,7 @@ mod tests {
             evidence_sha256: "e".repeat(64),
         };
         let text = render(&ProvidersResponse {
+            images: Vec::new(),
             protocol: plimsoll_wire::PROTOCOL,
             default_floor: Tier::Container,
             providers: vec![info],

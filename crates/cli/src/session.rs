@@ -310,6 +310,7 @@ mod tests {
     #[test]
     fn an_exchange_line_keeps_protocol_order_and_reads_back() {
         let request = RunRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: "r-1".into(),
             minimum_isolation: Some(Tier::Container),

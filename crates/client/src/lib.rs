@@ -109,6 +109,7 @@ impl RunOptions {
     /// The request these options make, with this id.
     pub fn into_request(self, request_id: String) -> RunRequest {
         RunRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id,
             minimum_isolation: self.minimum_isolation,

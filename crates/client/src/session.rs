@@ -82,6 +82,7 @@ impl Client {
     pub fn open_session(&self, options: SessionOptions) -> Result<Session, ClientError> {
         let request_id = new_request_id();
         let open = SessionOpenRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: request_id.clone(),
             language: options.language,
@@ -419,6 +420,7 @@ impl Session {
 
     fn request(&self, run: RunSpec, timeout_ms: Option<u64>) -> RunRequest {
         RunRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: new_request_id(),
             minimum_isolation: None,

@@ -199,6 +199,7 @@ mod tests {
 
     fn request(floor: Option<Tier>) -> RunRequest {
         RunRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: "r-1".into(),
             minimum_isolation: floor,
@@ -222,6 +223,7 @@ mod tests {
             ..RunResult::default()
         };
         let mut record = RunRecord {
+            image: None,
             request_id: req.request_id.clone(),
             request_sha256: request_sha256(req),
             result_sha256: result_sha256(&result),

@@ -348,6 +348,7 @@ pub(crate) async fn get_file(
 /// The request a file's `PUT` or `GET` stands for (its digest is what the record names).
 fn file_request(request_id: String, project: Project) -> RunRequest {
     RunRequest {
+        image: None,
         protocol: PROTOCOL,
         request_id,
         minimum_isolation: None,

@@ -631,6 +631,7 @@ impl Engine {
             protocol: plimsoll_wire::PROTOCOL,
             default_floor: self.config.default_floor,
             providers: self.providers(),
+            images: Vec::new(),
         }
     }
 
@@ -956,6 +957,7 @@ impl Engine {
         let request_sha = request_sha256(req);
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
+            image: None,
             request_id: req.request_id.clone(),
             request_sha256: request_sha.clone(),
             result_sha256: result_sha.clone(),

@@ -210,6 +210,7 @@ mod tests {
 
     fn request(run: RunSpec) -> RunRequest {
         RunRequest {
+            image: None,
             protocol: plimsoll_wire::PROTOCOL,
             request_id: "req-1".into(),
             minimum_isolation: None,

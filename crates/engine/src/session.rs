@@ -265,6 +265,7 @@ impl Session {
 
     fn info(&self, st: &State, request_id: Option<&str>) -> SessionInfo {
         SessionInfo {
+            image: None,
             protocol: PROTOCOL,
             request_id: request_id.map(str::to_owned),
             session_id: self.id.clone(),
@@ -349,6 +350,7 @@ impl Engine {
         .map_err(|m| refuse(Reason::Request, m))?;
         // What a run of this session's kind would be: routed, limited and checked as one.
         let as_run = RunRequest {
+            image: None,
             protocol: req.protocol,
             request_id: req.request_id.clone(),
             minimum_isolation: req.minimum_isolation,
@@ -722,6 +724,7 @@ impl Engine {
         let result_sha = result_sha256(&result);
         st.calls += 1;
         let mut record = RunRecord {
+            image: None,
             request_id: req.request_id.clone(),
             request_sha256: request_sha.clone(),
             result_sha256: result_sha.clone(),

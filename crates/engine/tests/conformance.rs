@@ -358,6 +358,7 @@ impl Ask {
 impl Rig {
     fn request(&self, case: &str, ask: Ask) -> RunRequest {
         RunRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: format!("{}-{case}", self.provider),
             minimum_isolation: None,

@@ -37,6 +37,7 @@ fn engine(test: &str, uid_base: u32, extra: &str) -> Option<(Engine, TestDir)> {
 
 fn request(id: &str, floor: Option<Tier>, language: Language, code: &str) -> RunRequest {
     RunRequest {
+        image: None,
         protocol: PROTOCOL,
         request_id: id.into(),
         minimum_isolation: floor,

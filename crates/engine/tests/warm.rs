@@ -41,6 +41,7 @@ fn engine(test: &str, uid_base: u32, min: usize, max: usize) -> Option<(Engine, 
 
 fn request(id: &str, language: Language, code: &str) -> RunRequest {
     RunRequest {
+        image: None,
         protocol: PROTOCOL,
         request_id: id.into(),
         minimum_isolation: Some(Tier::Process),

@@ -226,6 +226,7 @@ impl SessionCall {
             ),
         };
         let request = RunRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: new_request_id(),
             minimum_isolation: None,
@@ -283,6 +284,7 @@ pub mod on_engine {
         options: SessionOptions,
     ) -> Result<SessionInfo, RunError> {
         let request = SessionOpenRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: new_request_id(),
             language: options.language,

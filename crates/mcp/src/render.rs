@@ -564,6 +564,7 @@ mod tests {
                 ..RunResult::default()
             },
             record: RunRecord {
+                image: None,
                 request_id: "r-1".into(),
                 request_sha256: String::new(),
                 result_sha256: String::new(),
@@ -667,6 +668,7 @@ mod tests {
             result_sha256: "b".repeat(64),
             result,
             record: RunRecord {
+                image: None,
                 request_id: "r-2".into(),
                 request_sha256: "a".repeat(64),
                 result_sha256: "b".repeat(64),
@@ -824,6 +826,7 @@ mod tests {
     fn a_session_opened_closed_and_listed_says_where_it_runs_and_when_it_ends() {
         use plimsoll_wire::{EndReason, Language, PROTOCOL, SessionInfo, SessionList, Wall};
         let mut info = SessionInfo {
+            image: None,
             protocol: PROTOCOL,
             request_id: Some("r".into()),
             session_id: "ses_1".into(),

@@ -459,6 +459,7 @@ mod tests {
 
     fn info(id: &str, calls: u64, end_reason: Option<EndReason>) -> SessionInfo {
         SessionInfo {
+            image: None,
             protocol: PROTOCOL,
             request_id: None,
             session_id: id.into(),
@@ -554,6 +555,7 @@ mod tests {
                     ..RunResult::default()
                 },
                 record: RunRecord {
+                    image: None,
                     request_id: format!("r-{calls}"),
                     request_sha256: "a".repeat(64),
                     result_sha256: "b".repeat(64),

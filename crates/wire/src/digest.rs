@@ -183,6 +183,9 @@ pub fn encode_request(r: &RunRequest) -> Vec<u8> {
     if let Some(g) = &r.grant {
         e.str("grant", g);
     }
+    if let Some(image) = &r.image {
+        e.str("image", image);
+    }
     e.finish()
 }
 
@@ -404,6 +407,12 @@ pub fn encode_record(r: &RunRecord) -> Vec<u8> {
         if let Some(previous) = &s.previous_record_sha256 {
             e.str("previous_record_sha256", previous);
         }
+    }
+    // Left out at the process tier and in records written before images were named.
+    if let Some(image) = &r.image {
+        let mut ie = Encoder::nested();
+        ie.str("name", &image.name).str("identity", &image.identity);
+        e.nest("image", &ie);
     }
     e.finish()
 }

@@ -8,6 +8,7 @@ mod agent;
 mod bytes;
 pub mod digest;
 mod error;
+mod image;
 mod nulls;
 mod provider;
 mod request;
@@ -23,6 +24,9 @@ pub use agent::{
 pub use bytes::Bytes;
 pub use error::{
     ErrorBody, ErrorResponse, NotDispatched, Reason, RequestRejection, not_dispatched_reason,
+};
+pub use image::{
+    IMAGE_NAME_MAX, ImageInfo, ImageRef, is_image_identity, is_image_name, validate_image_selector,
 };
 pub use provider::{
     BinaryIdentity, Evidence, NamespaceSeen, ProbeReport, ProviderInfo, ProvidersResponse,

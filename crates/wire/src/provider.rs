@@ -16,6 +16,9 @@ pub struct ProvidersResponse {
     pub default_floor: Tier,
     /// Every configured provider, cheapest first.
     pub providers: Vec<ProviderInfo>,
+    /// The images a request may name, the default one marked.
+    #[serde(default)]
+    pub images: Vec<crate::ImageInfo>,
 }
 
 /// One provider as the daemon sees it now.

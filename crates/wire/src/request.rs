@@ -28,6 +28,11 @@ pub struct RunRequest {
     /// The name of a grant profile defined by the operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<String>,
+    /// The image to run in: a name in the daemon's image store or an identity
+    /// (`sha256:...`). `None` takes the operator's default image; a request is never served
+    /// by another image than the one it names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// Limits a request may ask for. The operator's maximums bound every one.
@@ -328,6 +333,9 @@ impl RunRequest {
                 "grant must not be empty: omit it for a run without grants".into(),
             ));
         }
+        if let Some(image) = &self.image {
+            crate::validate_image_selector(image).map_err(reject)?;
+        }
         Ok(())
     }
 }
@@ -467,6 +475,7 @@ mod tests {
     fn project_paths_are_checked() {
         for bad in ["../x", "/etc/passwd", "a//b", "a/./b", "a\\b", ""] {
             let p = RunRequest {
+                image: None,
                 protocol: PROTOCOL,
                 request_id: "r".into(),
                 minimum_isolation: None,
@@ -493,6 +502,7 @@ mod tests {
     #[test]
     fn a_malformed_trial_step_is_refused_before_anything_runs() {
         let with_step = |run: &str| RunRequest {
+            image: None,
             protocol: PROTOCOL,
             request_id: "r".into(),
             minimum_isolation: None,

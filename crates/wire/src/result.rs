@@ -401,6 +401,9 @@ pub struct RunRecord {
     /// A session call's place in its session's chain; absent for a run outside a session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionLink>,
+    /// The image the code ran in (its name and identity); absent at the process tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<crate::ImageRef>,
     /// SHA-256 (lowercase hex) of the record's digest encoding (every field above).
     pub record_sha256: String,
 }

@@ -36,6 +36,10 @@ pub struct SessionOpenRequest {
     /// The session ends this long after it opened, milliseconds, whatever it is doing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lifetime_ms: Option<u64>,
+    /// The image the session runs in, fixed at open: a name or an identity; the operator's
+    /// default image when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// Parses a session open request's body (`POST /v1/sessions`): JSON, an object, no array
@@ -116,6 +120,9 @@ impl SessionOpenRequest {
         }
         if let Some(m) = self.limits.as_ref().and_then(Limits::below_minimum_message) {
             return Err(reject(crate::Reason::Request, m));
+        }
+        if let Some(image) = &self.image {
+            crate::validate_image_selector(image).map_err(|m| reject(crate::Reason::Request, m))?;
         }
         Ok(())
     }
@@ -213,6 +220,9 @@ pub struct SessionInfo {
     pub evidence_sha256: String,
     /// What it runs on: the sandbox image identity.
     pub environment: String,
+    /// The image it runs in, fixed at open (on every call's record too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<crate::ImageRef>,
     /// Its sandbox at open, read from /proc (the host's, or said from inside at runsc):
     /// what every call's re-check compares with.
     pub wall: Wall,
@@ -344,6 +354,7 @@ mod tests {
             limits: None,
             idle_timeout_ms: Some(1000),
             max_lifetime_ms: None,
+            image: None,
         };
         assert!(ok.validate().is_ok());
         let bad = SessionOpenRequest {

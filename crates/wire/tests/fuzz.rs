@@ -143,6 +143,7 @@ fn request() -> impl Strategy<Value = RunRequest> {
     )
         .prop_map(
             |(protocol, request_id, minimum_isolation, provider, limits, run, grant)| RunRequest {
+                image: None,
                 protocol,
                 request_id,
                 minimum_isolation,
@@ -304,6 +305,7 @@ fn record() -> impl Strategy<Value = RunRecord> {
         .prop_map(
             |(s, isolation, minimum_isolation, started_unix_ms, ended_unix_ms)| {
                 let mut r = RunRecord {
+                    image: None,
                     request_id: s[0].clone(),
                     request_sha256: s[1].clone(),
                     result_sha256: s[2].clone(),

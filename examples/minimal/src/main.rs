@@ -53,6 +53,7 @@ fn run() -> anyhow::Result<()> {
     }
 
     let request = RunRequest {
+        image: None,
         protocol: PROTOCOL,
         request_id: hex::encode(rand::random::<[u8; 16]>()),
         // Explicit floor: accept nothing weaker than the process tier.

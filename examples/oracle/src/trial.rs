@@ -515,6 +515,7 @@ mod tests {
                 interpreter_end: None,
             },
             record: RunRecord {
+                image: None,
                 request_id: "t-1".into(),
                 request_sha256: String::new(),
                 result_sha256: String::new(),
