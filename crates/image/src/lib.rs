@@ -1,0 +1,11 @@
+//! The image store: named root file systems, each identified by the SHA-256 of a manifest
+//! of its whole content (docs/images.md). The engine resolves a request's `image` here; the
+//! CLI lists, checks, imports and removes images here. No HTTP, no sandbox: what runs in an
+//! image is the providers' business.
+
+pub mod store;
+
+pub use store::{
+    ImageDir, ImageStore, Language, ListImagesError, Listing, ResolveImageError, StoredImage,
+    executable_in_root, interpreter_path, resolve_in_root,
+};
