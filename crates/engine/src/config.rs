@@ -109,6 +109,10 @@ pub struct EngineConfig {
     pub pools: Vec<crate::pool::PoolConfig>,
     /// Limits on sessions.
     pub sessions: SessionPolicy,
+    /// The operator's images (docs/images.md): where a request's `image` is resolved, and
+    /// the default image. `None`: no image store; a request naming an image is refused, and
+    /// the providers run the image they were configured with.
+    pub images: Option<plimsoll_image::ImageStore>,
 }
 
 impl Default for EngineConfig {
@@ -122,6 +126,7 @@ impl Default for EngineConfig {
             state_dir: PathBuf::from("/var/lib/plimsoll"),
             pools: Vec::new(),
             sessions: SessionPolicy::default(),
+            images: None,
         }
     }
 }

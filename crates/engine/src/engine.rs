@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
-use plimsoll_sandbox::{BrokerChannel, Probed, Provider, RunningIn};
+use plimsoll_sandbox::{BrokerChannel, Probed, Provider, RunImage, RunningIn};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
     GrantCall, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest, RunResponse, RunResult, Start,
@@ -148,6 +148,7 @@ fn build_pools(
         config.state_dir.join("runs"),
         config.limits.maximums.timeout,
         counts,
+        config.images.clone(),
     ))
 }
 
@@ -631,7 +632,7 @@ impl Engine {
             protocol: plimsoll_wire::PROTOCOL,
             default_floor: self.config.default_floor,
             providers: self.providers(),
-            images: Vec::new(),
+            images: self.images(),
         }
     }
 
@@ -709,11 +710,28 @@ impl Engine {
             .iter()
             .map(|s| s.probed.read().unwrap_or_else(|p| p.into_inner()).clone())
             .collect();
+        let image = self.image_for(req.image.as_deref());
+        let language = match &req.run {
+            plimsoll_wire::RunSpec::Snippet(s) => Some(s.language),
+            plimsoll_wire::RunSpec::Project(_) => None,
+        };
         let views: Vec<ProviderView<'_>> = self
             .slots
             .iter()
             .zip(&states)
             .map(|(slot, st)| ProviderView {
+                uses_image: slot.provider.uses_image(),
+                image: match (&image, slot.provider.uses_image()) {
+                    (Ok(Some(i)), uses) => slot
+                        .provider
+                        .takes_image(&i.run)
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| match language {
+                            Some(l) if uses => i.stored.starts(l),
+                            _ => Ok(()),
+                        }),
+                    _ => Ok(()),
+                },
                 name: slot.provider.name(),
                 tier: st
                     .as_ref()
@@ -738,7 +756,8 @@ impl Engine {
                 },
             })
             .collect();
-        let decided = plan(caller, req, &self.config, &self.grants(), &views)?;
+        let choice = image.map(|i| i.map(|i| i.run));
+        let decided = plan(caller, req, &self.config, &self.grants(), &views, &choice)?;
         let floor = decided.floor;
         let index = decided.provider;
         let slot = &self.slots[index];
@@ -772,6 +791,43 @@ impl Engine {
             ));
         }
         Ok((decided, state, index))
+    }
+
+    /// The image a request names (`None`: the default one), read from the store now, so a
+    /// rebuilt or imported image is seen at once.
+    fn image_for(&self, selector: Option<&str>) -> Result<Option<ResolvedImage>, String> {
+        let Some(store) = &self.config.images else {
+            return match selector {
+                None => Ok(None),
+                Some(asked) => Err(format!(
+                    "no image `{asked}` here: this server keeps no image store; omit image"
+                )),
+            };
+        };
+        match store.resolve(selector) {
+            Ok(stored) => Ok(Some(ResolvedImage {
+                run: run_image(&stored, selector.is_some()),
+                stored,
+            })),
+            // No default image to give: the providers use the one they were configured
+            // with (and say what is missing when they cannot).
+            Err(e) if selector.is_none() => {
+                tracing::debug!(error = %e, "no default image in the store");
+                Ok(None)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The images a request may name, for `GET /v1/providers`.
+    pub fn images(&self) -> Vec<plimsoll_wire::ImageInfo> {
+        match &self.config.images {
+            None => Vec::new(),
+            Some(store) => store.infos().unwrap_or_else(|e| {
+                tracing::warn!(error = %plimsoll_sandbox::error_chain(&e), "cannot list the images");
+                Vec::new()
+            }),
+        }
     }
 
     /// Makes `cancel` kill the processes of `sandbox`, on the provider of slot `index`, from
@@ -957,7 +1013,7 @@ impl Engine {
         let request_sha = request_sha256(req);
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
-            image: None,
+            image: plan.image.as_ref().map(RunImage::reference),
             request_id: req.request_id.clone(),
             request_sha256: request_sha.clone(),
             result_sha256: result_sha.clone(),
@@ -965,7 +1021,7 @@ impl Engine {
             isolation: state.probed.tier,
             minimum_isolation: Some(floor),
             evidence_sha256: state.evidence_sha256.clone(),
-            environment: state.probed.evidence.environment.clone(),
+            environment: environment_of(plan.image.as_ref(), &state.probed.evidence),
             started_unix_ms: outcome.started_unix_ms,
             ended_unix_ms: outcome.ended_unix_ms,
             record_sha256: String::new(),
@@ -990,6 +1046,34 @@ impl Engine {
             record,
         })
     }
+}
+
+/// An image as the engine resolved it: what the plan carries, and what the store said of it.
+#[derive(Debug, Clone)]
+pub(crate) struct ResolvedImage {
+    pub(crate) run: RunImage,
+    pub(crate) stored: plimsoll_image::StoredImage,
+}
+
+/// What a plan carries of an image of the store; `named`: the request named it.
+pub(crate) fn run_image(stored: &plimsoll_image::StoredImage, named: bool) -> RunImage {
+    RunImage {
+        name: stored.name().to_owned(),
+        identity: stored.identity.clone(),
+        rootfs: stored.at.rootfs(),
+        disk: stored.disk.clone(),
+        named,
+    }
+}
+
+/// What a record names as the run's environment: the identity of the image it ran in, or
+/// the provider's own (the engine version at the process tier; the configured image's
+/// identity when no image was resolved).
+pub(crate) fn environment_of(
+    image: Option<&RunImage>,
+    evidence: &plimsoll_wire::Evidence,
+) -> String {
+    image.map_or_else(|| evidence.environment.clone(), |i| i.identity.clone())
 }
 
 /// Whether a run's failure says something about its provider, so that the provider is

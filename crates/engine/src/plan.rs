@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use plimsoll_broker::{GrantProfiles, Profile};
 use plimsoll_sandbox::{
-    BrokerChannel, LaunchPlan, Privileges, ResolvedLimits, Unsupported, Withdrawn,
+    BrokerChannel, LaunchPlan, Privileges, ResolvedLimits, RunImage, Unsupported, Withdrawn,
 };
 use plimsoll_wire::{Reason, RunRequest, Tier};
 
@@ -63,6 +63,11 @@ pub struct ProviderView<'a> {
     pub carries_broker: bool,
     /// `Ok` when its evidence lets it take runs now.
     pub available: Result<(), Unavailable<'a>>,
+    /// Whether its runs run in an image (all but the process tier).
+    pub uses_image: bool,
+    /// `Err(why)` when it cannot run in the request's image, or the image cannot start the
+    /// run's language there (its own `takes_image`, the image's interpreters).
+    pub image: Result<(), String>,
 }
 
 /// What the engine decided for one request: which provider, under which floor, with which
@@ -80,16 +85,26 @@ pub struct Plan {
     pub grant: Option<Arc<Profile>>,
     /// What the sandbox's first process holds.
     pub privileges: Privileges,
+    /// The image it runs in: the request's, or the default one; `None` at a provider
+    /// without images, or where no image could be resolved and none was named.
+    pub image: Option<RunImage>,
 }
 
+/// The request's image as the engine found it in the store: `Ok(None)` when it named none
+/// and there is no default image to give it (the providers then use the image they were
+/// configured with, as before images had names); `Err(why)` when it named one that cannot
+/// be served, which refuses it (`environment`).
+pub type ImageChoice = Result<Option<RunImage>, String>;
+
 /// Decides one request. Refusals come in this order: the request itself, its limits, its
-/// grant, then routing (named provider, floor, support, availability). Pure.
+/// grant, its image, then routing (named provider, floor, support, availability). Pure.
 pub fn plan(
     caller: &str,
     req: &RunRequest,
     config: &EngineConfig,
     grants: &GrantProfiles,
     providers: &[ProviderView<'_>],
+    image: &ImageChoice,
 ) -> Result<Plan, RunError> {
     let id = Some(req.request_id.as_str());
     req.validate()
@@ -108,6 +123,11 @@ pub fn plan(
                 .map_err(|e| RunError::refused(id, Reason::Permission, e.to_string()))?,
         ),
     };
+    // A named image that is not here is refused before routing: no provider could serve it,
+    // and none may serve another.
+    let image = image
+        .as_ref()
+        .map_err(|why| RunError::refused(id, Reason::Environment, why.clone()))?;
     let floor = req.minimum_isolation.unwrap_or(config.default_floor);
     const NO_BROKER: &str = "this provider cannot carry a grant's broker channel: name a provider that can (process, crun, runc, runsc, qemu)";
     // Routing reads each reason as text, for the refusal that names them all.
@@ -117,6 +137,7 @@ pub fn plan(
             let unsupported = match &p.supports {
                 Err(why) => Some(why.to_string()),
                 Ok(()) if grant.is_some() && !p.carries_broker => Some(NO_BROKER.to_owned()),
+                Ok(()) if p.image.is_err() => p.image.clone().err(),
                 // It would fail while its sandbox is set up, which says nothing of the
                 // provider: another takes it, or it is refused.
                 Ok(()) => p
@@ -153,6 +174,7 @@ pub fn plan(
         limits,
         grant,
         privileges: Privileges::for_spec(&req.run),
+        image: image.clone().filter(|_| providers[provider].uses_image),
     })
 }
 
@@ -171,6 +193,7 @@ impl Plan {
         let uid = run_uid(config.sandbox_uid_base, slot);
         let controller = controller_uid(config.sandbox_uid_base, config.max_concurrent, slot);
         LaunchPlan {
+            image: self.image.clone(),
             run_id: run_id.to_owned(),
             request_id: req.request_id.clone(),
             spec: req.run.clone(),
@@ -205,6 +228,8 @@ mod tests {
             memory_floor: None,
             carries_broker: true,
             available: Ok(()),
+            uses_image: name != "process",
+            image: Ok(()),
         }
     }
 
@@ -257,7 +282,15 @@ mod tests {
             "echo ok",
             "plimsoll-trial-runner --scenario s.json -- python3 c.py",
         ]));
-        let p = plan("alice", &trial, &c, &GrantProfiles::none(), &views).unwrap();
+        let p = plan(
+            "alice",
+            &trial,
+            &c,
+            &GrantProfiles::none(),
+            &views,
+            &Ok(None),
+        )
+        .unwrap();
         assert_eq!(p.privileges, Privileges::TrialRunner);
         let launch = p.launch(&trial, &c, 3, "run3", None);
         assert_eq!(launch.privileges, Privileges::TrialRunner);
@@ -273,7 +306,7 @@ mod tests {
         // The runner's name elsewhere in a step, a snippet: no privileges, no uids to tell.
         for run in [project(&["echo plimsoll-trial-runner"]), snippet()] {
             let req = request(run);
-            let p = plan("alice", &req, &c, &GrantProfiles::none(), &views).unwrap();
+            let p = plan("alice", &req, &c, &GrantProfiles::none(), &views, &Ok(None)).unwrap();
             assert_eq!(p.privileges, Privileges::Unprivileged);
             assert_eq!(p.launch(&req, &c, 0, "run0", None).trial_ids(), None);
         }
@@ -286,7 +319,14 @@ mod tests {
             "plimsoll-trial-runner --scenario s.json -- node c.js; id",
         ]));
         let views = [view("crun", Tier::Container, 80)];
-        let (reason, message) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+        let (reason, message) = refusal(plan(
+            "a",
+            &req,
+            &c,
+            &GrantProfiles::none(),
+            &views,
+            &Ok(None),
+        ));
         assert_eq!(reason, Reason::Request);
         assert!(message.contains("`;`"), "{message}");
     }
@@ -303,7 +343,7 @@ mod tests {
             minimum_isolation: Some(Tier::Process),
             ..req
         };
-        let p = plan("a", &req, &c, &GrantProfiles::none(), &views).unwrap();
+        let p = plan("a", &req, &c, &GrantProfiles::none(), &views, &Ok(None)).unwrap();
         assert_eq!((p.provider, p.floor), (0, Tier::Process));
         let l = p.launch(&req, &c, 5, "abc", None);
         assert_eq!(l.run_id, "abc");
@@ -320,13 +360,20 @@ mod tests {
         let c = EngineConfig::default();
         let req = request(snippet());
         let only_process = [view("process", Tier::Process, 10)];
-        let (reason, _) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &only_process));
+        let (reason, _) = refusal(plan(
+            "a",
+            &req,
+            &c,
+            &GrantProfiles::none(),
+            &only_process,
+            &Ok(None),
+        ));
         assert_eq!(reason, Reason::Isolation);
         let both = [
             view("process", Tier::Process, 10),
             view("crun", Tier::Container, 80),
         ];
-        let p = plan("a", &req, &c, &GrantProfiles::none(), &both).unwrap();
+        let p = plan("a", &req, &c, &GrantProfiles::none(), &both, &Ok(None)).unwrap();
         assert_eq!((p.provider, p.floor), (1, Tier::Container));
     }
 
@@ -339,18 +386,32 @@ mod tests {
         ];
         views[0].available = Err(Unavailable::Stale);
         let req = request(snippet());
-        let p = plan("a", &req, &c, &GrantProfiles::none(), &views).unwrap();
+        let p = plan("a", &req, &c, &GrantProfiles::none(), &views, &Ok(None)).unwrap();
         assert_eq!(p.provider, 1, "the cheaper provider's environment moved");
         let named = RunRequest {
             provider: Some("crun".into()),
             ..request(snippet())
         };
-        let (reason, message) = refusal(plan("a", &named, &c, &GrantProfiles::none(), &views));
+        let (reason, message) = refusal(plan(
+            "a",
+            &named,
+            &c,
+            &GrantProfiles::none(),
+            &views,
+            &Ok(None),
+        ));
         assert_eq!(reason, Reason::Environment);
         assert!(message.contains("being probed again"), "{message}");
         // With nothing else to take it, the refusal names both and why.
         views[1].available = Err(Unavailable::Probing);
-        let (reason, message) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+        let (reason, message) = refusal(plan(
+            "a",
+            &req,
+            &c,
+            &GrantProfiles::none(),
+            &views,
+            &Ok(None),
+        ));
         assert_eq!(reason, Reason::Isolation);
         assert!(
             message.contains("being probed again") && message.contains("not probed yet"),
@@ -367,12 +428,12 @@ mod tests {
             ..request(snippet())
         };
         let mut views = [view("crun", Tier::Container, 80)];
-        let p = plan("alice", &req, &c, &g, &views).unwrap();
+        let p = plan("alice", &req, &c, &g, &views, &Ok(None)).unwrap();
         assert_eq!(p.grant.as_ref().map(|p| p.name()), Some("orders"));
-        let (reason, _) = refusal(plan("bob", &req, &c, &g, &views));
+        let (reason, _) = refusal(plan("bob", &req, &c, &g, &views, &Ok(None)));
         assert_eq!(reason, Reason::Permission);
         views[0].carries_broker = false;
-        let (reason, message) = refusal(plan("alice", &req, &c, &g, &views));
+        let (reason, message) = refusal(plan("alice", &req, &c, &g, &views, &Ok(None)));
         assert_eq!(reason, Reason::Unsupported);
         assert!(message.contains("broker channel"), "{message}");
     }
@@ -388,7 +449,14 @@ mod tests {
             ..request(snippet())
         };
         let views = [view("crun", Tier::Container, 80)];
-        let (reason, _) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+        let (reason, _) = refusal(plan(
+            "a",
+            &req,
+            &c,
+            &GrantProfiles::none(),
+            &views,
+            &Ok(None),
+        ));
         assert_eq!(reason, Reason::Request);
     }
 
@@ -401,7 +469,14 @@ mod tests {
         let c = EngineConfig::default();
         let views = [view("crun", Tier::Container, 80)];
         let nul = request(project(&["echo a\0b"]));
-        let (reason, message) = refusal(plan("a", &nul, &c, &GrantProfiles::none(), &views));
+        let (reason, message) = refusal(plan(
+            "a",
+            &nul,
+            &c,
+            &GrantProfiles::none(),
+            &views,
+            &Ok(None),
+        ));
         assert_eq!(reason, Reason::Request);
         assert!(message.contains("NUL"), "{message}");
         for (limits, min) in [
@@ -424,7 +499,14 @@ mod tests {
                 limits: Some(limits.clone()),
                 ..request(snippet())
             };
-            let (reason, message) = refusal(plan("a", &req, &c, &GrantProfiles::none(), &views));
+            let (reason, message) = refusal(plan(
+                "a",
+                &req,
+                &c,
+                &GrantProfiles::none(),
+                &views,
+                &Ok(None),
+            ));
             assert_eq!(reason, Reason::Request, "{limits:?}");
             assert!(message.contains(&format!("minimum {min}")), "{message}");
         }
@@ -438,7 +520,7 @@ mod tests {
             }),
             ..request(snippet())
         };
-        assert!(plan("a", &at_min, &c, &GrantProfiles::none(), &views).is_ok());
+        assert!(plan("a", &at_min, &c, &GrantProfiles::none(), &views, &Ok(None)).is_ok());
     }
 
     /// #28 (13): a run asking for less memory than its interpreter needs at a provider (node
@@ -459,7 +541,7 @@ mod tests {
             ..request(snippet())
         };
         let both = [process.clone(), view("crun", Tier::Container, 80)];
-        let p = plan("a", &small, &c, &GrantProfiles::none(), &both).unwrap();
+        let p = plan("a", &small, &c, &GrantProfiles::none(), &both, &Ok(None)).unwrap();
         assert_eq!(
             p.provider, 1,
             "crun takes what the process tier cannot start"
@@ -470,6 +552,7 @@ mod tests {
             &c,
             &GrantProfiles::none(),
             &[process.clone()],
+            &Ok(None),
         ));
         assert_eq!(reason, Reason::Unsupported);
         assert!(message.contains("at least 805306368"), "{message}");
@@ -488,7 +571,7 @@ mod tests {
                 ..small
             },
         ] {
-            let p = plan("a", &req, &c, &GrantProfiles::none(), &both).unwrap();
+            let p = plan("a", &req, &c, &GrantProfiles::none(), &both, &Ok(None)).unwrap();
             assert_eq!(p.provider, 0);
         }
     }

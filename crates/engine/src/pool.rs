@@ -71,6 +71,8 @@ pub(crate) struct Idle {
     slot: usize,
     lease: Option<UidLease>,
     evidence_sha256: String,
+    /// The identity of the image it runs in.
+    image: Option<String>,
     made: Instant,
 }
 
@@ -168,6 +170,9 @@ pub(crate) struct Pools {
     tearing: Arc<Teardowns>,
     /// The id of the member being made, while it is.
     making: Mutex<Option<String>>,
+    /// Where members' image comes from: the store's default image, read again at every
+    /// round, so a rebuilt or removed image drains its members.
+    images: Option<plimsoll_image::ImageStore>,
 }
 
 /// How long after `failures` consecutive failures a pool tries again: 100 ms doubling, at
@@ -179,7 +184,12 @@ pub(crate) fn backoff(failures: u32) -> Duration {
 
 impl Pools {
     /// Pools for `configs`, each at `providers[i]` by name; `shape_of` gives each language's
-    /// fixed limits. Member uids are `first_uid..first_uid + Σ max_members`.
+    /// fixed limits. Member uids are `first_uid..first_uid + Σ max_members`. Members of a
+    /// provider with images run in `images`' default image.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each is one fact the engine decided; a struct made for this one call adds nothing"
+    )]
     pub fn new(
         configs: &[(usize, String, Language, PoolSettings)],
         shape_of: impl Fn(Language) -> WarmShape,
@@ -188,6 +198,7 @@ impl Pools {
         runs_dir: PathBuf,
         max_timeout: Duration,
         counts: Arc<PoolCounts>,
+        images: Option<plimsoll_image::ImageStore>,
     ) -> Arc<Pools> {
         let pools: Vec<Pool> = configs
             .iter()
@@ -213,6 +224,7 @@ impl Pools {
             counts,
             tearing: Arc::new(Teardowns::default()),
             making: Mutex::new(None),
+            images,
         })
     }
 
@@ -322,9 +334,10 @@ impl Pools {
             let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
             // The newest member made under this evidence; an older one under other evidence
             // is left for the keeper to destroy.
+            let image = plan.image.as_ref().map(|i| i.identity.as_str());
             let at = idle
                 .iter()
-                .position(|m| m.evidence_sha256 == evidence_sha256);
+                .position(|m| m.evidence_sha256 == evidence_sha256 && m.image.as_deref() == image);
             at.and_then(|i| idle.remove(i))
         };
         // The keeper is woken when the run has ended (its uid is freed), not now: a member
@@ -403,13 +416,24 @@ impl Pools {
     /// Returns true when it made or dropped something (so it goes round again at once).
     pub fn keep(&self, providers: &[&dyn Provider], now: &[ProviderNow]) -> bool {
         let mut acted = false;
+        // The default image as it is now (a rebuild changes its identity).
+        let default_image = self
+            .images
+            .as_ref()
+            .and_then(|store| store.resolve(None).ok())
+            .map(|stored| crate::engine::run_image(&stored, false));
         for pool in &self.pools {
             let current = now[pool.provider].evidence_sha256.as_deref();
+            let image = default_image
+                .as_ref()
+                .filter(|_| providers[pool.provider].uses_image());
+            let image_identity = image.map(|i| i.identity.as_str());
             let gone: Vec<Idle> = {
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
                 let (keep, gone): (VecDeque<Idle>, VecDeque<Idle>) =
                     idle.drain(..).partition(|m| {
                         Some(m.evidence_sha256.as_str()) == current
+                            && m.image.as_deref() == image_identity
                             && m.made.elapsed() < pool.settings.max_age
                     });
                 *idle = keep;
@@ -439,6 +463,7 @@ impl Pools {
             let uid = self.first_uid + slot as u32;
             let member_id = format!("warm-{}", crate::ids::new_run_id());
             let plan = WarmPlan {
+                image: image.cloned(),
                 run_dir: self.runs_dir.join(&member_id),
                 member_id,
                 shape: pool.shape,
@@ -462,6 +487,7 @@ impl Pools {
                             slot,
                             lease,
                             evidence_sha256: evidence.to_owned(),
+                            image: image_identity.map(str::to_owned),
                             made: Instant::now(),
                         });
                 }

@@ -64,6 +64,8 @@ struct Session {
     floor: Tier,
     evidence_sha256: String,
     environment: String,
+    /// The image it runs in, fixed at open.
+    image: Option<plimsoll_wire::ImageRef>,
     limits: plimsoll_sandbox::ResolvedLimits,
     opened_unix_ms: u64,
     opened: Instant,
@@ -265,7 +267,7 @@ impl Session {
 
     fn info(&self, st: &State, request_id: Option<&str>) -> SessionInfo {
         SessionInfo {
-            image: None,
+            image: self.image.clone(),
             protocol: PROTOCOL,
             request_id: request_id.map(str::to_owned),
             session_id: self.id.clone(),
@@ -350,7 +352,7 @@ impl Engine {
         .map_err(|m| refuse(Reason::Request, m))?;
         // What a run of this session's kind would be: routed, limited and checked as one.
         let as_run = RunRequest {
-            image: None,
+            image: req.image.clone(),
             protocol: req.protocol,
             request_id: req.request_id.clone(),
             minimum_isolation: req.minimum_isolation,
@@ -468,7 +470,14 @@ impl Engine {
             tier: state.probed.tier,
             floor: decided.floor,
             evidence_sha256: state.evidence_sha256.clone(),
-            environment: state.probed.evidence.environment.clone(),
+            environment: crate::engine::environment_of(
+                decided.image.as_ref(),
+                &state.probed.evidence,
+            ),
+            image: decided
+                .image
+                .as_ref()
+                .map(plimsoll_sandbox::RunImage::reference),
             limits: decided.limits,
             opened_unix_ms: unix_ms_now(),
             opened: Instant::now(),
@@ -525,6 +534,22 @@ impl Engine {
         if let Some(reason) = s.expired(&st) {
             self.sessions.end(&s, &mut st, reason);
             return Err(ended_refusal(request_id, id, reason));
+        }
+        // The image was fixed at open: a call may name it again, never another.
+        if let Some(asked) = &req.image
+            && !s.image.as_ref().is_some_and(|i| i.answers(asked))
+        {
+            return Err(RunError::refused(
+                request_id,
+                Reason::Environment,
+                format!(
+                    "this session runs in image {}; a call cannot name another (`{asked}`): open a session in that image",
+                    s.image.as_ref().map_or_else(
+                        || "(none)".to_owned(),
+                        |i| format!("`{}` ({})", i.name, i.identity)
+                    )
+                ),
+            ));
         }
         let mut limits = self.call_limits(&s, req)?;
         // A call runs at most until the session's lifetime ends (then the session ends
@@ -724,7 +749,7 @@ impl Engine {
         let result_sha = result_sha256(&result);
         st.calls += 1;
         let mut record = RunRecord {
-            image: None,
+            image: s.image.clone(),
             request_id: req.request_id.clone(),
             request_sha256: request_sha.clone(),
             result_sha256: result_sha.clone(),
@@ -1136,6 +1161,7 @@ mod tests {
     fn idle_session(id: &str, sandbox: SlowToClose) -> Arc<Session> {
         let past = Instant::now() - Duration::from_secs(5);
         Arc::new(Session {
+            image: None,
             id: id.into(),
             caller: "c".into(),
             language: Language::Python,

@@ -116,9 +116,66 @@ pub struct Settings {
     /// Limits on sessions (docs/sessions.md).
     #[serde(default)]
     pub sessions: SessionsSection,
+    /// The image store (docs/images.md).
+    #[serde(default)]
+    pub images: ImagesSection,
     /// Warm pools by provider and language. Absent: the default floor's provider keeps
     /// [`PoolSettings::default`] for both languages; present (even empty): exactly these.
     pub pools: Option<std::collections::BTreeMap<String, PoolsOfProvider>>,
+}
+
+/// `[images]`: where the operator's images live and which one a request naming none gets.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImagesSection {
+    /// The image store: one directory per image (default: the directory holding `[oci]
+    /// image`, so `build/images` of the repository).
+    pub store: Option<PathBuf>,
+    /// The default image's name (default: the last component of `[oci] image`, `sandbox`).
+    /// The OCI providers' probes run in `[oci] image`; it must be this image of the store.
+    pub default: Option<String>,
+}
+
+impl Settings {
+    /// The image store these settings describe: `[images]`, its absent values taken from
+    /// `[oci] image` (the default image is the store's entry that directory is).
+    pub fn image_store(&self) -> Result<plimsoll_image::ImageStore, String> {
+        let oci_image = self.oci.image.clone().unwrap_or_else(default_image_dir);
+        let store = match (&self.images.store, oci_image.parent()) {
+            (Some(s), _) => s.clone(),
+            (None, Some(parent)) => parent.to_owned(),
+            (None, None) => {
+                return Err(format!(
+                    "[oci] image `{}` has no parent directory to be the image store: set [images] store",
+                    oci_image.display()
+                ));
+            }
+        };
+        let default = match (&self.images.default, oci_image.file_name()) {
+            (Some(d), _) => d.clone(),
+            (None, Some(name)) => name.to_string_lossy().into_owned(),
+            (None, None) => "sandbox".to_owned(),
+        };
+        if !store.is_absolute() {
+            return Err(format!(
+                "[images] store `{}` must be an absolute path",
+                store.display()
+            ));
+        }
+        if !plimsoll_wire::is_image_name(&default) {
+            return Err(format!(
+                "[images] default `{default}` is not an image name (1 to 64 characters of a-z 0-9 . _ -, starting with a letter or digit)"
+            ));
+        }
+        if store.join(&default) != oci_image {
+            return Err(format!(
+                "[images] default `{default}` in store {} is not [oci] image {}: the probes run in the default image; set both to the same directory",
+                store.display(),
+                oci_image.display()
+            ));
+        }
+        Ok(plimsoll_image::ImageStore::new(store, default))
+    }
 }
 
 /// `[sessions]`: limits on sessions; each absent value keeps the built-in one.
@@ -508,6 +565,7 @@ impl Settings {
             state_dir: self.state_dir.clone().unwrap_or(d.state_dir),
             pools: Vec::new(),
             sessions: self.sessions.apply(d.sessions),
+            images: self.image_store().ok(),
         }
     }
 
@@ -636,6 +694,7 @@ impl Settings {
             None => default_providers.iter().map(|s| (*s).to_owned()).collect(),
         };
         self.oci.validate().map_err(BuildEngineError::Invalid)?;
+        self.image_store().map_err(BuildEngineError::Invalid)?;
         crate::admission::validate_uid_range(
             config.sandbox_uid_base,
             config.max_concurrent,

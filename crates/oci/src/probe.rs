@@ -271,6 +271,7 @@ fn run_probe(p: &OciProvider) -> Result<ProbeReport, String> {
     );
     let uid = p.config().probe_uid;
     let plan = LaunchPlan {
+        image: None,
         run_id: run_id.clone(),
         request_id: "probe".into(),
         privileges: plimsoll_sandbox::Privileges::Unprivileged,

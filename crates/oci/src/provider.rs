@@ -327,29 +327,46 @@ impl OciProvider {
         &self.cgroup_parent
     }
 
-    /// The image's root file system, checked: absolute, a real directory, not a symlink.
+    /// The configured image's root file system (the default image, which the probe runs
+    /// in), checked as [`checked_rootfs`] says.
     pub fn rootfs(&self) -> Result<PathBuf, ImageError> {
-        let rootfs = self.config.image.join("rootfs");
-        if !rootfs.is_absolute() {
-            return Err(ImageError::NotAbsolute(rootfs));
-        }
-        let meta = match fs::symlink_metadata(&rootfs) {
-            Ok(m) => m,
-            Err(io) => return Err(ImageError::Missing { path: rootfs, io }),
-        };
-        if !meta.is_dir() {
-            return Err(ImageError::NotADirectory(rootfs));
-        }
-        let real = match fs::canonicalize(&rootfs) {
-            Ok(r) => r,
-            Err(io) => return Err(ImageError::Unresolvable { path: rootfs, io }),
-        };
-        if real != rootfs {
-            return Err(ImageError::ThroughSymlink { path: rootfs, real });
-        }
-        Ok(rootfs)
+        checked_rootfs(self.config.image.join("rootfs"))
     }
 
+    /// The root file system a plan runs in: its image's, or the configured one's when the
+    /// plan names none (an operator tool's, a probe's).
+    fn rootfs_for(&self, plan: &LaunchPlan) -> Result<PathBuf, ImageError> {
+        match &plan.image {
+            Some(image) => checked_rootfs(image.rootfs.clone()),
+            None => self.rootfs(),
+        }
+    }
+}
+
+/// A root file system checked: absolute, a real directory, not reached through a symlink
+/// (runc refuses those).
+pub fn checked_rootfs(rootfs: PathBuf) -> Result<PathBuf, ImageError> {
+    if !rootfs.is_absolute() {
+        return Err(ImageError::NotAbsolute(rootfs));
+    }
+    let meta = match fs::symlink_metadata(&rootfs) {
+        Ok(m) => m,
+        Err(io) => return Err(ImageError::Missing { path: rootfs, io }),
+    };
+    if !meta.is_dir() {
+        return Err(ImageError::NotADirectory(rootfs));
+    }
+    let real = match fs::canonicalize(&rootfs) {
+        Ok(r) => r,
+        Err(io) => return Err(ImageError::Unresolvable { path: rootfs, io }),
+    };
+    if real != rootfs {
+        return Err(ImageError::ThroughSymlink { path: rootfs, real });
+    }
+    Ok(rootfs)
+}
+
+impl OciProvider {
     /// The image identity (`sha256:...`), the environment results report.
     pub fn image_identity(&self) -> Result<String, ImageError> {
         let path = self.config.image.join("identity");
@@ -650,7 +667,7 @@ impl OciProvider {
                 plan.run_id.escape_debug()
             )));
         }
-        let rootfs = self.rootfs().map_err(LaunchError::environment)?;
+        let rootfs = self.rootfs_for(plan).map_err(LaunchError::environment)?;
         let id = format!("plimsoll-{}", plan.run_id);
         let run_dir = self.state.create_run(&id).map_err(|e| {
             LaunchError::environment(format!(
@@ -1453,6 +1470,7 @@ mod tests {
     fn project_plan(steps: &[&str]) -> LaunchPlan {
         let spec = plimsoll_testing::project(vec![], steps, &[]);
         LaunchPlan {
+            image: None,
             run_id: "trial0".into(),
             request_id: "r".into(),
             privileges: plimsoll_sandbox::Privileges::for_spec(&spec),

@@ -259,6 +259,7 @@ mod tests {
 
     fn plan() -> LaunchPlan {
         LaunchPlan {
+            image: None,
             run_id: "0123abcd".into(),
             request_id: "r".into(),
             privileges: plimsoll_sandbox::Privileges::Unprivileged,

@@ -241,27 +241,30 @@ impl WarmMember for OciMember {
     fn run(mut self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
         let mut wall = None;
         let brokered = self.plan.broker.is_some();
-        let claimed =
-            warm::check_claim(plan, &self.shape, self.plan.uid, self.max_timeout, brokered)
-                .map_err(|e| LaunchError::not_started(Reason::Environment, e))
-                .and_then(|code| {
-                    wall = Some(self.wall()?);
-                    Ok(code)
+        let claimed = warm::check_claim(
+            plan,
+            &self.shape,
+            self.plan.uid,
+            self.max_timeout,
+            brokered,
+            self.plan.image.as_ref().map(|i| i.identity.as_str()),
+        )
+        .map_err(|e| LaunchError::not_started(Reason::Environment, e))
+        .and_then(|code| {
+            wall = Some(self.wall()?);
+            Ok(code)
+        })
+        .and_then(|code| {
+            let path = self.container.run_dir.path().join("bin").join(self.main);
+            std::fs::write(&path, code.as_bytes())
+                .and_then(|()| {
+                    use std::os::unix::fs::PermissionsExt as _;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
                 })
-                .and_then(|code| {
-                    let path = self.container.run_dir.path().join("bin").join(self.main);
-                    std::fs::write(&path, code.as_bytes())
-                        .and_then(|()| {
-                            use std::os::unix::fs::PermissionsExt as _;
-                            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
-                        })
-                        .map_err(|e| {
-                            LaunchError::environment(format!(
-                                "cannot write {}: {e}",
-                                path.display()
-                            ))
-                        })
-                });
+                .map_err(|e| {
+                    LaunchError::environment(format!("cannot write {}: {e}", path.display()))
+                })
+        });
         if let Err(e) = claimed {
             return Err(e.after_cleanup(self.remove(false)));
         }

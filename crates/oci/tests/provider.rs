@@ -430,6 +430,7 @@ fn a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code(kind: Runtime
     let warm_plan = || {
         let member_id = fresh_id("wall");
         WarmPlan {
+            image: None,
             run_dir: rig.state_root.join("runs").join(&member_id),
             member_id,
             shape: WarmShape {
@@ -444,6 +445,7 @@ fn a_member_shows_its_wall_and_one_whose_wall_changed_gets_no_code(kind: Runtime
         }
     };
     let claim = |wp: &WarmPlan| plimsoll_sandbox::LaunchPlan {
+        image: None,
         run_id: fresh_id("claim"),
         request_id: "wall-test".into(),
         privileges: plimsoll_sandbox::Privileges::Unprivileged,
@@ -531,6 +533,7 @@ fn crun_a_reap_leaves_the_runs_of_another_state_root_alone() {
     let l = limits();
     let member_id = fresh_id("other");
     let wp = WarmPlan {
+        image: None,
         run_dir: rig.state_root.join("runs").join(&member_id),
         member_id: member_id.clone(),
         shape: WarmShape {
@@ -563,6 +566,7 @@ fn crun_a_reap_leaves_the_runs_of_another_state_root_alone() {
     );
 
     let plan = plimsoll_sandbox::LaunchPlan {
+        image: None,
         run_id: fresh_id("claim"),
         request_id: "two-daemons".into(),
         privileges: plimsoll_sandbox::Privileges::Unprivileged,

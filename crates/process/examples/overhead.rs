@@ -46,6 +46,7 @@ fn main() {
     let (mut sandboxed, mut bare) = (Vec::new(), Vec::new());
     for i in 0..n + 2 {
         let plan = LaunchPlan {
+            image: None,
             run_id: format!("bench-{i}"),
             request_id: "bench".into(),
             privileges: plimsoll_sandbox::Privileges::Unprivileged,

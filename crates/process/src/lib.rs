@@ -177,6 +177,19 @@ impl Provider for ProcessProvider {
             RunSpec::Project(_) => Err(plimsoll_sandbox::Unsupported::SnippetsOnly),
         }
     }
+    /// The host's interpreters, no image: a request that names one is not for this tier.
+    fn takes_image(
+        &self,
+        image: &plimsoll_sandbox::RunImage,
+    ) -> Result<(), plimsoll_sandbox::Unsupported> {
+        if image.named {
+            return Err(plimsoll_sandbox::Unsupported::NoImage(image.name.clone()));
+        }
+        Ok(())
+    }
+    fn uses_image(&self) -> bool {
+        false
+    }
     /// node reserves most of its address space at start, which `RLIMIT_AS` (= the run's
     /// `memory_bytes`) bounds here: below [`NODE_MEMORY_FLOOR`] it exits before it waits
     /// for its code.

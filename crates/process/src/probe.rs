@@ -375,6 +375,7 @@ fn run_snippet(provider: &ProcessProvider, language: Language, code: &str) -> Re
     let cfg = provider.config();
     let run_dir = probe_run_dir(cfg, language.as_str());
     let plan = LaunchPlan {
+        image: None,
         run_id: run_dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -227,7 +227,7 @@ impl WarmMember for ProcessMember {
             watchdog,
         } = *self;
         let claimed = (|| {
-            let code = warm::check_claim(plan, &shape, uid, max_timeout, brokered)
+            let code = warm::check_claim(plan, &shape, uid, max_timeout, brokered, None)
                 .map_err(|e| LaunchError::not_started(Reason::Environment, e))?;
             let wall = plimsoll_sandbox::wall::read(
                 running.child.id(),

@@ -64,6 +64,7 @@ fn limits() -> ResolvedLimits {
 fn plan(env: &Env, uid: u32, language: Language, code: &str, limits: ResolvedLimits) -> LaunchPlan {
     let run_id = format!("t{uid}-{}", std::process::id());
     LaunchPlan {
+        image: None,
         run_dir: env.state.join("runs").join(&run_id),
         run_id,
         request_id: "test".into(),

@@ -134,6 +134,7 @@ fn every_allowed_call_works_and_every_denied_one_fails_as_documented() {
     });
     let run_id = format!("seccomp-{}", std::process::id());
     let plan = LaunchPlan {
+        image: None,
         run_dir: state.join("runs").join(&run_id),
         run_id,
         request_id: "seccomp".into(),

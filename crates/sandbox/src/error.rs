@@ -162,6 +162,16 @@ pub enum Unsupported {
         "this provider keeps no session: sessions run at crun, runc, runsc and qemu; set a floor of container or above, or name one of them"
     )]
     NoSessions,
+    /// The request named an image and this provider has none (the process tier).
+    #[error(
+        "the process tier has no image: it runs the host's interpreters; for image `{0}` set a floor of container or above, or name crun, runc, runsc or qemu"
+    )]
+    NoImage(String),
+    /// The VM provider has no disk made from this image.
+    #[error(
+        "image `{0}` has no VM disk: rebuild it (`scripts/build-image {0}`) or import it again, which makes one; or run it at crun, runc or runsc"
+    )]
+    NoDisk(String),
 }
 
 /// Why a provider is not offered: the checks its probe failed, or why it could not probe.

@@ -76,6 +76,33 @@ pub struct ResolvedLimits {
     pub artifact_bytes: u64,
 }
 
+/// The image a run, a warm member or a session runs in, as the engine resolved it from the
+/// image store: the provider mounts `rootfs` read-only (crun, runc, runsc) or boots `disk`
+/// (qemu) and never looks the image up itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunImage {
+    /// Its name.
+    pub name: String,
+    /// `sha256:` over its manifest: what the record states.
+    pub identity: String,
+    /// Its root file system: an absolute, real directory.
+    pub rootfs: PathBuf,
+    /// Its VM disk, made from this identity, when it has one.
+    pub disk: Option<PathBuf>,
+    /// Whether the request named it (by name or identity) rather than getting the default.
+    pub named: bool,
+}
+
+impl RunImage {
+    /// Its name and identity, as a record states them.
+    pub fn reference(&self) -> plimsoll_wire::ImageRef {
+        plimsoll_wire::ImageRef {
+            name: self.name.clone(),
+            identity: self.identity.clone(),
+        }
+    }
+}
+
 /// Everything a provider needs to run one request, fully decided.
 #[derive(Debug, Clone)]
 pub struct LaunchPlan {
@@ -109,6 +136,10 @@ pub struct LaunchPlan {
     /// Where the run's output also goes as it is read (a streamed answer), where the
     /// provider reads the code's output itself as it comes; `None`: only into the result.
     pub tap: Option<capture::OutputTap>,
+    /// The image to run in, resolved by the engine. `None` where the provider has no image
+    /// (the process tier) and in operator tools' and tests' plans, where a provider with
+    /// images uses the image it was configured with.
+    pub image: Option<RunImage>,
 }
 
 /// What a run's first process may hold inside its sandbox.
@@ -227,6 +258,17 @@ pub trait Provider: Send + Sync {
     fn cost(&self) -> u32;
     /// `Err(why)` when this provider cannot do this kind of run at all.
     fn supports(&self, spec: &RunSpec) -> Result<(), Unsupported>;
+    /// `Err(why)` when this provider cannot run in `image` (the process tier has no image;
+    /// the VM provider needs a disk made from it). By default every image.
+    fn takes_image(&self, image: &RunImage) -> Result<(), Unsupported> {
+        let _ = image;
+        Ok(())
+    }
+    /// Whether a run here runs in an image at all; `false` at the process tier, whose plans
+    /// carry none and whose records name none.
+    fn uses_image(&self) -> bool {
+        true
+    }
     /// The least `memory_bytes` a run of `spec` can start under here, when it is more than
     /// the protocol's own minimum (`plimsoll_wire::Limits::MIN_MEMORY_BYTES`): the engine
     /// routes a run asking for less elsewhere, or refuses it (`unsupported`), rather than let

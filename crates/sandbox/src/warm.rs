@@ -44,6 +44,8 @@ pub struct WarmPlan {
     /// (the process tier's RLIMIT_CPU) is set for this; the run's own timeout is applied when
     /// it claims the member.
     pub max_timeout: Duration,
+    /// The image the member runs in (see [`crate::LaunchPlan::image`]).
+    pub image: Option<crate::RunImage>,
 }
 
 /// The part of a claimed member's end that is off the answer's path: what the run left is
@@ -108,18 +110,28 @@ pub enum Mismatch {
     /// A broker channel or the trial runner's privileges (members have neither).
     #[error("a warm member has no broker channel and no privileges")]
     Privileged,
+    /// Another image.
+    #[error("the plan's image is {plan:?}, the member's {member:?}")]
+    Image {
+        /// The plan's identity.
+        plan: Option<String>,
+        /// The member's.
+        member: Option<String>,
+    },
 }
 
 /// Checks that `plan` may claim a member of `shape` running as `uid` made for `max_timeout`;
 /// the code of the snippet on success.
 /// `brokered`: the member was made with `plan`'s own broker channel (a cold run's member,
-/// made for that run alone, [`cold_member_plan`]).
+/// made for that run alone, [`cold_member_plan`]). `image`: the identity of the image the
+/// member was made in.
 pub fn check_claim<'a>(
     plan: &'a LaunchPlan,
     shape: &WarmShape,
     uid: u32,
     max_timeout: Duration,
     brokered: bool,
+    image: Option<&str>,
 ) -> Result<&'a str, Mismatch> {
     let plimsoll_wire::RunSpec::Snippet(snippet) = &plan.spec else {
         return Err(Mismatch::NotSnippet);
@@ -144,6 +156,13 @@ pub fn check_claim<'a>(
     }
     if plan.broker.is_some() != brokered || plan.privileges.is_trial() {
         return Err(Mismatch::Privileged);
+    }
+    let asked = plan.image.as_ref().map(|i| i.identity.as_str());
+    if asked != image {
+        return Err(Mismatch::Image {
+            plan: asked.map(str::to_owned),
+            member: image.map(str::to_owned),
+        });
     }
     Ok(&snippet.code)
 }
@@ -173,6 +192,7 @@ pub fn cold_member_plan(plan: &LaunchPlan, grants: bool) -> Option<WarmPlan> {
         gid: plan.gid,
         run_dir: plan.run_dir.clone(),
         max_timeout: plan.limits.timeout,
+        image: plan.image.clone(),
     })
 }
 
@@ -202,6 +222,7 @@ pub fn member_plan(plan: &WarmPlan) -> LaunchPlan {
         broker: None,
         privileges: crate::Privileges::Unprivileged,
         tap: None,
+        image: plan.image.clone(),
     }
 }
 

@@ -60,6 +60,7 @@ fn probe_plan(p: &VmProvider, what: &str, spec: RunSpec) -> LaunchPlan {
     let run_id = fresh_run_id(what);
     let uid = p.config().probe_uid;
     LaunchPlan {
+        image: None,
         run_dir: p.config().runs_root().join(&run_id),
         run_id,
         request_id: "probe".into(),

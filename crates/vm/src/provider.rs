@@ -3,12 +3,13 @@
 //! ([`VmMember`]) is such a VM booted ahead, its interpreter waiting for one snippet.
 
 use std::fs;
+use std::path::Path;
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use plimsoll_sandbox::warm::{self, WarmMember, WarmPlan, WarmShape};
 use plimsoll_sandbox::{
-    Cause, LaunchError, LaunchPlan, Outcome, Probed, Provider, Teardown, unix_ms_now,
+    Cause, LaunchError, LaunchPlan, Outcome, Probed, Provider, RunImage, Teardown, unix_ms_now,
 };
 use plimsoll_wire::{AgentJob, RunResult, RunSpec, Tier, TrialIds};
 
@@ -441,7 +442,7 @@ impl VmProvider {
             qemu: &self.config.qemu,
             kernel: &prepared.assets.kernel,
             initrd: &prepared.initrd.path,
-            disk: &prepared.assets.disk,
+            disk: disk_for(plan.image.as_ref(), &prepared.assets)?,
             run_dir: &plan.run_dir,
             uid: plan.uid,
             gid: plan.gid,
@@ -538,6 +539,7 @@ impl VmProvider {
                 uid: member.uid,
                 shape: plan.shape,
                 max_timeout: plan.max_timeout,
+                image: plan.image.clone(),
             }),
             Err(report) => {
                 let why = match &report.answer {
@@ -680,6 +682,23 @@ fn stats_of(r: &BootReport, ended_unix_ms: u64) -> RunStats {
 }
 
 /// The agent's job and the guest's limits for a plan.
+/// The disk a plan's guest boots: the assets' own when the plan's image is the one they were
+/// made from (or the plan names none: an operator tool's), else the image's own disk. A plan
+/// whose image has neither is refused before anything starts (the engine routes it
+/// elsewhere first: [`Provider::takes_image`]).
+fn disk_for<'a>(image: Option<&'a RunImage>, assets: &'a Assets) -> Result<&'a Path, LaunchError> {
+    match image {
+        None => Ok(&assets.disk),
+        Some(i) if i.identity == assets.image_identity => Ok(&assets.disk),
+        Some(i) => i.disk.as_deref().ok_or_else(|| {
+            LaunchError::not_started(
+                plimsoll_wire::Reason::Unsupported,
+                plimsoll_sandbox::Unsupported::NoDisk(i.name.clone()),
+            )
+        }),
+    }
+}
+
 pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
     let l = &plan.limits;
     let trial = plan.privileges.is_trial();
@@ -809,6 +828,7 @@ pub struct VmMember {
     uid: u32,
     shape: WarmShape,
     max_timeout: Duration,
+    image: Option<RunImage>,
 }
 
 impl WarmMember for VmMember {
@@ -822,10 +842,18 @@ impl WarmMember for VmMember {
             uid,
             shape,
             max_timeout,
+            image,
         } = *self;
-        let job = warm::check_claim(plan, &shape, uid, max_timeout, false)
-            .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))
-            .and_then(|_| job_for(plan));
+        let job = warm::check_claim(
+            plan,
+            &shape,
+            uid,
+            max_timeout,
+            false,
+            image.as_ref().map(|i| i.identity.as_str()),
+        )
+        .map_err(|e| LaunchError::not_started(plimsoll_wire::Reason::Environment, e))
+        .and_then(|_| job_for(plan));
         let job = match job {
             Ok(j) => j,
             Err(e) => return Err(e.after_cleanup(waiting.discard())),
@@ -882,6 +910,23 @@ impl Provider for VmProvider {
 
     fn supports(&self, _spec: &RunSpec) -> Result<(), plimsoll_sandbox::Unsupported> {
         Ok(())
+    }
+
+    /// The VM boots a disk: the assets' own (made from the image they name), or one made
+    /// from the image itself.
+    fn takes_image(&self, image: &RunImage) -> Result<(), plimsoll_sandbox::Unsupported> {
+        // Until the first probe prepared the assets, the disk they hold is not known; the
+        // provider is not offered then anyway.
+        let assets_image = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|p| p.assets.image_identity.clone());
+        if image.disk.is_some() || assets_image.is_none_or(|a| a == image.identity) {
+            return Ok(());
+        }
+        Err(plimsoll_sandbox::Unsupported::NoDisk(image.name.clone()))
     }
 
     fn probe(&self) -> Probed {
@@ -944,6 +989,7 @@ mod tests {
 
     fn plan() -> LaunchPlan {
         LaunchPlan {
+            image: None,
             run_id: "r".into(),
             request_id: "q".into(),
             privileges: plimsoll_sandbox::Privileges::Unprivileged,

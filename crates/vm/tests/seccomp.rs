@@ -79,6 +79,7 @@ fn every_allowed_call_works_and_no_namespace_or_mount_is_made() {
     let p = VmProvider::new(c);
     let run_id = fresh_id("t");
     let plan = LaunchPlan {
+        image: None,
         run_dir: p.config().runs_root().join(&run_id),
         run_id,
         request_id: "vm-seccomp".into(),

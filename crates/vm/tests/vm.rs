@@ -123,6 +123,7 @@ impl Rig {
     fn plan(&self, spec: RunSpec, limits: ResolvedLimits) -> LaunchPlan {
         let run_id = fresh_id("t");
         LaunchPlan {
+            image: None,
             run_dir: self.p.config().runs_root().join(&run_id),
             run_id,
             request_id: "vm-test".into(),
@@ -379,6 +380,7 @@ fn missing_assets_are_not_offered() {
         "a tcg-only provider never claims vm"
     );
     let plan = LaunchPlan {
+        image: None,
         run_id: "r".into(),
         request_id: "q".into(),
         privileges: plimsoll_sandbox::Privileges::Unprivileged,
@@ -843,6 +845,7 @@ fn member_plan(rig: &Rig, language: plimsoll_wire::Language) -> plimsoll_sandbox
     let l = limits();
     let member_id = fresh_id("m");
     plimsoll_sandbox::WarmPlan {
+        image: None,
         run_dir: rig.p.config().runs_root().join(&member_id),
         member_id,
         shape: plimsoll_sandbox::WarmShape {

@@ -99,6 +99,7 @@ fn provider(kind: RuntimeKind, o: &Options) -> OciProvider {
 
 fn plan(run_id: String, language: Language, code: &str, uid: u32, timeout: Duration) -> LaunchPlan {
     LaunchPlan {
+        image: None,
         run_id,
         request_id: "plimsoll-oci-run".into(),
         privileges: plimsoll_sandbox::Privileges::Unprivileged,

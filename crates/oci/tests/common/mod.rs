@@ -101,6 +101,7 @@ pub fn rig(kind: RuntimeKind, test: &str) -> Option<Rig> {
 impl Rig {
     pub fn plan(&self, spec: RunSpec, limits: ResolvedLimits, uid: u32) -> LaunchPlan {
         LaunchPlan {
+            image: None,
             run_id: fresh_id("t"),
             request_id: "attack".into(),
             privileges: plimsoll_sandbox::Privileges::for_spec(&spec),

@@ -73,6 +73,7 @@ fn main() {
         .cloned()
         .unwrap_or_else(|| format!("by-hand-{}", std::process::id()));
     let plan = LaunchPlan {
+        image: None,
         run_dir: state_dir.join("runs").join(&run_id),
         run_id,
         request_id: "by-hand".into(),

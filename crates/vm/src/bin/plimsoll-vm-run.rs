@@ -106,6 +106,7 @@ fn plan(o: &Options, spec: RunSpec, n: usize) -> LaunchPlan {
         .clone()
         .unwrap_or_else(|| format!("vmrun{}x{n}", std::process::id()));
     LaunchPlan {
+        image: None,
         run_dir: o.state_dir.join("runs").join(&run_id),
         run_id,
         request_id: "plimsoll-vm-run".into(),
