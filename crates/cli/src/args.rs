@@ -110,7 +110,7 @@ pub struct RunArgs {
     pub out: Option<PathBuf>,
     /// Send this whole run request (JSON, docs/protocol.md); `-` reads standard input.
     /// Its `request_id` (optional) is replaced by a fresh one, and `protocol` may be left out.
-    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["min_isolation", "provider", "timeout_ms", "grant"])]
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["min_isolation", "provider", "image", "timeout_ms", "grant"])]
     pub request: Option<PathBuf>,
     /// The floor: the weakest tier to accept (process, container, kernel, vm). Default: the
     /// settings' default_floor, `container` unless configured.
@@ -119,6 +119,10 @@ pub struct RunArgs {
     /// Run on this provider only (it must still meet the floor).
     #[arg(long, value_name = "NAME")]
     pub provider: Option<String>,
+    /// Run in this image: a name or an identity (sha256:...); `plimsoll image list` lists
+    /// them. Default: the operator's default image. Never served by another.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
     /// Wall-clock timeout in milliseconds.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_ms: Option<u64>,
@@ -174,6 +178,9 @@ pub enum SessionCommand {
         /// Open it on this provider (crun, runc, runsc, qemu).
         #[arg(long, value_name = "NAME")]
         provider: Option<String>,
+        /// Open it in this image (a name or an identity), fixed for its life.
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<String>,
         /// End it after this long without a call, in milliseconds.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         idle_timeout_ms: Option<u64>,

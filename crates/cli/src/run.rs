@@ -134,6 +134,7 @@ fn options(a: &RunArgs) -> anyhow::Result<RunOptions> {
     };
     options.minimum_isolation = a.min_isolation;
     options.provider = a.provider.clone();
+    options.image = a.image.clone();
     if let Some(ms) = a.timeout_ms {
         options = options.timeout_ms(ms);
     }
@@ -364,11 +365,14 @@ pub fn language_of(file: &Path) -> Option<Language> {
     }
 }
 
-/// The one-line header printed on stderr before the program's output.
+/// The one-line header printed on stderr before the program's output; the image last.
 pub fn header(resp: &RunResponse) -> String {
     let r = &resp.result;
+    let image = resp.record.image.as_ref().map_or_else(String::new, |i| {
+        format!(", image {} ({})", i.name, i.identity)
+    });
     format!(
-        "plimsoll: provider {}, isolation {}, {}, timed out {}, truncated {}, {} ms",
+        "plimsoll: provider {}, isolation {}, {}, timed out {}, truncated {}, {} ms{image}",
         resp.provider,
         resp.isolation,
         ending(r),

@@ -21,6 +21,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
             lang,
             min_isolation,
             provider,
+            image,
             idle_timeout_ms,
             max_lifetime_ms,
             to,
@@ -29,6 +30,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
             let mut options = SessionOptions::new(lang);
             options.minimum_isolation = min_isolation;
             options.provider = provider;
+            options.image = image;
             options.idle_timeout_ms = idle_timeout_ms;
             options.max_lifetime_ms = max_lifetime_ms;
             Ok(match c.open_session(options) {
@@ -268,8 +270,11 @@ fn describe(info: &SessionInfo) {
     if crate::quiet() {
         return;
     }
+    let image = info.image.as_ref().map_or_else(String::new, |i| {
+        format!(", image {} ({})", i.name, i.identity)
+    });
     eprintln!(
-        "plimsoll: session on provider {}, isolation {}, idle timeout {} ms, expires at {} (Unix ms)",
+        "plimsoll: session on provider {}, isolation {}, idle timeout {} ms, expires at {} (Unix ms){image}",
         info.provider, info.isolation, info.idle_timeout_ms, info.expires_unix_ms
     );
     if info.isolation == Tier::Process {

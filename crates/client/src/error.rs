@@ -198,6 +198,20 @@ pub enum ClientError {
         /// The provider the answer (response or record) names.
         provider: String,
     },
+    /// The record says the code ran in another image than the one this request (or its
+    /// session) named, or names none. The code ran: this is not a refusal.
+    #[error(
+        "evidence mismatch for request {request_id}: the run's record names image {}, not `{asked}` as asked; the code ran, but not in the image you required",
+        image.as_deref().map_or_else(|| "none".to_owned(), |i| format!("`{i}`"))
+    )]
+    ImageMismatch {
+        /// The request id sent.
+        request_id: String,
+        /// The image the request named (a name or an identity).
+        asked: String,
+        /// The image the record names (`name (identity)`), if any.
+        image: Option<String>,
+    },
     /// A session call's answer verified as a run, but it is not the next link of the
     /// session's chain: its record names another session, or is not the call after the last
     /// one this client verified (a call missing, slipped in, repeated or reordered), or it
@@ -265,6 +279,7 @@ impl NotDispatched for ClientError {
             | ClientError::RecordMismatch { .. }
             | ClientError::EvidenceMismatch { .. }
             | ClientError::ProviderMismatch { .. }
+            | ClientError::ImageMismatch { .. }
             | ClientError::Transport { .. }
             | ClientError::BadResponse { .. } => None,
         }
@@ -287,6 +302,7 @@ impl ClientError {
             | ClientError::RecordMismatch { request_id, .. }
             | ClientError::EvidenceMismatch { request_id, .. }
             | ClientError::ProviderMismatch { request_id, .. }
+            | ClientError::ImageMismatch { request_id, .. }
             | ClientError::Transport { request_id, .. }
             | ClientError::BadResponse { request_id, .. } => Some(request_id),
             ClientError::UnverifiedRefusal { sent, .. }
@@ -312,9 +328,9 @@ impl ClientError {
             ClientError::RequestIdMismatch { .. } => "request_id_mismatch",
             ClientError::DigestMismatch { .. } => "digest_mismatch",
             ClientError::RecordMismatch { .. } => "record_mismatch",
-            ClientError::EvidenceMismatch { .. } | ClientError::ProviderMismatch { .. } => {
-                "evidence_mismatch"
-            }
+            ClientError::EvidenceMismatch { .. }
+            | ClientError::ProviderMismatch { .. }
+            | ClientError::ImageMismatch { .. } => "evidence_mismatch",
             ClientError::Transport { .. } => "transport",
             ClientError::BadResponse { .. } => "bad_response",
         }

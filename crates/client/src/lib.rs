@@ -36,7 +36,7 @@ use plimsoll_wire::{
 pub use error::{ClientError, DigestKind, ProvidersError};
 pub use session::{Session, SessionOptions};
 pub use token::Token;
-pub use verify::{check_tier, verify_response, verify_response_held_to};
+pub use verify::{check_image, check_tier, verify_response, verify_response_held_to};
 
 /// Largest answer read from the daemon (outputs and artifacts can be large).
 const MAX_ANSWER_BYTES: u64 = 1 << 30;
@@ -66,6 +66,9 @@ pub struct RunOptions {
     pub limits: Option<Limits>,
     /// A grant profile name.
     pub grant: Option<String>,
+    /// The image to run in (a name or an identity); the daemon's default image when `None`.
+    /// The record must name it, or the answer is an evidence mismatch.
+    pub image: Option<String>,
 }
 
 impl RunOptions {
@@ -85,7 +88,14 @@ impl RunOptions {
             provider: None,
             limits: None,
             grant: None,
+            image: None,
         }
+    }
+
+    /// Names the image to run in: a name or an identity (`sha256:...`).
+    pub fn image(mut self, image: impl Into<String>) -> Self {
+        self.image = Some(image.into());
+        self
     }
 
     /// Sets the floor.
@@ -109,7 +119,7 @@ impl RunOptions {
     /// The request these options make, with this id.
     pub fn into_request(self, request_id: String) -> RunRequest {
         RunRequest {
-            image: None,
+            image: self.image,
             protocol: PROTOCOL,
             request_id,
             minimum_isolation: self.minimum_isolation,
@@ -130,6 +140,7 @@ impl From<RunRequest> for RunOptions {
             provider: r.provider,
             limits: r.limits,
             grant: r.grant,
+            image: r.image,
         }
     }
 }

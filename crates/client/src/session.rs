@@ -31,6 +31,9 @@ pub struct SessionOptions {
     pub idle_timeout_ms: Option<u64>,
     /// The maximum lifetime, milliseconds.
     pub max_lifetime_ms: Option<u64>,
+    /// The image the session runs in (a name or an identity); the daemon's default when
+    /// `None`. The session's answers and every call's record must name it.
+    pub image: Option<String>,
 }
 
 impl SessionOptions {
@@ -43,7 +46,14 @@ impl SessionOptions {
             limits: None,
             idle_timeout_ms: None,
             max_lifetime_ms: None,
+            image: None,
         }
+    }
+
+    /// Names the image the session runs in.
+    pub fn image(mut self, image: impl Into<String>) -> Self {
+        self.image = Some(image.into());
+        self
     }
 
     /// Sets the floor.
@@ -82,7 +92,7 @@ impl Client {
     pub fn open_session(&self, options: SessionOptions) -> Result<Session, ClientError> {
         let request_id = new_request_id();
         let open = SessionOpenRequest {
-            image: None,
+            image: options.image.clone(),
             protocol: PROTOCOL,
             request_id: request_id.clone(),
             language: options.language,
@@ -115,7 +125,14 @@ impl Client {
             &request_id,
         )?;
         let info = session_answer(&request_id, status, &bytes, true)?;
-        if let Err(e) = check_open(&request_id, floor, options.provider.as_deref(), &info) {
+        let checked =
+            check_open(&request_id, floor, options.provider.as_deref(), &info).and_then(|()| {
+                match &options.image {
+                    Some(asked) => crate::check_image(&request_id, asked, info.image.as_ref()),
+                    None => Ok(()),
+                }
+            });
+        if let Err(e) = checked {
             // A session this client will not use is not left open on the daemon: closed
             // again, as well as it can be (the error that matters is the check's).
             let _ = Session {
@@ -589,6 +606,13 @@ impl Session {
                 previous.clone(),
                 link.previous_record_sha256.clone(),
             );
+        }
+        // Every call runs in the image the session opened in.
+        if resp.record.image != self.info.image {
+            let said = |i: &Option<plimsoll_wire::ImageRef>| {
+                i.as_ref().map(|i| format!("{} ({})", i.name, i.identity))
+            };
+            return broken("image", said(&self.info.image), said(&resp.record.image));
         }
         for (field, session, answer) in [
             ("provider", &self.info.provider, &resp.provider),

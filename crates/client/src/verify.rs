@@ -35,6 +35,23 @@ pub fn check_tier(
     }
 }
 
+/// Checks that a record's image answers to `asked` (a name or an identity), the image a
+/// request or its session named.
+pub fn check_image(
+    request_id: &str,
+    asked: &str,
+    image: Option<&plimsoll_wire::ImageRef>,
+) -> Result<(), ClientError> {
+    if image.is_some_and(|i| i.answers(asked)) {
+        return Ok(());
+    }
+    Err(ClientError::ImageMismatch {
+        request_id: request_id.to_owned(),
+        asked: asked.to_owned(),
+        image: image.map(|i| format!("{} ({})", i.name, i.identity)),
+    })
+}
+
 /// Verifies a `200` answer to `sent` (the request exactly as serialised and sent) against
 /// the floor it sent. With none sent, only against the floor the record states: what a
 /// client that does not know the daemon's default floor can check; [`Client::run`] knows it
@@ -127,6 +144,10 @@ fn verify(
                 });
             }
         }
+    }
+    // And the image: served by the one named or refused, never by another.
+    if let Some(asked) = &sent.image {
+        check_image(id, asked, response.record.image.as_ref())?;
     }
     // What serde cannot check: a pool member's age only with a warm start, and always with one.
     if let Err(e) = response.result.validate() {
@@ -574,5 +595,46 @@ mod tests {
             matches!(&e, ClientError::ProviderMismatch { provider, .. } if provider == "r"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn another_image_than_the_one_asked_for_or_none_is_an_evidence_mismatch() {
+        let id = format!("sha256:{}", "ab".repeat(32));
+        let image = plimsoll_wire::ImageRef {
+            name: "python-data".into(),
+            identity: id.clone(),
+        };
+        let with_image = |req: &RunRequest, image: Option<plimsoll_wire::ImageRef>| {
+            let mut resp = honest(req, Tier::Container);
+            resp.record.image = image;
+            resp.record.record_sha256 = record_sha256(&resp.record);
+            resp
+        };
+        for asked in ["python-data", id.as_str()] {
+            let req = RunRequest {
+                image: Some(asked.into()),
+                ..request(None)
+            };
+            verify_response(&req, with_image(&req, Some(image.clone()))).unwrap();
+            for wrong in [
+                None,
+                Some(plimsoll_wire::ImageRef {
+                    name: "sandbox".into(),
+                    identity: format!("sha256:{}", "cd".repeat(32)),
+                }),
+            ] {
+                let e = verify_response(&req, with_image(&req, wrong)).unwrap_err();
+                assert!(
+                    matches!(&e, ClientError::ImageMismatch { asked: a, .. } if a == asked),
+                    "{e}"
+                );
+                assert_eq!(not_dispatched_reason(&e), None);
+                assert_eq!(e.code(), "evidence_mismatch");
+                assert!(e.to_string().contains("the code ran"), "{e}");
+            }
+        }
+        // Naming none: any image (the default) is what was asked for.
+        let req = request(None);
+        verify_response(&req, with_image(&req, Some(image))).unwrap();
     }
 }

@@ -819,15 +819,35 @@ impl Engine {
         }
     }
 
-    /// The images a request may name, for `GET /v1/providers`.
+    /// The images a request may name, for `GET /v1/providers`. `vm_disk` says whether the
+    /// VM provider (when configured) can boot it: with its own disk, or the one its assets
+    /// were made from.
     pub fn images(&self) -> Vec<plimsoll_wire::ImageInfo> {
-        match &self.config.images {
-            None => Vec::new(),
-            Some(store) => store.infos().unwrap_or_else(|e| {
+        let Some(store) = &self.config.images else {
+            return Vec::new();
+        };
+        let listing = match store.list() {
+            Ok(l) => l,
+            Err(e) => {
                 tracing::warn!(error = %plimsoll_sandbox::error_chain(&e), "cannot list the images");
-                Vec::new()
-            }),
-        }
+                return Vec::new();
+            }
+        };
+        let vm = self
+            .slots
+            .iter()
+            .find(|s| s.provider.nominal_tier() == plimsoll_wire::Tier::Vm);
+        listing
+            .images
+            .into_iter()
+            .map(|i| plimsoll_wire::ImageInfo {
+                vm_disk: vm.is_some_and(|s| s.provider.takes_image(&run_image(&i, false)).is_ok()),
+                default: i.name() == store.default_name(),
+                name: i.name().to_owned(),
+                identity: i.identity.clone(),
+                languages: i.languages.clone(),
+            })
+            .collect()
     }
 
     /// Makes `cancel` kill the processes of `sandbox`, on the provider of slot `index`, from

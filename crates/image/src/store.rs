@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
 pub use plimsoll_wire::Language;
-use plimsoll_wire::{ImageInfo, ImageRef, is_image_identity, is_image_name};
+use plimsoll_wire::{ImageRef, is_image_identity, is_image_name};
 
 /// Where an image lives in the store: its name and directory, before its identity is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,22 +235,6 @@ impl ImageStore {
             }
         }
         Ok(listing)
-    }
-
-    /// The images as `GET /v1/providers` lists them.
-    pub fn infos(&self) -> Result<Vec<ImageInfo>, ListImagesError> {
-        Ok(self
-            .list()?
-            .images
-            .into_iter()
-            .map(|i| ImageInfo {
-                default: i.at.name == self.default,
-                name: i.at.name,
-                identity: i.identity,
-                languages: i.languages,
-                vm_disk: i.disk.is_some(),
-            })
-            .collect())
     }
 
     /// The image a request names (a name or an identity), or the default one for `None`.

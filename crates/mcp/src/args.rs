@@ -72,6 +72,12 @@ pub struct Placement {
     /// `runsc`, `qemu`); it must still meet the floor. Omit it to let plimsoll choose.
     #[serde(default)]
     pub provider: Option<String>,
+    /// The image to run in: a name or an identity (`sha256:...`) from `list_providers`'
+    /// `images` (which also says which languages each starts). Omit it for the operator's
+    /// default image. A run is served by that image or refused ("not dispatched"), never by
+    /// another; the result names the image that ran.
+    #[serde(default)]
+    pub image: Option<String>,
     /// Wall-clock limit for the whole run, in milliseconds. When it passes, the sandbox is
     /// killed and the result says `timed_out: true` (a result, not an error). Omit it for the
     /// operator's default.
@@ -163,6 +169,10 @@ pub struct OpenSessionArgs {
     /// plimsoll choose.
     #[serde(default)]
     pub provider: Option<String>,
+    /// The image the session runs in, for its whole life: a name or an identity from
+    /// `list_providers`' `images`. Omit it for the operator's default image.
+    #[serde(default)]
+    pub image: Option<String>,
     /// The session ends after this many milliseconds without a call (the operator's default,
     /// usually 5 minutes, when omitted). A call to an ended session is refused
     /// `session_ended`: open a new one.
@@ -293,6 +303,7 @@ impl Placement {
     fn apply(&self, mut options: RunOptions) -> RunOptions {
         options.minimum_isolation = self.min_isolation.map(Tier::from);
         options.provider = self.provider.clone();
+        options.image = self.image.clone();
         options.grant = self.grant.clone();
         if let Some(ms) = self.timeout_ms {
             options = options.timeout_ms(ms);
@@ -350,6 +361,7 @@ impl OpenSessionArgs {
         let mut o = SessionOptions::new(self.language.into());
         o.minimum_isolation = self.min_isolation.map(Tier::from);
         o.provider = self.provider.clone();
+        o.image = self.image.clone();
         o.idle_timeout_ms = self.idle_timeout_ms;
         o.max_lifetime_ms = self.max_lifetime_ms;
         o

@@ -284,7 +284,7 @@ pub mod on_engine {
         options: SessionOptions,
     ) -> Result<SessionInfo, RunError> {
         let request = SessionOpenRequest {
-            image: None,
+            image: options.image,
             protocol: PROTOCOL,
             request_id: new_request_id(),
             language: options.language,

@@ -196,6 +196,9 @@ pub fn run_text(resp: &RunResponse, v: &Value) -> String {
         ending(v),
         resp.duration_ms
     );
+    if let Some(image) = &resp.record.image {
+        out.push_str(&format!("image: {} ({})\n", image.name, image.identity));
+    }
     if let Some(steps) = v["steps"].as_array() {
         for (i, s) in steps.iter().enumerate() {
             let name = s["name"]
@@ -268,6 +271,7 @@ pub fn session_structured(info: &SessionInfo) -> Value {
         "minimum_isolation": info.minimum_isolation,
         "evidence_sha256": info.evidence_sha256,
         "environment": info.environment,
+        "image": info.image,
         "opened_unix_ms": info.opened_unix_ms,
         "expires_unix_ms": info.expires_unix_ms,
         "idle_timeout_ms": info.idle_timeout_ms,
@@ -537,8 +541,27 @@ pub fn providers(resp: &ProvidersResponse) -> (Value, String) {
             tier_note(p.isolation)
         ));
     }
+    for i in &resp.images {
+        let languages: Vec<&str> = i.languages.iter().map(|l| l.as_str()).collect();
+        text.push_str(&format!(
+            "image {}{}: {}, starts {}{}\n",
+            i.name,
+            if i.default { " (default)" } else { "" },
+            i.identity,
+            if languages.is_empty() {
+                "no interpreter".to_owned()
+            } else {
+                languages.join(", ")
+            },
+            if i.vm_disk {
+                ""
+            } else {
+                "; not at qemu (no VM disk)"
+            }
+        ));
+    }
     (
-        json!({"default_floor": resp.default_floor, "providers": list}),
+        json!({"default_floor": resp.default_floor, "providers": list, "images": resp.images}),
         text,
     )
 }
