@@ -43,6 +43,15 @@ impl Provider for AnyProvider {
     fn memory_floor(&self, spec: &RunSpec) -> Option<u64> {
         self.inner().memory_floor(spec)
     }
+    fn takes_image(
+        &self,
+        image: &plimsoll_sandbox::RunImage,
+    ) -> Result<(), plimsoll_sandbox::Unsupported> {
+        self.inner().takes_image(image)
+    }
+    fn uses_image(&self) -> bool {
+        self.inner().uses_image()
+    }
     fn probe(&self) -> Probed {
         self.inner().probe()
     }

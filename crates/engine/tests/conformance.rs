@@ -120,6 +120,9 @@ struct Rig {
     provider: &'static str,
     /// The engine keeps warm pools matching the suite's limits, so snippets run on members.
     warm: bool,
+    /// The image every run must name on its record: the default image of the rig's store
+    /// (`sandbox`, or `python-data` in an `_image` rig); none at the process tier.
+    image: Option<String>,
     tier: Tier,
     shape: Shape,
     /// The run uids (two slots) and, after them, the probe and controller uids: nothing may
@@ -135,10 +138,33 @@ struct Rig {
 
 fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
     let test = format!("{name}::{case}");
-    // `<provider>_warm`: the provider with warm pools (docs/warm-pools.md).
+    // `<provider>_warm`: the provider with warm pools (docs/warm-pools.md);
+    // `<provider>_image`: with a second image, python-data, as the default (docs/images.md).
     let (provider, warm) = match name.strip_suffix("_warm") {
         Some(p) => (p, true),
         None => (name, false),
+    };
+    let (provider, image_name) = match provider.strip_suffix("_image") {
+        Some(p) => (p, "python-data"),
+        None => (provider, "sandbox"),
+    };
+    let image_dir = plimsoll_engine::settings::default_image_dir()
+        .parent()
+        .expect("the image store")
+        .join(image_name);
+    let image_identity = match std::fs::read_to_string(image_dir.join("identity")) {
+        Ok(i) => i.trim().to_owned(),
+        Err(_) if image_name != "sandbox" => {
+            skip_or_fail(
+                &test,
+                &format!(
+                    "no image {image_name} at {}: run `make images`",
+                    image_dir.display()
+                ),
+            );
+            return None;
+        }
+        Err(_) => String::new(),
     };
     if !is_root() {
         skip_or_fail(&test, "needs root to run sandboxes");
@@ -162,10 +188,11 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
     }
     let dir = TestDir::new("conformance", &format!("{name}-{case}"));
     let uid_base = 3_100_000 + slot * 1_000;
+    let image_line = format!("image = {:?}\n", image_dir.display().to_string());
     let section = match provider {
-        "process" | "qemu" => String::new(),
+        "process" | "qemu" => format!("[oci]\n{image_line}"),
         "crun" | "runc" | "runsc" => format!(
-            "[oci]\nstate_root = {root:?}\ncgroup_parent = \"/plimsoll-conformance-{provider}-{pid}\"\n",
+            "[oci]\n{image_line}state_root = {root:?}\ncgroup_parent = \"/plimsoll-conformance-{provider}-{pid}\"\n",
             root = dir.path().join("oci").display().to_string(),
             pid = std::process::id(),
         ),
@@ -253,8 +280,10 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
         engine.start_pools();
         idle_members(&engine).unwrap_or_else(|e| panic!("{test}: {e}"));
     }
+    let image = (provider != "process").then(|| format!("{image_name} {image_identity}"));
     Some(Rig {
         warm,
+        image,
         pool_uids,
         engine,
         provider,
@@ -428,6 +457,11 @@ impl Rig {
                 "tier",
             ),
             (r.request_id != req.request_id, "request id"),
+            (
+                r.record.image.as_ref().map(|i| format!("{} {}", i.name, i.identity))
+                    != self.image,
+                "image",
+            ),
         ]
         .into_iter()
         .filter_map(|(bad, what)| bad.then_some(what))
@@ -1895,6 +1929,10 @@ suite! {
         runc_warm => 7,
         runsc_warm => 8,
         qemu_warm => 9,
+        crun_image => 10,
+        runc_image => 11,
+        runsc_image => 12,
+        qemu_image => 13,
     ],
     cases: [
         identity,
