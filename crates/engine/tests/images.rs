@@ -1,0 +1,373 @@
+//! Images through the engine with real providers (docs/images.md): a request names an image
+//! by name or identity and is served by it or refused, nothing run; the record names the
+//! image that ran; the process tier has none; `python-data` (a second shipped image) runs
+//! pandas and matplotlib at crun, runsc and qemu, and keeps an import across a session's
+//! cells. Needs root, the runtimes and `make images vm-assets` (skipped without, failed under
+//! CI=true).
+
+use std::path::PathBuf;
+
+use plimsoll_engine::{Engine, Reason, RunError, SessionCallKind, Settings, not_dispatched_reason};
+use plimsoll_testing::{TestDir, is_root, skip_or_fail};
+use plimsoll_wire::digest::record_sha256;
+use plimsoll_wire::{
+    Bytes, Language, Limits, PROTOCOL, ProjectFile, RunRequest, RunResponse, RunSpec,
+    SessionOpenRequest, Tier,
+};
+
+const CALLER: &str = "images";
+
+/// The repository's image store, `build/images`.
+fn store() -> PathBuf {
+    plimsoll_engine::settings::default_image_dir()
+        .parent()
+        .expect("the image store")
+        .to_owned()
+}
+
+fn identity_of(name: &str) -> Option<String> {
+    std::fs::read_to_string(store().join(name).join("identity"))
+        .ok()
+        .map(|i| i.trim().to_owned())
+}
+
+/// An engine offering `providers`, probed, whose store is the repository's; `None` (after
+/// the skip or the failure) when the host cannot run them or `needs` images are missing.
+fn engine(test: &str, slot: u32, providers: &[&str], needs: &[&str]) -> Option<(Engine, TestDir)> {
+    if !is_root() {
+        skip_or_fail(test, "needs root to run sandboxes");
+        return None;
+    }
+    for name in needs {
+        if identity_of(name).is_none() {
+            skip_or_fail(
+                test,
+                &format!(
+                    "no image {name} in {}: run `make images`",
+                    store().display()
+                ),
+            );
+            return None;
+        }
+    }
+    for (tool, package) in [
+        ("plimsoll-probe", "plimsoll-probe"),
+        ("plimsoll-agent", "plimsoll-agent"),
+        ("plimsoll-guest-init", "plimsoll-guest-init"),
+    ] {
+        plimsoll_testing::tool_binary(tool, package).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let dir = TestDir::new("images", test);
+    let list = providers
+        .iter()
+        .map(|p| format!("{p:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let toml = format!(
+        "providers = [{list}]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
+         sandbox_uid_base = {uid}\nmax_concurrent = 2\nmax_per_caller = 2\n[pools]\n\
+         [sessions]\nmax_total = 1\nmax_per_caller = 1\n\
+         [oci]\nstate_root = {oci:?}\ncgroup_parent = \"/plimsoll-images-{pid}-{slot}\"\n",
+        state = dir.path().join("state").display().to_string(),
+        oci = dir.path().join("oci").display().to_string(),
+        uid = 3_700_000 + slot * 1_000,
+        pid = std::process::id(),
+    );
+    let engine = Settings::parse(&toml)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .build_engine(&[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    engine.probe_all();
+    for p in engine.providers() {
+        if !p.available {
+            skip_or_fail(
+                test,
+                &format!(
+                    "{} is not available here: {}",
+                    p.name,
+                    p.unavailable_reason.unwrap_or_default()
+                ),
+            );
+            return None;
+        }
+    }
+    Some((engine, dir))
+}
+
+fn request(id: &str, image: Option<&str>, provider: Option<&str>, run: RunSpec) -> RunRequest {
+    RunRequest {
+        protocol: PROTOCOL,
+        request_id: id.into(),
+        minimum_isolation: Some(Tier::Process),
+        provider: provider.map(str::to_owned),
+        limits: Some(Limits {
+            timeout_ms: Some(120_000),
+            memory_bytes: Some(512 << 20),
+            ..Limits::default()
+        }),
+        run,
+        grant: None,
+        image: image.map(str::to_owned),
+    }
+}
+
+fn stdout(r: &RunResponse) -> String {
+    String::from_utf8_lossy(r.result.stdout.as_slice()).into_owned()
+}
+
+fn explain(r: &RunResponse) -> String {
+    format!(
+        "exit {:?} signal {:?}\nstdout: {}\nstderr: {}",
+        r.result.exit_code,
+        r.result.signal,
+        stdout(r),
+        String::from_utf8_lossy(r.result.stderr.as_slice())
+    )
+}
+
+/// The record names `name` and its identity, under a digest that covers them.
+fn ran_in(r: &RunResponse, name: &str) {
+    let image = r
+        .record
+        .image
+        .as_ref()
+        .unwrap_or_else(|| panic!("no image on the record: {r:?}"));
+    assert_eq!(image.name, name);
+    assert_eq!(Some(image.identity.clone()), identity_of(name));
+    assert_eq!(r.record.environment, image.identity);
+    assert_eq!(r.record.record_sha256, record_sha256(&r.record));
+}
+
+fn refusal(e: RunError) -> (Reason, String) {
+    let reason = not_dispatched_reason(&e).unwrap_or_else(|| panic!("not a refusal: {e}"));
+    (reason, e.to_string())
+}
+
+#[test]
+fn a_named_image_is_served_by_it_or_refused_with_the_list() {
+    let test = "named_or_refused";
+    let Some((engine, _dir)) = engine(test, 0, &["process", "crun"], &["sandbox"]) else {
+        return;
+    };
+    let sandbox = identity_of("sandbox").expect("the default image");
+    let py = || plimsoll_testing::py("print(6*7)");
+    // By name, by identity, and by default: the sandbox image, said on the record.
+    for (id, image) in [
+        ("by-name", Some("sandbox")),
+        ("by-identity", Some(sandbox.as_str())),
+        ("default", None),
+    ] {
+        let r = engine
+            .run(CALLER, &request(id, image, Some("crun"), py()))
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(stdout(&r), "42\n", "{}", explain(&r));
+        ran_in(&r, "sandbox");
+    }
+    // An image the daemon does not have: refused before routing, naming what it has.
+    for missing in ["no-such-image", &format!("sha256:{}", "0".repeat(64))] {
+        let (reason, message) = refusal(
+            engine
+                .run(CALLER, &request("missing", Some(missing), None, py()))
+                .unwrap_err(),
+        );
+        assert_eq!(reason, Reason::Environment, "{message}");
+        assert!(
+            message.contains(&format!("no image `{missing}`"))
+                && message.contains(&format!("sandbox ({sandbox})")),
+            "{message}"
+        );
+        assert_eq!(engine.in_flight(), 0);
+    }
+    // A malformed one is the request's fault.
+    let (reason, _) = refusal(
+        engine
+            .run(CALLER, &request("bad", Some("Not An Image"), None, py()))
+            .unwrap_err(),
+    );
+    assert_eq!(reason, Reason::Request);
+    // The process tier has no image: named there, refused; unnamed, it goes elsewhere.
+    let (reason, message) = refusal(
+        engine
+            .run(
+                CALLER,
+                &request("process", Some("sandbox"), Some("process"), py()),
+            )
+            .unwrap_err(),
+    );
+    assert_eq!(reason, Reason::Unsupported, "{message}");
+    assert!(
+        message.contains("the process tier has no image"),
+        "{message}"
+    );
+    let r = engine
+        .run(CALLER, &request("routed", Some("sandbox"), None, py()))
+        .unwrap();
+    assert_eq!(
+        r.provider, "crun",
+        "the process tier cannot serve a named image"
+    );
+    ran_in(&r, "sandbox");
+    // Naming none at the process tier: no image on the record, the engine's version as
+    // its environment.
+    let r = engine
+        .run(
+            CALLER,
+            &request("process-plain", None, Some("process"), py()),
+        )
+        .unwrap();
+    assert!(r.record.image.is_none(), "{:?}", r.record);
+    assert!(r.record.environment.starts_with("plimsoll-engine/"));
+    // The listing names the images and which one is the default.
+    let images = engine.providers_response().images;
+    let listed = images
+        .iter()
+        .find(|i| i.name == "sandbox")
+        .expect("sandbox listed");
+    assert!(listed.default && listed.identity == sandbox);
+    assert_eq!(listed.languages, [Language::Python, Language::Javascript]);
+}
+
+/// An agent's usual data script: a CSV sent as a file, `describe()` printed, a matplotlib
+/// PNG returned as an artifact.
+fn data_project() -> RunSpec {
+    let csv = "city,temp\nOslo,4.5\nLima,19.0\nCairo,28.25\nQuito,14.0\n";
+    let script = "import pandas as pd, matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n\
+                  df = pd.read_csv('data.csv')\nprint(df.describe())\n\
+                  df.plot(x='city', y='temp', kind='bar')\nplt.savefig('plot.png')\n";
+    plimsoll_testing::project(
+        vec![
+            ProjectFile {
+                path: "data.csv".into(),
+                content: Bytes(csv.as_bytes().to_vec()),
+                executable: false,
+            },
+            ProjectFile {
+                path: "analyse.py".into(),
+                content: Bytes(script.as_bytes().to_vec()),
+                executable: false,
+            },
+        ],
+        &["python3 analyse.py"],
+        &["plot.png"],
+    )
+}
+
+fn python_data_at(provider: &'static str, slot: u32) {
+    let test = format!("python_data_at_{provider}");
+    let Some((engine, _dir)) = engine(&test, slot, &[provider], &["sandbox", "python-data"]) else {
+        return;
+    };
+    let r = engine
+        .run(
+            CALLER,
+            &request("data", Some("python-data"), None, data_project()),
+        )
+        .unwrap_or_else(|e| panic!("{provider}: {e}"));
+    assert_eq!(r.provider, provider);
+    assert_eq!(r.result.exit_code, Some(0), "{}", explain(&r));
+    let out = stdout(&r);
+    // describe() of the four temperatures: count 4, mean 16.4375, max 28.25.
+    assert!(
+        out.contains("count")
+            && out.contains("4.000000")
+            && out.contains("16.437500")
+            && out.contains("28.250000"),
+        "{out}"
+    );
+    let png = &r.result.artifacts[0];
+    assert!(
+        png.found && png.content.as_slice().starts_with(b"\x89PNG\r\n\x1a\n"),
+        "{png:?}"
+    );
+    ran_in(&r, "python-data");
+    // The default image has no pandas: the same import fails cleanly there, as a result.
+    let r = engine
+        .run(
+            CALLER,
+            &request("plain", None, None, plimsoll_testing::py("import pandas")),
+        )
+        .unwrap();
+    assert_eq!(r.result.exit_code, Some(1), "{}", explain(&r));
+    assert!(
+        String::from_utf8_lossy(r.result.stderr.as_slice()).contains("No module named 'pandas'"),
+        "{}",
+        explain(&r)
+    );
+    ran_in(&r, "sandbox");
+}
+
+#[test]
+fn python_data_runs_pandas_and_matplotlib_at_crun() {
+    python_data_at("crun", 1);
+}
+
+#[test]
+fn python_data_runs_pandas_and_matplotlib_at_runsc() {
+    python_data_at("runsc", 2);
+}
+
+#[test]
+fn python_data_runs_pandas_and_matplotlib_at_qemu() {
+    python_data_at("qemu", 3);
+}
+
+#[test]
+fn a_session_in_python_data_keeps_pandas_across_cells() {
+    let test = "session_python_data";
+    let Some((engine, _dir)) = engine(test, 4, &["crun"], &["sandbox", "python-data"]) else {
+        return;
+    };
+    let open = |id: &str, image: Option<&str>| SessionOpenRequest {
+        protocol: PROTOCOL,
+        request_id: id.into(),
+        language: Language::Python,
+        minimum_isolation: None,
+        provider: None,
+        grant: None,
+        limits: None,
+        idle_timeout_ms: None,
+        max_lifetime_ms: None,
+        image: image.map(str::to_owned),
+    };
+    // An image the daemon does not have: nothing opens.
+    let (reason, message) = refusal(
+        engine
+            .open_session(CALLER, &open("o0", Some("gone")))
+            .unwrap_err(),
+    );
+    assert_eq!(reason, Reason::Environment, "{message}");
+    let info = engine
+        .open_session(CALLER, &open("o1", Some("python-data")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let image = info.image.clone().expect("the session names its image");
+    assert_eq!(image.name, "python-data");
+    assert_eq!(info.environment, image.identity);
+    let cell = |id: &str, code: &str, image: Option<&str>| {
+        let req = request(id, image, None, plimsoll_testing::py(code));
+        engine.session_call(
+            CALLER,
+            &info.session_id,
+            &req,
+            SessionCallKind::Cell { restart: false },
+            &mut |_| {},
+        )
+    };
+    let r = cell("c1", "import pandas as pd", None).unwrap();
+    assert_eq!(r.result.exit_code, Some(0), "{}", explain(&r));
+    let r = cell(
+        "c2",
+        "print(pd.Series([1, 2, 3]).sum())",
+        Some("python-data"),
+    )
+    .unwrap();
+    assert_eq!(stdout(&r), "6\n", "{}", explain(&r));
+    assert_eq!(r.record.image.as_ref(), Some(&image));
+    // A call naming another image is refused; the session goes on.
+    let (reason, message) = refusal(cell("c3", "print(1)", Some("sandbox")).unwrap_err());
+    assert_eq!(reason, Reason::Environment, "{message}");
+    let r = cell("c4", "print(pd.__version__ > '1')", None).unwrap();
+    assert_eq!(stdout(&r), "True\n", "{}", explain(&r));
+    engine
+        .close_session(CALLER, &info.session_id, None)
+        .unwrap();
+}
