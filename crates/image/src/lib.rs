@@ -3,8 +3,10 @@
 //! CLI lists, checks, imports and removes images here. No HTTP, no sandbox: what runs in an
 //! image is the providers' business.
 
+pub mod manifest;
 pub mod store;
 
+pub use manifest::{MakeManifestError, identity, manifest};
 pub use store::{
     ImageDir, ImageStore, Language, ListImagesError, Listing, ResolveImageError, StoredImage,
     executable_in_root, interpreter_path, resolve_in_root,
