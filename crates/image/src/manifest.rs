@@ -18,7 +18,7 @@
 //!
 //! The tree is walked through directory descriptors (`openat` with `O_NOFOLLOW`, `fstatat`
 //! with `AT_SYMLINK_NOFOLLOW`), so no symlink is ever followed, not even one swapped in
-//! while the walk runs; [`walk`] is shared with the import's clean-up.
+//! while the walk runs; `walk` is shared with the import's clean-up.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
