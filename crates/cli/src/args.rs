@@ -50,6 +50,9 @@ pub enum Command {
     /// interpreter (state kept), shell steps, put and get files, close it (docs/sessions.md).
     #[command(subcommand)]
     Session(SessionCommand),
+    /// The images runs may name (docs/images.md): list, show, import, remove.
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Manage the callers of a daemon.
     #[command(subcommand)]
     Callers(CallersCommand),
@@ -270,6 +273,60 @@ pub struct ProvidersArgs {
     /// embedded engine.
     #[arg(long, value_name = "URL")]
     pub daemon: Option<String>,
+}
+
+/// `plimsoll image ...`: the image store of the settings (`[images] store`, by default the
+/// repository's build/images), or with --daemon (list only) a daemon's images.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// List the images: name, identity, the languages each starts, whether qemu can boot it.
+    List {
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Ask this daemon (token from PLIMSOLL_TOKEN). Default: PLIMSOLL_DAEMON, else the
+        /// settings' image store.
+        #[arg(long, value_name = "URL")]
+        daemon: Option<String>,
+    },
+    /// Show one image: its identity, where it lives, what it starts, its size and source.
+    Show {
+        /// Its name or identity.
+        image: String,
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build an image from its recipe in the repository (images/NAME/: Debian packages,
+    /// hashed wheels, an npm lockfile) with scripts/build-image; the same recipe and the
+    /// same package bytes give the same identity. Progress on stderr.
+    Build {
+        /// The recipe's name (images/NAME/).
+        name: String,
+        /// Build even when the image is up to date with its recipe.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Import an image built elsewhere into the store: a `docker save` or `podman save`
+    /// archive, an OCI archive (`buildah push oci-archive:...`) or an OCI image layout
+    /// directory. Layers are untrusted: device nodes go, set-id bits and file capabilities
+    /// are cleared, nothing is written outside the store. Progress on stderr.
+    Import {
+        /// The archive or layout directory.
+        source: PathBuf,
+        /// The name it gets in the store (a-z 0-9 . _ -); an existing name is refused.
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// Print what was imported as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image from the store (not the default one). Runs and sessions already in
+    /// it keep what they opened; new requests naming it are refused.
+    Rm {
+        /// Its name.
+        name: String,
+    },
 }
 
 /// `plimsoll callers ...`.

@@ -6,6 +6,7 @@ mod bench;
 mod callers;
 mod doctor;
 mod host;
+mod image;
 mod init;
 mod local;
 mod manuals;
@@ -73,6 +74,7 @@ pub fn main_with(cli: Cli) -> u8 {
         Command::Run(a) => run::run(config, &a),
         Command::Providers(a) => providers::providers(config, &a),
         Command::Session(c) => session::session(c),
+        Command::Image(c) => image::image(config, c),
         Command::Callers(args::CallersCommand::Add { name, file }) => {
             callers::add(config, &name, file.as_deref())
         }

@@ -458,7 +458,10 @@ impl Rig {
             ),
             (r.request_id != req.request_id, "request id"),
             (
-                r.record.image.as_ref().map(|i| format!("{} {}", i.name, i.identity))
+                r.record
+                    .image
+                    .as_ref()
+                    .map(|i| format!("{} {}", i.name, i.identity))
                     != self.image,
                 "image",
             ),

@@ -46,6 +46,20 @@ pub const NO_COLOR: EnvVar = EnvVar {
     doc: "when set, output has no colour",
 };
 
+/// Handed on to the repository's build scripts by `plimsoll image build` (they find
+/// rustup, mmdebstrap and pip on it); never to a sandbox.
+pub const PATH: EnvVar = EnvVar {
+    name: "PATH",
+    doc: "handed on to scripts/build-image by `plimsoll image build` (never to a sandbox); searched by tests for a python3 with `cryptography`",
+};
+
+/// Handed on to the repository's build scripts by `plimsoll image build` (rustup finds its
+/// toolchains under it); never to a sandbox.
+pub const HOME: EnvVar = EnvVar {
+    name: "HOME",
+    doc: "handed on to scripts/build-image by `plimsoll image build` (never to a sandbox)",
+};
+
 /// All of them.
 pub const ALL: &[EnvVar] = &[
     PLIMSOLL_CONFIG,
@@ -55,6 +69,8 @@ pub const ALL: &[EnvVar] = &[
     CI,
     PLIMSOLL_BLESS,
     NO_COLOR,
+    PATH,
+    HOME,
 ];
 
 /// The variables the grants file names, as a pattern: each profile's `credential.secret_env`
@@ -78,10 +94,6 @@ pub const BUILD_AND_TEST: &[EnvVar] = &[
     EnvVar {
         name: "PROPTEST_CASES",
         doc: "cases per property of the fuzz tests (`tests/fuzz.rs` of several crates); raise it to fuzz longer",
-    },
-    EnvVar {
-        name: "PATH",
-        doc: "searched by tests for a python3 that has the `cryptography` package",
     },
 ];
 
@@ -224,8 +236,12 @@ mod tests {
         ] {
             assert_eq!(get_named_by_grants(name), None, "{name}");
         }
-        // PATH is set in any test environment and is an ordinary name.
-        assert!(get_named_by_grants("PATH").is_some());
+        // The programs hand PATH and HOME on to build scripts: a grant names neither.
+        for name in ["PATH", "HOME"] {
+            assert_eq!(get_named_by_grants(name), None, "{name}");
+        }
+        // cargo and nextest set CARGO_PKG_NAME for every test: an ordinary name.
+        assert!(get_named_by_grants("CARGO_PKG_NAME").is_some());
     }
 
     #[test]

@@ -672,7 +672,8 @@ mod tests {
         let server = PlimsollMcp::new(Arc::clone(&fake) as Arc<dyn Backend>);
         let opened = server
             .open_session(
-                Parameters(OpenSessionArgs { image: None,
+                Parameters(OpenSessionArgs {
+                    image: None,
                     language: crate::args::LanguageArg::Python,
                     min_isolation: Some(crate::args::TierArg::Container),
                     provider: None,

@@ -1,0 +1,334 @@
+//! `plimsoll image`: the image store of the settings (docs/images.md): list, show, import,
+//! remove. Listing through a daemon reads its `GET /v1/providers`.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, anyhow};
+use plimsoll_image::{ImageStore, StoredImage};
+use plimsoll_wire::ImageInfo;
+use serde_json::json;
+
+use crate::args::ImageCommand;
+use crate::local::{client, daemon_url, load_settings};
+use crate::{EXIT_OK, Failure};
+
+/// Runs `plimsoll image ...`.
+pub fn image(config: Option<&Path>, command: ImageCommand) -> Result<u8, Failure> {
+    match command {
+        ImageCommand::List { json, daemon } => {
+            let images = match daemon_url(daemon.as_deref()) {
+                Some(url) => {
+                    client(&url)?
+                        .providers()
+                        .map_err(|e| Failure::failed(anyhow!(e)))?
+                        .images
+                }
+                None => local_infos(&store(config)?)?,
+            };
+            if json {
+                print_json(&serde_json::to_value(&images).expect("images serialise"));
+            } else {
+                print_text(&render_list(&images));
+            }
+            Ok(EXIT_OK)
+        }
+        ImageCommand::Show { image, json } => {
+            let store = store(config)?;
+            let found = store.resolve(Some(&image)).map_err(Failure::usage)?;
+            let facts = facts(&store, &found);
+            if json {
+                print_json(&facts);
+            } else {
+                print_text(&render_facts(&facts));
+            }
+            Ok(EXIT_OK)
+        }
+        ImageCommand::Import { source, name, json } => {
+            let store = store(config)?;
+            let source = plimsoll_image::import::Source {
+                path: source,
+                image: None,
+            };
+            let imported = plimsoll_image::import::import(
+                &source,
+                &name,
+                &store,
+                &plimsoll_image::import::Limits::default(),
+                &mut |line| {
+                    if !crate::quiet() {
+                        eprintln!("plimsoll: {line}");
+                    }
+                },
+            )
+            .map_err(|e| Failure::failed(anyhow!(plimsoll_sandbox::error_chain(&e))))?;
+            let disk = make_disk(&imported.image);
+            let mut facts = facts(&store, &store.read(&name).map_err(Failure::failed)?);
+            facts["source"] = json!({
+                "form": imported.form.as_str(),
+                "path": imported.source,
+                "oci_manifest": imported.oci_manifest,
+                "layers": imported.layers,
+                "unpacked_bytes": imported.unpacked_bytes,
+                "entries": imported.entries,
+            });
+            facts["neutralised"] = json!({
+                "removed": imported.neutralised.removed.iter().map(|(p, k)| json!({"path": p, "kind": k})).collect::<Vec<_>>(),
+                "cleared_setid": imported.neutralised.cleared_setid.iter().map(|(p, m)| json!({"path": p, "mode_was": format!("{m:04o}")})).collect::<Vec<_>>(),
+                "removed_xattrs": imported.neutralised.removed_xattrs.iter().map(|(p, n)| json!({"path": p, "name": n})).collect::<Vec<_>>(),
+                "made": imported.neutralised.made,
+            });
+            if let Err(e) = &disk {
+                facts["vm_disk_error"] = json!(format!("{e:#}"));
+            }
+            if json {
+                print_json(&facts);
+            } else {
+                print_text(&render_facts(&facts));
+                if let Err(e) = disk {
+                    eprintln!("plimsoll: no VM disk was made, so qemu refuses this image: {e:#}");
+                }
+            }
+            Ok(EXIT_OK)
+        }
+        ImageCommand::Build { name, force } => {
+            let script = repo_script("build-image").ok_or_else(|| {
+                Failure::usage(anyhow!(
+                    "scripts/build-image is not beside this build: build images from a checkout of the repository"
+                ))
+            })?;
+            let mut args = vec![name];
+            if force {
+                args.insert(0, "--force".to_owned());
+            }
+            run_showing_progress(&script, &args).map_err(Failure::failed)?;
+            Ok(EXIT_OK)
+        }
+        ImageCommand::Rm { name } => {
+            let store = store(config)?;
+            if name == store.default_name() {
+                return Err(Failure::usage(anyhow!(
+                    "`{name}` is the default image: set another [images] default first"
+                )));
+            }
+            let found = store.read(&name).map_err(Failure::usage)?;
+            remove(&store, &found).map_err(Failure::failed)?;
+            if !crate::quiet() {
+                eprintln!(
+                    "plimsoll: removed image {name} ({}); runs and sessions already in it keep what they opened",
+                    found.identity
+                );
+            }
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+/// The image store the settings name.
+fn store(config: Option<&Path>) -> Result<ImageStore, Failure> {
+    load_settings(config)?
+        .image_store()
+        .map_err(|e| Failure::usage(anyhow!(e)))
+}
+
+/// The store's images as a daemon lists them (without a daemon's VM provider to ask: a
+/// disk of its own, or the VM assets' when they were made from it).
+fn local_infos(store: &ImageStore) -> Result<Vec<ImageInfo>, Failure> {
+    let listing = store.list().map_err(Failure::failed)?;
+    for (name, why) in &listing.broken {
+        eprintln!("plimsoll: image {name} cannot be used: {why}");
+    }
+    let assets = assets_image();
+    Ok(listing
+        .images
+        .into_iter()
+        .map(|i| ImageInfo {
+            default: i.name() == store.default_name(),
+            vm_disk: i.disk.is_some() || assets.as_deref() == Some(i.identity.as_str()),
+            name: i.name().to_owned(),
+            identity: i.identity,
+            languages: i.languages,
+        })
+        .collect())
+}
+
+/// The identity of the image the VM assets' own disk was made from.
+fn assets_image() -> Option<String> {
+    let dir = plimsoll_engine::settings::default_vm_assets_dir();
+    std::fs::read_to_string(dir.join("image-identity"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// What `plimsoll image show` says of an image.
+fn facts(store: &ImageStore, i: &StoredImage) -> serde_json::Value {
+    let read = |f: &str| std::fs::read_to_string(i.at.dir.join(f)).ok();
+    json!({
+        "name": i.name(),
+        "identity": i.identity,
+        "default": i.name() == store.default_name(),
+        "dir": i.at.dir,
+        "languages": i.languages,
+        "vm_disk": i.disk.as_ref().map(|d| d.display().to_string())
+            .or_else(|| (assets_image().as_deref() == Some(i.identity.as_str())).then(|| "the VM assets' own".to_owned())),
+        "build_info": read("build-info"),
+        "source": read("source"),
+    })
+}
+
+fn render_list(images: &[ImageInfo]) -> String {
+    if images.is_empty() {
+        return "no images: build one (`make images`) or import one (`plimsoll image import`)\n"
+            .to_owned();
+    }
+    images
+        .iter()
+        .map(|i| {
+            let languages: Vec<&str> = i.languages.iter().map(|l| l.as_str()).collect();
+            format!(
+                "{}{}  {}  starts: {}  qemu: {}\n",
+                i.name,
+                if i.default { " (default)" } else { "" },
+                i.identity,
+                if languages.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    languages.join(", ")
+                },
+                if i.vm_disk { "yes" } else { "no (no VM disk)" }
+            )
+        })
+        .collect()
+}
+
+fn render_facts(v: &serde_json::Value) -> String {
+    let mut s = String::new();
+    if let Some(map) = v.as_object() {
+        for (k, value) in map {
+            match value {
+                serde_json::Value::Null => {}
+                serde_json::Value::String(text) => {
+                    s.push_str(&format!("{k}: {}\n", text.trim_end().replace('\n', "\n  ")));
+                }
+                other => s.push_str(&format!("{k}: {other}\n")),
+            }
+        }
+    }
+    s
+}
+
+/// Removes an image: renamed out of the store's names first (a request naming it is then
+/// refused), then deleted without crossing into another file system. A run or session that
+/// already mounted its root or opened its disk keeps them until it ends.
+fn remove(store: &ImageStore, i: &StoredImage) -> anyhow::Result<()> {
+    let aside: PathBuf = store
+        .dir()
+        .join(format!(".{}.removing.{}", i.name(), std::process::id()));
+    std::fs::rename(&i.at.dir, &aside)
+        .with_context(|| format!("cannot move {} aside", i.at.dir.display()))?;
+    std::fs::remove_dir_all(&aside).with_context(|| format!("cannot delete {}", aside.display()))
+}
+
+/// Makes the image's VM disk with the repository's `scripts/make-image-disk` (mke2fs of the
+/// root file system, timestamps fixed), beside it as `disk.ext4` with `disk.identity`.
+fn make_disk(i: &StoredImage) -> anyhow::Result<()> {
+    let script = repo_script("make-image-disk")
+        .ok_or_else(|| anyhow!("scripts/make-image-disk not found beside this build"))?;
+    let tmp = i.at.dir.join(".disk.ext4.tmp");
+    let running = plimsoll_sandbox::Spawn::new(&script, "/")
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .arg(i.at.rootfs())
+        .arg(&tmp)
+        .spawn()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    let got = plimsoll_sandbox::capture(
+        running,
+        &plimsoll_sandbox::CaptureLimits::new(256 << 10, std::time::Duration::from_secs(3600)),
+    )?;
+    if got.exit_code != Some(0) {
+        let _ = std::fs::remove_file(&tmp);
+        let said = String::from_utf8_lossy(&got.stderr);
+        return Err(anyhow!(
+            "{} failed (exit {:?}, signal {:?}): {}",
+            script.display(),
+            got.exit_code,
+            got.signal,
+            said.trim_end().lines().last().unwrap_or("")
+        ));
+    }
+    std::fs::rename(&tmp, i.at.dir.join("disk.ext4"))?;
+    std::fs::write(i.at.dir.join("disk.identity"), format!("{}\n", i.identity))?;
+    Ok(())
+}
+
+/// A script of the repository this binary was built in (`scripts/NAME`), or the package's
+/// copy in /usr/lib/plimsoll.
+fn repo_script(name: &str) -> Option<PathBuf> {
+    let from_repo = plimsoll_engine::settings::default_image_dir()
+        .ancestors()
+        .nth(3)
+        .map(|repo| repo.join("scripts").join(name));
+    from_repo
+        .into_iter()
+        .chain([PathBuf::from("/usr/lib/plimsoll").join(name)])
+        .find(|p| p.is_file())
+}
+
+/// Runs a script to its end, its output passed on to stderr line by line as it comes.
+fn run_showing_progress(script: &Path, args: &[String]) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
+    let path = plimsoll_env::get(plimsoll_env::PATH).unwrap_or_else(|| {
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned()
+    });
+    let mut spawn = plimsoll_sandbox::Spawn::new(script, "/").env("PATH", path);
+    if let Some(home) = plimsoll_env::get(plimsoll_env::HOME) {
+        spawn = spawn.env("HOME", home);
+    }
+    let running = spawn
+        .args(args)
+        .spawn()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    let plimsoll_sandbox::Running {
+        mut child,
+        stdout,
+        stderr,
+        ..
+    } = running;
+    let out = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("{line}");
+        }
+    });
+    for line in std::io::BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+    {
+        eprintln!("{line}");
+    }
+    let _ = out.join();
+    let status = child.wait()?;
+    if !status.success() {
+        return Err(anyhow!(
+            "{} {} failed ({status})",
+            script.display(),
+            args.join(" ")
+        ));
+    }
+    Ok(())
+}
+
+fn print_json(v: &serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer_pretty(&mut out, v);
+    let _ = writeln!(out);
+    let _ = out.flush();
+}
+
+fn print_text(s: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(s.as_bytes());
+    let _ = out.flush();
+}
