@@ -229,35 +229,11 @@ fn remove(store: &ImageStore, i: &StoredImage) -> anyhow::Result<()> {
     std::fs::remove_dir_all(&aside).with_context(|| format!("cannot delete {}", aside.display()))
 }
 
-/// Makes the image's VM disk with the repository's `scripts/make-image-disk` (mke2fs of the
-/// root file system, timestamps fixed), beside it as `disk.ext4` with `disk.identity`.
+/// Makes the image's VM disk with the repository's `scripts/make-image-disk`.
 fn make_disk(i: &StoredImage) -> anyhow::Result<()> {
     let script = repo_script("make-image-disk")
         .ok_or_else(|| anyhow!("scripts/make-image-disk not found beside this build"))?;
-    let tmp = i.at.dir.join(".disk.ext4.tmp");
-    let running = plimsoll_sandbox::Spawn::new(&script, "/")
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .arg(i.at.rootfs())
-        .arg(&tmp)
-        .spawn()
-        .with_context(|| format!("cannot run {}", script.display()))?;
-    let got = plimsoll_sandbox::capture(
-        running,
-        &plimsoll_sandbox::CaptureLimits::new(256 << 10, std::time::Duration::from_secs(3600)),
-    )?;
-    if got.exit_code != Some(0) {
-        let _ = std::fs::remove_file(&tmp);
-        let said = String::from_utf8_lossy(&got.stderr);
-        return Err(anyhow!(
-            "{} failed (exit {:?}, signal {:?}): {}",
-            script.display(),
-            got.exit_code,
-            got.signal,
-            said.trim_end().lines().last().unwrap_or("")
-        ));
-    }
-    std::fs::rename(&tmp, i.at.dir.join("disk.ext4"))?;
-    std::fs::write(i.at.dir.join("disk.identity"), format!("{}\n", i.identity))?;
+    plimsoll_image::make_vm_disk(i, &script)?;
     Ok(())
 }
 

@@ -371,3 +371,73 @@ fn a_session_in_python_data_keeps_pandas_across_cells() {
         .close_session(CALLER, &info.session_id, None)
         .unwrap();
 }
+
+/// Removes a test's image from the store when the test ends, however it ends.
+struct Imported(PathBuf);
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn an_imported_oci_archive_runs_python_at_every_provider_naming_it() {
+    let test = "imported";
+    let providers = ["crun", "runc", "runsc", "qemu"];
+    let Some((engine, dir)) = engine(test, 5, &providers, &["sandbox"]) else {
+        return;
+    };
+    // An OCI archive built here from a root file system that has Python (the sandbox
+    // image's), as an image built elsewhere would come; imported under a name of its own.
+    let archive = dir.path().join("from-elsewhere.oci.tar");
+    plimsoll_image::testing::oci_archive_from_rootfs(&store().join("sandbox/rootfs"), &archive)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let name = format!("test-imported-{}", std::process::id());
+    let image_store = plimsoll_image::ImageStore::new(store(), "sandbox".into());
+    let _cleanup = Imported(store().join(&name));
+    let imported = plimsoll_image::import(
+        &plimsoll_image::Source {
+            path: archive,
+            image: None,
+        },
+        &name,
+        &image_store,
+        &plimsoll_image::Limits::default(),
+        &mut |line| eprintln!("{test}: {line}"),
+    )
+    .unwrap_or_else(|e| panic!("{}", plimsoll_engine::error_chain(&e)));
+    let script = plimsoll_testing::workspace_root().join("scripts/make-image-disk");
+    plimsoll_image::make_vm_disk(&imported.image, &script).unwrap_or_else(|e| panic!("{e}"));
+    let identity = imported.image.identity.clone();
+    // Listed with its identity.
+    let listed = engine.providers_response().images;
+    assert!(
+        listed
+            .iter()
+            .any(|i| i.name == name && i.identity == identity && i.vm_disk),
+        "{listed:?}"
+    );
+    for provider in providers {
+        for selector in [name.as_str(), identity.as_str()] {
+            let r = engine
+                .run(
+                    CALLER,
+                    &request(
+                        "imported",
+                        Some(selector),
+                        Some(provider),
+                        plimsoll_testing::py("import sys; print(sys.version_info[0])"),
+                    ),
+                )
+                .unwrap_or_else(|e| panic!("{provider}: {e}"));
+            assert_eq!(stdout(&r), "3\n", "{provider}: {}", explain(&r));
+            let image = r.record.image.as_ref().expect("the record names the image");
+            assert_eq!(
+                (image.name.as_str(), image.identity.as_str()),
+                (name.as_str(), identity.as_str())
+            );
+            assert_eq!(r.record.record_sha256, record_sha256(&r.record));
+        }
+    }
+}

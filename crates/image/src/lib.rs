@@ -3,12 +3,14 @@
 //! CLI lists, checks, imports and removes images here. No HTTP, no sandbox: what runs in an
 //! image is the providers' business.
 
+pub mod disk;
 pub mod import;
 pub mod manifest;
 pub mod store;
 #[doc(hidden)]
 pub mod testing;
 
+pub use disk::{MakeVmDiskError, make_vm_disk};
 pub use import::{ImportImageError, Imported, Limits, Neutralised, Source, SourceForm, import};
 pub use manifest::{MakeManifestError, identity, manifest};
 pub use store::{
