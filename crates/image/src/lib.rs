@@ -1,7 +1,7 @@
 //! The image store: named root file systems, each identified by the SHA-256 of a manifest
 //! of its whole content (docs/images.md). The engine resolves a request's `image` here; the
-//! CLI lists, checks, imports and removes images here. No HTTP, no sandbox: what runs in an
-//! image is the providers' business.
+//! CLI lists, imports and removes images here. No HTTP and no provider: what runs in an
+//! image is the providers' business (the sandbox crate is linked for its spawn helper only).
 
 pub mod disk;
 pub mod import;
