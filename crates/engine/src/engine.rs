@@ -132,7 +132,7 @@ fn build_pools(
                 c.provider
             )));
         };
-        pool_list.push((index, c.provider.clone(), c.language, c.settings));
+        pool_list.push((index, c.clone()));
     }
     let defaults = config.limits.defaults;
     Ok(Pools::new(

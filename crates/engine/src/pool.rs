@@ -53,6 +53,9 @@ pub struct PoolConfig {
     pub language: Language,
     /// How many, how old.
     pub settings: PoolSettings,
+    /// The image its members run in, by name (`[pools.<provider>.<language>] images`);
+    /// `None`: the default image. Runs in that image claim them, and only those.
+    pub image: Option<String>,
 }
 
 /// What a pool's provider looks like to the keeper now.
@@ -131,6 +134,8 @@ impl Claimed {
 struct Pool {
     provider: usize,
     provider_name: String,
+    /// The image its members run in, by name; `None`: the default image.
+    image: Option<String>,
     shape: WarmShape,
     settings: PoolSettings,
     idle: Mutex<VecDeque<Idle>>,
@@ -191,7 +196,7 @@ impl Pools {
         reason = "each is one fact the engine decided; a struct made for this one call adds nothing"
     )]
     pub fn new(
-        configs: &[(usize, String, Language, PoolSettings)],
+        configs: &[(usize, PoolConfig)],
         shape_of: impl Fn(Language) -> WarmShape,
         first_uid: u32,
         lease_dir: Option<PathBuf>,
@@ -202,11 +207,12 @@ impl Pools {
     ) -> Arc<Pools> {
         let pools: Vec<Pool> = configs
             .iter()
-            .map(|(provider, name, language, settings)| Pool {
+            .map(|(provider, c)| Pool {
                 provider: *provider,
-                provider_name: name.clone(),
-                shape: shape_of(*language),
-                settings: *settings,
+                provider_name: c.provider.clone(),
+                image: c.image.clone(),
+                shape: shape_of(c.language),
+                settings: c.settings,
                 idle: Mutex::new(VecDeque::new()),
                 backoff: Mutex::new((0, None)),
             })
@@ -326,20 +332,27 @@ impl Pools {
             pids: limits.pids,
             disk_bytes: limits.disk_bytes,
         };
-        let pool = self
+        // Members are keyed on the image's identity: a run in an image claims a member made in
+        // it, from whichever pool of its provider and shape keeps that image.
+        let image = plan.image.as_ref().map(|i| i.identity.as_str());
+        let mut matched = false;
+        let taken = self
             .pools
             .iter()
-            .find(|p| p.provider == provider && p.shape == shape)?;
-        let taken = {
-            let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-            // The newest member made under this evidence; an older one under other evidence
-            // is left for the keeper to destroy.
-            let image = plan.image.as_ref().map(|i| i.identity.as_str());
-            let at = idle
-                .iter()
-                .position(|m| m.evidence_sha256 == evidence_sha256 && m.image.as_deref() == image);
-            at.and_then(|i| idle.remove(i))
-        };
+            .filter(|p| p.provider == provider && p.shape == shape)
+            .find_map(|pool| {
+                matched = true;
+                let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+                // The newest member made under this evidence and image; an older one under
+                // other evidence or another image is left for the keeper to destroy.
+                let at = idle.iter().position(|m| {
+                    m.evidence_sha256 == evidence_sha256 && m.image.as_deref() == image
+                });
+                at.and_then(|i| idle.remove(i))
+            });
+        if !matched {
+            return None;
+        }
         // The keeper is woken when the run has ended (its uid is freed), not now: a member
         // made while the run runs would take the cores the run needs.
         match taken {
@@ -416,23 +429,27 @@ impl Pools {
     /// Returns true when it made or dropped something (so it goes round again at once).
     pub fn keep(&self, providers: &[&dyn Provider], now: &[ProviderNow]) -> bool {
         let mut acted = false;
-        // The default image as it is now (a rebuild changes its identity).
-        let default_image = self
-            .images
-            .as_ref()
-            .and_then(|store| store.resolve(None).ok())
-            .map(|stored| crate::engine::run_image(&stored, false));
         for pool in &self.pools {
             let current = now[pool.provider].evidence_sha256.as_deref();
-            let image = default_image
+            // The pool's image as it is now (a rebuild changes its identity, a removal
+            // leaves none): members of another drain.
+            let image = self
+                .images
                 .as_ref()
-                .filter(|_| providers[pool.provider].uses_image());
+                .filter(|_| providers[pool.provider].uses_image())
+                .and_then(|store| store.resolve(pool.image.as_deref()).ok())
+                .map(|stored| crate::engine::run_image(&stored, pool.image.is_some()));
+            let image = image.as_ref();
+            // An image the store does not have (yet, or any more) keeps no member.
+            let missing =
+                image.is_none() && self.images.is_some() && providers[pool.provider].uses_image();
             let image_identity = image.map(|i| i.identity.as_str());
             let gone: Vec<Idle> = {
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
                 let (keep, gone): (VecDeque<Idle>, VecDeque<Idle>) =
                     idle.drain(..).partition(|m| {
-                        Some(m.evidence_sha256.as_str()) == current
+                        !missing
+                            && Some(m.evidence_sha256.as_str()) == current
                             && m.image.as_deref() == image_identity
                             && m.made.elapsed() < pool.settings.max_age
                     });
@@ -445,6 +462,9 @@ impl Pools {
             }
             if self.stop.load(Ordering::SeqCst) {
                 return acted;
+            }
+            if missing {
+                continue;
             }
             let Some(evidence) = current else { continue };
             let idle_now = pool.idle.lock().unwrap_or_else(|e| e.into_inner()).len();

@@ -230,6 +230,9 @@ pub struct PoolValues {
     pub max_members: Option<usize>,
     /// An idle member older than this is replaced, in seconds.
     pub max_age_secs: Option<u64>,
+    /// The images kept warm, by name: one pool of these settings for each (default: the
+    /// default image's alone). A name not in the store keeps no member until it is there.
+    pub images: Option<Vec<String>>,
 }
 
 impl PoolValues {
@@ -592,6 +595,7 @@ impl Settings {
                         provider: p.name().to_owned(),
                         language,
                         settings: PoolSettings::default(),
+                        image: None,
                     })
                     .collect()
             }));
@@ -629,11 +633,32 @@ impl Settings {
                         "[pools.{name}.{lang}]: max_age_secs must be at least 1"
                     )));
                 }
-                out.push(PoolConfig {
-                    provider: name.clone(),
-                    language,
-                    settings,
-                });
+                // One pool per image named (each with these settings), or the default
+                // image's alone.
+                let images: Vec<Option<String>> = match &values.images {
+                    None => vec![None],
+                    Some(list) if list.is_empty() => {
+                        return Err(BuildEngineError::Invalid(format!(
+                            "[pools.{name}.{lang}]: images is empty: name at least one image, or leave it out for the default image"
+                        )));
+                    }
+                    Some(list) => {
+                        if let Some(bad) = list.iter().find(|i| !plimsoll_wire::is_image_name(i)) {
+                            return Err(BuildEngineError::Invalid(format!(
+                                "[pools.{name}.{lang}]: `{bad}` is not an image name"
+                            )));
+                        }
+                        list.iter().cloned().map(Some).collect()
+                    }
+                };
+                for image in images {
+                    out.push(PoolConfig {
+                        provider: name.clone(),
+                        language,
+                        settings,
+                        image,
+                    });
+                }
             }
         }
         Ok(out)

@@ -34,6 +34,17 @@ fn identity_of(name: &str) -> Option<String> {
 /// An engine offering `providers`, probed, whose store is the repository's; `None` (after
 /// the skip or the failure) when the host cannot run them or `needs` images are missing.
 fn engine(test: &str, slot: u32, providers: &[&str], needs: &[&str]) -> Option<(Engine, TestDir)> {
+    engine_with(test, slot, providers, needs, "[pools]\n")
+}
+
+/// [`engine`] with `pools` as its `[pools]` settings.
+fn engine_with(
+    test: &str,
+    slot: u32,
+    providers: &[&str],
+    needs: &[&str],
+    pools: &str,
+) -> Option<(Engine, TestDir)> {
     if !is_root() {
         skip_or_fail(test, "needs root to run sandboxes");
         return None;
@@ -65,7 +76,7 @@ fn engine(test: &str, slot: u32, providers: &[&str], needs: &[&str]) -> Option<(
         .join(", ");
     let toml = format!(
         "providers = [{list}]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
-         sandbox_uid_base = {uid}\nmax_concurrent = 2\nmax_per_caller = 2\n[pools]\n\
+         sandbox_uid_base = {uid}\nmax_concurrent = 2\nmax_per_caller = 2\n{pools}\
          [sessions]\nmax_total = 1\nmax_per_caller = 1\n\
          [oci]\nstate_root = {oci:?}\ncgroup_parent = \"/plimsoll-images-{pid}-{slot}\"\n",
         state = dir.path().join("state").display().to_string(),
@@ -440,4 +451,70 @@ fn an_imported_oci_archive_runs_python_at_every_provider_naming_it() {
             assert_eq!(r.record.record_sha256, record_sha256(&r.record));
         }
     }
+}
+
+#[test]
+fn each_image_kept_warm_has_members_of_its_own() {
+    let test = "warm_per_image";
+    let pools = "[pools.crun.python]\nmin_idle = 1\nmax_members = 1\nimages = [\"sandbox\", \"python-data\"]\n";
+    let Some((engine, _dir)) = engine_with(test, 6, &["crun"], &["sandbox", "python-data"], pools)
+    else {
+        return;
+    };
+    engine.start_pools();
+    let filled = |engine: &Engine| {
+        let start = std::time::Instant::now();
+        while engine.pools_idle().iter().any(|(_, _, n)| *n == 0) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(120),
+                "the pools did not fill: {:?}",
+                engine.pool_counts()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    filled(&engine);
+    assert_eq!(engine.pools_idle().len(), 2, "{:?}", engine.pools_idle());
+    // Each run claims a member of its own image: pandas in python-data's, not in the
+    // default image's, and each record names the image.
+    let plain = |image: Option<&str>, code: &str| RunRequest {
+        limits: None,
+        ..request("warm", image, Some("crun"), plimsoll_testing::py(code))
+    };
+    for round in 0..2 {
+        let r = engine
+            .run(
+                CALLER,
+                &plain(
+                    Some("python-data"),
+                    "import pandas; print(pandas.Series([2, 3]).sum())",
+                ),
+            )
+            .unwrap();
+        assert_eq!(stdout(&r), "5\n", "round {round}: {}", explain(&r));
+        assert_eq!(
+            r.result.start,
+            Some(plimsoll_wire::Start::Warm),
+            "round {round}"
+        );
+        ran_in(&r, "python-data");
+        let r = engine
+            .run(
+                CALLER,
+                &plain(
+                    None,
+                    "import importlib.util as u; print(u.find_spec('pandas') is None)",
+                ),
+            )
+            .unwrap();
+        assert_eq!(stdout(&r), "True\n", "round {round}: {}", explain(&r));
+        assert_eq!(
+            r.result.start,
+            Some(plimsoll_wire::Start::Warm),
+            "round {round}"
+        );
+        ran_in(&r, "sandbox");
+        filled(&engine);
+    }
+    engine.stop_pools();
 }
