@@ -359,6 +359,11 @@ pub struct BenchArgs {
     /// least 20) per provider that keeps sessions and language.
     #[arg(long)]
     pub sessions_only: bool,
+    /// Measure images instead, at crun: warm and cold Python starts in each image named
+    /// (comma-separated, e.g. `sandbox,python-data`), interleaved in one run, and a session
+    /// cell in the last one after it imported pandas.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub images: Option<Vec<String>>,
 }
 
 /// `plimsoll init`.

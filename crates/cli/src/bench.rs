@@ -121,6 +121,9 @@ fn pools_table(names: &[String]) -> toml::Value {
 /// Runs `plimsoll bench`.
 pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
     let settings = load_settings(config)?;
+    if let Some(images) = &a.images {
+        return crate::bench_images::bench_images(&settings, images, a.runs, a.warmup);
+    }
     let dir = tempfile::Builder::new()
         .prefix("plimsoll-bench-")
         .tempdir()
@@ -180,6 +183,7 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
                 min_idle: Some(1),
                 max_members: Some(2),
                 max_age_secs: None,
+                images: None,
             })
         };
         w.pools = Some(
@@ -838,7 +842,7 @@ sessions through the daemon ({cells} cells each, after 3 unmeasured):
 }
 
 /// The median and the 90th percentile (nearest rank) of sorted samples.
-fn median_p90(sorted: &[f64]) -> Option<(f64, f64)> {
+pub(crate) fn median_p90(sorted: &[f64]) -> Option<(f64, f64)> {
     if sorted.is_empty() {
         return None;
     }

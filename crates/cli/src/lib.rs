@@ -3,6 +3,7 @@
 
 pub mod args;
 mod bench;
+mod bench_images;
 mod callers;
 mod doctor;
 mod host;
