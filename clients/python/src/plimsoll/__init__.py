@@ -9,8 +9,8 @@
             print(s.cell("print(n * 7)").stdout.text())   # 42: the state is kept
 
 Every result is verified before it is returned (request id echoed, tier at or above the
-floor, the named provider, the request, result and record digests), and a session call's
-record is checked against the session's chain. Every error is either
+floor, the named provider and image, the request, result and record digests), and a session
+call's record is checked against the session's chain. Every error is either
 :class:`NotDispatched` (nothing ran; ``.reason``) or :class:`MayHaveRun` (never retry it
 blindly); :func:`not_dispatched_reason` tells them apart.
 """
@@ -32,6 +32,8 @@ from ._types import (
     EndReason,
     File,
     GrantCall,
+    ImageInfo,
+    ImageRef,
     Limits,
     Output,
     OutputChunk,
@@ -66,6 +68,7 @@ from .errors import (
     DigestMismatch,
     EvidenceMismatch,
     FileTruncated,
+    ImageMismatch,
     InvalidRequest,
     MayHaveRun,
     NotDispatched,
@@ -101,6 +104,9 @@ __all__ = [
     "File",
     "FileTruncated",
     "GrantCall",
+    "ImageInfo",
+    "ImageMismatch",
+    "ImageRef",
     "InvalidRequest",
     "Limits",
     "MayHaveRun",

@@ -242,6 +242,9 @@ def request_encoding(request: Mapping[str, Any]) -> bytes:
     f.opt(request, "limits", _limits)
     f.req(request, "run", _run)
     f.opt(request, "grant", _str)
+    # The image named (field 7), by name or identity as sent: left out when absent or null,
+    # so every request that names none keeps its digest.
+    f.opt(request, "image", _str)
     return f.top(REQUEST_DOMAIN)
 
 
@@ -337,6 +340,14 @@ def result_encoding(result: Mapping[str, Any]) -> bytes:
     return f.top(RESULT_DOMAIN)
 
 
+def _image_ref(v: Any) -> bytes:
+    o = _obj(v, "record.image")
+    f = _Fields()
+    f.req(o, "name", _str)
+    f.req(o, "identity", _str)
+    return f.nested()
+
+
 def record_encoding(record: Mapping[str, Any]) -> bytes:
     """The encoding of a run record (every member but ``record_sha256``)."""
     f = _Fields()
@@ -360,6 +371,9 @@ def record_encoding(record: Mapping[str, Any]) -> bytes:
         f.req(link, "session_id", _str)
         f.req(link, "sequence", _u64)
         f.opt(link, "previous_record_sha256", _str)
+    # The image the code ran in (field 12), nested: left out when absent or null, so a record
+    # of the process tier, or written before the member existed, keeps its digest.
+    f.opt(record, "image", _image_ref)
     return f.top(RECORD_DOMAIN)
 
 

@@ -29,6 +29,7 @@ from ._types import (
     TierLike,
     WireError,
     as_tier,
+    check_image_selector,
     is_session_id,
 )
 from ._verify import (
@@ -75,6 +76,9 @@ class PreparedOpen:
     language: str
     floor: Optional[Tier]
     provider: Optional[str]
+    image: Optional[str] = None
+    """The image the open named (a name or an identity): the session, and every call's record,
+    must name it."""
 
 
 def _positive(name: str, value: Any) -> int:
@@ -91,6 +95,7 @@ def prepare_open(
     limits: Optional[Limits] = None,
     idle_timeout_ms: Optional[int] = None,
     max_lifetime_ms: Optional[int] = None,
+    image: Optional[str] = None,
     max_body_bytes: int = _verify.DEFAULT_MAX_BODY_BYTES,
 ) -> PreparedOpen:
     """Builds and checks an open request; raises :class:`InvalidRequest` (not dispatched)
@@ -116,12 +121,14 @@ def prepare_open(
             request["idle_timeout_ms"] = _positive("idle_timeout_ms", idle_timeout_ms)
         if max_lifetime_ms is not None:
             request["max_lifetime_ms"] = _positive("max_lifetime_ms", max_lifetime_ms)
+        if image is not None:
+            request["image"] = check_image_selector(image)
         body = json.dumps(request, separators=(",", ":")).encode("utf-8")
     except ValueError as e:
         raise InvalidRequest(str(e), request_id=rid) from None
     if len(body) > max_body_bytes:
         raise RequestTooLarge(len(body), max_body_bytes, request_id=rid)
-    return PreparedOpen(rid, body, language, floor, provider)
+    return PreparedOpen(rid, body, language, floor, provider, image)
 
 
 def _read_info(body: bytes, what: str) -> SessionInfo:
@@ -158,7 +165,8 @@ def check_opened(
 ) -> Optional[PlimsollError]:
     """What is wrong with a session this request opened, or ``None``: its tier against the
     floor (the one sent, or the daemon's default), the floor it says it holds, the provider
-    named, its language, and that it is fresh. The caller closes a session that fails."""
+    and the image named, its language, and that it is fresh. The caller closes a session that
+    fails."""
     rid = p.request_id
     floor = p.floor if p.floor is not None else default_floor
     if floor is not None and info.isolation < floor:
@@ -199,6 +207,12 @@ def check_opened(
             subject="the session",
             outcome=_OPENED_THERE,
         )
+    if p.image is not None:
+        wrong = _verify.image_mismatch(
+            p.image, info.image, request_id=rid, subject="the session", outcome=_OPENED_THERE
+        )
+        if wrong is not None:
+            return wrong
     problem = None
     if info.language != p.language:
         problem = f"the session's language is {info.language}, not {p.language} as asked"
@@ -420,13 +434,21 @@ def got_file(pf: PreparedFile, response: RunResponse) -> Any:
 class Chain:
     """Where a session's chain stands as this client saw it: the sequence number and record
     digest of the last call answered, and what every call's record must say (the session's
-    id, provider, tier, evidence and environment, fixed at open). A call whose answer could
-    not be verified puts the chain in doubt until :meth:`resync`."""
+    id, provider, tier, evidence and environment, fixed at open, and the image its open
+    named, if it named one). A call whose answer could not be verified puts the chain in
+    doubt until :meth:`resync`."""
 
-    def __init__(self, info: SessionInfo, sequence: int, previous: Optional[str]) -> None:
+    def __init__(
+        self,
+        info: SessionInfo,
+        sequence: int,
+        previous: Optional[str],
+        image: Optional[str] = None,
+    ) -> None:
         self.info = info
         self.sequence = sequence
         self.previous = previous
+        self.image = image
         self.in_doubt: Optional[str] = None
 
     def check_sendable(self, request_id: str) -> None:
@@ -452,7 +474,9 @@ class Chain:
         self.in_doubt = None
 
     def _fixed_problem(self, info: SessionInfo) -> Optional[str]:
-        for name in ("session_id", "provider", "isolation", "evidence_sha256", "environment"):
+        for name in (
+            "session_id", "provider", "isolation", "evidence_sha256", "environment", "image"
+        ):
             was, now = getattr(self.info, name), getattr(info, name)
             if was != now:
                 return f"with {name} {now}, not {was} as at open"
@@ -493,6 +517,18 @@ class Chain:
         ):
             if expected != got:
                 raise mismatch(field, expected, got, "the call ran elsewhere than the session")
+        # The image the open named, like the session's tier: every call's record must say the
+        # call ran in it.
+        if self.image is not None:
+            wrong = _verify.image_mismatch(
+                self.image,
+                rec.image,
+                request_id=rid,
+                subject="the session call",
+                outcome="the call ran, but not in the image the session was opened with",
+            )
+            if wrong is not None:
+                raise wrong
         self.sequence, self.previous = link.sequence, rec.record_sha256
         self.info = replace(self.info, calls=link.sequence, last_record_sha256=rec.record_sha256)
         return response
@@ -522,7 +558,7 @@ class Lines:
         if self._seen > MAX_ANSWER_BYTES:
             raise AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES} bytes")
         self._buf.extend(data)
-        out = []
+        out: list[bytes] = []
         while True:
             i = self._buf.find(b"\n")
             if i < 0:

@@ -139,6 +139,46 @@ def as_tier(value: TierLike) -> Tier:
         ) from None
 
 
+IMAGE_NAME_MAX = 64
+"""The longest image name."""
+
+_IMAGE_NAME_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_IMAGE_NAME_REST = _IMAGE_NAME_FIRST | frozenset("._-")
+
+
+def is_image_name(value: Any) -> bool:
+    """Whether ``value`` is an image name: 1 to 64 characters of ``a-z 0-9 . _ -``, the first a
+    letter or a digit. A name never holds ``:``, so a selector with one is an identity."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= IMAGE_NAME_MAX
+        and value[0] in _IMAGE_NAME_FIRST
+        and all(c in _IMAGE_NAME_REST for c in value[1:])
+    )
+
+
+def is_image_identity(value: Any) -> bool:
+    """Whether ``value`` is an image identity: ``sha256:`` and 64 lowercase hex digits."""
+    return (
+        isinstance(value, str)
+        and value.startswith("sha256:")
+        and len(value) == 7 + 64
+        and all(c in "0123456789abcdef" for c in value[7:])
+    )
+
+
+def check_image_selector(value: Any) -> str:
+    """``value`` when it names an image (a name or an identity); a ``ValueError`` saying what
+    one is otherwise."""
+    if isinstance(value, str) and (is_image_name(value) or is_image_identity(value)):
+        return value
+    raise ValueError(
+        f"image {value!r} is neither an image name (1 to {IMAGE_NAME_MAX} characters of "
+        "a-z 0-9 . _ -, starting with a letter or digit) nor an identity (sha256: and 64 "
+        "lowercase hex characters): providers().images lists the daemon's images"
+    )
+
+
 class Output(bytes):
     """Exact bytes (program output, a file, an artifact), which need not be UTF-8."""
 
@@ -622,6 +662,27 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class ImageRef:
+    """The image a run (or a session) ran in: its ``name`` in the daemon's image store and its
+    ``identity`` (``sha256:`` over its manifest, the record's ``environment``)."""
+
+    name: str
+    identity: str
+
+    def answers(self, selector: str) -> bool:
+        """Whether a request's ``image`` (a name or an identity) names this image."""
+        return selector in (self.name, self.identity)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.identity})"
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "ImageRef":
+        o = _check_members(o, what, ("name", "identity"))
+        return cls(name=_str(o, "name", what) or "", identity=_str(o, "identity", what) or "")
+
+
+@dataclass(frozen=True)
 class SessionLink:
     """A session call's place in its session's chain: ``sequence`` is 1 for the session's
     first call and one more for each after it; ``previous_record_sha256`` is the record digest
@@ -665,6 +726,9 @@ class RunRecord:
     was). Read as optional so an older record parses; a verified response always has it."""
     session: Optional[SessionLink] = None
     """A session call's link in its session's chain; ``None`` outside sessions."""
+    image: Optional[ImageRef] = None
+    """The image the code ran in; ``None`` at the process tier (which has no image) and in a
+    record written before the member existed. Inside the record digest (field 12)."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunRecord":
@@ -684,10 +748,11 @@ class RunRecord:
                 "ended_unix_ms",
                 "record_sha256",
             ),
-            ("minimum_isolation", "session"),
+            ("minimum_isolation", "session", "image"),
         )
         floor = o.get("minimum_isolation")
         link = o.get("session")
+        image = o.get("image")
         return cls(
             request_id=_str(o, "request_id", w) or "",
             request_sha256=_digest(o, "request_sha256", w),
@@ -701,6 +766,7 @@ class RunRecord:
             record_sha256=_digest(o, "record_sha256", w),
             minimum_isolation=None if floor is None else _tier(o, "minimum_isolation", w),
             session=None if link is None else SessionLink.from_wire(link),
+            image=None if image is None else ImageRef.from_wire(image, f"{w}.image"),
         )
 
 
@@ -800,17 +866,54 @@ class ProviderInfo:
 
 
 @dataclass(frozen=True)
+class ImageInfo:
+    """One image the daemon keeps, as ``GET /v1/providers`` lists it: its ``name`` and
+    ``identity`` (either names it in a request's ``image``), whether it is the ``default`` (what
+    a request that names no image gets), the ``languages`` its check found in it
+    (``python``, ``javascript``), and whether the VM provider can boot it (``vm_disk``)."""
+
+    name: str
+    identity: str
+    default: bool
+    languages: list[str] = field(default_factory=list)
+    vm_disk: bool = False
+
+    def answers(self, selector: str) -> bool:
+        """Whether a request's ``image`` (a name or an identity) names this image."""
+        return selector in (self.name, self.identity)
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "ImageInfo":
+        o = _check_members(o, what, ("name", "identity", "default"), ("languages", "vm_disk"))
+        languages = _list(o, "languages", what)
+        for i, language in enumerate(languages):
+            if language not in ("javascript", "python"):
+                raise WireError(
+                    f"{what}.languages[{i}] is not javascript or python: {language!r}"
+                )
+        return cls(
+            name=_str(o, "name", what) or "",
+            identity=_str(o, "identity", what) or "",
+            default=_bool(o, "default", what),
+            languages=list(languages),
+            vm_disk=_bool(o, "vm_disk", what, False),
+        )
+
+
+@dataclass(frozen=True)
 class ProvidersResponse:
-    """``GET /v1/providers``: the default floor and every provider, cheapest first."""
+    """``GET /v1/providers``: the default floor, every provider (cheapest first), and the
+    images a request may name (empty from a daemon without images)."""
 
     protocol: int
     default_floor: Tier
     providers: list[ProviderInfo]
+    images: list[ImageInfo] = field(default_factory=list)
 
     @classmethod
     def from_wire(cls, o: Any) -> "ProvidersResponse":
         w = "the providers response"
-        o = _check_members(o, w, ("protocol", "default_floor", "providers"))
+        o = _check_members(o, w, ("protocol", "default_floor", "providers"), ("images",))
         return cls(
             protocol=_u64(o, "protocol", w) or 0,
             default_floor=_tier(o, "default_floor", w),
@@ -818,11 +921,25 @@ class ProvidersResponse:
                 ProviderInfo.from_wire(p, f"providers[{i}]")
                 for i, p in enumerate(_list(o, "providers", w))
             ],
+            images=[
+                ImageInfo.from_wire(m, f"images[{i}]")
+                for i, m in enumerate(_list(o, "images", w))
+            ],
         )
 
     def get(self, name: str) -> Optional[ProviderInfo]:
         """The provider of this name, if the daemon has one."""
         return next((p for p in self.providers if p.name == name), None)
+
+    def image(self, selector: str) -> Optional[ImageInfo]:
+        """The image a request's ``image`` of this value (a name or an identity) would name,
+        if the daemon has it."""
+        return next((m for m in self.images if m.answers(selector)), None)
+
+    @property
+    def default_image(self) -> Optional[ImageInfo]:
+        """The image a request that names none gets, if the daemon lists one."""
+        return next((m for m in self.images if m.default), None)
 
 
 # --- sessions (docs/sessions.md) -------------------------------------------------------
@@ -868,6 +985,9 @@ class SessionInfo:
     last_record_sha256: Optional[str]
     interpreter_alive: bool
     end_reason: Optional[EndReason] = None
+    image: Optional[ImageRef] = None
+    """The image it runs in, fixed at open (every call's record names it too); ``None`` from a
+    daemon without images."""
 
     @classmethod
     def from_wire(cls, o: Any, what: str = "the session") -> "SessionInfo":
@@ -891,7 +1011,7 @@ class SessionInfo:
                 "calls",
                 "interpreter_alive",
             ),
-            ("request_id", "last_record_sha256", "end_reason"),
+            ("request_id", "last_record_sha256", "end_reason", "image"),
         )
         sid = _str(o, "session_id", w)
         if not is_session_id(sid):
@@ -918,6 +1038,9 @@ class SessionInfo:
             last_record_sha256=None if last is None else _digest(o, "last_record_sha256", w),
             interpreter_alive=_bool(o, "interpreter_alive", w),
             end_reason=_end_reason(o, "end_reason", w),
+            image=(
+                None if o.get("image") is None else ImageRef.from_wire(o["image"], f"{w}.image")
+            ),
         )
 
 

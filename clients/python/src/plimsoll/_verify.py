@@ -13,6 +13,7 @@ from . import _digest
 from ._types import (
     PROTOCOL,
     EndReason,
+    ImageRef,
     Limits,
     Project,
     ProvidersResponse,
@@ -24,12 +25,14 @@ from ._types import (
     TierLike,
     WireError,
     as_tier,
+    check_image_selector,
 )
 from .errors import (
     BadResponse,
     DaemonFailed,
     DigestMismatch,
     EvidenceMismatch,
+    ImageMismatch,
     InvalidRequest,
     NotDispatched,
     PlimsollError,
@@ -160,6 +163,8 @@ class Prepared:
     floor: Optional[Tier]
     provider: Optional[str]
     budget_s: float
+    image: Optional[str] = None
+    """The image the request named (a name or an identity): the answer's record must name it."""
 
 
 def prepare(
@@ -169,6 +174,7 @@ def prepare(
     provider: Optional[str] = None,
     limits: Optional[Limits] = None,
     grant: Optional[str] = None,
+    image: Optional[str] = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     request_id: Optional[str] = None,
     steps_required: bool = True,
@@ -182,6 +188,8 @@ def prepare(
             raise ValueError("provider must not be empty: omit it to let the server choose")
         if grant is not None and (not isinstance(grant, str) or not grant):
             raise ValueError("grant must not be empty: omit it for a run without grants")
+        if image is not None:
+            check_image_selector(image)
         wire_limits = None
         if limits is not None:
             wire_limits = limits.to_wire()
@@ -202,6 +210,8 @@ def prepare(
             request["limits"] = wire_limits
         if grant is not None:
             request["grant"] = grant
+        if image is not None:
+            request["image"] = image
         request["run"] = run.to_wire()
         try:
             body = json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode(
@@ -227,6 +237,25 @@ def prepare(
         floor=floor,
         provider=provider,
         budget_s=budget + EXCHANGE_SLACK_S,
+        image=image,
+    )
+
+
+def image_mismatch(
+    asked: str,
+    image: Optional[ImageRef],
+    *,
+    request_id: str,
+    subject: str = "the run",
+    outcome: str = "the code ran, but not in the image you named",
+) -> Optional[ImageMismatch]:
+    """The error when ``image`` (what a record or a session names; ``None``: nothing) is not
+    the image ``asked`` names (by name or identity), or ``None`` when it is: a request is never
+    served by another image than the one it named."""
+    if image is not None and image.answers(asked):
+        return None
+    return ImageMismatch(
+        request_id=request_id, asked=asked, image=image, subject=subject, outcome=outcome
     )
 
 
@@ -335,6 +364,12 @@ def verify_value(
         for named in (response.provider, response.record.provider):
             if named != prepared.provider:
                 raise ProviderMismatch(request_id=rid, asked=prepared.provider, provider=named)
+    # The image named, like the tier: the record must say the code ran in it (by its name or
+    # its identity), or it ran elsewhere than asked.
+    if prepared.image is not None:
+        wrong = image_mismatch(prepared.image, response.record.image, request_id=rid)
+        if wrong is not None:
+            raise wrong
     # What the types cannot say: a pool member's age only with a warm start, and always
     # with one.
     problem = response.result.start_problem()
@@ -384,7 +419,7 @@ class ErrorAnswer:
 
 def read_error(body: Union[bytes, Any]) -> ErrorAnswer:
     """An ErrorResponse from its bytes, or from the JSON value of a stream's error line."""
-    o = loads_strict(body) if isinstance(body, (bytes, bytearray)) else body
+    o = loads_strict(bytes(body)) if isinstance(body, (bytes, bytearray)) else body
     if not isinstance(o, dict):
         raise WireError("the error answer is not an object")
     unknown = set(o) - {"protocol", "request_id", "error"}
@@ -427,7 +462,7 @@ def error_for(
     try:
         a = read_error(body)
     except WireError as e:
-        shown = _preview(body) if isinstance(body, (bytes, bytearray)) else repr(body)[:200]
+        shown = _preview(bytes(body)) if isinstance(body, (bytes, bytearray)) else repr(body)[:200]
         return BadResponse(
             f"not an error response ({e}): {shown}", request_id=rid, status=status
         )

@@ -216,11 +216,18 @@ class Client(_Base):
         provider: Optional[str] = None,
         limits: Optional[Limits] = None,
         grant: Optional[str] = None,
+        image: Optional[str] = None,
     ) -> RunResponse:
         """Runs ``run`` (a :class:`Snippet` or a :class:`Project`) and returns the verified
-        response. Blocks until the run is over."""
+        response. Blocks until the run is over. ``image``: the image to run in, a name or an
+        identity (``sha256:...``); the record must say the code ran in it."""
         prepared = self._prepare(
-            run, minimum_isolation=minimum_isolation, provider=provider, limits=limits, grant=grant
+            run,
+            minimum_isolation=minimum_isolation,
+            provider=provider,
+            limits=limits,
+            grant=grant,
+            image=image,
         )
         default_floor = None
         if prepared.floor is None:
@@ -267,13 +274,16 @@ class Client(_Base):
         limits: Optional[Limits] = None,
         idle_timeout_ms: Optional[int] = None,
         max_lifetime_ms: Optional[int] = None,
+        image: Optional[str] = None,
     ) -> Session:
         """Opens a session: one sandbox kept across calls, with an interpreter of
         ``language`` (``javascript`` or ``python``). Checked before it is returned: the echoed
         request id, its tier against the floor (the one given, or the daemon's default), the
-        floor it holds, the provider named. A session that fails a check is closed again.
-        ``limits``: ``memory_bytes``, ``pids`` and ``disk_bytes`` hold for its whole life;
-        ``timeout_ms``, ``output_bytes`` and ``artifact_bytes`` are each call's defaults."""
+        floor it holds, the provider and the image named. A session that fails a check is
+        closed again. ``limits``: ``memory_bytes``, ``pids`` and ``disk_bytes`` hold for its
+        whole life; ``timeout_ms``, ``output_bytes`` and ``artifact_bytes`` are each call's
+        defaults. ``image``: the image it runs in (a name or an identity), fixed at open; every
+        call's record must name it too."""
         p = self._prepare_open(
             language,
             minimum_isolation=minimum_isolation,
@@ -281,6 +291,7 @@ class Client(_Base):
             limits=limits,
             idle_timeout_ms=idle_timeout_ms,
             max_lifetime_ms=max_lifetime_ms,
+            image=image,
         )
         default_floor = None
         if p.floor is None:
@@ -295,7 +306,7 @@ class Client(_Base):
         except FAILED as e:
             raise self._failed(args["url"], p.request_id, e) from None
         info = _session.read_opened(p, status, body)
-        session = Session(self, info, Chain(info, 0, None))
+        session = Session(self, info, Chain(info, 0, None, p.image))
         problem = _session.check_opened(p, info, default_floor)
         if problem is not None:
             try:
@@ -381,10 +392,16 @@ class AsyncClient(_Base):
         provider: Optional[str] = None,
         limits: Optional[Limits] = None,
         grant: Optional[str] = None,
+        image: Optional[str] = None,
     ) -> RunResponse:
         """Runs ``run`` and returns the verified response."""
         prepared = self._prepare(
-            run, minimum_isolation=minimum_isolation, provider=provider, limits=limits, grant=grant
+            run,
+            minimum_isolation=minimum_isolation,
+            provider=provider,
+            limits=limits,
+            grant=grant,
+            image=image,
         )
         default_floor = None
         if prepared.floor is None:
@@ -427,6 +444,7 @@ class AsyncClient(_Base):
         limits: Optional[Limits] = None,
         idle_timeout_ms: Optional[int] = None,
         max_lifetime_ms: Optional[int] = None,
+        image: Optional[str] = None,
     ) -> AsyncSession:
         """:meth:`Client.open_session`, for asyncio."""
         p = self._prepare_open(
@@ -436,6 +454,7 @@ class AsyncClient(_Base):
             limits=limits,
             idle_timeout_ms=idle_timeout_ms,
             max_lifetime_ms=max_lifetime_ms,
+            image=image,
         )
         default_floor = None
         if p.floor is None:
@@ -450,7 +469,7 @@ class AsyncClient(_Base):
         except FAILED as e:
             raise self._failed(args["url"], p.request_id, e) from None
         info = _session.read_opened(p, status, body)
-        session = AsyncSession(self, info, Chain(info, 0, None))
+        session = AsyncSession(self, info, Chain(info, 0, None, p.image))
         problem = _session.check_opened(p, info, default_floor)
         if problem is not None:
             try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._types import EndReason, Reason, Tier
+from ._types import EndReason, ImageRef, Reason, Tier
 
 
 class PlimsollError(Exception):
@@ -332,6 +332,38 @@ class ProviderMismatch(MayHaveRun):
         )
         self.asked = asked
         self.provider = provider
+
+
+class ImageMismatch(MayHaveRun):
+    """The request (or the session's open) named an image, and the answer's record (or the
+    session) names none, or another one: ``image`` is what it names (``None``: nothing). A
+    request is never served by another image than the one it named (docs/protocol.md). The
+    code ran: this is not a refusal."""
+
+    code = "evidence_mismatch"
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        asked: str,
+        image: Optional[ImageRef],
+        subject: str = "the run",
+        outcome: str = "the code ran, but not in the image you named",
+    ) -> None:
+        ran = (
+            f"ran in image `{image.name}` ({image.identity})"
+            if image is not None
+            else "names no image (no `image` member)"
+        )
+        super().__init__(
+            f"evidence mismatch for request {request_id}: {subject} {ran}, not the image "
+            f"`{asked}` asked for; {outcome}",
+            request_id=request_id,
+            status=200,
+        )
+        self.asked = asked
+        self.image = image
 
 
 class ChainMismatch(MayHaveRun):
