@@ -6,7 +6,7 @@
  */
 
 import { bytesToWire, utf8 } from "./bytes.js";
-import { LIMIT_NAMES, PROTOCOL, TIERS } from "./types.js";
+import { IMAGE_NAME_MAX, LIMIT_NAMES, PROTOCOL, TIERS, isImageIdentity, isImageName } from "./types.js";
 import type { RunOptions } from "./client.js";
 
 /** A request this client refuses to send, and why. */
@@ -113,7 +113,7 @@ export function buildRun(v: unknown, inSession = false): Record<string, unknown>
 /** The request's JSON object, members in the order sent (`request_id` early, so that even a
  * refusal of a cut-off body can echo it). */
 export function buildRequest(options: RunOptions, requestId: string): Record<string, unknown> {
-  const o = only(options, "the run options", ["run", "minimum_isolation", "provider", "limits", "grant", "signal"]);
+  const o = only(options, "the run options", ["run", "minimum_isolation", "provider", "limits", "grant", "image", "signal"]);
   const wire: Record<string, unknown> = { protocol: PROTOCOL, request_id: requestId };
   if (o.minimum_isolation !== undefined) wire.minimum_isolation = tier(o.minimum_isolation, "minimum_isolation");
   if (o.provider !== undefined) wire.provider = provider(o.provider);
@@ -123,7 +123,19 @@ export function buildRequest(options: RunOptions, requestId: string): Record<str
     if (text(o.grant, "grant") === "") fail("grant must not be empty: omit it for a run without grants");
     wire.grant = o.grant;
   }
+  if (o.image !== undefined) wire.image = image(o.image);
   return wire;
+}
+
+/** An image selector, checked: an image name or an image identity. */
+export function image(v: unknown): string {
+  const s = text(v, "image");
+  if (!isImageName(s) && !isImageIdentity(s)) {
+    fail(
+      `image ${JSON.stringify(s)} is neither an image name (1 to ${IMAGE_NAME_MAX} characters of a-z 0-9 . _ -, starting with a letter or digit) nor an identity (sha256: and 64 lowercase hex characters): providers().images lists the daemon's images`,
+    );
+  }
+  return s;
 }
 
 /** A tier, checked. */

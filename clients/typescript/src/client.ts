@@ -2,7 +2,7 @@
  * The client of one plimsolld: sends each run with a fresh request id, honours a "not
  * dispatched" mark only when the answer echoes that id, recomputes the request, result and
  * record digests, and re-checks the tier against the floor (the one sent, or the daemon's
- * default floor) and the provider against the one named.
+ * default floor) and the provider and the image against the ones named.
  * @module
  */
 
@@ -12,6 +12,7 @@ import { RequestShapeError, buildRequest } from "./build.js";
 import { utf8 } from "./bytes.js";
 import { evidenceSha256 } from "./digest.js";
 import {
+  type ImageMismatchError,
   MayHaveRunError,
   NotDispatchedError,
   ProvidersError,
@@ -89,6 +90,12 @@ export interface RunOptions {
   limits?: Limits;
   /** The name of a grant profile the operator defined. */
   grant?: string;
+  /**
+   * The image to run in: an image name (`python-data`) or identity (`sha256:...`). Absent: the
+   * operator's default image. The record must name it, or the run fails with an
+   * {@link ImageMismatchError} (the code ran).
+   */
+  image?: string;
   /** Aborts the exchange: a {@link MayHaveRunError} (`transport`), as the request may have left. */
   signal?: AbortSignal;
 }

@@ -117,6 +117,8 @@ export function encodeRequest(r: RunRequest): Uint8Array {
   }
   e.field("run", run.bytes());
   e.optional("grant", r.grant, utf8);
+  // The image named (field 7), as sent: absent, nothing, so a request naming none keeps its digest.
+  e.optional("image", r.image, utf8);
   return e.bytes();
 }
 
@@ -218,6 +220,9 @@ export function encodeRecord(r: RunRecord): Uint8Array {
       .field("sequence", u64be(r.session.sequence))
       .optional("previous_record_sha256", r.session.previous_record_sha256, utf8);
   }
+  // The image the code ran in (field 12), nested: absent, nothing, so a record of the process
+  // tier, or written before the member existed, keeps its digest.
+  e.optional("image", r.image, (i) => new Encoder().field("name", utf8(i.name)).field("identity", utf8(i.identity)).bytes());
   return e.bytes();
 }
 

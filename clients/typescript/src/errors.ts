@@ -5,7 +5,7 @@
  * @module
  */
 
-import type { EndReason, Reason, Tier } from "./types.js";
+import type { EndReason, ImageRef, Reason, Tier } from "./types.js";
 
 /** Every error this client throws. */
 export abstract class PlimsollError extends Error {
@@ -98,6 +98,8 @@ export type MayHaveRunKind =
   | "evidence_mismatch"
   /** The run used another provider than the one named ({@link ProviderMismatchError}). */
   | "provider_mismatch"
+  /** The run (or a session) named an image, and the record names another or none ({@link ImageMismatchError}). */
+  | "image_mismatch"
   /**
    * A session's answer disagrees with the session: its chain, provider, tier, evidence or
    * floor ({@link SessionMismatchError}).
@@ -254,6 +256,32 @@ export class ProviderMismatchError extends MayHaveRunError {
       `evidence mismatch for request ${requestId}: the run used provider \`${provider}\`, not \`${asked}\` as asked; the code ran, but not where you required`,
       requestId,
       { code: "evidence_mismatch" },
+    );
+  }
+}
+
+/**
+ * The request (or the session's open) named an image, and the answer's record (or the
+ * session) names another one, or none: a request is never served by another image than the
+ * one it named (docs/protocol.md). The code ran (this is not a refusal), but not in the image
+ * named. Its `code` is `evidence_mismatch`, as for a tier below the floor.
+ */
+export class ImageMismatchError extends MayHaveRunError {
+  constructor(
+    /** The image the request or the open named (a name or an identity). */
+    readonly asked: string,
+    /** The image the record (or the session) names; `undefined`: none. */
+    readonly image: ImageRef | undefined,
+    requestId: string,
+    /** What ran: `the run`, `the session`, `the session call`. */
+    subject = "the run",
+  ) {
+    const ran = image === undefined ? "names no image (no `image` member)" : `ran in image \`${image.name}\` (${image.identity})`;
+    super(
+      "image_mismatch",
+      `evidence mismatch for request ${requestId}: ${subject} ${ran}, not the image \`${asked}\` asked for; the code ran, but not in the image you named`,
+      requestId,
+      { code: "evidence_mismatch", status: 200 },
     );
   }
 }

@@ -31,6 +31,7 @@ export {
   DigestMismatchError,
   EvidenceMismatchError,
   type FloorSource,
+  ImageMismatchError,
   MayHaveRunError,
   type MayHaveRunKind,
   NotDispatchedError,
@@ -61,6 +62,7 @@ export {
 } from "./digest.js";
 export {
   decodeEvidence,
+  decodeProvidersResponse,
   decodeRunRecord,
   decodeRunRequest,
   decodeRunResponse,
@@ -78,5 +80,5 @@ export {
   type StepsOptions,
 } from "./session.js";
 export { JsonSyntaxError } from "./json.js";
-export { type Floor, verifyResponse } from "./verify.js";
+export { checkImage, type Floor, verifyResponse } from "./verify.js";
 export * from "./types.js";

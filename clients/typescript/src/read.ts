@@ -15,6 +15,8 @@ import {
   type ErrorResponse,
   type Evidence,
   type GrantCall,
+  type ImageInfo,
+  type ImageRef,
   type Language,
   LIMIT_NAMES,
   type Limits,
@@ -256,6 +258,7 @@ export function readRunRequest(v: JsonValue, path = "request"): RunRequest {
     "limits",
     "run",
     "grant",
+    "image",
   ]);
   const out: RunRequest = {
     protocol: req(m, "protocol", path, u32),
@@ -266,6 +269,7 @@ export function readRunRequest(v: JsonValue, path = "request"): RunRequest {
   optInto(out, m, "provider", path, str);
   optInto(out, m, "limits", path, limits);
   optInto(out, m, "grant", path, str);
+  optInto(out, m, "image", path, str);
   return out;
 }
 
@@ -415,6 +419,11 @@ function sessionLink(v: JsonValue, path: string): SessionLink {
   return out;
 }
 
+function imageRef(v: JsonValue, path: string): ImageRef {
+  const m = object(v, path, ["name", "identity"]);
+  return { name: req(m, "name", path, str), identity: req(m, "identity", path, str) };
+}
+
 /** Reads a run record. */
 export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
   const m = object(v, path, [
@@ -429,10 +438,12 @@ export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
     "started_unix_ms",
     "ended_unix_ms",
     "session",
+    "image",
     "record_sha256",
   ]);
   const floor = opt(m, "minimum_isolation", path, tier);
   const session = opt(m, "session", path, sessionLink);
+  const image = opt(m, "image", path, imageRef);
   return {
     request_id: req(m, "request_id", path, str),
     request_sha256: req(m, "request_sha256", path, str),
@@ -445,6 +456,7 @@ export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
     started_unix_ms: req(m, "started_unix_ms", path, u64),
     ended_unix_ms: req(m, "ended_unix_ms", path, u64),
     ...(session === undefined ? {} : { session }),
+    ...(image === undefined ? {} : { image }),
     record_sha256: req(m, "record_sha256", path, str),
   };
 }
@@ -599,13 +611,26 @@ function providerInfo(v: JsonValue, path: string): ProviderInfo {
   return out;
 }
 
+function imageInfo(v: JsonValue, path: string): ImageInfo {
+  const m = object(v, path, ["name", "identity", "default", "languages", "vm_disk"]);
+  return {
+    name: req(m, "name", path, str),
+    identity: req(m, "identity", path, str),
+    default: req(m, "default", path, bool),
+    languages: optList(m, "languages", path, language),
+    vm_disk: opt(m, "vm_disk", path, bool) ?? false,
+  };
+}
+
 /** Reads the answer to `GET /v1/providers` (not yet verified). */
 export function readProvidersResponse(v: JsonValue, path = "answer"): ProvidersResponse {
-  const m = object(v, path, ["protocol", "default_floor", "providers"]);
+  const m = object(v, path, ["protocol", "default_floor", "providers", "images"]);
   return {
     protocol: req(m, "protocol", path, u32),
     default_floor: req(m, "default_floor", path, tier),
     providers: req(m, "providers", path, list(providerInfo)),
+    // Absent, null or empty from a daemon without images.
+    images: optList(m, "images", path, imageInfo),
   };
 }
 
@@ -624,6 +649,7 @@ export function readSessionInfo(v: JsonValue, path = "session"): SessionInfo {
     "minimum_isolation",
     "evidence_sha256",
     "environment",
+    "image",
     "wall",
     "opened_unix_ms",
     "expires_unix_ms",
@@ -652,6 +678,7 @@ export function readSessionInfo(v: JsonValue, path = "session"): SessionInfo {
   optInto(out, m, "request_id", path, str);
   optInto(out, m, "last_record_sha256", path, str);
   optInto(out, m, "end_reason", path, endReason);
+  optInto(out, m, "image", path, imageRef);
   return out;
 }
 
@@ -715,6 +742,11 @@ export function decodeEvidence(json: Uint8Array | string): Evidence {
 /** Parses and reads a run response from its JSON (it is not verified: see `verifyResponse`). */
 export function decodeRunResponse(json: Uint8Array | string): RunResponse {
   return readRunResponse(parseJson(json));
+}
+
+/** Parses and reads a `GET /v1/providers` answer from its JSON (its evidence digests are not checked: `client.providers()` checks them). */
+export function decodeProvidersResponse(json: Uint8Array | string): ProvidersResponse {
+  return readProvidersResponse(parseJson(json));
 }
 
 /** Parses and reads a session (`SessionInfo`) from its JSON. */

@@ -10,7 +10,7 @@
 
 import { inspect } from "node:util";
 
-import { RequestShapeError, buildLimits, buildRun, fail, only, positive, projectPath, provider, text, tier } from "./build.js";
+import { RequestShapeError, buildLimits, buildRun, fail, image, only, positive, projectPath, provider, text, tier } from "./build.js";
 import { utf8 } from "./bytes.js";
 import {
   EvidenceMismatchError,
@@ -68,7 +68,7 @@ import {
   type Tier,
   tierRank,
 } from "./types.js";
-import { type Floor, verifyResponse } from "./verify.js";
+import { type Floor, checkImage, verifyResponse } from "./verify.js";
 
 /** What to open a session with; the client adds the protocol and a fresh request id. */
 export interface SessionOptions {
@@ -90,6 +90,12 @@ export interface SessionOptions {
   idle_timeout_ms?: number;
   /** The session ends this long after it opened, milliseconds (default 1 h). */
   max_lifetime_ms?: number;
+  /**
+   * The image it runs in, fixed at open: an image name or identity (`sha256:...`). Absent: the
+   * operator's default image. The session, and every call's record, must name it, or the
+   * open (or the call) fails with an {@link ImageMismatchError}.
+   */
+  image?: string;
   /** Aborts the exchange: "may have run" (`transport`), as the session may have been opened. */
   signal?: AbortSignal;
 }
@@ -137,6 +143,8 @@ export interface SessionInternals {
   http: Http;
   maxBodyBytes: number;
   info: SessionInfo;
+  /** The image the open named (a name or an identity): every call's record must name it. */
+  image?: string | undefined;
 }
 
 const SESSION_ID = /^ses_[0-9a-f]{16}_[0-9a-f]{32}$/;
@@ -159,6 +167,8 @@ export class Session {
   readonly #maxBodyBytes: number;
   /** The session as opened: what every call is checked against. */
   readonly #opened: SessionInfo;
+  /** The image the open named, if it named one: every call's record must name it. */
+  readonly #image: string | undefined;
   #info: SessionInfo;
   /** The sequence number and record digest of the last call answered. */
   #last: { sequence: number; record: string | undefined };
@@ -171,6 +181,7 @@ export class Session {
     this.#http = internals.http;
     this.#maxBodyBytes = internals.maxBodyBytes;
     this.#opened = structuredClone(internals.info);
+    this.#image = internals.image;
     this.#info = internals.info;
     this.#last = { sequence: internals.info.calls, record: internals.info.last_record_sha256 };
   }
@@ -342,6 +353,14 @@ export class Session {
           { status: 200 },
         );
       }
+    }
+    const shown = (i: SessionInfo): string => (i.image === undefined ? "none" : `${i.image.name} (${i.image.identity})`);
+    if (shown(info) !== shown(this.#opened)) {
+      throw new SessionLookupError(
+        "bad_response",
+        `the daemon shows session ${this.id} with image ${shown(info)}, not ${shown(this.#opened)} as when it was opened: the answer was altered on the way or the daemon is faulty`,
+        { status: 200 },
+      );
     }
     return info;
   }
@@ -534,6 +553,8 @@ export class Session {
       mismatch("evidence_sha256", this.#opened.evidence_sha256, record.evidence_sha256, same);
     }
     if (record.environment !== this.#opened.environment) mismatch("environment", this.#opened.environment, record.environment, same);
+    // The image the open named, like the session's floor: every call's record must name it.
+    if (this.#image !== undefined) checkImage(this.#image, record.image, id, "the session call");
     // What the types cannot say: only a cell says whether its interpreter's state was kept,
     // always, and an interpreter that ended kept none.
     const { state_kept: kept, interpreter_end: end } = response.result;
@@ -644,6 +665,7 @@ export async function openSession(
       "limits",
       "idle_timeout_ms",
       "max_lifetime_ms",
+      "image",
       "signal",
     ]);
     if (o.language !== "javascript" && o.language !== "python") {
@@ -655,6 +677,7 @@ export async function openSession(
     if (o.limits !== undefined) wire.limits = buildLimits(o.limits);
     if (o.idle_timeout_ms !== undefined) wire.idle_timeout_ms = positive(o.idle_timeout_ms, "idle_timeout_ms");
     if (o.max_lifetime_ms !== undefined) wire.max_lifetime_ms = positive(o.max_lifetime_ms, "max_lifetime_ms");
+    if (o.image !== undefined) wire.image = image(o.image);
     return wire;
   });
   const body = utf8(JSON.stringify(wire));
@@ -717,7 +740,7 @@ export async function openSession(
     }
     throw e;
   }
-  return new Session({ http, maxBodyBytes, info });
+  return new Session({ http, maxBodyBytes, info, image: options.image });
 }
 
 /** The checks on a session just opened, its id echoed and well formed. */
@@ -753,6 +776,7 @@ function checkOpened(info: SessionInfo, options: SessionOptions, floor: Floor, r
   if (options.provider !== undefined && info.provider !== options.provider) {
     throw new ProviderMismatchError(options.provider, info.provider, requestId);
   }
+  if (options.image !== undefined) checkImage(options.image, info.image, requestId, "the session");
 }
 
 /** `client.session(id)`. */

@@ -156,6 +156,8 @@ export interface RunRequest {
   limits?: Limits;
   run: SentRunSpec;
   grant?: string;
+  /** The image to run in: an image name or an image identity (`sha256:...`). */
+  image?: string;
 }
 
 /** A run spec as sent: every default filled in, contents as bytes. */
@@ -307,7 +309,57 @@ export interface RunRecord {
   ended_unix_ms: number;
   /** A session call's place in its session's chain; absent for a run outside a session. */
   session?: SessionLink;
+  /**
+   * The image the code ran in (its name and identity); absent at the process tier (which has
+   * no image) and in records written before the member existed. Inside the record digest
+   * (field 12).
+   */
+  image?: ImageRef;
   record_sha256: string;
+}
+
+/**
+ * An image as a record or a session names it: its `name` in the daemon's image store and its
+ * `identity` (`sha256:` over its manifest, the record's `environment`).
+ */
+export interface ImageRef {
+  name: string;
+  identity: string;
+}
+
+/** One image the daemon keeps, as `GET /v1/providers` lists it. */
+export interface ImageInfo {
+  /** Its name: a request's `image` may name it so. */
+  name: string;
+  /** Its identity (`sha256:` and 64 lowercase hex digits): a request's `image` may name it so too. */
+  identity: string;
+  /** Whether a request that names no image gets it. */
+  default: boolean;
+  /** The languages its check found in it. */
+  languages: Language[];
+  /** Whether the VM provider can boot it (it has a disk made from it). */
+  vm_disk: boolean;
+}
+
+/** The longest image name. */
+export const IMAGE_NAME_MAX = 64;
+
+/**
+ * Whether `s` is an image name: 1 to 64 characters of `a-z 0-9 . _ -`, the first a letter or
+ * a digit. A name never holds `:`, so a selector with one is an identity.
+ */
+export function isImageName(s: string): boolean {
+  return s.length <= IMAGE_NAME_MAX && /^[a-z0-9][a-z0-9._-]*$/.test(s);
+}
+
+/** Whether `s` is an image identity: `sha256:` and 64 lowercase hex digits. */
+export function isImageIdentity(s: string): boolean {
+  return /^sha256:[0-9a-f]{64}$/.test(s);
+}
+
+/** Whether a request's `image` (`selector`, a name or an identity) names this image. */
+export function imageAnswers(image: ImageRef | ImageInfo, selector: string): boolean {
+  return image.name === selector || image.identity === selector;
 }
 
 /** A session call's place in its session's chain (docs/sessions.md, "Chained records"). */
@@ -416,6 +468,11 @@ export interface ProvidersResponse {
   default_floor: Tier;
   /** Cheapest first. */
   providers: ProviderInfo[];
+  /**
+   * The images a request may name, the default one marked (empty from a daemon without
+   * images). {@link imageAnswers} finds the one a selector names.
+   */
+  images: ImageInfo[];
 }
 
 // ---------------------------------------------------------------------------------------
@@ -440,6 +497,8 @@ export interface SessionInfo {
   evidence_sha256: string;
   /** What it runs on: the sandbox image's identity. */
   environment: string;
+  /** The image it runs in, fixed at open (every call's record names it too); absent from a daemon without images. */
+  image?: ImageRef;
   /** Its sandbox at open: what every call's re-check compares with. */
   wall: Wall;
   opened_unix_ms: number;

@@ -1,8 +1,8 @@
 /**
  * The checks on every `200` answer: the echoed request id and protocol, the tier against the
  * floor, the record's applied floor (present, met by the tier, equal to the floor), the
- * provider against the one named, the three digests recomputed here, and the record against
- * the response around it.
+ * provider and the image against the ones named, the three digests recomputed here, and the
+ * record against the response around it.
  *
  * Without a signature this catches an answer meant for another request, a tier below the
  * floor, and any change to the request, result or record that leaves a stated digest stale.
@@ -17,11 +17,12 @@ import {
   DigestMismatchError,
   EvidenceMismatchError,
   type FloorSource,
+  ImageMismatchError,
   MayHaveRunError,
   ProviderMismatchError,
   RecordMismatchError,
 } from "./errors.js";
-import { PROTOCOL, type RunRequest, type RunResponse, type Tier, tierRank } from "./types.js";
+import { type ImageRef, PROTOCOL, type RunRequest, type RunResponse, type Tier, imageAnswers, tierRank } from "./types.js";
 
 /** The floor a result is checked against, and where it came from. */
 export interface Floor {
@@ -30,10 +31,22 @@ export interface Floor {
 }
 
 /**
+ * Checks that `image` (what a record or a session names; `undefined`: nothing) is the image
+ * `asked` names, by its name or its identity: a request is never served by another image
+ * than the one it named. Throws an {@link ImageMismatchError} otherwise.
+ */
+export function checkImage(asked: string, image: ImageRef | undefined, requestId: string, subject = "the run"): void {
+  if (image === undefined || !imageAnswers(image, asked)) {
+    throw new ImageMismatchError(asked, image, requestId, subject);
+  }
+}
+
+/**
  * Verifies a `200` answer to `sent` (the request exactly as sent, read back from its bytes).
  * `floor` is the request's `minimum_isolation`, or the daemon's default floor when it sent
- * none. Returns the response when every check passes; throws a {@link MayHaveRunError}
- * (or one of its subclasses) otherwise.
+ * none. When the request named an image (`sent.image`), the record must name it. Returns the
+ * response when every check passes; throws a {@link MayHaveRunError} (or one of its
+ * subclasses) otherwise.
  */
 export function verifyResponse(sent: RunRequest, response: RunResponse, floor: Floor | undefined): RunResponse {
   const id = sent.request_id;
@@ -97,6 +110,8 @@ export function verifyResponse(sent: RunRequest, response: RunResponse, floor: F
       }
     }
   }
+  // The image named, like the tier: the record must say the code ran in it.
+  if (sent.image !== undefined) checkImage(sent.image, response.record.image, id);
 
   // What the types cannot say: a pool member's age only with a warm start, and always with one.
   const result = response.result;
