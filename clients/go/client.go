@@ -121,6 +121,7 @@ func (r Request) with(lang Language) RunRequest {
 		Provider:         r.Provider,
 		Limits:           r.Limits,
 		Grant:            r.Grant,
+		Image:            r.Image,
 	}
 }
 
@@ -134,8 +135,8 @@ func NewRequestID() string {
 }
 
 // Run sends a request under a fresh request id, waits for the run to end and verifies the
-// answer: the echoed id, the tier against the floor, the provider against the one named,
-// the three digests and the record. Any error says whether nothing ran
+// answer: the echoed id, the tier against the floor, the provider and the image against the
+// ones named, the three digests and the record. Any error says whether nothing ran
 // (NotDispatchedReason, errors.Is(err, ErrNotDispatched)) or the code may have run
 // (errors.Is(err, ErrMayHaveRun)); never retry the latter automatically.
 func (c *Client) Run(ctx context.Context, req RunRequest) (*Result, error) {
@@ -386,6 +387,12 @@ func verify(sent *wireRequest, floor Isolation, source floorSource, res *Result)
 			}
 		}
 	}
+	// The image named, like the tier: the record must say the code ran in it.
+	if sent.Image != "" {
+		if err := checkImage(id, sent.Image, res.Record.Image, "the run"); err != nil {
+			return nil, err
+		}
+	}
 	// What the types cannot say: a pool member's age only with a warm start, and always with one.
 	if problem := res.Output.startProblem(); problem != "" {
 		return nil, &MayHaveRunError{RequestID: id, Code: "bad_response", Status: http.StatusOK, Message: problem}
@@ -448,6 +455,13 @@ func (c *Client) Providers(ctx context.Context) (*Providers, error) {
 	generic, err := readStrict(answer, &p)
 	if err != nil {
 		return nil, bad("not a providers response: " + err.Error())
+	}
+	for i, image := range p.Images {
+		for j, l := range image.Languages {
+			if l != JavaScript && l != Python {
+				return nil, bad(fmt.Sprintf("not a providers response: images[%d].languages[%d] `%s` is not one of javascript, python", i, j, l))
+			}
+		}
 	}
 	list, _ := generic.(map[string]any)["providers"].([]any)
 	for i := range p.Providers {

@@ -131,6 +131,11 @@ func encodeRequest(r *wireRequest) []byte {
 	if r.Grant != "" {
 		e.str("grant", r.Grant)
 	}
+	// The image named (field 7), as sent; nothing when none was, so every request that names
+	// none keeps its digest.
+	if r.Image != "" {
+		e.str("image", r.Image)
+	}
 	return e.buf
 }
 
@@ -293,6 +298,14 @@ func encodeRecord(r *Record) []byte {
 		if s.PreviousRecordSHA256 != "" {
 			e.str("previous_record_sha256", s.PreviousRecordSHA256)
 		}
+	}
+	// The image the code ran in (field 12), nested; nothing when absent, so a record of the
+	// process tier, or written before the member existed, keeps its digest.
+	if i := r.Image; i != nil {
+		n := &encoding{}
+		n.str("name", i.Name)
+		n.str("identity", i.Identity)
+		e.field("image", n.buf)
 	}
 	return e.buf
 }

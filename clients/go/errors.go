@@ -69,6 +69,10 @@ var ErrEvidenceMismatch error = &sentinel{"evidence mismatch"}
 // ErrProviderMismatch matches a *ProviderMismatchError: another provider than the one named ran it.
 var ErrProviderMismatch error = &sentinel{"provider mismatch"}
 
+// ErrImageMismatch matches an *ImageMismatchError: the code ran in another image than the one
+// named, or the answer names none.
+var ErrImageMismatch error = &sentinel{"image mismatch"}
+
 // ErrDigestMismatch matches a *DigestMismatchError: a digest recomputed here differs.
 var ErrDigestMismatch error = &sentinel{"digest mismatch"}
 
@@ -272,6 +276,47 @@ func (e *ProviderMismatchError) Error() string {
 // Is matches ErrProviderMismatch and ErrMayHaveRun.
 func (e *ProviderMismatchError) Is(target error) bool {
 	return target == ErrProviderMismatch || target == ErrMayHaveRun
+}
+
+// ImageMismatchError: the request (or the session's open) named an image, and the answer's
+// record (or the session) names another one, or none: a request is never served by another
+// image than the one it named (docs/protocol.md). The code ran: this is not a refusal. It is
+// an evidence mismatch, as a tier below the floor is.
+type ImageMismatchError struct {
+	RequestID string
+	// Asked is the image named: a name or an identity.
+	Asked string
+	// Image is the image the record (or the session) names; nil: none.
+	Image *ImageRef
+	// Subject is what ran: "the run", "the session" (its open), "the session call".
+	Subject string
+}
+
+func (e *ImageMismatchError) Error() string {
+	subject := e.Subject
+	if subject == "" {
+		subject = "the run"
+	}
+	ran := "names no image (no `image` member)"
+	if e.Image != nil {
+		ran = fmt.Sprintf("ran in image `%s` (%s)", e.Image.Name, e.Image.Identity)
+	}
+	return fmt.Sprintf("evidence mismatch for request %s: %s %s, not the image `%s` asked for; the code ran, but not in the image you named", e.RequestID, subject, ran, e.Asked)
+}
+
+// Is matches ErrImageMismatch, ErrEvidenceMismatch (the same kind of failure as a tier below
+// the floor) and ErrMayHaveRun.
+func (e *ImageMismatchError) Is(target error) bool {
+	return target == ErrImageMismatch || target == ErrEvidenceMismatch || target == ErrMayHaveRun
+}
+
+// checkImage is the error when image (what a record or a session names; nil: nothing) is not
+// the image asked names, by its name or its identity; nil when it is.
+func checkImage(id, asked string, image *ImageRef, subject string) error {
+	if image != nil && image.Answers(asked) {
+		return nil
+	}
+	return &ImageMismatchError{RequestID: id, Asked: asked, Image: image, Subject: subject}
 }
 
 // DigestKind says which digest a DigestMismatchError concerns.

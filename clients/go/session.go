@@ -133,6 +133,10 @@ type SessionOptions struct {
 	IdleTimeoutMS uint64
 	// MaxLifetimeMS ends the session this long after it opened (0: the daemon's default).
 	MaxLifetimeMS uint64
+	// Image names the image the session runs in, fixed at open: a name or an identity
+	// (empty: the operator's default image). The session, and every call's record, must name
+	// it, or the open (or the call) fails with an *ImageMismatchError.
+	Image string
 }
 
 // SessionInfo is a session as the daemon shows it (open, show, list, close).
@@ -154,6 +158,9 @@ type SessionInfo struct {
 	EvidenceSHA256 string `json:"evidence_sha256"`
 	// Environment is the sandbox image identity; every call's record names it.
 	Environment string `json:"environment"`
+	// Image is the image it runs in, fixed at open (every call's record names it too); nil
+	// from a daemon without images.
+	Image *ImageRef `json:"image,omitempty"`
 	// Wall is its sandbox at open, which every call's re-check compares with.
 	Wall          Wall   `json:"wall"`
 	OpenedUnixMS  uint64 `json:"opened_unix_ms"`
@@ -205,6 +212,9 @@ type StepsOptions struct {
 type Session struct {
 	client *Client
 	id     string
+	// image is the image the open named ("" when it named none): every call's record must
+	// name it.
+	image string
 
 	mu   sync.Mutex
 	info SessionInfo
@@ -248,7 +258,7 @@ func (c *Client) OpenSession(ctx context.Context, opts SessionOptions) (*Session
 	refuse := func(err error) error { return refusedHere(id, ReasonRequest, err.Error(), err) }
 	w := wireSessionOpen{Protocol: Protocol, RequestID: id, Language: opts.Language,
 		MinimumIsolation: opts.MinimumIsolation, Provider: opts.Provider, Limits: opts.Limits,
-		IdleTimeoutMS: opts.IdleTimeoutMS, MaxLifetimeMS: opts.MaxLifetimeMS}
+		IdleTimeoutMS: opts.IdleTimeoutMS, MaxLifetimeMS: opts.MaxLifetimeMS, Image: opts.Image}
 	if err := w.validate(); err != nil {
 		return nil, refuse(err)
 	}
@@ -294,7 +304,7 @@ func (c *Client) OpenSession(ctx context.Context, opts SessionOptions) (*Session
 	if err := validateSessionID(info.SessionID); err != nil {
 		return nil, bad(err.Error())
 	}
-	s := &Session{client: c, id: info.SessionID, info: info}
+	s := &Session{client: c, id: info.SessionID, info: info, image: opts.Image}
 	if err := checkOpened(id, &w, floor, source, &info); err != nil {
 		// The session is this request's and open, but not one to use: close it rather
 		// than leave it to its idle timeout.
@@ -335,6 +345,9 @@ func checkOpened(id string, w *wireSessionOpen, floor Isolation, source floorSou
 	}
 	if w.Provider != "" && info.Provider != w.Provider {
 		return &ProviderMismatchError{RequestID: id, Asked: w.Provider, Provider: info.Provider}
+	}
+	if w.Image != "" {
+		return checkImage(id, w.Image, info.Image, "the session")
 	}
 	return nil
 }
@@ -708,6 +721,12 @@ func (s *Session) follow(res *Result, kind callKind) (*Result, error) {
 	} {
 		if f.want != f.got {
 			return nil, mismatch(f.field, f.want, f.got)
+		}
+	}
+	// The image the open named, like the session's floor: every call's record must name it.
+	if s.image != "" {
+		if err := checkImage(res.RequestID, s.image, res.Record.Image, "the session call"); err != nil {
+			return nil, err
 		}
 	}
 	// What the types cannot say: a cell says whether the state was kept, and an interpreter

@@ -6,7 +6,7 @@
 // honours a "not dispatched" mark only when the answer echoes that id, recomputes the
 // request, result and record digests of docs/protocol.md, and re-checks the tier against
 // the floor it asked for (or, when it asked for none, the daemon's default floor) and the
-// provider against the one it named. Sessions (Client.OpenSession) keep one sandbox across
+// provider and the image against the ones it named. Sessions (Client.OpenSession) keep one sandbox across
 // calls (cells in an interpreter that keeps its state, steps, files), each call verified as
 // a run and as the next link of the session's chain, cells and steps streamed on request.
 // Standard library only.
@@ -26,6 +26,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -291,6 +292,10 @@ type Request struct {
 	Limits *Limits
 	// Grant names a grant profile the operator defined.
 	Grant string
+	// Image names the image to run in: an image name ("python-data") or identity
+	// ("sha256:" and 64 lowercase hex digits). Empty: the operator's default image. The
+	// record must name it (Record.Image), or the run fails with an *ImageMismatchError.
+	Image string
 }
 
 // RunSpec is what to run: a Snippet or a Project.
@@ -339,11 +344,12 @@ type Step struct {
 type RunRequest struct {
 	// Run is what to run: Snippet or Project (or a pointer to one).
 	Run RunSpec
-	// MinimumIsolation, Provider, Limits, Grant: as in Request.
+	// MinimumIsolation, Provider, Limits, Grant, Image: as in Request.
 	MinimumIsolation Isolation
 	Provider         string
 	Limits           *Limits
 	Grant            string
+	Image            string
 }
 
 // Result is a verified answer to a run: the run happened, and every check passed.
@@ -526,8 +532,92 @@ type Record struct {
 	EndedUnixMS   uint64 `json:"ended_unix_ms"`
 	// Session is a session call's place in its session's chain; nil for a run outside a
 	// session. Inside the record digest (record field 11).
-	Session      *SessionLink `json:"session,omitempty"`
-	RecordSHA256 string       `json:"record_sha256"`
+	Session *SessionLink `json:"session,omitempty"`
+	// Image is the image the code ran in; nil at the process tier (which has no image) and
+	// in a record written before the member existed. Inside the record digest (field 12).
+	Image        *ImageRef `json:"image,omitempty"`
+	RecordSHA256 string    `json:"record_sha256"`
+}
+
+// ImageRef names the image a run or a session ran in: its name in the daemon's image store
+// and its identity (`sha256:` over its manifest, the record's Environment).
+type ImageRef struct {
+	Name     string `json:"name"`
+	Identity string `json:"identity"`
+}
+
+// Answers reports whether a request's image (selector, a name or an identity) names i.
+func (i ImageRef) Answers(selector string) bool {
+	return selector == i.Name || selector == i.Identity
+}
+
+// String is the image's name and identity.
+func (i ImageRef) String() string { return i.Name + " (" + i.Identity + ")" }
+
+// ImageInfo is one image the daemon keeps, as GET /v1/providers lists it.
+type ImageInfo struct {
+	// Name and Identity each name it in a request's image.
+	Name     string `json:"name"`
+	Identity string `json:"identity"`
+	// Default: a request that names no image gets it.
+	Default bool `json:"default"`
+	// Languages are the interpreters its check found in it (JavaScript, Python).
+	Languages []Language `json:"languages,omitempty"`
+	// VMDisk: the VM provider can boot it (it has a disk made from it).
+	VMDisk bool `json:"vm_disk,omitempty"`
+}
+
+// Answers reports whether a request's image (selector, a name or an identity) names i.
+func (i ImageInfo) Answers(selector string) bool {
+	return selector == i.Name || selector == i.Identity
+}
+
+// ImageNameMax is the longest image name.
+const ImageNameMax = 64
+
+// IsImageName reports whether s is an image name: 1 to 64 characters of `a-z 0-9 . _ -`,
+// the first a letter or a digit. A name never holds `:`, so a selector with one is an
+// identity.
+func IsImageName(s string) bool {
+	if s == "" || len(s) > ImageNameMax {
+		return false
+	}
+	for i, c := range []byte(s) {
+		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !ok && i > 0 {
+			ok = c == '.' || c == '_' || c == '-'
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// IsImageIdentity reports whether s is an image identity: `sha256:` and 64 lowercase hex
+// digits.
+func IsImageIdentity(s string) bool {
+	if !strings.HasPrefix(s, "sha256:") {
+		return false
+	}
+	hex := s[len("sha256:"):]
+	if len(hex) != 64 {
+		return false
+	}
+	for _, c := range []byte(hex) {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// validateImage checks a request's image: an image name or an image identity.
+func validateImage(s string) error {
+	if IsImageName(s) || IsImageIdentity(s) {
+		return nil
+	}
+	return fmt.Errorf("image %q is neither an image name (1 to %d characters of a-z 0-9 . _ -, starting with a letter or digit) nor an identity (sha256: and 64 lowercase hex characters): Providers lists the daemon's images", s, ImageNameMax)
 }
 
 // SessionLink is where a session call's record sits in its session's chain: a call
@@ -549,6 +639,30 @@ type Providers struct {
 	DefaultFloor Isolation `json:"default_floor"`
 	// Providers are listed cheapest first.
 	Providers []ProviderInfo `json:"providers"`
+	// Images are the images a request may name, the default one marked (empty from a daemon
+	// without images).
+	Images []ImageInfo `json:"images,omitempty"`
+}
+
+// Image is the image a request's image of this value (a name or an identity) would name, if
+// the daemon has it.
+func (p *Providers) Image(selector string) (ImageInfo, bool) {
+	for _, i := range p.Images {
+		if i.Answers(selector) {
+			return i, true
+		}
+	}
+	return ImageInfo{}, false
+}
+
+// DefaultImage is the image a request that names none gets, if the daemon lists one.
+func (p *Providers) DefaultImage() (ImageInfo, bool) {
+	for _, i := range p.Images {
+		if i.Default {
+			return i, true
+		}
+	}
+	return ImageInfo{}, false
 }
 
 // ProviderInfo is one provider of the daemon.

@@ -25,6 +25,7 @@ type wireRequest struct {
 	Limits           *Limits   `json:"limits,omitempty"`
 	Run              wireRun   `json:"run"`
 	Grant            string    `json:"grant,omitempty"`
+	Image            string    `json:"image,omitempty"`
 }
 
 // wireRun is a RunSpec as it travels: `kind` first, then the members of that kind.
@@ -71,6 +72,7 @@ type wireSessionOpen struct {
 	Limits           *Limits   `json:"limits,omitempty"`
 	IdleTimeoutMS    uint64    `json:"idle_timeout_ms,omitempty"`
 	MaxLifetimeMS    uint64    `json:"max_lifetime_ms,omitempty"`
+	Image            string    `json:"image,omitempty"`
 }
 
 // validate makes the checks the daemon makes on an open before anything starts.
@@ -83,6 +85,9 @@ func (w wireSessionOpen) validate() error {
 	}
 	if !utf8.ValidString(w.Provider) {
 		return errors.New("provider is not valid UTF-8")
+	}
+	if w.Image != "" {
+		return validateImage(w.Image)
 	}
 	return nil
 }
@@ -112,6 +117,7 @@ func (r RunRequest) toWire(id string) (wireRequest, error) {
 		Provider:         r.Provider,
 		Limits:           r.Limits,
 		Grant:            r.Grant,
+		Image:            r.Image,
 	}
 	switch spec := r.Run.(type) {
 	case Snippet:
@@ -171,6 +177,11 @@ func (w wireRequest) check(stepsRequired bool) error {
 	}
 	if w.MinimumIsolation != "" && !w.MinimumIsolation.Valid() {
 		return fmt.Errorf("minimum_isolation `%s` is not a tier: use IsolationProcess, IsolationContainer, IsolationKernel or IsolationVM", w.MinimumIsolation)
+	}
+	if w.Image != "" {
+		if err := validateImage(w.Image); err != nil {
+			return err
+		}
 	}
 	switch w.Run.Kind {
 	case "snippet":
