@@ -1341,6 +1341,7 @@ fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
                 "limits",
                 "run",
                 "grant",
+                "image",
             ],
         );
         in_protocol_order(
@@ -1395,6 +1396,7 @@ fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
                 "started_unix_ms",
                 "ended_unix_ms",
                 "session",
+                "image",
                 "record_sha256",
             ],
         );
