@@ -33,9 +33,11 @@ deny: deps
 build:
 	$(CARGO) build --workspace --all-targets --locked
 
-## images: the sandbox image (root filesystem + manifest) used by the container and kernel tiers
+## images: the image store build/images/ (scripts/build-image NAME, recipe images/NAME/): sandbox,
+## the default image of the container and kernel tiers (its VM disk is vm-assets'), and
+## python-data, sandbox plus numpy, pandas and matplotlib, with its own VM disk
 images:
-	scripts/build-image
+	scripts/build-image && scripts/build-image python-data
 
 ## vm-assets: the kernel, initramfs and image disk the VM provider boots (builds the image first)
 vm-assets:
