@@ -420,6 +420,81 @@ mod tests {
     }
 
     #[test]
+    fn an_image_is_refused_before_routing_and_skipped_where_it_cannot_run() {
+        let c = EngineConfig::default();
+        let req = request(snippet());
+        // A named image the store does not have: refused, nothing routed.
+        let missing: ImageChoice = Err("no image `x` here: the image store has sandbox".into());
+        let views = vec![view("crun", Tier::Container, 10)];
+        let (reason, message) = refusal(plan(
+            "a",
+            &req,
+            &c,
+            &GrantProfiles::none(),
+            &views,
+            &missing,
+        ));
+        assert_eq!(reason, Reason::Environment);
+        assert!(message.contains("no image `x`"), "{message}");
+        // One that cannot start the language (or one a provider cannot take): that
+        // provider is skipped with the reason; none left is `unsupported`.
+        let image = RunImage {
+            name: "tools".into(),
+            identity: format!("sha256:{}", "a".repeat(64)),
+            rootfs: "/images/tools/rootfs".into(),
+            disk: None,
+            named: true,
+        };
+        let chosen: ImageChoice = Ok(Some(image.clone()));
+        let mut crun = view("crun", Tier::Container, 10);
+        crun.image = Err(
+            "image `tools` cannot start python: /usr/bin/python3 is not an executable file in it"
+                .into(),
+        );
+        let (reason, message) = refusal(plan(
+            "a",
+            &req,
+            &c,
+            &GrantProfiles::none(),
+            &[crun.clone()],
+            &chosen,
+        ));
+        assert_eq!(reason, Reason::Unsupported);
+        assert!(message.contains("/usr/bin/python3"), "{message}");
+        let runsc = view("runsc", Tier::Kernel, 20);
+        let p = plan(
+            "a",
+            &req,
+            &c,
+            &GrantProfiles::none(),
+            &[crun, runsc],
+            &chosen,
+        )
+        .unwrap();
+        assert_eq!((p.provider, p.image.as_ref()), (1, Some(&image)));
+        // The process tier's plan carries no image, even the default one.
+        let default: ImageChoice = Ok(Some(RunImage {
+            named: false,
+            ..image
+        }));
+        let process = view("process", Tier::Process, 1);
+        let floor_process = RunRequest {
+            minimum_isolation: Some(Tier::Process),
+            ..request(snippet())
+        };
+        let p = plan(
+            "a",
+            &floor_process,
+            &c,
+            &GrantProfiles::none(),
+            &[process],
+            &default,
+        )
+        .unwrap();
+        assert_eq!(p.image, None);
+    }
+
+    #[test]
     fn a_grant_needs_a_caller_it_names_and_a_provider_that_carries_it() {
         let c = EngineConfig::default();
         let g = grants();
