@@ -354,7 +354,11 @@ fn a_session_in_python_data_keeps_pandas_across_cells() {
     assert_eq!(image.name, "python-data");
     assert_eq!(info.environment, image.identity);
     let cell = |id: &str, code: &str, image: Option<&str>| {
-        let req = request(id, image, None, plimsoll_testing::py(code));
+        // A call's memory is the session's, fixed at open: none asked for here.
+        let req = RunRequest {
+            limits: None,
+            ..request(id, image, None, plimsoll_testing::py(code))
+        };
         engine.session_call(
             CALLER,
             &info.session_id,
