@@ -321,8 +321,9 @@ pub enum ImageCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove an image from the store (not the default one). Runs and sessions already in
-    /// it keep what they opened; new requests naming it are refused.
+    /// Remove an image from the store (not the default one). Refused while a process of this
+    /// host uses it (a run, session or warm member in it); new requests naming it are
+    /// refused once it is gone.
     Rm {
         /// Its name.
         name: String,

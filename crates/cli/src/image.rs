@@ -105,6 +105,8 @@ pub fn image(config: Option<&Path>, command: ImageCommand) -> Result<u8, Failure
             Ok(EXIT_OK)
         }
         ImageCommand::Rm { name } => {
+            // A run that starts between the check and the removal keeps what it opened (its
+            // root mount, its disk): Linux keeps a removed file for whoever holds it.
             let store = store(config)?;
             if name == store.default_name() {
                 return Err(Failure::usage(anyhow!(
@@ -112,6 +114,14 @@ pub fn image(config: Option<&Path>, command: ImageCommand) -> Result<u8, Failure
                 )));
             }
             let found = store.read(&name).map_err(Failure::usage)?;
+            let users = plimsoll_image::processes_using(&found);
+            if !users.is_empty() {
+                return Err(Failure::failed(anyhow!(
+                    "image `{name}` is in use by {} process(es) (pids {:?}: runs, sessions or warm members in it); nothing was removed: retry once they have ended (close its sessions; drop it from [pools] images)",
+                    users.len(),
+                    users
+                )));
+            }
             remove(&store, &found).map_err(Failure::failed)?;
             if !crate::quiet() {
                 eprintln!(

@@ -382,9 +382,24 @@ fn a_session_in_python_data_keeps_pandas_across_cells() {
     assert_eq!(reason, Reason::Environment, "{message}");
     let r = cell("c4", "print(pd.__version__ > '1')", None).unwrap();
     assert_eq!(stdout(&r), "True\n", "{}", explain(&r));
+    // While the session is open its image is in use (what `plimsoll image rm` refuses on);
+    // once it is closed, no longer.
+    let data = plimsoll_image::ImageStore::new(store(), "sandbox".into())
+        .read("python-data")
+        .unwrap();
+    assert!(!plimsoll_image::processes_using(&data).is_empty());
     engine
         .close_session(CALLER, &info.session_id, None)
         .unwrap();
+    let start = std::time::Instant::now();
+    while !plimsoll_image::processes_using(&data).is_empty() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "still in use after the close: {:?}",
+            plimsoll_image::processes_using(&data)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Removes a test's image from the store when the test ends, however it ends.

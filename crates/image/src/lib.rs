@@ -5,6 +5,7 @@
 
 pub mod disk;
 pub mod import;
+pub mod in_use;
 pub mod manifest;
 pub mod store;
 #[doc(hidden)]
@@ -12,6 +13,7 @@ pub mod testing;
 
 pub use disk::{MakeVmDiskError, make_vm_disk};
 pub use import::{ImportImageError, Imported, Limits, Neutralised, Source, SourceForm, import};
+pub use in_use::processes_using;
 pub use manifest::{MakeManifestError, identity, manifest};
 pub use store::{
     ImageDir, ImageStore, Language, ListImagesError, Listing, ResolveImageError, StoredImage,
