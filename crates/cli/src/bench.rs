@@ -184,6 +184,7 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
                 max_members: Some(2),
                 max_age_secs: None,
                 images: None,
+                shrink_after_secs: None,
             })
         };
         w.pools = Some(

@@ -50,6 +50,7 @@ pub fn bench_images(
                         max_members: Some(2),
                         max_age_secs: None,
                         images: Some(images.to_vec()),
+                        shrink_after_secs: None,
                     }),
                 },
             )]
@@ -96,6 +97,8 @@ pub fn bench_images(
         );
     }
     warm.stop_pools();
+    drop(warm);
+    burst(settings, &dir, &images[0], runs.max(40)).map_err(Failure::failed)?;
     let last = images.last().expect("one image at least");
     let (import_ms, cells) = session_cells(&cold, last, runs).map_err(Failure::failed)?;
     let mut cells = cells;
@@ -106,6 +109,66 @@ pub fn bench_images(
         cells.len()
     );
     Ok(EXIT_OK)
+}
+
+/// A client sending runs back to back, 50 ms apart (`runs` of them), to a pool of
+/// `min_idle = 1, max_members = 4` that grows with demand and to the same pool held at
+/// `min_idle` (`shrink_after_secs = 0`: it shrinks back at once, as pools did before they
+/// grew), twice each, alternating: how many runs found a warm member.
+fn burst(
+    settings: &Settings,
+    dir: &tempfile::TempDir,
+    image: &str,
+    runs: u32,
+) -> anyhow::Result<()> {
+    let engine = |grow: bool, n: u32| -> anyhow::Result<Engine> {
+        let mut s = settings.clone();
+        s.providers = Some(vec!["crun".to_owned()]);
+        s.state_dir = Some(dir.path().join(format!("burst-{grow}-{n}")));
+        s.sandbox_uid_base = Some(if grow { 3_960_000 } else { 3_970_000 });
+        s.pools = Some(
+            [(
+                "crun".to_owned(),
+                plimsoll_engine::settings::PoolsOfProvider {
+                    javascript: None,
+                    python: Some(plimsoll_engine::settings::PoolValues {
+                        min_idle: Some(1),
+                        max_members: Some(4),
+                        max_age_secs: None,
+                        images: Some(vec![image.to_owned()]),
+                        shrink_after_secs: Some(if grow { 30 } else { 0 }),
+                    }),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        );
+        let e = embedded_engine(&s).map_err(|f| f.error)?;
+        e.start_pools();
+        Ok(e)
+    };
+    println!("burst: {runs} runs 50 ms apart at crun ({image}), pool min_idle 1, max_members 4");
+    for n in 0..2 {
+        for grow in [false, true] {
+            let e = engine(grow, n)?;
+            wait_for_members(&e)?;
+            let mut warm = 0;
+            for _ in 0..runs {
+                warm += u32::from(one_run(&e, image)?.1);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            println!(
+                "  {}: {warm}/{runs} warm",
+                if grow {
+                    "grows with demand"
+                } else {
+                    "held at min_idle"
+                }
+            );
+            e.stop_pools();
+        }
+    }
+    Ok(())
 }
 
 /// Waits, untimed, until every pool has an idle member.

@@ -32,6 +32,9 @@ pub struct PoolSettings {
     pub max_members: usize,
     /// An idle member older than this is destroyed and replaced.
     pub max_age: Duration,
+    /// A pool that grew past `min_idle` (claims outpaced its refill) shrinks back by one
+    /// member after this long without a claim.
+    pub shrink_after: Duration,
 }
 
 impl Default for PoolSettings {
@@ -40,6 +43,7 @@ impl Default for PoolSettings {
             min_idle: 1,
             max_members: 2,
             max_age: Duration::from_secs(300),
+            shrink_after: Duration::from_secs(30),
         }
     }
 }
@@ -141,6 +145,34 @@ struct Pool {
     idle: Mutex<VecDeque<Idle>>,
     /// Consecutive failures to make a member, and when to try again.
     backoff: Mutex<(u32, Option<Instant>)>,
+    /// The idle members it keeps now: `min_idle`, grown by one (up to `max_members`) each
+    /// time a claim finds it empty or empties it, shrunk by one after each `shrink_after`
+    /// without a claim; and when the last claim came.
+    demand: Mutex<(usize, Instant)>,
+}
+
+impl Pool {
+    /// A claim came (whether it found a member or not); with `grow`, one more idle member
+    /// is kept from now on, up to `max_members`.
+    fn claimed(&self, grow: bool) {
+        let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
+        if grow {
+            d.0 = (d.0 + 1).min(self.settings.max_members);
+        }
+        d.1 = Instant::now();
+    }
+
+    /// The idle members to keep now, after shrinking by one for each `shrink_after` that
+    /// passed without a claim (never below `min_idle`).
+    fn wanted(&self) -> usize {
+        let floor = self.settings.min_idle.min(self.settings.max_members);
+        let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
+        if d.0 > floor && d.1.elapsed() >= self.settings.shrink_after {
+            d.0 -= 1;
+            d.1 = Instant::now();
+        }
+        d.0
+    }
 }
 
 /// Counts, for the metrics and tests.
@@ -215,6 +247,10 @@ impl Pools {
                 settings: c.settings,
                 idle: Mutex::new(VecDeque::new()),
                 backoff: Mutex::new((0, None)),
+                demand: Mutex::new((
+                    c.settings.min_idle.min(c.settings.max_members),
+                    Instant::now(),
+                )),
             })
             .collect();
         let total = pools.iter().map(|p| p.settings.max_members).sum();
@@ -335,22 +371,26 @@ impl Pools {
         // Members are keyed on the image's identity: a run in an image claims a member made in
         // it, from whichever pool of its provider and shape keeps that image.
         let image = plan.image.as_ref().map(|i| i.identity.as_str());
-        let mut matched = false;
+        let mut matched = Vec::new();
         let taken = self
             .pools
             .iter()
             .filter(|p| p.provider == provider && p.shape == shape)
             .find_map(|pool| {
-                matched = true;
+                matched.push(pool);
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
                 // The newest member made under this evidence and image; an older one under
                 // other evidence or another image is left for the keeper to destroy.
                 let at = idle.iter().position(|m| {
                     m.evidence_sha256 == evidence_sha256 && m.image.as_deref() == image
                 });
-                at.and_then(|i| idle.remove(i))
+                let taken = at.and_then(|i| idle.remove(i));
+                // Claims outpace the refill when this one found the pool empty or emptied
+                // it: the pool keeps one more idle member, up to its maximum.
+                pool.claimed(idle.is_empty());
+                taken
             });
-        if !matched {
+        if matched.is_empty() {
             return None;
         }
         // The keeper is woken when the run has ended (its uid is freed), not now: a member
@@ -467,8 +507,19 @@ impl Pools {
                 continue;
             }
             let Some(evidence) = current else { continue };
+            let want = pool.wanted();
+            let surplus = {
+                let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+                // Shrunk back: the oldest members beyond what it keeps now go.
+                let over = idle.len().saturating_sub(want);
+                idle.drain(..over).collect::<Vec<Idle>>()
+            };
+            for m in surplus {
+                acted = true;
+                self.discard(m);
+            }
             let idle_now = pool.idle.lock().unwrap_or_else(|e| e.into_inner()).len();
-            if idle_now >= pool.settings.min_idle.min(pool.settings.max_members) {
+            if idle_now >= want {
                 continue;
             }
             {

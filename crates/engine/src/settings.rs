@@ -230,6 +230,9 @@ pub struct PoolValues {
     pub max_members: Option<usize>,
     /// An idle member older than this is replaced, in seconds.
     pub max_age_secs: Option<u64>,
+    /// A pool grown past `min_idle` by demand shrinks back by one member after this many
+    /// seconds without a claim (default 30).
+    pub shrink_after_secs: Option<u64>,
     /// The images kept warm, by name: one pool of these settings for each (default: the
     /// default image's alone). A name not in the store keeps no member until it is there.
     pub images: Option<Vec<String>>,
@@ -241,6 +244,9 @@ impl PoolValues {
             min_idle: self.min_idle.unwrap_or(d.min_idle),
             max_members: self.max_members.unwrap_or(d.max_members),
             max_age: self.max_age_secs.map_or(d.max_age, Duration::from_secs),
+            shrink_after: self
+                .shrink_after_secs
+                .map_or(d.shrink_after, Duration::from_secs),
         }
     }
 }

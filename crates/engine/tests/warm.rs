@@ -14,13 +14,21 @@ use plimsoll_wire::{Language, PROTOCOL, RunRequest, RunResponse, RunSpec, Snippe
 /// An engine offering the process provider with a warm pool per language of `max` members
 /// keeping `min` idle; its pools are kept.
 fn engine(test: &str, uid_base: u32, min: usize, max: usize) -> Option<(Engine, TestDir)> {
+    engine_with(
+        test,
+        uid_base,
+        &format!("min_idle = {min}\nmax_members = {max}\nmax_age_secs = 120\n"),
+    )
+}
+
+/// [`engine`] with `pool` as each pool's settings.
+fn engine_with(test: &str, uid_base: u32, pool: &str) -> Option<(Engine, TestDir)> {
     if !is_root() {
         skip_or_fail(test, "needs root to run the process provider");
         return None;
     }
     let dir = TestDir::new("warm", test);
     let probe = probe_binary().unwrap_or_else(|e| panic!("{e}"));
-    let pool = format!("min_idle = {min}\nmax_members = {max}\nmax_age_secs = 120\n");
     let toml = format!(
         "providers = [\"process\"]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
          sandbox_uid_base = {uid_base}\nmax_concurrent = 2\n\
@@ -437,4 +445,50 @@ fn a_rebuilt_image_is_refused_until_probed_again_and_its_old_members_are_never_u
         made_since(&r, rebuilt, "the rebuild");
     }
     assert!(engine.pool_counts().discarded.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn a_pool_grows_while_claims_outpace_its_refill_and_shrinks_back_when_idle() {
+    let Some((engine, _dir)) = engine_with(
+        "grows",
+        3_300_500,
+        "min_idle = 1\nmax_members = 3\nmax_age_secs = 120\nshrink_after_secs = 1\n",
+    ) else {
+        return;
+    };
+    wait_idle(&engine, 1);
+    // Back to back, faster than one member is made: each claim empties the pool, which then
+    // keeps one more idle member, up to its maximum.
+    for i in 0..3 {
+        let r = run(&engine, &format!("burst-{i}"), Language::Python, "print(1)");
+        assert_eq!(stdout(&r), "1");
+    }
+    let python_idle = |engine: &Engine| {
+        engine
+            .pools_idle()
+            .into_iter()
+            .find(|(_, l, _)| *l == Language::Python)
+            .map_or(0, |(_, _, n)| n)
+    };
+    let start = Instant::now();
+    while python_idle(&engine) < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the pool did not grow: {:?} (counts {:?})",
+            engine.pools_idle(),
+            engine.pool_counts()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // No claim for a while: back down to min_idle, one member per shrink_after.
+    let start = Instant::now();
+    while python_idle(&engine) > 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the pool did not shrink back: {:?}",
+            engine.pools_idle()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(python_idle(&engine), 1, "{:?}", engine.pools_idle());
 }
