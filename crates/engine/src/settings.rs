@@ -38,10 +38,16 @@
 //! runsc = "/usr/bin/runsc"
 //! runsc_platform = "ptrace"
 //!
+//! [images]                         # the image store (docs/images.md)
+//! store = "/var/lib/plimsoll/build/images"   # default: the directory holding [oci] image
+//! default = "sandbox"              # default: the last component of [oci] image
+//!
 //! [pools.crun.javascript]          # warm pools (docs/warm-pools.md); absent: the default floor's
 //! min_idle = 1                      # provider keeps one member per language warm
-//! max_members = 2
+//! max_members = 2                   # grows towards it while claims outpace the refill
 //! max_age_secs = 300
+//! shrink_after_secs = 30            # a grown pool drops one member after this long unclaimed
+//! images = ["sandbox", "python-data"]   # one pool per image (default: the default image's)
 //!
 //! [sessions]                       # docs/sessions.md
 //! max_total = 4                    # open at once; each holds one of max_concurrent's uid slots
