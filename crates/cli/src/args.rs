@@ -297,6 +297,18 @@ pub enum ImageCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Say what an image offers, by running in it (embedded engine, the settings' default
+    /// floor, or --provider): Python, JavaScript and a shell step, each started for real.
+    Check {
+        /// Its name or identity.
+        image: String,
+        /// Run the checks at this provider.
+        #[arg(long, value_name = "NAME")]
+        provider: Option<String>,
+        /// Print the outcome as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Build an image from its recipe in the repository (images/NAME/: Debian packages,
     /// hashed wheels, an npm lockfile) with scripts/build-image; the same recipe and the
     /// same package bytes give the same identity. Progress on stderr.

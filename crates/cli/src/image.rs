@@ -5,6 +5,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow};
+use plimsoll_client::RunOptions;
 use plimsoll_image::{ImageStore, StoredImage};
 use plimsoll_wire::ImageInfo;
 use serde_json::json;
@@ -91,6 +92,43 @@ pub fn image(config: Option<&Path>, command: ImageCommand) -> Result<u8, Failure
             }
             Ok(EXIT_OK)
         }
+        ImageCommand::Check {
+            image,
+            provider,
+            json,
+        } => {
+            let settings = load_settings(config)?;
+            let store = settings
+                .image_store()
+                .map_err(|e| Failure::usage(anyhow!(e)))?;
+            let found = store.resolve(Some(&image)).map_err(Failure::usage)?;
+            let engine = crate::local::unprobed_engine(&settings)?;
+            let checks = check(&engine, &found, provider.as_deref());
+            let all_ok = checks.iter().all(|(_, outcome)| outcome.is_ok());
+            if json {
+                let v: serde_json::Map<String, serde_json::Value> = checks
+                    .iter()
+                    .map(|(what, outcome)| {
+                        let value = match outcome {
+                            Ok(said) => json!({"ok": true, "said": said}),
+                            Err(why) => json!({"ok": false, "why": why}),
+                        };
+                        ((*what).to_owned(), value)
+                    })
+                    .collect();
+                print_json(&json!({"name": found.name(), "identity": found.identity, "checks": v}));
+            } else {
+                let mut text = format!("{} ({})\n", found.name(), found.identity);
+                for (what, outcome) in &checks {
+                    match outcome {
+                        Ok(said) => text.push_str(&format!("  {what}: ok ({said})\n")),
+                        Err(why) => text.push_str(&format!("  {what}: NO: {why}\n")),
+                    }
+                }
+                print_text(&text);
+            }
+            Ok(if all_ok { EXIT_OK } else { crate::EXIT_FAILED })
+        }
         ImageCommand::Build { name, force } => {
             let script = repo_script("build-image").ok_or_else(|| {
                 Failure::usage(anyhow!(
@@ -139,6 +177,67 @@ fn store(config: Option<&Path>) -> Result<ImageStore, Failure> {
     load_settings(config)?
         .image_store()
         .map_err(|e| Failure::usage(anyhow!(e)))
+}
+
+/// Runs in `image`, for real: Python and JavaScript snippets (each interpreter started by the
+/// agent that serves every run, which runs on the image's own C library) and a shell step
+/// (a project, as trials and grants' clients run). Each check: what it said, or why not.
+fn check(
+    engine: &plimsoll_engine::Engine,
+    image: &StoredImage,
+    provider: Option<&str>,
+) -> Vec<(&'static str, Result<String, String>)> {
+    use plimsoll_wire::Language;
+    let cases: [(&'static str, plimsoll_wire::RunSpec); 3] = [
+        (
+            "python",
+            plimsoll_wire::RunSpec::Snippet(plimsoll_wire::Snippet {
+                language: Language::Python,
+                code: "import sys; print(sys.version.split()[0])".into(),
+            }),
+        ),
+        (
+            "javascript",
+            plimsoll_wire::RunSpec::Snippet(plimsoll_wire::Snippet {
+                language: Language::Javascript,
+                code: "console.log(process.version)".into(),
+            }),
+        ),
+        (
+            "shell step",
+            plimsoll_wire::RunSpec::Project(plimsoll_wire::Project {
+                files: Vec::new(),
+                steps: vec![plimsoll_wire::Step {
+                    name: None,
+                    run: "uname -sm".into(),
+                }],
+                artifacts: Vec::new(),
+            }),
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(what, run)| {
+            let mut options = RunOptions::new(run).image(image.identity.clone());
+            options.provider = provider.map(str::to_owned);
+            let request = options.into_request(plimsoll_client::new_request_id());
+            engine.probe_for(request.minimum_isolation, provider, &request.run);
+            let outcome = match engine.run("local", &request) {
+                Ok(r) if r.result.exit_code == Some(0) => Ok(format!(
+                    "{} at {}",
+                    r.result.stdout.to_string_lossy().trim(),
+                    r.provider
+                )),
+                Ok(r) => Err(format!(
+                    "exit {:?}: {}",
+                    r.result.exit_code,
+                    r.result.stderr.to_string_lossy().trim()
+                )),
+                Err(e) => Err(e.to_string()),
+            };
+            (what, outcome)
+        })
+        .collect()
 }
 
 /// The store's images as a daemon lists them (without a daemon's VM provider to ask: a

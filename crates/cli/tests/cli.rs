@@ -1676,3 +1676,67 @@ fn downgrade_one(mut conn: std::net::TcpStream, upstream: &str) {
     conn.write_all(head.as_bytes()).unwrap();
     conn.write_all(&answer).unwrap();
 }
+
+#[test]
+fn image_list_show_and_check_say_what_the_store_holds_and_what_each_image_starts() {
+    let test = "image_list_show_and_check_say_what_the_store_holds_and_what_each_image_starts";
+    if !need_root(test) {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("plimsoll-cli-image-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let config = dir.path().join("plimsoll.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "providers = [\"crun\"]\nstate_dir = {:?}\nsandbox_uid_base = {}\n[pools]\n\
+             [oci]\nstate_root = {:?}\ncgroup_parent = \"/plimsoll-cli-image-{}\"\n",
+            dir.path().join("state").display().to_string(),
+            uid_base(40),
+            dir.path().join("oci").display().to_string(),
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+    // The repository's store: the default image listed with its identity and languages.
+    let out = run(plimsoll().args(["--config", cfg, "image", "list", "--json"]));
+    assert_eq!(out.status.code(), Some(0));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sandbox = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "sandbox")
+        .expect("the sandbox image is listed");
+    assert_eq!(sandbox["default"], true);
+    assert!(sandbox["identity"].as_str().unwrap().starts_with("sha256:"));
+    assert_eq!(
+        sandbox["languages"],
+        serde_json::json!(["python", "javascript"])
+    );
+    // A name the store does not have: a usage error naming what it has.
+    let out = run(plimsoll().args(["--config", cfg, "image", "show", "no-such-image"]));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no image `no-such-image`") && err.contains("sandbox (sha256:"),
+        "{err}"
+    );
+    // check starts each interpreter and a shell step in the image, for real.
+    let out = run(plimsoll().args(["--config", cfg, "image", "check", "sandbox", "--json"]));
+    assert_eq!(out.status.code(), Some(0));
+    let checked: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for what in ["python", "javascript", "shell step"] {
+        assert_eq!(checked["checks"][what]["ok"], true, "{what}: {checked}");
+    }
+    assert!(
+        checked["checks"]["python"]["said"]
+            .as_str()
+            .unwrap()
+            .starts_with("3.11")
+    );
+}
