@@ -183,7 +183,18 @@ impl Metrics {
             "# HELP plimsoll_pool_idle Warm members idle and waiting, by provider and language.\n",
         );
         out.push_str("# TYPE plimsoll_pool_idle gauge\n");
+        // Pools of one provider and language for several images count together.
+        let mut idle: Vec<(String, plimsoll_wire::Language, usize)> = Vec::new();
         for (provider, language, n) in engine.pools_idle() {
+            match idle
+                .iter_mut()
+                .find(|(p, l, _)| *p == provider && *l == language)
+            {
+                Some(seen) => seen.2 += n,
+                None => idle.push((provider, language, n)),
+            }
+        }
+        for (provider, language, n) in idle {
             let _ = writeln!(
                 out,
                 "plimsoll_pool_idle{{provider=\"{}\",language=\"{}\"}} {n}",
