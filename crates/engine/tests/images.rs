@@ -537,3 +537,48 @@ fn each_image_kept_warm_has_members_of_its_own() {
     }
     engine.stop_pools();
 }
+
+#[test]
+fn a_trial_runs_in_python_data_with_the_fingerprint_it_has_in_the_default_image() {
+    let test = "trial_python_data";
+    plimsoll_testing::tool_binary("plimsoll-trial-runner", "plimsoll-trial")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let Some((engine, _dir)) = engine(test, 7, &["crun"], &["sandbox", "python-data"]) else {
+        return;
+    };
+    let file = |path: &str| {
+        let p = plimsoll_testing::workspace_root().join(path);
+        ProjectFile {
+            path: p.file_name().unwrap().to_string_lossy().into_owned(),
+            content: Bytes(std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))),
+            executable: false,
+        }
+    };
+    // The accepted Python controller on the standard scenario: the oracle's fingerprint
+    // (docs/trials.md) in both images, so the runner's simulation does not depend on the
+    // image; each record names its image.
+    let trial = plimsoll_testing::project(
+        vec![
+            file("examples/controllers/accepted.py"),
+            file("sims/cartpole/scenarios/standard.json"),
+        ],
+        &[
+            "plimsoll-trial-runner --scenario standard.json --first-deadline-ms 20000 --tick-deadline-ms 5000 -- python3 accepted.py",
+        ],
+        &["trajectory.bin"],
+    );
+    for image in ["python-data", "sandbox"] {
+        let r = engine
+            .run(CALLER, &request("trial", Some(image), None, trial.clone()))
+            .unwrap_or_else(|e| panic!("{image}: {e}"));
+        assert_eq!(r.result.exit_code, Some(0), "{image}: {}", explain(&r));
+        let a = &r.result.artifacts[0];
+        assert!(a.found && !a.truncated, "{a:?}");
+        assert_eq!(
+            plimsoll_wire::digest::sha256_hex(a.content.as_slice()),
+            "93585277088f4cfbd7683a2db52ab4a44906d74c74468ab9a49d4ddc8e959d41",
+            "{image}"
+        );
+        ran_in(&r, image);
+    }
+}
