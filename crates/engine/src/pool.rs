@@ -368,31 +368,36 @@ impl Pools {
             pids: limits.pids,
             disk_bytes: limits.disk_bytes,
         };
-        // Members are keyed on the image's identity: a run in an image claims a member made in
-        // it, from whichever pool of its provider and shape keeps that image.
-        let image = plan.image.as_ref().map(|i| i.identity.as_str());
-        let mut matched = Vec::new();
-        let taken = self
+        // The pools of its provider and shape that keep its image (by name: a pool naming
+        // none keeps the default image, or none at a provider without images); a member is
+        // also keyed on the image's identity, so one made before a rebuild is never claimed.
+        let default = self.images.as_ref().map(|s| s.default_name());
+        let keeps = |p: &Pool| match &plan.image {
+            None => p.image.is_none(),
+            Some(i) => p.image.as_deref().or(default) == Some(i.name.as_str()),
+        };
+        let pools: Vec<&Pool> = self
             .pools
             .iter()
-            .filter(|p| p.provider == provider && p.shape == shape)
-            .find_map(|pool| {
-                matched.push(pool);
-                let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-                // The newest member made under this evidence and image; an older one under
-                // other evidence or another image is left for the keeper to destroy.
-                let at = idle.iter().position(|m| {
-                    m.evidence_sha256 == evidence_sha256 && m.image.as_deref() == image
-                });
-                let taken = at.and_then(|i| idle.remove(i));
-                // Claims outpace the refill when this one found the pool empty or emptied
-                // it: the pool keeps one more idle member, up to its maximum.
-                pool.claimed(idle.is_empty());
-                taken
-            });
-        if matched.is_empty() {
+            .filter(|p| p.provider == provider && p.shape == shape && keeps(p))
+            .collect();
+        if pools.is_empty() {
             return None;
         }
+        let identity = plan.image.as_ref().map(|i| i.identity.as_str());
+        let taken = pools.into_iter().find_map(|pool| {
+            let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+            // The newest member made under this evidence and image; an older one under
+            // other evidence or another image is left for the keeper to destroy.
+            let at = idle.iter().position(|m| {
+                m.evidence_sha256 == evidence_sha256 && m.image.as_deref() == identity
+            });
+            let taken = at.and_then(|i| idle.remove(i));
+            // Claims outpace the refill when this one found the pool empty or emptied it:
+            // the pool keeps one more idle member, up to its maximum.
+            pool.claimed(idle.is_empty());
+            taken
+        });
         // The keeper is woken when the run has ended (its uid is freed), not now: a member
         // made while the run runs would take the cores the run needs.
         match taken {
@@ -709,6 +714,43 @@ impl Teardowns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn demand_grows_a_pool_up_to_max_members_and_shrinks_it_back_to_min_idle() {
+        let pool = Pool {
+            provider: 0,
+            provider_name: "crun".into(),
+            image: None,
+            shape: WarmShape {
+                language: Language::Python,
+                memory_bytes: 1 << 30,
+                pids: 64,
+                disk_bytes: 1 << 26,
+            },
+            settings: PoolSettings {
+                min_idle: 1,
+                max_members: 3,
+                max_age: Duration::from_secs(300),
+                shrink_after: Duration::from_millis(50),
+            },
+            idle: Mutex::new(VecDeque::new()),
+            backoff: Mutex::new((0, None)),
+            demand: Mutex::new((1, Instant::now())),
+        };
+        // A claim that leaves members idle does not grow it; emptying claims do, never past
+        // max_members.
+        pool.claimed(false);
+        assert_eq!(pool.wanted(), 1);
+        for _ in 0..10 {
+            pool.claimed(true);
+        }
+        assert_eq!(pool.wanted(), 3);
+        // Without claims, one fewer per shrink_after, never below min_idle.
+        for want in [2, 1, 1] {
+            std::thread::sleep(Duration::from_millis(60));
+            assert_eq!(pool.wanted(), want);
+        }
+    }
 
     #[test]
     fn backoff_doubles_from_100_ms_up_to_a_minute() {
