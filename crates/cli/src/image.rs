@@ -251,12 +251,9 @@ fn local_infos(store: &ImageStore) -> Result<Vec<ImageInfo>, Failure> {
     Ok(listing
         .images
         .into_iter()
-        .map(|i| ImageInfo {
-            default: i.name() == store.default_name(),
-            vm_disk: i.disk.is_some() || assets.as_deref() == Some(i.identity.as_str()),
-            name: i.name().to_owned(),
-            identity: i.identity,
-            languages: i.languages,
+        .map(|i| {
+            let vm_disk = i.disk.is_some() || assets.as_deref() == Some(i.identity.as_str());
+            i.info(store, vm_disk)
         })
         .collect())
 }

@@ -840,12 +840,10 @@ impl Engine {
         listing
             .images
             .into_iter()
-            .map(|i| plimsoll_wire::ImageInfo {
-                vm_disk: vm.is_some_and(|s| s.provider.takes_image(&run_image(&i, false)).is_ok()),
-                default: i.name() == store.default_name(),
-                name: i.name().to_owned(),
-                identity: i.identity.clone(),
-                languages: i.languages.clone(),
+            .map(|i| {
+                let vm_disk =
+                    vm.is_some_and(|s| s.provider.takes_image(&run_image(&i, false)).is_ok());
+                i.info(store, vm_disk)
             })
             .collect()
     }

@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
 pub use plimsoll_wire::Language;
-use plimsoll_wire::{ImageRef, is_image_identity, is_image_name};
+use plimsoll_wire::{ImageInfo, ImageRef, is_image_identity, is_image_name};
 
 /// Where an image lives in the store: its name and directory, before its identity is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +78,18 @@ impl StoredImage {
         ImageRef {
             name: self.at.name.clone(),
             identity: self.identity.clone(),
+        }
+    }
+
+    /// It as `GET /v1/providers` and `plimsoll image list` list it: `store` says whether it
+    /// is the default, the caller whether the VM provider can boot it.
+    pub fn info(&self, store: &ImageStore, vm_disk: bool) -> ImageInfo {
+        ImageInfo {
+            name: self.at.name.clone(),
+            identity: self.identity.clone(),
+            default: self.at.name == store.default_name(),
+            languages: self.languages.clone(),
+            vm_disk,
         }
     }
 
