@@ -257,6 +257,15 @@ mod tests {
         plimsoll_testing::project(Vec::new(), steps, &[])
     }
 
+    /// The plan of `req` for a caller with no grant, naming no image.
+    fn decide(
+        req: &RunRequest,
+        c: &EngineConfig,
+        views: &[ProviderView<'_>],
+    ) -> Result<Plan, RunError> {
+        plan("a", req, c, &GrantProfiles::none(), views, &Ok(None))
+    }
+
     fn refusal(r: Result<Plan, RunError>) -> (Reason, String) {
         match r {
             Err(RunError::Refused {
@@ -282,15 +291,7 @@ mod tests {
             "echo ok",
             "plimsoll-trial-runner --scenario s.json -- python3 c.py",
         ]));
-        let p = plan(
-            "alice",
-            &trial,
-            &c,
-            &GrantProfiles::none(),
-            &views,
-            &Ok(None),
-        )
-        .unwrap();
+        let p = decide(&trial, &c, &views).unwrap();
         assert_eq!(p.privileges, Privileges::TrialRunner);
         let launch = p.launch(&trial, &c, 3, "run3", None);
         assert_eq!(launch.privileges, Privileges::TrialRunner);
@@ -306,7 +307,7 @@ mod tests {
         // The runner's name elsewhere in a step, a snippet: no privileges, no uids to tell.
         for run in [project(&["echo plimsoll-trial-runner"]), snippet()] {
             let req = request(run);
-            let p = plan("alice", &req, &c, &GrantProfiles::none(), &views, &Ok(None)).unwrap();
+            let p = decide(&req, &c, &views).unwrap();
             assert_eq!(p.privileges, Privileges::Unprivileged);
             assert_eq!(p.launch(&req, &c, 0, "run0", None).trial_ids(), None);
         }
@@ -319,14 +320,7 @@ mod tests {
             "plimsoll-trial-runner --scenario s.json -- node c.js; id",
         ]));
         let views = [view("crun", Tier::Container, 80)];
-        let (reason, message) = refusal(plan(
-            "a",
-            &req,
-            &c,
-            &GrantProfiles::none(),
-            &views,
-            &Ok(None),
-        ));
+        let (reason, message) = refusal(decide(&req, &c, &views));
         assert_eq!(reason, Reason::Request);
         assert!(message.contains("`;`"), "{message}");
     }
@@ -343,7 +337,7 @@ mod tests {
             minimum_isolation: Some(Tier::Process),
             ..req
         };
-        let p = plan("a", &req, &c, &GrantProfiles::none(), &views, &Ok(None)).unwrap();
+        let p = decide(&req, &c, &views).unwrap();
         assert_eq!((p.provider, p.floor), (0, Tier::Process));
         let l = p.launch(&req, &c, 5, "abc", None);
         assert_eq!(l.run_id, "abc");
@@ -360,20 +354,13 @@ mod tests {
         let c = EngineConfig::default();
         let req = request(snippet());
         let only_process = [view("process", Tier::Process, 10)];
-        let (reason, _) = refusal(plan(
-            "a",
-            &req,
-            &c,
-            &GrantProfiles::none(),
-            &only_process,
-            &Ok(None),
-        ));
+        let (reason, _) = refusal(decide(&req, &c, &only_process));
         assert_eq!(reason, Reason::Isolation);
         let both = [
             view("process", Tier::Process, 10),
             view("crun", Tier::Container, 80),
         ];
-        let p = plan("a", &req, &c, &GrantProfiles::none(), &both, &Ok(None)).unwrap();
+        let p = decide(&req, &c, &both).unwrap();
         assert_eq!((p.provider, p.floor), (1, Tier::Container));
     }
 
@@ -386,32 +373,18 @@ mod tests {
         ];
         views[0].available = Err(Unavailable::Stale);
         let req = request(snippet());
-        let p = plan("a", &req, &c, &GrantProfiles::none(), &views, &Ok(None)).unwrap();
+        let p = decide(&req, &c, &views).unwrap();
         assert_eq!(p.provider, 1, "the cheaper provider's environment moved");
         let named = RunRequest {
             provider: Some("crun".into()),
             ..request(snippet())
         };
-        let (reason, message) = refusal(plan(
-            "a",
-            &named,
-            &c,
-            &GrantProfiles::none(),
-            &views,
-            &Ok(None),
-        ));
+        let (reason, message) = refusal(decide(&named, &c, &views));
         assert_eq!(reason, Reason::Environment);
         assert!(message.contains("being probed again"), "{message}");
         // With nothing else to take it, the refusal names both and why.
         views[1].available = Err(Unavailable::Probing);
-        let (reason, message) = refusal(plan(
-            "a",
-            &req,
-            &c,
-            &GrantProfiles::none(),
-            &views,
-            &Ok(None),
-        ));
+        let (reason, message) = refusal(decide(&req, &c, &views));
         assert_eq!(reason, Reason::Isolation);
         assert!(
             message.contains("being probed again") && message.contains("not probed yet"),
@@ -524,14 +497,7 @@ mod tests {
             ..request(snippet())
         };
         let views = [view("crun", Tier::Container, 80)];
-        let (reason, _) = refusal(plan(
-            "a",
-            &req,
-            &c,
-            &GrantProfiles::none(),
-            &views,
-            &Ok(None),
-        ));
+        let (reason, _) = refusal(decide(&req, &c, &views));
         assert_eq!(reason, Reason::Request);
     }
 
@@ -544,14 +510,7 @@ mod tests {
         let c = EngineConfig::default();
         let views = [view("crun", Tier::Container, 80)];
         let nul = request(project(&["echo a\0b"]));
-        let (reason, message) = refusal(plan(
-            "a",
-            &nul,
-            &c,
-            &GrantProfiles::none(),
-            &views,
-            &Ok(None),
-        ));
+        let (reason, message) = refusal(decide(&nul, &c, &views));
         assert_eq!(reason, Reason::Request);
         assert!(message.contains("NUL"), "{message}");
         for (limits, min) in [
@@ -574,14 +533,7 @@ mod tests {
                 limits: Some(limits.clone()),
                 ..request(snippet())
             };
-            let (reason, message) = refusal(plan(
-                "a",
-                &req,
-                &c,
-                &GrantProfiles::none(),
-                &views,
-                &Ok(None),
-            ));
+            let (reason, message) = refusal(decide(&req, &c, &views));
             assert_eq!(reason, Reason::Request, "{limits:?}");
             assert!(message.contains(&format!("minimum {min}")), "{message}");
         }
@@ -595,7 +547,7 @@ mod tests {
             }),
             ..request(snippet())
         };
-        assert!(plan("a", &at_min, &c, &GrantProfiles::none(), &views, &Ok(None)).is_ok());
+        assert!(decide(&at_min, &c, &views).is_ok());
     }
 
     /// #28 (13): a run asking for less memory than its interpreter needs at a provider (node
@@ -616,19 +568,12 @@ mod tests {
             ..request(snippet())
         };
         let both = [process.clone(), view("crun", Tier::Container, 80)];
-        let p = plan("a", &small, &c, &GrantProfiles::none(), &both, &Ok(None)).unwrap();
+        let p = decide(&small, &c, &both).unwrap();
         assert_eq!(
             p.provider, 1,
             "crun takes what the process tier cannot start"
         );
-        let (reason, message) = refusal(plan(
-            "a",
-            &small,
-            &c,
-            &GrantProfiles::none(),
-            &[process.clone()],
-            &Ok(None),
-        ));
+        let (reason, message) = refusal(decide(&small, &c, &[process.clone()]));
         assert_eq!(reason, Reason::Unsupported);
         assert!(message.contains("at least 805306368"), "{message}");
         // At the floor (and by default, 1 GiB) it runs there.
@@ -646,7 +591,7 @@ mod tests {
                 ..small
             },
         ] {
-            let p = plan("a", &req, &c, &GrantProfiles::none(), &both, &Ok(None)).unwrap();
+            let p = decide(&req, &c, &both).unwrap();
             assert_eq!(p.provider, 0);
         }
     }
