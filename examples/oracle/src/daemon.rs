@@ -61,12 +61,16 @@ pub fn settings_toml(
         .map(|p| format!("{p:?}"))
         .collect::<Vec<_>>()
         .join(", ");
-    // Runs go one at a time; two slots leave room for a probe re-check beside a run.
+    // Runs go one at a time; two slots leave room for a probe re-check beside a run. The
+    // OCI runtimes' state lives in the daemon's own state directory: two oracle daemons at
+    // once (the tests) never touch each other's containers.
     format!(
         "providers = [{list}]\ndefault_floor = \"container\"\nstate_dir = {:?}\n\
          sandbox_uid_base = {sandbox_uid_base}\nmax_concurrent = 2\nmax_per_caller = 2\n\n\
+         [oci]\nstate_root = {:?}\n\n\
          [daemon]\ncallers_file = {:?}\n",
         state.display().to_string(),
+        state.join("oci").display().to_string(),
         callers.display().to_string()
     )
 }
