@@ -9,12 +9,16 @@ use clap::Parser;
 use plimsoll_trial::creds::{
     Identities, args_with_hidden_command_line, holds_capabilities, make_undumpable,
 };
-use plimsoll_trial::runner::{RunConfig, SimSource};
-use plimsoll_trial::sim::{SimulatorModule, bench};
+use plimsoll_trial::index::IMAGE_INDEX;
+use plimsoll_trial::runner::{RunConfig, SimSource, load};
+use plimsoll_trial::scenario;
+use plimsoll_trial::sim::bench;
 use plimsoll_trial::trial::Deadlines;
 
 const AFTER_HELP: &str = "\
-Runs one trial per scenario: reads and deletes every scenario file, then starts the controller
+Runs one trial per scenario against the simulator named by --simulator, which the image declares
+in /opt/plimsoll/simulators/index.json (docs/simulators.md): reads and deletes every scenario
+file, then starts the controller
 (as --controller-uid) once per scenario and exchanges one line per tick with it. Prints one JSON
 verdict on stdout; writes one trajectory file per scenario.
 
@@ -29,15 +33,26 @@ Environment: the runner reads no environment variable. The controller gets only
 PATH=/usr/local/bin:/usr/bin:/bin, HOME=/tmp and LANG=C.UTF-8.
 
 Example:
-  plimsoll-trial-runner --scenario standard.json --uid 1000 --gid 1000 \\
+  plimsoll-trial-runner --simulator cartpole --scenario standard.json --uid 1000 --gid 1000 \\
       --controller-uid 1001 --controller-gid 1001 -- node controller.js";
 
 /// Runs a controller against a WebAssembly simulator, tick by tick, and prints a verdict.
 #[derive(Debug, Parser)]
 #[command(name = "plimsoll-trial-runner", version, after_help = AFTER_HELP)]
 struct Args {
-    /// Simulator module (default: the cart-pole built into the runner).
-    #[arg(long, value_name = "PATH")]
+    /// The simulator, by the name the image's simulator index gives it.
+    #[arg(long, value_name = "NAME")]
+    simulator: Option<String>,
+    /// And the SHA-256 (64 hex digits) its module must have.
+    #[arg(long, value_name = "HEX", requires = "simulator")]
+    simulator_sha256: Option<String>,
+    /// Outside a sandbox: look the simulator up in this index instead of the image's
+    /// (/opt/plimsoll/simulators/index.json, which must be on a read-only filesystem).
+    #[arg(long, value_name = "PATH", requires = "simulator")]
+    simulators_index: Option<PathBuf>,
+    /// Outside a sandbox: a simulator module file, instead of --simulator (an exam author
+    /// trying a simulator).
+    #[arg(long, value_name = "PATH", conflicts_with = "simulator")]
     sim: Option<PathBuf>,
     /// Scenario file (JSON); repeat for several trials. Deleted once read.
     #[arg(long = "scenario", value_name = "FILE")]
@@ -68,10 +83,8 @@ struct Args {
     /// identical verdicts, byte for byte, so a replayed run gives the same result digest.
     #[arg(long)]
     reproducible: bool,
-    /// Write the built-in simulator module to PATH, print its SHA-256, and exit.
-    #[arg(long, value_name = "PATH")]
-    export_sim: Option<PathBuf>,
-    /// Measure N simulator steps inside wasmtime, print JSON figures, and exit.
+    /// Measure N simulator steps inside wasmtime from the one --scenario (read, not deleted),
+    /// print JSON figures, and exit.
     #[arg(long, value_name = "N", hide = true)]
     bench_sim: Option<u64>,
     /// The controller command, after `--`.
@@ -100,22 +113,48 @@ fn main() -> ExitCode {
     let args =
         Args::parse_from(std::iter::once(OsString::from("plimsoll-trial-runner")).chain(args));
 
-    // Both modes act before any privilege is given up (the benchmark runs the `--sim` file,
-    // the export writes where it is told): never with a capability, e.g. as the trial step
-    // of a sandbox, where the runner starts with CAP_SETUID and CAP_SETGID.
-    if (args.export_sim.is_some() || args.bench_sim.is_some()) && holds_capabilities() {
+    let sim = match (args.simulator, args.sim) {
+        (Some(name), None) => SimSource::Named {
+            name,
+            sha256: args.simulator_sha256,
+            image: args.simulators_index.is_none(),
+            index: args
+                .simulators_index
+                .unwrap_or_else(|| PathBuf::from(IMAGE_INDEX)),
+        },
+        (None, Some(path)) => SimSource::File(path),
+        _ => {
+            return fail(
+                2,
+                anyhow::anyhow!(
+                    "name the simulator: --simulator NAME (one the image declares; docs/simulators.md), or --sim PATH outside a sandbox"
+                ),
+            );
+        }
+    };
+    if let Some(sha) = match &sim {
+        SimSource::Named { sha256, .. } => sha256.as_deref(),
+        SimSource::File(_) => None,
+    } && !plimsoll_wire::simulators::is_sha256_hex(sha)
+    {
         return fail(
             2,
-            anyhow::anyhow!(
-                "--export-sim and --bench-sim run only without capabilities: run them as an unprivileged user (e.g. `setpriv --reuid=nobody --regid=nogroup --clear-groups plimsoll-trial-runner ...`)"
-            ),
+            anyhow::anyhow!("--simulator-sha256 must be 64 lowercase hex digits, not {sha:?}"),
         );
     }
-    if let Some(path) = &args.export_sim {
-        return export_sim(path);
-    }
+    // The benchmark acts before any privilege is given up (it reads the scenario it is
+    // given and leaves it): never with a capability, e.g. as the trial step of a sandbox,
+    // where the runner starts with CAP_SETUID and CAP_SETGID.
     if let Some(steps) = args.bench_sim {
-        return bench_sim(args.sim.as_ref(), steps);
+        if holds_capabilities() {
+            return fail(
+                2,
+                anyhow::anyhow!(
+                    "--bench-sim runs only without capabilities: run it as an unprivileged user (e.g. `setpriv --reuid=nobody --regid=nogroup --clear-groups plimsoll-trial-runner ...`)"
+                ),
+            );
+        }
+        return bench_sim(&sim, &args.scenarios, steps);
     }
     let (Some(uid), Some(gid), Some(controller_uid), Some(controller_gid)) =
         (args.uid, args.gid, args.controller_uid, args.controller_gid)
@@ -128,7 +167,7 @@ fn main() -> ExitCode {
         );
     };
     let config = RunConfig {
-        sim: args.sim.map_or(SimSource::BuiltIn, SimSource::File),
+        sim,
         scenarios: args.scenarios,
         trajectories: args.trajectories,
         ids: Identities {
@@ -164,35 +203,38 @@ fn main() -> ExitCode {
     }
 }
 
-fn export_sim(path: &PathBuf) -> ExitCode {
-    let module = match SimulatorModule::from_bytes(plimsoll_trial::CARTPOLE_WASM) {
+fn bench_sim(sim: &SimSource, scenarios: &[PathBuf], steps: u64) -> ExitCode {
+    let [path] = scenarios else {
+        return fail(
+            2,
+            anyhow::anyhow!("--bench-sim takes exactly one --scenario"),
+        );
+    };
+    let module = match load(sim) {
         Ok(m) => m,
         Err(e) => return fail(2, e.into()),
     };
-    if let Err(e) = std::fs::write(path, plimsoll_trial::CARTPOLE_WASM) {
-        return fail(2, anyhow::anyhow!("cannot write {}: {e}", path.display()));
-    }
-    println!("{}  {}", module.sha256(), path.display());
-    ExitCode::SUCCESS
-}
-
-fn bench_sim(sim: Option<&PathBuf>, steps: u64) -> ExitCode {
-    let module = match sim {
-        None => SimulatorModule::from_bytes(plimsoll_trial::CARTPOLE_WASM),
-        Some(p) => SimulatorModule::from_file(p),
+    let initial = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
+        .and_then(|bytes| Ok(scenario::parse(path, &bytes)?))
+        .and_then(|s| {
+            s.check_against(module.metadata())
+                .map_err(|e| anyhow::anyhow!("scenario {}: {e}", path.display()))
+        });
+    let initial = match initial {
+        Ok(i) => i,
+        Err(e) => return fail(2, e),
     };
-    let module = match module {
-        Ok(m) => m,
-        Err(e) => return fail(2, e.into()),
-    };
-    match bench(&module, steps) {
+    match bench(&module, &initial, steps) {
         Ok(b) => {
             println!(
                 "{}",
                 serde_json::json!({
+                    "simulator": module.metadata().name,
                     "steps": b.steps,
                     "seconds": b.seconds,
                     "steps_per_second": b.steps as f64 / b.seconds,
+                    "microseconds_per_step": b.seconds * 1e6 / b.steps as f64,
                     "fuel_per_step": b.fuel_per_step,
                     "simulator_sha256": module.sha256(),
                 })

@@ -1,30 +1,43 @@
 //! The line protocol between the runner and the controller (docs/trials.md, "Line protocol"):
-//! one state line out, one force line back, per tick.
-
-use crate::sim::State;
+//! one state line out, one action line back, per tick.
 
 /// The longest answer line accepted, newline included.
 pub const MAX_LINE_BYTES: usize = 4096;
 
-/// The state as the controller receives it: `x x_dot theta theta_dot\n`, each number in Rust's
-/// `{}` form for f64 (the shortest decimal that parses back to the same double; never an
-/// exponent; `-0` for negative zero).
-pub fn state_line(state: &State) -> String {
-    format!(
-        "{} {} {} {}\n",
-        state.x, state.x_dot, state.theta, state.theta_dot
-    )
+/// The state as the controller receives it: every state value, separated by one space, then
+/// `\n`, each number in Rust's `{}` form for f64 (the shortest decimal that parses back to the
+/// same double; never an exponent; `-0` for negative zero).
+pub fn state_line(state: &[f64]) -> String {
+    let mut line = String::with_capacity(state.len() * 20);
+    for (i, v) in state.iter().enumerate() {
+        if i > 0 {
+            line.push(' ');
+        }
+        line.push_str(&v.to_string());
+    }
+    line.push('\n');
+    line
 }
 
-/// Why an answer line is not a force.
+/// Why an answer line is not an action.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ParseForceError {
+pub enum ParseActionError {
     /// Not UTF-8.
     #[error("the answer is not UTF-8: {0}")]
     NotUtf8(String),
     /// Empty (or only whitespace).
     #[error("the answer is empty")]
     Empty,
+    /// Another count of numbers than the simulator's action has.
+    #[error("the answer {line} holds {got} values; the simulator takes {expected}")]
+    Count {
+        /// The line.
+        line: String,
+        /// Values the action has.
+        expected: usize,
+        /// Values the line holds.
+        got: usize,
+    },
     /// Not a decimal number.
     #[error("the answer {0} is not a number")]
     NotANumber(String),
@@ -33,27 +46,41 @@ pub enum ParseForceError {
     NotFinite(String),
 }
 
-/// Parses one answer line (without its newline): a decimal number, optionally signed, with an
-/// optional fraction and exponent, surrounded by optional ASCII whitespace (a trailing `\r`
-/// included). `inf`, `nan` and anything else that is not a finite double is refused.
-pub fn parse_force(line: &[u8]) -> Result<f64, ParseForceError> {
-    let text = std::str::from_utf8(line).map_err(|_| ParseForceError::NotUtf8(shown(line)))?;
-    let text = text.trim_ascii();
-    if text.is_empty() {
-        return Err(ParseForceError::Empty);
+/// Parses one answer line (without its newline) into `expected` numbers, separated by ASCII
+/// whitespace (spaces, tabs; a trailing `\r` included): each a decimal number, optionally
+/// signed, with an optional fraction and exponent. `inf`, `nan` and anything else that is
+/// not a finite double is refused.
+pub fn parse_action(line: &[u8], expected: usize) -> Result<Vec<f64>, ParseActionError> {
+    let text = std::str::from_utf8(line).map_err(|_| ParseActionError::NotUtf8(shown(line)))?;
+    let words: Vec<&str> = text.split_ascii_whitespace().collect();
+    if words.is_empty() {
+        return Err(ParseActionError::Empty);
     }
-    // Rust's parser also takes "inf", "infinity" and "nan" (any case); only digits make a force.
-    if !text.bytes().any(|b| b.is_ascii_digit()) {
-        return Err(ParseForceError::NotANumber(shown(line)));
+    if words.len() != expected {
+        return Err(ParseActionError::Count {
+            line: shown(line),
+            expected,
+            got: words.len(),
+        });
     }
-    let value: f64 = text
-        .parse()
-        .map_err(|_| ParseForceError::NotANumber(shown(line)))?;
-    if !value.is_finite() {
-        // "1e999" parses to infinity.
-        return Err(ParseForceError::NotFinite(shown(line)));
-    }
-    Ok(value)
+    words
+        .iter()
+        .map(|word| {
+            // Rust's parser also takes "inf", "infinity" and "nan" (any case); only digits
+            // make a number.
+            if !word.bytes().any(|b| b.is_ascii_digit()) {
+                return Err(ParseActionError::NotANumber(shown(line)));
+            }
+            let value: f64 = word
+                .parse()
+                .map_err(|_| ParseActionError::NotANumber(shown(line)))?;
+            if !value.is_finite() {
+                // "1e999" parses to infinity.
+                return Err(ParseActionError::NotFinite(shown(line)));
+            }
+            Ok(value)
+        })
+        .collect()
 }
 
 /// At most 80 bytes of a line, quoted and escaped, for a message.
@@ -84,12 +111,7 @@ mod tests {
             123_456_789.123_456_79,
         ];
         for &v in &values {
-            let s = State {
-                x: v,
-                x_dot: -v,
-                theta: v / 7.0,
-                theta_dot: v * 3.0,
-            };
+            let s = [v, -v, v / 7.0, v * 3.0];
             let line = state_line(&s);
             assert!(line.ends_with('\n') && !line.contains('e'), "{line}");
             let back: Vec<f64> = line
@@ -97,20 +119,11 @@ mod tests {
                 .split(' ')
                 .map(|t| t.parse().unwrap())
                 .collect();
-            let want = [s.x, s.x_dot, s.theta, s.theta_dot];
-            for (b, w) in back.iter().zip(want) {
+            for (b, w) in back.iter().zip(s) {
                 assert_eq!(b.to_bits(), w.to_bits(), "{line}");
             }
         }
-        assert_eq!(
-            state_line(&State {
-                x: -0.0,
-                x_dot: 0.0,
-                theta: 0.5,
-                theta_dot: -2.0
-            }),
-            "-0 0 0.5 -2\n"
-        );
+        assert_eq!(state_line(&[-0.0, 0.0, 0.5, -2.0]), "-0 0 0.5 -2\n");
     }
 
     #[test]
@@ -127,41 +140,57 @@ mod tests {
             ("+4.", 4.0),
             ("10000000000", 1e10),
         ] {
-            let got = parse_force(text.as_bytes()).unwrap();
-            assert_eq!(got.to_bits(), want.to_bits(), "{text}");
+            let got = parse_action(text.as_bytes(), 1).unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].to_bits(), want.to_bits(), "{text}");
         }
     }
 
     #[test]
     fn refuses_what_is_not_a_finite_number() {
-        assert_eq!(parse_force(b""), Err(ParseForceError::Empty));
-        assert_eq!(parse_force(b"  \r"), Err(ParseForceError::Empty));
-        for text in [
-            "nan",
-            "NaN",
-            "inf",
-            "-Infinity",
-            "abc",
-            "1,5",
-            "0x10",
-            "1 2",
-            "1e",
-        ] {
+        assert_eq!(parse_action(b"", 1), Err(ParseActionError::Empty));
+        assert_eq!(parse_action(b"  \r", 1), Err(ParseActionError::Empty));
+        for text in ["nan", "NaN", "inf", "-Infinity", "abc", "1,5", "0x10", "1e"] {
             assert!(
                 matches!(
-                    parse_force(text.as_bytes()),
-                    Err(ParseForceError::NotANumber(_))
+                    parse_action(text.as_bytes(), 1),
+                    Err(ParseActionError::NotANumber(_))
                 ),
                 "{text}"
             );
         }
         assert!(matches!(
-            parse_force(b"1e999"),
-            Err(ParseForceError::NotFinite(_))
+            parse_action(b"1e999", 1),
+            Err(ParseActionError::NotFinite(_))
         ));
         assert!(matches!(
-            parse_force(b"\xff1"),
-            Err(ParseForceError::NotUtf8(_))
+            parse_action(b"\xff1", 1),
+            Err(ParseActionError::NotUtf8(_))
+        ));
+    }
+
+    #[test]
+    fn an_action_has_exactly_as_many_numbers_as_the_simulator_takes() {
+        assert_eq!(
+            parse_action(b" 1.5\t-2 3e-1\r", 3).unwrap(),
+            vec![1.5, -2.0, 0.3]
+        );
+        for (line, expected, got) in [("1 2", 1, 2), ("1", 2, 1), ("1 2 3 4", 3, 4)] {
+            assert!(
+                matches!(
+                    parse_action(line.as_bytes(), expected),
+                    Err(ParseActionError::Count { expected: e, got: g, .. }) if e == expected && g == got
+                ),
+                "{line}"
+            );
+        }
+        assert!(matches!(
+            parse_action(b"1 nan", 2),
+            Err(ParseActionError::NotANumber(_))
+        ));
+        assert!(matches!(
+            parse_action(b"1 -1e400", 2),
+            Err(ParseActionError::NotFinite(_))
         ));
     }
 

@@ -12,7 +12,8 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 
-use crate::trajectory::RECORD_BYTES;
+/// The cart-pole's trajectory record: four state values and the force.
+const RECORD_BYTES: usize = 40;
 
 /// One recorded run, as the report shows it.
 #[derive(Debug, Clone)]

@@ -7,19 +7,31 @@ use std::path::PathBuf;
 
 use crate::controller::{ControllerCommand, ResolveProgramError, resolve_program};
 use crate::creds::{DropPrivilegesError, Identities, IdentitiesError, drop_privileges};
+use crate::index::{self, IndexError};
 use crate::launcher::{Launcher, LauncherError, StartLauncherError, processes_of_uid};
 use crate::scenario::{self, TakeScenarioError};
 use crate::sim::{LoadSimulatorError, SimulatorError, SimulatorModule};
 use crate::trajectory::{TrajectoryError, TrajectoryWriter};
 use crate::trial::{Deadlines, RunTrialError, run_trial};
-use crate::verdict::{VERDICT_FORMAT, Verdict};
+use crate::verdict::{SimulatorJson, VERDICT_FORMAT, Verdict};
 
 /// Where the simulator comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SimSource {
-    /// The cart-pole built into the runner ([`crate::CARTPOLE_WASM`]).
-    BuiltIn,
-    /// A module file.
+    /// A simulator an image declares, by name (and optionally digest), in a simulator index
+    /// (docs/simulators.md, "Simulators in images"): in a sandbox, the image's own.
+    Named {
+        /// Its name.
+        name: String,
+        /// The SHA-256 the step requires it to have, if any.
+        sha256: Option<String>,
+        /// The index: the image's ([`index::IMAGE_INDEX`], which must be on a read-only
+        /// filesystem), or one given on the command line outside a sandbox.
+        index: PathBuf,
+        /// `index` is the image's own (checked read-only).
+        image: bool,
+    },
+    /// A module file, outside a sandbox (an exam author trying a simulator).
     File(PathBuf),
 }
 
@@ -78,6 +90,9 @@ pub enum RunError {
     /// Dropping privileges failed.
     #[error(transparent)]
     Privileges(#[from] DropPrivilegesError),
+    /// The simulator is not in the index, or the index is unusable.
+    #[error(transparent)]
+    Index(#[from] IndexError),
     /// The simulator does not load.
     #[error(transparent)]
     LoadSimulator(#[from] LoadSimulatorError),
@@ -166,26 +181,36 @@ pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
     }
     let mut launcher = Launcher::start(&config.ids, &command)?;
     drop_privileges(&config.ids)?;
-    let module = match &config.sim {
-        SimSource::BuiltIn => SimulatorModule::from_bytes(crate::CARTPOLE_WASM)?,
-        SimSource::File(path) => SimulatorModule::from_file(path)?,
-    };
-
+    // The simulator before the scenarios are read: a module that does not load fails the run
+    // with the scenario files still unread (and, in a sandbox, the agent removes them).
+    let module = load(&config.sim);
     // Read, delete, and only then check: the files are gone before anything else can fail.
-    let scenarios = scenario::take_all(&config.scenarios)?;
+    let scenarios = scenario::take_all(&config.scenarios);
+    let module = module?;
+    let scenarios = scenarios?;
+    let mut initials = Vec::with_capacity(scenarios.len());
     for (scenario, path) in scenarios.iter().zip(&config.scenarios) {
+        let initial = scenario
+            .check_against(module.metadata())
+            .map_err(|detail| RunError::ScenarioCheck {
+                path: path.clone(),
+                detail,
+            })?;
         let check_err = |source| RunError::ScenarioSimulator {
             path: path.clone(),
             source,
         };
         let mut sim = module.instantiate().map_err(check_err)?;
-        sim.init(&scenario.initial.into()).map_err(check_err)?;
-        if sim.fallen().map_err(check_err)? {
+        if let Err(reason) = sim.init(&initial).map_err(check_err)? {
             return Err(RunError::ScenarioCheck {
                 path: path.clone(),
-                detail: "the initial state is already fallen".into(),
+                detail: format!(
+                    "the simulator {} refused it: {reason}",
+                    module.metadata().name
+                ),
             });
         }
+        initials.push(initial);
     }
     // Every file the run writes is created before the first controller starts.
     let writers = trajectories
@@ -194,8 +219,9 @@ pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut trials = Vec::with_capacity(scenarios.len());
-    for (((scenario, path), trajectory), writer) in scenarios
+    for ((((scenario, initial), path), trajectory), writer) in scenarios
         .iter()
+        .zip(&initials)
         .zip(&config.scenarios)
         .zip(&trajectories)
         .zip(writers)
@@ -203,6 +229,7 @@ pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
         trials.push(run_trial(
             &module,
             scenario,
+            initial,
             path,
             &mut launcher,
             config.deadlines,
@@ -211,9 +238,15 @@ pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
         )?);
     }
     launcher.shutdown().map_err(RunError::Launcher)?;
+    let metadata = module.metadata();
     Ok(Verdict {
         format: VERDICT_FORMAT,
-        simulator_sha256: module.sha256().to_owned(),
+        simulator: SimulatorJson {
+            name: metadata.name.clone(),
+            version: metadata.version.clone(),
+            sha256: module.sha256().to_owned(),
+            metadata: metadata.clone(),
+        },
         controller: config
             .controller
             .iter()
@@ -222,4 +255,28 @@ pub fn run(config: &RunConfig) -> Result<Verdict, RunError> {
         pass: trials.iter().all(|t| t.pass),
         trials,
     })
+}
+
+/// Loads the simulator from where the command line said.
+pub fn load(source: &SimSource) -> Result<SimulatorModule, RunError> {
+    match source {
+        SimSource::File(path) => Ok(SimulatorModule::from_file(path)?),
+        SimSource::Named {
+            name,
+            sha256,
+            index,
+            image,
+        } => {
+            let (entry, bytes) = index::load(index, *image, name, sha256.as_deref())?;
+            let module = SimulatorModule::from_bytes(&bytes)?;
+            if module.metadata().name != entry.name {
+                return Err(IndexError::NameMismatch {
+                    declared: entry.name,
+                    said: module.metadata().name.clone(),
+                }
+                .into());
+            }
+            Ok(module)
+        }
+    }
 }

@@ -8,51 +8,88 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::sim::State;
+use crate::sim::Metadata;
 
 /// The largest scenario file read.
 pub const MAX_SCENARIO_BYTES: u64 = 64 * 1024;
 /// The most ticks one trial may ask for (10,000 s of cart-pole time).
 pub const MAX_TICKS: u64 = 1_000_000;
 
-/// One scenario, as read from its file.
+/// One scenario, as read from its file (docs/simulators.md, "Scenarios").
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     /// Optional label, echoed in the verdict.
     #[serde(default)]
     pub name: Option<String>,
-    /// The initial state.
-    pub initial: InitialState,
+    /// The simulator's initial values, by name.
+    pub initial: serde_json::Map<String, serde_json::Value>,
     /// How many ticks the trial runs if nothing ends it earlier.
     pub ticks: u64,
-    /// The pass mark: the pole must stay up (not fallen) for this many ticks.
+    /// The pass mark: hold this many ticks without a failure.
     pub pass_ticks: u64,
+    /// And, for a simulator that scores, at least this score.
+    #[serde(default)]
+    pub min_score: Option<f64>,
 }
 
-/// The initial state as written in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InitialState {
-    /// Cart position, m.
-    pub x: f64,
-    /// Cart velocity, m/s.
-    pub x_dot: f64,
-    /// Pole angle, rad.
-    pub theta: f64,
-    /// Pole angular velocity, rad/s.
-    pub theta_dot: f64,
-}
-
-impl From<InitialState> for State {
-    fn from(s: InitialState) -> State {
-        State {
-            x: s.x,
-            x_dot: s.x_dot,
-            theta: s.theta,
-            theta_dot: s.theta_dot,
+impl Scenario {
+    /// The initial values in the order the simulator's metadata lists them: exactly its
+    /// `initial` variables, each a finite number.
+    pub fn initial_for(&self, metadata: &Metadata) -> Result<Vec<f64>, String> {
+        if let Some(extra) = self
+            .initial
+            .keys()
+            .find(|k| !metadata.initial.iter().any(|v| &v.name == *k))
+        {
+            return Err(format!(
+                "initial value `{extra}` is not one the simulator {} takes (it takes: {})",
+                metadata.name,
+                names(metadata)
+            ));
         }
+        metadata
+            .initial
+            .iter()
+            .map(|v| {
+                let value = self.initial.get(&v.name).ok_or_else(|| {
+                    format!(
+                        "initial value `{}` is missing (the simulator {} takes: {})",
+                        v.name,
+                        metadata.name,
+                        names(metadata)
+                    )
+                })?;
+                value
+                    .as_f64()
+                    .filter(|f| f.is_finite())
+                    .ok_or_else(|| format!("initial value `{}` must be a finite number", v.name))
+            })
+            .collect()
     }
+
+    /// Checks what depends on the simulator: the initial values and `min_score`.
+    pub fn check_against(&self, metadata: &Metadata) -> Result<Vec<f64>, String> {
+        if self.min_score.is_some() && metadata.score.is_none() {
+            return Err(format!(
+                "min_score is given but the simulator {} does not score a trial",
+                metadata.name
+            ));
+        }
+        self.initial_for(metadata)
+    }
+}
+
+fn names(metadata: &Metadata) -> String {
+    if metadata.initial.is_empty() {
+        return "nothing".into();
+    }
+    metadata
+        .initial
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A scenario file could not be taken.
@@ -182,12 +219,8 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Scenario, TakeScenarioError> {
         detail,
     };
     let s: Scenario = serde_json::from_slice(bytes).map_err(|e| format_err(e.to_string()))?;
-    let i = s.initial;
-    if ![i.x, i.x_dot, i.theta, i.theta_dot]
-        .iter()
-        .all(|v| v.is_finite())
-    {
-        return Err(format_err("the initial state must be finite".into()));
+    if s.min_score.is_some_and(|m| !m.is_finite()) {
+        return Err(format_err("min_score must be finite".into()));
     }
     if s.ticks == 0 || s.ticks > MAX_TICKS {
         return Err(format_err(format!(
@@ -217,7 +250,8 @@ mod tests {
     fn parses_the_documented_example() {
         let s = parse(Path::new("s.json"), GOOD.as_bytes()).unwrap();
         assert_eq!(s.ticks, 2000);
-        assert_eq!(s.initial.theta, 0.08);
+        assert_eq!(s.initial["theta"], 0.08);
+        assert_eq!(s.min_score, None);
         assert_eq!(s.name.as_deref(), Some("standard"));
         // The shipped scenario is the documented one.
         let shipped = include_str!("../../../sims/cartpole/scenarios/standard.json");
@@ -243,8 +277,12 @@ mod tests {
                 "unknown field `seed`",
             ),
             (
-                r#"{"initial": {"x": 0, "x_dot": 0, "theta": 0}, "ticks": 10, "pass_ticks": 10}"#,
-                "missing field `theta_dot`",
+                r#"{"initial": {"x": 0}, "ticks": 10, "pass_ticks": 10, "min_score": -1e999}"#,
+                "",
+            ),
+            (
+                r#"{"ticks": 10, "pass_ticks": 10}"#,
+                "missing field `initial`",
             ),
             (
                 r#"{"initial": {"x": 1e999, "x_dot": 0, "theta": 0, "theta_dot": 0}, "ticks": 10, "pass_ticks": 10}"#,
@@ -255,6 +293,45 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_initial_values_are_exactly_the_simulators() {
+        let meta = crate::sim::Metadata::parse(
+            br#"{"abi": 1, "name": "p", "version": "1", "ticks_per_second": 1,
+                 "state": [{"name": "a", "unit": ""}],
+                 "action": [{"name": "u", "unit": "", "min": 0, "max": 1}],
+                 "initial": [{"name": "b", "unit": ""}, {"name": "a", "unit": ""}]}"#,
+        )
+        .unwrap();
+        let scenario = |initial: &str, extra: &str| {
+            parse(
+                Path::new("s.json"),
+                format!(r#"{{"initial": {initial}, "ticks": 5, "pass_ticks": 5{extra}}}"#)
+                    .as_bytes(),
+            )
+            .unwrap()
+        };
+        // In the metadata's order, whatever the file's.
+        assert_eq!(
+            scenario(r#"{"a": 1, "b": 2.5}"#, "")
+                .check_against(&meta)
+                .unwrap(),
+            [2.5, 1.0]
+        );
+        for (initial, extra, want) in [
+            (r#"{"a": 1}"#, "", "`b` is missing"),
+            (r#"{"a": 1, "b": 2, "c": 3}"#, "", "`c` is not one"),
+            (r#"{"a": "1", "b": 2}"#, "", "`a` must be a finite number"),
+            (
+                r#"{"a": 1, "b": 2}"#,
+                r#", "min_score": 0.5"#,
+                "does not score",
+            ),
+        ] {
+            let e = scenario(initial, extra).check_against(&meta).unwrap_err();
+            assert!(e.contains(want), "{initial}: {e}");
         }
     }
 

@@ -1,7 +1,8 @@
-//! The trajectory file and its fingerprint (docs/trials.md, "Trajectory"): one 40-byte record
-//! per tick, five little-endian IEEE 754 doubles `x x_dot theta theta_dot force`, where the
-//! state is the one sent to the controller at that tick and the force is its answer as parsed
-//! (before the simulator's clamp). No header. Fingerprint = SHA-256 of the file's bytes.
+//! The trajectory file and its fingerprint (docs/trials.md, "Trajectory"): one record per
+//! tick, the state values sent to the controller at that tick and then the action values it
+//! answered as parsed (before the runner's clamp), each a little-endian IEEE 754 double. No
+//! header. Fingerprint = SHA-256 of the file's bytes. The cart-pole's record is 40 bytes:
+//! `x x_dot theta theta_dot force`.
 
 use std::io::{self, BufWriter, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -9,10 +10,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
-use crate::sim::State;
-
-/// Bytes per record.
-pub const RECORD_BYTES: usize = 40;
+/// Bytes per record for `state` state values and `action` action values.
+pub fn record_bytes(state: usize, action: usize) -> usize {
+    8 * (state + action)
+}
 
 /// Writing the trajectory failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,10 +67,10 @@ impl TrajectoryWriter {
     }
 
     /// Appends one record.
-    pub fn append(&mut self, state: &State, force: f64) -> Result<(), TrajectoryError> {
-        let record = encode(state, force);
-        self.hash.update(record);
-        self.bytes += RECORD_BYTES as u64;
+    pub fn append(&mut self, state: &[f64], action: &[f64]) -> Result<(), TrajectoryError> {
+        let record = encode(state, action);
+        self.hash.update(&record);
+        self.bytes += record.len() as u64;
         self.file
             .write_all(&record)
             .map_err(|source| TrajectoryError {
@@ -97,38 +98,31 @@ impl TrajectoryWriter {
 }
 
 /// One record's bytes.
-pub fn encode(state: &State, force: f64) -> [u8; RECORD_BYTES] {
-    let mut out = [0u8; RECORD_BYTES];
-    for (i, v) in [state.x, state.x_dot, state.theta, state.theta_dot, force]
+pub fn encode(state: &[f64], action: &[f64]) -> Vec<u8> {
+    state
         .iter()
-        .enumerate()
-    {
-        out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-    }
-    out
+        .chain(action)
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
 }
 
-/// Splits a trajectory file's bytes into (state, force) records. `None` if the length is not a
-/// whole number of records.
-pub fn decode(bytes: &[u8]) -> Option<Vec<(State, f64)>> {
-    if !bytes.len().is_multiple_of(RECORD_BYTES) {
+/// Splits a trajectory file's bytes into (state, action) records of `state` and `action`
+/// values. `None` if the length is not a whole number of records.
+pub fn decode(bytes: &[u8], state: usize, action: usize) -> Option<Vec<(Vec<f64>, Vec<f64>)>> {
+    let size = record_bytes(state, action);
+    if size == 0 || !bytes.len().is_multiple_of(size) {
         return None;
     }
     Some(
         bytes
-            .chunks_exact(RECORD_BYTES)
+            .chunks_exact(size)
             .map(|r| {
-                let v =
-                    |i: usize| f64::from_le_bytes(r[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-                (
-                    State {
-                        x: v(0),
-                        x_dot: v(1),
-                        theta: v(2),
-                        theta_dot: v(3),
-                    },
-                    v(4),
-                )
+                let values: Vec<f64> = r
+                    .chunks_exact(8)
+                    .map(|v| f64::from_le_bytes(v.try_into().expect("8 bytes")))
+                    .collect();
+                let (s, a) = values.split_at(state);
+                (s.to_vec(), a.to_vec())
             })
             .collect(),
     )
@@ -143,14 +137,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.bin");
         let mut w = TrajectoryWriter::create(&path).unwrap();
-        let s = State {
-            x: 1.0,
-            x_dot: -2.0,
-            theta: 0.5,
-            theta_dot: 0.25,
-        };
-        w.append(&s, 3.0).unwrap();
-        w.append(&s, -0.0).unwrap();
+        let s = [1.0, -2.0, 0.5, 0.25];
+        w.append(&s, &[3.0]).unwrap();
+        w.append(&s, &[-0.0]).unwrap();
         let written = w.finish().unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(bytes.len(), 80);
@@ -159,8 +148,12 @@ mod tests {
         assert_eq!(&bytes[32..40], &3.0f64.to_le_bytes());
         assert_eq!(&bytes[72..80], &[0, 0, 0, 0, 0, 0, 0, 0x80]);
         assert_eq!(written.fingerprint, hex::encode(Sha256::digest(&bytes)));
-        let back = decode(&bytes).unwrap();
-        assert_eq!(back, vec![(s, 3.0), (s, -0.0)]);
-        assert!(decode(&bytes[..79]).is_none());
+        let back = decode(&bytes, 4, 1).unwrap();
+        assert_eq!(
+            back,
+            vec![(s.to_vec(), vec![3.0]), (s.to_vec(), vec![-0.0])]
+        );
+        assert!(decode(&bytes[..79], 4, 1).is_none());
+        assert_eq!(decode(&bytes, 3, 2).unwrap()[1].1, vec![0.25, -0.0]);
     }
 }

@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use crate::controller::{Controller, Fault, SpawnControllerError};
 use crate::launcher::{Launcher, LauncherError};
-use crate::protocol::{parse_force, shown, state_line};
+use crate::protocol::{parse_action, shown, state_line};
 use crate::scenario::Scenario;
-use crate::sim::{SimulatorError, SimulatorModule};
+use crate::sim::{SimulatorError, SimulatorModule, Step, clamp};
 use crate::trajectory::{TrajectoryError, TrajectoryWriter};
-use crate::verdict::{EndReason, TrialVerdict};
+use crate::verdict::{EndReason, NamedValues, TrialVerdict};
 
 /// The answer deadlines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,17 +91,25 @@ pub enum RunTrialError {
 
 /// Where a loop stopped.
 enum Stop {
+    /// Every tick ran.
     Completed,
-    Fell(u64),
+    /// The simulator completed the trial early, for this reason.
+    CompletedEarly(String),
+    /// The simulator failed it after this tick, for this reason.
+    Failed(u64, String),
+    /// The controller made a fault.
     Fault(EndReason, String),
 }
 
-/// Runs one trial, writing to `trajectory` (created at `trajectory_path`), the controller
-/// started by `launcher`. The controller is ended (every process of its uid killed and
-/// reaped) whatever happens.
+/// Runs one trial from `initial` (the scenario's values, checked: `init` accepted them),
+/// writing to `trajectory` (created at `trajectory_path`), the controller started by
+/// `launcher`. The controller is ended (every process of its uid killed and reaped) whatever
+/// happens.
+#[allow(clippy::too_many_arguments)]
 pub fn run_trial(
     module: &SimulatorModule,
     scenario: &Scenario,
+    initial: &[f64],
     scenario_path: &Path,
     launcher: &mut Launcher,
     deadlines: Deadlines,
@@ -117,9 +125,17 @@ pub fn run_trial(
             source,
         }
     };
+    let metadata = module.metadata();
     let mut sim = module.instantiate().map_err(sim_err(0))?;
-    sim.init(&scenario.initial.into()).map_err(sim_err(0))?;
-    let tps = sim.ticks_per_second().map_err(sim_err(0))?;
+    if let Err(reason) = sim.init(initial).map_err(sim_err(0))? {
+        // The runner checked this scenario on another instance before any controller started.
+        return Err(sim_err(0)(SimulatorError::Contract(format!(
+            "init refused a scenario it accepted before: {reason}"
+        ))));
+    }
+    let tps = metadata.ticks_per_second;
+    let mut state = Vec::with_capacity(metadata.state.len());
+    let mut clamped = Vec::with_capacity(metadata.action.len());
 
     let started = Instant::now();
     let mut controller = Controller::start(launcher).map_err(|source| RunTrialError::Spawn {
@@ -129,7 +145,7 @@ pub fn run_trial(
     let mut ticks = 0u64;
     let looped = (|| -> Result<Stop, RunTrialError> {
         for k in 0..scenario.ticks {
-            let state = sim.state().map_err(sim_err(k))?;
+            sim.state(&mut state).map_err(sim_err(k))?;
             let line = state_line(&state);
             let deadline = Instant::now()
                 + if k == 0 {
@@ -169,8 +185,8 @@ pub fn run_trial(
                     });
                 }
             };
-            let force = match parse_force(&answer) {
-                Ok(f) => f,
+            let action = match parse_action(&answer, metadata.action.len()) {
+                Ok(a) => a,
                 Err(e) => {
                     return Ok(Stop::Fault(
                         EndReason::ControllerGarbage,
@@ -179,15 +195,18 @@ pub fn run_trial(
                 }
             };
             trajectory
-                .append(&state, force)
+                .append(&state, &action)
                 .map_err(|source| RunTrialError::Trajectory {
                     scenario: label.clone(),
                     source,
                 })?;
-            let fell = sim.step(force).map_err(sim_err(k))?;
+            clamp(metadata, &action, &mut clamped);
+            let step = sim.step(&clamped).map_err(sim_err(k))?;
             ticks = k + 1;
-            if fell {
-                return Ok(Stop::Fell(ticks));
+            match step {
+                Step::Continue => {}
+                Step::Failed(reason) => return Ok(Stop::Failed(ticks, reason)),
+                Step::Completed(reason) => return Ok(Stop::CompletedEarly(reason)),
             }
         }
         Ok(Stop::Completed)
@@ -219,14 +238,21 @@ pub fn run_trial(
             scenario: label.clone(),
             source,
         })?;
-    let final_state = sim.state().map_err(sim_err(ticks))?;
-    let (end_reason, detail, fell_at_tick) = match stop {
-        Stop::Completed => (EndReason::Completed, None, None),
-        Stop::Fell(k) => (EndReason::Fell, None, Some(k)),
-        Stop::Fault(reason, detail) => (reason, Some(detail), None),
+    sim.state(&mut state).map_err(sim_err(ticks))?;
+    let score = sim.score().map_err(sim_err(ticks))?;
+    let (end_reason, detail, failed_at_tick, completed_early) = match stop {
+        Stop::Completed => (EndReason::Completed, None, None, false),
+        Stop::CompletedEarly(reason) => (EndReason::Completed, Some(reason), None, true),
+        Stop::Failed(k, reason) => (EndReason::Failed, Some(reason), Some(k), false),
+        Stop::Fault(reason, detail) => (reason, Some(detail), None, false),
     };
-    let held = fell_at_tick.map_or(ticks, |k| k - 1);
-    let pass = !end_reason.is_controller_fault() && held >= scenario.pass_ticks;
+    let held = failed_at_tick.map_or(ticks, |k| k - 1);
+    let reached = completed_early || held >= scenario.pass_ticks;
+    let scored = match (scenario.min_score, score) {
+        (Some(least), Some(score)) => score >= least,
+        _ => true,
+    };
+    let pass = !end_reason.is_controller_fault() && reached && scored;
     Ok(TrialVerdict {
         scenario: label,
         name: scenario.name.clone(),
@@ -236,9 +262,18 @@ pub fn run_trial(
         ticks,
         scenario_ticks: scenario.ticks,
         pass_ticks: scenario.pass_ticks,
-        fell_at_tick,
-        fell_at_seconds: fell_at_tick.map(|k| k as f64 / f64::from(tps)),
-        final_state: final_state.into(),
+        min_score: scenario.min_score,
+        failed_at_tick,
+        failed_at_seconds: failed_at_tick.map(|k| k as f64 / f64::from(tps)),
+        score,
+        final_state: NamedValues(
+            metadata
+                .state
+                .iter()
+                .zip(&state)
+                .map(|(v, &x)| (v.name.clone(), x))
+                .collect(),
+        ),
         fingerprint: written.fingerprint,
         trajectory: trajectory_path.display().to_string(),
         trajectory_bytes: written.bytes,

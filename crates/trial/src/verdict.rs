@@ -4,18 +4,18 @@
 use serde::Serialize;
 
 use crate::controller::ExitInfo;
-use crate::sim::State;
+use crate::sim::Metadata;
 
 /// The verdict's format name.
-pub const VERDICT_FORMAT: &str = "plimsoll-trial-verdict/1";
+pub const VERDICT_FORMAT: &str = "plimsoll-trial-verdict/2";
 
 /// Every trial of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Verdict {
     /// [`VERDICT_FORMAT`].
     pub format: &'static str,
-    /// Lowercase hex SHA-256 of the simulator module.
-    pub simulator_sha256: String,
+    /// The simulator that examined the controller.
+    pub simulator: SimulatorJson,
     /// The controller command as given (lossy UTF-8).
     pub controller: Vec<String>,
     /// Every trial passed.
@@ -24,14 +24,27 @@ pub struct Verdict {
     pub trials: Vec<TrialVerdict>,
 }
 
+/// The simulator, as the verdict names it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimulatorJson {
+    /// Its name (the image declared it under this name, and its metadata says the same).
+    pub name: String,
+    /// Its version, from its metadata.
+    pub version: String,
+    /// Lowercase hex SHA-256 of the module's bytes.
+    pub sha256: String,
+    /// Its whole metadata: what the report needs to chart a trajectory.
+    pub metadata: Metadata,
+}
+
 /// How a trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EndReason {
-    /// All the scenario's ticks ran and the pole never fell.
+    /// All the scenario's ticks ran, or the simulator completed the trial early.
     Completed,
-    /// The state became fallen.
-    Fell,
+    /// The simulator failed the trial (the pole fell, the tank overflowed): `detail` says why.
+    Failed,
     /// No full answer line before the tick's deadline.
     ControllerTimeout,
     /// An answer line that is not a finite number.
@@ -45,31 +58,22 @@ pub enum EndReason {
 impl EndReason {
     /// True for the ends that are the controller's fault.
     pub fn is_controller_fault(self) -> bool {
-        !matches!(self, EndReason::Completed | EndReason::Fell)
+        !matches!(self, EndReason::Completed | EndReason::Failed)
     }
 }
 
-/// A state in the verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct StateJson {
-    /// Cart position, m.
-    pub x: f64,
-    /// Cart velocity, m/s.
-    pub x_dot: f64,
-    /// Pole angle, rad.
-    pub theta: f64,
-    /// Pole angular velocity, rad/s.
-    pub theta_dot: f64,
-}
+/// Named values in the metadata's order (a state), as one JSON object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedValues(pub Vec<(String, f64)>);
 
-impl From<State> for StateJson {
-    fn from(s: State) -> Self {
-        StateJson {
-            x: s.x,
-            x_dot: s.x_dot,
-            theta: s.theta,
-            theta_dot: s.theta_dot,
+impl Serialize for NamedValues {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (name, value) in &self.0 {
+            map.serialize_entry(name, value)?;
         }
+        map.end()
     }
 }
 
@@ -101,9 +105,11 @@ pub struct TrialVerdict {
     pub name: Option<String>,
     /// How it ended.
     pub end_reason: EndReason,
-    /// For a controller fault: what happened, at which tick.
+    /// For a failure, or a completion the simulator decided: its reason; for a controller
+    /// fault: what happened, at which tick.
     pub detail: Option<String>,
-    /// The pole stayed up for `pass_ticks` ticks and the controller made no fault.
+    /// The controller made no fault, the trial held `pass_ticks` ticks without a failure (or
+    /// the simulator completed it), and the score is at least `min_score` where one is given.
     pub pass: bool,
     /// Ticks run: records in the trajectory, steps taken.
     pub ticks: u64,
@@ -111,17 +117,21 @@ pub struct TrialVerdict {
     pub scenario_ticks: u64,
     /// The scenario's `pass_ticks`.
     pub pass_ticks: u64,
-    /// The step after which the state was first fallen (1-based), or null.
-    pub fell_at_tick: Option<u64>,
-    /// `fell_at_tick` in simulated seconds, or null.
-    pub fell_at_seconds: Option<f64>,
-    /// The state after the last step.
-    pub final_state: StateJson,
+    /// The scenario's `min_score`, or null.
+    pub min_score: Option<f64>,
+    /// The step after which the simulator failed the trial (1-based), or null.
+    pub failed_at_tick: Option<u64>,
+    /// `failed_at_tick` in simulated seconds, or null.
+    pub failed_at_seconds: Option<f64>,
+    /// The simulator's score at the end, or null for a simulator that does not score.
+    pub score: Option<f64>,
+    /// The state after the last step, by variable name.
+    pub final_state: NamedValues,
     /// Lowercase hex SHA-256 of the trajectory file.
     pub fingerprint: String,
     /// Where the trajectory was written.
     pub trajectory: String,
-    /// Its size: 40 × `ticks`.
+    /// Its size: 8 × (state values + action values) × `ticks`.
     pub trajectory_bytes: u64,
     /// How the controller's first process ended (usually killed, signal 9, by the runner at the
     /// end of the trial), or null if it could not be reaped.

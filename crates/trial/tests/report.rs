@@ -9,9 +9,11 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 use plimsoll_testing::skip_or_fail;
-use plimsoll_trial::State;
 use plimsoll_trial::report::{self, ReportInput, RunInput};
-use plimsoll_trial::trajectory::{RECORD_BYTES, encode};
+use plimsoll_trial::trajectory::encode;
+
+/// The cart-pole's trajectory record: four state values and the force.
+const RECORD_BYTES: usize = 40;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
@@ -257,17 +259,7 @@ fn untrusted_strings_stay_inert() {
     let traj = |forces: &[f64]| -> Vec<u8> {
         forces
             .iter()
-            .flat_map(|f| {
-                encode(
-                    &State {
-                        x: 0.0,
-                        x_dot: 0.0,
-                        theta: 0.01,
-                        theta_dot: 0.0,
-                    },
-                    *f,
-                )
-            })
+            .flat_map(|f| encode(&[0.0, 0.0, 0.01, 0.0], &[*f]))
             .collect()
     };
     let run = |label: &str, t: Vec<u8>| RunInput {

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use plimsoll_testing::skip_or_fail;
-use plimsoll_trial::State;
 use plimsoll_trial::launcher::processes_of_uid;
 use plimsoll_trial::trajectory::decode;
 use serde_json::Value;
@@ -40,11 +39,43 @@ fn can_run(test: &str, needs: &[&str]) -> bool {
     false
 }
 
-/// A working directory owned by the test's runner uid, and the uid pair.
+/// The cart-pole's four state values.
+type State = [f64; 4];
+
+/// A working directory owned by the test's runner uid, the uid pair, and a simulator index
+/// holding the shipped cart-pole (root's, readable by all).
 struct Fixture {
     dir: tempfile::TempDir,
     uid: u32,
     cuid: u32,
+    sims: tempfile::TempDir,
+}
+
+/// Writes `sims` (name and module) and their index into `dir`, readable by all.
+fn write_index(dir: &Path, sims: &[(&str, &[u8])]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut entries = Vec::new();
+    for (name, wasm) in sims {
+        let path = dir.join(format!("{name}.wasm"));
+        std::fs::write(&path, wasm).unwrap();
+        entries.push(serde_json::json!({
+            "name": name,
+            "path": path,
+            "sha256": hex::encode(Sha256::digest(wasm)),
+        }));
+    }
+    let index = dir.join("index.json");
+    std::fs::write(
+        &index,
+        serde_json::json!({"format": "plimsoll-simulators/1", "simulators": entries}).to_string(),
+    )
+    .unwrap();
+    index
+}
+
+fn cartpole() -> &'static [u8] {
+    plimsoll_sims::get("cartpole").unwrap().wasm
 }
 
 impl Fixture {
@@ -58,11 +89,24 @@ impl Fixture {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
+        let sims = tempfile::tempdir().unwrap();
+        write_index(sims.path(), &[("cartpole", cartpole())]);
         Fixture {
             dir,
             uid,
             cuid: uid + 1,
+            sims,
         }
+    }
+
+    /// `--simulator cartpole` from the fixture's index.
+    fn cartpole(&self) -> Vec<String> {
+        vec![
+            "--simulator".into(),
+            "cartpole".into(),
+            "--simulators-index".into(),
+            self.sims.path().join("index.json").display().to_string(),
+        ]
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -104,11 +148,17 @@ impl Fixture {
             "--controller-gid".into(),
             ids[3].to_string(),
         ];
+        let names_one = args.iter().any(|a| *a == "--sim" || *a == "--simulator");
         #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
         let out = Command::new(RUNNER)
             .current_dir(self.dir.path())
             .env("TRIAL_TEST_SECRET", "s3cr3t-in-the-runner-environment")
             .args(ids)
+            .args(if names_one {
+                Vec::new()
+            } else {
+                self.cartpole()
+            })
             .args(args)
             .arg("--")
             .args(controller)
@@ -132,11 +182,13 @@ fn trial(out: &Output) -> Value {
     let text = String::from_utf8(out.stdout.clone()).unwrap();
     assert_eq!(text.lines().count(), 1, "one line of JSON: {text}");
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    assert_eq!(v["format"], "plimsoll-trial-verdict/1");
+    assert_eq!(v["format"], "plimsoll-trial-verdict/2");
+    assert_eq!(v["simulator"]["name"], "cartpole");
     assert_eq!(
-        v["simulator_sha256"],
-        hex::encode(Sha256::digest(plimsoll_trial::CARTPOLE_WASM))
+        v["simulator"]["sha256"],
+        hex::encode(Sha256::digest(cartpole()))
     );
+    assert_eq!(v["simulator"]["metadata"]["ticks_per_second"], 100);
     let trials = v["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 1);
     assert_eq!(v["pass"], trials[0]["pass"]);
@@ -183,20 +235,12 @@ fn rk4_step(s: &State, force: f64) -> State {
             q[3] + h * k[3],
         ]
     };
-    let q = [s.x, s.x_dot, s.theta, s.theta_dot];
+    let q = *s;
     let k1 = d(q);
     let k2 = d(add(q, k1, tau / 2.0));
     let k3 = d(add(q, k2, tau / 2.0));
     let k4 = d(add(q, k3, tau));
-    let n: Vec<f64> = (0..4)
-        .map(|i| q[i] + tau / 6.0 * (k1[i] + 2.0 * k2[i] + 2.0 * k3[i] + k4[i]))
-        .collect();
-    State {
-        x: n[0],
-        x_dot: n[1],
-        theta: n[2],
-        theta_dot: n[3],
-    }
+    std::array::from_fn(|i| q[i] + tau / 6.0 * (k1[i] + 2.0 * k2[i] + 2.0 * k3[i] + k4[i]))
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -224,8 +268,10 @@ fn accepted_javascript_passes_with_the_same_fingerprint_twice() {
         assert_eq!(t["end_reason"], "completed", "{t}");
         assert_eq!(t["pass"], true);
         assert_eq!(t["ticks"], 2000);
-        assert_eq!(t["fell_at_tick"], Value::Null);
-        assert_eq!(t["fell_at_seconds"], Value::Null);
+        assert_eq!(t["failed_at_tick"], Value::Null);
+        assert_eq!(t["failed_at_seconds"], Value::Null);
+        assert_eq!(t["detail"], Value::Null);
+        assert_eq!(t["score"], Value::Null);
         assert_eq!(t["name"], "standard");
         assert_eq!(t["trajectory_bytes"], 80_000);
         assert!(!scenario.exists(), "the scenario file was deleted");
@@ -239,33 +285,24 @@ fn accepted_javascript_passes_with_the_same_fingerprint_twice() {
         // The trajectory: the documented record layout, the documented scenario as the first
         // state, the controller's law as the forces, and the documented dynamics between
         // records (to 1e-12: the module's sin/cos are wasi-libc's, these are the host's).
-        let records = decode(&std::fs::read(&traj).unwrap()).unwrap();
+        let records: Vec<(State, f64)> = decode(&std::fs::read(&traj).unwrap(), 4, 1)
+            .unwrap()
+            .into_iter()
+            .map(|(s, a)| (s.try_into().unwrap(), a[0]))
+            .collect();
         assert_eq!(records.len(), 2000);
         let (s0, _) = records[0];
-        assert_eq!(
-            (s0.x, s0.x_dot, s0.theta, s0.theta_dot),
-            (0.3, -0.1, 0.08, 0.05)
-        );
+        assert_eq!(s0, [0.3, -0.1, 0.08, 0.05]);
         for (k, (s, f)) in records.iter().enumerate() {
-            let law = 1.0 * s.x + 2.0 * s.x_dot + 25.0 * s.theta + 5.0 * s.theta_dot;
+            let law = 1.0 * s[0] + 2.0 * s[1] + 25.0 * s[2] + 5.0 * s[3];
             assert_eq!(f.to_bits(), law.to_bits(), "force at tick {k}");
             let next = records.get(k + 1).map(|(n, _)| *n).unwrap_or_else(|| {
                 let fs = &t["final_state"];
-                State {
-                    x: fs["x"].as_f64().unwrap(),
-                    x_dot: fs["x_dot"].as_f64().unwrap(),
-                    theta: fs["theta"].as_f64().unwrap(),
-                    theta_dot: fs["theta_dot"].as_f64().unwrap(),
-                }
+                ["x", "x_dot", "theta", "theta_dot"].map(|n| fs[n].as_f64().unwrap())
             });
             let want = rk4_step(s, *f);
-            for (a, b) in [
-                (next.x, want.x),
-                (next.x_dot, want.x_dot),
-                (next.theta, want.theta),
-                (next.theta_dot, want.theta_dot),
-            ] {
-                assert!(close(a, b), "tick {k}: module {a} vs documented {b}");
+            for (a, b) in next.iter().zip(want) {
+                assert!(close(*a, b), "tick {k}: module {a} vs documented {b}");
             }
         }
         prints.push(t["fingerprint"].as_str().unwrap().to_owned());
@@ -317,13 +354,14 @@ fn the_draft_falls_with_another_fingerprint() {
         let t = trial(&out);
         if name == "draft.js" {
             assert_eq!(out.status.code(), Some(1), "a failed trial exits 1");
-            assert_eq!(t["end_reason"], "fell", "{t}");
+            assert_eq!(t["end_reason"], "failed", "{t}");
+            assert!(t["detail"].as_str().unwrap().contains("pole"), "{t}");
             assert_eq!(t["pass"], false);
-            let k = t["fell_at_tick"].as_u64().unwrap();
-            assert!(k > 0 && k < 2000, "{t}");
+            let k = t["failed_at_tick"].as_u64().unwrap();
+            assert_eq!(k, 188, "the documented fall: {t}");
             assert_eq!(t["ticks"], k);
             assert_eq!(t["trajectory_bytes"], 40 * k);
-            assert_eq!(t["fell_at_seconds"].as_f64().unwrap(), k as f64 / 100.0);
+            assert_eq!(t["failed_at_seconds"].as_f64().unwrap(), k as f64 / 100.0);
             let fs = &t["final_state"];
             let (x, theta) = (fs["x"].as_f64().unwrap(), fs["theta"].as_f64().unwrap());
             assert!(x.abs() > 2.4 || theta.abs() > 12f64.to_radians(), "{t}");
@@ -606,13 +644,23 @@ fn wasm_module(fx: &Fixture, name: &str, wat: &str) -> PathBuf {
     p
 }
 
-const SIM_HEAD: &str = r#"
-  (memory (export "memory") 1)
-  (func (export "init") (param f64 f64 f64 f64))
-  (func (export "state") (param i32) (result f64) f64.const 0)
-  (func (export "fallen") (result i32) i32.const 0)
-  (func (export "ticks_per_second") (result i32) i32.const 100)
-"#;
+/// A one-variable simulator of plimsoll-sim/1 in the text format, with `step`'s body given.
+fn sim_wat(step: &str, head: &str) -> String {
+    let meta = r#"{"abi": 1, "name": "probe", "version": "1", "ticks_per_second": 100, "state": [{"name": "x", "unit": ""}], "action": [{"name": "u", "unit": "", "min": -1, "max": 1}], "initial": [{"name": "x", "unit": ""}]}"#
+        .replace('"', "\\\"");
+    format!(
+        r#"(module {head}
+          (memory (export "memory") 1)
+          (data (i32.const 1024) "{meta}\00")
+          (func (export "plimsoll_sim_abi") (result i32) i32.const 1)
+          (func (export "metadata") (result i32) i32.const 1024)
+          (func (export "buffer") (result i32) i32.const 8192)
+          (func (export "init") (result i32) i32.const 0)
+          (func (export "state") (param i32) (result f64) f64.const 0)
+          (func (export "reason") (result i32) i32.const 1024)
+          (func (export "step") (result i32) {step}))"#
+    )
+}
 
 #[test]
 fn a_simulator_out_of_fuel_or_memory_is_a_clean_error() {
@@ -624,25 +672,26 @@ fn a_simulator_out_of_fuel_or_memory_is_a_clean_error() {
     }
     let fx = Fixture::new(10);
     let answer_zero = ["/bin/sh", "-c", "while read l; do echo 0; done"];
+    let scenario = r#"{"initial": {"x": 0}, "ticks": 100, "pass_ticks": 100}"#;
     let looping = wasm_module(
         &fx,
         "loop.wasm",
-        &format!(
-            r#"(module {SIM_HEAD} (func (export "step") (param f64) (result i32) (loop $l (br $l)) i32.const 0))"#
-        ),
+        &sim_wat("(loop $l (br $l)) i32.const 0", ""),
     );
     let greedy = wasm_module(
         &fx,
         "greedy.wasm",
-        &format!(
-            r#"(module {SIM_HEAD} (func (export "step") (param f64) (result i32) (drop (memory.grow (i32.const 1000))) i32.const 0))"#
-        ),
+        &sim_wat("(drop (memory.grow (i32.const 1000))) i32.const 0", ""),
     );
+    let trapping = wasm_module(&fx, "trap.wasm", &sim_wat("unreachable", ""));
+    let wrong = wasm_module(&fx, "wrong.wasm", &sim_wat("i32.const 9", ""));
     for (sim, want) in [
-        (&looping, "ran out of fuel"),
+        (&looping, "ran out of fuel in `step`"),
         (&greedy, "trapped in `step`"),
+        (&trapping, "trapped in `step`"),
+        (&wrong, "step() returned 9"),
     ] {
-        fx.scenario("s.json", 100, 100);
+        fx.file("s.json", scenario);
         let out = fx.run(
             &["--scenario", "s.json", "--sim", sim.to_str().unwrap()],
             &answer_zero,
@@ -652,29 +701,122 @@ fn a_simulator_out_of_fuel_or_memory_is_a_clean_error() {
         assert!(stderr(&out).contains(want), "{}", stderr(&out));
     }
 
-    // A module that imports its maths, or lacks an export, never starts a controller, and the
-    // scenario file is left alone (nothing was read).
+    // A module that imports its maths, or lacks an export, never starts a controller; the
+    // scenario files are deleted all the same.
     let importing = wasm_module(
         &fx,
         "importing.wasm",
-        &format!(
-            r#"(module (import "env" "sin" (func (param f64) (result f64))) {SIM_HEAD} (func (export "step") (param f64) (result i32) i32.const 0))"#
+        &sim_wat(
+            "i32.const 0",
+            r#"(import "env" "sin" (func (param f64) (result f64)))"#,
         ),
     );
-    let incomplete = wasm_module(&fx, "incomplete.wasm", &format!("(module {SIM_HEAD})"));
+    let incomplete = wasm_module(
+        &fx,
+        "incomplete.wasm",
+        &sim_wat("i32.const 0", "").replace(r#"(export "reason")"#, ""),
+    );
     for (sim, want) in [
         (&importing, "imports `env.sin`"),
-        (&incomplete, "does not export `step`"),
+        (&incomplete, "does not export `reason`"),
     ] {
-        let s = fx.scenario("s.json", 100, 100);
+        let s = fx.file("s.json", scenario);
         let out = fx.run(
             &["--scenario", "s.json", "--sim", sim.to_str().unwrap()],
             &answer_zero,
         );
         assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
         assert!(stderr(&out).contains(want), "{}", stderr(&out));
-        assert!(s.exists());
+        assert!(!s.exists(), "the scenario was deleted");
     }
+}
+
+/// The simulator comes from the index, by name, with the digest the index declares: another
+/// name, another digest asked for, or a module whose bytes changed under the index, is
+/// refused before any controller starts.
+#[test]
+fn the_simulator_is_the_one_the_index_declares() {
+    if !can_run("the_simulator_is_the_one_the_index_declares", &["/bin/sh"]) {
+        return;
+    }
+    let fx = Fixture::new(17);
+    let marker = fx.path("controller-ran");
+    let controller = format!("touch {}", marker.display());
+    let index = fx.sims.path().join("index.json");
+    let index = index.to_str().unwrap();
+    let sha = hex::encode(Sha256::digest(cartpole()));
+    let other = "0".repeat(64);
+    for (args, want) in [
+        (
+            vec!["--simulator", "tank", "--simulators-index", index],
+            "has no simulator named tank (it has: cartpole)",
+        ),
+        (
+            vec![
+                "--simulator",
+                "cartpole",
+                "--simulator-sha256",
+                &other,
+                "--simulators-index",
+                index,
+            ],
+            "with SHA-256 0000",
+        ),
+        (
+            vec!["--simulator", "cartpole"],
+            "/opt/plimsoll/simulators/index.json",
+        ),
+        (
+            vec![
+                "--simulator",
+                "cartpole",
+                "--simulator-sha256",
+                "ABC",
+                "--simulators-index",
+                index,
+            ],
+            "64 lowercase hex",
+        ),
+    ] {
+        let s = fx.scenario("s.json", 10, 10);
+        let mut all = args.clone();
+        all.extend(["--scenario", "s.json"]);
+        let out = fx.run(&all, &["/bin/sh", "-c", &controller]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+        assert!(!marker.exists(), "no controller started");
+        let _ = std::fs::remove_file(s);
+    }
+    // The right digest is taken.
+    fx.scenario("s.json", 10, 10);
+    let out = fx.run(
+        &[
+            "--simulator",
+            "cartpole",
+            "--simulator-sha256",
+            &sha,
+            "--simulators-index",
+            index,
+            "--scenario",
+            "s.json",
+        ],
+        &["/bin/sh", "-c", "while read l; do echo 0; done"],
+    );
+    assert_eq!(trial(&out)["ticks"], 10, "{}", stderr(&out));
+    // A module changed after the index was written.
+    let module = fx.sims.path().join("cartpole.wasm");
+    let mut bytes = cartpole().to_vec();
+    bytes.push(0);
+    std::fs::write(&module, bytes).unwrap();
+    fx.scenario("s.json", 10, 10);
+    let out = fx.run(&["--scenario", "s.json"], &["/bin/sh", "-c", &controller]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("not the {sha} its image declares")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!marker.exists());
 }
 
 #[test]
@@ -689,7 +831,15 @@ fn bad_scenarios_are_deleted_and_nothing_starts() {
         ("{not json", "not a valid scenario"),
         (
             r#"{"initial": {"x": 0, "x_dot": 0, "theta": 0.5, "theta_dot": 0}, "ticks": 10, "pass_ticks": 10}"#,
-            "already fallen",
+            "the simulator cartpole refused it: the initial state is already fallen",
+        ),
+        (
+            r#"{"initial": {"x": 0, "x_dot": 0, "theta": 0}, "ticks": 10, "pass_ticks": 10}"#,
+            "initial value `theta_dot` is missing",
+        ),
+        (
+            r#"{"initial": {"x": 0, "x_dot": 0, "theta": 0, "theta_dot": 0}, "ticks": 10, "pass_ticks": 10, "min_score": 1}"#,
+            "does not score",
         ),
     ] {
         let good = fx.scenario("good.json", 10, 10);
@@ -729,6 +879,7 @@ fn without_privileges_the_runner_refuses_and_reads_nothing() {
         Command::new(RUNNER).current_dir(fx.dir.path()),
         fx.uid,
     )
+    .args(fx.cartpole())
     .args(["--uid", &fx.uid.to_string(), "--gid", &fx.uid.to_string()])
     .args([
         "--controller-uid",
@@ -776,6 +927,7 @@ fn a_busy_controller_uid_is_refused() {
     #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
     let out = Command::new(RUNNER)
         .current_dir(fx.dir.path())
+        .args(fx.cartpole())
         .args(["--uid", &fx.uid.to_string(), "--gid", &fx.uid.to_string()])
         .args([
             "--controller-uid",
@@ -803,6 +955,7 @@ fn a_killed_runner_leaves_no_controller_behind() {
     #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
     let mut runner = Command::new(RUNNER)
         .current_dir(fx.dir.path())
+        .args(fx.cartpole())
         .args(["--uid", &fx.uid.to_string(), "--gid", &fx.uid.to_string()])
         .args([
             "--controller-uid",
@@ -890,32 +1043,29 @@ fn reproducible_verdicts_are_identical_byte_for_byte() {
     assert!(trial(&out)["wall_ms"].is_u64());
 }
 
-/// `--bench-sim` and `--export-sim` act before the runner gives anything up (the benchmark
-/// runs the `--sim` file, the export writes where told), so a runner holding a capability
-/// (as root here, or as a sandbox's trial step) refuses both and touches nothing.
+/// `--bench-sim` acts before the runner gives anything up (it reads the scenario it is given
+/// and the module), so a runner holding a capability (as root here, or as a sandbox's trial
+/// step) refuses it and reads nothing.
 #[test]
-fn the_privileged_modes_are_refused_with_capabilities() {
-    if !can_run("the_privileged_modes_are_refused_with_capabilities", &[]) {
+fn the_benchmark_is_refused_with_capabilities() {
+    if !can_run("the_benchmark_is_refused_with_capabilities", &[]) {
         return;
     }
     let fx = Fixture::new(16);
-    let out_path = fx.path("exported.wasm");
-    for args in [
-        vec!["--bench-sim".to_owned(), "10".to_owned()],
-        vec![
-            "--export-sim".to_owned(),
-            out_path.to_str().unwrap().to_owned(),
-        ],
-    ] {
-        #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
-        let out = Command::new(RUNNER).args(&args).output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains("run only without capabilities"),
-            "{}",
-            stderr(&out)
-        );
-        assert!(out.stdout.is_empty());
-    }
-    assert!(!out_path.exists(), "the export wrote as root");
+    let s = fx.scenario("s.json", 10, 10);
+    #[allow(clippy::disallowed_methods, reason = "the test runs the runner binary")]
+    let out = Command::new(RUNNER)
+        .current_dir(fx.dir.path())
+        .args(fx.cartpole())
+        .args(["--bench-sim", "10", "--scenario", "s.json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("runs only without capabilities"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
+    assert!(s.exists());
 }

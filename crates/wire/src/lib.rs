@@ -15,6 +15,7 @@ mod request;
 mod result;
 mod session;
 mod shape;
+pub mod simulators;
 mod tier;
 pub mod trial_step;
 

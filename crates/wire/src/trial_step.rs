@@ -14,16 +14,19 @@ pub const TRIAL_RUNNER: &str = "plimsoll-trial-runner";
 /// Where the runner is inside a sandbox (read-only, put there by the provider).
 pub const TRIAL_RUNNER_PATH: &str = "/opt/plimsoll/bin/plimsoll-trial-runner";
 
-/// Options the sandbox supplies, that only the runner itself may use, or that act before
-/// the runner gives up its privileges (`--export-sim`, `--bench-sim`).
-const RESERVED: [&str; 7] = [
+/// Options the sandbox supplies, that only the runner itself may use, that act before the
+/// runner gives up its privileges (`--bench-sim`), or that would take the simulator from
+/// elsewhere than the image (`--sim`, `--simulators-index`: a trial's simulator is always one
+/// its image declares, docs/simulators.md).
+const RESERVED: [&str; 8] = [
     "--uid",
     "--gid",
     "--controller-uid",
     "--controller-gid",
     "--args-fd",
-    "--export-sim",
     "--bench-sim",
+    "--sim",
+    "--simulators-index",
 ];
 
 /// The two uids and gids of a run with a trial step: the run's own (the runner's, `R`) and
@@ -213,8 +216,9 @@ mod tests {
             "--uid",
             "--controller-gid",
             "--args-fd",
-            "--export-sim",
             "--bench-sim",
+            "--sim",
+            "--simulators-index",
         ] {
             let run = format!("plimsoll-trial-runner {opt} 7 -- node a.js");
             let got = trial_step(&step(&run)).unwrap().unwrap_err();

@@ -408,7 +408,7 @@ fn trial_words() -> impl Strategy<Value = Vec<String>> {
             Just("--scenario".to_owned()), Just("--scenario=./s.json".to_owned()),
             Just("--uid".to_owned()), Just("--uid=0".to_owned()), Just("--gid".to_owned()),
             Just("--controller-uid".to_owned()), Just("--controller-gid=5".to_owned()),
-            Just("--args-fd".to_owned()), Just("--export-sim".to_owned()),
+            Just("--args-fd".to_owned()), Just("--sim".to_owned()), Just("--simulators-index=/i".to_owned()),
             Just("--bench-sim".to_owned()), Just("--".to_owned()), Just("/work/./s".to_owned()),
         ],
         1 => "[ -~]{1,4}",
@@ -525,7 +525,7 @@ proptest! {
                     let name = a.split('=').next().unwrap();
                     prop_assert!(
                         !["--uid", "--gid", "--controller-uid", "--controller-gid", "--args-fd",
-                          "--export-sim", "--bench-sim"].contains(&name),
+                          "--bench-sim", "--sim", "--simulators-index"].contains(&name),
                         "reserved option {a:?} passed in {run:?}"
                     );
                 }

@@ -1,0 +1,179 @@
+//! Finding a trial's simulator by name in a simulator index (docs/simulators.md, "Simulators
+//! in images"). In a sandbox the index is the image's own ([`IMAGE_INDEX`]): it and the module
+//! must sit on a read-only filesystem, so the simulator is the image's, never the caller's.
+
+use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+
+pub use plimsoll_wire::simulators::{IMAGE_INDEX, INDEX_FORMAT};
+use plimsoll_wire::simulators::{MAX_INDEX_BYTES, SimulatorEntry, SimulatorIndex};
+use sha2::{Digest as _, Sha256};
+
+use crate::sim::MAX_MODULE_BYTES;
+
+/// The simulator could not be found or read through the index.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// The index or the module could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Too large.
+    #[error("{path} is larger than {limit} bytes")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit.
+        limit: u64,
+    },
+    /// The index is not as docs/simulators.md says.
+    #[error("the simulator index {path} is not valid: {detail}")]
+    Format {
+        /// The index.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The image's index or module is on a writable filesystem.
+    #[error(
+        "{path} is on a writable filesystem; a trial's simulator must come from the image, mounted read-only"
+    )]
+    Writable {
+        /// The file.
+        path: PathBuf,
+    },
+    /// No simulator of that name.
+    #[error("this image has no simulator named {name} (it has: {available})")]
+    NotFound {
+        /// The name asked for.
+        name: String,
+        /// Every name the index holds.
+        available: String,
+    },
+    /// The step asked for another digest than the image declares.
+    #[error(
+        "the step asks for simulator {name} with SHA-256 {wanted}, but this image's {name} is {declared}"
+    )]
+    Sha256Mismatch {
+        /// The name.
+        name: String,
+        /// The digest the step asked for.
+        wanted: String,
+        /// The digest the index declares.
+        declared: String,
+    },
+    /// The module's bytes are not the ones the index declares.
+    #[error(
+        "the module of simulator {name} ({path}) has SHA-256 {actual}, not the {declared} its image declares"
+    )]
+    ModuleDigest {
+        /// The name.
+        name: String,
+        /// The module.
+        path: PathBuf,
+        /// What the index says.
+        declared: String,
+        /// What the bytes hash to.
+        actual: String,
+    },
+    /// The module's metadata names another simulator.
+    #[error("the image declares simulator {declared}, but its module's metadata says {said}")]
+    NameMismatch {
+        /// The index's name.
+        declared: String,
+        /// The metadata's.
+        said: String,
+    },
+}
+
+/// Finds `name` in the index at `index` (for the image's index, `image` is true: the index and
+/// the module must be on a read-only filesystem), checks the digest the step asked for (if
+/// any) and the module's bytes against the index, and returns the entry and the bytes.
+pub fn load(
+    index: &Path,
+    image: bool,
+    name: &str,
+    sha256: Option<&str>,
+) -> Result<(SimulatorEntry, Vec<u8>), IndexError> {
+    let text = read_bounded(index, MAX_INDEX_BYTES, image)?;
+    let parsed = SimulatorIndex::parse(&text).map_err(|detail| IndexError::Format {
+        path: index.to_owned(),
+        detail,
+    })?;
+    let entry = parsed
+        .get(name)
+        .ok_or_else(|| IndexError::NotFound {
+            name: name.to_owned(),
+            available: parsed.names(),
+        })?
+        .clone();
+    if image {
+        entry
+            .check_in_image()
+            .map_err(|detail| IndexError::Format {
+                path: index.to_owned(),
+                detail,
+            })?;
+    }
+    if let Some(wanted) = sha256
+        && wanted != entry.sha256
+    {
+        return Err(IndexError::Sha256Mismatch {
+            name: name.to_owned(),
+            wanted: wanted.to_owned(),
+            declared: entry.sha256,
+        });
+    }
+    let path = PathBuf::from(&entry.path);
+    let bytes = read_bounded(&path, MAX_MODULE_BYTES, image)?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if actual != entry.sha256 {
+        return Err(IndexError::ModuleDigest {
+            name: name.to_owned(),
+            path,
+            declared: entry.sha256,
+            actual,
+        });
+    }
+    Ok((entry, bytes))
+}
+
+/// Reads at most `limit` bytes of a regular file; with `read_only`, the file must be on a
+/// read-only filesystem.
+fn read_bounded(path: &Path, limit: u64, read_only: bool) -> Result<Vec<u8>, IndexError> {
+    let read = |source| IndexError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(read)?;
+    if !file.metadata().map_err(read)?.file_type().is_file() {
+        return Err(read(std::io::Error::other("not a regular file")));
+    }
+    if read_only {
+        let vfs = rustix::fs::fstatvfs(&file).map_err(|e| read(e.into()))?;
+        if !vfs.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
+            return Err(IndexError::Writable {
+                path: path.to_owned(),
+            });
+        }
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(read)?;
+    if bytes.len() as u64 > limit {
+        return Err(IndexError::TooLarge {
+            path: path.to_owned(),
+            limit,
+        });
+    }
+    Ok(bytes)
+}
