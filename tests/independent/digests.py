@@ -12,7 +12,9 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import os
+import struct
 import sys
 
 REQUEST_DOMAIN = "plimsoll/run-request/v1"
@@ -23,6 +25,14 @@ TIERS = ("process", "container", "kernel", "vm")
 STARTS = ("warm", "cold")
 CREDENTIALS = ("static", "minted")
 LANGUAGES = ("javascript", "python")
+TRIAL_ENDS = (
+    "completed",
+    "failed",
+    "controller_timeout",
+    "controller_garbage",
+    "controller_exited",
+    "controller_flood",
+)
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
@@ -71,6 +81,19 @@ def want_int(value, where, lo, hi):
 def want_bool(value, where):
     if not isinstance(value, bool):
         raise Invalid(f"{where} must be true or false")
+    return value
+
+
+def want_f64(value, where):
+    """A JSON number, as the binary64 nearest it (an integer is one too); finite only."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Invalid(f"{where} must be a number")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise Invalid(f"{where} is out of the binary64 range") from None
+    if not math.isfinite(value):
+        raise Invalid(f"{where} must be finite")
     return value
 
 
@@ -134,6 +157,10 @@ class Encoding:
 
     def i64(self, name, value):
         self.raw(name, value.to_bytes(8, "big", signed=True))
+
+    def f64(self, name, value):
+        """The IEEE 754 binary64 bits, big-endian."""
+        self.raw(name, struct.pack(">d", value))
 
     def boolean(self, name, value):
         self.raw(name, b"\x01" if value else b"\x00")
@@ -407,7 +434,7 @@ def encode_record(r):
             "ended_unix_ms",
             "record_sha256",
         ),
-        ("minimum_isolation", "session", "image"),
+        ("minimum_isolation", "session", "image", "trials"),
     )
     e = Encoding(RECORD_DOMAIN)
     for name in RECORD_STRINGS:
@@ -438,6 +465,46 @@ def encode_record(r):
         ie.string("name", want_str(image["name"], "record.image.name"))
         ie.string("identity", want_str(image["identity"], "record.image.identity"))
         e.nested("image", ie)
+    # Field 13: each trial step's verdict, a list of nested; left out when empty or null.
+    steps = []
+    for i, s in enumerate(opt(r, "trials") or []):
+        steps.append(encode_trial_step(s, f"record.trials[{i}]"))
+    e.items("trials", steps)
+    return e.bytes()
+
+
+def encode_trial_step(s, where):
+    check_keys(s, where, ("step", "simulator", "pass", "trials"))
+    e = Encoding()
+    e.u64("step", want_int(s["step"], f"{where}.step", 0, U32_MAX))
+    sim = s["simulator"]
+    check_keys(sim, f"{where}.simulator", ("name", "version", "sha256"))
+    se = Encoding()
+    for name in ("name", "version", "sha256"):
+        se.string(name, want_str(sim[name], f"{where}.simulator.{name}"))
+    e.nested("simulator", se)
+    e.boolean("pass", want_bool(s["pass"], f"{where}.pass"))
+    if not isinstance(s["trials"], list):
+        raise Invalid(f"{where}.trials must be a list")
+    trials = []
+    for i, t in enumerate(s["trials"]):
+        tw = f"{where}.trials[{i}]"
+        check_keys(t, tw, ("end", "ticks", "pass", "fingerprint"), ("scenario", "reason", "score"))
+        te = Encoding()
+        if opt(t, "scenario") is not None:
+            te.string("scenario", want_str(t["scenario"], f"{tw}.scenario"))
+        if t["end"] not in TRIAL_ENDS:
+            raise Invalid(f"{tw}.end must be one of {TRIAL_ENDS}")
+        te.string("end", t["end"])
+        if opt(t, "reason") is not None:
+            te.string("reason", want_str(t["reason"], f"{tw}.reason"))
+        te.u64("ticks", want_int(t["ticks"], f"{tw}.ticks", 0, U64_MAX))
+        if opt(t, "score") is not None:
+            te.f64("score", want_f64(t["score"], f"{tw}.score"))
+        te.boolean("pass", want_bool(t["pass"], f"{tw}.pass"))
+        te.string("fingerprint", want_str(t["fingerprint"], f"{tw}.fingerprint"))
+        trials.append(te.bytes())
+    e.items("trials", trials)
     return e.bytes()
 
 

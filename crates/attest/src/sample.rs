@@ -70,6 +70,7 @@ pub fn sample_exchange(n: u64) -> Exchange {
     let started = 1_700_000_000_000 + n * 1000;
     let record = RunRecord {
         image: None,
+        trials: Vec::new(),
         request_id: request.request_id.clone(),
         request_sha256: String::new(),
         result_sha256: String::new(),

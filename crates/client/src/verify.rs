@@ -245,6 +245,7 @@ mod tests {
         };
         let mut record = RunRecord {
             image: None,
+            trials: Vec::new(),
             request_id: req.request_id.clone(),
             request_sha256: request_sha256(req),
             result_sha256: result_sha256(&result),

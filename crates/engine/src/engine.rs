@@ -1032,6 +1032,7 @@ impl Engine {
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
             image: plan.image.as_ref().map(RunImage::reference),
+            trials: Vec::new(),
             request_id: req.request_id.clone(),
             request_sha256: request_sha.clone(),
             result_sha256: result_sha.clone(),

@@ -750,6 +750,7 @@ impl Engine {
         st.calls += 1;
         let mut record = RunRecord {
             image: s.image.clone(),
+            trials: Vec::new(),
             request_id: req.request_id.clone(),
             request_sha256: request_sha.clone(),
             result_sha256: result_sha.clone(),

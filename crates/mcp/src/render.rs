@@ -588,6 +588,7 @@ mod tests {
             },
             record: RunRecord {
                 image: None,
+                trials: Vec::new(),
                 request_id: "r-1".into(),
                 request_sha256: String::new(),
                 result_sha256: String::new(),
@@ -692,6 +693,7 @@ mod tests {
             result,
             record: RunRecord {
                 image: None,
+                trials: Vec::new(),
                 request_id: "r-2".into(),
                 request_sha256: "a".repeat(64),
                 result_sha256: "b".repeat(64),

@@ -556,6 +556,7 @@ mod tests {
                 },
                 record: RunRecord {
                     image: None,
+                    trials: Vec::new(),
                     request_id: format!("r-{calls}"),
                     request_sha256: "a".repeat(64),
                     result_sha256: "b".repeat(64),

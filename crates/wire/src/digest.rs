@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     Evidence, Limits, Project, RunRecord, RunRequest, RunResult, RunSpec, Snippet, StepResult,
-    Tier, Wall,
+    Tier, TrialStepRecord, Wall,
 };
 
 /// Domain string of the request encoding.
@@ -414,6 +414,40 @@ pub fn encode_record(r: &RunRecord) -> Vec<u8> {
         ie.str("name", &image.name).str("identity", &image.identity);
         e.nest("image", &ie);
     }
+    // Left out when empty (every run without a trial step), so such a record keeps its digest.
+    e.list("trials", r.trials.iter().map(encode_trial_step));
+    e.finish()
+}
+
+/// A trial step's nested encoding (docs/protocol.md, record field 13).
+fn encode_trial_step(s: &TrialStepRecord) -> Vec<u8> {
+    let mut e = Encoder::nested();
+    let mut sim = Encoder::nested();
+    sim.str("name", &s.simulator.name)
+        .str("version", &s.simulator.version)
+        .str("sha256", &s.simulator.sha256);
+    e.u64("step", u64::from(s.step))
+        .nest("simulator", &sim)
+        .bool("pass", s.pass);
+    e.list(
+        "trials",
+        s.trials.iter().map(|t| {
+            let mut te = Encoder::nested();
+            if let Some(scenario) = &t.scenario {
+                te.str("scenario", scenario);
+            }
+            te.str("end", t.end.as_str());
+            if let Some(reason) = &t.reason {
+                te.str("reason", reason);
+            }
+            te.u64("ticks", t.ticks);
+            if let Some(score) = t.score {
+                te.f64("score", score.get());
+            }
+            te.bool("pass", t.pass).str("fingerprint", &t.fingerprint);
+            te.finish()
+        }),
+    );
     e.finish()
 }
 

@@ -17,6 +17,7 @@ mod session;
 mod shape;
 pub mod simulators;
 mod tier;
+pub mod trial;
 pub mod trial_step;
 
 pub use agent::{
@@ -45,6 +46,9 @@ pub use session::{
     StreamChunk, StreamLine, parse_session_open, session_instance, validate_session_id,
 };
 pub use tier::{ParseTierError, Tier};
+pub use trial::{
+    BadVerdict, MalformedTrials, Score, SimulatorRef, TrialEnd, TrialOutcome, TrialStepRecord,
+};
 pub use trial_step::TrialIds;
 
 /// The protocol number this crate speaks. A request carrying another number is refused with

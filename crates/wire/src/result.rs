@@ -404,8 +404,26 @@ pub struct RunRecord {
     /// The image the code ran in (its name and identity); absent at the process tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<crate::ImageRef>,
+    /// What each trial step's verdict said (the simulator, each trial's end, score and
+    /// fingerprint), one entry per trial step that printed one, in step order; empty for a
+    /// run without trial steps (and left out, so such a record keeps its digest).
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub trials: Vec<crate::TrialStepRecord>,
     /// SHA-256 (lowercase hex) of the record's digest encoding (every field above).
     pub record_sha256: String,
+}
+
+impl RunRecord {
+    /// Checks what serde cannot: each trial step's record within its bounds
+    /// ([`crate::TrialStepRecord::validate`]), and the trial steps listed once each, in step
+    /// order.
+    pub fn validate(&self) -> Result<(), crate::MalformedTrials> {
+        crate::trial::validate_trial_steps(&self.trials)
+    }
 }
 
 #[cfg(test)]
@@ -487,6 +505,45 @@ mod tests {
             warm.validate(),
             Err(MalformedResult::WarmStartWithoutMemberAge)
         );
+    }
+
+    #[test]
+    fn a_records_trials_default_to_none_and_are_validated() {
+        let plain = r#"{"request_id":"r","request_sha256":"a","result_sha256":"b","provider":"crun","isolation":"container","evidence_sha256":"c","environment":"e","started_unix_ms":1,"ended_unix_ms":2,"record_sha256":"d"}"#;
+        let r: RunRecord = serde_json::from_str(plain).unwrap();
+        assert!(r.trials.is_empty() && r.validate().is_ok());
+        // Left out when empty, so a record without trial steps reads back unchanged.
+        assert!(!serde_json::to_string(&r).unwrap().contains("trials"));
+        let null = plain.replace('}', r#","trials":null}"#);
+        assert_eq!(serde_json::from_str::<RunRecord>(&null).unwrap(), r);
+        let fp = "f".repeat(64);
+        let step = |step: u32, pass: bool| {
+            format!(
+                r#"{{"step":{step},"simulator":{{"name":"cartpole","version":"1.0.0","sha256":"{fp}"}},"pass":{pass},"trials":[{{"end":"completed","ticks":2,"pass":{pass},"fingerprint":"{fp}"}}]}}"#
+            )
+        };
+        let with = |steps: &[String]| {
+            let json = plain.replace('}', &format!(r#","trials":[{}]}}"#, steps.join(",")));
+            serde_json::from_str::<RunRecord>(&json).unwrap()
+        };
+        let good = with(&[step(0, true), step(2, false)]);
+        assert_eq!(good.trials.len(), 2);
+        assert_eq!(good.validate(), Ok(()));
+        let e = with(&[step(2, true), step(0, true)])
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e,
+            crate::MalformedTrials::StepOrder {
+                step: 0,
+                previous: 2
+            }
+        );
+        let bad_pass = with(&[step(0, true).replacen(r#""pass":true"#, r#""pass":false"#, 1)]);
+        assert!(matches!(
+            bad_pass.validate(),
+            Err(crate::MalformedTrials::Pass { step: 0, .. })
+        ));
     }
 
     #[test]

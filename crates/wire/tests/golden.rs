@@ -267,6 +267,11 @@ fn the_vectors_cover_every_kind_and_case() {
         "record/plain",
         "record/applied-floor",
         "record/null-floor",
+        "record/image",
+        "record/trials",
+        "record/trials-nulls",
+        "record/trials-two-steps",
+        "record/null-trials",
         "request/null-limit-member",
         "request/project-nested-nulls",
         "result/nested-nulls",
@@ -355,6 +360,15 @@ fn the_vectors_cover_every_kind_and_case() {
             ][..],
         ),
         ("record/null-floor", &["/minimum_isolation"][..]),
+        (
+            "record/trials-nulls",
+            &[
+                "/trials/0/trials/0/reason",
+                "/trials/0/trials/0/score",
+                "/trials/0/trials/1/scenario",
+            ][..],
+        ),
+        ("record/null-trials", &["/trials"][..]),
     ] {
         for p in pointers {
             assert_eq!(input(name).pointer(p), Some(&Value::Null), "{name} {p}");
@@ -380,6 +394,25 @@ fn the_vectors_cover_every_kind_and_case() {
             panic!("vector {} is not a valid result: {e}", v.name);
         }
     }
+    // So are the record vectors, trial steps included; between them they hold a passing and
+    // a failing trial, scores and none, and two trial steps in one record.
+    let record = |name: &str| -> RunRecord {
+        let v = file.vectors.iter().find(|v| v.name == name).unwrap();
+        serde_json::from_value(v.input.clone()).unwrap()
+    };
+    for v in file.vectors.iter().filter(|v| v.kind == "record") {
+        if let Err(e) = record(&v.name).validate() {
+            panic!("vector {} is not a valid record: {e}", v.name);
+        }
+    }
+    let trials = record("record/trials").trials;
+    assert_eq!(trials.len(), 1);
+    let outcomes = &trials[0].trials;
+    assert!(outcomes.iter().any(|t| t.pass) && outcomes.iter().any(|t| !t.pass));
+    assert!(outcomes.iter().any(|t| t.score.is_some()));
+    assert!(outcomes.iter().any(|t| t.score.is_none()));
+    assert_eq!(record("record/trials-two-steps").trials.len(), 2);
+    assert!(record("record/null-trials").trials.is_empty());
 }
 
 #[test]
@@ -433,7 +466,12 @@ fn leaf_candidates(key: &str, leaf: &Value) -> Vec<Value> {
         Value::Number(n) => match (n.as_u64(), n.as_i64()) {
             (Some(u), _) => vec![Value::from(u + 1), Value::from(u.saturating_sub(1))],
             (None, Some(i)) => vec![Value::from(i + 1)],
-            _ => vec![],
+            // A float (a trial's score).
+            _ => n
+                .as_f64()
+                .map(|f| Value::from(f + 1.0))
+                .into_iter()
+                .collect(),
         },
         Value::Null => vec![Value::from(0), Value::from("x")],
         Value::String(s) if key == "base64" => {
@@ -456,6 +494,9 @@ fn leaf_candidates(key: &str, leaf: &Value) -> Vec<Value> {
                 "minted",
                 "cell_timeout",
                 "out_of_memory",
+                "completed",
+                "failed",
+                "controller_timeout",
             ] {
                 if alt != s {
                     out.push(Value::String(alt.to_owned()));

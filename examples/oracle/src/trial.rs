@@ -516,6 +516,7 @@ mod tests {
             },
             record: RunRecord {
                 image: None,
+                trials: Vec::new(),
                 request_id: "t-1".into(),
                 request_sha256: String::new(),
                 result_sha256: String::new(),
