@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import re
 import struct
 from typing import Any, Callable, Mapping
@@ -37,6 +38,20 @@ def _i64(n: Any) -> bytes:
     if isinstance(n, bool) or not isinstance(n, int) or not -(1 << 63) <= n < 1 << 63:
         raise EncodingError(f"expected a signed 64-bit integer, got {n!r}")
     return struct.pack(">q", n)
+
+
+def _f64(x: Any) -> bytes:
+    """A JSON number as its IEEE 754 binary64 bits, big-endian (an integer is its binary64
+    value first); NaN and the infinities are no number of the protocol's."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise EncodingError(f"expected a number, got {x!r}")
+    try:
+        value = float(x)
+    except OverflowError:
+        raise EncodingError(f"a number is out of the binary64 range: {x!r}") from None
+    if not math.isfinite(value):
+        raise EncodingError(f"expected a finite number, got {x!r}")
+    return struct.pack(">d", value)
 
 
 def _bool(b: Any) -> bytes:
@@ -160,6 +175,16 @@ _END_REASONS = (
 )
 
 
+_TRIAL_ENDS = (
+    "completed",
+    "failed",
+    "controller_timeout",
+    "controller_garbage",
+    "controller_exited",
+    "controller_flood",
+)
+
+
 def _tier(v: Any) -> bytes:
     if v not in _TIERS:
         raise EncodingError(f"unknown tier {v!r}")
@@ -181,6 +206,12 @@ def _credential(v: Any) -> bytes:
 def _end_reason(v: Any) -> bytes:
     if v not in _END_REASONS:
         raise EncodingError(f"unknown end reason {v!r}")
+    return _str(v)
+
+
+def _trial_end(v: Any) -> bytes:
+    if v not in _TRIAL_ENDS:
+        raise EncodingError(f"unknown trial end {v!r}")
     return _str(v)
 
 
@@ -348,6 +379,41 @@ def _image_ref(v: Any) -> bytes:
     return f.nested()
 
 
+def _simulator(v: Any) -> bytes:
+    o = _obj(v, "a trial step's simulator")
+    f = _Fields()
+    f.req(o, "name", _str)
+    f.req(o, "version", _str)
+    f.req(o, "sha256", _str)
+    return f.nested()
+
+
+def _trial_outcome(v: Any) -> bytes:
+    o = _obj(v, "a trial")
+    f = _Fields()
+    f.opt(o, "scenario", _str)
+    f.req(o, "end", _trial_end)
+    f.opt(o, "reason", _str)
+    f.req(o, "ticks", _u64)
+    f.opt(o, "score", _f64)
+    f.req(o, "pass", _bool)
+    f.req(o, "fingerprint", _str)
+    return f.nested()
+
+
+def _trial_step(v: Any) -> bytes:
+    o = _obj(v, "a trial step")
+    f = _Fields()
+    f.req(o, "step", _u64)
+    f.req(o, "simulator", _simulator)
+    f.req(o, "pass", _bool)
+    # Required, but a list: left out of the encoding when empty, as every list is.
+    if o.get("trials") is None:
+        raise EncodingError("missing required member `trials`")
+    f.items(o, "trials", _trial_outcome)
+    return f.nested()
+
+
 def record_encoding(record: Mapping[str, Any]) -> bytes:
     """The encoding of a run record (every member but ``record_sha256``)."""
     f = _Fields()
@@ -374,6 +440,9 @@ def record_encoding(record: Mapping[str, Any]) -> bytes:
     # The image the code ran in (field 12), nested: left out when absent or null, so a record
     # of the process tier, or written before the member existed, keeps its digest.
     f.opt(record, "image", _image_ref)
+    # What each trial step's verdict said (field 13), a list of nested: left out when empty,
+    # absent or null, so a record of a run without trial steps keeps its digest.
+    f.items(record, "trials", _trial_step)
     return f.top(RECORD_DOMAIN)
 
 

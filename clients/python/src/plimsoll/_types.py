@@ -4,6 +4,7 @@ read (strictly) from the daemon's answers."""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -106,6 +107,26 @@ class EndReason(str, enum.Enum):
             EndReason.OUT_OF_MEMORY,
             EndReason.CELL_TIMEOUT,
         )
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrialEnd(str, enum.Enum):
+    """How a trial ended (a trial step's verdict, docs/trials.md): ``completed`` or ``failed``
+    by the simulator, or one of the controller's faults, after which the trial never passes."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CONTROLLER_TIMEOUT = "controller_timeout"
+    CONTROLLER_GARBAGE = "controller_garbage"
+    CONTROLLER_EXITED = "controller_exited"
+    CONTROLLER_FLOOD = "controller_flood"
+
+    @property
+    def is_controller_fault(self) -> bool:
+        """Whether the controller caused this end (a timeout, garbage, an exit, a flood)."""
+        return self not in (TrialEnd.COMPLETED, TrialEnd.FAILED)
 
     def __str__(self) -> str:
         return self.value
@@ -357,6 +378,22 @@ def _list(o: Mapping[str, Any], name: str, what: str) -> list[Any]:
     if not isinstance(v, list):
         raise WireError(f"{what}.{name} is not a list")
     return v
+
+
+def _f64(o: Mapping[str, Any], name: str, what: str) -> Optional[float]:
+    """A JSON number (an integer is one too) as a float; finite only."""
+    v = o.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise WireError(f"{what}.{name} is not a number: {v!r}")
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise WireError(f"{what}.{name} is not a finite number: {v!r}")
+    return f
 
 
 def _digest(o: Mapping[str, Any], name: str, what: str) -> str:
@@ -708,6 +745,87 @@ class SessionLink:
 
 
 @dataclass(frozen=True)
+class SimulatorRef:
+    """The simulator a trial step ran: its ``name`` and ``version`` (from its metadata) and
+    the ``sha256`` of its WebAssembly module."""
+
+    name: str
+    version: str
+    sha256: str
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "SimulatorRef":
+        o = _check_members(o, what, ("name", "version", "sha256"))
+        return cls(
+            name=_str(o, "name", what) or "",
+            version=_str(o, "version", what) or "",
+            sha256=_digest(o, "sha256", what),
+        )
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """How one trial (one scenario) of a trial step ended: the scenario's name (never its
+    file's), the ``end``, the ``reason`` in words, the ticks run, the simulator's ``score``
+    (``None`` from a simulator that does not score), whether it passed, and the
+    ``fingerprint`` (SHA-256) of its trajectory."""
+
+    scenario: Optional[str]
+    end: TrialEnd
+    reason: Optional[str]
+    ticks: int
+    score: Optional[float]
+    passed: bool
+    """The trial passed (``pass`` on the wire)."""
+    fingerprint: str
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "TrialOutcome":
+        o = _check_members(
+            o, what, ("end", "ticks", "pass", "fingerprint"), ("scenario", "reason", "score")
+        )
+        try:
+            end = TrialEnd(o["end"])
+        except ValueError:
+            raise WireError(f"{what}.end is not a trial end: {o['end']!r}") from None
+        return cls(
+            scenario=_str(o, "scenario", what),
+            end=end,
+            reason=_str(o, "reason", what),
+            ticks=_u64(o, "ticks", what) or 0,
+            score=_f64(o, "score", what),
+            passed=_bool(o, "pass", what),
+            fingerprint=_digest(o, "fingerprint", what),
+        )
+
+
+@dataclass(frozen=True)
+class TrialStepRecord:
+    """What one trial step's verdict said, as the record carries it: the ``step``'s index
+    among the project's steps (from 0), the ``simulator``, whether every trial passed, and
+    each trial's outcome, in the order the step named its scenarios."""
+
+    step: int
+    simulator: SimulatorRef
+    passed: bool
+    """Every trial passed (``pass`` on the wire)."""
+    trials: list[TrialOutcome] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "TrialStepRecord":
+        o = _check_members(o, what, ("step", "simulator", "pass", "trials"))
+        return cls(
+            step=_int(o, "step", what, 0, (1 << 32) - 1) or 0,
+            simulator=SimulatorRef.from_wire(o["simulator"], f"{what}.simulator"),
+            passed=_bool(o, "pass", what),
+            trials=[
+                TrialOutcome.from_wire(t, f"{what}.trials[{i}]")
+                for i, t in enumerate(_list(o, "trials", what))
+            ],
+        )
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """The facts a signer needs, with a digest over them."""
 
@@ -729,6 +847,9 @@ class RunRecord:
     image: Optional[ImageRef] = None
     """The image the code ran in; ``None`` at the process tier (which has no image) and in a
     record written before the member existed. Inside the record digest (field 12)."""
+    trials: list[TrialStepRecord] = field(default_factory=list)
+    """What each trial step's verdict said, in step order; empty for a run without trial
+    steps. Inside the record digest (field 13)."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunRecord":
@@ -748,7 +869,7 @@ class RunRecord:
                 "ended_unix_ms",
                 "record_sha256",
             ),
-            ("minimum_isolation", "session", "image"),
+            ("minimum_isolation", "session", "image", "trials"),
         )
         floor = o.get("minimum_isolation")
         link = o.get("session")
@@ -767,6 +888,10 @@ class RunRecord:
             minimum_isolation=None if floor is None else _tier(o, "minimum_isolation", w),
             session=None if link is None else SessionLink.from_wire(link),
             image=None if image is None else ImageRef.from_wire(image, f"{w}.image"),
+            trials=[
+                TrialStepRecord.from_wire(t, f"{w}.trials[{i}]")
+                for i, t in enumerate(_list(o, "trials", w))
+            ],
         )
 
 
