@@ -16,6 +16,7 @@ import {
   type RunRecord,
   type RunRequest,
   type RunResult,
+  type TrialStepRecord,
   type Wall,
 } from "./types.js";
 
@@ -35,6 +36,13 @@ function u64be(n: number | bigint): Uint8Array {
 function i64be(n: number): Uint8Array {
   const out = new Uint8Array(8);
   new DataView(out.buffer).setBigInt64(0, BigInt(n));
+  return out;
+}
+
+/** A number's IEEE 754 binary64 bits, big-endian (`-0` keeps its sign bit). */
+function f64be(x: number): Uint8Array {
+  const out = new Uint8Array(8);
+  new DataView(out.buffer).setFloat64(0, x);
   return out;
 }
 
@@ -223,6 +231,31 @@ export function encodeRecord(r: RunRecord): Uint8Array {
   // The image the code ran in (field 12), nested: absent, nothing, so a record of the process
   // tier, or written before the member existed, keeps its digest.
   e.optional("image", r.image, (i) => new Encoder().field("name", utf8(i.name)).field("identity", utf8(i.identity)).bytes());
+  // What each trial step's verdict said (field 13), a list of nested: left out when empty, so
+  // a record of a run without trial steps keeps its digest.
+  e.list("trials", r.trials, encodeTrialStep);
+  return e.bytes();
+}
+
+/** A trial step's nested encoding (docs/protocol.md, record field 13). */
+function encodeTrialStep(s: TrialStepRecord): Uint8Array {
+  const simulator = new Encoder()
+    .field("name", utf8(s.simulator.name))
+    .field("version", utf8(s.simulator.version))
+    .field("sha256", utf8(s.simulator.sha256))
+    .bytes();
+  const e = new Encoder().field("step", u64be(s.step)).field("simulator", simulator).field("pass", boolByte(s.pass));
+  e.list("trials", s.trials, (t) =>
+    new Encoder()
+      .optional("scenario", t.scenario, utf8)
+      .field("end", utf8(t.end))
+      .optional("reason", t.reason, utf8)
+      .field("ticks", u64be(t.ticks))
+      .optional("score", t.score, f64be)
+      .field("pass", boolByte(t.pass))
+      .field("fingerprint", utf8(t.fingerprint))
+      .bytes(),
+  );
   return e.bytes();
 }
 

@@ -44,6 +44,10 @@ import {
   type StreamLine,
   TIERS,
   type Tier,
+  TRIAL_ENDS,
+  type TrialEnd,
+  type TrialOutcome,
+  type TrialStepRecord,
   type Wall,
   type WallNamespace,
 } from "./types.js";
@@ -143,6 +147,18 @@ function integer(min: bigint, max: bigint, type: string): (v: JsonValue, path: s
   };
 }
 
+/** A finite JSON number, as the binary64 nearest it (an integer is one too). */
+function f64(v: JsonValue, path: string): number {
+  if (!(v instanceof JsonNumber)) {
+    throw new ShapeError(path, `expected a number, found ${describe(v)}`);
+  }
+  const n = Number(v.text);
+  if (!Number.isFinite(n)) {
+    throw new ShapeError(path, `${v.text} is not a finite binary64 number`);
+  }
+  return n;
+}
+
 const u16 = integer(0n, 0xffffn, "u16");
 const u32 = integer(0n, 0xffffffffn, "u32");
 const u64 = integer(0n, 0xffffffffffffffffn, "u64");
@@ -164,6 +180,7 @@ const credentialKind = oneOf<CredentialKind>(CREDENTIAL_KINDS, "credential kind"
 const reason = oneOf<Reason>(REASONS, "reason");
 const language = oneOf<Language>(["javascript", "python"], "language");
 const endReason = oneOf<EndReason>(END_REASONS, "session end reason");
+const trialEnd = oneOf<TrialEnd>(TRIAL_ENDS, "trial end");
 
 /** Bytes in either wire form. */
 function bytes(v: JsonValue, path: string): Uint8Array {
@@ -424,6 +441,33 @@ function imageRef(v: JsonValue, path: string): ImageRef {
   return { name: req(m, "name", path, str), identity: req(m, "identity", path, str) };
 }
 
+function trialOutcome(v: JsonValue, path: string): TrialOutcome {
+  const m = object(v, path, ["scenario", "end", "reason", "ticks", "score", "pass", "fingerprint"]);
+  const out: TrialOutcome = {
+    end: req(m, "end", path, trialEnd),
+    ticks: req(m, "ticks", path, u64),
+    pass: req(m, "pass", path, bool),
+    fingerprint: req(m, "fingerprint", path, str),
+  };
+  optInto(out, m, "scenario", path, str);
+  optInto(out, m, "reason", path, str);
+  optInto(out, m, "score", path, f64);
+  return out;
+}
+
+function trialStepRecord(v: JsonValue, path: string): TrialStepRecord {
+  const m = object(v, path, ["step", "simulator", "pass", "trials"]);
+  return {
+    step: req(m, "step", path, u32),
+    simulator: req(m, "simulator", path, (s, p) => {
+      const sm = object(s, p, ["name", "version", "sha256"]);
+      return { name: req(sm, "name", p, str), version: req(sm, "version", p, str), sha256: req(sm, "sha256", p, str) };
+    }),
+    pass: req(m, "pass", path, bool),
+    trials: req(m, "trials", path, list(trialOutcome)),
+  };
+}
+
 /** Reads a run record. */
 export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
   const m = object(v, path, [
@@ -439,6 +483,7 @@ export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
     "ended_unix_ms",
     "session",
     "image",
+    "trials",
     "record_sha256",
   ]);
   const floor = opt(m, "minimum_isolation", path, tier);
@@ -457,6 +502,8 @@ export function readRunRecord(v: JsonValue, path = "record"): RunRecord {
     ended_unix_ms: req(m, "ended_unix_ms", path, u64),
     ...(session === undefined ? {} : { session }),
     ...(image === undefined ? {} : { image }),
+    // Absent, null or empty for a run without trial steps.
+    trials: optList(m, "trials", path, trialStepRecord),
     record_sha256: req(m, "record_sha256", path, str),
   };
 }

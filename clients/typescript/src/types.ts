@@ -87,6 +87,28 @@ export const END_REASONS: readonly EndReason[] = [
   "sandbox_failed",
 ];
 
+/**
+ * How a trial ended (a trial step's verdict, docs/trials.md): `completed` or `failed` by the
+ * simulator, or one of the controller's faults, after which the trial never passes.
+ */
+export type TrialEnd =
+  | "completed"
+  | "failed"
+  | "controller_timeout"
+  | "controller_garbage"
+  | "controller_exited"
+  | "controller_flood";
+
+/** Every trial end. */
+export const TRIAL_ENDS: readonly TrialEnd[] = [
+  "completed",
+  "failed",
+  "controller_timeout",
+  "controller_garbage",
+  "controller_exited",
+  "controller_flood",
+];
+
 /** A snippet language, as the wire names it. */
 export type Language = "javascript" | "python";
 
@@ -315,7 +337,47 @@ export interface RunRecord {
    * (field 12).
    */
   image?: ImageRef;
+  /**
+   * What each trial step's verdict said, in step order (`[]` for a run without trial steps,
+   * and when absent or `null`). Inside the record digest (field 13).
+   */
+  trials: TrialStepRecord[];
   record_sha256: string;
+}
+
+/**
+ * One trial step of a project, as the record carries its verdict: the step's index among the
+ * project's steps (from 0), the simulator, whether every trial passed, and each trial's
+ * outcome, in the order the step named its scenarios.
+ */
+export interface TrialStepRecord {
+  step: number;
+  simulator: SimulatorRef;
+  pass: boolean;
+  trials: TrialOutcome[];
+}
+
+/** The simulator a trial step ran: its metadata's name and version, its module's SHA-256. */
+export interface SimulatorRef {
+  name: string;
+  version: string;
+  sha256: string;
+}
+
+/**
+ * How one trial (one scenario) ended: the scenario's name (never its file's), the end, the
+ * reason in words, the ticks run, the simulator's score (absent from a simulator that does not
+ * score; a finite number, digested by its IEEE 754 bits, so `-0` is not `0`), whether it
+ * passed, and the SHA-256 of its trajectory.
+ */
+export interface TrialOutcome {
+  scenario?: string;
+  end: TrialEnd;
+  reason?: string;
+  ticks: number;
+  score?: number;
+  pass: boolean;
+  fingerprint: string;
 }
 
 /**

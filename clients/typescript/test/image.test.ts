@@ -206,6 +206,7 @@ function honest(req: RunRequest, image: ImageRef | undefined): RunResponse {
     started_unix_ms: 1,
     ended_unix_ms: 2,
     ...(image === undefined ? {} : { image }),
+    trials: [],
     record_sha256: "",
   };
   record.record_sha256 = recordSha256(record);

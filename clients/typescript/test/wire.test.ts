@@ -172,6 +172,7 @@ function honest(
     environment: "test",
     started_unix_ms: 1,
     ended_unix_ms: 2,
+    trials: [],
     record_sha256: "",
   };
   record.record_sha256 = recordSha256(record);
