@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -307,6 +308,46 @@ func encodeRecord(r *Record) []byte {
 		n.str("identity", i.Identity)
 		e.field("image", n.buf)
 	}
+	// What each trial step's verdict said (field 13), a list of nested; nothing when empty,
+	// so a record of a run without trial steps keeps its digest.
+	steps := make([][]byte, 0, len(r.Trials))
+	for i := range r.Trials {
+		steps = append(steps, encodeTrialStep(&r.Trials[i]))
+	}
+	e.list("trials", steps)
+	return e.buf
+}
+
+// encodeTrialStep is a trial step's nested encoding (docs/protocol.md, record field 13).
+func encodeTrialStep(s *TrialStepRecord) []byte {
+	e := &encoding{}
+	e.u64("step", uint64(s.Step))
+	sim := &encoding{}
+	sim.str("name", s.Simulator.Name)
+	sim.str("version", s.Simulator.Version)
+	sim.str("sha256", s.Simulator.SHA256)
+	e.field("simulator", sim.buf)
+	e.boolean("pass", s.Pass)
+	trials := make([][]byte, 0, len(s.Trials))
+	for _, t := range s.Trials {
+		n := &encoding{}
+		if t.Scenario != nil {
+			n.str("scenario", *t.Scenario)
+		}
+		n.str("end", string(t.End))
+		if t.Reason != nil {
+			n.str("reason", *t.Reason)
+		}
+		n.u64("ticks", t.Ticks)
+		if t.Score != nil {
+			// The IEEE 754 binary64 bits, big-endian: -0 keeps its sign.
+			n.u64("score", math.Float64bits(*t.Score))
+		}
+		n.boolean("pass", t.Pass)
+		n.str("fingerprint", t.Fingerprint)
+		trials = append(trials, n.buf)
+	}
+	e.list("trials", trials)
 	return e.buf
 }
 

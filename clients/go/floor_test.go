@@ -126,7 +126,7 @@ func TestNullsAtEveryDepthReadAsTheirTwins(t *testing.T) {
 	var ra, rb Record
 	read("record/null-floor", &ra)
 	read("record/plain", &rb)
-	if ra != rb {
+	if !reflect.DeepEqual(ra, rb) {
 		t.Errorf("records differ:\n%+v\n%+v", ra, rb)
 	}
 	var qa, qb wireRequest

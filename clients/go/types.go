@@ -535,8 +535,90 @@ type Record struct {
 	Session *SessionLink `json:"session,omitempty"`
 	// Image is the image the code ran in; nil at the process tier (which has no image) and
 	// in a record written before the member existed. Inside the record digest (field 12).
-	Image        *ImageRef `json:"image,omitempty"`
-	RecordSHA256 string    `json:"record_sha256"`
+	Image *ImageRef `json:"image,omitempty"`
+	// Trials is what each trial step's verdict said, in step order; empty for a run without
+	// trial steps (and when absent or null). Inside the record digest (field 13).
+	Trials       []TrialStepRecord `json:"trials,omitempty"`
+	RecordSHA256 string            `json:"record_sha256"`
+}
+
+// TrialStepRecord is one trial step of a project, as the record carries its verdict: the
+// step's index among the project's steps (from 0), the simulator, whether every trial
+// passed, and each trial's outcome, in the order the step named its scenarios.
+type TrialStepRecord struct {
+	Step      uint32         `json:"step"`
+	Simulator SimulatorRef   `json:"simulator"`
+	Pass      bool           `json:"pass"`
+	Trials    []TrialOutcome `json:"trials"`
+}
+
+// SimulatorRef is the simulator a trial step ran: its metadata's name and version, and the
+// SHA-256 of its WebAssembly module.
+type SimulatorRef struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	SHA256  string `json:"sha256"`
+}
+
+// TrialOutcome is how one trial (one scenario) ended.
+type TrialOutcome struct {
+	// Scenario is the scenario's name (never its file's path); nil when it had none.
+	Scenario *string  `json:"scenario,omitempty"`
+	End      TrialEnd `json:"end"`
+	// Reason says why, in words (the simulator's reason, or the controller's fault); nil
+	// when there is none.
+	Reason *string `json:"reason,omitempty"`
+	// Ticks is the number of ticks run (records in the trajectory).
+	Ticks uint64 `json:"ticks"`
+	// Score is the simulator's score of the trial; nil from a simulator that does not score.
+	// Digested by its IEEE 754 bits, so -0 is not 0.
+	Score *float64 `json:"score,omitempty"`
+	Pass  bool     `json:"pass"`
+	// Fingerprint is the SHA-256 of the trial's trajectory.
+	Fingerprint string `json:"fingerprint"`
+}
+
+// TrialEnd says how a trial ended.
+type TrialEnd string
+
+// The six ends of a trial (docs/trials.md).
+const (
+	// TrialCompleted: the simulator completed it.
+	TrialCompleted TrialEnd = "completed"
+	// TrialFailed: the simulator ended it as failed.
+	TrialFailed TrialEnd = "failed"
+	// TrialControllerTimeout: the controller gave no full answer before a tick's deadline.
+	TrialControllerTimeout TrialEnd = "controller_timeout"
+	// TrialControllerGarbage: the controller answered something that is not an action.
+	TrialControllerGarbage TrialEnd = "controller_garbage"
+	// TrialControllerExited: the controller exited, or closed its input or output.
+	TrialControllerExited TrialEnd = "controller_exited"
+	// TrialControllerFlood: the controller wrote too much.
+	TrialControllerFlood TrialEnd = "controller_flood"
+)
+
+// IsControllerFault reports whether the controller caused this end; such a trial never
+// passes.
+func (e TrialEnd) IsControllerFault() bool {
+	return e != TrialCompleted && e != TrialFailed
+}
+
+// UnmarshalJSON accepts only the six trial ends.
+func (e *TrialEnd) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var v string
+	if err := json.Unmarshal(data, &v); err != nil {
+		return fmt.Errorf("a trial end must be a string: %w", err)
+	}
+	switch TrialEnd(v) {
+	case TrialCompleted, TrialFailed, TrialControllerTimeout, TrialControllerGarbage,
+		TrialControllerExited, TrialControllerFlood:
+		*e = TrialEnd(v)
+		return nil
+	}
+	return fmt.Errorf("`%s` is not a trial end (completed, failed, controller_timeout, controller_garbage, controller_exited, controller_flood)", v)
 }
 
 // ImageRef names the image a run or a session ran in: its name in the daemon's image store

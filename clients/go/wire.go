@@ -355,6 +355,10 @@ func checkShape(value any, t reflect.Type, where string) error {
 		if _, ok := value.(bool); !ok {
 			return fmt.Errorf("%s must be true or false", where)
 		}
+	case reflect.Float32, reflect.Float64: // encoding/json refuses one out of range
+		if _, ok := value.(json.Number); !ok {
+			return fmt.Errorf("%s must be a number", where)
+		}
 	default: // integers: encoding/json checks the range and refuses fractions
 		n, ok := value.(json.Number)
 		if !ok || strings.ContainsAny(string(n), ".eE") {

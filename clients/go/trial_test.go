@@ -1,0 +1,201 @@
+// A record's trial steps (record field 13) without a daemon: read strictly and digested as
+// the golden vectors say, a score by its IEEE 754 bits (-0 is not 0), null and an empty list
+// as absent.
+
+package sandbox
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+)
+
+func trialVectors(t *testing.T) map[string]vector {
+	t.Helper()
+	byName := map[string]vector{}
+	for _, v := range loadVectors(t) {
+		byName[v.Name] = v
+	}
+	for _, name := range []string{"record/trials", "record/trials-nulls", "record/trials-two-steps", "record/null-trials"} {
+		if _, ok := byName[name]; !ok {
+			t.Fatalf("no vector %s", name)
+		}
+	}
+	return byName
+}
+
+func readRecord(t *testing.T, data []byte) (Record, error) {
+	t.Helper()
+	var r Record
+	_, err := readStrict(data, &r)
+	return r, err
+}
+
+// withTrials is the record/trials vector's input with its trials replaced by raw JSON.
+func withTrials(t *testing.T, byName map[string]vector, trials string) []byte {
+	t.Helper()
+	var g map[string]json.RawMessage
+	if err := json.Unmarshal(byName["record/trials"].Input, &g); err != nil {
+		t.Fatal(err)
+	}
+	g["trials"] = json.RawMessage(trials)
+	return encodeJSON(t, g)
+}
+
+func TestTheTrialVectorsAreReadAndCovered(t *testing.T) {
+	byName := trialVectors(t)
+	r, err := readRecord(t, byName["record/trials"].Input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Trials) != 1 {
+		t.Fatalf("record/trials reads %d trial steps", len(r.Trials))
+	}
+	s := r.Trials[0]
+	want := SimulatorRef{Name: "cartpole", Version: "1.0.0", SHA256: "d7156572f87f3c557127a511301424f5c8cc718a269bf4274b5e0258d5b6656e"}
+	if s.Step != 1 || s.Pass || s.Simulator != want || len(s.Trials) != 2 {
+		t.Fatalf("record/trials reads %+v", s)
+	}
+	ok, failed := s.Trials[0], s.Trials[1]
+	if ok.Scenario == nil || *ok.Scenario != "standard" || ok.End != TrialCompleted || ok.Reason != nil || ok.Score != nil || !ok.Pass || ok.Ticks != 2000 {
+		t.Errorf("the passing trial reads %+v", ok)
+	}
+	if failed.Scenario != nil || failed.End != TrialFailed || failed.Reason == nil || *failed.Reason != "the pole fell past 12 degrees" ||
+		failed.Score == nil || *failed.Score != 0.094 || failed.Pass || failed.Ticks != 188 || failed.End.IsControllerFault() {
+		t.Errorf("the failing trial reads %+v", failed)
+	}
+	if got := RecordSHA256(&r); got != byName["record/trials"].SHA256 {
+		t.Errorf("record/trials digests to %s", got)
+	}
+	// Nulls are absent, at every depth.
+	nulls, err := readRecord(t, byName["record/trials-nulls"].Input)
+	if err != nil || RecordSHA256(&nulls) != RecordSHA256(&r) {
+		t.Errorf("record/trials-nulls: %v", err)
+	}
+	two, err := readRecord(t, byName["record/trials-two-steps"].Input)
+	if err != nil || len(two.Trials) != 2 || two.Trials[1].Step != 3 {
+		t.Fatalf("record/trials-two-steps: %v %+v", err, two.Trials)
+	}
+	last := two.Trials[1].Trials
+	if *last[0].Score != 1 || *last[1].Score != 0 || !math.Signbit(*last[1].Score) || !last[1].End.IsControllerFault() {
+		t.Errorf("the scores read %v and %v", *last[0].Score, *last[1].Score)
+	}
+	// An empty list, null and none are one: the record of a run without trial steps keeps its
+	// digest.
+	for _, empty := range []string{"[]", "null"} {
+		e, err := readRecord(t, withTrials(t, byName, empty))
+		if err != nil || len(e.Trials) != 0 || RecordSHA256(&e) != byName["record/image"].SHA256 {
+			t.Errorf("trials %s: %v", empty, err)
+		}
+	}
+}
+
+func TestEveryMemberOfATrialStepIsCovered(t *testing.T) {
+	byName := trialVectors(t)
+	base, err := readRecord(t, byName["record/trials"].Input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	str := func(s string) *string { return &s }
+	num := func(f float64) *float64 { return &f }
+	edits := map[string]func(s *TrialStepRecord){
+		"step":              func(s *TrialStepRecord) { s.Step = 2 },
+		"pass":              func(s *TrialStepRecord) { s.Pass = true },
+		"simulator.name":    func(s *TrialStepRecord) { s.Simulator.Name = "tank" },
+		"simulator.version": func(s *TrialStepRecord) { s.Simulator.Version = "1.0.1" },
+		"simulator.sha256":  func(s *TrialStepRecord) { s.Simulator.SHA256 = strings.Repeat("0", 64) },
+		"scenario":          func(s *TrialStepRecord) { s.Trials[0].Scenario = str("other") },
+		"no scenario":       func(s *TrialStepRecord) { s.Trials[0].Scenario = nil },
+		"an empty scenario": func(s *TrialStepRecord) { s.Trials[1].Scenario = str("") },
+		"end":               func(s *TrialStepRecord) { s.Trials[0].End = TrialFailed },
+		"reason":            func(s *TrialStepRecord) { s.Trials[0].Reason = str("why") },
+		"ticks":             func(s *TrialStepRecord) { s.Trials[0].Ticks = 1999 },
+		"score":             func(s *TrialStepRecord) { s.Trials[1].Score = num(0.095) },
+		"-0 for 0":          func(s *TrialStepRecord) { s.Trials[0].Score = num(math.Copysign(0, -1)) },
+		"trial pass":        func(s *TrialStepRecord) { s.Trials[0].Pass = false },
+		"fingerprint":       func(s *TrialStepRecord) { s.Trials[0].Fingerprint = strings.Repeat("0", 64) },
+		"order":             func(s *TrialStepRecord) { s.Trials[0], s.Trials[1] = s.Trials[1], s.Trials[0] },
+		"no trials":         func(s *TrialStepRecord) { s.Trials = nil },
+	}
+	zero := base
+	zero.Trials = []TrialStepRecord{base.Trials[0]}
+	zero.Trials[0].Trials = append([]TrialOutcome(nil), base.Trials[0].Trials...)
+	zero.Trials[0].Trials[0].Score = num(0)
+	for what, edit := range edits {
+		c := base
+		c.Trials = []TrialStepRecord{base.Trials[0]}
+		c.Trials[0].Trials = append([]TrialOutcome(nil), base.Trials[0].Trials...)
+		ref := &base
+		if what == "-0 for 0" {
+			ref = &zero
+		}
+		edit(&c.Trials[0])
+		if RecordSHA256(&c) == RecordSHA256(ref) {
+			t.Errorf("%s: not covered", what)
+		}
+	}
+	if RecordSHA256(&base) != byName["record/trials"].SHA256 {
+		t.Fatal("an edit changed the base record")
+	}
+	// A JSON integer is its binary64 value: 1 and 1.0 read and digest alike.
+	trials := string(mustMember(t, byName["record/trials"].Input, "trials"))
+	one := func(score string) string {
+		r, err := readRecord(t, withTrials(t, byName, strings.Replace(trials, "0.094", score, 1)))
+		if err != nil {
+			t.Fatalf("score %s: %v", score, err)
+		}
+		return RecordSHA256(&r)
+	}
+	if one("1") != one("1.0") || one("1") != one("1e0") || one("1") == one("1.0000000000000002") {
+		t.Error("a score is not digested by its binary64 value")
+	}
+}
+
+func TestARecordsTrialsAreReadStrictly(t *testing.T) {
+	byName := trialVectors(t)
+	var steps []map[string]any
+	if err := json.Unmarshal(mustMember(t, byName["record/trials"].Input, "trials"), &steps); err != nil {
+		t.Fatal(err)
+	}
+	edit := func(f func(s map[string]any)) string {
+		var c []map[string]any
+		if err := json.Unmarshal(encodeJSON(t, steps), &c); err != nil {
+			t.Fatal(err)
+		}
+		f(c[0])
+		return string(encodeJSON(t, c))
+	}
+	trial := func(s map[string]any, i int) map[string]any { return s["trials"].([]any)[i].(map[string]any) }
+	same := edit(func(map[string]any) {})
+	for what, trials := range map[string]string{
+		"an unknown member":           edit(func(s map[string]any) { s["extra"] = 1 }),
+		"no simulator":                edit(func(s map[string]any) { delete(s, "simulator") }),
+		"trials null":                 edit(func(s map[string]any) { s["trials"] = nil }),
+		"a step below 0":              edit(func(s map[string]any) { s["step"] = -1 }),
+		"a step above u32":            edit(func(s map[string]any) { s["step"] = uint64(1) << 32 }),
+		"an unknown simulator member": edit(func(s map[string]any) { s["simulator"].(map[string]any)["abi"] = 1 }),
+		"verdict/1's end":             edit(func(s map[string]any) { trial(s, 0)["end"] = "fell" }),
+		"a verdict member":            edit(func(s map[string]any) { trial(s, 0)["detail"] = "x" }),
+		"a score as a string":         edit(func(s map[string]any) { trial(s, 1)["score"] = "1" }),
+		"a score as a boolean":        edit(func(s map[string]any) { trial(s, 1)["score"] = true }),
+		"fractional ticks":            edit(func(s map[string]any) { trial(s, 0)["ticks"] = 1.5 }),
+		"a null trial":                edit(func(s map[string]any) { s["trials"] = append(s["trials"].([]any), nil) }),
+		"an object for the list":      `{"0":` + same[1:len(same)-1] + `}`,
+		"an overflowing score":        strings.Replace(same, "0.094", "1e999", 1),
+	} {
+		if _, err := readRecord(t, withTrials(t, byName, trials)); err == nil {
+			t.Errorf("%s: read", what)
+		}
+	}
+}
+
+// mustMember is one member of a JSON object, raw.
+func mustMember(t *testing.T, object []byte, name string) []byte {
+	t.Helper()
+	var g map[string]json.RawMessage
+	if err := json.Unmarshal(object, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g[name]
+}
