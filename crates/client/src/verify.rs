@@ -310,6 +310,42 @@ mod tests {
     }
 
     #[test]
+    fn a_records_trial_steps_are_read_and_covered_by_its_digest() {
+        let req = request(Some(Tier::Container));
+        let mut resp = honest(&req, Tier::Container);
+        let fp = "9".repeat(64);
+        let verdict = format!(
+            r#"{{"format":"plimsoll-trial-verdict/2","simulator":{{"name":"cartpole","version":"1.0.0","sha256":"{fp}"}},"controller":["node","c.js"],"pass":true,"trials":[{{"scenario":"s.json","name":"standard","end_reason":"completed","detail":null,"pass":true,"ticks":2000,"score":-0.0,"fingerprint":"{fp}","wall_ms":null}}]}}"#
+        );
+        let step = plimsoll_wire::TrialStepRecord::from_verdict(1, verdict.as_bytes()).unwrap();
+        resp.record.trials = vec![step];
+        resp.record.record_sha256 = record_sha256(&resp.record);
+        // As it travels: the answer's JSON reads back to the same record, -0.0 and all.
+        let json = serde_json::to_vec(&resp).unwrap();
+        let read: RunResponse = serde_json::from_slice(&json).unwrap();
+        assert_eq!(read.record, resp.record);
+        let ok = verify_response(&req, read).unwrap();
+        assert_eq!(
+            ok.record.trials[0].trials[0].scenario.as_deref(),
+            Some("standard")
+        );
+        // A score changed (0.0 for -0.0) and nothing else: the record digest no longer holds.
+        let mut forged = resp.clone();
+        forged.record.trials[0].trials[0].score = plimsoll_wire::Score::new(0.0);
+        let e = verify_response(&req, forged).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::DigestMismatch {
+                    kind: DigestKind::Record,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_consistent_response_below_the_floor_is_caught() {
         // Every digest matches, the record agrees: only the tier check can catch it.
         let req = request(Some(Tier::Kernel));
