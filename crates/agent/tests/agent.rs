@@ -796,13 +796,45 @@ fn runner_at_its_path(cmd: &mut Command, runner: &Path) {
         })
         .unnamed(dir("/opt/plimsoll"))
         .unnamed(dir("/opt/plimsoll/bin"))
+        .unnamed(dir("/opt/plimsoll/simulators"))
         .unnamed(Step::BindReadOnly {
             source: c(runner.to_str().unwrap()),
             target: c(plimsoll_wire::trial_step::TRIAL_RUNNER_PATH),
             is_dir: false,
             device: false,
         })
+        .unnamed(Step::BindReadOnly {
+            source: c(simulators_dir().to_str().unwrap()),
+            target: c("/opt/plimsoll/simulators"),
+            is_dir: true,
+            device: false,
+        })
         .install_untracked(cmd);
+}
+
+/// A directory laid out as an image's /opt/plimsoll/simulators (docs/simulators.md): the
+/// shipped cart-pole and its index, written once per test process.
+fn simulators_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        use sha2::Digest as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let wasm = plimsoll_sims::get("cartpole").unwrap().wasm;
+        std::fs::write(dir.path().join("cartpole.wasm"), wasm).unwrap();
+        let index = serde_json::json!({
+            "format": plimsoll_wire::simulators::INDEX_FORMAT,
+            "simulators": [{
+                "name": "cartpole",
+                "path": "/opt/plimsoll/simulators/cartpole.wasm",
+                "sha256": hex::encode(sha2::Sha256::digest(wasm)),
+            }],
+        });
+        std::fs::write(dir.path().join("index.json"), index.to_string()).unwrap();
+        dir
+    })
+    .path()
 }
 
 /// The run's ids for a trial test: R = G = `base`, C = D = `base + 1`. Each test has its own
@@ -1081,8 +1113,8 @@ fn the_accepted_controller_passes_through_the_agent() {
         &[
             "test -f standard.json && echo scenario-present",
             // A loaded host may take seconds to start node.
-            "plimsoll-trial-runner --scenario standard.json --first-deadline-ms 20000 \
-             -- node accepted.js",
+            "plimsoll-trial-runner --simulator cartpole --scenario standard.json \
+             --first-deadline-ms 20000 -- node accepted.js",
             "test -e standard.json && echo scenario-still-there || echo scenario-gone; \
              sha256sum trajectory.bin",
         ],

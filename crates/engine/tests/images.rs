@@ -563,7 +563,7 @@ fn a_trial_runs_in_python_data_with_the_fingerprint_it_has_in_the_default_image(
             file("sims/cartpole/scenarios/standard.json"),
         ],
         &[
-            "plimsoll-trial-runner --scenario standard.json --first-deadline-ms 20000 --tick-deadline-ms 5000 -- python3 accepted.py",
+            "plimsoll-trial-runner --simulator cartpole --scenario standard.json --first-deadline-ms 20000 --tick-deadline-ms 5000 -- python3 accepted.py",
         ],
         &["trajectory.bin"],
     );

@@ -17,6 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
 pub use plimsoll_wire::Language;
+use plimsoll_wire::simulators::{IMAGE_INDEX, MAX_INDEX_BYTES, SimulatorEntry, SimulatorIndex};
 use plimsoll_wire::{ImageInfo, ImageRef, is_image_identity, is_image_name};
 
 /// Where an image lives in the store: its name and directory, before its identity is read.
@@ -65,6 +66,10 @@ pub struct StoredImage {
     pub languages: Vec<Language>,
     /// Its VM disk, when it has one made from this identity.
     pub disk: Option<PathBuf>,
+    /// The trial simulators it declares in its simulator index
+    /// (`/opt/plimsoll/simulators/index.json`, docs/simulators.md), or why that index is
+    /// unusable. An image without an index declares none.
+    pub simulators: Result<Vec<SimulatorEntry>, String>,
 }
 
 impl StoredImage {
@@ -91,6 +96,46 @@ impl StoredImage {
             languages: self.languages.clone(),
             vm_disk,
         }
+    }
+
+    /// Whether it declares every simulator `spec`'s trial steps name (with the SHA-256 a step
+    /// asks for); `Err` says which it lacks and what it has.
+    pub fn has_simulators(&self, spec: &plimsoll_wire::RunSpec) -> Result<(), String> {
+        let plimsoll_wire::RunSpec::Project(project) = spec else {
+            return Ok(());
+        };
+        for step in &project.steps {
+            let Some(Ok(args)) = plimsoll_wire::trial_step::trial_step(step) else {
+                continue;
+            };
+            let Some(wanted) = plimsoll_wire::trial_step::simulator_of(&args) else {
+                continue;
+            };
+            let declared = self.simulators.as_ref().map_err(|why| {
+                format!(
+                    "image `{}` has an unusable simulator index, so it cannot run the trial step's simulator {}: {why}",
+                    self.at.name, wanted.name
+                )
+            })?;
+            let Some(entry) = declared.iter().find(|s| s.name == wanted.name) else {
+                let have: Vec<&str> = declared.iter().map(|s| s.name.as_str()).collect();
+                return Err(format!(
+                    "image `{}` declares no simulator {} (it has: {}); name an image that carries it (`plimsoll image show NAME` lists its simulators)",
+                    self.at.name,
+                    wanted.name,
+                    if have.is_empty() { "none".to_owned() } else { have.join(", ") }
+                ));
+            };
+            if let Some(sha) = wanted.sha256
+                && sha != entry.sha256
+            {
+                return Err(format!(
+                    "the trial step asks for simulator {} with SHA-256 {sha}, but image `{}` carries {}",
+                    wanted.name, self.at.name, entry.sha256
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether it can start `language`'s interpreter; `Err` says what is missing.
@@ -306,13 +351,36 @@ impl ImageStore {
         let disk_identity = fs::read_to_string(at.dir.join("disk.identity")).ok();
         let disk = (disk.is_file() && disk_identity.as_deref().map(str::trim) == Some(&identity))
             .then_some(disk);
+        let simulators = read_simulators(&rootfs);
         Ok(StoredImage {
             at,
             identity,
             languages,
             disk,
+            simulators,
         })
     }
+}
+
+/// The simulators the image at `root` declares: none without an index; `Err` for an index
+/// that is unreadable, not as docs/simulators.md says, or points under a directory a
+/// sandbox's code can write.
+fn read_simulators(root: &Path) -> Result<Vec<SimulatorEntry>, String> {
+    let Some(path) = resolve_in_root(root, IMAGE_INDEX) else {
+        return Ok(Vec::new());
+    };
+    let meta = fs::metadata(&path).map_err(|e| format!("{IMAGE_INDEX}: {e}"))?;
+    if !meta.is_file() || meta.len() > MAX_INDEX_BYTES {
+        return Err(format!(
+            "{IMAGE_INDEX} is not a regular file of at most {MAX_INDEX_BYTES} bytes"
+        ));
+    }
+    let bytes = fs::read(&path).map_err(|e| format!("{IMAGE_INDEX}: {e}"))?;
+    let index = SimulatorIndex::parse(&bytes).map_err(|e| format!("{IMAGE_INDEX}: {e}"))?;
+    for s in &index.simulators {
+        s.check_in_image()?;
+    }
+    Ok(index.simulators)
 }
 
 /// Whether `path` (absolute inside the image) is an executable regular file once every
@@ -392,6 +460,70 @@ mod tests {
 
     fn id(byte: &str) -> String {
         format!("sha256:{}", byte.repeat(32))
+    }
+
+    fn trial(step: &str) -> plimsoll_wire::RunSpec {
+        plimsoll_wire::RunSpec::Project(plimsoll_wire::Project {
+            files: Vec::new(),
+            steps: vec![plimsoll_wire::Step {
+                name: None,
+                run: step.into(),
+            }],
+            artifacts: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn an_image_declares_the_simulators_its_index_lists() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = image(tmp.path(), "exam", &id("aa"), true);
+        image(tmp.path(), "bare", &id("bb"), true);
+        let sha = "cd".repeat(32);
+        fs::create_dir_all(dir.join("rootfs/opt/plimsoll/simulators")).unwrap();
+        fs::write(
+            dir.join("rootfs/opt/plimsoll/simulators/index.json"),
+            format!(
+                r#"{{"format": "plimsoll-simulators/1", "simulators": [{{"name": "tank", "path": "/opt/plimsoll/simulators/tank.wasm", "sha256": "{sha}"}}]}}"#
+            ),
+        )
+        .unwrap();
+        let store = ImageStore::new(tmp.path().into(), "exam".into());
+        let exam = store.resolve(Some("exam")).unwrap();
+        assert_eq!(exam.simulators.as_ref().unwrap()[0].name, "tank");
+        let ok = |s: &StoredImage, step: &str| s.has_simulators(&trial(step));
+        ok(&exam, "plimsoll-trial-runner --simulator tank -- node c.js").unwrap();
+        ok(
+            &exam,
+            &format!("plimsoll-trial-runner --simulator tank --simulator-sha256 {sha} -- node c.js"),
+        )
+        .unwrap();
+        ok(&exam, "echo no trial --simulator boat").unwrap();
+        let e = ok(&exam, "plimsoll-trial-runner --simulator boat -- node c.js").unwrap_err();
+        assert!(e.contains("declares no simulator boat (it has: tank)"), "{e}");
+        let e = ok(
+            &exam,
+            &format!(
+                "plimsoll-trial-runner --simulator tank --simulator-sha256 {} -- node c.js",
+                "0".repeat(64)
+            ),
+        )
+        .unwrap_err();
+        assert!(e.contains(&format!("carries {sha}")), "{e}");
+        let bare = store.resolve(Some("bare")).unwrap();
+        assert_eq!(bare.simulators, Ok(Vec::new()));
+        let e = ok(&bare, "plimsoll-trial-runner --simulator tank -- node c.js").unwrap_err();
+        assert!(e.contains("(it has: none)"), "{e}");
+        // An index that points into /work is unusable, and says so.
+        fs::write(
+            dir.join("rootfs/opt/plimsoll/simulators/index.json"),
+            format!(
+                r#"{{"format": "plimsoll-simulators/1", "simulators": [{{"name": "tank", "path": "/work/tank.wasm", "sha256": "{sha}"}}]}}"#
+            ),
+        )
+        .unwrap();
+        let exam = store.resolve(Some("exam")).unwrap();
+        let e = ok(&exam, "plimsoll-trial-runner --simulator tank -- node c.js").unwrap_err();
+        assert!(e.contains("unusable simulator index") && e.contains("/work"), "{e}");
     }
 
     #[test]

@@ -90,7 +90,7 @@ fn step(run: &str) -> Step {
 fn trial_project(controller: ProjectFile, command: &str, steps_before: &[&str]) -> RunSpec {
     let mut steps: Vec<Step> = steps_before.iter().map(|s| step(s)).collect();
     steps.push(step(&format!(
-        "plimsoll-trial-runner --scenario standard.json {RELAXED} -- {command}"
+        "plimsoll-trial-runner --simulator cartpole --scenario standard.json {RELAXED} -- {command}"
     )));
     RunSpec::Project(Project {
         files: vec![
@@ -290,7 +290,7 @@ fn the_controller_sees_neither_the_scenario_nor_the_runner(kind: RuntimeKind, te
     let spec = RunSpec::Project(Project {
         files: hostile.files("standard.json"),
         steps: vec![step(&format!(
-            "plimsoll-trial-runner --scenario standard.json {RELAXED} -- python3 hostile.py"
+            "plimsoll-trial-runner --simulator cartpole --scenario standard.json {RELAXED} -- python3 hostile.py"
         ))],
         artifacts: vec!["trajectory.bin".into()],
     });

@@ -673,13 +673,13 @@ accepted.main()
             // Interpreters start in seconds under TCG: a first deadline of 30 s.
             step(
                 "accepted",
-                "plimsoll-trial-runner --scenario standard.json --first-deadline-ms 30000 -- python3 spy.py",
+                "plimsoll-trial-runner --simulator cartpole --scenario standard.json --first-deadline-ms 30000 -- python3 spy.py",
             ),
             // A hostile controller (tests/trials/hostile.rs) hunts for its scenario and
             // the runner's descriptors (#16.4: at runsc one held the simulator's memory).
             step(
                 "hostile",
-                "plimsoll-trial-runner --scenario hidden.json --trajectory hostile.bin --first-deadline-ms 30000 -- python3 hostile.py",
+                "plimsoll-trial-runner --simulator cartpole --scenario hidden.json --trajectory hostile.bin --first-deadline-ms 30000 -- python3 hostile.py",
             ),
             step(
                 "memory",
@@ -689,7 +689,7 @@ accepted.main()
             // whatever the deadline).
             step(
                 "draft",
-                "plimsoll-trial-runner --scenario again.json --trajectory draft.bin --first-deadline-ms 30000 --tick-deadline-ms 1000 -- node draft.js",
+                "plimsoll-trial-runner --simulator cartpole --scenario again.json --trajectory draft.bin --first-deadline-ms 30000 --tick-deadline-ms 1000 -- node draft.js",
             ),
         ],
         artifacts: vec![

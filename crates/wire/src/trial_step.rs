@@ -107,34 +107,60 @@ pub fn trial_step(step: &Step) -> Option<Result<Vec<String>, BadTrialStep>> {
     Some(Ok(args))
 }
 
+/// The values of one of the runner's own options (`--name V` or `--name=V`, before `--`).
+fn option_values<'a>(args: &'a [String], name: &str) -> Vec<&'a str> {
+    let own: Vec<&String> = args.iter().take_while(|a| *a != "--").collect();
+    let eq = format!("{name}=");
+    own.iter()
+        .enumerate()
+        .filter_map(|(i, a)| {
+            if *a == name {
+                own.get(i + 1).map(|s| s.as_str())
+            } else {
+                a.strip_prefix(eq.as_str())
+            }
+        })
+        .collect()
+}
+
+/// The simulator a trial step names: `--simulator NAME` and, if given,
+/// `--simulator-sha256 HEX` (the last of each, as the runner reads them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedSimulator<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// The SHA-256 the step requires.
+    pub sha256: Option<&'a str>,
+}
+
+/// The simulator a trial step's words name, if they name one.
+pub fn simulator_of(args: &[String]) -> Option<NamedSimulator<'_>> {
+    let name = option_values(args, "--simulator").pop()?;
+    Some(NamedSimulator {
+        name,
+        sha256: option_values(args, "--simulator-sha256").pop(),
+    })
+}
+
 /// The files a trial step's runner reads as scenarios (`--scenario F`, `--scenario=F`,
 /// before `--`), as project paths: a leading `./` or `/work/` is taken off. The agent writes
 /// these files readable by the run's uid only, so no controller of an earlier trial step
 /// of the run can read a later one's scenario.
 pub fn scenario_paths(args: &[String]) -> Vec<String> {
-    let own: Vec<&String> = args.iter().take_while(|a| *a != "--").collect();
-    let mut paths = Vec::new();
-    for (i, a) in own.iter().enumerate() {
-        let named = if *a == "--scenario" {
-            own.get(i + 1).map(|s| s.as_str())
-        } else {
-            a.strip_prefix("--scenario=")
-        };
-        if let Some(p) = named {
-            let mut p = p;
+    option_values(args, "--scenario")
+        .into_iter()
+        .map(|mut p| {
             loop {
                 if let Some(rest) = p.strip_prefix("./") {
                     p = rest;
                 } else if let Some(rest) = p.strip_prefix("/work/") {
                     p = rest;
                 } else {
-                    break;
+                    break p.to_owned();
                 }
             }
-            paths.push(p.to_owned());
-        }
-    }
-    paths
+        })
+        .collect()
 }
 
 /// Whether any step of `spec` is a trial step (well-formed or not).
@@ -154,6 +180,26 @@ mod tests {
             name: None,
             run: run.into(),
         }
+    }
+
+    #[test]
+    fn the_simulator_a_step_names() {
+        let words = |run: &str| trial_step(&step(run)).unwrap().unwrap();
+        let args = words(
+            "plimsoll-trial-runner --simulator tank --simulator-sha256=abc --scenario s.json -- node --simulator x",
+        );
+        assert_eq!(
+            simulator_of(&args),
+            Some(NamedSimulator {
+                name: "tank",
+                sha256: Some("abc")
+            })
+        );
+        let args = words("plimsoll-trial-runner --simulator=motor -- python3 c.py");
+        assert_eq!(simulator_of(&args).unwrap().name, "motor");
+        assert_eq!(simulator_of(&args).unwrap().sha256, None);
+        let args = words("plimsoll-trial-runner --scenario s.json -- node --simulator x");
+        assert_eq!(simulator_of(&args), None, "the controller's words do not count");
     }
 
     #[test]
