@@ -123,7 +123,11 @@ impl StoredImage {
                     "image `{}` declares no simulator {} (it has: {}); name an image that carries it (`plimsoll image show NAME` lists its simulators)",
                     self.at.name,
                     wanted.name,
-                    if have.is_empty() { "none".to_owned() } else { have.join(", ") }
+                    if have.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        have.join(", ")
+                    }
                 ));
             };
             if let Some(sha) = wanted.sha256
@@ -494,12 +498,17 @@ mod tests {
         ok(&exam, "plimsoll-trial-runner --simulator tank -- node c.js").unwrap();
         ok(
             &exam,
-            &format!("plimsoll-trial-runner --simulator tank --simulator-sha256 {sha} -- node c.js"),
+            &format!(
+                "plimsoll-trial-runner --simulator tank --simulator-sha256 {sha} -- node c.js"
+            ),
         )
         .unwrap();
         ok(&exam, "echo no trial --simulator boat").unwrap();
         let e = ok(&exam, "plimsoll-trial-runner --simulator boat -- node c.js").unwrap_err();
-        assert!(e.contains("declares no simulator boat (it has: tank)"), "{e}");
+        assert!(
+            e.contains("declares no simulator boat (it has: tank)"),
+            "{e}"
+        );
         let e = ok(
             &exam,
             &format!(
@@ -523,7 +532,10 @@ mod tests {
         .unwrap();
         let exam = store.resolve(Some("exam")).unwrap();
         let e = ok(&exam, "plimsoll-trial-runner --simulator tank -- node c.js").unwrap_err();
-        assert!(e.contains("unusable simulator index") && e.contains("/work"), "{e}");
+        assert!(
+            e.contains("unusable simulator index") && e.contains("/work"),
+            "{e}"
+        );
     }
 
     #[test]

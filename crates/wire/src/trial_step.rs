@@ -199,7 +199,11 @@ mod tests {
         assert_eq!(simulator_of(&args).unwrap().name, "motor");
         assert_eq!(simulator_of(&args).unwrap().sha256, None);
         let args = words("plimsoll-trial-runner --scenario s.json -- node --simulator x");
-        assert_eq!(simulator_of(&args), None, "the controller's words do not count");
+        assert_eq!(
+            simulator_of(&args),
+            None,
+            "the controller's words do not count"
+        );
     }
 
     #[test]
