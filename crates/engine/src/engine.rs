@@ -710,7 +710,12 @@ impl Engine {
             .iter()
             .map(|s| s.probed.read().unwrap_or_else(|p| p.into_inner()).clone())
             .collect();
-        let image = self.image_for(req.image.as_deref());
+        // The image must declare every simulator the request's trial steps name: else no
+        // provider could run it, and nothing is dispatched.
+        let image = self.image_for(req.image.as_deref()).and_then(|i| match i {
+            Some(r) => r.stored.has_simulators(&req.run).map(|()| Some(r)),
+            None => Ok(None),
+        });
         let language = match &req.run {
             plimsoll_wire::RunSpec::Snippet(s) => Some(s.language),
             plimsoll_wire::RunSpec::Project(_) => None,
