@@ -1037,7 +1037,7 @@ impl Engine {
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
             image: plan.image.as_ref().map(RunImage::reference),
-            trials: Vec::new(),
+            trials: trials_of(&req.run, &outcome.result),
             request_id: req.request_id.clone(),
             request_sha256: request_sha.clone(),
             result_sha256: result_sha.clone(),
@@ -1088,6 +1088,45 @@ pub(crate) fn run_image(stored: &plimsoll_image::StoredImage, named: bool) -> Ru
         disk: stored.disk.clone(),
         named,
     }
+}
+
+/// What the record says of each trial step that ran and printed a verdict: the verdict's last
+/// line on the step's stdout, which only the trial runner writes (the controller's output
+/// goes to the runner). A step without one (the runner refused to start, or failed: its
+/// stderr says why), or with output cut at the limit, is left out; its result still is in
+/// the result.
+pub(crate) fn trials_of(
+    spec: &plimsoll_wire::RunSpec,
+    result: &plimsoll_wire::RunResult,
+) -> Vec<plimsoll_wire::TrialStepRecord> {
+    let plimsoll_wire::RunSpec::Project(project) = spec else {
+        return Vec::new();
+    };
+    project
+        .steps
+        .iter()
+        .zip(&result.steps)
+        .enumerate()
+        .filter(|(_, (step, ran))| {
+            !ran.stdout_truncated
+                && matches!(plimsoll_wire::trial_step::trial_step(step), Some(Ok(_)))
+        })
+        .filter_map(|(i, (_, ran))| {
+            let out = ran.stdout.as_slice();
+            let line = out
+                .strip_suffix(b"\n")
+                .unwrap_or(out)
+                .rsplit(|&b| b == b'\n')
+                .next()?;
+            match plimsoll_wire::TrialStepRecord::from_verdict(u32::try_from(i).ok()?, line) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::debug!(step = i, error = %e, "a trial step printed no verdict");
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 /// What a record names as the run's environment: the identity of the image it ran in, or

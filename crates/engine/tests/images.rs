@@ -580,5 +580,51 @@ fn a_trial_runs_in_python_data_with_the_fingerprint_it_has_in_the_default_image(
             "{image}"
         );
         ran_in(&r, image);
+        // The record states the verdict: the image's cart-pole, how the trial ended, its
+        // fingerprint.
+        let [t] = r.record.trials.as_slice() else {
+            panic!(
+                "{image}: one trial step in the record: {:?}",
+                r.record.trials
+            );
+        };
+        assert_eq!((t.step, t.pass), (0, true), "{image}");
+        assert_eq!(t.simulator.name, "cartpole");
+        assert_eq!(
+            t.simulator.sha256,
+            plimsoll_wire::digest::sha256_hex(plimsoll_sims::get("cartpole").unwrap().wasm)
+        );
+        assert_eq!(t.trials.len(), 1);
+        assert_eq!(t.trials[0].end, plimsoll_wire::TrialEnd::Completed);
+        assert_eq!(t.trials[0].scenario.as_deref(), Some("standard"));
+        assert_eq!(
+            t.trials[0].fingerprint,
+            plimsoll_wire::digest::sha256_hex(a.content.as_slice())
+        );
     }
+
+    // A trial step naming a simulator the image does not carry is refused before anything
+    // runs, naming what the image has.
+    let mut other = trial.clone();
+    if let plimsoll_wire::RunSpec::Project(p) = &mut other {
+        p.steps[0].run = p.steps[0]
+            .run
+            .replace("--simulator cartpole", "--simulator boat");
+    }
+    let e = engine
+        .run(CALLER, &request("boat", Some("python-data"), None, other))
+        .unwrap_err();
+    let resp = e.to_response();
+    assert_eq!(
+        resp.error.not_dispatched,
+        Some(plimsoll_wire::Reason::Environment),
+        "{resp:?}"
+    );
+    assert!(
+        resp.error
+            .message
+            .contains("declares no simulator boat (it has: cartpole, tank, motor)"),
+        "{}",
+        resp.error.message
+    );
 }
