@@ -44,6 +44,11 @@ pub enum Command {
     /// request (--request), and print its output, tier and provider.
     #[command(after_help = after_help())]
     Run(Box<RunArgs>),
+    /// Examine a controller against a simulator its image carries, on hidden scenarios: a
+    /// project run of one trial step (docs/simulators.md); the record names the simulator,
+    /// how each trial ended and its score.
+    #[command(after_help = TRIAL_AFTER_HELP)]
+    Trial(Box<TrialArgs>),
     /// List providers: tier, availability, and the evidence behind it.
     Providers(ProvidersArgs),
     /// Keep one sandbox across calls on a daemon: open a session, run cells in its
@@ -150,6 +155,72 @@ pub struct RunArgs {
     /// grants are its operator's.
     #[arg(long, value_name = "FILE", conflicts_with = "daemon")]
     pub grants: Option<PathBuf>,
+    /// Set by `plimsoll trial`: the exit status says whether every trial passed.
+    #[arg(skip)]
+    pub trial: bool,
+}
+
+const TRIAL_AFTER_HELP: &str = "\
+Each scenario file is sent with the run and deleted by the trial runner before the controller
+starts, so the controller never sees it. The trajectories come back as artifacts (--out DIR).
+
+Example:
+  plimsoll trial --simulator tank --scenario hidden-1.json --scenario hidden-2.json \\
+      --controller controller.py --out results/
+
+Exit status: 0 every trial passed; 1 a trial failed or the run failed; 2 usage; 3 not
+dispatched (the refusal says why); 4 may have run (the connection was lost).";
+
+/// `plimsoll trial`.
+#[derive(Debug, Args)]
+pub struct TrialArgs {
+    /// The simulator, by the name its image declares (`plimsoll image show IMAGE` lists them).
+    #[arg(long, value_name = "NAME")]
+    pub simulator: String,
+    /// And the SHA-256 its module must have (64 hex digits).
+    #[arg(long, value_name = "HEX")]
+    pub simulator_sha256: Option<String>,
+    /// A scenario file (JSON, docs/simulators.md); repeat for several trials, run in order.
+    #[arg(long = "scenario", value_name = "FILE", required = true)]
+    pub scenarios: Vec<PathBuf>,
+    /// The controller: a .js file (run by node) or a .py file (run by python3).
+    #[arg(long, value_name = "FILE")]
+    pub controller: PathBuf,
+    /// Another file the controller needs, written as NAME under /work (default: PATH's file
+    /// name); repeat for more.
+    #[arg(long = "file", value_name = "PATH[=NAME]")]
+    pub files: Vec<String>,
+    /// Write the trajectories (one per scenario, SCENARIO.bin) under this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Answer deadline for the first tick, in ms (the interpreter starts meanwhile).
+    #[arg(long, value_name = "MS")]
+    pub first_deadline_ms: Option<u64>,
+    /// Answer deadline for every later tick, in ms.
+    #[arg(long, value_name = "MS")]
+    pub tick_deadline_ms: Option<u64>,
+    /// Leave the wall time out of the verdict, so identical trials give identical results.
+    #[arg(long)]
+    pub reproducible: bool,
+    /// The floor: the weakest tier to accept (a trial needs container or above).
+    #[arg(long, value_name = "TIER", value_parser = parse_tier)]
+    pub min_isolation: Option<Tier>,
+    /// Run on this provider only.
+    #[arg(long, value_name = "NAME")]
+    pub provider: Option<String>,
+    /// Run in this image (a name or an identity): the one that carries the simulator.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// Wall-clock timeout of the whole run in milliseconds.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: Option<u64>,
+    /// Send the run to this daemon (token from PLIMSOLL_TOKEN). Default: PLIMSOLL_DAEMON,
+    /// else the embedded engine.
+    #[arg(long, value_name = "URL")]
+    pub daemon: Option<String>,
+    /// Print the whole response (or the error object) as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Where a session command goes: a daemon (sessions live in a daemon, not in this process).

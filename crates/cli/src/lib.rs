@@ -15,6 +15,7 @@ mod mcp;
 mod providers;
 mod run;
 mod session;
+mod trial;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,6 +74,7 @@ pub fn main_with(cli: Cli) -> u8 {
     let config = cli.config.as_deref();
     let outcome = match cli.command {
         Command::Run(a) => run::run(config, &a),
+        Command::Trial(a) => trial::trial(config, &a),
         Command::Providers(a) => providers::providers(config, &a),
         Command::Session(c) => session::session(c),
         Command::Image(c) => image::image(config, c),

@@ -219,7 +219,27 @@ fn finish(
     a: &RunArgs,
     streamed: &Streamed,
 ) -> u8 {
-    let status = print_result(sent, resp, evidence, a.json, streamed.counts());
+    let mut status = print_result(sent, resp, evidence, a.json, streamed.counts());
+    if !a.json {
+        for t in &resp.record.trials {
+            for line in trial_lines(t) {
+                eprintln!("plimsoll: {line}");
+            }
+        }
+    }
+    // `plimsoll trial`: a run whose trials did not all pass (or that printed no verdict)
+    // failed.
+    if a.trial
+        && status == EXIT_OK
+        && (resp.record.trials.is_empty() || resp.record.trials.iter().any(|t| !t.pass))
+    {
+        if resp.record.trials.is_empty() && !a.json {
+            eprintln!(
+                "plimsoll: error: the trial step printed no verdict (its stderr above says why)"
+            );
+        }
+        status = EXIT_FAILED;
+    }
     let asked: &[String] = match &sent.run {
         RunSpec::Project(p) => &p.artifacts,
         RunSpec::Snippet(_) => &[],
@@ -260,6 +280,40 @@ fn finish(
         eprintln!("plimsoll: {line}");
     }
     if failed { EXIT_FAILED } else { status }
+}
+
+/// What a record says of one trial step, one line per trial after a line naming the
+/// simulator.
+pub fn trial_lines(t: &plimsoll_wire::TrialStepRecord) -> Vec<String> {
+    let mut lines = vec![format!(
+        "trial step {}: simulator {} {} (sha256 {}): {}",
+        t.step + 1,
+        t.simulator.name,
+        t.simulator.version,
+        short(&t.simulator.sha256),
+        if t.pass { "passed" } else { "FAILED" }
+    )];
+    for o in &t.trials {
+        let mut line = format!(
+            "  {}: {} after {} ticks",
+            o.scenario.as_deref().unwrap_or("(unnamed scenario)"),
+            o.end.as_str(),
+            o.ticks
+        );
+        if let Some(reason) = &o.reason {
+            line.push_str(&format!(" ({reason})"));
+        }
+        if let Some(score) = &o.score {
+            line.push_str(&format!(", score {}", score.get()));
+        }
+        line.push_str(&format!(
+            ", {}, fingerprint {}",
+            if o.pass { "pass" } else { "no pass" },
+            short(&o.fingerprint)
+        ));
+        lines.push(line);
+    }
+    lines
 }
 
 /// Writes one artifact as `dir/name`, refusing a name that was not asked for or would leave

@@ -1740,3 +1740,72 @@ fn image_list_show_and_check_say_what_the_store_holds_and_what_each_image_starts
             .starts_with("3.11")
     );
 }
+
+/// `plimsoll trial` at crun: the image's water tank examines the accepted Python controller on
+/// two hidden scenarios (the scenario files are sent and deleted in the sandbox; the
+/// trajectories come back), the failing draft exits 1 with the simulator's reason, and a
+/// simulator the image lacks is refused, not dispatched, with status 3.
+#[test]
+fn trial_examines_a_controller_with_the_images_simulator() {
+    let test = "trial_examines_a_controller_with_the_images_simulator";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(settings) = crun_settings(test, dir.path(), 12) else {
+        return;
+    };
+    let config = dir.path().join("plimsoll.toml");
+    std::fs::write(&config, settings).unwrap();
+    let tank = plimsoll_sims::get("tank").unwrap();
+    let root = plimsoll_testing::workspace_root();
+    let trial = |controller: &str, scenarios: &[&str], simulator: &str| {
+        let mut cmd = plimsoll();
+        cmd.arg("--config")
+            .arg(&config)
+            .args(["trial", "--simulator", simulator, "--reproducible"])
+            .arg("--controller")
+            .arg(root.join("examples/controllers/tank").join(controller))
+            .arg("--out")
+            .arg(dir.path().join("out"));
+        for s in scenarios {
+            cmd.arg("--scenario").arg(tank.scenario(s));
+        }
+        run(&mut cmd)
+    };
+    let out = trial("accepted.py", &["hidden-1", "hidden-2"], "tank");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("simulator tank 1.0.0"), "{err}");
+    assert!(
+        err.contains("hidden-1: completed after 1800 ticks"),
+        "{err}"
+    );
+    assert!(
+        err.contains("hidden-2: completed after 2400 ticks"),
+        "{err}"
+    );
+    let verdict: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(verdict["simulator"]["name"], "tank");
+    for (i, name) in ["hidden-1", "hidden-2"].iter().enumerate() {
+        let t = &verdict["trials"][i];
+        assert_eq!(t["pass"], true, "{t}");
+        let bin = std::fs::read(dir.path().join("out").join(format!("{name}.bin"))).unwrap();
+        assert_eq!(t["fingerprint"], plimsoll_wire::digest::sha256_hex(&bin));
+    }
+    // The scenario files on this side are untouched: only the sandbox's copies are deleted.
+    assert!(tank.scenario("hidden-1").exists());
+
+    let out = trial("failing.py", &["hidden-1"], "tank");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("failed after 92 ticks (the tank overflowed"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = trial("accepted.py", &["hidden-1"], "boat");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("declares no simulator boat"),
+        "{}",
+        text(&out.stderr)
+    );
+}
