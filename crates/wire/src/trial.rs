@@ -844,6 +844,38 @@ mod tests {
     }
 
     #[test]
+    fn a_score_reads_back_from_its_text_to_the_bit() {
+        // Each of these read back one bit off with serde_json's default parse; every other
+        // client's parser reads the binary64 nearest the text, and so must this crate, or a
+        // record digest recomputed from the daemon's JSON would not be the daemon's.
+        for n in [
+            0.9856906946328695,
+            0.21291890726713458,
+            227.92582772255219,
+            378614.58032486675,
+            -1.603964615428183e143,
+            3.0261999441573203e-52,
+            1.1547975125429853e-240,
+            3.909076791246025e-46,
+        ] {
+            let text = serde_json::to_string(&Score::new(n).unwrap()).unwrap();
+            let back: Score = serde_json::from_str(&text).unwrap();
+            assert_eq!(back.get().to_bits(), n.to_bits(), "{text}");
+            assert_eq!(
+                text.parse::<f64>().unwrap().to_bits(),
+                n.to_bits(),
+                "{text}"
+            );
+        }
+        // A verdict's long decimal is the nearest binary64, as `str::parse` reads it.
+        let long = "1.865281517519135030e-240";
+        let mut line = serde_json::to_string(&verdict()).unwrap();
+        line = line.replacen("\"score\":0.094", &format!("\"score\":{long}"), 1);
+        let r = TrialStepRecord::from_verdict(0, line.as_bytes()).unwrap();
+        assert_eq!(r.trials[1].score, Score::new(long.parse().unwrap()));
+    }
+
+    #[test]
     fn a_record_refuses_unknown_members_unlike_a_verdict() {
         let r = read(&verdict()).unwrap();
         let mut v = serde_json::to_value(&r).unwrap();

@@ -556,6 +556,15 @@ proptest! {
     }
 
     #[test]
+    fn a_record_reads_back_from_its_json_exactly(r in record()) {
+        // Through text, as a client reads it: every score is the binary64 that was written.
+        let text = serde_json::to_string(&r).unwrap();
+        let back: RunRecord = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(&back, &r);
+        prop_assert_eq!(record_sha256(&back), record_sha256(&r));
+    }
+
+    #[test]
     fn the_request_id_is_outside_the_digest(r in request(), id in "[A-Za-z0-9]{1,8}") {
         let mut other = r.clone();
         other.request_id = id;
