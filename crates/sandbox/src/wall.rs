@@ -163,15 +163,30 @@ pub fn from_status(status: &str) -> io::Result<Wall> {
 /// Whether the mount at `/` (the last one mounted there: the one on top) is read-only, from a
 /// /proc/PID/mountinfo text.
 pub fn root_read_only(mountinfo: &str) -> bool {
-    mountinfo
-        .lines()
-        .rev()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(4) == Some(&"/"))
-                .then(|| f.get(5).is_some_and(|o| o.split(',').any(|o| o == "ro")))
-        })
-        .unwrap_or(false)
+    path_read_only(mountinfo, "/")
+}
+
+/// Whether the mount that holds the absolute, symlink-free `path` is read-only, from a
+/// /proc/PID/mountinfo text: the mount whose mount point is the longest prefix of `path`
+/// (the last one mounted there, on top, when several are). False when none is found.
+pub fn path_read_only(mountinfo: &str, path: &str) -> bool {
+    let mut best: Option<(usize, bool)> = None;
+    for l in mountinfo.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        let (Some(point), Some(options)) = (f.get(4), f.get(5)) else {
+            continue;
+        };
+        let holds = *point == "/"
+            || path == *point
+            || path
+                .strip_prefix(point)
+                .is_some_and(|rest| rest.starts_with('/'));
+        // A later line with the same point was mounted on top of the earlier one.
+        if holds && best.is_none_or(|(len, _)| point.len() >= len) {
+            best = Some((point.len(), options.split(',').any(|o| o == "ro")));
+        }
+    }
+    best.is_some_and(|(_, ro)| ro)
 }
 
 /// What the wall of a run with a trial step must show, from what a run's must show
@@ -322,6 +337,25 @@ pub fn check(w: &Wall, expected: &Expectations, host: &HostView) -> Result<(), W
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mount_holding_a_path_says_whether_it_is_read_only() {
+        let mi = "1 0 8:1 / / ro,relatime - ext4 /dev/sda1 ro\n\
+                  2 1 0:5 / /work rw,nosuid - tmpfs tmpfs rw\n\
+                  3 1 0:6 / /opt/plimsoll/bin ro - tmpfs tmpfs rw\n\
+                  4 1 0:7 / /opt rw - tmpfs tmpfs rw\n\
+                  5 4 0:8 / /opt/plimsoll/simulators ro - ext4 /dev/sdb ro\n";
+        assert!(root_read_only(mi));
+        assert!(path_read_only(mi, "/opt/plimsoll/simulators/index.json"));
+        assert!(!path_read_only(mi, "/opt/plimsoll/simulatorsX/index.json"));
+        assert!(!path_read_only(mi, "/opt/other"));
+        assert!(!path_read_only(mi, "/work/x.wasm"));
+        assert!(path_read_only(mi, "/usr/lib/x"));
+        // Mounted on top of a read-only one.
+        let over = format!("{mi}6 1 0:9 / /work ro - tmpfs tmpfs rw\n");
+        assert!(path_read_only(&over, "/work/x"));
+        assert!(!path_read_only("", "/x"));
+    }
     use crate::judge::{Capabilities, Filesystem, Identity, NoNewPrivs, Seccomp};
 
     const STATUS: &str = "Name:\tpython3\nUid:\t2000\t2000\t2000\t2000\nGid:\t2000\t2000\t2000\t2000\n\

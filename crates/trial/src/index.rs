@@ -144,6 +144,25 @@ pub fn load(
     Ok((entry, bytes))
 }
 
+/// Whether `file` (opened from `path`) lies on a read-only mount: the filesystem says so
+/// (`statvfs`), or the mount that holds the path's real location is mounted `ro` in
+/// /proc/self/mountinfo (gVisor's `statvfs` flags leave out a read-only bind).
+fn on_read_only_mount(file: &std::fs::File, path: &Path) -> bool {
+    if rustix::fs::fstatvfs(file)
+        .is_ok_and(|vfs| vfs.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+    {
+        return true;
+    }
+    let (Ok(real), Ok(mountinfo)) = (
+        std::fs::canonicalize(path),
+        std::fs::read_to_string("/proc/self/mountinfo"),
+    ) else {
+        return false;
+    };
+    real.to_str()
+        .is_some_and(|p| plimsoll_sandbox::wall::path_read_only(&mountinfo, p))
+}
+
 /// Reads at most `limit` bytes of a regular file; with `read_only`, the file must be on a
 /// read-only filesystem.
 fn read_bounded(path: &Path, limit: u64, read_only: bool) -> Result<Vec<u8>, IndexError> {
@@ -159,13 +178,10 @@ fn read_bounded(path: &Path, limit: u64, read_only: bool) -> Result<Vec<u8>, Ind
     if !file.metadata().map_err(read)?.file_type().is_file() {
         return Err(read(std::io::Error::other("not a regular file")));
     }
-    if read_only {
-        let vfs = rustix::fs::fstatvfs(&file).map_err(|e| read(e.into()))?;
-        if !vfs.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
-            return Err(IndexError::Writable {
-                path: path.to_owned(),
-            });
-        }
+    if read_only && !on_read_only_mount(&file, path) {
+        return Err(IndexError::Writable {
+            path: path.to_owned(),
+        });
     }
     let mut bytes = Vec::new();
     file.take(limit + 1).read_to_end(&mut bytes).map_err(read)?;

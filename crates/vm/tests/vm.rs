@@ -30,6 +30,9 @@ use plimsoll_wire::{Project, ProjectFile, RunResult, RunSpec, Step, Tier};
 #[path = "../../../tests/trials/hostile.rs"]
 mod hostile;
 
+#[path = "../../../tests/trials/exams.rs"]
+mod exams;
+
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 
 fn assets() -> PathBuf {
@@ -612,6 +615,48 @@ fn step(name: &str, run: &str) -> Step {
     Step {
         name: Some(name.into()),
         run: run.into(),
+    }
+}
+
+/// The water tank and the DC motor from the guest's image (docs/simulators.md), one boot
+/// each: the accepted controllers in Python and JavaScript on a hidden scenario, then a
+/// failing draft (Python for the tank, JavaScript for the motor; the other two run at crun,
+/// runc and runsc). One hidden scenario per controller: the guest runs under TCG here.
+#[test]
+fn the_shipped_exams_examine_their_controllers_in_the_vm() {
+    use exams::Controller::{AcceptedJs, AcceptedPy, FailingJs, FailingPy};
+    let test = "the_shipped_exams_examine_their_controllers_in_the_vm";
+    let Some(rig) = rig(test, 30) else {
+        return;
+    };
+    if let Err(e) = tool_binary("plimsoll-trial-runner", "plimsoll-trial") {
+        skip_or_fail(test, &e);
+        return;
+    }
+    // Interpreters start in seconds under TCG, and node's answers may take over 100 ms.
+    let deadlines = "--first-deadline-ms 30000 --tick-deadline-ms 2000";
+    for (sim, controllers) in [
+        ("tank", [AcceptedPy, AcceptedJs, FailingPy]),
+        ("motor", [AcceptedPy, AcceptedJs, FailingJs]),
+    ] {
+        let hidden = &exams::HIDDEN[..1];
+        let spec = exams::project(sim, &controllers, hidden, deadlines);
+        let mut l = limits();
+        l.timeout = Duration::from_secs(180);
+        let plan = rig.plan(spec, l);
+        let t0 = Instant::now();
+        let outcome = rig.p.run_measured(&plan);
+        rig.assert_clean(&plan);
+        let (outcome, _) = outcome.unwrap_or_else(|e| panic!("{sim}: qemu run failed: {e}"));
+        let verdicts = exams::check(sim, &controllers, hidden, &outcome.result);
+        eprintln!(
+            "TIMING qemu {sim}: run {} ms, verdict wall_ms {:?}",
+            t0.elapsed().as_millis(),
+            verdicts
+                .iter()
+                .map(|v| v["trials"][0]["wall_ms"].clone())
+                .collect::<Vec<_>>()
+        );
     }
 }
 
