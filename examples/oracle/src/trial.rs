@@ -8,6 +8,8 @@ use plimsoll_wire::{Bytes, Project, ProjectFile, RunRequest, RunResponse, RunSpe
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
+/// The simulator the image declares for the oracle's exam (docs/simulators.md).
+pub const SIMULATOR: &str = "cartpole";
 /// The scenario, as the sandbox's `/work` holds it (the runner deletes it before the
 /// controller starts).
 pub const SCENARIO_FILE: &str = "standard.json";
@@ -16,7 +18,7 @@ pub const STANDARD_JSON: &str = include_str!("../../../sims/cartpole/scenarios/s
 /// The trajectory the runner writes in `/work` and the run returns as an artifact.
 pub const TRAJECTORY_FILE: &str = "trajectory.bin";
 /// The verdict line's format (docs/trials.md).
-pub const VERDICT_FORMAT: &str = "plimsoll-trial-verdict/1";
+pub const VERDICT_FORMAT: &str = "plimsoll-trial-verdict/2";
 /// The first answer's deadline. The runner's default (1 s) covers node's start-up on a host
 /// or in a container; under gVisor it takes a second or two, and in a QEMU guest under TCG
 /// (no KVM) several seconds. The deadline is outside the fingerprint, so raising it changes
@@ -65,17 +67,19 @@ pub const DRAFT: Controller = Controller {
 pub enum Expect {
     /// The pole stays up for every tick: runner exit 0, `completed`, pass.
     Pass,
-    /// The pole falls: runner exit 1, `fell`, no pass.
+    /// The pole falls: runner exit 1, `failed` (the cart-pole's reason), no pass.
     Fall,
 }
 
-/// The step: the image's trial runner on the scenario, the controller run by node. With
+/// The step: the image's trial runner with the image's cart-pole on the scenario, the
+/// controller run by node. With
 /// `--reproducible` the verdict leaves out its wall time, the one field that differs between
 /// identical trials, so the whole result (the verdict is the step's stdout) is the same on
 /// every run, and `plimsoll-attest replay` of a bundle finds no difference.
 pub fn step_command(controller: &Controller) -> String {
     format!(
-        "{TRIAL_RUNNER} --scenario {SCENARIO_FILE} --first-deadline-ms {FIRST_DEADLINE_MS} \
+        "{TRIAL_RUNNER} --simulator {SIMULATOR} --scenario {SCENARIO_FILE} \
+         --first-deadline-ms {FIRST_DEADLINE_MS} \
          --tick-deadline-ms {TICK_DEADLINE_MS} --reproducible -- node {}",
         controller.file
     )
@@ -331,13 +335,13 @@ pub fn check_run(
     let stated_bytes = trial["trajectory_bytes"]
         .as_u64()
         .ok_or_else(|| bad("no `trajectory_bytes`".into()))?;
-    let fell_at_tick = trial["fell_at_tick"].as_u64();
-    let fell_at_seconds = trial["fell_at_seconds"].as_f64();
+    let fell_at_tick = trial["failed_at_tick"].as_u64();
+    let fell_at_seconds = trial["failed_at_seconds"].as_f64();
     let pass = verdict["pass"].as_bool();
 
     let (wanted_reason, wanted_pass, expected) = match expect {
         Expect::Pass => ("completed", true, "completed, pass"),
-        Expect::Fall => ("fell", false, "fell, no pass"),
+        Expect::Fall => ("failed", false, "failed, no pass"),
     };
     if end_reason != wanted_reason
         || pass != Some(wanted_pass)
@@ -347,7 +351,7 @@ pub fn check_run(
         return Err(CheckTrialError::Verdict {
             label,
             got: format!(
-                "{end_reason}, pass {}, fell_at_tick {}{}",
+                "{end_reason}, pass {}, failed_at_tick {}{}",
                 pass.map_or("?".into(), |p| p.to_string()),
                 fell_at_tick.map_or("null".into(), |t| t.to_string()),
                 match trial["detail"].as_str() {
@@ -544,8 +548,8 @@ mod tests {
         let fell_t = fell.map_or("null".into(), |t| t.to_string());
         format!(
             "{{\"format\":\"{VERDICT_FORMAT}\",\"pass\":{pass},\"trials\":[{{\"end_reason\":\"{end}\",\
-             \"detail\":null,\"pass\":{pass},\"ticks\":{},\"fell_at_tick\":{fell_t},\
-             \"fell_at_seconds\":{fell_s},\"fingerprint\":\"{fingerprint}\",\"trajectory_bytes\":{bytes}}}]}}\n",
+             \"detail\":null,\"pass\":{pass},\"ticks\":{},\"failed_at_tick\":{fell_t},\
+             \"failed_at_seconds\":{fell_s},\"fingerprint\":\"{fingerprint}\",\"trajectory_bytes\":{bytes}}}]}}\n",
             bytes / 40
         )
     }
@@ -562,6 +566,8 @@ mod tests {
         assert_eq!(
             args,
             [
+                "--simulator",
+                "cartpole",
                 "--scenario",
                 "standard.json",
                 "--first-deadline-ms",
@@ -598,7 +604,7 @@ mod tests {
         .unwrap();
         assert_eq!(run.fingerprint, fp);
         assert_eq!(run.ticks, 2);
-        let fell = verdict(&sha256_hex(&traj), "fell", false, Some(188), 80);
+        let fell = verdict(&sha256_hex(&traj), "failed", false, Some(188), 80);
         let run = check_run(
             "d",
             DRAFT,
