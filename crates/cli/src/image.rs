@@ -277,6 +277,10 @@ fn facts(store: &ImageStore, i: &StoredImage) -> serde_json::Value {
         "languages": i.languages,
         "vm_disk": i.disk.as_ref().map(|d| d.display().to_string())
             .or_else(|| (assets_image().as_deref() == Some(i.identity.as_str())).then(|| "the VM assets' own".to_owned())),
+        "simulators": match &i.simulators {
+            Ok(sims) => serde_json::to_value(sims).unwrap_or_default(),
+            Err(why) => json!({"unusable": why}),
+        },
         "build_info": read("build-info"),
         "source": read("source"),
     })
@@ -315,6 +319,21 @@ fn render_facts(v: &serde_json::Value) -> String {
                 serde_json::Value::Null => {}
                 serde_json::Value::String(text) => {
                     s.push_str(&format!("{k}: {}\n", text.trim_end().replace('\n', "\n  ")));
+                }
+                serde_json::Value::Array(items) if k == "simulators" => {
+                    s.push_str("simulators:");
+                    if items.is_empty() {
+                        s.push_str(" none");
+                    }
+                    s.push('\n');
+                    for sim in items {
+                        s.push_str(&format!(
+                            "  {}  {}  sha256:{}\n",
+                            sim["name"].as_str().unwrap_or("?"),
+                            sim["path"].as_str().unwrap_or("?"),
+                            sim["sha256"].as_str().unwrap_or("?")
+                        ));
+                    }
                 }
                 other => s.push_str(&format!("{k}: {other}\n")),
             }
