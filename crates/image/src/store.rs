@@ -95,6 +95,7 @@ impl StoredImage {
             default: self.at.name == store.default_name(),
             languages: self.languages.clone(),
             vm_disk,
+            simulators: self.simulators.clone().unwrap_or_default(),
         }
     }
 

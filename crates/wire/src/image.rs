@@ -38,6 +38,10 @@ pub struct ImageInfo {
     /// Whether the VM provider can boot it (it has a disk made from it).
     #[serde(default)]
     pub vm_disk: bool,
+    /// The trial simulators it declares (docs/simulators.md), in its index's order; left out
+    /// when it declares none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub simulators: Vec<crate::simulators::SimulatorEntry>,
 }
 
 /// The longest image name.
