@@ -222,7 +222,7 @@ fn finish(
     let mut status = print_result(sent, resp, evidence, a.json, streamed.counts());
     if !a.json {
         for t in &resp.record.trials {
-            for line in trial_lines(t) {
+            for line in t.describe() {
                 eprintln!("plimsoll: {line}");
             }
         }
@@ -280,40 +280,6 @@ fn finish(
         eprintln!("plimsoll: {line}");
     }
     if failed { EXIT_FAILED } else { status }
-}
-
-/// What a record says of one trial step, one line per trial after a line naming the
-/// simulator.
-pub fn trial_lines(t: &plimsoll_wire::TrialStepRecord) -> Vec<String> {
-    let mut lines = vec![format!(
-        "trial step {}: simulator {} {} (sha256 {}): {}",
-        t.step + 1,
-        t.simulator.name,
-        t.simulator.version,
-        short(&t.simulator.sha256),
-        if t.pass { "passed" } else { "FAILED" }
-    )];
-    for o in &t.trials {
-        let mut line = format!(
-            "  {}: {} after {} ticks",
-            o.scenario.as_deref().unwrap_or("(unnamed scenario)"),
-            o.end.as_str(),
-            o.ticks
-        );
-        if let Some(reason) = &o.reason {
-            line.push_str(&format!(" ({reason})"));
-        }
-        if let Some(score) = &o.score {
-            line.push_str(&format!(", score {}", score.get()));
-        }
-        line.push_str(&format!(
-            ", {}, fingerprint {}",
-            if o.pass { "pass" } else { "no pass" },
-            short(&o.fingerprint)
-        ));
-        lines.push(line);
-    }
-    lines
 }
 
 /// Writes one artifact as `dir/name`, refusing a name that was not asked for or would leave

@@ -199,6 +199,12 @@ pub fn run_text(resp: &RunResponse, v: &Value) -> String {
     if let Some(image) = &resp.record.image {
         out.push_str(&format!("image: {} ({})\n", image.name, image.identity));
     }
+    for t in &resp.record.trials {
+        for line in t.describe() {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
     if let Some(steps) = v["steps"].as_array() {
         for (i, s) in steps.iter().enumerate() {
             let name = s["name"]
@@ -626,6 +632,24 @@ mod tests {
         assert_eq!(
             (&walled["wall"]["uid"], &walled["wall"]["seccomp"]),
             (&json!(2000), &json!(2))
+        );
+        // A trial's verdict, as the record carries it, is in the structured answer (the
+        // record) and in the text.
+        let mut trial = resp(Some(Start::Cold), None);
+        trial.record.trials = vec![
+            plimsoll_wire::TrialStepRecord::from_verdict(
+                0,
+                br#"{"format":"plimsoll-trial-verdict/2","simulator":{"name":"tank","version":"1.0.0","sha256":"13c2223554b98ae11287cb35162fe29ff453cd14372bf1d41080fa784d3410c8"},"pass":false,"trials":[{"name":"hidden-1","end_reason":"failed","detail":"the tank overflowed (level above 2 m)","pass":false,"ticks":92,"score":0,"fingerprint":"3c73854a54403c73854a54403c73854a54403c73854a54403c73854a54403c73"}]}"#,
+            )
+            .unwrap(),
+        ];
+        let v = run_structured(&trial, 64);
+        assert_eq!(v["record"]["trials"][0]["simulator"]["name"], "tank");
+        let text = run_text(&trial, &v);
+        assert!(
+            text.contains("trial step 1: simulator tank 1.0.0 (sha256 13c2223554b9): FAILED\n")
+                && text.contains("hidden-1: failed after 92 ticks (the tank overflowed"),
+            "{text}"
         );
     }
 

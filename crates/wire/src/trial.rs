@@ -387,6 +387,42 @@ fn is_simulator_version(version: &str) -> bool {
 }
 
 impl TrialStepRecord {
+    /// What it says, for people: a line naming the simulator and whether the step passed,
+    /// then one line per trial (scenario, end, reason, score, pass, fingerprint); digests are
+    /// cut to 12 digits.
+    pub fn describe(&self) -> Vec<String> {
+        let short = |d: &str| d.get(..12).unwrap_or(d).to_owned();
+        let mut lines = vec![format!(
+            "trial step {}: simulator {} {} (sha256 {}): {}",
+            self.step + 1,
+            self.simulator.name,
+            self.simulator.version,
+            short(&self.simulator.sha256),
+            if self.pass { "passed" } else { "FAILED" }
+        )];
+        for o in &self.trials {
+            let mut line = format!(
+                "  {}: {} after {} ticks",
+                o.scenario.as_deref().unwrap_or("(unnamed scenario)"),
+                o.end.as_str(),
+                o.ticks
+            );
+            if let Some(reason) = &o.reason {
+                line.push_str(&format!(" ({reason})"));
+            }
+            if let Some(score) = o.score {
+                line.push_str(&format!(", score {}", score.get()));
+            }
+            line.push_str(&format!(
+                ", {}, fingerprint {}",
+                if o.pass { "pass" } else { "no pass" },
+                short(&o.fingerprint)
+            ));
+            lines.push(line);
+        }
+        lines
+    }
+
     /// Reads the verdict a trial step's runner printed (its stdout's last line) into the
     /// record of step `step`. The verdict's `format` must be exactly [`VERDICT_FORMAT`];
     /// members the record does not keep are ignored. Each trial's `scenario` is the
@@ -549,6 +585,20 @@ mod tests {
                  "controller_stderr_truncated": false, "wall_ms": null}
             ]
         })
+    }
+
+    #[test]
+    fn a_trial_step_describes_itself_for_people() {
+        let lines = read(&verdict()).unwrap().describe();
+        assert_eq!(
+            lines,
+            [
+                "trial step 4: simulator cartpole 1.0.0 (sha256 d7156572f87f): FAILED",
+                "  standard: completed after 2000 ticks, pass, fingerprint 93585277088f",
+                "  (unnamed scenario): failed after 188 ticks (the pole fell past 12 degrees), \
+                 score 0.094, no pass, fingerprint 93585277088f",
+            ]
+        );
     }
 
     fn read(v: &serde_json::Value) -> Result<TrialStepRecord, BadVerdict> {
