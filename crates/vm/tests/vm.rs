@@ -857,7 +857,7 @@ accepted.main()
     assert_eq!(s.exit_code, Some(1), "{s:?}");
     let verdict: serde_json::Value = serde_json::from_slice(&s.stdout.0).unwrap();
     assert_eq!(verdict["pass"], false, "{verdict}");
-    assert_eq!(verdict["trials"][0]["fell_at_tick"], 188, "{verdict}");
+    assert_eq!(verdict["trials"][0]["failed_at_tick"], 188, "{verdict}");
     assert_eq!(verdict["trials"][0]["fingerprint"], DRAFT_FINGERPRINT);
     assert_eq!(
         hex::encode(Sha256::digest(&artifact("draft.bin").content.0)),
