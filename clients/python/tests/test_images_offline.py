@@ -24,6 +24,7 @@ IDENTITY = "sha256:" + "5f" * 32
 OTHER_IDENTITY = "sha256:" + "6a" * 32
 PYTHON_DATA = {"name": "python-data", "identity": IDENTITY}
 SANDBOX = {"name": "sandbox", "identity": OTHER_IDENTITY}
+TANK = {"name": "tank", "path": "/opt/plimsoll/simulators/tank.wasm", "sha256": "7a" * 32}
 
 
 # --- the wire ---------------------------------------------------------------------------
@@ -136,7 +137,20 @@ def test_the_providers_listing_reads_its_images() -> None:
         "default_floor": "container",
         "providers": [],
         "images": [
-            dict(SANDBOX, default=True, languages=["python", "javascript"], vm_disk=True),
+            dict(
+                SANDBOX,
+                default=True,
+                languages=["python", "javascript"],
+                vm_disk=True,
+                simulators=[
+                    {
+                        "name": "cartpole",
+                        "path": "/opt/plimsoll/simulators/cartpole.wasm",
+                        "sha256": "c" * 64,
+                    },
+                    TANK,
+                ],
+            ),
             dict(PYTHON_DATA, default=False, languages=["python"]),
         ],
     }
@@ -148,6 +162,19 @@ def test_the_providers_listing_reads_its_images() -> None:
     assert (data.default, data.languages, data.vm_disk) == (False, ["python"], False)
     assert p.image("python-data") is data and p.image(IDENTITY) is data
     assert p.image("nope") is None and p.default_image is sandbox
+    # The simulators an image declares, in its index's order; none when left out.
+    assert sandbox.simulators == [
+        plimsoll.SimulatorEntry("cartpole", "/opt/plimsoll/simulators/cartpole.wasm", "c" * 64),
+        plimsoll.SimulatorEntry(**TANK),
+    ]
+    assert sandbox.simulator("tank") == plimsoll.SimulatorEntry(**TANK)
+    assert sandbox.simulator("boat") is None
+    assert data.simulators == [] and data.simulator("tank") is None
+    for simulators in (None, []):
+        listing["images"][1]["simulators"] = simulators
+        again = _verify.read_providers(200, json.dumps(listing).encode(), "u")
+        assert again.images[1].simulators == []
+    del listing["images"][1]["simulators"]
     # A daemon without images: absent, null or empty.
     empty: list[Optional[list[Any]]] = [None, []]
     for images in empty:
@@ -158,6 +185,13 @@ def test_the_providers_listing_reads_its_images() -> None:
     assert none.images == [] and none.default_image is None
     for image, says in (
         (dict(SANDBOX, default=True, languages=["ruby"]), "languages"),
+        (dict(SANDBOX, default=True, simulators=[dict(TANK, abi=1)]), "unknown members: abi"),
+        (dict(SANDBOX, default=True, simulators=[dict(TANK, sha256="A" * 64)]), "64 lowercase"),
+        (dict(SANDBOX, default=True, simulators=[dict(TANK, sha256=None)]), "lacks `sha256`"),
+        (dict(SANDBOX, default=True, simulators=[{"name": "tank", "sha256": "0" * 64}]), "path"),
+        (dict(SANDBOX, default=True, simulators=[dict(TANK, name=1)]), "name is not a string"),
+        (dict(SANDBOX, default=True, simulators=[None]), "simulators\\[0\\] is not an object"),
+        (dict(SANDBOX, default=True, simulators={"tank": TANK}), "simulators is not a list"),
         (dict(SANDBOX, default=True, size=1), "unknown members: size"),
         (SANDBOX, "lacks `default`"),
         (dict(SANDBOX, default="yes"), "default is not a boolean"),

@@ -151,3 +151,100 @@ def test_a_score_that_is_no_finite_number_cannot_be_digested() -> None:
     del trials[0]["trials"]
     with pytest.raises(ValueError, match="trials"):
         plimsoll.record_sha256(dict(base, trials=trials))
+
+
+# --- the trial helper: the request `plimsoll trial` builds --------------------------------
+
+
+def test_a_trial_is_one_trial_step_with_its_scenarios_and_trajectories() -> None:
+    controller = plimsoll.File("c.py", "print(0)\n")
+    scenarios = [plimsoll.File("hidden-1.json", "{}"), plimsoll.File("h2.json", b"{}")]
+    project = plimsoll.trial_project(
+        "tank", controller, scenarios, first_deadline_ms=5000, reproducible=True
+    )
+    # The step crates/cli/src/trial.rs's test expects for the same trial, word for word.
+    assert project.steps == [
+        "plimsoll-trial-runner --simulator tank --scenario hidden-1.json --trajectory hidden-1.bin "
+        "--scenario h2.json --trajectory h2.bin --first-deadline-ms 5000 --reproducible "
+        "-- python3 c.py"
+    ]
+    assert list(project.files) == [controller, *scenarios]
+    assert list(project.artifacts) == ["hidden-1.bin", "h2.bin"]
+    wire = project.to_wire()
+    assert [f["path"] for f in wire["files"]] == ["c.py", "hidden-1.json", "h2.json"]
+    assert wire["artifacts"] == ["hidden-1.bin", "h2.bin"]
+    # Every option, and a JavaScript controller; a scenario not named .json keeps its name.
+    every = plimsoll.trial_project(
+        "motor",
+        plimsoll.File("ctl.js", "x"),
+        [plimsoll.File("a,b:c=d+e@f%g_h-1.2", "{}")],
+        simulator_sha256="0f" * 32,
+        first_deadline_ms=0,
+        tick_deadline_ms=250,
+    )
+    assert every.steps == [
+        "plimsoll-trial-runner --simulator motor --simulator-sha256 " + "0f" * 32
+        + " --scenario a,b:c=d+e@f%g_h-1.2 --trajectory a,b:c=d+e@f%g_h-1.2.bin"
+        " --first-deadline-ms 0 --tick-deadline-ms 250 -- node ctl.js"
+    ]
+    for name in ("c.mjs", "c.cjs"):
+        p = plimsoll.trial_project("tank", plimsoll.File(name, "x"), scenarios)
+        assert str(p.steps[0]).endswith(f" -- node {name}")
+
+
+@pytest.mark.parametrize(
+    "scenarios, controller, says",
+    [
+        (["a b.json"], "c.py", "may hold only"),
+        (["x/s.json"], "c.py", "may hold only"),
+        (["s.json"], "c d.py", "may hold only"),
+        (["s.json"], "", "may hold only"),
+        (["s.json"], "é.py", "may hold only"),
+        (["s.json", "s.json"], "c.py", "another file of the trial is named s.json"),
+        (["c.py"], "c.py", "another file of the trial is named c.py"),
+        (["s.bin.json", "s.bin"], "c.js", "would overwrite"),
+        (["s.json"], "c.bin.json", "a .js file"),
+        (["s.json"], "c.rb", "a .js file"),
+        (["s.json"], ".py", "a .js file"),
+        (["s.json"], "py", "a .js file"),
+        ([], "c.py", "non-empty list"),
+    ],
+)
+def test_what_the_runner_could_not_take_is_refused_unsent(
+    scenarios: list[str], controller: str, says: str
+) -> None:
+    files = [plimsoll.File(s, "{}") for s in scenarios]
+    with pytest.raises(ValueError, match=says):
+        plimsoll.trial_project("tank", plimsoll.File(controller, "x"), files)
+    # Through a client: an InvalidRequest (not dispatched, reason request), nothing sent: the
+    # client's daemon does not exist.
+    with plimsoll.Client("http://127.0.0.1:9", "plm_" + "x" * 43) as c:
+        with pytest.raises(plimsoll.InvalidRequest, match=says) as e:
+            c.trial("tank", plimsoll.File(controller, "x"), files, minimum_isolation="container")
+    assert plimsoll.not_dispatched_reason(e.value) is plimsoll.Reason.REQUEST
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (dict(simulator="Tank"), r"\[a-z0-9\]"),
+        (dict(simulator=""), r"\[a-z0-9\]"),
+        (dict(simulator="t" * 65), r"\[a-z0-9\]"),
+        (dict(simulator="tank --sim x"), r"\[a-z0-9\]"),
+        (dict(simulator_sha256="xyz"), "64 lowercase hex"),
+        (dict(simulator_sha256="A" * 64), "64 lowercase hex"),
+        (dict(first_deadline_ms=-1), "whole number of milliseconds"),
+        (dict(tick_deadline_ms=1.5), "whole number of milliseconds"),
+        (dict(tick_deadline_ms=True), "whole number of milliseconds"),
+        (dict(first_deadline_ms=2**64), "whole number of milliseconds"),
+    ],
+)
+def test_a_bad_simulator_or_deadline_is_refused_unsent(options: dict[str, Any], says: str) -> None:
+    args: dict[str, Any] = dict(simulator="tank")
+    args.update(options)
+    with pytest.raises(ValueError, match=says):
+        plimsoll.trial_project(
+            controller=plimsoll.File("c.py", "x"),
+            scenarios=[plimsoll.File("s.json", "{}")],
+            **args,
+        )

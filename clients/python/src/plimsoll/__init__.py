@@ -49,6 +49,7 @@ from ._types import (
     SessionInfo,
     SessionLink,
     SessionList,
+    SimulatorEntry,
     SimulatorRef,
     Snippet,
     Start,
@@ -61,6 +62,7 @@ from ._types import (
     Wall,
     WallNamespace,
 )
+from ._trial import trial_project
 from ._verify import DEFAULT_MAX_BODY_BYTES, new_request_id
 from .client import AsyncClient, Client, __version__
 from .session import AsyncSession, OnChunk, Session
@@ -147,6 +149,7 @@ __all__ = [
     "SessionLink",
     "SessionList",
     "SessionsError",
+    "SimulatorEntry",
     "SimulatorRef",
     "Snippet",
     "Start",
@@ -154,6 +157,7 @@ __all__ = [
     "StepResult",
     "Tier",
     "TransportError",
+    "trial_project",
     "TrialEnd",
     "TrialOutcome",
     "TrialStepRecord",

@@ -991,25 +991,53 @@ class ProviderInfo:
 
 
 @dataclass(frozen=True)
+class SimulatorEntry:
+    """A trial simulator an image declares (docs/simulators.md): the ``name`` a trial names
+    it by, the ``path`` of its WebAssembly module inside the image, and the module's
+    ``sha256`` (what a trial's record names as ``simulator.sha256``)."""
+
+    name: str
+    path: str
+    sha256: str
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "SimulatorEntry":
+        o = _check_members(o, what, ("name", "path", "sha256"))
+        return cls(
+            name=_str(o, "name", what) or "",
+            path=_str(o, "path", what) or "",
+            sha256=_digest(o, "sha256", what),
+        )
+
+
+@dataclass(frozen=True)
 class ImageInfo:
     """One image the daemon keeps, as ``GET /v1/providers`` lists it: its ``name`` and
     ``identity`` (either names it in a request's ``image``), whether it is the ``default`` (what
     a request that names no image gets), the ``languages`` its check found in it
-    (``python``, ``javascript``), and whether the VM provider can boot it (``vm_disk``)."""
+    (``python``, ``javascript``), whether the VM provider can boot it (``vm_disk``), and the
+    trial ``simulators`` it declares (empty when none)."""
 
     name: str
     identity: str
     default: bool
     languages: list[str] = field(default_factory=list)
     vm_disk: bool = False
+    simulators: list[SimulatorEntry] = field(default_factory=list)
 
     def answers(self, selector: str) -> bool:
         """Whether a request's ``image`` (a name or an identity) names this image."""
         return selector in (self.name, self.identity)
 
+    def simulator(self, name: str) -> Optional[SimulatorEntry]:
+        """The simulator of this name the image declares, if it declares one."""
+        return next((s for s in self.simulators if s.name == name), None)
+
     @classmethod
     def from_wire(cls, o: Any, what: str) -> "ImageInfo":
-        o = _check_members(o, what, ("name", "identity", "default"), ("languages", "vm_disk"))
+        o = _check_members(
+            o, what, ("name", "identity", "default"), ("languages", "vm_disk", "simulators")
+        )
         languages = _list(o, "languages", what)
         for i, language in enumerate(languages):
             if language not in ("javascript", "python"):
@@ -1022,6 +1050,10 @@ class ImageInfo:
             default=_bool(o, "default", what),
             languages=list(languages),
             vm_disk=_bool(o, "vm_disk", what, False),
+            simulators=[
+                SimulatorEntry.from_wire(m, f"{what}.simulators[{i}]")
+                for i, m in enumerate(_list(o, "simulators", what))
+            ],
         )
 
 

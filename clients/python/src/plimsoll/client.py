@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import httpx
 
-from . import _session, _verify
+from . import _session, _trial, _verify
 from ._session import Chain, PreparedOpen
 from ._types import (
     File,
@@ -47,6 +47,7 @@ from ._verify import (
     Prepared,
 )
 from .errors import (
+    InvalidRequest,
     PlimsollError,
     ProvidersError,
     SessionsError,
@@ -62,6 +63,31 @@ def _project(
     artifacts: Iterable[str],
 ) -> Project:
     return Project(steps=list(steps), files=list(files), artifacts=list(artifacts))
+
+
+def _trial_project(
+    simulator: str,
+    controller: File,
+    scenarios: Sequence[File],
+    *,
+    simulator_sha256: Optional[str],
+    first_deadline_ms: Optional[int],
+    tick_deadline_ms: Optional[int],
+    reproducible: bool,
+) -> Project:
+    """:func:`plimsoll.trial_project`, its refusal an :class:`InvalidRequest` (nothing sent)."""
+    try:
+        return _trial.trial_project(
+            simulator,
+            controller,
+            scenarios,
+            simulator_sha256=simulator_sha256,
+            first_deadline_ms=first_deadline_ms,
+            tick_deadline_ms=tick_deadline_ms,
+            reproducible=reproducible,
+        )
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from None
 
 
 class _Base:
@@ -263,6 +289,48 @@ class Client(_Base):
         """Writes ``files`` under ``/work``, runs ``steps`` in order, returns ``artifacts``."""
         return self.run(_project(steps, files, artifacts), **options)
 
+    def trial(
+        self,
+        simulator: str,
+        controller: File,
+        scenarios: Sequence[File],
+        *,
+        simulator_sha256: Optional[str] = None,
+        first_deadline_ms: Optional[int] = None,
+        tick_deadline_ms: Optional[int] = None,
+        reproducible: bool = False,
+        minimum_isolation: Optional[TierLike] = None,
+        provider: Optional[str] = None,
+        limits: Optional[Limits] = None,
+        image: Optional[str] = None,
+    ) -> RunResponse:
+        """Examines ``controller`` (a :class:`File` named ``*.js`` or ``*.py``) against the
+        simulator ``simulator`` of the image the run gets, on ``scenarios`` (each a
+        :class:`File` holding a scenario's JSON; docs/simulators.md), as ``plimsoll trial``
+        does: one project of one trial step (:func:`plimsoll.trial_project`). Returns the
+        verified response: ``record.trials[0]`` is the verdict (the simulator's name, version
+        and SHA-256, each trial's end, reason, ticks, score and fingerprint), and the
+        trajectories are ``result.artifacts``, in the scenarios' order. A name the runner
+        could not take, two files of one name or a controller of another language raise
+        :class:`InvalidRequest` before anything is sent; a simulator the image does not
+        declare is refused by the daemon (:class:`NotDispatched`, reason ``environment``)."""
+        project = _trial_project(
+            simulator,
+            controller,
+            scenarios,
+            simulator_sha256=simulator_sha256,
+            first_deadline_ms=first_deadline_ms,
+            tick_deadline_ms=tick_deadline_ms,
+            reproducible=reproducible,
+        )
+        return self.run(
+            project,
+            minimum_isolation=minimum_isolation,
+            provider=provider,
+            limits=limits,
+            image=image,
+        )
+
     # --- sessions -----------------------------------------------------------------------
 
     def open_session(
@@ -434,6 +502,39 @@ class AsyncClient(_Base):
         **options: Any,
     ) -> RunResponse:
         return await self.run(_project(steps, files, artifacts), **options)
+
+    async def trial(
+        self,
+        simulator: str,
+        controller: File,
+        scenarios: Sequence[File],
+        *,
+        simulator_sha256: Optional[str] = None,
+        first_deadline_ms: Optional[int] = None,
+        tick_deadline_ms: Optional[int] = None,
+        reproducible: bool = False,
+        minimum_isolation: Optional[TierLike] = None,
+        provider: Optional[str] = None,
+        limits: Optional[Limits] = None,
+        image: Optional[str] = None,
+    ) -> RunResponse:
+        """:meth:`Client.trial`, for asyncio."""
+        project = _trial_project(
+            simulator,
+            controller,
+            scenarios,
+            simulator_sha256=simulator_sha256,
+            first_deadline_ms=first_deadline_ms,
+            tick_deadline_ms=tick_deadline_ms,
+            reproducible=reproducible,
+        )
+        return await self.run(
+            project,
+            minimum_isolation=minimum_isolation,
+            provider=provider,
+            limits=limits,
+            image=image,
+        )
 
     async def open_session(
         self,
