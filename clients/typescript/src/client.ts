@@ -36,6 +36,7 @@ import {
 import { parseJson } from "./json.js";
 import { readErrorResponse, readProvidersResponse, readRunRequest, readRunResponse } from "./read.js";
 import { Session, type SessionOptions, listSessions, openSession, resumeSession } from "./session.js";
+import { type TrialSpec, trialProject } from "./trial.js";
 import {
   type Language,
   type Limits,
@@ -102,6 +103,9 @@ export interface RunOptions {
 
 /** Options of a run whose `run` is given separately. */
 export type RunSettings = Omit<RunOptions, "run">;
+
+/** A trial and the settings of its run (a trial takes no grant). */
+export type TrialOptions = TrialSpec & Omit<RunSettings, "grant">;
 
 /** A verified exchange: the request exactly as sent, and the verified answer. */
 export interface Exchange {
@@ -179,6 +183,31 @@ export class Client {
   /** Runs a project: files written under /work, shell steps in order, artifacts returned. */
   runProject(project: Omit<Project, "kind">, settings: RunSettings = {}): Promise<RunResponse> {
     return this.run({ ...settings, run: { kind: "project", ...project } });
+  }
+
+  /**
+   * Examines a controller against a simulator the run's image declares, on scenarios
+   * (docs/simulators.md), as `plimsoll trial` does: one project of one trial step
+   * ({@link trialProject}). Resolves to the verified response: `record.trials[0]` is the
+   * verdict (the simulator's name, version and SHA-256, each trial's end, reason, ticks,
+   * score and fingerprint), and the trajectories are `result.artifacts`, in the scenarios'
+   * order. A name the runner could not take, two files of one name or a controller in another
+   * language is refused here, unsent (a {@link NotDispatchedError}, reason `request`); a
+   * simulator the image does not declare is refused by the daemon (reason `environment`).
+   */
+  async trial(options: TrialOptions): Promise<RunResponse> {
+    const { simulator, simulator_sha256, controller, scenarios, first_deadline_ms, tick_deadline_ms, reproducible, ...settings } =
+      options;
+    let run: Project;
+    try {
+      run = trialProject({ simulator, simulator_sha256, controller, scenarios, first_deadline_ms, tick_deadline_ms, reproducible });
+    } catch (e) {
+      if (e instanceof RequestShapeError) {
+        throw new NotDispatchedError("request", `${e.message}; nothing was sent`, undefined, "client", { cause: e });
+      }
+      throw e;
+    }
+    return this.run({ ...settings, run });
   }
 
   /** Like {@link Client.run}, also giving the request as sent and the bytes of both sides. */

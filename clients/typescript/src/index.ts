@@ -25,6 +25,7 @@ export {
   newRequestId,
   type RunOptions,
   type RunSettings,
+  type TrialOptions,
 } from "./client.js";
 export {
   type DigestKind,
@@ -80,5 +81,6 @@ export {
   type StepsOptions,
 } from "./session.js";
 export { JsonSyntaxError } from "./json.js";
+export { TRIAL_RUNNER, type TrialSpec, trialProject } from "./trial.js";
 export { checkImage, type Floor, verifyResponse } from "./verify.js";
 export * from "./types.js";

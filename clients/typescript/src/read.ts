@@ -36,6 +36,7 @@ import {
   type SessionInfo,
   type SessionLink,
   type SessionList,
+  type SimulatorEntry,
   STARTS,
   type Start,
   CREDENTIAL_KINDS,
@@ -658,14 +659,34 @@ function providerInfo(v: JsonValue, path: string): ProviderInfo {
   return out;
 }
 
+/** A SHA-256 written as 64 lowercase hex digits. */
+function sha256Hex(v: JsonValue, path: string): string {
+  const s = str(v, path);
+  if (!/^[0-9a-f]{64}$/.test(s)) {
+    throw new ShapeError(path, "expected 64 lowercase hex digits");
+  }
+  return s;
+}
+
+function simulatorEntry(v: JsonValue, path: string): SimulatorEntry {
+  const m = object(v, path, ["name", "path", "sha256"]);
+  return {
+    name: req(m, "name", path, str),
+    path: req(m, "path", path, str),
+    sha256: req(m, "sha256", path, sha256Hex),
+  };
+}
+
 function imageInfo(v: JsonValue, path: string): ImageInfo {
-  const m = object(v, path, ["name", "identity", "default", "languages", "vm_disk"]);
+  const m = object(v, path, ["name", "identity", "default", "languages", "vm_disk", "simulators"]);
   return {
     name: req(m, "name", path, str),
     identity: req(m, "identity", path, str),
     default: req(m, "default", path, bool),
     languages: optList(m, "languages", path, language),
     vm_disk: opt(m, "vm_disk", path, bool) ?? false,
+    // Absent, null or empty when the image declares none.
+    simulators: optList(m, "simulators", path, simulatorEntry),
   };
 }
 

@@ -401,6 +401,18 @@ export interface ImageInfo {
   languages: Language[];
   /** Whether the VM provider can boot it (it has a disk made from it). */
   vm_disk: boolean;
+  /** The trial simulators it declares (docs/simulators.md), in its index's order; `[]` when none. */
+  simulators: SimulatorEntry[];
+}
+
+/** A trial simulator an image declares (docs/simulators.md). */
+export interface SimulatorEntry {
+  /** The name a trial names it by (`[a-z0-9][a-z0-9._-]{0,63}`). */
+  name: string;
+  /** Its WebAssembly module's path inside the image. */
+  path: string;
+  /** The module's SHA-256 (64 lowercase hex digits): what a trial's record names as `simulator.sha256`. */
+  sha256: string;
 }
 
 /** The longest image name. */

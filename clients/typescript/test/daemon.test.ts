@@ -8,10 +8,12 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { createHash } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
 import { type Server, createServer as createHttpServer } from "node:http";
 import { createServer as createTcpServer } from "node:net";
 import { after, before, test, type TestContext } from "node:test";
+import { resolve } from "node:path";
 import { inspect, isDeepStrictEqual } from "node:util";
 
 import {
@@ -31,7 +33,7 @@ import {
 
 import { runCodeTool } from "../examples/agent-tool.js";
 import { CALLER, LocalDaemon, missingForDaemon, missingForImage } from "./daemon.js";
-import { CLIENT_DIR, strict } from "./paths.js";
+import { CLIENT_DIR, REPO, strict } from "./paths.js";
 import { Proxy, type Rewrite } from "./proxy.js";
 
 /** The secret of the test grant: it must never reach a result. */
@@ -251,6 +253,99 @@ test("providers lists process and crun, each evidence digest checked", async (t)
   assert.ok(crun !== undefined);
   assert.equal(crun.isolation, "container");
   assert.ok(await client().isReady());
+});
+
+// ---------------------------------------------------------------------------------------
+// Trials (docs/simulators.md): the default image's tank, at crun.
+
+/** The SHA-256 of the accepted tank controller's trajectory on hidden-1, on every host and tier. */
+const ACCEPTED_FINGERPRINT = "f0fe0f868cdd7b2fd62fee9132f4ec5f62ec04980aac34d0ec552f134d1e0e47";
+const HIDDEN_1 = { path: "hidden-1.json", content: readFileSync(resolve(REPO, "sims/tank/scenarios/hidden-1.json")) };
+/** Generous deadlines: the tests share two cores with everything else. */
+const DEADLINES = { first_deadline_ms: 20_000, tick_deadline_ms: 5_000 };
+
+function tankController(name: string): { path: string; content: Uint8Array } {
+  return { path: name, content: readFileSync(resolve(REPO, "examples/controllers/tank", name)) };
+}
+
+test("the default image lists its simulators: cartpole, tank and motor", async (t) => {
+  if (!ready(t, "container")) return;
+  const image = (await client().providers()).images.find((i) => i.default);
+  assert.ok(image !== undefined);
+  assert.deepEqual(
+    image.simulators.map((s) => s.name),
+    ["cartpole", "tank", "motor"],
+  );
+  for (const s of image.simulators) {
+    assert.equal(s.path, `/opt/plimsoll/simulators/${s.name}.wasm`);
+    assert.match(s.sha256, /^[0-9a-f]{64}$/);
+  }
+});
+
+test("the accepted tank controller passes: its fingerprint is its trajectory's SHA-256", async (t) => {
+  if (!ready(t, "container")) return;
+  const c = client();
+  const res = await c.trial({
+    simulator: "tank",
+    controller: tankController("accepted.py"),
+    scenarios: [HIDDEN_1],
+    reproducible: true,
+    minimum_isolation: "container",
+    ...DEADLINES,
+  });
+  assert.equal(res.result.exit_code, 0, inspect(res.result.steps, { depth: 3 }));
+  assert.equal(res.record.trials.length, 1);
+  const step = res.record.trials[0]!;
+  assert.equal(step.step, 0);
+  assert.equal(step.pass, true);
+  assert.equal(step.simulator.name, "tank");
+  // The simulator the record names is the module the image it ran in declares.
+  const image = (await c.providers()).images.find((i) => i.identity === res.record.image?.identity);
+  assert.ok(image !== undefined, inspect(res.record.image));
+  assert.equal(step.simulator.sha256, image.simulators.find((s) => s.name === "tank")?.sha256);
+  assert.equal(step.trials.length, 1);
+  const trial = step.trials[0]!;
+  assert.deepEqual([trial.scenario, trial.end, trial.pass, trial.ticks], ["hidden-1", "completed", true, 1800]);
+  assert.ok(trial.score !== undefined && trial.score >= 0.75, inspect(trial));
+  const [trajectory] = res.result.artifacts;
+  assert.ok(trajectory !== undefined && trajectory.found && !trajectory.truncated);
+  assert.equal(trajectory.path, "hidden-1.bin");
+  assert.equal(createHash("sha256").update(trajectory.content).digest("hex"), trial.fingerprint);
+  assert.equal(trial.fingerprint, ACCEPTED_FINGERPRINT);
+});
+
+test("the failing tank controllers overflow; the JavaScript one's accepted twin has the same fingerprint", async (t) => {
+  if (!ready(t, "container")) return;
+  const c = client();
+  const [failing, failingJs, acceptedJs] = await Promise.all([
+    c.trial({ simulator: "tank", controller: tankController("failing.py"), scenarios: [HIDDEN_1], ...DEADLINES }),
+    c.trial({ simulator: "tank", controller: tankController("failing.js"), scenarios: [HIDDEN_1], ...DEADLINES }),
+    c.trial({ simulator: "tank", controller: tankController("accepted.js"), scenarios: [HIDDEN_1], ...DEADLINES }),
+  ]);
+  for (const res of [failing, failingJs]) {
+    // A failed exam is a result: the runner exits 1 and the record says why.
+    assert.equal(res.result.exit_code, 1, inspect(res.result.steps, { depth: 3 }));
+    const step = res.record.trials[0]!;
+    assert.equal(step.pass, false);
+    const trial = step.trials[0]!;
+    assert.deepEqual([trial.end, trial.pass], ["failed", false]);
+    assert.match(trial.reason ?? "", /overflowed/);
+    assert.equal(createHash("sha256").update(res.result.artifacts[0]!.content).digest("hex"), trial.fingerprint);
+  }
+  assert.equal(acceptedJs.record.trials[0]?.pass, true);
+  assert.equal(acceptedJs.record.trials[0]?.trials[0]?.fingerprint, ACCEPTED_FINGERPRINT);
+});
+
+test("a simulator the image lacks is refused with nothing run (environment)", async (t) => {
+  if (!ready(t, "container")) return;
+  const e = await rejection(
+    client().trial({ simulator: "boat", controller: tankController("accepted.py"), scenarios: [HIDDEN_1], minimum_isolation: "container" }),
+  );
+  assert.ok(e instanceof NotDispatchedError, inspect(e));
+  assert.equal(e.reason, "environment");
+  assert.equal(e.source, "daemon");
+  assert.equal(notDispatchedReason(e), "environment");
+  assert.match(e.message, /boat/);
 });
 
 // ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import {
   NotDispatchedError,
   type RunRecord,
   SessionLookupError,
+  type SimulatorEntry,
   type RunRequest,
   type RunResponse,
   type RunResult,
@@ -47,6 +48,8 @@ const IDENTITY = `sha256:${"5f".repeat(32)}`;
 const OTHER_IDENTITY = `sha256:${"6a".repeat(32)}`;
 const PYTHON_DATA: ImageRef = { name: "python-data", identity: IDENTITY };
 const SANDBOX: ImageRef = { name: "sandbox", identity: OTHER_IDENTITY };
+const CARTPOLE: SimulatorEntry = { name: "cartpole", path: "/opt/plimsoll/simulators/cartpole.wasm", sha256: "c".repeat(64) };
+const TANK: SimulatorEntry = { name: "tank", path: "/opt/plimsoll/simulators/tank.wasm", sha256: "7a".repeat(32) };
 const SID = `ses_${"0123456789abcdef"}_${"ab".repeat(16)}`;
 
 interface Vector {
@@ -130,15 +133,20 @@ test("a providers listing reads its images: absent or null is none, unknown memb
     default_floor: "container",
     providers: [],
     images: [
-      { ...SANDBOX, default: true, languages: ["python", "javascript"], vm_disk: true },
+      { ...SANDBOX, default: true, languages: ["python", "javascript"], vm_disk: true, simulators: [CARTPOLE, TANK] },
       { ...PYTHON_DATA, default: false, languages: ["python"] },
     ],
   };
   const p = decodeProvidersResponse(JSON.stringify(listing));
   assert.deepEqual(p.images, [
-    { ...SANDBOX, default: true, languages: ["python", "javascript"], vm_disk: true },
-    { ...PYTHON_DATA, default: false, languages: ["python"], vm_disk: false },
+    { ...SANDBOX, default: true, languages: ["python", "javascript"], vm_disk: true, simulators: [CARTPOLE, TANK] },
+    { ...PYTHON_DATA, default: false, languages: ["python"], vm_disk: false, simulators: [] },
   ]);
+  // The simulators an image declares: absent, null or empty is none.
+  for (const simulators of [undefined, null, []]) {
+    const images = [{ ...PYTHON_DATA, default: true, simulators }];
+    assert.deepEqual(decodeProvidersResponse(JSON.stringify({ ...listing, images })).images[0]?.simulators, []);
+  }
   assert.equal(p.images.find((i) => imageAnswers(i, IDENTITY))?.name, "python-data");
   assert.equal(p.images.find((i) => i.default)?.name, "sandbox");
   for (const images of [undefined, null, []]) {
@@ -148,6 +156,13 @@ test("a providers listing reads its images: absent or null is none, unknown memb
     [{ ...SANDBOX, default: true, languages: ["ruby"] }, /not a language/],
     [{ ...SANDBOX, default: true, size: 1 }, /unknown member `size`/],
     [SANDBOX, /default: missing/],
+    [{ ...SANDBOX, default: true, simulators: [{ ...TANK, abi: 1 }] }, /unknown member `abi`/],
+    [{ ...SANDBOX, default: true, simulators: [{ ...TANK, sha256: "A".repeat(64) }] }, /sha256: expected 64 lowercase hex digits/],
+    [{ ...SANDBOX, default: true, simulators: [{ ...TANK, sha256: "a".repeat(63) }] }, /sha256: expected 64 lowercase hex digits/],
+    [{ ...SANDBOX, default: true, simulators: [{ name: "tank", sha256: TANK.sha256 }] }, /simulators\[0\]\.path: missing/],
+    [{ ...SANDBOX, default: true, simulators: [{ ...TANK, name: 1 }] }, /name: expected a string/],
+    [{ ...SANDBOX, default: true, simulators: [null] }, /expected an object/],
+    [{ ...SANDBOX, default: true, simulators: { tank: TANK } }, /expected a list/],
   ] as const) {
     assert.throws(() => decodeProvidersResponse(JSON.stringify({ ...listing, images: [bad] })), says);
   }

@@ -8,8 +8,19 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
+import { inspect } from "node:util";
 
-import { type RunRecord, ShapeError, TRIAL_ENDS, decodeRunRecord, recordSha256 } from "@plimsoll/client";
+import {
+  Client,
+  NotDispatchedError,
+  type RunRecord,
+  ShapeError,
+  TRIAL_ENDS,
+  decodeRunRecord,
+  notDispatchedReason,
+  recordSha256,
+  trialProject,
+} from "@plimsoll/client";
 
 import { VECTORS } from "./paths.js";
 
@@ -147,4 +158,107 @@ test("a record's trials are read strictly", () => {
   // JSON has no infinite number; one that overflows binary64 is refused, not read as Infinity.
   const huge = stepJson((s) => (s.trials[1]!.score = 0)).replace('"score":0', '"score":1e999');
   assert.throws(() => decodeRunRecord(withTrials(huge)), /not a finite binary64 number/);
+});
+
+// ---------------------------------------------------------------------------------------
+// The trial helper: the request `plimsoll trial` builds.
+
+test("a trial is one trial step with its scenarios and trajectories", () => {
+  const controller = { path: "c.py", content: "print(0)\n" };
+  const scenarios = [
+    { path: "hidden-1.json", content: "{}" },
+    { path: "h2.json", content: new Uint8Array([0x7b, 0x7d]) },
+  ];
+  const project = trialProject({ simulator: "tank", controller, scenarios, first_deadline_ms: 5000, reproducible: true });
+  // The step crates/cli/src/trial.rs's test expects for the same trial, word for word.
+  assert.deepEqual(project, {
+    kind: "project",
+    files: [controller, ...scenarios],
+    steps: [
+      {
+        run:
+          "plimsoll-trial-runner --simulator tank --scenario hidden-1.json --trajectory hidden-1.bin " +
+          "--scenario h2.json --trajectory h2.bin --first-deadline-ms 5000 --reproducible -- python3 c.py",
+      },
+    ],
+    artifacts: ["hidden-1.bin", "h2.bin"],
+  });
+  const every = trialProject({
+    simulator: "motor",
+    simulator_sha256: "0f".repeat(32),
+    controller: { path: "ctl.js", content: "x" },
+    scenarios: [{ path: "a,b:c=d+e@f%g_h-1.2", content: "{}" }],
+    first_deadline_ms: 0,
+    tick_deadline_ms: 250,
+    reproducible: false,
+  });
+  assert.deepEqual(every.steps, [
+    {
+      run:
+        `plimsoll-trial-runner --simulator motor --simulator-sha256 ${"0f".repeat(32)} ` +
+        "--scenario a,b:c=d+e@f%g_h-1.2 --trajectory a,b:c=d+e@f%g_h-1.2.bin " +
+        "--first-deadline-ms 0 --tick-deadline-ms 250 -- node ctl.js",
+    },
+  ]);
+  for (const name of ["c.mjs", "c.cjs", "..js"]) {
+    const p = trialProject({ simulator: "tank", controller: { path: name, content: "x" }, scenarios });
+    assert.ok(p.steps[0]!.run.endsWith(` -- node ${name}`), name);
+  }
+});
+
+test("what the runner could not take is refused here, unsent (not dispatched, request)", async () => {
+  // No daemon listens there: a refusal that sent nothing is the only answer possible.
+  const client = new Client({ url: "http://127.0.0.1:9", token: "plm_test" });
+  const cases: [string[], string, RegExp][] = [
+    [["a b.json"], "c.py", /may hold only/],
+    [["x/s.json"], "c.py", /may hold only/],
+    [["s.json"], "c d.py", /may hold only/],
+    [["s.json"], "", /may hold only/],
+    [["s.json"], "é.py", /may hold only/],
+    [["s.json", "s.json"], "c.py", /another file of the trial is named s\.json/],
+    [["c.py"], "c.py", /another file of the trial is named c\.py/],
+    [["s.bin.json", "s.bin"], "c.js", /would overwrite/],
+    [["s.json"], "c.bin.json", /a \.js file/],
+    [["s.json"], "c.rb", /a \.js file/],
+    [["s.json"], ".py", /a \.js file/],
+    [["s.json"], "py", /a \.js file/],
+    [["s.json"], "c.constructor", /a \.js file/],
+    [[], "c.py", /non-empty list/],
+  ];
+  for (const [names, controller, says] of cases) {
+    const spec = {
+      simulator: "tank",
+      controller: { path: controller, content: "x" },
+      scenarios: names.map((path) => ({ path, content: "{}" })),
+    };
+    assert.throws(() => trialProject(spec), says, controller);
+    const e = await client.trial({ ...spec, minimum_isolation: "container" }).then(
+      () => assert.fail("resolved"),
+      (err: unknown) => err,
+    );
+    assert.ok(e instanceof NotDispatchedError, inspect(e));
+    assert.equal(e.reason, "request");
+    assert.equal(e.source, "client");
+    assert.equal(notDispatchedReason(e), "request");
+    assert.match(e.message, says);
+    assert.match(e.message, /nothing was sent/);
+  }
+  const base = { simulator: "tank", controller: { path: "c.py", content: "x" }, scenarios: [{ path: "s.json", content: "{}" }] };
+  for (const [edit, says] of [
+    [{ simulator: "Tank" }, /\[a-z0-9\]/],
+    [{ simulator: "" }, /\[a-z0-9\]/],
+    [{ simulator: "t".repeat(65) }, /\[a-z0-9\]/],
+    [{ simulator: "tank --sim x" }, /\[a-z0-9\]/],
+    [{ simulator_sha256: "xyz" }, /64 lowercase hex/],
+    [{ simulator_sha256: "A".repeat(64) }, /64 lowercase hex/],
+    [{ first_deadline_ms: -1 }, /whole number of milliseconds/],
+    [{ tick_deadline_ms: 1.5 }, /whole number of milliseconds/],
+    [{ first_deadline_ms: 2 ** 53 }, /whole number of milliseconds/],
+  ] as const) {
+    assert.throws(() => trialProject({ ...base, ...edit }), says, inspect(edit));
+  }
+  // A setting the run does not have is refused too, unsent.
+  const e = await client.trial({ ...base, ...({ simulatr: "boat" } as object) }).catch((err: unknown) => err);
+  assert.ok(e instanceof NotDispatchedError && e.source === "client", inspect(e));
+  assert.match(e.message, /unknown member `simulatr`/);
 });
