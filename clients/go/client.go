@@ -462,6 +462,11 @@ func (c *Client) Providers(ctx context.Context) (*Providers, error) {
 				return nil, bad(fmt.Sprintf("not a providers response: images[%d].languages[%d] `%s` is not one of javascript, python", i, j, l))
 			}
 		}
+		for j, s := range image.Simulators {
+			if !isSHA256Hex(s.SHA256) {
+				return nil, bad(fmt.Sprintf("not a providers response: images[%d].simulators[%d].sha256 %q is not 64 lowercase hex digits", i, j, s.SHA256))
+			}
+		}
 	}
 	list, _ := generic.(map[string]any)["providers"].([]any)
 	for i := range p.Providers {

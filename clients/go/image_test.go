@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -431,7 +432,9 @@ func TestTheProvidersListingReadsItsImages(t *testing.T) {
 		return New(srv.URL, "t")
 	}
 	ctx := context.Background()
-	images := `[{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"languages":["python","javascript"],"vm_disk":true},` +
+	tank := `{"name":"tank","path":"/opt/plimsoll/simulators/tank.wasm","sha256":"` + strings.Repeat("7a", 32) + `"}`
+	images := `[{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"languages":["python","javascript"],"vm_disk":true,` +
+		`"simulators":[{"name":"cartpole","path":"/opt/plimsoll/simulators/cartpole.wasm","sha256":"` + strings.Repeat("c", 64) + `"},` + tank + `]},` +
 		`{"name":"python-data","identity":"` + imageIdentity + `","default":false,"languages":["python"]}]`
 	p, err := serve(`{"protocol":1,"default_floor":"container","providers":[],"images":` + images + `}`).Providers(ctx)
 	if err != nil {
@@ -439,6 +442,27 @@ func TestTheProvidersListingReadsItsImages(t *testing.T) {
 	}
 	if len(p.Images) != 2 || !p.Images[0].VMDisk || p.Images[1].VMDisk || len(p.Images[0].Languages) != 2 || p.Images[1].Languages[0] != Python {
 		t.Fatalf("images: %+v", p.Images)
+	}
+	// The simulators an image declares, in its index's order; none when left out.
+	want := []SimulatorEntry{
+		{Name: "cartpole", Path: "/opt/plimsoll/simulators/cartpole.wasm", SHA256: strings.Repeat("c", 64)},
+		{Name: "tank", Path: "/opt/plimsoll/simulators/tank.wasm", SHA256: strings.Repeat("7a", 32)},
+	}
+	if !reflect.DeepEqual(p.Images[0].Simulators, want) || len(p.Images[1].Simulators) != 0 {
+		t.Errorf("simulators: %+v", p.Images)
+	}
+	if s, ok := p.Images[0].Simulator("tank"); !ok || s != want[1] {
+		t.Errorf("Simulator(tank): %+v", s)
+	}
+	if _, ok := p.Images[0].Simulator("boat"); ok {
+		t.Error("Simulator(boat)")
+	}
+	for _, none := range []string{`,"simulators":null`, `,"simulators":[]`} {
+		p, err := serve(`{"protocol":1,"default_floor":"container","providers":[],"images":[{"name":"sandbox","identity":"` +
+			otherIdentity + `","default":true` + none + `}]}`).Providers(ctx)
+		if err != nil || len(p.Images[0].Simulators) != 0 {
+			t.Errorf("%q: %v", none, err)
+		}
 	}
 	if i, ok := p.Image(imageIdentity); !ok || i.Name != "python-data" {
 		t.Errorf("Image(identity): %+v", i)
@@ -466,6 +490,14 @@ func TestTheProvidersListingReadsItsImages(t *testing.T) {
 		"unknown language": `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"languages":["ruby"]}`,
 		"unknown member":   `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"size":1}`,
 		"no default":       `{"name":"sandbox","identity":"` + otherIdentity + `"}`,
+		"simulator member": `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":[{"name":"tank","path":"/t","sha256":"` + strings.Repeat("7a", 32) + `","abi":1}]}`,
+		"simulator digest": `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":[{"name":"tank","path":"/t","sha256":"` + strings.Repeat("7A", 32) + `"}]}`,
+		"short digest":     `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":[{"name":"tank","path":"/t","sha256":"` + strings.Repeat("a", 63) + `"}]}`,
+		"no path":          `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":[{"name":"tank","sha256":"` + strings.Repeat("7a", 32) + `"}]}`,
+		"null digest":      `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":[{"name":"tank","path":"/t","sha256":null}]}`,
+		"numeric name":     `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":[{"name":1,"path":"/t","sha256":"` + strings.Repeat("7a", 32) + `"}]}`,
+		"null simulator":   `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":[null]}`,
+		"simulators map":   `{"name":"sandbox","identity":"` + otherIdentity + `","default":true,"simulators":{}}`,
 	} {
 		_, err := serve(`{"protocol":1,"default_floor":"container","providers":[],"images":[` + image + `]}`).Providers(ctx)
 		var pe *ProvidersError

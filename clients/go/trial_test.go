@@ -5,8 +5,11 @@
 package sandbox
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -198,4 +201,104 @@ func mustMember(t *testing.T, object []byte, name string) []byte {
 		t.Fatal(err)
 	}
 	return g[name]
+}
+
+// The trial helper: the request `plimsoll trial` builds.
+
+func TestATrialIsOneTrialStepWithItsScenariosAndTrajectories(t *testing.T) {
+	controller := File{Path: "c.py", Content: []byte("print(0)\n")}
+	scenarios := []File{{Path: "hidden-1.json", Content: []byte("{}")}, {Path: "h2.json", Content: []byte("{}")}}
+	p, err := Trial{Simulator: "tank", Controller: controller, Scenarios: scenarios, FirstDeadlineMS: 5000, Reproducible: true}.Project()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The step crates/cli/src/trial.rs's test expects for the same trial, word for word.
+	want := Project{
+		Files: []File{controller, scenarios[0], scenarios[1]},
+		Steps: []Step{{Run: "plimsoll-trial-runner --simulator tank --scenario hidden-1.json --trajectory hidden-1.bin " +
+			"--scenario h2.json --trajectory h2.bin --first-deadline-ms 5000 --reproducible -- python3 c.py"}},
+		Artifacts: []string{"hidden-1.bin", "h2.bin"},
+	}
+	if !reflect.DeepEqual(p, want) {
+		t.Errorf("project:\n%+v\nwant\n%+v", p, want)
+	}
+	every, err := Trial{
+		Simulator:       "motor",
+		SimulatorSHA256: strings.Repeat("0f", 32),
+		Controller:      File{Path: "ctl.js", Content: []byte("x")},
+		Scenarios:       []File{{Path: "a,b:c=d+e@f%g_h-1.2", Content: []byte("{}")}},
+		TickDeadlineMS:  250,
+	}.Project()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "plimsoll-trial-runner --simulator motor --simulator-sha256 " + strings.Repeat("0f", 32) +
+		" --scenario a,b:c=d+e@f%g_h-1.2 --trajectory a,b:c=d+e@f%g_h-1.2.bin --tick-deadline-ms 250 -- node ctl.js"; every.Steps[0].Run != want {
+		t.Errorf("step %q, want %q", every.Steps[0].Run, want)
+	}
+	for _, name := range []string{"c.mjs", "c.cjs", "..js"} {
+		p, err := Trial{Simulator: "tank", Controller: File{Path: name}, Scenarios: scenarios}.Project()
+		if err != nil || !strings.HasSuffix(p.Steps[0].Run, " -- node "+name) {
+			t.Errorf("%s: %v %+v", name, err, p.Steps)
+		}
+	}
+}
+
+func TestWhatTheRunnerCouldNotTakeIsRefusedUnsent(t *testing.T) {
+	// No daemon listens there: a refusal that sent nothing is the only answer possible.
+	c := New("http://127.0.0.1:9", "plm_test")
+	base := func() Trial {
+		return Trial{Simulator: "tank", Controller: File{Path: "c.py"}, Scenarios: []File{{Path: "s.json"}},
+			MinimumIsolation: IsolationContainer}
+	}
+	scenarios := func(names ...string) []File {
+		var out []File
+		for _, n := range names {
+			out = append(out, File{Path: n, Content: []byte("{}")})
+		}
+		return out
+	}
+	cases := []struct {
+		edit func(*Trial)
+		says string
+	}{
+		{func(t *Trial) { t.Scenarios = scenarios("a b.json") }, "may hold only"},
+		{func(t *Trial) { t.Scenarios = scenarios("x/s.json") }, "may hold only"},
+		{func(t *Trial) { t.Controller.Path = "c d.py" }, "may hold only"},
+		{func(t *Trial) { t.Controller.Path = "" }, "may hold only"},
+		{func(t *Trial) { t.Controller.Path = "é.py" }, "may hold only"},
+		{func(t *Trial) { t.Scenarios = scenarios("s.json", "s.json") }, "another file of the trial is named s.json"},
+		{func(t *Trial) { t.Scenarios = scenarios("c.py") }, "another file of the trial is named c.py"},
+		{func(t *Trial) { t.Scenarios = scenarios("s.bin.json", "s.bin"); t.Controller.Path = "c.js" }, "would overwrite"},
+		{func(t *Trial) { t.Controller.Path = "c.bin.json" }, "a .js file"},
+		{func(t *Trial) { t.Controller.Path = "c.rb" }, "a .js file"},
+		{func(t *Trial) { t.Controller.Path = ".py" }, "a .js file"},
+		{func(t *Trial) { t.Controller.Path = "py" }, "a .js file"},
+		{func(t *Trial) { t.Scenarios = nil }, "no scenario"},
+		{func(t *Trial) { t.Simulator = "Tank" }, "[a-z0-9]"},
+		{func(t *Trial) { t.Simulator = "" }, "[a-z0-9]"},
+		{func(t *Trial) { t.Simulator = strings.Repeat("t", 65) }, "[a-z0-9]"},
+		{func(t *Trial) { t.Simulator = "tank --sim x" }, "[a-z0-9]"},
+		{func(t *Trial) { t.SimulatorSHA256 = "xyz" }, "64 lowercase hex"},
+		{func(t *Trial) { t.SimulatorSHA256 = strings.Repeat("A", 64) }, "64 lowercase hex"},
+	}
+	for _, tc := range cases {
+		trial := base()
+		tc.edit(&trial)
+		if _, err := trial.Project(); err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%+v: Project: %v, want %q", trial, err, tc.says)
+		}
+		res, err := c.Trial(context.Background(), trial)
+		var nd *NotDispatchedError
+		if res != nil || !errors.As(err, &nd) || nd.Reason != ReasonRequest || nd.Status != 0 ||
+			!strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), "nothing was sent") {
+			t.Errorf("%+v: Trial: %v", trial, err)
+		}
+		if !errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrMayHaveRun) {
+			t.Errorf("%+v: %v is not ErrInvalidRequest", trial, err)
+		}
+		if reason, ok := NotDispatchedReason(err); !ok || reason != ReasonRequest {
+			t.Errorf("%+v: NotDispatchedReason %q %v", trial, reason, ok)
+		}
+	}
 }

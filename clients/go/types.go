@@ -647,6 +647,28 @@ type ImageInfo struct {
 	Languages []Language `json:"languages,omitempty"`
 	// VMDisk: the VM provider can boot it (it has a disk made from it).
 	VMDisk bool `json:"vm_disk,omitempty"`
+	// Simulators are the trial simulators it declares (docs/simulators.md), in its index's
+	// order; empty when none.
+	Simulators []SimulatorEntry `json:"simulators,omitempty"`
+}
+
+// SimulatorEntry is a trial simulator an image declares: the name a trial names it by, its
+// WebAssembly module's path inside the image, and the module's SHA-256 (what a trial's
+// record names as its SimulatorRef.SHA256).
+type SimulatorEntry struct {
+	Name   string `json:"name"`
+	Path   string `json:"path"`
+	SHA256 string `json:"sha256"`
+}
+
+// Simulator is the simulator of this name the image declares, if it declares one.
+func (i ImageInfo) Simulator(name string) (SimulatorEntry, bool) {
+	for _, s := range i.Simulators {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return SimulatorEntry{}, false
 }
 
 // Answers reports whether a request's image (selector, a name or an identity) names i.
