@@ -22,6 +22,7 @@
 mod error;
 mod session;
 mod token;
+mod trial;
 mod verify;
 
 use std::io;
@@ -36,6 +37,7 @@ use plimsoll_wire::{
 pub use error::{ClientError, DigestKind, ProvidersError};
 pub use session::{Session, SessionOptions};
 pub use token::Token;
+pub use trial::{TrialOptions, TrialRequestError};
 pub use verify::{check_image, check_tier, verify_response, verify_response_held_to};
 
 /// Largest answer read from the daemon (outputs and artifacts can be large).
@@ -231,6 +233,26 @@ impl Client {
             &sent.request_id,
         )?;
         self.verified(&sent, floor, status, &bytes)
+    }
+
+    /// Examines a controller against a simulator the run's image declares, on scenarios
+    /// (docs/simulators.md), as `plimsoll trial` does: one project of one trial step
+    /// ([`TrialOptions::project`]), sent and verified as [`Client::run`] sends and verifies
+    /// any run. The verdict is `record.trials[0]` (the simulator's name, version and SHA-256,
+    /// each trial's end, reason, ticks, score and fingerprint), and the trajectories are
+    /// `result.artifacts`, in the scenarios' order. What the runner could not take is
+    /// refused here, unsent ([`ClientError::InvalidRequest`]); a simulator the image does not
+    /// declare is refused by the daemon ([`ClientError::Refused`], reason `environment`). A
+    /// failed exam is a result: the runner's step exits 1 and the record says which trial
+    /// failed and why.
+    pub fn trial(&self, trial: TrialOptions) -> Result<RunResponse, ClientError> {
+        let options = trial
+            .into_run_options()
+            .map_err(|e| ClientError::InvalidRequest {
+                request_id: new_request_id(),
+                message: format!("{e}; nothing was sent"),
+            })?;
+        self.run(options)
     }
 
     /// [`Client::run`], streamed: each chunk of the run's output goes to `on_chunk` as the

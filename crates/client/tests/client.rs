@@ -989,3 +989,127 @@ fn a_session_opened_below_the_daemons_default_floor_is_caught_and_closed() {
         "the session was left open"
     );
 }
+
+/// The SHA-256 of the accepted tank controller's trajectory on hidden-1: the same on every
+/// host and tier, whichever language the controller is written in.
+const ACCEPTED_FINGERPRINT: &str =
+    "f0fe0f868cdd7b2fd62fee9132f4ec5f62ec04980aac34d0ec552f134d1e0e47";
+
+/// A trial of the tank controller `name` on hidden-1, with generous deadlines (the tests
+/// share two cores with everything else).
+fn tank_trial(name: &str) -> plimsoll_client::TrialOptions {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let read = |p: &str| std::fs::read(repo.join(p)).unwrap();
+    plimsoll_client::TrialOptions::new(
+        "tank",
+        name,
+        read(&format!("examples/controllers/tank/{name}")),
+    )
+    .scenario("hidden-1.json", read("sims/tank/scenarios/hidden-1.json"))
+    .first_deadline_ms(20_000)
+    .tick_deadline_ms(5_000)
+    .min_isolation(Tier::Container)
+}
+
+#[test]
+fn trials_of_the_default_images_tank_pass_fail_and_name_only_its_simulators() {
+    let test = "trials_of_the_default_images_tank_pass_fail_and_name_only_its_simulators";
+    let Some(f) = session_fixture(test, 15) else {
+        return;
+    };
+    let client = f.client();
+    let providers = client.providers().unwrap();
+    let image = providers.images.iter().find(|i| i.default).unwrap();
+    let names: Vec<&str> = image.simulators.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["cartpole", "tank", "motor"]);
+
+    // The accepted controllers pass, and the fingerprint is the trajectory's SHA-256.
+    for name in ["accepted.py", "accepted.js"] {
+        let resp = client.trial(tank_trial(name).reproducible()).unwrap();
+        assert_eq!(
+            resp.result.exit_code,
+            Some(0),
+            "{name}: {:?}",
+            resp.result.steps
+        );
+        let [step] = &resp.record.trials[..] else {
+            panic!("{name}: {:?}", resp.record.trials);
+        };
+        assert!(
+            step.pass && step.step == 0 && step.simulator.name == "tank",
+            "{step:?}"
+        );
+        // The simulator the record names is the module the image it ran in declares.
+        let ran_in = resp.record.image.as_ref().unwrap();
+        let declared = providers
+            .images
+            .iter()
+            .find(|i| i.identity == ran_in.identity)
+            .and_then(|i| i.simulators.iter().find(|s| s.name == "tank"))
+            .unwrap();
+        assert_eq!(step.simulator.sha256, declared.sha256);
+        let [trial] = &step.trials[..] else {
+            panic!("{step:?}")
+        };
+        assert_eq!(trial.scenario.as_deref(), Some("hidden-1"));
+        assert_eq!(trial.end, plimsoll_wire::TrialEnd::Completed, "{trial:?}");
+        assert!(trial.pass && trial.ticks == 1800, "{trial:?}");
+        assert!(trial.score.is_some_and(|s| s.get() >= 0.75), "{trial:?}");
+        let [trajectory] = &resp.result.artifacts[..] else {
+            panic!("{:?}", resp.result.artifacts)
+        };
+        assert_eq!(trajectory.path, "hidden-1.bin");
+        assert!(trajectory.found && !trajectory.truncated);
+        assert_eq!(
+            plimsoll_wire::digest::sha256_hex(trajectory.content.as_slice()),
+            trial.fingerprint
+        );
+        assert_eq!(trial.fingerprint, ACCEPTED_FINGERPRINT);
+    }
+
+    // The failing ones overflow: a failed exam is a result, the record says why.
+    for name in ["failing.py", "failing.js"] {
+        let resp = client.trial(tank_trial(name)).unwrap();
+        assert_eq!(
+            resp.result.exit_code,
+            Some(1),
+            "{name}: {:?}",
+            resp.result.steps
+        );
+        let step = &resp.record.trials[0];
+        let trial = &step.trials[0];
+        assert!(!step.pass && !trial.pass, "{step:?}");
+        assert_eq!(trial.end, plimsoll_wire::TrialEnd::Failed);
+        assert!(
+            trial
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("overflowed")),
+            "{trial:?}"
+        );
+        assert_eq!(
+            plimsoll_wire::digest::sha256_hex(resp.result.artifacts[0].content.as_slice()),
+            trial.fingerprint
+        );
+    }
+
+    // A simulator the image lacks is refused, and nothing ran.
+    let mut boat = tank_trial("accepted.py");
+    boat.simulator = "boat".into();
+    let e = client.trial(boat).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Refused { reason: Reason::Environment, message, .. } if message.contains("boat")),
+        "{e:?}"
+    );
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Environment));
+
+    // What the runner could not take is refused here: nothing is sent.
+    let e = client
+        .trial(tank_trial("accepted.py").scenario("a b.json", "{}"))
+        .unwrap_err();
+    assert!(
+        matches!(&e, ClientError::InvalidRequest { message, .. } if message.contains("may hold only")),
+        "{e:?}"
+    );
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Request));
+}
