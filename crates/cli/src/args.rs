@@ -158,6 +158,9 @@ pub struct RunArgs {
     /// Set by `plimsoll trial`: the exit status says whether every trial passed.
     #[arg(skip)]
     pub trial: bool,
+    /// Set by `plimsoll trial`: the project to run, built by the client's `TrialOptions`.
+    #[arg(skip)]
+    pub project: Option<plimsoll_wire::Project>,
 }
 
 const TRIAL_AFTER_HELP: &str = "\

@@ -110,7 +110,9 @@ fn options(a: &RunArgs) -> anyhow::Result<RunOptions> {
     if let Some(path) = &a.request {
         return Ok(RunOptions::from(read_request(path)?));
     }
-    let mut options = if a.steps.is_empty() {
+    let mut options = if let Some(project) = &a.project {
+        RunOptions::new(RunSpec::Project(project.clone()))
+    } else if a.steps.is_empty() {
         let (language, code) = source(a)?;
         RunOptions::snippet(language, code)
     } else {
@@ -181,7 +183,7 @@ fn read_request(path: &Path) -> anyhow::Result<RunRequest> {
 /// `PATH[=NAME]`: the local file PATH, written as NAME under /work (default: PATH's file
 /// name). The text after the last `=` is the name, so a path holding `=` needs an explicit
 /// `=NAME`.
-fn project_file(spec: &str) -> anyhow::Result<ProjectFile> {
+pub(crate) fn project_file(spec: &str) -> anyhow::Result<ProjectFile> {
     let (path, name) = match spec.rsplit_once('=') {
         Some((p, n)) if !p.is_empty() => (PathBuf::from(p), n.to_owned()),
         _ => {
