@@ -44,7 +44,8 @@ type Trial struct {
 
 // isPlainName reports whether a file name can be one of the runner's words.
 func isPlainName(s string) bool {
-	if s == "" {
+	// A leading `-` would make the name read as one of the runner's options.
+	if s == "" || s[0] == '-' {
 		return false
 	}
 	for _, c := range []byte(s) {
@@ -108,7 +109,7 @@ func (t Trial) Project() (Project, error) {
 		if isPlainName(name) {
 			return nil
 		}
-		return fmt.Errorf("%s %q: a trial's file name may hold only letters, digits and -_.,:=+@%% (rename it)", what, name)
+		return fmt.Errorf("%s %q: a trial's file name may hold only letters, digits and -_.,:=+@%% and not start with - (rename it)", what, name)
 	}
 	controller := t.Controller.Path
 	if err := plain("controller", controller); err != nil {

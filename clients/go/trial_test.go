@@ -263,6 +263,8 @@ func TestWhatTheRunnerCouldNotTakeIsRefusedUnsent(t *testing.T) {
 		says string
 	}{
 		{func(t *Trial) { t.Scenarios = scenarios("a b.json") }, "may hold only"},
+		{func(t *Trial) { t.Scenarios = scenarios("--uid=0.json") }, "not start with -"},
+		{func(t *Trial) { t.Controller.Path = "-c.py" }, "not start with -"},
 		{func(t *Trial) { t.Scenarios = scenarios("x/s.json") }, "may hold only"},
 		{func(t *Trial) { t.Controller.Path = "c d.py" }, "may hold only"},
 		{func(t *Trial) { t.Controller.Path = "" }, "may hold only"},

@@ -196,6 +196,8 @@ def test_a_trial_is_one_trial_step_with_its_scenarios_and_trajectories() -> None
     "scenarios, controller, says",
     [
         (["a b.json"], "c.py", "may hold only"),
+        (["--uid=0.json"], "c.py", "not start with -"),
+        (["s.json"], "-c.py", "not start with -"),
         (["x/s.json"], "c.py", "may hold only"),
         (["s.json"], "c d.py", "may hold only"),
         (["s.json"], "", "may hold only"),

@@ -34,14 +34,15 @@ export interface TrialSpec {
 
 // The runner's words are plain: a trial step is not run by a shell (docs/trials.md), so a file
 // name with anything else could not be passed to it. No `/`: a name is one file in /work.
-const PLAIN = /^[A-Za-z0-9\-_.,:=+@%]+$/;
+// A leading `-` would make the name read as one of the runner's options.
+const PLAIN = /^[A-Za-z0-9_.,:=+@%][A-Za-z0-9\-_.,:=+@%]*$/;
 const SIMULATOR = /^[a-z0-9][a-z0-9._-]{0,63}$/;
 const INTERPRETERS: Record<string, string> = { js: "node", mjs: "node", cjs: "node", py: "python3" };
 
 function plainName(what: string, file: unknown): string {
   const name = typeof file === "object" && file !== null ? (file as { path?: unknown }).path : undefined;
   if (typeof name !== "string" || !PLAIN.test(name)) {
-    fail(`${what} ${JSON.stringify(name)}: a trial's file name may hold only letters, digits and -_.,:=+@% (rename it)`);
+    fail(`${what} ${JSON.stringify(name)}: a trial's file name may hold only letters, digits and -_.,:=+@% and not start with - (rename it)`);
   }
   return name;
 }

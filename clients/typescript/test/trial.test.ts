@@ -211,6 +211,8 @@ test("what the runner could not take is refused here, unsent (not dispatched, re
   const client = new Client({ url: "http://127.0.0.1:9", token: "plm_test" });
   const cases: [string[], string, RegExp][] = [
     [["a b.json"], "c.py", /may hold only/],
+    [["--uid=0.json"], "c.py", /not start with -/],
+    [["s.json"], "-c.py", /not start with -/],
     [["x/s.json"], "c.py", /may hold only/],
     [["s.json"], "c d.py", /may hold only/],
     [["s.json"], "", /may hold only/],

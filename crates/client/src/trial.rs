@@ -69,7 +69,7 @@ pub enum TrialRequestError {
     NoScenario,
     /// A file name the runner's words cannot carry.
     #[error(
-        "{what} {name:?}: a trial's file name may hold only letters, digits and -_.,:=+@% (rename it)"
+        "{what} {name:?}: a trial's file name may hold only letters, digits and -_.,:=+@% and not start with - (rename it)"
     )]
     Name {
         /// `controller` or `scenario`.
@@ -98,7 +98,9 @@ pub enum TrialRequestError {
 /// Whether a file name can be one of the runner's words: plain (a trial step is not run by a
 /// shell), one file in `/work` (no `/`).
 fn plain(name: &str) -> bool {
+    // A leading `-` would make the name read as one of the runner's options.
     !name.is_empty()
+        && !name.starts_with('-')
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.,:=+@%".contains(&b))
@@ -373,6 +375,8 @@ mod tests {
     fn what_the_runner_could_not_take_is_refused() {
         for (scenarios, controller, want) in [
             (&["a b.json"][..], "c.py", "may hold only"),
+            (&["--uid=0.json"], "c.py", "not start with -"),
+            (&["s.json"], "-c.py", "not start with -"),
             (&["x/s.json"], "c.py", "may hold only"),
             (&["s.json"], "c d.py", "may hold only"),
             (&["s.json"], "", "may hold only"),

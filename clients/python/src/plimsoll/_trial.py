@@ -25,10 +25,16 @@ _INTERPRETERS = {"js": "node", "mjs": "node", "cjs": "node", "py": "python3"}
 
 
 def _plain_name(what: str, name: object) -> str:
-    if not isinstance(name, str) or not name or any(c not in _NAME_CHARS for c in name):
+    # A leading `-` would make the name read as one of the runner's options.
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith("-")
+        or any(c not in _NAME_CHARS for c in name)
+    ):
         raise ValueError(
             f"{what} {name!r}: a trial's file name may hold only letters, digits and "
-            "-_.,:=+@% (rename it)"
+            "-_.,:=+@% and not start with - (rename it)"
         )
     return name
 
