@@ -49,6 +49,9 @@ pub enum Command {
     /// how each trial ended and its score.
     #[command(after_help = TRIAL_AFTER_HELP)]
     Trial(Box<TrialArgs>),
+    /// Write the report page of two trials (docs/trials.md, "The report"): each from a run's
+    /// JSON answer (`plimsoll trial --json`, `plimsoll run --json`), replayed side by side.
+    Report(ReportArgs),
     /// List providers: tier, availability, and the evidence behind it.
     Providers(ProvidersArgs),
     /// Keep one sandbox across calls on a daemon: open a session, run cells in its
@@ -173,6 +176,24 @@ Example:
 
 Exit status: 0 every trial passed; 1 a trial failed or the run failed; 2 usage; 3 not
 dispatched (the refusal says why); 4 may have run (the connection was lost).";
+
+/// `plimsoll report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The first run's JSON answer, as `plimsoll trial --json` printed it (the reference run,
+    /// e.g. the accepted controller's).
+    #[arg(value_name = "FIRST.json")]
+    pub first: PathBuf,
+    /// The second run's (e.g. a draft's), of the same simulator.
+    #[arg(value_name = "SECOND.json")]
+    pub second: PathBuf,
+    /// Which trial of each run's trial step to show, from 1 (its scenarios' order).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub trial: u64,
+    /// Where to write the page.
+    #[arg(long, value_name = "FILE", default_value = "report.html")]
+    pub out: PathBuf,
+}
 
 /// `plimsoll trial`.
 #[derive(Debug, Args)]

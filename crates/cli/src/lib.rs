@@ -13,6 +13,7 @@ mod local;
 mod manuals;
 mod mcp;
 mod providers;
+mod report;
 mod run;
 mod session;
 mod trial;
@@ -75,6 +76,7 @@ pub fn main_with(cli: Cli) -> u8 {
     let outcome = match cli.command {
         Command::Run(a) => run::run(config, &a),
         Command::Trial(a) => trial::trial(config, &a),
+        Command::Report(a) => report::report(&a),
         Command::Providers(a) => providers::providers(config, &a),
         Command::Session(c) => session::session(c),
         Command::Image(c) => image::image(config, c),

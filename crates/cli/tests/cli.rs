@@ -1808,4 +1808,59 @@ fn trial_examines_a_controller_with_the_images_simulator() {
         "{}",
         text(&out.stderr)
     );
+
+    // `plimsoll report` of the accepted and the failing controller, from their `--json`
+    // answers: one page naming both fingerprints, the simulator and the failure's reason.
+    let answer = |controller: &str| {
+        let mut cmd = plimsoll();
+        cmd.arg("--config")
+            .arg(&config)
+            .args(["trial", "--simulator", "tank", "--json", "--scenario"])
+            .arg(tank.scenario("hidden-1"))
+            .arg("--controller")
+            .arg(root.join("examples/controllers/tank").join(controller));
+        let out = run(&mut cmd);
+        let path = dir.path().join(format!("{controller}.json"));
+        std::fs::write(&path, &out.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            path,
+            v["record"]["trials"][0]["trials"][0]["fingerprint"].clone(),
+        )
+    };
+    let (accepted, accepted_print) = answer("accepted.py");
+    let (failing, failing_print) = answer("failing.py");
+    let page = dir.path().join("report.html");
+    let out = run(plimsoll()
+        .arg("report")
+        .arg(&accepted)
+        .arg(&failing)
+        .arg("--out")
+        .arg(&page));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let html = std::fs::read_to_string(&page).unwrap();
+    for want in [
+        accepted_print.as_str().unwrap(),
+        failing_print.as_str().unwrap(),
+        "the tank overflowed",
+        "accepted.py",
+        "failing.py",
+    ] {
+        assert!(html.contains(want), "the page lacks {want}");
+    }
+    // A file that is not a trial's answer is a usage error, and no page is written.
+    std::fs::write(dir.path().join("other.json"), "{\"protocol\": 1}").unwrap();
+    let out = run(plimsoll()
+        .arg("report")
+        .arg(&accepted)
+        .arg(dir.path().join("other.json"))
+        .arg("--out")
+        .arg(dir.path().join("no.html")));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("holds no `request`"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!dir.path().join("no.html").exists());
 }

@@ -58,6 +58,86 @@ pub struct RunInput {
     pub result_sha256: String,
 }
 
+/// One trial of a run, read from the run's answer (`RunResponse`): the verdict its trial step
+/// `step` printed (its last stdout line), that verdict's trial `trial`, and the trajectory
+/// artifact the trial wrote. Gives the simulator the verdict names (its metadata checked as
+/// the runner checks it) and the run as the page shows it; `Err` says what is missing.
+pub fn from_response(
+    label: &str,
+    controller_source: &str,
+    resp: &plimsoll_wire::RunResponse,
+    step: usize,
+    trial: usize,
+) -> Result<(SimulatorJson, RunInput), String> {
+    let ran = resp
+        .result
+        .steps
+        .get(step)
+        .ok_or_else(|| format!("{label}: the run has no step {}", step + 1))?;
+    let stdout = ran.stdout.to_string_lossy();
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    let verdict: serde_json::Value = serde_json::from_str(line)
+        .map_err(|e| format!("{label}: step {} printed no verdict ({e})", step + 1))?;
+    let s = &verdict["simulator"];
+    let text = |key: &str| {
+        s[key]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{label}: the verdict's simulator has no {key}"))
+    };
+    let metadata = Metadata::parse(s["metadata"].to_string().as_bytes())
+        .map_err(|e| format!("{label}: the verdict's simulator metadata is not valid: {e}"))?;
+    let t = &verdict["trials"][trial];
+    let path = t["trajectory"]
+        .as_str()
+        .ok_or_else(|| format!("{label}: the verdict has no trial {}", trial + 1))?;
+    // The trajectory as the run returned it: the artifact of the path the verdict names
+    // (relative to /work, as the step ran there).
+    let wanted = path.trim_start_matches("./").trim_start_matches("/work/");
+    let artifact = resp
+        .result
+        .artifacts
+        .iter()
+        .find(|a| a.found && a.path.trim_start_matches("./") == wanted)
+        .ok_or_else(|| {
+            format!("{label}: the run returned no artifact {wanted} (the trial's trajectory)")
+        })?;
+    let run = RunInput {
+        label: label.to_owned(),
+        controller_source: controller_source.to_owned(),
+        trajectory: artifact.content.as_slice().to_vec(),
+        fingerprint: t["fingerprint"].as_str().unwrap_or("").to_owned(),
+        ticks: t["ticks"].as_u64().unwrap_or(0),
+        pass: t["pass"].as_bool().unwrap_or(false),
+        end_reason: t["end_reason"].as_str().unwrap_or("").to_owned(),
+        detail: t["detail"].as_str().map(str::to_owned),
+        failed_at_tick: t["failed_at_tick"].as_u64(),
+        score: t["score"].as_f64(),
+        min_score: t["min_score"].as_f64(),
+        // The page leaves out a final state it is not given whole.
+        final_state: metadata
+            .state
+            .iter()
+            .map_while(|v| t["final_state"][&v.name].as_f64())
+            .collect(),
+        provider: resp.provider.clone(),
+        tier: resp.isolation.to_string(),
+        request_sha256: resp.request_sha256.clone(),
+        result_sha256: resp.result_sha256.clone(),
+    };
+    let sim = SimulatorJson {
+        name: text("name")?,
+        version: text("version")?,
+        sha256: text("sha256")?,
+        metadata,
+    };
+    Ok((sim, run))
+}
+
 /// What the report shows.
 #[derive(Debug, Clone)]
 pub struct ReportInput {

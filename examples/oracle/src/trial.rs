@@ -123,10 +123,9 @@ pub struct TrialRun {
     pub request: RunRequest,
     /// The response, as the client verified it.
     pub response: RunResponse,
-    /// The verdict's fingerprint, equal to the SHA-256 of [`TrialRun::trajectory`].
+    /// The verdict's fingerprint, equal to the SHA-256 of the trajectory artifact the
+    /// response holds.
     pub fingerprint: String,
-    /// The returned trajectory.
-    pub trajectory: Vec<u8>,
     /// Ticks run.
     pub ticks: u64,
     /// The tick after which the pole was down, if it fell.
@@ -405,7 +404,6 @@ pub fn check_run(
         request,
         response,
         fingerprint,
-        trajectory,
         ticks,
         fell_at_tick,
         fell_at_seconds,
@@ -660,7 +658,6 @@ mod tests {
             request: request(),
             response: response(0, "", b""),
             fingerprint: fp.into(),
-            trajectory: Vec::new(),
             ticks: 0,
             fell_at_tick: None,
             fell_at_seconds: None,
