@@ -361,13 +361,13 @@ impl SimulatorModule {
         let mut instance =
             Instantiated::new(&engine, &module).map_err(LoadSimulatorError::Running)?;
         let abi = instance
-            .call_i32("plimsoll_sim_abi", |s, e| e.abi.call(s, ()))
+            .call("plimsoll_sim_abi", |s, e| e.abi.call(s, ()))
             .map_err(LoadSimulatorError::Running)?;
         if abi != ABI_VERSION {
             return Err(LoadSimulatorError::Abi(abi));
         }
         let at = instance
-            .call_i32("metadata", |s, e| e.metadata.call(s, ()))
+            .call("metadata", |s, e| e.metadata.call(s, ()))
             .map_err(LoadSimulatorError::Running)?;
         let text = instance
             .c_string(at, MAX_METADATA_BYTES + 1)
@@ -419,7 +419,7 @@ impl SimulatorModule {
         } else {
             None
         };
-        let at = inner.call_i32("buffer", |s, e| e.buffer.call(s, ()))?;
+        let at = inner.call("buffer", |s, e| e.buffer.call(s, ()))?;
         let len = self.metadata.buffer_len();
         let at = u32::try_from(at)
             .ok()
@@ -567,14 +567,6 @@ impl Instantiated {
         f(&mut self.store, &self.exports).map_err(|e| classify(e, name))
     }
 
-    fn call_i32(
-        &mut self,
-        name: &'static str,
-        f: impl FnOnce(&mut Store<StoreLimits>, &Exports) -> wasmtime::Result<i32>,
-    ) -> Result<i32, SimulatorError> {
-        self.call(name, f)
-    }
-
     /// The bytes at `at` up to and including the first NUL, at most `limit` bytes (then
     /// without a NUL).
     fn c_string(&self, at: i32, limit: usize) -> Result<Vec<u8>, SimulatorError> {
@@ -627,7 +619,7 @@ impl Simulator {
     /// when the simulator refuses the scenario, with its reason.
     pub fn init(&mut self, initial: &[f64]) -> Result<Result<(), String>, SimulatorError> {
         self.write_buffer(initial)?;
-        match self.inner.call_i32("init", |s, e| e.init.call(s, ()))? {
+        match self.inner.call("init", |s, e| e.init.call(s, ()))? {
             0 => Ok(Ok(())),
             _ => Ok(Err(self.reason()?)),
         }
@@ -636,7 +628,7 @@ impl Simulator {
     /// One tick under `action` (already clamped to its bounds).
     pub fn step(&mut self, action: &[f64]) -> Result<Step, SimulatorError> {
         self.write_buffer(action)?;
-        match self.inner.call_i32("step", |s, e| e.step.call(s, ()))? {
+        match self.inner.call("step", |s, e| e.step.call(s, ()))? {
             0 => Ok(Step::Continue),
             1 => Ok(Step::Failed(self.reason()?)),
             2 => Ok(Step::Completed(self.reason()?)),
@@ -677,7 +669,7 @@ impl Simulator {
     }
 
     fn reason(&mut self) -> Result<String, SimulatorError> {
-        let at = self.inner.call_i32("reason", |s, e| e.reason.call(s, ()))?;
+        let at = self.inner.call("reason", |s, e| e.reason.call(s, ()))?;
         let mut text = self.inner.c_string(at, MAX_REASON_BYTES)?;
         if text.last() == Some(&0) {
             text.pop();
