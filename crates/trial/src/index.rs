@@ -193,3 +193,53 @@ fn read_bounded(path: &Path, limit: u64, read_only: bool) -> Result<Vec<u8>, Ind
     }
     Ok(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An index in `dir` declaring `name` at `path` with the digest of `module`.
+    fn index(dir: &Path, name: &str, path: &str, module: &[u8]) -> PathBuf {
+        let index = dir.join("index.json");
+        let text = serde_json::json!({
+            "format": INDEX_FORMAT,
+            "simulators": [{"name": name, "path": path, "sha256": hex::encode(Sha256::digest(module))}],
+        });
+        std::fs::write(&index, text.to_string()).unwrap();
+        index
+    }
+
+    /// The wall: an image's index that code in the sandbox could have written is refused,
+    /// whatever it says (the containers' and the guest's read-only roots are the accepted
+    /// case, in the trial tests at every provider; a path under /work in an image's index is
+    /// refused by `SimulatorEntry::check_in_image`, tested in the wire crate).
+    #[test]
+    fn an_image_index_on_a_writable_mount_or_pointing_where_code_writes_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("m.wasm");
+        std::fs::write(&module, b"\0asm").unwrap();
+        let at = index(dir.path(), "m", module.to_str().unwrap(), b"\0asm");
+        // A temporary directory is writable: as the image's index, refused.
+        let e = load(&at, true, "m", None).unwrap_err();
+        assert!(matches!(e, IndexError::Writable { .. }), "{e}");
+        // Outside a sandbox (an index given on the command line), taken.
+        let (entry, bytes) = load(&at, false, "m", None).unwrap();
+        assert_eq!(
+            (entry.name.as_str(), bytes.as_slice()),
+            ("m", &b"\0asm"[..])
+        );
+        // A module whose bytes are not the declared ones.
+        std::fs::write(&module, b"\0asm\x01").unwrap();
+        let e = load(&at, false, "m", None).unwrap_err();
+        assert!(matches!(e, IndexError::ModuleDigest { .. }), "{e}");
+    }
+
+    #[test]
+    fn an_index_past_its_limit_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("index.json");
+        std::fs::write(&at, vec![b' '; MAX_INDEX_BYTES as usize + 1]).unwrap();
+        let e = load(&at, false, "m", None).unwrap_err();
+        assert!(matches!(e, IndexError::TooLarge { .. }), "{e}");
+    }
+}

@@ -1066,6 +1066,27 @@ mod tests {
         );
     }
 
+    /// A reason is read up to 200 bytes, cut at a character boundary, never refused for its
+    /// length.
+    #[test]
+    fn a_long_reason_is_cut_at_a_character_boundary() {
+        // 201 bytes: "x" then 100 two-byte characters; the cut at 200 falls inside the last.
+        let text = format!("x{}", "\\c3\\a9".repeat(100));
+        let reason = format!(
+            r#"(func (export "reason") (result i32) (i32.const 5000)) (data (i32.const 5000) "{text}\00")"#
+        );
+        let mut sim = started(&Wat {
+            step: "(i32.const 1)",
+            reason: &reason,
+            ..Wat::default()
+        });
+        let Step::Failed(why) = sim.step(&[0.0]).unwrap() else {
+            panic!("the step fails");
+        };
+        assert_eq!(why, format!("x{}", "\u{e9}".repeat(99)));
+        assert_eq!(why.len(), 199);
+    }
+
     #[test]
     fn broken_answers_are_the_simulators_fault() {
         let mut sim = started(&Wat {
