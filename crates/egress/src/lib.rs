@@ -1,0 +1,1 @@
+//! Egress checks without I/O (docs/capability-grants.md, "Egress").
