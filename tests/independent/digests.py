@@ -285,7 +285,7 @@ def encode_result(r):
         OUTCOME_REQUIRED,
         OUTCOME_OPTIONAL
         + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall")
-        + ("state_kept", "interpreter_end"),
+        + ("state_kept", "interpreter_end", "egress"),
     )
     e = Encoding(RESULT_DOMAIN)
     encode_outcome(e, r, "result")
@@ -354,6 +354,46 @@ def encode_result(r):
         e.boolean("state_kept", want_bool(r["state_kept"], "result.state_kept"))
     if opt(r, "interpreter_end") is not None:
         e.string("interpreter_end", want_str(r["interpreter_end"], "result.interpreter_end"))
+    # Field 17: the egress receipts, a list of nested; left out when empty or null. Every
+    # member is encoded, the times included.
+    egress = opt(r, "egress") or []
+    if not isinstance(egress, list):
+        raise Invalid("result.egress must be a list")
+    e.items(
+        "egress",
+        [encode_egress_receipt(g, f"result.egress[{i}]") for i, g in enumerate(egress)],
+    )
+    return e.bytes()
+
+
+EGRESS_REQUIRED = (
+    "host",
+    "port",
+    "kind",
+    "bytes_up",
+    "bytes_down",
+    "start_ms",
+    "end_ms",
+    "verdict",
+    "rule",
+)
+
+
+def encode_egress_receipt(g, where):
+    check_keys(g, where, EGRESS_REQUIRED, ("address", "sni", "ended"))
+    e = Encoding()
+    e.string("host", want_str(g["host"], f"{where}.host"))
+    e.u64("port", want_int(g["port"], f"{where}.port", 0, 65535))
+    e.string("kind", want_str(g["kind"], f"{where}.kind"))
+    for name in ("address", "sni"):
+        if opt(g, name) is not None:
+            e.string(name, want_str(g[name], f"{where}.{name}"))
+    for name in ("bytes_up", "bytes_down", "start_ms", "end_ms"):
+        e.u64(name, want_int(g[name], f"{where}.{name}", 0, U64_MAX))
+    e.string("verdict", want_str(g["verdict"], f"{where}.verdict"))
+    e.string("rule", want_str(g["rule"], f"{where}.rule"))
+    if opt(g, "ended") is not None:
+        e.string("ended", want_str(g["ended"], f"{where}.ended"))
     return e.bytes()
 
 

@@ -519,6 +519,7 @@ fn mirror(step: &StepResult) -> RunResult {
         wall: None,
         state_kept: None,
         interpreter_end: None,
+        egress: Vec::new(),
     }
 }
 

@@ -8,8 +8,8 @@
 use sha2::{Digest, Sha256};
 
 use crate::{
-    Evidence, Limits, Project, RunRecord, RunRequest, RunResult, RunSpec, Snippet, StepResult,
-    Tier, TrialStepRecord, Wall,
+    EgressReceipt, Evidence, Limits, Project, RunRecord, RunRequest, RunResult, RunSpec, Snippet,
+    StepResult, Tier, TrialStepRecord, Wall,
 };
 
 /// Domain string of the request encoding.
@@ -311,6 +311,33 @@ pub fn encode_result(r: &RunResult) -> Vec<u8> {
     if let Some(end) = r.interpreter_end {
         e.str("interpreter_end", end.as_str());
     }
+    // Left out when empty (every run without an egress grant), so such a result keeps its
+    // digest. Every member of a receipt is covered, its times included.
+    e.list("egress", r.egress.iter().map(encode_egress_receipt));
+    e.finish()
+}
+
+/// An egress receipt's nested encoding (docs/protocol.md, result field 17).
+fn encode_egress_receipt(g: &EgressReceipt) -> Vec<u8> {
+    let mut e = Encoder::nested();
+    e.str("host", &g.host)
+        .u64("port", u64::from(g.port))
+        .str("kind", &g.kind);
+    if let Some(address) = &g.address {
+        e.str("address", address);
+    }
+    if let Some(sni) = &g.sni {
+        e.str("sni", sni);
+    }
+    e.u64("bytes_up", g.bytes_up)
+        .u64("bytes_down", g.bytes_down)
+        .u64("start_ms", g.start_ms)
+        .u64("end_ms", g.end_ms)
+        .str("verdict", &g.verdict)
+        .str("rule", &g.rule);
+    if let Some(ended) = &g.ended {
+        e.str("ended", ended);
+    }
     e.finish()
 }
 
@@ -376,6 +403,8 @@ pub fn result_sha256(r: &RunResult) -> String {
 /// SHA-256 of [`encode_result`] of what the code produced alone: the result without how its
 /// sandbox started (`start`, `member_age_ms`) or what its wall was (`wall`), which every run
 /// of the same request in a fresh sandbox changes. What a replay compares (plimsoll-attest).
+/// The `egress` receipts stay in: they are what the code reached, not how its sandbox was
+/// made, so two runs that reached different hosts (or the same at other times) differ.
 pub fn outcome_sha256(r: &RunResult) -> String {
     result_sha256(&RunResult {
         start: None,

@@ -38,8 +38,8 @@ pub use request::{
     parse_session_call, validate_request_id,
 };
 pub use result::{
-    Artifact, CredentialKind, GrantCall, MalformedResult, RunRecord, RunResponse, RunResult,
-    SessionLink, Start, StepResult, Wall, WallNamespace,
+    Artifact, CredentialKind, EgressReceipt, GrantCall, MalformedResult, RunRecord, RunResponse,
+    RunResult, SessionLink, Start, StepResult, Wall, WallNamespace,
 };
 pub use session::{
     EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest,

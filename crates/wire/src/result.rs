@@ -75,6 +75,16 @@ pub struct RunResult {
     /// the next cell must ask for a restart). Absent when it did not end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interpreter_end: Option<crate::EndReason>,
+    /// Every connection the run's code asked the broker's egress proxy for, allowed or
+    /// refused, in the order the broker accepted them (empty without an egress grant).
+    /// Covered by the result digest, offsets included, and by the outcome digest: it is what
+    /// the code reached.
+    #[serde(
+        default,
+        deserialize_with = "crate::nulls::or_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub egress: Vec<EgressReceipt>,
 }
 
 /// A run's sandbox as seen just before its code was handed over: who the code runs as, with
@@ -231,8 +241,9 @@ pub enum MalformedResult {
 impl RunResult {
     /// Reads the result an agent inside a sandbox answered. What only the host can know is
     /// dropped whatever the answer claimed: how the sandbox started (`start`,
-    /// `member_age_ms`) and its `wall`, which the host reads itself or leaves absent. (The
-    /// agent is not trusted beyond "it reports what happened inside".)
+    /// `member_age_ms`), its `wall`, which the host reads itself or leaves absent, and the
+    /// `egress` receipts, which only the broker writes. (The agent is not trusted beyond "it
+    /// reports what happened inside".)
     pub fn from_agent(answer: &[u8]) -> serde_json::Result<RunResult> {
         let mut r: RunResult = serde_json::from_slice(answer)?;
         r.start = None;
@@ -240,6 +251,7 @@ impl RunResult {
         r.wall = None;
         r.state_kept = None;
         r.interpreter_end = None;
+        r.egress = Vec::new();
         Ok(r)
     }
 
@@ -285,6 +297,51 @@ pub struct GrantCall {
     /// (its digest unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<CredentialKind>,
+}
+
+/// One connection the run's code asked the broker for (docs/capability-grants.md, "Egress"):
+/// where it asked to go, where the broker went, how much crossed, when, and what decided.
+/// The broker writes one for every attempt, refused ones included; the engine lists them on
+/// the result, inside its digest, so a signature over the result covers what the code reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressReceipt {
+    /// The host the code named (lowercased), or the IP literal or the target as sent (at
+    /// most 255 bytes) when refused before it parsed.
+    pub host: String,
+    /// The port the code named; 0 when it named none that parsed.
+    pub port: u16,
+    /// `connect` (a CONNECT tunnel) or `http` (one plain-HTTP request).
+    pub kind: String,
+    /// The address the broker connected to, `ip:port` (`[v6]:port`); absent when it
+    /// connected to none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The server name the TLS ClientHello carried; absent for plain HTTP or when none was
+    /// read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    /// Bytes from the code to the host (payload after the CONNECT exchange; for `http`, the
+    /// request as forwarded).
+    pub bytes_up: u64,
+    /// Bytes from the host to the code (likewise; for `http`, the response as forwarded).
+    pub bytes_down: u64,
+    /// When the broker accepted the request, in milliseconds from the run's start.
+    pub start_ms: u64,
+    /// When the connection ended, in milliseconds from the run's start.
+    pub end_ms: u64,
+    /// `allowed` or `refused`.
+    pub verdict: String,
+    /// What decided: for `allowed`, the rule that allowed it (`host *.example.com port 443`,
+    /// plus ` via 127.0.0.0/8` when an address range let a non-public address through); for
+    /// `refused`, the check's code (`host_not_allowed`, `port_not_allowed`, `ip_literal`,
+    /// `address_not_allowed`, `resolve_failed`, `sni_missing`, `sni_mismatch`, `not_tls`,
+    /// `bad_request`, `budget_connections`, `deadline`, ...).
+    pub rule: String,
+    /// How an allowed connection ended: `closed`, `deadline`, `budget_bytes`, `budget_time`,
+    /// `connect_failed`, `upstream_failed`; absent for a refused one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
 }
 
 /// The outcome of one project step.
@@ -554,5 +611,58 @@ mod tests {
         let r = RunResult::from_agent(answer.as_bytes()).unwrap();
         assert_eq!((r.start, r.member_age_ms, r.wall), (None, None, None));
         assert_eq!(r.exit_code, Some(0));
+    }
+
+    const RECEIPT: &str = r#"{"host":"api.example.com","port":443,"kind":"connect","address":"93.184.215.14:443","sni":"api.example.com","bytes_up":517,"bytes_down":4821,"start_ms":112,"end_ms":348,"verdict":"allowed","rule":"host *.example.com port 443","ended":"closed"}"#;
+
+    #[test]
+    fn an_agent_cannot_claim_egress_receipts() {
+        let answer = format!(
+            r#"{{"exit_code":0,"timed_out":false,"stdout":"","stdout_truncated":false,"stderr":"","stderr_truncated":false,"egress":[{RECEIPT}]}}"#
+        );
+        // The shape is a result's, so serde reads it; the agent's claim is dropped.
+        let read: RunResult = serde_json::from_str(&answer).unwrap();
+        assert_eq!(read.egress.len(), 1);
+        let r = RunResult::from_agent(answer.as_bytes()).unwrap();
+        assert!(r.egress.is_empty());
+    }
+
+    #[test]
+    fn an_egress_receipt_reads_strictly_and_writes_back_in_table_order() {
+        let r: EgressReceipt = serde_json::from_str(RECEIPT).unwrap();
+        assert_eq!(
+            (r.port, r.sni.as_deref(), r.ended.as_deref()),
+            (443, Some("api.example.com"), Some("closed"))
+        );
+        assert_eq!(serde_json::to_string(&r).unwrap(), RECEIPT);
+        // Optional members: null is absent, and absent ones are left out when written.
+        let refused = r#"{"host":"169.254.169.254","port":80,"kind":"http","address":null,"sni":null,"bytes_up":0,"bytes_down":0,"start_ms":5,"end_ms":5,"verdict":"refused","rule":"ip_literal","ended":null}"#;
+        let r: EgressReceipt = serde_json::from_str(refused).unwrap();
+        assert_eq!((&r.address, &r.sni, &r.ended), (&None, &None, &None));
+        let written = serde_json::to_string(&r).unwrap();
+        assert!(
+            !written.contains("address") && !written.contains("sni") && !written.contains("ended"),
+            "{written}"
+        );
+        for bad in [
+            RECEIPT.replace(r#""port":443"#, r#""port":65536"#),
+            RECEIPT.replace(r#""port":443"#, r#""port":null"#),
+            RECEIPT.replace(r#","ended":"closed""#, r#","ended":"closed","extra":1"#),
+            RECEIPT.replace(r#""verdict":"allowed","#, ""),
+        ] {
+            assert!(
+                serde_json::from_str::<EgressReceipt>(&bad).is_err(),
+                "{bad}"
+            );
+        }
+        // A result without receipts writes none, and `"egress": null` reads as none.
+        let plain = r#"{"exit_code":0,"timed_out":false,"stdout":"","stdout_truncated":false,"stderr":"","stderr_truncated":false}"#;
+        let r: RunResult = serde_json::from_str(plain).unwrap();
+        assert!(!serde_json::to_string(&r).unwrap().contains("egress"));
+        let null = plain.replace('}', r#","egress":null}"#);
+        assert_eq!(serde_json::from_str::<RunResult>(&null).unwrap(), r);
+        assert!(
+            serde_json::from_str::<RunResult>(&plain.replace('}', r#","egress":[null]}"#)).is_err()
+        );
     }
 }

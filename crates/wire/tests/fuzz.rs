@@ -16,10 +16,10 @@ use plimsoll_wire::digest::{
 };
 use plimsoll_wire::trial_step::{TRIAL_RUNNER, scenario_paths, trial_step};
 use plimsoll_wire::{
-    Artifact, BinaryIdentity, Bytes, CredentialKind, Evidence, GrantCall, Language, Limits,
-    NamespaceSeen, ProbeReport, Project, ProjectFile, Reason, RunRecord, RunRequest, RunResult,
-    RunSpec, Score, SimulatorRef, Snippet, Start, Step, StepResult, TrialEnd, TrialOutcome,
-    TrialStepRecord, Wall, WallNamespace, parse_request,
+    Artifact, BinaryIdentity, Bytes, CredentialKind, EgressReceipt, Evidence, GrantCall, Language,
+    Limits, NamespaceSeen, ProbeReport, Project, ProjectFile, Reason, RunRecord, RunRequest,
+    RunResult, RunSpec, Score, SimulatorRef, Snippet, Start, Step, StepResult, TrialEnd,
+    TrialOutcome, TrialStepRecord, Wall, WallNamespace, parse_request,
 };
 use proptest::prelude::*;
 
@@ -211,6 +211,49 @@ fn result() -> impl Strategy<Value = RunResult> {
             latency_ms: n[2],
             credential,
         });
+    // Receipts as the broker writes them, and any other strings: the encoding is defined for
+    // every value of every member.
+    let word = |known: &'static [&'static str]| {
+        prop_oneof![
+            3 => proptest::sample::select(known).prop_map(str::to_owned),
+            1 => text(),
+        ]
+    };
+    let receipt = (
+        (text(), any::<u16>(), word(&["connect", "http"])),
+        (proptest::option::of(text()), proptest::option::of(text())),
+        any::<[u64; 4]>(),
+        word(&["allowed", "refused"]),
+        word(&[
+            "host *.example.com port 443",
+            "host db.internal port 5432 via 10.0.0.0/8",
+            "host_not_allowed",
+            "ip_literal",
+            "sni_mismatch",
+        ]),
+        proptest::option::of(word(&[
+            "closed",
+            "deadline",
+            "budget_bytes",
+            "connect_failed",
+        ])),
+    )
+        .prop_map(
+            |((host, port, kind), (address, sni), n, verdict, rule, ended)| EgressReceipt {
+                host,
+                port,
+                kind,
+                address,
+                sni,
+                bytes_up: n[0],
+                bytes_down: n[1],
+                start_ms: n[2],
+                end_ms: n[3],
+                verdict,
+                rule,
+                ended,
+            },
+        );
     let namespace = (text(), text(), proptest::option::of(any::<bool>())).prop_map(
         |(name, id, same_as_host)| WallNamespace {
             name,
@@ -264,6 +307,7 @@ fn result() -> impl Strategy<Value = RunResult> {
         proptest::option::of(prop_oneof![Just(Start::Warm), Just(Start::Cold)]),
         proptest::option::of(any::<u64>()),
         proptest::option::of(wall),
+        proptest::collection::vec(receipt, 0..4),
     )
         .prop_map(
             |(
@@ -274,6 +318,7 @@ fn result() -> impl Strategy<Value = RunResult> {
                 start,
                 member_age_ms,
                 wall,
+                egress,
             )| RunResult {
                 exit_code,
                 signal,
@@ -291,6 +336,7 @@ fn result() -> impl Strategy<Value = RunResult> {
                 wall,
                 state_kept: None,
                 interpreter_end: None,
+                egress,
             },
         )
 }

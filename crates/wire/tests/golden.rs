@@ -284,6 +284,9 @@ fn the_vectors_cover_every_kind_and_case() {
         "result/wall-empty-lists",
         "result/session-file-put",
         "result/session-file-get",
+        "result/egress-receipts",
+        "result/egress-receipts-nulls",
+        "result/empty-egress",
         "evidence/process",
         "evidence/container-with-probe",
     ] {
@@ -359,6 +362,18 @@ fn the_vectors_cover_every_kind_and_case() {
                 "/wall/network_interfaces",
             ][..],
         ),
+        (
+            "result/egress-receipts-nulls",
+            &[
+                "/egress/1/sni",
+                "/egress/2/address",
+                "/egress/2/sni",
+                "/egress/2/ended",
+                "/egress/3/address",
+                "/egress/3/sni",
+                "/egress/3/ended",
+            ][..],
+        ),
         ("record/null-floor", &["/minimum_isolation"][..]),
         (
             "record/trials-nulls",
@@ -388,6 +403,29 @@ fn the_vectors_cover_every_kind_and_case() {
         assert!(r.start.is_none() && r.state_kept.is_none(), "{name}");
         assert!(r.steps.is_empty() && r.wall.is_some(), "{name}");
     }
+    // The egress vector holds an allowed CONNECT tunnel with its address and SNI, an allowed
+    // plain-HTTP request, and refusals without address, SNI or end; the empty list is none.
+    let egress = result("result/egress-receipts").egress;
+    let allowed = |kind: &str| {
+        egress.iter().any(|g| {
+            g.verdict == "allowed"
+                && g.kind == kind
+                && g.address.is_some()
+                && g.ended.is_some()
+                && (kind == "http") != g.sni.is_some()
+        })
+    };
+    assert!(allowed("connect") && allowed("http"), "{egress:?}");
+    assert!(egress.iter().any(|g| g.verdict == "refused"
+        && g.address.is_none()
+        && g.sni.is_none()
+        && g.ended.is_none()));
+    assert!(egress.iter().any(|g| g.port == 0) && egress.iter().any(|g| g.rule.contains(" via ")));
+    assert_eq!(
+        result("result/egress-receipts-nulls"),
+        result("result/egress-receipts")
+    );
+    assert!(result("result/empty-egress").egress.is_empty());
     // The result vectors are results a client accepts, not only shapes serde accepts.
     for v in file.vectors.iter().filter(|v| v.kind == "result") {
         if let Err(e) = result(&v.name).validate() {
@@ -567,6 +605,7 @@ fn every_field_change_changes_the_digest_and_only_those() {
     let (_, file) = load();
     let (mut checked, mut request_id_changes, mut duration_changes) = (0, 0, 0);
     let (mut start_changes, mut member_age_changes, mut wall_changes) = (0, 0, 0);
+    let (mut egress_changes, mut egress_time_changes) = (0, 0);
     let mut failures = Vec::new();
     for v in &file.vectors {
         let original = parse(&v.kind, &v.input).unwrap();
@@ -587,6 +626,12 @@ fn every_field_change_changes_the_digest_and_only_those() {
             }
             if v.kind == "result" && m.what.starts_with("set /wall/") {
                 wall_changes += 1;
+            }
+            if v.kind == "result" && m.what.starts_with("set /egress/") {
+                egress_changes += 1;
+                if m.what.ends_with("/start_ms") || m.what.ends_with("/end_ms") {
+                    egress_time_changes += 1;
+                }
             }
             let same_value = changed.normalized() == original.normalized();
             let same_digest = sha256_hex(&changed.encoding()) == digest;
@@ -639,6 +684,16 @@ fn every_field_change_changes_the_digest_and_only_those() {
     assert!(
         wall_changes >= 30,
         "the wall was changed in too few places ({wall_changes})"
+    );
+    // Every member of an egress receipt is covered, its times included (unlike a call's
+    // latency): each leaf of the receipts was changed, and the digest changed with it.
+    assert!(
+        egress_changes >= 40,
+        "the egress receipts were changed in too few places ({egress_changes})"
+    );
+    assert!(
+        egress_time_changes >= 8,
+        "egress start_ms/end_ms were changed in too few places ({egress_time_changes})"
     );
     assert!(checked > 300, "only {checked} mutations parsed");
 }
@@ -713,7 +768,8 @@ fn independent_python_implementation_agrees() {
 
 /// What a replay compares: the result without how its sandbox started or what its wall was.
 /// Two results that differ only there have the same outcome digest and different result
-/// digests; any other change changes both.
+/// digests; any other change changes both, the egress receipts' included (they are what the
+/// code reached, not how its sandbox was made).
 #[test]
 fn the_outcome_digest_leaves_out_only_the_sandbox() {
     let (_, file) = load();
@@ -748,4 +804,34 @@ fn the_outcome_digest_leaves_out_only_the_sandbox() {
         plimsoll_wire::digest::outcome_sha256(&other),
         plimsoll_wire::digest::outcome_sha256(&fresh)
     );
+    let receipts: RunResult = serde_json::from_value(
+        file.vectors
+            .iter()
+            .find(|v| v.name == "result/egress-receipts")
+            .unwrap()
+            .input
+            .clone(),
+    )
+    .unwrap();
+    let egress = |egress| {
+        plimsoll_wire::digest::outcome_sha256(&RunResult {
+            egress,
+            ..fresh.clone()
+        })
+    };
+    let mut later = receipts.egress.clone();
+    later[0].start_ms += 1;
+    let mut elsewhere = receipts.egress.clone();
+    elsewhere[0].address = Some("93.184.215.15:443".to_owned());
+    let outcomes = [
+        egress(Vec::new()),
+        egress(receipts.egress.clone()),
+        egress(later),
+        egress(elsewhere),
+    ];
+    for (i, a) in outcomes.iter().enumerate() {
+        for b in &outcomes[i + 1..] {
+            assert_ne!(a, b, "the outcome digest left an egress change out");
+        }
+    }
 }
