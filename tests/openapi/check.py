@@ -6,7 +6,8 @@ schemas accept what the daemon accepts and refuse what it refuses before anythin
 - Every case of tests/openapi/refused.json fails RunRequest, so a schema-driven client fails
   before sending; the Rust tests check the daemon refuses the same cases.
 - A result whose `member_age_ms` and `start` disagree (an age without a warm start, a warm
-  start without an age) fails RunResult, and so does one whose `wall` is malformed.
+  start without an age) fails RunResult, and so does one whose `wall` or one of whose
+  `egress` receipts is malformed.
 
 Run with the project's venv: `make openapi` (scripts/python-env makes it).
 """
@@ -86,6 +87,28 @@ def main():
         if result.is_valid({**plain, "start": "cold", "wall": bad}):
             problems.append(f"the schema accepts a result with the wall {bad}, which is malformed")
     print(f"{len(bad_walls)} malformed walls checked against RunResult")
+
+    # An egress receipt is read strictly too: no unknown member, its required members
+    # present and not null, the port a u16, no list item null.
+    receipts = next(v["input"] for v in vectors if v["name"] == "result/egress-receipts")["egress"]
+    receipt = receipts[0]
+    bad_receipts = (
+        [{**receipt, "extra": 1}],
+        [{k: v for k, v in receipt.items() if k != "start_ms"}],
+        [{**receipt, "port": 65536}],
+        [{**receipt, "port": None}],
+        [{**receipt, "bytes_up": -1}],
+        [{**receipt, "rule": None}],
+        [{**receipt, "sni": 7}],
+        [None],
+        {"0": receipt},
+    )
+    for bad in bad_receipts:
+        if result.is_valid({**plain, "egress": bad}):
+            problems.append(f"the schema accepts a result with the egress {bad}, which is malformed")
+    if not result.is_valid({**plain, "egress": receipts}):
+        problems.append("the schema refuses the receipts of result/egress-receipts")
+    print(f"{len(bad_receipts)} malformed egress lists checked against RunResult")
 
     for p in problems:
         print("FAIL:", p, file=sys.stderr)
