@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import plimsoll
-from plimsoll import _digest, _types
+from plimsoll import _digest, _types, _verify
 
 sys.path.insert(0, str(Path(__file__).parent))
 from daemon import REPO  # noqa: E402
@@ -175,3 +177,119 @@ def test_a_calls_credential_kind_is_read_and_covered() -> None:
         plimsoll.result_sha256(with_kinds)
     with pytest.raises(_types.WireError, match="not static or minted"):
         plimsoll.RunResult.from_wire(with_kinds)
+
+
+def _egress_answer(result: dict, result_sha256: str) -> tuple[_verify.Prepared, bytes]:
+    """A 200 answer to a prepared request, carrying ``result`` and claiming
+    ``result_sha256`` for it (the vector's stored digest, not one computed here); the
+    request's and record's digests are honest."""
+    p = _verify.prepare(plimsoll.Snippet("python", "print(1)"), request_id="r-egress")
+    record = {
+        "request_id": p.request_id,
+        "request_sha256": plimsoll.request_sha256(p.sent),
+        "result_sha256": result_sha256,
+        "provider": "crun",
+        "isolation": "container",
+        "minimum_isolation": "container",
+        "evidence_sha256": "e" * 64,
+        "environment": "sha256:" + "1" * 64,
+        "started_unix_ms": 1,
+        "ended_unix_ms": 2,
+    }
+    record["record_sha256"] = plimsoll.record_sha256(record)
+    answer = {
+        "protocol": 1,
+        "request_id": p.request_id,
+        "provider": "crun",
+        "isolation": "container",
+        "duration_ms": 700,
+        "request_sha256": record["request_sha256"],
+        "result_sha256": result_sha256,
+        "result": result,
+        "record": record,
+    }
+    return p, json.dumps(answer).encode()
+
+
+@pytest.mark.parametrize("name", ["result/egress-receipts", "result/egress-receipts-nulls"])
+def test_a_result_with_egress_receipts_verifies_against_the_vectors_digest(name: str) -> None:
+    vector = BY_NAME[name]
+    p, body = _egress_answer(copy.deepcopy(vector["input"]), vector["sha256"])
+    r = _verify.verify_answer(p, 200, body, plimsoll.Tier.CONTAINER)
+    assert r.result_sha256 == vector["sha256"]
+    egress = r.result.egress
+    assert [(g.kind, g.verdict) for g in egress] == [
+        ("connect", "allowed"),
+        ("http", "allowed"),
+        ("http", "refused"),
+        ("connect", "refused"),
+    ]
+    assert egress[0] == plimsoll.EgressReceipt(
+        host="api.example.com",
+        port=443,
+        kind="connect",
+        address="93.184.215.14:443",
+        sni="api.example.com",
+        bytes_up=517,
+        bytes_down=4821,
+        start_ms=112,
+        end_ms=348,
+        verdict="allowed",
+        rule="host *.example.com port 443",
+        ended="closed",
+    )
+    assert egress[1].sni is None and egress[1].rule.endswith(" via 10.0.0.0/8")
+    assert (egress[2].address, egress[2].sni, egress[2].ended) == (None, None, None)
+    assert egress[3].port == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda g: g[0].update(start_ms=g[0]["start_ms"] + 1),
+        lambda g: g[0].update(end_ms=g[0]["end_ms"] + 1),
+        lambda g: g[0].update(address="93.184.215.15:443"),
+        lambda g: g[0].pop("sni"),
+        lambda g: g[2].update(verdict="allowed"),
+        lambda g: g[3].update(port=1),
+        lambda g: g.reverse(),
+        lambda g: g.pop(),
+    ],
+)
+def test_a_changed_egress_receipt_fails_the_vectors_digest(change: Any) -> None:
+    """A receipt altered on the way (a time, an address, a verdict, the order, one dropped)
+    no longer matches the digest the daemon gave: every member is covered."""
+    vector = BY_NAME["result/egress-receipts"]
+    result = copy.deepcopy(vector["input"])
+    change(result["egress"])
+    p, body = _egress_answer(result, vector["sha256"])
+    with pytest.raises(plimsoll.DigestMismatch) as e:
+        _verify.verify_answer(p, 200, body, plimsoll.Tier.CONTAINER)
+    assert e.value.kind == "result" and e.value.claimed == vector["sha256"]
+    assert plimsoll.not_dispatched_reason(e.value) is None
+
+
+def test_egress_receipts_are_read_strictly_and_none_is_the_old_digest() -> None:
+    plain = BY_NAME["result/plain"]
+    for empty in ([], None):
+        assert plimsoll.result_sha256(dict(plain["input"], egress=empty)) == plain["sha256"]
+        assert plimsoll.RunResult.from_wire(dict(plain["input"], egress=empty)).egress == []
+    receipts = BY_NAME["result/egress-receipts"]["input"]
+    for bad, says in (
+        ({"extra": 1}, "unknown members: extra"),
+        ({"port": 65536}, "port is not an integer in range"),
+        ({"port": None}, "lacks `port`"),
+        ({"rule": 7}, "rule is not a string"),
+        ({"start_ms": -1}, "start_ms is not an integer in range"),
+    ):
+        result = copy.deepcopy(receipts)
+        result["egress"][0].update(bad)
+        with pytest.raises(_types.WireError, match=re.escape(says)):
+            plimsoll.RunResult.from_wire(result)
+    result = copy.deepcopy(receipts)
+    result["egress"][0]["port"] = 65536
+    with pytest.raises(_digest.EncodingError, match="16-bit"):
+        plimsoll.result_sha256(result)
+    result["egress"] = [None]
+    with pytest.raises(_types.WireError):
+        plimsoll.RunResult.from_wire(result)

@@ -34,6 +34,13 @@ def _u64(n: Any) -> bytes:
     return struct.pack(">Q", n)
 
 
+def _u16(n: Any) -> bytes:
+    """A u16 (a port), widened to the 8 bytes of a u64."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 0xFFFF:
+        raise EncodingError(f"expected an unsigned 16-bit integer, got {n!r}")
+    return struct.pack(">Q", n)
+
+
 def _i64(n: Any) -> bytes:
     if isinstance(n, bool) or not isinstance(n, int) or not -(1 << 63) <= n < 1 << 63:
         raise EncodingError(f"expected a signed 64-bit integer, got {n!r}")
@@ -351,6 +358,24 @@ def _wall(v: Any) -> bytes:
     return f.nested()
 
 
+def _egress_receipt(v: Any) -> bytes:
+    o = _obj(v, "an egress receipt")
+    f = _Fields()
+    f.req(o, "host", _str)
+    f.req(o, "port", _u16)
+    f.req(o, "kind", _str)
+    f.opt(o, "address", _str)
+    f.opt(o, "sni", _str)
+    f.req(o, "bytes_up", _u64)
+    f.req(o, "bytes_down", _u64)
+    f.req(o, "start_ms", _u64)
+    f.req(o, "end_ms", _u64)
+    f.req(o, "verdict", _str)
+    f.req(o, "rule", _str)
+    f.opt(o, "ended", _str)
+    return f.nested()
+
+
 def result_encoding(result: Mapping[str, Any]) -> bytes:
     """The encoding of a run result (durations are not part of it)."""
     f = _Fields()
@@ -368,6 +393,9 @@ def result_encoding(result: Mapping[str, Any]) -> bytes:
     # outside sessions keeps its digest.
     f.opt(result, "state_kept", _bool)
     f.opt(result, "interpreter_end", _end_reason)
+    # The egress receipts (field 17), every member covered, times included: left out when
+    # empty, absent or null, so every result without receipts keeps its digest.
+    f.items(result, "egress", _egress_receipt)
     return f.top(RESULT_DOMAIN)
 
 

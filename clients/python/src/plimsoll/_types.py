@@ -507,6 +507,78 @@ class GrantCall:
 
 
 @dataclass(frozen=True)
+class EgressReceipt:
+    """One connection the run's code asked the broker for through its egress proxy, allowed
+    or refused (docs/protocol.md, EgressReceipt). Every member is inside the result digest,
+    the times included. ``kind``, ``verdict``, ``rule`` and ``ended`` are read as the strings
+    sent, so a value a later daemon adds still parses."""
+
+    host: str
+    """The host the code named (lowercased), or the IP literal or the target as sent (at
+    most 255 bytes) when it was refused before it parsed."""
+    port: int
+    """The port the code named; 0 when it named none that parsed."""
+    kind: str
+    """``connect`` (a CONNECT tunnel) or ``http`` (one plain-HTTP request)."""
+    address: Optional[str]
+    """The address the broker connected to, ``ip:port`` (``[v6]:port``); ``None`` when it
+    connected to none."""
+    sni: Optional[str]
+    """The server name the TLS ClientHello carried; ``None`` for plain HTTP or when none was
+    read."""
+    bytes_up: int
+    """Bytes from the code to the host."""
+    bytes_down: int
+    """Bytes from the host to the code."""
+    start_ms: int
+    """When the broker accepted the request, in milliseconds from the run's start."""
+    end_ms: int
+    """When the connection ended, in milliseconds from the run's start."""
+    verdict: str
+    """``allowed`` or ``refused``."""
+    rule: str
+    """For ``allowed``, the rule that allowed it (``host *.example.com port 443``, with
+    `` via <range>`` when an address range let a non-public address through); for
+    ``refused``, the check's code (``host_not_allowed``, ``ip_literal``, ...)."""
+    ended: Optional[str]
+    """How an allowed connection ended (``closed``, ``deadline``, ``budget_bytes``, ...);
+    ``None`` for a refused one."""
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "EgressReceipt":
+        o = _check_members(
+            o,
+            what,
+            (
+                "host",
+                "port",
+                "kind",
+                "bytes_up",
+                "bytes_down",
+                "start_ms",
+                "end_ms",
+                "verdict",
+                "rule",
+            ),
+            ("address", "sni", "ended"),
+        )
+        return cls(
+            host=_str(o, "host", what) or "",
+            port=_int(o, "port", what, 0, 65535) or 0,
+            kind=_str(o, "kind", what) or "",
+            address=_str(o, "address", what),
+            sni=_str(o, "sni", what),
+            bytes_up=_u64(o, "bytes_up", what) or 0,
+            bytes_down=_u64(o, "bytes_down", what) or 0,
+            start_ms=_u64(o, "start_ms", what) or 0,
+            end_ms=_u64(o, "end_ms", what) or 0,
+            verdict=_str(o, "verdict", what) or "",
+            rule=_str(o, "rule", what) or "",
+            ended=_str(o, "ended", what),
+        )
+
+
+@dataclass(frozen=True)
 class WallNamespace:
     """One namespace of a run's sandbox: its kind, its identity, and whether it is the
     daemon's own (``None`` where comparing says nothing, as for a guest kernel's)."""
@@ -627,6 +699,10 @@ class RunResult:
     interpreter_end: Optional[EndReason] = None
     """A session's cell only: why its interpreter ended during this cell (its state is lost;
     the next cell needs ``restart=True``)."""
+    egress: list[EgressReceipt] = field(default_factory=list)
+    """Every connection the code asked the broker's egress proxy for, allowed or refused, in
+    the order the broker took them (empty without an egress grant). Inside the result
+    digest, times included."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "RunResult":
@@ -637,7 +713,7 @@ class RunResult:
             _OUTCOME_REQUIRED,
             _OUTCOME_OPTIONAL
             + ("steps", "artifacts", "calls", "start", "member_age_ms", "wall")
-            + ("state_kept", "interpreter_end"),
+            + ("state_kept", "interpreter_end", "egress"),
         )
         kept = o.get("state_kept")
         start = o.get("start")
@@ -672,6 +748,10 @@ class RunResult:
             wall=None if o.get("wall") is None else Wall.from_wire(o["wall"]),
             state_kept=None if kept is None else _bool(o, "state_kept", w),
             interpreter_end=_end_reason(o, "interpreter_end", w),
+            egress=[
+                EgressReceipt.from_wire(g, f"result.egress[{i}]")
+                for i, g in enumerate(_list(o, "egress", w))
+            ],
         )
 
     def start_problem(self) -> Optional[str]:
