@@ -10,6 +10,7 @@ import { createHash } from "node:crypto";
 
 import { utf8 } from "./bytes.js";
 import {
+  type EgressReceipt,
   type Evidence,
   LIMIT_NAMES,
   type Outcome,
@@ -176,7 +177,28 @@ export function encodeResult(r: RunResult): Uint8Array {
   // A session cell's members (fields 15-16), likewise left out when absent.
   e.optional("state_kept", r.state_kept, boolByte);
   e.optional("interpreter_end", r.interpreter_end, utf8);
+  // The egress receipts (field 17), every member covered, the times included: left out when
+  // empty, so a result without receipts keeps its digest.
+  e.list("egress", r.egress, encodeEgressReceipt);
   return e.bytes();
+}
+
+/** An egress receipt's nested encoding (docs/protocol.md, result field 17). */
+function encodeEgressReceipt(g: EgressReceipt): Uint8Array {
+  return new Encoder()
+    .field("host", utf8(g.host))
+    .field("port", u64be(g.port))
+    .field("kind", utf8(g.kind))
+    .optional("address", g.address, utf8)
+    .optional("sni", g.sni, utf8)
+    .field("bytes_up", u64be(g.bytes_up))
+    .field("bytes_down", u64be(g.bytes_down))
+    .field("start_ms", u64be(g.start_ms))
+    .field("end_ms", u64be(g.end_ms))
+    .field("verdict", utf8(g.verdict))
+    .field("rule", utf8(g.rule))
+    .optional("ended", g.ended, utf8)
+    .bytes();
 }
 
 /** A wall's nested encoding (docs/protocol.md, result field 14). */

@@ -10,6 +10,7 @@ import { JsonNumber, type JsonObject, type JsonValue, parseJson } from "./json.j
 import {
   type Artifact,
   type BinaryIdentity,
+  type EgressReceipt,
   END_REASONS,
   type EndReason,
   type ErrorResponse,
@@ -362,6 +363,38 @@ function grantCall(v: JsonValue, path: string): GrantCall {
   return out;
 }
 
+function egressReceipt(v: JsonValue, path: string): EgressReceipt {
+  const m = object(v, path, [
+    "host",
+    "port",
+    "kind",
+    "address",
+    "sni",
+    "bytes_up",
+    "bytes_down",
+    "start_ms",
+    "end_ms",
+    "verdict",
+    "rule",
+    "ended",
+  ]);
+  const out: EgressReceipt = {
+    host: req(m, "host", path, str),
+    port: req(m, "port", path, u16),
+    kind: req(m, "kind", path, str),
+    bytes_up: req(m, "bytes_up", path, u64),
+    bytes_down: req(m, "bytes_down", path, u64),
+    start_ms: req(m, "start_ms", path, u64),
+    end_ms: req(m, "end_ms", path, u64),
+    verdict: req(m, "verdict", path, str),
+    rule: req(m, "rule", path, str),
+  };
+  optInto(out, m, "address", path, str);
+  optInto(out, m, "sni", path, str);
+  optInto(out, m, "ended", path, str);
+  return out;
+}
+
 function wallNamespace(v: JsonValue, path: string): WallNamespace {
   const m = object(v, path, ["name", "id", "same_as_host"]);
   const out: WallNamespace = { name: req(m, "name", path, str), id: req(m, "id", path, str) };
@@ -415,12 +448,14 @@ export function readRunResult(v: JsonValue, path = "result"): RunResult {
     "wall",
     "state_kept",
     "interpreter_end",
+    "egress",
   ]);
   const out: RunResult = {
     ...outcome(m, path),
     steps: optList(m, "steps", path, stepResult),
     artifacts: optList(m, "artifacts", path, artifact),
     calls: optList(m, "calls", path, grantCall),
+    egress: optList(m, "egress", path, egressReceipt),
   };
   optInto(out, m, "start", path, start);
   optInto(out, m, "member_age_ms", path, u64);

@@ -243,11 +243,57 @@ export interface GrantCall {
   credential?: CredentialKind;
 }
 
+/**
+ * One connection the run's code asked the broker for through its egress proxy, allowed or
+ * refused (docs/protocol.md, EgressReceipt). Every member is inside the result digest, the
+ * times included. `kind`, `verdict`, `rule` and `ended` are the strings sent, so a value a
+ * later daemon adds still reads.
+ */
+export interface EgressReceipt {
+  /**
+   * The host the code named (lowercased), or the IP literal or the target as sent (at most
+   * 255 bytes) when it was refused before it parsed.
+   */
+  host: string;
+  /** The port the code named; 0 when it named none that parsed. */
+  port: number;
+  /** `connect` (a CONNECT tunnel) or `http` (one plain-HTTP request). */
+  kind: string;
+  /** The address the broker connected to, `ip:port` (`[v6]:port`); absent when it connected to none. */
+  address?: string;
+  /** The server name the TLS ClientHello carried; absent for plain HTTP or when none was read. */
+  sni?: string;
+  /** Bytes from the code to the host. */
+  bytes_up: number;
+  /** Bytes from the host to the code. */
+  bytes_down: number;
+  /** When the broker accepted the request, in milliseconds from the run's start. */
+  start_ms: number;
+  /** When the connection ended, in milliseconds from the run's start. */
+  end_ms: number;
+  /** `allowed` or `refused`. */
+  verdict: string;
+  /**
+   * What decided: for `allowed`, the rule that allowed it (`host *.example.com port 443`, with
+   * ` via <range>` when an address range let a non-public address through); for `refused`,
+   * the check's code (`host_not_allowed`, `ip_literal`, ...).
+   */
+  rule: string;
+  /** How an allowed connection ended (`closed`, `deadline`, `budget_bytes`, ...); absent for a refused one. */
+  ended?: string;
+}
+
 /** What a run produced. */
 export interface RunResult extends Outcome {
   steps: StepResult[];
   artifacts: Artifact[];
   calls: GrantCall[];
+  /**
+   * Every connection the code asked the broker's egress proxy for, allowed or refused, in the
+   * order the broker took them (`[]` without an egress grant). Inside the result digest
+   * (field 17), the times included.
+   */
+  egress: EgressReceipt[];
   /**
    * How the sandbox started. Optional when read, so that an older result parses; every
    * result the daemon writes now has it.
