@@ -220,6 +220,38 @@ func encodeResult(o *Output) []byte {
 	if o.InterpreterEnd != "" {
 		e.str("interpreter_end", string(o.InterpreterEnd))
 	}
+	// The egress receipts (field 17), every member covered, the times included; nothing
+	// when there are none, so a result without receipts keeps its digest.
+	egress := make([][]byte, 0, len(o.Egress))
+	for i := range o.Egress {
+		egress = append(egress, encodeEgressReceipt(&o.Egress[i]))
+	}
+	e.list("egress", egress)
+	return e.buf
+}
+
+// encodeEgressReceipt is an egress receipt's nested encoding (docs/protocol.md, result
+// field 17).
+func encodeEgressReceipt(g *EgressReceipt) []byte {
+	e := &encoding{}
+	e.str("host", g.Host)
+	e.u64("port", uint64(g.Port))
+	e.str("kind", g.Kind)
+	if g.Address != nil {
+		e.str("address", *g.Address)
+	}
+	if g.SNI != nil {
+		e.str("sni", *g.SNI)
+	}
+	e.u64("bytes_up", g.BytesUp)
+	e.u64("bytes_down", g.BytesDown)
+	e.u64("start_ms", g.StartMS)
+	e.u64("end_ms", g.EndMS)
+	e.str("verdict", g.Verdict)
+	e.str("rule", g.Rule)
+	if g.Ended != nil {
+		e.str("ended", *g.Ended)
+	}
 	return e.buf
 }
 

@@ -4,10 +4,13 @@
 package sandbox
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -218,5 +221,147 @@ func TestTheCallsCredentialKindIsReadStrictlyAndCovered(t *testing.T) {
 	var o Output
 	if _, err := readStrict([]byte(call(`"borrowed"`)), &o); err == nil || !strings.Contains(err.Error(), "not a credential kind") {
 		t.Errorf("a credential kind that is neither static nor minted: %v", err)
+	}
+}
+
+// egressAnswer is a 200 answer to sent carrying result (a vector's input, as its JSON) and
+// claiming resultSHA256 for it (the vector's digest, not one computed here); the request's
+// and record's digests are honest.
+func egressAnswer(t *testing.T, sent *wireRequest, result json.RawMessage, resultSHA256 string) []byte {
+	t.Helper()
+	record := Record{RequestID: sent.RequestID, RequestSHA256: sum(encodeRequest(sent)), ResultSHA256: resultSHA256,
+		Provider: "crun", Isolation: IsolationContainer, MinimumIsolation: IsolationContainer,
+		EvidenceSHA256: strings.Repeat("e", 64), Environment: "sha256:" + strings.Repeat("1", 64),
+		StartedUnixMS: 1, EndedUnixMS: 2}
+	record.RecordSHA256 = RecordSHA256(&record)
+	answer, err := json.Marshal(map[string]any{
+		"protocol": 1, "request_id": sent.RequestID, "provider": "crun", "isolation": "container",
+		"duration_ms": 700, "request_sha256": record.RequestSHA256, "result_sha256": resultSHA256,
+		"result": result, "record": record,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer
+}
+
+func vectorNamed(t *testing.T, name string) vector {
+	t.Helper()
+	for _, v := range loadVectors(t) {
+		if v.Name == name {
+			return v
+		}
+	}
+	t.Fatalf("no golden vector %s", name)
+	return vector{}
+}
+
+// A result carrying egress receipts verifies against the digest its vector gives, through the
+// whole path an answer takes (strict reading, then every check).
+func TestAResultWithEgressReceiptsVerifiesAgainstTheVectorsDigest(t *testing.T) {
+	for _, name := range []string{"result/egress-receipts", "result/egress-receipts-nulls"} {
+		v := vectorNamed(t, name)
+		sent := sentWith(IsolationContainer)
+		x := runExchange{sent: sent, floor: IsolationContainer, source: floorSent}
+		res, err := x.answered(200, egressAnswer(t, sent, v.Input, v.SHA256))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if res.ResultSHA256 != v.SHA256 {
+			t.Errorf("%s: result digest %s", name, res.ResultSHA256)
+		}
+		g := res.Output.Egress
+		if len(g) != 4 {
+			t.Fatalf("%s: %d receipts", name, len(g))
+		}
+		str := func(s string) *string { return &s }
+		want := EgressReceipt{Host: "api.example.com", Port: 443, Kind: "connect", Address: str("93.184.215.14:443"),
+			SNI: str("api.example.com"), BytesUp: 517, BytesDown: 4821, StartMS: 112, EndMS: 348, Verdict: "allowed",
+			Rule: "host *.example.com port 443", Ended: str("closed")}
+		if !reflect.DeepEqual(g[0], want) {
+			t.Errorf("%s: the CONNECT receipt reads %+v", name, g[0])
+		}
+		if g[1].Kind != "http" || g[1].SNI != nil || !strings.HasSuffix(g[1].Rule, " via 10.0.0.0/8") {
+			t.Errorf("%s: the http receipt reads %+v", name, g[1])
+		}
+		if g[2].Verdict != "refused" || g[2].Address != nil || g[2].SNI != nil || g[2].Ended != nil {
+			t.Errorf("%s: the refused receipt reads %+v", name, g[2])
+		}
+		if g[3].Port != 0 || g[3].Rule != "bad_request" {
+			t.Errorf("%s: the unparsed target reads %+v", name, g[3])
+		}
+	}
+}
+
+// Any change to a receipt (a time, an address, a verdict, the order, one dropped) no longer
+// matches the digest the daemon gave: every member is covered.
+func TestAChangedEgressReceiptFailsTheVectorsDigest(t *testing.T) {
+	v := vectorNamed(t, "result/egress-receipts")
+	type receipts = []map[string]any
+	for what, change := range map[string]func(receipts) receipts{
+		"a start time":    func(g receipts) receipts { g[0]["start_ms"] = 113; return g },
+		"an end time":     func(g receipts) receipts { g[0]["end_ms"] = 349; return g },
+		"the address":     func(g receipts) receipts { g[0]["address"] = "93.184.215.15:443"; return g },
+		"the SNI dropped": func(g receipts) receipts { delete(g[0], "sni"); return g },
+		"a verdict":       func(g receipts) receipts { g[2]["verdict"] = "allowed"; return g },
+		"a port":          func(g receipts) receipts { g[3]["port"] = 1; return g },
+		"the order":       func(g receipts) receipts { return receipts{g[3], g[2], g[1], g[0]} },
+		"one dropped":     func(g receipts) receipts { return g[:3] },
+	} {
+		var result map[string]any
+		dec := json.NewDecoder(strings.NewReader(string(v.Input)))
+		dec.UseNumber()
+		if err := dec.Decode(&result); err != nil {
+			t.Fatal(err)
+		}
+		var g receipts
+		for _, item := range result["egress"].([]any) {
+			g = append(g, item.(map[string]any))
+		}
+		result["egress"] = change(g)
+		sent := sentWith(IsolationContainer)
+		x := runExchange{sent: sent, floor: IsolationContainer, source: floorSent}
+		_, err := x.answered(200, egressAnswer(t, sent, encodeJSON(t, result), v.SHA256))
+		var dm *DigestMismatchError
+		if !errors.As(err, &dm) || dm.Which != DigestResult || dm.Claimed != v.SHA256 {
+			t.Errorf("%s: %v", what, err)
+		}
+		if reason, ok := NotDispatchedReason(err); ok {
+			t.Errorf("%s: a digest mismatch said nothing ran (%s)", what, reason)
+		}
+	}
+}
+
+func TestEgressReceiptsAreReadStrictlyAndNoneIsTheOldDigest(t *testing.T) {
+	plain := vectorNamed(t, "result/plain")
+	for _, empty := range []string{"[]", "null"} {
+		var o Output
+		in := strings.Replace(string(plain.Input), `"exit_code"`, `"egress":`+empty+`,"exit_code"`, 1)
+		if _, err := readStrict([]byte(in), &o); err != nil {
+			t.Fatalf("egress %s: %v", empty, err)
+		}
+		if len(o.Egress) != 0 || ResultSHA256(&o) != plain.SHA256 {
+			t.Errorf("egress %s changed the result or its digest", empty)
+		}
+	}
+	v := vectorNamed(t, "result/egress-receipts")
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, v.Input); err != nil {
+		t.Fatal(err)
+	}
+	for bad, says := range map[string]string{
+		`"port":443,"extra":1`: "unknown member `extra`",
+		`"port":65536`:         "port",
+		`"port":null`:          "missing member `port`",
+		`"port":443.5`:         "must be an integer",
+	} {
+		in := strings.Replace(compact.String(), `"port":443`, bad, 1)
+		if in == compact.String() {
+			t.Fatal("the vector's first receipt has no port 443")
+		}
+		var o Output
+		if _, err := readStrict([]byte(in), &o); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("%s: %v", bad, err)
+		}
 	}
 }

@@ -412,6 +412,10 @@ type Output struct {
 	// (EndInterpreterCrash, EndOutOfMemory, EndCellTimeout): its state is lost, and the next
 	// cell must ask for a restart. "" when it did not end.
 	InterpreterEnd EndReason `json:"interpreter_end,omitempty"`
+	// Egress lists every connection the code asked the broker's egress proxy for, allowed or
+	// refused, in the order the broker took them (empty without an egress grant). Inside the
+	// result digest (field 17), the times included.
+	Egress []EgressReceipt `json:"egress,omitempty"`
 }
 
 // Wall is a run's sandbox as /proc showed it for the process that ran the code, just before
@@ -512,6 +516,42 @@ type GrantCall struct {
 	// CredentialMinted. Read as optional so that an older result parses ("" when absent or
 	// null); the daemon sets it on every call it lists. Inside the result digest.
 	Credential CredentialKind `json:"credential,omitempty"`
+}
+
+// EgressReceipt is one connection the run's code asked the broker for through its egress
+// proxy, allowed or refused (docs/protocol.md, EgressReceipt). Every member is inside the
+// result digest, the times included. Kind, Verdict, Rule and Ended are the strings sent, so a
+// value a later daemon adds still reads.
+type EgressReceipt struct {
+	// Host is the host the code named (lowercased), or the IP literal or the target as sent
+	// (at most 255 bytes) when it was refused before it parsed.
+	Host string `json:"host"`
+	// Port is the port the code named; 0 when it named none that parsed.
+	Port uint16 `json:"port"`
+	// Kind is "connect" (a CONNECT tunnel) or "http" (one plain-HTTP request).
+	Kind string `json:"kind"`
+	// Address is the address the broker connected to, ip:port ([v6]:port); nil when it
+	// connected to none.
+	Address *string `json:"address,omitempty"`
+	// SNI is the server name the TLS ClientHello carried; nil for plain HTTP or when none was
+	// read.
+	SNI *string `json:"sni,omitempty"`
+	// BytesUp is the bytes from the code to the host, BytesDown from the host to the code.
+	BytesUp   uint64 `json:"bytes_up"`
+	BytesDown uint64 `json:"bytes_down"`
+	// StartMS is when the broker accepted the request, EndMS when the connection ended, in
+	// milliseconds from the run's start.
+	StartMS uint64 `json:"start_ms"`
+	EndMS   uint64 `json:"end_ms"`
+	// Verdict is "allowed" or "refused".
+	Verdict string `json:"verdict"`
+	// Rule is what decided: for "allowed", the rule that allowed it ("host *.example.com
+	// port 443", with " via <range>" when an address range let a non-public address
+	// through); for "refused", the check's code ("host_not_allowed", "ip_literal", ...).
+	Rule string `json:"rule"`
+	// Ended is how an allowed connection ended ("closed", "deadline", "budget_bytes", ...);
+	// nil for a refused one.
+	Ended *string `json:"ended,omitempty"`
 }
 
 // Record is the run record: the facts a signer needs, with a digest over them.
