@@ -559,6 +559,143 @@ mod tests {
         );
     }
 
+    /// A golden vector's input and digest (crates/wire/tests/golden/vectors.json, read at
+    /// test time as every client reads it).
+    fn vector(name: &str) -> (serde_json::Value, String) {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../wire/tests/golden/vectors.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let file: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let v = file["vectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no golden vector {name}"));
+        (v["input"].clone(), v["sha256"].as_str().unwrap().to_owned())
+    }
+
+    /// The bytes of a `200` answer to `req` carrying `result` as JSON and claiming
+    /// `result_sha256` for it (a vector's digest, not one computed here); the request's and
+    /// record's digests honest.
+    fn answer_claiming(
+        req: &RunRequest,
+        result: serde_json::Value,
+        result_sha256: &str,
+    ) -> Vec<u8> {
+        let mut record = RunRecord {
+            image: None,
+            trials: Vec::new(),
+            request_id: req.request_id.clone(),
+            request_sha256: request_sha256(req),
+            result_sha256: result_sha256.to_owned(),
+            provider: "crun".into(),
+            isolation: Tier::Container,
+            minimum_isolation: Some(Tier::Container),
+            evidence_sha256: "e".repeat(64),
+            environment: format!("sha256:{}", "1".repeat(64)),
+            started_unix_ms: 1,
+            ended_unix_ms: 2,
+            record_sha256: String::new(),
+            session: None,
+        };
+        record.record_sha256 = record_sha256(&record);
+        serde_json::to_vec(&serde_json::json!({
+            "protocol": PROTOCOL,
+            "request_id": req.request_id,
+            "provider": "crun",
+            "isolation": "container",
+            "duration_ms": 700,
+            "request_sha256": record.request_sha256,
+            "result_sha256": result_sha256,
+            "result": result,
+            "record": record,
+        }))
+        .unwrap()
+    }
+
+    /// Reads and verifies an answer as [`crate::Client`] does a run's.
+    fn read_and_verify(req: &RunRequest, answer: &[u8]) -> Result<RunResponse, ClientError> {
+        let response: RunResponse = serde_json::from_slice(answer).unwrap();
+        verify_response_held_to(req, Tier::Container, response)
+    }
+
+    #[test]
+    fn a_result_with_egress_receipts_verifies_against_the_vectors_digest() {
+        for name in ["result/egress-receipts", "result/egress-receipts-nulls"] {
+            let (input, sha256) = vector(name);
+            let req = request(Some(Tier::Container));
+            let ok = read_and_verify(&req, &answer_claiming(&req, input, &sha256))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(ok.result_sha256, sha256);
+            let egress = &ok.result.egress;
+            let kinds: Vec<(&str, &str)> = egress
+                .iter()
+                .map(|g| (g.kind.as_str(), g.verdict.as_str()))
+                .collect();
+            assert_eq!(
+                kinds,
+                [
+                    ("connect", "allowed"),
+                    ("http", "allowed"),
+                    ("http", "refused"),
+                    ("connect", "refused")
+                ],
+                "{name}"
+            );
+            assert_eq!(
+                (egress[0].address.as_deref(), egress[0].sni.as_deref()),
+                (Some("93.184.215.14:443"), Some("api.example.com"))
+            );
+            assert_eq!(
+                (&egress[2].address, &egress[2].sni, &egress[2].ended),
+                (&None, &None, &None)
+            );
+        }
+    }
+
+    #[test]
+    fn a_changed_egress_receipt_fails_the_vectors_digest() {
+        type Change = fn(&mut Vec<serde_json::Value>);
+        let changes: [(&str, Change); 8] = [
+            ("a start time", |g| g[0]["start_ms"] = 113.into()),
+            ("an end time", |g| g[0]["end_ms"] = 349.into()),
+            ("the address", |g| {
+                g[0]["address"] = "93.184.215.15:443".into()
+            }),
+            ("the SNI dropped", |g| {
+                g[0].as_object_mut().unwrap().remove("sni");
+            }),
+            ("a verdict", |g| g[2]["verdict"] = "allowed".into()),
+            ("a port", |g| g[3]["port"] = 1.into()),
+            ("the order", |g| g.reverse()),
+            ("one dropped", |g| {
+                g.pop();
+            }),
+        ];
+        let (input, sha256) = vector("result/egress-receipts");
+        for (what, change) in changes {
+            let mut result = input.clone();
+            change(result["egress"].as_array_mut().unwrap());
+            let req = request(Some(Tier::Container));
+            let e = read_and_verify(&req, &answer_claiming(&req, result, &sha256)).unwrap_err();
+            assert!(
+                matches!(
+                    &e,
+                    ClientError::DigestMismatch {
+                        kind: DigestKind::Result,
+                        claimed,
+                        ..
+                    } if *claimed == sha256
+                ),
+                "{what}: {e}"
+            );
+            assert_eq!(not_dispatched_reason(&e), None, "{what}");
+        }
+    }
+
     #[test]
     fn the_record_must_agree_with_the_response() {
         let req = request(None);
