@@ -240,7 +240,7 @@ fn snippets_run_in_javascript_and_python() {
     );
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     let out = text(&r.stdout);
-    assert!(out.starts_with("v22."), "{out}");
+    assert!(out.starts_with("v24."), "{out}");
     assert!(out.contains("cloud-amd64 1000"), "{out}");
     let r = rig.run(
         py("import os, sys\nprint(sys.version_info[0], os.getcwd(), os.uname().nodename)\nsys.exit(3)"),
