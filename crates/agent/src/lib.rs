@@ -10,6 +10,7 @@
 //! host trusts it only to report what happened inside; code that interferes with it can only
 //! make it lie about that code's own output.
 
+pub mod egress;
 mod fsops;
 mod job;
 mod oom;

@@ -104,6 +104,10 @@ fn main() -> ExitCode {
     if wall_first && let Err(e) = say_wall() {
         return fail(&e);
     }
+    // An egress grant's proxy endpoint, before any code runs.
+    if let Err(e) = plimsoll_agent::egress::start_relay_from_env() {
+        return fail(&one_line(&e));
+    }
     if let Some(language) = session {
         return serve_session(language);
     }

@@ -7,7 +7,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
+
 use std::time::{Duration, Instant};
 
 use plimsoll_broker::{Broker, GrantProfiles};
@@ -56,7 +56,7 @@ fn main() {
     .unwrap();
     let profile = grants.authorize("bench", "bench").unwrap();
     let broker = Broker::start(
-        Arc::clone(&profile),
+        profile.clone(),
         "bench",
         "bench-run",
         Duration::from_secs(3600),
@@ -122,5 +122,5 @@ fn main() {
     );
     drop(channel);
     let listed = broker.finish();
-    println!("calls listed: {}", listed.len());
+    println!("calls listed: {}", listed.calls.len());
 }

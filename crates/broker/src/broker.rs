@@ -15,13 +15,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use plimsoll_sandbox::BrokerPort;
-use plimsoll_wire::GrantCall;
+use plimsoll_wire::{EgressReceipt, GrantCall};
 use serde_json::{Value, json};
 
 use crate::credential::Credential;
+use crate::egress::proxy::Egress;
 use crate::frame::{ReadFrameError, read_frame_within, write_frame};
 use crate::leak::Needles;
-use crate::profile::Profile;
+use crate::profile::{Grant, Profile};
 use crate::route::{METHODS, canonical};
 use crate::upstream::{Call, CallUpstreamError};
 
@@ -39,6 +40,7 @@ pub const ERROR_CODES: &[&str] = &[
     "upstream_failed",
     "response_rejected",
     "too_many_connections",
+    "no_api_grant",
 ];
 
 /// How long the rest of a frame may take once its first byte arrived; a frame left unfinished
@@ -81,13 +83,34 @@ pub struct Broker {
 
 #[derive(Debug)]
 struct Inner {
+    grant: Grant,
+    /// The API side, for an API grant.
+    api: Option<Api>,
+    /// The egress side: for an egress grant its proxy; for any other, one that refuses
+    /// every attempt (and lists it).
+    egress: Egress,
+    run_id: String,
+    served: Mutex<Served>,
+}
+
+/// The API side of a run's broker.
+#[derive(Debug)]
+struct Api {
     profile: Arc<Profile>,
     credential: Credential,
     needles: Needles,
     run_id: String,
     deadline: Instant,
     ledger: Mutex<Ledger>,
-    served: Mutex<Served>,
+}
+
+/// What a run's broker leaves when it ends.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// Every API call, in order.
+    pub calls: Vec<GrantCall>,
+    /// Every egress attempt's receipt, in the order they ended.
+    pub egress: Vec<EgressReceipt>,
 }
 
 #[derive(Debug, Default)]
@@ -114,34 +137,46 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Broker {
-    /// The broker of run `run_id` by `caller` under `profile`, which may last `budget`: mints
-    /// the run's credential now (a JWT's expiry is the end of the budget at the latest).
-    pub fn start(profile: Arc<Profile>, caller: &str, run_id: &str, budget: Duration) -> Broker {
-        let credential = profile
-            .minter()
-            .mint(caller, run_id, SystemTime::now(), budget);
-        let needles = Needles::new(credential.expose().as_bytes());
-        Broker {
-            inner: Arc::new(Inner {
-                profile,
+    /// The broker of run `run_id` by `caller` under `grant`, which may last `budget`: for an
+    /// API grant, mints the run's credential now (a JWT's expiry is the end of the budget at
+    /// the latest).
+    pub fn start(grant: Grant, caller: &str, run_id: &str, budget: Duration) -> Broker {
+        let deadline = Instant::now() + budget;
+        let api = grant.api().map(|profile| {
+            let credential = profile
+                .minter()
+                .mint(caller, run_id, SystemTime::now(), budget);
+            let needles = Needles::new(credential.expose().as_bytes());
+            Api {
+                profile: Arc::clone(profile),
                 credential,
                 needles,
                 run_id: run_id.to_owned(),
-                deadline: Instant::now() + budget,
+                deadline,
                 ledger: Mutex::new(Ledger::default()),
+            }
+        });
+        let egress = Egress::new(grant.egress().cloned(), run_id, deadline);
+        Broker {
+            inner: Arc::new(Inner {
+                grant,
+                api,
+                egress,
+                run_id: run_id.to_owned(),
                 served: Mutex::new(Served::default()),
             }),
         }
     }
 
-    /// The profile.
-    pub fn profile(&self) -> &Profile {
-        &self.inner.profile
+    /// The grant.
+    pub fn grant(&self) -> &Grant {
+        &self.inner.grant
     }
 
-    /// Ends the broker: closes every channel, waits for the calls in flight (each bounded by
-    /// its timeout), and returns every call, in order. Call once the sandbox is gone.
-    pub fn finish(&self) -> Vec<GrantCall> {
+    /// Ends the broker: closes every channel, waits for the calls and connections in flight
+    /// (each bounded by its timeout or the run's deadline), and returns every call and every
+    /// egress receipt. Call once the sandbox is gone.
+    pub fn finish(&self) -> Finished {
         let threads = {
             let mut served = lock(&self.inner.served);
             served.finished = true;
@@ -157,7 +192,29 @@ impl Broker {
         for t in threads {
             let _ = t.join();
         }
-        std::mem::take(&mut lock(&self.inner.ledger).calls)
+        Finished {
+            calls: self
+                .inner
+                .api
+                .as_ref()
+                .map(|a| std::mem::take(&mut lock(&a.ledger).calls))
+                .unwrap_or_default(),
+            egress: self.inner.egress.take_receipts(),
+        }
+    }
+
+    /// Takes the calls and egress receipts listed so far, leaving the broker serving (a
+    /// session's broker, between its calls). A connection still open is listed when it ends.
+    pub fn drain(&self) -> Finished {
+        Finished {
+            calls: self
+                .inner
+                .api
+                .as_ref()
+                .map(|a| std::mem::take(&mut lock(&a.ledger).calls))
+                .unwrap_or_default(),
+            egress: self.inner.egress.take_receipts(),
+        }
     }
 
     /// Serves `stream` on a thread of its own, with a handle to shut it down at the end; a
@@ -168,13 +225,18 @@ impl Broker {
         if served.finished {
             return Err(io::Error::other("the run is over: its broker is closed"));
         }
-        let cap = self.inner.profile.max_connections();
+        let cap = match &self.inner.grant {
+            Grant::Api(p) => p.max_connections(),
+            // Each tunnel is a connection; the proxy refuses those over `max_open` itself,
+            // with an answer the code's HTTP client reads.
+            Grant::Egress(p) => p.max_open() + 4,
+        };
         if served.streams.len() >= cap as usize {
             let first = !served.over_cap_logged;
             served.over_cap_logged = true;
             drop(served);
             if first {
-                tracing::warn!(run_id = %self.inner.run_id, profile = self.inner.profile.name(), cap, "a run opened more broker connections at once than its grant allows; the extra ones are closed");
+                tracing::warn!(run_id = %self.inner.run_id, profile = self.inner.grant.name(), cap, "a run opened more broker connections at once than its grant allows; the extra ones are closed");
             }
             let refusal = Refusal::new(
                 "too_many_connections",
@@ -246,6 +308,10 @@ impl BrokerPort for Broker {
         let me = self.clone();
         self.spawn(move || me.accept_loop(&listener, &stop))
     }
+
+    fn egress(&self) -> bool {
+        self.inner.grant.egress().is_some()
+    }
 }
 
 impl Broker {
@@ -277,14 +343,58 @@ impl Broker {
     }
 }
 
+/// The frame that turns a channel connection into an egress proxy connection.
+pub(crate) fn is_egress_hello(frame: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(frame).is_ok_and(|v| v == json!({"egress": 1}))
+}
+
 impl Inner {
-    /// Serves one connection until it ends, fails, sends a frame it does not finish within
-    /// [`FRAME_WITHIN`], or sends a frame that is not JSON (answered, then closed).
+    /// Serves one connection: an egress proxy connection when its first frame is the egress
+    /// hello, else API calls, one frame each.
     fn serve(&self, stream: UnixStream) {
+        let max = u32::try_from(
+            self.api
+                .as_ref()
+                .map_or(0, |a| a.profile.max_request_bytes())
+                + FRAME_OVERHEAD,
+        )
+        .unwrap_or(u32::MAX);
+        let first = match read_frame_within(&stream, max, FRAME_WITHIN) {
+            Ok(None) | Err(ReadFrameError::Io(_)) => return,
+            Ok(Some(frame)) if is_egress_hello(&frame) => {
+                self.egress.serve(&stream);
+                return;
+            }
+            other => other,
+        };
+        match &self.api {
+            Some(api) => api.serve(&stream, first),
+            None => {
+                let refusal = Refusal::new(
+                    "no_api_grant",
+                    "this run's grant is an egress grant: it calls no API (use HTTPS_PROXY, which the sandbox sets)",
+                );
+                let _ = write_frame(&mut &stream, &error_reply(Value::Null, &refusal));
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+impl Api {
+    /// Serves API calls until the connection ends, fails, sends a frame it does not finish
+    /// within [`FRAME_WITHIN`], or sends a frame that is not JSON (answered, then closed).
+    /// `first` is the first frame, already read.
+    fn serve(&self, stream: &UnixStream, first: Result<Option<Vec<u8>>, ReadFrameError>) {
         let max =
             u32::try_from(self.profile.max_request_bytes() + FRAME_OVERHEAD).unwrap_or(u32::MAX);
+        let mut next = Some(first);
         loop {
-            let (reply, close) = match read_frame_within(&stream, max, FRAME_WITHIN) {
+            let read = match next.take() {
+                Some(first) => first,
+                None => read_frame_within(stream, max, FRAME_WITHIN),
+            };
+            let (reply, close) = match read {
                 Ok(None) | Err(ReadFrameError::Io(_)) => return,
                 Ok(Some(frame)) => self.handle(&frame),
                 Err(ReadFrameError::TooLarge(_)) => {
@@ -303,7 +413,7 @@ impl Inner {
                     (reply, false)
                 }
             };
-            if write_frame(&mut &stream, &reply).is_err() || close {
+            if write_frame(&mut &*stream, &reply).is_err() || close {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
                 return;
             }

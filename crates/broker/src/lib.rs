@@ -14,16 +14,19 @@
 
 mod broker;
 pub mod credential;
+pub mod egress;
 mod frame;
 mod leak;
 mod profile;
 pub mod route;
 mod upstream;
 
-pub use broker::{Broker, ERROR_CODES};
+pub use broker::{Broker, ERROR_CODES, Finished};
 pub use credential::{Credential, EnvSecret, Minter, Secret};
+pub use egress::profile::EgressProfile;
+pub use egress::proxy::{EGRESS_CODES, EGRESS_ENDS};
 pub use profile::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, GRANT_REFUSED,
-    GrantProfiles, GrantRefused, LoadGrantsError, Profile,
+    Grant, GrantProfiles, GrantRefused, LoadGrantsError, Profile,
 };
 pub use route::{PathRefused, Route};

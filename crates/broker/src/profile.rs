@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::credential::{EnvSecret, MIN_HMAC_KEY_BYTES, Minter, Secret};
+use crate::egress::profile::{EgressEntry, EgressProfile, validate_egress};
 use crate::route::{ParseRouteError, Route};
 use crate::upstream::Upstream;
 
@@ -42,6 +43,8 @@ pub const GRANT_REFUSED: &str = "grant not allowed: this caller may not use that
 struct GrantsFile {
     #[serde(default)]
     profiles: BTreeMap<String, ProfileEntry>,
+    #[serde(default)]
+    egress: BTreeMap<String, EgressEntry>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -186,13 +189,53 @@ impl Profile {
 #[error("{GRANT_REFUSED}")]
 pub struct GrantRefused;
 
+/// A profile a request may name: an API grant (`[profiles.NAME]`) or an egress grant
+/// (`[egress.NAME]`). Names are one namespace.
+#[derive(Debug, Clone)]
+pub enum Grant {
+    /// Calls to listed routes of one API, with a credential the broker attaches.
+    Api(Arc<Profile>),
+    /// Connections to listed hosts and ports, through the broker's proxy.
+    Egress(Arc<EgressProfile>),
+}
+
+impl Grant {
+    /// The profile's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Grant::Api(p) => p.name(),
+            Grant::Egress(p) => p.name(),
+        }
+    }
+    /// The API profile, for an API grant.
+    pub fn api(&self) -> Option<&Arc<Profile>> {
+        match self {
+            Grant::Api(p) => Some(p),
+            Grant::Egress(_) => None,
+        }
+    }
+    /// The egress profile, for an egress grant.
+    pub fn egress(&self) -> Option<&Arc<EgressProfile>> {
+        match self {
+            Grant::Egress(p) => Some(p),
+            Grant::Api(_) => None,
+        }
+    }
+    fn allows(&self, caller: &str) -> bool {
+        match self {
+            Grant::Api(p) => p.allows(caller),
+            Grant::Egress(p) => p.allows(caller),
+        }
+    }
+}
+
 /// Every grant profile the operator defined, by name.
 #[derive(Debug, Clone, Default)]
 pub struct GrantProfiles {
-    profiles: BTreeMap<String, Arc<Profile>>,
+    profiles: BTreeMap<String, Grant>,
 }
 
-fn valid_name(s: &str) -> bool {
+pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
         && s.bytes().all(|b| {
@@ -272,16 +315,34 @@ impl GrantProfiles {
                      `kind = \"jwt\"` (minted per run, short-lived) outside development"
                 );
             }
-            profiles.insert(name, Arc::new(profile));
+            profiles.insert(name, Grant::Api(Arc::new(profile)));
+        }
+        for (name, entry) in file.egress {
+            let invalid = |message: String| LoadGrantsError::Invalid {
+                profile: name.clone(),
+                message,
+            };
+            if !valid_name(&name) {
+                return Err(invalid(
+                    "a profile name is 1 to 64 characters of a-z 0-9 . _ -".into(),
+                ));
+            }
+            if profiles.contains_key(&name) {
+                return Err(invalid(
+                    "there is also a [profiles] table of this name: a request names one grant, so names are one namespace; rename one".into(),
+                ));
+            }
+            let profile = validate_egress(&name, entry).map_err(invalid)?;
+            profiles.insert(name, Grant::Egress(Arc::new(profile)));
         }
         Ok(GrantProfiles { profiles })
     }
 
     /// The profile `name` if `caller` may use it. An unknown name and a forbidden one give
     /// the same [`GrantRefused`].
-    pub fn authorize(&self, name: &str, caller: &str) -> Result<Arc<Profile>, GrantRefused> {
+    pub fn authorize(&self, name: &str, caller: &str) -> Result<Grant, GrantRefused> {
         match self.profiles.get(name) {
-            Some(p) if p.allows(caller) => Ok(Arc::clone(p)),
+            Some(p) if p.allows(caller) => Ok(p.clone()),
             _ => Err(GrantRefused),
         }
     }
@@ -517,6 +578,7 @@ audience = "orders"
     fn a_complete_file_loads() {
         let g = profile(GOOD).unwrap();
         let p = g.authorize("orders", "alice").unwrap();
+        let p = p.api().unwrap();
         assert_eq!(p.base_url(), "https://api.example.com");
         assert_eq!(p.routes().len(), 2);
         assert_eq!(p.call_budget(), 5);
@@ -582,7 +644,11 @@ audience = "orders"
         );
         let p = profile(&text).unwrap();
         assert_eq!(
-            p.authorize("orders", "alice").unwrap().max_connections(),
+            p.authorize("orders", "alice")
+                .unwrap()
+                .api()
+                .unwrap()
+                .max_connections(),
             MAX_CONNECTIONS
         );
         let e = profile(&GOOD.replace("[\"alice\"]", "[]")).unwrap_err();
@@ -636,8 +702,97 @@ scheme = ""
 "#;
         let g = profile(text).unwrap();
         let p = g.authorize("orders", "local").unwrap();
+        let p = p.api().unwrap();
         assert_eq!(p.header(), "X-Api-Key");
         assert_eq!(p.scheme(), "");
         assert!(!format!("{g:?}").contains("tok-123"));
+    }
+
+    const EGRESS: &str = r#"
+[egress.pypi]
+callers = ["alice"]
+hosts = ["pypi.org", "*.pythonhosted.org"]
+"#;
+
+    #[test]
+    fn an_egress_profile_loads_with_its_defaults() {
+        let g = GrantProfiles::parse(EGRESS, env).unwrap();
+        let p = g.authorize("pypi", "alice").unwrap();
+        let p = p.egress().expect("an egress grant");
+        assert_eq!(p.ports(), [443]);
+        assert!(p.host_rule("pypi.org").is_some());
+        assert!(p.host_rule("files.pythonhosted.org").is_some());
+        assert!(
+            p.host_rule("pythonhosted.org").is_none(),
+            "a suffix is not its own match"
+        );
+        assert!(p.host_rule("evilpypi.org").is_none());
+        assert!(p.addresses().is_empty());
+        assert!(!p.trials());
+        assert_eq!(
+            g.authorize("pypi", "mallory").unwrap_err().to_string(),
+            GRANT_REFUSED
+        );
+    }
+
+    #[test]
+    fn every_egress_rule_is_enforced() {
+        let cases: &[(&str, &str)] = &[
+            ("callers = [\"alice\"]", "callers = []"),
+            (
+                "hosts = [\"pypi.org\", \"*.pythonhosted.org\"]",
+                "hosts = []",
+            ),
+            ("pypi.org\"", "10.0.0.1\""),
+            ("pypi.org\"", "pypi.*\""),
+        ];
+        for (from, to) in cases {
+            let text = EGRESS.replace(from, to);
+            assert!(
+                GrantProfiles::parse(&text, env).is_err(),
+                "{to} must be refused"
+            );
+        }
+        for extra in [
+            "ports = []",
+            "ports = [0]",
+            "addresses = [\"10.0.0.0/33\"]",
+            "addresses = [\"pypi.org\"]",
+            "resolve = { \"10.0.0.1\" = [\"10.0.0.1\"] }",
+            "resolve = { \"a.test\" = [] }",
+            "resolve = { \"a.test\" = [\"nope\"] }",
+            "max_connections = 0",
+            "max_connections = 10001",
+            "max_open = 65",
+            "max_bytes_up = 0",
+            "max_connection_secs = 0",
+            "surprise = 1",
+        ] {
+            let text = format!("{EGRESS}{extra}\n");
+            assert!(
+                GrantProfiles::parse(&text, env).is_err(),
+                "{extra} must be refused"
+            );
+        }
+        let both = format!("{EGRESS}\n[profiles.pypi]\n{GOOD}")
+            .replace("profiles.orders.credential", "profiles.pypi.credential");
+        let e = GrantProfiles::parse(&both, env).unwrap_err();
+        assert!(e.to_string().contains("namespace"), "{e}");
+    }
+
+    #[test]
+    fn the_documented_egress_example_loads() {
+        let doc = include_str!("../../../docs/capability-grants.md");
+        let start = doc
+            .find("```toml\n[egress.")
+            .expect("the doc has an egress example")
+            + 8;
+        let example = &doc[start..start + doc[start..].find("```").unwrap()];
+        let g = GrantProfiles::parse(example, |_| None)
+            .unwrap_or_else(|e| panic!("the egress example in docs/capability-grants.md: {e}"));
+        let p = g.authorize("pypi", "alice").unwrap();
+        let p = p.egress().unwrap();
+        assert_eq!(p.max_open(), 16);
+        assert!(p.pinned("mirror.internal").is_some());
     }
 }

@@ -825,7 +825,7 @@ fn the_clients_reach_a_listening_broker_by_its_socket_path() {
     let out = run("/usr/bin/python3", &["-I", "-B", "-c", &py]);
     assert_eq!(out, "/orders/2\n");
     // Returns once the accept loop has seen the end (it would hang otherwise).
-    let calls = broker.finish();
+    let calls = broker.finish().calls;
     assert_eq!(
         calls.iter().map(|c| c.status).collect::<Vec<_>>(),
         [Some(200), Some(200)]
@@ -999,7 +999,7 @@ fn connections_are_capped_and_closed_on_protocol_errors() {
     let api = static_api();
     let grants = GrantProfiles::parse(&grants_text(&api.url(), 100), test_env).unwrap();
     let profile = grants.authorize("orders", "alice").unwrap();
-    let cap = profile.max_connections() as usize;
+    let cap = profile.api().unwrap().max_connections() as usize;
     assert_eq!(cap, 8, "the documented default");
     let broker =
         plimsoll_broker::Broker::start(profile, "alice", "cap-test", Duration::from_secs(120));
@@ -1133,7 +1133,7 @@ fn every_listed_call_names_its_credential_kind() {
         let refused = call(&mut ours, second);
         assert!(refused["error"]["code"].is_string(), "{profile}: {refused}");
         drop(ours);
-        let calls = broker.finish();
+        let calls = broker.finish().calls;
         assert_eq!(calls.len(), 2, "{profile}: {calls:?}");
         assert_eq!(calls[0].status, Some(200), "{profile}: {calls:?}");
         assert!(calls[1].error.is_some(), "{profile}: {calls:?}");

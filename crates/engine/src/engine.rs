@@ -4,11 +4,11 @@
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use plimsoll_broker::{Broker, GrantProfiles, LoadGrantsError};
+use plimsoll_broker::{Broker, Finished, GrantProfiles, LoadGrantsError};
 use plimsoll_sandbox::{BrokerChannel, Probed, Provider, RunImage, RunningIn};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
-    GrantCall, PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest, RunResponse, RunResult, Start,
+    PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest, RunResponse, RunResult, Start,
 };
 
 use crate::admission::{Admission, validate_uid_range};
@@ -749,6 +749,7 @@ impl Engine {
                 },
                 memory_floor: slot.provider.memory_floor(&req.run),
                 carries_broker: slot.provider.supports_broker(),
+                carries_egress: slot.provider.supports_egress(),
                 available: match st {
                     _ if slot.recheck.stale() => Err(Unavailable::Stale),
                     None => Err(Unavailable::Probing),
@@ -763,6 +764,17 @@ impl Engine {
             .collect();
         let choice = image.map(|i| i.map(|i| i.run));
         let decided = plan(caller, req, &self.config, &self.grants(), &views, &choice)?;
+        // The egress proxy inside is the agent's, which a snippet does not start.
+        if !sessions
+            && matches!(req.run, plimsoll_wire::RunSpec::Snippet(_))
+            && decided.grant.as_ref().is_some_and(|g| g.egress().is_some())
+        {
+            return Err(RunError::refused(
+                id,
+                Reason::Unsupported,
+                "an egress grant serves projects and sessions, not snippets yet: send the code as a project with one step (`python3 main.py`), or open a session with the grant",
+            ));
+        }
         let floor = decided.floor;
         let index = decided.provider;
         let slot = &self.slots[index];
@@ -960,7 +972,7 @@ impl Engine {
             c.disarm();
         }
         // The sandbox's processes are gone: close the channel and collect the calls it made.
-        let calls = broker.map(|b| b.finish()).unwrap_or_default();
+        let finished = broker.map(|b| b.finish()).unwrap_or_default();
         // The caller's place is free now; the run's uids only once what is left of its
         // sandbox has been removed, after the answer.
         let permit = permit.answered();
@@ -1032,7 +1044,7 @@ impl Engine {
             }
         };
 
-        finish_result(&mut outcome.result, calls, member_age);
+        finish_result(&mut outcome.result, finished, member_age);
         let request_sha = request_sha256(req);
         let result_sha = result_sha256(&outcome.result);
         let mut record = RunRecord {
@@ -1240,15 +1252,16 @@ fn unprobed(name: &str, tier: plimsoll_wire::Tier, why: String) -> Probed {
     }
 }
 
-/// Completes a dispatched run's result before its digest is taken: the calls its broker saw,
-/// and how its sandbox started. Every sandbox is started for its request (no warm pool yet),
-/// so every result says `cold` and has no member age, whatever the provider wrote.
+/// Completes a dispatched run's result before its digest is taken: the calls and egress
+/// receipts its broker saw, and how its sandbox started (warm with the member's age, or
+/// cold), whatever the provider wrote.
 fn finish_result(
     result: &mut RunResult,
-    calls: Vec<GrantCall>,
+    finished: Finished,
     member_age: Option<std::time::Duration>,
 ) {
-    result.calls = calls;
+    result.calls = finished.calls;
+    result.egress = finished.egress;
     result.start = Some(if member_age.is_some() {
         Start::Warm
     } else {
@@ -1272,7 +1285,7 @@ mod tests {
                 member_age_ms,
                 ..RunResult::default()
             };
-            let call = GrantCall {
+            let call = plimsoll_wire::GrantCall {
                 method: "GET".into(),
                 route: None,
                 status: Some(200),
@@ -1282,7 +1295,11 @@ mod tests {
                 latency_ms: 1,
                 credential: None,
             };
-            finish_result(&mut result, vec![call.clone()], None);
+            let finished = Finished {
+                calls: vec![call.clone()],
+                egress: Vec::new(),
+            };
+            finish_result(&mut result, finished, None);
             assert_eq!(result.start, Some(Start::Cold));
             assert_eq!(result.member_age_ms, None);
             assert_eq!(result.calls, vec![call]);
@@ -1290,7 +1307,7 @@ mod tests {
             let mut warm = result.clone();
             finish_result(
                 &mut warm,
-                vec![],
+                Finished::default(),
                 Some(std::time::Duration::from_millis(1234)),
             );
             assert_eq!(

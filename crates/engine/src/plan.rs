@@ -6,9 +6,8 @@
 //! never looks at the request again (ARCHITECTURE.md, "Where policy is decided").
 
 use std::path::Path;
-use std::sync::Arc;
 
-use plimsoll_broker::{GrantProfiles, Profile};
+use plimsoll_broker::{Grant, GrantProfiles};
 use plimsoll_sandbox::{
     BrokerChannel, LaunchPlan, Privileges, ResolvedLimits, RunImage, Unsupported, Withdrawn,
 };
@@ -61,6 +60,8 @@ pub struct ProviderView<'a> {
     pub memory_floor: Option<u64>,
     /// Whether it carries a grant's broker channel into the sandbox.
     pub carries_broker: bool,
+    /// Whether it carries an egress grant's proxy into the sandbox (projects and sessions).
+    pub carries_egress: bool,
     /// `Ok` when its evidence lets it take runs now.
     pub available: Result<(), Unavailable<'a>>,
     /// Whether its runs run in an image (all but the process tier).
@@ -82,7 +83,7 @@ pub struct Plan {
     /// The limits, every value decided.
     pub limits: ResolvedLimits,
     /// The grant's profile, when the request named one the caller may use.
-    pub grant: Option<Arc<Profile>>,
+    pub grant: Option<Grant>,
     /// What the sandbox's first process holds.
     pub privileges: Privileges,
     /// The image it runs in: the request's, or the default one; `None` at a provider
@@ -130,6 +131,17 @@ pub fn plan(
         .map_err(|why| RunError::refused(id, Reason::Environment, why.clone()))?;
     let floor = req.minimum_isolation.unwrap_or(config.default_floor);
     const NO_BROKER: &str = "this provider cannot carry a grant's broker channel: name a provider that can (process, crun, runc, runsc, qemu)";
+    const NO_EGRESS: &str = "this provider cannot carry an egress grant's proxy: name a provider that can (crun, runc, runsc)";
+    if let Some(Grant::Egress(p)) = &grant {
+        if Privileges::for_spec(&req.run).is_trial() && !p.trials() {
+            return Err(RunError::refused(
+                id,
+                Reason::Permission,
+                "this egress grant is not for runs with a trial step: its operator allows that with `trials = true`",
+            ));
+        }
+    }
+    let egress = grant.as_ref().is_some_and(|g| g.egress().is_some());
     // Routing reads each reason as text, for the refusal that names them all.
     let reasons: Vec<(Option<String>, Option<String>)> = providers
         .iter()
@@ -137,6 +149,7 @@ pub fn plan(
             let unsupported = match &p.supports {
                 Err(why) => Some(why.to_string()),
                 Ok(()) if grant.is_some() && !p.carries_broker => Some(NO_BROKER.to_owned()),
+                Ok(()) if egress && !p.carries_egress => Some(NO_EGRESS.to_owned()),
                 Ok(()) if p.image.is_err() => p.image.clone().err(),
                 // It would fail while its sandbox is set up, which says nothing of the
                 // provider: another takes it, or it is refused.
@@ -227,6 +240,7 @@ mod tests {
             supports: Ok(()),
             memory_floor: None,
             carries_broker: true,
+            carries_egress: true,
             available: Ok(()),
             uses_image: name != "process",
             image: Ok(()),

@@ -67,6 +67,9 @@ impl Provider for AnyProvider {
     fn supports_broker(&self) -> bool {
         self.inner().supports_broker()
     }
+    fn supports_egress(&self) -> bool {
+        self.inner().supports_egress()
+    }
     fn adopt(&self, evidence: &plimsoll_wire::Evidence) -> Result<(), plimsoll_sandbox::Stale> {
         self.inner().adopt(evidence)
     }

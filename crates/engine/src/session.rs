@@ -72,6 +72,8 @@ struct Session {
     lifetime: Duration,
     idle_timeout: Duration,
     wall: Wall,
+    /// The broker of the grant it was opened with, for its whole life.
+    broker: Option<plimsoll_broker::Broker>,
     state: Mutex<State>,
 }
 
@@ -186,6 +188,13 @@ impl Sessions {
             && let Err(e) = sandbox.close()
         {
             tracing::error!(session_id = %s.id, error = %plimsoll_sandbox::error_chain(&e), "a session's sandbox was not fully removed");
+        }
+        if let Some(b) = &s.broker {
+            // What ended after the last call is in no result: said in the log.
+            let left = b.finish();
+            if !left.calls.is_empty() || !left.egress.is_empty() {
+                tracing::info!(session_id = %s.id, calls = left.calls.len(), egress = left.egress.len(), "a session's grant saw calls or connections after its last call; they are on no result");
+            }
         }
         drop(st.permit.take());
         self.count_end(reason);
@@ -329,12 +338,6 @@ impl Engine {
             .map_err(|r| RunError::refused(r.request_id.as_deref(), r.reason, r.message))?;
         let id = Some(req.request_id.as_str());
         let refuse = |reason, message: String| RunError::refused(id, reason, message);
-        if req.grant.is_some() {
-            return Err(refuse(
-                Reason::Unsupported,
-                "sessions take no grant yet: open it without `grant`, or send single runs with the grant".into(),
-            ));
-        }
         let policy = self.config.sessions;
         let idle = pick(
             "idle_timeout_ms",
@@ -362,7 +365,7 @@ impl Engine {
                 language: req.language,
                 code: "session".into(),
             }),
-            grant: None,
+            grant: req.grant.clone(),
         };
         let (decided, state, index) = self.decide(caller, &as_run, true)?;
         // Counted before the sandbox is made, so two opens at once cannot both pass.
@@ -435,8 +438,22 @@ impl Engine {
             .map_err(|m| RunError::refused(id, Reason::Capacity, m))?
             .answered();
         let run_id = new_run_id();
-        let plan = decided.launch(as_run, &self.config, permit.slot(), &run_id, None);
-        let sandbox = slot.provider.open_session(&plan, lifetime).map_err(|e| {
+        // The grant's broker lives as long as the session may.
+        let broker = decided
+            .grant
+            .clone()
+            .map(|g| plimsoll_broker::Broker::start(g, caller, &run_id, lifetime));
+        let channel = broker
+            .as_ref()
+            .map(|b| plimsoll_sandbox::BrokerChannel::new(Arc::new(b.clone())));
+        let plan = decided.launch(as_run, &self.config, permit.slot(), &run_id, channel);
+        let opened = slot.provider.open_session(&plan, lifetime);
+        if opened.is_err()
+            && let Some(b) = &broker
+        {
+            b.finish();
+        }
+        let sandbox = opened.map_err(|e| {
             let message = e.message();
             match e.not_dispatched() {
                 Some(reason) => {
@@ -484,6 +501,7 @@ impl Engine {
             lifetime,
             idle_timeout: idle,
             wall: sandbox.wall_at_open().clone(),
+            broker,
             state: Mutex::new(State {
                 sandbox: Some(sandbox),
                 permit: Some(permit),
@@ -724,10 +742,13 @@ impl Engine {
             ));
             return Err(self.failed_call(&s, &mut st, req, e));
         }
-        // What only the host knows: the wall it read; no start, no broker calls.
+        // What only the host knows: the wall it read; the broker's calls and the egress
+        // receipts of connections that ended since the last call; no start.
         result.start = None;
         result.member_age_ms = None;
-        result.calls = Vec::new();
+        let seen = s.broker.as_ref().map(|b| b.drain()).unwrap_or_default();
+        result.calls = seen.calls;
+        result.egress = seen.egress;
         result.wall = Some(wall);
         match kind {
             CallKind::Cell { .. } => {
@@ -821,7 +842,7 @@ impl Engine {
             return Err(RunError::refused(
                 id,
                 Reason::Unsupported,
-                "a session call takes no grant: sessions run without one",
+                "a session call takes no grant: the grant the session was opened with applies to every call",
             ));
         }
         if let Some(p) = &req.provider
@@ -1184,6 +1205,7 @@ mod tests {
             lifetime: Duration::from_secs(3600),
             idle_timeout: Duration::from_secs(1),
             wall: Wall::default(),
+            broker: None,
             state: Mutex::new(State {
                 sandbox: Some(Box::new(sandbox)),
                 permit: None,

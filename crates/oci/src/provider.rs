@@ -1138,17 +1138,7 @@ impl OciProvider {
         // nothing to read the scenarios from.
         // At runsc the daemon cannot see inside gVisor: the agent says its wall first.
         let wall_inside = self.config.kind == RuntimeKind::Runsc;
-        let mut files = Vec::new();
-        if plan.broker.is_some() {
-            use plimsoll_sandbox::broker::{
-                JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE,
-            };
-            files.push((JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()));
-            files.push((
-                PYTHON_CLIENT_FILE.to_owned(),
-                PYTHON_CLIENT.as_bytes().to_vec(),
-            ));
-        }
+        let files = broker_files(plan);
         let mut args = vec![format!("{}/plimsoll-agent", spec::TOOLS_DIR)];
         if wall_inside {
             args.push("--wall-first".into());
@@ -1164,6 +1154,21 @@ impl OciProvider {
             wall_inside,
         })
     }
+}
+
+/// The in-sandbox clients a project or session with a broker gets in its tools directory.
+pub(crate) fn broker_files(plan: &LaunchPlan) -> Vec<(String, Vec<u8>)> {
+    use plimsoll_sandbox::broker::{JS_CLIENT, JS_CLIENT_FILE, PYTHON_CLIENT, PYTHON_CLIENT_FILE};
+    if plan.broker.is_none() {
+        return Vec::new();
+    }
+    vec![
+        (JS_CLIENT_FILE.to_owned(), JS_CLIENT.as_bytes().to_vec()),
+        (
+            PYTHON_CLIENT_FILE.to_owned(),
+            PYTHON_CLIENT.as_bytes().to_vec(),
+        ),
+    ]
 }
 
 /// The environment a run with a broker gets: where the socket is and, for a project's
@@ -1183,6 +1188,11 @@ pub(crate) fn broker_env(plan: &LaunchPlan, project: bool) -> Vec<String> {
             spec::TOOLS_DIR
         ));
         env.push(format!("PYTHONPATH={}", spec::TOOLS_DIR));
+        if plan.broker.as_ref().is_some_and(|b| b.egress()) {
+            // The agent's relay listens where the proxy variables point.
+            env.push(format!("{}=1", plimsoll_sandbox::broker::EGRESS_RELAY_VAR));
+            env.extend(plimsoll_sandbox::broker::egress_env());
+        }
     }
     env
 }
@@ -1261,6 +1271,10 @@ impl Provider for OciProvider {
 
     fn supports(&self, _spec: &RunSpec) -> Result<(), plimsoll_sandbox::Unsupported> {
         Ok(())
+    }
+
+    fn supports_egress(&self) -> bool {
+        true
     }
 
     fn supports_broker(&self) -> bool {

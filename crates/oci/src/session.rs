@@ -71,11 +71,11 @@ pub fn open(
     args.extend(["--session".into(), language.as_str().into()]);
     let launch = LaunchSpec {
         args,
-        files: Vec::new(),
+        files: crate::provider::broker_files(plan),
         binds: vec![("plimsoll-agent".to_owned(), provider.config().agent.clone())],
         output_bytes: STREAM_CAP as u64,
         deadline: lifetime,
-        env: Vec::new(),
+        env: crate::provider::broker_env(plan, true),
         handed_over: None,
         wall_inside: false,
     };

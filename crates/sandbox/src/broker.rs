@@ -29,6 +29,30 @@ pub const BROKER_FD: i32 = 3;
 /// `PLIMSOLL_BROKER_SOCKET` in the sandbox's environment to another path.
 pub const BROKER_SOCKET_IN_SANDBOX: &str = "/run/plimsoll/broker.sock";
 
+/// The loopback port inside a sandbox where the egress proxy endpoint listens (the agent's
+/// relay): each connection to it is carried over the broker channel, opened with
+/// [`EGRESS_HELLO`].
+pub const EGRESS_PROXY_PORT: u16 = 3128;
+
+/// The variable that asks the agent inside for the egress relay.
+pub const EGRESS_RELAY_VAR: &str = "PLIMSOLL_EGRESS_RELAY";
+
+/// The frame a channel connection opens with to carry HTTP proxy traffic from then on.
+pub const EGRESS_HELLO: &[u8] = br#"{"egress":1}"#;
+
+/// The environment an egress grant's project steps and session cells get, beside the
+/// channel's: every spelling of the proxy variables that Python (urllib, pip), node
+/// (`NODE_USE_ENV_PROXY`: `fetch` and `http`) and npm read, and nothing exempted.
+pub fn egress_env() -> Vec<String> {
+    let url = format!("http://127.0.0.1:{EGRESS_PROXY_PORT}");
+    let mut env: Vec<String> = ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"]
+        .iter()
+        .map(|k| format!("{k}={url}"))
+        .collect();
+    env.push("NODE_USE_ENV_PROXY=1".into());
+    env
+}
+
 /// The JavaScript client: defines the global `host` (`node --require` it).
 pub const JS_CLIENT: &str = include_str!("../../../sandbox-clients/js/plimsoll-host.js");
 /// The file name the JavaScript client is given in the sandbox.
@@ -46,6 +70,11 @@ pub trait BrokerPort: Send + Sync + fmt::Debug {
     /// Accepts connections on `listener` (reachable from this run's sandbox only) and serves
     /// each, until the run ends.
     fn serve_listener(&self, listener: UnixListener) -> io::Result<()>;
+    /// True when the run's grant is an egress grant: the provider gives the sandbox the
+    /// proxy endpoint ([`EGRESS_PROXY_PORT`]) as well as the channel.
+    fn egress(&self) -> bool {
+        false
+    }
 }
 
 /// A handle on the run's broker, cheap to clone.
@@ -61,6 +90,11 @@ impl BrokerChannel {
     /// See [`BrokerPort::serve_stream`].
     pub fn serve_stream(&self, stream: UnixStream) -> io::Result<()> {
         self.0.serve_stream(stream)
+    }
+
+    /// See [`BrokerPort::egress`].
+    pub fn egress(&self) -> bool {
+        self.0.egress()
     }
 
     /// See [`BrokerPort::serve_listener`].

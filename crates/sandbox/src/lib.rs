@@ -298,6 +298,13 @@ pub trait Provider: Send + Sync {
     fn supports_broker(&self) -> bool {
         false
     }
+    /// True when, for a plan whose broker carries an egress grant
+    /// ([`BrokerChannel::egress`]), the sandbox's projects and sessions get the proxy
+    /// endpoint: `HTTPS_PROXY` and its kin pointing at a loopback port inside whose
+    /// connections reach the broker (docs/capability-grants.md, "Egress").
+    fn supports_egress(&self) -> bool {
+        false
+    }
     /// Whether what `evidence` names as a run's environment is still what a run here would
     /// get, checked cheaply before every run (at crun, runc and runsc: the image's identity,
     /// which a rebuild changes). The engine refuses a run on a provider whose environment

@@ -498,7 +498,7 @@ const say = (s) => out.push(Buffer.from(s + '\n'));
     let broker = grant_broker(&api, &plan.run_id);
     plan.broker = Some(BrokerChannel::new(Arc::new(broker.clone())));
     let outcome = rig.p.run(&plan);
-    let calls = broker.finish();
+    let calls = broker.finish().calls;
     rig.assert_clean(&plan);
     let r = match outcome {
         Ok(o) => o.result,

@@ -510,6 +510,7 @@ mod tests {
                     truncated: false,
                 }],
                 calls: Vec::new(),
+                egress: Vec::new(),
                 start: None,
                 member_age_ms: None,
                 wall: None,
