@@ -6,6 +6,7 @@
 //! do not build it.
 
 pub mod api;
+pub mod egress;
 pub mod report;
 
 use std::net::TcpListener;
