@@ -25,6 +25,10 @@ pub struct SessionOptions {
     pub minimum_isolation: Option<Tier>,
     /// A provider that keeps sessions; the daemon chooses when absent.
     pub provider: Option<String>,
+    /// A grant profile (an API grant or an egress grant) the session holds for its whole
+    /// life: every call's result lists the broker calls and egress receipts since the call
+    /// before. A call cannot name one of its own.
+    pub grant: Option<String>,
     /// Limits: memory, pids and disk for the session's life; timeout and output caps per call.
     pub limits: Option<Limits>,
     /// The idle timeout, milliseconds.
@@ -43,10 +47,27 @@ impl SessionOptions {
             language,
             minimum_isolation: None,
             provider: None,
+            grant: None,
             limits: None,
             idle_timeout_ms: None,
             max_lifetime_ms: None,
             image: None,
+        }
+    }
+
+    /// The open request these options make, with this id.
+    pub fn into_request(self, request_id: String) -> SessionOpenRequest {
+        SessionOpenRequest {
+            protocol: PROTOCOL,
+            request_id,
+            language: self.language,
+            minimum_isolation: self.minimum_isolation,
+            provider: self.provider,
+            grant: self.grant,
+            limits: self.limits,
+            idle_timeout_ms: self.idle_timeout_ms,
+            max_lifetime_ms: self.max_lifetime_ms,
+            image: self.image,
         }
     }
 
@@ -65,6 +86,12 @@ impl SessionOptions {
     /// Names the provider.
     pub fn provider(mut self, name: impl Into<String>) -> Self {
         self.provider = Some(name.into());
+        self
+    }
+
+    /// Names the grant profile the session holds for its whole life.
+    pub fn grant(mut self, name: impl Into<String>) -> Self {
+        self.grant = Some(name.into());
         self
     }
 }
@@ -91,22 +118,17 @@ impl Client {
     /// the provider if named) and returns it.
     pub fn open_session(&self, options: SessionOptions) -> Result<Session, ClientError> {
         let request_id = new_request_id();
-        let open = SessionOpenRequest {
-            image: options.image.clone(),
-            protocol: PROTOCOL,
-            request_id: request_id.clone(),
-            language: options.language,
-            minimum_isolation: options.minimum_isolation,
-            provider: options.provider.clone(),
-            grant: None,
-            limits: options.limits,
-            idle_timeout_ms: options.idle_timeout_ms,
-            max_lifetime_ms: options.max_lifetime_ms,
-        };
+        let open = options.clone().into_request(request_id.clone());
         open.validate().map_err(|r| ClientError::InvalidRequest {
             request_id: request_id.clone(),
             message: r.message,
         })?;
+        if open.grant.as_deref() == Some("") {
+            return Err(ClientError::InvalidRequest {
+                request_id,
+                message: "grant must not be empty: omit it for a session without grants".into(),
+            });
+        }
         let body = serde_json::to_vec(&open).map_err(|e| ClientError::InvalidRequest {
             request_id: request_id.clone(),
             message: format!("the request does not serialise: {e}"),
@@ -704,4 +726,46 @@ fn session_answer(
         });
     }
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_request_carries_the_grant_the_options_name() {
+        let open = SessionOptions::new(Language::Python)
+            .min_isolation(Tier::Container)
+            .grant("pkgs")
+            .into_request("r-1".into());
+        assert_eq!(open.grant.as_deref(), Some("pkgs"));
+        assert_eq!(open.minimum_isolation, Some(Tier::Container));
+        let sent: serde_json::Value = serde_json::to_value(&open).unwrap();
+        assert_eq!(sent["grant"], "pkgs");
+        // None named: the member is left out, as before.
+        let plain = SessionOptions::new(Language::Python).into_request("r-2".into());
+        let sent: serde_json::Value = serde_json::to_value(&plain).unwrap();
+        assert!(sent.get("grant").is_none(), "{sent}");
+    }
+
+    #[test]
+    fn an_empty_grant_is_refused_here_and_never_sent() {
+        // Port 1 on loopback: a connection would fail as a transport error, not a refusal.
+        let client = Client::new("http://127.0.0.1:1", crate::Token::new("plm_x"));
+        let e = client
+            .open_session(
+                SessionOptions::new(Language::Python)
+                    .min_isolation(Tier::Container)
+                    .grant(""),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&e, ClientError::InvalidRequest { message, .. } if message.contains("grant must not be empty")),
+            "{e:?}"
+        );
+        assert_eq!(
+            plimsoll_wire::not_dispatched_reason(&e),
+            Some(plimsoll_wire::Reason::Request)
+        );
+    }
 }

@@ -657,6 +657,54 @@ fn a_refusal_whose_echo_is_rewritten_is_not_honoured() {
     assert_eq!(not_dispatched_reason(&e), None);
 }
 
+/// A session opened with a grant sends it: the body a listener on loopback receives names
+/// it (the listener refuses the open as a daemon refuses a grant it will not give, echoing the
+/// request id, so the refusal is believed: nothing opened).
+#[test]
+fn a_session_open_sends_the_grant_it_names() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        let (method, path, _, body) = read_request(&conn);
+        let sent: Value = serde_json::from_slice(&body).unwrap();
+        let answer = serde_json::to_vec(&serde_json::json!({
+            "protocol": 1,
+            "request_id": sent["request_id"],
+            "error": {
+                "code": "permission",
+                "message": "grant not allowed: this caller may not use that grant profile",
+                "not_dispatched": "permission"
+            }
+        }))
+        .unwrap();
+        let mut w = &conn;
+        write!(
+            w,
+            "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            answer.len()
+        )
+        .unwrap();
+        w.write_all(&answer).unwrap();
+        (method, path, sent)
+    });
+    let options = plimsoll_client::SessionOptions::new(Language::Python)
+        .min_isolation(Tier::Container)
+        .grant("pkgs");
+    let e = Client::new(&url, Token::new("plm_test"))
+        .open_session(options)
+        .unwrap_err();
+    let (method, path, sent) = server.join().unwrap();
+    assert_eq!((method.as_str(), path.as_str()), ("POST", "/v1/sessions"));
+    assert_eq!(sent["grant"], "pkgs", "{sent}");
+    assert_eq!(sent["language"], "python", "{sent}");
+    assert_eq!(not_dispatched_reason(&e), Some(Reason::Permission));
+    match e {
+        ClientError::Refused { code, .. } => assert_eq!(code, "permission"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A daemon offering crun, for sessions (`slot` as in [`Fixture::start`]).
 fn session_fixture(test: &str, slot: u32) -> Option<Fixture> {
     if !need_root(test) {
