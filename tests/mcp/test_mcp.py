@@ -7,7 +7,8 @@ over HTTP a missing or a wrong token is refused with 401 and nothing runs. The s
 open a session at crun, keep state across cells, share /work between cells, steps and files,
 close it, and see a cell on the closed session refused (not dispatched, session_ended); over
 HTTP a session is the token's caller's, the same one `/v1/sessions` shows, and another
-caller's id is not found.
+caller's id is not found. A session opened with an egress grant holds it for its whole life:
+each call's result lists the connection attempts since the call before.
 
 Run by `make mcp` (scripts/mcp-test-env installs the clients first), with
 build/mcp/venv/bin/python. Providers `process` and `crun`. Under CI=true nothing may skip.
@@ -109,6 +110,32 @@ image = "{(ROOT / 'build/images/sandbox').resolve()}"
     return path
 
 
+# The egress grant the sessions below hold: one listed host, for the stdio engine's caller
+# (`local`) and the daemon's (`mcp-test`). A cell asking for another host is refused by the
+# broker before anything is resolved or connected, so no network is needed.
+GRANTS = """[egress.pkgs]
+callers = ["local", "mcp-test"]
+hosts = ["pypi.plimsoll.test"]
+ports = [80]
+"""
+
+# Plain HTTP through HTTP_PROXY (which a run or session holding an egress grant has) to a host
+# the grant does not list: the broker answers 403.
+REACH_ELSEWHERE = (
+    "import urllib.request\n"
+    "try:\n"
+    "    urllib.request.urlopen('http://elsewhere.plimsoll.test/simple/', timeout=20)\n"
+    "except Exception as e:\n"
+    "    print('refused', getattr(e, 'code', e))\n"
+)
+
+
+def grants_file(dir_):
+    path = Path(dir_) / "grants.toml"
+    path.write_text(GRANTS)
+    return path
+
+
 def text_of(result):
     return "".join(c.text for c in result.content if getattr(c, "type", "") == "text")
 
@@ -138,7 +165,7 @@ async def exercise(session, label, strict_tier):
 
     def session_tool_list():
         for tool, args in {
-            "open_session": ["language", "min_isolation", "provider", "idle_timeout_ms", "max_lifetime_ms"],
+            "open_session": ["language", "min_isolation", "provider", "idle_timeout_ms", "max_lifetime_ms", "grant"],
             "run_cell": ["session_id", "code", "restart"],
             "run_session_steps": ["session_id", "commands"],
             "write_session_file": ["session_id", "path", "content", "content_base64"],
@@ -459,6 +486,65 @@ async def session_checks(session, label, strict_tier, cross=None):
     check(f"{label}: after close_session a cell is refused: not dispatched, session_ended (closed)", close_then_refused)
 
 
+async def grant_checks(session, label):
+    """A session holding the egress grant `pkgs` for its whole life (docs/sessions.md): a cell's
+    connection to a host the grant does not list is refused by the broker, and its receipt is
+    on that cell's result (structured `egress`, one text line each); the next cell lists none.
+    A project run with the grant lists its receipt too; a grant no one gave opens nothing."""
+    opened = await session.call_tool(
+        "open_session", {"language": "python", "min_isolation": "container", "provider": "crun", "grant": "pkgs"}
+    )
+    sid = structured(opened).get("session_id", "none")
+    reached = await session.call_tool("run_cell", {"session_id": sid, "code": REACH_ELSEWHERE})
+    after = await session.call_tool("run_cell", {"session_id": sid, "code": "print(1)"})
+    closed = await session.call_tool("close_session", {"session_id": sid})
+    project = await session.call_tool("run_project", {
+        "files": [{"path": "reach.py", "content": REACH_ELSEWHERE}], "steps": [{"run": "python3 reach.py"}],
+        "min_isolation": "container", "provider": "crun", "grant": "pkgs",
+    })
+    unknown = await session.call_tool("open_session", {"language": "python", "min_isolation": "container", "grant": "no-such-grant"})
+    seen.setdefault("run_cell_with_egress", (reached.structured_content, text_of(reached)))
+
+    def refused_receipt(r):
+        [receipt] = r["egress"]
+        got = {k: receipt.get(k) for k in ["host", "port", "kind", "verdict", "rule", "address", "sni", "ended", "bytes_up"]}
+        assert got == {
+            "host": "elsewhere.plimsoll.test", "port": 80, "kind": "http", "verdict": "refused",
+            "rule": "host_not_allowed", "address": None, "sni": None, "ended": None, "bytes_up": 0,
+        }, receipt
+
+    def session_receipts():
+        assert not opened.is_error, text_of(opened)
+        assert structured(opened)["grant"] == "pkgs", structured(opened)
+        assert "holds grant pkgs for its whole life" in text_of(opened), text_of(opened)
+        assert not reached.is_error, text_of(reached)
+        r = structured(reached)
+        assert r["stdout"]["text"] == "refused 403\n", r
+        refused_receipt(r)
+        t = text_of(reached)
+        assert "1 connection attempt(s) through the egress grant's proxy:" in t, t
+        assert "refused http elsewhere.plimsoll.test:80: nothing connected" in t and "rule host_not_allowed" in t, t
+        assert not after.is_error and "egress" not in structured(after), structured(after)
+        assert not closed.is_error, text_of(closed)
+
+    check(f"{label}: a session opened with an egress grant lists each call's connection attempts since the one before",
+          session_receipts)
+
+    def project_receipt():
+        assert not project.is_error, text_of(project)
+        p = structured(project)
+        assert p["steps"][0]["stdout"]["text"] == "refused 403\n", p["steps"]
+        refused_receipt(p)
+
+    check(f"{label}: run_project with an egress grant lists its connection attempts", project_receipt)
+
+    def no_such_grant():
+        assert unknown.is_error, text_of(unknown)
+        assert text_of(unknown).startswith("not dispatched (permission): nothing ran"), text_of(unknown)
+
+    check(f"{label}: open_session with a grant no one gave opens nothing (permission)", no_such_grant)
+
+
 # --- transports ----------------------------------------------------------------------------
 
 
@@ -468,11 +554,15 @@ def crun_usable():
 
 async def over_stdio(tmp, uid_base, strict_tier):
     cfg = settings(tmp, uid_base)
-    params = StdioServerParameters(command=str(PLIMSOLL), args=["mcp", "--config", str(cfg)], env=clean_env())
+    params = StdioServerParameters(
+        command=str(PLIMSOLL), args=["mcp", "--config", str(cfg), "--grants", str(grants_file(tmp))], env=clean_env()
+    )
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await exercise(session, "python sdk, stdio", strict_tier)
             await session_checks(session, "python sdk, stdio", strict_tier)
+            if strict_tier:
+                await grant_checks(session, "python sdk, stdio")
 
 
 class Daemon:
@@ -494,7 +584,10 @@ class Daemon:
         cfg = settings(tmp, uid_base, listen=f"127.0.0.1:{port}", callers=self.callers)
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(Path(tmp) / "plimsolld.log", "w")
-        self.proc = subprocess.Popen([str(PLIMSOLLD), "--config", str(cfg)], stdout=self.log, stderr=self.log, env=clean_env())
+        self.proc = subprocess.Popen(
+            [str(PLIMSOLLD), "--config", str(cfg), "--grants", str(grants_file(tmp))],
+            stdout=self.log, stderr=self.log, env=clean_env(),
+        )
         try:
             deadline = time.time() + 120
             while time.time() < deadline:
@@ -583,6 +676,7 @@ async def over_http(daemon, strict_tier):
                 await session_checks(session, label, strict_tier, cross=cross)
                 if strict_tier:
                     await rest_opened(daemon, session, auth)
+                    await grant_checks(session, label)
 
     if strict_tier:
         await sessions_via_client(daemon)
@@ -715,6 +809,7 @@ async def sessions_via_client(daemon):
             closed = await session.call_tool("close_session", {"session_id": sid})
             after = await session.call_tool("run_cell", {"session_id": sid, "code": "1"})
             bogus = await session.call_tool("run_cell", {"session_id": sid[:-1] + "/", "code": "1"})
+            await grant_checks(session, "python sdk, stdio with --daemon")
     seen.setdefault("closed_session_cell_via_client", (after.structured_content, text_of(after)))
 
     def through_the_client():

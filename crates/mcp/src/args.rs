@@ -84,9 +84,12 @@ pub struct Placement {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
-    /// A grant profile the operator defined: lets the code call that API through the broker
-    /// (`host.get(...)` in JavaScript, `plimsoll_host` in Python) without holding its
-    /// credential. Without a grant the code has no network at all.
+    /// A grant profile the operator defined. An API grant lets the code call that API
+    /// through the broker (`host.get(...)` in JavaScript, `plimsoll_host` in Python) without
+    /// holding its credential; an egress grant lets it open connections to the hosts the
+    /// operator listed (HTTPS_PROXY is set: pip, npm, urllib and fetch use it). The result
+    /// lists every call (`calls`) and every connection attempt (`egress`). Without a grant
+    /// the code has no network at all.
     #[serde(default)]
     pub grant: Option<String>,
 }
@@ -173,6 +176,15 @@ pub struct OpenSessionArgs {
     /// `list_providers`' `images`. Omit it for the operator's default image.
     #[serde(default)]
     pub image: Option<String>,
+    /// A grant profile the operator defined, held by the session for its whole life (a cell
+    /// or step cannot name one of its own). An API grant lets its code call that API through
+    /// the broker (`host.get(...)` in JavaScript, `plimsoll_host` in Python) without holding
+    /// its credential; an egress grant lets it open connections to the hosts the operator
+    /// listed (HTTPS_PROXY is set: pip install, npm install, urllib and fetch use it). Each
+    /// call's result lists the calls (`calls`) and connection attempts (`egress`) since the
+    /// call before. Without a grant the session has no network at all.
+    #[serde(default)]
+    pub grant: Option<String>,
     /// The session ends after this many milliseconds without a call (the operator's default,
     /// usually 5 minutes, when omitted). A call to an ended session is refused
     /// `session_ended`: open a new one.
@@ -362,6 +374,7 @@ impl OpenSessionArgs {
         o.minimum_isolation = self.min_isolation.map(Tier::from);
         o.provider = self.provider.clone();
         o.image = self.image.clone();
+        o.grant = self.grant.clone();
         o.idle_timeout_ms = self.idle_timeout_ms;
         o.max_lifetime_ms = self.max_lifetime_ms;
         o
@@ -501,10 +514,16 @@ mod tests {
     fn session_arguments_make_the_calls_they_say() {
         let open: OpenSessionArgs = serde_json::from_value(serde_json::json!({
             "language": "javascript", "min_isolation": "kernel", "provider": "runsc",
-            "idle_timeout_ms": 1000, "max_lifetime_ms": 60000
+            "idle_timeout_ms": 1000, "max_lifetime_ms": 60000, "grant": "pkgs"
         }))
         .unwrap();
         let o = open.to_options();
+        assert_eq!(o.grant.as_deref(), Some("pkgs"));
+        assert_eq!(
+            o.clone().into_request("r".into()).grant.as_deref(),
+            Some("pkgs"),
+            "the open request carries it"
+        );
         assert_eq!(o.language, Language::Javascript);
         assert_eq!(o.minimum_isolation, Some(Tier::Kernel));
         assert_eq!(o.provider.as_deref(), Some("runsc"));
@@ -632,7 +651,15 @@ mod tests {
             assert!(cell.contains(needle), "{needle} missing from {cell}");
         }
         let open = serde_json::to_string(&schemars::schema_for!(OpenSessionArgs)).unwrap();
-        for needle in ["floor", "session_ended", "\"vm\"", "keeps none"] {
+        for needle in [
+            "floor",
+            "session_ended",
+            "\"vm\"",
+            "keeps none",
+            "\"grant\"",
+            "whole life",
+            "egress",
+        ] {
             assert!(open.contains(needle), "{needle} missing from {open}");
         }
         let write = serde_json::to_string(&schemars::schema_for!(WriteSessionFileArgs)).unwrap();

@@ -8,8 +8,8 @@ use plimsoll_client::{Client, ClientError, RunOptions, Session, SessionOptions, 
 use plimsoll_engine::{Engine, RunError, SessionCallKind};
 use plimsoll_wire::{
     Bytes, EndReason, Language, Limits, NotDispatched, PROTOCOL, Project, ProjectFile,
-    ProvidersResponse, Reason, RunRequest, RunResponse, RunSpec, SessionInfo, SessionList,
-    SessionOpenRequest, Snippet, Step, Tier,
+    ProvidersResponse, Reason, RunRequest, RunResponse, RunSpec, SessionInfo, SessionList, Snippet,
+    Step, Tier,
 };
 
 /// A run, a session operation or a listing that gave no result.
@@ -283,18 +283,9 @@ pub mod on_engine {
         caller: &str,
         options: SessionOptions,
     ) -> Result<SessionInfo, RunError> {
-        let request = SessionOpenRequest {
-            image: options.image,
-            protocol: PROTOCOL,
-            request_id: new_request_id(),
-            language: options.language,
-            minimum_isolation: options.minimum_isolation,
-            provider: options.provider,
-            grant: None,
-            limits: options.limits,
-            idle_timeout_ms: options.idle_timeout_ms,
-            max_lifetime_ms: options.max_lifetime_ms,
-        };
+        // The grant, if named, is the session's for its whole life: every call's result
+        // lists the broker calls and egress receipts since the call before.
+        let request = options.into_request(new_request_id());
         engine.open_session(caller, &request)
     }
 

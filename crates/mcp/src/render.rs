@@ -5,7 +5,8 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use plimsoll_wire::{
-    ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList, StepResult, Tier,
+    EgressReceipt, ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList, StepResult,
+    Tier,
 };
 use serde_json::{Value, json};
 
@@ -106,6 +107,9 @@ pub fn run_structured(resp: &RunResponse, cap: usize) -> Value {
     }
     if !r.calls.is_empty() {
         obj.insert("calls".into(), json!(r.calls));
+    }
+    if !r.egress.is_empty() {
+        obj.insert("egress".into(), json!(r.egress));
     }
     if let Some(start) = r.start {
         obj.insert("start".into(), json!(start));
@@ -226,18 +230,83 @@ pub fn run_text(resp: &RunResponse, v: &Value) -> String {
             }
         }
     }
-    if let Some(calls) = v["calls"].as_array() {
-        out.push_str(&format!(
-            "{} call(s) through the grant's broker\n",
-            calls.len()
-        ));
-    }
+    out.push_str(&grant_lines(resp));
     out.push_str(&session_lines(v));
     out.push_str(&format!(
         "request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
         resp.request_sha256, resp.result_sha256, resp.record.record_sha256
     ));
     out
+}
+
+/// What the run's grant saw: how many calls went through the broker, and each connection
+/// attempt through the egress proxy, one line each. In a session, those since the call before.
+fn grant_lines(resp: &RunResponse) -> String {
+    let r = &resp.result;
+    let mut out = String::new();
+    if !r.calls.is_empty() {
+        out.push_str(&format!(
+            "{} call(s) through the grant's broker\n",
+            r.calls.len()
+        ));
+    }
+    if !r.egress.is_empty() {
+        out.push_str(&format!(
+            "{} connection attempt(s) through the egress grant's proxy:\n",
+            r.egress.len()
+        ));
+        for e in &r.egress {
+            out.push_str("  ");
+            out.push_str(&egress_line(e));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `s` with control characters escaped: a host or server name is whatever the sandboxed code
+/// sent, and must not break a line.
+fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One egress receipt: what was decided, where the code asked to go, where the broker went,
+/// what crossed, and how it ended.
+fn egress_line(e: &EgressReceipt) -> String {
+    let target = match &e.address {
+        Some(a) => format!("connected to {}", printable(a)),
+        None => "nothing connected".to_owned(),
+    };
+    let sni = e
+        .sni
+        .as_deref()
+        .map(|n| format!(", TLS server name {}", printable(n)))
+        .unwrap_or_default();
+    let ended = e
+        .ended
+        .as_deref()
+        .map(|x| format!(", ended {}", printable(x)))
+        .unwrap_or_default();
+    format!(
+        "{} {} {}:{}: {target}{sni}, {} bytes up, {} bytes down, {}-{} ms, rule {}{ended}",
+        printable(&e.verdict),
+        printable(&e.kind),
+        printable(&e.host),
+        e.port,
+        e.bytes_up,
+        e.bytes_down,
+        e.start_ms,
+        e.end_ms,
+        printable(&e.rule),
+    )
 }
 
 /// A session call's place in its session and, for a cell, what became of the interpreter.
@@ -303,11 +372,21 @@ fn secs(ms: u64) -> String {
     }
 }
 
-/// The answer to `open_session`, structured and as text.
-pub fn session_opened(info: &SessionInfo) -> (Value, String) {
+/// The answer to `open_session`, structured and as text; `grant` is the grant profile the
+/// open named (the daemon refuses an open whose grant it will not give, so an open session
+/// holds it).
+pub fn session_opened(info: &SessionInfo, grant: Option<&str>) -> (Value, String) {
+    let held = grant
+        .map(|g| {
+            format!(
+                "it holds grant {g} for its whole life: each call's result lists the grant's calls (calls) and connection attempts (egress) since the call before\n"
+            )
+        })
+        .unwrap_or_default();
     let text = format!(
         "opened session {id} ({lang}) on provider {p} at isolation {t} ({note}), floor {floor}\n\
          it ends after {idle} without a call, or at unix ms {exp} ({life} after it opened), whichever comes first\n\
+         {held}\
          evidence_sha256 {ev}\n\
          use this session_id with run_cell, run_session_steps, write_session_file and read_session_file; close_session when done\n",
         id = info.session_id,
@@ -321,7 +400,13 @@ pub fn session_opened(info: &SessionInfo) -> (Value, String) {
         life = secs(info.expires_unix_ms.saturating_sub(info.opened_unix_ms)),
         ev = info.evidence_sha256,
     );
-    (session_structured(info), text)
+    let mut v = session_structured(info);
+    if let Some(g) = grant {
+        v.as_object_mut()
+            .expect("an object")
+            .insert("grant".into(), json!(g));
+    }
+    (v, text)
 }
 
 /// The answer to `close_session`, structured and as text.
@@ -369,10 +454,11 @@ pub fn file_written(resp: &RunResponse, path: &str, bytes: usize, cap: usize) ->
     obj.insert("path".into(), json!(path));
     obj.insert("bytes_written".into(), json!(bytes));
     let text = format!(
-        "wrote {bytes} bytes to /work/{path} on provider {} at isolation {} ({})\n{}request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
+        "wrote {bytes} bytes to /work/{path} on provider {} at isolation {} ({})\n{}{}request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
         resp.provider,
         resp.isolation,
         tier_note(resp.isolation),
+        grant_lines(resp),
         session_lines(&v),
         resp.request_sha256,
         resp.result_sha256,
@@ -411,7 +497,8 @@ pub fn file_read(resp: &RunResponse, path: &str, cap: usize) -> (Value, String) 
         obj.insert("content".into(), c);
     }
     let text = format!(
-        "{head}{body}{}request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
+        "{head}{body}{}{}request_sha256 {}\nresult_sha256 {}\nrecord_sha256 {}\n",
+        grant_lines(resp),
         session_lines(&v),
         resp.request_sha256,
         resp.result_sha256,
@@ -788,6 +875,93 @@ mod tests {
         assert!(!run_text(&single, &v).contains("session"));
     }
 
+    fn receipt(verdict: &str, host: &str, rule: &str) -> EgressReceipt {
+        let allowed = verdict == "allowed";
+        EgressReceipt {
+            host: host.into(),
+            port: 443,
+            kind: "connect".into(),
+            address: allowed.then(|| "151.101.0.223:443".into()),
+            sni: allowed.then(|| host.into()),
+            bytes_up: if allowed { 517 } else { 0 },
+            bytes_down: if allowed { 48_213 } else { 0 },
+            start_ms: 12,
+            end_ms: if allowed { 340 } else { 13 },
+            verdict: verdict.into(),
+            rule: rule.into(),
+            ended: allowed.then(|| "closed".into()),
+        }
+    }
+
+    #[test]
+    fn egress_receipts_are_shown_as_calls_are_one_line_each() {
+        use plimsoll_wire::{GrantCall, RunResult};
+        let resp = session_response(
+            RunResult {
+                exit_code: Some(0),
+                state_kept: Some(true),
+                calls: vec![GrantCall {
+                    method: "GET".into(),
+                    route: Some("/orders/*".into()),
+                    status: Some(200),
+                    error: None,
+                    request_bytes: 0,
+                    response_bytes: 27,
+                    latency_ms: 3,
+                    credential: Some(plimsoll_wire::CredentialKind::Minted),
+                }],
+                egress: vec![
+                    receipt("allowed", "pypi.org", "host pypi.org port 443"),
+                    receipt("refused", "evil.example\n\u{1b}[31m", "host_not_allowed"),
+                ],
+                ..RunResult::default()
+            },
+            2,
+        );
+        let v = run_structured(&resp, 64);
+        assert_eq!(v["calls"][0]["route"], "/orders/*");
+        assert_eq!(v["egress"].as_array().map(Vec::len), Some(2));
+        assert_eq!(
+            (&v["egress"][0]["address"], &v["egress"][0]["ended"]),
+            (&json!("151.101.0.223:443"), &json!("closed"))
+        );
+        assert_eq!(v["egress"][1]["rule"], "host_not_allowed");
+        assert!(v["egress"][1].get("address").is_none());
+        let text = run_text(&resp, &v);
+        assert!(
+            text.contains("1 call(s) through the grant's broker\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("2 connection attempt(s) through the egress grant's proxy:\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  allowed connect pypi.org:443: connected to 151.101.0.223:443, TLS server name pypi.org, 517 bytes up, 48213 bytes down, 12-340 ms, rule host pypi.org port 443, ended closed\n"
+            ),
+            "{text}"
+        );
+        // What the code named cannot break the line (or reach a terminal as an escape).
+        assert!(
+            text.contains(
+                "  refused connect evil.example\\n\\u{1b}[31m:443: nothing connected, 0 bytes up, 0 bytes down, 12-13 ms, rule host_not_allowed\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'));
+        // A session file call shows them too (they ended since the call before).
+        let (_, text) = file_written(&resp, "a", 1, 64);
+        assert!(text.contains("rule host_not_allowed"), "{text}");
+        let (_, text) = file_read(&resp, "a", 64);
+        assert!(text.contains("2 connection attempt(s)"), "{text}");
+        // None: no line.
+        let plain = session_response(RunResult::default(), 1);
+        let v = run_structured(&plain, 64);
+        assert!(v.get("egress").is_none() && v.get("calls").is_none());
+        assert!(!run_text(&plain, &v).contains("egress"));
+    }
+
     #[test]
     fn a_file_read_back_is_shown_as_a_stream_is() {
         use plimsoll_wire::{Artifact, RunResult};
@@ -894,7 +1068,11 @@ mod tests {
             interpreter_alive: true,
             end_reason: None,
         };
-        let (v, text) = session_opened(&info);
+        let (v, text) = session_opened(&info, None);
+        assert!(
+            v.get("grant").is_none() && !text.contains("grant"),
+            "{text}"
+        );
         assert_eq!(v["status"], "open");
         assert_eq!(v["session_id"], "ses_1");
         assert_eq!(v["isolation"], "container");

@@ -241,7 +241,7 @@ impl PlimsollMcp {
     /// Opens a session.
     #[tool(
         name = "open_session",
-        description = "Open a session: one sandbox kept across calls, with an interpreter (python or javascript) whose state (variables, imports, functions) carries on from one run_cell to the next, and a /work directory that run_session_steps, write_session_file and read_session_file share with it. Returns the session_id to pass to those tools, the provider and isolation tier it runs at (measured at open; process < container < kernel < vm; sessions need container or above), the digest of the provider's evidence, and when it expires. min_isolation is the floor. It ends after idle_timeout_ms without a call or at max_lifetime_ms; close it with close_session when done. A tool error starting `not dispatched (REASON)` means nothing was opened and retrying is safe.",
+        description = "Open a session: one sandbox kept across calls, with an interpreter (python or javascript) whose state (variables, imports, functions) carries on from one run_cell to the next, and a /work directory that run_session_steps, write_session_file and read_session_file share with it. Returns the session_id to pass to those tools, the provider and isolation tier it runs at (measured at open; process < container < kernel < vm; sessions need container or above), the digest of the provider's evidence, and when it expires. min_isolation is the floor. With grant (a profile the operator defined: an API grant, or an egress grant for hosts such as a package index) the session's code may call that API or reach those hosts for the session's whole life, and each call's result lists what it did through the grant since the call before (calls, egress). It ends after idle_timeout_ms without a call or at max_lifetime_ms; close it with close_session when done. A tool error starting `not dispatched (REASON)` means nothing was opened and retrying is safe.",
         annotations(
             title = "Open a sandbox session",
             read_only_hint = false,
@@ -258,9 +258,10 @@ impl PlimsollMcp {
         let backend = Arc::clone(&self.backend);
         let caller = caller_of(&ext);
         let options = args.to_options();
+        let grant = options.grant.clone();
         Ok(answer(
             blocking(move || backend.open_session(caller.as_deref(), options)).await,
-            render::session_opened,
+            |info| render::session_opened(info, grant.as_deref()),
         ))
     }
 
@@ -453,6 +454,8 @@ mod tests {
         sessions: Mutex<HashMap<String, Kept>>,
         /// Calls that reached the backend.
         calls: Mutex<Vec<(Option<String>, String, SessionCall)>>,
+        /// The options of every open that reached the backend.
+        opened: Mutex<Vec<SessionOptions>>,
     }
 
     const ID: &str = "ses_0123456789abcdef_00112233445566778899aabbccddeeff";
@@ -501,8 +504,9 @@ mod tests {
         fn open_session(
             &self,
             caller: Option<&str>,
-            _: SessionOptions,
+            options: SessionOptions,
         ) -> Result<SessionInfo, BackendError> {
+            self.opened.lock().unwrap().push(options);
             self.sessions
                 .lock()
                 .unwrap()
@@ -678,6 +682,7 @@ mod tests {
                     language: crate::args::LanguageArg::Python,
                     min_isolation: Some(crate::args::TierArg::Container),
                     provider: None,
+                    grant: Some("pkgs".into()),
                     idle_timeout_ms: None,
                     max_lifetime_ms: None,
                 }),
@@ -691,6 +696,17 @@ mod tests {
             (&json!(ID), &json!("container"), &json!("crun"))
         );
         assert_eq!(s["evidence_sha256"], "e".repeat(64));
+        // The grant goes to the backend with the open, and the answer says the session holds it.
+        assert_eq!(
+            fake.opened.lock().unwrap()[0].grant.as_deref(),
+            Some("pkgs")
+        );
+        assert_eq!(s["grant"], "pkgs");
+        assert!(
+            text(&opened).contains("holds grant pkgs for its whole life"),
+            "{}",
+            text(&opened)
+        );
 
         for (i, code) in ["x = 41", "print(x + 1)"].into_iter().enumerate() {
             let r = server
