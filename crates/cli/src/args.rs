@@ -84,8 +84,8 @@ pub enum Command {
         /// The directory to write them into (created if missing).
         dir: PathBuf,
     },
-    /// Serve the MCP tools (run_code, run_project, list_providers) on stdin/stdout, for agent
-    /// apps; see docs/mcp.md.
+    /// Serve the MCP tools (run_code, run_project, list_providers, and the session tools) on
+    /// stdin/stdout, for agent apps; see docs/mcp.md.
     Mcp(crate::mcp::McpArgs),
 }
 
@@ -149,8 +149,10 @@ pub struct RunArgs {
     /// then the header; through a daemon, interrupting this command cancels the run.
     #[arg(long, conflicts_with = "json")]
     pub stream: bool,
-    /// Let the code call the API of this grant profile through the broker (`host.get(...)`
-    /// in JavaScript, `plimsoll_host` in Python); see docs/capability-grants.md.
+    /// Run with this grant profile: an API grant lets the code call that API through the
+    /// broker (`host.get(...)` in JavaScript, `plimsoll_host` in Python), an egress grant lets
+    /// it reach the hosts the profile lists (HTTPS_PROXY); see docs/capability-grants.md. Each
+    /// call and connection attempt is printed after the header.
     #[arg(long, value_name = "PROFILE")]
     pub grant: Option<String>,
     /// Grant profiles for the embedded engine (TOML, docs/capability-grants.md); the secrets
@@ -279,6 +281,12 @@ pub enum SessionCommand {
         /// Open it in this image (a name or an identity), fixed for its life.
         #[arg(long, value_name = "IMAGE")]
         image: Option<String>,
+        /// Hold this grant profile for the session's whole life: an API grant (`host.get(...)`
+        /// in JavaScript, `plimsoll_host` in Python) or an egress grant (HTTPS_PROXY for pip,
+        /// npm, urllib, fetch); see docs/capability-grants.md. Each call then prints the calls
+        /// and connection attempts since the call before.
+        #[arg(long, value_name = "PROFILE")]
+        grant: Option<String>,
         /// End it after this long without a call, in milliseconds.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         idle_timeout_ms: Option<u64>,
@@ -544,5 +552,23 @@ mod tests {
             assert!(help.contains(v.name), "{} missing from --help", v.name);
         }
         assert!(help.contains("not dispatched"));
+    }
+
+    #[test]
+    fn a_session_opens_with_the_grant_it_names() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from([
+            "plimsoll", "session", "open", "--lang", "py", "--grant", "pkgs",
+        ])
+        .unwrap();
+        let Command::Session(SessionCommand::Open { lang, grant, .. }) = cli.command else {
+            panic!("not a session open: {cli:?}");
+        };
+        assert_eq!((lang, grant.as_deref()), (Language::Python, Some("pkgs")));
+        let cli = Cli::try_parse_from(["plimsoll", "session", "open", "--lang", "js"]).unwrap();
+        let Command::Session(SessionCommand::Open { grant, .. }) = cli.command else {
+            panic!("not a session open: {cli:?}");
+        };
+        assert_eq!(grant, None);
     }
 }

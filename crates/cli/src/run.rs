@@ -9,8 +9,8 @@ use anyhow::{Context as _, anyhow, bail};
 use plimsoll_client::{RunOptions, new_request_id};
 use plimsoll_engine::ProviderEvidence;
 use plimsoll_wire::{
-    ErrorResponse, GrantCall, Language, PROTOCOL, Project, ProjectFile, Reason, RunRequest,
-    RunResponse, RunResult, RunSpec, Step, Tier,
+    EgressReceipt, ErrorResponse, GrantCall, Language, PROTOCOL, Project, ProjectFile, Reason,
+    RunRequest, RunResponse, RunResult, RunSpec, Step, Tier,
 };
 
 use crate::args::RunArgs;
@@ -478,9 +478,7 @@ pub(crate) fn print_result(
             }
         );
     }
-    for c in &resp.result.calls {
-        eprintln!("plimsoll: {}", call_line(c));
-    }
+    print_grant_lines(resp);
     // What went out as it came (--stream) is not written again: chunks are exactly the
     // result's leading bytes. The rest (all of it for a run that streams none: a project's
     // steps, a VM's run) goes now.
@@ -496,6 +494,62 @@ pub(crate) fn print_result(
 
 fn short(digest: &str) -> &str {
     digest.get(..12).unwrap_or(digest)
+}
+
+/// What the run's grant saw, on stderr: one line per call through the broker and one per
+/// connection attempt through the egress proxy (in a session, those since the call before).
+pub(crate) fn print_grant_lines(resp: &RunResponse) {
+    for c in &resp.result.calls {
+        eprintln!("plimsoll: {}", call_line(c));
+    }
+    for e in &resp.result.egress {
+        eprintln!("plimsoll: {}", egress_line(e));
+    }
+}
+
+/// `s` with control characters escaped: a host or server name in a receipt is whatever the
+/// sandboxed code sent, and must neither break the line nor reach the terminal as an escape.
+fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One egress receipt, for the human output: the verdict, where the code asked to go, the
+/// address the broker connected to and the TLS server name, what crossed, when (ms from the
+/// run's start), the rule that decided, and how it ended.
+pub fn egress_line(e: &EgressReceipt) -> String {
+    let address = e
+        .address
+        .as_deref()
+        .map_or("no address".into(), |a| format!("to {}", printable(a)));
+    let sni = e
+        .sni
+        .as_deref()
+        .map_or("no sni".into(), |n| format!("sni {}", printable(n)));
+    let ended = e
+        .ended
+        .as_deref()
+        .map(|x| format!(", ended {}", printable(x)))
+        .unwrap_or_default();
+    format!(
+        "egress {} {} {}:{} {address}, {sni}, {} bytes up, {} bytes down, {}-{} ms, rule {}{ended}",
+        printable(&e.verdict),
+        printable(&e.kind),
+        printable(&e.host),
+        e.port,
+        e.bytes_up,
+        e.bytes_down,
+        e.start_ms,
+        e.end_ms,
+        printable(&e.rule),
+    )
 }
 
 /// One call through the broker, for the human output.
@@ -650,6 +704,50 @@ mod tests {
         c.status = None;
         c.error = Some("route_not_allowed".into());
         assert!(call_line(&c).contains("(no granted route): route_not_allowed"));
+    }
+
+    #[test]
+    fn an_egress_line_says_what_the_receipt_says() {
+        let mut e = EgressReceipt {
+            host: "pypi.org".into(),
+            port: 443,
+            kind: "connect".into(),
+            address: Some("151.101.0.223:443".into()),
+            sni: Some("pypi.org".into()),
+            bytes_up: 517,
+            bytes_down: 48_213,
+            start_ms: 12,
+            end_ms: 340,
+            verdict: "allowed".into(),
+            rule: "host pypi.org port 443".into(),
+            ended: Some("closed".into()),
+        };
+        assert_eq!(
+            egress_line(&e),
+            "egress allowed connect pypi.org:443 to 151.101.0.223:443, sni pypi.org, 517 bytes up, 48213 bytes down, 12-340 ms, rule host pypi.org port 443, ended closed"
+        );
+        // A refusal: nothing connected, no server name read, no end; what the code named
+        // cannot break the line or reach the terminal as an escape.
+        e = EgressReceipt {
+            host: "evil.example\n\u{1b}[2J".into(),
+            port: 80,
+            kind: "http".into(),
+            address: None,
+            sni: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            start_ms: 5,
+            end_ms: 5,
+            verdict: "refused".into(),
+            rule: "host_not_allowed".into(),
+            ended: None,
+        };
+        let line = egress_line(&e);
+        assert_eq!(
+            line,
+            "egress refused http evil.example\\n\\u{1b}[2J:80 no address, no sni, 0 bytes up, 0 bytes down, 5-5 ms, rule host_not_allowed"
+        );
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use plimsoll_wire::{OutputChunk, OutputStream, RunRequest, RunResponse, SessionI
 
 use crate::args::{DaemonArgs, SessionCommand};
 use crate::local::{client, daemon_url};
-use crate::run::{Streamed, header, print_error, print_json};
+use crate::run::{Streamed, header, print_error, print_grant_lines, print_json};
 use crate::{EXIT_FAILED, EXIT_OK, Failure};
 
 /// Runs `plimsoll session ...`.
@@ -22,6 +22,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
             min_isolation,
             provider,
             image,
+            grant,
             idle_timeout_ms,
             max_lifetime_ms,
             to,
@@ -31,6 +32,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
             options.minimum_isolation = min_isolation;
             options.provider = provider;
             options.image = image;
+            options.grant = grant.clone();
             options.idle_timeout_ms = idle_timeout_ms;
             options.max_lifetime_ms = max_lifetime_ms;
             Ok(match c.open_session(options) {
@@ -39,7 +41,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
                     if to.json {
                         print_json(info);
                     } else {
-                        describe(info);
+                        describe(info, grant.as_deref());
                         println!("{}", info.session_id);
                     }
                     EXIT_OK
@@ -86,6 +88,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
                             print_json(&resp);
                         } else {
                             eprintln!("{}", header(&resp));
+                            print_grant_lines(&resp);
                         }
                         EXIT_OK
                     }
@@ -105,6 +108,7 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
                         print_json(&resp);
                         return Ok(EXIT_OK);
                     }
+                    print_grant_lines(&resp);
                     let Some(bytes) = bytes else {
                         eprintln!("plimsoll: /work/{path} is not a file in session {id}");
                         return Ok(EXIT_FAILED);
@@ -212,6 +216,7 @@ fn with_session(
                     }
                 }
                 eprintln!("{}", header(&resp));
+                print_grant_lines(&resp);
                 if resp.result.state_kept == Some(false) {
                     match resp.result.interpreter_end {
                         Some(end) => eprintln!(
@@ -266,7 +271,7 @@ fn failed(e: &ClientError, json: bool) -> u8 {
     )
 }
 
-fn describe(info: &SessionInfo) {
+fn describe(info: &SessionInfo, grant: Option<&str>) {
     if crate::quiet() {
         return;
     }
@@ -277,6 +282,11 @@ fn describe(info: &SessionInfo) {
         "plimsoll: session on provider {}, isolation {}, idle timeout {} ms, expires at {} (Unix ms){image}",
         info.provider, info.isolation, info.idle_timeout_ms, info.expires_unix_ms
     );
+    if let Some(g) = grant {
+        eprintln!(
+            "plimsoll: the session holds grant {g} for its whole life: each call lists the calls and connections since the call before"
+        );
+    }
     if info.isolation == Tier::Process {
         eprintln!("plimsoll: note: the process tier is no wall for hostile code");
     }

@@ -1149,6 +1149,132 @@ fn evidence_is_reused_while_it_holds_and_probed_again_when_not() {
     assert_eq!(json_run(&c.path())["evidence_cached"], false);
 }
 
+/// `plimsoll session open --grant`: a session at crun through a daemon holds an egress grant
+/// for its whole life. A cell's connection to a host the grant does not list is refused by
+/// the broker, and its receipt printed, one line, after the header (and listed in `--json`);
+/// the next call lists only what happened since the call before. A grant the caller may not
+/// use opens nothing (exit 3).
+#[test]
+fn a_session_opened_with_a_grant_prints_its_egress_receipts() {
+    let test = "a_session_opened_with_a_grant_prints_its_egress_receipts";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(settings) = crun_settings(test, dir.path(), 23) else {
+        return;
+    };
+    let grants = dir.path().join("grants.toml");
+    // TestDaemon's caller is `test`. No secret: an egress grant holds none.
+    std::fs::write(
+        &grants,
+        "[egress.pkgs]\ncallers = [\"test\"]\nhosts = [\"pypi.plimsoll.test\"]\nports = [80]\n\n\
+         [egress.theirs]\ncallers = [\"someone-else\"]\nhosts = [\"pypi.plimsoll.test\"]\n",
+    )
+    .unwrap();
+    let grants = plimsoll_engine::Engine::load_grants(&grants).unwrap();
+    let daemon = TestDaemon::start_with_grants(&format!("{settings}[pools]\n"), grants);
+    let session = |args: &[&str]| {
+        let mut cmd = plimsoll();
+        cmd.arg("session")
+            .args(args)
+            .env("PLIMSOLL_DAEMON", &daemon.url)
+            .env("PLIMSOLL_TOKEN", &daemon.token);
+        cmd
+    };
+    let out = run(&mut session(&[
+        "open", "--lang", "python", "--grant", "pkgs",
+    ]));
+    if out.status.code() == Some(3) && !plimsoll_env::strict() {
+        eprintln!("SKIP {test}: crun is unavailable: {}", text(&out.stderr));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    assert!(
+        text(&out.stderr).contains("holds grant pkgs for its whole life"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Plain HTTP through HTTP_PROXY, which the session's interpreter has: the broker refuses
+    // an unlisted host before resolving or connecting anything.
+    let reach = "import urllib.request\n\
+                 try:\n    urllib.request.urlopen('http://elsewhere.plimsoll.test/simple/', timeout=20)\n\
+                 except Exception as e:\n    print('refused', getattr(e, 'code', e))";
+    let out = run(&mut session(&["run", &id, "-e", reach]));
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        (out.status.code(), text(&out.stdout).as_str()),
+        (Some(0), "refused 403\n"),
+        "{stderr}"
+    );
+    let header = stderr
+        .lines()
+        .position(|l| l.starts_with("plimsoll: provider crun"))
+        .unwrap_or_else(|| panic!("no header: {stderr}"));
+    let receipts: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("plimsoll: egress "))
+        .collect();
+    assert_eq!(receipts.len(), 1, "{stderr}");
+    assert!(
+        receipts[0].starts_with(
+            "plimsoll: egress refused http elsewhere.plimsoll.test:80 no address, no sni, 0 bytes up, 0 bytes down, "
+        ) && receipts[0].ends_with(" ms, rule host_not_allowed"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().nth(header + 1),
+        Some(receipts[0]),
+        "the receipt follows the header: {stderr}"
+    );
+    // The next call lists only what happened since the call before: nothing.
+    let out = run(&mut session(&["run", &id, "-e", "print(1)"]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        !text(&out.stderr).contains("plimsoll: egress"),
+        "{}",
+        text(&out.stderr)
+    );
+    // --json: the receipt is on the verified result.
+    let out = run(&mut session(&["run", &id, "-e", reach, "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let egress = v["result"]["egress"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(egress.len(), 1, "{v}");
+    assert_eq!(
+        (
+            &egress[0]["host"],
+            &egress[0]["port"],
+            &egress[0]["kind"],
+            &egress[0]["verdict"],
+            &egress[0]["rule"]
+        ),
+        (
+            &Value::from("elsewhere.plimsoll.test"),
+            &Value::from(80),
+            &Value::from("http"),
+            &Value::from("refused"),
+            &Value::from("host_not_allowed")
+        ),
+        "{v}"
+    );
+    assert!(egress[0].get("address").is_none(), "{v}");
+    assert_eq!(run(&mut session(&["close", &id])).status.code(), Some(0));
+    // A grant this caller may not use: refused, nothing opened, as for one that does not exist.
+    for name in ["theirs", "no-such-grant"] {
+        let out = run(&mut session(&["open", "--lang", "python", "--grant", name]));
+        assert_eq!(out.status.code(), Some(3), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).starts_with("not dispatched (permission)"),
+            "{name}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = run(&mut session(&["list"]));
+    assert_eq!(text(&out.stdout), "", "nothing left open");
+}
+
 /// #13: `plimsoll session` against a daemon at crun: open, cells keeping state, a step, put
 /// and get bytes exact, each call's exchange kept; `plimsoll-attest sign` signs the session as
 /// one chain that verifies, and refuses it with a call dropped or two swapped.
