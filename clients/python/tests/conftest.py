@@ -73,10 +73,9 @@ def api() -> Iterator[Api]:
     server.server_close()
 
 
-@pytest.fixture(scope="session")
-def daemon(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    grants = tmp_path_factory.mktemp("grants") / "grants.toml"
-    grants.write_text(
+def _orders_profile(api: Api) -> str:
+    """The API grant `orders` in front of ``api``, for caller pytest."""
+    return (
         "[profiles.orders]\n"
         f'base_url = "{api.url}"\n'
         'routes = ["GET /orders/*"]\n'
@@ -86,6 +85,12 @@ def daemon(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemo
         'kind = "static"\n'
         'secret_env = "PYCLIENT_ORDERS_TOKEN"\n'
     )
+
+
+@pytest.fixture(scope="session")
+def daemon(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    grants = tmp_path_factory.mktemp("grants") / "grants.toml"
+    grants.write_text(_orders_profile(api))
     d = start_daemon(
         "daemon",
         ["process", "crun"],
@@ -128,9 +133,22 @@ def container(request: pytest.FixtureRequest, providers: plimsoll.ProvidersRespo
 SESSION_SETTINGS = "[pools]\n[sessions]\nmax_total = 3\nmax_per_caller = 2\n"
 
 
+# Sessions hold a grant for their whole life: the API grant `orders`, and the egress grant
+# `pkgs`, which lists one host (a cell that asks for another is refused by the broker, before
+# anything is resolved or connected: no network is needed).
+EGRESS_PROFILE = '[egress.pkgs]\ncallers = ["pytest"]\nhosts = ["pypi.plimsoll.test"]\nports = [80]\n'
+
+
 @pytest.fixture(scope="session")
-def session_daemon() -> Iterator[Daemon]:
-    d = start_daemon("session_daemon", ["crun"], extra_settings=SESSION_SETTINGS)
+def session_daemon(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    grants = tmp_path_factory.mktemp("session-grants") / "grants.toml"
+    grants.write_text(_orders_profile(api) + EGRESS_PROFILE)
+    d = start_daemon(
+        "session_daemon",
+        ["crun"],
+        extra_settings=f"grants_file = {json.dumps(str(grants))}\n{SESSION_SETTINGS}",
+        env={"PYCLIENT_ORDERS_TOKEN": api.secret},
+    )
     yield d
     d.stop()
 

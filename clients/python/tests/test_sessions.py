@@ -281,6 +281,63 @@ def test_refusals_at_open_ran_nothing(sessions: Daemon) -> None:
         assert c.list_sessions().sessions == []
 
 
+# A cell reaching a host the egress grant `pkgs` does not list, by plain HTTP through
+# HTTP_PROXY (which a session with an egress grant has): the broker refuses it (403) before
+# resolving or connecting anything.
+REACH_ELSEWHERE = (
+    "import urllib.request\n"
+    "try:\n"
+    "    urllib.request.urlopen('http://elsewhere.plimsoll.test/simple/', timeout=20)\n"
+    "except Exception as e:\n"
+    "    print('refused', getattr(e, 'code', e))"
+)
+
+
+def test_a_session_holds_its_grant_for_its_whole_life(sessions: Daemon, api: Any) -> None:
+    with client(sessions) as c:
+        # An API grant: every cell may call the API through the broker; each result lists
+        # the calls made since the call before.
+        with c.open_session("javascript", minimum_isolation="container", grant="orders") as s:
+            first = s.cell("host.get('/orders/7').then((o) => console.log(o.item))")
+            assert first.stdout == b"tea\n", first.stderr
+            [call] = first.result.calls
+            assert (call.method, call.route, call.status, call.error) == ("GET", "/orders/*", 200, None)
+            assert api.seen[-1] == {"path": "/orders/7", "authorization": f"Bearer {api.secret}"}
+            second = s.cell("host.get('/orders/8').then((o) => console.log(o.order))")
+            assert second.stdout == b"8\n", second.stderr
+            assert [(x.route, x.status) for x in second.result.calls] == [("/orders/*", 200)]
+            assert s.cell("console.log(1)").result.calls == []
+            assert api.secret.encode() not in first.body + second.body
+        # An egress grant: each result lists the connection attempts since the call before,
+        # refused ones included, every member read strictly and inside the result digest.
+        with c.open_session("python", minimum_isolation="container", grant="pkgs") as s:
+            r = s.cell(REACH_ELSEWHERE)
+            assert r.stdout == b"refused 403\n", r.stderr
+            [receipt] = r.result.egress
+            assert (
+                receipt.host,
+                receipt.port,
+                receipt.kind,
+                receipt.verdict,
+                receipt.rule,
+                receipt.address,
+                receipt.sni,
+                receipt.ended,
+            ) == ("elsewhere.plimsoll.test", 80, "http", "refused", "host_not_allowed", None, None, None)
+            assert (receipt.bytes_up, receipt.bytes_down) == (0, 0)
+            assert receipt.start_ms <= receipt.end_ms
+            assert json.loads(r.body)["result"]["egress"][0]["rule"] == "host_not_allowed"
+            assert s.cell("print(1)").result.egress == []
+        # A grant the caller may not use opens nothing, exactly as one that does not exist;
+        # an empty name is refused here, unsent.
+        with pytest.raises(plimsoll.NotDispatched) as e:
+            c.open_session("python", minimum_isolation="container", grant="no-such-grant")
+        assert e.value.reason is Reason.PERMISSION and e.value.status == 403
+        with pytest.raises(plimsoll.InvalidRequest):
+            c.open_session("python", grant="")
+        assert c.list_sessions().sessions == []
+
+
 @pytest.mark.asyncio
 async def test_async_sessions(sessions: Daemon) -> None:
     async with plimsoll.AsyncClient(sessions.url, sessions.token) as c:

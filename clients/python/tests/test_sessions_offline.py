@@ -129,18 +129,24 @@ def test_open_requests_are_checked_before_anything_is_sent() -> None:
     p = _session.prepare_open(
         "javascript",
         minimum_isolation=Tier.CONTAINER,
+        grant="pkgs",
         limits=plimsoll.Limits(memory_bytes=1 << 28, timeout_ms=5000),
         idle_timeout_ms=60_000,
         max_lifetime_ms=600_000,
     )
     sent = json.loads(p.body)
     assert list(sent)[:3] == ["protocol", "request_id", "language"]
+    # The grant the session holds for its whole life travels with the open, and only there.
+    assert sent["grant"] == "pkgs"
+    assert "grant" not in json.loads(_session.prepare_open("python").body)
     assert sent["limits"] == {"timeout_ms": 5000, "memory_bytes": 1 << 28}
     assert (sent["idle_timeout_ms"], sent["max_lifetime_ms"]) == (60_000, 600_000)
     for bad in (
         dict(language="ruby"),
         dict(language="python", minimum_isolation="hypervisor"),
         dict(language="python", provider=""),
+        dict(language="python", grant=""),
+        dict(language="python", grant=7),
         dict(language="python", idle_timeout_ms=0),
         dict(language="python", max_lifetime_ms=True),
         dict(language="python", limits=plimsoll.Limits(pids=0)),

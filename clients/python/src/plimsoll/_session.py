@@ -92,6 +92,7 @@ def prepare_open(
     *,
     minimum_isolation: Optional[TierLike] = None,
     provider: Optional[str] = None,
+    grant: Optional[str] = None,
     limits: Optional[Limits] = None,
     idle_timeout_ms: Optional[int] = None,
     max_lifetime_ms: Optional[int] = None,
@@ -107,11 +108,15 @@ def prepare_open(
         floor = as_tier(minimum_isolation) if minimum_isolation is not None else None
         if provider is not None and (not isinstance(provider, str) or not provider):
             raise ValueError("provider must not be empty: omit it to let the server choose")
+        if grant is not None and (not isinstance(grant, str) or not grant):
+            raise ValueError("grant must not be empty: omit it for a session without grants")
         request: dict[str, Any] = {"protocol": PROTOCOL, "request_id": rid, "language": language}
         if floor is not None:
             request["minimum_isolation"] = floor.value
         if provider is not None:
             request["provider"] = provider
+        if grant is not None:
+            request["grant"] = grant
         if limits is not None:
             wire = limits.to_wire()
             for name, value in wire.items():

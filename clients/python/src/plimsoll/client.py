@@ -339,6 +339,7 @@ class Client(_Base):
         *,
         minimum_isolation: Optional[TierLike] = None,
         provider: Optional[str] = None,
+        grant: Optional[str] = None,
         limits: Optional[Limits] = None,
         idle_timeout_ms: Optional[int] = None,
         max_lifetime_ms: Optional[int] = None,
@@ -351,11 +352,15 @@ class Client(_Base):
         closed again. ``limits``: ``memory_bytes``, ``pids`` and ``disk_bytes`` hold for its
         whole life; ``timeout_ms``, ``output_bytes`` and ``artifact_bytes`` are each call's
         defaults. ``image``: the image it runs in (a name or an identity), fixed at open; every
-        call's record must name it too."""
+        call's record must name it too. ``grant``: a grant profile the operator defined (an API
+        grant or an egress grant), held for the session's whole life; each call's result lists
+        the broker calls (``result.calls``) and egress receipts (``result.egress``) since the
+        call before, and a call cannot name a grant of its own."""
         p = self._prepare_open(
             language,
             minimum_isolation=minimum_isolation,
             provider=provider,
+            grant=grant,
             limits=limits,
             idle_timeout_ms=idle_timeout_ms,
             max_lifetime_ms=max_lifetime_ms,
@@ -542,6 +547,7 @@ class AsyncClient(_Base):
         *,
         minimum_isolation: Optional[TierLike] = None,
         provider: Optional[str] = None,
+        grant: Optional[str] = None,
         limits: Optional[Limits] = None,
         idle_timeout_ms: Optional[int] = None,
         max_lifetime_ms: Optional[int] = None,
@@ -552,6 +558,7 @@ class AsyncClient(_Base):
             language,
             minimum_isolation=minimum_isolation,
             provider=provider,
+            grant=grant,
             limits=limits,
             idle_timeout_ms=idle_timeout_ms,
             max_lifetime_ms=max_lifetime_ms,
