@@ -82,6 +82,12 @@ export interface SessionOptions {
   /** A provider that keeps sessions (crun, runc, runsc); the daemon chooses when absent. */
   provider?: string;
   /**
+   * A grant profile the operator defined (an API grant or an egress grant), held for the
+   * session's whole life: each call's result lists the broker calls (`result.calls`) and
+   * egress receipts (`result.egress`) since the call before. A call cannot name one.
+   */
+  grant?: string;
+  /**
    * `memory_bytes`, `pids`, `disk_bytes` hold for the session's whole life; `timeout_ms`,
    * `output_bytes` and `artifact_bytes` are each call's defaults.
    */
@@ -662,6 +668,7 @@ export async function openSession(
       "language",
       "minimum_isolation",
       "provider",
+      "grant",
       "limits",
       "idle_timeout_ms",
       "max_lifetime_ms",
@@ -674,6 +681,10 @@ export async function openSession(
     const wire: Record<string, unknown> = { protocol: PROTOCOL, request_id: requestId, language: o.language };
     if (o.minimum_isolation !== undefined) wire.minimum_isolation = tier(o.minimum_isolation, "minimum_isolation");
     if (o.provider !== undefined) wire.provider = provider(o.provider);
+    if (o.grant !== undefined) {
+      if (text(o.grant, "grant") === "") fail("grant must not be empty: omit it for a session without grants");
+      wire.grant = o.grant;
+    }
     if (o.limits !== undefined) wire.limits = buildLimits(o.limits);
     if (o.idle_timeout_ms !== undefined) wire.idle_timeout_ms = positive(o.idle_timeout_ms, "idle_timeout_ms");
     if (o.max_lifetime_ms !== undefined) wire.max_lifetime_ms = positive(o.max_lifetime_ms, "max_lifetime_ms");

@@ -5,6 +5,7 @@
  */
 
 import assert from "node:assert/strict";
+import { createServer as createHttpServer } from "node:http";
 import { type Server, createServer } from "node:net";
 import { after, before, test } from "node:test";
 import { inspect } from "node:util";
@@ -98,4 +99,47 @@ test("a client needs a URL it can use and a token", () => {
   assert.throws(() => new Client({ url: "http://127.0.0.1", token: "" }), /token/);
   assert.throws(() => new Client({ url: "http://127.0.0.1", token: "t", maxBodyBytes: 0 }), /maxBodyBytes/);
   assert.equal(new Client({ url: "http://127.0.0.1:7878///", token: "t" }).url, "http://127.0.0.1:7878");
+});
+
+test("a session open sends the grant it names, and an empty one is refused here, unsent", async () => {
+  // A listener that reads the open and refuses it as a daemon refuses a grant it will not
+  // give, echoing the request id (so the refusal is believed: nothing opened).
+  const seen: { method?: string; url?: string; body: Record<string, unknown> }[] = [];
+  const server = createHttpServer((req, res) => {
+    const parts: Buffer[] = [];
+    req.on("data", (b: Buffer) => parts.push(b));
+    req.on("end", () => {
+      const body = JSON.parse(Buffer.concat(parts).toString("utf8")) as Record<string, unknown>;
+      seen.push({ method: req.method, url: req.url, body });
+      res.writeHead(403, { "content-type": "application/json", connection: "close" });
+      res.end(
+        JSON.stringify({
+          protocol: 1,
+          request_id: body.request_id,
+          error: { code: "permission", message: "grant not allowed: this caller may not use that grant profile", not_dispatched: "permission" },
+        }),
+      );
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  try {
+    const addr = server.address();
+    assert.ok(addr !== null && typeof addr !== "string");
+    const c = new Client({ url: `http://127.0.0.1:${addr.port}`, token: "t" });
+    const e = await c.openSession({ language: "python", minimum_isolation: "container", grant: "pkgs" }).catch((x: unknown) => x);
+    assert.ok(e instanceof NotDispatchedError, inspect(e));
+    assert.equal(e.reason, "permission");
+    assert.equal(seen.length, 1);
+    assert.equal(seen[0]!.method, "POST");
+    assert.equal(seen[0]!.url, "/v1/sessions");
+    assert.equal(seen[0]!.body.grant, "pkgs");
+    assert.equal(seen[0]!.body.language, "python");
+    const empty = await c.openSession({ language: "python", minimum_isolation: "container", grant: "" }).catch((x: unknown) => x);
+    assert.ok(empty instanceof NotDispatchedError, inspect(empty));
+    assert.equal(empty.source, "client");
+    assert.match(empty.message, /grant must not be empty/);
+    assert.equal(seen.length, 1, "the empty grant was sent");
+  } finally {
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
 });

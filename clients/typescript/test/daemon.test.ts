@@ -115,6 +115,13 @@ before(async () => {
       `kind = "static"`,
       `secret_env = "ORDERS_TEST_TOKEN"`,
       "",
+      // An egress grant listing one host: a cell that asks for another is refused by the
+      // broker before anything is resolved or connected (no network needed).
+      "[egress.pkgs]",
+      `callers = ["${CALLER}"]`,
+      `hosts = ["pypi.plimsoll.test"]`,
+      "ports = [80]",
+      "",
     ].join("\n"),
     env: { ORDERS_TEST_TOKEN: API_SECRET },
   });
@@ -463,6 +470,67 @@ test("a run with a grant calls the API through the broker, the credential never 
   assert.equal(refused!.status, undefined);
   assert.deepEqual(apiCalls, [{ path: "/orders/42", authorization: `Bearer ${API_SECRET}` }]);
   assert.ok(!Buffer.from(x.responseBody).includes(API_SECRET), "the credential reached the answer");
+});
+
+test("a session holds its grant for its whole life: each call lists the calls and receipts since the call before", async (t) => {
+  if (!ready(t, "container")) return;
+  apiCalls = [];
+  const c = client();
+  const api = await c.openSession({ language: "javascript", minimum_isolation: "container", provider: "crun", grant: "orders" });
+  try {
+    const first = await api.cell("host.get('/orders/7').then((o) => console.log(o.item))");
+    assert.equal(text(first.result.stdout), "tea\n", text(first.result.stderr));
+    assert.deepEqual(
+      first.result.calls.map((x) => [x.method, x.route, x.status, x.error]),
+      [["GET", "/orders/*", 200, undefined]],
+    );
+    const second = await api.cell("host.get('/orders/8').then((o) => console.log(o.id))");
+    assert.equal(text(second.result.stdout), "8\n", text(second.result.stderr));
+    assert.deepEqual(
+      second.result.calls.map((x) => x.route),
+      ["/orders/*"],
+    );
+    assert.deepEqual((await api.cell("console.log(1)")).result.calls, []);
+    assert.deepEqual(apiCalls, [
+      { path: "/orders/7", authorization: `Bearer ${API_SECRET}` },
+      { path: "/orders/8", authorization: `Bearer ${API_SECRET}` },
+    ]);
+  } finally {
+    await api.close().catch(() => undefined);
+  }
+
+  const egress = await c.openSession({ language: "python", minimum_isolation: "container", provider: "crun", grant: "pkgs" });
+  try {
+    // Plain HTTP through HTTP_PROXY, which the session's interpreter has.
+    const r = await egress.cell(
+      [
+        "import urllib.request",
+        "try:",
+        "    urllib.request.urlopen('http://elsewhere.plimsoll.test/simple/', timeout=20)",
+        "except Exception as e:",
+        "    print('refused', getattr(e, 'code', e))",
+      ].join("\n"),
+    );
+    assert.equal(text(r.result.stdout), "refused 403\n", text(r.result.stderr));
+    assert.equal(r.result.egress.length, 1);
+    const [receipt] = r.result.egress;
+    assert.deepEqual(
+      [receipt!.host, receipt!.port, receipt!.kind, receipt!.verdict, receipt!.rule, receipt!.address, receipt!.sni, receipt!.ended],
+      ["elsewhere.plimsoll.test", 80, "http", "refused", "host_not_allowed", undefined, undefined, undefined],
+    );
+    assert.deepEqual([receipt!.bytes_up, receipt!.bytes_down], [0, 0]);
+    assert.deepEqual((await egress.cell("print(1)")).result.egress, []);
+  } finally {
+    await egress.close().catch(() => undefined);
+  }
+
+  // A grant this caller may not use opens nothing, as one that does not exist.
+  for (const grant of ["others", "no-such-grant"]) {
+    const e = await rejection(c.openSession({ language: "python", minimum_isolation: "container", grant }));
+    assert.ok(e instanceof NotDispatchedError, inspect(e));
+    assert.equal(e.reason, "permission");
+  }
+  assert.deepEqual((await c.listSessions()).sessions, []);
 });
 
 // ---------------------------------------------------------------------------------------
