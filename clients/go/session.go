@@ -126,6 +126,11 @@ type SessionOptions struct {
 	MinimumIsolation Isolation
 	// Provider names a provider that keeps sessions (crun, runc, runsc).
 	Provider string
+	// Grant names a grant profile the operator defined (an API grant or an egress grant),
+	// held for the session's whole life: each call's result lists the broker calls
+	// (Output.Calls) and egress receipts (Output.Egress) since the call before. A call
+	// cannot name one of its own. Empty: none.
+	Grant string
 	// Limits: memory, pids and disk for the session's whole life; timeout, output and
 	// artifact caps as each call's defaults. nil leaves `limits` out.
 	Limits *Limits
@@ -257,7 +262,7 @@ func (c *Client) OpenSession(ctx context.Context, opts SessionOptions) (*Session
 	id := NewRequestID()
 	refuse := func(err error) error { return refusedHere(id, ReasonRequest, err.Error(), err) }
 	w := wireSessionOpen{Protocol: Protocol, RequestID: id, Language: opts.Language,
-		MinimumIsolation: opts.MinimumIsolation, Provider: opts.Provider, Limits: opts.Limits,
+		MinimumIsolation: opts.MinimumIsolation, Provider: opts.Provider, Grant: opts.Grant, Limits: opts.Limits,
 		IdleTimeoutMS: opts.IdleTimeoutMS, MaxLifetimeMS: opts.MaxLifetimeMS, Image: opts.Image}
 	if err := w.validate(); err != nil {
 		return nil, refuse(err)

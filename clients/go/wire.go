@@ -69,6 +69,7 @@ type wireSessionOpen struct {
 	Language         Language  `json:"language"`
 	MinimumIsolation Isolation `json:"minimum_isolation,omitempty"`
 	Provider         string    `json:"provider,omitempty"`
+	Grant            string    `json:"grant,omitempty"`
 	Limits           *Limits   `json:"limits,omitempty"`
 	IdleTimeoutMS    uint64    `json:"idle_timeout_ms,omitempty"`
 	MaxLifetimeMS    uint64    `json:"max_lifetime_ms,omitempty"`
@@ -85,6 +86,9 @@ func (w wireSessionOpen) validate() error {
 	}
 	if !utf8.ValidString(w.Provider) {
 		return errors.New("provider is not valid UTF-8")
+	}
+	if !utf8.ValidString(w.Grant) {
+		return errors.New("grant is not valid UTF-8")
 	}
 	if w.Image != "" {
 		return validateImage(w.Image)
