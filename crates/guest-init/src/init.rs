@@ -174,6 +174,21 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         }
         None => None,
     };
+    // The egress port exists only in a run with an egress grant.
+    let egress_port = match find_named_port(EGRESS_PORT_NAME) {
+        Some(dev) => {
+            let path = format!("{private_dev}/{dev}");
+            Some(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_CLOEXEC)
+                    .open(&path)
+                    .map_err(setup_err(&path))?,
+            )
+        }
+        None => None,
+    };
     let port = port_slot.insert(port);
     let _ = rustix::mount::unmount(private_dev.as_str(), rustix::mount::UnmountFlags::DETACH);
     let _ = fs::remove_dir(&private_dev);
@@ -239,6 +254,14 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         None => false,
     };
     let procs = prepare_run(&limits)?;
+    // After loopback is up: the proxy endpoint the egress variables point at.
+    let egress = match egress_port {
+        Some(p) => {
+            start_egress_relay(p)?;
+            true
+        }
+        None => false,
+    };
     if limits.trial {
         // The host puts the runner in the initramfs of trial runs only.
         let runner = plimsoll_wire::trial_step::TRIAL_RUNNER_PATH;
@@ -255,9 +278,9 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
     let uptime_agent = uptime();
     let started = Instant::now();
     if let Some(language) = limits.session {
-        return run_session(port, procs, broker, language);
+        return run_session(port, procs, Grants { broker, egress }, language);
     }
-    let status = run_agent(port, procs, broker, &limits)?;
+    let status = run_agent(port, procs, Grants { broker, egress }, &limits)?;
     let agent_ms = started.elapsed().as_millis();
     let mut exit = vec![
         ("uptime_init_s", format!("{uptime_init:.3}")),
@@ -332,6 +355,49 @@ fn start_broker_relay(port: File) -> Result<(), GuestInitError> {
         .spawn(move || relay(&listener, port))
         .map_err(setup_err("the broker relay thread"))?;
     Ok(())
+}
+
+/// A run with an egress grant: PID 1 listens on the proxy endpoint,
+/// `127.0.0.1:`[`EGRESS_PROXY_PORT`](plimsoll_sandbox::broker::EGRESS_PROXY_PORT), and carries
+/// each connection as a stream of the egress port's mux; the host hands each stream to the
+/// broker. It reads nothing of what it carries.
+fn start_egress_relay(port: File) -> Result<(), GuestInitError> {
+    use plimsoll_sandbox::mux::{Mux, Socket};
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", plimsoll_sandbox::broker::EGRESS_PROXY_PORT))
+            .map_err(setup_err("the egress proxy endpoint"))?;
+    let out = port.try_clone().map_err(setup_err("the egress port"))?;
+    let mux = Mux::new(Box::new(out));
+    let reader = std::sync::Arc::clone(&mux);
+    std::thread::Builder::new()
+        .name("egress-port".into())
+        .spawn(move || {
+            if let Err(e) = reader.serve(&port, || None) {
+                eprintln!("plimsoll-guest-init: the egress port ended: {e}");
+            }
+        })
+        .map_err(setup_err("the egress relay thread"))?;
+    std::thread::Builder::new()
+        .name("egress-accept".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                // Requests are small and answered at once: no wait for more to send.
+                let _ = conn.set_nodelay(true);
+                let _ = mux.open(std::sync::Arc::new(conn) as std::sync::Arc<dyn Socket>);
+            }
+        })
+        .map_err(setup_err("the egress relay thread"))?;
+    Ok(())
+}
+
+/// The channels a run's grant gave its guest.
+#[derive(Debug, Clone, Copy)]
+struct Grants {
+    /// The broker's port (any grant).
+    broker: bool,
+    /// The egress port (an egress grant).
+    egress: bool,
 }
 
 /// Serves the broker socket's connections one at a time, each until it closes, forwarding
@@ -591,7 +657,7 @@ fn next_line(stdout: &mut impl io::Read, mut seen: Vec<u8>) -> io::Result<(Vec<u
 fn start_agent(
     args: &[&str],
     procs: File,
-    broker: bool,
+    grants: Grants,
     trial: bool,
 ) -> Result<
     (
@@ -609,7 +675,16 @@ fn start_agent(
     cmd.args(args)
         .env_clear()
         .envs(ENVIRONMENT)
-        .envs(BROKER_ENVIRONMENT.into_iter().filter(|_| broker))
+        .envs(BROKER_ENVIRONMENT.into_iter().filter(|_| grants.broker))
+        .envs(
+            plimsoll_sandbox::broker::egress_env()
+                .into_iter()
+                .filter(|_| grants.egress)
+                .filter_map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                }),
+        )
         .current_dir("/work")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -649,7 +724,7 @@ fn start_agent(
 fn run_agent(
     port: &mut File,
     procs: File,
-    broker: bool,
+    grants: Grants,
     limits: &GuestLimits,
 ) -> Result<std::process::ExitStatus, GuestInitError> {
     let mut args = vec!["--wall-first"];
@@ -659,7 +734,7 @@ fn run_agent(
         Some(plimsoll_wire::Language::Python) => args.extend(["--warm", "python"]),
         None => {}
     }
-    let (mut child, mut stdout, errors) = start_agent(&args, procs, broker, limits.trial)?;
+    let (mut child, mut stdout, errors) = start_agent(&args, procs, grants, limits.trial)?;
     // Its wall first; then its job, once the host has judged the wall (a host that refuses
     // sends no job: the guest is killed with the agent waiting).
     let handed = (|| {
@@ -715,7 +790,7 @@ fn run_agent(
 fn run_session(
     port: &mut File,
     procs: File,
-    broker: bool,
+    grants: Grants,
     language: plimsoll_wire::Language,
 ) -> Result<(), GuestInitError> {
     let name = match language {
@@ -724,7 +799,7 @@ fn run_session(
     };
     let started = Instant::now();
     let (mut child, mut stdout, errors) =
-        start_agent(&["--wall-first", "--session", name], procs, broker, false)?;
+        start_agent(&["--wall-first", "--session", name], procs, grants, false)?;
     let said = (|| {
         let (wall, rest) = next_line(&mut stdout, Vec::new()).map_err(GuestInitError::Agent)?;
         channel::write_frame(port, channel::WALL, &wall).map_err(GuestInitError::Channel)?;

@@ -9,6 +9,9 @@ pub const AGENT: &str = "/opt/plimsoll/bin/plimsoll-agent";
 pub const PORT_NAME: &str = "plimsoll";
 /// The name of the broker's virtio-serial port, present only in a run with a grant.
 pub const BROKER_PORT_NAME: &str = "plimsoll.broker";
+/// The name of the egress port, present only in a run with an egress grant: the streams of
+/// the proxy endpoint's connections, multiplexed (`plimsoll_sandbox::mux`).
+pub const EGRESS_PORT_NAME: &str = "plimsoll.egress";
 /// The directory of the broker socket (a small tmpfs of its own, writable by root only).
 pub const BROKER_DIR: &str = "/run/plimsoll";
 /// The socket the in-guest clients connect to; the guest init relays it to the broker port.

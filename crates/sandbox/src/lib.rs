@@ -13,6 +13,7 @@ pub mod error;
 pub mod evidence;
 pub mod fds;
 pub mod judge;
+pub mod mux;
 pub mod reap;
 pub mod session;
 pub mod spawn;

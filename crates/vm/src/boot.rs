@@ -485,7 +485,17 @@ impl Vm {
             }
             _ => None,
         };
+        // The egress port: a socketpair, QEMU's end a chardev on the `plimsoll.egress` port.
+        let egress = match plan.broker {
+            Some(b) if plan.shape.egress => {
+                Some((b, tried!(UnixStream::pair().map_err(StartVmError::Channel))))
+            }
+            _ => None,
+        };
         let mut fds = vec![(guest_end.as_fd(), inside::CHANNEL_FD)];
+        if let Some((_, (_, q))) = &egress {
+            fds.push((q.as_fd(), inside::EGRESS_FD));
+        }
         if let Some((_, q)) = &qmp {
             fds.push((q.as_fd(), inside::QMP_FD));
         }
@@ -509,6 +519,14 @@ impl Vm {
         let broker_guest = match broker {
             Some((channel, (ours, theirs))) => {
                 tried!(channel.serve_stream(ours).map_err(StartVmError::Broker));
+                Some(theirs)
+            }
+            None => None,
+        };
+        // The egress streams go to the broker until QEMU's end closes (QEMU exits).
+        let egress_guest = match egress {
+            Some((channel, (ours, theirs))) => {
+                tried!(serve_egress(channel.clone(), ours).map_err(StartVmError::Broker));
                 Some(theirs)
             }
             None => None,
@@ -537,6 +555,7 @@ impl Vm {
         };
         drop(qmp_guest);
         drop(broker_guest);
+        drop(egress_guest);
         let plimsoll_sandbox::Running {
             child,
             stdout,
@@ -1148,4 +1167,29 @@ fn query_kvm(
         requested,
         &answer.to_string(),
     )?)
+}
+
+/// Serves the egress port's streams on a thread of its own: each stream the guest opens
+/// becomes one connection to the run's broker, opened with the egress hello. Ends when QEMU
+/// closes its end.
+fn serve_egress(channel: BrokerChannel, port: UnixStream) -> std::io::Result<()> {
+    use plimsoll_sandbox::mux::{Mux, Socket};
+    let mux = Mux::new(Box::new(port.try_clone()?));
+    std::thread::Builder::new()
+        .name("vm-egress".into())
+        .spawn(move || {
+            let accept = || -> Option<std::sync::Arc<dyn Socket>> {
+                let (ours, broker) = UnixStream::pair().ok()?;
+                let hello = plimsoll_sandbox::broker::EGRESS_HELLO;
+                let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
+                frame.extend_from_slice(hello);
+                std::io::Write::write_all(&mut &ours, &frame).ok()?;
+                channel.serve_stream(broker).ok()?;
+                Some(std::sync::Arc::new(ours))
+            };
+            if let Err(e) = mux.serve(&port, accept) {
+                tracing::warn!(error = %e, "a guest's egress port ended");
+            }
+        })?;
+    Ok(())
 }

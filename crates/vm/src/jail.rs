@@ -41,6 +41,8 @@ pub mod inside {
     pub const QMP_FD: i32 = 4;
     /// The broker channel's descriptor in QEMU (runs with a grant only).
     pub const BROKER_FD: i32 = 5;
+    /// The egress port's descriptor in QEMU (runs with an egress grant only).
+    pub const EGRESS_FD: i32 = 6;
 }
 
 /// One read-only bind mount into the jail.

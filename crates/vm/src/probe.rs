@@ -219,6 +219,7 @@ pub fn probe(p: &VmProvider) -> Probed {
                         tsc_khz: pr.tsc_khz,
                         qmp: false,
                         broker: false,
+                        egress: false,
                     }),
                 );
                 match probe_run(p, pr, a) {

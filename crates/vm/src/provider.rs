@@ -433,6 +433,7 @@ impl VmProvider {
             tsc_khz: prepared.tsc_khz,
             qmp,
             broker: plan.broker.is_some(),
+            egress: plan.broker.as_ref().is_some_and(|b| b.egress()),
         };
         let tb = match accelerator {
             Accelerator::Tcg => qemu::TCG_TB_MIB,
@@ -939,6 +940,13 @@ impl Provider for VmProvider {
 
     /// A run with a grant gets a second virtio-serial port, `plimsoll.broker`, whose host
     /// end the broker serves; the guest init relays it to `/run/plimsoll/broker.sock`.
+    /// A run with an egress grant gets a third port, `plimsoll.egress`: the guest init listens
+    /// on the proxy endpoint and carries each connection as a stream of it; the host hands
+    /// each stream to the broker.
+    fn supports_egress(&self) -> bool {
+        true
+    }
+
     fn supports_broker(&self) -> bool {
         true
     }

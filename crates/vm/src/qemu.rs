@@ -29,6 +29,9 @@ pub struct QemuShape {
     /// A second virtio-serial port, [`crate::guest::BROKER_PORT_NAME`], on descriptor 5: the
     /// run's broker channel (runs with a grant only).
     pub broker: bool,
+    /// A third virtio-serial port, [`crate::guest::EGRESS_PORT_NAME`], on descriptor 6: the
+    /// streams of the guest's egress proxy endpoint (runs with an egress grant only).
+    pub egress: bool,
 }
 
 /// The guest kernel's command line.
@@ -131,6 +134,20 @@ pub fn args(shape: &QemuShape) -> Vec<String> {
             .map(str::to_owned),
         );
     }
+    if shape.egress {
+        a.extend(
+            [
+                "-chardev",
+                &format!("socket,id=egress,fd={}", inside::EGRESS_FD),
+                "-device",
+                &format!(
+                    "virtserialport,chardev=egress,name={}",
+                    crate::guest::EGRESS_PORT_NAME
+                ),
+            ]
+            .map(str::to_owned),
+        );
+    }
     if shape.qmp {
         a.extend(
             [
@@ -187,6 +204,7 @@ mod tests {
             tsc_khz: Some(2_445_428),
             qmp: false,
             broker: false,
+            egress: false,
         }
     }
 
@@ -214,6 +232,7 @@ mod tests {
         assert!(!k.contains("broker"));
         let b = args(&QemuShape {
             broker: true,
+            egress: false,
             ..shape(Accelerator::Tcg)
         })
         .join(" ");
