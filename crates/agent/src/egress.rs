@@ -44,6 +44,8 @@ pub fn start_relay_from_env() -> Result<bool, RelayError> {
         .spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
+                // Requests are small and answered at once: no wait for more to send.
+                let _ = conn.set_nodelay(true);
                 let socket = socket.clone();
                 // One thread a connection; the broker bounds how many it serves at once.
                 let _ = std::thread::Builder::new()

@@ -109,7 +109,7 @@ struct Api {
 pub struct Finished {
     /// Every API call, in order.
     pub calls: Vec<GrantCall>,
-    /// Every egress attempt's receipt, in the order they ended.
+    /// Every egress attempt's receipt, in the order they began.
     pub egress: Vec<EgressReceipt>,
 }
 

@@ -176,9 +176,12 @@ impl Egress {
         }
     }
 
-    /// Every receipt so far, in the order the attempts ended; empties the list.
+    /// Every receipt so far, in the order the attempts began (those that began in the same
+    /// millisecond in the order they ended); empties the list.
     pub(crate) fn take_receipts(&self) -> Vec<EgressReceipt> {
-        std::mem::take(&mut lock(&self.ledger).receipts)
+        let mut receipts = std::mem::take(&mut lock(&self.ledger).receipts);
+        receipts.sort_by_key(|r| r.start_ms);
+        receipts
     }
 
     fn offset(&self, at: Instant) -> u64 {
@@ -488,7 +491,11 @@ impl Egress {
                         clip(&h)
                     ),
                 )),
-                Ok(_) => Ok((target, path)),
+                Ok(Some(_)) => Ok((target, path)),
+                Ok(None) => Err(refused(
+                    "bad_request",
+                    "the request has no Host header: send one naming the target's host",
+                )),
                 Err(e) => Err(refused("bad_request", e.to_string())),
             })
             .and_then(|(target, path)| {
@@ -1341,6 +1348,102 @@ mod tests {
             0,
             "nothing was connected"
         );
+    }
+
+    /// A host that sends one byte every 100 ms for ever.
+    fn dripping() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { return };
+                std::thread::spawn(move || {
+                    while c.write_all(b".").is_ok() {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn a_slow_drip_is_cut_at_the_deadline_and_at_its_time_budget() {
+        let port = dripping();
+        for (extra, deadline, end) in [
+            (
+                "addresses = [\"127.0.0.0/8\"]",
+                Duration::from_millis(1500),
+                "deadline",
+            ),
+            (
+                "addresses = [\"127.0.0.0/8\"]\nmax_connection_secs = 1",
+                Duration::from_secs(30),
+                "budget_time",
+            ),
+        ] {
+            let resolver = Counting {
+                calls: Arc::new(AtomicUsize::new(0)),
+                answer: vec!["127.0.0.1".parse().unwrap()],
+            };
+            let e = Egress::with_resolver(
+                Some(profile(extra, port)),
+                "run-test",
+                Instant::now() + deadline,
+                Box::new(resolver),
+            );
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            let mut req = connect("ok.test", port);
+            req.extend_from_slice(&hello(Some("ok.test")));
+            (&ours).write_all(&req).unwrap();
+            let started = Instant::now();
+            // The code keeps its side open and reads: only the broker can end it.
+            let reader = std::thread::spawn(move || {
+                let mut sink = Vec::new();
+                let _ = (&ours).read_to_end(&mut sink);
+                sink.len()
+            });
+            e.serve(&theirs);
+            drop(theirs);
+            let held = started.elapsed();
+            assert!(held < Duration::from_secs(5), "held {held:?}");
+            assert!(
+                reader.join().unwrap() > 45,
+                "the bytes before the cut went through"
+            );
+            let r = e.take_receipts();
+            assert_eq!(
+                (r[0].verdict.as_str(), r[0].ended.as_deref()),
+                ("allowed", Some(end)),
+                "{r:?}"
+            );
+            let address = format!("127.0.0.1:{port}");
+            assert_eq!(r[0].address.as_deref(), Some(address.as_str()));
+            assert!(r[0].bytes_down > 0 && r[0].bytes_up > 0, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_plain_request_without_a_host_header_is_refused() {
+        let w = watched();
+        let (e, resolved) = egress(profile("", w.port), &["127.0.0.1"]);
+        let out = ask(
+            &e,
+            format!("GET http://ok.test:{}/ HTTP/1.1\r\n\r\n", w.port).as_bytes(),
+        );
+        refused_with(&e, &out, "bad_request");
+        let out = ask(
+            &e,
+            format!(
+                "GET http://127.1:{0}/ HTTP/1.1\r\nHost: 127.1:{0}\r\n\r\n",
+                w.port
+            )
+            .as_bytes(),
+        );
+        refused_with(&e, &out, "ip_literal");
+        assert_eq!(resolved.load(Ordering::SeqCst), 0);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(w.accepted.load(Ordering::SeqCst), 0);
     }
 
     #[test]
