@@ -131,15 +131,16 @@ pub fn plan(
         .map_err(|why| RunError::refused(id, Reason::Environment, why.clone()))?;
     let floor = req.minimum_isolation.unwrap_or(config.default_floor);
     const NO_BROKER: &str = "this provider cannot carry a grant's broker channel: name a provider that can (process, crun, runc, runsc, qemu)";
-    const NO_EGRESS: &str = "this provider cannot carry an egress grant's proxy: name a provider that can (crun, runc, runsc)";
-    if let Some(Grant::Egress(p)) = &grant {
-        if Privileges::for_spec(&req.run).is_trial() && !p.trials() {
-            return Err(RunError::refused(
-                id,
-                Reason::Permission,
-                "this egress grant is not for runs with a trial step: its operator allows that with `trials = true`",
-            ));
-        }
+    const NO_EGRESS: &str = "this provider cannot carry an egress grant's proxy: name a provider that can (crun, runc, runsc, qemu)";
+    if let Some(Grant::Egress(p)) = &grant
+        && Privileges::for_spec(&req.run).is_trial()
+        && !p.trials()
+    {
+        return Err(RunError::refused(
+            id,
+            Reason::Permission,
+            "this egress grant is not for runs with a trial step: its operator allows that with `trials = true`",
+        ));
     }
     let egress = grant.as_ref().is_some_and(|g| g.egress().is_some());
     // Routing reads each reason as text, for the refusal that names them all.
