@@ -35,9 +35,10 @@ build:
 
 ## images: the image store build/images/ (scripts/build-image NAME, recipe images/NAME/): sandbox,
 ## the default image of the container and kernel tiers (its VM disk is vm-assets'), and
-## python-data, sandbox plus numpy, pandas and matplotlib, with its own VM disk
+## python-data, sandbox plus numpy, pandas and matplotlib, with its own VM disk; egress-test,
+## sandbox plus pip, npm and the egress tests' CA (tests/fixtures/egress)
 images:
-	scripts/build-image && scripts/build-image python-data
+	scripts/build-image && scripts/build-image python-data && scripts/build-image egress-test
 
 ## vm-assets: the kernel, initramfs and image disk the VM provider boots (builds the image first)
 vm-assets:

@@ -23,7 +23,8 @@ pub struct SessionOpenRequest {
     /// Names the provider to run at; the server chooses when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
-    /// A grant profile; sessions do not take one yet (refused `unsupported`).
+    /// A grant profile (an API or an egress grant) the session holds for its whole life: every
+    /// call may use it, and a call names none of its own (docs/sessions.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<String>,
     /// The session's limits: `memory_bytes`, `pids`, `disk_bytes` hold for its whole life;
