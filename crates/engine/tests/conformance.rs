@@ -18,6 +18,7 @@ use std::time::Duration;
 use plimsoll_broker::GrantProfiles;
 use plimsoll_engine::{Engine, EvidenceCache, Reason, RunError, Settings, not_dispatched_reason};
 use plimsoll_testing::api::{Expect, TestApi};
+use plimsoll_testing::egress::EgressFixture;
 use plimsoll_testing::{
     NAMESPACE_ATTACK, TestDir, is_root, namespace_attack_refused, no_connection_came,
     quiet_listener, skip_or_fail,
@@ -1775,6 +1776,119 @@ fn grant(rig: &Rig) -> Result<(), String> {
     )
 }
 
+/// An egress grant: a project's Python reaches a listed host through the broker (urllib,
+/// `HTTPS_PROXY`), its result lists the receipt, a host the grant does not list is refused
+/// and reaches no server, and code that skips the proxy reaches nothing. A provider that
+/// carries no egress (the process tier) refuses the grant, not dispatched.
+fn egress(rig: &Rig) -> Result<(), String> {
+    // Beside the rig's directory, not in it: the fixture is no process of the run's.
+    let dir = TestDir::new("egress-fixture", rig.provider);
+    let fixture = EgressFixture::start(dir.path())?;
+    let files = fixture.port("files");
+    let grants = format!(
+        "[profiles.orders]\nbase_url = \"{}\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"{CALLER}\"]\n\
+         call_budget = 20\n[profiles.orders.credential]\nkind = \"static\"\nsecret_env = \"ORDERS_API_TOKEN\"\n\
+         [egress.web]\ncallers = [\"{CALLER}\"]\nhosts = [\"files.plimsoll.test\"]\nports = [{files}]\n\
+         addresses = [\"127.0.0.0/8\"]\n\
+         resolve = {{ \"files.plimsoll.test\" = [\"127.0.0.1\"], \"other.plimsoll.test\" = [\"127.0.0.1\"] }}\n",
+        rig.api.url()
+    );
+    let grants = GrantProfiles::parse(&grants, |name| {
+        (name == "ORDERS_API_TOKEN").then(|| TOKEN.to_owned())
+    })
+    .map_err(|e| format!("egress: the grants: {e}"))?;
+    rig.engine.replace_grants(grants);
+    if !rig.shape.projects {
+        let req = rig.request("egress", Ask::new(py("print('RAN')")).grant("web"));
+        return match rig.engine.run(CALLER, &req) {
+            Err(e)
+                if not_dispatched_reason(&e) == Some(Reason::Unsupported)
+                    && e.to_string().contains("egress") =>
+            {
+                rig.nothing_left("egress")
+            }
+            other => Err(format!("egress: not refused for want of egress: {other:?}")),
+        };
+    }
+    let fetch = |url: &str| {
+        format!(
+            "import urllib.request as u\ntry:\n    print(u.urlopen('{url}', timeout=20).read().decode().strip())\n\
+             except Exception as e:\n    print('refused', type(e).__name__)\n"
+        )
+    };
+    let code = format!(
+        "{}{}import socket\ntry:\n    socket.create_connection(('127.0.0.1', {files}), timeout=3)\n    print('DIRECT')\n\
+         except OSError as e:\n    print('direct refused')\n",
+        fetch(&format!("https://files.plimsoll.test:{files}/hello.txt")),
+        fetch(&format!("https://other.plimsoll.test:{files}/hello.txt")),
+    );
+    let spec = RunSpec::Project(Project {
+        files: vec![
+            ProjectFile {
+                path: "ca.pem".into(),
+                content: fixture.ca_pem().as_str().into(),
+                executable: false,
+            },
+            ProjectFile {
+                path: "fetch.py".into(),
+                content: code.as_str().into(),
+                executable: false,
+            },
+        ],
+        steps: vec![Step {
+            name: None,
+            run: "SSL_CERT_FILE=/work/ca.pem python3 fetch.py".into(),
+        }],
+        artifacts: vec![],
+    });
+    let r = rig.run("egress", Ask::new(spec).grant("web"))?;
+    let out = r
+        .result
+        .steps
+        .first()
+        .map(|s| String::from_utf8_lossy(s.stdout.as_slice()).into_owned())
+        .unwrap_or_default();
+    expect(
+        "egress",
+        out == "egress-ok\nrefused URLError\ndirect refused\n",
+        &r,
+    )?;
+    let seen: Vec<(&str, &str, &str, Option<&str>)> = r
+        .result
+        .egress
+        .iter()
+        .map(|x| {
+            (
+                x.host.as_str(),
+                x.verdict.as_str(),
+                x.rule.as_str(),
+                x.ended.as_deref(),
+            )
+        })
+        .collect();
+    let rule = format!("host files.plimsoll.test port {files} via 127.0.0.0/8");
+    if seen
+        != [
+            (
+                "files.plimsoll.test",
+                "allowed",
+                rule.as_str(),
+                Some("closed"),
+            ),
+            ("other.plimsoll.test", "refused", "host_not_allowed", None),
+        ]
+    {
+        return Err(format!("egress: the receipts are {seen:?}"));
+    }
+    let connected = fixture.connections("files");
+    if connected != 1 {
+        return Err(format!(
+            "egress: the file server saw {connected} connections, not the allowed one alone"
+        ));
+    }
+    Ok(())
+}
+
 /// A floor above what the provider gives is refused, and nothing runs.
 /// A sandbox gives one run: a run leaves a marker in its work directory (a hidden one too),
 /// in each directory the sandbox has of its own (`/tmp`, `/dev/shm`) and in its
@@ -1872,13 +1986,18 @@ fn conformance(provider: &'static str, slot: u32, name: &str, case: Case) {
     };
     let start = std::time::Instant::now();
     let mut outcome = case(&rig);
-    // A warm rig's case ran on members (every case with a snippet at the suite's limits).
+    // A warm rig's case ran on members (every case with a snippet at the suite's limits; a
+    // project, a refusal and egress, which serves projects, claim none).
     let claimed = rig
         .engine
         .pool_counts()
         .claimed
         .load(std::sync::atomic::Ordering::SeqCst);
-    if rig.warm && outcome.is_ok() && claimed == 0 && !["project", "refusal"].contains(&name) {
+    if rig.warm
+        && outcome.is_ok()
+        && claimed == 0
+        && !["project", "refusal", "egress"].contains(&name)
+    {
         outcome = Err(format!("{name}: no run claimed a warm member"));
     }
     if rig.warm {
@@ -1955,6 +2074,7 @@ suite! {
         concurrent,
         project,
         grant,
+        egress,
         refusal,
         used_once,
     ],
