@@ -628,6 +628,75 @@ provider_tests!(runc, 10);
 provider_tests!(runsc, 20);
 provider_tests!(qemu, 40);
 
+/// A session opened with an API grant: a Python cell imports the client (its interpreter runs
+/// under `-I`) and calls the API, and the call is listed on that cell's result alone.
+#[test]
+fn crun_session_cells_call_an_api_grant() {
+    let test = "crun_session_cells_call_an_api_grant";
+    let Some((engine, _f, _dir)) = rig(test, 35, "crun", &["sandbox"]) else {
+        return;
+    };
+    let api = plimsoll_testing::api::TestApi::start(plimsoll_testing::api::Expect::Static {
+        header: "authorization".into(),
+        value: "Bearer tok-session".into(),
+    });
+    let text = format!(
+        "[profiles.orders]\nbase_url = \"{}\"\nroutes = [\"GET /orders/*\"]\ncallers = [\"{CALLER}\"]\n\
+         call_budget = 5\n[profiles.orders.credential]\nkind = \"static\"\nsecret_env = \"SESSION_TOKEN\"\n",
+        api.url()
+    );
+    engine.replace_grants(
+        GrantProfiles::parse(&text, |n| {
+            (n == "SESSION_TOKEN").then(|| "tok-session".into())
+        })
+        .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let open = SessionOpenRequest {
+        protocol: PROTOCOL,
+        request_id: "open".into(),
+        language: Language::Python,
+        minimum_isolation: Some(Tier::Container),
+        provider: None,
+        grant: Some("orders".into()),
+        limits: None,
+        idle_timeout_ms: None,
+        max_lifetime_ms: None,
+        image: None,
+    };
+    let info = engine
+        .open_session(CALLER, &open)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cell = |id: &str, code: &str| {
+        let req = RunRequest {
+            limits: None,
+            minimum_isolation: None,
+            image: None,
+            grant: None,
+            ..request(id, "sandbox", "orders", plimsoll_testing::py(code))
+        };
+        engine
+            .session_call(
+                CALLER,
+                &info.session_id,
+                &req,
+                SessionCallKind::Cell { restart: false },
+                &mut |_| {},
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let r = cell(
+        "c1",
+        "import plimsoll_host as host\nprint(host.get('/orders/7')['path'])",
+    );
+    assert_eq!(stdout(&r), "/orders/7\n", "{}", explain(&r));
+    assert_eq!(r.result.calls.len(), 1, "{:?}", r.result.calls);
+    let r = cell("c2", "print('quiet')");
+    assert!(r.result.calls.is_empty(), "{:?}", r.result.calls);
+    engine
+        .close_session(CALLER, &info.session_id, None)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn crun_pip_and_npm_install() {
     pip_and_npm_install("crun", 30);

@@ -27,6 +27,12 @@ def _plimsoll_session():
     scope = main.__dict__
     # Output as it is printed, a line at a time, as on a terminal: a streamed cell shows
     # each line when it comes, not when the cell ends.
+    # A session with a grant: its client's directory on the path, as a snippet's boot puts
+    # it there (-I ignores PYTHONPATH, which names it).
+    if os.environ.get("PLIMSOLL_BROKER_SOCKET"):
+        for d in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+            if d and d not in sys.path:
+                sys.path.append(d)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True)
