@@ -1446,6 +1446,74 @@ mod tests {
         assert_eq!(w.accepted.load(Ordering::SeqCst), 0);
     }
 
+    /// A plain-HTTP origin: answers every request `200 ok`, framed by its length, and counts
+    /// the requests it read.
+    fn origin() -> (u16, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&served);
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { return };
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && c.read(&mut b).is_ok_and(|n| n == 1) {
+                    head.push(b[0]);
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+            }
+        });
+        (port, served)
+    }
+
+    #[test]
+    fn every_request_of_a_kept_alive_plain_connection_is_checked() {
+        let (port, served) = origin();
+        let (e, _) = egress(
+            profile("addresses = [\"127.0.0.0/8\"]", port),
+            &["127.0.0.1"],
+        );
+        // Two requests on one connection: the first to a listed host, the second not.
+        let two = format!(
+            "GET http://ok.test:{port}/a HTTP/1.1\r\nHost: ok.test:{port}\r\n\r\n\
+             GET http://evil.test:{port}/b HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n"
+        );
+        let out = ask(&e, two.as_bytes());
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+            "{out}"
+        );
+        assert!(out.contains("X-Plimsoll-Egress: host_not_allowed"), "{out}");
+        let r = e.take_receipts();
+        let rules: Vec<(&str, &str)> = r
+            .iter()
+            .map(|x| (x.verdict.as_str(), x.rule.as_str()))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (
+                    "allowed",
+                    format!("host ok.test port {port} via 127.0.0.0/8").as_str()
+                ),
+                ("refused", "host_not_allowed"),
+            ],
+            "{r:?}"
+        );
+        assert_eq!(
+            (r[0].kind.as_str(), r[0].ended.as_deref()),
+            ("http", Some("closed"))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            served.load(Ordering::SeqCst),
+            1,
+            "only the listed request went out"
+        );
+    }
+
     #[test]
     fn budgets_refuse_and_list_once() {
         let w = watched();
