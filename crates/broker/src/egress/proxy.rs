@@ -200,10 +200,17 @@ impl Egress {
                 Ok(Some(h)) => h,
                 Ok(None) => return,
                 Err(e) => {
-                    // A head that never completes, or is not HTTP: one receipt, then closed.
+                    // A head that never completes, or is not HTTP: an attempt as any other
+                    // (counted, so such receipts stay bounded too), refused, then closed.
                     if let Some(r) = e {
                         let start = Instant::now();
-                        self.listed(self.refusal_receipt("", 0, "http", start, &r));
+                        let (r, list) = match self.admit() {
+                            Ok(_slot) => (r, true),
+                            Err(over) => over,
+                        };
+                        if list {
+                            self.listed(self.refusal_receipt("", 0, "http", start, &r));
+                        }
                         let _ = reply_refusal(stream, &r);
                     }
                     return;
@@ -224,16 +231,19 @@ impl Egress {
 
     /// Counts an attempt against the budgets: `Err` when it is over one.
     fn admit(&self) -> Result<OpenSlot<'_>, (Refused, bool)> {
+        let mut l = lock(&self.ledger);
         let Some(p) = &self.profile else {
+            // Listed once: a run without an egress grant has no budget to bound the list.
+            let first = !l.over_listed;
+            l.over_listed = true;
             return Err((
                 refused(
                     "no_egress_grant",
                     "this run holds no egress grant: ask for one (`grant` in the request) that lists the host",
                 ),
-                true,
+                first,
             ));
         };
-        let mut l = lock(&self.ledger);
         if l.asked >= p.max_connections() {
             let first = !l.over_listed;
             l.over_listed = true;
@@ -1533,10 +1543,27 @@ mod tests {
     }
 
     #[test]
-    fn without_an_egress_grant_every_attempt_is_refused_and_listed() {
+    fn without_an_egress_grant_every_attempt_is_refused_and_the_first_listed() {
         let e = Egress::new(None, "run-test", Instant::now() + Duration::from_secs(5));
         let out = ask(&e, &connect("ok.test", 443));
         refused_with(&e, &out, "no_egress_grant");
+        for _ in 0..3 {
+            let out = ask(&e, &connect("ok.test", 443));
+            assert!(out.contains("X-Plimsoll-Egress: no_egress_grant"), "{out}");
+        }
+        assert!(e.take_receipts().is_empty(), "listed once, not again");
+    }
+
+    #[test]
+    fn garbage_counts_against_the_budget() {
+        let w = watched();
+        let (e, _) = egress(profile("max_connections = 2", w.port), &["127.0.0.1"]);
+        for _ in 0..5 {
+            let out = ask(&e, b"\x16\x03\x01 not a request\r\n\r\n");
+            assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+        }
+        let rules: Vec<String> = e.take_receipts().into_iter().map(|r| r.rule).collect();
+        assert_eq!(rules, ["bad_request", "bad_request", "budget_connections"]);
     }
 
     #[test]
