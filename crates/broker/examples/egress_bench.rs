@@ -13,24 +13,25 @@
 //! - `relay+broker`: client → TCP relay → Unix socket → broker → server, what code in a
 //!   sandbox gets through `HTTPS_PROXY`.
 //!
-//! Two copies of the fixture run: `nodelay`, the figures to quote, with TCP_NODELAY on the
-//! connections its servers accept ([`NODELAY_LAUNCHER`] says why), and `as is`, as the tests
-//! run it, for latency only.
+//! The fixture runs as the tests run it. Every hop sets TCP_NODELAY as the shipped code does:
+//! the fixture's servers and the relay on the connections they accept, the broker on its
+//! upstream connection (without it, a fresh connection's first answer waits ~40 ms on Nagle
+//! until the peer's delayed ACK).
 //!
 //! Clients: Python's `http.client` (what urllib and pip use) in one long-running process, so
 //! no process start is timed; then curl, one process a request, timed by curl itself
 //! (`time_appconnect`, `time_total`) and from outside (wall: process start and exit too).
-//! Samples of the cases are interleaved, the order rotated each round, so drift on a shared
+//! Samples of the routes are interleaved, the order rotated each round, so drift on a shared
 //! host hits every case alike. Prints the host's facts, one table per measure, and the CPU
 //! other processes used meanwhile. A benchmark, not a test: it asserts nothing about speed
 //! (only that every answer was whole, every proxied connection has its allowed receipt, and
-//! each server accepted one connection per request).
+//! the server accepted one connection per request).
 //!
 //! `cargo run --release -p plimsoll-broker --example egress_bench [-- --requests N --downloads N]`
 
 use std::collections::HashMap;
 use std::error::Error as _;
-use std::io::{self, BufRead as _, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -51,10 +52,8 @@ const WARM_REQUESTS: u32 = 5;
 /// Upper bound of the grant's `max_connections`.
 const MAX_CONNECTIONS: u64 = 10_000;
 
-/// The route through the agent's relay, and the same with TCP_NODELAY on the relay's
-/// connections (not what the agent does: a diagnostic, to show what that option is worth).
+/// The route through the agent's relay: what code in a sandbox gets.
 const RELAY: &str = "relay+broker";
-const RELAY_NODELAY: &str = "relay+broker, the relay with TCP_NODELAY";
 
 /// The client: one process, one phase (`latency` or `download`), the samples of every case as
 /// one JSON line on stdout. Each request opens its own connection (so pays TCP, the CONNECT
@@ -149,32 +148,6 @@ def main():
 main()
 "#;
 
-/// Runs scripts/egress-fixture with TCP_NODELAY on every connection its servers accept, and
-/// nothing else changed. As the tests run it, a fresh connection's first answer waits about
-/// 40 ms: after the handshake the server writes its TLS 1.3 session tickets and then its
-/// answer as small segments, and Nagle holds the answer until the client's delayed ACK comes
-/// (a 50 ms pause between handshake and request makes the wait vanish; so does TCP_NODELAY).
-/// That is the fixture's, the same on every route, and would hide what the proxy adds;
-/// servers on the internet (nginx, CDNs) set TCP_NODELAY.
-const NODELAY_LAUNCHER: &str = r#"
-import runpy, socket, sys
-
-_accept = socket.socket.accept
-
-
-def accept(self):
-    conn, addr = _accept(self)
-    if conn.family in (socket.AF_INET, socket.AF_INET6):
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return conn, addr
-
-
-socket.socket.accept = accept
-script = sys.argv[1]
-sys.argv = [script] + sys.argv[2:]
-runpy.run_path(script, run_name="__main__")
-"#;
-
 const USAGE: &str = "usage: egress_bench [--requests N] [--downloads N]
   --requests N   requests per case for latency, each on a fresh connection (default 200)
   --downloads N  downloads of /big (64 MiB) per route for throughput (default 5)
@@ -227,14 +200,20 @@ fn parse_args() -> Result<Args, String> {
 }
 
 impl Args {
-    /// Connections through the broker, warm-ups included: per latency round Python's four
-    /// proxied cases and curl's two; per download round Python's two and curl's one.
+    /// Connections through the broker, warm-ups included: per round (latency or download)
+    /// Python's two proxied routes and curl's one.
     fn proxied(&self) -> u64 {
-        6 * u64::from(self.requests + WARM_REQUESTS) + 3 * u64::from(self.downloads + 1)
+        3 * u64::from(self.requests + WARM_REQUESTS) + 3 * u64::from(self.downloads + 1)
+    }
+
+    /// Connections the files server accepts, warm-ups included: per round Python's three
+    /// routes and curl's two.
+    fn served(&self) -> u64 {
+        5 * u64::from(self.requests + WARM_REQUESTS) + 5 * u64::from(self.downloads + 1)
     }
 }
 
-/// One thing the Python client measures: a route to a server.
+/// One route the Python client measures.
 #[derive(Clone, Copy)]
 struct Case {
     route: &'static str,
@@ -242,15 +221,6 @@ struct Case {
     kind: &'static str,
     /// The relay's port, for `relay`.
     proxy: u16,
-    /// `nodelay` or `as is`.
-    server: &'static str,
-    port: u16,
-}
-
-impl Case {
-    fn name(&self) -> String {
-        format!("{} / {}", self.route, self.server)
-    }
 }
 
 fn run() -> Result<(), String> {
@@ -261,28 +231,22 @@ fn run() -> Result<(), String> {
         }
     }
     let work = tempfile::tempdir().map_err(|e| format!("cannot make a scratch dir: {e}"))?;
-    eprintln!("egress_bench: starting scripts/egress-fixture, as is and with TCP_NODELAY");
-    // Started first: it makes the fixture's venv, which the other one runs in.
-    let as_is = EgressFixture::start(&work.path().join("fixture"))?;
-    let nodelay = NodelayFixture::start(work.path())?;
-    let port = nodelay.port("files")?;
-    let as_is_port = as_is.port("files");
-    let ca = as_is.info["ca"]
+    eprintln!("egress_bench: starting scripts/egress-fixture");
+    let fixture = EgressFixture::start(&work.path().join("fixture"))?;
+    let port = fixture.port("files");
+    let ca = fixture.info["ca"]
         .as_str()
         .ok_or("the fixture names no CA")?
         .to_owned();
-    let big = nodelay.info["big"]["bytes"]
+    let big = fixture.info["big"]["bytes"]
         .as_u64()
         .ok_or("the fixture names no size for /big")?;
-    let pids = [
-        as_is.info["pid"].as_u64().unwrap_or(0) as u32,
-        nodelay.info["pid"].as_u64().unwrap_or(0) as u32,
-    ];
+    let pids = [fixture.info["pid"].as_u64().unwrap_or(0) as u32];
 
     let grants = GrantProfiles::parse(
         &format!(
             "[egress.bench]\ncallers = [\"bench\"]\nhosts = [\"{HOST}\"]\n\
-             ports = [{port}, {as_is_port}]\naddresses = [\"127.0.0.0/8\"]\n\
+             ports = [{port}]\naddresses = [\"127.0.0.0/8\"]\n\
              resolve = {{ \"{HOST}\" = [\"127.0.0.1\"] }}\nmax_connections = {MAX_CONNECTIONS}\n\
              max_bytes_up = {max}\nmax_bytes_down = {max}\n",
             max = plimsoll_broker::egress::profile::MAX_EGRESS_BYTES
@@ -299,18 +263,34 @@ fn run() -> Result<(), String> {
     broker
         .serve_listener(listener)
         .map_err(|e| format!("the broker cannot serve: {e}"))?;
-    let relay_port = start_relay(socket.clone(), false)?;
-    let relay_nodelay_port = start_relay(socket.clone(), true)?;
+    let relay_port = start_relay(socket.clone())?;
 
     let facts = HostFacts::gather();
     let curl_version = version_line(CURL, "--version")?;
     let client_path = work.path().join("client.py");
     std::fs::write(&client_path, CLIENT).map_err(|e| format!("client.py: {e}"))?;
-    let cfg = |cases: &[Case], rounds: u32, warm: u32, path: &str, size: u64| {
+    let cases = [
+        Case {
+            route: "direct",
+            kind: "direct",
+            proxy: 0,
+        },
+        Case {
+            route: "broker",
+            kind: "broker",
+            proxy: 0,
+        },
+        Case {
+            route: RELAY,
+            kind: "relay",
+            proxy: relay_port,
+        },
+    ];
+    let cfg = |rounds: u32, warm: u32, path: &str, size: u64| {
         let cases: Vec<Value> = cases
             .iter()
             .map(|c| {
-                serde_json::json!({"name": c.name(), "kind": c.kind, "port": c.port, "proxy": c.proxy})
+                serde_json::json!({"name": c.route, "kind": c.kind, "port": port, "proxy": c.proxy})
             })
             .collect();
         serde_json::json!({
@@ -320,54 +300,22 @@ fn run() -> Result<(), String> {
         })
         .to_string()
     };
-    let case = |route, server, port| {
-        let (kind, proxy) = match route {
-            "direct" | "broker" => (route, 0),
-            RELAY => ("relay", relay_port),
-            _ => ("relay", relay_nodelay_port),
-        };
-        Case {
-            route,
-            kind,
-            proxy,
-            server,
-            port,
-        }
-    };
-    let main_cases = [
-        case("direct", "nodelay", port),
-        case("broker", "nodelay", port),
-        case(RELAY, "nodelay", port),
-    ];
-    let latency_cases: Vec<Case> = main_cases
-        .iter()
-        .copied()
-        .chain([
-            case(RELAY_NODELAY, "nodelay", port),
-            case("direct", "as is", as_is_port),
-            case(RELAY, "as is", as_is_port),
-        ])
-        .collect();
     let curl = Curl {
         ca: &ca,
         port,
-        relays: [(RELAY, relay_port), (RELAY_NODELAY, relay_nodelay_port)],
+        relay: relay_port,
     };
+    let curl_routes = ["direct", RELAY];
+    let started = Instant::now();
 
     eprintln!(
-        "egress_bench: latency, Python: {} requests per case",
+        "egress_bench: latency, Python: {} requests per route",
         args.requests
     );
     let load = Load::start(&pids);
     let py_latency = python(
         &client_path,
-        &cfg(
-            &latency_cases,
-            args.requests,
-            WARM_REQUESTS,
-            "/hello.txt",
-            10,
-        ),
+        &cfg(args.requests, WARM_REQUESTS, "/hello.txt", 10),
     )?;
     let py_latency_load = load.end();
 
@@ -376,13 +324,7 @@ fn run() -> Result<(), String> {
         args.requests
     );
     let load = Load::start(&pids);
-    let curl_latency = curl.rounds(
-        &["direct", RELAY, RELAY_NODELAY],
-        args.requests,
-        WARM_REQUESTS,
-        "/hello.txt",
-        10,
-    )?;
+    let curl_latency = curl.rounds(&curl_routes, args.requests, WARM_REQUESTS, "/hello.txt", 10)?;
     let curl_latency_load = load.end();
 
     eprintln!(
@@ -391,10 +333,7 @@ fn run() -> Result<(), String> {
         big >> 20
     );
     let load = Load::start(&pids);
-    let py_download = python(
-        &client_path,
-        &cfg(&main_cases, args.downloads, 1, "/big", big),
-    )?;
+    let py_download = python(&client_path, &cfg(args.downloads, 1, "/big", big))?;
     let py_download_load = load.end();
 
     eprintln!(
@@ -402,11 +341,12 @@ fn run() -> Result<(), String> {
         args.downloads
     );
     let load = Load::start(&pids);
-    let curl_download = curl.rounds(&["direct", RELAY], args.downloads, 1, "/big", big)?;
+    let curl_download = curl.rounds(&curl_routes, args.downloads, 1, "/big", big)?;
     let curl_download_load = load.end();
+    let measured = started.elapsed();
 
     // Every proxied request went through the broker (one allowed receipt each, closed), and
-    // every request reached a server on a connection of its own.
+    // every request reached the server on a connection of its own.
     let finished = broker.finish();
     let receipts = &finished.egress;
     let odd = receipts.iter().find(|r| {
@@ -420,17 +360,14 @@ fn run() -> Result<(), String> {
         ));
     }
     let down: u64 = receipts.iter().map(|r| r.bytes_down).sum();
-    let want_as_is = 2 * u64::from(args.requests + WARM_REQUESTS);
-    let want_nodelay =
-        7 * u64::from(args.requests + WARM_REQUESTS) + 5 * u64::from(args.downloads + 1);
-    let accepted = (as_is.connections("files"), nodelay.connections("files")?);
-    if accepted != (want_as_is, want_nodelay) {
+    let accepted = fixture.connections("files");
+    if accepted != args.served() {
         return Err(format!(
-            "the servers accepted {accepted:?} connections, not ({want_as_is}, {want_nodelay})"
+            "the files server accepted {accepted} connections, not {}",
+            args.served()
         ));
     }
-    drop(as_is);
-    drop(nodelay);
+    drop(fixture);
 
     // The report: data to stdout.
     let python_version = py_latency["python"].as_str().unwrap_or("?");
@@ -443,67 +380,54 @@ fn run() -> Result<(), String> {
          {curl_version}, one process per request"
     );
     println!(
-        "- server: scripts/egress-fixture's files server (Python, threaded, TLS 1.3); `nodelay` is \
-         the same server with TCP_NODELAY on the connections it accepts, `as is` the fixture as \
-         the tests run it (its answer on a fresh connection waits ~40 ms: Nagle on the server \
-         until the client's delayed ACK, on every route)"
+        "- server: scripts/egress-fixture's files server (Python, threaded, TLS 1.3), as the \
+         tests run it"
     );
     println!(
-        "- routes: direct = client → server; broker = client → Unix socket → broker → server; \
-         relay+broker = client → TCP relay (the agent's protocol) → Unix socket → broker → \
-         server, what code in a sandbox gets; \"the relay with TCP_NODELAY\" = the same, with \
-         TCP_NODELAY on the relay's accepted connection, which the agent's relay does not set \
-         (a diagnostic)"
+        "- routes: direct = client → server; broker = client → Unix socket (the egress hello) → \
+         broker → server; relay+broker = client → TCP relay (a copy of the agent's) → Unix \
+         socket → broker → server, what code in a sandbox gets. TCP_NODELAY on every hop: the \
+         server and the relay on the connections they accept, the broker upstream"
     );
     println!(
         "- checked: {} receipts, every one allowed and closed ({:.0} MB down through the \
-         broker); the servers accepted exactly one connection per request",
+         broker); the server accepted exactly one connection per request ({accepted})",
         receipts.len(),
         down as f64 / 1e6
+    );
+    println!(
+        "- measured in {:.0} s (setup and checks apart)",
+        measured.as_secs_f64()
     );
     println!();
 
     println!(
         "## Latency: GET /hello.txt (10 bytes), each on a fresh connection with a full TLS \
-         handshake, {} per case, rotated round-robin",
+         handshake, {} per route, rotated round-robin",
         args.requests
     );
     println!();
     println!(
-        "| client | server | route | n | setup p50 ms | p50 ms | p90 ms | added p50 ms | p50 × direct |"
+        "| client | route | n | setup p50 ms | p50 ms | p90 ms | added p50 ms | p50 × direct |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let py = |cases: &[Case], line: &Value| -> Result<Vec<Series>, String> {
+    println!("|---|---|---|---|---|---|---|---|");
+    let py = |line: &Value| -> Result<Vec<Series>, String> {
         cases
             .iter()
             .map(|c| {
                 Ok(Series {
                     route: c.route,
-                    setup: Some(samples(&line["setup"], &c.name())?),
-                    total: samples(&line["total"], &c.name())?,
+                    setup: Some(samples(&line["setup"], c.route)?),
+                    total: samples(&line["total"], c.route)?,
                 })
             })
             .collect()
     };
-    latency_rows(
-        "Python http.client",
-        "nodelay",
-        &py(&latency_cases[..4], &py_latency)?,
-    );
-    latency_rows(
-        "curl, its time_total",
-        "nodelay",
-        &curl_latency.series(false),
-    );
+    latency_rows("Python http.client", &py(&py_latency)?);
+    latency_rows("curl, its time_total", &curl_latency.series(false));
     latency_rows(
         "curl, wall (process start and exit too)",
-        "nodelay",
         &curl_latency.series(true),
-    );
-    latency_rows(
-        "Python http.client",
-        "as is",
-        &py(&latency_cases[4..], &py_latency)?,
     );
     println!();
     println!(
@@ -519,97 +443,28 @@ fn run() -> Result<(), String> {
         args.downloads
     );
     println!();
-    println!(
-        "| client | server | route | n | median MB/s | min MB/s | max MB/s | median × direct |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    throughput_rows("Python http.client", &py(&main_cases, &py_download)?, big);
+    println!("| client | route | n | median MB/s | min MB/s | max MB/s | median × direct |");
+    println!("|---|---|---|---|---|---|---|");
+    throughput_rows("Python http.client", &py(&py_download)?, big);
     throughput_rows("curl, its time_total", &curl_download.series(false), big);
     println!();
     println!("Load: during Python's part {py_download_load}; during curl's {curl_download_load}.");
     println!();
     println!(
-        "MB = 10^6 bytes. p50 is the median; \"added\" is the route's median minus direct's, to the \
-         same server by the same client."
+        "MB = 10^6 bytes. p50 is the median; \"added\" is the route's median minus direct's, by \
+         the same client."
     );
     Ok(())
 }
 
-/// scripts/egress-fixture run with TCP_NODELAY on every accepted connection
-/// ([`NODELAY_LAUNCHER`]), in the venv the fixture made for itself; gone when dropped.
-struct NodelayFixture {
-    child: std::process::Child,
-    stdin: Option<std::process::ChildStdin>,
-    dir: PathBuf,
-    info: Value,
-}
-
-impl NodelayFixture {
-    fn start(work: &Path) -> Result<NodelayFixture, String> {
-        let root = plimsoll_testing::workspace_root();
-        let launcher = work.join("nodelay-fixture.py");
-        std::fs::write(&launcher, NODELAY_LAUNCHER)
-            .map_err(|e| format!("{}: {e}", launcher.display()))?;
-        let dir = work.join("fixture-nodelay");
-        let venv = root.join("build/egress-fixture/venv/bin/python3");
-        let running = Spawn::new(&venv, "/")
-            .arg(&launcher)
-            .arg(root.join("scripts/egress-fixture"))
-            .arg("--dir")
-            .arg(&dir)
-            .stdin_pipe()
-            .spawn()
-            .map_err(|e| format!("cannot start the fixture with {}: {e}", venv.display()))?;
-        let mut stderr = running.stderr;
-        std::thread::spawn(move || {
-            let _ = io::copy(&mut stderr, &mut io::stderr());
-        });
-        let mut line = String::new();
-        let mut out = BufReader::new(running.stdout);
-        let _ = out.read_line(&mut line);
-        let info = serde_json::from_str(&line)
-            .map_err(|e| format!("the TCP_NODELAY fixture said {line:?}, not its ports: {e}"))?;
-        Ok(NodelayFixture {
-            child: running.child,
-            stdin: running.stdin,
-            dir,
-            info,
-        })
-    }
-
-    fn port(&self, server: &str) -> Result<u16, String> {
-        self.info[server]
-            .as_u64()
-            .and_then(|p| u16::try_from(p).ok())
-            .ok_or_else(|| format!("the fixture names no {server} port: {}", self.info))
-    }
-
-    fn connections(&self, server: &str) -> Result<u64, String> {
-        let path = self.dir.join("connections.json");
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let v: Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(v[server].as_u64().unwrap_or(0))
-    }
-}
-
-impl Drop for NodelayFixture {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.wait();
-    }
-}
-
 // --- the relay ------------------------------------------------------------------------------
 
-/// Listens on a free loopback port and carries each connection to the broker's socket: the
-/// same protocol as the agent's relay (crates/agent/src/egress.rs), which listens on the fixed
-/// port 3128 inside a sandbox: a new channel connection per TCP connection, opened with the
-/// 4-byte big-endian length and the egress hello, then bytes both ways, a thread each way.
-/// `nodelay` sets TCP_NODELAY on the accepted connection, which the agent's relay does not: a
-/// diagnostic route beside the faithful one.
-fn start_relay(socket: PathBuf, nodelay: bool) -> Result<u16, String> {
+/// A copy of the agent's relay (crates/agent/src/egress.rs, `start_relay_from_env` and
+/// `relay`): keep the two alike. The agent's listens on the fixed port 3128 inside a sandbox,
+/// this one on a free loopback port; the rest is the same: TCP_NODELAY on each accepted
+/// connection, a new channel connection per TCP connection, opened with the 4-byte big-endian
+/// length and the egress hello, then bytes both ways, a thread each way.
+fn start_relay(socket: PathBuf) -> Result<u16, String> {
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| format!("cannot listen on loopback for the relay: {e}"))?;
     let port = listener
@@ -621,10 +476,10 @@ fn start_relay(socket: PathBuf, nodelay: bool) -> Result<u16, String> {
         .spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                if nodelay {
-                    let _ = conn.set_nodelay(true);
-                }
+                // Requests are small and answered at once: no wait for more to send.
+                let _ = conn.set_nodelay(true);
                 let socket = socket.clone();
+                // One thread a connection; the broker bounds how many it serves at once.
                 let _ = std::thread::Builder::new()
                     .name("egress-conn".into())
                     .spawn(move || relay(conn, &socket));
@@ -740,8 +595,8 @@ fn version_line(program: &str, flag: &str) -> Result<String, String> {
 struct Curl<'a> {
     ca: &'a str,
     port: u16,
-    /// Each relay route and its relay's port.
-    relays: [(&'static str, u16); 2],
+    /// The relay's port, for the relay+broker route.
+    relay: u16,
 }
 
 /// curl's samples per route: its own `time_appconnect` and `time_total`, and the wall time
@@ -815,16 +670,10 @@ impl Curl<'_> {
                 .arg("*")
                 .arg("--resolve")
                 .arg(format!("{HOST}:{}:127.0.0.1", self.port)),
-            _ => {
-                let (_, relay) = self
-                    .relays
-                    .iter()
-                    .find(|(r, _)| *r == route)
-                    .ok_or_else(|| format!("no relay for {route}"))?;
-                spawn
-                    .arg("--proxy")
-                    .arg(format!("http://127.0.0.1:{relay}"))
-            }
+            RELAY => spawn
+                .arg("--proxy")
+                .arg(format!("http://127.0.0.1:{}", self.relay)),
+            _ => return Err(format!("curl has no route {route}")),
         };
         let t = Instant::now();
         let (ok, out, err) = output(spawn.arg(&url))?;
@@ -868,8 +717,8 @@ struct Series {
     total: Vec<f64>,
 }
 
-/// The rows of one client and server; the first series is the direct route.
-fn latency_rows(client: &str, server: &str, series: &[Series]) {
+/// The rows of one client; the first series is the direct route.
+fn latency_rows(client: &str, series: &[Series]) {
     let (direct, _) = median_p90(&series[0].total);
     for s in series {
         let (p50, p90) = median_p90(&s.total);
@@ -886,7 +735,7 @@ fn latency_rows(client: &str, server: &str, series: &[Series]) {
             )
         };
         println!(
-            "| {client} | {server} | {} | {} | {setup} | {p50:.2} | {p90:.2} | {added} | {ratio} |",
+            "| {client} | {} | {} | {setup} | {p50:.2} | {p90:.2} | {added} | {ratio} |",
             s.route,
             s.total.len()
         );
@@ -907,7 +756,7 @@ fn throughput_rows(client: &str, series: &[Series], bytes: u64) {
             format!("{:.2}", rate(median) / rate(direct))
         };
         println!(
-            "| {client} | nodelay | {} | {} | {:.0} | {:.0} | {:.0} | {ratio} |",
+            "| {client} | {} | {} | {:.0} | {:.0} | {:.0} | {ratio} |",
             s.route,
             s.total.len(),
             rate(median),
