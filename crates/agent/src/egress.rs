@@ -31,10 +31,10 @@ pub enum RelayError {
 
 /// Starts the relay when the environment asks for it: `Ok(false)` when it does not.
 pub fn start_relay_from_env() -> Result<bool, RelayError> {
-    if std::env::var_os(EGRESS_RELAY_VAR).is_none() {
+    if plimsoll_env::get(plimsoll_env::PLIMSOLL_EGRESS_RELAY).is_none() {
         return Ok(false);
     }
-    let socket: PathBuf = std::env::var_os("PLIMSOLL_BROKER_SOCKET")
+    let socket: PathBuf = plimsoll_env::get(plimsoll_env::PLIMSOLL_BROKER_SOCKET)
         .map(PathBuf::from)
         .ok_or(RelayError::NoChannel)?;
     let listener =
@@ -97,5 +97,17 @@ fn copy(mut from: impl Read, mut to: impl Write) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The provider sets the variable by the sandbox crate's name; the relay reads it by the
+    /// declared one.
+    #[test]
+    fn the_relay_reads_what_the_provider_sets() {
+        assert_eq!(plimsoll_env::PLIMSOLL_EGRESS_RELAY.name, EGRESS_RELAY_VAR);
     }
 }

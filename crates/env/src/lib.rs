@@ -81,6 +81,22 @@ pub const NAMED_BY_GRANTS: EnvVar = EnvVar {
     doc: "variables the grants file names (credential.secret_env / key_env): each profile's API secret or HMAC key, read when the grants file loads; never logged, never passed to a sandbox",
 };
 
+/// Where the run's broker channel is, inside a sandbox: set by the provider, read by the
+/// agent's egress relay (and by the in-sandbox clients).
+pub const PLIMSOLL_BROKER_SOCKET: EnvVar = EnvVar {
+    name: "PLIMSOLL_BROKER_SOCKET",
+    doc: "inside a sandbox with a grant: the broker channel's socket (set by the provider)",
+};
+/// Asks the agent inside a sandbox for the egress relay: set by the provider for a run with
+/// an egress grant.
+pub const PLIMSOLL_EGRESS_RELAY: EnvVar = EnvVar {
+    name: "PLIMSOLL_EGRESS_RELAY",
+    doc: "inside a sandbox with an egress grant: the agent listens on the proxy endpoint (set by the provider)",
+};
+/// Variables read only inside a sandbox, set there by a provider: not an operator's to set,
+/// so not in `--help`.
+pub const IN_SANDBOX: &[EnvVar] = &[PLIMSOLL_BROKER_SOCKET, PLIMSOLL_EGRESS_RELAY];
+
 /// Variables read only by build scripts and tests, never by plimsoll's programs.
 pub const BUILD_AND_TEST: &[EnvVar] = &[
     EnvVar {
@@ -159,7 +175,12 @@ mod tests {
         rust_files(&root.join("crates"), &mut files);
         rust_files(&root.join("examples"), &mut files);
         assert!(files.len() > 10, "found only {} source files", files.len());
-        let declared: Vec<&str> = ALL.iter().chain(BUILD_AND_TEST).map(|v| v.name).collect();
+        let declared: Vec<&str> = ALL
+            .iter()
+            .chain(BUILD_AND_TEST)
+            .chain(IN_SANDBOX)
+            .map(|v| v.name)
+            .collect();
         let mut undeclared = Vec::new();
         for file in &files {
             let text = std::fs::read_to_string(file).unwrap();
