@@ -39,6 +39,14 @@ pub fn start_relay_from_env() -> Result<bool, RelayError> {
         .ok_or(RelayError::NoChannel)?;
     let listener =
         TcpListener::bind(("127.0.0.1", EGRESS_PROXY_PORT)).map_err(RelayError::Listen)?;
+    serve(listener, socket).map_err(RelayError::Thread)?;
+    Ok(true)
+}
+
+/// Serves the relay on `listener`, on a thread of its own: each connection is carried over a
+/// new connection to the broker socket at `socket` (the benchmark serves a loopback port of
+/// its choosing the same way).
+pub fn serve(listener: TcpListener, socket: PathBuf) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("egress-relay".into())
         .spawn(move || {
@@ -53,8 +61,7 @@ pub fn start_relay_from_env() -> Result<bool, RelayError> {
                     .spawn(move || relay(conn, &socket));
             }
         })
-        .map_err(RelayError::Thread)?;
-    Ok(true)
+        .map(drop)
 }
 
 /// Carries one connection: the hello frame, then bytes both ways until both sides closed.

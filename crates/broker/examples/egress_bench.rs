@@ -31,9 +31,9 @@
 
 use std::collections::HashMap;
 use std::error::Error as _;
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -459,11 +459,10 @@ fn run() -> Result<(), String> {
 
 // --- the relay ------------------------------------------------------------------------------
 
-/// A copy of the agent's relay (crates/agent/src/egress.rs, `start_relay_from_env` and
-/// `relay`): keep the two alike. The agent's listens on the fixed port 3128 inside a sandbox,
-/// this one on a free loopback port; the rest is the same: TCP_NODELAY on each accepted
-/// connection, a new channel connection per TCP connection, opened with the 4-byte big-endian
-/// length and the egress hello, then bytes both ways, a thread each way.
+/// The agent's relay (crates/agent/src/egress.rs, [`plimsoll_agent::egress::serve`]) on a
+/// free loopback port instead of the fixed 3128 it takes inside a sandbox: TCP_NODELAY on each
+/// accepted connection, a new channel connection per TCP connection opened with the egress
+/// hello, then bytes both ways.
 fn start_relay(socket: PathBuf) -> Result<u16, String> {
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| format!("cannot listen on loopback for the relay: {e}"))?;
@@ -471,65 +470,9 @@ fn start_relay(socket: PathBuf) -> Result<u16, String> {
         .local_addr()
         .map_err(|e| format!("the relay's port: {e}"))?
         .port();
-    std::thread::Builder::new()
-        .name("egress-relay".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                // Requests are small and answered at once: no wait for more to send.
-                let _ = conn.set_nodelay(true);
-                let socket = socket.clone();
-                // One thread a connection; the broker bounds how many it serves at once.
-                let _ = std::thread::Builder::new()
-                    .name("egress-conn".into())
-                    .spawn(move || relay(conn, &socket));
-            }
-        })
+    plimsoll_agent::egress::serve(listener, socket)
         .map_err(|e| format!("cannot start the relay's thread: {e}"))?;
     Ok(port)
-}
-
-/// One connection, as the agent's `relay` carries it.
-fn relay(conn: TcpStream, socket: &Path) {
-    let Ok(channel) = UnixStream::connect(socket) else {
-        let _ = (&conn).write_all(
-            b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        );
-        return;
-    };
-    let mut hello = (EGRESS_HELLO.len() as u32).to_be_bytes().to_vec();
-    hello.extend_from_slice(EGRESS_HELLO);
-    if (&channel).write_all(&hello).is_err() {
-        return;
-    }
-    let (Ok(conn2), Ok(channel2)) = (conn.try_clone(), channel.try_clone()) else {
-        return;
-    };
-    let up = std::thread::Builder::new()
-        .name("egress-up".into())
-        .spawn(move || {
-            copy(&conn2, &channel2);
-            let _ = channel2.shutdown(Shutdown::Write);
-        });
-    copy(&channel, &conn);
-    let _ = conn.shutdown(Shutdown::Write);
-    if let Ok(up) = up {
-        let _ = up.join();
-    }
-}
-
-fn copy(mut from: impl Read, mut to: impl Write) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    return;
-                }
-            }
-        }
-    }
 }
 
 // --- the clients ---------------------------------------------------------------------------

@@ -159,36 +159,10 @@ fn run(port_slot: &mut Option<File>) -> Result<(), GuestInitError> {
         .custom_flags(libc::O_CLOEXEC)
         .open(&port_path)
         .map_err(setup_err(&port_path))?;
-    // The broker's port exists only in a run with a grant.
-    let broker_port = match find_named_port(BROKER_PORT_NAME) {
-        Some(dev) => {
-            let path = format!("{private_dev}/{dev}");
-            Some(
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(libc::O_CLOEXEC)
-                    .open(&path)
-                    .map_err(setup_err(&path))?,
-            )
-        }
-        None => None,
-    };
-    // The egress port exists only in a run with an egress grant.
-    let egress_port = match find_named_port(EGRESS_PORT_NAME) {
-        Some(dev) => {
-            let path = format!("{private_dev}/{dev}");
-            Some(
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(libc::O_CLOEXEC)
-                    .open(&path)
-                    .map_err(setup_err(&path))?,
-            )
-        }
-        None => None,
-    };
+    // The broker's port exists only in a run with a grant, the egress port only in a run
+    // with an egress grant.
+    let broker_port = open_named_port(&private_dev, BROKER_PORT_NAME)?;
+    let egress_port = open_named_port(&private_dev, EGRESS_PORT_NAME)?;
     let port = port_slot.insert(port);
     let _ = rustix::mount::unmount(private_dev.as_str(), rustix::mount::UnmountFlags::DETACH);
     let _ = fs::remove_dir(&private_dev);
@@ -313,6 +287,22 @@ fn find_named_port(wanted: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// The virtio-serial port `name`, opened through the private devtmpfs at `private_dev`, if
+/// QEMU gave the guest one.
+fn open_named_port(private_dev: &str, name: &str) -> Result<Option<File>, GuestInitError> {
+    let Some(dev) = find_named_port(name) else {
+        return Ok(None);
+    };
+    let path = format!("{private_dev}/{dev}");
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .map(Some)
+        .map_err(setup_err(&path))
 }
 
 /// A run with a grant: the clients in the image (the JavaScript one preloaded through

@@ -735,43 +735,49 @@ impl Egress {
             }
             let (c_ready, u_ready) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
             if up_open && c_ready {
-                match (&*client).read(&mut buf) {
-                    Ok(0) | Err(_) => {
-                        up_open = false;
-                        let _ = upstream.shutdown(std::net::Shutdown::Write);
-                    }
-                    Ok(n) => {
-                        if let Err(end) = self.count(Dir::Up, n as u64, receipt) {
-                            return end;
-                        }
-                        if (&*upstream).write_all(&buf[..n]).is_err() {
-                            return "upstream_failed";
-                        }
-                    }
+                match self.pump(client, upstream, Dir::Up, &mut buf, receipt) {
+                    Ok(open) => up_open = open,
+                    Err(end) => return end,
                 }
             }
             if down_open && u_ready {
-                match (&*upstream).read(&mut buf) {
-                    Ok(0) | Err(_) => {
-                        down_open = false;
-                        let _ = client.shutdown(std::net::Shutdown::Write);
-                    }
-                    Ok(n) => {
-                        if let Err(end) = self.count(Dir::Down, n as u64, receipt) {
-                            return end;
-                        }
-                        if (&*client).write_all(&buf[..n]).is_err() {
-                            return "closed";
-                        }
-                    }
+                match self.pump(upstream, client, Dir::Down, &mut buf, receipt) {
+                    Ok(open) => down_open = open,
+                    Err(end) => return end,
                 }
             }
         }
         "closed"
     }
 
+    /// Moves what one read brings from `from` to `to`: `Ok(false)` once `from` has ended (its
+    /// direction then shut on `to`), `Err` with how the connection ends.
+    fn pump(
+        &self,
+        from: &impl Conn,
+        to: &impl Conn,
+        dir: Dir,
+        buf: &mut [u8],
+        receipt: &mut EgressReceipt,
+    ) -> Result<bool, &'static str> {
+        match from.read_from(buf) {
+            Ok(0) | Err(_) => {
+                to.shut_write();
+                Ok(false)
+            }
+            Ok(n) => {
+                self.count(dir, n as u64, receipt)?;
+                to.write_all_to(&buf[..n]).map_err(|_| match dir {
+                    Dir::Up => "upstream_failed",
+                    Dir::Down => "closed",
+                })?;
+                Ok(true)
+            }
+        }
+    }
+
     /// Forwards exactly `n` body bytes.
-    fn forward_length<S: ReadTimeout, W: WriteAll>(
+    fn forward_length<S: Conn, W: Conn>(
         &self,
         from: &mut Buffered<'_, S>,
         to: &W,
@@ -790,7 +796,7 @@ impl Egress {
     }
 
     /// Forwards a chunked body to its end (trailers included), as it came.
-    fn forward_chunked<S: ReadTimeout, W: WriteAll>(
+    fn forward_chunked<S: Conn, W: Conn>(
         &self,
         from: &mut Buffered<'_, S>,
         to: &W,
@@ -869,48 +875,37 @@ impl Egress {
     }
 }
 
-/// What a stream a body is read from needs: a read timeout.
-trait ReadTimeout: Sized {
+/// Either side of a connection the proxy moves bytes between: the channel (a Unix stream)
+/// or the host (a TCP stream).
+trait Conn {
     fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     fn read_from(&self, buf: &mut [u8]) -> io::Result<usize>;
-}
-
-impl ReadTimeout for UnixStream {
-    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(t)
-    }
-    fn read_from(&self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self).read(buf)
-    }
-}
-
-impl ReadTimeout for TcpStream {
-    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(t)
-    }
-    fn read_from(&self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self).read(buf)
-    }
-}
-
-/// Where forwarded bytes are written.
-trait WriteAll {
     fn write_all_to(&self, bytes: &[u8]) -> io::Result<()>;
+    fn shut_write(&self);
 }
 
-impl WriteAll for UnixStream {
-    fn write_all_to(&self, bytes: &[u8]) -> io::Result<()> {
-        (&*self).write_all(bytes)
-    }
+macro_rules! conn {
+    ($t:ty) => {
+        impl Conn for $t {
+            fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                self.set_read_timeout(t)
+            }
+            fn read_from(&self, buf: &mut [u8]) -> io::Result<usize> {
+                (&*self).read(buf)
+            }
+            fn write_all_to(&self, bytes: &[u8]) -> io::Result<()> {
+                (&*self).write_all(bytes)
+            }
+            fn shut_write(&self) {
+                let _ = self.shutdown(std::net::Shutdown::Write);
+            }
+        }
+    };
 }
+conn!(UnixStream);
+conn!(TcpStream);
 
-impl WriteAll for TcpStream {
-    fn write_all_to(&self, bytes: &[u8]) -> io::Result<()> {
-        (&*self).write_all(bytes)
-    }
-}
-
-impl<S: ReadTimeout> Buffered<'_, S> {
+impl<S: Conn> Buffered<'_, S> {
     /// Reads more into the buffer, waiting at most until `until`. `Ok(0)` at end of stream.
     fn fill(&mut self, until: Instant) -> io::Result<usize> {
         let left = until.saturating_duration_since(Instant::now());
