@@ -12,6 +12,7 @@
 //! Nothing but the broker ever holds a minted credential: it is attached to the upstream
 //! request here and goes nowhere else (not the sandbox, a log, an error, a result or a record).
 
+pub mod apart;
 mod broker;
 pub mod credential;
 pub mod egress;
@@ -27,6 +28,6 @@ pub use egress::profile::EgressProfile;
 pub use egress::proxy::{EGRESS_CODES, EGRESS_ENDS};
 pub use profile::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, GRANT_REFUSED,
-    Grant, GrantProfiles, GrantRefused, LoadGrantsError, Profile,
+    Grant, GrantProfiles, GrantRefused, GrantsSource, LoadGrantsError, Profile,
 };
 pub use route::{PathRefused, Route};

@@ -4,9 +4,11 @@
 //! The file holds no secret, only the names of the variables that do; docs/capability-grants.md
 //! describes it with a complete example.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -129,7 +131,47 @@ pub struct Profile {
     scheme: String,
     minter: Minter,
     upstream: Upstream,
+    source: OnceLock<Arc<GrantsSource>>,
 }
+
+/// What one load of a grants file read: its text and the value of every variable it named,
+/// then. A broker in a process of its own loads the same profiles from it
+/// ([`crate::apart`]), whatever the file or the environment say later.
+pub struct GrantsSource {
+    generation: u64,
+    text: String,
+    env: Vec<(String, Secret)>,
+}
+
+impl GrantsSource {
+    /// Which load this was: a number no other load in this process has.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// The file's text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+    /// Each variable the file named, with the value it had.
+    pub fn env(&self) -> &[(String, Secret)] {
+        &self.env
+    }
+}
+
+impl std::fmt::Debug for GrantsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrantsSource")
+            .field("generation", &self.generation)
+            .field("bytes", &self.text.len())
+            .field(
+                "variables",
+                &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl Profile {
     /// Its name.
@@ -221,6 +263,13 @@ impl Grant {
             Grant::Api(_) => None,
         }
     }
+    /// The load of the grants file this profile came from.
+    pub fn source(&self) -> Option<&Arc<GrantsSource>> {
+        match self {
+            Grant::Api(p) => p.source.get(),
+            Grant::Egress(p) => p.source(),
+        }
+    }
     fn allows(&self, caller: &str) -> bool {
         match self {
             Grant::Api(p) => p.allows(caller),
@@ -304,6 +353,18 @@ impl GrantProfiles {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
+        // Every variable read, with its value, for the source a broker apart loads from.
+        let read = RefCell::new(Vec::<(String, Secret)>::new());
+        let read_env = |name: &str| {
+            let value = read_env(name);
+            if let Some(v) = &value {
+                let mut read = read.borrow_mut();
+                if !read.iter().any(|(k, _)| k == name) {
+                    read.push((name.to_owned(), Secret::new(v.clone())));
+                }
+            }
+            value
+        };
         let mut profiles = BTreeMap::new();
         for (name, entry) in file.profiles {
             let profile = validate(&name, entry, &read_env)?;
@@ -334,6 +395,17 @@ impl GrantProfiles {
             }
             let profile = validate_egress(&name, entry).map_err(invalid)?;
             profiles.insert(name, Grant::Egress(Arc::new(profile)));
+        }
+        let source = Arc::new(GrantsSource {
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            text: text.to_owned(),
+            env: read.into_inner(),
+        });
+        for grant in profiles.values() {
+            let _ = match grant {
+                Grant::Api(p) => p.source.set(Arc::clone(&source)),
+                Grant::Egress(p) => p.set_source(Arc::clone(&source)),
+            };
         }
         Ok(GrantProfiles { profiles })
     }
@@ -541,6 +613,7 @@ fn validate(
         scheme,
         minter,
         upstream,
+        source: OnceLock::new(),
     })
 }
 

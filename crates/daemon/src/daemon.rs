@@ -90,7 +90,12 @@ pub struct DaemonOptions {
     /// The settings file the daemon was started with, if any: SIGHUP re-reads its
     /// `[pools]` section.
     pub settings_file: Option<PathBuf>,
+    /// The user the broker process runs as, when there is a grants file.
+    pub broker_user: String,
 }
+
+/// The broker process's user unless `[daemon] broker_user` names another.
+pub const DEFAULT_BROKER_USER: &str = plimsoll_broker::apart::DEFAULT_USER;
 
 /// The daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +130,19 @@ pub enum StartDaemonError {
     /// Serving failed.
     #[error("serving failed")]
     Serve(#[source] std::io::Error),
+    /// The broker process's user is not on this host, or is root.
+    #[error(
+        "the broker process runs as user `{user}`, {problem}: create it with `plimsoll init` (or `useradd --system --user-group --no-create-home --shell /usr/sbin/nologin {user}`), or name another unprivileged user in [daemon] broker_user"
+    )]
+    BrokerUser {
+        /// The user.
+        user: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The broker process did not start.
+    #[error("cannot start the broker process (the grants' broker runs apart from the daemon)")]
+    BrokerProcess(#[source] std::io::Error),
     /// The grants file could not be loaded.
     #[error("cannot load the grants file")]
     Grants(#[source] LoadGrantsError),
@@ -218,6 +236,10 @@ impl DaemonOptions {
             grants_file: settings.grants_file.clone(),
             // Set by `run`, which knows where the settings came from.
             settings_file: None,
+            broker_user: d
+                .broker_user
+                .clone()
+                .unwrap_or_else(|| DEFAULT_BROKER_USER.to_owned()),
         })
     }
 }
@@ -767,6 +789,16 @@ async fn terminate_signal() {
     }
 }
 
+/// The broker process's user, refused when absent or root.
+fn broker_user(name: &str) -> Result<plimsoll_broker::apart::ProcessUser, StartDaemonError> {
+    plimsoll_broker::apart::ProcessUser::lookup(name).map_err(|problem| {
+        StartDaemonError::BrokerUser {
+            user: name.to_owned(),
+            problem,
+        }
+    })
+}
+
 /// The whole daemon, as `plimsolld` runs it: build the engine (refusing to start with no
 /// provider), bind, probe in the background (`/readyz` answers 503 until a provider passes),
 /// re-check evidence periodically, reload callers and grants on SIGHUP, and shut down gracefully on
@@ -784,7 +816,19 @@ pub async fn run(
         options.grants_file = Some(g.to_owned());
     }
     let grants = load_grants(options.grants_file.as_deref())?;
-    let engine = Arc::new(build_engine(settings)?.with_grants(grants));
+    let mut engine = build_engine(settings)?.with_grants(grants);
+    // With grants, their brokers run in a process of their own (docs/privileges.md).
+    if options.grants_file.is_some() {
+        let user = broker_user(&options.broker_user)?;
+        let apart = plimsoll_broker::apart::Apart::start(
+            std::path::Path::new(plimsoll_broker::apart::OWN_PROGRAM),
+            user,
+        )
+        .map_err(StartDaemonError::BrokerProcess)?;
+        tracing::info!(pid = apart.pid(), user = %options.broker_user, uid = user.uid, "broker process up");
+        engine = engine.with_brokers(plimsoll_broker::apart::Brokers::Apart(apart));
+    }
+    let engine = Arc::new(engine);
     let listener =
         TcpListener::bind(options.listen)
             .await

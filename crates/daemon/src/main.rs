@@ -44,6 +44,22 @@ fn load_settings(args: &Args) -> anyhow::Result<(Settings, Option<PathBuf>)> {
 }
 
 fn main() -> ExitCode {
+    // The broker process (docs/privileges.md): the daemon starts this same program as it,
+    // unprivileged, before this process has started a thread.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(
+            plimsoll_broker::apart::BROKER_PROCESS_ARG,
+        ))
+    {
+        plimsoll_daemon::logging::init();
+        return match plimsoll_broker::apart::child_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %e, "the broker process stopped");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = Args::parse();
     plimsoll_daemon::logging::init();
     let result = load_settings(&args).and_then(|(settings, file)| {

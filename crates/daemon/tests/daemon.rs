@@ -1643,6 +1643,187 @@ fn sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken()
     );
 }
 
+/// The broker process plimsolld `daemon` runs (its child started as `plimsolld
+/// broker-process`), waiting up to 30 s for one other than `not`.
+fn broker_process(daemon: u32, not: Option<u32>) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // pid (comm) state ppid ...: the comm may hold spaces, so split after its ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if ppid == Some(daemon)
+                && cmdline.split(|b| *b == 0).nth(1) == Some(b"broker-process".as_slice())
+                && Some(pid) != not
+            {
+                return pid;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no broker process under plimsolld {daemon}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The value of `key` in /proc/PID/status.
+fn status_field(pid: u32, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status:\n{status}"))
+        .trim()
+        .to_owned()
+}
+
+/// docs/privileges.md: with a grants file, the brokers run in a process of their own, as
+/// plimsoll-broker, with no capability, no_new_privs, its seccomp filter, not dumpable, and
+/// holding no descriptor but its control socket; killed, it is started again and grants
+/// work on.
+#[test]
+fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
+    use std::os::unix::fs::MetadataExt as _;
+    let test = "the_broker_process_runs_unprivileged_under_its_filter_and_comes_back";
+    let user = match plimsoll_broker::apart::ProcessUser::lookup("plimsoll-broker") {
+        Ok(u) => u,
+        Err(why) => {
+            skip_or_fail(
+                test,
+                &format!("user plimsoll-broker, {why}: run scripts/install-deps"),
+            );
+            return;
+        }
+    };
+    let api = plimsoll_testing::api::TestApi::start(plimsoll_testing::api::Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {GRANT_TOKEN}"),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let grants = dir.path().join("grants.toml");
+    std::fs::write(&grants, grants_file_text(&api.url(), &["orders"])).unwrap();
+    let mut d = Spawned::start_with(
+        "",
+        &["--grants".as_ref(), grants.as_os_str()],
+        &[("ORDERS_API_TOKEN", GRANT_TOKEN)],
+    );
+    if !process_available(test, &d.url, &d.token) {
+        return;
+    }
+    let passes = |id: &str| {
+        let r = post(
+            &d.url,
+            Some(&d.token),
+            grant_run(id, "orders", GET_ORDER).as_bytes(),
+        )
+        .run();
+        assert_eq!(r.result.stdout.to_string_lossy(), "/orders/7\n", "{r:?}");
+        assert_eq!(r.result.calls.len(), 1, "{r:?}");
+    };
+    passes("b-1");
+    let pid = broker_process(d.child.id(), None);
+    let ids = |key: &str| {
+        status_field(pid, key)
+            .split_whitespace()
+            .map(|v| v.parse::<u32>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids("Uid"),
+        vec![user.uid; 4],
+        "real, effective, saved and fs uid"
+    );
+    assert_eq!(
+        ids("Gid"),
+        vec![user.gid; 4],
+        "real, effective, saved and fs gid"
+    );
+    assert_eq!(status_field(pid, "Groups"), "", "no supplementary group");
+    for caps in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(status_field(pid, caps), "0000000000000000", "{caps}");
+    }
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "Seccomp"), "2", "a seccomp filter");
+    // Not dumpable: its /proc files belong to root, not to its uid, so another process of
+    // that uid could not read its memory or environment.
+    let meta = std::fs::metadata(format!("/proc/{pid}/mem")).unwrap();
+    assert_eq!(
+        meta.uid(),
+        0,
+        "its /proc/PID/mem belongs to its uid: it is dumpable"
+    );
+    // Idle, it holds standard input, output and error, the control socket, and at most the
+    // kept-alive TCP connections of the grants' HTTP client: nothing of the daemon's (no
+    // listener, file or directory, no launcher).
+    let tcp: String = ["tcp", "tcp6"]
+        .iter()
+        .map(|f| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).unwrap_or_default())
+        .collect();
+    let tcp_inodes: Vec<&str> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(9))
+        .collect();
+    let mut fds: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            Some((fd, std::fs::read_link(e.path()).ok()?.display().to_string()))
+        })
+        .collect();
+    fds.sort_unstable();
+    assert_eq!(fds[0].1, "/dev/null", "{fds:?}");
+    assert!(
+        fds[1].1.starts_with("pipe:") && fds[2].1.starts_with("pipe:"),
+        "{fds:?}"
+    );
+    assert!(fds[3].0 == 3 && fds[3].1.starts_with("socket:"), "{fds:?}");
+    for (fd, target) in &fds[4..] {
+        let inode = target
+            .strip_prefix("socket:[")
+            .and_then(|t| t.strip_suffix(']'));
+        assert!(
+            inode.is_some_and(|i| tcp_inodes.contains(&i)),
+            "descriptor {fd} of the idle broker process is {target}, not an upstream TCP connection: {fds:?}"
+        );
+    }
+
+    // Killed, it is started again, and a grant works on.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let again = broker_process(d.child.id(), Some(pid));
+    assert_eq!(status_field(again, "Seccomp"), "2");
+    passes("b-2");
+    assert!(
+        d.logs().contains("the broker process ended"),
+        "{}",
+        d.logs()
+    );
+
+    d.signal(rustix::process::Signal::TERM);
+    assert_eq!(d.wait_exit().code(), Some(0), "logs:\n{}", d.logs());
+    assert!(
+        !d.logs().contains(GRANT_TOKEN),
+        "the grant's token reached the logs"
+    );
+}
+
 #[test]
 fn a_provider_serves_while_a_slower_probe_still_runs() {
     let test = "a_provider_serves_while_a_slower_probe_still_runs";

@@ -4,8 +4,9 @@
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use plimsoll_broker::{Broker, Finished, GrantProfiles, LoadGrantsError};
-use plimsoll_sandbox::{BrokerChannel, Probed, Provider, RunImage, RunningIn};
+use plimsoll_broker::apart::Brokers;
+use plimsoll_broker::{Finished, GrantProfiles, LoadGrantsError};
+use plimsoll_sandbox::{Probed, Provider, RunImage, RunningIn};
 use plimsoll_wire::digest::{evidence_sha256, record_sha256, request_sha256, result_sha256};
 use plimsoll_wire::{
     PROTOCOL, ProviderInfo, Reason, RunRecord, RunRequest, RunResponse, RunResult, Start,
@@ -66,6 +67,8 @@ pub struct Engine {
     /// Swapped whole by [`Engine::replace_grants`]; a run takes its profile out once, so a
     /// run in flight keeps the profile it started with.
     grants: RwLock<Arc<GrantProfiles>>,
+    /// Where runs' brokers run: here, or in the daemon's broker process.
+    pub(crate) brokers: Brokers,
     /// Evidence this host checked recently, consulted by [`Engine::probe_for`] only.
     cache: Option<EvidenceCache>,
     /// The warm pools and the configuration they were built from; kept by a thread of
@@ -229,6 +232,7 @@ impl Engine {
             slots,
             admission,
             grants: RwLock::new(Arc::new(GrantProfiles::none())),
+            brokers: Brokers::Here,
             cache: None,
             pools: RwLock::new(PoolSet {
                 configs: config.pools.clone(),
@@ -435,6 +439,13 @@ impl Engine {
     /// naming a grant is refused); see [`Engine::load_grants`].
     pub fn with_grants(self, grants: GrantProfiles) -> Self {
         self.replace_grants(grants);
+        self
+    }
+
+    /// The engine with its runs' brokers in `brokers` (the daemon's broker process); by
+    /// default they run in this process.
+    pub fn with_brokers(mut self, brokers: Brokers) -> Self {
+        self.brokers = brokers;
         self
     }
 
@@ -906,15 +917,18 @@ impl Engine {
         let broker = decided
             .grant
             .clone()
-            .map(|p| Broker::start(p, caller, &run_id, decided.limits.timeout));
+            .map(|p| {
+                self.brokers
+                    .start(p, caller, &run_id, decided.limits.timeout)
+            })
+            .transpose()
+            .map_err(|e| RunError::refused(id, Reason::Environment, broker_unavailable(&e)))?;
         let mut plan = decided.launch(
             req,
             &self.config,
             permit.slot(),
             &run_id,
-            broker
-                .as_ref()
-                .map(|b| BrokerChannel::new(Arc::new(b.clone()))),
+            broker.as_ref().map(|b| b.channel()),
         );
         plan.tap = hooks.tap.clone();
         // Kills the processes of the sandbox the run runs in (its own, or its warm
@@ -1268,6 +1282,13 @@ fn finish_result(
         Start::Cold
     });
     result.member_age_ms = member_age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX));
+}
+
+/// A run refused because the broker process could not take its grant: nothing ran.
+pub(crate) fn broker_unavailable(e: &std::io::Error) -> String {
+    format!(
+        "the broker process could not take this run's grant ({e}); nothing ran: try again, and see the daemon's log if it persists"
+    )
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ struct Session {
     idle_timeout: Duration,
     wall: Wall,
     /// The broker of the grant it was opened with, for its whole life.
-    broker: Option<plimsoll_broker::Broker>,
+    broker: Option<plimsoll_broker::apart::RunBroker>,
     state: Mutex<State>,
 }
 
@@ -442,10 +442,16 @@ impl Engine {
         let broker = decided
             .grant
             .clone()
-            .map(|g| plimsoll_broker::Broker::start(g, caller, &run_id, lifetime));
-        let channel = broker
-            .as_ref()
-            .map(|b| plimsoll_sandbox::BrokerChannel::new(Arc::new(b.clone())));
+            .map(|g| self.brokers.start(g, caller, &run_id, lifetime))
+            .transpose()
+            .map_err(|e| {
+                RunError::refused(
+                    id,
+                    Reason::Environment,
+                    crate::engine::broker_unavailable(&e),
+                )
+            })?;
+        let channel = broker.as_ref().map(|b| b.channel());
         let plan = decided.launch(as_run, &self.config, permit.slot(), &run_id, channel);
         let opened = slot.provider.open_session(&plan, lifetime);
         if opened.is_err()

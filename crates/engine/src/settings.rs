@@ -519,6 +519,9 @@ pub struct DaemonSection {
     /// Connections open at once from one peer (one IPv4 address, or one IPv6 /64); one beyond
     /// it is closed at once, unanswered (default 64; 1 to 65536).
     pub max_connections_per_peer: Option<u64>,
+    /// The user the broker process runs as when there is a grants file (default
+    /// `plimsoll-broker`; docs/privileges.md): unprivileged, and no other process's.
+    pub broker_user: Option<String>,
 }
 
 /// The settings could not be read or make no sense.

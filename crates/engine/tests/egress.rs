@@ -57,6 +57,27 @@ fn grants(f: &EgressFixture) -> GrantProfiles {
     GrantProfiles::parse(&text, |_| None).unwrap_or_else(|e| panic!("{e}\n{text}"))
 }
 
+/// The broker process, as plimsolld starts it (docs/privileges.md): every egress test goes
+/// through it, so the proxy runs unprivileged under its seccomp filter here as in the daemon.
+fn broker_process(test: &str) -> Option<std::sync::Arc<plimsoll_broker::apart::Apart>> {
+    use plimsoll_broker::apart::{Apart, ProcessUser};
+    let user = match ProcessUser::lookup("plimsoll-broker") {
+        Ok(u) => u,
+        Err(why) => {
+            skip_or_fail(
+                test,
+                &format!(
+                    "the broker process's user plimsoll-broker, {why}: run scripts/install-deps"
+                ),
+            );
+            return None;
+        }
+    };
+    let plimsolld = plimsoll_testing::tool_binary("plimsolld", "plimsoll-daemon")
+        .unwrap_or_else(|e| panic!("{e}"));
+    Some(Apart::start(&plimsolld, user).unwrap_or_else(|e| panic!("the broker process: {e}")))
+}
+
 /// An engine offering `provider`, probed, with the grants above; and the fixture.
 fn rig(
     test: &str,
@@ -103,7 +124,10 @@ fn rig(
         .unwrap_or_else(|e| panic!("{e}"))
         .build_engine(&[])
         .unwrap_or_else(|e| panic!("{e}"))
-        .with_grants(grants(&fixture));
+        .with_grants(grants(&fixture))
+        .with_brokers(plimsoll_broker::apart::Brokers::Apart(broker_process(
+            test,
+        )?));
     engine.probe_all();
     for p in engine.providers() {
         if !p.available {

@@ -40,6 +40,11 @@ pub const PLIMSOLL_BLESS: EnvVar = EnvVar {
     name: "PLIMSOLL_BLESS",
     doc: "when `1`, golden-vector tests rewrite their files and show the diff",
 };
+/// The broker filter test's child (crates/broker/tests/filter.rs).
+pub const PLIMSOLL_FILTER_PROBE: EnvVar = EnvVar {
+    name: "PLIMSOLL_FILTER_PROBE",
+    doc: "test only: makes the broker filter test's binary install the broker process's seccomp filter and try the named syscall",
+};
 /// No colour.
 pub const NO_COLOR: EnvVar = EnvVar {
     name: "NO_COLOR",
@@ -68,6 +73,7 @@ pub const ALL: &[EnvVar] = &[
     PLIMSOLL_LOG,
     CI,
     PLIMSOLL_BLESS,
+    PLIMSOLL_FILTER_PROBE,
     NO_COLOR,
     PATH,
     HOME,

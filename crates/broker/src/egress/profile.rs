@@ -5,7 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use crate::profile::GrantsSource;
 
 use plimsoll_egress::rules::{Cidr, HostPattern};
 use plimsoll_egress::target::{Host, parse_host};
@@ -63,9 +66,17 @@ pub struct EgressProfile {
     max_connection_time: Option<Duration>,
     connect_timeout: Duration,
     trials: bool,
+    source: OnceLock<Arc<GrantsSource>>,
 }
 
 impl EgressProfile {
+    /// The load of the grants file it came from.
+    pub(crate) fn source(&self) -> Option<&Arc<GrantsSource>> {
+        self.source.get()
+    }
+    pub(crate) fn set_source(&self, source: Arc<GrantsSource>) -> Result<(), Arc<GrantsSource>> {
+        self.source.set(source)
+    }
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name
@@ -250,5 +261,6 @@ pub(crate) fn validate_egress(name: &str, e: EgressEntry) -> Result<EgressProfil
         max_connection_time,
         connect_timeout,
         trials: e.trials.unwrap_or(false),
+        source: OnceLock::new(),
     })
 }
