@@ -141,12 +141,59 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
             });
         }
     }
+    ensure_broker_user().map_err(Failure::failed)?;
     crate::note(&format!(
         "next: plimsolld --config {}   (or, installed from the package: systemctl start \
          plimsolld)",
         path.display()
     ));
     Ok(EXIT_OK)
+}
+
+/// The system user plimsolld's broker process runs as (docs/privileges.md): created when this
+/// host lacks it (`useradd`, as root), as the package's postinst and scripts/install-deps do.
+fn ensure_broker_user() -> anyhow::Result<()> {
+    let name = plimsoll_broker::apart::DEFAULT_USER;
+    if plimsoll_broker::apart::ProcessUser::lookup(name).is_ok() {
+        crate::note(&format!("the broker process's user {name} exists"));
+        return Ok(());
+    }
+    if !rustix::process::geteuid().is_root() {
+        crate::note(&format!(
+            "no user {name}, which the daemon's broker process runs as when there is a grants \
+             file: as root, run `plimsoll init` again or `useradd --system --user-group \
+             --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin {name}`"
+        ));
+        return Ok(());
+    }
+    let mut running = plimsoll_sandbox::Spawn::new("/usr/sbin/useradd", "/")
+        .args([
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            "--comment",
+            "plimsoll broker process",
+            name,
+        ])
+        .spawn()
+        .context("cannot run useradd")?;
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut running.stderr, &mut err);
+    let status = running.child.wait().context("waiting for useradd")?;
+    if !status.success() {
+        return Err(anyhow!(
+            "useradd could not create the broker process's user {name} ({status}): {}",
+            err.trim()
+        ));
+    }
+    crate::note(&format!(
+        "created the system user {name}, which the daemon's broker process runs as"
+    ));
+    Ok(())
 }
 
 /// The grant profile the settings file shows, commented out, as the one to copy: a credential
