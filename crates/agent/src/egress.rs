@@ -39,7 +39,7 @@ pub fn start_relay_from_env() -> Result<bool, RelayError> {
         .ok_or(RelayError::NoChannel)?;
     let listener =
         TcpListener::bind(("127.0.0.1", EGRESS_PROXY_PORT)).map_err(RelayError::Listen)?;
-    serve(listener, socket).map_err(RelayError::Thread)?;
+    spawn_relay(listener, socket, true).map_err(RelayError::Thread)?;
     Ok(true)
 }
 
@@ -47,9 +47,27 @@ pub fn start_relay_from_env() -> Result<bool, RelayError> {
 /// new connection to the broker socket at `socket` (the benchmark serves a loopback port of
 /// its choosing the same way).
 pub fn serve(listener: TcpListener, socket: PathBuf) -> std::io::Result<()> {
+    spawn_relay(listener, socket, false)
+}
+
+/// The uid and gid the relay's threads take when the agent that starts them is root.
+const NOBODY: u32 = 65_534;
+
+/// Starts the relay's thread; with `lower`, the thread first gives up root if it has it (a
+/// trial's agent starts as 0:0 and drops only its own thread later, after the job is read):
+/// no groups, every gid and uid [`NOBODY`], which clears its capabilities, and every thread
+/// it starts inherits that. It needs none: the channel socket is open to every uid.
+fn spawn_relay(listener: TcpListener, socket: PathBuf, lower: bool) -> std::io::Result<()> {
+    let (lowered_tx, lowered_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("egress-relay".into())
         .spawn(move || {
+            let lowered = if lower { lower_thread() } else { Ok(()) };
+            let failed = lowered.is_err();
+            let _ = lowered_tx.send(lowered);
+            if failed {
+                return;
+            }
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
                 // Requests are small and answered at once: no wait for more to send.
@@ -60,8 +78,25 @@ pub fn serve(listener: TcpListener, socket: PathBuf) -> std::io::Result<()> {
                     .name("egress-conn".into())
                     .spawn(move || relay(conn, &socket));
             }
-        })
-        .map(drop)
+        })?;
+    lowered_rx
+        .recv()
+        .map_err(|_| io::Error::other("the relay's thread ended before it started"))?
+}
+
+/// The calling thread, if root, becomes [`NOBODY`] (thread-only calls: the agent's other
+/// threads keep their ids).
+fn lower_thread() -> io::Result<()> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+    if !rustix::process::geteuid().is_root() && !rustix::process::getuid().is_root() {
+        return Ok(());
+    }
+    let (uid, gid) = (Uid::from_raw(NOBODY), Gid::from_raw(NOBODY));
+    set_thread_groups(&[])?;
+    set_thread_res_gid(gid, gid, gid)?;
+    set_thread_res_uid(uid, uid, uid)?;
+    Ok(())
 }
 
 /// Carries one connection: the hello frame, then bytes both ways until both sides closed.
@@ -116,5 +151,63 @@ mod tests {
     #[test]
     fn the_relay_reads_what_the_provider_sets() {
         assert_eq!(plimsoll_env::PLIMSOLL_EGRESS_RELAY.name, EGRESS_RELAY_VAR);
+    }
+
+    /// A trial's agent is root when it starts the relay: the relay's threads are not.
+    #[test]
+    fn started_by_root_the_relay_threads_hold_no_root_and_no_capability() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let test = "started_by_root_the_relay_threads_hold_no_root_and_no_capability";
+        if !plimsoll_testing::is_root() {
+            plimsoll_testing::skip_or_fail(test, "needs root: it checks the relay gives it up");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("broker.sock");
+        let broker = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        spawn_relay(listener, path, true).unwrap();
+
+        // A connection is carried: the broker side reads the hello, then the bytes.
+        let mut code = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        code.write_all(b"CONNECT x:443 HTTP/1.1\r\n\r\n").unwrap();
+        let (mut channel, _) = broker.accept().unwrap();
+        let mut head = vec![0u8; 4 + EGRESS_HELLO.len()];
+        channel.read_exact(&mut head).unwrap();
+        assert_eq!(&head[4..], EGRESS_HELLO);
+
+        // Every relay thread (the listener's and the connection's) is nobody, with no
+        // capability; this thread is still root.
+        let mut seen = 0;
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if !comm.starts_with("egress-") {
+                continue;
+            }
+            seen += 1;
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap();
+            let field = |k: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{k}:")))
+                    .unwrap()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(field("Uid"), vec!["65534"; 4], "{comm}: {status}");
+            assert_eq!(field("Gid"), vec!["65534"; 4], "{comm}: {status}");
+            assert!(field("Groups").is_empty(), "{comm}: {status}");
+            for caps in ["CapPrm", "CapEff", "CapAmb"] {
+                assert_eq!(field(caps), vec!["0000000000000000"], "{comm} {caps}");
+            }
+        }
+        assert_eq!(
+            seen, 2,
+            "the relay's listener thread and one connection thread"
+        );
+        assert!(rustix::process::geteuid().is_root());
     }
 }
