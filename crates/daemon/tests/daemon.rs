@@ -1689,6 +1689,106 @@ fn status_field(pid: u32, key: &str) -> String {
         .to_owned()
 }
 
+/// Compares the processes of plimsolld `daemon` (it and its children that are plimsolld
+/// too) with docs/privileges.md's "Checked on a running daemon" table.
+fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUser) {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/privileges.md"),
+    )
+    .unwrap();
+    let section = doc
+        .split("## Checked on a running daemon")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/privileges.md has its table of the daemon's processes");
+    let rows: Vec<Vec<&str>> = section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| process"))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{section}");
+    let me = std::fs::read_to_string("/proc/self/status").unwrap();
+    let mine = |key: &str| {
+        me.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}:")))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    // The daemon's processes: it, and each child that runs plimsolld itself.
+    let exe = std::fs::read_link(format!("/proc/{daemon}/exe")).unwrap();
+    let mut processes = vec![(daemon, "plimsolld".to_owned())];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(daemon)
+            || std::fs::read_link(format!("/proc/{pid}/exe")).ok() != Some(exe.clone())
+        {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .skip(1)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        processes.push((pid, format!("plimsolld {}", args.join(" "))));
+    }
+    for (pid, name) in &processes {
+        let row = rows.iter().find(|r| r[0] == name).unwrap_or_else(|| {
+            panic!("docs/privileges.md does not list the daemon's process `{name}`")
+        });
+        let id = |cell: &str, broker_id: u32| -> String {
+            match cell {
+                "root" => "0".into(),
+                "broker_user" => broker_id.to_string(),
+                other => panic!("unknown id `{other}` in docs/privileges.md"),
+            }
+        };
+        let caps = |cell: &str| -> String {
+            match cell {
+                "full" => mine("CapBnd"),
+                "0" => "0000000000000000".into(),
+                other => panic!("unknown capabilities `{other}` in docs/privileges.md"),
+            }
+        };
+        let first = |key: &str| {
+            status_field(*pid, key)
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(first("Uid"), id(row[1], broker.uid), "{name}: uid");
+        assert_eq!(first("Gid"), id(row[2], broker.gid), "{name}: gid");
+        assert_eq!(status_field(*pid, "CapEff"), caps(row[3]), "{name}: CapEff");
+        assert_eq!(status_field(*pid, "CapBnd"), caps(row[4]), "{name}: CapBnd");
+        let nnp = if row[5] == "as started" {
+            mine("NoNewPrivs")
+        } else {
+            row[5].to_owned()
+        };
+        assert_eq!(status_field(*pid, "NoNewPrivs"), nnp, "{name}: NoNewPrivs");
+        assert_eq!(status_field(*pid, "Seccomp"), row[6], "{name}: Seccomp");
+    }
+    assert_eq!(
+        processes.len(),
+        rows.len(),
+        "the daemon's processes: {processes:?}"
+    );
+}
+
 /// docs/privileges.md: with a grants file, the brokers run in a process of their own, as
 /// plimsoll-broker, with no capability, no_new_privs, its seccomp filter, not dumpable, and
 /// holding no descriptor but its control socket; killed, it is started again and grants
@@ -1800,6 +1900,9 @@ fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
             "descriptor {fd} of the idle broker process is {target}, not an upstream TCP connection: {fds:?}"
         );
     }
+
+    // docs/privileges.md's table of the daemon's processes holds for each of them.
+    check_privileges_table(d.child.id(), user);
 
     // Killed, it is started again, and a grant works on.
     rustix::process::kill_process(
