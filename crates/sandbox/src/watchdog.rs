@@ -9,13 +9,27 @@
 //! Killing by cgroup, not by uid: a run cannot leave its cgroup (no process of a run holds
 //! a capability), and its cgroup is named after its run id, which is never reused, so a
 //! watchdog that outlives its run (and a reap that removed the cgroup) kills nothing else.
-//! The run's code cannot signal it: it runs as root, the code never does.
+//! The run's code cannot signal it: it runs as root, the code never does. Root with one
+//! capability: its bounding set is CAP_KILL alone before it execs the shell (so that is all
+//! it holds), under no_new_privs (docs/privileges.md).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use plimsoll_sys::exec::{PreExec, Step};
+
 use crate::spawn::{Running, Spawn, SpawnError};
+
+/// What the watchdog holds: CAP_KILL alone (it signals other uids' processes), no_new_privs.
+fn only_kill() -> PreExec {
+    PreExec::new()
+        .step(
+            "watchdog: CAP_KILL alone",
+            Step::LimitBoundingSet(1 << plimsoll_sys::caps::CAP_KILL),
+        )
+        .step("watchdog: no_new_privs", Step::NoNewPrivs)
+}
 
 /// The script: `$1` seconds of sleep, then SIGKILL to every pid in the files that follow,
 /// again until they are empty (a fork between reading and killing is caught next turn), for
@@ -65,6 +79,7 @@ pub fn start(procs: &[PathBuf], after: Duration) -> Result<Watchdog, SpawnError>
     let running = Spawn::new("/bin/sh", Path::new("/"))
         .args(args)
         .env("PATH", "/usr/bin:/bin")
+        .before_exec(only_kill())
         .spawn()?;
     Ok(Watchdog {
         running: Some(running),
@@ -88,6 +103,7 @@ pub fn arm(procs: &[PathBuf]) -> Result<Armed, SpawnError> {
     let mut running = Spawn::new("/bin/sh", Path::new("/"))
         .args(args)
         .env("PATH", "/usr/bin:/bin")
+        .before_exec(only_kill())
         .stdin_pipe()
         .spawn()?;
     let input = running.stdin.take().ok_or_else(|| SpawnError::Start {
@@ -240,6 +256,50 @@ mod tests {
         assert_eq!(status.signal(), Some(libc::SIGKILL));
         assert!(started.elapsed() >= Duration::from_millis(300));
         // The victim is reaped (its pid gone from the list): the watchdog ends by itself.
+        std::fs::write(&list, "").unwrap();
+        drop(dog);
+    }
+
+    /// Root with CAP_KILL alone and no_new_privs, it still kills another uid's process.
+    #[test]
+    fn it_holds_cap_kill_alone_and_kills_another_uids_process() {
+        use std::os::unix::process::CommandExt as _;
+        use std::os::unix::process::ExitStatusExt as _;
+        let test = "it_holds_cap_kill_alone_and_kills_another_uids_process";
+        if !rustix::process::geteuid().is_root() {
+            plimsoll_testing::skip_or_fail(test, "needs root: the watchdog is root's");
+            return;
+        }
+        let dir = plimsoll_testing::TestDir::new("watchdog", "cap-kill");
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a plain victim process of another uid, not a sandboxed run"
+        )]
+        let mut victim = std::process::Command::new("sleep")
+            .arg("300")
+            .uid(65_533)
+            .gid(65_533)
+            .spawn()
+            .unwrap();
+        let list = dir.path().join("cgroup.procs");
+        std::fs::write(&list, format!("{}\n", victim.id())).unwrap();
+        let dog = start(std::slice::from_ref(&list), Duration::from_secs(1)).unwrap();
+        let pid = dog.running.as_ref().unwrap().child.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}:")))
+                .unwrap()
+                .trim()
+                .to_owned()
+        };
+        let kill = format!("{:016x}", 1u64 << plimsoll_sys::caps::CAP_KILL);
+        for caps in ["CapPrm", "CapEff", "CapBnd"] {
+            assert_eq!(field(caps), kill, "{caps}: {status}");
+        }
+        assert_eq!(field("NoNewPrivs"), "1");
+        assert_eq!(victim.wait().unwrap().signal(), Some(libc::SIGKILL));
         std::fs::write(&list, "").unwrap();
         drop(dog);
     }

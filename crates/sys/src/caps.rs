@@ -4,6 +4,8 @@
 
 use std::io;
 
+/// `CAP_KILL`.
+pub const CAP_KILL: u32 = 5;
 /// `CAP_SETGID`.
 pub const CAP_SETGID: u32 = 6;
 /// `CAP_SETUID`.
