@@ -1643,32 +1643,49 @@ fn sighup_reloads_the_grants_file_and_keeps_the_old_profiles_when_it_is_broken()
     );
 }
 
+/// The pids of `parent`'s children, read from /proc (each with its command line's arguments,
+/// the program's name left out).
+fn children_of(parent: u32) -> Vec<(u32, Vec<String>)> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // pid (comm) state ppid ...: the comm may hold spaces, so split after its ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .skip(1)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        children.push((pid, args));
+    }
+    children
+}
+
 /// The broker process plimsolld `daemon` runs (its child started as `plimsolld
 /// broker-process`), waiting up to 30 s for one other than `not`.
 fn broker_process(daemon: u32, not: Option<u32>) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // pid (comm) state ppid ...: the comm may hold spaces, so split after its ')'.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if ppid == Some(daemon)
-                && cmdline.split(|b| *b == 0).nth(1) == Some(b"broker-process".as_slice())
-                && Some(pid) != not
-            {
-                return pid;
-            }
+        let found = children_of(daemon).into_iter().find(|(pid, args)| {
+            args.first().map(String::as_str) == Some("broker-process") && Some(*pid) != not
+        });
+        if let Some((pid, _)) = found {
+            return pid;
         }
         assert!(
             Instant::now() < deadline,
@@ -1718,32 +1735,10 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
     // The daemon's processes: it, and each child that runs plimsolld itself.
     let exe = std::fs::read_link(format!("/proc/{daemon}/exe")).unwrap();
     let mut processes = vec![(daemon, "plimsolld".to_owned())];
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(daemon)
-            || std::fs::read_link(format!("/proc/{pid}/exe")).ok() != Some(exe.clone())
-        {
-            continue;
+    for (pid, args) in children_of(daemon) {
+        if std::fs::read_link(format!("/proc/{pid}/exe")).ok() == Some(exe.clone()) {
+            processes.push((pid, format!("plimsolld {}", args.join(" "))));
         }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .skip(1)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        processes.push((pid, format!("plimsolld {}", args.join(" "))));
     }
     for (pid, name) in &processes {
         let row = rows.iter().find(|r| r[0] == name).unwrap_or_else(|| {
