@@ -8,31 +8,17 @@
 //! `cargo run --release -p plimsoll-broker --example apart_bench [-- N]` (root; the user
 //! plimsoll-broker must exist: scripts/install-deps)
 
-use std::io::{Read as _, Write as _};
+mod common;
+
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use common::brokered_call;
 use plimsoll_broker::GrantProfiles;
 use plimsoll_broker::apart::{Apart, Brokers, DEFAULT_USER, ProcessUser};
 use plimsoll_testing::api::{Expect, TestApi};
 
 const TOKEN: &str = "bench-token-0123456789";
-
-fn call(s: &mut UnixStream, id: u64) {
-    let msg = format!(r#"{{"id":{id},"method":"GET","path":"/orders/{id}"}}"#);
-    let mut frame = (msg.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(msg.as_bytes());
-    s.write_all(&frame).unwrap();
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).unwrap();
-    let mut reply = vec![0u8; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut reply).unwrap();
-    assert!(
-        reply.windows(12).any(|w| w == br#""status":200"#),
-        "{}",
-        String::from_utf8_lossy(&reply)
-    );
-}
 
 fn quantiles(v: &mut [Duration]) -> (f64, f64) {
     v.sort();
@@ -80,7 +66,7 @@ fn main() {
             .unwrap();
         let (ours, mut theirs) = UnixStream::pair().unwrap();
         b.channel().serve_stream(ours).unwrap();
-        call(&mut theirs, i as u64);
+        brokered_call(&mut theirs, i as u64);
         drop(theirs);
         let finished = b.finish();
         let took = t.elapsed();
@@ -119,7 +105,7 @@ fn main() {
         for j in 0..2 {
             let k = (i + j) % 2;
             let t = Instant::now();
-            call(&mut open[k].1, i as u64);
+            brokered_call(&mut open[k].1, i as u64);
             calls[k].push(t.elapsed());
         }
     }

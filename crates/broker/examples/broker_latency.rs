@@ -5,32 +5,18 @@
 //!
 //! `cargo run --release -p plimsoll-broker --example broker_latency [-- N]`
 
-use std::io::{Read as _, Write as _};
+mod common;
+
 use std::os::unix::net::UnixStream;
 
 use std::time::{Duration, Instant};
 
+use common::brokered_call;
 use plimsoll_broker::{Broker, GrantProfiles};
 use plimsoll_sandbox::BrokerPort as _;
 use plimsoll_testing::api::{Expect, TestApi};
 
 const TOKEN: &str = "bench-token-0123456789";
-
-fn brokered_call(s: &mut UnixStream, id: u64) {
-    let msg = format!(r#"{{"id":{id},"method":"GET","path":"/orders/{id}"}}"#);
-    let mut frame = (msg.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(msg.as_bytes());
-    s.write_all(&frame).unwrap();
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).unwrap();
-    let mut reply = vec![0u8; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut reply).unwrap();
-    assert!(
-        reply.windows(12).any(|w| w == br#""status":200"#),
-        "{}",
-        String::from_utf8_lossy(&reply)
-    );
-}
 
 fn median(v: &mut [Duration]) -> Duration {
     v.sort();

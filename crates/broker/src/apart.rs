@@ -189,7 +189,7 @@ impl Apart {
             id,
             grant,
             egress,
-            finished: Mutex::new(false),
+            finished: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -400,7 +400,7 @@ pub struct RemoteBroker {
     id: u64,
     grant: Grant,
     egress: bool,
-    finished: Mutex<bool>,
+    finished: std::sync::atomic::AtomicBool,
 }
 
 impl RemoteBroker {
@@ -412,7 +412,7 @@ impl RemoteBroker {
     /// As [`Broker::finish`]. When the broker process cannot answer (it ended), the daemon's
     /// log says so and nothing is listed.
     pub fn finish(&self) -> Finished {
-        *lock(&self.finished) = true;
+        self.finished.store(true, Ordering::SeqCst);
         self.collect("finish")
     }
 
@@ -438,7 +438,7 @@ impl RemoteBroker {
 
 impl Drop for RemoteBroker {
     fn drop(&mut self) {
-        if !*lock(&self.finished) {
+        if !self.finished.load(Ordering::SeqCst) {
             // A broker dropped unfinished (its run failed before the end) still ends there.
             let _ = self
                 .apart

@@ -1792,16 +1792,17 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
 fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
     use std::os::unix::fs::MetadataExt as _;
     let test = "the_broker_process_runs_unprivileged_under_its_filter_and_comes_back";
-    let user = match plimsoll_broker::apart::ProcessUser::lookup("plimsoll-broker") {
-        Ok(u) => u,
-        Err(why) => {
-            skip_or_fail(
-                test,
-                &format!("user plimsoll-broker, {why}: run scripts/install-deps"),
-            );
-            return;
-        }
-    };
+    let user =
+        match plimsoll_broker::apart::ProcessUser::lookup(plimsoll_broker::apart::DEFAULT_USER) {
+            Ok(u) => u,
+            Err(why) => {
+                skip_or_fail(
+                    test,
+                    &format!("user plimsoll-broker, {why}: run scripts/install-deps"),
+                );
+                return;
+            }
+        };
     let api = plimsoll_testing::api::TestApi::start(plimsoll_testing::api::Expect::Static {
         header: "authorization".into(),
         value: format!("Bearer {GRANT_TOKEN}"),

@@ -61,7 +61,7 @@ fn grants(f: &EgressFixture) -> GrantProfiles {
 /// through it, so the proxy runs unprivileged under its seccomp filter here as in the daemon.
 fn broker_process(test: &str) -> Option<std::sync::Arc<plimsoll_broker::apart::Apart>> {
     use plimsoll_broker::apart::{Apart, ProcessUser};
-    let user = match ProcessUser::lookup("plimsoll-broker") {
+    let user = match ProcessUser::lookup(plimsoll_broker::apart::DEFAULT_USER) {
         Ok(u) => u,
         Err(why) => {
             skip_or_fail(
