@@ -1735,8 +1735,12 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
     // The daemon's processes: it, and each child that runs plimsolld itself.
     let exe = std::fs::read_link(format!("/proc/{daemon}/exe")).unwrap();
     let mut processes = vec![(daemon, "plimsolld".to_owned())];
+    let own_args = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap();
     for (pid, args) in children_of(daemon) {
-        if std::fs::read_link(format!("/proc/{pid}/exe")).ok() == Some(exe.clone()) {
+        // A child between fork and exec (a helper or a sandbox being started) is still a
+        // copy of the daemon, its command line the daemon's: not a process of its own.
+        let copy = std::fs::read(format!("/proc/{pid}/cmdline")).ok() == Some(own_args.clone());
+        if !copy && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == Some(exe.clone()) {
             processes.push((pid, format!("plimsolld {}", args.join(" "))));
         }
     }
