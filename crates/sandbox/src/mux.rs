@@ -393,10 +393,16 @@ mod tests {
             (&far).read_to_end(&mut got).unwrap();
             writer.join().unwrap();
             assert_eq!(got, up, "stream {i} up");
-            (&far).write_all(&vec![i + 100; 600_000]).unwrap();
-            far.shutdown(Shutdown::Write).unwrap();
+            // Written from its own thread too: the path holds a window plus two socket
+            // buffers, less than this, so a writer that reads only afterwards never ends.
+            let mut w = far.try_clone().unwrap();
+            let writer = std::thread::spawn(move || {
+                w.write_all(&vec![i + 100; 600_000]).unwrap();
+                w.shutdown(Shutdown::Write).unwrap();
+            });
             let mut back = Vec::new();
             (&app).read_to_end(&mut back).unwrap();
+            writer.join().unwrap();
             assert_eq!(back, vec![i + 100; 600_000], "stream {i} down");
             ends.push((app, far));
         }
