@@ -9,6 +9,7 @@ mod engine;
 mod error;
 pub mod evidence_cache;
 mod ids;
+pub mod launch;
 pub mod plan;
 pub mod pool;
 mod providers;

@@ -15,6 +15,9 @@ pub enum AnyProvider {
     Oci(Box<OciProvider>),
     /// A QEMU microVM per run: `vm` under KVM, `kernel` under TCG emulation.
     Vm(Box<VmProvider>),
+    /// One of the above, hosted by the launcher and reached over its socket
+    /// (docs/privileges.md, "The launcher").
+    Remote(Box<crate::launch::Remote>),
 }
 
 impl AnyProvider {
@@ -23,6 +26,7 @@ impl AnyProvider {
             AnyProvider::Process(p) => p,
             AnyProvider::Oci(p) => p.as_ref(),
             AnyProvider::Vm(p) => p.as_ref(),
+            AnyProvider::Remote(p) => p.as_ref(),
         }
     }
 }

@@ -703,6 +703,67 @@ impl Settings {
     /// Builds the engine: validates the settings, then creates the providers named in
     /// `providers` (or `default_providers` when the file names none). Probes nothing.
     pub fn build_engine(&self, default_providers: &[&str]) -> Result<Engine, BuildEngineError> {
+        let (config, providers) = self.build_providers(default_providers)?;
+        let refs: Vec<&AnyProvider> = providers.iter().collect();
+        let pools = self.pool_configs(&refs, config.default_floor)?;
+        Engine::new(EngineConfig { pools, ..config }, providers)
+    }
+
+    /// The launcher for these settings: their providers, hosted for the process running as
+    /// `peer_uid`, and every plan checked against their uid range, runs directory, image
+    /// store and limit maximums (docs/privileges.md, "The launcher").
+    pub fn build_launcher(
+        &self,
+        default_providers: &[&str],
+        peer_uid: u32,
+    ) -> Result<crate::launch::Launcher, BuildEngineError> {
+        let (config, providers) = self.build_providers(default_providers)?;
+        let end = crate::admission::uid_range_end(
+            config.sandbox_uid_base,
+            config.max_concurrent,
+            providers.len(),
+        )
+        .ok_or_else(|| BuildEngineError::Invalid("the sandbox uids are out of range".into()))?;
+        let image_root = self
+            .image_store()
+            .map_err(BuildEngineError::Invalid)?
+            .dir()
+            .to_owned();
+        let bounds = crate::launch::Bounds {
+            uids: config.sandbox_uid_base..end,
+            runs_dir: config.state_dir.join("runs"),
+            image_root,
+            maximums: config.limits.maximums,
+        };
+        Ok(crate::launch::Launcher::new(providers, bounds, peer_uid))
+    }
+
+    /// The engine for these settings whose providers are the launcher's at `socket`, each
+    /// reached over it. Warm members and sessions are not carried through the launcher yet.
+    pub fn build_engine_through(&self, socket: &Path) -> Result<Engine, BuildEngineError> {
+        let remotes = crate::launch::Remote::all(socket).map_err(|e| {
+            BuildEngineError::Invalid(format!(
+                "the launcher at {} did not answer: {e}",
+                socket.display()
+            ))
+        })?;
+        let config = self.engine_config();
+        let providers: Vec<AnyProvider> = remotes
+            .into_iter()
+            .map(|r| AnyProvider::Remote(Box::new(r)))
+            .collect();
+        // A provider reached through the launcher says it makes no warm member, so a
+        // `[pools]` section naming one is refused here with the reason, not ignored.
+        let refs: Vec<&AnyProvider> = providers.iter().collect();
+        let pools = self.pool_configs(&refs, config.default_floor)?;
+        Engine::new(EngineConfig { pools, ..config }, providers)
+    }
+
+    /// The engine's settings and its providers, each made from these settings.
+    fn build_providers(
+        &self,
+        default_providers: &[&str],
+    ) -> Result<(EngineConfig, Vec<AnyProvider>), BuildEngineError> {
         let config = self.engine_config();
         let d = &config.limits.defaults;
         let m = &config.limits.maximums;
@@ -794,9 +855,7 @@ impl Settings {
                 }
             }
         }
-        let refs: Vec<&AnyProvider> = providers.iter().collect();
-        let pools = self.pool_configs(&refs, config.default_floor)?;
-        Engine::new(EngineConfig { pools, ..config }, providers)
+        Ok((config, providers))
     }
 }
 

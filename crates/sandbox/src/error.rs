@@ -172,6 +172,9 @@ pub enum Unsupported {
         "image `{0}` has no VM disk: rebuild it (`scripts/build-image {0}`) or import it again, which makes one; or run it at crun, runc or runsc"
     )]
     NoDisk(String),
+    /// What the provider said across the launcher's socket (docs/privileges.md), as text.
+    #[error("{0}")]
+    Said(String),
 }
 
 /// Why a provider is not offered: the checks its probe failed, or why it could not probe.
@@ -235,6 +238,9 @@ pub enum Stale {
     /// The evidence does not name what only a probe learns (the VM's accelerator).
     #[error("the evidence names no accelerator ({0:?})")]
     NoAccelerator(Option<String>),
+    /// What the provider said across the launcher's socket (docs/privileges.md), as text.
+    #[error("{0}")]
+    Said(String),
 }
 
 /// Why [`crate::Provider::cancel`] could not end the processes of a cancelled run's sandbox.

@@ -9,6 +9,7 @@ mod bytes;
 pub mod digest;
 mod error;
 mod image;
+pub mod launch;
 mod nulls;
 mod provider;
 mod request;
