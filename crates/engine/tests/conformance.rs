@@ -118,6 +118,9 @@ impl Shape {
 /// the concurrent case) and a grant profile whose API is a real HTTP server.
 struct Rig {
     engine: Engine,
+    /// The launcher's socket, in a split rig, and the directory that holds it.
+    launch_socket: Option<PathBuf>,
+    _launch_dir: Option<tempfile::TempDir>,
     provider: &'static str,
     /// The engine keeps warm pools matching the suite's limits, so snippets run on members.
     warm: bool,
@@ -139,6 +142,13 @@ struct Rig {
 
 fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
     let test = format!("{name}::{case}");
+    // `<provider>_split`: the provider hosted by a launcher, the engine reaching it over the
+    // launcher's socket (docs/privileges.md, "The launcher").
+    let rig_name = name;
+    let (name, split) = match name.strip_suffix("_split") {
+        Some(p) => (p, true),
+        None => (name, false),
+    };
     // `<provider>_warm`: the provider with warm pools (docs/warm-pools.md);
     // `<provider>_image`: with a second image, python-data, as the default (docs/images.md).
     let (provider, warm) = match name.strip_suffix("_warm") {
@@ -187,7 +197,7 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
             panic!("{e}");
         }
     }
-    let dir = TestDir::new("conformance", &format!("{name}-{case}"));
+    let dir = TestDir::new("conformance", &format!("{rig_name}-{case}"));
     let uid_base = 3_100_000 + slot * 1_000;
     let image_line = format!("image = {:?}\n", image_dir.display().to_string());
     let section = match provider {
@@ -244,12 +254,18 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
         |name| (name == "ORDERS_API_TOKEN").then(|| TOKEN.to_owned()),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let engine = Settings::parse(&toml)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .build_engine(&[])
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_grants(grants)
-        .with_evidence_cache(shared_evidence(provider));
+    let settings = Settings::parse(&toml).unwrap_or_else(|e| panic!("{e}"));
+    let (launch_socket, launch_dir) = match split.then(|| start_launcher(&settings)) {
+        Some((socket, dir)) => (Some(socket), Some(dir)),
+        None => (None, None),
+    };
+    let engine = match &launch_socket {
+        Some(socket) => settings.build_engine_through(socket),
+        None => settings.build_engine(&[]),
+    }
+    .unwrap_or_else(|e| panic!("{e}"))
+    .with_grants(grants)
+    .with_evidence_cache(shared_evidence(provider));
     // The provider's first rig probes it; the others wait for that, then adopt its evidence
     // as the CLI does (the provider checks it still holds: binaries, image, accelerator).
     let lock = std::fs::File::create(shared_dir().join(format!("{provider}.lock")))
@@ -283,6 +299,8 @@ fn rig(name: &'static str, slot: u32, case: &str) -> Option<Rig> {
     }
     let image = (provider != "process").then(|| format!("{image_name} {image_identity}"));
     Some(Rig {
+        launch_socket,
+        _launch_dir: launch_dir,
         warm,
         image,
         pool_uids,
@@ -1978,6 +1996,234 @@ fn refusal(rig: &Rig) -> Result<(), String> {
     }
 }
 
+/// Starts a launcher hosting the settings' providers for this process's uid, on a thread;
+/// its socket, in a directory any uid may reach (so that the launcher's own check of its
+/// peer is what refuses another uid), and that directory.
+fn start_launcher(settings: &Settings) -> (PathBuf, tempfile::TempDir) {
+    let at = tempfile::Builder::new()
+        .prefix("plimsoll-launch")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(at.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = at.path().join("launch.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let launcher = settings
+        .build_launcher(&[], rustix::process::geteuid().as_raw())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let launcher = std::sync::Arc::new(launcher);
+    std::thread::spawn(move || launcher.serve(listener));
+    (socket, at)
+}
+
+/// One request to the launcher at `socket`, written as JSON, and its answer (events before
+/// it are skipped); for a run whose teardown waits, the teardown is asked for too.
+fn launch_raw(
+    socket: &std::path::Path,
+    request: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(|e| e.to_string())?;
+    let send = |s: &mut std::os::unix::net::UnixStream, v: &serde_json::Value| {
+        let body = serde_json::to_vec(v).unwrap();
+        s.write_all(&(body.len() as u32).to_be_bytes())?;
+        s.write_all(&body)
+    };
+    let recv = |s: &mut std::os::unix::net::UnixStream| -> std::io::Result<serde_json::Value> {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len)?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body)?;
+        serde_json::from_slice(&body).map_err(std::io::Error::other)
+    };
+    send(&mut s, request).map_err(|e| e.to_string())?;
+    loop {
+        let event = recv(&mut s).map_err(|e| e.to_string())?;
+        let Some(answer) = event.get("answer") else {
+            continue;
+        };
+        if answer["ran"]["Ok"]["teardown"] == serde_json::json!(true) {
+            send(&mut s, &serde_json::json!("tear_down")).map_err(|e| e.to_string())?;
+            let done = recv(&mut s).map_err(|e| e.to_string())?;
+            if done["answer"]["done"] != serde_json::json!({"Ok": null}) {
+                return Err(format!("the teardown: {done}"));
+            }
+        }
+        return Ok(answer.clone());
+    }
+}
+
+/// The launcher refuses what the settings do not allow, and does nothing for it: another
+/// uid's connection, a plan naming a uid, a run directory, an image or limits outside the
+/// settings, privileges its steps do not call for, or a field the plan type has not (a
+/// mount). The same plan unspoilt runs, so each refusal is the field's.
+fn launcher_refuses(rig: &Rig) -> Result<(), String> {
+    use plimsoll_wire::launch::{LaunchRequest, Plan, PlanImage, PlanLimits, PlanPrivileges};
+    type Spoil<'a> = Box<dyn Fn(&mut Plan) + 'a>;
+    let socket = rig
+        .launch_socket
+        .as_ref()
+        .ok_or("launcher_refuses: not a split rig")?;
+    let image = rig.image.as_ref().map(|_| {
+        let dir = plimsoll_engine::settings::default_image_dir();
+        let identity = std::fs::read_to_string(dir.join("identity")).unwrap_or_default();
+        PlanImage {
+            name: "sandbox".into(),
+            identity: identity.trim().to_owned(),
+            rootfs: dir.join("rootfs"),
+            disk: Some(dir.join("disk.ext4")).filter(|d| rig.provider == "qemu" && d.is_file()),
+            named: false,
+        }
+    });
+    let plan = |run_id: &str| Plan {
+        run_id: run_id.to_owned(),
+        request_id: "launcher_refuses".into(),
+        spec: py("print('RAN', 6 * 7)"),
+        limits: PlanLimits {
+            timeout_ms: 60_000,
+            memory_bytes: 1024 * MIB,
+            output_bytes: MIB,
+            pids: 64,
+            disk_bytes: 64 * MIB,
+            artifact_bytes: MIB,
+        },
+        uid: rig.run_uids.start,
+        gid: rig.run_uids.start,
+        controller_uid: rig.run_uids.start + 2,
+        controller_gid: rig.run_uids.start + 2,
+        run_dir: rig.state.join("runs").join(run_id),
+        broker: None,
+        privileges: PlanPrivileges::Unprivileged,
+        tap: false,
+        image: image.clone(),
+    };
+    let request = |plan: Plan| {
+        serde_json::to_value(LaunchRequest::Run {
+            provider: rig.provider.to_owned(),
+            plan,
+        })
+        .unwrap()
+    };
+    // The plan as the engine would make it runs.
+    let ok = launch_raw(socket, &request(plan("bounds-ok")))?;
+    let stdout = ok["ran"]["Ok"]["result"]["stdout"].to_string();
+    if !stdout.contains("RAN 42") {
+        return Err(format!(
+            "launcher_refuses: the plan within the settings did not run: {ok}"
+        ));
+    }
+    rig.nothing_left("launcher_refuses")?;
+    let spoilt: Vec<(&str, Spoil<'_>)> = vec![
+        ("uid 0", Box::new(|p| p.uid = 0)),
+        ("uid outside the range", Box::new(|p| p.uid = rig.uids.end)),
+        ("controller uid 0", Box::new(|p| p.controller_uid = 0)),
+        (
+            "run directory elsewhere",
+            Box::new(|p| p.run_dir = "/etc".into()),
+        ),
+        (
+            "memory over the maximum",
+            Box::new(|p| p.limits.memory_bytes = u64::MAX),
+        ),
+        (
+            "trial privileges",
+            Box::new(|p| p.privileges = PlanPrivileges::TrialRunner),
+        ),
+        (
+            "an image outside the store",
+            Box::new(|p| {
+                p.image = Some(PlanImage {
+                    name: "host".into(),
+                    identity: "sha256:00".into(),
+                    rootfs: "/".into(),
+                    disk: None,
+                    named: true,
+                })
+            }),
+        ),
+    ];
+    for (i, (what, spoil)) in spoilt.iter().enumerate() {
+        let run_id = format!("bounds-{i}");
+        let mut p = plan(&run_id);
+        spoil(&mut p);
+        let answer = launch_raw(socket, &request(p))?;
+        let Some(why) = answer["refused"].as_str() else {
+            return Err(format!(
+                "launcher_refuses: {what} was not refused: {answer}"
+            ));
+        };
+        if !why.contains("outside the settings") {
+            return Err(format!(
+                "launcher_refuses: {what}: refused for another reason: {why}"
+            ));
+        }
+        if rig.state.join("runs").join(&run_id).exists() {
+            return Err(format!(
+                "launcher_refuses: {what}: its run directory was made"
+            ));
+        }
+    }
+    // A mount: a field the plan type has not.
+    let mut mounted = request(plan("bounds-mount"));
+    mounted["run"]["plan"]["mounts"] = serde_json::json!([{"source": "/", "target": "/host"}]);
+    let answer = launch_raw(socket, &mounted)?;
+    match answer["refused"].as_str() {
+        Some(why) if why.contains("unknown field `mounts`") => {}
+        _ => {
+            return Err(format!(
+                "launcher_refuses: a plan with a mount was not refused: {answer}"
+            ));
+        }
+    }
+    // Another uid: a client run as nobody gets a refusal, not a description (the launcher
+    // answers before it reads anything and closes, so the client's send may find it gone).
+    use plimsoll_sandbox::{PreExec, Step};
+    use std::io::Read as _;
+    let running = plimsoll_sandbox::Spawn::new("/usr/bin/python3", "/")
+        .arg("-c")
+        .arg(
+            "import json, socket, struct, sys\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             s.connect(sys.argv[1])\n\
+             b = json.dumps('describe').encode()\n\
+             try: s.sendall(struct.pack('>I', len(b)) + b)\n\
+             except BrokenPipeError: pass\n\
+             n = struct.unpack('>I', s.recv(4, socket.MSG_WAITALL))[0]\n\
+             print(s.recv(n, socket.MSG_WAITALL).decode())\n",
+        )
+        .arg(socket)
+        .before_exec(
+            PreExec::new()
+                .step("groups", Step::DropGroups)
+                .step(
+                    "gid",
+                    Step::SetGids(Some(65_534), Some(65_534), Some(65_534)),
+                )
+                .step(
+                    "uid",
+                    Step::SetUids(Some(65_534), Some(65_534), Some(65_534)),
+                ),
+        )
+        .spawn()
+        .map_err(|e| format!("launcher_refuses: python3: {e}"))?;
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let mut pipe = running.stdout;
+    let _ = pipe.read_to_string(&mut stdout);
+    let mut pipe = running.stderr;
+    let _ = pipe.read_to_string(&mut stderr);
+    let mut child = running.child;
+    let _ = child.wait();
+    let out = (stdout, stderr);
+    let said = &out.0;
+    if !said.contains("is not the serving process's uid") || said.contains("described") {
+        return Err(format!(
+            "launcher_refuses: a connection from uid 65534 was not refused: {said} {}",
+            out.1
+        ));
+    }
+    rig.nothing_left("launcher_refuses")
+}
+
 /// One case at one provider, on a rig of its own (uids, state, cgroup parent), so cases run
 /// side by side and one's failure is its own test's.
 fn conformance(provider: &'static str, slot: u32, name: &str, case: Case) {
@@ -2077,5 +2323,39 @@ suite! {
         egress,
         refusal,
         used_once,
+    ],
+}
+
+suite! {
+    // Each provider hosted by a launcher, reached over its socket: every case above, and
+    // what the launcher must refuse.
+    providers: [
+        process_split => 14,
+        crun_split => 15,
+        runsc_split => 16,
+        qemu_split => 17,
+    ],
+    cases: [
+        identity,
+        host_files,
+        writes_outside_work,
+        network,
+        environment,
+        namespaces,
+        fork_bomb,
+        memory,
+        disk,
+        inodes,
+        timeout,
+        outlive,
+        output_cap,
+        raw_output,
+        concurrent,
+        project,
+        grant,
+        egress,
+        refusal,
+        used_once,
+        launcher_refuses,
     ],
 }

@@ -188,7 +188,7 @@ pub enum LaunchEvent {
     /// A listener only the sandbox reaches, passed beside this frame: accept on it.
     BrokerListener,
     /// The answer; nothing follows but what [`LaunchRequest::TearDown`] asks for.
-    Answer(LaunchAnswer),
+    Answer(Box<LaunchAnswer>),
 }
 
 /// The launcher's answer to one request.

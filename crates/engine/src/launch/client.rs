@@ -67,10 +67,10 @@ fn ask(socket: &Path, request: &LaunchRequest) -> io::Result<LaunchAnswer> {
     let (tx, mut rx) = connect(socket)?;
     tx.send(request, None)?;
     match rx.expect::<LaunchEvent>()? {
-        LaunchEvent::Answer(LaunchAnswer::Refused(why)) => {
-            Err(io::Error::other(format!("it refused: {why}")))
-        }
-        LaunchEvent::Answer(a) => Ok(a),
+        LaunchEvent::Answer(a) => match *a {
+            LaunchAnswer::Refused(why) => Err(io::Error::other(format!("it refused: {why}"))),
+            a => Ok(a),
+        },
         other => Err(io::Error::other(format!(
             "an event with no run under way: {other:?}"
         ))),
@@ -194,34 +194,7 @@ impl Provider for Remote {
                         b.serve_listener(UnixListener::from(fd)).map_err(lost)?;
                     }
                 }
-                LaunchEvent::Answer(LaunchAnswer::Refused(why)) => {
-                    return Err(not_started(format!("the launcher refused the plan: {why}")));
-                }
-                LaunchEvent::Answer(LaunchAnswer::Ran(Err(f))) => {
-                    return Err(failure_from_wire(f));
-                }
-                LaunchEvent::Answer(LaunchAnswer::Ran(Ok(ran))) => {
-                    let outcome = Outcome {
-                        result: ran.result,
-                        started_unix_ms: ran.started_unix_ms,
-                        ended_unix_ms: ran.ended_unix_ms,
-                    };
-                    let teardown = ran.teardown.then(|| {
-                        Teardown::new(move || {
-                            tx.send(&LaunchRequest::TearDown, None)
-                                .map_err(|e| broken(e).into())
-                                .and_then(|()| match rx.expect::<LaunchEvent>() {
-                                    Ok(LaunchEvent::Answer(LaunchAnswer::Done(r))) => {
-                                        r.map_err(Into::into)
-                                    }
-                                    Ok(other) => Err(broken(format!("{other:?}")).into()),
-                                    Err(e) => Err(broken(e).into()),
-                                })
-                        })
-                    });
-                    return Ok((outcome, teardown));
-                }
-                LaunchEvent::Answer(other) => return Err(lost(unexpected(&other))),
+                LaunchEvent::Answer(answer) => return Self::ran(*answer, tx, rx),
             }
         }
     }
@@ -257,5 +230,46 @@ impl Remote {
             },
             available: Err(Withdrawn::NotProbed(why)),
         }
+    }
+}
+
+impl Remote {
+    /// A run's answer as the engine takes it; `tx` and `rx` stay open for the teardown.
+    fn ran(
+        answer: LaunchAnswer,
+        tx: Sender,
+        mut rx: Receiver,
+    ) -> Result<(Outcome, Option<Teardown>), LaunchError> {
+        let ran = match answer {
+            LaunchAnswer::Refused(why) => {
+                return Err(LaunchError::not_started(
+                    Reason::Environment,
+                    format!("the launcher refused the plan: {why}"),
+                ));
+            }
+            LaunchAnswer::Ran(Err(f)) => return Err(failure_from_wire(f)),
+            LaunchAnswer::Ran(Ok(ran)) => ran,
+            other => return Err(LaunchError::may_have_run(broken(unexpected(&other)))),
+        };
+        let outcome = Outcome {
+            result: ran.result,
+            started_unix_ms: ran.started_unix_ms,
+            ended_unix_ms: ran.ended_unix_ms,
+        };
+        let teardown = ran.teardown.then(|| {
+            Teardown::new(move || {
+                tx.send(&LaunchRequest::TearDown, None)
+                    .map_err(|e| broken(e).into())
+                    .and_then(|()| match rx.expect::<LaunchEvent>() {
+                        Ok(LaunchEvent::Answer(a)) => match *a {
+                            LaunchAnswer::Done(r) => r.map_err(Into::into),
+                            other => Err(broken(format!("{other:?}")).into()),
+                        },
+                        Ok(other) => Err(broken(format!("{other:?}")).into()),
+                        Err(e) => Err(broken(e).into()),
+                    })
+            })
+        });
+        Ok((outcome, teardown))
     }
 }

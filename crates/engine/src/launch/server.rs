@@ -211,7 +211,7 @@ fn describe(p: &AnyProvider) -> DescribedProvider {
 }
 
 fn answer(tx: &Sender, a: LaunchAnswer) -> io::Result<()> {
-    tx.send(&LaunchEvent::Answer(a), None)
+    tx.send(&LaunchEvent::Answer(Box::new(a)), None)
 }
 
 fn refuse(tx: &Sender, why: String) -> io::Result<()> {

@@ -5,6 +5,9 @@ use plimsoll_wire::{Language, RunSpec, Snippet};
 
 use super::*;
 
+/// One field of a plan made wrong.
+type Spoil = Box<dyn Fn(&mut Plan)>;
+
 fn bounds(store: &Path) -> Bounds {
     Bounds {
         uids: 200_000..200_010,
@@ -72,7 +75,7 @@ fn every_field_outside_the_settings_is_refused() {
     let store = store();
     let b = bounds(store.path());
     let outside = tempfile::tempdir().unwrap();
-    let spoilt: Vec<(&str, Box<dyn Fn(&mut Plan)>)> = vec![
+    let spoilt: Vec<(&str, Spoil)> = vec![
         ("uid", Box::new(|p| p.uid = 0)),
         ("gid", Box::new(|p| p.gid = 199_999)),
         ("controller uid", Box::new(|p| p.controller_uid = 200_010)),
