@@ -718,11 +718,16 @@ impl Settings {
         peer_uid: u32,
     ) -> Result<crate::launch::Launcher, BuildEngineError> {
         let (config, providers) = self.build_providers(default_providers)?;
+        let refs: Vec<&AnyProvider> = providers.iter().collect();
+        let pools = self.pool_configs(&refs, config.default_floor)?;
+        // Run, probe and controller uids, then the warm members' (as `Engine::new` lays
+        // them out).
         let end = crate::admission::uid_range_end(
             config.sandbox_uid_base,
             config.max_concurrent,
             providers.len(),
         )
+        .and_then(|end| end.checked_add(u32::try_from(crate::pool::Pools::uid_count(&pools)).ok()?))
         .ok_or_else(|| BuildEngineError::Invalid("the sandbox uids are out of range".into()))?;
         let image_root = self
             .image_store()
@@ -739,7 +744,7 @@ impl Settings {
     }
 
     /// The engine for these settings whose providers are the launcher's at `socket`, each
-    /// reached over it. Warm members and sessions are not carried through the launcher yet.
+    /// reached over it. Sessions are not carried through the launcher yet.
     pub fn build_engine_through(&self, socket: &Path) -> Result<Engine, BuildEngineError> {
         let remotes = crate::launch::Remote::all(socket).map_err(|e| {
             BuildEngineError::Invalid(format!(
@@ -752,8 +757,6 @@ impl Settings {
             .into_iter()
             .map(|r| AnyProvider::Remote(Box::new(r)))
             .collect();
-        // A provider reached through the launcher says it makes no warm member, so a
-        // `[pools]` section naming one is refused here with the reason, not ignored.
         let refs: Vec<&AnyProvider> = providers.iter().collect();
         let pools = self.pool_configs(&refs, config.default_floor)?;
         Engine::new(EngineConfig { pools, ..config }, providers)

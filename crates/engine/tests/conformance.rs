@@ -2075,8 +2075,10 @@ fn launcher_refuses(rig: &Rig) -> Result<(), String> {
             named: false,
         }
     });
-    let plan = |run_id: &str| Plan {
-        run_id: run_id.to_owned(),
+    // Run ids are the host's: each test process's own.
+    let id = |name: &str| format!("b{}-{name}", std::process::id());
+    let plan = |name: &str| Plan {
+        run_id: id(name),
         request_id: "launcher_refuses".into(),
         spec: py("print('RAN', 6 * 7)"),
         limits: PlanLimits {
@@ -2091,7 +2093,7 @@ fn launcher_refuses(rig: &Rig) -> Result<(), String> {
         gid: rig.run_uids.start,
         controller_uid: rig.run_uids.start + 2,
         controller_gid: rig.run_uids.start + 2,
-        run_dir: rig.state.join("runs").join(run_id),
+        run_dir: rig.state.join("runs").join(id(name)),
         broker: None,
         privileges: PlanPrivileges::Unprivileged,
         tap: false,
@@ -2115,7 +2117,10 @@ fn launcher_refuses(rig: &Rig) -> Result<(), String> {
     rig.nothing_left("launcher_refuses")?;
     let spoilt: Vec<(&str, Spoil<'_>)> = vec![
         ("uid 0", Box::new(|p| p.uid = 0)),
-        ("uid outside the range", Box::new(|p| p.uid = rig.uids.end)),
+        (
+            "uid outside the range",
+            Box::new(|p| p.uid = rig.uids.end.max(rig.pool_uids.end)),
+        ),
         ("controller uid 0", Box::new(|p| p.controller_uid = 0)),
         (
             "run directory elsewhere",
@@ -2157,10 +2162,97 @@ fn launcher_refuses(rig: &Rig) -> Result<(), String> {
                 "launcher_refuses: {what}: refused for another reason: {why}"
             ));
         }
-        if rig.state.join("runs").join(&run_id).exists() {
+        if rig.state.join("runs").join(id(&run_id)).exists() {
             return Err(format!(
                 "launcher_refuses: {what}: its run directory was made"
             ));
+        }
+    }
+    // A uid another sandbox of the launcher holds: a run still going, or an idle member.
+    let busy = rig.run_uids.start + 1;
+    let long = {
+        let mut p = plan("bounds-long");
+        p.uid = busy;
+        p.gid = busy;
+        p.controller_uid = busy + 2;
+        p.controller_gid = busy + 2;
+        p.spec = py("import time; time.sleep(6); print('RAN', 6 * 7)");
+        request(p)
+    };
+    let socket_for_long = socket.clone();
+    let long = std::thread::spawn(move || launch_raw(&socket_for_long, &long));
+    let started = std::time::Instant::now();
+    // Under way once a process runs as its uid.
+    let runs_as = |uid: u32| {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_to_string(e.path().join("status")).is_ok_and(|st| {
+                    st.lines()
+                        .find(|l| l.starts_with("Uid:"))
+                        .is_some_and(|l| l.split_whitespace().nth(1) == Some(&uid.to_string()))
+                })
+            })
+    };
+    // (gVisor's processes are the Sentry's, not the host's: there, two seconds; the launcher
+    // holds the uid from the request's arrival, and the run sleeps for six.)
+    while !runs_as(busy) && started.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut held_uids = vec![busy];
+    held_uids.extend(rig.engine.pool_uids_held());
+    for uid in held_uids {
+        let mut p = plan("bounds-held");
+        p.uid = uid;
+        p.gid = uid;
+        let answer = launch_raw(socket, &request(p))?;
+        match answer["refused"].as_str() {
+            Some(why) if why.contains("held by another sandbox") => {}
+            _ => {
+                let long = long.join().unwrap();
+                return Err(format!(
+                    "launcher_refuses: uid {uid}, held, was not refused: {answer}; the run holding it: {long:?}"
+                ));
+            }
+        }
+    }
+    let long = long.join().unwrap()?;
+    if !long["ran"]["Ok"]["result"]["stdout"]
+        .to_string()
+        .contains("RAN 42")
+    {
+        return Err(format!(
+            "launcher_refuses: the long run did not run: {long}"
+        ));
+    }
+    // A warm member's plan is held to the same bounds.
+    for (what, uid, run_dir) in [
+        (
+            "a member as uid 0",
+            0,
+            rig.state.join("runs").join(id("bounds-member")),
+        ),
+        (
+            "a member elsewhere",
+            rig.run_uids.start,
+            PathBuf::from("/etc"),
+        ),
+    ] {
+        let member = serde_json::json!({"warm": {"provider": rig.provider, "plan": {
+            "member_id": id("bounds-member"), "language": "python", "memory_bytes": 256 * MIB,
+            "pids": 64, "disk_bytes": 64 * MIB, "uid": uid, "gid": uid, "run_dir": run_dir,
+            "max_timeout_ms": 60_000, "image": image,
+        }}});
+        let answer = launch_raw(socket, &member)?;
+        match answer["refused"].as_str() {
+            Some(why) if why.contains("outside the settings") => {}
+            _ => {
+                return Err(format!(
+                    "launcher_refuses: {what} was not refused: {answer}"
+                ));
+            }
         }
     }
     // A mount: a field the plan type has not.
@@ -2242,7 +2334,7 @@ fn conformance(provider: &'static str, slot: u32, name: &str, case: Case) {
     if rig.warm
         && outcome.is_ok()
         && claimed == 0
-        && !["project", "refusal", "egress"].contains(&name)
+        && !["project", "refusal", "egress", "launcher_refuses"].contains(&name)
     {
         outcome = Err(format!("{name}: no run claimed a warm member"));
     }
@@ -2334,6 +2426,9 @@ suite! {
         crun_split => 15,
         runsc_split => 16,
         qemu_split => 17,
+        process_warm_split => 18,
+        crun_warm_split => 19,
+        runsc_warm_split => 20,
     ],
     cases: [
         identity,

@@ -79,6 +79,43 @@ pub enum LaunchRequest {
     },
     /// Removes what is left of the sandbox of the run answered on this connection.
     TearDown,
+    /// Makes one warm member: answered with [`LaunchAnswer::Warmed`]. The connection is the
+    /// member from then on: a [`LaunchRequest::Run`] on it is the member's one run, a
+    /// [`LaunchRequest::Discard`] (or the connection closing) destroys it.
+    Warm {
+        /// The provider.
+        provider: String,
+        /// Where and as whom.
+        plan: MemberPlan,
+    },
+    /// Destroys the member this connection holds, unclaimed.
+    Discard,
+}
+
+/// Where and as whom one warm member is made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberPlan {
+    /// A fresh id, unique on this host.
+    pub member_id: String,
+    /// The interpreter that waits.
+    pub language: crate::Language,
+    /// The memory limit, bytes.
+    pub memory_bytes: u64,
+    /// The processes-and-threads limit.
+    pub pids: u64,
+    /// The writable disk, bytes.
+    pub disk_bytes: u64,
+    /// The uid its code will run as.
+    pub uid: u32,
+    /// The gid.
+    pub gid: u32,
+    /// Where the provider keeps its files.
+    pub run_dir: PathBuf,
+    /// The longest timeout a run may ask for, milliseconds.
+    pub max_timeout_ms: u64,
+    /// The image it runs in.
+    pub image: Option<PlanImage>,
 }
 
 /// A run's plan as it crosses the socket: every field of the provider's launch plan that is
@@ -205,6 +242,8 @@ pub enum LaunchAnswer {
     Probed(ProbedWire),
     /// A run's outcome.
     Ran(Result<Ran, LaunchFailure>),
+    /// A warm member made (its uid), or why not.
+    Warmed(Result<u32, LaunchFailure>),
     /// The launcher did nothing: the peer, the request or the plan is not one it takes.
     Refused(String),
 }
@@ -225,6 +264,8 @@ pub struct DescribedProvider {
     pub supports_broker: bool,
     /// Whether it gives the egress proxy endpoint.
     pub supports_egress: bool,
+    /// Whether it makes warm members.
+    pub warms: bool,
 }
 
 /// A probe's outcome.

@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 
 use plimsoll_sandbox::{
     CancelRunError, LaunchError, LaunchPlan, Outcome, Probed, Provider, RunImage, RunningIn, Stale,
-    Teardown, Unsupported, Withdrawn,
+    Teardown, Unsupported, WarmMember, WarmPlan, Withdrawn,
 };
 use plimsoll_wire::launch::{DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest};
 use plimsoll_wire::{Evidence, Reason, RunSpec, Tier};
 
 use super::conn::{Receiver, Sender, split};
-use super::{failure_from_wire, image_to_wire, plan_to_wire, probed_from_wire};
+use super::{failure_from_wire, image_to_wire, member_to_wire, plan_to_wire, probed_from_wire};
 
 /// One provider the launcher at `socket` hosts.
 #[derive(Debug)]
@@ -100,6 +100,39 @@ impl Provider for Remote {
     fn supports_egress(&self) -> bool {
         self.described.supports_egress
     }
+    fn warms(&self) -> bool {
+        self.described.warms
+    }
+    fn warm(&self, plan: &WarmPlan) -> Result<Box<dyn WarmMember>, LaunchError> {
+        let not_started = |e: String| LaunchError::not_started(Reason::Environment, e);
+        let (tx, mut rx) = connect(&self.socket).map_err(|e| not_started(broken(e)))?;
+        tx.send(
+            &LaunchRequest::Warm {
+                provider: self.name_owned(),
+                plan: member_to_wire(plan),
+            },
+            None,
+        )
+        .map_err(|e| not_started(broken(e)))?;
+        let answer = match rx.expect::<LaunchEvent>() {
+            Ok(LaunchEvent::Answer(a)) => *a,
+            Ok(other) => return Err(not_started(broken(format!("{other:?}")))),
+            Err(e) => return Err(not_started(broken(e))),
+        };
+        match answer {
+            LaunchAnswer::Warmed(Ok(uid)) => Ok(Box::new(RemoteMember {
+                provider: self.name_owned(),
+                uid,
+                tx,
+                rx,
+            })),
+            LaunchAnswer::Warmed(Err(f)) => Err(failure_from_wire(f)),
+            LaunchAnswer::Refused(why) => Err(not_started(format!(
+                "the launcher refused the member: {why}"
+            ))),
+            other => Err(not_started(broken(unexpected(&other)))),
+        }
+    }
     fn supports(&self, spec: &RunSpec) -> Result<(), Unsupported> {
         self.done(&LaunchRequest::Supports {
             provider: self.name_owned(),
@@ -160,7 +193,7 @@ impl Provider for Remote {
         plan: &LaunchPlan,
     ) -> Result<(Outcome, Option<Teardown>), LaunchError> {
         let not_started = |e: String| LaunchError::not_started(Reason::Environment, e);
-        let (tx, mut rx) = connect(&self.socket).map_err(|e| not_started(broken(e)))?;
+        let (tx, rx) = connect(&self.socket).map_err(|e| not_started(broken(e)))?;
         tx.send(
             &LaunchRequest::Run {
                 provider: self.name_owned(),
@@ -169,34 +202,7 @@ impl Provider for Remote {
             None,
         )
         .map_err(|e| not_started(broken(e)))?;
-        // Once the plan is sent, the code may run: a launcher gone after it is not "nothing ran".
-        let lost = |e: io::Error| LaunchError::may_have_run(broken(e));
-        loop {
-            match rx.expect::<LaunchEvent>().map_err(lost)? {
-                LaunchEvent::Output {
-                    stream,
-                    offset,
-                    bytes,
-                } => {
-                    if let Some(tap) = &plan.tap {
-                        tap.send(stream, offset, bytes.as_slice());
-                    }
-                }
-                LaunchEvent::BrokerStream => {
-                    let fd = rx.take_fd().map_err(lost)?;
-                    if let Some(b) = &plan.broker {
-                        b.serve_stream(UnixStream::from(fd)).map_err(lost)?;
-                    }
-                }
-                LaunchEvent::BrokerListener => {
-                    let fd = rx.take_fd().map_err(lost)?;
-                    if let Some(b) = &plan.broker {
-                        b.serve_listener(UnixListener::from(fd)).map_err(lost)?;
-                    }
-                }
-                LaunchEvent::Answer(answer) => return Self::ran(*answer, tx, rx),
-            }
-        }
+        follow(plan, tx, rx)
     }
     fn cancel(&self, sandbox: &RunningIn) -> Result<(), CancelRunError> {
         self.done(&LaunchRequest::Cancel {
@@ -271,5 +277,85 @@ impl Remote {
             })
         });
         Ok((outcome, teardown))
+    }
+}
+
+/// Follows a run sent on `tx`: its events, then its answer.
+fn follow(
+    plan: &LaunchPlan,
+    tx: Sender,
+    mut rx: Receiver,
+) -> Result<(Outcome, Option<Teardown>), LaunchError> {
+    // Once the plan is sent, the code may run: a launcher gone after it is not "nothing ran".
+    let lost = |e: io::Error| LaunchError::may_have_run(broken(e));
+    loop {
+        match rx.expect::<LaunchEvent>().map_err(lost)? {
+            LaunchEvent::Output {
+                stream,
+                offset,
+                bytes,
+            } => {
+                if let Some(tap) = &plan.tap {
+                    tap.send(stream, offset, bytes.as_slice());
+                }
+            }
+            LaunchEvent::BrokerStream => {
+                let fd = rx.take_fd().map_err(lost)?;
+                if let Some(b) = &plan.broker {
+                    b.serve_stream(UnixStream::from(fd)).map_err(lost)?;
+                }
+            }
+            LaunchEvent::BrokerListener => {
+                let fd = rx.take_fd().map_err(lost)?;
+                if let Some(b) = &plan.broker {
+                    b.serve_listener(UnixListener::from(fd)).map_err(lost)?;
+                }
+            }
+            LaunchEvent::Answer(answer) => return Remote::ran(*answer, tx, rx),
+        }
+    }
+}
+
+/// A warm member the launcher holds, on a connection of its own.
+#[derive(Debug)]
+struct RemoteMember {
+    provider: String,
+    uid: u32,
+    tx: Sender,
+    rx: Receiver,
+}
+
+impl WarmMember for RemoteMember {
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+    fn run(self: Box<Self>, plan: &LaunchPlan) -> Result<(Outcome, Teardown), LaunchError> {
+        let RemoteMember {
+            provider, tx, rx, ..
+        } = *self;
+        tx.send(
+            &LaunchRequest::Run {
+                provider,
+                plan: plan_to_wire(plan),
+            },
+            None,
+        )
+        .map_err(|e| LaunchError::not_started(Reason::Environment, broken(e)))?;
+        let (outcome, teardown) = follow(plan, tx, rx)?;
+        Ok((
+            outcome,
+            teardown.unwrap_or_else(|| Teardown::new(|| Ok(()))),
+        ))
+    }
+    fn discard(self: Box<Self>) -> Result<(), plimsoll_sandbox::Cause> {
+        let RemoteMember { tx, mut rx, .. } = *self;
+        tx.send(&LaunchRequest::Discard, None).map_err(broken)?;
+        match rx.expect::<LaunchEvent>().map_err(broken)? {
+            LaunchEvent::Answer(a) => match *a {
+                LaunchAnswer::Done(r) => r.map_err(Into::into),
+                other => Err(broken(unexpected(&other)).into()),
+            },
+            other => Err(broken(format!("{other:?}")).into()),
+        }
     }
 }

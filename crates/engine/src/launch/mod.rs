@@ -10,8 +10,9 @@
 //! engine's `plan()`; the launcher only refuses what is outside the settings.
 //!
 //! Through the socket today: every call of a cold run (probe, adopt, routing's questions,
-//! run, output as it is read, the broker channel's ends, deferred teardown, cancel). Warm
-//! members and sessions are not carried yet: a [`Remote`] says it makes neither.
+//! run, output as it is read, the broker channel's ends, deferred teardown, cancel) and warm
+//! members (each held by a connection of its own: its one run, or its discard). Sessions are
+//! not carried yet: a [`Remote`] says it keeps none.
 
 mod client;
 mod conn;
@@ -23,10 +24,10 @@ use std::time::Duration;
 
 use plimsoll_sandbox::{
     BrokerChannel, LaunchError, LaunchPlan, OutputTap, Privileges, Probed, ResolvedLimits,
-    RunImage, Withdrawn, error_chain,
+    RunImage, WarmPlan, WarmShape, Withdrawn, error_chain,
 };
 use plimsoll_wire::launch::{
-    LaunchFailure, Plan, PlanBroker, PlanImage, PlanLimits, PlanPrivileges, ProbedWire,
+    LaunchFailure, MemberPlan, Plan, PlanBroker, PlanImage, PlanLimits, PlanPrivileges, ProbedWire,
     WithdrawnWire,
 };
 
@@ -36,7 +37,7 @@ pub use server::Launcher;
 /// What a plan may name: the launcher refuses any plan outside these.
 #[derive(Debug, Clone)]
 pub struct Bounds {
-    /// The uids a run, its controller or a probe may run as.
+    /// The uids a run, its controller, a probe or a warm member may run as.
     pub uids: Range<u32>,
     /// The directory every run's directory is directly under (`<state_dir>/runs`).
     pub runs_dir: PathBuf,
@@ -116,6 +117,48 @@ impl Bounds {
                 self.uids.start, self.uids.end
             ))
         }
+    }
+
+    /// `Err(why)` when a warm member's plan names anything outside the settings.
+    pub fn check_member(&self, plan: &MemberPlan) -> Result<(), String> {
+        if !is_sandbox_id(&plan.member_id) {
+            return Err(format!(
+                "member id {:?} is not a sandbox id",
+                plan.member_id
+            ));
+        }
+        self.check_uid("uid", plan.uid)?;
+        self.check_uid("gid", plan.gid)?;
+        let dir = self.runs_dir.join(&plan.member_id);
+        if plan.run_dir != dir {
+            return Err(format!(
+                "run directory {} is not {}",
+                plan.run_dir.display(),
+                dir.display()
+            ));
+        }
+        let m = &self.maximums;
+        for (name, asked, max) in [
+            (
+                "timeout_ms",
+                plan.max_timeout_ms,
+                m.timeout.as_millis() as u64,
+            ),
+            ("memory_bytes", plan.memory_bytes, m.memory_bytes),
+            ("pids", plan.pids, m.pids),
+            ("disk_bytes", plan.disk_bytes, m.disk_bytes),
+        ] {
+            if asked > max {
+                return Err(format!("{name} = {asked} is over the maximum {max}"));
+            }
+        }
+        if let Some(image) = &plan.image {
+            self.inside_store("root file system", &image.rootfs)?;
+            if let Some(disk) = &image.disk {
+                self.inside_store("disk", disk)?;
+            }
+        }
+        Ok(())
     }
 
     /// Checks a cancel's sandbox.
@@ -273,6 +316,38 @@ fn failure_from_wire(f: LaunchFailure) -> LaunchError {
     match f.cleanup {
         Some(c) => e.with_cleanup(c),
         None => e,
+    }
+}
+
+fn member_to_wire(p: &WarmPlan) -> MemberPlan {
+    MemberPlan {
+        member_id: p.member_id.clone(),
+        language: p.shape.language,
+        memory_bytes: p.shape.memory_bytes,
+        pids: p.shape.pids,
+        disk_bytes: p.shape.disk_bytes,
+        uid: p.uid,
+        gid: p.gid,
+        run_dir: p.run_dir.clone(),
+        max_timeout_ms: p.max_timeout.as_millis() as u64,
+        image: p.image.as_ref().map(image_to_wire),
+    }
+}
+
+fn member_from_wire(p: MemberPlan) -> WarmPlan {
+    WarmPlan {
+        member_id: p.member_id,
+        shape: WarmShape {
+            language: p.language,
+            memory_bytes: p.memory_bytes,
+            pids: p.pids,
+            disk_bytes: p.disk_bytes,
+        },
+        uid: p.uid,
+        gid: p.gid,
+        run_dir: p.run_dir,
+        max_timeout: Duration::from_millis(p.max_timeout_ms),
+        image: p.image.map(image_from_wire),
     }
 }
 

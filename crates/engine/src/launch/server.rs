@@ -8,10 +8,14 @@ use std::sync::Arc;
 
 use plimsoll_sandbox::{BrokerChannel, BrokerPort, OutputTap, Provider, RunningIn, error_chain};
 use plimsoll_wire::Bytes;
-use plimsoll_wire::launch::{DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest, Ran};
+use plimsoll_wire::launch::{
+    DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest, MemberPlan, Ran,
+};
 
 use super::conn::{Receiver, Sender, split};
-use super::{Bounds, failure_to_wire, image_from_wire, plan_from_wire, probed_to_wire};
+use super::{
+    Bounds, failure_to_wire, image_from_wire, member_from_wire, plan_from_wire, probed_to_wire,
+};
 use crate::providers::AnyProvider;
 
 /// The providers, hosted for one peer uid.
@@ -20,6 +24,9 @@ pub struct Launcher {
     providers: Vec<AnyProvider>,
     bounds: Bounds,
     peer_uid: u32,
+    /// The uids and ids of the sandboxes it has made and not yet removed: no plan may name
+    /// one.
+    held: std::sync::Mutex<HeldSet>,
 }
 
 impl Launcher {
@@ -29,6 +36,7 @@ impl Launcher {
             providers,
             bounds,
             peer_uid,
+            held: Default::default(),
         }
     }
 
@@ -90,9 +98,10 @@ impl Launcher {
             | LaunchRequest::Adopt { provider, .. }
             | LaunchRequest::EnvironmentHolds { provider, .. }
             | LaunchRequest::Run { provider, .. }
-            | LaunchRequest::Cancel { provider, .. } => provider.clone(),
-            LaunchRequest::Describe | LaunchRequest::TearDown => {
-                return refuse(&tx, "a teardown with no run before it".into());
+            | LaunchRequest::Cancel { provider, .. }
+            | LaunchRequest::Warm { provider, .. } => provider.clone(),
+            LaunchRequest::Describe | LaunchRequest::TearDown | LaunchRequest::Discard => {
+                return refuse(&tx, "a teardown or discard with nothing before it".into());
             }
         };
         let Some(provider) = self.providers.iter().find(|p| p.name() == name) else {
@@ -143,10 +152,43 @@ impl Launcher {
                 if let Err(why) = self.bounds.check(&plan) {
                     return refuse(&tx, format!("a plan outside the settings: {why}"));
                 }
+                let Some(_held) = self.hold(&plan.run_id, &[plan.uid, plan.controller_uid]) else {
+                    return refuse(
+                        &tx,
+                        held_by_another(&plan.run_id, plan.uid, plan.controller_uid),
+                    );
+                };
                 self.run(provider, plan, tx, rx)
             }
-            LaunchRequest::Describe | LaunchRequest::TearDown => unreachable!("answered above"),
+            LaunchRequest::Warm { plan, .. } => {
+                if let Err(why) = self.bounds.check_member(&plan) {
+                    return refuse(&tx, format!("a member plan outside the settings: {why}"));
+                }
+                let Some(_held) = self.hold(&plan.member_id, &[plan.uid]) else {
+                    return refuse(&tx, held_by_another(&plan.member_id, plan.uid, plan.uid));
+                };
+                self.member(provider, plan, tx, rx)
+            }
+            LaunchRequest::Describe | LaunchRequest::TearDown | LaunchRequest::Discard => {
+                unreachable!("answered above")
+            }
         }
+    }
+
+    /// Holds sandbox `id` and its `uids` until the guard drops (after its removal); `None`
+    /// when another sandbox of this launcher holds the id or one of the uids.
+    fn hold(&self, id: &str, uids: &[u32]) -> Option<Held<'_>> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.ids.contains(id) || uids.iter().any(|u| held.uids.contains(u)) {
+            return None;
+        }
+        held.ids.insert(id.to_owned());
+        held.uids.extend(uids);
+        Some(Held {
+            launcher: self,
+            id: id.to_owned(),
+            uids: uids.to_vec(),
+        })
     }
 
     fn run(
@@ -154,49 +196,154 @@ impl Launcher {
         provider: &AnyProvider,
         plan: plimsoll_wire::launch::Plan,
         tx: Sender,
-        mut rx: Receiver,
+        rx: Receiver,
     ) -> io::Result<()> {
         let tx = Arc::new(tx);
-        let broker = plan.broker.map(|b| {
-            BrokerChannel::new(Arc::new(Relay {
-                tx: Arc::clone(&tx),
-                egress: b.egress,
-            }))
-        });
-        let tap = plan.tap.then(|| {
-            let tx = Arc::clone(&tx);
-            OutputTap::new(move |stream, offset, bytes| {
-                let _ = tx.send(
-                    &LaunchEvent::Output {
-                        stream,
-                        offset,
-                        bytes: Bytes(bytes.to_vec()),
-                    },
-                    None,
-                );
-            })
-        });
-        let plan = plan_from_wire(plan, broker, tap);
-        let (outcome, teardown) = match provider.run_then_tear_down(&plan) {
-            Ok(done) => done,
-            Err(e) => return answer(&tx, LaunchAnswer::Ran(Err(failure_to_wire(&e)))),
-        };
-        let ran = Ran {
-            result: outcome.result,
-            started_unix_ms: outcome.started_unix_ms,
-            ended_unix_ms: outcome.ended_unix_ms,
-            teardown: teardown.is_some(),
-        };
-        let sent = answer(&tx, LaunchAnswer::Ran(Ok(ran)));
-        if let Some(teardown) = teardown {
-            // Whatever comes next (the teardown asked for, or the caller gone), the sandbox
-            // is removed: nothing of it is left behind.
-            let _ = rx.recv::<LaunchRequest>();
-            let done = teardown.run().map_err(|e| error_chain(&*e));
-            answer(&tx, LaunchAnswer::Done(done))?;
-        }
-        sent
+        let plan = with_ends(plan, &tx);
+        let ran = provider.run_then_tear_down(&plan);
+        answer_ran(ran, &tx, rx)
     }
+
+    /// Makes a member and holds it for as long as the connection asks nothing else: its one
+    /// run, or its discard; the connection closing discards it.
+    fn member(
+        &self,
+        provider: &AnyProvider,
+        plan: MemberPlan,
+        tx: Sender,
+        mut rx: Receiver,
+    ) -> io::Result<()> {
+        let member = match provider.warm(&member_from_wire(plan)) {
+            Ok(member) => member,
+            Err(e) => return answer(&tx, LaunchAnswer::Warmed(Err(failure_to_wire(&e)))),
+        };
+        let sent = answer(&tx, LaunchAnswer::Warmed(Ok(member.uid())));
+        let next = match sent {
+            Ok(()) => rx.recv::<LaunchRequest>(),
+            Err(e) => Err(e),
+        };
+        match next {
+            Ok(Some(LaunchRequest::Run { plan, .. })) => {
+                if let Err(why) = self.bounds.check(&plan) {
+                    let gone = member.discard().map_err(|e| error_chain(&*e));
+                    return refuse(
+                        &tx,
+                        format!(
+                            "a plan outside the settings: {why} (the member is discarded{})",
+                            gone.err()
+                                .map(|e| format!(", and that failed: {e}"))
+                                .unwrap_or_default()
+                        ),
+                    );
+                }
+                let tx = Arc::new(tx);
+                let plan = with_ends(plan, &tx);
+                let ran = member.run(&plan).map(|(o, t)| (o, Some(t)));
+                answer_ran(ran, &tx, rx)
+            }
+            Ok(Some(LaunchRequest::Discard)) => {
+                let done = member.discard().map_err(|e| error_chain(&*e));
+                answer(&tx, LaunchAnswer::Done(done))
+            }
+            other => {
+                // The caller is gone, or asked what a member does not do: it is destroyed.
+                let done = member.discard();
+                if let Ok(Some(_)) = other {
+                    refuse(&tx, "a member takes one run or a discard".into())?;
+                }
+                done.map_err(|e| io::Error::other(error_chain(&*e)))
+            }
+        }
+    }
+}
+
+/// The provider's plan with the launcher's own ends: the broker channel's, whose streams and
+/// listeners go back to the caller, and the tap's, whose output does.
+fn with_ends(plan: plimsoll_wire::launch::Plan, tx: &Arc<Sender>) -> plimsoll_sandbox::LaunchPlan {
+    let broker = plan.broker.map(|b| {
+        BrokerChannel::new(Arc::new(Relay {
+            tx: Arc::clone(tx),
+            egress: b.egress,
+        }))
+    });
+    let tap = plan.tap.then(|| {
+        let tx = Arc::clone(tx);
+        OutputTap::new(move |stream, offset, bytes| {
+            let _ = tx.send(
+                &LaunchEvent::Output {
+                    stream,
+                    offset,
+                    bytes: Bytes(bytes.to_vec()),
+                },
+                None,
+            );
+        })
+    });
+    plan_from_wire(plan, broker, tap)
+}
+
+/// Answers a run; when its removal was deferred, waits for the caller to ask for it (or to
+/// go away) and removes it.
+fn answer_ran(
+    ran: Result<
+        (
+            plimsoll_sandbox::Outcome,
+            Option<plimsoll_sandbox::Teardown>,
+        ),
+        plimsoll_sandbox::LaunchError,
+    >,
+    tx: &Sender,
+    mut rx: Receiver,
+) -> io::Result<()> {
+    let (outcome, teardown) = match ran {
+        Ok(done) => done,
+        Err(e) => return answer(tx, LaunchAnswer::Ran(Err(failure_to_wire(&e)))),
+    };
+    let ran = Ran {
+        result: outcome.result,
+        started_unix_ms: outcome.started_unix_ms,
+        ended_unix_ms: outcome.ended_unix_ms,
+        teardown: teardown.is_some(),
+    };
+    let sent = answer(tx, LaunchAnswer::Ran(Ok(ran)));
+    if let Some(teardown) = teardown {
+        // Whatever comes next (the teardown asked for, or the caller gone), the sandbox
+        // is removed: nothing of it is left behind.
+        let _ = rx.recv::<LaunchRequest>();
+        let done = teardown.run().map_err(|e| error_chain(&*e));
+        answer(tx, LaunchAnswer::Done(done))?;
+    }
+    sent
+}
+
+/// What the launcher's live sandboxes hold.
+#[derive(Debug, Default)]
+struct HeldSet {
+    ids: std::collections::HashSet<String>,
+    uids: std::collections::HashSet<u32>,
+}
+
+/// The id and uids one sandbox of the launcher holds, given back when it is removed.
+struct Held<'a> {
+    launcher: &'a Launcher,
+    id: String,
+    uids: Vec<u32>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut held = self.launcher.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.ids.remove(&self.id);
+        for u in &self.uids {
+            held.uids.remove(u);
+        }
+    }
+}
+
+fn held_by_another(id: &str, uid: u32, controller_uid: u32) -> String {
+    format!(
+        "a plan outside the settings: sandbox {id}, uid {uid} or uid {controller_uid} is held by another sandbox of this launcher, not yet removed"
+    )
 }
 
 fn describe(p: &AnyProvider) -> DescribedProvider {
@@ -207,6 +354,7 @@ fn describe(p: &AnyProvider) -> DescribedProvider {
         uses_image: p.uses_image(),
         supports_broker: p.supports_broker(),
         supports_egress: p.supports_egress(),
+        warms: p.warms(),
     }
 }
 
