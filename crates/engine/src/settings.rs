@@ -744,7 +744,7 @@ impl Settings {
     }
 
     /// The engine for these settings whose providers are the launcher's at `socket`, each
-    /// reached over it. Sessions are not carried through the launcher yet.
+    /// reached over it (cold runs, warm members and sessions alike).
     pub fn build_engine_through(&self, socket: &Path) -> Result<Engine, BuildEngineError> {
         let remotes = crate::launch::Remote::all(socket).map_err(|e| {
             BuildEngineError::Invalid(format!(

@@ -2316,6 +2316,91 @@ fn launcher_refuses(rig: &Rig) -> Result<(), String> {
     rig.nothing_left("launcher_refuses")
 }
 
+/// A session through the launcher: cells keep their state, a cell under way is cancelled
+/// and the session goes on (its next cell restarts the interpreter), and closing it leaves
+/// nothing (the process tier keeps none: the
+/// open is refused, not dispatched).
+fn session(rig: &Rig) -> Result<(), String> {
+    use plimsoll_engine::SessionCallKind;
+    use plimsoll_wire::SessionOpenRequest;
+    let open = SessionOpenRequest {
+        protocol: PROTOCOL,
+        request_id: "session-open".into(),
+        language: Language::Python,
+        minimum_isolation: None,
+        provider: Some(rig.provider.into()),
+        grant: None,
+        limits: None,
+        idle_timeout_ms: None,
+        max_lifetime_ms: None,
+        image: None,
+    };
+    let opened = rig.engine.open_session(CALLER, &open);
+    if rig.provider == "process" {
+        return match opened {
+            Err(e) if not_dispatched_reason(&e) == Some(Reason::Unsupported) => {
+                rig.nothing_left("session")
+            }
+            other => Err(format!(
+                "session: the process tier opened a session: {other:?}"
+            )),
+        };
+    }
+    let info = opened.map_err(|e| format!("session: the open failed: {e}"))?;
+    let cell = |n: &str,
+                code: &str,
+                restart: bool,
+                cancel: Option<std::sync::Arc<plimsoll_engine::Cancel>>| {
+        let req = rig.request(&format!("session-{n}"), Ask::new(py(code)));
+        let req = RunRequest {
+            limits: None,
+            provider: None,
+            ..req
+        };
+        rig.engine.session_call_with(
+            CALLER,
+            &info.session_id,
+            &req,
+            SessionCallKind::Cell { restart },
+            &mut |_| {},
+            cancel,
+        )
+    };
+    let r = cell("a", "x = 41", false, None).map_err(|e| format!("session: cell a: {e}"))?;
+    expect("session", r.result.exit_code == Some(0), &r)?;
+    let r = cell("b", "print(x + 1)", false, None).map_err(|e| format!("session: cell b: {e}"))?;
+    expect("session", stdout(&r) == "42\n", &r)?;
+    let cancel = plimsoll_engine::Cancel::new();
+    let later = std::sync::Arc::clone(&cancel);
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        later.cancel();
+    });
+    let started = std::time::Instant::now();
+    let r = cell(
+        "c",
+        "import time\nprint('waiting', flush=True)\ntime.sleep(60)",
+        false,
+        Some(cancel),
+    )
+    .map_err(|e| format!("session: cell c: {e}"))?;
+    canceller.join().unwrap();
+    expect(
+        "session",
+        r.result.signal.is_some()
+            && !r.result.timed_out
+            && started.elapsed() < Duration::from_secs(45),
+        &r,
+    )?;
+    let r = cell("d", "print('after', 6 * 7)", true, None)
+        .map_err(|e| format!("session: cell d: {e}"))?;
+    expect("session", stdout(&r) == "after 42\n", &r)?;
+    rig.engine
+        .close_session(CALLER, &info.session_id, None)
+        .map_err(|e| format!("session: the close failed: {e}"))?;
+    rig.nothing_left("session")
+}
+
 /// One case at one provider, on a rig of its own (uids, state, cgroup parent), so cases run
 /// side by side and one's failure is its own test's.
 fn conformance(provider: &'static str, slot: u32, name: &str, case: Case) {
@@ -2334,7 +2419,14 @@ fn conformance(provider: &'static str, slot: u32, name: &str, case: Case) {
     if rig.warm
         && outcome.is_ok()
         && claimed == 0
-        && !["project", "refusal", "egress", "launcher_refuses"].contains(&name)
+        && ![
+            "project",
+            "refusal",
+            "egress",
+            "launcher_refuses",
+            "session",
+        ]
+        .contains(&name)
     {
         outcome = Err(format!("{name}: no run claimed a warm member"));
     }
@@ -2452,5 +2544,6 @@ suite! {
         refusal,
         used_once,
         launcher_refuses,
+        session,
     ],
 }

@@ -90,6 +90,37 @@ pub enum LaunchRequest {
     },
     /// Destroys the member this connection holds, unclaimed.
     Discard,
+    /// Opens a session's sandbox: answered with [`LaunchAnswer::Opened`]. The connection is
+    /// the session from then on: [`LaunchRequest::Call`], [`LaunchRequest::WallNow`],
+    /// [`LaunchRequest::Alive`], and [`LaunchRequest::Close`] (or the connection closing,
+    /// which ends its processes).
+    OpenSession {
+        /// The provider.
+        provider: String,
+        /// The plan.
+        plan: Plan,
+        /// Its longest life, milliseconds, even if the caller dies.
+        lifetime_ms: u64,
+    },
+    /// One call in the session this connection holds; each output chunk comes first as a
+    /// [`LaunchEvent::Chunk`].
+    Call {
+        /// The call.
+        call: crate::SessionCall,
+        /// Answered within this, milliseconds.
+        within_ms: u64,
+    },
+    /// The session's wall now.
+    WallNow,
+    /// Whether the session's sandbox is still there.
+    Alive,
+    /// Ends the session's processes and removes everything of it.
+    Close,
+    /// Cancels the cell a session is running, from a connection of its own.
+    CancelCell {
+        /// What [`LaunchAnswer::Opened`] named the session's canceller.
+        token: String,
+    },
 }
 
 /// Where and as whom one warm member is made.
@@ -224,6 +255,8 @@ pub enum LaunchEvent {
     BrokerStream,
     /// A listener only the sandbox reaches, passed beside this frame: accept on it.
     BrokerListener,
+    /// One output chunk of a session's call.
+    Chunk(crate::OutputChunk),
     /// The answer; nothing follows but what [`LaunchRequest::TearDown`] asks for.
     Answer(Box<LaunchAnswer>),
 }
@@ -244,8 +277,26 @@ pub enum LaunchAnswer {
     Ran(Result<Ran, LaunchFailure>),
     /// A warm member made (its uid), or why not.
     Warmed(Result<u32, LaunchFailure>),
+    /// A session opened, or why not.
+    Opened(Result<OpenedSession, LaunchFailure>),
+    /// A session's call answered, or why not.
+    Called(Result<crate::SessionAnswer, LaunchFailure>),
+    /// A session's wall now, or why it cannot be read or no longer passes.
+    Walled(Result<crate::Wall, LaunchFailure>),
     /// The launcher did nothing: the peer, the request or the plan is not one it takes.
     Refused(String),
+}
+
+/// A session's sandbox, opened.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenedSession {
+    /// The uid its code runs as.
+    pub uid: u32,
+    /// Its wall when it opened, judged.
+    pub wall: crate::Wall,
+    /// What names its canceller in a [`LaunchRequest::CancelCell`]; `None` where it has none.
+    pub cancel_token: Option<String>,
 }
 
 /// A hosted provider's fixed facts.
@@ -266,6 +317,8 @@ pub struct DescribedProvider {
     pub supports_egress: bool,
     /// Whether it makes warm members.
     pub warms: bool,
+    /// Whether it keeps sessions.
+    pub opens_sessions: bool,
 }
 
 /// A probe's outcome.

@@ -3,13 +3,17 @@
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use plimsoll_sandbox::session::Canceller;
 use plimsoll_sandbox::{
-    CancelRunError, LaunchError, LaunchPlan, Outcome, Probed, Provider, RunImage, RunningIn, Stale,
-    Teardown, Unsupported, WarmMember, WarmPlan, Withdrawn,
+    CancelRunError, CloseSessionError, LaunchError, LaunchPlan, Outcome, Probed, Provider,
+    RunImage, RunningIn, SessionSandbox, Stale, Teardown, Unsupported, WarmMember, WarmPlan,
+    Withdrawn,
 };
 use plimsoll_wire::launch::{DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest};
 use plimsoll_wire::{Evidence, Reason, RunSpec, Tier};
+use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, Wall};
 
 use super::conn::{Receiver, Sender, split};
 use super::{failure_from_wire, image_to_wire, member_to_wire, plan_to_wire, probed_from_wire};
@@ -204,6 +208,92 @@ impl Provider for Remote {
         .map_err(|e| not_started(broken(e)))?;
         follow(plan, tx, rx)
     }
+    fn opens_sessions(&self) -> bool {
+        self.described.opens_sessions
+    }
+    fn open_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: Duration,
+    ) -> Result<Box<dyn SessionSandbox>, LaunchError> {
+        let not_started = |e: String| LaunchError::not_started(Reason::Environment, e);
+        let (tx, mut rx) = connect(&self.socket).map_err(|e| not_started(broken(e)))?;
+        tx.send(
+            &LaunchRequest::OpenSession {
+                provider: self.name_owned(),
+                plan: plan_to_wire(plan),
+                lifetime_ms: lifetime.as_millis() as u64,
+            },
+            None,
+        )
+        .map_err(|e| not_started(broken(e)))?;
+        // Until it answers, the broker channel's ends may come (and none of the session's
+        // code has run: a launcher lost now leaves nothing dispatched).
+        let opened = loop {
+            let event = rx
+                .expect::<LaunchEvent>()
+                .map_err(|e| not_started(broken(e)))?;
+            if serve_broker_end(&event, &mut rx, plan.broker.as_ref())
+                .map_err(|e| not_started(broken(e)))?
+            {
+                continue;
+            }
+            let LaunchEvent::Answer(a) = event else {
+                return Err(not_started(broken(format!("{event:?}"))));
+            };
+            match *a {
+                LaunchAnswer::Opened(Ok(o)) => break o,
+                LaunchAnswer::Opened(Err(f)) => return Err(failure_from_wire(f)),
+                LaunchAnswer::Refused(why) => {
+                    return Err(not_started(format!(
+                        "the launcher refused the session: {why}"
+                    )));
+                }
+                other => return Err(not_started(broken(unexpected(&other)))),
+            }
+        };
+        // From now on one thread reads: the broker channel's ends are served as they come
+        // (a cell's background work may open them between calls); chunks and answers go
+        // to whichever call waits.
+        let (to_call, from_reader) = std::sync::mpsc::channel();
+        let broker = plan.broker.clone();
+        std::thread::Builder::new()
+            .name("launch-session".into())
+            .spawn(move || {
+                loop {
+                    let event = match rx.recv::<LaunchEvent>() {
+                        Ok(Some(e)) => e,
+                        Ok(None) => break,
+                        Err(e) => {
+                            let _ = to_call.send(Err(broken(e)));
+                            break;
+                        }
+                    };
+                    match serve_broker_end(&event, &mut rx, broker.as_ref()) {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) => {
+                            let _ = to_call.send(Err(broken(e)));
+                            break;
+                        }
+                    }
+                    if to_call.send(Ok(event)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| not_started(broken(e)))?;
+        Ok(Box::new(RemoteSession {
+            uid: opened.uid,
+            wall: opened.wall,
+            run_id: plan.run_id.clone(),
+            tx,
+            events: from_reader,
+            cancel: opened
+                .cancel_token
+                .map(|token| (self.socket.clone(), token)),
+        }))
+    }
     fn cancel(&self, sandbox: &RunningIn) -> Result<(), CancelRunError> {
         self.done(&LaunchRequest::Cancel {
             provider: self.name_owned(),
@@ -299,19 +389,13 @@ fn follow(
                     tap.send(stream, offset, bytes.as_slice());
                 }
             }
-            LaunchEvent::BrokerStream => {
-                let fd = rx.take_fd().map_err(lost)?;
-                if let Some(b) = &plan.broker {
-                    b.serve_stream(UnixStream::from(fd)).map_err(lost)?;
-                }
-            }
-            LaunchEvent::BrokerListener => {
-                let fd = rx.take_fd().map_err(lost)?;
-                if let Some(b) = &plan.broker {
-                    b.serve_listener(UnixListener::from(fd)).map_err(lost)?;
-                }
+            event @ (LaunchEvent::BrokerStream | LaunchEvent::BrokerListener) => {
+                serve_broker_end(&event, &mut rx, plan.broker.as_ref()).map_err(lost)?;
             }
             LaunchEvent::Answer(answer) => return Remote::ran(*answer, tx, rx),
+            LaunchEvent::Chunk(_) => {
+                return Err(lost(io::Error::other("a session's chunk during a run")));
+            }
         }
     }
 }
@@ -357,5 +441,142 @@ impl WarmMember for RemoteMember {
             },
             other => Err(broken(format!("{other:?}")).into()),
         }
+    }
+}
+
+/// Serves a broker channel's end the event carries: `Ok(true)` when it was one.
+fn serve_broker_end(
+    event: &LaunchEvent,
+    rx: &mut Receiver,
+    broker: Option<&plimsoll_sandbox::BrokerChannel>,
+) -> io::Result<bool> {
+    match event {
+        LaunchEvent::BrokerStream => {
+            let fd = rx.take_fd()?;
+            if let Some(b) = broker {
+                b.serve_stream(UnixStream::from(fd))?;
+            }
+            Ok(true)
+        }
+        LaunchEvent::BrokerListener => {
+            let fd = rx.take_fd()?;
+            if let Some(b) = broker {
+                b.serve_listener(UnixListener::from(fd))?;
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// How much longer than a call's own bound the caller waits for the launcher's answer.
+const ANSWER_GRACE: Duration = Duration::from_secs(30);
+
+/// A session's sandbox the launcher holds, on a connection of its own.
+#[derive(Debug)]
+struct RemoteSession {
+    uid: u32,
+    wall: Wall,
+    run_id: String,
+    tx: Sender,
+    events: std::sync::mpsc::Receiver<Result<LaunchEvent, String>>,
+    /// The launcher's socket and the token naming this session's canceller.
+    cancel: Option<(PathBuf, String)>,
+}
+
+impl RemoteSession {
+    /// Sends `request` and waits up to `within` (and a grace) for its answer; chunks before
+    /// it go to `on_chunk`.
+    fn ask(
+        &mut self,
+        request: &LaunchRequest,
+        within: Duration,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+    ) -> Result<LaunchAnswer, String> {
+        self.tx.send(request, None).map_err(broken)?;
+        let deadline = std::time::Instant::now() + within + ANSWER_GRACE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(Ok(LaunchEvent::Chunk(chunk))) => on_chunk(chunk),
+                Ok(Ok(LaunchEvent::Answer(a))) => {
+                    return match *a {
+                        LaunchAnswer::Refused(why) => Err(format!("the launcher refused: {why}")),
+                        a => Ok(a),
+                    };
+                }
+                Ok(Ok(other)) => return Err(broken(format!("{other:?}"))),
+                Ok(Err(why)) => return Err(why),
+                Err(_) => return Err(broken("no answer in time, or the connection ended")),
+            }
+        }
+    }
+}
+
+impl SessionSandbox for RemoteSession {
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+    fn wall_at_open(&self) -> &Wall {
+        &self.wall
+    }
+    fn wall_now(&mut self) -> Result<Wall, LaunchError> {
+        match self.ask(&LaunchRequest::WallNow, Duration::ZERO, &mut |_| {}) {
+            Ok(LaunchAnswer::Walled(r)) => r.map_err(failure_from_wire),
+            Ok(other) => Err(LaunchError::environment(broken(unexpected(&other)))),
+            Err(why) => Err(LaunchError::environment(why)),
+        }
+    }
+    fn call(
+        &mut self,
+        call: &SessionCall,
+        within: Duration,
+        on_chunk: &mut dyn FnMut(OutputChunk),
+    ) -> Result<SessionAnswer, LaunchError> {
+        let request = LaunchRequest::Call {
+            call: call.clone(),
+            within_ms: within.as_millis() as u64,
+        };
+        match self.ask(&request, within, on_chunk) {
+            Ok(LaunchAnswer::Called(r)) => r.map_err(failure_from_wire),
+            Ok(other) => Err(LaunchError::may_have_run(broken(unexpected(&other)))),
+            Err(why) => Err(LaunchError::may_have_run(why)),
+        }
+    }
+    fn canceller(&self) -> Option<Canceller> {
+        let (socket, token) = self.cancel.clone()?;
+        Some(Box::new(move || {
+            let request = LaunchRequest::CancelCell {
+                token: token.clone(),
+            };
+            if let Err(e) = ask(&socket, &request) {
+                tracing::warn!(error = %e, "the launcher did not cancel the session's cell");
+            }
+        }))
+    }
+    fn alive(&mut self) -> bool {
+        matches!(
+            self.ask(&LaunchRequest::Alive, Duration::ZERO, &mut |_| {}),
+            Ok(LaunchAnswer::Done(Ok(())))
+        )
+    }
+    fn close(mut self: Box<Self>) -> Result<(), CloseSessionError> {
+        let closed = match self.ask(&LaunchRequest::Close, Duration::ZERO, &mut |_| {}) {
+            Ok(LaunchAnswer::Done(r)) => r,
+            Ok(other) => Err(broken(unexpected(&other))),
+            Err(why) => Err(why),
+        };
+        closed.map_err(|why| CloseSessionError::Remove {
+            run_id: self.run_id.clone(),
+            cause: why.into(),
+        })
+    }
+}
+
+impl Drop for RemoteSession {
+    /// The launcher ends the session when its connection ends (after a close it is gone
+    /// already); the reader thread ends with it.
+    fn drop(&mut self) {
+        self.tx.shutdown();
     }
 }

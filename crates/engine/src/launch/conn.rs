@@ -28,6 +28,15 @@ impl Sender {
         Sender(Mutex::new(stream))
     }
 
+    /// Shuts the connection down both ways: the peer and this side's reader see its end.
+    pub fn shutdown(&self) {
+        let _ = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shutdown(std::net::Shutdown::Both);
+    }
+
     /// Sends `message` as one frame, `fd` beside it.
     pub fn send(&self, message: &impl Serialize, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         let body = serde_json::to_vec(message).map_err(io::Error::other)?;

@@ -11,8 +11,10 @@
 //!
 //! Through the socket today: every call of a cold run (probe, adopt, routing's questions,
 //! run, output as it is read, the broker channel's ends, deferred teardown, cancel) and warm
-//! members (each held by a connection of its own: its one run, or its discard). Sessions are
-//! not carried yet: a [`Remote`] says it keeps none.
+//! members and sessions (each held by a connection of its own: a member's one run or its
+//! discard; a session's calls, wall, liveness and close, its cell cancelled from a
+//! connection of its own by a token the launcher gave). The connection ending ends what it
+//! held.
 
 mod client;
 mod conn;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use plimsoll_sandbox::{BrokerChannel, BrokerPort, OutputTap, Provider, RunningIn, error_chain};
 use plimsoll_wire::Bytes;
 use plimsoll_wire::launch::{
-    DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest, MemberPlan, Ran,
+    DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest, MemberPlan, OpenedSession, Ran,
 };
 
 use super::conn::{Receiver, Sender, split};
@@ -19,7 +19,6 @@ use super::{
 use crate::providers::AnyProvider;
 
 /// The providers, hosted for one peer uid.
-#[derive(Debug)]
 pub struct Launcher {
     providers: Vec<AnyProvider>,
     bounds: Bounds,
@@ -27,6 +26,18 @@ pub struct Launcher {
     /// The uids and ids of the sandboxes it has made and not yet removed: no plan may name
     /// one.
     held: std::sync::Mutex<HeldSet>,
+    /// The cancellers of open sessions, by the token each was named by.
+    cancellers: std::sync::Mutex<std::collections::HashMap<String, Arc<Canceller>>>,
+}
+
+impl fmt::Debug for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launcher")
+            .field("providers", &self.providers)
+            .field("bounds", &self.bounds)
+            .field("peer_uid", &self.peer_uid)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Launcher {
@@ -37,6 +48,7 @@ impl Launcher {
             bounds,
             peer_uid,
             held: Default::default(),
+            cancellers: Default::default(),
         }
     }
 
@@ -90,6 +102,21 @@ impl Launcher {
             let described = self.providers.iter().map(describe).collect();
             return answer(&tx, LaunchAnswer::Described(described));
         }
+        if let LaunchRequest::CancelCell { token } = &request {
+            let canceller = self
+                .cancellers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(token)
+                .cloned();
+            return match canceller {
+                Some(cancel) => {
+                    cancel();
+                    answer(&tx, LaunchAnswer::Done(Ok(())))
+                }
+                None => refuse(&tx, "no open session has that canceller".into()),
+            };
+        }
         let name = match &request {
             LaunchRequest::Supports { provider, .. }
             | LaunchRequest::TakesImage { provider, .. }
@@ -99,9 +126,20 @@ impl Launcher {
             | LaunchRequest::EnvironmentHolds { provider, .. }
             | LaunchRequest::Run { provider, .. }
             | LaunchRequest::Cancel { provider, .. }
-            | LaunchRequest::Warm { provider, .. } => provider.clone(),
-            LaunchRequest::Describe | LaunchRequest::TearDown | LaunchRequest::Discard => {
-                return refuse(&tx, "a teardown or discard with nothing before it".into());
+            | LaunchRequest::Warm { provider, .. }
+            | LaunchRequest::OpenSession { provider, .. } => provider.clone(),
+            LaunchRequest::Describe
+            | LaunchRequest::TearDown
+            | LaunchRequest::Discard
+            | LaunchRequest::Call { .. }
+            | LaunchRequest::WallNow
+            | LaunchRequest::Alive
+            | LaunchRequest::Close
+            | LaunchRequest::CancelCell { .. } => {
+                return refuse(
+                    &tx,
+                    "a request for a sandbox this connection does not hold".into(),
+                );
             }
         };
         let Some(provider) = self.providers.iter().find(|p| p.name() == name) else {
@@ -169,9 +207,28 @@ impl Launcher {
                 };
                 self.member(provider, plan, tx, rx)
             }
-            LaunchRequest::Describe | LaunchRequest::TearDown | LaunchRequest::Discard => {
-                unreachable!("answered above")
+            LaunchRequest::OpenSession {
+                plan, lifetime_ms, ..
+            } => {
+                if let Err(why) = self.bounds.check(&plan) {
+                    return refuse(&tx, format!("a session plan outside the settings: {why}"));
+                }
+                let Some(_held) = self.hold(&plan.run_id, &[plan.uid, plan.controller_uid]) else {
+                    return refuse(
+                        &tx,
+                        held_by_another(&plan.run_id, plan.uid, plan.controller_uid),
+                    );
+                };
+                self.session(provider, plan, lifetime_ms, tx, rx)
             }
+            LaunchRequest::Describe
+            | LaunchRequest::TearDown
+            | LaunchRequest::Discard
+            | LaunchRequest::Call { .. }
+            | LaunchRequest::WallNow
+            | LaunchRequest::Alive
+            | LaunchRequest::Close
+            | LaunchRequest::CancelCell { .. } => unreachable!("answered above"),
         }
     }
 
@@ -256,6 +313,85 @@ impl Launcher {
         }
     }
 }
+
+impl Launcher {
+    /// Opens a session's sandbox and serves its calls until the caller closes it or goes
+    /// away; either way its processes end and everything of it is removed.
+    fn session(
+        &self,
+        provider: &AnyProvider,
+        plan: plimsoll_wire::launch::Plan,
+        lifetime_ms: u64,
+        tx: Sender,
+        mut rx: Receiver,
+    ) -> io::Result<()> {
+        let tx = Arc::new(tx);
+        let plan = with_ends(plan, &tx);
+        let lifetime = std::time::Duration::from_millis(lifetime_ms);
+        let mut sandbox = match provider.open_session(&plan, lifetime) {
+            Ok(s) => s,
+            Err(e) => return answer(&tx, LaunchAnswer::Opened(Err(failure_to_wire(&e)))),
+        };
+        let token = sandbox.canceller().map(|cancel| {
+            let token = hex::encode(rand::random::<[u8; 16]>());
+            self.cancellers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(token.clone(), Arc::new(cancel));
+            token
+        });
+        let opened = OpenedSession {
+            uid: sandbox.uid(),
+            wall: sandbox.wall_at_open().clone(),
+            cancel_token: token.clone(),
+        };
+        let mut served = answer(&tx, LaunchAnswer::Opened(Ok(opened)));
+        let mut closed = None;
+        while served.is_ok() {
+            let said = match rx.recv::<LaunchRequest>() {
+                Ok(Some(LaunchRequest::Call { call, within_ms })) => {
+                    let within = std::time::Duration::from_millis(within_ms);
+                    let called = sandbox.call(&call, within, &mut |chunk| {
+                        let _ = tx.send(&LaunchEvent::Chunk(chunk), None);
+                    });
+                    LaunchAnswer::Called(called.map_err(|e| failure_to_wire(&e)))
+                }
+                Ok(Some(LaunchRequest::WallNow)) => {
+                    LaunchAnswer::Walled(sandbox.wall_now().map_err(|e| failure_to_wire(&e)))
+                }
+                Ok(Some(LaunchRequest::Alive)) => LaunchAnswer::Done(if sandbox.alive() {
+                    Ok(())
+                } else {
+                    Err("the session's sandbox is gone".into())
+                }),
+                Ok(Some(LaunchRequest::Close)) => {
+                    closed = Some(());
+                    break;
+                }
+                Ok(Some(_)) => LaunchAnswer::Refused(
+                    "a session takes calls, its wall, whether it is alive, and its close".into(),
+                ),
+                // The caller is gone: the session ends with it.
+                Ok(None) | Err(_) => break,
+            };
+            served = answer(&tx, said);
+        }
+        if let Some(token) = token {
+            self.cancellers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&token);
+        }
+        let removed = sandbox.close().map_err(|e| error_chain(&e));
+        if closed.is_some() {
+            return answer(&tx, LaunchAnswer::Done(removed));
+        }
+        removed.map_err(io::Error::other).and(served)
+    }
+}
+
+/// What a session's sandbox gives to cancel its cell.
+type Canceller = plimsoll_sandbox::session::Canceller;
 
 /// The provider's plan with the launcher's own ends: the broker channel's, whose streams and
 /// listeners go back to the caller, and the tap's, whose output does.
@@ -355,6 +491,7 @@ fn describe(p: &AnyProvider) -> DescribedProvider {
         supports_broker: p.supports_broker(),
         supports_egress: p.supports_egress(),
         warms: p.warms(),
+        opens_sessions: p.opens_sessions(),
     }
 }
 
