@@ -22,12 +22,19 @@ fn quantiles(v: &mut [Duration]) -> (f64, f64) {
     (ms(v[v.len() / 2]), ms(v[v.len() * 9 / 10]))
 }
 
-fn settings(state: &std::path::Path, uid_base: u32) -> Settings {
+fn settings(state: &std::path::Path, uid_base: u32, warm: bool) -> Settings {
     let image = plimsoll_engine::settings::default_image_dir();
+    // Warm: one Python pool at each provider, at the default limits a request without
+    // limits gets, so every run claims a member.
+    let pools = if warm {
+        "[pools.process.python]\nmin_idle = 1\nmax_members = 2\n[pools.crun.python]\nmin_idle = 1\nmax_members = 2\n"
+    } else {
+        "[pools]\n"
+    };
     let toml = format!(
         "providers = [\"process\", \"crun\"]\ndefault_floor = \"process\"\nstate_dir = {state:?}\n\
          sandbox_uid_base = {uid_base}\nmax_concurrent = 2\n[oci]\nimage = {image:?}\n\
-         state_root = {oci:?}\ncgroup_parent = \"/plimsoll-launch-bench-{uid_base}\"\n[pools]\n",
+         state_root = {oci:?}\ncgroup_parent = \"/plimsoll-launch-bench-{uid_base}\"\n{pools}",
         state = state.display().to_string(),
         image = image.display().to_string(),
         oci = state.join("oci").display().to_string(),
@@ -63,22 +70,19 @@ fn ready(engine: &Engine) {
     }
 }
 
-fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(40);
-    let dir = tempfile::tempdir().unwrap();
-    for sub in ["", "direct", "split"] {
-        let d = dir.path().join(sub);
+/// An engine hosting its providers and one reaching the same settings' providers through a
+/// launcher, each with a state directory and uids of its own; and the launcher's socket.
+fn pair(dir: &std::path::Path, warm: bool, uid_base: u32) -> (Engine, Engine, std::path::PathBuf) {
+    for sub in ["direct", "split"] {
+        let d = dir.join(sub);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     }
-    let direct = settings(&dir.path().join("direct"), 3_900_000)
+    let direct = settings(&dir.join("direct"), uid_base, warm)
         .build_engine(&[])
         .unwrap_or_else(|e| panic!("{e}"));
-    let through = settings(&dir.path().join("split"), 3_910_000);
-    let socket = dir.path().join("launch.sock");
+    let through = settings(&dir.join("split"), uid_base + 10_000, warm);
+    let socket = dir.join("launch.sock");
     let listener = UnixListener::bind(&socket).unwrap();
     let launcher = Arc::new(
         through
@@ -91,31 +95,103 @@ fn main() {
         .unwrap_or_else(|e| panic!("{e}"));
     ready(&direct);
     ready(&split);
-    let engines = [("direct", &direct), ("launcher", &split)];
+    if warm {
+        direct.start_pools();
+        split.start_pools();
+    }
+    (direct, split, socket)
+}
+
+/// Every pool of `engine` has a member idle, and none is being made.
+fn settled(engine: &Engine) -> bool {
+    let idle = engine.pools_idle();
+    idle.iter().all(|(_, _, n)| *n >= 1)
+        && engine.pool_member_ids().len() == idle.iter().map(|(_, _, n)| n).sum::<usize>()
+}
+
+/// `n` runs at each provider on each engine, interleaved (the order flipped every round, so
+/// drift hits both alike); a warm round waits for both engines' pools to settle, and a run
+/// that found no member is not counted.
+fn side_by_side(engines: [(&str, &Engine); 2], warm: bool, n: usize) {
+    let kind = if warm { "warm" } else { "cold" };
     for provider in ["process", "crun"] {
         let mut times = [Vec::new(), Vec::new()];
+        let mut missed = 0;
         for i in 0..n {
-            // Interleaved, and the order flipped every round, so drift hits both alike.
             let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
             for k in order {
                 let (name, engine) = engines[k];
+                if warm {
+                    // Both engines quiet: every pool has its member idle and none is being
+                    // made, so no run shares the machine with a member's making.
+                    let t = Instant::now();
+                    while !engines.iter().all(|(_, e)| settled(e))
+                        && t.elapsed() < Duration::from_secs(20)
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+                let claimed = engine
+                    .pool_counts()
+                    .claimed
+                    .load(std::sync::atomic::Ordering::SeqCst);
                 let t = Instant::now();
                 let r = engine
                     .run("bench", &request(provider, i))
                     .unwrap_or_else(|e| panic!("{name} {provider}: {e}"));
-                times[k].push(t.elapsed());
+                let took = t.elapsed();
                 assert_eq!(r.result.stdout.as_slice(), b"1\n", "{name} {provider}");
+                let now = engine
+                    .pool_counts()
+                    .claimed
+                    .load(std::sync::atomic::Ordering::SeqCst);
+                if warm && now == claimed {
+                    missed += 1;
+                    continue;
+                }
+                times[k].push(took);
             }
         }
         let (d50, d90) = quantiles(&mut times[0]);
         let (l50, l90) = quantiles(&mut times[1]);
         println!(
-            "{provider:8} cold run, {n} each: direct p50 {d50:.2} ms p90 {d90:.2}; launcher p50 {l50:.2} ms p90 {l90:.2}; launcher - direct p50 {:+.2} ms",
-            l50 - d50
+            "{provider:8} {kind} run, {}/{} runs: direct p50 {d50:.2} ms p90 {d90:.2}; launcher p50 {l50:.2} ms p90 {l90:.2}; launcher - direct p50 {:+.2} ms{}",
+            times[0].len(),
+            times[1].len(),
+            l50 - d50,
+            if missed > 0 {
+                format!(" ({missed} found no member)")
+            } else {
+                String::new()
+            }
         );
     }
-    // One routing question over the socket alone (a run asks four: supports, takes_image,
-    // memory_floor, environment_holds).
+}
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(40);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let (cold_dir, warm_dir) = (dir.path().join("cold"), dir.path().join("warm"));
+    for d in [&cold_dir, &warm_dir] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
+    }
+    let (direct, split, socket) = pair(&cold_dir, false, 3_900_000);
+    side_by_side([("direct", &direct), ("launcher", &split)], false, n);
+    drop((direct, split));
+    let (direct, split, _) = pair(&warm_dir, true, 3_920_000);
+    side_by_side([("direct", &direct), ("launcher", &split)], true, n);
+    // One routing question over the socket alone (a run asks about ten: each provider's
+    // supports, takes_image and memory_floor, environment_holds, and more).
     let remote = plimsoll_engine::launch::Remote::all(&socket).unwrap();
     let spec = request("crun", 0).run;
     let mut times = Vec::new();

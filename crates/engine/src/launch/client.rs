@@ -23,6 +23,9 @@ use super::{failure_from_wire, image_to_wire, member_to_wire, plan_to_wire, prob
 pub struct Remote {
     socket: PathBuf,
     described: DescribedProvider,
+    /// A connection kept for questions (the launcher answers them one after another on it),
+    /// so that a question costs a round trip, not a connection.
+    kept: std::sync::Mutex<Option<(Sender, Receiver)>>,
 }
 
 /// The launcher did not answer as it should.
@@ -39,14 +42,38 @@ impl Remote {
                 .map(|described| Remote {
                     socket: socket.to_owned(),
                     described,
+                    kept: Default::default(),
                 })
                 .collect()),
             other => Err(unexpected(&other)),
         }
     }
 
+    /// A question, on the kept connection when it is free (a fresh one otherwise, kept
+    /// afterwards when none is); a kept connection that fails is dropped and the question
+    /// asked once more on a fresh one.
     fn ask(&self, request: &LaunchRequest) -> Result<LaunchAnswer, String> {
-        ask(&self.socket, request).map_err(broken)
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let reused = kept.is_some();
+        let mut conn = match kept {
+            Some(c) => c,
+            None => connect(&self.socket).map_err(broken)?,
+        };
+        let mut asked = question(&mut conn, request);
+        if asked.is_err() && reused {
+            conn = connect(&self.socket).map_err(broken)?;
+            asked = question(&mut conn, request);
+        }
+        let answer = asked.map_err(broken)?;
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.is_none() {
+            *kept = Some(conn);
+        }
+        drop(kept);
+        match answer {
+            LaunchAnswer::Refused(why) => Err(format!("the launcher refused: {why}")),
+            a => Ok(a),
+        }
     }
 
     /// A yes-or-why-not question.
@@ -66,7 +93,18 @@ fn connect(socket: &Path) -> io::Result<(Sender, Receiver)> {
     split(UnixStream::connect(socket)?)
 }
 
-/// One request, one answer (no events).
+/// A question on `conn`, and its answer as it came (a refusal too).
+fn question(conn: &mut (Sender, Receiver), request: &LaunchRequest) -> io::Result<LaunchAnswer> {
+    conn.0.send(request, None)?;
+    match conn.1.expect::<LaunchEvent>()? {
+        LaunchEvent::Answer(a) => Ok(*a),
+        other => Err(io::Error::other(format!(
+            "an event with no run under way: {other:?}"
+        ))),
+    }
+}
+
+/// One request on a connection of its own, one answer (no events).
 fn ask(socket: &Path, request: &LaunchRequest) -> io::Result<LaunchAnswer> {
     let (tx, mut rx) = connect(socket)?;
     tx.send(request, None)?;

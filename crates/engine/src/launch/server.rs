@@ -79,6 +79,83 @@ impl Launcher {
         }
     }
 
+    /// Answers `request` when it is a question (nothing is held for it after the answer):
+    /// `Ok(false)` when it is not one.
+    fn question(&self, request: &LaunchRequest, tx: &Sender) -> io::Result<bool> {
+        let name = match request {
+            LaunchRequest::Describe => {
+                let described = self.providers.iter().map(describe).collect();
+                answer(tx, LaunchAnswer::Described(described))?;
+                return Ok(true);
+            }
+            LaunchRequest::CancelCell { token } => {
+                let canceller = self
+                    .cancellers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(token)
+                    .cloned();
+                match canceller {
+                    Some(cancel) => {
+                        cancel();
+                        answer(tx, LaunchAnswer::Done(Ok(())))?;
+                    }
+                    None => refuse(tx, "no open session has that canceller".into())?,
+                }
+                return Ok(true);
+            }
+            LaunchRequest::Supports { provider, .. }
+            | LaunchRequest::TakesImage { provider, .. }
+            | LaunchRequest::MemoryFloor { provider, .. }
+            | LaunchRequest::Probe { provider }
+            | LaunchRequest::Adopt { provider, .. }
+            | LaunchRequest::EnvironmentHolds { provider, .. }
+            | LaunchRequest::Cancel { provider, .. } => provider,
+            _ => return Ok(false),
+        };
+        let Some(provider) = self.providers.iter().find(|p| p.name() == name) else {
+            refuse(tx, format!("no provider `{name}` here"))?;
+            return Ok(true);
+        };
+        let said = |r: Result<(), String>| LaunchAnswer::Done(r);
+        let a = match request {
+            LaunchRequest::Supports { spec, .. } => {
+                said(provider.supports(spec).map_err(|e| e.to_string()))
+            }
+            LaunchRequest::TakesImage { image, .. } => said(
+                provider
+                    .takes_image(&image_from_wire(image.clone()))
+                    .map_err(|e| e.to_string()),
+            ),
+            LaunchRequest::MemoryFloor { spec, .. } => {
+                LaunchAnswer::Floor(provider.memory_floor(spec))
+            }
+            LaunchRequest::Probe { .. } => LaunchAnswer::Probed(probed_to_wire(provider.probe())),
+            LaunchRequest::Adopt { evidence, .. } => {
+                said(provider.adopt(evidence).map_err(|e| e.to_string()))
+            }
+            LaunchRequest::EnvironmentHolds { evidence, .. } => said(
+                provider
+                    .environment_holds(evidence)
+                    .map_err(|e| e.to_string()),
+            ),
+            LaunchRequest::Cancel { id, uid, .. } => match self.bounds.check_sandbox(id, *uid) {
+                Err(why) => LaunchAnswer::Refused(format!("a cancel outside the settings: {why}")),
+                Ok(()) => said(
+                    provider
+                        .cancel(&RunningIn {
+                            id: id.clone(),
+                            uid: *uid,
+                        })
+                        .map_err(|e| error_chain(&e)),
+                ),
+            },
+            _ => unreachable!("only questions reach here"),
+        };
+        answer(tx, a)?;
+        Ok(true)
+    }
+
     fn connection(&self, stream: UnixStream) -> io::Result<()> {
         let peer = rustix::net::sockopt::socket_peercred(stream.as_fd())?;
         let (tx, mut rx) = split(stream)?;
@@ -93,49 +170,23 @@ impl Launcher {
                 ),
             );
         }
-        let request: LaunchRequest = match rx.recv() {
-            Ok(Some(r)) => r,
-            Ok(None) => return Ok(()),
-            Err(e) => return refuse(&tx, format!("a request the launcher cannot read: {e}")),
-        };
-        if let LaunchRequest::Describe = request {
-            let described = self.providers.iter().map(describe).collect();
-            return answer(&tx, LaunchAnswer::Described(described));
-        }
-        if let LaunchRequest::CancelCell { token } = &request {
-            let canceller = self
-                .cancellers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(token)
-                .cloned();
-            return match canceller {
-                Some(cancel) => {
-                    cancel();
-                    answer(&tx, LaunchAnswer::Done(Ok(())))
-                }
-                None => refuse(&tx, "no open session has that canceller".into()),
+        // Questions are answered one after another on one connection, for as long as the
+        // caller keeps it; a run, a member or a session takes the connection for itself.
+        let request = loop {
+            let request: LaunchRequest = match rx.recv() {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(()),
+                Err(e) => return refuse(&tx, format!("a request the launcher cannot read: {e}")),
             };
-        }
+            if !self.question(&request, &tx)? {
+                break request;
+            }
+        };
         let name = match &request {
-            LaunchRequest::Supports { provider, .. }
-            | LaunchRequest::TakesImage { provider, .. }
-            | LaunchRequest::MemoryFloor { provider, .. }
-            | LaunchRequest::Probe { provider }
-            | LaunchRequest::Adopt { provider, .. }
-            | LaunchRequest::EnvironmentHolds { provider, .. }
-            | LaunchRequest::Run { provider, .. }
-            | LaunchRequest::Cancel { provider, .. }
+            LaunchRequest::Run { provider, .. }
             | LaunchRequest::Warm { provider, .. }
             | LaunchRequest::OpenSession { provider, .. } => provider.clone(),
-            LaunchRequest::Describe
-            | LaunchRequest::TearDown
-            | LaunchRequest::Discard
-            | LaunchRequest::Call { .. }
-            | LaunchRequest::WallNow
-            | LaunchRequest::Alive
-            | LaunchRequest::Close
-            | LaunchRequest::CancelCell { .. } => {
+            _ => {
                 return refuse(
                     &tx,
                     "a request for a sandbox this connection does not hold".into(),
@@ -145,67 +196,27 @@ impl Launcher {
         let Some(provider) = self.providers.iter().find(|p| p.name() == name) else {
             return refuse(&tx, format!("no provider `{name}` here"));
         };
-        let said = |r: Result<(), String>| LaunchAnswer::Done(r);
         match request {
-            LaunchRequest::Supports { spec, .. } => answer(
-                &tx,
-                said(provider.supports(&spec).map_err(|e| e.to_string())),
-            ),
-            LaunchRequest::TakesImage { image, .. } => answer(
-                &tx,
-                said(
-                    provider
-                        .takes_image(&image_from_wire(image))
-                        .map_err(|e| e.to_string()),
-                ),
-            ),
-            LaunchRequest::MemoryFloor { spec, .. } => {
-                answer(&tx, LaunchAnswer::Floor(provider.memory_floor(&spec)))
-            }
-            LaunchRequest::Probe { .. } => {
-                answer(&tx, LaunchAnswer::Probed(probed_to_wire(provider.probe())))
-            }
-            LaunchRequest::Adopt { evidence, .. } => answer(
-                &tx,
-                said(provider.adopt(&evidence).map_err(|e| e.to_string())),
-            ),
-            LaunchRequest::EnvironmentHolds { evidence, .. } => answer(
-                &tx,
-                said(
-                    provider
-                        .environment_holds(&evidence)
-                        .map_err(|e| e.to_string()),
-                ),
-            ),
-            LaunchRequest::Cancel { id, uid, .. } => {
-                if let Err(why) = self.bounds.check_sandbox(&id, uid) {
-                    return refuse(&tx, format!("a cancel outside the settings: {why}"));
-                }
-                let done = provider
-                    .cancel(&RunningIn { id, uid })
-                    .map_err(|e| error_chain(&e));
-                answer(&tx, said(done))
-            }
             LaunchRequest::Run { plan, .. } => {
                 if let Err(why) = self.bounds.check(&plan) {
                     return refuse(&tx, format!("a plan outside the settings: {why}"));
                 }
-                let Some(_held) = self.hold(&plan.run_id, &[plan.uid, plan.controller_uid]) else {
+                let Some(held) = self.hold(&plan.run_id, &[plan.uid, plan.controller_uid]) else {
                     return refuse(
                         &tx,
                         held_by_another(&plan.run_id, plan.uid, plan.controller_uid),
                     );
                 };
-                self.run(provider, plan, tx, rx)
+                self.run(provider, plan, held, tx, rx)
             }
             LaunchRequest::Warm { plan, .. } => {
                 if let Err(why) = self.bounds.check_member(&plan) {
                     return refuse(&tx, format!("a member plan outside the settings: {why}"));
                 }
-                let Some(_held) = self.hold(&plan.member_id, &[plan.uid]) else {
+                let Some(held) = self.hold(&plan.member_id, &[plan.uid]) else {
                     return refuse(&tx, held_by_another(&plan.member_id, plan.uid, plan.uid));
                 };
-                self.member(provider, plan, tx, rx)
+                self.member(provider, plan, held, tx, rx)
             }
             LaunchRequest::OpenSession {
                 plan, lifetime_ms, ..
@@ -213,22 +224,15 @@ impl Launcher {
                 if let Err(why) = self.bounds.check(&plan) {
                     return refuse(&tx, format!("a session plan outside the settings: {why}"));
                 }
-                let Some(_held) = self.hold(&plan.run_id, &[plan.uid, plan.controller_uid]) else {
+                let Some(held) = self.hold(&plan.run_id, &[plan.uid, plan.controller_uid]) else {
                     return refuse(
                         &tx,
                         held_by_another(&plan.run_id, plan.uid, plan.controller_uid),
                     );
                 };
-                self.session(provider, plan, lifetime_ms, tx, rx)
+                self.session(provider, plan, lifetime_ms, held, tx, rx)
             }
-            LaunchRequest::Describe
-            | LaunchRequest::TearDown
-            | LaunchRequest::Discard
-            | LaunchRequest::Call { .. }
-            | LaunchRequest::WallNow
-            | LaunchRequest::Alive
-            | LaunchRequest::Close
-            | LaunchRequest::CancelCell { .. } => unreachable!("answered above"),
+            _ => unreachable!("answered or refused above"),
         }
     }
 
@@ -252,13 +256,14 @@ impl Launcher {
         &self,
         provider: &AnyProvider,
         plan: plimsoll_wire::launch::Plan,
+        held: Held<'_>,
         tx: Sender,
         rx: Receiver,
     ) -> io::Result<()> {
         let tx = Arc::new(tx);
         let plan = with_ends(plan, &tx);
         let ran = provider.run_then_tear_down(&plan);
-        answer_ran(ran, &tx, rx)
+        answer_ran(ran, held, &tx, rx)
     }
 
     /// Makes a member and holds it for as long as the connection asks nothing else: its one
@@ -267,12 +272,16 @@ impl Launcher {
         &self,
         provider: &AnyProvider,
         plan: MemberPlan,
+        held: Held<'_>,
         tx: Sender,
         mut rx: Receiver,
     ) -> io::Result<()> {
         let member = match provider.warm(&member_from_wire(plan)) {
             Ok(member) => member,
-            Err(e) => return answer(&tx, LaunchAnswer::Warmed(Err(failure_to_wire(&e)))),
+            Err(e) => {
+                drop(held);
+                return answer(&tx, LaunchAnswer::Warmed(Err(failure_to_wire(&e))));
+            }
         };
         let sent = answer(&tx, LaunchAnswer::Warmed(Ok(member.uid())));
         let next = match sent {
@@ -283,6 +292,7 @@ impl Launcher {
             Ok(Some(LaunchRequest::Run { plan, .. })) => {
                 if let Err(why) = self.bounds.check(&plan) {
                     let gone = member.discard().map_err(|e| error_chain(&*e));
+                    drop(held);
                     return refuse(
                         &tx,
                         format!(
@@ -296,15 +306,17 @@ impl Launcher {
                 let tx = Arc::new(tx);
                 let plan = with_ends(plan, &tx);
                 let ran = member.run(&plan).map(|(o, t)| (o, Some(t)));
-                answer_ran(ran, &tx, rx)
+                answer_ran(ran, held, &tx, rx)
             }
             Ok(Some(LaunchRequest::Discard)) => {
                 let done = member.discard().map_err(|e| error_chain(&*e));
+                drop(held);
                 answer(&tx, LaunchAnswer::Done(done))
             }
             other => {
                 // The caller is gone, or asked what a member does not do: it is destroyed.
                 let done = member.discard();
+                drop(held);
                 if let Ok(Some(_)) = other {
                     refuse(&tx, "a member takes one run or a discard".into())?;
                 }
@@ -322,6 +334,7 @@ impl Launcher {
         provider: &AnyProvider,
         plan: plimsoll_wire::launch::Plan,
         lifetime_ms: u64,
+        held: Held<'_>,
         tx: Sender,
         mut rx: Receiver,
     ) -> io::Result<()> {
@@ -330,7 +343,10 @@ impl Launcher {
         let lifetime = std::time::Duration::from_millis(lifetime_ms);
         let mut sandbox = match provider.open_session(&plan, lifetime) {
             Ok(s) => s,
-            Err(e) => return answer(&tx, LaunchAnswer::Opened(Err(failure_to_wire(&e)))),
+            Err(e) => {
+                drop(held);
+                return answer(&tx, LaunchAnswer::Opened(Err(failure_to_wire(&e))));
+            }
         };
         let token = sandbox.canceller().map(|cancel| {
             let token = hex::encode(rand::random::<[u8; 16]>());
@@ -383,6 +399,7 @@ impl Launcher {
                 .remove(&token);
         }
         let removed = sandbox.close().map_err(|e| error_chain(&e));
+        drop(held);
         if closed.is_some() {
             return answer(&tx, LaunchAnswer::Done(removed));
         }
@@ -419,7 +436,8 @@ fn with_ends(plan: plimsoll_wire::launch::Plan, tx: &Arc<Sender>) -> plimsoll_sa
 }
 
 /// Answers a run; when its removal was deferred, waits for the caller to ask for it (or to
-/// go away) and removes it.
+/// go away) and removes it. What the sandbox held is given back before the last answer, so
+/// the caller may use its uids again as soon as it has that answer.
 fn answer_ran(
     ran: Result<
         (
@@ -428,12 +446,16 @@ fn answer_ran(
         ),
         plimsoll_sandbox::LaunchError,
     >,
+    held: Held<'_>,
     tx: &Sender,
     mut rx: Receiver,
 ) -> io::Result<()> {
     let (outcome, teardown) = match ran {
         Ok(done) => done,
-        Err(e) => return answer(tx, LaunchAnswer::Ran(Err(failure_to_wire(&e)))),
+        Err(e) => {
+            drop(held);
+            return answer(tx, LaunchAnswer::Ran(Err(failure_to_wire(&e))));
+        }
     };
     let ran = Ran {
         result: outcome.result,
@@ -441,14 +463,17 @@ fn answer_ran(
         ended_unix_ms: outcome.ended_unix_ms,
         teardown: teardown.is_some(),
     };
+    let Some(teardown) = teardown else {
+        drop(held);
+        return answer(tx, LaunchAnswer::Ran(Ok(ran)));
+    };
     let sent = answer(tx, LaunchAnswer::Ran(Ok(ran)));
-    if let Some(teardown) = teardown {
-        // Whatever comes next (the teardown asked for, or the caller gone), the sandbox
-        // is removed: nothing of it is left behind.
-        let _ = rx.recv::<LaunchRequest>();
-        let done = teardown.run().map_err(|e| error_chain(&*e));
-        answer(tx, LaunchAnswer::Done(done))?;
-    }
+    // Whatever comes next (the teardown asked for, or the caller gone), the sandbox is
+    // removed: nothing of it is left behind.
+    let _ = rx.recv::<LaunchRequest>();
+    let done = teardown.run().map_err(|e| error_chain(&*e));
+    drop(held);
+    answer(tx, LaunchAnswer::Done(done))?;
     sent
 }
 
