@@ -45,6 +45,11 @@ pub const PLIMSOLL_FILTER_PROBE: EnvVar = EnvVar {
     name: "PLIMSOLL_FILTER_PROBE",
     doc: "test only: makes the broker filter test's binary install the broker process's seccomp filter and try the named syscall",
 };
+/// The launcher test's serving copy (crates/engine/tests/launch.rs).
+pub const PLIMSOLL_LAUNCH_CHILD: EnvVar = EnvVar {
+    name: "PLIMSOLL_LAUNCH_CHILD",
+    doc: "test only: makes the launcher test's binary serve, as an unprivileged uid, through the launcher whose settings and socket are in the named directory",
+};
 /// No colour.
 pub const NO_COLOR: EnvVar = EnvVar {
     name: "NO_COLOR",
@@ -74,6 +79,7 @@ pub const ALL: &[EnvVar] = &[
     CI,
     PLIMSOLL_BLESS,
     PLIMSOLL_FILTER_PROBE,
+    PLIMSOLL_LAUNCH_CHILD,
     NO_COLOR,
     PATH,
     HOME,
