@@ -140,6 +140,19 @@ pub enum StartDaemonError {
         /// What is wrong with it.
         problem: String,
     },
+    /// The serving process's user is not on this host, or is root.
+    #[error(
+        "the serving process runs as user `{user}`, {problem}: create it (`useradd --system --user-group --no-create-home --shell /usr/sbin/nologin {user}`), or name another unprivileged user in [daemon] serving_user"
+    )]
+    ServingUser {
+        /// The user.
+        user: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The split daemon could not set itself up.
+    #[error("cannot start the split daemon: {0}")]
+    Split(String),
     /// The broker process did not start.
     #[error("cannot start the broker process (the grants' broker runs apart from the daemon)")]
     BrokerProcess(#[source] std::io::Error),
@@ -836,6 +849,54 @@ pub async fn run(
                 addr: options.listen,
                 source,
             })?;
+    serve_engine(engine, options, listener).await
+}
+
+/// The split daemon's serving process, unprivileged since `main` made `prepared` as root
+/// (docs/privileges.md, "The split daemon"): its engine reaches the providers only through
+/// the launcher.
+pub async fn run_split(
+    settings: &Settings,
+    settings_file: Option<&Path>,
+    mut prepared: crate::split::Prepared,
+) -> Result<(), StartDaemonError> {
+    let launcher_pid = prepared.launcher_pid();
+    prepared.forward_launcher_log();
+    let mut options = prepared.options.clone();
+    options.settings_file = settings_file.map(Path::to_owned);
+    let socket = prepared.socket.clone();
+    let engine = tokio::task::spawn_blocking({
+        let settings = settings.clone();
+        move || settings.build_engine_through(&socket)
+    })
+    .await
+    .map_err(|e| StartDaemonError::Split(format!("building the engine panicked: {e}")))?
+    .map_err(|e| match e {
+        BuildEngineError::NoProviders => StartDaemonError::NoProviders,
+        other => StartDaemonError::Engine(other),
+    })?;
+    tracing::info!(
+        user = ?serving_user_name(settings),
+        uid = prepared.user.uid,
+        launcher_pid = ?launcher_pid,
+        socket = %prepared.socket.display(),
+        "serving unprivileged; the providers are the launcher's"
+    );
+    let listener = TcpListener::from_std(prepared.listener).map_err(StartDaemonError::Serve)?;
+    serve_engine(Arc::new(engine), options, listener).await
+}
+
+fn serving_user_name(settings: &Settings) -> Option<&str> {
+    crate::split::serving_user(settings)
+}
+
+/// Serves `engine` on `listener` until a terminating signal: probes in the background,
+/// re-checks evidence, reloads on SIGHUP, and shuts down gracefully.
+async fn serve_engine(
+    engine: Arc<Engine>,
+    options: DaemonOptions,
+    listener: TcpListener,
+) -> Result<(), StartDaemonError> {
     let addr = listener.local_addr().map_err(StartDaemonError::Serve)?;
     let daemon = Arc::new(Daemon::new(engine, options));
     let grant_names = daemon

@@ -10,12 +10,13 @@ mod mcp;
 mod metrics;
 mod server;
 mod sessions;
+pub mod split;
 mod streams;
 pub mod testing;
 
 pub use daemon::{
     DEFAULT_CALLERS_FILE, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_RECHECK_SECS, Daemon,
-    DaemonOptions, SHUTDOWN_SLACK, StartDaemonError, build_engine, load_grants, run,
+    DaemonOptions, SHUTDOWN_SLACK, StartDaemonError, build_engine, load_grants, run, run_split,
 };
 pub use mcp::MCP_PATH;
 pub use server::{

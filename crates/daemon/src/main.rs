@@ -60,16 +60,51 @@ fn main() -> ExitCode {
             }
         };
     }
+    // The split daemon's launcher (docs/privileges.md): started by the daemon, as root.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(plimsoll_daemon::split::LAUNCHER_ARG))
+    {
+        plimsoll_daemon::logging::init();
+        return match plimsoll_daemon::split::launcher_main(std::env::args_os().skip(2)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %e, "the launcher stopped");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = Args::parse();
     plimsoll_daemon::logging::init();
     let result = load_settings(&args).and_then(|(settings, file)| {
+        // With a serving user, what needs root is done now, before any thread, and this
+        // process drops to that user before its runtime starts.
+        let prepared = plimsoll_daemon::split::serving_user(&settings)
+            .map(|_| {
+                plimsoll_daemon::split::prepare(
+                    &settings,
+                    file.as_deref(),
+                    args.listen.as_deref(),
+                    args.grants.as_deref(),
+                )
+            })
+            .transpose()?;
         let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-        let served = rt.block_on(plimsoll_daemon::run(
-            &settings,
-            file.as_deref(),
-            args.listen.as_deref(),
-            args.grants.as_deref(),
-        ));
+        let served = rt.block_on(async {
+            match prepared {
+                Some(prepared) => {
+                    plimsoll_daemon::run_split(&settings, file.as_deref(), prepared).await
+                }
+                None => {
+                    plimsoll_daemon::run(
+                        &settings,
+                        file.as_deref(),
+                        args.listen.as_deref(),
+                        args.grants.as_deref(),
+                    )
+                    .await
+                }
+            }
+        });
         // Dropping a runtime waits for every blocking task; a run abandoned at the shutdown
         // bound must not hold the process open.
         rt.shutdown_timeout(std::time::Duration::from_secs(1));

@@ -4367,3 +4367,108 @@ impl Drop for PrivateCgroup {
         }
     }
 }
+
+/// The split daemon (docs/privileges.md, "The split daemon"): with `serving_user`, plimsolld
+/// serves as that user with no capability, no_new_privs and an empty bounding set, its
+/// launcher child stays root, runs at the process tier and at crun go through the launcher,
+/// and the launcher goes when the daemon is killed.
+#[test]
+fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
+    let test = "the_split_daemon_serves_unprivileged_and_runs_through_its_launcher";
+    let nobody = plimsoll_broker::apart::ProcessUser::lookup("nobody")
+        .unwrap_or_else(|why| panic!("user nobody, {why}"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    // The serving process reads the callers file as nobody.
+    let callers = dir.path().join("callers.toml");
+    let token = add_caller(&callers, "test").unwrap().expose().clone();
+    std::fs::set_permissions(&callers, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uid_base = uid_base_for_port(uid_port.local_addr().unwrap().port());
+    let config = dir.path().join("plimsoll.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "default_floor = \"process\"\nproviders = [\"process\", \"crun\"]\nstate_dir = \"{}\"\n\
+             sandbox_uid_base = {uid_base}\n[pools]\n[oci]\nimage = \"{}\"\n\
+             [daemon]\ncallers_file = \"{}\"\nserving_user = \"nobody\"\n",
+            state.display(),
+            workspace_root().join("build/images/sandbox").display(),
+            callers.display()
+        ),
+    )
+    .unwrap();
+    let (mut child, url, logs, reader) = Spawned::launch(&config, &token, &[], &[], &|url, _| {
+        get(url, "/readyz", None).status == 200
+    });
+    if !available(test, &url, &token, "crun") || !available(test, &url, &token, "process") {
+        let _ = child.kill();
+        return;
+    }
+    for provider in ["process", "crun"] {
+        let body = serde_json::json!({
+            "protocol": 1,
+            "request_id": format!("split-{provider}"),
+            "provider": provider,
+            "run": {"kind": "snippet", "language": "python", "code": "import os; print('ran as', os.getuid())"},
+        });
+        let r = post(&url, Some(&token), body.to_string().as_bytes()).run();
+        assert_eq!(
+            r.result.stdout.to_string_lossy(),
+            format!("ran as {uid_base}\n"),
+            "{provider}: {r:?}"
+        );
+    }
+    let daemon = child.id();
+    let ids = |pid: u32, key: &str| {
+        status_field(pid, key)
+            .split_whitespace()
+            .map(|v| v.parse::<u32>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(daemon, "Uid"),
+        vec![nobody.uid; 4],
+        "the serving process's uids"
+    );
+    assert_eq!(
+        ids(daemon, "Gid"),
+        vec![nobody.gid; 4],
+        "the serving process's gids"
+    );
+    assert_eq!(status_field(daemon, "Groups"), "", "no supplementary group");
+    for caps in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(
+            status_field(daemon, caps),
+            "0000000000000000",
+            "serving process {caps}"
+        );
+    }
+    assert_eq!(status_field(daemon, "NoNewPrivs"), "1");
+    let launcher = children_of(daemon)
+        .into_iter()
+        .find(|(_, args)| args.first().map(String::as_str) == Some("launcher"))
+        .map(|(pid, _)| pid)
+        .expect("the launcher, a child of the daemon");
+    assert_eq!(ids(launcher, "Uid"), vec![0; 4], "the launcher keeps root");
+    // The daemon killed outright: its launcher goes with it (its parent-death signal).
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{launcher}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the launcher outlived its daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(reader);
+    let logs = logs.lock().unwrap().clone();
+    assert!(
+        logs.contains("serving unprivileged"),
+        "the daemon's log: {logs}"
+    );
+    drop(uid_port);
+}

@@ -522,6 +522,10 @@ pub struct DaemonSection {
     /// The user the broker process runs as when there is a grants file (default
     /// `plimsoll-broker`; docs/privileges.md): unprivileged, and no other process's.
     pub broker_user: Option<String>,
+    /// The user the serving process runs as (docs/privileges.md, "The split daemon"): when
+    /// set, plimsolld keeps root only in its launcher process and serves as this user, with
+    /// no capability. Unset (the default): one process, root.
+    pub serving_user: Option<String>,
 }
 
 /// The settings could not be read or make no sense.

@@ -32,8 +32,13 @@ pub fn lease_dir(state_dir: &Path) -> PathBuf {
     if rustix::process::geteuid().is_root() {
         PathBuf::from(ROOT_LEASE_DIR)
     } else {
-        state_dir.join("uid-leases")
+        unprivileged_lease_dir(state_dir)
     }
+}
+
+/// Where an engine that is not root keeps its leases: under its state directory.
+pub fn unprivileged_lease_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("uid-leases")
 }
 
 /// Takes the lease on `uid` if nobody on this host holds it; `Ok(None)` when someone does.

@@ -238,10 +238,28 @@ impl Launcher {
 
     /// Holds sandbox `id` and its `uids` until the guard drops (after its removal); `None`
     /// when another sandbox of this launcher holds the id or one of the uids.
+    ///
+    /// When its peer is not root, the launcher also takes the host-wide lease on each uid
+    /// (`plimsoll_sandbox::uidlease`, in the directory only root may write) that a root
+    /// engine takes itself, so that no other engine on the host runs as one of them.
     fn hold(&self, id: &str, uids: &[u32]) -> Option<Held<'_>> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.ids.contains(id) || uids.iter().any(|u| held.uids.contains(u)) {
             return None;
+        }
+        let mut leases = Vec::new();
+        if self.peer_uid != 0 {
+            let dir = std::path::Path::new(plimsoll_sandbox::uidlease::ROOT_LEASE_DIR);
+            for &uid in uids {
+                match plimsoll_sandbox::try_lease(dir, uid) {
+                    Ok(Some(lease)) => leases.push(lease),
+                    Ok(None) => return None,
+                    Err(e) => {
+                        tracing::warn!(uid, error = %e, "the launcher cannot lease a uid");
+                        return None;
+                    }
+                }
+            }
         }
         held.ids.insert(id.to_owned());
         held.uids.extend(uids);
@@ -249,6 +267,7 @@ impl Launcher {
             launcher: self,
             id: id.to_owned(),
             uids: uids.to_vec(),
+            _leases: leases,
         })
     }
 
@@ -489,6 +508,8 @@ struct Held<'a> {
     launcher: &'a Launcher,
     id: String,
     uids: Vec<u32>,
+    /// The host-wide leases taken for a peer that is not root.
+    _leases: Vec<plimsoll_sandbox::UidLease>,
 }
 
 impl Drop for Held<'_> {
@@ -503,7 +524,7 @@ impl Drop for Held<'_> {
 
 fn held_by_another(id: &str, uid: u32, controller_uid: u32) -> String {
     format!(
-        "a plan outside the settings: sandbox {id}, uid {uid} or uid {controller_uid} is held by another sandbox of this launcher, not yet removed"
+        "a plan outside the settings: sandbox {id}, uid {uid} or uid {controller_uid} is held by another sandbox of this launcher (not yet removed) or another engine on this host"
     )
 }
 

@@ -1,0 +1,315 @@
+//! The split daemon (docs/privileges.md, "The split daemon"): with `[daemon] serving_user`,
+//! plimsolld keeps root only in a launcher process of its own (`plimsolld launcher`, which
+//! hosts the providers behind a Unix socket, `plimsoll_engine::launch`), and the process
+//! that serves HTTP and MCP, parses requests and what sandboxes send back, and keeps sessions
+//! runs as the serving user, with no capability and no_new_privs.
+//!
+//! What must be root happens first, in `main`, before any other thread: the listen address
+//! is bound, the launcher's socket made and the launcher started (as root, dying with this
+//! process), the serving user's lease directory made. Then this process drops to the serving
+//! user for good and only then starts its runtime, so every thread it will ever have is
+//! unprivileged from its first instruction.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+use plimsoll_broker::apart::ProcessUser;
+use plimsoll_engine::settings::Settings;
+use plimsoll_sandbox::spawn::{Running, Spawn};
+use plimsoll_sandbox::{PreExec, Step};
+
+use crate::daemon::{DaemonOptions, StartDaemonError};
+
+/// `plimsolld launcher`: the hidden first argument that makes plimsolld the launcher.
+pub const LAUNCHER_ARG: &str = "launcher";
+
+/// Where the launcher finds its listening socket.
+const LAUNCHER_FD: i32 = 3;
+
+/// Where the launcher finds the read end of a pipe whose only writer is the daemon: its end
+/// is the daemon's. (A parent-death signal cannot do it: the daemon, no longer root by then,
+/// may not signal a root process, and the kernel checks that for the parent-death signal too.)
+const DAEMON_GONE_FD: i32 = 4;
+
+/// What `main` made as root for the serving process, which is unprivileged from then on.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The bound listen address.
+    pub listener: std::net::TcpListener,
+    /// The launcher's socket.
+    pub socket: PathBuf,
+    /// The launcher process.
+    launcher: Option<Running>,
+    /// The write end of the launcher's pipe, held for this process's life.
+    _alive: std::io::PipeWriter,
+    /// The options the settings give.
+    pub options: DaemonOptions,
+    /// The serving user.
+    pub user: ProcessUser,
+}
+
+impl Prepared {
+    /// The launcher's process id.
+    pub fn launcher_pid(&self) -> Option<u32> {
+        self.launcher.as_ref().map(|r| r.child.id())
+    }
+
+    /// Copies the launcher's log lines to this process's standard error on a thread of its
+    /// own (started after the drop, so unprivileged like every other thread), and logs its
+    /// end.
+    pub fn forward_launcher_log(&mut self) {
+        let Some(running) = self.launcher.take() else {
+            return;
+        };
+        let _ = std::thread::Builder::new()
+            .name("launcher-log".into())
+            .spawn(move || {
+                use std::io::{BufRead as _, Write as _};
+                let mut running = running;
+                let stderr = io::BufReader::new(&mut running.stderr);
+                for line in stderr.split(b'\n') {
+                    let Ok(line) = line else { break };
+                    let mut err = io::stderr().lock();
+                    let _ = err.write_all(&line);
+                    let _ = err.write_all(b"\n");
+                }
+                let status = running.child.wait();
+                tracing::error!(
+                    ?status,
+                    "the launcher ended: no run can start until plimsolld is restarted"
+                );
+            });
+    }
+}
+
+/// The serving user `[daemon] serving_user` names, when it names one.
+pub fn serving_user(settings: &Settings) -> Option<&str> {
+    settings.daemon.serving_user.as_deref()
+}
+
+/// Everything the split daemon does as root, then the drop to the serving user. Call from
+/// `main` before any other thread exists.
+pub fn prepare(
+    settings: &Settings,
+    settings_file: Option<&Path>,
+    listen: Option<&str>,
+    grants_file: Option<&Path>,
+) -> Result<Prepared, StartDaemonError> {
+    let invalid = |message: String| StartDaemonError::Invalid {
+        key: "serving_user",
+        message,
+    };
+    let name = serving_user(settings).ok_or_else(|| invalid("is not set".into()))?;
+    let user = ProcessUser::lookup(name).map_err(|problem| StartDaemonError::ServingUser {
+        user: name.to_owned(),
+        problem,
+    })?;
+    let options = DaemonOptions::from_settings(settings, listen)?;
+    if grants_file.is_some() || options.grants_file.is_some() {
+        return Err(invalid(
+            "a grants file cannot be used with a serving user yet (the broker process is not started by the launcher): leave serving_user out, or the grants file".into(),
+        ));
+    }
+    let Some(file) = settings_file else {
+        return Err(invalid(
+            "needs a settings file (--config or PLIMSOLL_CONFIG): the launcher reads the same one"
+                .into(),
+        ));
+    };
+    let threads = plimsoll_sys::process::thread_count().map_err(StartDaemonError::Serve)?;
+    if threads != 1 {
+        return Err(StartDaemonError::Split(format!(
+            "plimsolld has {threads} threads before it drops to the serving user; it must have one"
+        )));
+    }
+    let listener =
+        std::net::TcpListener::bind(options.listen).map_err(|source| StartDaemonError::Bind {
+            addr: options.listen,
+            source,
+        })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(StartDaemonError::Serve)?;
+    let split = |what: &str, e: io::Error| StartDaemonError::Split(format!("{what}: {e}"));
+    // The launcher's socket: in a directory of this daemon's own, reachable by the serving
+    // user, which the launcher checks by its peer credentials on every connection. Those of
+    // daemons gone are removed.
+    remove_stale_launch_dirs();
+    let dir = PathBuf::from(format!("{LAUNCH_DIR_PREFIX}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| split("making the launcher's directory", e))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| split("the launcher's directory", e))?;
+    let socket = dir.join("launcher.sock");
+    let unix = std::os::unix::net::UnixListener::bind(&socket)
+        .map_err(|e| split("binding the launcher's socket", e))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| split("the launcher's socket", e))?;
+    let (gone, alive) = std::io::pipe().map_err(|e| split("the launcher's pipe", e))?;
+    let launcher = start_launcher(file, user.uid, unix, gone)
+        .map_err(|e| split("starting the launcher", e))?;
+    // The serving process's uid leases (docs/privileges.md): its own directory, under the
+    // state directory, which stays root's (the launcher makes run directories in it).
+    let state = settings.engine_config().state_dir;
+    let leases = plimsoll_sandbox::uidlease::unprivileged_lease_dir(&state);
+    std::fs::create_dir_all(&leases).map_err(|e| split("making the lease directory", e))?;
+    let mode = std::fs::metadata(&state)
+        .map_err(|e| split("the state directory", e))?
+        .permissions()
+        .mode();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(mode | 0o111))
+        .map_err(|e| split("the state directory", e))?;
+    for entry in std::iter::once(leases.clone()).chain(
+        std::fs::read_dir(&leases)
+            .map_err(|e| split("the lease directory", e))?
+            .flatten()
+            .map(|e| e.path()),
+    ) {
+        rustix::fs::chown(
+            &entry,
+            Some(rustix::fs::Uid::from_raw(user.uid)),
+            Some(rustix::fs::Gid::from_raw(user.gid)),
+        )
+        .map_err(|e| split("giving the lease directory to the serving user", e.into()))?;
+    }
+    drop_to(user).map_err(|e| split("dropping to the serving user", e))?;
+    Ok(Prepared {
+        listener,
+        socket,
+        _alive: alive,
+        launcher: Some(launcher),
+        options,
+        user,
+    })
+}
+
+/// Each split daemon's launcher socket is in `<this><daemon pid>`.
+const LAUNCH_DIR_PREFIX: &str = "/run/plimsoll-launch-";
+
+/// Removes the launcher directories of daemons no longer running.
+fn remove_stale_launch_dirs() {
+    let Ok(entries) = std::fs::read_dir("/run") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(pid) = path
+            .to_str()
+            .and_then(|p| p.strip_prefix(LAUNCH_DIR_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// Starts `plimsolld launcher` as root, hosting the providers of the settings in `file` for
+/// the serving uid, `listener` at its [`LAUNCHER_FD`]; it dies with this process.
+fn start_launcher(
+    file: &Path,
+    peer_uid: u32,
+    listener: std::os::unix::net::UnixListener,
+    gone: std::io::PipeReader,
+) -> io::Result<Running> {
+    let steps = PreExec::new()
+        .step(
+            "die with the daemon",
+            Step::ParentDeathSignal(rustix::process::Signal::KILL),
+        )
+        .step(
+            "the daemon is still there",
+            Step::RequireParent(rustix::process::getpid()),
+        )
+        .step(
+            "the launcher's socket",
+            Step::PlaceFds(vec![
+                (listener.into(), LAUNCHER_FD),
+                (gone.into(), DAEMON_GONE_FD),
+            ]),
+        );
+    Spawn::new(plimsoll_broker::apart::OWN_PROGRAM, "/")
+        .arg(LAUNCHER_ARG)
+        .arg(file)
+        .arg(peer_uid.to_string())
+        .before_exec(steps)
+        .spawn()
+        .map_err(|e| io::Error::other(plimsoll_sandbox::error_chain(&e)))
+}
+
+/// Drops this process (one thread) to `user` for good: the bounding set emptied, no
+/// supplementary group, every uid and gid the user's (which clears the permitted and
+/// effective sets), no_new_privs; then checks what the kernel says.
+fn drop_to(user: ProcessUser) -> io::Result<()> {
+    plimsoll_sys::caps::limit_bounding_set(0);
+    plimsoll_sys::ids::clear_process_groups()?;
+    plimsoll_sys::ids::set_process_res_gid(user.gid, user.gid, user.gid)?;
+    plimsoll_sys::ids::set_process_res_uid(user.uid, user.uid, user.uid)?;
+    rustix::thread::set_no_new_privs(true)?;
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let ids = plimsoll_sys::ids::process_res_uid()?;
+    for (name, want) in [
+        ("CapEff:", "0000000000000000"),
+        ("CapPrm:", "0000000000000000"),
+        ("CapBnd:", "0000000000000000"),
+        ("NoNewPrivs:", "1"),
+    ] {
+        if field(name) != want {
+            return Err(io::Error::other(format!(
+                "after the drop {name} is {}, not {want}",
+                field(name)
+            )));
+        }
+    }
+    if ids != (user.uid, user.uid, user.uid) {
+        return Err(io::Error::other(format!(
+            "after the drop the uids are {ids:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// `plimsolld launcher FILE PEER_UID`: the launcher, as the split daemon starts it. Serves
+/// until the daemon goes (it is killed with it).
+pub fn launcher_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> io::Result<()> {
+    let (Some(file), Some(peer)) = (args.next(), args.next()) else {
+        return Err(io::Error::other(
+            "usage: plimsolld launcher SETTINGS_FILE PEER_UID (plimsolld starts it itself)",
+        ));
+    };
+    let peer: u32 = peer
+        .to_str()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| io::Error::other("the peer uid is not a number"))?;
+    let fd = plimsoll_sys::fds::adopt_inherited(LAUNCHER_FD)?;
+    let listener = std::os::unix::net::UnixListener::from(fd);
+    let gone = plimsoll_sys::fds::adopt_inherited(DAEMON_GONE_FD)?;
+    std::thread::Builder::new()
+        .name("daemon-gone".into())
+        .spawn(move || {
+            use std::io::Read as _;
+            let mut gone = std::fs::File::from(gone);
+            let _ = gone.read(&mut [0u8; 1]);
+            // Nothing to say: its log went to the daemon, which is gone.
+            plimsoll_sys::process::exit_now(0);
+        })?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    let settings =
+        Settings::load(Path::new(&file)).map_err(|e| io::Error::other(format!("{e:#}")))?;
+    let launcher = settings
+        .build_launcher(&[], peer)
+        .map_err(|e| io::Error::other(plimsoll_sandbox::error_chain(&e)))?;
+    tracing::info!(peer_uid = peer, "launcher up");
+    std::sync::Arc::new(launcher).serve(listener)
+}
