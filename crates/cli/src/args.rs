@@ -480,6 +480,11 @@ pub struct BenchArgs {
     /// cell in the last one after it imported pandas.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub images: Option<Vec<String>>,
+    /// Also measure the split daemon (docs/privileges.md, "The split daemon"): two more
+    /// plimsolld, without pools and with, serving as this user through their launchers;
+    /// their cases are labelled `split`, interleaved with the others.
+    #[arg(long, value_name = "USER")]
+    pub serving_user: Option<String>,
 }
 
 /// `plimsoll init`.

@@ -44,12 +44,14 @@ enum Case {
         language: Language,
         warm: bool,
     },
-    /// A run through plimsolld, on one provider: the daemon without pools, or the one with.
+    /// A run through plimsolld, on one provider: the daemon without pools, or the one with;
+    /// `split`: the split daemon's (`--serving-user`).
     Daemon {
         provider: String,
         tier: Tier,
         language: Language,
         warm: bool,
+        split: bool,
     },
     /// The interpreter itself, environment cleared.
     Bare {
@@ -71,8 +73,14 @@ impl Case {
                 provider,
                 language,
                 warm,
+                split,
                 ..
-            } => format!("daemon {} {provider} {}", start(*warm), language.as_str()),
+            } => format!(
+                "{} {} {provider} {}",
+                if *split { "split " } else { "daemon" },
+                start(*warm),
+                language.as_str()
+            ),
             Case::Bare { language, program } => {
                 format!("bare    {} ({})", language.as_str(), program.display())
             }
@@ -221,6 +229,7 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
             toml::Value::Table(toml::Table::new()),
             uid_base,
             dir.path(),
+            None,
         )
         .map_err(Failure::failed)?;
         let warm = BenchDaemon::start(
@@ -230,9 +239,44 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
             pools_table(&warming),
             uid_base + 10_000,
             dir.path(),
+            None,
         )
         .map_err(Failure::failed)?;
         Some((cold, warm))
+    };
+    // The split daemon's pair, beside the others, with uids of their own.
+    let split = match (&daemons, &a.serving_user) {
+        (Some(_), Some(user)) => {
+            eprintln!("plimsoll bench: starting two split plimsolld serving as {user}");
+            let config_text = match settings_path(config) {
+                Some(p) => std::fs::read_to_string(&p)
+                    .with_context(|| format!("cannot read {}", p.display()))
+                    .map_err(Failure::usage)?,
+                None => String::new(),
+            };
+            let cold = BenchDaemon::start(
+                "split-cold",
+                &config_text,
+                &available,
+                toml::Value::Table(toml::Table::new()),
+                uid_base + 30_000,
+                dir.path(),
+                Some(user),
+            )
+            .map_err(Failure::failed)?;
+            let warm = BenchDaemon::start(
+                "split-warm",
+                &config_text,
+                &available,
+                pools_table(&warming),
+                uid_base + 40_000,
+                dir.path(),
+                Some(user),
+            )
+            .map_err(Failure::failed)?;
+            Some((cold, warm))
+        }
+        _ => None,
     };
 
     if a.sessions_only {
@@ -272,7 +316,17 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
                     tier: *tier,
                     language,
                     warm,
+                    split: false,
                 });
+                if split.is_some() {
+                    cases.push(Case::Daemon {
+                        provider: provider.clone(),
+                        tier: *tier,
+                        language,
+                        warm,
+                        split: true,
+                    });
+                }
             }
         }
     }
@@ -306,6 +360,7 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
                 .collect();
             let clients: Vec<&Client> = daemons
                 .iter()
+                .chain(split.iter())
                 .flat_map(|(c, w)| [&c.client, &w.client])
                 .collect();
             quiesce(&engines, &clients);
@@ -314,10 +369,9 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
                     Some(w) => (w, None),
                     None => (&engine, None),
                 },
-                Case::Daemon { warm, .. } => (
+                Case::Daemon { warm, split: s, .. } => (
                     &engine,
-                    daemons
-                        .as_ref()
+                    if *s { split.as_ref() } else { daemons.as_ref() }
                         .map(|(c, w)| if *warm { &w.client } else { &c.client }),
                 ),
                 _ => (&engine, None),
@@ -367,6 +421,7 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
         ));
     }
     drop(daemons);
+    drop(split);
     drop(warm_engine);
 
     let mut out = std::io::stdout().lock();
@@ -920,6 +975,7 @@ impl BenchDaemon {
         pools: toml::Value,
         uid_base: u32,
         dir: &Path,
+        serving_user: Option<&str>,
     ) -> anyhow::Result<BenchDaemon> {
         let exe = std::env::current_exe().context("cannot find this executable")?;
         let plimsolld = exe.with_file_name("plimsolld");
@@ -966,6 +1022,13 @@ impl BenchDaemon {
             "callers_file".into(),
             toml::Value::String(callers.display().to_string()),
         );
+        if let Some(user) = serving_user {
+            daemon.insert("serving_user".into(), toml::Value::String(user.to_owned()));
+            // The serving process reads the callers file as that user; the bench's own
+            // directory must let it through.
+            set_mode(&callers, 0o644)?;
+            set_mode(dir, 0o711)?;
+        }
         let settings_file = dir.join(format!("plimsolld-{name}.toml"));
         let text = toml::to_string(&doc).context("cannot write the daemon's settings")?;
         Settings::parse(&text).map_err(|e| anyhow!("the daemon's settings are invalid: {e}"))?;
