@@ -4369,9 +4369,10 @@ impl Drop for PrivateCgroup {
 }
 
 /// The split daemon (docs/privileges.md, "The split daemon"): with `serving_user`, plimsolld
-/// serves as that user with no capability, no_new_privs and an empty bounding set, its
-/// launcher child stays root, runs at the process tier and at crun go through the launcher,
-/// and the launcher goes when the daemon is killed.
+/// serves as that user with no capability, no_new_privs, an empty bounding set and its own
+/// seccomp filter; its launcher child stays root; runs at the process tier and at crun, a
+/// session, a streamed run and a SIGHUP reload all work through the launcher and under the
+/// filter; and the launcher goes when the daemon is killed.
 #[test]
 fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
     let test = "the_split_daemon_serves_unprivileged_and_runs_through_its_launcher";
@@ -4421,7 +4422,63 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
             "{provider}: {r:?}"
         );
     }
+    // A session at crun through the launcher: state kept across cells, then closed.
+    let info = open_session(
+        &url,
+        &token,
+        "python",
+        serde_json::json!({"provider": "crun"}),
+    );
+    let cells = format!("/v1/sessions/{}/cells", info.session_id);
+    for (id, code, want) in [("c1", "x = 41", ""), ("c2", "print(x + 1)", "42\n")] {
+        let a = call(
+            &url,
+            "POST",
+            &cells,
+            &token,
+            Some(cell_body(id, "python", code).as_bytes()),
+            &[],
+        );
+        assert_eq!(a.run().result.stdout.to_string_lossy(), want, "{}", a.body);
+    }
+    let a = call(
+        &url,
+        "DELETE",
+        &format!("/v1/sessions/{}", info.session_id),
+        &token,
+        None,
+        &[],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    // A streamed run, the providers, and a SIGHUP's reload, all under the filter.
+    let a = call(
+        &url,
+        "POST",
+        "/v1/runs",
+        &token,
+        Some(snippet("split-stream", "python", "print('streamed')").as_bytes()),
+        &[("Accept", "application/x-ndjson")],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.body.lines().any(|l| l.contains("\"chunk\"")),
+        "no chunk streamed: {}",
+        a.body
+    );
+    assert_eq!(get(&url, "/v1/providers", Some(&token)).status, 200);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::HUP,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(get(&url, "/v1/providers", Some(&token)).status, 200);
     let daemon = child.id();
+    assert_eq!(
+        status_field(daemon, "Seccomp"),
+        "2",
+        "the serving process's filter"
+    );
     let ids = |pid: u32, key: &str| {
         status_field(pid, key)
             .split_whitespace()

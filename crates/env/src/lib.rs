@@ -40,10 +40,10 @@ pub const PLIMSOLL_BLESS: EnvVar = EnvVar {
     name: "PLIMSOLL_BLESS",
     doc: "when `1`, golden-vector tests rewrite their files and show the diff",
 };
-/// The broker filter test's child (crates/broker/tests/filter.rs).
+/// The filter tests' child (crates/broker/tests/filter.rs, crates/daemon/tests/split_filter.rs).
 pub const PLIMSOLL_FILTER_PROBE: EnvVar = EnvVar {
     name: "PLIMSOLL_FILTER_PROBE",
-    doc: "test only: makes the broker filter test's binary install the broker process's seccomp filter and try the named syscall",
+    doc: "test only: makes a filter test's binary install its process's seccomp filter (the broker process's, the serving process's) and try the named syscall",
 };
 /// The launcher test's serving copy (crates/engine/tests/launch.rs).
 pub const PLIMSOLL_LAUNCH_CHILD: EnvVar = EnvVar {

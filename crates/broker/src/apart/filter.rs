@@ -40,7 +40,8 @@ pub struct Allowed {
     pub why: &'static str,
 }
 
-const fn any(name: &'static str, nr: libc::c_long, why: &'static str) -> Allowed {
+/// An allowed syscall, whatever its arguments.
+pub const fn any(name: &'static str, nr: libc::c_long, why: &'static str) -> Allowed {
     Allowed {
         name,
         nr,
@@ -181,13 +182,26 @@ pub const ALLOWED: &[Allowed] = &[
 ];
 
 /// Syscalls that answer `ENOSYS` rather than kill: the C library falls back from them.
-pub const FALLBACK: &[(&str, libc::c_long, &str)] = &[(
+pub const FALLBACK: &[Fallback] = &[(
     "clone3",
     libc::SYS_clone3,
     "its flags are in memory seccomp cannot read, so threads start with clone instead",
 )];
 
+/// A syscall that answers `ENOSYS` rather than kill: its name, number, and why.
+pub type Fallback = (&'static str, libc::c_long, &'static str);
+
 fn compile() -> io::Result<Vec<seccompiler::BpfProgram>> {
+    compile_lists(ALLOWED, FALLBACK)
+}
+
+/// An allowlist and its fallbacks as two filters: the fallbacks' `ENOSYS` first, then the
+/// allowlist, which kills the process on any other call. Shared by every plimsoll process
+/// that filters itself (the broker process, the split daemon's serving process).
+pub fn compile_lists(
+    allowed: &[Allowed],
+    fallbacks: &[Fallback],
+) -> io::Result<Vec<seccompiler::BpfProgram>> {
     let err = |e: seccompiler::BackendError| io::Error::other(e.to_string());
     let target = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|_| io::Error::other("no seccomp filter for this architecture"))?;
@@ -195,7 +209,7 @@ fn compile() -> io::Result<Vec<seccompiler::BpfProgram>> {
         SeccompCondition::new(index, SeccompCmpArgLen::Qword, op, value).map_err(err)
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for a in ALLOWED {
+    for a in allowed {
         let chain = match a.args {
             Args::Any => Vec::new(),
             Args::OneOf(index, values) => values
@@ -212,7 +226,7 @@ fn compile() -> io::Result<Vec<seccompiler::BpfProgram>> {
     }
     // The fallbacks pass the allowlist and meet their errno in the filter after it.
     let mut fallback: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for (_, nr, _) in FALLBACK {
+    for (_, nr, _) in fallbacks {
         #[allow(clippy::useless_conversion, reason = "c_long is i32 on 32-bit targets")]
         rules.insert(i64::from(*nr), Vec::new());
         #[allow(clippy::useless_conversion, reason = "c_long is i32 on 32-bit targets")]
@@ -243,7 +257,16 @@ fn compile() -> io::Result<Vec<seccompiler::BpfProgram>> {
 /// Installs the filters on the calling thread; threads it starts later inherit them. Needs
 /// `no_new_privs` (the broker process is started with it).
 pub fn install() -> io::Result<()> {
-    for program in compile()? {
+    install_programs(compile()?)
+}
+
+/// Installs `allowed` and `fallbacks` ([`compile_lists`]) on the calling thread.
+pub fn install_lists(allowed: &[Allowed], fallbacks: &[Fallback]) -> io::Result<()> {
+    install_programs(compile_lists(allowed, fallbacks)?)
+}
+
+fn install_programs(programs: Vec<seccompiler::BpfProgram>) -> io::Result<()> {
+    for program in programs {
         plimsoll_sys::seccomp::Filter::new(program.iter().map(|i| (i.code, i.jt, i.jf, i.k)))?
             .install()?;
     }

@@ -21,6 +21,8 @@ use plimsoll_sandbox::{PreExec, Step};
 
 use crate::daemon::{DaemonOptions, StartDaemonError};
 
+pub mod filter;
+
 /// `plimsolld launcher`: the hidden first argument that makes plimsolld the launcher.
 pub const LAUNCHER_ARG: &str = "launcher";
 
@@ -242,13 +244,18 @@ fn start_launcher(
 
 /// Drops this process (one thread) to `user` for good: the bounding set emptied, no
 /// supplementary group, every uid and gid the user's (which clears the permitted and
-/// effective sets), no_new_privs; then checks what the kernel says.
+/// effective sets), no_new_privs, not dumpable, the serving process's seccomp allowlist
+/// ([`filter`]); then checks what the kernel says.
 fn drop_to(user: ProcessUser) -> io::Result<()> {
     plimsoll_sys::caps::limit_bounding_set(0);
     plimsoll_sys::ids::clear_process_groups()?;
     plimsoll_sys::ids::set_process_res_gid(user.gid, user.gid, user.gid)?;
     plimsoll_sys::ids::set_process_res_uid(user.uid, user.uid, user.uid)?;
     rustix::thread::set_no_new_privs(true)?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    let ids = plimsoll_sys::ids::process_res_uid()?;
+    // The filter last: from here on, only what it lets through.
+    filter::install()?;
     let status = std::fs::read_to_string("/proc/self/status")?;
     let field = |name: &str| {
         status
@@ -258,12 +265,12 @@ fn drop_to(user: ProcessUser) -> io::Result<()> {
             .unwrap_or("")
             .to_owned()
     };
-    let ids = plimsoll_sys::ids::process_res_uid()?;
     for (name, want) in [
         ("CapEff:", "0000000000000000"),
         ("CapPrm:", "0000000000000000"),
         ("CapBnd:", "0000000000000000"),
         ("NoNewPrivs:", "1"),
+        ("Seccomp:", "2"),
     ] {
         if field(name) != want {
             return Err(io::Error::other(format!(
