@@ -66,16 +66,33 @@ impl Launcher {
                 {
                     continue;
                 }
+                // Out of descriptors or memory for now: the sandboxes it holds are still its
+                // own to end, so it keeps serving once there is room again.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    ) =>
+                {
+                    tracing::error!(error = %e, "the launcher cannot accept a connection now");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             let me = Arc::clone(&self);
-            std::thread::Builder::new()
+            let started = std::thread::Builder::new()
                 .name("launch".into())
                 .spawn(move || {
                     if let Err(e) = me.connection(stream) {
                         tracing::warn!(error = %e, "a launcher connection failed");
                     }
-                })?;
+                });
+            // No thread for it: that connection is dropped (its caller sees the launcher
+            // gone), the launcher goes on.
+            if let Err(e) = started {
+                tracing::error!(error = %e, "the launcher cannot start a thread for a connection");
+            }
         }
     }
 
