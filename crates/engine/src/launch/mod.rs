@@ -49,6 +49,14 @@ pub struct Bounds {
     pub maximums: ResolvedLimits,
 }
 
+/// Each `(name, asked, maximum)`: `Err` for the first over its maximum.
+fn at_most(limits: &[(&str, u64, u64)]) -> Result<(), String> {
+    match limits.iter().find(|(_, asked, max)| asked > max) {
+        Some((name, asked, max)) => Err(format!("{name} = {asked} is over the maximum {max}")),
+        None => Ok(()),
+    }
+}
+
 /// A sandbox id as the engine makes them: letters, digits, `-` and `_`, 1 to 64 of them.
 fn is_sandbox_id(id: &str) -> bool {
     !id.is_empty()
@@ -61,9 +69,7 @@ fn is_sandbox_id(id: &str) -> bool {
 impl Bounds {
     /// `Err(why)` when `plan` names anything outside the settings.
     pub fn check(&self, plan: &Plan) -> Result<(), String> {
-        if !is_sandbox_id(&plan.run_id) {
-            return Err(format!("run id {:?} is not a sandbox id", plan.run_id));
-        }
+        self.check_place("run", &plan.run_id, &plan.run_dir)?;
         for (what, id) in [
             ("uid", plan.uid),
             ("gid", plan.gid),
@@ -72,28 +78,15 @@ impl Bounds {
         ] {
             self.check_uid(what, id)?;
         }
-        let dir = self.runs_dir.join(&plan.run_id);
-        if plan.run_dir != dir {
-            return Err(format!(
-                "run directory {} is not {}",
-                plan.run_dir.display(),
-                dir.display()
-            ));
-        }
-        let l = &plan.limits;
-        let m = &self.maximums;
-        for (name, asked, max) in [
+        let (l, m) = (&plan.limits, &self.maximums);
+        at_most(&[
             ("timeout_ms", l.timeout_ms, m.timeout.as_millis() as u64),
             ("memory_bytes", l.memory_bytes, m.memory_bytes),
             ("output_bytes", l.output_bytes, m.output_bytes),
             ("pids", l.pids, m.pids),
             ("disk_bytes", l.disk_bytes, m.disk_bytes),
             ("artifact_bytes", l.artifact_bytes, m.artifact_bytes),
-        ] {
-            if asked > max {
-                return Err(format!("{name} = {asked} is over the maximum {max}"));
-            }
-        }
+        ])?;
         let due = privileges_to_wire(Privileges::for_spec(&plan.spec));
         if plan.privileges != due {
             return Err(format!(
@@ -101,13 +94,26 @@ impl Bounds {
                 plan.privileges
             ));
         }
-        if let Some(image) = &plan.image {
-            self.inside_store("root file system", &image.rootfs)?;
-            if let Some(disk) = &image.disk {
-                self.inside_store("disk", disk)?;
-            }
-        }
-        Ok(())
+        self.check_image(plan.image.as_ref())
+    }
+
+    /// `Err(why)` when a warm member's plan names anything outside the settings.
+    pub fn check_member(&self, plan: &MemberPlan) -> Result<(), String> {
+        self.check_place("member", &plan.member_id, &plan.run_dir)?;
+        self.check_uid("uid", plan.uid)?;
+        self.check_uid("gid", plan.gid)?;
+        let m = &self.maximums;
+        at_most(&[
+            (
+                "timeout_ms",
+                plan.max_timeout_ms,
+                m.timeout.as_millis() as u64,
+            ),
+            ("memory_bytes", plan.memory_bytes, m.memory_bytes),
+            ("pids", plan.pids, m.pids),
+            ("disk_bytes", plan.disk_bytes, m.disk_bytes),
+        ])?;
+        self.check_image(plan.image.as_ref())
     }
 
     fn check_uid(&self, what: &str, id: u32) -> Result<(), String> {
@@ -121,46 +127,29 @@ impl Bounds {
         }
     }
 
-    /// `Err(why)` when a warm member's plan names anything outside the settings.
-    pub fn check_member(&self, plan: &MemberPlan) -> Result<(), String> {
-        if !is_sandbox_id(&plan.member_id) {
-            return Err(format!(
-                "member id {:?} is not a sandbox id",
-                plan.member_id
-            ));
+    /// A sandbox's id is a sandbox id and its directory exactly `<runs_dir>/<id>`.
+    fn check_place(&self, kind: &str, id: &str, run_dir: &Path) -> Result<(), String> {
+        if !is_sandbox_id(id) {
+            return Err(format!("{kind} id {id:?} is not a sandbox id"));
         }
-        self.check_uid("uid", plan.uid)?;
-        self.check_uid("gid", plan.gid)?;
-        let dir = self.runs_dir.join(&plan.member_id);
-        if plan.run_dir != dir {
+        let dir = self.runs_dir.join(id);
+        if run_dir != dir {
             return Err(format!(
                 "run directory {} is not {}",
-                plan.run_dir.display(),
+                run_dir.display(),
                 dir.display()
             ));
         }
-        let m = &self.maximums;
-        for (name, asked, max) in [
-            (
-                "timeout_ms",
-                plan.max_timeout_ms,
-                m.timeout.as_millis() as u64,
-            ),
-            ("memory_bytes", plan.memory_bytes, m.memory_bytes),
-            ("pids", plan.pids, m.pids),
-            ("disk_bytes", plan.disk_bytes, m.disk_bytes),
-        ] {
-            if asked > max {
-                return Err(format!("{name} = {asked} is over the maximum {max}"));
-            }
-        }
-        if let Some(image) = &plan.image {
-            self.inside_store("root file system", &image.rootfs)?;
-            if let Some(disk) = &image.disk {
-                self.inside_store("disk", disk)?;
-            }
-        }
         Ok(())
+    }
+
+    fn check_image(&self, image: Option<&PlanImage>) -> Result<(), String> {
+        let Some(image) = image else { return Ok(()) };
+        self.inside_store("root file system", &image.rootfs)?;
+        match &image.disk {
+            Some(disk) => self.inside_store("disk", disk),
+            None => Ok(()),
+        }
     }
 
     /// Checks a cancel's sandbox.
