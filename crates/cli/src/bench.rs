@@ -212,69 +212,46 @@ pub fn bench(config: Option<&Path>, a: &BenchArgs) -> Result<u8, Failure> {
         Some(e)
     };
 
+    // The daemons' settings: the file in force, read once.
+    let config_text = match settings_path(config) {
+        Some(p) if !available.is_empty() => std::fs::read_to_string(&p)
+            .with_context(|| format!("cannot read {}", p.display()))
+            .map_err(Failure::usage)?,
+        _ => String::new(),
+    };
+    // Two plimsolld, without pools and with; `serving_user`: split ones.
+    let pair = |name: &str, base: u32, serving_user: Option<&str>| {
+        let cold = BenchDaemon::start(
+            &format!("{name}cold"),
+            &config_text,
+            &available,
+            toml::Value::Table(toml::Table::new()),
+            base,
+            dir.path(),
+            serving_user,
+        )?;
+        let warm = BenchDaemon::start(
+            &format!("{name}warm"),
+            &config_text,
+            &available,
+            pools_table(&warming),
+            base + 10_000,
+            dir.path(),
+            serving_user,
+        )?;
+        anyhow::Ok((cold, warm))
+    };
     let daemons = if available.is_empty() {
         None
     } else {
         eprintln!("plimsoll bench: starting two plimsolld, without pools and with");
-        let config_text = match settings_path(config) {
-            Some(p) => std::fs::read_to_string(&p)
-                .with_context(|| format!("cannot read {}", p.display()))
-                .map_err(Failure::usage)?,
-            None => String::new(),
-        };
-        let cold = BenchDaemon::start(
-            "cold",
-            &config_text,
-            &available,
-            toml::Value::Table(toml::Table::new()),
-            uid_base,
-            dir.path(),
-            None,
-        )
-        .map_err(Failure::failed)?;
-        let warm = BenchDaemon::start(
-            "warm",
-            &config_text,
-            &available,
-            pools_table(&warming),
-            uid_base + 10_000,
-            dir.path(),
-            None,
-        )
-        .map_err(Failure::failed)?;
-        Some((cold, warm))
+        Some(pair("", uid_base, None).map_err(Failure::failed)?)
     };
     // The split daemon's pair, beside the others, with uids of their own.
     let split = match (&daemons, &a.serving_user) {
         (Some(_), Some(user)) => {
             eprintln!("plimsoll bench: starting two split plimsolld serving as {user}");
-            let config_text = match settings_path(config) {
-                Some(p) => std::fs::read_to_string(&p)
-                    .with_context(|| format!("cannot read {}", p.display()))
-                    .map_err(Failure::usage)?,
-                None => String::new(),
-            };
-            let cold = BenchDaemon::start(
-                "split-cold",
-                &config_text,
-                &available,
-                toml::Value::Table(toml::Table::new()),
-                uid_base + 30_000,
-                dir.path(),
-                Some(user),
-            )
-            .map_err(Failure::failed)?;
-            let warm = BenchDaemon::start(
-                "split-warm",
-                &config_text,
-                &available,
-                pools_table(&warming),
-                uid_base + 40_000,
-                dir.path(),
-                Some(user),
-            )
-            .map_err(Failure::failed)?;
-            Some((cold, warm))
+            Some(pair("split-", uid_base + 30_000, Some(user)).map_err(Failure::failed)?)
         }
         _ => None,
     };
