@@ -876,7 +876,7 @@ pub async fn run_split(
         other => StartDaemonError::Engine(other),
     })?;
     tracing::info!(
-        user = ?serving_user_name(settings),
+        user = ?crate::split::serving_user(settings),
         uid = prepared.user.uid,
         launcher_pid = ?launcher_pid,
         socket = %prepared.socket.display(),
@@ -884,10 +884,6 @@ pub async fn run_split(
     );
     let listener = TcpListener::from_std(prepared.listener).map_err(StartDaemonError::Serve)?;
     serve_engine(Arc::new(engine), options, listener).await
-}
-
-fn serving_user_name(settings: &Settings) -> Option<&str> {
-    crate::split::serving_user(settings)
 }
 
 /// Serves `engine` on `listener` until a terminating signal: probes in the background,
