@@ -51,9 +51,9 @@ pub const fn any(name: &'static str, nr: libc::c_long, why: &'static str) -> All
 }
 
 const MEMORY: &str = "the allocator and thread stacks";
-const THREADS: &str = "a thread per channel connection, joined at the run's end";
-const SIGNALS: &str = "the standard library's signal setup and a panic's abort";
-const TIME: &str = "deadlines, budgets and receipt times";
+const THREADS: &str = "the process's threads (the broker's: one per channel connection)";
+const SIGNALS: &str = "the standard library's and the runtime's signal setup, and a panic's abort";
+const TIME: &str = "deadlines, timeouts, budgets and receipt times";
 const IO: &str = "frames on the runs' channels, the control socket, upstream connections";
 const FILES: &str = "the resolver's files (/etc/hosts, /etc/resolv.conf, /etc/nsswitch.conf, its NSS modules) and the TLS roots";
 const NET: &str = "upstream connections (API calls, egress), DNS, and the channels it is handed";
@@ -72,8 +72,10 @@ const FAMILIES: &[u64] = &[
 /// terminal (the log's colour check).
 const IOCTLS: &[u64] = &[libc::FIONBIO, libc::FIONREAD, libc::TCGETS];
 
-/// The allowlist.
-pub const ALLOWED: &[Allowed] = &[
+/// What any plimsoll process that filters itself needs to run Rust with threads: memory,
+/// thread starts and ends (`clone` only for a thread), signal setup, naming a thread, the
+/// stack limit, the clock. Each filtering process compiles it with its own list.
+pub const RUNTIME: &[Allowed] = &[
     any("brk", libc::SYS_brk, MEMORY),
     any("mmap", libc::SYS_mmap, MEMORY),
     any("munmap", libc::SYS_munmap, MEMORY),
@@ -115,6 +117,10 @@ pub const ALLOWED: &[Allowed] = &[
     any("clock_nanosleep", libc::SYS_clock_nanosleep, TIME),
     any("nanosleep", libc::SYS_nanosleep, TIME),
     any("gettimeofday", libc::SYS_gettimeofday, TIME),
+];
+
+/// The broker process's own allowlist, beside [`RUNTIME`].
+pub const ALLOWED: &[Allowed] = &[
     any(
         "uname",
         libc::SYS_uname,
@@ -192,14 +198,14 @@ pub const FALLBACK: &[Fallback] = &[(
 pub type Fallback = (&'static str, libc::c_long, &'static str);
 
 fn compile() -> io::Result<Vec<seccompiler::BpfProgram>> {
-    compile_lists(ALLOWED, FALLBACK)
+    compile_lists(&[RUNTIME, ALLOWED], FALLBACK)
 }
 
 /// An allowlist and its fallbacks as two filters: the fallbacks' `ENOSYS` first, then the
 /// allowlist, which kills the process on any other call. Shared by every plimsoll process
 /// that filters itself (the broker process, the split daemon's serving process).
 pub fn compile_lists(
-    allowed: &[Allowed],
+    allowed: &[&[Allowed]],
     fallbacks: &[Fallback],
 ) -> io::Result<Vec<seccompiler::BpfProgram>> {
     let err = |e: seccompiler::BackendError| io::Error::other(e.to_string());
@@ -209,7 +215,7 @@ pub fn compile_lists(
         SeccompCondition::new(index, SeccompCmpArgLen::Qword, op, value).map_err(err)
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for a in allowed {
+    for a in allowed.iter().copied().flatten() {
         let chain = match a.args {
             Args::Any => Vec::new(),
             Args::OneOf(index, values) => values
@@ -261,7 +267,7 @@ pub fn install() -> io::Result<()> {
 }
 
 /// Installs `allowed` and `fallbacks` ([`compile_lists`]) on the calling thread.
-pub fn install_lists(allowed: &[Allowed], fallbacks: &[Fallback]) -> io::Result<()> {
+pub fn install_lists(allowed: &[&[Allowed]], fallbacks: &[Fallback]) -> io::Result<()> {
     install_programs(compile_lists(allowed, fallbacks)?)
 }
 
@@ -280,7 +286,7 @@ mod tests {
     #[test]
     fn the_filters_compile_and_name_each_syscall_once() {
         assert_eq!(compile().unwrap().len(), 2);
-        let mut names: Vec<&str> = ALLOWED.iter().map(|a| a.name).collect();
+        let mut names: Vec<&str> = RUNTIME.iter().chain(ALLOWED).map(|a| a.name).collect();
         names.extend(FALLBACK.iter().map(|f| f.0));
         let n = names.len();
         names.sort_unstable();

@@ -8,12 +8,8 @@
 //! signals another process. Its sockets are its listener's connections, the launcher's Unix
 //! socket and the runtime's own wakeup pair.
 
-use plimsoll_broker::apart::filter::{Allowed, Args, Fallback, any};
+use plimsoll_broker::apart::filter::{Allowed, Args, Fallback, RUNTIME, any};
 
-const MEMORY: &str = "the allocator and thread stacks";
-const THREADS: &str = "the async runtime's and the engine's threads";
-const SIGNALS: &str = "the runtime's signal handling (SIGTERM, SIGINT, SIGHUP) and a panic's abort";
-const TIME: &str = "deadlines, timeouts and record times";
 const IO: &str = "requests and answers, the launcher's frames, the log";
 const FILES: &str = "the callers file, the image store's manifests, the evidence's binaries, uid lease files, /proc/self";
 const NET: &str = "the listener's connections and the launcher's socket";
@@ -29,54 +25,14 @@ const FAMILIES: &[u64] = &[
 /// `ioctl` requests: non-blocking mode, bytes readable, whether a descriptor is a terminal.
 const IOCTLS: &[u64] = &[libc::FIONBIO, libc::FIONREAD, libc::TCGETS];
 
-/// The allowlist.
+/// The serving process's own allowlist, beside the shared runtime list
+/// (`plimsoll_broker::apart::filter::RUNTIME`).
 pub const ALLOWED: &[Allowed] = &[
-    any("brk", libc::SYS_brk, MEMORY),
-    any("mmap", libc::SYS_mmap, MEMORY),
-    any("munmap", libc::SYS_munmap, MEMORY),
-    any("mremap", libc::SYS_mremap, MEMORY),
-    any("mprotect", libc::SYS_mprotect, MEMORY),
-    any("madvise", libc::SYS_madvise, MEMORY),
-    Allowed {
-        name: "clone",
-        nr: libc::SYS_clone,
-        args: Args::HasBits(0, libc::CLONE_THREAD as u64),
-        why: "threads only (CLONE_THREAD): never a new process",
-    },
-    any("set_robust_list", libc::SYS_set_robust_list, THREADS),
-    any("rseq", libc::SYS_rseq, THREADS),
-    any("futex", libc::SYS_futex, THREADS),
-    any("sched_yield", libc::SYS_sched_yield, THREADS),
-    any("sched_getaffinity", libc::SYS_sched_getaffinity, THREADS),
-    any("exit", libc::SYS_exit, THREADS),
-    any("exit_group", libc::SYS_exit_group, "the process's end"),
-    any("gettid", libc::SYS_gettid, THREADS),
-    any("getpid", libc::SYS_getpid, SIGNALS),
-    any("tgkill", libc::SYS_tgkill, SIGNALS),
-    any("rt_sigaction", libc::SYS_rt_sigaction, SIGNALS),
-    any("rt_sigprocmask", libc::SYS_rt_sigprocmask, SIGNALS),
-    any("rt_sigreturn", libc::SYS_rt_sigreturn, SIGNALS),
-    any("sigaltstack", libc::SYS_sigaltstack, SIGNALS),
     any(
         "restart_syscall",
         libc::SYS_restart_syscall,
         "a sleep resumed after a signal",
     ),
-    Allowed {
-        name: "prctl",
-        nr: libc::SYS_prctl,
-        args: Args::OneOf(0, &[libc::PR_SET_NAME as u64]),
-        why: "naming a thread (PR_SET_NAME) only",
-    },
-    any(
-        "prlimit64",
-        libc::SYS_prlimit64,
-        "the standard library reads the stack limit",
-    ),
-    any("clock_gettime", libc::SYS_clock_gettime, TIME),
-    any("clock_nanosleep", libc::SYS_clock_nanosleep, TIME),
-    any("nanosleep", libc::SYS_nanosleep, TIME),
-    any("gettimeofday", libc::SYS_gettimeofday, TIME),
     any(
         "getrandom",
         libc::SYS_getrandom,
@@ -196,7 +152,7 @@ pub const FALLBACK: &[Fallback] = &[
 /// Installs the allowlist on the calling thread; threads it starts later inherit it. Needs
 /// no_new_privs.
 pub fn install() -> std::io::Result<()> {
-    plimsoll_broker::apart::filter::install_lists(ALLOWED, FALLBACK)
+    plimsoll_broker::apart::filter::install_lists(&[RUNTIME, ALLOWED], FALLBACK)
 }
 
 #[cfg(test)]
@@ -205,7 +161,7 @@ mod tests {
 
     #[test]
     fn every_syscall_is_named_once_and_listed_in_the_docs() {
-        let mut names: Vec<&str> = ALLOWED.iter().map(|a| a.name).collect();
+        let mut names: Vec<&str> = RUNTIME.iter().chain(ALLOWED).map(|a| a.name).collect();
         names.extend(FALLBACK.iter().map(|f| f.0));
         let n = names.len();
         names.sort_unstable();
