@@ -733,11 +733,13 @@ impl Settings {
         )
         .and_then(|end| end.checked_add(u32::try_from(crate::pool::Pools::uid_count(&pools)).ok()?))
         .ok_or_else(|| BuildEngineError::Invalid("the sandbox uids are out of range".into()))?;
-        let image_root = self
-            .image_store()
-            .map_err(BuildEngineError::Invalid)?
+        let store = self.image_store().map_err(BuildEngineError::Invalid)?;
+        // Resolved once here, not for every plan; a store not there yet stays as written
+        // (and no image is inside it until it is).
+        let image_root = store
             .dir()
-            .to_owned();
+            .canonicalize()
+            .unwrap_or_else(|_| store.dir().to_owned());
         let bounds = crate::launch::Bounds {
             uids: config.sandbox_uid_base..end,
             runs_dir: config.state_dir.join("runs"),

@@ -43,7 +43,8 @@ pub struct Bounds {
     pub uids: Range<u32>,
     /// The directory every run's directory is directly under (`<state_dir>/runs`).
     pub runs_dir: PathBuf,
-    /// The image store: an image's root file system and disk must be inside it.
+    /// The image store, canonical (symlinks resolved once, when the launcher is built): an
+    /// image's root file system and disk must be inside it.
     pub image_root: PathBuf,
     /// The settings' limit maximums.
     pub maximums: ResolvedLimits,
@@ -161,16 +162,11 @@ impl Bounds {
     }
 
     fn inside_store(&self, what: &str, path: &Path) -> Result<(), String> {
-        let root = self.image_root.canonicalize().map_err(|e| {
-            format!(
-                "the image store {} cannot be read: {e}",
-                self.image_root.display()
-            )
-        })?;
+        let root = &self.image_root;
         let real = path
             .canonicalize()
             .map_err(|e| format!("the image's {what} {} cannot be read: {e}", path.display()))?;
-        if real.starts_with(&root) && real != root {
+        if real.starts_with(root) && real != *root {
             Ok(())
         } else {
             Err(format!(

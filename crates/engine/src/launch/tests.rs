@@ -12,7 +12,7 @@ fn bounds(store: &Path) -> Bounds {
     Bounds {
         uids: 200_000..200_010,
         runs_dir: "/state/runs".into(),
-        image_root: store.to_owned(),
+        image_root: store.canonicalize().unwrap(),
         maximums: ResolvedLimits {
             timeout: Duration::from_secs(60),
             memory_bytes: 1 << 30,
