@@ -4529,3 +4529,46 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
     );
     drop(uid_port);
 }
+
+/// The split daemon refuses to start, and says why, when its serving user is not on this
+/// host, and when it is given a grants file (not carried yet).
+#[test]
+fn the_split_daemon_refuses_what_it_cannot_do_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let grants = dir.path().join("grants.toml");
+    std::fs::write(&grants, "").unwrap();
+    for (user, args, says) in [
+        (
+            "no-such-user-plimsoll",
+            vec![],
+            "the serving process runs as user `no-such-user-plimsoll`",
+        ),
+        (
+            "nobody",
+            vec!["--grants".as_ref(), grants.as_os_str()],
+            "a grants file cannot be used with a serving user yet",
+        ),
+    ] {
+        let config = dir.path().join("plimsoll.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{PROCESS}state_dir = \"{}\"\n[daemon]\ncallers_file = \"{}\"\nserving_user = \"{user}\"\n",
+                dir.path().join("state").display(),
+                dir.path().join("callers.toml").display()
+            ),
+        )
+        .unwrap();
+        let out = plimsolld()
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run plimsolld");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{user}: it started: {stderr}");
+        assert!(stderr.contains(says), "{user}: {stderr}");
+    }
+}
