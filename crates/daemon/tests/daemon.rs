@@ -1706,9 +1706,24 @@ fn status_field(pid: u32, key: &str) -> String {
         .to_owned()
 }
 
+/// Which daemon's rows of docs/privileges.md's "Checked on a running daemon" table apply,
+/// and who its unprivileged users are.
+#[derive(Clone, Copy)]
+enum Daemon {
+    /// The default daemon, its broker process running as this user.
+    Default {
+        broker: plimsoll_broker::apart::ProcessUser,
+    },
+    /// The split daemon, serving as this user.
+    Split {
+        serving: plimsoll_broker::apart::ProcessUser,
+    },
+}
+
 /// Compares the processes of plimsolld `daemon` (it and its children that are plimsolld
-/// too) with docs/privileges.md's "Checked on a running daemon" table.
-fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUser) {
+/// too) with docs/privileges.md's "Checked on a running daemon" table: the rows of `kind`,
+/// every one of them, and no process they do not list.
+fn check_privileges_table(daemon: u32, kind: Daemon) {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/privileges.md"),
     )
@@ -1718,12 +1733,22 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
         .expect("docs/privileges.md has its table of the daemon's processes");
+    let which = match kind {
+        Daemon::Default { .. } => "default",
+        Daemon::Split { .. } => "split",
+    };
     let rows: Vec<Vec<&str>> = section
         .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| process"))
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| daemon"))
         .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
         .collect();
-    assert_eq!(rows.len(), 2, "{section}");
+    assert_eq!(rows.len(), 4, "{section}");
+    let rows: Vec<&[&str]> = rows
+        .iter()
+        .filter(|r| r[0] == which)
+        .map(|r| &r[1..])
+        .collect();
+    assert_eq!(rows.len(), 2, "{which}: {section}");
     let me = std::fs::read_to_string("/proc/self/status").unwrap();
     let mine = |key: &str| {
         me.lines()
@@ -1732,7 +1757,8 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
             .trim()
             .to_owned()
     };
-    // The daemon's processes: it, and each child that runs plimsolld itself.
+    // The daemon's processes: it, and each child that runs plimsolld itself, named by its
+    // first argument.
     let exe = std::fs::read_link(format!("/proc/{daemon}/exe")).unwrap();
     let mut processes = vec![(daemon, "plimsolld".to_owned())];
     let own_args = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap();
@@ -1741,19 +1767,22 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
         // copy of the daemon, its command line the daemon's: not a process of its own.
         let copy = std::fs::read(format!("/proc/{pid}/cmdline")).ok() == Some(own_args.clone());
         if !copy && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == Some(exe.clone()) {
-            processes.push((pid, format!("plimsolld {}", args.join(" "))));
+            let first = args.first().cloned().unwrap_or_default();
+            processes.push((pid, format!("plimsolld {first}")));
         }
     }
     for (pid, name) in &processes {
         let row = rows.iter().find(|r| r[0] == name).unwrap_or_else(|| {
-            panic!("docs/privileges.md does not list the daemon's process `{name}`")
+            panic!("docs/privileges.md does not list the {which} daemon's process `{name}`")
         });
-        let id = |cell: &str, broker_id: u32| -> String {
-            match cell {
-                "root" => "0".into(),
-                "broker_user" => broker_id.to_string(),
-                other => panic!("unknown id `{other}` in docs/privileges.md"),
-            }
+        let id = |cell: &str, uid: bool| -> String {
+            let user = match (cell, kind) {
+                ("root", _) => return "0".into(),
+                ("broker_user", Daemon::Default { broker }) => broker,
+                ("serving_user", Daemon::Split { serving }) => serving,
+                (other, _) => panic!("unknown id `{other}` in docs/privileges.md ({which})"),
+            };
+            if uid { user.uid } else { user.gid }.to_string()
         };
         let caps = |cell: &str| -> String {
             match cell {
@@ -1769,8 +1798,8 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
                 .unwrap()
                 .to_owned()
         };
-        assert_eq!(first("Uid"), id(row[1], broker.uid), "{name}: uid");
-        assert_eq!(first("Gid"), id(row[2], broker.gid), "{name}: gid");
+        assert_eq!(first("Uid"), id(row[1], true), "{name}: uid");
+        assert_eq!(first("Gid"), id(row[2], false), "{name}: gid");
         assert_eq!(status_field(*pid, "CapEff"), caps(row[3]), "{name}: CapEff");
         assert_eq!(status_field(*pid, "CapBnd"), caps(row[4]), "{name}: CapBnd");
         let nnp = if row[5] == "as started" {
@@ -1784,7 +1813,7 @@ fn check_privileges_table(daemon: u32, broker: plimsoll_broker::apart::ProcessUs
     assert_eq!(
         processes.len(),
         rows.len(),
-        "the daemon's processes: {processes:?}"
+        "the {which} daemon's processes: {processes:?}"
     );
 }
 
@@ -1902,7 +1931,7 @@ fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
     }
 
     // docs/privileges.md's table of the daemon's processes holds for each of them.
-    check_privileges_table(d.child.id(), user);
+    check_privileges_table(d.child.id(), Daemon::Default { broker: user });
 
     // Killed, it is started again, and a grant works on.
     rustix::process::kill_process(
@@ -4510,6 +4539,8 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
         .map(|(pid, _)| pid)
         .expect("the launcher, a child of the daemon");
     assert_eq!(ids(launcher, "Uid"), vec![0; 4], "the launcher keeps root");
+    // docs/privileges.md's table of the split daemon's processes holds for each of them.
+    check_privileges_table(daemon, Daemon::Split { serving: nobody });
     // The daemon killed outright: its launcher goes with it (its parent-death signal).
     child.kill().unwrap();
     child.wait().unwrap();
