@@ -717,7 +717,8 @@ fn limits_and_wall(
         report.answer = Answer::Lost(format!("sending the limits to the guest: {e}"));
         return false;
     }
-    let mut reader = DeadlineReader::new(sock, Instant::now() + within);
+    let asked = Instant::now();
+    let mut reader = DeadlineReader::new(sock, asked + within);
     let judged = match channel::read_frame(&mut reader, channel::WALL_MAX) {
         Ok(Some((channel::WALL, payload))) => {
             serde_json::from_slice::<plimsoll_wire::Wall>(&payload)
@@ -733,7 +734,11 @@ fn limits_and_wall(
             tag.escape_ascii()
         )),
         Ok(None) => Err("the VM ended before the agent said its wall".into()),
-        Err(e) => Err(format!("reading the agent's wall: {e}")),
+        Err(e) => Err(format!(
+            "reading the agent's wall: {e}, {} ms after the limits were sent (the wall \
+             normally comes within a second, even under TCG)",
+            asked.elapsed().as_millis()
+        )),
     };
     match judged {
         Ok(wall) => report.wall = Some(wall),

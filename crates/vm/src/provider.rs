@@ -609,7 +609,10 @@ impl VmProvider {
                     )),
                     Answer::WallRefused(why) => LaunchError::not_started(
                         plimsoll_wire::Reason::Environment,
-                        format!("the session's wall was refused: {why}"),
+                        format!(
+                            "the session's wall was refused: {why} ({})",
+                            report.diagnostics()
+                        ),
                     ),
                     Answer::BootTimedOut(budget) => LaunchError::environment(format!(
                         "the session's VM did not boot within {} s ({})",
@@ -761,7 +764,10 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
         Answer::BootedOnly => Err(LaunchError::may_have_run("the VM was given no job")),
         Answer::WallRefused(why) => Err(LaunchError::not_started(
             plimsoll_wire::Reason::Environment,
-            format!("the guest's agent was not handed its job: {why}"),
+            format!(
+                "the guest's agent was not handed its job: {why} ({})",
+                r.diagnostics()
+            ),
         )),
         Answer::NotWaiting(why) => Err(LaunchError::environment(format!(
             "the member's interpreter did not come to wait for its code: {why} ({})",
