@@ -109,10 +109,22 @@ pub struct Apart {
     shared: Arc<Shared>,
 }
 
+/// Where an [`Apart`] that did not start the broker process gets its control socket and has
+/// a load of the grants file sent: the split daemon's serving process asks its launcher, which
+/// started the process, keeps it running and holds the secrets ([`Apart::remote`]).
+pub trait ControlSource: std::fmt::Debug + Send + Sync {
+    /// A copy of the control socket of the broker process running now.
+    fn control(&self) -> io::Result<OwnedFd>;
+    /// Has load `generation` of the grants file sent to the broker process.
+    fn load(&self, generation: u64) -> io::Result<()>;
+}
+
 #[derive(Debug)]
 struct Shared {
     /// The control socket of the process running now, and how many processes came before.
     control: Mutex<Option<(OwnedFd, u64)>>,
+    /// Where the control socket comes from when another process keeps the broker process.
+    source: Option<Arc<dyn ControlSource>>,
     changed: Condvar,
     /// Its pid, for tests and the log.
     pid: AtomicU64,
@@ -132,6 +144,7 @@ impl Apart {
         }
         let shared = Arc::new(Shared {
             control: Mutex::new(None),
+            source: None,
             changed: Condvar::new(),
             pid: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
@@ -150,7 +163,39 @@ impl Apart {
         }
     }
 
-    /// The pid of the broker process running now (0 while none is).
+    /// The broker process another process started and keeps running, reached through the
+    /// control socket `source` gives (asked again whenever the one held fails: the process was
+    /// started again). Loads of the grants file are that process's to send: this side never
+    /// holds a secret.
+    pub fn remote(source: Arc<dyn ControlSource>) -> Arc<Apart> {
+        Arc::new(Apart {
+            shared: Arc::new(Shared {
+                control: Mutex::new(None),
+                source: Some(source),
+                changed: Condvar::new(),
+                pid: AtomicU64::new(0),
+                next_id: AtomicU64::new(1),
+                stopping: std::sync::atomic::AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// A copy of the control socket of the broker process running now, for a process that
+    /// reaches it through [`Apart::remote`].
+    pub fn control_copy(&self) -> io::Result<OwnedFd> {
+        let control = self.control_now()?;
+        let (fd, _) = control.as_ref().expect("control_now waits for one");
+        fd.try_clone()
+    }
+
+    /// Sends `source`, a load of the grants file, to the broker process (which keeps the
+    /// last few), so runs can start under it.
+    pub fn load(&self, source: &GrantsSource) -> io::Result<()> {
+        self.send_grants(source)
+    }
+
+    /// The pid of the broker process running now (0 while none is, and for a process this
+    /// one did not start).
     pub fn pid(&self) -> u32 {
         self.shared.pid.load(Ordering::SeqCst) as u32
     }
@@ -178,7 +223,10 @@ impl Apart {
         });
         let answer = match self.call(&start, None) {
             Err(e) if e.to_string() == "unknown_generation" => {
-                self.send_grants(&source)?;
+                match &self.shared.source {
+                    Some(keeper) => keeper.load(source.generation())?,
+                    None => self.send_grants(&source)?,
+                }
                 self.call(&start, None)?
             }
             other => other?,
@@ -221,9 +269,20 @@ impl Apart {
             None,
         )?;
         {
-            let control = self.control_now()?;
+            let mut control = self.control_now()?;
             let (fd, _) = control.as_ref().expect("control_now waits for one");
-            send_fds(fd, theirs.as_fd(), handed)?;
+            let sent = send_fds(fd, theirs.as_fd(), handed);
+            match (sent, &self.shared.source) {
+                (Ok(()), _) => {}
+                // The process it reached has ended; the keeper started another: its socket,
+                // once.
+                (Err(_), Some(source)) => {
+                    let fresh = source.control()?;
+                    send_fds(&fresh, theirs.as_fd(), handed)?;
+                    *control = Some((fresh, 0));
+                }
+                (Err(e), None) => return Err(e),
+            }
         }
         drop(theirs);
         let mut stream = UnixStream::from(mine);
@@ -244,9 +303,16 @@ impl Apart {
         }
     }
 
-    /// The control socket, waiting up to a few seconds for the keeper to start a process.
+    /// The control socket, waiting up to a few seconds for the keeper to start a process
+    /// (asked of the source, for a process another keeps).
     fn control_now(&self) -> io::Result<MutexGuard<'_, Option<(OwnedFd, u64)>>> {
-        let guard = lock(&self.shared.control);
+        let mut guard = lock(&self.shared.control);
+        if let Some(source) = &self.shared.source {
+            if guard.is_none() {
+                *guard = Some((source.control()?, 0));
+            }
+            return Ok(guard);
+        }
         let (guard, _) = self
             .shared
             .changed

@@ -88,6 +88,9 @@ pub enum LoadGrantsError {
         #[source]
         source: std::io::Error,
     },
+    /// The process that holds the secrets (the split daemon's launcher) could not load it.
+    #[error("the launcher could not load the grants file: {0}")]
+    Elsewhere(String),
     /// The file is not valid TOML of the expected shape.
     #[error("the grants file {path} is not valid: {message}")]
     Parse {
@@ -172,6 +175,11 @@ impl std::fmt::Debug for GrantsSource {
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// What every variable a grants file names reads as in profiles whose secrets another process
+/// holds ([`GrantProfiles::parse_held_apart`]): not a secret, and long enough for every
+/// credential kind's checks.
+pub const HELD_APART: &str = "held-by-the-launcher-and-the-broker-process-not-here";
 
 impl Profile {
     /// Its name.
@@ -333,7 +341,7 @@ impl GrantProfiles {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse_at(&text, path, read_env)
+        Self::parse_at(&text, path, read_env, None)
     }
 
     /// [`GrantProfiles::load`] of a file's text.
@@ -341,13 +349,35 @@ impl GrantProfiles {
         text: &str,
         read_env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, LoadGrantsError> {
-        Self::parse_at(text, Path::new("<text>"), read_env)
+        Self::parse_at(text, Path::new("<text>"), read_env, None)
     }
 
+    /// The profiles of a grants file's `text` that another process loaded, with its secrets,
+    /// as load `generation` of its own (the split daemon's launcher, which loads them into the
+    /// broker process): here every variable the file names reads as [`HELD_APART`], and the
+    /// profiles' source carries no variable. Such profiles only authorize; their brokers run
+    /// in the broker process ([`crate::apart::Apart::remote`]), which holds the real values.
+    pub fn parse_held_apart(text: &str, generation: u64) -> Result<Self, LoadGrantsError> {
+        Self::parse_at(
+            text,
+            Path::new("<text>"),
+            |_| Some(HELD_APART.to_owned()),
+            Some(generation),
+        )
+    }
+
+    /// The load these profiles came from (none when there is no profile).
+    pub fn source(&self) -> Option<&Arc<GrantsSource>> {
+        self.profiles.values().find_map(Grant::source)
+    }
+
+    /// `held_apart`: the generation of another process's load of the same text, whose
+    /// variables this load did not read (so its source keeps none).
     fn parse_at(
         text: &str,
         path: &Path,
         read_env: impl Fn(&str) -> Option<String>,
+        held_apart: Option<u64>,
     ) -> Result<Self, LoadGrantsError> {
         let file: GrantsFile = toml::from_str(text).map_err(|e| LoadGrantsError::Parse {
             path: path.to_owned(),
@@ -396,10 +426,17 @@ impl GrantProfiles {
             let profile = validate_egress(&name, entry).map_err(invalid)?;
             profiles.insert(name, Grant::Egress(Arc::new(profile)));
         }
-        let source = Arc::new(GrantsSource {
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-            text: text.to_owned(),
-            env: read.into_inner(),
+        let source = Arc::new(match held_apart {
+            Some(generation) => GrantsSource {
+                generation,
+                text: text.to_owned(),
+                env: Vec::new(),
+            },
+            None => GrantsSource {
+                generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+                text: text.to_owned(),
+                env: read.into_inner(),
+            },
         });
         for grant in profiles.values() {
             let _ = match grant {

@@ -92,6 +92,10 @@ pub struct DaemonOptions {
     pub settings_file: Option<PathBuf>,
     /// The user the broker process runs as, when there is a grants file.
     pub broker_user: String,
+    /// In the split daemon with a grants file: the launcher, which loads the grants file
+    /// (holding its secrets) and keeps the broker process; SIGHUP asks it to read the file
+    /// again.
+    pub launcher_grants: Option<Arc<plimsoll_engine::launch::LauncherBrokers>>,
 }
 
 /// The broker process's user unless `[daemon] broker_user` names another.
@@ -253,6 +257,7 @@ impl DaemonOptions {
                 .broker_user
                 .clone()
                 .unwrap_or_else(|| DEFAULT_BROKER_USER.to_owned()),
+            launcher_grants: None,
         })
     }
 }
@@ -322,7 +327,13 @@ impl Daemon {
     /// now in force, or `None` when there is no grants file.
     pub fn reload_grants(&self) -> Option<Result<usize, LoadGrantsError>> {
         let path = self.options.grants_file.as_deref()?;
-        match Engine::load_grants(path) {
+        let loaded = match &self.options.launcher_grants {
+            // The split daemon: the launcher reads it, with the secrets, and loads the broker
+            // process; this process gets the text.
+            Some(launcher) => launcher.grants(true),
+            None => Engine::load_grants(path),
+        };
+        match loaded {
             Ok(grants) => {
                 let profiles = grants.names().count();
                 let names = grants.names().collect::<Vec<_>>().join(",");
@@ -803,7 +814,9 @@ async fn terminate_signal() {
 }
 
 /// The broker process's user, refused when absent or root.
-fn broker_user(name: &str) -> Result<plimsoll_broker::apart::ProcessUser, StartDaemonError> {
+pub(crate) fn broker_user(
+    name: &str,
+) -> Result<plimsoll_broker::apart::ProcessUser, StartDaemonError> {
     plimsoll_broker::apart::ProcessUser::lookup(name).map_err(|problem| {
         StartDaemonError::BrokerUser {
             user: name.to_owned(),
@@ -865,6 +878,7 @@ pub async fn run_split(
     let mut options = prepared.options.clone();
     options.settings_file = settings_file.map(Path::to_owned);
     let socket = prepared.socket.clone();
+    let socket_path = prepared.socket.clone();
     let engine = tokio::task::spawn_blocking({
         let settings = settings.clone();
         move || settings.build_engine_through(&socket)
@@ -882,6 +896,30 @@ pub async fn run_split(
         socket = %prepared.socket.display(),
         "serving unprivileged; the providers are the launcher's"
     );
+    // With a grants file, the launcher holds it and its secrets and keeps the broker
+    // process; this process authorizes by the file's text and starts each run's broker there.
+    let engine = if prepared.grants {
+        let launcher = Arc::new(plimsoll_engine::launch::LauncherBrokers::new(&socket_path));
+        let grants = tokio::task::spawn_blocking({
+            let launcher = Arc::clone(&launcher);
+            move || launcher.grants(false)
+        })
+        .await
+        .map_err(|e| StartDaemonError::Split(format!("loading the grants panicked: {e}")))?
+        .map_err(StartDaemonError::Grants)?;
+        tracing::info!(
+            grant_profiles = grants.names().collect::<Vec<_>>().join(","),
+            "grants loaded by the launcher; the broker process is the launcher's"
+        );
+        options.launcher_grants = Some(Arc::clone(&launcher));
+        engine
+            .with_grants(grants)
+            .with_brokers(plimsoll_broker::apart::Brokers::Apart(
+                plimsoll_broker::apart::Apart::remote(launcher),
+            ))
+    } else {
+        engine
+    };
     let listener = TcpListener::from_std(prepared.listener).map_err(StartDaemonError::Serve)?;
     serve_engine(Arc::new(engine), options, listener).await
 }

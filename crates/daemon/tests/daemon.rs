@@ -1695,6 +1695,19 @@ fn broker_process(daemon: u32, not: Option<u32>) -> u32 {
     }
 }
 
+/// Waits up to 10 s for process `pid` (a broker process just started, which installs its
+/// filter first thing) to be under a seccomp filter.
+fn filtered_soon(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_field(pid, "Seccomp") != "2" {
+        assert!(
+            Instant::now() < deadline,
+            "broker process {pid} is under no seccomp filter"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The value of `key` in /proc/PID/status.
 fn status_field(pid: u32, key: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -1714,9 +1727,11 @@ enum Daemon {
     Default {
         broker: plimsoll_broker::apart::ProcessUser,
     },
-    /// The split daemon, serving as this user.
+    /// The split daemon, serving as one user, its launcher's broker process running as the
+    /// other.
     Split {
         serving: plimsoll_broker::apart::ProcessUser,
+        broker: plimsoll_broker::apart::ProcessUser,
     },
 }
 
@@ -1742,13 +1757,12 @@ fn check_privileges_table(daemon: u32, kind: Daemon) {
         .filter(|l| l.starts_with("| ") && !l.starts_with("| daemon"))
         .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
         .collect();
-    assert_eq!(rows.len(), 4, "{section}");
+    assert_eq!(rows.len(), 5, "{section}");
     let rows: Vec<&[&str]> = rows
         .iter()
         .filter(|r| r[0] == which)
         .map(|r| &r[1..])
         .collect();
-    assert_eq!(rows.len(), 2, "{which}: {section}");
     let me = std::fs::read_to_string("/proc/self/status").unwrap();
     let mine = |key: &str| {
         me.lines()
@@ -1757,18 +1771,23 @@ fn check_privileges_table(daemon: u32, kind: Daemon) {
             .trim()
             .to_owned()
     };
-    // The daemon's processes: it, and each child that runs plimsolld itself, named by its
-    // first argument.
+    // The daemon's processes: it, and each descendant through plimsolld processes that runs
+    // plimsolld itself (the launcher's broker process too), named by its first argument.
     let exe = std::fs::read_link(format!("/proc/{daemon}/exe")).unwrap();
     let mut processes = vec![(daemon, "plimsolld".to_owned())];
-    let own_args = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap();
-    for (pid, args) in children_of(daemon) {
-        // A child between fork and exec (a helper or a sandbox being started) is still a
-        // copy of the daemon, its command line the daemon's: not a process of its own.
-        let copy = std::fs::read(format!("/proc/{pid}/cmdline")).ok() == Some(own_args.clone());
-        if !copy && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == Some(exe.clone()) {
-            let first = args.first().cloned().unwrap_or_default();
-            processes.push((pid, format!("plimsolld {first}")));
+    let mut next = 0;
+    while let Some(&(parent, _)) = processes.get(next) {
+        next += 1;
+        let parent_args = std::fs::read(format!("/proc/{parent}/cmdline")).unwrap_or_default();
+        for (pid, args) in children_of(parent) {
+            // A child between fork and exec (a helper or a sandbox being started) is still a
+            // copy of its parent, its command line the parent's: not a process of its own.
+            let copy =
+                std::fs::read(format!("/proc/{pid}/cmdline")).ok() == Some(parent_args.clone());
+            if !copy && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == Some(exe.clone()) {
+                let first = args.first().cloned().unwrap_or_default();
+                processes.push((pid, format!("plimsolld {first}")));
+            }
         }
     }
     for (pid, name) in &processes {
@@ -1778,8 +1797,10 @@ fn check_privileges_table(daemon: u32, kind: Daemon) {
         let id = |cell: &str, uid: bool| -> String {
             let user = match (cell, kind) {
                 ("root", _) => return "0".into(),
-                ("broker_user", Daemon::Default { broker }) => broker,
-                ("serving_user", Daemon::Split { serving }) => serving,
+                ("broker_user", Daemon::Default { broker } | Daemon::Split { broker, .. }) => {
+                    broker
+                }
+                ("serving_user", Daemon::Split { serving, .. }) => serving,
                 (other, _) => panic!("unknown id `{other}` in docs/privileges.md ({which})"),
             };
             if uid { user.uid } else { user.gid }.to_string()
@@ -1940,7 +1961,7 @@ fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
     )
     .unwrap();
     let again = broker_process(d.child.id(), Some(pid));
-    assert_eq!(status_field(again, "Seccomp"), "2");
+    filtered_soon(again);
     passes("b-2");
     assert!(
         d.logs().contains("the broker process ended"),
@@ -4399,15 +4420,36 @@ impl Drop for PrivateCgroup {
 
 /// The split daemon (docs/privileges.md, "The split daemon"): with `serving_user`, plimsolld
 /// serves as that user with no capability, no_new_privs, an empty bounding set and its own
-/// seccomp filter; its launcher child stays root; runs at the process tier and at crun, a
-/// session, a streamed run and a SIGHUP reload all work through the launcher and under the
-/// filter; and the launcher goes when the daemon is killed.
+/// seccomp filter; its launcher child stays root and keeps the broker process; runs at the
+/// process tier and at crun, granted runs, a session, a streamed run and a SIGHUP reload (of
+/// the grants too) all work through the launcher and under the filter; the grant's secret is
+/// not in the serving process's environment; a broker process killed is started again by
+/// the launcher and grants work on; and the launcher goes when the daemon is killed.
 #[test]
 fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
     let test = "the_split_daemon_serves_unprivileged_and_runs_through_its_launcher";
     let nobody = plimsoll_broker::apart::ProcessUser::lookup("nobody")
         .unwrap_or_else(|why| panic!("user nobody, {why}"));
+    let broker =
+        match plimsoll_broker::apart::ProcessUser::lookup(plimsoll_broker::apart::DEFAULT_USER) {
+            Ok(u) => u,
+            Err(why) => {
+                skip_or_fail(
+                    test,
+                    &format!("user plimsoll-broker, {why}: run scripts/install-deps"),
+                );
+                return;
+            }
+        };
+    let api = plimsoll_testing::api::TestApi::start(plimsoll_testing::api::Expect::Static {
+        header: "authorization".into(),
+        value: format!("Bearer {GRANT_TOKEN}"),
+    });
     let dir = tempfile::tempdir().unwrap();
+    // Root's alone: the launcher reads it, not the serving process.
+    let grants = dir.path().join("grants.toml");
+    std::fs::write(&grants, grants_file_text(&api.url(), &["orders"])).unwrap();
+    std::fs::set_permissions(&grants, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     // The serving process reads the callers file as nobody.
     let callers = dir.path().join("callers.toml");
@@ -4422,7 +4464,7 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
         &config,
         format!(
             "default_floor = \"process\"\nproviders = [\"process\", \"crun\"]\nstate_dir = \"{}\"\n\
-             sandbox_uid_base = {uid_base}\n[pools]\n[oci]\nimage = \"{}\"\n\
+             sandbox_uid_base = {uid_base}\nmax_concurrent = 2\n[pools]\n[oci]\nimage = \"{}\"\n\
              [daemon]\ncallers_file = \"{}\"\nserving_user = \"nobody\"\n",
             state.display(),
             workspace_root().join("build/images/sandbox").display(),
@@ -4430,13 +4472,43 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
         ),
     )
     .unwrap();
-    let (mut child, url, logs, reader) = Spawned::launch(&config, &token, &[], &[], &|url, _| {
-        get(url, "/readyz", None).status == 200
-    });
+    let (mut child, url, logs, reader) = Spawned::launch(
+        &config,
+        &token,
+        &["--grants".as_ref(), grants.as_os_str()],
+        &[("ORDERS_API_TOKEN", GRANT_TOKEN)],
+        &|url, _| get(url, "/readyz", None).status == 200,
+    );
     if !available(test, &url, &token, "crun") || !available(test, &url, &token, "process") {
         let _ = child.kill();
         return;
     }
+    let granted = |id: &str, provider: &str, grant: &str| {
+        let body = serde_json::json!({
+            "protocol": 1,
+            "request_id": id,
+            "provider": provider,
+            "grant": grant,
+            "run": {"kind": "snippet", "language": "python", "code": GET_ORDER},
+        });
+        let r = post(&url, Some(&token), body.to_string().as_bytes()).run();
+        assert_eq!(
+            r.result.stdout.to_string_lossy(),
+            "/orders/7\n",
+            "{id}: {r:?}"
+        );
+        assert_eq!(r.result.calls.len(), 1, "{id}: {r:?}");
+    };
+    granted("split-grant-process", "process", "orders");
+    granted("split-grant-crun", "crun", "orders");
+    let daemon = child.id();
+    // The secret was given to the daemon; the launcher has it, the serving process does not.
+    let environ = std::fs::read(format!("/proc/{daemon}/environ")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains(GRANT_TOKEN)
+            && !String::from_utf8_lossy(&environ).contains("ORDERS_API_TOKEN"),
+        "the grant's secret is in the serving process's environment"
+    );
     for provider in ["process", "crun"] {
         let body = serde_json::json!({
             "protocol": 1,
@@ -4445,9 +4517,13 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
             "run": {"kind": "snippet", "language": "python", "code": "import os; print('ran as', os.getuid())"},
         });
         let r = post(&url, Some(&token), body.to_string().as_bytes()).run();
-        assert_eq!(
-            r.result.stdout.to_string_lossy(),
-            format!("ran as {uid_base}\n"),
+        // A run uid of the settings' range: the first slot, or another while an earlier
+        // run's removal still holds it (max_concurrent is 2 here).
+        let out = r.result.stdout.to_string_lossy();
+        assert!(
+            [uid_base, uid_base + 1]
+                .iter()
+                .any(|uid| out == format!("ran as {uid}\n")),
             "{provider}: {r:?}"
         );
     }
@@ -4495,14 +4571,25 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
         a.body
     );
     assert_eq!(get(&url, "/v1/providers", Some(&token)).status, 200);
+    // The grants file changed: SIGHUP has the launcher read it again, and the new profile
+    // works.
+    std::fs::write(&grants, grants_file_text(&api.url(), &["orders", "more"])).unwrap();
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
         rustix::process::Signal::HUP,
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !logs.lock().unwrap().contains("grants file reloaded") {
+        assert!(
+            Instant::now() < deadline,
+            "no reload of the grants: {}",
+            logs.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(get(&url, "/v1/providers", Some(&token)).status, 200);
-    let daemon = child.id();
+    granted("split-grant-reloaded", "process", "more");
     assert_eq!(
         status_field(daemon, "Seccomp"),
         "2",
@@ -4540,7 +4627,28 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
         .expect("the launcher, a child of the daemon");
     assert_eq!(ids(launcher, "Uid"), vec![0; 4], "the launcher keeps root");
     // docs/privileges.md's table of the split daemon's processes holds for each of them.
-    check_privileges_table(daemon, Daemon::Split { serving: nobody });
+    check_privileges_table(
+        daemon,
+        Daemon::Split {
+            serving: nobody,
+            broker,
+        },
+    );
+    // The broker process killed: the launcher starts it again, and the serving process
+    // reaches the new one (and has the load it lost sent again).
+    let first = broker_process(launcher, None);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let again = broker_process(launcher, Some(first));
+    filtered_soon(again);
+    granted("split-grant-again", "process", "more");
+    assert!(
+        !logs.lock().unwrap().contains(GRANT_TOKEN),
+        "the grant's secret reached the logs"
+    );
     // The daemon killed outright: its launcher goes with it (its parent-death signal).
     child.kill().unwrap();
     child.wait().unwrap();
@@ -4562,12 +4670,13 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
 }
 
 /// The split daemon refuses to start, and says why, when its serving user is not on this
-/// host, and when it is given a grants file (not carried yet).
+/// host, and when its grants file names a secret its environment does not hold (checked
+/// before the launcher starts, as the default daemon checks it).
 #[test]
 fn the_split_daemon_refuses_what_it_cannot_do_and_starts_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let grants = dir.path().join("grants.toml");
-    std::fs::write(&grants, "").unwrap();
+    std::fs::write(&grants, grants_file_text("http://127.0.0.1:9", &["orders"])).unwrap();
     for (user, args, says) in [
         (
             "no-such-user-plimsoll",
@@ -4577,7 +4686,7 @@ fn the_split_daemon_refuses_what_it_cannot_do_and_starts_nothing() {
         (
             "nobody",
             vec!["--grants".as_ref(), grants.as_os_str()],
-            "a grants file cannot be used with a serving user yet",
+            "the variable ORDERS_API_TOKEN it names is not set",
         ),
     ] {
         let config = dir.path().join("plimsoll.toml");
@@ -4595,6 +4704,7 @@ fn the_split_daemon_refuses_what_it_cannot_do_and_starts_nothing() {
             .arg(&config)
             .args(["--listen", "127.0.0.1:0"])
             .args(&args)
+            .env_remove("ORDERS_API_TOKEN")
             .stdin(Stdio::null())
             .output()
             .expect("run plimsolld");

@@ -35,6 +35,40 @@ pub fn thread_count() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
+/// Removes variable `name` from this process's environment after overwriting it, name and
+/// value, where it lies (for the variables the process started with, that is the start of
+/// its stack, which /proc/PID/environ shows): so a secret it was given is gone from its
+/// memory, not only from `std::env`. Refused (nothing done) unless this process has exactly one
+/// thread. Returns whether the variable was set.
+pub fn scrub_env(name: &str) -> io::Result<bool> {
+    let threads = thread_count()?;
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "this process must have one thread to scrub its environment, not {threads}"
+        )));
+    }
+    let c_name = std::ffi::CString::new(name)
+        .map_err(|_| io::Error::other("a variable name holds a NUL byte"))?;
+    // SAFETY: one thread (checked above), so nothing reads or changes the environment
+    // meanwhile. getenv gives the value inside the "NAME=value" string the environment
+    // array points at, NUL-terminated, so the string starts `name.len() + 1` bytes before
+    // it. The variable is removed from the array first (unsetenv finds it by its name), then
+    // the whole string is overwritten in place, within its length.
+    unsafe {
+        let value = libc::getenv(c_name.as_ptr());
+        if value.is_null() {
+            return Ok(false);
+        }
+        let len = libc::strlen(value);
+        let entry = value.sub(name.len() + 1);
+        if libc::unsetenv(c_name.as_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        std::ptr::write_bytes(entry, 0, name.len() + 1 + len);
+    }
+    Ok(true)
+}
+
 /// fork(2), refused (before forking) unless this process has exactly one thread. With one
 /// thread the child is a complete copy: no lock is held by a thread that is not there, so it
 /// may run ordinary Rust code. It should end with [`exit_now`] rather than return into code

@@ -116,6 +116,21 @@ pub enum LaunchRequest {
     Alive,
     /// Ends the session's processes and removes everything of it.
     Close,
+    /// The grants file as the launcher loaded it (with `reload`, read again first, as on
+    /// SIGHUP), that load sent to the broker process: answered with
+    /// [`LaunchAnswer::Grants`]. Refused when the launcher has no grants file.
+    Grants {
+        /// Read the file (and the variables it names) again first.
+        reload: bool,
+    },
+    /// Sends one of the launcher's recent loads of the grants file to the broker process
+    /// again (which lost it when it was started again).
+    LoadGrants {
+        /// Which load.
+        generation: u64,
+    },
+    /// A copy of the broker process's control socket, passed beside a `Done` answer.
+    BrokerControl,
     /// Cancels the cell a session is running, from a connection of its own.
     CancelCell {
         /// What [`LaunchAnswer::Opened`] named the session's canceller.
@@ -283,6 +298,14 @@ pub enum LaunchAnswer {
     Called(Result<crate::SessionAnswer, LaunchFailure>),
     /// A session's wall now, or why it cannot be read or no longer passes.
     Walled(Result<crate::Wall, LaunchFailure>),
+    /// A load of the grants file: its text (the secrets it names stay with the launcher and
+    /// the broker process), and the generation the broker process knows it by.
+    Grants {
+        /// The launcher's number for this load.
+        generation: u64,
+        /// The file's text.
+        text: String,
+    },
     /// The launcher did nothing: the peer, the request or the plan is not one it takes.
     Refused(String),
 }

@@ -92,7 +92,7 @@ pub const ALLOWED: &[Allowed] = &[
     any(
         "socketpair",
         libc::SYS_socketpair,
-        "the runtime's signal wakeups",
+        "the runtime's signal wakeups, and the stream of each operation on the broker process",
     ),
     any("connect", libc::SYS_connect, NET),
     any("accept4", libc::SYS_accept4, "the listener's connections"),

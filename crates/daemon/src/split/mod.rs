@@ -49,6 +49,9 @@ pub struct Prepared {
     pub options: DaemonOptions,
     /// The serving user.
     pub user: ProcessUser,
+    /// Whether the launcher was given a grants file (it holds it, its secrets and the
+    /// broker process).
+    pub grants: bool,
 }
 
 impl Prepared {
@@ -107,11 +110,9 @@ pub fn prepare(
         user: name.to_owned(),
         problem,
     })?;
-    let options = DaemonOptions::from_settings(settings, listen)?;
-    if grants_file.is_some() || options.grants_file.is_some() {
-        return Err(invalid(
-            "a grants file cannot be used with a serving user yet (the broker process is not started by the launcher): leave serving_user out, or the grants file".into(),
-        ));
+    let mut options = DaemonOptions::from_settings(settings, listen)?;
+    if let Some(g) = grants_file {
+        options.grants_file = Some(g.to_owned());
     }
     let Some(file) = settings_file else {
         return Err(invalid(
@@ -125,6 +126,16 @@ pub fn prepare(
             "plimsolld has {threads} threads before it drops to the serving user; it must have one"
         )));
     }
+    // The grants file, checked here as the default daemon checks it (its secrets read from
+    // this process's environment), for the launcher, which is given those variables alone
+    // and loads it again itself. They are then gone from this process.
+    let grants = match &options.grants_file {
+        Some(path) => {
+            crate::daemon::broker_user(&options.broker_user)?;
+            Some((path.clone(), crate::daemon::load_grants(Some(path))?))
+        }
+        None => None,
+    };
     let listener =
         std::net::TcpListener::bind(options.listen).map_err(|source| StartDaemonError::Bind {
             addr: options.listen,
@@ -149,8 +160,27 @@ pub fn prepare(
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
         .map_err(|e| split("the launcher's socket", e))?;
     let (gone, alive) = std::io::pipe().map_err(|e| split("the launcher's pipe", e))?;
-    let launcher = start_launcher(file, user.uid, unix, gone)
-        .map_err(|e| split("starting the launcher", e))?;
+    let secrets: &[(String, plimsoll_secret::Secret)] = grants
+        .as_ref()
+        .and_then(|(_, profiles)| profiles.source())
+        .map(|source| source.env())
+        .unwrap_or_default();
+    let launcher = start_launcher(
+        file,
+        user.uid,
+        unix,
+        gone,
+        grants.as_ref().map(|(path, _)| path.as_path()),
+        secrets,
+    )
+    .map_err(|e| split("starting the launcher", e))?;
+    for (name, _) in secrets {
+        plimsoll_sys::process::scrub_env(name)
+            .map_err(|e| split("removing a grant's variable from the environment", e))?;
+    }
+    let has_grants = grants.is_some();
+    // The values read (zeroed as they drop).
+    drop(grants);
     // The serving process's uid leases (docs/privileges.md): its own directory, under the
     // state directory, which stays root's (the launcher makes run directories in it).
     let state = settings.engine_config().state_dir;
@@ -183,6 +213,7 @@ pub fn prepare(
         launcher: Some(launcher),
         options,
         user,
+        grants: has_grants,
     })
 }
 
@@ -210,12 +241,15 @@ fn remove_stale_launch_dirs() {
 }
 
 /// Starts `plimsolld launcher` as root, hosting the providers of the settings in `file` for
-/// the serving uid, `listener` at its [`LAUNCHER_FD`]; it dies with this process.
+/// the serving uid, `listener` at its [`LAUNCHER_FD`]; it dies with this process. With a
+/// grants file, its environment is the variables the file names (`secrets`) and nothing else.
 fn start_launcher(
     file: &Path,
     peer_uid: u32,
     listener: std::os::unix::net::UnixListener,
     gone: std::io::PipeReader,
+    grants: Option<&Path>,
+    secrets: &[(String, plimsoll_secret::Secret)],
 ) -> io::Result<Running> {
     let steps = PreExec::new()
         .step(
@@ -233,10 +267,17 @@ fn start_launcher(
                 (gone.into(), DAEMON_GONE_FD),
             ]),
         );
-    Spawn::new(plimsoll_broker::apart::OWN_PROGRAM, "/")
+    let mut spawn = Spawn::new(plimsoll_broker::apart::OWN_PROGRAM, "/")
         .arg(LAUNCHER_ARG)
         .arg(file)
-        .arg(peer_uid.to_string())
+        .arg(peer_uid.to_string());
+    if let Some(path) = grants {
+        spawn = spawn.arg(path);
+    }
+    for (name, value) in secrets {
+        spawn = spawn.env(name, value.expose());
+    }
+    spawn
         .before_exec(steps)
         .spawn()
         .map_err(|e| io::Error::other(plimsoll_sandbox::error_chain(&e)))
@@ -287,14 +328,16 @@ fn drop_to(user: ProcessUser) -> io::Result<()> {
     Ok(())
 }
 
-/// `plimsolld launcher FILE PEER_UID`: the launcher, as the split daemon starts it. Serves
-/// until the daemon goes (it is killed with it).
+/// `plimsolld launcher FILE PEER_UID [GRANTS_FILE]`: the launcher, as the split daemon starts
+/// it. Serves until the daemon goes (it is killed with it). With a grants file, it starts the
+/// broker process (as `[daemon] broker_user`) and keeps it running.
 pub fn launcher_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> io::Result<()> {
     let (Some(file), Some(peer)) = (args.next(), args.next()) else {
         return Err(io::Error::other(
-            "usage: plimsolld launcher SETTINGS_FILE PEER_UID (plimsolld starts it itself)",
+            "usage: plimsolld launcher SETTINGS_FILE PEER_UID [GRANTS_FILE] (plimsolld starts it itself)",
         ));
     };
+    let grants_file = args.next().map(PathBuf::from);
     let peer: u32 = peer
         .to_str()
         .and_then(|p| p.parse().ok())
@@ -314,9 +357,27 @@ pub fn launcher_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> io::
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
     let settings =
         Settings::load(Path::new(&file)).map_err(|e| io::Error::other(format!("{e:#}")))?;
-    let launcher = settings
+    let mut launcher = settings
         .build_launcher(&[], peer)
         .map_err(|e| io::Error::other(plimsoll_sandbox::error_chain(&e)))?;
+    if let Some(path) = grants_file {
+        let name = settings
+            .daemon
+            .broker_user
+            .clone()
+            .unwrap_or_else(|| plimsoll_broker::apart::DEFAULT_USER.to_owned());
+        let user = ProcessUser::lookup(&name).map_err(|problem| {
+            io::Error::other(format!("the broker process's user `{name}`, {problem}"))
+        })?;
+        let grants = plimsoll_engine::launch::LauncherGrants::start(&path, user)
+            .map_err(io::Error::other)?;
+        tracing::info!(
+            broker_pid = grants.broker_pid(),
+            grants_file = %path.display(),
+            "the launcher loaded the grants file and keeps the broker process"
+        );
+        launcher = launcher.with_grants(grants);
+    }
     tracing::info!(peer_uid = peer, "launcher up");
     std::sync::Arc::new(launcher).serve(listener)
 }

@@ -119,6 +119,65 @@ fn ask(socket: &Path, request: &LaunchRequest) -> io::Result<LaunchAnswer> {
     }
 }
 
+/// The split daemon's grants as the serving process reaches them: the launcher's loads of the
+/// grants file (their text, never a secret) and the broker process it keeps (a copy of its
+/// control socket), for [`plimsoll_broker::apart::Apart::remote`].
+#[derive(Debug)]
+pub struct LauncherBrokers {
+    socket: PathBuf,
+}
+
+impl LauncherBrokers {
+    /// The grants of the launcher at `socket`.
+    pub fn new(socket: &Path) -> Self {
+        LauncherBrokers {
+            socket: socket.to_owned(),
+        }
+    }
+
+    /// The launcher's newest load of the grants file (with `reload`, read again first): its
+    /// generation and text; the profiles authorize by it
+    /// ([`plimsoll_broker::GrantProfiles::parse_held_apart`]).
+    pub fn grants(
+        &self,
+        reload: bool,
+    ) -> Result<plimsoll_broker::GrantProfiles, plimsoll_broker::LoadGrantsError> {
+        let elsewhere = plimsoll_broker::LoadGrantsError::Elsewhere;
+        match ask(&self.socket, &LaunchRequest::Grants { reload }) {
+            Ok(LaunchAnswer::Grants { generation, text }) => {
+                plimsoll_broker::GrantProfiles::parse_held_apart(&text, generation)
+            }
+            Ok(LaunchAnswer::Done(Err(why))) => Err(elsewhere(why)),
+            Ok(other) => Err(elsewhere(broken(unexpected(&other)))),
+            Err(e) => Err(elsewhere(broken(e))),
+        }
+    }
+}
+
+impl plimsoll_broker::apart::ControlSource for LauncherBrokers {
+    fn control(&self) -> io::Result<std::os::fd::OwnedFd> {
+        let (tx, mut rx) = connect(&self.socket)?;
+        tx.send(&LaunchRequest::BrokerControl, None)?;
+        match rx.expect::<LaunchEvent>()? {
+            LaunchEvent::Answer(a) => match *a {
+                LaunchAnswer::Done(Ok(())) => rx.take_fd(),
+                LaunchAnswer::Done(Err(why)) | LaunchAnswer::Refused(why) => {
+                    Err(io::Error::other(why))
+                }
+                other => Err(unexpected(&other)),
+            },
+            other => Err(io::Error::other(format!("{other:?}"))),
+        }
+    }
+
+    fn load(&self, generation: u64) -> io::Result<()> {
+        match ask(&self.socket, &LaunchRequest::LoadGrants { generation })? {
+            LaunchAnswer::Done(r) => r.map_err(io::Error::other),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
 fn unexpected(a: &LaunchAnswer) -> io::Error {
     io::Error::other(format!("an answer to another question: {a:?}"))
 }

@@ -33,8 +33,8 @@ use plimsoll_wire::launch::{
     WithdrawnWire,
 };
 
-pub use client::Remote;
-pub use server::Launcher;
+pub use client::{LauncherBrokers, Remote};
+pub use server::{Launcher, LauncherGrants};
 
 /// What a plan may name: the launcher refuses any plan outside these.
 #[derive(Debug, Clone)]

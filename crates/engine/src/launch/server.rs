@@ -28,6 +28,105 @@ pub struct Launcher {
     held: std::sync::Mutex<HeldSet>,
     /// The cancellers of open sessions, by the token each was named by.
     cancellers: std::sync::Mutex<std::collections::HashMap<String, Arc<Canceller>>>,
+    /// The grants file and the broker process, when there is a grants file.
+    grants: Option<LauncherGrants>,
+}
+
+/// The split daemon's grants (docs/privileges.md, "The split daemon"): the launcher reads the
+/// grants file and the secrets it names (from its own environment), starts the broker process
+/// and keeps it running, and sends it each load. The serving process gets the file's text
+/// (to authorize by) and a copy of the broker process's control socket (to start each run's
+/// broker there), never a secret.
+pub struct LauncherGrants {
+    path: std::path::PathBuf,
+    apart: Arc<plimsoll_broker::apart::Apart>,
+    /// The loads sent to the broker process, the newest last, a few kept: a broker process
+    /// started again is sent the one a run starts under.
+    loads: std::sync::Mutex<std::collections::VecDeque<Arc<plimsoll_broker::GrantsSource>>>,
+    /// The newest load's generation and text (0 and nothing when it has no profile).
+    current: std::sync::Mutex<(u64, String)>,
+}
+
+/// How many loads of the grants file the launcher keeps to send again.
+const LOADS_KEPT: usize = 8;
+
+impl fmt::Debug for LauncherGrants {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LauncherGrants")
+            .field("path", &self.path)
+            .field("broker_pid", &self.apart.pid())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LauncherGrants {
+    /// Starts the broker process as `user` (it is started again whenever it ends) and sends
+    /// it the grants file at `path`, loaded with the variables it names from this process's
+    /// environment. Fails, saying why, when the file does not load or the process cannot
+    /// start.
+    pub fn start(
+        path: &std::path::Path,
+        user: plimsoll_broker::apart::ProcessUser,
+    ) -> Result<Self, String> {
+        let apart = plimsoll_broker::apart::Apart::start(
+            std::path::Path::new(plimsoll_broker::apart::OWN_PROGRAM),
+            user,
+        )
+        .map_err(|e| format!("cannot start the broker process: {e}"))?;
+        let grants = LauncherGrants {
+            path: path.to_owned(),
+            apart,
+            loads: Default::default(),
+            current: Default::default(),
+        };
+        grants.reload()?;
+        Ok(grants)
+    }
+
+    /// The broker process's pid now (0 while it is being started again).
+    pub fn broker_pid(&self) -> u32 {
+        self.apart.pid()
+    }
+
+    /// Reads the file again, sends the load to the broker process, and makes it the newest.
+    fn reload(&self) -> Result<(u64, String), String> {
+        let profiles =
+            plimsoll_broker::GrantProfiles::load(&self.path, plimsoll_env::get_named_by_grants)
+                .map_err(|e| error_chain(&e))?;
+        let now = match profiles.source() {
+            Some(source) => {
+                self.apart
+                    .load(source)
+                    .map_err(|e| format!("the broker process did not take the load: {e}"))?;
+                let mut loads = self.loads.lock().unwrap_or_else(|p| p.into_inner());
+                loads.push_back(Arc::clone(source));
+                if loads.len() > LOADS_KEPT {
+                    loads.pop_front();
+                }
+                (source.generation(), source.text().to_owned())
+            }
+            None => (0, String::new()),
+        };
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = now.clone();
+        Ok(now)
+    }
+
+    /// Sends load `generation` again.
+    fn load_again(&self, generation: u64) -> Result<(), String> {
+        let source = self
+            .loads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|s| s.generation() == generation)
+            .cloned()
+            .ok_or_else(|| {
+                format!("no recent load of the grants file is generation {generation}")
+            })?;
+        self.apart
+            .load(&source)
+            .map_err(|e| format!("the broker process did not take the load: {e}"))
+    }
 }
 
 impl fmt::Debug for Launcher {
@@ -49,6 +148,15 @@ impl Launcher {
             peer_uid,
             held: Default::default(),
             cancellers: Default::default(),
+            grants: None,
+        }
+    }
+
+    /// The launcher with the grants file and the broker process of `grants`.
+    pub fn with_grants(self, grants: LauncherGrants) -> Self {
+        Launcher {
+            grants: Some(grants),
+            ..self
         }
     }
 
@@ -121,6 +229,12 @@ impl Launcher {
                 }
                 return Ok(true);
             }
+            LaunchRequest::Grants { .. }
+            | LaunchRequest::LoadGrants { .. }
+            | LaunchRequest::BrokerControl => {
+                self.grants_question(request, tx)?;
+                return Ok(true);
+            }
             LaunchRequest::Supports { provider, .. }
             | LaunchRequest::TakesImage { provider, .. }
             | LaunchRequest::MemoryFloor { provider, .. }
@@ -171,6 +285,48 @@ impl Launcher {
         };
         answer(tx, a)?;
         Ok(true)
+    }
+
+    /// A question about the grants: refused when the launcher has no grants file.
+    fn grants_question(&self, request: &LaunchRequest, tx: &Sender) -> io::Result<()> {
+        let Some(grants) = &self.grants else {
+            return refuse(
+                tx,
+                "the launcher has no grants file (give plimsolld --grants or set grants_file)"
+                    .into(),
+            );
+        };
+        match request {
+            LaunchRequest::Grants { reload } => {
+                let now = if *reload {
+                    grants.reload()
+                } else {
+                    Ok(grants
+                        .current
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone())
+                };
+                match now {
+                    Ok((generation, text)) => answer(tx, LaunchAnswer::Grants { generation, text }),
+                    Err(why) => answer(tx, LaunchAnswer::Done(Err(why))),
+                }
+            }
+            LaunchRequest::LoadGrants { generation } => {
+                answer(tx, LaunchAnswer::Done(grants.load_again(*generation)))
+            }
+            LaunchRequest::BrokerControl => match grants.apart.control_copy() {
+                Ok(fd) => tx.send(
+                    &LaunchEvent::Answer(Box::new(LaunchAnswer::Done(Ok(())))),
+                    Some(fd.as_fd()),
+                ),
+                Err(e) => answer(
+                    tx,
+                    LaunchAnswer::Done(Err(format!("the broker process is not running: {e}"))),
+                ),
+            },
+            _ => unreachable!("only the grants' questions reach here"),
+        }
     }
 
     fn connection(&self, stream: UnixStream) -> io::Result<()> {

@@ -172,3 +172,21 @@ fn a_failure_crosses_the_socket_whole() {
     assert_eq!(back.not_dispatched(), None);
     assert_eq!(back.message(), "killed");
 }
+
+#[test]
+fn a_launcher_without_a_grants_file_refuses_the_grants_questions() {
+    use plimsoll_broker::apart::ControlSource as _;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("launcher.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let me = rustix::process::getuid().as_raw();
+    let launcher = std::sync::Arc::new(Launcher::new(Vec::new(), bounds(dir.path()), me));
+    std::thread::spawn(move || launcher.serve(listener));
+    let brokers = LauncherBrokers::new(&socket);
+    let e = brokers.grants(false).unwrap_err().to_string();
+    assert!(e.contains("the launcher has no grants file"), "{e}");
+    let e = brokers.control().unwrap_err().to_string();
+    assert!(e.contains("the launcher has no grants file"), "{e}");
+    let e = brokers.load(1).unwrap_err().to_string();
+    assert!(e.contains("the launcher has no grants file"), "{e}");
+}
