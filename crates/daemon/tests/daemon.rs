@@ -4713,3 +4713,64 @@ fn the_split_daemon_refuses_what_it_cannot_do_and_starts_nothing() {
         assert!(stderr.contains(says), "{user}: {stderr}");
     }
 }
+
+/// The split daemon stops cleanly on SIGTERM, under its filter: exit code 0 (not killed by a
+/// system call its allowlist lacks on the way out, such as reaping its launcher), and its
+/// launcher gone with it.
+#[test]
+fn the_split_daemon_stops_cleanly_on_sigterm() {
+    let test = "the_split_daemon_stops_cleanly_on_sigterm";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let callers = dir.path().join("callers.toml");
+    let token = add_caller(&callers, "test").unwrap().expose().clone();
+    std::fs::set_permissions(&callers, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uid_base = uid_base_for_port(uid_port.local_addr().unwrap().port());
+    let config = dir.path().join("plimsoll.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{PROCESS}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n[daemon]\ncallers_file = \"{}\"\nserving_user = \"nobody\"\n",
+            state.display(),
+            callers.display()
+        ),
+    )
+    .unwrap();
+    let (mut child, url, logs, reader) = Spawned::launch(&config, &token, &[], &[], &|url, _| {
+        get(url, "/readyz", None).status == 200
+    });
+    if !available(test, &url, &token, "process") {
+        let _ = child.kill();
+        return;
+    }
+    let launcher = children_of(child.id())
+        .into_iter()
+        .find(|(_, args)| args.first().map(String::as_str) == Some("launcher"))
+        .map(|(pid, _)| pid)
+        .expect("the launcher, a child of the daemon");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    drop(reader);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{status:?}; logs: {}",
+        logs.lock().unwrap()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{launcher}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the launcher outlived its daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(uid_port);
+}

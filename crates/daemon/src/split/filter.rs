@@ -117,6 +117,11 @@ pub const ALLOWED: &[Allowed] = &[
     any("epoll_pwait", libc::SYS_epoll_pwait, POLL),
     any("eventfd2", libc::SYS_eventfd2, POLL),
     any("pipe2", libc::SYS_pipe2, POLL),
+    any(
+        "wait4",
+        libc::SYS_wait4,
+        "reaping the launcher, its child, when it ends (and logging how)",
+    ),
 ];
 
 /// Syscalls that answer `ENOSYS` rather than kill: the C library and the standard library

@@ -160,13 +160,19 @@ pub fn prepare(
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
         .map_err(|e| split("the launcher's socket", e))?;
     let (gone, alive) = std::io::pipe().map_err(|e| split("the launcher's pipe", e))?;
+    // The launcher starts in `/`: it is given absolute paths.
+    let file = std::path::absolute(file).map_err(|e| split("the settings file's path", e))?;
+    let grants = grants
+        .map(|(path, profiles)| std::path::absolute(&path).map(|p| (p, profiles)))
+        .transpose()
+        .map_err(|e| split("the grants file's path", e))?;
     let secrets: &[(String, plimsoll_secret::Secret)] = grants
         .as_ref()
         .and_then(|(_, profiles)| profiles.source())
         .map(|source| source.env())
         .unwrap_or_default();
     let launcher = start_launcher(
-        file,
+        &file,
         user.uid,
         unix,
         gone,
