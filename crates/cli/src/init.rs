@@ -79,6 +79,19 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
         ..Default::default()
     };
 
+    // The broker process's user, and the serving user: with it, the settings split the
+    // daemon (docs/privileges.md, "The split daemon").
+    ensure_system_user(
+        plimsoll_broker::apart::DEFAULT_USER,
+        "plimsoll broker process",
+    )
+    .map_err(Failure::failed)?;
+    let serving = plimsoll_engine::settings::DEFAULT_SERVING_USER;
+    let mut settings = settings;
+    if ensure_system_user(serving, "plimsoll serving process").map_err(Failure::failed)? {
+        settings.daemon.serving_user = Some(serving.to_owned());
+    }
+
     ensure_state_dir(&a.state_dir).map_err(Failure::failed)?;
     let found = host::probe(&settings, &names)?;
     let text = render(&settings, &found);
@@ -105,7 +118,8 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
     write_settings(&path, &text).map_err(Failure::failed)?;
     crate::note(&format!("wrote {}", path.display()));
 
-    make_private_dir(callers_file.parent().unwrap_or(Path::new("/"))).map_err(Failure::failed)?;
+    let callers_dir = callers_file.parent().unwrap_or(Path::new("/"));
+    let made_dir = make_private_dir(callers_dir).map_err(Failure::failed)?;
     match plimsoll_callers::add_caller(&callers_file, &a.caller) {
         Ok(token) => {
             let mut out = std::io::stdout().lock();
@@ -141,7 +155,12 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
             });
         }
     }
-    ensure_broker_user().map_err(Failure::failed)?;
+    // The serving process reads the callers file as the serving user: the file (and the
+    // directory init made for it) are root's, readable by that user's group.
+    if let Some(user) = &settings.daemon.serving_user {
+        let made = made_dir.then_some(callers_dir);
+        share_with_group(&callers_file, made, user).map_err(Failure::failed)?;
+    }
     crate::note(&format!(
         "next: plimsolld --config {}   (or, installed from the package: systemctl start \
          plimsolld)",
@@ -150,21 +169,22 @@ pub fn init(config: Option<&Path>, a: &InitArgs) -> Result<u8, Failure> {
     Ok(EXIT_OK)
 }
 
-/// The system user plimsolld's broker process runs as (docs/privileges.md): created when this
-/// host lacks it (`useradd`, as root), as the package's postinst and scripts/install-deps do.
-fn ensure_broker_user() -> anyhow::Result<()> {
-    let name = plimsoll_broker::apart::DEFAULT_USER;
+/// System user `name` (`role` says what runs as it: docs/privileges.md), created when this host
+/// lacks it (`useradd`, as root), as the package's postinst and scripts/install-deps do.
+/// Whether the host has it now (not when init is not root and it was missing: a note says
+/// how to make it).
+fn ensure_system_user(name: &str, role: &str) -> anyhow::Result<bool> {
     if plimsoll_broker::apart::ProcessUser::lookup(name).is_ok() {
-        crate::note(&format!("the broker process's user {name} exists"));
-        return Ok(());
+        crate::note(&format!("the {role}'s user {name} exists"));
+        return Ok(true);
     }
     if !rustix::process::geteuid().is_root() {
         crate::note(&format!(
-            "no user {name}, which the daemon's broker process runs as when there is a grants \
-             file: as root, run `plimsoll init` again or `useradd --system --user-group \
-             --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin {name}`"
+            "no user {name}, which the {role} runs as: as root, run `plimsoll init` again or \
+             `useradd --system --user-group --no-create-home --home-dir /nonexistent --shell \
+             /usr/sbin/nologin {name}`"
         ));
-        return Ok(());
+        return Ok(false);
     }
     let mut running = plimsoll_sandbox::Spawn::new("/usr/sbin/useradd", "/")
         .args([
@@ -176,7 +196,7 @@ fn ensure_broker_user() -> anyhow::Result<()> {
             "--shell",
             "/usr/sbin/nologin",
             "--comment",
-            "plimsoll broker process",
+            role,
             name,
         ])
         .spawn()
@@ -186,13 +206,28 @@ fn ensure_broker_user() -> anyhow::Result<()> {
     let status = running.child.wait().context("waiting for useradd")?;
     if !status.success() {
         return Err(anyhow!(
-            "useradd could not create the broker process's user {name} ({status}): {}",
+            "useradd could not create the {role}'s user {name} ({status}): {}",
             err.trim()
         ));
     }
     crate::note(&format!(
-        "created the system user {name}, which the daemon's broker process runs as"
+        "created the system user {name}, which the {role} runs as"
     ));
+    Ok(true)
+}
+
+/// `file` (and `dir`, when init made it) owned by root with `user`'s group, readable by that
+/// group alone: 0640 and 0750.
+fn share_with_group(file: &Path, dir: Option<&Path>, user: &str) -> anyhow::Result<()> {
+    let who = plimsoll_broker::apart::ProcessUser::lookup(user)
+        .map_err(|problem| anyhow!("the serving user {user}, {problem}"))?;
+    let gid = rustix::fs::Gid::from_raw(who.gid);
+    for (path, mode) in dir.map(|d| (d, 0o750)).into_iter().chain([(file, 0o640)]) {
+        rustix::fs::chown(path, Some(rustix::fs::Uid::ROOT), Some(gid))
+            .with_context(|| format!("cannot give {} to group {user}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+    }
     Ok(())
 }
 
@@ -319,6 +354,25 @@ pub fn render(settings: &Settings, found: &[ProviderInfo]) -> String {
     if let Some(callers) = &settings.daemon.callers_file {
         let _ = writeln!(s, "callers_file = {}", quote_path(callers));
     }
+    let _ = writeln!(
+        s,
+        "# The process that serves HTTP and MCP and reads what sandboxes send back runs as this\n\
+         # user, with no capability; a launcher process keeps root (docs/privileges.md)."
+    );
+    match &settings.daemon.serving_user {
+        Some(user) => {
+            let _ = writeln!(s, "serving_user = {}", quote(user));
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "# Not set: the user {} is missing (run `plimsoll init` as root), so one root\n\
+                 # process serves.\n# serving_user = {}",
+                plimsoll_engine::settings::DEFAULT_SERVING_USER,
+                quote(plimsoll_engine::settings::DEFAULT_SERVING_USER)
+            );
+        }
+    }
     s
 }
 
@@ -365,15 +419,17 @@ fn write_settings(path: &Path, text: &str) -> anyhow::Result<()> {
 /// Creates the callers file's directory with mode 0700 when it does not exist (an existing
 /// one, such as /etc/plimsoll holding the settings too, keeps its mode; the file itself is
 /// 0600).
-fn make_private_dir(dir: &Path) -> anyhow::Result<()> {
+/// Makes `dir` (mode 0700) when it is not there; whether it made it.
+fn make_private_dir(dir: &Path) -> anyhow::Result<bool> {
     if dir.as_os_str().is_empty() || dir.exists() {
-        return Ok(());
+        return Ok(false);
     }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(true)
 }
 
 #[cfg(test)]

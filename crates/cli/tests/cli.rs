@@ -488,8 +488,35 @@ fn init_writes_what_passed_makes_the_directories_adds_a_caller_and_will_not_over
     );
     assert_eq!(mode(&config), 0o644);
     assert_eq!(mode(&state), 0o711);
-    assert_eq!(mode(callers.parent().unwrap()), 0o700);
-    assert_eq!(mode(&callers), 0o600);
+    // The daemon it sets up is split: it serves as the user init made, which reads the
+    // callers file through its group (docs/privileges.md, "The split daemon").
+    assert_eq!(
+        settings.daemon.serving_user.as_deref(),
+        Some(plimsoll_engine::settings::DEFAULT_SERVING_USER),
+        "{written}"
+    );
+    let serving = plimsoll_broker::apart::ProcessUser::lookup(
+        plimsoll_engine::settings::DEFAULT_SERVING_USER,
+    )
+    .expect("init made the serving user");
+    plimsoll_broker::apart::ProcessUser::lookup(plimsoll_broker::apart::DEFAULT_USER)
+        .expect("init made the broker process's user");
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        for (path, want) in [
+            (callers.parent().unwrap(), 0o750),
+            (callers.as_path(), 0o640),
+        ] {
+            let meta = std::fs::metadata(path).unwrap();
+            assert_eq!(mode(path), want, "{}", path.display());
+            assert_eq!(
+                (meta.uid(), meta.gid()),
+                (0, serving.gid),
+                "{}",
+                path.display()
+            );
+        }
+    }
     let callers_text = std::fs::read_to_string(&callers).unwrap();
     assert!(!callers_text.contains(token));
     assert!(callers_text.contains(&sha256_hex(token.as_bytes())));

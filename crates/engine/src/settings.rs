@@ -524,9 +524,13 @@ pub struct DaemonSection {
     pub broker_user: Option<String>,
     /// The user the serving process runs as (docs/privileges.md, "The split daemon"): when
     /// set, plimsolld keeps root only in its launcher process and serves as this user, with
-    /// no capability. Unset (the default): one process, root.
+    /// no capability. Unset (the default): one process, root. `plimsoll init` sets it to
+    /// [`DEFAULT_SERVING_USER`], which it and the package create.
     pub serving_user: Option<String>,
 }
+
+/// The serving user `plimsoll init` names and creates (and the package's postinst creates).
+pub const DEFAULT_SERVING_USER: &str = "plimsoll";
 
 /// The settings could not be read or make no sense.
 #[derive(Debug, thiserror::Error)]
