@@ -525,10 +525,8 @@ impl Rig {
                     || (w.cap_amb.as_deref() != zero && !(gvisor && w.cap_amb.is_none())),
                 "capabilities",
             ),
-            (
-                (container || gvisor || guest.is_some()) && w.cap_bnd.as_deref() != zero,
-                "bounding set",
-            ),
+            // Empty everywhere, the process tier too (its child empties it while root).
+            (w.cap_bnd.as_deref() != zero, "bounding set"),
             (
                 w.no_new_privs != Some(true) && !(gvisor && w.no_new_privs.is_none()),
                 "no_new_privs",

@@ -15,6 +15,7 @@ use crate::policy::{self, Rlimit};
 pub const STAGES: &[&str] = &[
     "memory_cgroup",
     "rlimits",
+    "bounding_set",
     "setgroups",
     "setresgid",
     "setresuid",
@@ -101,6 +102,7 @@ impl Hardening {
         let [
             memory_cgroup,
             rlimits,
+            bounding_set,
             setgroups,
             setresgid,
             setresuid,
@@ -110,7 +112,7 @@ impl Hardening {
             seccomp,
         ] = STAGES
         else {
-            unreachable!("nine stages")
+            unreachable!("ten stages")
         };
         // "0" moves the writer: the child, and so everything it starts, is in the run's
         // memory cgroup from before the code's first instruction.
@@ -133,6 +135,9 @@ impl Hardening {
         }
         let (uid, gid) = (Some(self.uid), Some(self.gid));
         pre = pre
+            // While still root (emptying it needs CAP_SETPCAP): no capability can ever come
+            // back to the code, whatever it execs; the ambient set is emptied with it.
+            .step(bounding_set, Step::LimitBoundingSet(0))
             .step(setgroups, Step::DropGroups)
             .step(setresgid, Step::SetGids(gid, gid, gid))
             .step(setresuid, Step::SetUids(uid, uid, uid))

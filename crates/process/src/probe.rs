@@ -343,7 +343,7 @@ pub fn expectations(uid: u32, state_dir: &Path) -> Expectations {
     Expectations {
         identity: Identity::UidAndGid { uid, gid: uid },
         capabilities: Capabilities {
-            empty: strings(&["CapEff", "CapPrm", "CapInh", "CapAmb"]),
+            empty: strings(&["CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd"]),
             may_be_absent: vec![],
             held: Vec::new(),
         },
