@@ -114,6 +114,9 @@ pub enum Answer {
     Lost(String),
     /// The agent's wall did not match (or it said none): the job was not sent.
     WallRefused(String),
+    /// The agent's wall did not come in time (the guest hung before it): the job was not
+    /// sent.
+    WallTimedOut(String),
     /// A warm member's interpreter did not say it waits: no job was sent.
     NotWaiting(String),
 }
@@ -734,11 +737,15 @@ fn limits_and_wall(
             tag.escape_ascii()
         )),
         Ok(None) => Err("the VM ended before the agent said its wall".into()),
-        Err(e) => Err(format!(
-            "reading the agent's wall: {e}, {} ms after the limits were sent (the wall \
-             normally comes within a second, even under TCG)",
-            asked.elapsed().as_millis()
-        )),
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+            report.answer = Answer::WallTimedOut(format!(
+                "the agent's wall did not come within {} ms of the limits (it normally comes \
+                 within a second, even under TCG)",
+                asked.elapsed().as_millis()
+            ));
+            return false;
+        }
+        Err(e) => Err(format!("reading the agent's wall: {e}")),
     };
     match judged {
         Ok(wall) => report.wall = Some(wall),

@@ -456,11 +456,14 @@ impl VmProvider {
         })
     }
 
-    /// Boots a guest for `plan`'s job. A guest that said no hello within the boot budget is
-    /// booted once more: nothing of the job was sent to it, so nothing of the run happened. (A
-    /// TCG guest here boots in 2.5–9.5 s even on a loaded host, yet about one boot in a few
-    /// hundred hangs before its hello, silently: the retry turns that into a slower run, not a
-    /// refusal.) Any other failure to boot is not retried: it would fail again.
+    /// Boots a guest for `plan`'s job. A guest that said no hello within the boot budget, or
+    /// whose agent said no wall within it after the limits, is booted once more: nothing of
+    /// the job was sent to it, so nothing of the run happened. (A TCG guest here boots in
+    /// 2.5–9.5 s even on a loaded host, yet about one boot in a few hundred hangs before its
+    /// hello, silently, and once in CI one hung after it, before its wall, which normally
+    /// comes within 200 ms: the retry turns that into a slower run, not a refusal.) Any other
+    /// failure to boot, and a wall that came and does not pass, is not retried: it would
+    /// fail again.
     pub(crate) fn boot_job(
         &self,
         plan: &LaunchPlan,
@@ -474,13 +477,15 @@ impl VmProvider {
             self.boot_plan(plan, prepared, accelerator, qmp, Some(job), budget)
         };
         let first = boot()?;
-        if !matches!(first.answer, Answer::BootTimedOut(_)) || first.cleanup.is_err() {
+        if !hung_before_the_job(&first.answer) || first.cleanup.is_err() {
             return Ok(first);
         }
         tracing::warn!(
             run_id = %plan.run_id,
             budget_s = budget.as_secs_f64(),
-            "the guest did not boot in time; booting it once more (nothing of the job was sent)"
+            answer = ?first.answer,
+            diagnostics = %first.diagnostics(),
+            "the guest hung before its hello or its agent's wall; booting it once more (nothing of the job was sent)"
         );
         boot()
     }
@@ -607,13 +612,15 @@ impl VmProvider {
                         "the session's agent did not say it is ready: {why} ({})",
                         report.diagnostics()
                     )),
-                    Answer::WallRefused(why) => LaunchError::not_started(
-                        plimsoll_wire::Reason::Environment,
-                        format!(
-                            "the session's wall was refused: {why} ({})",
-                            report.diagnostics()
-                        ),
-                    ),
+                    Answer::WallRefused(why) | Answer::WallTimedOut(why) => {
+                        LaunchError::not_started(
+                            plimsoll_wire::Reason::Environment,
+                            format!(
+                                "the session's wall was refused: {why} ({})",
+                                report.diagnostics()
+                            ),
+                        )
+                    }
                     Answer::BootTimedOut(budget) => LaunchError::environment(format!(
                         "the session's VM did not boot within {} s ({})",
                         budget.as_secs_f64(),
@@ -703,6 +710,12 @@ fn disk_for<'a>(image: Option<&'a RunImage>, assets: &'a Assets) -> Result<&'a P
     }
 }
 
+/// Whether the guest hung before anything of the job was sent to it (no hello, or no wall
+/// after the limits), so that booting it once more cannot run any of the job twice.
+fn hung_before_the_job(answer: &Answer) -> bool {
+    matches!(answer, Answer::BootTimedOut(_) | Answer::WallTimedOut(_))
+}
+
 pub(crate) fn job_for(plan: &LaunchPlan) -> Result<Job, LaunchError> {
     let l = &plan.limits;
     let trial = plan.privileges.is_trial();
@@ -762,7 +775,7 @@ pub(crate) fn result_of(r: &BootReport) -> Result<RunResult, LaunchError> {
             r.diagnostics()
         ))),
         Answer::BootedOnly => Err(LaunchError::may_have_run("the VM was given no job")),
-        Answer::WallRefused(why) => Err(LaunchError::not_started(
+        Answer::WallRefused(why) | Answer::WallTimedOut(why) => Err(LaunchError::not_started(
             plimsoll_wire::Reason::Environment,
             format!(
                 "the guest's agent was not handed its job: {why} ({})",
@@ -1000,6 +1013,23 @@ mod tests {
     use super::*;
     use plimsoll_sandbox::ResolvedLimits;
     use plimsoll_wire::{Language, Snippet};
+
+    #[test]
+    fn only_a_guest_that_hung_before_the_job_is_booted_again() {
+        assert!(hung_before_the_job(&Answer::BootTimedOut(
+            Duration::from_secs(1)
+        )));
+        assert!(hung_before_the_job(&Answer::WallTimedOut("no wall".into())));
+        for other in [
+            Answer::WallRefused("a wall that does not pass".into()),
+            Answer::NotBooted("no kernel".into()),
+            Answer::TimedOut,
+            Answer::Lost("the guest died after the job".into()),
+            Answer::BootedOnly,
+        ] {
+            assert!(!hung_before_the_job(&other), "{other:?}");
+        }
+    }
 
     fn plan() -> LaunchPlan {
         LaunchPlan {
