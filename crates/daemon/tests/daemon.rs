@@ -1838,14 +1838,14 @@ fn check_privileges_table(daemon: u32, kind: Daemon) {
     );
 }
 
-/// docs/privileges.md: with a grants file, the brokers run in a process of their own, as
-/// plimsoll-broker, with no capability, no_new_privs, its seccomp filter, not dumpable, and
-/// holding no descriptor but its control socket; killed, it is started again and grants
-/// work on.
-#[test]
-fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
-    use std::os::unix::fs::MetadataExt as _;
-    let test = "the_broker_process_runs_unprivileged_under_its_filter_and_comes_back";
+/// The broker process's user (`None`, after `skip_or_fail`, when this host lacks it) and an
+/// API that answers a call bearing [`GRANT_TOKEN`].
+fn broker_user_and_api(
+    test: &str,
+) -> Option<(
+    plimsoll_broker::apart::ProcessUser,
+    plimsoll_testing::api::TestApi,
+)> {
     let user =
         match plimsoll_broker::apart::ProcessUser::lookup(plimsoll_broker::apart::DEFAULT_USER) {
             Ok(u) => u,
@@ -1854,13 +1854,27 @@ fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
                     test,
                     &format!("user plimsoll-broker, {why}: run scripts/install-deps"),
                 );
-                return;
+                return None;
             }
         };
     let api = plimsoll_testing::api::TestApi::start(plimsoll_testing::api::Expect::Static {
         header: "authorization".into(),
         value: format!("Bearer {GRANT_TOKEN}"),
     });
+    Some((user, api))
+}
+
+/// docs/privileges.md: with a grants file, the brokers run in a process of their own, as
+/// plimsoll-broker, with no capability, no_new_privs, its seccomp filter, not dumpable, and
+/// holding no descriptor but its control socket; killed, it is started again and grants
+/// work on.
+#[test]
+fn the_broker_process_runs_unprivileged_under_its_filter_and_comes_back() {
+    use std::os::unix::fs::MetadataExt as _;
+    let test = "the_broker_process_runs_unprivileged_under_its_filter_and_comes_back";
+    let Some((user, api)) = broker_user_and_api(test) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let grants = dir.path().join("grants.toml");
     std::fs::write(&grants, grants_file_text(&api.url(), &["orders"])).unwrap();
@@ -4418,6 +4432,50 @@ impl Drop for PrivateCgroup {
     }
 }
 
+/// Waits up to 10 s for launcher `pid` to be gone (its daemon is).
+fn launcher_gone_soon(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the launcher outlived its daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A split daemon's settings in `dir` (made passable, mode 0711): `head`, then its state
+/// directory and a uid base of its own, then `sections`, then `[daemon]` with a callers file
+/// the serving user (nobody) can read and `serving_user = "nobody"`. Returns the caller's
+/// token, the settings file, the port that keeps the uid base this test's, and the base.
+fn split_settings(
+    dir: &std::path::Path,
+    head: &str,
+    sections: &str,
+) -> (String, std::path::PathBuf, std::net::TcpListener, u32) {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    // The serving process reads the callers file as nobody.
+    let callers = dir.join("callers.toml");
+    let token = add_caller(&callers, "test").unwrap().expose().clone();
+    std::fs::set_permissions(&callers, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uid_base = uid_base_for_port(uid_port.local_addr().unwrap().port());
+    let config = dir.join("plimsoll.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{head}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n{sections}\
+             [daemon]\ncallers_file = \"{}\"\nserving_user = \"nobody\"\n",
+            state.display(),
+            callers.display()
+        ),
+    )
+    .unwrap();
+    (token, config, uid_port, uid_base)
+}
+
 /// The split daemon (docs/privileges.md, "The split daemon"): with `serving_user`, plimsolld
 /// serves as that user with no capability, no_new_privs, an empty bounding set and its own
 /// seccomp filter; its launcher child stays root and keeps the broker process; runs at the
@@ -4430,48 +4488,22 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
     let test = "the_split_daemon_serves_unprivileged_and_runs_through_its_launcher";
     let nobody = plimsoll_broker::apart::ProcessUser::lookup("nobody")
         .unwrap_or_else(|why| panic!("user nobody, {why}"));
-    let broker =
-        match plimsoll_broker::apart::ProcessUser::lookup(plimsoll_broker::apart::DEFAULT_USER) {
-            Ok(u) => u,
-            Err(why) => {
-                skip_or_fail(
-                    test,
-                    &format!("user plimsoll-broker, {why}: run scripts/install-deps"),
-                );
-                return;
-            }
-        };
-    let api = plimsoll_testing::api::TestApi::start(plimsoll_testing::api::Expect::Static {
-        header: "authorization".into(),
-        value: format!("Bearer {GRANT_TOKEN}"),
-    });
+    let Some((broker, api)) = broker_user_and_api(test) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     // Root's alone: the launcher reads it, not the serving process.
     let grants = dir.path().join("grants.toml");
     std::fs::write(&grants, grants_file_text(&api.url(), &["orders"])).unwrap();
     std::fs::set_permissions(&grants, std::fs::Permissions::from_mode(0o600)).unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    // The serving process reads the callers file as nobody.
-    let callers = dir.path().join("callers.toml");
-    let token = add_caller(&callers, "test").unwrap().expose().clone();
-    std::fs::set_permissions(&callers, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let uid_base = uid_base_for_port(uid_port.local_addr().unwrap().port());
-    let config = dir.path().join("plimsoll.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "default_floor = \"process\"\nproviders = [\"process\", \"crun\"]\nstate_dir = \"{}\"\n\
-             sandbox_uid_base = {uid_base}\nmax_concurrent = 2\n[pools]\n[oci]\nimage = \"{}\"\n\
-             [daemon]\ncallers_file = \"{}\"\nserving_user = \"nobody\"\n",
-            state.display(),
-            workspace_root().join("build/images/sandbox").display(),
-            callers.display()
+    let (token, config, uid_port, uid_base) = split_settings(
+        dir.path(),
+        "default_floor = \"process\"\nproviders = [\"process\", \"crun\"]\nmax_concurrent = 2\n",
+        &format!(
+            "[pools]\n[oci]\nimage = \"{}\"\n",
+            workspace_root().join("build/images/sandbox").display()
         ),
-    )
-    .unwrap();
+    );
     let (mut child, url, logs, reader) = Spawned::launch(
         &config,
         &token,
@@ -4652,14 +4684,7 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
     // The daemon killed outright: its launcher goes with it (its parent-death signal).
     child.kill().unwrap();
     child.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::path::Path::new(&format!("/proc/{launcher}")).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the launcher outlived its daemon"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    launcher_gone_soon(launcher);
     drop(reader);
     let logs = logs.lock().unwrap().clone();
     assert!(
@@ -4721,24 +4746,7 @@ fn the_split_daemon_refuses_what_it_cannot_do_and_starts_nothing() {
 fn the_split_daemon_stops_cleanly_on_sigterm() {
     let test = "the_split_daemon_stops_cleanly_on_sigterm";
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let callers = dir.path().join("callers.toml");
-    let token = add_caller(&callers, "test").unwrap().expose().clone();
-    std::fs::set_permissions(&callers, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let uid_base = uid_base_for_port(uid_port.local_addr().unwrap().port());
-    let config = dir.path().join("plimsoll.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{PROCESS}state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n[daemon]\ncallers_file = \"{}\"\nserving_user = \"nobody\"\n",
-            state.display(),
-            callers.display()
-        ),
-    )
-    .unwrap();
+    let (token, config, uid_port, _) = split_settings(dir.path(), PROCESS, "");
     let (mut child, url, logs, reader) = Spawned::launch(&config, &token, &[], &[], &|url, _| {
         get(url, "/readyz", None).status == 200
     });
@@ -4764,13 +4772,6 @@ fn the_split_daemon_stops_cleanly_on_sigterm() {
         "{status:?}; logs: {}",
         logs.lock().unwrap()
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::path::Path::new(&format!("/proc/{launcher}")).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the launcher outlived its daemon"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    launcher_gone_soon(launcher);
     drop(uid_port);
 }
