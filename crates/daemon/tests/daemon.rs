@@ -4658,6 +4658,12 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
         .map(|(pid, _)| pid)
         .expect("the launcher, a child of the daemon");
     assert_eq!(ids(launcher, "Uid"), vec![0; 4], "the launcher keeps root");
+    // The launcher got the secret over a pipe, not in its environment.
+    let environ = std::fs::read(format!("/proc/{launcher}/environ")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains(GRANT_TOKEN),
+        "the grant's secret is in the launcher's environment"
+    );
     // docs/privileges.md's table of the split daemon's processes holds for each of them.
     check_privileges_table(
         daemon,

@@ -29,6 +29,14 @@ pub const LAUNCHER_ARG: &str = "launcher";
 /// Where the launcher finds its listening socket.
 const LAUNCHER_FD: i32 = 3;
 
+/// Where the launcher finds the read end of a pipe carrying the values of the variables the
+/// grants file names (`NAME=value`, each followed by a NUL byte), when it is given a grants
+/// file.
+const SECRETS_FD: i32 = 5;
+
+/// The most bytes of grant variables the launcher takes.
+const SECRETS_MAX: usize = 1 << 20;
+
 /// Where the launcher finds the read end of a pipe whose only writer is the daemon: its end
 /// is the daemon's. (A parent-death signal cannot do it: the daemon, no longer root by then,
 /// may not signal a root process, and the kernel checks that for the parent-death signal too.)
@@ -248,7 +256,10 @@ fn remove_stale_launch_dirs() {
 
 /// Starts `plimsolld launcher` as root, hosting the providers of the settings in `file` for
 /// the serving uid, `listener` at its [`LAUNCHER_FD`]; it dies with this process. With a
-/// grants file, its environment is the variables the file names (`secrets`) and nothing else.
+/// grants file, the values of the variables it names (`secrets`) go to the launcher over a
+/// pipe ([`SECRETS_FD`]), written straight from where they are held, so no copy of them is
+/// left in this process (an environment given to a child is copied, and the copies are freed
+/// unzeroed).
 fn start_launcher(
     file: &Path,
     peer_uid: u32,
@@ -265,28 +276,36 @@ fn start_launcher(
         .step(
             "the daemon is still there",
             Step::RequireParent(rustix::process::getpid()),
-        )
-        .step(
-            "the launcher's socket",
-            Step::PlaceFds(vec![
-                (listener.into(), LAUNCHER_FD),
-                (gone.into(), DAEMON_GONE_FD),
-            ]),
         );
     let mut spawn = Spawn::new(plimsoll_broker::apart::OWN_PROGRAM, "/")
         .arg(LAUNCHER_ARG)
         .arg(file)
         .arg(peer_uid.to_string());
+    let mut carry = None;
+    let mut fds: Vec<(std::os::fd::OwnedFd, i32)> = vec![
+        (listener.into(), LAUNCHER_FD),
+        (gone.into(), DAEMON_GONE_FD),
+    ];
     if let Some(path) = grants {
         spawn = spawn.arg(path);
+        let (read, write) = std::io::pipe()?;
+        fds.push((read.into(), SECRETS_FD));
+        carry = Some(write);
     }
-    for (name, value) in secrets {
-        spawn = spawn.env(name, value.expose());
-    }
-    spawn
-        .before_exec(steps)
+    let running = spawn
+        .before_exec(steps.step("the launcher's descriptors", Step::PlaceFds(fds)))
         .spawn()
-        .map_err(|e| io::Error::other(plimsoll_sandbox::error_chain(&e)))
+        .map_err(|e| io::Error::other(plimsoll_sandbox::error_chain(&e)))?;
+    if let Some(mut write) = carry {
+        use std::io::Write as _;
+        for (name, value) in secrets {
+            write.write_all(name.as_bytes())?;
+            write.write_all(b"=")?;
+            write.write_all(value.expose().as_bytes())?;
+            write.write_all(b"\0")?;
+        }
+    }
+    Ok(running)
 }
 
 /// Drops this process (one thread) to `user` for good: the bounding set emptied, no
@@ -344,6 +363,13 @@ pub fn launcher_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> io::
         ));
     };
     let grants_file = args.next().map(PathBuf::from);
+    // The grant variables' values, read at once (the daemon writes them after starting this
+    // process, then closes its end), into one buffer that never grows (so no copy is freed
+    // unzeroed) and is zeroed when dropped.
+    let secrets = match &grants_file {
+        Some(_) => read_secrets(plimsoll_sys::fds::adopt_inherited(SECRETS_FD)?)?,
+        None => Vec::new(),
+    };
     let peer: u32 = peer
         .to_str()
         .and_then(|p| p.parse().ok())
@@ -375,7 +401,7 @@ pub fn launcher_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> io::
         let user = ProcessUser::lookup(&name).map_err(|problem| {
             io::Error::other(format!("the broker process's user `{name}`, {problem}"))
         })?;
-        let grants = plimsoll_engine::launch::LauncherGrants::start(&path, user)
+        let grants = plimsoll_engine::launch::LauncherGrants::start(&path, user, secrets)
             .map_err(io::Error::other)?;
         tracing::info!(
             broker_pid = grants.broker_pid(),
@@ -386,4 +412,32 @@ pub fn launcher_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> io::
     }
     tracing::info!(peer_uid = peer, "launcher up");
     std::sync::Arc::new(launcher).serve(listener)
+}
+
+/// The `NAME=value` pairs (each followed by a NUL byte) the daemon writes on `fd`, up to its
+/// end: at most [`SECRETS_MAX`] bytes, read into one buffer of that capacity.
+fn read_secrets(fd: std::os::fd::OwnedFd) -> io::Result<Vec<(String, plimsoll_secret::Secret)>> {
+    use std::io::Read as _;
+    let mut raw = Vec::with_capacity(SECRETS_MAX + 1);
+    std::fs::File::from(fd)
+        .take(SECRETS_MAX as u64 + 1)
+        .read_to_end(&mut raw)?;
+    let raw = plimsoll_secret::Secret::<Vec<u8>>::new(raw);
+    if raw.expose().len() > SECRETS_MAX {
+        return Err(io::Error::other(format!(
+            "the grants' variables are over {SECRETS_MAX} bytes"
+        )));
+    }
+    raw.expose()
+        .split(|b| *b == 0)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            let text = std::str::from_utf8(entry)
+                .map_err(|_| io::Error::other("a grant variable is not UTF-8"))?;
+            let (name, value) = text
+                .split_once('=')
+                .ok_or_else(|| io::Error::other("a grant variable without `=`"))?;
+            Ok((name.to_owned(), plimsoll_secret::Secret::new(value)))
+        })
+        .collect()
 }

@@ -39,6 +39,9 @@ pub struct Launcher {
 /// broker there), never a secret.
 pub struct LauncherGrants {
     path: std::path::PathBuf,
+    /// The values of the variables the grants file named when the daemon started, given
+    /// by the daemon: what each load reads them from.
+    secrets: Vec<(String, plimsoll_secret::Secret)>,
     apart: Arc<plimsoll_broker::apart::Apart>,
     /// The loads sent to the broker process, the newest last, a few kept: a broker process
     /// started again is sent the one a run starts under.
@@ -61,12 +64,13 @@ impl fmt::Debug for LauncherGrants {
 
 impl LauncherGrants {
     /// Starts the broker process as `user` (it is started again whenever it ends) and sends
-    /// it the grants file at `path`, loaded with the variables it names from this process's
-    /// environment. Fails, saying why, when the file does not load or the process cannot
-    /// start.
+    /// it the grants file at `path`, its variables read from `secrets` (a file read again
+    /// later may name only those). Fails, saying why, when the file does not load or the
+    /// process cannot start.
     pub fn start(
         path: &std::path::Path,
         user: plimsoll_broker::apart::ProcessUser,
+        secrets: Vec<(String, plimsoll_secret::Secret)>,
     ) -> Result<Self, String> {
         let apart = plimsoll_broker::apart::Apart::start(
             std::path::Path::new(plimsoll_broker::apart::OWN_PROGRAM),
@@ -75,6 +79,7 @@ impl LauncherGrants {
         .map_err(|e| format!("cannot start the broker process: {e}"))?;
         let grants = LauncherGrants {
             path: path.to_owned(),
+            secrets,
             apart,
             loads: Default::default(),
             current: Default::default(),
@@ -90,9 +95,13 @@ impl LauncherGrants {
 
     /// Reads the file again, sends the load to the broker process, and makes it the newest.
     fn reload(&self) -> Result<(u64, String), String> {
-        let profiles =
-            plimsoll_broker::GrantProfiles::load(&self.path, plimsoll_env::get_named_by_grants)
-                .map_err(|e| error_chain(&e))?;
+        let profiles = plimsoll_broker::GrantProfiles::load(&self.path, |name| {
+            self.secrets
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, value)| value.expose().clone())
+        })
+        .map_err(|e| error_chain(&e))?;
         let now = match profiles.source() {
             Some(source) => {
                 self.apart
