@@ -382,6 +382,7 @@ impl Runtime {
         let out = Spawn::new(&self.binary, "/")
             .env("PATH", PATH)
             .arg("--version")
+            .as_nobody()
             .spawn()
             .map_err(|source| RuntimeCommandError::Spawn {
                 binary: self.binary.clone(),

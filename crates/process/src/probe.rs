@@ -233,6 +233,7 @@ fn identify(name: &str, path: &Path, version_arg: Option<&str>) -> Result<Binary
         Some(arg) => {
             let running = Spawn::new(path, "/")
                 .arg(arg)
+                .as_nobody()
                 .spawn()
                 .map_err(|e| format!("cannot run {} {arg}: {}", path.display(), error_chain(&e)))?;
             let out = capture(running, &CaptureLimits::new(4096, Duration::from_secs(10)))

@@ -109,6 +109,9 @@ pub enum SpawnError {
     },
 }
 
+/// The uid and gid [`Spawn::as_nobody`] gives a helper.
+pub const NOBODY: u32 = 65_534;
+
 impl Spawn {
     /// A child running `program` in `cwd`, with no arguments and an empty environment.
     pub fn new(program: impl Into<PathBuf>, cwd: impl Into<PathBuf>) -> Self {
@@ -151,6 +154,31 @@ impl Spawn {
         self.env
             .push((name.as_ref().to_owned(), value.as_ref().to_owned()));
         self
+    }
+
+    /// For a helper that needs no privilege and whose output is all that is wanted (a
+    /// binary's `--version` at a probe): when this process is root, the child gives it all up
+    /// before exec: its bounding set emptied, no groups, every uid and gid nobody's (65534),
+    /// no_new_privs. Not root: unchanged (it runs as this process's user).
+    pub fn as_nobody(self) -> Self {
+        if !rustix::process::geteuid().is_root() {
+            return self;
+        }
+        let nobody = Some(NOBODY);
+        self.before_exec(
+            PreExec::new()
+                .step("empty the bounding set", Step::LimitBoundingSet(0))
+                .step("drop the groups", Step::DropGroups)
+                .step(
+                    "set the gids to nobody's",
+                    Step::SetGids(nobody, nobody, nobody),
+                )
+                .step(
+                    "set the uids to nobody's",
+                    Step::SetUids(nobody, nobody, nobody),
+                )
+                .step("no_new_privs", Step::NoNewPrivs),
+        )
     }
 
     /// Steps the child takes after the helper's own setup and before exec, in order.
@@ -244,6 +272,41 @@ pub(crate) fn become_subreaper() -> bool {
 mod tests {
     use super::*;
     use std::io::Read as _;
+
+    /// A helper started as nobody, from root, holds nothing of root's: its ids, groups,
+    /// capability sets and no_new_privs as its own /proc shows them.
+    #[test]
+    fn a_helper_as_nobody_holds_nothing_of_roots() {
+        if !plimsoll_testing::is_root() {
+            plimsoll_testing::skip_or_fail(
+                "a_helper_as_nobody_holds_nothing_of_roots",
+                "needs root to give a helper up",
+            );
+            return;
+        }
+        let mut r = Spawn::new("/bin/cat", "/")
+            .arg("/proc/self/status")
+            .as_nobody()
+            .spawn()
+            .unwrap();
+        let mut out = String::new();
+        r.stdout.read_to_string(&mut out).unwrap();
+        assert!(r.child.wait().unwrap().success(), "{out}");
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                .map(str::trim)
+                .unwrap_or_else(|| panic!("no {name} in {out}"))
+                .to_owned()
+        };
+        assert_eq!(field("Uid"), "65534\t65534\t65534\t65534");
+        assert_eq!(field("Gid"), "65534\t65534\t65534\t65534");
+        assert_eq!(field("Groups"), "");
+        for caps in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            assert_eq!(field(caps), "0000000000000000", "{caps}");
+        }
+        assert_eq!(field("NoNewPrivs"), "1");
+    }
 
     #[test]
     fn environment_is_empty_and_cwd_is_set() {

@@ -307,13 +307,17 @@ fn identify_qemu(path: &PathBuf) -> Result<BinaryIdentity, String> {
     let sha256 = sha256_file(path).map_err(|e| {
         format!("{e}: install qemu-system-x86 (scripts/install-deps) or set its path")
     })?;
-    let running = Spawn::new(path, "/").arg("-version").spawn().map_err(|e| {
-        format!(
-            "cannot run {} -version: {}",
-            path.display(),
-            error_chain(&e)
-        )
-    })?;
+    let running = Spawn::new(path, "/")
+        .arg("-version")
+        .as_nobody()
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot run {} -version: {}",
+                path.display(),
+                error_chain(&e)
+            )
+        })?;
     let out =
         capture(running, &CaptureLimits::new(4096, Duration::from_secs(10))).map_err(|e| {
             format!(
