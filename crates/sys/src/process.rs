@@ -38,9 +38,14 @@ pub fn thread_count() -> io::Result<usize> {
 /// Removes variable `name` from this process's environment after overwriting it, name and
 /// value, where it lies (for the variables the process started with, that is the start of
 /// its stack, which /proc/PID/environ shows): so a secret it was given is gone from its
-/// memory, not only from `std::env`. Refused (nothing done) unless this process has exactly one
-/// thread. Returns whether the variable was set.
+/// memory, not only from `std::env`. It finds the entry by walking the environment array
+/// itself (this is not a read of the variable: its value is never looked at). Refused
+/// (nothing done) unless this process has exactly one thread. Returns whether the variable
+/// was set.
 pub fn scrub_env(name: &str) -> io::Result<bool> {
+    unsafe extern "C" {
+        static mut environ: *mut *mut libc::c_char;
+    }
     let threads = thread_count()?;
     if threads != 1 {
         return Err(io::Error::other(format!(
@@ -49,22 +54,33 @@ pub fn scrub_env(name: &str) -> io::Result<bool> {
     }
     let c_name = std::ffi::CString::new(name)
         .map_err(|_| io::Error::other("a variable name holds a NUL byte"))?;
+    let prefix = format!("{name}=");
     // SAFETY: one thread (checked above), so nothing reads or changes the environment
-    // meanwhile. getenv gives the value inside the "NAME=value" string the environment
-    // array points at, NUL-terminated, so the string starts `name.len() + 1` bytes before
-    // it. The variable is removed from the array first (unsetenv finds it by its name), then
-    // the whole string is overwritten in place, within its length.
+    // meanwhile. The array is NULL-terminated and each entry a NUL-terminated "NAME=value"
+    // string; the entry found stays where it is when unsetenv drops it from the array (glibc
+    // never frees an environment string), and every write stays within its length.
     unsafe {
-        let value = libc::getenv(c_name.as_ptr());
-        if value.is_null() {
-            return Ok(false);
+        let mut slot = std::ptr::addr_of!(environ).read();
+        let mut found = None;
+        while !slot.is_null() && !(*slot).is_null() {
+            let entry = *slot;
+            let len = libc::strlen(entry);
+            let bytes = std::slice::from_raw_parts(entry.cast::<u8>(), len);
+            if bytes.starts_with(prefix.as_bytes()) {
+                found = Some((entry, len));
+                break;
+            }
+            slot = slot.add(1);
         }
-        let len = libc::strlen(value);
-        let entry = value.sub(name.len() + 1);
+        let Some((entry, len)) = found else {
+            return Ok(false);
+        };
+        // The value first, then the name once unsetenv has found it by that name.
+        std::ptr::write_bytes(entry.add(prefix.len()), 0, len - prefix.len());
         if libc::unsetenv(c_name.as_ptr()) != 0 {
             return Err(io::Error::last_os_error());
         }
-        std::ptr::write_bytes(entry, 0, name.len() + 1 + len);
+        std::ptr::write_bytes(entry, 0, prefix.len());
     }
     Ok(true)
 }
