@@ -487,9 +487,9 @@ fn node_and_python(settings: &Settings) -> (PathBuf, PathBuf) {
 fn quiesce(engines: &[(&Engine, bool)], daemons: &[&Client]) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let engines_quiet = || {
-        engines.iter().all(|(e, kept)| {
-            e.teardowns_running() == 0 && (!kept || e.pools_idle().iter().all(|(_, _, n)| *n >= 1))
-        })
+        engines
+            .iter()
+            .all(|(e, kept)| e.teardowns_running() == 0 && (!kept || pools_full(e)))
     };
     let daemons_quiet = || daemons.iter().all(|c| daemon_quiet(c).unwrap_or(false));
     while Instant::now() < deadline {
@@ -500,25 +500,49 @@ fn quiesce(engines: &[(&Engine, bool)], daemons: &[&Client]) {
     }
 }
 
-/// From the daemon's `/metrics`: no teardown running, and every warm pool has a member.
+/// Every pool of `engine` holds a member and as many as it keeps now, and none is being
+/// made: a refill still making a member would take the cores the next sample needs.
+fn pools_full(engine: &Engine) -> bool {
+    !engine.pool_making()
+        && engine
+            .pools_idle()
+            .iter()
+            .zip(engine.pools_wanted())
+            .all(|((_, _, idle), (_, _, wanted))| *idle >= wanted.max(1))
+}
+
+/// From the daemon's `/metrics`: no teardown running, no member being made, and every warm
+/// pool holds a member and as many as it keeps now.
 fn daemon_quiet(client: &Client) -> anyhow::Result<bool> {
     let text = ureq::get(format!("{}/metrics", client.base_url()))
         .call()?
         .body_mut()
         .read_to_string()?;
+    Ok(metrics_quiet(&text))
+}
+
+/// [`daemon_quiet`]'s reading of a `/metrics` text.
+fn metrics_quiet(text: &str) -> bool {
     let mut quiet = true;
+    let mut idle = std::collections::BTreeMap::new();
+    let mut wanted = std::collections::BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else {
             continue;
         };
         let value: f64 = value.parse().unwrap_or(0.0);
-        if series == "plimsoll_teardowns_running" {
+        if series == "plimsoll_teardowns_running" || series == "plimsoll_pool_making" {
             quiet &= value == 0.0;
-        } else if series.starts_with("plimsoll_pool_idle{") {
-            quiet &= value >= 1.0;
+        } else if let Some(labels) = series.strip_prefix("plimsoll_pool_idle") {
+            idle.insert(labels.to_owned(), value);
+        } else if let Some(labels) = series.strip_prefix("plimsoll_pool_wanted") {
+            wanted.insert(labels.to_owned(), value);
         }
     }
-    Ok(quiet)
+    quiet
+        && idle
+            .iter()
+            .all(|(labels, n)| *n >= wanted.get(labels).copied().unwrap_or(0.0).max(1.0))
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {
@@ -1113,6 +1137,30 @@ fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sample waits for the refill of the sample before it: a pool holding one member
+    /// where it keeps two, or a member being made, is not quiet.
+    #[test]
+    fn a_daemon_is_quiet_only_with_its_pools_full_and_nothing_being_made() {
+        let text = |teardowns: u32, idle: u32, wanted: u32, making: u32| {
+            format!(
+                "# TYPE plimsoll_teardowns_running gauge\nplimsoll_teardowns_running {teardowns}\n\
+                 plimsoll_pool_idle{{provider=\"crun\",language=\"python\"}} {idle}\n\
+                 plimsoll_pool_idle{{provider=\"crun\",language=\"javascript\"}} 1\n\
+                 plimsoll_pool_wanted{{provider=\"crun\",language=\"python\"}} {wanted}\n\
+                 plimsoll_pool_wanted{{provider=\"crun\",language=\"javascript\"}} 1\n\
+                 plimsoll_pool_making {making}\n"
+            )
+        };
+        assert!(metrics_quiet(&text(0, 2, 2, 0)));
+        assert!(metrics_quiet(&text(0, 1, 1, 0)));
+        assert!(!metrics_quiet(&text(0, 1, 2, 0)), "a refill is due");
+        assert!(!metrics_quiet(&text(0, 2, 2, 1)), "a member is being made");
+        assert!(!metrics_quiet(&text(1, 2, 2, 0)), "a teardown runs");
+        assert!(!metrics_quiet(&text(0, 0, 0, 0)), "an empty pool");
+        // A daemon without pools is quiet once its teardowns end.
+        assert!(metrics_quiet("plimsoll_teardowns_running 0\n"));
+    }
 
     #[test]
     fn median_and_p90_use_nearest_rank() {

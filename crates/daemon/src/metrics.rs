@@ -184,22 +184,34 @@ impl Metrics {
         );
         out.push_str("# TYPE plimsoll_pool_idle gauge\n");
         // Pools of one provider and language for several images count together.
-        let mut idle: Vec<(String, plimsoll_wire::Language, usize)> = Vec::new();
-        for (provider, language, n) in engine.pools_idle() {
-            match idle
-                .iter_mut()
-                .find(|(p, l, _)| *p == provider && *l == language)
-            {
-                Some(seen) => seen.2 += n,
-                None => idle.push((provider, language, n)),
-            }
-        }
-        for (provider, language, n) in idle {
+        let idle = by_provider_and_language(engine.pools_idle());
+        for (provider, language, n) in &idle {
             let _ = writeln!(
                 out,
                 "plimsoll_pool_idle{{provider=\"{}\",language=\"{}\"}} {n}",
+                escape(provider),
+                language.as_str()
+            );
+        }
+        out.push_str("# HELP plimsoll_pool_wanted Warm members each pool keeps idle now (min_idle, grown by demand up to max_members), by provider and language; fewer idle than this means a refill is due or under way.\n");
+        out.push_str("# TYPE plimsoll_pool_wanted gauge\n");
+        for (provider, language, n) in by_provider_and_language(engine.pools_wanted()) {
+            let _ = writeln!(
+                out,
+                "plimsoll_pool_wanted{{provider=\"{}\",language=\"{}\"}} {n}",
                 escape(&provider),
                 language.as_str()
+            );
+        }
+        if !idle.is_empty() {
+            out.push_str(
+                "# HELP plimsoll_pool_making 1 while a warm member is being made, else 0.\n",
+            );
+            out.push_str("# TYPE plimsoll_pool_making gauge\n");
+            let _ = writeln!(
+                out,
+                "plimsoll_pool_making {}",
+                u8::from(engine.pool_making())
             );
         }
         out.push_str("# HELP plimsoll_pool_members_total Warm members since start, by event: made (ready and waiting), claimed (by a run), empty (a run matched a pool with none and ran cold), discarded (destroyed unused: too old, stale evidence, drained), failed (could not be made).\n");
@@ -231,6 +243,24 @@ fn escape(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// `(provider, language, n)` per pool, summed over pools of one provider and language (for
+/// several images), in first-seen order.
+fn by_provider_and_language(
+    per_pool: Vec<(String, plimsoll_wire::Language, usize)>,
+) -> Vec<(String, plimsoll_wire::Language, usize)> {
+    let mut out: Vec<(String, plimsoll_wire::Language, usize)> = Vec::new();
+    for (provider, language, n) in per_pool {
+        match out
+            .iter_mut()
+            .find(|(p, l, _)| *p == provider && *l == language)
+        {
+            Some(seen) => seen.2 += n,
+            None => out.push((provider, language, n)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -2885,12 +2885,20 @@ fn sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken() {
 
     // No pool: the pool is drained and every run starts cold. Its refilled member (made
     // once the last claim's teardown freed its one uid) is what the drain must destroy.
+    // Refilled: as many idle as the pool keeps (max_members 1 holds it at 1), none being
+    // made.
     let deadline = Instant::now() + Duration::from_secs(30);
     let idle = r#"plimsoll_pool_idle{provider="process",language="python"}"#;
-    while metrics().get(idle).copied() != Some(1.0) {
+    let wanted = r#"plimsoll_pool_wanted{provider="process",language="python"}"#;
+    loop {
+        let m = metrics();
+        assert_eq!(m.get(wanted).copied(), Some(1.0), "{m:?}");
+        if m.get(idle).copied() == Some(1.0) && m.get("plimsoll_pool_making") == Some(&0.0) {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "the pool did not refill: {}",
+            "the pool did not refill: {m:?} {}",
             d.logs()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -2904,8 +2912,10 @@ fn sighup_replaces_the_warm_pools_and_keeps_them_when_the_section_is_broken() {
     assert_eq!(members(), Vec::<std::path::PathBuf>::new());
     let m = metrics();
     assert!(
-        !m.keys().any(|k| k.starts_with("plimsoll_pool_idle")),
-        "{m:?}"
+        !m.keys()
+            .any(|k| k.starts_with("plimsoll_pool_")
+                && !k.starts_with("plimsoll_pool_members_total")),
+        "no pool's gauge: {m:?}"
     );
     // The drained member was destroyed unused; the counts carried on.
     assert!(event(&m, "discarded") >= 1.0, "{m:?}");

@@ -386,6 +386,17 @@ impl Engine {
         self.pools().idle()
     }
 
+    /// The idle members every pool keeps now (`min_idle`, grown by demand): `(provider,
+    /// language, wanted)`, in the order of [`Engine::pools_idle`].
+    pub fn pools_wanted(&self) -> Vec<(String, plimsoll_wire::Language, usize)> {
+        self.pools().wanted()
+    }
+
+    /// Whether a warm member is being made now.
+    pub fn pool_making(&self) -> bool {
+        self.pools().making()
+    }
+
     /// Each idle member's provider, language and id (its id names its directory, container
     /// and cgroups).
     pub fn pool_idle_members(&self) -> Vec<(String, plimsoll_wire::Language, String, u32)> {

@@ -173,6 +173,11 @@ impl Pool {
         }
         d.0
     }
+
+    /// The idle members it keeps now, as [`Pool::wanted`] last left it (no shrinking here).
+    fn wanted_now(&self) -> usize {
+        self.demand.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
 }
 
 /// Counts, for the metrics and tests.
@@ -328,6 +333,23 @@ impl Pools {
             }));
         }
         out
+    }
+
+    /// The idle members each pool keeps now (`min_idle`, grown by demand): `(provider,
+    /// language, wanted)`, in the order of [`Pools::idle`].
+    pub fn wanted(&self) -> Vec<(String, Language, usize)> {
+        self.pools
+            .iter()
+            .map(|p| (p.provider_name.clone(), p.shape.language, p.wanted_now()))
+            .collect()
+    }
+
+    /// Whether a member is being made now.
+    pub fn making(&self) -> bool {
+        self.making
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     /// Idle members per pool: `(provider, language, idle)`.
