@@ -742,16 +742,32 @@ impl Engine {
             plimsoll_wire::RunSpec::Snippet(s) => Some(s.language),
             plimsoll_wire::RunSpec::Project(_) => None,
         };
+        // Each provider's answers for this run, asked at once (one round trip to the
+        // launcher of a split daemon).
+        let mut admissions = crate::providers::admissions(
+            self.slots.iter().zip(&states).map(|(s, st)| {
+                (
+                    &s.provider,
+                    st.as_ref().map(|st| st.evidence_sha256.as_str()),
+                )
+            }),
+            &req.run,
+            match &image {
+                Ok(Some(i)) => Some(&i.run),
+                _ => None,
+            },
+        );
         let views: Vec<ProviderView<'_>> = self
             .slots
             .iter()
             .zip(&states)
-            .map(|(slot, st)| ProviderView {
+            .zip(admissions.iter_mut())
+            .map(|((slot, st), admission)| ProviderView {
                 uses_image: slot.provider.uses_image(),
                 image: match (&image, slot.provider.uses_image()) {
-                    (Ok(Some(i)), uses) => slot
-                        .provider
-                        .takes_image(&i.run)
+                    (Ok(Some(i)), uses) => admission
+                        .takes_image
+                        .clone()
                         .map_err(|e| e.to_string())
                         .and_then(|()| match language {
                             Some(l) if uses => i.stored.starts(l),
@@ -767,9 +783,9 @@ impl Engine {
                 supports: if sessions && !slot.provider.opens_sessions() {
                     Err(plimsoll_sandbox::Unsupported::NoSessions)
                 } else {
-                    slot.provider.supports(&req.run)
+                    admission.supports.clone()
                 },
-                memory_floor: slot.provider.memory_floor(&req.run),
+                memory_floor: admission.memory_floor,
                 carries_broker: slot.provider.supports_broker(),
                 carries_egress: slot.provider.supports_egress(),
                 available: match st {
@@ -813,7 +829,12 @@ impl Engine {
         // The evidence still names what the run would get (a rebuilt image does not): else
         // nothing runs, and the provider is probed again (routing skips it meanwhile; its
         // warm members, made under the old evidence, are dropped once the new one is in).
-        if let Err(stale) = slot.provider.environment_holds(&state.probed.evidence) {
+        // (Answered with the admission when the launcher knew the evidence.)
+        let holds = admissions[index]
+            .holds
+            .take()
+            .unwrap_or_else(|| slot.provider.environment_holds(&state.probed.evidence));
+        if let Err(stale) = holds {
             tracing::warn!(provider = chosen, %stale, "the provider's environment changed since its probe; probing it again");
             recheck(
                 &self.slots,

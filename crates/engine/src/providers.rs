@@ -2,7 +2,7 @@
 
 use plimsoll_oci::OciProvider;
 use plimsoll_process::ProcessProvider;
-use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider};
+use plimsoll_sandbox::{LaunchError, LaunchPlan, Outcome, Probed, Provider, Unsupported};
 use plimsoll_vm::VmProvider;
 use plimsoll_wire::{RunSpec, Tier};
 
@@ -107,5 +107,81 @@ impl Provider for AnyProvider {
         lifetime: std::time::Duration,
     ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
         self.inner().open_session(plan, lifetime)
+    }
+}
+
+/// What routing asks of one provider for one run.
+pub(crate) struct Admission {
+    /// Whether it can do this kind of run at all.
+    pub supports: Result<(), plimsoll_sandbox::Unsupported>,
+    /// Whether it can run in the run's image (yes when there is none).
+    pub takes_image: Result<(), plimsoll_sandbox::Unsupported>,
+    /// The least memory the run starts under there.
+    pub memory_floor: Option<u64>,
+    /// Whether the environment of the evidence it is offered on still holds, when that was
+    /// answered with the rest (by a launcher that knows the evidence); `None`: ask
+    /// [`Provider::environment_holds`].
+    pub holds: Option<Result<(), plimsoll_sandbox::Stale>>,
+}
+
+/// Each provider's [`Admission`] for a run of `spec` in `image`, in their order. Providers
+/// the launcher hosts (the split daemon) are asked all at once, in one round trip; others
+/// are asked here.
+/// `evidence_sha256` pairs each provider with the digest of the evidence it is offered on
+/// (none: not offered), so the launcher can say in the same round trip whether that
+/// environment still holds.
+pub(crate) fn admissions<'a>(
+    providers: impl ExactSizeIterator<Item = (&'a AnyProvider, Option<&'a str>)> + Clone,
+    spec: &RunSpec,
+    image: Option<&plimsoll_sandbox::RunImage>,
+) -> Vec<Admission> {
+    let mut remote = providers.clone().filter_map(|(p, _)| match p {
+        AnyProvider::Remote(r) => Some(r),
+        _ => None,
+    });
+    let asked = remote.next().map(|r| {
+        let evidence = providers
+            .clone()
+            .filter_map(|(p, sha)| Some((p.name().to_owned(), sha?.to_owned())))
+            .collect();
+        r.admit_all(spec, image, evidence)
+    });
+    providers
+        .map(|(p, _)| match (p, &asked) {
+            (AnyProvider::Remote(_), Some(Ok(all))) => {
+                match all.iter().find(|a| a.provider == p.name()) {
+                    Some(a) => Admission {
+                        supports: a.supports.clone().map_err(Unsupported::Said),
+                        takes_image: a.takes_image.clone().map_err(Unsupported::Said),
+                        memory_floor: a.memory_floor,
+                        holds: a
+                            .holds
+                            .clone()
+                            .map(|r| r.map_err(plimsoll_sandbox::Stale::Said)),
+                    },
+                    None => refused(format!(
+                        "the launcher hosts no provider `{}`; restart the daemon",
+                        p.name()
+                    )),
+                }
+            }
+            (AnyProvider::Remote(_), Some(Err(why))) => refused(why.clone()),
+            _ => Admission {
+                supports: p.supports(spec),
+                takes_image: image.map_or(Ok(()), |i| p.takes_image(i)),
+                memory_floor: p.memory_floor(spec),
+                holds: None,
+            },
+        })
+        .collect()
+}
+
+/// An admission that says no, for `why`.
+fn refused(why: String) -> Admission {
+    Admission {
+        supports: Err(Unsupported::Said(why.clone())),
+        takes_image: Err(Unsupported::Said(why)),
+        memory_floor: None,
+        holds: None,
     }
 }

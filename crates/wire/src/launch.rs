@@ -42,6 +42,20 @@ pub enum LaunchRequest {
         /// The run.
         spec: RunSpec,
     },
+    /// What routing asks of every hosted provider for one run, at once (whether it supports
+    /// the run, takes the image, and its memory floor): answered with
+    /// [`LaunchAnswer::Admitted`], so a run's routing costs one round trip, not three per
+    /// provider.
+    Admit {
+        /// The run.
+        spec: RunSpec,
+        /// The image it would run in, when it names or defaults to one.
+        image: Option<PlanImage>,
+        /// Per provider, the SHA-256 of the evidence it is offered on: the launcher also says
+        /// whether that environment still holds, when it knows the evidence (it keeps what it
+        /// probed and was given to adopt).
+        evidence_sha256: std::collections::BTreeMap<String, String>,
+    },
     /// Runs the provider's probe.
     Probe {
         /// The provider.
@@ -286,6 +300,8 @@ pub enum LaunchAnswer {
     Done(Result<(), String>),
     /// A memory floor.
     Floor(Option<u64>),
+    /// Each hosted provider's answers to a [`LaunchRequest::Admit`], in the settings' order.
+    Admitted(Vec<Admitted>),
     /// A probe's outcome.
     Probed(ProbedWire),
     /// A run's outcome.
@@ -320,6 +336,24 @@ pub struct OpenedSession {
     pub wall: crate::Wall,
     /// What names its canceller in a [`LaunchRequest::CancelCell`]; `None` where it has none.
     pub cancel_token: Option<String>,
+}
+
+/// One hosted provider's answers for one run ([`LaunchRequest::Admit`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admitted {
+    /// The provider.
+    pub provider: String,
+    /// Whether it can do this kind of run at all, or why not.
+    pub supports: Result<(), String>,
+    /// Whether it can run in the image (yes when none was asked about), or why not.
+    pub takes_image: Result<(), String>,
+    /// The least memory a run of the spec starts under there.
+    pub memory_floor: Option<u64>,
+    /// Whether the environment of the evidence named for it still holds, or why not; `None`
+    /// when none was named or the launcher does not know that evidence (then ask
+    /// [`LaunchRequest::EnvironmentHolds`]).
+    pub holds: Option<Result<(), String>>,
 }
 
 /// A hosted provider's fixed facts.

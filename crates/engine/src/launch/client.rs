@@ -3,6 +3,7 @@
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use plimsoll_sandbox::session::Canceller;
@@ -11,7 +12,9 @@ use plimsoll_sandbox::{
     RunImage, RunningIn, SessionSandbox, Stale, Teardown, Unsupported, WarmMember, WarmPlan,
     Withdrawn,
 };
-use plimsoll_wire::launch::{DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest};
+use plimsoll_wire::launch::{
+    Admitted, DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest,
+};
 use plimsoll_wire::{Evidence, Reason, RunSpec, Tier};
 use plimsoll_wire::{OutputChunk, SessionAnswer, SessionCall, Wall};
 
@@ -23,9 +26,30 @@ use super::{failure_from_wire, image_to_wire, member_to_wire, plan_to_wire, prob
 pub struct Remote {
     socket: PathBuf,
     described: DescribedProvider,
-    /// A connection kept for questions (the launcher answers them one after another on it),
-    /// so that a question costs a round trip, not a connection.
-    kept: std::sync::Mutex<Option<(Sender, Receiver)>>,
+    /// Connections kept for questions (the launcher answers them one after another on each),
+    /// so that a question costs a round trip, not a connection; shared by every provider of
+    /// one launcher.
+    kept: Arc<Kept>,
+}
+
+/// Question connections to one launcher, kept between questions.
+#[derive(Debug, Default)]
+struct Kept(std::sync::Mutex<Vec<(Sender, Receiver)>>);
+
+impl Kept {
+    /// At most this many are kept; a question finding none free opens another.
+    const MAX: usize = 4;
+
+    fn take(&self) -> Option<(Sender, Receiver)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    fn give_back(&self, conn: (Sender, Receiver)) {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < Self::MAX {
+            kept.push(conn);
+        }
+    }
 }
 
 /// The launcher did not answer as it should.
@@ -37,14 +61,17 @@ impl Remote {
     /// Every provider the launcher at `socket` hosts, in its settings' order.
     pub fn all(socket: &Path) -> io::Result<Vec<Remote>> {
         match ask(socket, &LaunchRequest::Describe)? {
-            LaunchAnswer::Described(list) => Ok(list
-                .into_iter()
-                .map(|described| Remote {
-                    socket: socket.to_owned(),
-                    described,
-                    kept: Default::default(),
-                })
-                .collect()),
+            LaunchAnswer::Described(list) => {
+                let kept = Arc::new(Kept::default());
+                Ok(list
+                    .into_iter()
+                    .map(|described| Remote {
+                        socket: socket.to_owned(),
+                        described,
+                        kept: Arc::clone(&kept),
+                    })
+                    .collect())
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -53,7 +80,7 @@ impl Remote {
     /// afterwards when none is); a kept connection that fails is dropped and the question
     /// asked once more on a fresh one.
     fn ask(&self, request: &LaunchRequest) -> Result<LaunchAnswer, String> {
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let kept = self.kept.take();
         let reused = kept.is_some();
         let mut conn = match kept {
             Some(c) => c,
@@ -65,11 +92,7 @@ impl Remote {
             asked = question(&mut conn, request);
         }
         let answer = asked.map_err(broken)?;
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        if kept.is_none() {
-            *kept = Some(conn);
-        }
-        drop(kept);
+        self.kept.give_back(conn);
         match answer {
             LaunchAnswer::Refused(why) => Err(format!("the launcher refused: {why}")),
             a => Ok(a),
@@ -86,6 +109,28 @@ impl Remote {
 
     fn name_owned(&self) -> String {
         self.described.name.clone()
+    }
+
+    /// What routing asks of every provider of this launcher for one run (whether each
+    /// supports `spec`, takes `image`, and its memory floor), in one round trip; in the
+    /// launcher's order.
+    /// With `evidence_sha256` (per provider, the digest of the evidence it is offered on),
+    /// each also says whether that environment still holds, when the launcher knows it.
+    pub fn admit_all(
+        &self,
+        spec: &RunSpec,
+        image: Option<&RunImage>,
+        evidence_sha256: std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<Admitted>, String> {
+        let request = LaunchRequest::Admit {
+            spec: spec.clone(),
+            image: image.map(image_to_wire),
+            evidence_sha256,
+        };
+        match self.ask(&request)? {
+            LaunchAnswer::Admitted(all) => Ok(all),
+            other => Err(broken(unexpected(&other))),
+        }
     }
 }
 

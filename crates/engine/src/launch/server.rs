@@ -9,7 +9,8 @@ use std::sync::Arc;
 use plimsoll_sandbox::{BrokerChannel, BrokerPort, OutputTap, Provider, RunningIn, error_chain};
 use plimsoll_wire::Bytes;
 use plimsoll_wire::launch::{
-    DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest, MemberPlan, OpenedSession, Ran,
+    Admitted, DescribedProvider, LaunchAnswer, LaunchEvent, LaunchRequest, MemberPlan,
+    OpenedSession, Ran,
 };
 
 use super::conn::{Receiver, Sender, split};
@@ -28,6 +29,9 @@ pub struct Launcher {
     held: std::sync::Mutex<HeldSet>,
     /// The cancellers of open sessions, by the token each was named by.
     cancellers: std::sync::Mutex<std::collections::HashMap<String, Arc<Canceller>>>,
+    /// The evidence each provider was last probed or adopted on, by digest: an
+    /// [`LaunchRequest::Admit`] names it by its SHA-256 instead of sending it whole.
+    evidence: KnownEvidence,
     /// The grants file and the broker process, when there is a grants file.
     grants: Option<LauncherGrants>,
 }
@@ -157,6 +161,7 @@ impl Launcher {
             peer_uid,
             held: Default::default(),
             cancellers: Default::default(),
+            evidence: KnownEvidence::default(),
             grants: None,
         }
     }
@@ -238,6 +243,32 @@ impl Launcher {
                 }
                 return Ok(true);
             }
+            LaunchRequest::Admit {
+                spec,
+                image,
+                evidence_sha256,
+            } => {
+                let image = image.clone().map(image_from_wire);
+                let admitted = self
+                    .providers
+                    .iter()
+                    .map(|p| Admitted {
+                        provider: p.name().to_owned(),
+                        supports: p.supports(spec).map_err(|e| e.to_string()),
+                        takes_image: image
+                            .as_ref()
+                            .map_or(Ok(()), |i| p.takes_image(i))
+                            .map_err(|e| e.to_string()),
+                        memory_floor: p.memory_floor(spec),
+                        holds: evidence_sha256
+                            .get(p.name())
+                            .and_then(|sha| self.evidence.find(p.name(), sha))
+                            .map(|e| p.environment_holds(&e).map_err(|e| e.to_string())),
+                    })
+                    .collect();
+                answer(tx, LaunchAnswer::Admitted(admitted))?;
+                return Ok(true);
+            }
             LaunchRequest::Grants { .. }
             | LaunchRequest::LoadGrants { .. }
             | LaunchRequest::BrokerControl => {
@@ -270,15 +301,26 @@ impl Launcher {
             LaunchRequest::MemoryFloor { spec, .. } => {
                 LaunchAnswer::Floor(provider.memory_floor(spec))
             }
-            LaunchRequest::Probe { .. } => LaunchAnswer::Probed(probed_to_wire(provider.probe())),
-            LaunchRequest::Adopt { evidence, .. } => {
-                said(provider.adopt(evidence).map_err(|e| e.to_string()))
+            LaunchRequest::Probe { .. } => {
+                let probed = provider.probe();
+                self.evidence.keep(name, &probed.evidence);
+                LaunchAnswer::Probed(probed_to_wire(probed))
             }
-            LaunchRequest::EnvironmentHolds { evidence, .. } => said(
-                provider
-                    .environment_holds(evidence)
-                    .map_err(|e| e.to_string()),
-            ),
+            LaunchRequest::Adopt { evidence, .. } => {
+                let adopted = provider.adopt(evidence);
+                if adopted.is_ok() {
+                    self.evidence.keep(name, evidence);
+                }
+                said(adopted.map_err(|e| e.to_string()))
+            }
+            LaunchRequest::EnvironmentHolds { evidence, .. } => {
+                self.evidence.keep(name, evidence);
+                said(
+                    provider
+                        .environment_holds(evidence)
+                        .map_err(|e| e.to_string()),
+                )
+            }
             LaunchRequest::Cancel { id, uid, .. } => match self.bounds.check_sandbox(id, *uid) {
                 Err(why) => LaunchAnswer::Refused(format!("a cancel outside the settings: {why}")),
                 Ok(()) => said(
@@ -758,5 +800,37 @@ impl BrokerPort for Relay {
     }
     fn egress(&self) -> bool {
         self.egress
+    }
+}
+
+/// Evidence the launcher has seen per provider (from its probes, adoptions and checks), the
+/// newest few, found by SHA-256.
+#[derive(Default)]
+struct KnownEvidence(
+    std::sync::Mutex<std::collections::HashMap<String, Vec<(String, plimsoll_wire::Evidence)>>>,
+);
+
+impl KnownEvidence {
+    /// Kept per provider; an engine offers each provider on one evidence at a time.
+    const PER_PROVIDER: usize = 4;
+
+    fn keep(&self, provider: &str, evidence: &plimsoll_wire::Evidence) {
+        let sha = plimsoll_wire::digest::evidence_sha256(evidence);
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let list = known.entry(provider.to_owned()).or_default();
+        list.retain(|(s, _)| *s != sha);
+        list.push((sha, evidence.clone()));
+        if list.len() > Self::PER_PROVIDER {
+            list.remove(0);
+        }
+    }
+
+    fn find(&self, provider: &str, sha: &str) -> Option<plimsoll_wire::Evidence> {
+        let known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        known
+            .get(provider)?
+            .iter()
+            .find(|(s, _)| s == sha)
+            .map(|(_, e)| e.clone())
     }
 }

@@ -190,3 +190,106 @@ fn a_launcher_without_a_grants_file_refuses_the_grants_questions() {
     let e = brokers.load(1).unwrap_err().to_string();
     assert!(e.contains("the launcher has no grants file"), "{e}");
 }
+
+/// A launcher's `admit` answers, for every provider it hosts and in one round trip, what
+/// `supports`, `takes_image` and `memory_floor` answer asked one by one; the engine's
+/// admissions through it match the providers' own.
+#[test]
+fn one_admit_answers_what_the_three_questions_answer() {
+    use crate::providers::{AnyProvider, admissions};
+    let process = || {
+        AnyProvider::Process(plimsoll_process::ProcessProvider::new(
+            plimsoll_process::ProcessConfig {
+                node: "/usr/bin/node".into(),
+                python: "/usr/bin/python3".into(),
+                probe: "/nonexistent/plimsoll-probe".into(),
+                state_dir: "/nonexistent/state".into(),
+                probe_uid: 200_009,
+            },
+        ))
+    };
+    let dir = store();
+    let socket = dir.path().join("launcher.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let me = rustix::process::getuid().as_raw();
+    let launcher = std::sync::Arc::new(Launcher::new(vec![process()], bounds(dir.path()), me));
+    std::thread::spawn(move || launcher.serve(listener));
+    let remote: Vec<AnyProvider> = Remote::all(&socket)
+        .unwrap()
+        .into_iter()
+        .map(|r| AnyProvider::Remote(Box::new(r)))
+        .collect();
+    let here = [process()];
+    // An image the request named (the process tier takes only the default one, unnamed).
+    let image = image_from_wire(PlanImage {
+        named: true,
+        ..plan(dir.path()).image.unwrap()
+    });
+    let js = RunSpec::Snippet(Snippet {
+        language: Language::Javascript,
+        code: "1".into(),
+    });
+    let project: RunSpec = serde_json::from_value(serde_json::json!({
+        "kind": "project", "files": [], "steps": [{"run": "true"}]
+    }))
+    .unwrap();
+    for (spec, image) in [(&js, None), (&js, Some(&image)), (&project, None)] {
+        let there = admissions(remote.iter().map(|p| (p, None)), spec, image);
+        let local = admissions(here.iter().map(|p| (p, None)), spec, image);
+        assert_eq!((there.len(), local.len()), (1, 1));
+        let text = |r: &Result<(), plimsoll_sandbox::Unsupported>| {
+            r.as_ref().map_err(ToString::to_string).err()
+        };
+        assert_eq!(
+            text(&there[0].supports),
+            text(&local[0].supports),
+            "{spec:?}"
+        );
+        assert_eq!(
+            text(&there[0].takes_image),
+            text(&local[0].takes_image),
+            "{spec:?}"
+        );
+        assert_eq!(there[0].memory_floor, local[0].memory_floor, "{spec:?}");
+        assert!(there[0].holds.is_none() && local[0].holds.is_none());
+    }
+    // Evidence the launcher was given to adopt is named by its digest: whether its
+    // environment holds comes back with the rest; evidence it never saw is left to ask.
+    let evidence = plimsoll_wire::Evidence {
+        provider: "process".into(),
+        isolation: plimsoll_wire::Tier::Process,
+        config: Default::default(),
+        binaries: Vec::new(),
+        probe: None,
+        checks: Default::default(),
+        environment: "host".into(),
+        checked_unix_ms: 1,
+    };
+    plimsoll_sandbox::Provider::adopt(&remote[0], &evidence).unwrap();
+    let sha = plimsoll_wire::digest::evidence_sha256(&evidence);
+    let known = admissions(remote.iter().map(|p| (p, Some(sha.as_str()))), &js, None);
+    assert_eq!(known[0].holds, Some(Ok(())));
+    let unknown = admissions(remote.iter().map(|p| (p, Some("00"))), &js, None);
+    assert_eq!(unknown[0].holds, None);
+    // What each says, so the comparison above cannot pass on two empty answers.
+    let js_at_process = &admissions(remote.iter().map(|p| (p, None)), &js, Some(&image))[0];
+    assert!(js_at_process.memory_floor.is_some());
+    assert!(
+        text_of(&js_at_process.takes_image).contains("the process tier has no image"),
+        "{:?}",
+        js_at_process.takes_image
+    );
+    let project_at_process = &admissions(remote.iter().map(|p| (p, None)), &project, None)[0];
+    assert!(
+        text_of(&project_at_process.supports).contains("runs snippets only"),
+        "{:?}",
+        project_at_process.supports
+    );
+}
+
+fn text_of(r: &Result<(), plimsoll_sandbox::Unsupported>) -> String {
+    r.as_ref()
+        .map_err(ToString::to_string)
+        .err()
+        .unwrap_or_default()
+}
