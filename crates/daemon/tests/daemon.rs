@@ -4489,8 +4489,10 @@ fn split_settings(
 /// The split daemon (docs/privileges.md, "The split daemon"): with `serving_user`, plimsolld
 /// serves as that user with no capability, no_new_privs, an empty bounding set and its own
 /// seccomp filter; its launcher child stays root and keeps the broker process; runs at the
-/// process tier and at crun, granted runs, a session, a streamed run and a SIGHUP reload (of
-/// the grants too) all work through the launcher and under the filter; the grant's secret is
+/// process tier and at crun, granted runs (an API grant, and an egress grant whose
+/// connection and receipt go through the launcher's broker process), a session, a streamed
+/// run and a SIGHUP reload (of the grants too) all work through the launcher and under the
+/// filter; the grant's secret is
 /// not in the serving process's environment; a broker process killed is started again by
 /// the launcher and grants work on; and the launcher goes when the daemon is killed.
 #[test]
@@ -4502,9 +4504,22 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    // The egress servers, outside the sandbox: a listed host and one the grant does not list.
+    let fixture = plimsoll_testing::egress::EgressFixture::start(&dir.path().join("fixture"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let files = fixture.port("files");
+    let egress_profile = format!(
+        "[egress.web]\ncallers = [\"test\"]\nhosts = [\"files.plimsoll.test\"]\nports = [{files}]\n\
+         addresses = [\"127.0.0.0/8\"]\n\
+         resolve = {{ \"files.plimsoll.test\" = [\"127.0.0.1\"], \"other.plimsoll.test\" = [\"127.0.0.1\"] }}\n"
+    );
     // Root's alone: the launcher reads it, not the serving process.
     let grants = dir.path().join("grants.toml");
-    std::fs::write(&grants, grants_file_text(&api.url(), &["orders"])).unwrap();
+    std::fs::write(
+        &grants,
+        grants_file_text(&api.url(), &["orders"]) + &egress_profile,
+    )
+    .unwrap();
     std::fs::set_permissions(&grants, std::fs::Permissions::from_mode(0o600)).unwrap();
     let (token, config, uid_port, uid_base) = split_settings(
         dir.path(),
@@ -4543,6 +4558,54 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
     };
     granted("split-grant-process", "process", "orders");
     granted("split-grant-crun", "crun", "orders");
+    // An egress grant: the project's connection to the listed host goes through the broker
+    // process the launcher keeps, and its receipt comes back on the result; an unlisted host
+    // is refused and reaches no server.
+    let fetch = |url: &str| {
+        format!(
+            "try:\n    print(u.urlopen('{url}', timeout=20).read().decode().strip())\n\
+             except Exception as e:\n    print('refused', type(e).__name__)\n"
+        )
+    };
+    let body = serde_json::json!({
+        "protocol": 1,
+        "request_id": "split-egress",
+        "provider": "crun",
+        "grant": "web",
+        "run": {"kind": "project", "files": [
+            {"path": "ca.pem", "content": fixture.ca_pem()},
+            {"path": "fetch.py", "content": format!(
+                "import urllib.request as u\n{}{}",
+                fetch(&format!("https://files.plimsoll.test:{files}/hello.txt")),
+                fetch(&format!("https://other.plimsoll.test:{files}/hello.txt")),
+            )},
+        ], "steps": [{"run": "SSL_CERT_FILE=/work/ca.pem python3 fetch.py"}]},
+    });
+    let r = post(&url, Some(&token), body.to_string().as_bytes()).run();
+    assert_eq!(
+        r.result.steps[0].stdout.to_string_lossy(),
+        "egress-ok\nrefused URLError\n",
+        "{r:?}"
+    );
+    let receipts: Vec<(&str, &str)> = r
+        .result
+        .egress
+        .iter()
+        .map(|x| (x.host.as_str(), x.verdict.as_str()))
+        .collect();
+    assert_eq!(
+        receipts,
+        [
+            ("files.plimsoll.test", "allowed"),
+            ("other.plimsoll.test", "refused")
+        ],
+        "{r:?}"
+    );
+    assert_eq!(
+        fixture.connections("files"),
+        1,
+        "one connection reached the server"
+    );
     let daemon = child.id();
     // The secret was given to the daemon; the launcher has it, the serving process does not.
     let environ = std::fs::read(format!("/proc/{daemon}/environ")).unwrap();
@@ -4632,6 +4695,47 @@ fn the_split_daemon_serves_unprivileged_and_runs_through_its_launcher() {
     }
     assert_eq!(get(&url, "/v1/providers", Some(&token)).status, 200);
     granted("split-grant-reloaded", "process", "more");
+    // A file naming a variable the launcher was not given at start: the reload is refused
+    // and the profiles in force are kept (the serving process has no environment to look in,
+    // and the launcher only the variables it was handed).
+    std::fs::write(
+        &grants,
+        grants_file_text(&api.url(), &["orders", "more"])
+            + "[profiles.fresh]\nbase_url = \"http://127.0.0.1:9\"\nroutes = [\"GET /x\"]\n\
+               callers = [\"test\"]\ncall_budget = 5\n[profiles.fresh.credential]\nkind = \"static\"\n\
+               secret_env = \"FRESH_API_TOKEN\"\n",
+    )
+    .unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::HUP,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !logs
+        .lock()
+        .unwrap()
+        .contains("cannot reload the grants file")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the reload naming a new variable was not refused: {}",
+            logs.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refusal = logs
+        .lock()
+        .unwrap()
+        .lines()
+        .find(|l| l.contains("cannot reload the grants file"))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        refusal.contains("FRESH_API_TOKEN") && !refusal.contains("parse error"),
+        "the refusal names the variable: {refusal}"
+    );
+    granted("split-grant-kept", "process", "more");
     assert_eq!(
         status_field(daemon, "Seccomp"),
         "2",

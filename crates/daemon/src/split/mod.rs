@@ -441,3 +441,47 @@ fn read_secrets(fd: std::os::fd::OwnedFd) -> io::Result<Vec<(String, plimsoll_se
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the daemon wrote on a pipe, read as the launcher reads it.
+    fn read(bytes: Vec<u8>) -> io::Result<Vec<(String, String)>> {
+        let (r, mut w) = std::io::pipe().unwrap();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write as _;
+            // The reader stops at its limit and closes: a longer write ends in EPIPE.
+            let _ = w.write_all(&bytes);
+        });
+        let read = read_secrets(r.into());
+        writer.join().unwrap();
+        read.map(|pairs| {
+            pairs
+                .into_iter()
+                .map(|(n, v)| (n, v.expose().clone()))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn the_launcher_reads_each_variable_and_refuses_what_is_not_one() {
+        assert_eq!(
+            read(b"A=1\0B=x=y\0".to_vec()).unwrap(),
+            [("A".into(), "1".into()), ("B".into(), "x=y".into())]
+        );
+        assert_eq!(read(Vec::new()).unwrap(), []);
+        let e = read(b"A\0".to_vec()).unwrap_err().to_string();
+        assert!(e.contains("without `=`"), "{e}");
+        let e = read(b"A=\xff\0".to_vec()).unwrap_err().to_string();
+        assert!(e.contains("not UTF-8"), "{e}");
+        // SECRETS_MAX bytes are taken; one more is refused, not read on without end.
+        let mut at_most = b"A=".to_vec();
+        at_most.resize(SECRETS_MAX, b'v');
+        assert_eq!(read(at_most).unwrap()[0].1.len(), SECRETS_MAX - 2);
+        let mut over = b"A=".to_vec();
+        over.resize(SECRETS_MAX + 1, b'v');
+        let e = read(over).unwrap_err().to_string();
+        assert!(e.contains("over 1048576 bytes"), "{e}");
+    }
+}
