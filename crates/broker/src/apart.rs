@@ -403,20 +403,9 @@ fn spawn_process(
         SocketFlags::CLOEXEC,
         None,
     )?;
-    // The bounding set while still root (emptying it needs CAP_SETPCAP), then the ids.
     let steps = PreExec::new()
-        .step("empty the bounding set", Step::LimitBoundingSet(0))
-        .step("drop supplementary groups", Step::DropGroups)
-        .step(
-            "set gid",
-            Step::SetGids(Some(user.gid), Some(user.gid), Some(user.gid)),
-        )
-        .step(
-            "set uid",
-            Step::SetUids(Some(user.uid), Some(user.uid), Some(user.uid)),
-        )
+        .become_user(user.uid, user.gid)
         .step("no capabilities", Step::SetCapabilities(0))
-        .step("no_new_privs", Step::NoNewPrivs)
         .step("no core dumps", Step::no_core_dumps())
         .step(
             "die with the keeper",

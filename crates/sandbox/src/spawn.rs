@@ -164,21 +164,7 @@ impl Spawn {
         if !rustix::process::geteuid().is_root() {
             return self;
         }
-        let nobody = Some(NOBODY);
-        self.before_exec(
-            PreExec::new()
-                .step("empty the bounding set", Step::LimitBoundingSet(0))
-                .step("drop the groups", Step::DropGroups)
-                .step(
-                    "set the gids to nobody's",
-                    Step::SetGids(nobody, nobody, nobody),
-                )
-                .step(
-                    "set the uids to nobody's",
-                    Step::SetUids(nobody, nobody, nobody),
-                )
-                .step("no_new_privs", Step::NoNewPrivs),
-        )
+        self.before_exec(PreExec::new().become_user(NOBODY, NOBODY))
     }
 
     /// Steps the child takes after the helper's own setup and before exec, in order.

@@ -298,6 +298,19 @@ impl PreExec {
         self
     }
 
+    /// Adds the steps that make the child `uid`:`gid` for good, holding nothing of root's:
+    /// its bounding set emptied (first, while still root: emptying it needs CAP_SETPCAP; the
+    /// ambient set goes with it), no supplementary groups, every gid and then every uid set
+    /// (the uid change clears the permitted and effective sets), and no_new_privs.
+    pub fn become_user(self, uid: u32, gid: u32) -> Self {
+        let (uid, gid) = (Some(uid), Some(gid));
+        self.step("empty the bounding set", Step::LimitBoundingSet(0))
+            .step("drop the groups", Step::DropGroups)
+            .step("set the gids", Step::SetGids(gid, gid, gid))
+            .step("set the uids", Step::SetUids(uid, uid, uid))
+            .step("no_new_privs", Step::NoNewPrivs)
+    }
+
     /// Adds a step without a name (its failure reads as a failure to start at all).
     pub fn unnamed(mut self, step: Step) -> Self {
         self.steps.push((None, step));
