@@ -761,7 +761,7 @@ impl Engine {
             .slots
             .iter()
             .zip(&states)
-            .zip(admissions.iter_mut())
+            .zip(&admissions)
             .map(|((slot, st), admission)| ProviderView {
                 uses_image: slot.provider.uses_image(),
                 image: match (&image, slot.provider.uses_image()) {

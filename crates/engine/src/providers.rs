@@ -127,19 +127,20 @@ pub(crate) struct Admission {
 /// Each provider's [`Admission`] for a run of `spec` in `image`, in their order. Providers
 /// the launcher hosts (the split daemon) are asked all at once, in one round trip; others
 /// are asked here.
-/// `evidence_sha256` pairs each provider with the digest of the evidence it is offered on
+///
+/// Each provider comes paired with the digest of the evidence it is offered on
 /// (none: not offered), so the launcher can say in the same round trip whether that
 /// environment still holds.
 pub(crate) fn admissions<'a>(
-    providers: impl ExactSizeIterator<Item = (&'a AnyProvider, Option<&'a str>)> + Clone,
+    providers: impl Iterator<Item = (&'a AnyProvider, Option<&'a str>)> + Clone,
     spec: &RunSpec,
     image: Option<&plimsoll_sandbox::RunImage>,
 ) -> Vec<Admission> {
-    let mut remote = providers.clone().filter_map(|(p, _)| match p {
+    let remote = providers.clone().find_map(|(p, _)| match p {
         AnyProvider::Remote(r) => Some(r),
         _ => None,
     });
-    let asked = remote.next().map(|r| {
+    let asked = remote.map(|r| {
         let evidence = providers
             .clone()
             .filter_map(|(p, sha)| Some((p.name().to_owned(), sha?.to_owned())))

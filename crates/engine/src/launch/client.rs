@@ -722,3 +722,26 @@ impl Drop for RemoteSession {
         self.tx.shutdown();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections given back are kept up to [`Kept::MAX`], the rest closed; taking gives
+    /// the kept ones back until none is left.
+    #[test]
+    fn at_most_a_few_question_connections_are_kept() {
+        let kept = Kept::default();
+        let mut peers = Vec::new();
+        for _ in 0..Kept::MAX + 2 {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            peers.push(theirs);
+            kept.give_back(split(ours).unwrap());
+        }
+        let mut taken = 0;
+        while kept.take().is_some() {
+            taken += 1;
+        }
+        assert_eq!(taken, Kept::MAX);
+    }
+}

@@ -804,11 +804,12 @@ impl BrokerPort for Relay {
 }
 
 /// Evidence the launcher has seen per provider (from its probes, adoptions and checks), the
-/// newest few, found by SHA-256.
+/// newest few, found by SHA-256; shared, so an admission's check copies none of it.
 #[derive(Default)]
-struct KnownEvidence(
-    std::sync::Mutex<std::collections::HashMap<String, Vec<(String, plimsoll_wire::Evidence)>>>,
-);
+struct KnownEvidence(std::sync::Mutex<std::collections::HashMap<String, Vec<Known>>>);
+
+/// One evidence kept: its SHA-256, and it.
+type Known = (String, Arc<plimsoll_wire::Evidence>);
 
 impl KnownEvidence {
     /// Kept per provider; an engine offers each provider on one evidence at a time.
@@ -819,18 +820,62 @@ impl KnownEvidence {
         let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let list = known.entry(provider.to_owned()).or_default();
         list.retain(|(s, _)| *s != sha);
-        list.push((sha, evidence.clone()));
+        list.push((sha, Arc::new(evidence.clone())));
         if list.len() > Self::PER_PROVIDER {
             list.remove(0);
         }
     }
 
-    fn find(&self, provider: &str, sha: &str) -> Option<plimsoll_wire::Evidence> {
+    fn find(&self, provider: &str, sha: &str) -> Option<Arc<plimsoll_wire::Evidence>> {
         let known = self.0.lock().unwrap_or_else(|p| p.into_inner());
         known
             .get(provider)?
             .iter()
             .find(|(s, _)| s == sha)
-            .map(|(_, e)| e.clone())
+            .map(|(_, e)| Arc::clone(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evidence(environment: &str) -> plimsoll_wire::Evidence {
+        plimsoll_wire::Evidence {
+            provider: "crun".into(),
+            isolation: plimsoll_wire::Tier::Container,
+            config: Default::default(),
+            binaries: Vec::new(),
+            probe: None,
+            checks: Default::default(),
+            environment: environment.into(),
+            checked_unix_ms: 1,
+        }
+    }
+
+    /// Evidence is found by its digest and provider; the newest four per provider are kept,
+    /// the oldest dropped first, and keeping one again makes it the newest.
+    #[test]
+    fn known_evidence_keeps_the_newest_few_per_provider() {
+        let known = KnownEvidence::default();
+        let sha = |e: &plimsoll_wire::Evidence| plimsoll_wire::digest::evidence_sha256(e);
+        let all: Vec<_> = (0..6).map(|i| evidence(&format!("image {i}"))).collect();
+        for e in &all[..4] {
+            known.keep("crun", e);
+        }
+        assert_eq!(known.find("crun", &sha(&all[0])).as_deref(), Some(&all[0]));
+        assert_eq!(
+            known.find("runc", &sha(&all[0])),
+            None,
+            "another provider's"
+        );
+        known.keep("crun", &all[0]);
+        known.keep("crun", &all[4]);
+        known.keep("crun", &all[5]);
+        let kept: Vec<bool> = all
+            .iter()
+            .map(|e| known.find("crun", &sha(e)).is_some())
+            .collect();
+        assert_eq!(kept, [true, false, false, true, true, true]);
     }
 }
