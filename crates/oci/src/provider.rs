@@ -1024,7 +1024,7 @@ impl OciProvider {
         // The run's directory is the record `reap` goes by: kept while its container or
         // cgroup is left, so that a later reap removes them.
         if errors.is_empty()
-            && let Err(e) = self.state.remove_run(id)
+            && let Err(e) = self.state.remove_own_run(&run_dir)
         {
             errors.push(format!("cannot remove {}: {e}", run_dir.path().display()));
         }

@@ -153,9 +153,17 @@ impl StateDir {
     }
 
     /// Removes a run's directory tree without crossing into another file system (a mount
-    /// left inside is never followed).
+    /// left inside is never followed). For the reap, which holds the global lock.
     pub fn remove_run(&self, id: &str) -> io::Result<()> {
         remove_tree_one_fs(&self.runs().join(id))
+    }
+
+    /// Removes a live run's own directory, still locked by `run`, under the global lock held
+    /// shared. Its lock file goes with it, and a run with no lock file looks like a leftover:
+    /// a reap (holding the lock exclusive) must never see the tree half removed.
+    pub fn remove_own_run(&self, run: &RunDir) -> io::Result<()> {
+        let _global = self.global_lock(false)?;
+        remove_tree_one_fs(&run.path)
     }
 }
 
@@ -193,5 +201,22 @@ mod tests {
         assert!(!t.is_finished(), "setup waits for the reap");
         drop(reaping);
         t.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_run_removes_its_own_directory_only_between_reaps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = StateDir::new(tmp.path().join("crun"));
+        let run = s.create_run("plimsoll-y").unwrap();
+        fs::write(run.path().join("f"), "x").unwrap();
+        let reaping = s.global_lock(true).unwrap();
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || s2.remove_own_run(&run));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished(), "the removal waits for the reap");
+        assert!(s.runs().join("plimsoll-y").join("lock").exists());
+        drop(reaping);
+        t.join().unwrap().unwrap();
+        assert!(s.run_ids().is_empty());
     }
 }

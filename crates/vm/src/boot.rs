@@ -268,10 +268,19 @@ pub enum StartVmError {
 #[derive(Debug)]
 struct RunDir {
     path: PathBuf,
-    _lock: File,
+    lock: File,
 }
 
 impl RunDir {
+    /// Removes the directory, its lock file included, while the lock is still held: a reap
+    /// of another daemon skips a directory whose lock is held or gone, so it never races the
+    /// removal.
+    fn remove(self) -> io::Result<()> {
+        let done = remove_run_dir(&self.path);
+        drop(self.lock);
+        done
+    }
+
     fn create(path: &Path) -> Result<RunDir, StartVmError> {
         let err = |p: &Path| {
             let p = p.to_owned();
@@ -316,7 +325,7 @@ impl RunDir {
             .map_err(err(&jail))?;
         Ok(RunDir {
             path: path.to_owned(),
-            _lock: lock,
+            lock,
         })
     }
 }
@@ -454,9 +463,7 @@ impl Vm {
             Ok(vm) => Ok(vm),
             Err((e, run_dir)) => {
                 let _ = end_processes_of_uid(plan.uid, KILL_PATIENCE);
-                let path = run_dir.path.clone();
-                drop(run_dir);
-                let _ = remove_run_dir(&path);
+                let _ = run_dir.remove();
                 Err(e)
             }
         }
@@ -608,8 +615,10 @@ impl Vm {
         let qemu_stderr = self.qemu_err.join().unwrap_or_default();
         let processes = end_processes_of_uid(self.uid, KILL_PATIENCE).map_err(TeardownError::from);
         let path = self.run_dir.path.clone();
-        drop(self.run_dir);
-        let dir = remove_run_dir(&path).map_err(|source| TeardownError::RunDir { path, source });
+        let dir = self
+            .run_dir
+            .remove()
+            .map_err(|source| TeardownError::RunDir { path, source });
         Stopped {
             console,
             qemu_stderr,
