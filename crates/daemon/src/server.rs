@@ -755,12 +755,18 @@ async fn healthz() -> Response {
     axum::Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
+/// The header of `/readyz` answers naming the daemon's instance (the middle of every session
+/// id it gives), by which a router finds the node that holds a session.
+pub const INSTANCE_HEADER: &str = "plimsoll-instance";
+
 async fn readyz(State(st): State<AppState>) -> Response {
+    let instance = [(INSTANCE_HEADER, st.engine.instance().to_owned())];
     if st.engine.ready() {
-        axum::Json(serde_json::json!({"ready": true})).into_response()
+        (instance, axum::Json(serde_json::json!({"ready": true}))).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
+            instance,
             axum::Json(serde_json::json!({
                 "ready": false,
                 "message": "no provider has passed its probe yet (or every one was withdrawn): see the daemon's log and GET /v1/providers"

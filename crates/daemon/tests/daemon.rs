@@ -667,6 +667,17 @@ fn readyz_follows_the_providers() {
     assert_eq!(a.status, 503, "{}", a.body);
     let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
     assert_eq!(v["ready"], false);
+    // Ready or not, the answer names the daemon's instance, the middle of its session ids.
+    for daemon in [&d, &broken] {
+        let a = get(&daemon.url, "/readyz", None);
+        let instance = &a.headers["plimsoll-instance"];
+        assert_eq!(instance, daemon.engine().instance());
+        assert!(
+            instance.len() == 16 && instance.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{instance}"
+        );
+    }
+    assert_ne!(d.engine().instance(), broken.engine().instance());
 }
 
 #[test]

@@ -691,6 +691,12 @@ impl Engine {
         out.into_iter().map(|(_, info)| info).collect()
     }
 
+    /// This engine's instance: 16 hex digits, the middle of every session id it gives. A
+    /// router in front of several daemons routes a session's calls by it (docs/cluster.md).
+    pub fn instance(&self) -> &str {
+        self.sessions.instance()
+    }
+
     /// True once every provider's first probe has ended and at least one passed. A provider
     /// serves as soon as its own probe passed, before this (routing skips one not probed
     /// yet), but a caller that waits for readiness then sees every provider the host offers,

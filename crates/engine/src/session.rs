@@ -103,6 +103,10 @@ pub enum CallKind {
 }
 
 impl Sessions {
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
+    }
+
     pub(crate) fn new() -> Arc<Self> {
         let bytes: [u8; 8] = rand::random();
         Arc::new(Sessions {
