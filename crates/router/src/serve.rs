@@ -1,0 +1,740 @@
+//! The router's HTTP API: the daemon's own, served by passing each request to a node.
+//!
+//! - `POST /v1/runs` and `POST /v1/sessions` go to a node that meets the request (see
+//!   [`crate::place`]); a node that refuses with nothing run (capacity, environment, isolation,
+//!   unsupported) is followed by the next, and when no node may take it the router refuses it
+//!   itself, not dispatched, with the request id echoed.
+//! - Every call of a session goes to the node named by the session id's instance part.
+//! - `GET /v1/sessions` asks every ready node and joins their lists.
+//! - `GET /v1/providers` and `GET /v1/openapi.json` are one ready node's answers.
+//! - `GET /v1/nodes` is the router's view of its nodes; `/healthz`, `/readyz` and `/metrics`
+//!   are the router's own.
+//!
+//! A node's answer is passed on untouched (status, headers, body, streamed as it comes), with
+//! a `Plimsoll-Node` header naming the node, so clients check its digests exactly as they
+//! would the node's. A connection to a node lost after the request was sent is never
+//! "not dispatched": it is `node_lost`, with `not_dispatched: null`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use http_body_util::BodyExt as _;
+use plimsoll_callers::store::CallerStore;
+use plimsoll_secret::Secret;
+use plimsoll_wire::{EndReason, ErrorBody, ErrorResponse, PROTOCOL, Reason};
+
+use crate::forward::{ExchangeError, exchange};
+use crate::nodes::{Cluster, SessionNode};
+use crate::place::{Want, candidates};
+
+/// The header naming the node that answered (`ip:port`).
+pub const NODE_HEADER: &str = "plimsoll-node";
+/// The header of a joined session list naming the nodes that did not answer.
+pub const UNANSWERED_HEADER: &str = "plimsoll-nodes-unanswered";
+/// The default limit of a request body (the daemon's own default).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+/// How long a request body may take to arrive.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of a node's refusal read to decide whether the next node is tried.
+const REFUSAL_LIMIT: usize = 1 << 20;
+
+/// What the router serves from.
+#[derive(Debug)]
+pub struct Shared {
+    /// The nodes.
+    pub cluster: Arc<Cluster>,
+    /// The callers, the same file the nodes read.
+    pub callers: CallerStore,
+    /// The most a request body may hold.
+    pub max_body_bytes: usize,
+    /// Counters for `/metrics`.
+    pub counts: Counts,
+}
+
+/// The router's counters.
+#[derive(Debug, Default)]
+pub struct Counts {
+    forwarded: AtomicU64,
+    refused: AtomicU64,
+    tried_next: AtomicU64,
+    lost: AtomicU64,
+    unreachable: AtomicU64,
+}
+
+type AppState = Arc<Shared>;
+
+/// The router's routes.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/runs", post(runs))
+        .route("/v1/sessions", post(open_session).get(list_sessions))
+        .route("/v1/sessions/{id}", any(session_call))
+        .route("/v1/sessions/{id}/{*rest}", any(session_call))
+        .route("/v1/providers", get(one_node))
+        .route("/v1/openapi.json", get(one_node))
+        .route("/v1/nodes", get(nodes))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/mcp", any(mcp))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// One answer of the router's own (not a node's).
+fn answer(
+    status: StatusCode,
+    code: &str,
+    not_dispatched: Option<Reason>,
+    end_reason: Option<EndReason>,
+    request_id: Option<String>,
+    message: String,
+) -> Response {
+    let body = ErrorResponse {
+        protocol: PROTOCOL,
+        request_id,
+        error: ErrorBody {
+            code: code.to_owned(),
+            message,
+            not_dispatched,
+            end_reason,
+        },
+    };
+    let mut resp = (status, axum::Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    resp
+}
+
+/// The HTTP status of a refusal (the daemon's own mapping).
+fn status_for(reason: Reason) -> StatusCode {
+    match reason {
+        Reason::Request | Reason::Protocol => StatusCode::BAD_REQUEST,
+        Reason::Permission => StatusCode::FORBIDDEN,
+        Reason::Unsupported | Reason::Isolation => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::Environment => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::Capacity => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
+/// The caller's token checked against the callers file, as a node would.
+fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let refuse = |msg: &str| {
+        answer(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            Some(Reason::Permission),
+            None,
+            None,
+            msg.to_owned(),
+        )
+    };
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(Box::new(refuse(
+            "no bearer token: send `Authorization: Bearer <token>` (a caller's token, from `plimsoll callers add NAME`)",
+        )));
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|t| t.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| Secret::new(t.trim()));
+    let callers = st.callers.current().map_err(|e| {
+        Box::new(answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "callers_unavailable",
+            Some(Reason::Environment),
+            None,
+            None,
+            e.to_string(),
+        ))
+    })?;
+    match token.as_ref().and_then(|t| callers.authenticate(t)) {
+        Some(_) => Ok(()),
+        None => Err(Box::new(refuse(
+            "the bearer token is not a current caller's: check it, or ask the operator for one",
+        ))),
+    }
+}
+
+/// Reads a request body up to the limit, or answers why not.
+async fn read_body(st: &Shared, body: Body) -> Result<Bytes, Box<Response>> {
+    let limited = http_body_util::Limited::new(body, st.max_body_bytes);
+    match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(Box::new(answer(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request",
+            Some(Reason::Request),
+            None,
+            None,
+            format!(
+                "the body is over the router's limit of {} bytes: send less",
+                st.max_body_bytes
+            ),
+        ))),
+        Ok(Err(e)) => Err(Box::new(answer(
+            StatusCode::BAD_REQUEST,
+            "request",
+            Some(Reason::Request),
+            None,
+            None,
+            format!("the body could not be read: {e}"),
+        ))),
+        Err(_) => Err(Box::new(answer(
+            StatusCode::REQUEST_TIMEOUT,
+            "request",
+            Some(Reason::Request),
+            None,
+            None,
+            format!(
+                "the body did not arrive within {} s",
+                BODY_TIMEOUT.as_secs()
+            ),
+        ))),
+    }
+}
+
+/// Headers that belong to one connection, not passed on.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-authorization"
+            | "proxy-authenticate"
+            | "host"
+    )
+}
+
+/// The request to send a node: the caller's method, path, query and end-to-end headers.
+fn to_node(
+    addr: SocketAddr,
+    method: &Method,
+    uri: &axum::http::Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> hyper::Request<Body> {
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut req = hyper::Request::builder()
+        .method(method.clone())
+        .uri(target)
+        .body(body)
+        .expect("a method and target taken from a parsed request are valid");
+    let h = req.headers_mut();
+    for (k, v) in headers {
+        if !hop_by_hop(k) {
+            h.append(k.clone(), v.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&addr.to_string()) {
+        h.insert(header::HOST, v.clone());
+    }
+    req
+}
+
+/// A node's answer as the router's: untouched but for the connection's own headers, and the
+/// node named.
+fn from_node(addr: SocketAddr, resp: hyper::Response<hyper::body::Incoming>) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let names: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|k| hop_by_hop(k))
+        .cloned()
+        .collect();
+    for k in names {
+        parts.headers.remove(k);
+    }
+    name_node(&mut parts.headers, addr);
+    Response::from_parts(parts, Body::new(body))
+}
+
+fn name_node(headers: &mut HeaderMap, addr: SocketAddr) {
+    if let Ok(v) = HeaderValue::from_str(&addr.to_string()) {
+        headers.insert(HeaderName::from_static(NODE_HEADER), v);
+    }
+}
+
+/// The "may have run" answer for a connection lost after the request was sent.
+fn lost(st: &Shared, addr: SocketAddr, request_id: Option<String>, why: &str) -> Response {
+    st.counts.lost.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(node = %addr, request_id = ?request_id, error = %why, "a node was lost after a request was sent to it");
+    let mut resp = answer(
+        StatusCode::BAD_GATEWAY,
+        "node_lost",
+        None,
+        None,
+        request_id,
+        format!(
+            "the connection to node {addr} failed after the request was sent ({why}): it may \
+             have run there. Do not retry blindly: a run's effects, if any, are not known"
+        ),
+    );
+    name_node(resp.headers_mut(), addr);
+    resp
+}
+
+fn request_id_of(body: &serde_json::Value) -> Option<String> {
+    body.get("request_id")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
+}
+
+async fn runs(State(st): State<AppState>, req: Request) -> Response {
+    place_and_send(st, req, false).await
+}
+
+async fn open_session(State(st): State<AppState>, req: Request) -> Response {
+    place_and_send(st, req, true).await
+}
+
+/// Places a run or a session's open and sends it, trying the next node while a node
+/// refuses with nothing run.
+async fn place_and_send(st: AppState, req: Request, session: bool) -> Response {
+    let (parts, body) = req.into_parts();
+    if let Err(r) = authenticate(&st, &parts.headers) {
+        return *r;
+    }
+    let bytes = match read_body(&st, body).await {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let request_id = request_id_of(&parsed);
+    let want = Want::of(&parsed, session);
+    let order = match candidates(&st.cluster, &want) {
+        Ok(o) => o,
+        Err(no) => {
+            st.counts.refused.fetch_add(1, Ordering::Relaxed);
+            return answer(
+                status_for(no.reason),
+                no.reason.as_str(),
+                Some(no.reason),
+                None,
+                request_id,
+                no.message,
+            );
+        }
+    };
+    let mut last_refusal: Option<Response> = None;
+    let mut unreachable = Vec::new();
+    for (i, addr) in order.iter().copied().enumerate() {
+        let more = i + 1 < order.len();
+        let _counted = st.cluster.start_exchange(addr);
+        let to = to_node(
+            addr,
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            Body::from(bytes.clone()),
+        );
+        let resp = match exchange(addr, to).await {
+            Ok(r) => r,
+            Err(ExchangeError::NotSent(why)) => {
+                // Nothing reached it: the next node may take the request.
+                st.counts.unreachable.fetch_add(1, Ordering::Relaxed);
+                st.cluster.mark_unreachable(addr, &why);
+                unreachable.push(format!("{addr}: {why}"));
+                continue;
+            }
+            Err(ExchangeError::Lost(why)) => return lost(&st, addr, request_id, &why),
+        };
+        let refusal_status = matches!(resp.status().as_u16(), 422 | 429 | 503);
+        if !(more && refusal_status) {
+            st.counts.forwarded.fetch_add(1, Ordering::Relaxed);
+            return from_node(addr, resp);
+        }
+        // A refusal that may be another node's to take: read it whole (it is small).
+        let (mut head, body) = resp.into_parts();
+        let read = tokio::time::timeout(
+            BODY_TIMEOUT,
+            http_body_util::Limited::new(body, REFUSAL_LIMIT).collect(),
+        )
+        .await;
+        let text = match read {
+            Ok(Ok(c)) => c.to_bytes(),
+            // The refusal broke off: what it said is unknown, so the run may have started.
+            _ => return lost(&st, addr, request_id, "its answer broke off"),
+        };
+        let retry = serde_json::from_slice::<ErrorResponse>(&text).is_ok_and(|e| {
+            e.request_id == request_id
+                && matches!(
+                    e.error.not_dispatched,
+                    Some(
+                        Reason::Capacity
+                            | Reason::Environment
+                            | Reason::Isolation
+                            | Reason::Unsupported
+                    )
+                )
+        });
+        for k in head
+            .headers
+            .keys()
+            .filter(|k| hop_by_hop(k))
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            head.headers.remove(k);
+        }
+        name_node(&mut head.headers, addr);
+        let whole = Response::from_parts(head, Body::from(text));
+        if !retry {
+            st.counts.forwarded.fetch_add(1, Ordering::Relaxed);
+            return whole;
+        }
+        st.counts.tried_next.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(node = %addr, request_id = ?request_id, "a node refused with nothing run; trying the next");
+        last_refusal = Some(whole);
+    }
+    if let Some(r) = last_refusal {
+        st.counts.forwarded.fetch_add(1, Ordering::Relaxed);
+        return r;
+    }
+    st.counts.refused.fetch_add(1, Ordering::Relaxed);
+    answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "environment",
+        Some(Reason::Environment),
+        None,
+        request_id,
+        format!(
+            "no node that could take this request could be reached, so it ran nowhere: {}",
+            unreachable.join("; ")
+        ),
+    )
+}
+
+/// A call of one session, sent to the node that holds it.
+async fn session_call(State(st): State<AppState>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    if let Err(r) = authenticate(&st, &parts.headers) {
+        return *r;
+    }
+    let id = parts
+        .uri
+        .path()
+        .trim_start_matches("/v1/sessions/")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let bytes = match read_body(&st, body).await {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let request_id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| request_id_of(&v));
+    let addr = match st.cluster.session_node(&id) {
+        SessionNode::At(addr) => addr,
+        SessionNode::Gone { addr, why } => {
+            let mut r = answer(
+                StatusCode::NOT_FOUND,
+                "session_not_found",
+                Some(Reason::Request),
+                Some(EndReason::DaemonRestarted),
+                request_id,
+                format!(
+                    "no such session: {why}, and a session does not outlive its node's daemon; open a new one"
+                ),
+            );
+            name_node(r.headers_mut(), addr);
+            return r;
+        }
+        SessionNode::Unknown => {
+            return answer(
+                StatusCode::NOT_FOUND,
+                "session_not_found",
+                Some(Reason::Request),
+                None,
+                request_id,
+                "no such session: no node of this router gave this id; open one with POST /v1/sessions".into(),
+            );
+        }
+    };
+    let _counted = st.cluster.start_exchange(addr);
+    let to = to_node(
+        addr,
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        Body::from(bytes),
+    );
+    match exchange(addr, to).await {
+        Ok(resp) => {
+            st.counts.forwarded.fetch_add(1, Ordering::Relaxed);
+            from_node(addr, resp)
+        }
+        Err(ExchangeError::NotSent(why)) => {
+            st.counts.unreachable.fetch_add(1, Ordering::Relaxed);
+            st.cluster.mark_unreachable(addr, &why);
+            let mut r = answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "node_unreachable",
+                Some(Reason::Environment),
+                None,
+                request_id,
+                format!(
+                    "node {addr}, which holds this session, cannot be reached ({why}); nothing \
+                     was sent. Try again later: the session lives on if its node does"
+                ),
+            );
+            name_node(r.headers_mut(), addr);
+            r
+        }
+        Err(ExchangeError::Lost(why)) => lost(&st, addr, request_id, &why),
+    }
+}
+
+/// The caller's sessions on every ready node, joined (oldest first).
+async fn list_sessions(State(st): State<AppState>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    if let Err(r) = authenticate(&st, &parts.headers) {
+        return *r;
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for n in st.cluster.nodes().into_iter().filter(|n| n.usable()) {
+        let to = to_node(
+            n.addr,
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            Body::empty(),
+        );
+        set.spawn(async move {
+            let answer = async {
+                let resp = exchange(n.addr, to).await.map_err(|_| ())?;
+                if resp.status() != StatusCode::OK {
+                    return Err(());
+                }
+                let bytes = http_body_util::Limited::new(resp.into_body(), 64 << 20)
+                    .collect()
+                    .await
+                    .map_err(|_| ())?
+                    .to_bytes();
+                serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|_| ())
+            };
+            (n.addr, answer.await)
+        });
+    }
+    let mut sessions: Vec<serde_json::Value> = Vec::new();
+    let mut unanswered = Vec::new();
+    while let Some(Ok((addr, r))) = set.join_next().await {
+        match r {
+            Ok(v) => sessions.extend(
+                v.get("sessions")
+                    .and_then(|s| s.as_array())
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+            Err(()) => unanswered.push(addr.to_string()),
+        }
+    }
+    sessions.sort_by_key(|s| s.get("opened_unix_ms").and_then(|v| v.as_u64()));
+    let mut resp =
+        axum::Json(serde_json::json!({"protocol": PROTOCOL, "sessions": sessions})).into_response();
+    if !unanswered.is_empty() {
+        unanswered.sort();
+        if let Ok(v) = HeaderValue::from_str(&unanswered.join(",")) {
+            resp.headers_mut()
+                .insert(HeaderName::from_static(UNANSWERED_HEADER), v);
+        }
+    }
+    resp
+}
+
+/// A request any node answers alike: sent to the least loaded ready node.
+async fn one_node(State(st): State<AppState>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    if parts.uri.path() != "/v1/openapi.json"
+        && let Err(r) = authenticate(&st, &parts.headers)
+    {
+        return *r;
+    }
+    let mut ready: Vec<(u64, SocketAddr)> = st
+        .cluster
+        .nodes()
+        .into_iter()
+        .filter(|n| n.usable())
+        .map(|n| (n.load + st.cluster.in_flight(n.addr), n.addr))
+        .collect();
+    ready.sort();
+    for (_, addr) in ready {
+        let to = to_node(
+            addr,
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            Body::empty(),
+        );
+        match exchange(addr, to).await {
+            Ok(resp) => return from_node(addr, resp),
+            Err(ExchangeError::NotSent(why)) => st.cluster.mark_unreachable(addr, &why),
+            Err(ExchangeError::Lost(_)) => {}
+        }
+    }
+    answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "environment",
+        Some(Reason::Environment),
+        None,
+        None,
+        "no node is ready to answer: see GET /v1/nodes".into(),
+    )
+}
+
+/// The router's view of its nodes.
+async fn nodes(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(r) = authenticate(&st, &headers) {
+        return *r;
+    }
+    let list: Vec<serde_json::Value> = st
+        .cluster
+        .nodes()
+        .into_iter()
+        .map(|n| {
+            let providers: Vec<serde_json::Value> = n
+                .tiers()
+                .into_iter()
+                .map(|(name, tier)| serde_json::json!({"name": name, "isolation": tier}))
+                .collect();
+            let images: Vec<&str> = n
+                .providers
+                .iter()
+                .flat_map(|p| &p.images)
+                .map(|i| i.name.as_str())
+                .collect();
+            serde_json::json!({
+                "node": n.addr.to_string(),
+                "instance": n.instance,
+                "ready": n.ready,
+                "usable": n.usable(),
+                "load": n.load,
+                "router_in_flight": st.cluster.in_flight(n.addr),
+                "available_providers": providers,
+                "images": images,
+                "error": n.error,
+            })
+        })
+        .collect();
+    axum::Json(serde_json::json!({"nodes": list})).into_response()
+}
+
+async fn healthz() -> Response {
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    let ready = st.cluster.nodes().iter().filter(|n| n.usable()).count();
+    if ready > 0 {
+        axum::Json(serde_json::json!({"ready": true})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({
+                "ready": false,
+                "message": "no node is ready: see GET /v1/nodes and the router's log"
+            })),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    use std::fmt::Write as _;
+    let nodes = st.cluster.nodes();
+    let c = &st.counts;
+    let mut out = String::new();
+    let mut counter = |name: &str, help: &str, v: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    };
+    counter(
+        "plimsoll_router_forwarded_total",
+        "Requests answered by a node.",
+        c.forwarded.load(Ordering::Relaxed),
+    );
+    counter(
+        "plimsoll_router_refused_total",
+        "Runs and opens the router refused itself, not dispatched (no node could take them).",
+        c.refused.load(Ordering::Relaxed),
+    );
+    counter(
+        "plimsoll_router_tried_next_total",
+        "Times a node refused with nothing run and the next node was tried.",
+        c.tried_next.load(Ordering::Relaxed),
+    );
+    counter(
+        "plimsoll_router_node_lost_total",
+        "Requests whose node's connection failed after they were sent (may have run).",
+        c.lost.load(Ordering::Relaxed),
+    );
+    counter(
+        "plimsoll_router_node_unreachable_total",
+        "Connections to a node that could not be made (nothing sent).",
+        c.unreachable.load(Ordering::Relaxed),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP plimsoll_router_nodes Nodes found.\n# TYPE plimsoll_router_nodes gauge\nplimsoll_router_nodes {}",
+        nodes.len()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP plimsoll_router_nodes_usable Nodes ready, with their providers known.\n# TYPE plimsoll_router_nodes_usable gauge\nplimsoll_router_nodes_usable {}",
+        nodes.iter().filter(|n| n.usable()).count()
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
+
+async fn mcp(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(r) = authenticate(&st, &headers) {
+        return *r;
+    }
+    answer(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_found",
+        Some(Reason::Request),
+        None,
+        None,
+        "the router does not serve MCP yet: point the MCP client at a node's /mcp (GET /v1/nodes lists them)".into(),
+    )
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
+    answer(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        Some(Reason::Request),
+        None,
+        None,
+        format!("no route {method} {}: see docs/cluster.md", uri.path()),
+    )
+}
