@@ -1,344 +1,15 @@
 //! plimsoll-router in front of real plimsolld nodes (each its own process, on loopback):
 //! placement by floor and image, answers passed on and verified by the client, session calls
 //! routed by the session id, a node killed before and after dispatch, a node restarted under
-//! its sessions.
+//! its sessions. The same under network partitions and restarts: tests/chaos.rs.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader};
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{Cluster, PROCESS, Router, call, process_available, run_body, runc_available};
 use plimsoll_client::{Client, RunOptions};
-use plimsoll_testing::{self as testing, tool_binary, workspace_root};
 use plimsoll_wire::{Language, Tier};
-
-/// One HTTP answer.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: BTreeMap<String, String>,
-    body: String,
-}
-
-impl Answer {
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
-    }
-
-    fn node(&self) -> &str {
-        self.headers.get("plimsoll-node").map_or("", String::as_str)
-    }
-}
-
-fn call(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Answer {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(120)))
-        .build()
-        .into();
-    let uri = format!("{url}{path}");
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let resp = match (method, body) {
-        ("GET", _) => {
-            let mut r = agent.get(&uri);
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.call()
-        }
-        ("DELETE", _) => {
-            let mut r = agent.delete(&uri);
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.call()
-        }
-        (_, b) => {
-            let mut r = agent.post(&uri).header("content-type", "application/json");
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.send(b.unwrap_or("").as_bytes())
-        }
-    };
-    let mut resp = resp.unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
-    let headers = resp
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_ascii_lowercase(),
-                v.to_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
-    Answer {
-        status: resp.status().as_u16(),
-        headers,
-        body: resp.body_mut().read_to_string().unwrap_or_default(),
-    }
-}
-
-/// A child process's stderr, gathered; and the address it said it listens on.
-fn gather(child: &mut Child, what: &str) -> (String, std::sync::Arc<std::sync::Mutex<String>>) {
-    let logs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().expect("piped stderr");
-    let sink = std::sync::Arc::clone(&logs);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
-                && v["message"] == "listening"
-            {
-                let _ = tx.send(v["addr"].as_str().unwrap_or_default().to_owned());
-            }
-            let mut l = sink.lock().unwrap();
-            l.push_str(&line);
-            l.push('\n');
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| {
-            panic!(
-                "{what} never said it was listening: {}",
-                logs.lock().unwrap()
-            )
-        });
-    (addr, logs)
-}
-
-#[expect(
-    clippy::disallowed_methods,
-    reason = "the test starts the project's own binaries, each with the environment it sets"
-)]
-fn command(binary: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new(binary);
-    c.env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("PLIMSOLL_LOG", "debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    c
-}
-
-/// One plimsolld node, its own process.
-struct Node {
-    child: Child,
-    addr: String,
-    config: PathBuf,
-    _uid_port: std::net::TcpListener,
-    _dir: tempfile::TempDir,
-}
-
-impl Node {
-    /// A node on `top` settings (floor, providers, sections), reading `callers`.
-    fn start(top: &str, callers: &Path) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-        let state = dir.path().join("state");
-        std::fs::create_dir_all(&state).unwrap();
-        // A port held for the node's life picks a sandbox uid range no other test uses.
-        let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let uid_base =
-            plimsoll_daemon::testing::uid_base_for_port(uid_port.local_addr().unwrap().port());
-        let config = dir.path().join("plimsoll.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "state_dir = \"{}\"\nsandbox_uid_base = {uid_base}\n{top}\n\
-                 [daemon]\ncallers_file = \"{}\"\n",
-                state.display(),
-                callers.display()
-            ),
-        )
-        .unwrap();
-        let (child, addr) = Node::launch(&config, "127.0.0.1:0");
-        Node {
-            child,
-            addr,
-            config,
-            _uid_port: uid_port,
-            _dir: dir,
-        }
-    }
-
-    fn launch(config: &Path, listen: &str) -> (Child, String) {
-        let plimsolld = tool_binary("plimsolld", "plimsoll-daemon").expect("plimsolld");
-        let mut child = command(&plimsolld)
-            .arg("--config")
-            .arg(config)
-            .args(["--listen", listen])
-            .spawn()
-            .expect("start plimsolld");
-        let (addr, logs) = gather(&mut child, "plimsolld");
-        // Its providers' start-up probes settle: ready, or every one withdrawn.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while call(&format!("http://{addr}"), "GET", "/readyz", None, None).status != 200
-            && !logs
-                .lock()
-                .unwrap()
-                .contains("no provider passed its probe")
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (child, addr)
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// A new daemon on the same settings, state and port, in place of this (killed) one.
-    fn restart(&mut self) {
-        self.kill();
-        let (child, addr) = Node::launch(&self.config, &self.addr.clone());
-        assert_eq!(addr, self.addr);
-        self.child = child;
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let a = call(&self.url(), "GET", "/metrics", None, None);
-        a.body
-            .lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The router, its own process, in front of `nodes`.
-struct Router {
-    child: Child,
-    url: String,
-    logs: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Router {
-    fn start(nodes: &[&Node], cluster: &Cluster) -> Router {
-        let list: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
-        let mut child = command(Path::new(env!("CARGO_BIN_EXE_plimsoll-router")))
-            .args(["--listen", "127.0.0.1:0", "--refresh-ms", "200", "--nodes"])
-            .arg(list.join(","))
-            .arg("--callers")
-            .arg(&cluster.callers)
-            .arg("--token-file")
-            .arg(&cluster.router_token)
-            .spawn()
-            .expect("start plimsoll-router");
-        let (addr, logs) = gather(&mut child, "plimsoll-router");
-        let r = Router {
-            child,
-            url: format!("http://{addr}"),
-            logs,
-        };
-        r.wait_usable(&cluster.token, nodes.len());
-        r
-    }
-
-    /// Waits until the router sees `n` nodes usable.
-    fn wait_usable(&self, token: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let a = call(&self.url, "GET", "/v1/nodes", Some(token), None);
-            let usable = a.json()["nodes"]
-                .as_array()
-                .map_or(0, |l| l.iter().filter(|x| x["usable"] == true).count());
-            if usable == n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the router never saw {n} nodes usable: {}\n{}",
-                a.body,
-                self.logs.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Router {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The callers file every node and the router read: a caller `test` and the router's own.
-struct Cluster {
-    callers: PathBuf,
-    router_token: PathBuf,
-    token: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn new() -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-        let callers = dir.path().join("callers.toml");
-        let token = plimsoll_callers::add_caller(&callers, "test")
-            .unwrap()
-            .expose()
-            .clone();
-        let router = plimsoll_callers::add_caller(&callers, "router").unwrap();
-        let router_token = dir.path().join("router.token");
-        std::fs::write(&router_token, router.expose()).unwrap();
-        Cluster {
-            callers,
-            router_token,
-            token,
-            _dir: dir,
-        }
-    }
-
-    fn nodes(&self, n: usize, top: &str) -> Vec<Node> {
-        // What the nodes' providers start: built when missing.
-        testing::probe_and_agent().expect("plimsoll-probe and plimsoll-agent");
-        (0..n).map(|_| Node::start(top, &self.callers)).collect()
-    }
-}
-
-const PROCESS: &str = "default_floor = \"process\"\nproviders = [\"process\"]";
-
-fn run_body(request_id: &str, code: &str, extra: &str) -> String {
-    format!(
-        r#"{{"protocol":1,"request_id":"{request_id}","run":{{"kind":"snippet","language":"python","code":{}}}{extra}}}"#,
-        serde_json::to_string(code).unwrap()
-    )
-}
-
-/// Whether the process provider is there on every node (skipped, or failed under CI=true).
-fn process_available(test: &str, node: &Node, token: &str) -> bool {
-    let p = call(&node.url(), "GET", "/v1/providers", Some(token), None).json();
-    let ok = p["providers"].as_array().is_some_and(|l| {
-        l.iter()
-            .any(|x| x["name"] == "process" && x["available"] == true)
-    });
-    if !ok {
-        testing::skip_or_fail(test, &format!("the process provider is unavailable: {p}"));
-    }
-    ok
-}
 
 #[test]
 fn runs_through_the_router_are_placed_verified_and_spread_over_the_nodes() {
@@ -348,7 +19,12 @@ fn runs_through_the_router_are_placed_verified_and_spread_over_the_nodes() {
     if !process_available(test, &nodes[0], &cluster.token) {
         return;
     }
-    let router = Router::start(&nodes.iter().collect::<Vec<_>>(), &cluster);
+    let router = Router::start(
+        &nodes.iter().collect::<Vec<_>>(),
+        &cluster,
+        None,
+        "127.0.0.1:0",
+    );
     // The Rust client checks the tier against the floor and recomputes every digest: the
     // router passed each answer on untouched.
     let client = Client::new(router.url.clone(), cluster.token.clone());
@@ -395,7 +71,12 @@ fn what_no_node_can_take_is_refused_before_it_reaches_any_node() {
     if !process_available(test, &nodes[0], &cluster.token) {
         return;
     }
-    let router = Router::start(&nodes.iter().collect::<Vec<_>>(), &cluster);
+    let router = Router::start(
+        &nodes.iter().collect::<Vec<_>>(),
+        &cluster,
+        None,
+        "127.0.0.1:0",
+    );
     let requests_before: Vec<f64> = nodes
         .iter()
         .map(|n| n.metric("plimsoll_http_requests_total{route=\"/v1/runs\""))
@@ -470,7 +151,12 @@ fn a_run_whose_node_dies_after_dispatch_is_never_said_not_dispatched() {
     if !process_available(test, &nodes[0], &cluster.token) {
         return;
     }
-    let router = Router::start(&nodes.iter().collect::<Vec<_>>(), &cluster);
+    let router = Router::start(
+        &nodes.iter().collect::<Vec<_>>(),
+        &cluster,
+        None,
+        "127.0.0.1:0",
+    );
     let url = router.url.clone();
     let token = cluster.token.clone();
     let running = std::thread::spawn(move || {
@@ -530,28 +216,16 @@ fn a_run_whose_node_dies_after_dispatch_is_never_said_not_dispatched() {
 fn a_session_s_calls_go_to_its_node_and_end_with_it() {
     let test = "a_session_s_calls_go_to_its_node_and_end_with_it";
     let cluster = Cluster::new();
-    let image = workspace_root().join("build/images/sandbox");
-    let top = format!(
-        "default_floor = \"container\"\nproviders = [\"runc\"]\n[oci]\nimage = \"{}\"\n",
-        image.display()
-    );
-    let mut nodes = cluster.nodes(2, &top);
-    let p = call(
-        &nodes[0].url(),
-        "GET",
-        "/v1/providers",
-        Some(&cluster.token),
-        None,
-    )
-    .json();
-    if !p["providers"].as_array().is_some_and(|l| {
-        l.iter()
-            .any(|x| x["name"] == "runc" && x["available"] == true)
-    }) {
-        testing::skip_or_fail(test, &format!("the runc provider is unavailable: {p}"));
+    let mut nodes = cluster.nodes(2, &common::runc_settings(""));
+    if !runc_available(test, &nodes[0], &cluster.token) {
         return;
     }
-    let router = Router::start(&nodes.iter().collect::<Vec<_>>(), &cluster);
+    let router = Router::start(
+        &nodes.iter().collect::<Vec<_>>(),
+        &cluster,
+        None,
+        "127.0.0.1:0",
+    );
     let open = call(
         &router.url,
         "POST",
@@ -569,14 +243,7 @@ fn a_session_s_calls_go_to_its_node_and_end_with_it() {
             "POST",
             &cells,
             Some(&cluster.token),
-            Some(
-                &serde_json::json!({
-                    "protocol": 1,
-                    "request_id": rid,
-                    "run": {"kind": "snippet", "language": "python", "code": code},
-                })
-                .to_string(),
-            ),
+            Some(&common::cell_body(rid, code)),
         )
     };
     let a = cell("c-1", "x = 41");
@@ -620,8 +287,8 @@ fn a_session_s_calls_go_to_its_node_and_end_with_it() {
     assert_eq!(v["error"]["not_dispatched"], "environment", "{v}");
     assert_eq!(v["request_id"], "c-3");
     // Its node back with a new daemon: the session is gone with the old one.
-    nodes[i].restart();
-    router.wait_usable(&cluster.token, 2);
+    nodes[i].restart(None);
+    router.wait_learned(&cluster.token, &nodes[i]);
     let a = cell("c-4", "print(x)");
     assert_eq!(a.status, 404, "{}", a.body);
     let v = a.json();
