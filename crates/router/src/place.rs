@@ -32,9 +32,18 @@ impl Want {
     /// What a run request or session open asks, read leniently from its JSON: a member of
     /// the wrong type counts as absent (the node that takes it refuses it properly).
     pub fn of(body: &serde_json::Value, session: bool) -> Want {
+        Want::read(body, "minimum_isolation", session)
+    }
+
+    /// What an MCP tool call that runs (or opens a session) asks, from its arguments.
+    pub fn of_tool(args: &serde_json::Value, session: bool) -> Want {
+        Want::read(args, "min_isolation", session)
+    }
+
+    fn read(body: &serde_json::Value, floor: &str, session: bool) -> Want {
         let text = |k: &str| body.get(k).and_then(|v| v.as_str()).map(str::to_owned);
         Want {
-            floor: text("minimum_isolation").and_then(|t| t.parse().ok()),
+            floor: text(floor).and_then(|t| t.parse().ok()),
             provider: text("provider"),
             image: text("image"),
             session,

@@ -89,6 +89,11 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Marks an answer the router made itself (not a node's), with what it said: `/mcp` gives it
+/// to its MCP client as a tool error.
+#[derive(Debug, Clone)]
+struct RouterMade(ErrorResponse);
+
 /// One answer of the router's own (not a node's).
 fn answer(
     status: StatusCode,
@@ -108,7 +113,8 @@ fn answer(
             end_reason,
         },
     };
-    let mut resp = (status, axum::Json(body)).into_response();
+    let mut resp = (status, axum::Json(body.clone())).into_response();
+    resp.extensions_mut().insert(RouterMade(body));
     if status == StatusCode::UNAUTHORIZED {
         resp.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -319,7 +325,20 @@ async fn place_and_send(st: AppState, req: Request, session: bool) -> Response {
     let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     let request_id = request_id_of(&parsed);
     let want = Want::of(&parsed, session);
-    let order = match candidates(&st.cluster, &want) {
+    place(&st, &parts, bytes, &want, request_id, true).await
+}
+
+/// Sends a request to the nodes that may take `want`, in placement order; the router's own
+/// refusal when there is none.
+async fn place(
+    st: &Shared,
+    parts: &axum::http::request::Parts,
+    bytes: Bytes,
+    want: &Want,
+    request_id: Option<String>,
+    next_on_refusal: bool,
+) -> Response {
+    let order = match candidates(&st.cluster, want) {
         Ok(o) => o,
         Err(no) => {
             st.counts.refused.fetch_add(1, Ordering::Relaxed);
@@ -333,6 +352,21 @@ async fn place_and_send(st: AppState, req: Request, session: bool) -> Response {
             );
         }
     };
+    send_in_order(st, parts, bytes, &order, request_id, next_on_refusal).await
+}
+
+/// Sends a request to the first node of `order` that can be reached. A node that cannot be
+/// reached got nothing, so the next is tried; with `next_on_refusal`, so is one that refused
+/// with nothing run for a reason another node may not have (capacity, environment,
+/// isolation, unsupported).
+async fn send_in_order(
+    st: &Shared,
+    parts: &axum::http::request::Parts,
+    bytes: Bytes,
+    order: &[SocketAddr],
+    request_id: Option<String>,
+    next_on_refusal: bool,
+) -> Response {
     let mut last_refusal: Option<Response> = None;
     let mut unreachable = Vec::new();
     for (i, addr) in order.iter().copied().enumerate() {
@@ -354,10 +388,10 @@ async fn place_and_send(st: AppState, req: Request, session: bool) -> Response {
                 unreachable.push(format!("{addr}: {why}"));
                 continue;
             }
-            Err(ExchangeError::Lost(why)) => return lost(&st, addr, request_id, &why),
+            Err(ExchangeError::Lost(why)) => return lost(st, addr, request_id, &why),
         };
         let refusal_status = matches!(resp.status().as_u16(), 422 | 429 | 503);
-        if !(more && refusal_status) {
+        if !(more && refusal_status && next_on_refusal) {
             st.counts.forwarded.fetch_add(1, Ordering::Relaxed);
             return from_node(addr, resp);
         }
@@ -371,7 +405,7 @@ async fn place_and_send(st: AppState, req: Request, session: bool) -> Response {
         let text = match read {
             Ok(Ok(c)) => c.to_bytes(),
             // The refusal broke off: what it said is unknown, so the run may have started.
-            _ => return lost(&st, addr, request_id, "its answer broke off"),
+            _ => return lost(st, addr, request_id, "its answer broke off"),
         };
         let retry = serde_json::from_slice::<ErrorResponse>(&text).is_ok_and(|e| {
             e.request_id == request_id
@@ -443,7 +477,18 @@ async fn session_call(State(st): State<AppState>, req: Request) -> Response {
     let request_id = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| request_id_of(&v));
-    let addr = match st.cluster.session_node(&id) {
+    send_to_session(&st, &parts, bytes, &id, request_id).await
+}
+
+/// Sends a call of session `id` to the node that holds it.
+async fn send_to_session(
+    st: &Shared,
+    parts: &axum::http::request::Parts,
+    bytes: Bytes,
+    id: &str,
+    request_id: Option<String>,
+) -> Response {
+    let addr = match st.cluster.session_node(id) {
         SessionNode::At(addr) => addr,
         SessionNode::Gone { addr, why } => {
             let mut r = answer(
@@ -500,7 +545,7 @@ async fn session_call(State(st): State<AppState>, req: Request) -> Response {
             name_node(r.headers_mut(), addr);
             r
         }
-        Err(ExchangeError::Lost(why)) => lost(&st, addr, request_id, &why),
+        Err(ExchangeError::Lost(why)) => lost(st, addr, request_id, &why),
     }
 }
 
@@ -510,15 +555,28 @@ async fn list_sessions(State(st): State<AppState>, req: Request) -> Response {
     if let Err(r) = authenticate(&st, &parts.headers) {
         return *r;
     }
+    let (sessions, unanswered) = joined_sessions(&st, &parts.headers).await;
+    let mut resp =
+        axum::Json(serde_json::json!({"protocol": PROTOCOL, "sessions": sessions})).into_response();
+    if !unanswered.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&unanswered.join(","))
+    {
+        resp.headers_mut()
+            .insert(HeaderName::from_static(UNANSWERED_HEADER), v);
+    }
+    resp
+}
+
+/// `GET /v1/sessions` of every usable node with the caller's headers: their sessions joined,
+/// oldest first, and the nodes that did not answer.
+async fn joined_sessions(
+    st: &Shared,
+    headers: &HeaderMap,
+) -> (Vec<serde_json::Value>, Vec<String>) {
+    let uri = axum::http::Uri::from_static("/v1/sessions");
     let mut set = tokio::task::JoinSet::new();
     for n in st.cluster.nodes().into_iter().filter(|n| n.usable()) {
-        let to = to_node(
-            n.addr,
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
-            Body::empty(),
-        );
+        let to = to_node(n.addr, &Method::GET, &uri, headers, Body::empty());
         set.spawn(async move {
             let answer = async {
                 let resp = exchange(n.addr, to).await.map_err(|_| ())?;
@@ -549,16 +607,8 @@ async fn list_sessions(State(st): State<AppState>, req: Request) -> Response {
         }
     }
     sessions.sort_by_key(|s| s.get("opened_unix_ms").and_then(|v| v.as_u64()));
-    let mut resp =
-        axum::Json(serde_json::json!({"protocol": PROTOCOL, "sessions": sessions})).into_response();
-    if !unanswered.is_empty() {
-        unanswered.sort();
-        if let Ok(v) = HeaderValue::from_str(&unanswered.join(",")) {
-            resp.headers_mut()
-                .insert(HeaderName::from_static(UNANSWERED_HEADER), v);
-        }
-    }
-    resp
+    unanswered.sort();
+    (sessions, unanswered)
 }
 
 /// A request any node answers alike: sent to the least loaded ready node.
@@ -569,6 +619,12 @@ async fn one_node(State(st): State<AppState>, req: Request) -> Response {
     {
         return *r;
     }
+    least_loaded(&st, &parts, Bytes::new()).await
+}
+
+/// Sends a request that runs nothing to the least loaded usable node (the next when one
+/// cannot be reached).
+async fn least_loaded(st: &Shared, parts: &axum::http::request::Parts, bytes: Bytes) -> Response {
     let mut ready: Vec<(u64, SocketAddr)> = st
         .cluster
         .nodes()
@@ -577,28 +633,18 @@ async fn one_node(State(st): State<AppState>, req: Request) -> Response {
         .map(|n| (n.load + st.cluster.in_flight(n.addr), n.addr))
         .collect();
     ready.sort();
-    for (_, addr) in ready {
-        let to = to_node(
-            addr,
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
-            Body::empty(),
+    if ready.is_empty() {
+        return answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "environment",
+            Some(Reason::Environment),
+            None,
+            None,
+            "no node is ready to answer: see GET /v1/nodes".into(),
         );
-        match exchange(addr, to).await {
-            Ok(resp) => return from_node(addr, resp),
-            Err(ExchangeError::NotSent(why)) => st.cluster.mark_unreachable(addr, &why),
-            Err(ExchangeError::Lost(_)) => {}
-        }
     }
-    answer(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "environment",
-        Some(Reason::Environment),
-        None,
-        None,
-        "no node is ready to answer: see GET /v1/nodes".into(),
-    )
+    let order: Vec<SocketAddr> = ready.into_iter().map(|(_, a)| a).collect();
+    send_in_order(st, parts, bytes, &order, None, false).await
 }
 
 /// The router's view of its nodes.
@@ -714,18 +760,132 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn mcp(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(r) = authenticate(&st, &headers) {
+/// The session tools of MCP: each call goes to the node that holds its `session_id`.
+const MCP_SESSION_TOOLS: [&str; 5] = [
+    "run_cell",
+    "run_session_steps",
+    "write_session_file",
+    "read_session_file",
+    "close_session",
+];
+
+/// MCP (JSON-RPC over HTTP; each POST stands alone at a node). A tool call that runs goes
+/// where a run with its placement would go, a session's tool call to the session's node, and
+/// `list_sessions` is answered from every node's sessions; anything else (initialize,
+/// tools/list, list_providers, ...) goes to the least loaded ready node. What the router says
+/// itself (no node can take it, a node lost) comes back as the tool's error, as a node says it.
+async fn mcp(State(st): State<AppState>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    if let Err(r) = authenticate(&st, &parts.headers) {
         return *r;
     }
-    answer(
-        StatusCode::NOT_IMPLEMENTED,
-        "not_found",
-        Some(Reason::Request),
-        None,
-        None,
-        "the router does not serve MCP yet: point the MCP client at a node's /mcp (GET /v1/nodes lists them)".into(),
-    )
+    let bytes = match read_body(&st, body).await {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let rpc: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let tool = (rpc.get("method").and_then(|m| m.as_str()) == Some("tools/call"))
+        .then(|| rpc.pointer("/params/name").and_then(|n| n.as_str()))
+        .flatten();
+    let args = rpc
+        .pointer("/params/arguments")
+        .cloned()
+        .unwrap_or_default();
+    let resp = match tool {
+        Some(t @ ("run_code" | "run_project" | "open_session")) => {
+            let want = Want::of_tool(&args, t == "open_session");
+            place(&st, &parts, bytes, &want, None, false).await
+        }
+        Some(t) if MCP_SESSION_TOOLS.contains(&t) => {
+            match args.get("session_id").and_then(|v| v.as_str()) {
+                Some(id) => send_to_session(&st, &parts, bytes, id, None).await,
+                // The node refuses it as it refuses any call without an id.
+                None => least_loaded(&st, &parts, bytes).await,
+            }
+        }
+        Some("list_sessions") => {
+            let (sessions, unanswered) = joined_sessions(&st, &parts.headers).await;
+            return mcp_sessions(&rpc, sessions, &unanswered);
+        }
+        _ => least_loaded(&st, &parts, bytes).await,
+    };
+    match resp.extensions().get::<RouterMade>() {
+        Some(RouterMade(said)) => mcp_tool_error(&rpc, said),
+        None => resp,
+    }
+}
+
+/// A JSON-RPC answer to `rpc` carrying a tool result.
+fn mcp_result(
+    rpc: &serde_json::Value,
+    structured: serde_json::Value,
+    text: String,
+    error: bool,
+) -> Response {
+    axum::Json(serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": rpc.get("id").cloned().unwrap_or_default(),
+        "result": {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": structured,
+            "isError": error,
+        },
+    }))
+    .into_response()
+}
+
+/// What the router said itself, as a node's MCP says a refusal or a failure.
+fn mcp_tool_error(rpc: &serde_json::Value, said: &ErrorResponse) -> Response {
+    let e = match said.error.not_dispatched {
+        Some(reason) => plimsoll_mcp::BackendError::NotDispatched {
+            reason,
+            code: Some(said.error.code.clone()),
+            end_reason: said.error.end_reason,
+            message: said.error.message.clone(),
+        },
+        None => plimsoll_mcp::BackendError::MayHaveRun {
+            message: said.error.message.clone(),
+        },
+    };
+    let (structured, text) = plimsoll_mcp::render::error(&e);
+    mcp_result(rpc, structured, text, true)
+}
+
+/// `list_sessions` over MCP: the caller's sessions of every node, as a node lists its own.
+fn mcp_sessions(
+    rpc: &serde_json::Value,
+    sessions: Vec<serde_json::Value>,
+    unanswered: &[String],
+) -> Response {
+    let list = serde_json::json!({"protocol": PROTOCOL, "sessions": sessions});
+    match serde_json::from_value::<plimsoll_wire::SessionList>(list) {
+        Ok(list) => {
+            let (mut structured, mut text) = plimsoll_mcp::render::session_list(&list);
+            if !unanswered.is_empty() {
+                text.push_str(&format!(
+                    "\nNodes that did not answer (their sessions are not listed): {}",
+                    unanswered.join(", ")
+                ));
+                if let Some(o) = structured.as_object_mut() {
+                    o.insert("nodes_unanswered".into(), serde_json::json!(unanswered));
+                }
+            }
+            mcp_result(rpc, structured, text, false)
+        }
+        Err(e) => mcp_tool_error(
+            rpc,
+            &ErrorResponse {
+                protocol: PROTOCOL,
+                request_id: None,
+                error: ErrorBody {
+                    code: "internal".into(),
+                    message: format!("a node's session list does not parse: {e}"),
+                    not_dispatched: Some(Reason::Environment),
+                    end_reason: None,
+                },
+            },
+        ),
+    }
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> Response {

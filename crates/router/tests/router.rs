@@ -296,3 +296,95 @@ fn a_session_s_calls_go_to_its_node_and_end_with_it() {
     assert_eq!(v["error"]["end_reason"], "daemon_restarted", "{v}");
     assert_eq!(v["request_id"], "c-4");
 }
+
+#[test]
+fn mcp_through_the_router_places_runs_and_follows_sessions() {
+    let test = "mcp_through_the_router_places_runs_and_follows_sessions";
+    let cluster = Cluster::new();
+    let nodes = cluster.nodes(2, &common::runc_settings(", \"process\""));
+    if !runc_available(test, &nodes[0], &cluster.token) {
+        return;
+    }
+    let router = Router::start(
+        &nodes.iter().collect::<Vec<_>>(),
+        &cluster,
+        None,
+        "127.0.0.1:0",
+    );
+    let rpc = |id: u32, method: &str, params: serde_json::Value| {
+        let a = common::mcp(
+            &router.url,
+            &cluster.token,
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
+        assert_eq!(a.status, 200, "{method}: {}", a.body);
+        a
+    };
+    let tool = |id: u32, name: &str, args: serde_json::Value| {
+        let a = rpc(
+            id,
+            "tools/call",
+            serde_json::json!({"name": name, "arguments": args}),
+        );
+        let v = a.json();
+        assert_eq!(v["id"], id, "{v}");
+        (v["result"].clone(), a.node().to_owned())
+    };
+    let init = rpc(
+        1,
+        "initialize",
+        serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                           "clientInfo": {"name": "router-test", "version": "1"}}),
+    );
+    assert!(init.body.contains("plimsoll"), "{}", init.body);
+    let listed = rpc(2, "tools/list", serde_json::json!({})).json();
+    assert!(listed.to_string().contains("run_cell"), "{listed}");
+    let (r, node) = tool(
+        3,
+        "run_code",
+        serde_json::json!({"language": "python", "code": "print('via the router')", "min_isolation": "container"}),
+    );
+    assert_ne!(r["isError"], true, "{r}");
+    assert!(r.to_string().contains("via the router"), "{r}");
+    assert!(nodes.iter().any(|n| n.addr == node), "{node}");
+    // A floor no node meets: the router's own refusal, worded as a node's MCP words it.
+    let (r, node) = tool(
+        4,
+        "run_code",
+        serde_json::json!({"language": "python", "code": "print(1)", "min_isolation": "vm"}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert_eq!(r["structuredContent"]["status"], "not_dispatched", "{r}");
+    assert_eq!(r["structuredContent"]["reason"], "isolation", "{r}");
+    assert!(node.is_empty(), "no node was asked");
+    // A session: opened on a node, its cells follow it there.
+    let (r, holder) = tool(5, "open_session", serde_json::json!({"language": "python"}));
+    assert_ne!(r["isError"], true, "{r}");
+    let id = r["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for (n, code) in [(6, "x = 41"), (7, "print(x + 1)")] {
+        let (r, node) = tool(
+            n,
+            "run_cell",
+            serde_json::json!({"session_id": id, "code": code}),
+        );
+        assert_ne!(r["isError"], true, "{r}");
+        assert_eq!(node, holder);
+        if n == 7 {
+            assert!(r.to_string().contains("42"), "{r}");
+        }
+    }
+    let (r, _) = tool(8, "list_sessions", serde_json::json!({}));
+    assert!(r.to_string().contains(&id), "{r}");
+    // An id no node gave: refused, nothing ran.
+    let other = format!("ses_{}_{}", "0".repeat(16), "0".repeat(32));
+    let (r, _) = tool(
+        9,
+        "run_cell",
+        serde_json::json!({"session_id": other, "code": "1"}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert_eq!(r["structuredContent"]["code"], "session_not_found", "{r}");
+}

@@ -45,6 +45,33 @@ pub fn call(
     token: Option<&str>,
     body: Option<&str>,
 ) -> Answer {
+    call_with(url, method, path, token, body, &[])
+}
+
+/// One JSON-RPC message to `/mcp`, as an MCP client over streamable HTTP sends it.
+pub fn mcp(url: &str, token: &str, message: &serde_json::Value) -> Answer {
+    call_with(
+        url,
+        "POST",
+        "/mcp",
+        Some(token),
+        Some(&message.to_string()),
+        &[
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-06-18"),
+        ],
+    )
+}
+
+/// [`call`] with more headers.
+pub fn call_with(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+    more: &[(&str, &str)],
+) -> Answer {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(120)))
@@ -68,6 +95,9 @@ pub fn call(
             let mut r = agent.post(&uri).header("content-type", "application/json");
             if let Some(a) = &auth {
                 r = r.header("authorization", a);
+            }
+            for (k, v) in more {
+                r = r.header(*k, *v);
             }
             r.send(body.unwrap_or("").as_bytes())
         }
