@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi pyenv package package-test readme-test mcp bench clean
+.PHONY: demo test deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi kubernetes pyenv package package-test readme-test mcp bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi package-test readme-test mcp
+test: deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi kubernetes package-test readme-test mcp
 
 deps:
 	@scripts/install-deps
@@ -96,6 +96,11 @@ pyenv:
 ## accept the golden vectors and refuse what the daemon refuses (tests/openapi/refused.json)
 openapi: pyenv
 	build/pyenv/bin/python3 tests/openapi/check.py
+
+## kubernetes: deploy/kubernetes validated offline against the Kubernetes OpenAPI schemas of
+## three releases (kubernetes-validate, strict) and checked for consistency (tests/kubernetes)
+kubernetes: pyenv
+	build/pyenv/bin/python3 tests/kubernetes/check.py
 
 ## package: the Debian package (release binaries, the systemd unit, man pages, completions,
 ## docs) in target/package/; scripts/build-package says what goes where

@@ -388,3 +388,16 @@ fn mcp_through_the_router_places_runs_and_follows_sessions() {
     assert_eq!(r["isError"], true, "{r}");
     assert_eq!(r["structuredContent"]["code"], "session_not_found", "{r}");
 }
+
+#[test]
+fn the_kubernetes_settings_are_settings_plimsolld_takes() {
+    for name in ["plimsoll.toml", "plimsoll-kvm.toml"] {
+        let path = plimsoll_testing::workspace_root()
+            .join("deploy/kubernetes")
+            .join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let s = plimsoll_engine::settings::Settings::parse(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(s.default_floor, Some(Tier::Container), "{name}");
+    }
+}
