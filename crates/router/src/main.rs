@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use clap::Parser;
 use plimsoll_callers::store::CallerStore;
 use plimsoll_router::serve::{Counts, DEFAULT_MAX_BODY_BYTES};
@@ -103,6 +104,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     tracing::info!(addr = %addr, "listening");
     let mut term = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    // Answers are passed on as they come, in pieces: none waits for the last one's ack.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     axum::serve(listener, plimsoll_router::serve::app(shared))
         .with_graceful_shutdown(async move {
             tokio::select! {

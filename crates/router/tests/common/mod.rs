@@ -507,12 +507,30 @@ pub struct Router {
 }
 
 impl Router {
-    /// On loopback, or in namespace `ns` listening on `listen`.
+    /// On loopback, or in namespace `ns` listening on `listen`; learning the nodes every
+    /// 200 ms, so that tests need not wait.
     pub fn start(nodes: &[&Node], cluster: &Cluster, ns: Option<&str>, listen: &str) -> Router {
+        Router::start_refreshing(nodes, cluster, ns, listen, 200)
+    }
+
+    /// [`Router::start`], learning the nodes every `refresh_ms`.
+    pub fn start_refreshing(
+        nodes: &[&Node],
+        cluster: &Cluster,
+        ns: Option<&str>,
+        listen: &str,
+        refresh_ms: u64,
+    ) -> Router {
         let list: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
         let net = nodes.first().map_or(Net::Loopback, |n| n.net.clone());
         let mut child = in_ns(ns, Path::new(env!("CARGO_BIN_EXE_plimsoll-router")))
-            .args(["--listen", listen, "--refresh-ms", "200", "--nodes"])
+            .args([
+                "--listen",
+                listen,
+                "--refresh-ms",
+                &refresh_ms.to_string(),
+                "--nodes",
+            ])
             .arg(list.join(","))
             .arg("--callers")
             .arg(&cluster.callers)
