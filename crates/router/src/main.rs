@@ -56,8 +56,10 @@ struct Args {
     max_body_bytes: usize,
 }
 
+/// JSON lines on stderr, filtered by `PLIMSOLL_LOG` (default `info`), as plimsolld logs.
 fn init_logging() {
-    let wanted = std::env::var("PLIMSOLL_LOG").unwrap_or_else(|_| "info".to_owned());
+    let wanted =
+        plimsoll_env::get(plimsoll_env::PLIMSOLL_LOG).unwrap_or_else(|| "info".to_owned());
     let filter = tracing_subscriber::EnvFilter::try_new(&wanted)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
