@@ -4,7 +4,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi kubernetes pyenv package package-test readme-test mcp bench clean
+.PHONY: demo test deps deny build images vm-assets lint unit independent client-python client-python-router client-go client-go-router client-typescript openapi kubernetes pyenv package package-test readme-test mcp bench clean
 
 ## demo: build, then run the oracle: plimsolld at the strongest sandbox available runs an
 ## accepted cart-pole controller twice and a falling draft; the fingerprints are checked and
@@ -15,7 +15,7 @@ demo: deps build images
 	@echo "demo: the report is $(CURDIR)/target/oracle/report.html (open it in a browser)"
 
 ## test: everything CI runs (CI=true turns every skip into a failure)
-test: deps deny build images vm-assets lint unit independent client-python client-go client-typescript openapi kubernetes package-test readme-test mcp
+test: deps deny build images vm-assets lint unit independent client-python client-python-router client-go client-go-router client-typescript openapi kubernetes package-test readme-test mcp
 
 deps:
 	@scripts/install-deps
@@ -63,6 +63,13 @@ client-python: build images
 	clients/python/scripts/venv $(PYTHON_VENV) >/dev/null
 	cd clients/python && $(PYTHON_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider
 
+## client-python-router: the same suite with a plimsoll-router in front of every daemon it
+## starts (PLIMSOLL_TEST_ROUTER=1, docs/cluster.md): the router must pass every answer on so
+## that the client verifies it exactly as it verifies the daemon's
+client-python-router: build images
+	clients/python/scripts/venv $(PYTHON_VENV) >/dev/null
+	cd clients/python && PLIMSOLL_TEST_ROUTER=1 $(PYTHON_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider
+
 ## client-go: the Go client (clients/go) against a real plimsolld: go vet, then go test.
 ## Debian's golang-go (1.19), standard library only: nothing is downloaded (GOPROXY=off), no
 ## other toolchain is fetched (GOTOOLCHAIN=local). CI=true turns every skip into a failure.
@@ -71,6 +78,11 @@ GO_ENV = GOPROXY=off GOTOOLCHAIN=local GOFLAGS= GOWORK=off
 client-go: deps build images
 	cd clients/go && $(GO_ENV) $(GO) vet ./...
 	cd clients/go && $(GO_ENV) $(GO) test -count=1 ./...
+
+## client-go-router: the Go suite with a plimsoll-router in front of every daemon it starts
+## (PLIMSOLL_TEST_ROUTER=1, docs/cluster.md)
+client-go-router: deps build images
+	cd clients/go && PLIMSOLL_TEST_ROUTER=1 $(GO_ENV) $(GO) test -count=1 ./...
 
 ## client-typescript: the TypeScript client (clients/typescript): npm ci when the lockfile
 ## changed, tsc, then its node:test suite against a real plimsolld (process and crun) started
@@ -82,7 +94,9 @@ client-typescript: build images $(TS_CLIENT)/node_modules/.installed
 	cd $(TS_CLIENT) && rm -rf dist build \
 		&& env -u NODE_EXTRA_CA_CERTS ./node_modules/.bin/tsc -p tsconfig.json \
 		&& env -u NODE_EXTRA_CA_CERTS ./node_modules/.bin/tsc -p tsconfig.test.json \
-		&& env -u NODE_EXTRA_CA_CERTS node --test build/test/*.test.js
+		&& env -u NODE_EXTRA_CA_CERTS node --test build/test/*.test.js \
+		&& echo "client-typescript: again, through a plimsoll-router (PLIMSOLL_TEST_ROUTER=1, docs/cluster.md)" \
+		&& PLIMSOLL_TEST_ROUTER=1 env -u NODE_EXTRA_CA_CERTS node --test build/test/*.test.js
 
 $(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
 	cd $(TS_CLIENT) && npm ci --ignore-scripts --no-audit --no-fund

@@ -23,6 +23,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 PLIMSOLLD = REPO / "target" / "debug" / "plimsolld"
+ROUTER = REPO / "target" / "debug" / "plimsoll-router"
+# PLIMSOLL_TEST_ROUTER=1: every daemon is reached through a plimsoll-router in front of it
+# (docs/cluster.md), so the whole suite checks that the router passes answers on untouched.
+THROUGH_ROUTER = os.environ.get("PLIMSOLL_TEST_ROUTER") == "1"
 # The real path: the oci provider refuses an image reached through a symlink.
 IMAGE = (REPO / "build" / "images" / "sandbox").resolve()
 
@@ -85,6 +89,10 @@ class Daemon:
     dir: Path
     process: subprocess.Popen[bytes] = field(repr=False)
     uid_port: socket.socket = field(repr=False)
+    # With PLIMSOLL_TEST_ROUTER=1: the router in front (``url`` is then the router's) and the
+    # daemon's own address.
+    router: Optional[subprocess.Popen[bytes]] = field(default=None, repr=False)
+    node_url: str = ""
 
     def log_text(self) -> str:
         try:
@@ -93,6 +101,9 @@ class Daemon:
             return ""
 
     def stop(self) -> None:
+        if self.router is not None and self.router.poll() is None:
+            self.router.kill()
+            self.router.wait()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -163,11 +174,61 @@ def start_daemon(
     )
     try:
         daemon.url = "http://" + _wait_listening(daemon)
+        daemon.node_url = daemon.url
         _wait_probed(daemon)
+        if THROUGH_ROUTER:
+            _start_router(daemon, callers, child_env)
     except BaseException:
         daemon.stop()
         raise
     return daemon
+
+
+def _start_router(d: Daemon, callers: Path, env: dict[str, str]) -> None:
+    """Puts a plimsoll-router in front of the daemon: its own caller in the same callers file,
+    learning the daemon every 200 ms; ``d.url`` becomes the router's once it can place runs."""
+    if not ROUTER.is_file():
+        raise RuntimeError(f"no plimsoll-router at {ROUTER}: build it first (`make build`)")
+    token_file = d.dir / "router.token"
+    token_file.write_text(add_caller(callers, "router"))
+    log = d.dir / "router.log"
+    with open(log, "wb") as log_file:
+        d.router = subprocess.Popen(
+            [str(ROUTER), "--listen", "127.0.0.1:0", "--refresh-ms", "200",
+             "--nodes", d.node_url.removeprefix("http://"),
+             "--callers", str(callers), "--token-file", str(token_file)],
+            env={"PATH": env["PATH"], "PLIMSOLL_LOG": "info"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            preexec_fn=_die_with_parent,
+        )
+    import httpx
+
+    deadline = time.monotonic() + LISTEN_TIMEOUT_S
+    addr = None
+    while time.monotonic() < deadline and addr is None:
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                v = json.loads(line)
+            except ValueError:
+                continue
+            if v.get("message") == "listening":
+                addr = v["addr"]
+        if d.router.poll() is not None:
+            raise RuntimeError(f"plimsoll-router exited: {_tail(log.read_text(errors='replace'))}")
+        time.sleep(0.05)
+    if addr is None:
+        raise RuntimeError("plimsoll-router did not start listening")
+    url = f"http://{addr}"
+    with httpx.Client(trust_env=False) as http:
+        while time.monotonic() < deadline:
+            if http.get(f"{url}/readyz", timeout=5).status_code == 200:
+                d.url = url
+                return
+            time.sleep(0.05)
+    # A daemon with no provider is never usable: its tests reach it directly.
+    d.url = url
 
 
 def _tail(text: str, n: int = 20) -> str:

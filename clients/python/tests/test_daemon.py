@@ -20,9 +20,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from daemon import Daemon, start_daemon  # noqa: E402
 
 
+def router_refusals(daemon: Daemon) -> float:
+    """The router's count of requests it refused itself (0 with no router in front)."""
+    if daemon.router is None:
+        return 0.0
+    text = httpx.get(f"{daemon.url}/metrics", trust_env=False).text
+    return sum(float(l.split()[1]) for l in text.splitlines() if l.startswith("plimsoll_router_refused_total "))
+
+
 def metrics(daemon: Daemon) -> dict[str, float]:
     """``GET /metrics`` as {series with labels: value}."""
-    text = httpx.get(f"{daemon.url}/metrics", trust_env=False).text
+    text = httpx.get(f"{daemon.node_url}/metrics", trust_env=False).text
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -94,14 +102,20 @@ def test_a_floor_no_provider_meets_is_refused_and_nothing_runs(
 ) -> None:
     before = runs_total(daemon)
     refusals = metrics(daemon)['plimsoll_refusals_total{reason="isolation"}']
+    routed = router_refusals(daemon)
     with pytest.raises(plimsoll.NotDispatched) as e:
         client.run_python("print('must not run')", minimum_isolation=Tier.VM)
     assert e.value.reason is Reason.ISOLATION and not_dispatched_reason(e.value) is Reason.ISOLATION
     assert e.value.status == 422 and str(e.value).startswith("not dispatched (isolation): ")
     assert not isinstance(e.value, plimsoll.MayHaveRun)
-    # The daemon's own counters agree: a refusal more, not a run more.
+    # The daemon's own counters agree: a refusal more, not a run more. Through a router, the
+    # router refused it before any daemon saw it (docs/cluster.md), and counts it.
     assert runs_total(daemon) == before
-    assert metrics(daemon)['plimsoll_refusals_total{reason="isolation"}'] == refusals + 1
+    if daemon.router is None:
+        assert metrics(daemon)['plimsoll_refusals_total{reason="isolation"}'] == refusals + 1
+    else:
+        assert metrics(daemon)['plimsoll_refusals_total{reason="isolation"}'] == refusals
+        assert router_refusals(daemon) == routed + 1
 
 
 def test_a_project_round_trips_exact_bytes(client: plimsoll.Client, container: None) -> None:

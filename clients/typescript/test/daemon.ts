@@ -9,12 +9,12 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { existsSync, realpathSync } from "node:fs";
-import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { appendFile, chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { type Server, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { IMAGE, PLIMSOLLD } from "./paths.js";
+import { IMAGE, PLIMSOLLD, ROUTER, throughRouter } from "./paths.js";
 
 /** How long plimsolld may take to listen, and then to probe its providers. */
 const START_TIMEOUT_MS = 60_000;
@@ -73,8 +73,11 @@ const toml = (s: string): string => JSON.stringify(s);
 
 /** A running plimsolld child. */
 export class LocalDaemon {
-  /** Base URL, e.g. `http://127.0.0.1:40123`. */
+  /** Base URL, e.g. `http://127.0.0.1:40123` (the router's, with PLIMSOLL_TEST_ROUTER=1). */
   url = "";
+  /** The daemon's own base URL. */
+  nodeUrl = "";
+  private router: ChildProcess | undefined;
   private log = "";
   private exited: Promise<void>;
   private stopping = false;
@@ -161,6 +164,8 @@ export class LocalDaemon {
     const d = new LocalDaemon(child, token, uidPort, dir, others);
     try {
       await d.waitReady();
+      d.nodeUrl = d.url;
+      if (throughRouter()) await d.startRouter(callers, entry);
     } catch (e) {
       await d.stop();
       throw e;
@@ -193,6 +198,48 @@ export class LocalDaemon {
     }
   }
 
+  /**
+   * Puts a plimsoll-router in front of the daemon (its own caller in the same callers file,
+   * learning the daemon every 200 ms); `url` becomes the router's once it can place runs.
+   */
+  private async startRouter(callers: string, entry: (name: string, t: string) => string): Promise<void> {
+    const token = `plm_${randomBytes(32).toString("base64url")}`;
+    await appendFile(callers, `\n${entry("router", token)}`);
+    const tokenFile = join(this.dir, "router.token");
+    await writeFile(tokenFile, token, { mode: 0o600 });
+    const node = this.nodeUrl.replace("http://", "");
+    const args = ["--listen", "127.0.0.1:0", "--refresh-ms", "200", "--nodes", node];
+    const router = spawn(ROUTER, [...args, "--callers", callers, "--token-file", tokenFile], {
+      env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", PLIMSOLL_LOG: "info" },
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    this.router = router;
+    process.once("exit", () => {
+      if (router.exitCode === null) router.kill("SIGKILL");
+    });
+    let log = "";
+    router.stderr?.setEncoding("utf8");
+    router.stderr?.on("data", (chunk: string) => {
+      log += chunk;
+    });
+    const deadline = Date.now() + START_TIMEOUT_MS;
+    let url = "";
+    while (url === "") {
+      const line = log.split("\n").find((l) => l.includes('"listening"'));
+      const addr = line === undefined ? undefined : (JSON.parse(line) as { addr?: string }).addr;
+      if (addr !== undefined) url = `http://${addr}`;
+      if (router.exitCode !== null || Date.now() > deadline) throw new Error(`plimsoll-router did not start:\n${log}`);
+      await sleep(20);
+    }
+    while (Date.now() < deadline) {
+      const r = await fetch(`${url}/readyz`, { headers: { connection: "close" } });
+      await r.arrayBuffer();
+      if (r.status === 200) break;
+      await sleep(50);
+    }
+    this.url = url;
+  }
+
   private checkAlive(deadline: number, what: string): void {
     if (this.child.exitCode !== null || this.child.signalCode !== null) {
       throw new Error(`plimsolld exited (${this.child.exitCode ?? this.child.signalCode}) before it was ready:\n${this.tail()}`);
@@ -216,6 +263,11 @@ export class LocalDaemon {
   async stop(): Promise<void> {
     if (!this.stopping) {
       this.stopping = true;
+      if (this.router !== undefined && this.router.exitCode === null && this.router.signalCode === null) {
+        const exited = new Promise((resolve) => this.router!.once("exit", resolve));
+        this.router.kill("SIGKILL");
+        await exited;
+      }
       if (this.child.exitCode === null && this.child.signalCode === null) {
         this.child.kill("SIGTERM");
         const timer = setTimeout(() => this.child.kill("SIGKILL"), STOP_TIMEOUT_MS);

@@ -13,9 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post, put};
 use http_body_util::BodyExt;
 use plimsoll_engine::{Engine, RunError};
-use plimsoll_wire::{
-    ErrorBody, ErrorResponse, PROTOCOL, Reason, RunResponse, parse_request, validate_request_id,
-};
+use plimsoll_wire::{ErrorBody, ErrorResponse, PROTOCOL, Reason, RunResponse, parse_request};
 
 use plimsoll_callers::Token;
 
@@ -410,30 +408,9 @@ pub const ID_PREFIX_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an authenticated caller's whole body may take to arrive.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The request id of a body that will not be run, if one can be read from its first bytes.
-///
-/// A whole JSON body is parsed; a cut-off prefix is scanned tolerantly for the first
-/// `"request_id"`, a colon and a string without escapes. Either way the id must be a valid
-/// request id. A client puts `request_id` early (before `run`) to be sure it is echoed.
-pub(crate) fn scanned_request_id(prefix: &[u8]) -> Option<String> {
-    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(prefix) {
-        let id = value.get("request_id")?.as_str()?;
-        validate_request_id(id).ok()?;
-        return Some(id.to_owned());
-    }
-    const KEY: &[u8] = b"\"request_id\"";
-    let at = prefix.windows(KEY.len()).position(|w| w == KEY)?;
-    let rest = &prefix[at + KEY.len()..];
-    let rest = rest.trim_ascii_start().strip_prefix(b":")?;
-    let rest = rest.trim_ascii_start().strip_prefix(b"\"")?;
-    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
-    if rest[end] != b'"' {
-        return None;
-    }
-    let id = std::str::from_utf8(&rest[..end]).ok()?;
-    validate_request_id(id).ok()?;
-    Some(id.to_owned())
-}
+/// The request id of a body that will not be run, if one can be read from its first bytes
+/// (in plimsoll-wire, shared with plimsoll-router).
+pub(crate) use plimsoll_wire::scan_request_id as scanned_request_id;
 
 /// Reads at most `limit` bytes of `body`, for at most `timeout` and only until a request id
 /// can be read from them, and returns what arrived.

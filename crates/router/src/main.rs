@@ -58,8 +58,7 @@ struct Args {
 
 /// JSON lines on stderr, filtered by `PLIMSOLL_LOG` (default `info`), as plimsolld logs.
 fn init_logging() {
-    let wanted =
-        plimsoll_env::get(plimsoll_env::PLIMSOLL_LOG).unwrap_or_else(|| "info".to_owned());
+    let wanted = plimsoll_env::get(plimsoll_env::PLIMSOLL_LOG).unwrap_or_else(|| "info".to_owned());
     let filter = tracing_subscriber::EnvFilter::try_new(&wanted)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()

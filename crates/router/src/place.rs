@@ -78,8 +78,8 @@ fn fits(node: &Node, want: &Want) -> Result<(), (Reason, String)> {
             .first()
             .map_or("nothing".to_owned(), |(n, t)| format!("{n} at {t}"));
         let what = match &want.provider {
-            Some(n) => format!("provider {n} at {floor} or above"),
-            None => format!("a provider at {floor} or above"),
+            Some(n) => format!("provider {n} at or above the floor {floor}"),
+            None => format!("provider at or above the floor {floor}"),
         };
         let keeps = if want.session {
             " that keeps sessions"
@@ -111,6 +111,25 @@ fn fits(node: &Node, want: &Want) -> Result<(), (Reason, String)> {
 /// The nodes that may take `want`, in the order to try them; or why there is none.
 pub fn candidates(cluster: &Cluster, want: &Want) -> Result<Vec<SocketAddr>, NoNode> {
     let nodes = cluster.nodes();
+    // A provider no node has configured is a bad request, as a node says it.
+    let configured: std::collections::BTreeSet<&str> = nodes
+        .iter()
+        .flat_map(|n| n.providers.iter().flat_map(|p| &p.providers))
+        .map(|p| p.name.as_str())
+        .collect();
+    if let Some(name) = &want.provider
+        && !configured.is_empty()
+        && !configured.contains(name.as_str())
+    {
+        let known: Vec<&str> = configured.into_iter().collect();
+        return Err(NoNode {
+            reason: Reason::Request,
+            message: format!(
+                "no provider named `{name}` on any node; configured: {}",
+                known.join(", ")
+            ),
+        });
+    }
     let mut fit = Vec::new();
     let mut why = Vec::new();
     for n in &nodes {
@@ -132,6 +151,11 @@ pub fn candidates(cluster: &Cluster, want: &Want) -> Result<Vec<SocketAddr>, NoN
             "the router knows no node yet: check its --nodes or --dns and that the nodes \
              answer /readyz"
                 .to_owned()
+        } else if reason == Reason::Isolation {
+            format!(
+                "no node meets this request's floor, so it ran nowhere: {}",
+                detail.join("; ")
+            )
         } else {
             format!(
                 "no node can take this request, so it ran nowhere: {}",

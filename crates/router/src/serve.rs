@@ -43,6 +43,10 @@ pub const UNANSWERED_HEADER: &str = "plimsoll-nodes-unanswered";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 /// How long a request body may take to arrive.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How much of a refused request's body is read to find its request id (as a node does).
+const ID_PREFIX_BYTES: usize = 4096;
+/// How long reading that prefix may take.
+const ID_PREFIX_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most of a node's refusal read to decide whether the next node is tried.
 const REFUSAL_LIMIT: usize = 1 << 20;
 
@@ -133,22 +137,48 @@ fn status_for(reason: Reason) -> StatusCode {
     }
 }
 
-/// The caller's token checked against the callers file, as a node would.
-fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    let refuse = |msg: &str| {
+/// A refusal made before a request's body was read: answered once its request id is known.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    reason: Reason,
+    message: String,
+}
+
+impl Refusal {
+    fn answer(self, request_id: Option<String>) -> Response {
         answer(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
-            Some(Reason::Permission),
+            self.status,
+            self.code,
+            Some(self.reason),
             None,
-            None,
-            msg.to_owned(),
+            request_id,
+            self.message,
         )
+    }
+
+    /// The answer, with the request id read from the first bytes of `body` (as a node reads
+    /// it: at most [`ID_PREFIX_BYTES`], for at most [`ID_PREFIX_TIMEOUT`]), so that the
+    /// caller's client can tell that nothing of its request ran.
+    async fn answer_reading(self, body: Body) -> Response {
+        let (prefix, _) = read_up_to(body, ID_PREFIX_BYTES, ID_PREFIX_TIMEOUT).await;
+        self.answer(plimsoll_wire::scan_request_id(&prefix))
+    }
+}
+
+/// The caller's token checked against the callers file, as a node would.
+fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<(), Refusal> {
+    let refuse = |msg: &str| Refusal {
+        status: StatusCode::UNAUTHORIZED,
+        code: "unauthenticated",
+        reason: Reason::Permission,
+        message: msg.to_owned(),
     };
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(Box::new(refuse(
+        return Err(refuse(
             "no bearer token: send `Authorization: Bearer <token>` (a caller's token, from `plimsoll callers add NAME`)",
-        )));
+        ));
     };
     let token = value
         .to_str()
@@ -156,60 +186,95 @@ fn authenticate(st: &Shared, headers: &HeaderMap) -> Result<(), Box<Response>> {
         .and_then(|t| t.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, t)| Secret::new(t.trim()));
-    let callers = st.callers.current().map_err(|e| {
-        Box::new(answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "callers_unavailable",
-            Some(Reason::Environment),
-            None,
-            None,
-            e.to_string(),
-        ))
+    let callers = st.callers.current().map_err(|e| Refusal {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        code: "callers_unavailable",
+        reason: Reason::Environment,
+        message: e.to_string(),
     })?;
     match token.as_ref().and_then(|t| callers.authenticate(t)) {
         Some(_) => Ok(()),
-        None => Err(Box::new(refuse(
+        None => Err(refuse(
             "the bearer token is not a current caller's: check it, or ask the operator for one",
-        ))),
+        )),
     }
 }
 
-/// Reads a request body up to the limit, or answers why not.
+/// How a body's reading ended.
+#[derive(Debug, PartialEq, Eq)]
+enum BodyEnd {
+    /// All of it arrived.
+    Whole,
+    /// It went past the limit (what was kept is cut there).
+    Over,
+    /// It broke off.
+    Broken(String),
+    /// It did not arrive in time.
+    Late,
+}
+
+/// Reads `body` until it ends, goes past `limit` bytes, breaks or `timeout` passes: what
+/// arrived (at most `limit` bytes), and how it ended.
+async fn read_up_to(mut body: Body, limit: usize, timeout: Duration) -> (Vec<u8>, BodyEnd) {
+    let mut kept = Vec::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Ok(data) = frame.into_data() {
+                        let room = limit - kept.len();
+                        if data.len() > room {
+                            kept.extend_from_slice(&data[..room]);
+                            return BodyEnd::Over;
+                        }
+                        kept.extend_from_slice(&data);
+                    }
+                }
+                Err(e) => return BodyEnd::Broken(e.to_string()),
+            }
+        }
+        BodyEnd::Whole
+    };
+    let end = tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or(BodyEnd::Late);
+    (kept, end)
+}
+
+/// Reads a request body up to the limit, or answers why not (the request id echoed when
+/// what arrived names one).
 async fn read_body(st: &Shared, body: Body) -> Result<Bytes, Box<Response>> {
-    let limited = http_body_util::Limited::new(body, st.max_body_bytes);
-    match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(Box::new(answer(
+    let (kept, end) = read_up_to(body, st.max_body_bytes, BODY_TIMEOUT).await;
+    let (status, message) = match end {
+        BodyEnd::Whole => return Ok(Bytes::from(kept)),
+        BodyEnd::Over => (
             StatusCode::PAYLOAD_TOO_LARGE,
-            "request",
-            Some(Reason::Request),
-            None,
-            None,
             format!(
                 "the body is over the router's limit of {} bytes: send less",
                 st.max_body_bytes
             ),
-        ))),
-        Ok(Err(e)) => Err(Box::new(answer(
+        ),
+        BodyEnd::Broken(e) => (
             StatusCode::BAD_REQUEST,
-            "request",
-            Some(Reason::Request),
-            None,
-            None,
             format!("the body could not be read: {e}"),
-        ))),
-        Err(_) => Err(Box::new(answer(
+        ),
+        BodyEnd::Late => (
             StatusCode::REQUEST_TIMEOUT,
-            "request",
-            Some(Reason::Request),
-            None,
-            None,
             format!(
                 "the body did not arrive within {} s",
                 BODY_TIMEOUT.as_secs()
             ),
-        ))),
-    }
+        ),
+    };
+    let id = plimsoll_wire::scan_request_id(&kept[..kept.len().min(ID_PREFIX_BYTES)]);
+    Err(Box::new(answer(
+        status,
+        "request",
+        Some(Reason::Request),
+        None,
+        id,
+        message,
+    )))
 }
 
 /// Headers that belong to one connection, not passed on.
@@ -316,7 +381,7 @@ async fn open_session(State(st): State<AppState>, req: Request) -> Response {
 async fn place_and_send(st: AppState, req: Request, session: bool) -> Response {
     let (parts, body) = req.into_parts();
     if let Err(r) = authenticate(&st, &parts.headers) {
-        return *r;
+        return r.answer_reading(body).await;
     }
     let bytes = match read_body(&st, body).await {
         Ok(b) => b,
@@ -460,7 +525,7 @@ async fn send_in_order(
 async fn session_call(State(st): State<AppState>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     if let Err(r) = authenticate(&st, &parts.headers) {
-        return *r;
+        return r.answer_reading(body).await;
     }
     let id = parts
         .uri
@@ -553,7 +618,7 @@ async fn send_to_session(
 async fn list_sessions(State(st): State<AppState>, req: Request) -> Response {
     let (parts, _) = req.into_parts();
     if let Err(r) = authenticate(&st, &parts.headers) {
-        return *r;
+        return r.answer(None);
     }
     let (sessions, unanswered) = joined_sessions(&st, &parts.headers).await;
     let mut resp =
@@ -617,7 +682,7 @@ async fn one_node(State(st): State<AppState>, req: Request) -> Response {
     if parts.uri.path() != "/v1/openapi.json"
         && let Err(r) = authenticate(&st, &parts.headers)
     {
-        return *r;
+        return r.answer(None);
     }
     least_loaded(&st, &parts, Bytes::new()).await
 }
@@ -650,7 +715,7 @@ async fn least_loaded(st: &Shared, parts: &axum::http::request::Parts, bytes: By
 /// The router's view of its nodes.
 async fn nodes(State(st): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(r) = authenticate(&st, &headers) {
-        return *r;
+        return r.answer(None);
     }
     let list: Vec<serde_json::Value> = st
         .cluster
@@ -777,7 +842,7 @@ const MCP_SESSION_TOOLS: [&str; 5] = [
 async fn mcp(State(st): State<AppState>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     if let Err(r) = authenticate(&st, &parts.headers) {
-        return *r;
+        return r.answer(None);
     }
     let bytes = match read_body(&st, body).await {
         Ok(b) => b,

@@ -88,7 +88,8 @@ fn what_no_node_can_take_is_refused_before_it_reaches_any_node() {
             422,
             "isolation",
         ),
-        ("provider-1", r#","provider":"runsc""#, 422, "isolation"),
+        // A provider no node has configured is a bad request, as a node says it.
+        ("provider-1", r#","provider":"runsc""#, 400, "request"),
         ("image-1", r#","image":"no-such-image""#, 503, "environment"),
     ] {
         let a = call(
@@ -104,7 +105,17 @@ fn what_no_node_can_take_is_refused_before_it_reaches_any_node() {
         assert_eq!(v["error"]["code"], reason, "{v}");
         assert_eq!(v["error"]["not_dispatched"], reason, "{v}");
         assert!(a.node().is_empty(), "no node answered: {:?}", a.headers);
-        // The message names what each node offers.
+        // The message names what each node offers (or, for a provider, what they have).
+        if reason == "request" {
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("configured: process"),
+                "{v}"
+            );
+            continue;
+        }
         for n in &nodes {
             assert!(
                 v["error"]["message"].as_str().unwrap().contains(&n.addr),
@@ -133,6 +144,10 @@ fn what_no_node_can_take_is_refused_before_it_reaches_any_node() {
         Some(&run_body("anon-1", "print(1)", "")),
     );
     assert_eq!((a.status, n.status), (401, 401));
+    // Its request id echoed, read from the body's first bytes as a node reads it, so that a
+    // client can trust the not-dispatched mark.
+    assert_eq!(a.json()["request_id"], "anon-1");
+    assert_eq!(n.json()["request_id"], "anon-1");
     assert_eq!(a.json()["error"]["code"], n.json()["error"]["code"]);
     assert_eq!(
         a.json()["error"]["not_dispatched"],

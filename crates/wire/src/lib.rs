@@ -36,7 +36,7 @@ pub use provider::{
 };
 pub use request::{
     Language, Limits, Project, ProjectFile, RunRequest, RunSpec, Snippet, Step, parse_request,
-    parse_session_call, validate_request_id,
+    parse_session_call, scan_request_id, validate_request_id,
 };
 pub use result::{
     Artifact, CredentialKind, EgressReceipt, GrantCall, MalformedResult, RunRecord, RunResponse,

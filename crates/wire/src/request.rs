@@ -205,6 +205,31 @@ pub struct Step {
     pub run: String,
 }
 
+/// The request id of a body that will not be run, if one can be read from its first bytes.
+///
+/// A whole JSON body is parsed; a cut-off prefix is scanned tolerantly for the first
+/// `"request_id"`, a colon and a string without escapes. Either way the id must be a valid
+/// request id. A client puts `request_id` early (before `run`) to be sure it is echoed.
+pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(prefix) {
+        let id = value.get("request_id")?.as_str()?;
+        validate_request_id(id).ok()?;
+        return Some(id.to_owned());
+    }
+    const KEY: &[u8] = b"\"request_id\"";
+    let at = prefix.windows(KEY.len()).position(|w| w == KEY)?;
+    let rest = &prefix[at + KEY.len()..];
+    let rest = rest.trim_ascii_start().strip_prefix(b":")?;
+    let rest = rest.trim_ascii_start().strip_prefix(b"\"")?;
+    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+    if rest[end] != b'"' {
+        return None;
+    }
+    let id = std::str::from_utf8(&rest[..end]).ok()?;
+    validate_request_id(id).ok()?;
+    Some(id.to_owned())
+}
+
 /// Checks a request id: 1 to 128 characters of `A-Z a-z 0-9 . _ : -`.
 pub fn validate_request_id(id: &str) -> Result<(), String> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');

@@ -70,6 +70,14 @@ func RepoRoot() string {
 // Plimsolld is the daemon binary the tests use.
 func Plimsolld() string { return filepath.Join(RepoRoot(), "target", "debug", "plimsolld") }
 
+// Router is the repository's plimsoll-router binary.
+func Router() string { return filepath.Join(RepoRoot(), "target", "debug", "plimsoll-router") }
+
+// ThroughRouter: with PLIMSOLL_TEST_ROUTER=1 every daemon is reached through a plimsoll-router
+// in front of it (docs/cluster.md), so the whole suite checks that the router passes answers
+// on untouched.
+func ThroughRouter() bool { return os.Getenv("PLIMSOLL_TEST_ROUTER") == "1" }
+
 // Image is the sandbox image directory the container tier uses, symlinks resolved.
 func Image() string {
 	dir := filepath.Join(RepoRoot(), "build", "images", "sandbox")
@@ -106,9 +114,13 @@ type Daemon struct {
 	// Dir holds its settings, callers file and state.
 	Dir string
 
+	// NodeURL is the daemon's own base URL (URL is the router's with PLIMSOLL_TEST_ROUTER=1).
+	NodeURL string
+
 	cmd     *exec.Cmd
 	done    chan struct{}
 	uidPort net.Listener
+	router  *exec.Cmd
 }
 
 // Options shape the daemon.
@@ -206,10 +218,84 @@ func Start(opts Options) (*Daemon, error) {
 		return fail(err)
 	}
 	d.URL = "http://" + addr
+	d.NodeURL = d.URL
 	if err := d.waitProbed(); err != nil {
 		return fail(err)
 	}
+	if ThroughRouter() {
+		if err := d.startRouter(callers); err != nil {
+			return fail(err)
+		}
+	}
 	return d, nil
+}
+
+// startRouter puts a plimsoll-router in front of the daemon (its own caller in the same
+// callers file, learning the daemon every 200 ms); URL becomes the router's once it is ready.
+func (d *Daemon) startRouter(callers string) error {
+	tokens, err := writeCallers(filepath.Join(d.Dir, "router-callers.toml"), []string{"router"})
+	if err != nil {
+		return err
+	}
+	line, err := os.ReadFile(filepath.Join(d.Dir, "router-callers.toml"))
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(callers, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append([]byte("\n"), line...))
+	f.Close()
+	if err != nil {
+		return err
+	}
+	tokenFile := filepath.Join(d.Dir, "router.token")
+	if err := os.WriteFile(tokenFile, []byte(tokens["router"]), 0o600); err != nil {
+		return err
+	}
+	logPath := filepath.Join(d.Dir, "router.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	d.router = exec.Command(Router(), "--listen", "127.0.0.1:0", "--refresh-ms", "200",
+		"--nodes", strings.TrimPrefix(d.NodeURL, "http://"), "--callers", callers, "--token-file", tokenFile)
+	d.router.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "PLIMSOLL_LOG=info"}
+	d.router.Stderr = logFile
+	d.router.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := d.router.Start(); err != nil {
+		return fmt.Errorf("cannot start %s: %w", Router(), err)
+	}
+	deadline := time.Now().Add(listenTimeout)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(logPath)
+		sc := bufio.NewScanner(strings.NewReader(string(b)))
+		for sc.Scan() {
+			var line struct {
+				Message string `json:"message"`
+				Addr    string `json:"addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "listening" && line.Addr != "" {
+				url := "http://" + line.Addr
+				for time.Now().Before(deadline) {
+					resp, err := http.Get(url + "/readyz")
+					if err == nil {
+						resp.Body.Close()
+						if resp.StatusCode == http.StatusOK {
+							break
+						}
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				d.URL = url
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("plimsoll-router did not start listening; see %s", logPath)
 }
 
 // writeCallers creates a callers file holding these callers and returns their tokens by
@@ -306,6 +392,10 @@ func (d *Daemon) waitProbed() error {
 
 // Stop sends SIGTERM, waits (SIGKILL after stopTimeout), and removes its directory.
 func (d *Daemon) Stop() {
+	if d.router != nil && d.router.Process != nil {
+		_ = d.router.Process.Kill()
+		_ = d.router.Wait()
+	}
 	if d.cmd != nil && d.cmd.Process != nil && !d.exited() {
 		_ = d.cmd.Process.Signal(syscall.SIGTERM)
 		select {
