@@ -622,6 +622,60 @@ class Daemon:
         self.log.close()
 
 
+ROUTER = TARGET / "plimsoll-router"
+
+
+class Routed:
+    """A plimsoll-router in front of a Daemon (docs/cluster.md): the same callers, the same
+    tokens; `url` is the router's, the daemon's metrics are still read from the daemon."""
+
+    def __init__(self, daemon, tmp):
+        self.daemon = daemon
+        self.token = daemon.token
+        self.other_token = daemon.other_token
+        out = subprocess.run(
+            [str(PLIMSOLL), "callers", "add", "router", "--file", str(daemon.callers)],
+            check=True, capture_output=True, text=True, env=clean_env(),
+        )
+        token_file = Path(tmp) / "router.token"
+        token_file.write_text(out.stdout.strip())
+        self.log = open(Path(tmp) / "router.log", "w+")
+        self.proc = subprocess.Popen(
+            [str(ROUTER), "--listen", "127.0.0.1:0", "--refresh-ms", "200",
+             "--nodes", daemon.url.removeprefix("http://"), "--callers", str(daemon.callers),
+             "--token-file", str(token_file)],
+            stdout=subprocess.DEVNULL, stderr=self.log, env=clean_env(),
+        )
+        try:
+            deadline = time.time() + 60
+            self.url = None
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"plimsoll-router exited: {(Path(tmp) / 'router.log').read_text()}")
+                for line in (Path(tmp) / "router.log").read_text().splitlines():
+                    if '"listening"' in line:
+                        self.url = "http://" + json.loads(line)["addr"]
+                if self.url is not None:
+                    try:
+                        if httpx2.get(self.url + "/readyz", timeout=2).status_code == 200:
+                            return
+                    except httpx2.HTTPError:
+                        pass
+                time.sleep(0.1)
+            raise RuntimeError("plimsoll-router did not become ready in 60 s")
+        except BaseException:
+            self.stop()
+            raise
+
+    def runs_counted(self):
+        return self.daemon.runs_counted()
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
 CALL = {
     "jsonrpc": "2.0", "id": 1, "method": "tools/call",
     "params": {"name": "run_code", "arguments": {"language": "python", "code": "print(1)", "provider": "process",
@@ -629,9 +683,8 @@ CALL = {
 }
 
 
-async def over_http(daemon, strict_tier):
+async def over_http(daemon, strict_tier, label="python sdk, streamable http"):
     mcp_url = daemon.url + "/mcp"
-    label = "python sdk, streamable http"
     auth = {"Authorization": f"Bearer {daemon.token}"}
     other = {"Authorization": f"Bearer {daemon.other_token}"}
 
@@ -927,9 +980,9 @@ def skip_or_fail(name, why):
 
 
 def main():
-    for binary in [PLIMSOLL, PLIMSOLLD]:
+    for binary in [PLIMSOLL, PLIMSOLLD, ROUTER]:
         if not binary.exists():
-            print(f"error: {binary} is missing: run `cargo build -p plimsoll-cli -p plimsoll-daemon` first", file=sys.stderr)
+            print(f"error: {binary} is missing: run `cargo build -p plimsoll-cli -p plimsoll-daemon -p plimsoll-router` first", file=sys.stderr)
             return 2
     strict_tier = crun_usable()
     if not strict_tier:
@@ -965,6 +1018,29 @@ def main():
             results["failed"] += 1
             print("FAIL python sdk, streamable http: the session failed")
             traceback.print_exc()
+
+        # The same again through a plimsoll-router in front of the daemon: every tool call,
+        # refusal and session goes through it and comes back as the daemon said it.
+        if daemon is not None:
+            routed = None
+            try:
+                router_dir = Path(tmp) / "router"
+                router_dir.mkdir()
+                routed = Routed(daemon, str(router_dir))
+                asyncio.run(over_http(routed, strict_tier, "python sdk, streamable http through plimsoll-router"))
+                if INSPECTOR.exists():
+                    inspector_checks(
+                        "inspector, http through plimsoll-router",
+                        [routed.url + "/mcp", "--transport", "http", "--header", f"Authorization: Bearer {routed.token}"],
+                        strict_tier,
+                    )
+            except Exception:  # noqa: BLE001
+                results["failed"] += 1
+                print("FAIL python sdk, streamable http through plimsoll-router: the session failed")
+                traceback.print_exc()
+            finally:
+                if routed is not None:
+                    routed.stop()
 
         try:
             if not INSPECTOR.exists():
