@@ -4,6 +4,8 @@
 //! plimsoll-router. Prints, side by side in one run:
 //! - per-run latency of a trivial Python snippet sent to a node directly and through the
 //!   router (p50, p90), the two interleaved so that the machine's noise falls on both alike;
+//! - the same for a request the node refuses at once, so that nothing runs and the figure is
+//!   the HTTP path alone;
 //! - runs per second from 4 concurrent clients: to one node directly, through the router to
 //!   that one node, and through the router to three nodes.
 //!
@@ -36,6 +38,18 @@ fn agent() -> ureq::Agent {
 /// One run, timed; panics unless it answers 200.
 fn one(agent: &ureq::Agent, url: &str, token: &str, id: &str) -> Duration {
     let body = run_body(id, "print(1)", r#","minimum_isolation":"process""#);
+    exchange(agent, url, token, &body, 200)
+}
+
+/// A request the node refuses at once (another protocol number): nothing runs, so what is
+/// timed is the HTTP path alone.
+fn refused(agent: &ureq::Agent, url: &str, token: &str, id: &str) -> Duration {
+    let body = run_body(id, "print(1)", "").replace(r#""protocol":1"#, r#""protocol":2"#);
+    exchange(agent, url, token, &body, 400)
+}
+
+/// One POST /v1/runs, timed; panics unless it answers `want`.
+fn exchange(agent: &ureq::Agent, url: &str, token: &str, body: &str, want: u16) -> Duration {
     let start = Instant::now();
     let mut resp = agent
         .post(format!("{url}/v1/runs"))
@@ -46,7 +60,7 @@ fn one(agent: &ureq::Agent, url: &str, token: &str, id: &str) -> Duration {
     let status = resp.status().as_u16();
     let text = resp.body_mut().read_to_string().unwrap_or_default();
     let took = start.elapsed();
-    assert_eq!(status, 200, "{text}");
+    assert_eq!(status, want, "{text}");
     took
 }
 
@@ -130,6 +144,24 @@ fn main() {
         "  difference           p50 {:+7.2} ms   p90 {:+7.2} ms",
         r50 - d50,
         r90 - d90
+    );
+    let (mut d, mut r) = (Vec::new(), Vec::new());
+    for i in 0..SAMPLES {
+        d.push(refused(&agent, &direct, &token, &format!("pd{i}")));
+        r.push(refused(&agent, &one_node.url, &token, &format!("pr{i}")));
+    }
+    d.sort();
+    r.sort();
+    println!("a request the node refuses at once (nothing runs: the HTTP path alone):");
+    println!(
+        "  direct to the node   p50 {:7.2} ms   p90 {:7.2} ms",
+        percentile(&d, 0.5),
+        percentile(&d, 0.9)
+    );
+    println!(
+        "  through the router   p50 {:7.2} ms   p90 {:7.2} ms",
+        percentile(&r, 0.5),
+        percentile(&r, 0.9)
     );
     println!(
         "throughput, {CLIENTS} clients for {} s each:",
