@@ -1,9 +1,9 @@
 //! The router and its nodes as a cluster behaves: the router and each plimsolld node in a
 //! network namespace of its own, joined by veth links to a bridge (common::Fabric). A node is
-//! partitioned (its link dropped) mid-run, drained by SIGTERM with a session open, restarted
-//! one after another under load, and given other providers; through all of it every request
-//! gets a verified result or a correctly marked error, and a run whose node went away after
-//! dispatch is never said not to have run.
+//! killed mid-run, partitioned (its link dropped) mid-run, drained by SIGTERM with a session
+//! open, restarted one after another under load, and given other providers; through all of it
+//! every request gets a verified result or a correctly marked error, and a run whose node went
+//! away after dispatch is never said not to have run.
 
 mod common;
 
@@ -37,6 +37,79 @@ fn holder_of_a_run(nodes: &[Node]) -> usize {
         assert!(Instant::now() < deadline, "no node ever held the run");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched() {
+    let test = "a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched";
+    let fabric = Fabric::new(4);
+    let net = Net::Fabric(Arc::clone(&fabric));
+    let cluster = Cluster::new();
+    let mut nodes = cluster.nodes_in(&fabric, 3, PROCESS);
+    if !process_available(test, &nodes[0], &cluster.token) {
+        return;
+    }
+    let router = router_in(&fabric, &nodes, &cluster);
+    let (url, token) = (router.url.clone(), cluster.token.clone());
+    let running = net.spawn(move || {
+        common::call(
+            &url,
+            "POST",
+            "/v1/runs",
+            Some(&token),
+            Some(&run_body(
+                "dies-1",
+                "import time\nprint('started', flush=True)\ntime.sleep(4)",
+                r#","limits":{"timeout_ms":6000}"#,
+            )),
+        )
+    });
+    let holder = holder_of_a_run(&nodes);
+    let killed = nodes[holder].addr.clone();
+    nodes[holder].kill();
+    let a = running.join().unwrap();
+    assert_eq!(a.status, 502, "{}", a.body);
+    let v = a.json();
+    assert_eq!(v["error"]["code"], "node_lost", "{v}");
+    assert_eq!(
+        v["error"]["not_dispatched"],
+        serde_json::Value::Null,
+        "a run whose node died after dispatch may have run: {v}"
+    );
+    assert_eq!(v["request_id"], "dies-1");
+    assert_eq!(a.node(), killed);
+    // Before the router has learned that the node is gone, runs still find the others: a
+    // connection that cannot be made sent nothing, so the next node takes the request.
+    let before: f64 = (0..3)
+        .filter(|i| *i != holder)
+        .map(|i| nodes[i].metric("plimsoll_runs_total"))
+        .sum();
+    let client = Client::new(router.url.clone(), cluster.token.clone());
+    let runs = net
+        .spawn(move || {
+            (0..4)
+                .map(|i| {
+                    client
+                        .run(
+                            RunOptions::snippet(Language::Python, format!("print({i})"))
+                                .min_isolation(Tier::Process),
+                        )
+                        .map(|r| r.result.exit_code)
+                })
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap();
+    for r in runs {
+        assert_eq!(r.expect("a run after a node died"), Some(0));
+    }
+    let after: f64 = (0..3)
+        .filter(|i| *i != holder)
+        .map(|i| nodes[i].metric("plimsoll_runs_total"))
+        .sum();
+    assert_eq!(after - before, 4.0);
+    let m = router.call("GET", "/metrics", None, None).body;
+    assert!(m.contains("plimsoll_router_node_lost_total 1"), "{m}");
 }
 
 #[test]

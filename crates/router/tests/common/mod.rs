@@ -354,9 +354,18 @@ pub struct Node {
     net: Net,
     ns: Option<String>,
     pub logs: Arc<Mutex<String>>,
+    /// Its own OCI state root and cgroup parent (what [`runc_settings`] leaves open): what a
+    /// killed node leaves behind is reaped by its restart alone, never by another test's
+    /// daemon, whose probe would take it for its own.
+    oci_state: PathBuf,
+    cgroup: String,
     _uid_port: std::net::TcpListener,
     _dir: tempfile::TempDir,
 }
+
+/// Where [`runc_settings`] puts a node's own OCI state root and cgroup parent.
+const OCI_STATE: &str = "{OCI_STATE}";
+const CGROUP: &str = "{CGROUP}";
 
 impl Node {
     /// A node on `top` settings (floor, providers, sections), reading `callers`, listening on
@@ -370,7 +379,13 @@ impl Node {
         let uid_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let uid_base =
             plimsoll_daemon::testing::uid_base_for_port(uid_port.local_addr().unwrap().port());
+        let oci_state = dir.path().join("oci");
+        let name = dir.path().file_name().unwrap().to_string_lossy();
+        let cgroup = format!("/plimsoll-test-router-{}", name.trim_start_matches('.'));
         let config = dir.path().join("plimsoll.toml");
+        let top = top
+            .replace(OCI_STATE, &oci_state.display().to_string())
+            .replace(CGROUP, &cgroup);
         std::fs::write(
             &config,
             format!(
@@ -389,6 +404,8 @@ impl Node {
             net: net.clone(),
             ns: ns.map(str::to_owned),
             logs,
+            oci_state,
+            cgroup,
             _uid_port: uid_port,
             _dir: dir,
         }
@@ -463,6 +480,9 @@ impl Node {
                 .filter(|l| l.starts_with("state_dir") || l.starts_with("sandbox_uid_base"))
                 .map(|l| format!("{l}\n"))
                 .collect();
+            let top = top
+                .replace(OCI_STATE, &self.oci_state.display().to_string())
+                .replace(CGROUP, &self.cgroup);
             std::fs::write(&self.config, format!("{keep}{top}\n[daemon]{daemon}")).unwrap();
         }
         let (child, addr, logs) = Node::launch(
@@ -493,8 +513,21 @@ impl Node {
 }
 
 impl Drop for Node {
+    /// SIGTERM, so that the daemon removes its sandboxes (SIGKILL after 30 s), then its
+    /// cgroup parent.
     fn drop(&mut self) {
-        self.kill();
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let pid = rustix::process::Pid::from_child(&self.child);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            self.kill();
+        }
+        if let Ok(layout) = plimsoll_sandbox::cgroup::CgroupLayout::detect() {
+            let _ = layout.remove(self.cgroup.trim_start_matches('/'));
+        }
     }
 }
 
@@ -672,11 +705,13 @@ impl Cluster {
 
 pub const PROCESS: &str = "default_floor = \"process\"\nproviders = [\"process\"]";
 
-/// The settings of a node offering runc with the test image (and `more` providers).
+/// The settings of a node offering runc with the test image (and `more` providers), its OCI
+/// state root and cgroup parent its own.
 pub fn runc_settings(more: &str) -> String {
     let image = testing::workspace_root().join("build/images/sandbox");
     format!(
-        "default_floor = \"process\"\nproviders = [\"runc\"{more}]\n[oci]\nimage = \"{}\"\n",
+        "default_floor = \"process\"\nproviders = [\"runc\"{more}]\n[oci]\nimage = \"{}\"\n\
+         state_root = \"{OCI_STATE}\"\ncgroup_parent = \"{CGROUP}\"\n",
         image.display()
     )
 }
