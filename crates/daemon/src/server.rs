@@ -334,13 +334,7 @@ pub(crate) fn failure_of(err: &RunError) -> Failure {
 
 /// The HTTP status of a refusal with this reason.
 pub fn status_for(reason: Reason) -> StatusCode {
-    match reason {
-        Reason::Request | Reason::Protocol => StatusCode::BAD_REQUEST,
-        Reason::Permission => StatusCode::FORBIDDEN,
-        Reason::Unsupported | Reason::Isolation => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::Environment => StatusCode::SERVICE_UNAVAILABLE,
-        Reason::Capacity => StatusCode::TOO_MANY_REQUESTS,
-    }
+    StatusCode::from_u16(reason.http_status()).expect("every reason's status is a valid one")
 }
 
 async fn count_http(State(st): State<AppState>, req: Request, next: Next) -> Response {

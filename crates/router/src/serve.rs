@@ -126,15 +126,9 @@ fn answer(
     resp
 }
 
-/// The HTTP status of a refusal (the daemon's own mapping).
+/// The HTTP status of a refusal (the daemon's own mapping, in plimsoll-wire).
 fn status_for(reason: Reason) -> StatusCode {
-    match reason {
-        Reason::Request | Reason::Protocol => StatusCode::BAD_REQUEST,
-        Reason::Permission => StatusCode::FORBIDDEN,
-        Reason::Unsupported | Reason::Isolation => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::Environment => StatusCode::SERVICE_UNAVAILABLE,
-        Reason::Capacity => StatusCode::TOO_MANY_REQUESTS,
-    }
+    StatusCode::from_u16(reason.http_status()).expect("every reason's status is a valid one")
 }
 
 /// A refusal made before a request's body was read: answered once its request id is known.

@@ -25,6 +25,40 @@ fn router_in(fabric: &Arc<Fabric>, nodes: &[Node], cluster: &Cluster) -> Router 
     )
 }
 
+/// A fabric of `n` nodes on `settings` and the router, each in a member of its own.
+struct Chaos {
+    fabric: Arc<Fabric>,
+    net: Net,
+    cluster: Cluster,
+    nodes: Vec<Node>,
+    router: Router,
+}
+
+impl Chaos {
+    /// `None` (skipped, or failed under CI=true) when the nodes do not offer `provider`.
+    fn start(test: &str, n: usize, settings: &str, provider: &str) -> Option<Chaos> {
+        let fabric = Fabric::new(n + 1);
+        let net = Net::Fabric(Arc::clone(&fabric));
+        let cluster = Cluster::new();
+        let nodes = cluster.nodes_in(&fabric, n, settings);
+        let available = match provider {
+            "runc" => common::runc_available(test, &nodes[0], &cluster.token),
+            _ => process_available(test, &nodes[0], &cluster.token),
+        };
+        if !available {
+            return None;
+        }
+        let router = router_in(&fabric, &nodes, &cluster);
+        Some(Chaos {
+            fabric,
+            net,
+            cluster,
+            nodes,
+            router,
+        })
+    }
+}
+
 /// The index of the node with a run in flight.
 fn holder_of_a_run(nodes: &[Node]) -> usize {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -42,14 +76,17 @@ fn holder_of_a_run(nodes: &[Node]) -> usize {
 #[test]
 fn a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched() {
     let test = "a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched";
-    let fabric = Fabric::new(4);
-    let net = Net::Fabric(Arc::clone(&fabric));
-    let cluster = Cluster::new();
-    let mut nodes = cluster.nodes_in(&fabric, 3, PROCESS);
-    if !process_available(test, &nodes[0], &cluster.token) {
+    // Dropped in the reverse order: the router, the nodes, then the fabric.
+    let Some(Chaos {
+        fabric: _fabric,
+        net,
+        cluster,
+        mut nodes,
+        router,
+    }) = Chaos::start(test, 3, PROCESS, "process")
+    else {
         return;
-    }
-    let router = router_in(&fabric, &nodes, &cluster);
+    };
     let (url, token) = (router.url.clone(), cluster.token.clone());
     let running = net.spawn(move || {
         common::call(
@@ -115,14 +152,17 @@ fn a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched() {
 #[test]
 fn a_partitioned_node_s_run_may_have_run_and_the_other_nodes_serve_on() {
     let test = "a_partitioned_node_s_run_may_have_run_and_the_other_nodes_serve_on";
-    let fabric = Fabric::new(3);
-    let net = Net::Fabric(Arc::clone(&fabric));
-    let cluster = Cluster::new();
-    let nodes = cluster.nodes_in(&fabric, 2, PROCESS);
-    if !process_available(test, &nodes[0], &cluster.token) {
+    // Dropped in the reverse order: the router, the nodes, then the fabric.
+    let Some(Chaos {
+        fabric,
+        net,
+        cluster,
+        nodes,
+        router,
+    }) = Chaos::start(test, 2, PROCESS, "process")
+    else {
         return;
-    }
-    let router = router_in(&fabric, &nodes, &cluster);
+    };
     let (url, token) = (router.url.clone(), cluster.token.clone());
     let running = net.spawn(move || {
         let started = Instant::now();
@@ -186,14 +226,17 @@ fn a_partitioned_node_s_run_may_have_run_and_the_other_nodes_serve_on() {
 #[test]
 fn a_node_drained_by_sigterm_answers_its_run_and_its_session_ends_with_it() {
     let test = "a_node_drained_by_sigterm_answers_its_run_and_its_session_ends_with_it";
-    let fabric = Fabric::new(3);
-    let net = Net::Fabric(Arc::clone(&fabric));
-    let cluster = Cluster::new();
-    let mut nodes = cluster.nodes_in(&fabric, 2, &common::runc_settings(""));
-    if !common::runc_available(test, &nodes[0], &cluster.token) {
+    // Dropped in the reverse order: the router, the nodes, then the fabric.
+    let Some(Chaos {
+        fabric: _fabric,
+        net,
+        cluster,
+        mut nodes,
+        router,
+    }) = Chaos::start(test, 2, &common::runc_settings(""), "runc")
+    else {
         return;
-    }
-    let router = router_in(&fabric, &nodes, &cluster);
+    };
     let open = router.call(
         "POST",
         "/v1/sessions",
@@ -281,14 +324,17 @@ struct Tally {
 #[test]
 fn a_rolling_restart_of_every_node_under_load_loses_nothing() {
     let test = "a_rolling_restart_of_every_node_under_load_loses_nothing";
-    let fabric = Fabric::new(4);
-    let net = Net::Fabric(Arc::clone(&fabric));
-    let cluster = Cluster::new();
-    let mut nodes = cluster.nodes_in(&fabric, 3, PROCESS);
-    if !process_available(test, &nodes[0], &cluster.token) {
+    // Dropped in the reverse order: the router, the nodes, then the fabric.
+    let Some(Chaos {
+        fabric: _fabric,
+        net,
+        cluster,
+        mut nodes,
+        router,
+    }) = Chaos::start(test, 3, PROCESS, "process")
+    else {
         return;
-    }
-    let router = router_in(&fabric, &nodes, &cluster);
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let load: Vec<_> = (0..2)
         .map(|w| {

@@ -49,6 +49,18 @@ impl Reason {
             Reason::Capacity => "capacity",
         }
     }
+
+    /// The HTTP status a refusal for this reason is answered with (docs/daemon.md), by
+    /// plimsolld and plimsoll-router alike.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Reason::Request | Reason::Protocol => 400,
+            Reason::Permission => 403,
+            Reason::Unsupported | Reason::Isolation => 422,
+            Reason::Environment => 503,
+            Reason::Capacity => 429,
+        }
+    }
 }
 
 impl fmt::Display for Reason {
