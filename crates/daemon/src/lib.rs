@@ -1,4 +1,5 @@
-//! plimsolld: HTTP/JSON in front of the engine. The only crate that knows HTTP servers.
+//! plimsolld: HTTP/JSON in front of the engine, the only HTTP server in front of one
+//! (plimsoll-router serves the same API in front of many daemons, over HTTP).
 //!
 //! Routes, statuses, authentication and settings are described in docs/daemon.md; the
 //! OpenAPI document is docs/openapi.json (also served at `GET /v1/openapi.json`).
