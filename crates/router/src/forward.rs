@@ -26,7 +26,9 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_PROBES: u32 = 3;
 /// How long a node that stopped answering at the TCP level can hold an exchange:
 /// keepalive's idle time plus its unanswered probes.
-pub const KEEPALIVE_GIVE_UP: Duration = Duration::from_secs(5 + 2 * KEEPALIVE_PROBES as u64);
+pub const KEEPALIVE_GIVE_UP: Duration = Duration::from_secs(
+    KEEPALIVE_IDLE.as_secs() + KEEPALIVE_INTERVAL.as_secs() * KEEPALIVE_PROBES as u64,
+);
 /// Data written and not acknowledged for this long ends the connection (a dropped link
 /// while the request or its body is being sent).
 const USER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use http_body_util::BodyExt as _;
@@ -55,9 +55,6 @@ pub struct Node {
     pub load: u64,
     /// Why the last refresh could not learn it, if it could not.
     pub error: Option<String>,
-    /// Seconds since it last answered a refresh.
-    #[serde(skip)]
-    pub seen: Option<Instant>,
 }
 
 impl Node {
@@ -259,7 +256,6 @@ impl Cluster {
                 // cannot be reached: only its readiness is lost.
                 node.instance = node.instance.or_else(|| old.instance.clone());
                 node.providers = old.providers.clone();
-                node.seen = old.seen;
             }
             nodes.insert(node.addr, node);
         }
@@ -298,7 +294,6 @@ async fn learn(addr: SocketAddr, token: &Secret) -> Node {
         providers: None,
         load: 0,
         error: None,
-        seen: None,
     };
     match get(addr, "/readyz", None).await {
         Ok((status, headers, _)) => {
@@ -329,9 +324,6 @@ async fn learn(addr: SocketAddr, token: &Secret) -> Node {
     }
     if let Ok((200, _, body)) = get(addr, "/metrics", None).await {
         node.load = load_of(&String::from_utf8_lossy(&body));
-    }
-    if node.error.is_none() {
-        node.seen = Some(Instant::now());
     }
     node
 }

@@ -318,17 +318,18 @@ fn to_node(
 /// node named.
 fn from_node(addr: SocketAddr, resp: hyper::Response<hyper::body::Incoming>) -> Response {
     let (mut parts, body) = resp.into_parts();
-    let names: Vec<HeaderName> = parts
-        .headers
-        .keys()
-        .filter(|k| hop_by_hop(k))
-        .cloned()
-        .collect();
-    for k in names {
-        parts.headers.remove(k);
-    }
-    name_node(&mut parts.headers, addr);
+    passed_on(&mut parts.headers, addr);
     Response::from_parts(parts, Body::new(body))
+}
+
+/// A node's answer headers as the router passes them on: the connection's own left out, the
+/// node named.
+fn passed_on(headers: &mut HeaderMap, addr: SocketAddr) {
+    let names: Vec<HeaderName> = headers.keys().filter(|k| hop_by_hop(k)).cloned().collect();
+    for k in names {
+        headers.remove(k);
+    }
+    name_node(headers, addr);
 }
 
 fn name_node(headers: &mut HeaderMap, addr: SocketAddr) {
@@ -478,16 +479,7 @@ async fn send_in_order(
                     )
                 )
         });
-        for k in head
-            .headers
-            .keys()
-            .filter(|k| hop_by_hop(k))
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            head.headers.remove(k);
-        }
-        name_node(&mut head.headers, addr);
+        passed_on(&mut head.headers, addr);
         let whole = Response::from_parts(head, Body::from(text));
         if !retry {
             st.counts.forwarded.fetch_add(1, Ordering::Relaxed);
@@ -768,37 +760,37 @@ async fn metrics(State(st): State<AppState>) -> Response {
     let nodes = st.cluster.nodes();
     let c = &st.counts;
     let mut out = String::new();
-    let mut counter = |name: &str, help: &str, v: u64| {
+    let counters = [
+        ("forwarded", "Requests answered by a node.", &c.forwarded),
+        (
+            "refused",
+            "Runs and opens the router refused itself, not dispatched (no node could take them).",
+            &c.refused,
+        ),
+        (
+            "tried_next",
+            "Times a node refused with nothing run and the next node was tried.",
+            &c.tried_next,
+        ),
+        (
+            "node_lost",
+            "Requests whose node's connection failed after they were sent (may have run).",
+            &c.lost,
+        ),
+        (
+            "node_unreachable",
+            "Connections to a node that could not be made (nothing sent).",
+            &c.unreachable,
+        ),
+    ];
+    for (name, help, n) in counters {
+        let name = format!("plimsoll_router_{name}_total");
+        let v = n.load(Ordering::Relaxed);
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
         );
-    };
-    counter(
-        "plimsoll_router_forwarded_total",
-        "Requests answered by a node.",
-        c.forwarded.load(Ordering::Relaxed),
-    );
-    counter(
-        "plimsoll_router_refused_total",
-        "Runs and opens the router refused itself, not dispatched (no node could take them).",
-        c.refused.load(Ordering::Relaxed),
-    );
-    counter(
-        "plimsoll_router_tried_next_total",
-        "Times a node refused with nothing run and the next node was tried.",
-        c.tried_next.load(Ordering::Relaxed),
-    );
-    counter(
-        "plimsoll_router_node_lost_total",
-        "Requests whose node's connection failed after they were sent (may have run).",
-        c.lost.load(Ordering::Relaxed),
-    );
-    counter(
-        "plimsoll_router_node_unreachable_total",
-        "Connections to a node that could not be made (nothing sent).",
-        c.unreachable.load(Ordering::Relaxed),
-    );
+    }
     let _ = writeln!(
         out,
         "# HELP plimsoll_router_nodes Nodes found.\n# TYPE plimsoll_router_nodes gauge\nplimsoll_router_nodes {}",
