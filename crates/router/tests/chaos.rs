@@ -11,53 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Cluster, Fabric, Net, Node, PROCESS, Router, cell_body, process_available, run_body};
+use common::{Cluster, Fabric, Net, Node, PROCESS, Started, cell_body, run_body};
 use plimsoll_client::{Client, ClientError, RunOptions};
 use plimsoll_wire::{Language, Reason, Tier};
-
-/// The router in member 1 of `fabric`, in front of `nodes`.
-fn router_in(fabric: &Arc<Fabric>, nodes: &[Node], cluster: &Cluster) -> Router {
-    Router::start(
-        &nodes.iter().collect::<Vec<_>>(),
-        cluster,
-        Some(fabric.member(1)),
-        &format!("{}:7879", Fabric::addr(1)),
-    )
-}
-
-/// A fabric of `n` nodes on `settings` and the router, each in a member of its own.
-struct Chaos {
-    fabric: Arc<Fabric>,
-    net: Net,
-    cluster: Cluster,
-    nodes: Vec<Node>,
-    router: Router,
-}
-
-impl Chaos {
-    /// `None` (skipped, or failed under CI=true) when the nodes do not offer `provider`.
-    fn start(test: &str, n: usize, settings: &str, provider: &str) -> Option<Chaos> {
-        let fabric = Fabric::new(n + 1);
-        let net = Net::Fabric(Arc::clone(&fabric));
-        let cluster = Cluster::new();
-        let nodes = cluster.nodes_in(&fabric, n, settings);
-        let available = match provider {
-            "runc" => common::runc_available(test, &nodes[0], &cluster.token),
-            _ => process_available(test, &nodes[0], &cluster.token),
-        };
-        if !available {
-            return None;
-        }
-        let router = router_in(&fabric, &nodes, &cluster);
-        Some(Chaos {
-            fabric,
-            net,
-            cluster,
-            nodes,
-            router,
-        })
-    }
-}
 
 /// The index of the node with a run in flight.
 fn holder_of_a_run(nodes: &[Node]) -> usize {
@@ -76,14 +32,13 @@ fn holder_of_a_run(nodes: &[Node]) -> usize {
 #[test]
 fn a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched() {
     let test = "a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched";
-    // Dropped in the reverse order: the router, the nodes, then the fabric.
-    let Some(Chaos {
-        fabric: _fabric,
-        net,
-        cluster,
-        mut nodes,
+    let Some(Started {
         router,
-    }) = Chaos::start(test, 3, PROCESS, "process")
+        mut nodes,
+        cluster,
+        net,
+        fabric: _fabric,
+    }) = Started::in_fabric(test, 3, PROCESS, "process")
     else {
         return;
     };
@@ -152,17 +107,17 @@ fn a_run_whose_node_is_killed_after_dispatch_is_never_said_not_dispatched() {
 #[test]
 fn a_partitioned_node_s_run_may_have_run_and_the_other_nodes_serve_on() {
     let test = "a_partitioned_node_s_run_may_have_run_and_the_other_nodes_serve_on";
-    // Dropped in the reverse order: the router, the nodes, then the fabric.
-    let Some(Chaos {
-        fabric,
-        net,
-        cluster,
-        nodes,
+    let Some(Started {
         router,
-    }) = Chaos::start(test, 2, PROCESS, "process")
+        nodes,
+        cluster,
+        net,
+        fabric,
+    }) = Started::in_fabric(test, 2, PROCESS, "process")
     else {
         return;
     };
+    let fabric = fabric.expect("the nodes are in a fabric");
     let (url, token) = (router.url.clone(), cluster.token.clone());
     let running = net.spawn(move || {
         let started = Instant::now();
@@ -226,14 +181,13 @@ fn a_partitioned_node_s_run_may_have_run_and_the_other_nodes_serve_on() {
 #[test]
 fn a_node_drained_by_sigterm_answers_its_run_and_its_session_ends_with_it() {
     let test = "a_node_drained_by_sigterm_answers_its_run_and_its_session_ends_with_it";
-    // Dropped in the reverse order: the router, the nodes, then the fabric.
-    let Some(Chaos {
-        fabric: _fabric,
-        net,
-        cluster,
-        mut nodes,
+    let Some(Started {
         router,
-    }) = Chaos::start(test, 2, &common::runc_settings(""), "runc")
+        mut nodes,
+        cluster,
+        net,
+        fabric: _fabric,
+    }) = Started::in_fabric(test, 2, &common::runc_settings(""), "runc")
     else {
         return;
     };
@@ -324,14 +278,13 @@ struct Tally {
 #[test]
 fn a_rolling_restart_of_every_node_under_load_loses_nothing() {
     let test = "a_rolling_restart_of_every_node_under_load_loses_nothing";
-    // Dropped in the reverse order: the router, the nodes, then the fabric.
-    let Some(Chaos {
-        fabric: _fabric,
-        net,
-        cluster,
-        mut nodes,
+    let Some(Started {
         router,
-    }) = Chaos::start(test, 3, PROCESS, "process")
+        mut nodes,
+        cluster,
+        net,
+        fabric: _fabric,
+    }) = Started::in_fabric(test, 3, PROCESS, "process")
     else {
         return;
     };
@@ -399,7 +352,7 @@ fn a_node_whose_providers_change_keeps_floors_honest() {
     let fabric = Fabric::new(3);
     let net = Net::Fabric(Arc::clone(&fabric));
     let cluster = Cluster::new();
-    let mut nodes = vec![
+    let nodes = vec![
         Node::start(
             &common::runc_settings(", \"process\""),
             &cluster.callers,
@@ -415,10 +368,16 @@ fn a_node_whose_providers_change_keeps_floors_honest() {
             &format!("{}:7878", Fabric::addr(3)),
         ),
     ];
-    if !common::runc_available(test, &nodes[0], &cluster.token) {
+    let Some(Started {
+        router,
+        mut nodes,
+        cluster,
+        net,
+        fabric: _fabric,
+    }) = Started::with_router(test, "runc", cluster, nodes, Some(fabric))
+    else {
         return;
-    }
-    let router = router_in(&fabric, &nodes, &cluster);
+    };
     let client = Client::new(router.url.clone(), cluster.token.clone());
     let floor = |client: &Client| {
         let client = client.clone();

@@ -5,24 +5,22 @@
 
 mod common;
 
-use common::{Cluster, PROCESS, Router, call, process_available, run_body, runc_available};
+use common::{PROCESS, Started, call, run_body};
 use plimsoll_client::{Client, RunOptions};
 use plimsoll_wire::{Language, Tier};
 
 #[test]
 fn runs_through_the_router_are_placed_verified_and_spread_over_the_nodes() {
     let test = "runs_through_the_router_are_placed_verified_and_spread_over_the_nodes";
-    let cluster = Cluster::new();
-    let nodes = cluster.nodes(3, PROCESS);
-    if !process_available(test, &nodes[0], &cluster.token) {
+    let Some(Started {
+        router,
+        nodes,
+        cluster,
+        ..
+    }) = Started::on_loopback(test, 3, PROCESS, "process")
+    else {
         return;
-    }
-    let router = Router::start(
-        &nodes.iter().collect::<Vec<_>>(),
-        &cluster,
-        None,
-        "127.0.0.1:0",
-    );
+    };
     // The Rust client checks the tier against the floor and recomputes every digest: the
     // router passed each answer on untouched.
     let client = Client::new(router.url.clone(), cluster.token.clone());
@@ -64,17 +62,15 @@ fn runs_through_the_router_are_placed_verified_and_spread_over_the_nodes() {
 #[test]
 fn what_no_node_can_take_is_refused_before_it_reaches_any_node() {
     let test = "what_no_node_can_take_is_refused_before_it_reaches_any_node";
-    let cluster = Cluster::new();
-    let nodes = cluster.nodes(2, PROCESS);
-    if !process_available(test, &nodes[0], &cluster.token) {
+    let Some(Started {
+        router,
+        nodes,
+        cluster,
+        ..
+    }) = Started::on_loopback(test, 2, PROCESS, "process")
+    else {
         return;
-    }
-    let router = Router::start(
-        &nodes.iter().collect::<Vec<_>>(),
-        &cluster,
-        None,
-        "127.0.0.1:0",
-    );
+    };
     let requests_before: Vec<f64> = nodes
         .iter()
         .map(|n| n.metric("plimsoll_http_requests_total{route=\"/v1/runs\""))
@@ -154,22 +150,46 @@ fn what_no_node_can_take_is_refused_before_it_reaches_any_node() {
     assert_eq!(a.headers["www-authenticate"], "Bearer");
     let a = call(&router.url, "GET", "/v1/nodes", Some("not-a-token"), None);
     assert_eq!(a.status, 401, "{}", a.body);
+    // A body over the router's limit (8 MiB by default): refused, not dispatched, its request
+    // id read from its first bytes, and no node sees it.
+    let runs_requests = || -> Vec<f64> {
+        nodes
+            .iter()
+            .map(|n| n.metric("plimsoll_http_requests_total{route=\"/v1/runs\""))
+            .collect()
+    };
+    let before_big = runs_requests();
+    let big = run_body("big-1", &"#".repeat(9 << 20), "");
+    let a = call(
+        &router.url,
+        "POST",
+        "/v1/runs",
+        Some(&cluster.token),
+        Some(&big),
+    );
+    assert_eq!(a.status, 413, "{}", a.body);
+    let v = a.json();
+    assert_eq!(v["request_id"], "big-1", "{v}");
+    assert_eq!(v["error"]["not_dispatched"], "request", "{v}");
+    assert_eq!(
+        before_big,
+        runs_requests(),
+        "no node saw the oversized body"
+    );
 }
 
 #[test]
 fn a_session_s_calls_go_to_its_node_and_end_with_it() {
     let test = "a_session_s_calls_go_to_its_node_and_end_with_it";
-    let cluster = Cluster::new();
-    let mut nodes = cluster.nodes(2, &common::runc_settings(""));
-    if !runc_available(test, &nodes[0], &cluster.token) {
+    let Some(Started {
+        router,
+        mut nodes,
+        cluster,
+        ..
+    }) = Started::on_loopback(test, 2, &common::runc_settings(""), "runc")
+    else {
         return;
-    }
-    let router = Router::start(
-        &nodes.iter().collect::<Vec<_>>(),
-        &cluster,
-        None,
-        "127.0.0.1:0",
-    );
+    };
     let open = call(
         &router.url,
         "POST",
@@ -244,17 +264,15 @@ fn a_session_s_calls_go_to_its_node_and_end_with_it() {
 #[test]
 fn mcp_through_the_router_places_runs_and_follows_sessions() {
     let test = "mcp_through_the_router_places_runs_and_follows_sessions";
-    let cluster = Cluster::new();
-    let nodes = cluster.nodes(2, &common::runc_settings(", \"process\""));
-    if !runc_available(test, &nodes[0], &cluster.token) {
+    let Some(Started {
+        router,
+        nodes,
+        cluster,
+        ..
+    }) = Started::on_loopback(test, 2, &common::runc_settings(", \"process\""), "runc")
+    else {
         return;
-    }
-    let router = Router::start(
-        &nodes.iter().collect::<Vec<_>>(),
-        &cluster,
-        None,
-        "127.0.0.1:0",
-    );
+    };
     let rpc = |id: u32, method: &str, params: serde_json::Value| {
         let a = common::mcp(
             &router.url,

@@ -594,48 +594,37 @@ impl Router {
 
     /// Waits until the router sees `n` nodes usable.
     pub fn wait_usable(&self, token: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let a = self.call("GET", "/v1/nodes", Some(token), None);
-            let usable = a.json()["nodes"]
-                .as_array()
-                .map_or(0, |l| l.iter().filter(|x| x["usable"] == true).count());
-            if usable == n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the router never saw {n} nodes usable: {}\n{}",
-                a.body,
-                self.logs.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.wait_for_nodes(token, &format!("{n} nodes usable"), |l| {
+            l.iter().filter(|x| x["usable"] == true).count() == n
+        });
     }
-}
 
-impl Router {
     /// Waits until the router has learned `node`'s daemon as it is now (its instance), usable.
     pub fn wait_learned(&self, token: &str, node: &Node) {
         let instance = node.instance();
+        let what = format!("{} as instance {instance}", node.addr);
+        self.wait_for_nodes(token, &what, |l| {
+            l.iter().any(|x| {
+                x["node"] == node.addr.as_str()
+                    && x["instance"] == instance.as_str()
+                    && x["usable"] == true
+            })
+        });
+    }
+
+    /// Waits up to 60 s until the router's `GET /v1/nodes` list satisfies `done`.
+    fn wait_for_nodes(&self, token: &str, what: &str, done: impl Fn(&[serde_json::Value]) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let a = self.call("GET", "/v1/nodes", Some(token), None);
-            let learned = a.json()["nodes"].as_array().is_some_and(|l| {
-                l.iter().any(|x| {
-                    x["node"] == node.addr.as_str()
-                        && x["instance"] == instance.as_str()
-                        && x["usable"] == true
-                })
-            });
-            if learned {
+            if a.json()["nodes"].as_array().is_some_and(|l| done(l)) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "the router never learned {} as instance {instance}: {}",
-                node.addr,
-                a.body
+                "the router never saw {what}: {}\n{}",
+                a.body,
+                self.logs.lock().unwrap()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -732,7 +721,8 @@ pub fn cell_body(request_id: &str, code: &str) -> String {
     .to_string()
 }
 
-fn provider_available(test: &str, node: &Node, token: &str, provider: &str) -> bool {
+/// Whether `node` offers `provider` (skipped, or failed under CI=true, when not).
+pub fn provider_available(test: &str, node: &Node, token: &str, provider: &str) -> bool {
     let p = node.call("GET", "/v1/providers", Some(token), None).json();
     let ok = p["providers"].as_array().is_some_and(|l| {
         l.iter()
@@ -747,12 +737,63 @@ fn provider_available(test: &str, node: &Node, token: &str, provider: &str) -> b
     ok
 }
 
-/// Whether the process provider is there (skipped, or failed under CI=true).
-pub fn process_available(test: &str, node: &Node, token: &str) -> bool {
-    provider_available(test, node, token, "process")
+/// Nodes on `settings` and the router in front of them, with what they share: on loopback, or
+/// each in a member of a fabric of their own. The router goes first, then the nodes, then
+/// the fabric (fields are dropped in order).
+pub struct Started {
+    pub router: Router,
+    pub nodes: Vec<Node>,
+    pub cluster: Cluster,
+    pub net: Net,
+    pub fabric: Option<Arc<Fabric>>,
 }
 
-/// Whether the runc provider is there (skipped, or failed under CI=true).
-pub fn runc_available(test: &str, node: &Node, token: &str) -> bool {
-    provider_available(test, node, token, "runc")
+impl Started {
+    /// `n` nodes and the router on loopback. `None` (skipped, or failed under CI=true) when
+    /// the nodes do not offer `provider`.
+    pub fn on_loopback(test: &str, n: usize, settings: &str, provider: &str) -> Option<Started> {
+        let cluster = Cluster::new();
+        let nodes = cluster.nodes(n, settings);
+        Started::with_router(test, provider, cluster, nodes, None)
+    }
+
+    /// `n` nodes, each in a member of a new fabric, and the router in member 1.
+    pub fn in_fabric(test: &str, n: usize, settings: &str, provider: &str) -> Option<Started> {
+        let fabric = Fabric::new(n + 1);
+        let cluster = Cluster::new();
+        let nodes = cluster.nodes_in(&fabric, n, settings);
+        Started::with_router(test, provider, cluster, nodes, Some(fabric))
+    }
+
+    /// The router in front of `nodes` (in fabric member 1 when there is a fabric), once the
+    /// nodes offer `provider`.
+    pub fn with_router(
+        test: &str,
+        provider: &str,
+        cluster: Cluster,
+        nodes: Vec<Node>,
+        fabric: Option<Arc<Fabric>>,
+    ) -> Option<Started> {
+        if !provider_available(test, &nodes[0], &cluster.token, provider) {
+            return None;
+        }
+        let listed: Vec<&Node> = nodes.iter().collect();
+        let router = match &fabric {
+            Some(f) => Router::start(
+                &listed,
+                &cluster,
+                Some(f.member(1)),
+                &format!("{}:7879", Fabric::addr(1)),
+            ),
+            None => Router::start(&listed, &cluster, None, "127.0.0.1:0"),
+        };
+        let net = fabric.clone().map_or(Net::Loopback, Net::Fabric);
+        Some(Started {
+            router,
+            nodes,
+            cluster,
+            net,
+            fabric,
+        })
+    }
 }
