@@ -233,11 +233,7 @@ func Start(opts Options) (*Daemon, error) {
 // startRouter puts a plimsoll-router in front of the daemon (its own caller in the same
 // callers file, learning the daemon every 200 ms); URL becomes the router's once it is ready.
 func (d *Daemon) startRouter(callers string) error {
-	tokens, err := writeCallers(filepath.Join(d.Dir, "router-callers.toml"), []string{"router"})
-	if err != nil {
-		return err
-	}
-	line, err := os.ReadFile(filepath.Join(d.Dir, "router-callers.toml"))
+	token, entry, err := newCaller("router")
 	if err != nil {
 		return err
 	}
@@ -245,13 +241,13 @@ func (d *Daemon) startRouter(callers string) error {
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(append([]byte("\n"), line...))
+	_, err = f.WriteString(entry)
 	f.Close()
 	if err != nil {
 		return err
 	}
 	tokenFile := filepath.Join(d.Dir, "router.token")
-	if err := os.WriteFile(tokenFile, []byte(tokens["router"]), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
 		return err
 	}
 	logPath := filepath.Join(d.Dir, "router.log")
@@ -305,16 +301,25 @@ func writeCallers(path string, names []string) (map[string]string, error) {
 	tokens := map[string]string{}
 	var text strings.Builder
 	for _, name := range names {
-		var b [32]byte
-		if _, err := rand.Read(b[:]); err != nil {
+		token, entry, err := newCaller(name)
+		if err != nil {
 			return nil, err
 		}
-		token := "plm_" + base64.RawURLEncoding.EncodeToString(b[:])
-		digest := sha256.Sum256([]byte(token))
-		fmt.Fprintf(&text, "[[caller]]\nname = %q\ntoken_sha256 = %q\n\n", name, hex.EncodeToString(digest[:]))
+		text.WriteString(entry)
 		tokens[name] = token
 	}
 	return tokens, os.WriteFile(path, []byte(text.String()), 0o600)
+}
+
+// newCaller mints a caller's token and its callers-file entry.
+func newCaller(name string) (token, entry string, err error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	token = "plm_" + base64.RawURLEncoding.EncodeToString(b[:])
+	digest := sha256.Sum256([]byte(token))
+	return token, fmt.Sprintf("[[caller]]\nname = %q\ntoken_sha256 = %q\n\n", name, hex.EncodeToString(digest[:])), nil
 }
 
 func (d *Daemon) exited() bool {
