@@ -489,7 +489,9 @@ def encode_record(r):
     # Field 11: a session call's link, its members as fields of the record itself.
     if opt(r, "session") is not None:
         link = r["session"]
-        check_keys(link, "record.session", ("session_id", "sequence"), ("previous_record_sha256",))
+        check_keys(
+            link, "record.session", ("session_id", "sequence"), ("previous_record_sha256", "origin")
+        )
         e.string("session_id", want_str(link["session_id"], "record.session.session_id"))
         e.u64("sequence", want_int(link["sequence"], "record.session.sequence", 0, U64_MAX))
         if opt(link, "previous_record_sha256") is not None:
@@ -510,6 +512,31 @@ def encode_record(r):
     for i, s in enumerate(opt(r, "trials") or []):
         steps.append(encode_trial_step(s, f"record.trials[{i}]"))
     e.items("trials", steps)
+    # Field 14: where a restored or forked session came from, nested; left out when absent.
+    link = opt(r, "session")
+    if link is not None and opt(link, "origin") is not None:
+        o = link["origin"]
+        w = "record.session.origin"
+        check_keys(
+            o,
+            w,
+            ("start", "snapshot_sha256", "parent_session_id", "parent_calls"),
+            ("parent_record_sha256",),
+        )
+        start = want_str(o["start"], f"{w}.start")
+        if start not in ("restored", "forked"):
+            raise Invalid(f"{w}.start must be restored or forked")
+        oe = Encoding()
+        oe.string("start", start)
+        oe.string("snapshot_sha256", want_str(o["snapshot_sha256"], f"{w}.snapshot_sha256"))
+        oe.string("parent_session_id", want_str(o["parent_session_id"], f"{w}.parent_session_id"))
+        if opt(o, "parent_record_sha256") is not None:
+            oe.string(
+                "parent_record_sha256",
+                want_str(o["parent_record_sha256"], f"{w}.parent_record_sha256"),
+            )
+        oe.u64("parent_calls", want_int(o["parent_calls"], f"{w}.parent_calls", 0, U64_MAX))
+        e.nested("origin", oe)
     return e.bytes()
 
 

@@ -118,6 +118,7 @@ pub fn sample_session(session_id: &str, first: u64, n: u64) -> Vec<Exchange> {
             previous_record_sha256: calls
                 .last()
                 .map(|p| p.response.record.record_sha256.clone()),
+            origin: None,
         });
         restate_digests(&mut ex);
         calls.push(ex);

@@ -3,7 +3,7 @@
 //! before it. A bundle holds a session's calls whole and in order; checked before signing a
 //! chain and again by `verify`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use plimsoll_wire::{RunRecord, SessionLink, Tier};
 
@@ -22,7 +22,8 @@ pub enum SessionLinkProblem {
 }
 
 /// The problem with a link's shape, if any: `sequence >= 1`, and `previous_record_sha256`
-/// present exactly when `sequence > 1`.
+/// present exactly when `sequence > 1`. A restored or forked session's chain goes on from
+/// its parent's: its call 1 is its parent's call 1, so the same holds.
 pub fn link_problem(link: &SessionLink) -> Option<SessionLinkProblem> {
     match (link.sequence, &link.previous_record_sha256) {
         (0, _) => Some(SessionLinkProblem::ZeroSequence),
@@ -109,6 +110,22 @@ pub enum SessionChainError {
         /// The digest the link names.
         found: String,
     },
+    /// A restored or forked session's first call here does not hang from its parent: the
+    /// parent's record it names is not earlier in the bundle, as the parent's call it names.
+    #[error(
+        "session `{session_id}` call {sequence} is a branch of session `{parent_session_id}` after its call {} (record {parent_record}), but that record is not earlier in the bundle as that call: a branch must hang from its parent",
+        *sequence - 1
+    )]
+    Detached {
+        /// The session.
+        session_id: String,
+        /// The call's sequence.
+        sequence: u64,
+        /// The parent its origin names.
+        parent_session_id: String,
+        /// The parent's record its origin names.
+        parent_record: String,
+    },
     /// One session ran on one provider, tier, evidence and environment; this call did not.
     #[error(
         "session `{session_id}` call {sequence} has {field} `{found}`, but the session's first call here has `{first}`: a session runs in one sandbox"
@@ -145,6 +162,7 @@ impl SessionChainError {
             | SessionChainError::Repeated { session_id, .. }
             | SessionChainError::OutOfOrder { session_id, .. }
             | SessionChainError::Previous { session_id, .. }
+            | SessionChainError::Detached { session_id, .. }
             | SessionChainError::Changed { session_id, .. } => session_id,
         }
     }
@@ -158,6 +176,7 @@ impl SessionChainError {
             | SessionChainError::Repeated { sequence, .. }
             | SessionChainError::OutOfOrder { sequence, .. }
             | SessionChainError::Previous { sequence, .. }
+            | SessionChainError::Detached { sequence, .. }
             | SessionChainError::Changed { sequence, .. } => *sequence,
         }
     }
@@ -182,6 +201,10 @@ struct Chain<'a> {
 /// session are passed over, and several sessions may interleave): per session, the first call
 /// is call 1, each next call is the previous one's sequence + 1 and names its record digest,
 /// and every call ran on the first call's provider, tier, evidence digest and environment.
+/// A restored or forked session (its link's `origin`) is a branch: its first call here is
+/// the one after its parent's last call when the snapshot was taken, and names that call's
+/// record, which must come earlier in the bundle as that call of the parent; so a bundle of
+/// a fork's calls is a tree whose every branch hangs from its parent.
 /// On a break, returns the position in `records` of the record where it breaks, and why.
 pub fn check_session_chains(records: &[&RunRecord]) -> Result<(), (usize, SessionChainError)> {
     // Every (session, sequence) present, to tell a call missing from one that comes later.
@@ -191,9 +214,12 @@ pub fn check_session_chains(records: &[&RunRecord]) -> Result<(), (usize, Sessio
         .map(|l| (l.session_id.as_str(), l.sequence))
         .collect();
     let mut chains: BTreeMap<&str, Chain<'_>> = BTreeMap::new();
+    // Every session call's record seen so far: its session and sequence.
+    let mut seen: HashMap<&str, (&str, u64)> = HashMap::new();
     for (index, record) in records.iter().enumerate() {
         if let Some(link) = &record.session {
-            check_call(record, link, &present, &mut chains).map_err(|e| (index, e))?;
+            check_call(record, link, &present, &seen, &mut chains).map_err(|e| (index, e))?;
+            seen.insert(&record.record_sha256, (&link.session_id, link.sequence));
         }
     }
     Ok(())
@@ -203,6 +229,7 @@ fn check_call<'a>(
     record: &'a RunRecord,
     link: &'a SessionLink,
     present: &HashSet<(&str, u64)>,
+    seen: &HashMap<&str, (&str, u64)>,
     chains: &mut BTreeMap<&'a str, Chain<'a>>,
 ) -> Result<(), SessionChainError> {
     let id = link.session_id.as_str();
@@ -216,7 +243,9 @@ fn check_call<'a>(
         });
     }
     let chain = chains.get(id);
-    let expected = chain.map_or(1, |c| c.next);
+    // A branch's first call follows its parent's last call at the snapshot.
+    let first = link.origin.as_ref().map_or(1, |o| o.parent_calls + 1);
+    let expected = chain.map_or(first, |c| c.next);
     if sequence < expected {
         let first_request_id = chain
             .and_then(|c| c.request_ids.get(usize::try_from(sequence - 1).ok()?))
@@ -248,7 +277,24 @@ fn check_call<'a>(
         });
     }
     let Some(chain) = chains.get_mut(id) else {
-        // Call 1 (the link check made sure it names no previous record).
+        if let Some(origin) = &link.origin {
+            // A branch: it names its parent's record, and that record came earlier as the
+            // parent's call it says.
+            let hangs = link.previous_record_sha256 == origin.parent_record_sha256
+                && origin.parent_record_sha256.as_deref().is_none_or(|parent| {
+                    seen.get(parent)
+                        == Some(&(origin.parent_session_id.as_str(), origin.parent_calls))
+                });
+            if !hangs {
+                return Err(SessionChainError::Detached {
+                    session_id: session_id(),
+                    sequence,
+                    parent_session_id: origin.parent_session_id.clone(),
+                    parent_record: origin.parent_record_sha256.clone().unwrap_or_default(),
+                });
+            }
+        }
+        // Its first call here (call 1 names no previous record: the link check saw to it).
         chains.insert(
             id,
             Chain {
@@ -321,6 +367,7 @@ mod tests {
             session_id: "s".into(),
             sequence,
             previous_record_sha256: previous.map(str::to_owned),
+            origin: None,
         };
         assert_eq!(link_problem(&link(1, None)), None);
         assert_eq!(link_problem(&link(2, Some("x"))), None);

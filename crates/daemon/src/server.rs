@@ -114,6 +114,36 @@ pub const ROUTES: &[Route] = &[
         make: || get(crate::sessions::get_file),
     },
     Route {
+        method: "POST",
+        path: "/v1/sessions/{id}/snapshot",
+        auth: true,
+        make: || post(crate::sessions::snapshot),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/sessions/{id}/fork",
+        auth: true,
+        make: || post(crate::sessions::fork),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/snapshots",
+        auth: true,
+        make: || get(crate::sessions::list_snapshots),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/snapshots/{id}/sessions",
+        auth: true,
+        make: || post(crate::sessions::open_snapshot),
+    },
+    Route {
+        method: "DELETE",
+        path: "/v1/snapshots/{id}",
+        auth: true,
+        make: || delete(crate::sessions::delete_snapshot),
+    },
+    Route {
         method: "GET",
         path: "/v1/providers",
         auth: true,
@@ -190,7 +220,7 @@ pub enum Failure {
     /// The request target is over hyper's length limit.
     UriTooLong,
     /// A session's open or call refused before anything of it ran, with a code of its own
-    /// (docs/sessions.md): `session_not_found` (404), `session_ended` (410),
+    /// (docs/sessions.md): `session_not_found` and `snapshot_not_found` (404), `session_ended` (410),
     /// `sandbox_changed` and `interpreter_ended` (409).
     Session {
         /// The code on the wire.
@@ -215,7 +245,7 @@ impl Failure {
         match self {
             Failure::Refused(reason) => status_for(reason),
             Failure::Session { code, reason, .. } => match code {
-                "session_not_found" => StatusCode::NOT_FOUND,
+                "session_not_found" | "snapshot_not_found" => StatusCode::NOT_FOUND,
                 "session_ended" => StatusCode::GONE,
                 "sandbox_changed" | "interpreter_ended" => StatusCode::CONFLICT,
                 _ => status_for(reason),

@@ -561,3 +561,127 @@ fn ndjson(rx: crate::streams::Inbox) -> Response {
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
     resp
 }
+
+/// A snapshot route's body, parsed; or the refusal echoing its request id.
+fn small_body<T: serde::de::DeserializeOwned>(
+    bytes: &axum::body::Bytes,
+    what: &str,
+) -> Result<T, Box<Response>> {
+    plimsoll_wire::parse_small_body(bytes, what).map_err(|r| {
+        let id = r.request_id.or_else(|| scanned_request_id(bytes));
+        Box::new(Failure::Refused(r.reason).respond(id, r.message))
+    })
+}
+
+/// The caller, the path's id and the parsed body of a snapshot route's `POST`.
+async fn posted<T: serde::de::DeserializeOwned>(
+    st: &AppState,
+    id: Result<Path<String>, PathRejection>,
+    req: Request,
+    what: &str,
+) -> Result<(String, String, T), Response> {
+    let id = target(st, req.headers(), path_of(id)).map_err(|r| *r)?;
+    let (caller, _, bytes) = caller_and_body(st, req).await?;
+    let body = small_body(&bytes, what).map_err(|r| *r)?;
+    Ok((caller, id, body))
+}
+
+/// An engine answer on a blocking thread, as JSON or its refusal.
+async fn answered<T: serde::Serialize + Send + 'static>(
+    st: &AppState,
+    request_id: Option<String>,
+    f: impl FnOnce() -> Result<T, RunError> + Send + 'static,
+) -> Response {
+    match blocking(request_id.clone(), f).await {
+        Ok(Ok(v)) => json(&v),
+        Ok(Err(e)) => refused_echoing(st, &e, request_id),
+        Err(resp) => resp,
+    }
+}
+
+/// `POST /v1/sessions/{id}/snapshot`.
+pub(crate) async fn snapshot(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    req: Request,
+) -> Response {
+    let (caller, id, body) =
+        match posted::<plimsoll_wire::SnapshotRequest>(&st, id, req, "snapshot request").await {
+            Ok(x) => x,
+            Err(resp) => return resp,
+        };
+    let engine = Arc::clone(&st);
+    answered(&st, Some(body.request_id.clone()), move || {
+        engine.engine.snapshot_session(&caller, &id, &body)
+    })
+    .await
+}
+
+/// `POST /v1/sessions/{id}/fork`.
+pub(crate) async fn fork(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    req: Request,
+) -> Response {
+    let (caller, id, body) =
+        match posted::<plimsoll_wire::ForkRequest>(&st, id, req, "fork request").await {
+            Ok(x) => x,
+            Err(resp) => return resp,
+        };
+    let engine = Arc::clone(&st);
+    answered(&st, Some(body.request_id.clone()), move || {
+        engine.engine.fork_session(&caller, &id, &body)
+    })
+    .await
+}
+
+/// `POST /v1/snapshots/{id}/sessions`.
+pub(crate) async fn open_snapshot(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    req: Request,
+) -> Response {
+    let (caller, id, body) =
+        match posted::<plimsoll_wire::SnapshotOpenRequest>(&st, id, req, "snapshot open request")
+            .await
+        {
+            Ok(x) => x,
+            Err(resp) => return resp,
+        };
+    let engine = Arc::clone(&st);
+    answered(&st, Some(body.request_id.clone()), move || {
+        engine.engine.open_snapshot(&caller, &id, &body)
+    })
+    .await
+}
+
+/// `GET /v1/snapshots`.
+pub(crate) async fn list_snapshots(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    match caller_of(&st, &headers) {
+        Ok(caller) => json(&st.engine.list_snapshots(&caller)),
+        Err(refusal) => *refusal,
+    }
+}
+
+/// `DELETE /v1/snapshots/{id}`.
+pub(crate) async fn delete_snapshot(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let id = match target(&st, &headers, path_of(id)) {
+        Ok(id) => id,
+        Err(resp) => return *resp,
+    };
+    let caller = match caller_of(&st, &headers) {
+        Ok(c) => c,
+        Err(refusal) => return *refusal,
+    };
+    let request_id = header_request_id(&headers);
+    let engine = Arc::clone(&st);
+    let rid = request_id.clone();
+    answered(&st, request_id, move || {
+        engine.engine.delete_snapshot(&caller, &id, rid.as_deref())
+    })
+    .await
+}

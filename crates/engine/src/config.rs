@@ -147,6 +147,14 @@ pub struct SessionPolicy {
     pub lifetime: Duration,
     /// The longest lifetime a session may ask for.
     pub max_lifetime: Duration,
+    /// The most copies one fork may ask for.
+    pub max_fork: u32,
+    /// Bytes of snapshots one caller may keep at once.
+    pub snapshot_bytes_per_caller: u64,
+    /// Bytes of snapshots kept at once over all callers.
+    pub snapshot_bytes: u64,
+    /// How long a snapshot is kept.
+    pub snapshot_lifetime: Duration,
 }
 
 impl Default for SessionPolicy {
@@ -158,6 +166,10 @@ impl Default for SessionPolicy {
             max_idle_timeout: Duration::from_secs(3600),
             lifetime: Duration::from_secs(3600),
             max_lifetime: Duration::from_secs(24 * 3600),
+            max_fork: 8,
+            snapshot_bytes_per_caller: 1 << 30,
+            snapshot_bytes: 4 << 30,
+            snapshot_lifetime: Duration::from_secs(3600),
         }
     }
 }

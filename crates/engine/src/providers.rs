@@ -108,6 +108,14 @@ impl Provider for AnyProvider {
     ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
         self.inner().open_session(plan, lifetime)
     }
+    fn restore_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: std::time::Duration,
+        image: &std::path::Path,
+    ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
+        self.inner().restore_session(plan, lifetime, image)
+    }
 }
 
 /// What routing asks of one provider for one run.

@@ -23,6 +23,8 @@ use crate::engine::Engine;
 use crate::error::RunError;
 use crate::ids::new_run_id;
 
+mod snapshot;
+
 /// Ended sessions remembered, so a call to one says why it ended (oldest forgotten first).
 const ENDED_KEPT: usize = 4096;
 /// How often idle timeouts and lifetimes are checked.
@@ -39,6 +41,8 @@ pub(crate) struct Sessions {
     /// (the daemon restarted) is told apart from an unknown one.
     instance: String,
     inner: Mutex<Inner>,
+    /// Snapshots kept, by id (docs/sessions.md, "Snapshots and forks").
+    snapshots: Mutex<HashMap<String, Arc<snapshot::Snapshot>>>,
     /// Ends by reason (sessions' and interpreters'), for the metrics.
     ends: Mutex<BTreeMap<&'static str, u64>>,
     reaper: std::sync::Once,
@@ -74,6 +78,11 @@ struct Session {
     wall: Wall,
     /// The broker of the grant it was opened with, for its whole life.
     broker: Option<plimsoll_broker::apart::RunBroker>,
+    /// The uid and gid its code runs as (a restored copy's are its snapshot's).
+    uid: u32,
+    gid: u32,
+    /// Where it came from, when it was restored or forked.
+    origin: Option<plimsoll_wire::SessionOrigin>,
     state: Mutex<State>,
 }
 
@@ -107,11 +116,56 @@ impl Sessions {
         &self.instance
     }
 
+    /// Counts `n` sessions of `caller` as being opened, or refuses (`capacity`) when they
+    /// would take the sessions open over the policy's limits. [`Sessions::opened`] ends it.
+    fn reserve(
+        &self,
+        caller: &str,
+        n: usize,
+        policy: &crate::config::SessionPolicy,
+        request_id: Option<&str>,
+    ) -> Result<(), RunError> {
+        let refuse = |message: String| RunError::refused(request_id, Reason::Capacity, message);
+        let mut inner = self.inner();
+        let total = inner.open.len() + inner.opening.values().sum::<usize>();
+        let mine = inner.open.values().filter(|s| s.caller == caller).count()
+            + inner.opening.get(caller).copied().unwrap_or(0);
+        if total + n > policy.max_total {
+            return Err(refuse(format!(
+                "{total} sessions are open and this server's limit is {}: close one, or retry later",
+                policy.max_total
+            )));
+        }
+        if mine + n > policy.max_per_caller {
+            return Err(refuse(format!(
+                "this caller has {mine} sessions open and its limit is {}: close one (DELETE /v1/sessions/ID)",
+                policy.max_per_caller
+            )));
+        }
+        *inner.opening.entry(caller.to_owned()).or_default() += n;
+        Ok(())
+    }
+
+    /// Ends a [`Sessions::reserve`] of `n`; the session made, if one was, is open from now.
+    fn opened(&self, caller: &str, n: usize, made: Option<&Arc<Session>>) {
+        let mut inner = self.inner();
+        if let Some(k) = inner.opening.get_mut(caller) {
+            *k = k.saturating_sub(n);
+            if *k == 0 {
+                inner.opening.remove(caller);
+            }
+        }
+        if let Some(s) = made {
+            inner.open.insert(s.id.clone(), Arc::clone(s));
+        }
+    }
+
     pub(crate) fn new() -> Arc<Self> {
         let bytes: [u8; 8] = rand::random();
         Arc::new(Sessions {
             instance: hex::encode(bytes),
             inner: Mutex::new(Inner::default()),
+            snapshots: Mutex::new(HashMap::new()),
             ends: Mutex::new(BTreeMap::new()),
             reaper: std::sync::Once::new(),
         })
@@ -142,6 +196,7 @@ impl Sessions {
                         std::thread::sleep(REAP_EVERY);
                         let Some(sessions) = weak.upgrade() else { break };
                         sessions.reap_expired();
+                        sessions.reap_snapshots();
                     }
                 });
             if let Err(e) = spawned {
@@ -300,6 +355,7 @@ impl Session {
             last_record_sha256: st.last_record.clone(),
             interpreter_alive: st.interpreter_alive,
             end_reason: st.ended,
+            origin: self.origin.clone(),
         }
     }
 }
@@ -373,43 +429,10 @@ impl Engine {
         };
         let (decided, state, index) = self.decide(caller, &as_run, true)?;
         // Counted before the sandbox is made, so two opens at once cannot both pass.
-        {
-            let mut inner = self.sessions.inner();
-            let total = inner.open.len() + inner.opening.values().sum::<usize>();
-            let mine = inner.open.values().filter(|s| s.caller == caller).count()
-                + inner.opening.get(caller).copied().unwrap_or(0);
-            if total >= policy.max_total {
-                return Err(refuse(
-                    Reason::Capacity,
-                    format!(
-                        "{total} sessions are open, this server's limit: close one, or retry later"
-                    ),
-                ));
-            }
-            if mine >= policy.max_per_caller {
-                return Err(refuse(
-                    Reason::Capacity,
-                    format!(
-                        "this caller has {mine} sessions open, its limit: close one (DELETE /v1/sessions/ID)"
-                    ),
-                ));
-            }
-            *inner.opening.entry(caller.to_owned()).or_default() += 1;
-        }
+        self.sessions.reserve(caller, 1, &policy, id)?;
         let opened =
             self.open_sandbox(caller, req, &as_run, decided, &state, index, idle, lifetime);
-        {
-            let mut inner = self.sessions.inner();
-            if let Some(n) = inner.opening.get_mut(caller) {
-                *n -= 1;
-                if *n == 0 {
-                    inner.opening.remove(caller);
-                }
-            }
-            if let Ok(s) = &opened {
-                inner.open.insert(s.id.clone(), Arc::clone(s));
-            }
-        }
+        self.sessions.opened(caller, 1, opened.as_ref().ok());
         let s = opened?;
         self.sessions.start_reaper();
         tracing::info!(session_id = %s.id, request_id = %req.request_id, caller, provider = %s.provider, tier = %s.tier, "session opened");
@@ -512,6 +535,9 @@ impl Engine {
             idle_timeout: idle,
             wall: sandbox.wall_at_open().clone(),
             broker,
+            uid: plan.uid,
+            gid: plan.gid,
+            origin: None,
             state: Mutex::new(State {
                 sandbox: Some(sandbox),
                 permit: Some(permit),
@@ -796,6 +822,7 @@ impl Engine {
                 session_id: s.id.clone(),
                 sequence: st.calls,
                 previous_record_sha256: st.last_record.clone(),
+                origin: s.origin.clone(),
             }),
             record_sha256: String::new(),
         };
@@ -1216,6 +1243,9 @@ mod tests {
             idle_timeout: Duration::from_secs(1),
             wall: Wall::default(),
             broker: None,
+            uid: 0,
+            gid: 0,
+            origin: None,
             state: Mutex::new(State {
                 sandbox: Some(Box::new(sandbox)),
                 permit: None,

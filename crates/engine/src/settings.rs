@@ -56,6 +56,10 @@
 //! max_idle_timeout_secs = 3600
 //! lifetime_secs = 3600             # default; a session may ask for up to max_lifetime_secs
 //! max_lifetime_secs = 86400
+//! max_fork = 8                     # copies one fork may ask for
+//! snapshot_bytes_per_caller = 1073741824
+//! snapshot_bytes = 4294967296      # over all callers
+//! snapshot_lifetime_secs = 3600    # then a snapshot is removed
 //!
 //! [daemon]
 //! listen = "127.0.0.1:7878"
@@ -200,6 +204,14 @@ pub struct SessionsSection {
     pub lifetime_secs: Option<u64>,
     /// The longest lifetime a session may ask for, seconds (default 86400).
     pub max_lifetime_secs: Option<u64>,
+    /// The most copies one fork may ask for (default 8).
+    pub max_fork: Option<u32>,
+    /// Bytes of snapshots one caller may keep at once (default 1 GiB).
+    pub snapshot_bytes_per_caller: Option<u64>,
+    /// Bytes of snapshots kept at once over all callers (default 4 GiB).
+    pub snapshot_bytes: Option<u64>,
+    /// How long a snapshot is kept, seconds (default 3600).
+    pub snapshot_lifetime_secs: Option<u64>,
 }
 
 impl SessionsSection {
@@ -212,6 +224,12 @@ impl SessionsSection {
             max_idle_timeout: secs(self.max_idle_timeout_secs, d.max_idle_timeout),
             lifetime: secs(self.lifetime_secs, d.lifetime),
             max_lifetime: secs(self.max_lifetime_secs, d.max_lifetime),
+            max_fork: self.max_fork.unwrap_or(d.max_fork),
+            snapshot_bytes_per_caller: self
+                .snapshot_bytes_per_caller
+                .unwrap_or(d.snapshot_bytes_per_caller),
+            snapshot_bytes: self.snapshot_bytes.unwrap_or(d.snapshot_bytes),
+            snapshot_lifetime: secs(self.snapshot_lifetime_secs, d.snapshot_lifetime),
         }
     }
 }

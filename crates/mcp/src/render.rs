@@ -820,6 +820,7 @@ mod tests {
                     session_id: "ses_1".into(),
                     sequence,
                     previous_record_sha256: (sequence > 1).then(|| "d".repeat(64)),
+                    origin: None,
                 }),
             },
         }
@@ -1067,6 +1068,7 @@ mod tests {
             last_record_sha256: None,
             interpreter_alive: true,
             end_reason: None,
+            origin: None,
         };
         let (v, text) = session_opened(&info, None);
         assert!(

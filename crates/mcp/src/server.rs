@@ -480,6 +480,7 @@ mod tests {
             last_record_sha256: None,
             interpreter_alive: true,
             end_reason,
+            origin: None,
         }
     }
 
@@ -576,6 +577,7 @@ mod tests {
                         session_id: id.into(),
                         sequence: *calls,
                         previous_record_sha256: (*calls > 1).then(|| "c".repeat(64)),
+                        origin: None,
                     }),
                 },
             })

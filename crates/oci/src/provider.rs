@@ -650,7 +650,7 @@ impl OciProvider {
         plan: &LaunchPlan,
         launch: &LaunchSpec,
         stdin: bool,
-        begin: Begin,
+        begin: Begin<'_>,
     ) -> Result<Container, LaunchError> {
         let mut phases = Phases::new();
         if let Err(e) = &self.layout {
@@ -1350,6 +1350,17 @@ impl Provider for OciProvider {
         lifetime: Duration,
     ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
         Ok(Box::new(crate::session::open(self, plan, lifetime)?))
+    }
+
+    fn restore_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: Duration,
+        image: &std::path::Path,
+    ) -> Result<Box<dyn plimsoll_sandbox::SessionSandbox>, LaunchError> {
+        Ok(Box::new(crate::session::restore(
+            self, plan, lifetime, image,
+        )?))
     }
 
     fn run(&self, plan: &LaunchPlan) -> Result<Outcome, LaunchError> {

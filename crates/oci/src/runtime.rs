@@ -115,7 +115,7 @@ pub enum RuntimeCommandError {
 
 /// How a container is brought up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Begin {
+pub enum Begin<'a> {
     /// `create`: its process waits in the runtime's init until `start`, so nothing of a run
     /// has begun until then (a project, a trial).
     Create,
@@ -123,6 +123,9 @@ pub enum Begin {
     /// waits for what it is to run (a member's interpreter, waiting for `go`): one runtime
     /// invocation fewer.
     Run,
+    /// `restore --detach --image-path IMAGE` (runsc): created and started from a checkpoint's
+    /// image, its processes as they were saved.
+    Restore(&'a Path),
 }
 
 /// How one runtime binary is driven.
@@ -207,10 +210,21 @@ impl Runtime {
 
     /// The full argument list of `create` (after the global flags), or with `Begin::Run` of
     /// `run --detach` (created and started in one invocation).
-    pub fn create_args(bundle: &Path, id: &str, pid_file: &Path, begin: Begin) -> Vec<OsString> {
+    pub fn create_args(
+        bundle: &Path,
+        id: &str,
+        pid_file: &Path,
+        begin: Begin<'_>,
+    ) -> Vec<OsString> {
         let mut args: Vec<OsString> = match begin {
             Begin::Create => vec!["create".into()],
             Begin::Run => vec!["run".into(), "--detach".into()],
+            Begin::Restore(image) => vec![
+                "restore".into(),
+                "--detach".into(),
+                "--image-path".into(),
+                image.into(),
+            ],
         };
         args.extend([
             "--bundle".into(),
@@ -259,7 +273,7 @@ impl Runtime {
         pid_file: &Path,
         host_sockets: bool,
         stdin: bool,
-        begin: Begin,
+        begin: Begin<'_>,
     ) -> Result<Running, SpawnError> {
         let mut args = Vec::new();
         if host_sockets && self.kind == RuntimeKind::Runsc {
@@ -318,6 +332,15 @@ impl Runtime {
         Ok(CommandOutput {
             stdout: String::from_utf8_lossy(&captured.stdout).into_owned(),
         })
+    }
+
+    /// `checkpoint --image-path IMAGE ID` (runsc): saves the container whole into the
+    /// directory `image` and stops it. Never `--leave-running`, which at this runsc restores
+    /// the container as a child of the command and does not return.
+    pub fn checkpoint(&self, id: &str, image: &Path) -> Result<(), RuntimeCommandError> {
+        let image = image.to_string_lossy();
+        self.control(&["checkpoint", "--image-path", &image, id])
+            .map(|_| ())
     }
 
     /// `kill ID KILL`: ends the container's init (and with it its pid namespace).

@@ -9,6 +9,7 @@
 //! daemon is killed; `reap()` removes what such a daemon left.
 
 use std::io::Write as _;
+use std::process::ChildStdin;
 use std::time::{Duration, Instant};
 
 use plimsoll_sandbox::{LaunchError, LaunchPlan, SessionSandbox};
@@ -38,16 +39,15 @@ pub struct OciSession {
     /// The agent's standard input: calls, and a cancel from another thread, never at once.
     input: Option<std::sync::Arc<std::sync::Mutex<std::process::ChildStdin>>>,
     wall: Wall,
+    /// Its maximum lifetime's end.
+    until: Instant,
     /// The watchdog outside the daemon, ending the container at the maximum lifetime.
     _watchdog: plimsoll_sandbox::watchdog::Watchdog,
 }
 
-/// Opens a session's container for `plan`, bounded by `lifetime`.
-pub fn open(
-    provider: &OciProvider,
-    plan: &LaunchPlan,
-    lifetime: Duration,
-) -> Result<OciSession, LaunchError> {
+/// What a session's container is started with: its plan (at runsc, the agent's dropping one)
+/// and the agent's arguments.
+fn launch_of(provider: &OciProvider, plan: &LaunchPlan) -> (LaunchPlan, Vec<String>, bool) {
     let language = match &plan.spec {
         plimsoll_wire::RunSpec::Snippet(s) => s.language,
         plimsoll_wire::RunSpec::Project(_) => Language::Python,
@@ -58,17 +58,32 @@ pub fn open(
     // input and output then stay uid 0's, out of reach of the code through gVisor's /proc,
     // which does not honour the not-dumpable flag (docs/sessions.md, "The agent's channel").
     // At crun and runc the Linux /proc of a process that is not dumpable is enough.
-    let mut dropping;
-    let plan = if inside {
-        dropping = plan.clone();
-        dropping.privileges = plimsoll_sandbox::Privileges::DropsToRunUid;
+    let mut plan = plan.clone();
+    if inside {
+        plan.privileges = plimsoll_sandbox::Privileges::DropsToRunUid;
         args.extend(["--drop-to".into(), format!("{}:{}", plan.uid, plan.gid)]);
         args.push("--wall-first".into());
-        &dropping
-    } else {
-        plan
-    };
+    }
     args.extend(["--session".into(), language.as_str().into()]);
+    (plan, args, inside)
+}
+
+/// A session's container created (`run --detach`, or `restore` from a checkpoint's image)
+/// with its input pipe and the watchdog outside the daemon; removed again on an error.
+fn start(
+    provider: &OciProvider,
+    plan: &LaunchPlan,
+    args: Vec<String>,
+    lifetime: Duration,
+    begin: Begin<'_>,
+) -> Result<
+    (
+        Container,
+        Option<ChildStdin>,
+        plimsoll_sandbox::watchdog::Watchdog,
+    ),
+    LaunchError,
+> {
     let launch = LaunchSpec {
         args,
         files: crate::provider::broker_files(plan),
@@ -79,22 +94,40 @@ pub fn open(
         handed_over: None,
         wall_inside: false,
     };
-    let mut container = provider.create(plan, &launch, true, Begin::Run)?;
+    let mut container = provider.create(plan, &launch, true, begin)?;
     let input = container.input.take();
-    let gone = |container: Container, e: LaunchError| {
-        let Container {
-            id,
-            run_dir,
-            created,
-            ..
-        } = container;
-        drop(created);
-        e.after_cleanup(provider.clean(plan, &id, run_dir, false))
-    };
-    let watchdog = match provider.outside_watchdog(plan, lifetime) {
-        Ok(w) => w,
-        Err(e) => return Err(gone(container, e)),
-    };
+    match provider.outside_watchdog(plan, lifetime) {
+        Ok(w) => Ok((container, input, w)),
+        Err(e) => Err(gone(provider, plan, container, e)),
+    }
+}
+
+/// `e`, after everything of `container` is removed.
+fn gone(
+    provider: &OciProvider,
+    plan: &LaunchPlan,
+    container: Container,
+    e: LaunchError,
+) -> LaunchError {
+    let Container {
+        id,
+        run_dir,
+        created,
+        ..
+    } = container;
+    drop(created);
+    e.after_cleanup(provider.clean(plan, &id, run_dir, false))
+}
+
+/// Opens a session's container for `plan`, bounded by `lifetime`.
+pub fn open(
+    provider: &OciProvider,
+    plan: &LaunchPlan,
+    lifetime: Duration,
+) -> Result<OciSession, LaunchError> {
+    let (plan, args, inside) = launch_of(provider, plan);
+    let plan = &plan;
+    let (mut container, input, watchdog) = start(provider, plan, args, lifetime, Begin::Run)?;
     let said = if inside {
         provider.said_wall(&mut container.created, plan).map(Some)
     } else {
@@ -130,6 +163,7 @@ pub fn open(
             container: Some(container),
             input: input.map(|i| std::sync::Arc::new(std::sync::Mutex::new(i))),
             wall,
+            until: Instant::now() + lifetime,
             _watchdog: watchdog,
         }),
         Err(e) => {
@@ -141,9 +175,55 @@ pub fn open(
             } else {
                 LaunchError::environment(format!("{}{said}", e.message()))
             };
-            Err(gone(container, e))
+            Err(gone(provider, plan, container, e))
         }
     }
+}
+
+/// Why sessions at this runtime cannot be snapshotted (docs/sessions.md, "Snapshots and
+/// forks"); `None` at runsc, where they can.
+pub fn no_snapshots(kind: RuntimeKind) -> Option<&'static str> {
+    match kind {
+        RuntimeKind::Runsc => None,
+        RuntimeKind::Runc => Some(
+            "runc checkpoints through CRIU, and Debian 12's CRIU (3.17) cannot dump a process on this kernel (`vdso: Unexpected rt vDSO area bounds`: kernels from 6.13 split [vvar]; CRIU 4.1 reads it): open the session at runsc to snapshot it",
+        ),
+        RuntimeKind::Crun => Some(
+            "Debian's crun is built without CRIU (`unknown command checkpoint`): open the session at runsc to snapshot it",
+        ),
+    }
+}
+
+/// Opens a session's container for `plan` from the checkpoint `image` (runsc only), bounded
+/// by `lifetime`: the agent restored as it was, waiting for a call; its wall said again
+/// from inside and judged for `plan`, whose uid must be the snapshot's.
+pub fn restore(
+    provider: &OciProvider,
+    plan: &LaunchPlan,
+    lifetime: Duration,
+    image: &std::path::Path,
+) -> Result<OciSession, LaunchError> {
+    if let Some(why) = no_snapshots(provider.config().kind) {
+        return Err(LaunchError::not_started(
+            plimsoll_wire::Reason::Unsupported,
+            why,
+        ));
+    }
+    let (plan, args, _) = launch_of(provider, plan);
+    let (container, input, watchdog) =
+        start(provider, &plan, args, lifetime, Begin::Restore(image))?;
+    let mut session = OciSession {
+        provider: provider.clone(),
+        plan,
+        container: Some(container),
+        input: input.map(|i| std::sync::Arc::new(std::sync::Mutex::new(i))),
+        wall: Wall::default(),
+        until: Instant::now() + lifetime,
+        _watchdog: watchdog,
+    };
+    // The session is removed on drop if this fails.
+    session.wall = session.wall_now()?;
+    Ok(session)
 }
 
 impl OciSession {
@@ -219,6 +299,39 @@ impl SessionSandbox for OciSession {
                 .write_all(plimsoll_sandbox::session::CANCEL_LINE)
                 .and_then(|()| input.flush());
         }))
+    }
+
+    fn checkpoint(&mut self, image: &std::path::Path) -> Result<(), LaunchError> {
+        let kind = self.provider.config().kind;
+        if let Some(why) = no_snapshots(kind) {
+            return Err(LaunchError::not_started(
+                plimsoll_wire::Reason::Unsupported,
+                why,
+            ));
+        }
+        let id = self.container()?.id.clone();
+        // Saved and stopped; a failure here leaves the container running as it was.
+        self.provider
+            .runtime()
+            .checkpoint(&id, image)
+            .map_err(|e| {
+                LaunchError::environment(format!(
+                    "cannot checkpoint the session's container: {}",
+                    plimsoll_sandbox::error_chain(&e)
+                ))
+            })?;
+        // The stopped container removed, then the same plan restored from the image: a
+        // new container (same id, cgroups, uid) with new pipes and its own watchdog.
+        self.remove().map_err(LaunchError::may_have_run)?;
+        let left = self.until.saturating_duration_since(Instant::now());
+        let restored = restore(&self.provider, &self.plan, left, image).map_err(|e| {
+            LaunchError::may_have_run(format!(
+                "the session was checkpointed but could not be restored: {}",
+                e.message()
+            ))
+        })?;
+        *self = restored;
+        Ok(())
     }
 
     fn alive(&mut self) -> bool {

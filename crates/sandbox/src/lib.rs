@@ -365,6 +365,22 @@ pub trait Provider: Send + Sync {
             Unsupported::NoSessions,
         ))
     }
+    /// Opens a session's sandbox for `plan` from a snapshot's `image` (written by
+    /// [`SessionSandbox::checkpoint`] at this provider): its processes as they were, its
+    /// wall read and judged for `plan` (whose uid is the snapshot's), bounded by `lifetime`.
+    /// Nothing in it is re-seeded here: the engine does that before the session is served.
+    fn restore_session(
+        &self,
+        plan: &LaunchPlan,
+        lifetime: Duration,
+        image: &std::path::Path,
+    ) -> Result<Box<dyn SessionSandbox>, LaunchError> {
+        let _ = (plan, lifetime, image);
+        Err(LaunchError::not_started(
+            plimsoll_wire::Reason::Unsupported,
+            "this provider's sessions cannot be restored from a snapshot",
+        ))
+    }
 }
 
 /// Milliseconds since the Unix epoch, now.

@@ -43,6 +43,18 @@ pub trait SessionSandbox: Send + std::fmt::Debug {
     fn canceller(&self) -> Option<Canceller> {
         None
     }
+    /// Saves the sandbox whole (its processes' memory and its writable files) into the
+    /// directory `image`, then goes on from that image, as every session restored from it
+    /// will ([`crate::Provider::restore_session`]). `Err` marked not started (the default:
+    /// [`plimsoll_wire::Reason::Unsupported`], saying why) leaves the session as it was; any
+    /// other `Err` leaves it gone.
+    fn checkpoint(&mut self, image: &std::path::Path) -> Result<(), LaunchError> {
+        let _ = image;
+        Err(LaunchError::not_started(
+            plimsoll_wire::Reason::Unsupported,
+            "this provider's sessions cannot be snapshotted",
+        ))
+    }
     /// Whether its sandbox is still there (its agent alive).
     fn alive(&mut self) -> bool;
     /// Ends its processes and removes everything of it.

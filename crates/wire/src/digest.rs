@@ -445,6 +445,19 @@ pub fn encode_record(r: &RunRecord) -> Vec<u8> {
     }
     // Left out when empty (every run without a trial step), so such a record keeps its digest.
     e.list("trials", r.trials.iter().map(encode_trial_step));
+    // Left out for a session opened fresh (and outside sessions), so its records keep their
+    // digests.
+    if let Some(o) = r.session.as_ref().and_then(|s| s.origin.as_ref()) {
+        let mut oe = Encoder::nested();
+        oe.str("start", o.start.as_str())
+            .str("snapshot_sha256", &o.snapshot_sha256)
+            .str("parent_session_id", &o.parent_session_id);
+        if let Some(parent) = &o.parent_record_sha256 {
+            oe.str("parent_record_sha256", parent);
+        }
+        oe.u64("parent_calls", o.parent_calls);
+        e.nest("origin", &oe);
+    }
     e.finish()
 }
 

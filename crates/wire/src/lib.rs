@@ -17,6 +17,7 @@ mod result;
 mod session;
 mod shape;
 pub mod simulators;
+mod snapshot;
 mod tier;
 pub mod trial;
 pub mod trial_step;
@@ -45,6 +46,10 @@ pub use result::{
 pub use session::{
     EndReason, OutputChunk, OutputStream, SessionInfo, SessionList, SessionOpenRequest,
     StreamChunk, StreamLine, parse_session_open, session_instance, validate_session_id,
+};
+pub use snapshot::{
+    ForkAnswer, ForkRequest, SessionOrigin, SessionStart, SnapshotInfo, SnapshotList,
+    SnapshotOpenRequest, SnapshotRequest, parse_small_body, validate_snapshot_id,
 };
 pub use tier::{ParseTierError, Tier};
 pub use trial::{

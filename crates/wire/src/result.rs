@@ -425,6 +425,10 @@ pub struct SessionLink {
     /// The record digest of the session's previous call; absent exactly for sequence 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_record_sha256: Option<String>,
+    /// Where a restored or forked session came from (record field 14); absent for a
+    /// session opened fresh, whose records keep their digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<crate::SessionOrigin>,
 }
 
 /// The run record: the facts a signer needs, with a digest over them.

@@ -244,6 +244,10 @@ pub struct SessionInfo {
     /// Why it ended; absent while it is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<EndReason>,
+    /// Where it came from when it was restored or forked from a snapshot (also on every
+    /// call's record); absent for a session opened fresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<crate::SessionOrigin>,
 }
 
 /// The answer to `GET /v1/sessions`: the caller's own open sessions.

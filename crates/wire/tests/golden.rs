@@ -535,6 +535,8 @@ fn leaf_candidates(key: &str, leaf: &Value) -> Vec<Value> {
                 "completed",
                 "failed",
                 "controller_timeout",
+                "restored",
+                "forked",
             ] {
                 if alt != s {
                     out.push(Value::String(alt.to_owned()));

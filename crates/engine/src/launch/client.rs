@@ -696,6 +696,14 @@ impl SessionSandbox for RemoteSession {
             }
         }))
     }
+    fn checkpoint(&mut self, image: &std::path::Path) -> Result<(), LaunchError> {
+        let _ = image;
+        Err(LaunchError::not_started(
+            Reason::Unsupported,
+            "this daemon runs its providers in a separate launcher (serving_user is set), which does not snapshot sessions yet: snapshots need a daemon without serving_user",
+        ))
+    }
+
     fn alive(&mut self) -> bool {
         matches!(
             self.ask(&LaunchRequest::Alive, Duration::ZERO, &mut |_| {}),
