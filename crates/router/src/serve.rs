@@ -4,8 +4,10 @@
 //!   [`crate::place`]); a node that refuses with nothing run (capacity, environment, isolation,
 //!   unsupported) is followed by the next, and when no node may take it the router refuses it
 //!   itself, not dispatched, with the request id echoed.
-//! - Every call of a session goes to the node named by the session id's instance part.
-//! - `GET /v1/sessions` asks every ready node and joins their lists.
+//! - Every call of a session goes to the node named by the session id's instance part, and
+//!   every call of a snapshot (`/v1/snapshots/{id}/...`) to the node named by the snapshot
+//!   id's, which is the daemon that took it.
+//! - `GET /v1/sessions` and `GET /v1/snapshots` ask every ready node and join their lists.
 //! - `GET /v1/providers` and `GET /v1/openapi.json` are one ready node's answers.
 //! - `GET /v1/nodes` is the router's view of its nodes; `/healthz`, `/readyz` and `/metrics`
 //!   are the router's own.
@@ -82,6 +84,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sessions", post(open_session).get(list_sessions))
         .route("/v1/sessions/{id}", any(session_call))
         .route("/v1/sessions/{id}/{*rest}", any(session_call))
+        .route("/v1/snapshots", get(list_snapshots))
+        .route("/v1/snapshots/{id}", any(snapshot_call))
+        .route("/v1/snapshots/{id}/{*rest}", any(snapshot_call))
         .route("/v1/providers", get(one_node))
         .route("/v1/openapi.json", get(one_node))
         .route("/v1/nodes", get(nodes))
@@ -507,8 +512,53 @@ async fn send_in_order(
     )
 }
 
+/// What a call names: a session, or a snapshot (which lives on the node of the daemon that
+/// took it, its id naming that daemon's instance as a session id does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Session,
+    Snapshot,
+}
+
+impl Held {
+    fn prefix(self) -> &'static str {
+        match self {
+            Held::Session => "/v1/sessions/",
+            Held::Snapshot => "/v1/snapshots/",
+        }
+    }
+    fn not_found(self) -> &'static str {
+        match self {
+            Held::Session => "session_not_found",
+            Held::Snapshot => "snapshot_not_found",
+        }
+    }
+    fn noun(self) -> &'static str {
+        match self {
+            Held::Session => "session",
+            Held::Snapshot => "snapshot",
+        }
+    }
+    /// The id whose instance names the node: a snapshot's, spelt as a session's.
+    fn session_like(self, id: &str) -> String {
+        match (self, id.strip_prefix("snp_")) {
+            (Held::Snapshot, Some(rest)) => format!("ses_{rest}"),
+            _ => id.to_owned(),
+        }
+    }
+}
+
 /// A call of one session, sent to the node that holds it.
 async fn session_call(State(st): State<AppState>, req: Request) -> Response {
+    held_call(st, req, Held::Session).await
+}
+
+/// A call of one snapshot (open a session from it, delete it), sent to the node that holds it.
+async fn snapshot_call(State(st): State<AppState>, req: Request) -> Response {
+    held_call(st, req, Held::Snapshot).await
+}
+
+async fn held_call(st: AppState, req: Request, held: Held) -> Response {
     let (parts, body) = req.into_parts();
     if let Err(r) = authenticate(&st, &parts.headers) {
         return r.answer_reading(body).await;
@@ -516,7 +566,7 @@ async fn session_call(State(st): State<AppState>, req: Request) -> Response {
     let id = parts
         .uri
         .path()
-        .trim_start_matches("/v1/sessions/")
+        .trim_start_matches(held.prefix())
         .split('/')
         .next()
         .unwrap_or_default()
@@ -528,29 +578,38 @@ async fn session_call(State(st): State<AppState>, req: Request) -> Response {
     let request_id = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| request_id_of(&v));
-    send_to_session(&st, &parts, bytes, &id, request_id).await
+    send_to_session(
+        &st,
+        &parts,
+        bytes,
+        &held.session_like(&id),
+        request_id,
+        held,
+    )
+    .await
 }
 
-/// Sends a call of session `id` to the node that holds it.
+/// Sends a call of session `id` (or of the snapshot it spells, `held`) to the node that
+/// holds it.
 async fn send_to_session(
     st: &Shared,
     parts: &axum::http::request::Parts,
     bytes: Bytes,
     id: &str,
     request_id: Option<String>,
+    held: Held,
 ) -> Response {
+    let noun = held.noun();
     let addr = match st.cluster.session_node(id) {
         SessionNode::At(addr) => addr,
         SessionNode::Gone { addr, why } => {
             let mut r = answer(
                 StatusCode::NOT_FOUND,
-                "session_not_found",
+                held.not_found(),
                 Some(Reason::Request),
-                Some(EndReason::DaemonRestarted),
+                (held == Held::Session).then_some(EndReason::DaemonRestarted),
                 request_id,
-                format!(
-                    "no such session: {why}, and a session does not outlive its node's daemon; open a new one"
-                ),
+                format!("no such {noun}: {why}, and a {noun} does not outlive its node's daemon"),
             );
             name_node(r.headers_mut(), addr);
             return r;
@@ -558,11 +617,11 @@ async fn send_to_session(
         SessionNode::Unknown => {
             return answer(
                 StatusCode::NOT_FOUND,
-                "session_not_found",
+                held.not_found(),
                 Some(Reason::Request),
                 None,
                 request_id,
-                "no such session: no node of this router gave this id; open one with POST /v1/sessions".into(),
+                format!("no such {noun}: no node of this router gave this id"),
             );
         }
     };
@@ -589,8 +648,8 @@ async fn send_to_session(
                 None,
                 request_id,
                 format!(
-                    "node {addr}, which holds this session, cannot be reached ({why}); nothing \
-                     was sent. Try again later: the session lives on if its node does"
+                    "node {addr}, which holds this {noun}, cannot be reached ({why}); nothing \
+                     was sent. Try again later: the {noun} lives on if its node does"
                 ),
             );
             name_node(r.headers_mut(), addr);
@@ -607,8 +666,31 @@ async fn list_sessions(State(st): State<AppState>, req: Request) -> Response {
         return r.answer(None);
     }
     let (sessions, unanswered) = joined_sessions(&st, &parts.headers).await;
+    joined_answer("sessions", sessions, &unanswered)
+}
+
+/// The caller's snapshots on every ready node, joined (oldest first).
+async fn list_snapshots(State(st): State<AppState>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    if let Err(r) = authenticate(&st, &parts.headers) {
+        return r.answer(None);
+    }
+    let (snapshots, unanswered) = joined(
+        &st,
+        &parts.headers,
+        "/v1/snapshots",
+        "snapshots",
+        "created_unix_ms",
+    )
+    .await;
+    joined_answer("snapshots", snapshots, &unanswered)
+}
+
+/// A joined list's answer: `{protocol, KEY: items}`, the nodes that did not answer named in
+/// [`UNANSWERED_HEADER`].
+fn joined_answer(key: &str, items: Vec<serde_json::Value>, unanswered: &[String]) -> Response {
     let mut resp =
-        axum::Json(serde_json::json!({"protocol": PROTOCOL, "sessions": sessions})).into_response();
+        axum::Json(serde_json::json!({"protocol": PROTOCOL, key: items})).into_response();
     if !unanswered.is_empty()
         && let Ok(v) = HeaderValue::from_str(&unanswered.join(","))
     {
@@ -624,7 +706,19 @@ async fn joined_sessions(
     st: &Shared,
     headers: &HeaderMap,
 ) -> (Vec<serde_json::Value>, Vec<String>) {
-    let uri = axum::http::Uri::from_static("/v1/sessions");
+    joined(st, headers, "/v1/sessions", "sessions", "opened_unix_ms").await
+}
+
+/// `GET path` of every usable node with the caller's headers: the lists under `key` joined,
+/// ordered by `order` (oldest first), and the nodes that did not answer.
+async fn joined(
+    st: &Shared,
+    headers: &HeaderMap,
+    path: &'static str,
+    key: &str,
+    order: &str,
+) -> (Vec<serde_json::Value>, Vec<String>) {
+    let uri = axum::http::Uri::from_static(path);
     let mut set = tokio::task::JoinSet::new();
     for n in st.cluster.nodes().into_iter().filter(|n| n.usable()) {
         let to = to_node(n.addr, &Method::GET, &uri, headers, Body::empty());
@@ -644,12 +738,12 @@ async fn joined_sessions(
             (n.addr, answer.await)
         });
     }
-    let mut sessions: Vec<serde_json::Value> = Vec::new();
+    let mut items: Vec<serde_json::Value> = Vec::new();
     let mut unanswered = Vec::new();
     while let Some(Ok((addr, r))) = set.join_next().await {
         match r {
-            Ok(v) => sessions.extend(
-                v.get("sessions")
+            Ok(v) => items.extend(
+                v.get(key)
                     .and_then(|s| s.as_array())
                     .cloned()
                     .unwrap_or_default(),
@@ -657,9 +751,9 @@ async fn joined_sessions(
             Err(()) => unanswered.push(addr.to_string()),
         }
     }
-    sessions.sort_by_key(|s| s.get("opened_unix_ms").and_then(|v| v.as_u64()));
+    items.sort_by_key(|s| s.get(order).and_then(|v| v.as_u64()));
     unanswered.sort();
-    (sessions, unanswered)
+    (items, unanswered)
 }
 
 /// A request any node answers alike: sent to the least loaded ready node.
@@ -849,7 +943,7 @@ async fn mcp(State(st): State<AppState>, req: Request) -> Response {
         }
         Some(t) if MCP_SESSION_TOOLS.contains(&t) => {
             match args.get("session_id").and_then(|v| v.as_str()) {
-                Some(id) => send_to_session(&st, &parts, bytes, id, None).await,
+                Some(id) => send_to_session(&st, &parts, bytes, id, None, Held::Session).await,
                 // The node refuses it as it refuses any call without an id.
                 None => least_loaded(&st, &parts, bytes).await,
             }

@@ -261,6 +261,126 @@ fn a_session_s_calls_go_to_its_node_and_end_with_it() {
     assert_eq!(v["request_id"], "c-4");
 }
 
+/// Snapshots live on the node whose daemon took them: a snapshot, a fork and a session opened
+/// from the snapshot through the router all reach that node; the router lists every node's.
+#[test]
+fn snapshots_and_forks_go_to_the_node_that_holds_them() {
+    let test = "snapshots_and_forks_go_to_the_node_that_holds_them";
+    let Some(Started {
+        router,
+        nodes,
+        cluster,
+        ..
+    }) = Started::on_loopback(
+        test,
+        2,
+        &format!(
+            "{}[sessions]\nmax_total = 8\nmax_per_caller = 8\n",
+            common::runc_settings(", \"runsc\"")
+        ),
+        "runsc",
+    )
+    else {
+        return;
+    };
+    // Both nodes ready in the router's view (the runsc probe may finish after runc's).
+    for n in &nodes {
+        router.wait_learned(&cluster.token, n);
+    }
+    let post =
+        |path: &str, body: &str| call(&router.url, "POST", path, Some(&cluster.token), Some(body));
+    let open = post(
+        "/v1/sessions",
+        r#"{"protocol":1,"request_id":"open-1","language":"python","provider":"runsc"}"#,
+    );
+    assert_eq!(open.status, 200, "{}", open.body);
+    let holder = open.node().to_owned();
+    let id = open.json()["session_id"].as_str().unwrap().to_owned();
+    let a = post(
+        &format!("/v1/sessions/{id}/cells"),
+        &common::cell_body("c-1", "x = 41"),
+    );
+    assert_eq!((a.status, a.node()), (200, holder.as_str()), "{}", a.body);
+    let snap = post(
+        &format!("/v1/sessions/{id}/snapshot"),
+        r#"{"protocol":1,"request_id":"s-1"}"#,
+    );
+    assert_eq!(
+        (snap.status, snap.node()),
+        (200, holder.as_str()),
+        "{}",
+        snap.body
+    );
+    let snapshot_id = snap.json()["snapshot_id"].as_str().unwrap().to_owned();
+    let fork = post(
+        &format!("/v1/sessions/{id}/fork"),
+        r#"{"protocol":1,"request_id":"f-1","count":2}"#,
+    );
+    assert_eq!(
+        (fork.status, fork.node()),
+        (200, holder.as_str()),
+        "{}",
+        fork.body
+    );
+    let copy = fork.json()["sessions"][1]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let a = post(
+        &format!("/v1/sessions/{copy}/cells"),
+        &common::cell_body("c-2", "print(x + 1)"),
+    );
+    assert_eq!((a.status, a.node()), (200, holder.as_str()), "{}", a.body);
+    assert_eq!(a.json()["result"]["stdout"], "42\n", "{}", a.body);
+    let list = call(
+        &router.url,
+        "GET",
+        "/v1/snapshots",
+        Some(&cluster.token),
+        None,
+    );
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert_eq!(
+        list.json()["snapshots"].as_array().unwrap().len(),
+        2,
+        "{}",
+        list.body
+    );
+    let restored = post(
+        &format!("/v1/snapshots/{snapshot_id}/sessions"),
+        r#"{"protocol":1,"request_id":"r-1"}"#,
+    );
+    assert_eq!(
+        (restored.status, restored.node()),
+        (200, holder.as_str()),
+        "{}",
+        restored.body
+    );
+    assert_eq!(restored.json()["origin"]["start"], "restored");
+    let gone = call(
+        &router.url,
+        "DELETE",
+        &format!("/v1/snapshots/{snapshot_id}"),
+        Some(&cluster.token),
+        None,
+    );
+    assert_eq!(
+        (gone.status, gone.node()),
+        (200, holder.as_str()),
+        "{}",
+        gone.body
+    );
+    // An id no node gave.
+    let other = format!("snp_{}_{}", "0".repeat(16), "0".repeat(32));
+    let a = post(
+        &format!("/v1/snapshots/{other}/sessions"),
+        r#"{"protocol":1,"request_id":"r-2"}"#,
+    );
+    assert_eq!(a.status, 404, "{}", a.body);
+    assert_eq!(a.json()["error"]["code"], "snapshot_not_found");
+    assert_eq!(a.json()["request_id"], "r-2");
+}
+
 #[test]
 fn mcp_through_the_router_places_runs_and_follows_sessions() {
     let test = "mcp_through_the_router_places_runs_and_follows_sessions";
