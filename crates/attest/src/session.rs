@@ -135,13 +135,28 @@ pub enum SessionChainError {
         session_id: String,
         /// The call's sequence.
         sequence: u64,
-        /// `provider`, `isolation`, `evidence_sha256` or `environment`.
+        /// `provider`, `isolation`, `evidence_sha256`, `environment` or `origin`.
         field: &'static str,
         /// The first call's value.
         first: String,
         /// This call's value.
         found: String,
     },
+}
+
+/// An origin as a chain error shows it.
+fn origin_text(o: Option<&plimsoll_wire::SessionOrigin>) -> String {
+    o.map_or_else(
+        || "(none)".to_owned(),
+        |o| {
+            format!(
+                "{} from {} after call {}",
+                o.start.as_str(),
+                o.parent_session_id,
+                o.parent_calls
+            )
+        },
+    )
 }
 
 fn calls_missing(n: u64) -> String {
@@ -190,7 +205,10 @@ struct Chain<'a> {
     last_record: &'a str,
     /// The request ids of the calls seen, by sequence - 1.
     request_ids: Vec<&'a str>,
-    /// The first call's sandbox: provider, tier, evidence digest, environment.
+    /// Where the session came from, as its last call said.
+    origin: Option<&'a plimsoll_wire::SessionOrigin>,
+    /// The first call's sandbox (or the one it was restored into after a daemon restart):
+    /// provider, tier, evidence digest, environment.
     provider: &'a str,
     isolation: Tier,
     evidence_sha256: &'a str,
@@ -204,7 +222,9 @@ struct Chain<'a> {
 /// A restored or forked session (its link's `origin`) is a branch: its first call here is
 /// the one after its parent's last call when the snapshot was taken, and names that call's
 /// record, which must come earlier in the bundle as that call of the parent; so a bundle of
-/// a fork's calls is a tree whose every branch hangs from its parent.
+/// a fork's calls is a tree whose every branch hangs from its parent. A session restored under
+/// its own id after a daemon restart says so from the call after its last saved one (its
+/// origin naming that call); from there its tier and evidence are the restoring daemon's.
 /// On a break, returns the position in `records` of the record where it breaks, and why.
 pub fn check_session_chains(records: &[&RunRecord]) -> Result<(), (usize, SessionChainError)> {
     // Every (session, sequence) present, to tell a call missing from one that comes later.
@@ -301,6 +321,7 @@ fn check_call<'a>(
                 next: 2,
                 last_record: &record.record_sha256,
                 request_ids: vec![&record.request_id],
+                origin: link.origin.as_ref(),
                 provider: &record.provider,
                 isolation: record.isolation,
                 evidence_sha256: &record.evidence_sha256,
@@ -317,6 +338,30 @@ fn check_call<'a>(
             expected: chain.last_record.to_owned(),
             found: named.to_owned(),
         });
+    }
+    if link.origin.as_ref() != chain.origin {
+        // Restored under its own id (a daemon restart saved and restored it): the record
+        // names the call before it as its origin's parent call, and from here on it runs in
+        // the sandbox it was restored into, at the tier and evidence the daemon that restored
+        // it measured (its provider and environment stay the session's).
+        let restored_here = link.origin.as_ref().is_some_and(|o| {
+            o.start == plimsoll_wire::SessionStart::Restored
+                && o.parent_session_id == id
+                && o.parent_calls + 1 == sequence
+                && o.parent_record_sha256.as_deref() == Some(chain.last_record)
+        });
+        if !restored_here {
+            return Err(SessionChainError::Changed {
+                session_id: session_id(),
+                sequence,
+                field: "origin",
+                first: origin_text(chain.origin),
+                found: origin_text(link.origin.as_ref()),
+            });
+        }
+        chain.origin = link.origin.as_ref();
+        chain.isolation = record.isolation;
+        chain.evidence_sha256 = &record.evidence_sha256;
     }
     for (field, first, found) in [
         ("provider", chain.provider, record.provider.as_str()),

@@ -947,9 +947,23 @@ async fn serve_engine(
         "listening"
     );
 
+    if daemon.engine().expect_saved_sessions() {
+        tracing::info!(
+            "sessions saved by the previous daemon wait to be restored: not ready until they are"
+        );
+    }
     let prober = Arc::clone(&daemon);
     let probes = tokio::spawn(async move {
         prober.probe_all().await;
+        // Sessions an earlier daemon saved on its SIGTERM come back once providers are known.
+        let engine = Arc::clone(prober.engine());
+        match tokio::task::spawn_blocking(move || engine.resume_sessions()).await {
+            Ok((0, 0)) => {}
+            Ok((back, lost)) => {
+                tracing::info!(back, lost, "sessions saved by the previous daemon restored");
+            }
+            Err(e) => tracing::error!(error = %e, "restoring saved sessions panicked"),
+        }
         if !prober.engine().ready() {
             tracing::error!(
                 "no provider passed its probe: runs are refused until one does; see GET /v1/providers"
@@ -986,8 +1000,12 @@ async fn serve_engine(
     let engine = Arc::clone(daemon.engine());
     if let Err(e) = tokio::task::spawn_blocking(move || {
         engine.stop_pools();
-        // Sessions do not survive the daemon: each ends, its sandbox removed.
-        engine.end_all_sessions();
+        // Each session its provider can snapshot is saved for the next daemon; the rest end
+        // (daemon_restarted), their sandboxes removed.
+        let (saved, ended) = engine.suspend_sessions();
+        if saved + ended > 0 {
+            tracing::info!(saved, ended, "sessions saved for the next daemon, or ended");
+        }
     })
     .await
     {

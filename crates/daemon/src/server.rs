@@ -760,14 +760,30 @@ async fn healthz() -> Response {
 /// id it gives), by which a router finds the node that holds a session.
 pub const INSTANCE_HEADER: &str = "plimsoll-instance";
 
+/// The header of `/readyz` answers naming, comma-separated, the instances of earlier daemons
+/// whose sessions this one restored after a restart (docs/sessions.md): their ids are served
+/// here too. Absent when there are none.
+pub const ADOPTED_HEADER: &str = "plimsoll-adopted-instances";
+
 async fn readyz(State(st): State<AppState>) -> Response {
-    let instance = [(INSTANCE_HEADER, st.engine.instance().to_owned())];
+    let mut headers = HeaderMap::new();
+    let named = [
+        (INSTANCE_HEADER, st.engine.instance().to_owned()),
+        (ADOPTED_HEADER, st.engine.adopted_instances().join(",")),
+    ];
+    for (name, value) in named {
+        if let Ok(v) = HeaderValue::from_str(&value)
+            && !value.is_empty()
+        {
+            headers.insert(name, v);
+        }
+    }
     if st.engine.ready() {
-        (instance, axum::Json(serde_json::json!({"ready": true}))).into_response()
+        (headers, axum::Json(serde_json::json!({"ready": true}))).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            instance,
+            headers,
             axum::Json(serde_json::json!({
                 "ready": false,
                 "message": "no provider has passed its probe yet (or every one was withdrawn): see the daemon's log and GET /v1/providers"

@@ -1011,7 +1011,18 @@ impl Spawned {
     /// place of this one, which is ended first if it still runs; returns once it is ready.
     fn restart(&mut self) {
         let _ = self.child.kill();
-        let _ = self.wait_exit();
+        self.start_again();
+    }
+
+    /// Ends the daemon with SIGTERM, as an operator's restart does, and starts it again on
+    /// the same settings and state; returns how the first one exited.
+    fn terminate_and_start_again(&mut self) -> std::process::ExitStatus {
+        self.signal(rustix::process::Signal::TERM);
+        self.start_again()
+    }
+
+    fn start_again(&mut self) -> std::process::ExitStatus {
+        let status = self.wait_exit();
         let config = self._dir.path().join("plimsoll.toml");
         let (child, url, logs, reader) =
             Spawned::launch(&config, &self.token, &[], &[], &|url, _| {
@@ -1019,6 +1030,7 @@ impl Spawned {
             });
         (self.child, self.url, self.logs) = (child, url, logs);
         self.reader = Some(reader);
+        status
     }
 
     /// The first sandbox uid of its range (its settings' `sandbox_uid_base`).
@@ -4905,4 +4917,136 @@ fn the_split_daemon_stops_cleanly_on_sigterm() {
     );
     launcher_gone_soon(launcher);
     drop(uid_port);
+}
+
+/// #29: a runsc session outlives a daemon restarted by SIGTERM (saved, then restored under its
+/// own id by the next daemon, its chain going on, its records saying `restored`), and a router
+/// would find it (`/readyz` names the adopted instance). A runc session, which cannot be saved,
+/// ends `daemon_restarted`, as every session does after a SIGKILL.
+#[test]
+fn a_runsc_session_outlives_a_sigterm_restart_but_not_a_sigkill() {
+    let test = "a_runsc_session_outlives_a_sigterm_restart_but_not_a_sigkill";
+    let image = workspace_root().join("build/images/sandbox");
+    let mut d = Spawned::start_settings(
+        "default_floor = \"container\"\nproviders = [\"runsc\", \"runc\"]\n",
+        &format!(
+            "[pools]\n[oci]\nimage = \"{}\"\n[sessions]\nmax_total = 8\nmax_per_caller = 8\n",
+            image.display()
+        ),
+        &[],
+        &[],
+    );
+    if !available(test, &d.url, &d.token, "runsc") || !available(test, &d.url, &d.token, "runc") {
+        return;
+    }
+    let kept = open_session(
+        &d.url,
+        &d.token,
+        "python",
+        serde_json::json!({"provider": "runsc"}),
+    );
+    let lost = open_session(
+        &d.url,
+        &d.token,
+        "python",
+        serde_json::json!({"provider": "runc"}),
+    );
+    let before = get(&d.url, "/readyz", None).headers["plimsoll-instance"].clone();
+    let token = d.token.clone();
+    let cell = |url: &str, id: &str, rid: &str, code: &str| {
+        call(
+            url,
+            "POST",
+            &format!("/v1/sessions/{id}/cells"),
+            &token,
+            Some(cell_body(rid, "python", code).as_bytes()),
+            &[],
+        )
+    };
+    let sent = cell_body("k-1", "python", "x = 41\nprint(x)");
+    let r1 = checked_call(
+        &cell(&d.url, &kept.session_id, "k-1", "x = 41\nprint(x)"),
+        &sent,
+        &kept.session_id,
+        1,
+        None,
+    );
+    assert_eq!(cell(&d.url, &lost.session_id, "l-1", "y = 1").status, 200);
+
+    let status = d.terminate_and_start_again();
+    assert_eq!(status.code(), Some(0));
+    let ready = get(&d.url, "/readyz", None);
+    assert_ne!(ready.headers["plimsoll-instance"], before, "a new daemon");
+    assert_eq!(
+        ready.headers.get("plimsoll-adopted-instances"),
+        Some(&before),
+        "{:?}\n{}",
+        ready.headers,
+        d.logs()
+    );
+    let sent = cell_body("k-2", "python", "print(x + 1)");
+    let a = cell(&d.url, &kept.session_id, "k-2", "print(x + 1)");
+    let r2 = checked_call(
+        &a,
+        &sent,
+        &kept.session_id,
+        2,
+        Some(&r1.record.record_sha256),
+    );
+    assert_eq!(r2.result.stdout.to_string_lossy(), "42\n");
+    let origin = r2
+        .record
+        .session
+        .as_ref()
+        .unwrap()
+        .origin
+        .clone()
+        .expect("a restored session's records say so");
+    assert_eq!(origin.start, plimsoll_wire::SessionStart::Restored);
+    assert_eq!(origin.parent_session_id, kept.session_id);
+    assert_eq!(
+        (origin.parent_calls, origin.parent_record_sha256.as_ref()),
+        (1, Some(&r1.record.record_sha256))
+    );
+    plimsoll_attest::check_session_chains(&[&r1.record, &r2.record]).expect("the chain goes on");
+    let info: plimsoll_wire::SessionInfo = serde_json::from_str(
+        &call(
+            &d.url,
+            "GET",
+            &format!("/v1/sessions/{}", kept.session_id),
+            &d.token,
+            None,
+            &[],
+        )
+        .body,
+    )
+    .unwrap();
+    assert_eq!((info.calls, info.origin.as_ref()), (2, Some(&origin)));
+    assert_eq!(
+        info.opened_unix_ms / 1000,
+        kept.opened_unix_ms / 1000,
+        "its lifetime counts from its first open"
+    );
+    // The runc session could not be saved: it ended with the daemon.
+    let a = cell(&d.url, &lost.session_id, "l-2", "print(y)");
+    assert_eq!(a.status, 404, "{}", a.body);
+    assert_eq!(
+        a.error().error.end_reason,
+        Some(plimsoll_wire::EndReason::DaemonRestarted)
+    );
+    assert!(
+        d.logs()
+            .contains("sessions saved by the previous daemon restored"),
+        "{}",
+        d.logs()
+    );
+
+    // A SIGKILL saves nothing: the session ends with that daemon.
+    d.restart();
+    let a = cell(&d.url, &kept.session_id, "k-3", "print(x)");
+    assert_eq!(a.status, 404, "{}", a.body);
+    assert_eq!(
+        a.error().error.end_reason,
+        Some(plimsoll_wire::EndReason::DaemonRestarted)
+    );
 }

@@ -211,7 +211,7 @@ impl Admission {
                     self.full(held_elsewhere)
                 } else {
                     format!(
-                        "the server's {} sandbox uid slots are all held by runs whose sandboxes are still being removed: retry shortly",
+                        "the server's {} sandbox uid slots are all held, by open sessions (each holds one for its life) or by runs whose sandboxes are still being removed: close a session, or retry shortly",
                         self.max_total
                     )
                 });

@@ -697,11 +697,21 @@ impl Engine {
         self.sessions.instance()
     }
 
+    /// Instances of earlier daemons whose saved sessions this engine restored
+    /// ([`Engine::resume_sessions`]): their session ids are served here too.
+    pub fn adopted_instances(&self) -> Vec<String> {
+        self.sessions.adopted().into_iter().collect()
+    }
+
     /// True once every provider's first probe has ended and at least one passed. A provider
     /// serves as soon as its own probe passed, before this (routing skips one not probed
     /// yet), but a caller that waits for readiness then sees every provider the host offers,
-    /// so "the strongest available" does not depend on which probe finished first.
+    /// so "the strongest available" does not depend on which probe finished first. Not
+    /// before the sessions an earlier daemon saved are restored ([`Engine::resume_sessions`]).
     pub fn ready(&self) -> bool {
+        if self.resuming() {
+            return false;
+        }
         let states: Vec<Option<bool>> = self
             .slots
             .iter()

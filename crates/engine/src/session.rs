@@ -24,6 +24,7 @@ use crate::error::RunError;
 use crate::ids::new_run_id;
 
 mod snapshot;
+mod suspend;
 
 /// Ended sessions remembered, so a call to one says why it ended (oldest forgotten first).
 const ENDED_KEPT: usize = 4096;
@@ -43,6 +44,11 @@ pub(crate) struct Sessions {
     inner: Mutex<Inner>,
     /// Snapshots kept, by id (docs/sessions.md, "Snapshots and forks").
     snapshots: Mutex<HashMap<String, Arc<snapshot::Snapshot>>>,
+    /// Instances of earlier daemons whose saved sessions this one restored.
+    adopted: Mutex<std::collections::BTreeSet<String>>,
+    /// Saved sessions wait to be restored: the engine is not ready until they are, so no
+    /// call to one is answered as if it had ended.
+    resuming: std::sync::atomic::AtomicBool,
     /// Ends by reason (sessions' and interpreters'), for the metrics.
     ends: Mutex<BTreeMap<&'static str, u64>>,
     reaper: std::sync::Once,
@@ -166,6 +172,8 @@ impl Sessions {
             instance: hex::encode(bytes),
             inner: Mutex::new(Inner::default()),
             snapshots: Mutex::new(HashMap::new()),
+            adopted: Mutex::new(std::collections::BTreeSet::new()),
+            resuming: std::sync::atomic::AtomicBool::new(false),
             ends: Mutex::new(BTreeMap::new()),
             reaper: std::sync::Once::new(),
         })

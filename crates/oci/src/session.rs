@@ -301,7 +301,7 @@ impl SessionSandbox for OciSession {
         }))
     }
 
-    fn checkpoint(&mut self, image: &std::path::Path) -> Result<(), LaunchError> {
+    fn checkpoint(&mut self, image: &std::path::Path, go_on: bool) -> Result<(), LaunchError> {
         let kind = self.provider.config().kind;
         if let Some(why) = no_snapshots(kind) {
             return Err(LaunchError::not_started(
@@ -323,6 +323,9 @@ impl SessionSandbox for OciSession {
         // The stopped container removed, then the same plan restored from the image: a
         // new container (same id, cgroups, uid) with new pipes and its own watchdog.
         self.remove().map_err(LaunchError::may_have_run)?;
+        if !go_on {
+            return Ok(());
+        }
         let left = self.until.saturating_duration_since(Instant::now());
         let restored = restore(&self.provider, &self.plan, left, image).map_err(|e| {
             LaunchError::may_have_run(format!(

@@ -46,6 +46,9 @@ pub struct Node {
     pub addr: SocketAddr,
     /// Its daemon's instance (the middle of its session ids), once it said it.
     pub instance: Option<String>,
+    /// Instances of its earlier daemons whose sessions its daemon restored after a restart
+    /// (`Plimsoll-Adopted-Instances`): their ids are served there too.
+    pub adopted: Vec<String>,
     /// Whether its last `/readyz` answered 200.
     pub ready: bool,
     /// Its last `/v1/providers` answer.
@@ -217,6 +220,8 @@ impl Cluster {
                 why: format!("node {addr} is no longer found"),
             },
             Some(n) => match &n.instance {
+                // Its daemon restarted and restored that instance's saved sessions.
+                Some(_) if n.adopted.iter().any(|a| a == instance) => SessionNode::At(addr),
                 Some(now) if now != instance => SessionNode::Gone {
                     addr,
                     why: format!("node {addr}'s daemon restarted (instance {instance}, now {now})"),
@@ -246,7 +251,7 @@ impl Cluster {
         let mut instances = self.instances.write().unwrap_or_else(|p| p.into_inner());
         nodes.retain(|a, _| addrs.contains(a));
         for mut node in learned {
-            if let Some(i) = &node.instance {
+            for i in node.instance.iter().chain(&node.adopted) {
                 instances.insert(i.clone(), node.addr);
             }
             if node.error.is_some()
@@ -255,6 +260,7 @@ impl Cluster {
                 // Keep what it said before (its instance routes its sessions' calls) while it
                 // cannot be reached: only its readiness is lost.
                 node.instance = node.instance.or_else(|| old.instance.clone());
+                node.adopted.clone_from(&old.adopted);
                 node.providers = old.providers.clone();
             }
             nodes.insert(node.addr, node);
@@ -285,11 +291,17 @@ impl Cluster {
     }
 }
 
+/// Whether `v` is a daemon instance: 16 hex digits.
+fn is_instance(v: &str) -> bool {
+    v.len() == 16 && v.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// What one node says about itself now.
 async fn learn(addr: SocketAddr, token: &Secret) -> Node {
     let mut node = Node {
         addr,
         instance: None,
+        adopted: Vec::new(),
         ready: false,
         providers: None,
         load: 0,
@@ -301,8 +313,18 @@ async fn learn(addr: SocketAddr, token: &Secret) -> Node {
             node.instance = headers
                 .get("plimsoll-instance")
                 .and_then(|v| v.to_str().ok())
-                .filter(|v| v.len() == 16 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+                .filter(|v| is_instance(v))
                 .map(str::to_owned);
+            node.adopted = headers
+                .get("plimsoll-adopted-instances")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| {
+                    v.split(',')
+                        .filter(|i| is_instance(i))
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
         }
         Err(e) => {
             node.error = Some(e);

@@ -263,12 +263,13 @@ fn a_session_s_calls_go_to_its_node_and_end_with_it() {
 
 /// Snapshots live on the node whose daemon took them: a snapshot, a fork and a session opened
 /// from the snapshot through the router all reach that node; the router lists every node's.
+/// A session its node's daemon saved on SIGTERM and the next one restored is still found.
 #[test]
 fn snapshots_and_forks_go_to_the_node_that_holds_them() {
     let test = "snapshots_and_forks_go_to_the_node_that_holds_them";
     let Some(Started {
         router,
-        nodes,
+        mut nodes,
         cluster,
         ..
     }) = Started::on_loopback(
@@ -379,6 +380,19 @@ fn snapshots_and_forks_go_to_the_node_that_holds_them() {
     assert_eq!(a.status, 404, "{}", a.body);
     assert_eq!(a.json()["error"]["code"], "snapshot_not_found");
     assert_eq!(a.json()["request_id"], "r-2");
+    // Its node restarted by SIGTERM: the next daemon restores the session under its id and
+    // says it adopted the old instance, so the router still finds it there.
+    let i = nodes.iter().position(|n| n.addr == holder).unwrap();
+    assert_eq!(nodes[i].terminate().code(), Some(0));
+    nodes[i].restart(None);
+    router.wait_learned(&cluster.token, &nodes[i]);
+    let a = post(
+        &format!("/v1/sessions/{id}/cells"),
+        &common::cell_body("c-3", "print(x + 1)"),
+    );
+    assert_eq!((a.status, a.node()), (200, holder.as_str()), "{}", a.body);
+    assert_eq!(a.json()["result"]["stdout"], "42\n", "{}", a.body);
+    assert_eq!(a.json()["record"]["session"]["origin"]["start"], "restored");
 }
 
 #[test]

@@ -44,12 +44,13 @@ pub trait SessionSandbox: Send + std::fmt::Debug {
         None
     }
     /// Saves the sandbox whole (its processes' memory and its writable files) into the
-    /// directory `image`, then goes on from that image, as every session restored from it
-    /// will ([`crate::Provider::restore_session`]). `Err` marked not started (the default:
+    /// directory `image`; then, with `go_on`, goes on from that image, as every session
+    /// restored from it will ([`crate::Provider::restore_session`]), and without, is gone
+    /// (its processes saved, none left running). `Err` marked not started (the default:
     /// [`plimsoll_wire::Reason::Unsupported`], saying why) leaves the session as it was; any
     /// other `Err` leaves it gone.
-    fn checkpoint(&mut self, image: &std::path::Path) -> Result<(), LaunchError> {
-        let _ = image;
+    fn checkpoint(&mut self, image: &std::path::Path, go_on: bool) -> Result<(), LaunchError> {
+        let _ = (image, go_on);
         Err(LaunchError::not_started(
             plimsoll_wire::Reason::Unsupported,
             "this provider's sessions cannot be snapshotted",

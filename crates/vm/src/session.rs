@@ -192,8 +192,8 @@ impl SessionSandbox for VmSession {
 
     /// QEMU runs and the agent has said nothing since its last answer (an agent that ended
     /// has: its stderr and exit record, read here).
-    fn checkpoint(&mut self, image: &std::path::Path) -> Result<(), LaunchError> {
-        let _ = image;
+    fn checkpoint(&mut self, image: &std::path::Path, go_on: bool) -> Result<(), LaunchError> {
+        let _ = (image, go_on);
         // Measured (docs/sessions.md, "Snapshots and forks"): QEMU saves and restores the
         // guest (QMP `migrate` to an fd), but every copy then shares its parent's guest
         // kernel random state, and this guest kernel has no VMGENID driver to renew it.

@@ -696,8 +696,8 @@ impl SessionSandbox for RemoteSession {
             }
         }))
     }
-    fn checkpoint(&mut self, image: &std::path::Path) -> Result<(), LaunchError> {
-        let _ = image;
+    fn checkpoint(&mut self, image: &std::path::Path, go_on: bool) -> Result<(), LaunchError> {
+        let _ = (image, go_on);
         Err(LaunchError::not_started(
             Reason::Unsupported,
             "this daemon runs its providers in a separate launcher (serving_user is set), which does not snapshot sessions yet: snapshots need a daemon without serving_user",

@@ -29,27 +29,111 @@ const JAVASCRIPT_NOT_RESEEDED: &str = "a JavaScript session cannot be snapshotte
 #[derive(Debug)]
 pub(super) struct Snapshot {
     caller: String,
-    /// `<state_dir>/snapshots/<id>`: its files, all of them under `image/`.
+    /// `<state_dir>/snapshots/<id>`: its files, all of them under `image/` (the digest's).
     dir: PathBuf,
     /// What it says of itself (no request id).
     info: SnapshotInfo,
     expires: Instant,
-    /// The parent, as a session restored from it is made again.
-    language: Language,
-    floor: Tier,
-    image: Option<ImageRef>,
-    limits: plimsoll_sandbox::ResolvedLimits,
-    lifetime: Duration,
-    idle_timeout: Duration,
-    uid: u32,
-    gid: u32,
+    /// The session it was taken of, as a session restored from it is made again.
+    parent: Parent,
+}
+
+/// What a session restored from a snapshot is made again from: its parent session as it
+/// was when the snapshot was taken (docs/sessions.md).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Parent {
+    pub(super) session_id: String,
+    pub(super) caller: String,
+    pub(super) language: Language,
+    pub(super) provider: String,
+    pub(super) floor: Tier,
+    pub(super) image: Option<ImageRef>,
+    pub(super) limits: SavedLimits,
+    pub(super) opened_unix_ms: u64,
+    pub(super) lifetime_ms: u64,
+    pub(super) idle_timeout_ms: u64,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) calls: u64,
+    pub(super) last_record_sha256: Option<String>,
+    /// The snapshot digest over its image's files.
+    pub(super) sha256: String,
+}
+
+/// A session's limits, as saved.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SavedLimits {
+    timeout_ms: u64,
+    memory_bytes: u64,
+    output_bytes: u64,
+    pids: u64,
+    disk_bytes: u64,
+    artifact_bytes: u64,
+}
+
+impl From<plimsoll_sandbox::ResolvedLimits> for SavedLimits {
+    fn from(l: plimsoll_sandbox::ResolvedLimits) -> Self {
+        SavedLimits {
+            timeout_ms: millis(l.timeout),
+            memory_bytes: l.memory_bytes,
+            output_bytes: l.output_bytes,
+            pids: l.pids,
+            disk_bytes: l.disk_bytes,
+            artifact_bytes: l.artifact_bytes,
+        }
+    }
+}
+
+impl From<SavedLimits> for plimsoll_sandbox::ResolvedLimits {
+    fn from(l: SavedLimits) -> Self {
+        plimsoll_sandbox::ResolvedLimits {
+            timeout: Duration::from_millis(l.timeout_ms),
+            memory_bytes: l.memory_bytes,
+            output_bytes: l.output_bytes,
+            pids: l.pids,
+            disk_bytes: l.disk_bytes,
+            artifact_bytes: l.artifact_bytes,
+        }
+    }
+}
+
+impl Parent {
+    /// `s` as it is now (its state `st`), its snapshot's digest `sha256`.
+    pub(super) fn of(s: &Session, st: &State, sha256: String) -> Parent {
+        Parent {
+            session_id: s.id.clone(),
+            caller: s.caller.clone(),
+            language: s.language,
+            provider: s.provider.clone(),
+            floor: s.floor,
+            image: s.image.clone(),
+            limits: s.limits.into(),
+            opened_unix_ms: s.opened_unix_ms,
+            lifetime_ms: millis(s.lifetime),
+            idle_timeout_ms: millis(s.idle_timeout),
+            uid: s.uid,
+            gid: s.gid,
+            calls: st.calls,
+            last_record_sha256: st.last_record.clone(),
+            sha256,
+        }
+    }
+
+    /// The origin of a session restored from this parent's snapshot.
+    pub(super) fn origin(&self, start: SessionStart) -> SessionOrigin {
+        SessionOrigin {
+            start,
+            snapshot_sha256: self.sha256.clone(),
+            parent_session_id: self.session_id.clone(),
+            parent_record_sha256: self.last_record_sha256.clone(),
+            parent_calls: self.calls,
+        }
+    }
 }
 
 impl Snapshot {
-    fn image_dir(&self) -> PathBuf {
-        self.dir.join("image")
-    }
-
     fn remove(&self) {
         if let Err(e) = std::fs::remove_dir_all(&self.dir)
             && e.kind() != std::io::ErrorKind::NotFound
@@ -59,8 +143,28 @@ impl Snapshot {
     }
 }
 
-/// The snapshot digest (docs/sessions.md, "The snapshot digest"): SHA-256 over the domain,
-/// then, for every regular file under `dir` in the byte order of its path relative to `dir`,
+/// Why `s` cannot be snapshotted whatever its provider, if it cannot.
+pub(super) fn not_snapshottable(s: &Session, st: &State) -> Option<(Reason, &'static str)> {
+    if s.broker.is_some() {
+        Some((
+            Reason::Unsupported,
+            "a session holding a grant cannot be snapshotted: its grant's broker and connections are outside its sandbox and are not saved; open the session without a grant",
+        ))
+    } else if s.language == Language::Javascript {
+        Some((Reason::Unsupported, JAVASCRIPT_NOT_RESEEDED))
+    } else if !st.interpreter_alive {
+        Some((
+            Reason::Request,
+            "the session's interpreter has ended, so there is no state to save: send a cell with ?restart=true first",
+        ))
+    } else {
+        None
+    }
+}
+
+/// The snapshot digest (docs/sessions.md, "The snapshot digest") of the provider's image in
+/// `dir`: SHA-256 over the domain, then, for every regular file under `dir` in the byte order
+/// of its path relative to `dir`,
 /// `PATH \0 SIZE \0 SHA256-HEX \n`; and the files' total size. Anything but a directory or a
 /// regular file is refused: a provider writes nothing else.
 pub(crate) fn files_digest(dir: &Path) -> Result<(String, u64), String> {
@@ -203,20 +307,8 @@ impl Engine {
             self.sessions.end(s, &mut st, reason);
             return Err(ended_refusal(rid, &s.id, reason));
         }
-        if s.broker.is_some() {
-            return Err(refuse(
-                Reason::Unsupported,
-                "a session holding a grant cannot be snapshotted: its grant's broker and connections are outside its sandbox and are not saved; open the session without a grant".into(),
-            ));
-        }
-        if s.language == Language::Javascript {
-            return Err(refuse(Reason::Unsupported, JAVASCRIPT_NOT_RESEEDED.into()));
-        }
-        if !st.interpreter_alive {
-            return Err(refuse(
-                Reason::Request,
-                "the session's interpreter has ended, so there is no state to save: send a cell with ?restart=true first".into(),
-            ));
+        if let Some((reason, why)) = not_snapshottable(s, &st) {
+            return Err(refuse(reason, why.into()));
         }
         let policy = self.config.sessions;
         let (mine, all) = Sessions::snapshot_bytes(&self.sessions.snapshots(), caller);
@@ -253,7 +345,7 @@ impl Engine {
             .as_mut()
             .expect("an open session has its sandbox");
         let started = Instant::now();
-        if let Err(e) = sandbox.checkpoint(&image) {
+        if let Err(e) = sandbox.checkpoint(&image, true) {
             discard();
             let message = e.message();
             return Err(match e.not_dispatched() {
@@ -271,7 +363,7 @@ impl Engine {
         }
         let checkpoint_ms = millis(started.elapsed());
         st.last_call = Instant::now();
-        let (sha256, bytes) = match files_digest(&dir) {
+        let (sha256, bytes) = match files_digest(&image) {
             Ok(d) => d,
             Err(e) => {
                 discard();
@@ -282,6 +374,7 @@ impl Engine {
             }
         };
         let now_ms = unix_ms_now();
+        let parent = Parent::of(s, &st, sha256.clone());
         let snap = Arc::new(Snapshot {
             caller: caller.to_owned(),
             dir: dir.clone(),
@@ -302,14 +395,7 @@ impl Engine {
                 expires_unix_ms: now_ms.saturating_add(millis(policy.snapshot_lifetime)),
             },
             expires: Instant::now() + policy.snapshot_lifetime,
-            language: s.language,
-            floor: s.floor,
-            image: s.image.clone(),
-            limits: s.limits,
-            lifetime: s.lifetime,
-            idle_timeout: s.idle_timeout,
-            uid: s.uid,
-            gid: s.gid,
+            parent,
         });
         drop(st);
         {
@@ -495,9 +581,8 @@ impl Engine {
         })
     }
 
-    /// A session restored from `snap` for `caller` (counted by the caller of this): its
-    /// files checked against the digest, the provider decided again as an open is, the
-    /// sandbox restored with the snapshot's uid, its randomness renewed.
+    /// A new session restored from `snap` for `caller` (counted by the caller of this),
+    /// its randomness renewed before it is served.
     fn restore_copy(
         &self,
         caller: &str,
@@ -505,33 +590,79 @@ impl Engine {
         start: SessionStart,
         request_id: &str,
     ) -> Result<Arc<Session>, RunError> {
+        let lifetime = Duration::from_millis(snap.parent.lifetime_ms);
+        let (mut sandbox, permit, state, environment) =
+            self.restore_sandbox(caller, &snap.parent, &snap.dir, lifetime, request_id)?;
+        if let Err(e) = reseed(sandbox.as_mut(), snap.parent.language) {
+            let message = e.message();
+            if let Err(e) = sandbox.close() {
+                tracing::error!(error = %plimsoll_sandbox::error_chain(&e), "a restored copy's sandbox was not fully removed");
+            }
+            // Refused, not served: a copy that would repeat its parent's randomness.
+            return Err(RunError::refused(
+                Some(request_id),
+                Reason::Environment,
+                format!(
+                    "the restored copy's randomness could not be renewed, so it is not served: {message}"
+                ),
+            ));
+        }
+        let session_id = format!(
+            "ses_{}_{}",
+            self.sessions.instance,
+            hex::encode(rand::random::<[u8; 16]>())
+        );
+        let parent = &snap.parent;
+        Ok(parent.session(
+            session_id,
+            parent.origin(start),
+            Instant::now(),
+            lifetime,
+            (sandbox, permit, state, environment),
+        ))
+    }
+
+    /// A sandbox restored from the snapshot in `dir` (its files under `image/`) of `parent`
+    /// for `caller`: its files checked against the digest, the provider decided again as an
+    /// open is, the sandbox restored with the snapshot's uid, bounded by `lifetime`.
+    pub(super) fn restore_sandbox(
+        &self,
+        caller: &str,
+        parent: &Parent,
+        dir: &Path,
+        lifetime: Duration,
+        request_id: &str,
+    ) -> Result<Restored, RunError> {
         let rid = Some(request_id);
         let refuse = |reason, message: String| RunError::refused(rid, reason, message);
-        let (sha256, _) = files_digest(&snap.dir).map_err(|e| {
+        let (sha256, _) = files_digest(&dir.join("image")).map_err(|e| {
             refuse(
                 Reason::Environment,
-                format!("cannot read snapshot {}: {e}", snap.info.snapshot_id),
+                format!(
+                    "cannot read the snapshot of session {}: {e}",
+                    parent.session_id
+                ),
             )
         })?;
-        if sha256 != snap.info.sha256 {
-            tracing::error!(snapshot_id = %snap.info.snapshot_id, taken = %snap.info.sha256, now = %sha256, "a snapshot's files changed on disk; refusing to restore it");
+        if sha256 != parent.sha256 {
+            tracing::error!(dir = %dir.display(), taken = %parent.sha256, now = %sha256, "a snapshot's files changed on disk; refusing to restore it");
             return Err(refuse(
                 Reason::Environment,
                 format!(
-                    "snapshot {}'s files changed on disk since it was taken (digest {} then, {sha256} now): it is not restored; delete it",
-                    snap.info.snapshot_id, snap.info.sha256
+                    "the snapshot's files changed on disk since it was taken (digest {} then, {sha256} now): it is not restored",
+                    parent.sha256
                 ),
             ));
         }
         let as_run = RunRequest {
-            image: snap.image.as_ref().map(|i| i.identity.clone()),
+            image: parent.image.as_ref().map(|i| i.identity.clone()),
             protocol: PROTOCOL,
             request_id: request_id.to_owned(),
-            minimum_isolation: Some(snap.floor),
-            provider: Some(snap.info.provider.clone()),
+            minimum_isolation: Some(parent.floor),
+            provider: Some(parent.provider.clone()),
             limits: None,
             run: RunSpec::Snippet(Snippet {
-                language: snap.language,
+                language: parent.language,
                 code: "session".into(),
             }),
             grant: None,
@@ -546,81 +677,80 @@ impl Engine {
         let mut plan = decided.launch(&as_run, &self.config, permit.slot(), &run_id, None);
         // The processes restored run as the snapshot's uid: at runsc, gVisor's own, which no
         // host process has.
-        plan.uid = snap.uid;
-        plan.gid = snap.gid;
-        plan.limits = snap.limits;
-        let slot = &self.slots[index];
-        let mut sandbox = slot
+        plan.uid = parent.uid;
+        plan.gid = parent.gid;
+        plan.limits = parent.limits.into();
+        let sandbox = self.slots[index]
             .provider
-            .restore_session(&plan, snap.lifetime, &snap.image_dir())
+            .restore_session(&plan, lifetime, &dir.join("image"))
             .map_err(|e| {
                 let message = e.message();
                 match e.not_dispatched() {
                     Some(reason) => refuse(reason, message),
                     None => RunError::Failed {
                         request_id: request_id.to_owned(),
-                        provider: snap.info.provider.clone(),
+                        provider: parent.provider.clone(),
                         message,
                     },
                 }
             })?;
-        if let Err(e) = reseed(sandbox.as_mut(), snap.language) {
-            let message = e.message();
-            if let Err(e) = sandbox.close() {
-                tracing::error!(error = %plimsoll_sandbox::error_chain(&e), "a restored copy's sandbox was not fully removed");
-            }
-            // Refused, not served: a copy that would repeat its parent's randomness.
-            return Err(refuse(
-                Reason::Environment,
-                format!(
-                    "the restored copy's randomness could not be renewed, so it is not served: {message}"
-                ),
-            ));
-        }
-        let session_id = format!(
-            "ses_{}_{}",
-            self.sessions.instance,
-            hex::encode(rand::random::<[u8; 16]>())
-        );
-        Ok(Arc::new(Session {
-            id: session_id,
-            caller: caller.to_owned(),
-            language: snap.language,
-            provider: snap.info.provider.clone(),
+        let environment =
+            crate::engine::environment_of(decided.image.as_ref(), &state.probed.evidence);
+        Ok((sandbox, permit, state, environment))
+    }
+}
+
+/// A restored sandbox, its uid slot, the provider's state it was restored under, and the
+/// environment it runs on.
+pub(super) type Restored = (
+    Box<dyn plimsoll_sandbox::SessionSandbox>,
+    crate::admission::Permit,
+    Arc<crate::engine::ProbedState>,
+    String,
+);
+
+impl Parent {
+    /// The session `id` made of a sandbox restored from this parent's snapshot, opened at
+    /// `opened` (now, or when the saved session first opened) for `lifetime` in all.
+    pub(super) fn session(
+        &self,
+        id: String,
+        origin: SessionOrigin,
+        opened: Instant,
+        lifetime: Duration,
+        (sandbox, permit, state, environment): Restored,
+    ) -> Arc<Session> {
+        let opened_unix_ms = unix_ms_now().saturating_sub(millis(opened.elapsed()));
+        Arc::new(Session {
+            id,
+            caller: self.caller.clone(),
+            language: self.language,
+            provider: self.provider.clone(),
             tier: state.probed.tier,
-            floor: snap.floor,
+            floor: self.floor,
             evidence_sha256: state.evidence_sha256.clone(),
-            environment: crate::engine::environment_of(
-                decided.image.as_ref(),
-                &state.probed.evidence,
-            ),
-            image: snap.image.clone(),
-            limits: snap.limits,
-            opened_unix_ms: unix_ms_now(),
-            opened: Instant::now(),
-            lifetime: snap.lifetime,
-            idle_timeout: snap.idle_timeout,
+            environment,
+            image: self.image.clone(),
+            limits: self.limits.into(),
+            opened_unix_ms,
+            opened,
+            lifetime,
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
             wall: sandbox.wall_at_open().clone(),
             broker: None,
-            uid: snap.uid,
-            gid: snap.gid,
-            origin: Some(SessionOrigin {
-                start,
-                snapshot_sha256: sha256,
-                parent_session_id: snap.info.session_id.clone(),
-                parent_record_sha256: snap.info.last_record_sha256.clone(),
-                parent_calls: snap.info.calls,
-            }),
+            uid: self.uid,
+            gid: self.gid,
+            origin: Some(origin),
             state: Mutex::new(State {
                 sandbox: Some(sandbox),
                 permit: Some(permit),
-                calls: snap.info.calls,
-                last_record: snap.info.last_record_sha256.clone(),
+                calls: self.calls,
+                last_record: self.last_record_sha256.clone(),
                 last_call: Instant::now(),
                 interpreter_alive: true,
                 ended: None,
             }),
-        }))
+        })
     }
 }
 
@@ -665,7 +795,7 @@ fn reseed(
 }
 
 /// `dir` and its parents, `dir` itself readable by root alone.
-fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn make_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new()
         .recursive(true)
