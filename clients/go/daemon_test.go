@@ -39,6 +39,9 @@ func TestMain(m *testing.M) {
 	if sessionShared.d != nil {
 		sessionShared.d.Stop()
 	}
+	if snapshotShared.d != nil {
+		snapshotShared.d.Stop()
+	}
 	os.Exit(code)
 }
 
@@ -69,14 +72,20 @@ func client(t *testing.T, opts ...sandbox.Option) *sandbox.Client {
 // needContainer skips (or fails, under CI=true) unless the crun provider is available.
 func needContainer(t *testing.T, c *sandbox.Client) {
 	t.Helper()
+	needProvider(t, c, "crun")
+}
+
+// needProvider skips (or fails, under CI=true) unless the daemon's provider name is available.
+func needProvider(t *testing.T, c *sandbox.Client, name string) {
+	t.Helper()
 	p, err := c.Providers(context.Background())
 	if err != nil {
 		t.Fatalf("providers: %v", err)
 	}
 	for _, info := range p.Providers {
-		if info.Name == "crun" {
+		if info.Name == name {
 			if !info.Available {
-				why := "crun is not available"
+				why := name + " is not available"
 				if info.UnavailableReason != nil {
 					why += ": " + *info.UnavailableReason
 				}
@@ -85,7 +94,7 @@ func needContainer(t *testing.T, c *sandbox.Client) {
 			return
 		}
 	}
-	t.Fatal("the daemon lists no crun provider")
+	t.Fatalf("the daemon lists no %s provider", name)
 }
 
 func ctx(t *testing.T) context.Context {

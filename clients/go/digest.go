@@ -347,6 +347,20 @@ func encodeRecord(r *Record) []byte {
 		steps = append(steps, encodeTrialStep(&r.Trials[i]))
 	}
 	e.list("trials", steps)
+	// Where a restored or forked session came from (field 14), nested; nothing for a session
+	// opened fresh (and outside sessions), so its records keep their digests.
+	if s := r.Session; s != nil && s.Origin != nil {
+		o := s.Origin
+		n := &encoding{}
+		n.str("start", string(o.Start))
+		n.str("snapshot_sha256", o.SnapshotSHA256)
+		n.str("parent_session_id", o.ParentSessionID)
+		if o.ParentRecordSHA256 != "" {
+			n.str("parent_record_sha256", o.ParentRecordSHA256)
+		}
+		n.u64("parent_calls", o.ParentCalls)
+		e.field("origin", n.buf)
+	}
 	return e.buf
 }
 

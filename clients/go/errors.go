@@ -6,6 +6,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // sentinel is an error value to compare with errors.Is.
@@ -100,6 +101,9 @@ var (
 	// session may have run without an answer this client could verify, so no call is sent
 	// until Session.Resync.
 	ErrChainInDoubt error = &sentinel{"session chain in doubt"}
+	// ErrSnapshotNotFound: code `snapshot_not_found`: no such snapshot for this caller (an
+	// unknown id, another caller's, an expired or deleted one: the daemon answers all alike).
+	ErrSnapshotNotFound error = &sentinel{"snapshot not found"}
 )
 
 // codeError returns the sentinel of a sessions refusal code (nil for any other code).
@@ -115,6 +119,8 @@ func codeError(code string) error {
 		return ErrSandboxChanged
 	case "chain_in_doubt":
 		return ErrChainInDoubt
+	case "snapshot_not_found":
+		return ErrSnapshotNotFound
 	}
 	return nil
 }
@@ -166,7 +172,8 @@ func (e *NotDispatchedError) Error() string {
 }
 
 // Is matches ErrNotDispatched, the reason's sentinel and a sessions code's sentinel
-// (ErrSessionNotFound, ErrSessionEnded, ErrInterpreterEnded, ErrSandboxChanged).
+// (ErrSessionNotFound, ErrSessionEnded, ErrInterpreterEnded, ErrSandboxChanged,
+// ErrChainInDoubt, ErrSnapshotNotFound).
 func (e *NotDispatchedError) Is(target error) bool {
 	return target == ErrNotDispatched || target == ReasonError(e.Reason) || (target != nil && target == codeError(e.Code))
 }
@@ -402,22 +409,39 @@ func (e *ProvidersError) Unwrap() error { return e.Err }
 
 // ChainMismatchError: a session call's answer verified as a run's, but its record is not the
 // next link of this session's chain: it names another session, a sequence number or
-// previous record that says a call is missing, repeated or reordered, or another provider,
-// tier, evidence or environment than the session's (docs/sessions.md, "Chained records").
-// The call may have run; the session's chain, as this client follows it, does not move.
+// previous record that says a call is missing, repeated or reordered, another provider,
+// tier, evidence or environment than the session's, or another origin (docs/sessions.md,
+// "Chained records"). The call may have run; the session's chain, as this client follows
+// it, does not move. Snapshots and forks fail with it too (Subject set): a snapshot that is
+// not of the chain this client verified, or a restored session or a fork's copy that does
+// not continue the chain of the snapshot it was made from.
 type ChainMismatchError struct {
 	RequestID string
-	// SessionID is the session the call was sent to.
+	// SessionID is the session the call was sent to (or snapshotted, or forked); for a
+	// restored session or a fork's copy, that new session.
 	SessionID string
 	// Field is the member that differs: `session` (the record names none), `session_id`,
 	// `sequence`, `previous_record_sha256`, `provider`, `isolation`, `evidence_sha256`,
-	// `environment`.
+	// `environment`, `origin` (the record's origin is not its session's, or it has none, or
+	// has one and its session none). For a snapshot (of Snapshot or Fork):
+	// `snapshot.session_id`, `snapshot.calls`, `snapshot.last_record_sha256`. For a restored
+	// session or a copy: `origin` (it has none), `origin.start`, `origin.snapshot_sha256`,
+	// `origin.parent_session_id`, `origin.parent_calls`, `origin.parent_record_sha256`, and
+	// `calls`, `last_record_sha256` (its chain does not start where its origin says).
 	Field string
 	// Want is what the chain expects; Got what the answer says.
 	Want, Got string
+	// Subject is "" for a call's record; otherwise what does not hold: "the snapshot is not
+	// of this session's chain as this client verified it", "the copy does not continue the
+	// chain of the session it was forked from", "the restored session does not continue the
+	// chain of the snapshot it was restored from".
+	Subject string
 }
 
 func (e *ChainMismatchError) Error() string {
+	if e.Subject != "" {
+		return fmt.Sprintf("session %s, request %s: %s: `%s` is %q, the chain expects %q; the answer was altered or the daemon is faulty, and the request may have been carried out", e.SessionID, e.RequestID, e.Subject, e.Field, e.Got, e.Want)
+	}
 	return fmt.Sprintf("session %s, request %s: the answer's record is not the next link of the session's chain: `%s` is %q, the chain expects %q (a call of this session is missing, repeated or reordered, or the answer is another's); the code may have run", e.SessionID, e.RequestID, e.Field, e.Got, e.Want)
 }
 
@@ -426,8 +450,8 @@ func (e *ChainMismatchError) Is(target error) bool {
 	return target == ErrChainMismatch || target == ErrMayHaveRun
 }
 
-// SessionError: showing, listing or resuming sessions (a GET: nothing runs) gave no usable
-// answer. Status 0: none was read.
+// SessionError: showing, listing or resuming sessions, or listing snapshots (a GET: nothing
+// runs) gave no usable answer. Status 0: none was read.
 type SessionError struct {
 	// SessionID is the session asked about ("" for a list).
 	SessionID string
@@ -447,6 +471,9 @@ type SessionError struct {
 
 func (e *SessionError) Error() string {
 	what := "the sessions"
+	if strings.HasSuffix(e.URL, "/v1/snapshots") {
+		what = "the snapshots"
+	}
 	if e.SessionID != "" {
 		what = "session " + e.SessionID
 	}

@@ -180,6 +180,9 @@ type SessionInfo struct {
 	InterpreterAlive bool `json:"interpreter_alive"`
 	// EndReason says why it ended; "" while it is open.
 	EndReason EndReason `json:"end_reason,omitempty"`
+	// Origin says where it came from when it was restored or forked from a snapshot (every
+	// call's record says the same); nil for a session opened fresh.
+	Origin *SessionOrigin `json:"origin,omitempty"`
 }
 
 // SessionList is the answer to GET /v1/sessions: the caller's own open sessions.
@@ -211,7 +214,8 @@ type StepsOptions struct {
 // Session is an open session of this client's caller. Its calls are served one at a time,
 // in order, and the client follows its chain: each call's record must name this session,
 // the next sequence number and the previous call's record digest, and the session's
-// provider, tier, evidence and environment. After a call that may have run without an
+// provider, tier, evidence, environment and origin (where a restored or forked session came
+// from; none for a session opened fresh). After a call that may have run without an
 // answer it could verify, it sends nothing more (ErrChainInDoubt) until Resync. It is safe
 // for concurrent use (calls wait for each other).
 type Session struct {
@@ -705,12 +709,6 @@ func (s *Session) follow(res *Result, kind callKind) (*Result, error) {
 	mismatch := func(field, want, got string) error {
 		return &ChainMismatchError{RequestID: res.RequestID, SessionID: s.id, Field: field, Want: want, Got: got}
 	}
-	orNone := func(v string) string {
-		if v == "" {
-			return "(none)"
-		}
-		return v
-	}
 	link := res.Record.Session
 	if link == nil {
 		return nil, mismatch("session", s.id, "(none)")
@@ -727,6 +725,11 @@ func (s *Session) follow(res *Result, kind callKind) (*Result, error) {
 		if f.want != f.got {
 			return nil, mismatch(f.field, f.want, f.got)
 		}
+	}
+	// Every call of a restored or forked session says where it came from, as its session
+	// does; a session opened fresh says nothing of the kind.
+	if !sameOrigin(link.Origin, s.info.Origin) {
+		return nil, mismatch("origin", s.info.Origin.String(), link.Origin.String())
 	}
 	// The image the open named, like the session's floor: every call's record must name it.
 	if s.image != "" {

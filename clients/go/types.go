@@ -8,7 +8,9 @@
 // the floor it asked for (or, when it asked for none, the daemon's default floor) and the
 // provider and the image against the ones it named. Sessions (Client.OpenSession) keep one sandbox across
 // calls (cells in an interpreter that keeps its state, steps, files), each call verified as
-// a run and as the next link of the session's chain, cells and steps streamed on request.
+// a run and as the next link of the session's chain, cells and steps streamed on request. A
+// session at runsc can be snapshotted (Session.Snapshot), restored (Client.RestoreSession) and
+// forked (Session.Fork), each new session checked to continue the chain it came from.
 // Standard library only.
 //
 //	c := sandbox.New("http://127.0.0.1:7878", token)
@@ -774,6 +776,123 @@ type SessionLink struct {
 	// PreviousRecordSHA256 is the record digest of the session's previous call; "" exactly
 	// for sequence 1.
 	PreviousRecordSHA256 string `json:"previous_record_sha256,omitempty"`
+	// Origin says where a restored or forked session came from, on every one of its calls'
+	// records (equal to its SessionInfo.Origin); nil for a session opened fresh. Inside the
+	// record digest (record field 14).
+	Origin *SessionOrigin `json:"origin,omitempty"`
+}
+
+// OriginStart says how a session that did not open fresh began: from a snapshot.
+type OriginStart string
+
+// The two starts from a snapshot.
+const (
+	// OriginRestored: opened from a snapshot (Client.RestoreSession), or the same session
+	// brought back by the next daemon after a restart.
+	OriginRestored OriginStart = "restored"
+	// OriginForked: one of the copies of a fork (Session.Fork).
+	OriginForked OriginStart = "forked"
+)
+
+// UnmarshalJSON accepts only the two starts from a snapshot.
+func (o *OriginStart) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var v string
+	if err := json.Unmarshal(data, &v); err != nil {
+		return fmt.Errorf("an origin's start must be a string: %w", err)
+	}
+	if OriginStart(v) != OriginRestored && OriginStart(v) != OriginForked {
+		return fmt.Errorf("`%s` is not an origin's start (restored, forked)", v)
+	}
+	*o = OriginStart(v)
+	return nil
+}
+
+// SessionOrigin is where a restored or forked session came from (docs/protocol.md,
+// SessionOrigin): on its SessionInfo, and on every one of its calls' records. Its chain
+// continues its parent's: its first call is sequence ParentCalls + 1, hanging from
+// ParentRecordSHA256.
+type SessionOrigin struct {
+	// Start is OriginRestored or OriginForked.
+	Start OriginStart `json:"start"`
+	// SnapshotSHA256 is the digest of the snapshot it was made from, recomputed over the
+	// snapshot's files when it was restored.
+	SnapshotSHA256 string `json:"snapshot_sha256"`
+	// ParentSessionID is the session the snapshot was taken of.
+	ParentSessionID string `json:"parent_session_id"`
+	// ParentRecordSHA256 is the parent's last record digest when the snapshot was taken (the
+	// previous record of this session's first call); "" when the parent had answered no call.
+	ParentRecordSHA256 string `json:"parent_record_sha256,omitempty"`
+	// ParentCalls is the parent's call count then.
+	ParentCalls uint64 `json:"parent_calls"`
+}
+
+// String is the origin in one line; "(none)" for nil.
+func (o *SessionOrigin) String() string {
+	if o == nil {
+		return "(none)"
+	}
+	record := o.ParentRecordSHA256
+	if record == "" {
+		record = "(none)"
+	}
+	return fmt.Sprintf("%s from session %s after call %d (record %s), snapshot %s", o.Start, o.ParentSessionID, o.ParentCalls, record, o.SnapshotSHA256)
+}
+
+// sameOrigin reports whether a and b are the same origin, or both none.
+func sameOrigin(a, b *SessionOrigin) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// SnapshotInfo is a snapshot of a session: its sandbox saved with its interpreter's memory
+// (Session.Snapshot, Session.Fork, Client.ListSnapshots, Client.DeleteSnapshot).
+type SnapshotInfo struct {
+	Protocol uint32 `json:"protocol"`
+	// RequestID is the id of the request this answers (snapshot, fork, delete); "" in a list.
+	RequestID string `json:"request_id,omitempty"`
+	// SnapshotID is its id (`snp_` + 16 hex digits naming the daemon instance + `_` + 32).
+	SnapshotID string `json:"snapshot_id"`
+	// SessionID is the session it was taken of.
+	SessionID string `json:"session_id"`
+	// SHA256 is the digest over its files: what RestoreOptions.SHA256 names, and what the
+	// origin of every session made from it states.
+	SHA256 string `json:"sha256"`
+	// Bytes is its size on disk, what counts against the snapshot quotas.
+	Bytes uint64 `json:"bytes"`
+	// Provider, Isolation and Language are its session's.
+	Provider  string    `json:"provider"`
+	Isolation Isolation `json:"isolation"`
+	Language  Language  `json:"language"`
+	// Calls is its session's call count when it was taken.
+	Calls uint64 `json:"calls"`
+	// LastRecordSHA256 is its session's last record digest then; "" before the first call.
+	LastRecordSHA256 string `json:"last_record_sha256,omitempty"`
+	// CheckpointMS is how long the checkpoint took (the session was paused that long).
+	CheckpointMS  uint64 `json:"checkpoint_ms"`
+	CreatedUnixMS uint64 `json:"created_unix_ms"`
+	// ExpiresUnixMS is when the daemon removes it.
+	ExpiresUnixMS uint64 `json:"expires_unix_ms"`
+}
+
+// SnapshotList is the answer to GET /v1/snapshots: the caller's own snapshots, oldest first.
+type SnapshotList struct {
+	Protocol  uint32         `json:"protocol"`
+	Snapshots []SnapshotInfo `json:"snapshots"`
+}
+
+// ForkAnswer is the answer to POST /v1/sessions/{id}/fork: the snapshot taken of the
+// session (kept until it expires or is deleted) and the copies restored from it, each a new
+// session whose origin says it was forked.
+type ForkAnswer struct {
+	Protocol  uint32        `json:"protocol"`
+	RequestID string        `json:"request_id"`
+	Snapshot  SnapshotInfo  `json:"snapshot"`
+	Sessions  []SessionInfo `json:"sessions"`
 }
 
 // Providers is the answer to GET /v1/providers.

@@ -96,6 +96,26 @@ func (w wireSessionOpen) validate() error {
 	return nil
 }
 
+// wireSnapshotRequest is the body of POST /v1/sessions/{id}/snapshot.
+type wireSnapshotRequest struct {
+	Protocol  uint32 `json:"protocol"`
+	RequestID string `json:"request_id"`
+}
+
+// wireForkRequest is the body of POST /v1/sessions/{id}/fork.
+type wireForkRequest struct {
+	Protocol  uint32 `json:"protocol"`
+	RequestID string `json:"request_id"`
+	Count     uint32 `json:"count"`
+}
+
+// wireSnapshotOpen is the body of POST /v1/snapshots/{id}/sessions.
+type wireSnapshotOpen struct {
+	Protocol  uint32 `json:"protocol"`
+	RequestID string `json:"request_id"`
+	SHA256    string `json:"sha256,omitempty"`
+}
+
 // streamLine is one line of a streamed answer (application/x-ndjson): exactly one member.
 type streamLine struct {
 	Chunk    *streamChunk    `json:"chunk,omitempty"`

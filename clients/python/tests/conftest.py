@@ -1,5 +1,6 @@
 """Fixtures: one real plimsolld for the session (process and crun providers, a grant profile
-in front of a real HTTP API on loopback), and clients of it."""
+in front of a real HTTP API on loopback), one keeping sessions at crun, one taking snapshots
+at runsc, and clients of them."""
 
 from __future__ import annotations
 
@@ -159,3 +160,31 @@ def sessions(request: pytest.FixtureRequest, session_daemon: Daemon) -> Daemon:
     with plimsoll.Client(session_daemon.url, session_daemon.token) as c:
         need_provider(request, c.providers(), "crun")
     return session_daemon
+
+
+# Snapshots and forks (docs/sessions.md) are taken at runsc alone: a daemon of its own offering
+# runsc, with no warm pools, and room for a session, a session restored from its snapshot and
+# a fork of it into 4 (each an open session holding one of the daemon's uid slots).
+SNAPSHOT_SETTINGS = "[pools]\n[sessions]\nmax_total = 8\nmax_per_caller = 8\n"
+
+
+@pytest.fixture(scope="session")
+def snapshot_daemon() -> Iterator[Daemon]:
+    d = start_daemon(
+        "snapshot_daemon",
+        ["runsc"],
+        extra_settings=SNAPSHOT_SETTINGS,
+        max_concurrent=8,
+        max_per_caller=8,
+    )
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def snapshots(request: pytest.FixtureRequest, snapshot_daemon: Daemon) -> Daemon:
+    """The snapshots daemon, once it offers runsc (skipped, or failed under CI=true, when
+    not)."""
+    with plimsoll.Client(snapshot_daemon.url, snapshot_daemon.token) as c:
+        need_provider(request, c.providers(), "runsc")
+    return snapshot_daemon

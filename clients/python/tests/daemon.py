@@ -125,6 +125,7 @@ def start_daemon(
     env: Optional[dict[str, str]] = None,
     caller: str = "pytest",
     max_per_caller: int = 4,
+    max_concurrent: int = 4,
 ) -> Daemon:
     """Starts plimsolld and waits until every provider is probed. Skips (fails under CI=true)
     when the binary is missing or this process is not root."""
@@ -148,7 +149,7 @@ def start_daemon(
         'default_floor = "container"\n'
         f"state_dir = {_toml_str(str(state))}\n"
         f"sandbox_uid_base = {uid_base}\n"
-        f"max_concurrent = 4\nmax_per_caller = {max_per_caller}\n"
+        f"max_concurrent = {max_concurrent}\nmax_per_caller = {max_per_caller}\n"
         f"{extra_settings}\n"
         f"[oci]\nimage = {_toml_str(str(IMAGE))}\n\n"
         f"[daemon]\ncallers_file = {_toml_str(str(callers))}\n{daemon_settings}\n"

@@ -1,7 +1,8 @@
 """A real HTTP proxy on loopback in front of a real plimsolld (the standard library's HTTP
 server and client): it passes everything through, except that it may rewrite run requests on
 the way in and answers on the way out, or swap the answers of two runs, or rewrite (or
-replace) the run responses of session calls, whole or as the last line of a stream."""
+replace) the run responses of session calls, whole or as the last line of a stream, and the
+answers to a snapshot, a fork or an open from a snapshot."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def is_session_call(method: str, path: str) -> bool:
     return method in ("PUT", "GET") and "/files/" in route
 
 
+def is_snapshot_call(method: str, path: str) -> bool:
+    """A snapshot, a fork, or a session opened from a snapshot: answered by a snapshot, a fork
+    answer, or a session."""
+    if method != "POST":
+        return False
+    if path.startswith("/v1/sessions/"):
+        return path.endswith("/snapshot") or path.endswith("/fork")
+    return path.startswith("/v1/snapshots/") and path.endswith("/sessions")
+
+
 class Proxy:
     def __init__(
         self,
@@ -42,6 +53,7 @@ class Proxy:
         swap: bool = False,
         session_response: Optional[SessionRewrite] = None,
         open_response: Optional[Rewrite] = None,
+        snapshot_response: Optional[SessionRewrite] = None,
     ) -> None:
         u = urlsplit(upstream)
         self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
@@ -52,6 +64,7 @@ class Proxy:
         self.swap = swap
         self.session_response = session_response
         self.open_response = open_response
+        self.snapshot_response = snapshot_response
         self.runs_seen = 0
         self.session_calls_seen = 0
         self._held: dict[int, tuple[int, bytes]] = {}
@@ -120,6 +133,10 @@ class Proxy:
             v = json.loads(answer)
             self.open_response(v)
             answer = json.dumps(v).encode()
+        if is_snapshot_call(method, h.path) and self.snapshot_response is not None:
+            v = json.loads(answer)
+            out = self.snapshot_response(h.path, v)
+            answer = json.dumps(v if out is None else out).encode()
         if is_session_call(method, h.path):
             with self._cv:
                 self.session_calls_seen += 1

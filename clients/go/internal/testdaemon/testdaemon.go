@@ -137,6 +137,9 @@ type Options struct {
 	Env []string
 	// Callers are more callers besides CallerName, each with a token of its own (Tokens).
 	Callers []string
+	// MaxConcurrent is the runs at once, in total and per caller (each open session holds
+	// one for its whole life); 0: 4.
+	MaxConcurrent int
 }
 
 // Start writes the settings and callers file, starts plimsolld and waits until every
@@ -174,14 +177,21 @@ func Start(opts Options) (*Daemon, error) {
 		return fail(fmt.Errorf("cannot bind a loopback port (it picks the daemon's uid range): %w", err))
 	}
 	uidBase := UIDBaseForPort(d.uidPort.Addr().(*net.TCPAddr).Port)
+	if opts.MaxConcurrent == 0 {
+		opts.MaxConcurrent = 4
+	}
+	// The run uids, a controller uid per run and a probe uid per provider, inside the range.
+	if 2*opts.MaxConcurrent+len(opts.Providers) >= uidsPerPort {
+		return fail(fmt.Errorf("max_concurrent %d needs more uids than a port's range holds (%d)", opts.MaxConcurrent, uidsPerPort))
+	}
 	quoted := make([]string, len(opts.Providers))
 	for i, p := range opts.Providers {
 		quoted[i] = fmt.Sprintf("%q", p)
 	}
 	settings := fmt.Sprintf("providers = [%s]\ndefault_floor = \"container\"\nstate_dir = %q\n"+
-		"sandbox_uid_base = %d\nmax_concurrent = 4\nmax_per_caller = 4\n%s\n\n"+
+		"sandbox_uid_base = %d\nmax_concurrent = %d\nmax_per_caller = %d\n%s\n\n"+
 		"[oci]\nimage = %q\n\n[daemon]\ncallers_file = %q\n%s\n",
-		strings.Join(quoted, ", "), state, uidBase, opts.Extra, Image(), callers, opts.Daemon)
+		strings.Join(quoted, ", "), state, uidBase, opts.MaxConcurrent, opts.MaxConcurrent, opts.Extra, Image(), callers, opts.Daemon)
 	config := filepath.Join(dir, "plimsoll.toml")
 	if err := os.WriteFile(config, []byte(settings), 0o600); err != nil {
 		return fail(err)

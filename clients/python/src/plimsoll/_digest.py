@@ -182,6 +182,9 @@ _END_REASONS = (
 )
 
 
+_SESSION_STARTS = ("restored", "forked")
+
+
 _TRIAL_ENDS = (
     "completed",
     "failed",
@@ -213,6 +216,12 @@ def _credential(v: Any) -> bytes:
 def _end_reason(v: Any) -> bytes:
     if v not in _END_REASONS:
         raise EncodingError(f"unknown end reason {v!r}")
+    return _str(v)
+
+
+def _session_start(v: Any) -> bytes:
+    if v not in _SESSION_STARTS:
+        raise EncodingError(f"unknown session start {v!r}")
     return _str(v)
 
 
@@ -442,6 +451,17 @@ def _trial_step(v: Any) -> bytes:
     return f.nested()
 
 
+def _origin(v: Any) -> bytes:
+    o = _obj(v, "record.session.origin")
+    f = _Fields()
+    f.req(o, "start", _session_start)
+    f.req(o, "snapshot_sha256", _str)
+    f.req(o, "parent_session_id", _str)
+    f.opt(o, "parent_record_sha256", _str)
+    f.req(o, "parent_calls", _u64)
+    return f.nested()
+
+
 def record_encoding(record: Mapping[str, Any]) -> bytes:
     """The encoding of a run record (every member but ``record_sha256``)."""
     f = _Fields()
@@ -460,6 +480,7 @@ def record_encoding(record: Mapping[str, Any]) -> bytes:
     # A session call's link (field 11): its members as fields of the record itself, not
     # nested; absent or null adds nothing, so every record outside sessions keeps its digest.
     session = record.get("session")
+    link: Mapping[str, Any] = {}
     if session is not None:
         link = _obj(session, "record.session")
         f.req(link, "session_id", _str)
@@ -471,6 +492,10 @@ def record_encoding(record: Mapping[str, Any]) -> bytes:
     # What each trial step's verdict said (field 13), a list of nested: left out when empty,
     # absent or null, so a record of a run without trial steps keeps its digest.
     f.items(record, "trials", _trial_step)
+    # Where a restored or forked session came from (field 14), nested, from the session's
+    # link: left out when absent or null, so the records of a session opened fresh (and every
+    # record outside sessions) keep their digests.
+    f.opt(link, "origin", _origin)
     return f.top(RECORD_DOMAIN)
 
 

@@ -21,9 +21,14 @@ from ._types import (
     Limits,
     OutputChunk,
     Project,
+    ForkAnswer,
     RunResponse,
     SessionInfo,
     SessionList,
+    SessionOrigin,
+    SessionStart,
+    SnapshotInfo,
+    SnapshotList,
     Step,
     Tier,
     TierLike,
@@ -31,6 +36,8 @@ from ._types import (
     as_tier,
     check_image_selector,
     is_session_id,
+    is_sha256,
+    is_snapshot_id,
 )
 from ._verify import (
     EXCHANGE_SLACK_S,
@@ -45,6 +52,7 @@ from .errors import (
     ChainInDoubt,
     ChainMismatch,
     EvidenceMismatch,
+    ImageMismatch,
     InvalidRequest,
     PlimsollError,
     ProviderMismatch,
@@ -144,7 +152,10 @@ def read_opened(p: PreparedOpen, status: int, body: bytes) -> SessionInfo:
     """The session an answer to ``p`` opened, once it is this request's (echoed id) and well
     formed; any other answer raises the error it amounts to (a refusal is believed only with
     the echoed id)."""
-    rid = p.request_id
+    return _read_answered_info(p.request_id, status, body)
+
+
+def _read_answered_info(rid: str, status: int, body: bytes) -> SessionInfo:
     if status != 200:
         raise _verify.error_for(rid, status, body)
     try:
@@ -225,6 +236,11 @@ def check_opened(
         problem = f"a session just opened has answered {info.calls} calls already"
     elif info.end_reason is not None:
         problem = f"a session just opened says it has ended ({info.end_reason})"
+    elif info.origin is not None:
+        problem = (
+            f"a session just opened says it was {info.origin.start} from a snapshot of "
+            f"{info.origin.parent_session_id}"
+        )
     if problem is not None:
         return BadResponse(problem, request_id=rid, status=200)
     return None
@@ -280,6 +296,11 @@ def read_shown(url: str, session_id: str, status: int, body: bytes) -> SessionIn
         problem = f"its tier {info.isolation} is below the floor {info.minimum_isolation} it holds"
     elif (info.calls == 0) != (info.last_record_sha256 is None):
         problem = f"it has answered {info.calls} calls, and last_record_sha256 disagrees"
+    elif info.origin is not None and info.calls < info.origin.parent_calls:
+        problem = (
+            f"it has answered {info.calls} calls, fewer than the {info.origin.parent_calls} "
+            "its chain goes on from"
+        )
     if problem is not None:
         raise SessionsError(
             f"the daemon's answer about session {session_id} is not consistent: {problem}",
@@ -439,9 +460,10 @@ def got_file(pf: PreparedFile, response: RunResponse) -> Any:
 class Chain:
     """Where a session's chain stands as this client saw it: the sequence number and record
     digest of the last call answered, and what every call's record must say (the session's
-    id, provider, tier, evidence and environment, fixed at open, and the image its open
-    named, if it named one). A call whose answer could not be verified puts the chain in
-    doubt until :meth:`resync`."""
+    id, provider, tier, evidence and environment, fixed at open, the image its open named, if
+    it named one, and where it came from, if it was restored or forked). A call whose answer
+    could not be verified puts the chain in doubt until :meth:`resync`. A restored or forked
+    session's chain starts where its info says (:func:`copy_chain`): its parent's."""
 
     def __init__(
         self,
@@ -480,7 +502,8 @@ class Chain:
 
     def _fixed_problem(self, info: SessionInfo) -> Optional[str]:
         for name in (
-            "session_id", "provider", "isolation", "evidence_sha256", "environment", "image"
+            "session_id", "provider", "isolation", "evidence_sha256", "environment", "image",
+            "origin",
         ):
             was, now = getattr(self.info, name), getattr(info, name)
             if was != now:
@@ -503,6 +526,16 @@ class Chain:
             raise mismatch("session", sid, "absent", "the record of a session call names no session")
         if link.session_id != sid:
             raise mismatch("session_id", sid, link.session_id, "the record names another session")
+        # A restored or forked session's every record says where it came from, as its info
+        # does; a fresh session's never does.
+        if link.origin != self.info.origin:
+            raise mismatch(
+                "origin",
+                origin_text(self.info.origin),
+                origin_text(link.origin),
+                "every record of a restored or forked session carries the session's origin, "
+                "and no other session's record carries one",
+            )
         gap = "a call of this session is missing, repeated or reordered, or another call's answer"
         if link.sequence != self.sequence + 1:
             raise mismatch("sequence", self.sequence + 1, link.sequence, gap)
@@ -537,6 +570,413 @@ class Chain:
         self.sequence, self.previous = link.sequence, rec.record_sha256
         self.info = replace(self.info, calls=link.sequence, last_record_sha256=rec.record_sha256)
         return response
+
+
+def origin_text(origin: Optional[SessionOrigin]) -> str:
+    """An origin for a message: how the session began, and where its chain hangs from."""
+    if origin is None:
+        return "(none)"
+    return (
+        f"{origin.start} from snapshot {origin.snapshot_sha256} of {origin.parent_session_id} "
+        f"after its call {origin.parent_calls} ({origin.parent_record_sha256 or 'no record'})"
+    )
+
+
+def copy_chain(info: SessionInfo, image: Optional[str] = None) -> Chain:
+    """The chain of a session restored from a snapshot, or forked: it goes on from where its
+    info says, its parent's chain at the snapshot (checked against its origin before it is
+    handed out); ``image`` is what the parent's open named, if anything."""
+    return Chain(info, info.calls, info.last_record_sha256, image)
+
+
+# --- snapshots and forks ----------------------------------------------------------------
+
+MAX_FORK_COUNT = (1 << 32) - 1
+"""The largest count a fork request can carry; the daemon's ``[sessions] max_fork`` (8 by
+default) is the real limit, and a count above it is refused there."""
+
+
+def snapshots_url(base_url: str, snapshot_id: str = "", tail: str = "") -> str:
+    return f"{base_url}/v1/snapshots" + (f"/{snapshot_id}{tail}" if snapshot_id else "")
+
+
+def _small_body(request: dict[str, Any]) -> bytes:
+    return json.dumps(request, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class PreparedSnapshot:
+    """A ``POST /v1/sessions/{id}/snapshot``, or (``count`` set) ``.../fork``, ready to
+    send."""
+
+    request_id: str
+    body: bytes
+    count: Optional[int] = None
+
+
+def prepare_snapshot() -> PreparedSnapshot:
+    rid = new_request_id()
+    return PreparedSnapshot(rid, _small_body({"protocol": PROTOCOL, "request_id": rid}))
+
+
+def prepare_fork(count: Any) -> PreparedSnapshot:
+    """A fork request; a count that is not a whole number of copies, at least 1, is refused
+    unsent (:class:`InvalidRequest`)."""
+    rid = new_request_id()
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= MAX_FORK_COUNT:
+        raise InvalidRequest(
+            f"count must be a whole number of copies, at least 1 (at most the daemon's "
+            f"max_fork, 8 unless its operator set another), not {count!r}",
+            request_id=rid,
+        )
+    body = _small_body({"protocol": PROTOCOL, "request_id": rid, "count": count})
+    return PreparedSnapshot(rid, body, count)
+
+
+@dataclass(frozen=True)
+class PreparedRestore:
+    """A ``POST /v1/snapshots/{id}/sessions`` ready to send, and what its answer is checked
+    against: the digest it names, and the snapshot as this client read it, if it was given
+    one."""
+
+    request_id: str
+    body: bytes
+    snapshot_id: str
+    sha256: Optional[str]
+    known: Optional[SnapshotInfo]
+
+
+def check_snapshot_id(snapshot: Any, request_id: Optional[str] = None) -> str:
+    """The id of ``snapshot`` (a :class:`SnapshotInfo` or its id), or :class:`InvalidRequest`
+    for what is not one (nothing sent)."""
+    sid = snapshot.snapshot_id if isinstance(snapshot, SnapshotInfo) else snapshot
+    if not is_snapshot_id(sid):
+        raise InvalidRequest(
+            f"{sid!r} is not a snapshot id (`snp_`, 16 and 32 lowercase hex digits joined by "
+            "`_`): use the snapshot_id a snapshot, a fork or list_snapshots() answered",
+            request_id=request_id,
+        )
+    return sid
+
+
+def prepare_restore(snapshot: Any, sha256: Optional[str]) -> PreparedRestore:
+    """An open-from-snapshot request. Given a :class:`SnapshotInfo`, it names that snapshot's
+    digest (so the daemon refuses a snapshot whose files changed) unless ``sha256`` names
+    one, which must then be the same."""
+    rid = new_request_id()
+    snapshot_id = check_snapshot_id(snapshot, rid)
+    known = snapshot if isinstance(snapshot, SnapshotInfo) else None
+    if sha256 is not None and not is_sha256(sha256):
+        raise InvalidRequest(
+            f"sha256 must be 64 lowercase hex digits (the snapshot's `sha256`), not {sha256!r}",
+            request_id=rid,
+        )
+    if known is not None:
+        if sha256 is not None and sha256 != known.sha256:
+            raise InvalidRequest(
+                f"sha256 {sha256} is not the digest of snapshot {snapshot_id} ({known.sha256}): "
+                "leave it out to name the snapshot's own",
+                request_id=rid,
+            )
+        sha256 = known.sha256
+    request: dict[str, Any] = {"protocol": PROTOCOL, "request_id": rid}
+    if sha256 is not None:
+        request["sha256"] = sha256
+    return PreparedRestore(rid, _small_body(request), snapshot_id, sha256, known)
+
+
+def _read_snapshot(rid: str, status: int, body: bytes, what: str) -> SnapshotInfo:
+    if status != 200:
+        raise _verify.error_for(rid, status, body)
+    try:
+        snap = SnapshotInfo.from_wire(loads_strict(body), what)
+    except WireError as e:
+        raise BadResponse(f"not a snapshot: {e}", request_id=rid, status=status) from None
+    if snap.request_id != rid:
+        raise RequestIdMismatch(sent=rid, echoed=snap.request_id or "(none)")
+    _check_protocol(snap.protocol, rid, status, what)
+    return snap
+
+
+def _check_protocol(protocol: int, rid: str, status: int, what: str) -> None:
+    if protocol != PROTOCOL:
+        raise BadResponse(
+            f"{what} speaks protocol {protocol}, this client protocol {PROTOCOL}",
+            request_id=rid,
+            status=status,
+        )
+
+
+def _snapshot_problem(rid: str, chain: Chain, snap: SnapshotInfo) -> Optional[PlimsollError]:
+    """What is wrong with a snapshot said to be taken of the session whose chain is ``chain``:
+    it is of another session, or of another provider, tier or language, or taken at another
+    point of the chain than this client's last call."""
+    info = chain.info
+
+    def mismatch(field: str, expected: Any, got: Any, why: str) -> ChainMismatch:
+        return ChainMismatch(
+            session_id=info.session_id, request_id=rid, field=f"snapshot.{field}",
+            expected=str(expected), got=str(got), why=why,
+        )
+
+    if snap.session_id != info.session_id:
+        return mismatch(
+            "session_id", info.session_id, snap.session_id, "a snapshot of another session"
+        )
+    for field, expected, got in (
+        ("provider", info.provider, snap.provider),
+        ("isolation", info.isolation.value, snap.isolation.value),
+        ("language", info.language, snap.language),
+    ):
+        if expected != got:
+            return mismatch(
+                field, expected, got, "the snapshot says another sandbox than the session's"
+            )
+    where = "the snapshot was taken elsewhere in the session's chain than after its last call"
+    if snap.calls != chain.sequence:
+        return mismatch("calls", chain.sequence, snap.calls, where)
+    if snap.last_record_sha256 != chain.previous:
+        return mismatch(
+            "last_record_sha256", chain.previous or "(none)", snap.last_record_sha256 or "(none)",
+            where,
+        )
+    return None
+
+
+def read_snapshot(p: PreparedSnapshot, chain: Chain, status: int, body: bytes) -> SnapshotInfo:
+    """The answer to ``POST /v1/sessions/{id}/snapshot``: this request's (echoed id), a
+    snapshot of this session where its chain stands."""
+    snap = _read_snapshot(p.request_id, status, body, "the snapshot")
+    wrong = _snapshot_problem(p.request_id, chain, snap)
+    if wrong is not None:
+        raise wrong
+    return snap
+
+
+def read_deleted(request_id: str, snapshot_id: str, status: int, body: bytes) -> SnapshotInfo:
+    """The answer to ``DELETE /v1/snapshots/{id}`` sent with ``request_id``: the snapshot
+    deleted; a refusal is believed only with the echoed id."""
+    snap = _read_snapshot(request_id, status, body, "the deleted snapshot")
+    if snap.snapshot_id != snapshot_id:
+        raise BadResponse(
+            f"the delete answered for snapshot {snap.snapshot_id}, not {snapshot_id}",
+            request_id=request_id,
+            status=status,
+        )
+    return snap
+
+
+def read_snapshot_list(url: str, status: int, body: bytes) -> SnapshotList:
+    """The answer to ``GET /v1/snapshots``."""
+    if status != 200:
+        raise _sessions_failure(url, status, body, None)
+    try:
+        return SnapshotList.from_wire(loads_strict(body))
+    except WireError as e:
+        raise SessionsError(
+            f"unreadable answer from {url}: not a snapshot list: {e}", status=status
+        ) from None
+
+
+def read_fork(p: PreparedSnapshot, status: int, body: bytes) -> ForkAnswer:
+    """The answer to a fork, once it is this request's (its echoed id, and its snapshot's and
+    every copy's) and well formed; any other answer raises the error it amounts to (a refusal
+    is believed only with the echoed id). Its copies are checked by :func:`check_fork`."""
+    rid = p.request_id
+    if status != 200:
+        raise _verify.error_for(rid, status, body)
+    try:
+        answer = ForkAnswer.from_wire(loads_strict(body))
+    except WireError as e:
+        raise BadResponse(f"not a fork answer: {e}", request_id=rid, status=status) from None
+    for echoed in [answer.request_id, answer.snapshot.request_id] + [
+        c.request_id for c in answer.sessions
+    ]:
+        if echoed != rid:
+            raise RequestIdMismatch(sent=rid, echoed=echoed or "(none)")
+    _check_protocol(answer.protocol, rid, status, "the fork answer")
+    return answer
+
+
+def check_fork(p: PreparedSnapshot, chain: Chain, answer: ForkAnswer) -> Optional[PlimsollError]:
+    """What is wrong with the copies a fork of the session whose chain is ``chain`` answered,
+    or ``None``: the snapshot must be of this session where its chain stands, and each copy a
+    new session, forked from that snapshot of it, its chain going on from there, in the
+    session's sandbox (provider, tier, floor, language, image). The caller closes the copies
+    of an answer that fails."""
+    rid = p.request_id
+    wrong = _snapshot_problem(rid, chain, answer.snapshot)
+    if wrong is not None:
+        return wrong
+    ids = [c.session_id for c in answer.sessions]
+    if len(ids) != p.count:
+        return BadResponse(
+            f"the fork asked for {p.count} copies and the answer holds {len(ids)}",
+            request_id=rid,
+            status=200,
+        )
+    if len(set(ids)) != len(ids) or chain.info.session_id in ids:
+        return BadResponse(
+            "the fork's copies are not each a new session of their own", request_id=rid, status=200
+        )
+    for info in answer.sessions:
+        wrong = copy_problem(
+            rid, info, SessionStart.FORKED, answer.snapshot, parent=chain.info, image=chain.image
+        )
+        if wrong is not None:
+            return wrong
+    return None
+
+
+def read_restored(p: PreparedRestore, status: int, body: bytes) -> SessionInfo:
+    """The session an open-from-snapshot answer opened, once it is this request's (echoed id)
+    and well formed. Checked by :func:`check_restored`."""
+    return _read_answered_info(p.request_id, status, body)
+
+
+def check_restored(p: PreparedRestore, info: SessionInfo) -> Optional[PlimsollError]:
+    """What is wrong with a session opened from a snapshot, or ``None``: it must say it was
+    restored, from the digest named (if one was) and, when this client was given the
+    snapshot, from that snapshot's session at that point of its chain, in its sandbox. The
+    caller closes a session that fails."""
+    return copy_problem(p.request_id, info, SessionStart.RESTORED, p.known, sha256=p.sha256)
+
+
+_COPY_OPENED = "the copy was opened there, and this client closes it"
+
+
+def copy_problem(
+    rid: str,
+    info: SessionInfo,
+    start: SessionStart,
+    snap: Optional[SnapshotInfo],
+    *,
+    sha256: Optional[str] = None,
+    parent: Optional[SessionInfo] = None,
+    image: Optional[str] = None,
+) -> Optional[PlimsollError]:
+    """What is wrong with a session restored (or forked: ``start``) from ``snap`` (when
+    known), or ``None``. Its origin must say so and name that snapshot, its session and the
+    point of its chain; its own chain must start there; and it must run where the snapshot's
+    session ran (``parent``, for a fork: its provider, floor, language and image)."""
+    sid = info.session_id
+    o = info.origin
+
+    def mismatch(field: str, expected: Any, got: Any, why: str) -> ChainMismatch:
+        return ChainMismatch(
+            session_id=sid, request_id=rid, field=field, expected=str(expected),
+            got="(none)" if got is None else str(got), why=why,
+        )
+
+    if o is None:
+        return mismatch(
+            "origin", f"{start} from a snapshot", None,
+            "a restored or forked session says where it came from",
+        )
+    if o.start is not start:
+        return mismatch("origin.start", start.value, o.start.value, f"the session was not {start}")
+    checks: list[tuple[str, Any, Any, str]] = []
+    if snap is not None:
+        hang = "the session does not come from the snapshot it was opened from"
+        checks += [
+            ("origin.parent_session_id", snap.session_id, o.parent_session_id, hang),
+            ("origin.snapshot_sha256", snap.sha256, o.snapshot_sha256, hang),
+            ("origin.parent_calls", snap.calls, o.parent_calls, hang),
+            ("origin.parent_record_sha256", snap.last_record_sha256, o.parent_record_sha256, hang),
+        ]
+    if sha256 is not None:
+        other = "restored from another snapshot than the one named"
+        checks.append(("origin.snapshot_sha256", sha256, o.snapshot_sha256, other))
+    goes_on = "a restored or forked session's chain goes on from where its origin says"
+    checks += [
+        ("calls", o.parent_calls, info.calls, goes_on),
+        ("last_record_sha256", o.parent_record_sha256, info.last_record_sha256, goes_on),
+    ]
+    for field, expected, got, why in checks:
+        if expected != got:
+            return mismatch(field, "(none)" if expected is None else expected, got, why)
+    if info.isolation < info.minimum_isolation:
+        return EvidenceMismatch(
+            request_id=rid,
+            provider=info.provider,
+            isolation=info.isolation,
+            floor=info.minimum_isolation,
+            default=False,
+            which="the floor the session says it holds",
+            subject="the session",
+            outcome=_COPY_OPENED,
+        )
+    if parent is not None:
+        if info.isolation < parent.minimum_isolation:
+            return EvidenceMismatch(
+                request_id=rid,
+                provider=info.provider,
+                isolation=info.isolation,
+                floor=parent.minimum_isolation,
+                default=False,
+                which="the floor of the session forked",
+                subject="the copy",
+                outcome=_COPY_OPENED,
+            )
+        if info.minimum_isolation != parent.minimum_isolation:
+            return RecordMismatch(
+                field="minimum_isolation",
+                response=parent.minimum_isolation.value,
+                record=info.minimum_isolation.value,
+                request_id=rid,
+                against="the floor of the session forked",
+                subject="the copy",
+            )
+        if image is not None:
+            wrong: Optional[ImageMismatch] = _verify.image_mismatch(
+                image, info.image, request_id=rid, subject="the copy", outcome=_COPY_OPENED
+            )
+            if wrong is not None:
+                return wrong
+        elif info.image != parent.image:
+            if parent.image is None:
+                return BadResponse(
+                    f"the copy says it runs in image {info.image}, and the session forked "
+                    "in none",
+                    request_id=rid,
+                    status=200,
+                )
+            return ImageMismatch(
+                request_id=rid,
+                asked=parent.image.identity,
+                image=info.image,
+                subject="the copy",
+                outcome=_COPY_OPENED,
+            )
+    runs = parent if parent is not None else snap
+    if runs is not None:
+        if info.provider != runs.provider:
+            return ProviderMismatch(
+                request_id=rid,
+                asked=runs.provider,
+                provider=info.provider,
+                subject="the session",
+                outcome=_COPY_OPENED,
+            )
+        if info.isolation < runs.isolation:
+            return EvidenceMismatch(
+                request_id=rid,
+                provider=info.provider,
+                isolation=info.isolation,
+                floor=runs.isolation,
+                default=False,
+                which="the tier of the session it was taken of",
+                subject="the session",
+                outcome=_COPY_OPENED,
+            )
+    problem = None
+    if runs is not None and info.language != runs.language:
+        problem = f"the session's language is {info.language}, not {runs.language} as its parent's"
+    elif info.end_reason is not None:
+        problem = f"a session just opened says it has ended ({info.end_reason})"
+    if problem is not None:
+        return BadResponse(problem, request_id=rid, status=200)
+    return None
 
 
 # --- streamed answers -------------------------------------------------------------------

@@ -112,6 +112,17 @@ class EndReason(str, enum.Enum):
         return self.value
 
 
+class SessionStart(str, enum.Enum):
+    """How a session that did not open fresh began: ``restored``, opened from a snapshot
+    (:meth:`Client.open_snapshot`), or ``forked``, one copy of a fork (:meth:`Session.fork`)."""
+
+    RESTORED = "restored"
+    FORKED = "forked"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class TrialEnd(str, enum.Enum):
     """How a trial ended (a trial step's verdict, docs/trials.md): ``completed`` or ``failed``
     by the simulator, or one of the controller's faults, after which the trial never passes."""
@@ -800,19 +811,71 @@ class ImageRef:
 
 
 @dataclass(frozen=True)
+class SessionOrigin:
+    """Where a restored or forked session came from: how it began (``start``), the digest of
+    the snapshot it was restored from, the session that snapshot was taken of, and where that
+    session's chain stood then (``parent_calls`` calls, the last one's record digest
+    ``parent_record_sha256``, ``None`` when it had answered none). The session's chain hangs
+    from there: its first call is sequence ``parent_calls + 1`` after
+    ``parent_record_sha256``. On the session's :class:`SessionInfo` and on every one of its
+    calls' records (inside the record digest, field 14)."""
+
+    start: SessionStart
+    snapshot_sha256: str
+    parent_session_id: str
+    parent_calls: int
+    parent_record_sha256: Optional[str] = None
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str) -> "SessionOrigin":
+        o = _check_members(
+            o,
+            what,
+            ("start", "snapshot_sha256", "parent_session_id", "parent_calls"),
+            ("parent_record_sha256",),
+        )
+        try:
+            start = SessionStart(o["start"])
+        except ValueError:
+            raise WireError(f"{what}.start is not restored or forked: {o['start']!r}") from None
+        parent = _str(o, "parent_session_id", what)
+        if not is_session_id(parent):
+            raise WireError(f"{what}.parent_session_id is not a session id: {parent!r}")
+        return cls(
+            start=start,
+            snapshot_sha256=_digest(o, "snapshot_sha256", what),
+            parent_session_id=parent or "",
+            parent_calls=_u64(o, "parent_calls", what) or 0,
+            parent_record_sha256=(
+                None
+                if o.get("parent_record_sha256") is None
+                else _digest(o, "parent_record_sha256", what)
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class SessionLink:
     """A session call's place in its session's chain: ``sequence`` is 1 for the session's
     first call and one more for each after it; ``previous_record_sha256`` is the record digest
-    of the call before (``None`` exactly for sequence 1)."""
+    of the call before (``None`` exactly for sequence 1). A restored or forked session's chain
+    goes on from its parent's (its first call is ``origin.parent_calls + 1``), and every one
+    of its records carries its ``origin``."""
 
     session_id: str
     sequence: int
     previous_record_sha256: Optional[str] = None
+    origin: Optional[SessionOrigin] = None
+    """Where the session came from, when it was restored or forked (the same on every
+    record of the session, and on its :class:`SessionInfo`); ``None`` for a session opened
+    fresh. Inside the record digest (field 14)."""
 
     @classmethod
     def from_wire(cls, o: Any) -> "SessionLink":
         w = "record.session"
-        o = _check_members(o, w, ("session_id", "sequence"), ("previous_record_sha256",))
+        o = _check_members(
+            o, w, ("session_id", "sequence"), ("previous_record_sha256", "origin")
+        )
         return cls(
             session_id=_str(o, "session_id", w) or "",
             sequence=_u64(o, "sequence", w) or 0,
@@ -820,6 +883,11 @@ class SessionLink:
                 None
                 if o.get("previous_record_sha256") is None
                 else _digest(o, "previous_record_sha256", w)
+            ),
+            origin=(
+                None
+                if o.get("origin") is None
+                else SessionOrigin.from_wire(o["origin"], f"{w}.origin")
             ),
         )
 
@@ -1184,18 +1252,40 @@ class ProvidersResponse:
 _HEX = "0123456789abcdef"
 
 
-def is_session_id(value: Any) -> bool:
-    """Whether ``value`` has the shape of a session id: ``ses_``, 16 lowercase hex digits (the
-    daemon's instance), ``_``, 32 lowercase hex digits."""
-    if not isinstance(value, str) or not value.startswith("ses_"):
+def _is_id(value: Any, prefix: str) -> bool:
+    if not isinstance(value, str) or not value.startswith(prefix):
         return False
-    parts = value[4:].split("_")
+    parts = value[len(prefix) :].split("_")
     return (
         len(parts) == 2
         and len(parts[0]) == 16
         and len(parts[1]) == 32
         and all(c in _HEX for c in parts[0] + parts[1])
     )
+
+
+def is_session_id(value: Any) -> bool:
+    """Whether ``value`` has the shape of a session id: ``ses_``, 16 lowercase hex digits (the
+    daemon's instance), ``_``, 32 lowercase hex digits."""
+    return _is_id(value, "ses_")
+
+
+def is_snapshot_id(value: Any) -> bool:
+    """Whether ``value`` has the shape of a snapshot id: ``snp_``, 16 lowercase hex digits
+    (the daemon's instance), ``_``, 32 lowercase hex digits."""
+    return _is_id(value, "snp_")
+
+
+def is_sha256(value: Any) -> bool:
+    """Whether ``value`` is a SHA-256 as the protocol writes one: 64 lowercase hex digits."""
+    return isinstance(value, str) and len(value) == 64 and all(c in _HEX for c in value)
+
+
+def _language(o: Mapping[str, Any], name: str, what: str) -> str:
+    v = _str(o, name, what)
+    if v not in ("javascript", "python"):
+        raise WireError(f"{what}.{name} is not javascript or python: {v!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -1225,6 +1315,9 @@ class SessionInfo:
     image: Optional[ImageRef] = None
     """The image it runs in, fixed at open (every call's record names it too); ``None`` from a
     daemon without images."""
+    origin: Optional[SessionOrigin] = None
+    """Where it came from, when it was restored from a snapshot or forked (every call's
+    record carries the same); ``None`` for a session opened fresh."""
 
     @classmethod
     def from_wire(cls, o: Any, what: str = "the session") -> "SessionInfo":
@@ -1248,14 +1341,12 @@ class SessionInfo:
                 "calls",
                 "interpreter_alive",
             ),
-            ("request_id", "last_record_sha256", "end_reason", "image"),
+            ("request_id", "last_record_sha256", "end_reason", "image", "origin"),
         )
         sid = _str(o, "session_id", w)
         if not is_session_id(sid):
             raise WireError(f"{w}.session_id is not a session id: {sid!r}")
-        language = _str(o, "language", w)
-        if language not in ("javascript", "python"):
-            raise WireError(f"{w}.language is not javascript or python: {language!r}")
+        language = _language(o, "language", w)
         last = o.get("last_record_sha256")
         return cls(
             protocol=_u64(o, "protocol", w) or 0,
@@ -1277,6 +1368,11 @@ class SessionInfo:
             end_reason=_end_reason(o, "end_reason", w),
             image=(
                 None if o.get("image") is None else ImageRef.from_wire(o["image"], f"{w}.image")
+            ),
+            origin=(
+                None
+                if o.get("origin") is None
+                else SessionOrigin.from_wire(o["origin"], f"{w}.origin")
             ),
         )
 
@@ -1306,6 +1402,140 @@ class SessionList:
             protocol=_u64(o, "protocol", w) or 0,
             sessions=[
                 SessionInfo.from_wire(s, f"sessions[{i}]")
+                for i, s in enumerate(_list(o, "sessions", w))
+            ],
+        )
+
+
+# --- snapshots and forks (docs/sessions.md, "Snapshots and forks") -----------------------
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot of a session: its sandbox saved whole (at runsc, every process's memory) at
+    one point of the session's chain (``calls``, ``last_record_sha256``), with ``sha256``
+    over its files. A session opened from it (:meth:`Client.open_snapshot`), or a copy of a
+    fork, goes on from that point, with fresh randomness. Kept in the daemon's memory until
+    ``expires_unix_ms`` or :meth:`Client.delete_snapshot`, and never across a restart of the
+    daemon; ``bytes`` counts against the caller's snapshot quota."""
+
+    protocol: int
+    request_id: Optional[str]
+    """The request this answers (``None`` in a list)."""
+    snapshot_id: str
+    session_id: str
+    """The session it was taken of."""
+    sha256: str
+    bytes: int
+    provider: str
+    isolation: Tier
+    language: str
+    calls: int
+    """The session's call count when it was taken."""
+    last_record_sha256: Optional[str]
+    """The record digest of the session's last call then (``None`` before its first)."""
+    checkpoint_ms: int
+    created_unix_ms: int
+    expires_unix_ms: int
+
+    @classmethod
+    def from_wire(cls, o: Any, what: str = "the snapshot") -> "SnapshotInfo":
+        w = what
+        o = _check_members(
+            o,
+            w,
+            (
+                "protocol",
+                "snapshot_id",
+                "session_id",
+                "sha256",
+                "bytes",
+                "provider",
+                "isolation",
+                "language",
+                "calls",
+                "checkpoint_ms",
+                "created_unix_ms",
+                "expires_unix_ms",
+            ),
+            ("request_id", "last_record_sha256"),
+        )
+        snapshot_id = _str(o, "snapshot_id", w)
+        if not is_snapshot_id(snapshot_id):
+            raise WireError(f"{w}.snapshot_id is not a snapshot id: {snapshot_id!r}")
+        sid = _str(o, "session_id", w)
+        if not is_session_id(sid):
+            raise WireError(f"{w}.session_id is not a session id: {sid!r}")
+        last = o.get("last_record_sha256")
+        return cls(
+            protocol=_u64(o, "protocol", w) or 0,
+            request_id=_str(o, "request_id", w),
+            snapshot_id=snapshot_id or "",
+            session_id=sid or "",
+            sha256=_digest(o, "sha256", w),
+            bytes=_u64(o, "bytes", w) or 0,
+            provider=_str(o, "provider", w) or "",
+            isolation=_tier(o, "isolation", w),
+            language=_language(o, "language", w),
+            calls=_u64(o, "calls", w) or 0,
+            last_record_sha256=None if last is None else _digest(o, "last_record_sha256", w),
+            checkpoint_ms=_u64(o, "checkpoint_ms", w) or 0,
+            created_unix_ms=_u64(o, "created_unix_ms", w) or 0,
+            expires_unix_ms=_u64(o, "expires_unix_ms", w) or 0,
+        )
+
+
+@dataclass(frozen=True)
+class SnapshotList:
+    """``GET /v1/snapshots``: the caller's own snapshots, oldest first."""
+
+    protocol: int
+    snapshots: list[SnapshotInfo]
+
+    def __iter__(self) -> Any:
+        return iter(self.snapshots)
+
+    def __len__(self) -> int:
+        return len(self.snapshots)
+
+    def get(self, snapshot_id: str) -> Optional[SnapshotInfo]:
+        """The snapshot of this id, if it is one of the caller's."""
+        return next((s for s in self.snapshots if s.snapshot_id == snapshot_id), None)
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "SnapshotList":
+        w = "the snapshot list"
+        o = _check_members(o, w, ("protocol", "snapshots"))
+        return cls(
+            protocol=_u64(o, "protocol", w) or 0,
+            snapshots=[
+                SnapshotInfo.from_wire(s, f"snapshots[{i}]")
+                for i, s in enumerate(_list(o, "snapshots", w))
+            ],
+        )
+
+
+@dataclass(frozen=True)
+class ForkAnswer:
+    """``POST /v1/sessions/{id}/fork``: the snapshot taken of the session (kept, and counted
+    against the caller's quota, until it expires or is deleted) and the copies restored from
+    it, each a new session whose ``origin.start`` is ``forked``."""
+
+    protocol: int
+    request_id: str
+    snapshot: SnapshotInfo
+    sessions: list[SessionInfo]
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "ForkAnswer":
+        w = "the fork answer"
+        o = _check_members(o, w, ("protocol", "request_id", "snapshot", "sessions"))
+        return cls(
+            protocol=_u64(o, "protocol", w) or 0,
+            request_id=_str(o, "request_id", w) or "",
+            snapshot=SnapshotInfo.from_wire(o["snapshot"], f"{w}.snapshot"),
+            sessions=[
+                SessionInfo.from_wire(s, f"{w}.sessions[{i}]")
                 for i, s in enumerate(_list(o, "sessions", w))
             ],
         )

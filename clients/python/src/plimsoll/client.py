@@ -6,7 +6,8 @@ Nothing is ever retried: an error either promises that nothing ran
 (:class:`~plimsoll.errors.NotDispatched`) or says the code may have run
 (:class:`~plimsoll.errors.MayHaveRun`). Sessions (:meth:`Client.open_session`) keep one
 sandbox across calls, each verified the same way and checked against the session's chain
-(:mod:`plimsoll.session`).
+(:mod:`plimsoll.session`); a session's snapshot opens new sessions that go on from its chain
+(:meth:`Client.open_snapshot`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import httpx
 
 from . import _session, _trial, _verify
-from ._session import Chain, PreparedOpen
+from ._session import Chain, PreparedOpen, PreparedRestore
 from ._types import (
     File,
     Limits,
@@ -25,6 +26,8 @@ from ._types import (
     RunResponse,
     RunSpec,
     SessionList,
+    SnapshotInfo,
+    SnapshotList,
     Snippet,
     Step,
     Tier,
@@ -185,6 +188,25 @@ class _Base:
             url=self._sessions_url(),
             content=p.body,
             headers={**self._auth(), "content-type": "application/json"},
+            timeout=exchange_timeout(EXCHANGE_SLACK_S),
+        )
+
+    def _restore_stream(self, p: PreparedRestore) -> dict[str, Any]:
+        """The arguments of ``stream`` for ``POST /v1/snapshots/{id}/sessions``."""
+        return dict(
+            method="POST",
+            url=_session.snapshots_url(self._base_url, p.snapshot_id, "/sessions"),
+            content=p.body,
+            headers={**self._auth(), "content-type": "application/json"},
+            timeout=exchange_timeout(EXCHANGE_SLACK_S),
+        )
+
+    def _delete_snapshot_stream(self, request_id: str, snapshot_id: str) -> dict[str, Any]:
+        """The arguments of ``stream`` for ``DELETE /v1/snapshots/{id}``."""
+        return dict(
+            method="DELETE",
+            url=_session.snapshots_url(self._base_url, snapshot_id),
+            headers={**self._auth(), _session.REQUEST_ID_HEADER: request_id},
             timeout=exchange_timeout(EXCHANGE_SLACK_S),
         )
 
@@ -413,6 +435,64 @@ class Client(_Base):
             raise self._sessions_failed(url, e) from None
         return _session.read_list(url, status, body)
 
+    # --- snapshots ----------------------------------------------------------------------
+
+    def open_snapshot(
+        self, snapshot: Union[SnapshotInfo, str], sha256: Optional[str] = None
+    ) -> Session:
+        """Opens a new session restored from ``snapshot`` (a :class:`SnapshotInfo` from
+        :meth:`Session.snapshot`, :meth:`Session.fork` or :meth:`list_snapshots`, or its
+        id): the state its session had then, with fresh randomness, its chain going on from
+        that session's at the snapshot. ``sha256``: the snapshot's digest, which the daemon
+        then requires of its files (given a :class:`SnapshotInfo`, its own is named unless
+        this one is). Checked before it is returned: the echoed request id, that it says it
+        was restored from that digest (and, given a :class:`SnapshotInfo`, from that
+        snapshot's session at that point of its chain, in its provider, tier and language),
+        that its chain starts there, and its tier against the floor it holds. A session that
+        fails a check is closed again. An unknown, expired or another caller's snapshot is
+        refused alike (:class:`NotDispatched`, code ``snapshot_not_found``)."""
+        p = _session.prepare_restore(snapshot, sha256)
+        args = self._restore_stream(p)
+        try:
+            with self._http.stream(**args) as r:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
+            raise self._failed(args["url"], p.request_id, e) from None
+        info = _session.read_restored(p, status, body)
+        session = Session(self, info, _session.copy_chain(info))
+        problem = _session.check_restored(p, info)
+        if problem is not None:
+            try:
+                session.close()
+            except PlimsollError as e:
+                problem.close_error = e
+            raise problem
+        return session
+
+    def list_snapshots(self) -> SnapshotList:
+        """This caller's snapshots, oldest first."""
+        url = _session.snapshots_url(self._base_url)
+        try:
+            with self._http.stream(**self._get_stream(url)) as r:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
+            raise self._sessions_failed(url, e) from None
+        return _session.read_snapshot_list(url, status, body)
+
+    def delete_snapshot(self, snapshot: Union[SnapshotInfo, str]) -> SnapshotInfo:
+        """Deletes ``snapshot`` (a :class:`SnapshotInfo` or its id): its files are removed, and
+        it no longer counts against the caller's quota. Sessions opened from it go on. The
+        answer is the snapshot deleted, for this request (echoed id)."""
+        rid = _verify.new_request_id()
+        sid = _session.check_snapshot_id(snapshot, rid)
+        args = self._delete_snapshot_stream(rid, sid)
+        try:
+            with self._http.stream(**args) as r:
+                status, body = r.status_code, read_capped(r.iter_bytes())
+        except FAILED as e:
+            raise self._failed(args["url"], rid, e) from None
+        return _session.read_deleted(rid, sid, status, body)
+
     # --- the daemon ---------------------------------------------------------------------
 
     def providers(self) -> ProvidersResponse:
@@ -608,6 +688,50 @@ class AsyncClient(_Base):
         except FAILED as e:
             raise self._sessions_failed(url, e) from None
         return _session.read_list(url, status, body)
+
+    async def open_snapshot(
+        self, snapshot: Union[SnapshotInfo, str], sha256: Optional[str] = None
+    ) -> AsyncSession:
+        """:meth:`Client.open_snapshot`, for asyncio."""
+        p = _session.prepare_restore(snapshot, sha256)
+        args = self._restore_stream(p)
+        try:
+            async with self._http.stream(**args) as r:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
+            raise self._failed(args["url"], p.request_id, e) from None
+        info = _session.read_restored(p, status, body)
+        session = AsyncSession(self, info, _session.copy_chain(info))
+        problem = _session.check_restored(p, info)
+        if problem is not None:
+            try:
+                await session.close()
+            except PlimsollError as e:
+                problem.close_error = e
+            raise problem
+        return session
+
+    async def list_snapshots(self) -> SnapshotList:
+        """:meth:`Client.list_snapshots`, for asyncio."""
+        url = _session.snapshots_url(self._base_url)
+        try:
+            async with self._http.stream(**self._get_stream(url)) as r:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
+            raise self._sessions_failed(url, e) from None
+        return _session.read_snapshot_list(url, status, body)
+
+    async def delete_snapshot(self, snapshot: Union[SnapshotInfo, str]) -> SnapshotInfo:
+        """:meth:`Client.delete_snapshot`, for asyncio."""
+        rid = _verify.new_request_id()
+        sid = _session.check_snapshot_id(snapshot, rid)
+        args = self._delete_snapshot_stream(rid, sid)
+        try:
+            async with self._http.stream(**args) as r:
+                status, body = r.status_code, await aread_capped(r.aiter_bytes())
+        except FAILED as e:
+            raise self._failed(args["url"], rid, e) from None
+        return _session.read_deleted(rid, sid, status, body)
 
     async def providers(self) -> ProvidersResponse:
         try:

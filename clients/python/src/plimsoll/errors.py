@@ -368,11 +368,20 @@ class ImageMismatch(MayHaveRun):
 
 class ChainMismatch(MayHaveRun):
     """A session call's answer verified as a run, but does not follow the session's chain
-    (docs/sessions.md, "Chained records"): its record names another session, or is not the
-    call after the last one this client saw (``sequence``, ``previous_record_sha256``: a call
-    missing, repeated or reordered, or another call's answer replayed), or ran elsewhere than
-    the session (``provider``, ``isolation``, ``evidence_sha256``, ``environment``). The call
-    may have run."""
+    (docs/sessions.md, "Chained records"): its record names another session, or another
+    origin than the session's (``origin``: a restored or forked session's every record
+    carries its own, a fresh session's none), or is not the call after the last one this
+    client saw (``sequence``, ``previous_record_sha256``: a call missing, repeated or
+    reordered, or another call's answer replayed), or ran elsewhere than the session
+    (``provider``, ``isolation``, ``evidence_sha256``, ``environment``). The call may have
+    run.
+
+    Also a snapshot that is not of the session where its chain stands (``snapshot.session_id``,
+    ``snapshot.calls``...), or a fork's copy or a session opened from a snapshot that does not
+    hang from it (``origin``, ``origin.start``, ``origin.parent_session_id``,
+    ``origin.snapshot_sha256``, ``origin.parent_calls``, ``origin.parent_record_sha256``) or
+    whose chain does not start there (``calls``, ``last_record_sha256``); such a session is
+    closed again."""
 
     code = "chain_mismatch"
 
@@ -439,9 +448,10 @@ class ChainInDoubt(NotDispatched):
 
 
 class SessionsError(PlimsollError):
-    """``GET /v1/sessions`` or ``GET /v1/sessions/{id}`` gave no usable answer (they run
-    nothing, so they carry no mark): ``code`` is the daemon's (``session_not_found``,
-    ``session_ended``...) when it answered one, ``end_reason`` why the session ended."""
+    """``GET /v1/sessions``, ``GET /v1/sessions/{id}`` or ``GET /v1/snapshots`` gave no usable
+    answer (they run nothing, so they carry no mark): ``code`` is the daemon's
+    (``session_not_found``, ``session_ended``...) when it answered one, ``end_reason`` why the
+    session ended."""
 
     code = "sessions"
 

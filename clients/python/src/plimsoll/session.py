@@ -1,11 +1,14 @@
 """Sessions (docs/sessions.md): one sandbox kept across calls, an interpreter whose state
-survives from one cell to the next, shell steps and files in the same ``/work``.
+survives from one cell to the next, shell steps and files in the same ``/work``; snapshots of
+it, and new sessions restored or forked from one.
 
 Every call's answer is verified as a run's is (echoed request id, the tier against the
 session's floor, the three digests, the record against the response) and besides follows the
 session's chain: its record names this session, the next sequence number and the previous
-call's record digest, and the session's provider, tier, evidence and environment. A refusal
-is believed only with the echoed request id. Calls to one session are sent one at a time.
+call's record digest, and the session's provider, tier, evidence and environment, and the
+origin of a restored or forked session. A restored or forked session's chain goes on from its
+parent's. A refusal is believed only with the echoed request id. Calls to one session are
+sent one at a time.
 """
 
 from __future__ import annotations
@@ -13,17 +16,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar, Union
 
 from . import _session, _verify
 from ._http import FAILED, aread_capped, exchange_timeout, read_capped
-from ._session import NDJSON, SESSION_FLOOR, Chain, PreparedFile
+from ._session import NDJSON, SESSION_FLOOR, Chain, PreparedFile, PreparedSnapshot
 from ._types import (
     File,
+    ForkAnswer,
     Output,
     OutputChunk,
     RunResponse,
     SessionInfo,
+    SnapshotInfo,
     Snippet,
     Step,
 )
@@ -37,6 +42,9 @@ OnChunk = Callable[[OutputChunk], Any]
 """Called with each chunk of a streamed call's output as it arrives (a preview: the verified
 response holds the whole output). For an :class:`AsyncSession` it may be a coroutine
 function."""
+
+S = TypeVar("S", bound="_SessionBase")
+"""A sync or async session: what a fork's copies are made as."""
 
 
 class _SessionBase:
@@ -132,6 +140,35 @@ class _SessionBase:
             timeout=exchange_timeout(EXCHANGE_SLACK_S),
         )
 
+    def _snapshot_args(self, p: PreparedSnapshot) -> dict[str, Any]:
+        """``POST .../snapshot``, or ``.../fork`` for a fork's request."""
+        return dict(
+            method="POST",
+            url=self._url("/snapshot" if p.count is None else "/fork"),
+            content=p.body,
+            headers={**self._client._auth(), "content-type": "application/json"},
+            timeout=exchange_timeout(EXCHANGE_SLACK_S),
+        )
+
+    def _snapshot_taken(self, p: PreparedSnapshot, status: int, body: bytes) -> SnapshotInfo:
+        return _session.read_snapshot(p, self._chain, status, body)
+
+    def _forked(
+        self,
+        p: PreparedSnapshot,
+        status: int,
+        body: bytes,
+        make: "Callable[[SessionInfo, Chain], S]",
+    ) -> "tuple[ForkAnswer, list[S], Optional[PlimsollError]]":
+        """The fork's answer read, its copies made (to be handed out, or closed when the
+        answer fails its checks), and what is wrong with it. A copy's chain goes on from this
+        session's, and holds its calls to the image this session's open named."""
+        answer = _session.read_fork(p, status, body)
+        copies = [
+            make(info, _session.copy_chain(info, self._chain.image)) for info in answer.sessions
+        ]
+        return answer, copies, _session.check_fork(p, self._chain, answer)
+
     def _show_args(self) -> dict[str, Any]:
         return dict(
             method="GET",
@@ -191,9 +228,10 @@ _GONE = ("session_ended", "session_not_found")
 
 
 class Session(_SessionBase):
-    """An open session of this client's caller, from :meth:`Client.open_session` or
-    :meth:`Client.session`. Safe to share between threads (calls are sent one at a time, in
-    order); use it as a context manager to close it when done."""
+    """An open session of this client's caller, from :meth:`Client.open_session`,
+    :meth:`Client.session`, :meth:`Client.open_snapshot` or :meth:`Session.fork`. Safe to
+    share between threads (calls are sent one at a time, in order); use it as a context
+    manager to close it when done."""
 
     _client: "Client"
 
@@ -268,6 +306,56 @@ class Session(_SessionBase):
             info = self._show()
             self._chain.resync(info)
             return info
+
+    def snapshot(self) -> SnapshotInfo:
+        """Takes a snapshot of the session where its chain stands (the session is paused
+        while its sandbox is saved, then goes on): :meth:`Client.open_snapshot` opens a new
+        session from it. Checked: the echoed request id, and that it is of this session, in
+        its sandbox, taken after the last call this client saw. Not sent while the chain is in
+        doubt (:class:`ChainInDoubt`). The daemon refuses what cannot be saved honestly
+        (``unsupported``: a provider other than runsc, a JavaScript session, a session holding
+        a grant) and what is over the caller's quota (``capacity``)."""
+        p = _session.prepare_snapshot()
+        with self._lock:
+            self._chain.check_sendable(p.request_id)
+            args = self._snapshot_args(p)
+            try:
+                with self._client._http.stream(**args) as r:
+                    status, body = r.status_code, read_capped(r.iter_bytes())
+            except FAILED as e:
+                raise self._client._failed(args["url"], p.request_id, e) from None
+            return self._snapshot_taken(p, status, body)
+
+    def fork(self, count: int) -> "tuple[SnapshotInfo, list[Session]]":
+        """Forks the session into ``count`` new sessions: a snapshot taken where its chain
+        stands (as :meth:`snapshot`; the session goes on), and each copy restored from it,
+        with fresh randomness, its chain going on from this session's. Returns the snapshot
+        (kept until it expires or is deleted) and the copies. Checked as a snapshot is, and
+        each copy: a new session that says it was forked from this one at that snapshot, its
+        chain starting there, in this session's provider, floor, language and image. Copies
+        of an answer that fails are closed again (a failed close is the error's
+        ``close_error``). ``count`` is at least 1 and at most the daemon's ``max_fork``."""
+        p = _session.prepare_fork(count)
+        with self._lock:
+            self._chain.check_sendable(p.request_id)
+            args = self._snapshot_args(p)
+            try:
+                with self._client._http.stream(**args) as r:
+                    status, body = r.status_code, read_capped(r.iter_bytes())
+            except FAILED as e:
+                raise self._client._failed(args["url"], p.request_id, e) from None
+            answer, copies, problem = self._forked(
+                p, status, body, lambda info, chain: Session(self._client, info, chain)
+            )
+        if problem is not None:
+            for copy in copies:
+                try:
+                    copy.close()
+                except PlimsollError as e:
+                    if problem.close_error is None:
+                        problem.close_error = e
+            raise problem
+        return answer.snapshot, copies
 
     def close(self) -> SessionInfo:
         """Closes the session: its sandbox is removed; the answer says it ended ``closed``."""
@@ -350,8 +438,9 @@ class Session(_SessionBase):
 
 
 class AsyncSession(_SessionBase):
-    """The :class:`Session` for asyncio, from :meth:`AsyncClient.open_session` or
-    :meth:`AsyncClient.session`: the same checks, every call a coroutine. Use it with
+    """The :class:`Session` for asyncio, from :meth:`AsyncClient.open_session`,
+    :meth:`AsyncClient.session`, :meth:`AsyncClient.open_snapshot` or
+    :meth:`AsyncSession.fork`: the same checks, every call a coroutine. Use it with
     ``async with`` to close it when done."""
 
     _client: "AsyncClient"
@@ -415,6 +504,43 @@ class AsyncSession(_SessionBase):
             info = await self._show()
             self._chain.resync(info)
             return info
+
+    async def snapshot(self) -> SnapshotInfo:
+        """:meth:`Session.snapshot`."""
+        p = _session.prepare_snapshot()
+        async with self._lock:
+            self._chain.check_sendable(p.request_id)
+            args = self._snapshot_args(p)
+            try:
+                async with self._client._http.stream(**args) as r:
+                    status, body = r.status_code, await aread_capped(r.aiter_bytes())
+            except FAILED as e:
+                raise self._client._failed(args["url"], p.request_id, e) from None
+            return self._snapshot_taken(p, status, body)
+
+    async def fork(self, count: int) -> "tuple[SnapshotInfo, list[AsyncSession]]":
+        """:meth:`Session.fork`: the copies are :class:`AsyncSession` objects."""
+        p = _session.prepare_fork(count)
+        async with self._lock:
+            self._chain.check_sendable(p.request_id)
+            args = self._snapshot_args(p)
+            try:
+                async with self._client._http.stream(**args) as r:
+                    status, body = r.status_code, await aread_capped(r.aiter_bytes())
+            except FAILED as e:
+                raise self._client._failed(args["url"], p.request_id, e) from None
+            answer, copies, problem = self._forked(
+                p, status, body, lambda info, chain: AsyncSession(self._client, info, chain)
+            )
+        if problem is not None:
+            for copy in copies:
+                try:
+                    await copy.close()
+                except PlimsollError as e:
+                    if problem.close_error is None:
+                        problem.close_error = e
+            raise problem
+        return answer.snapshot, copies
 
     async def close(self) -> SessionInfo:
         rid = new_request_id()
