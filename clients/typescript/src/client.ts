@@ -35,7 +35,17 @@ import {
 } from "./http.js";
 import { parseJson } from "./json.js";
 import { readErrorResponse, readProvidersResponse, readRunRequest, readRunResponse } from "./read.js";
-import { Session, type SessionOptions, listSessions, openSession, resumeSession } from "./session.js";
+import {
+  Session,
+  type SessionOptions,
+  type SnapshotOpenOptions,
+  deleteSnapshot,
+  listSessions,
+  listSnapshots,
+  openSession,
+  openSnapshot,
+  resumeSession,
+} from "./session.js";
 import { type TrialSpec, trialProject } from "./trial.js";
 import {
   type Language,
@@ -47,6 +57,8 @@ import {
   type RunResponse,
   type RunSpec,
   type SessionList,
+  type SnapshotInfo,
+  type SnapshotList,
   type Tier,
 } from "./types.js";
 import { type Floor, verifyResponse } from "./verify.js";
@@ -304,6 +316,32 @@ export class Client {
   /** This caller's open sessions, oldest first. */
   listSessions(options: { signal?: AbortSignal } = {}): Promise<SessionList> {
     return listSessions(this.#http, options);
+  }
+
+  /**
+   * Opens a new session from this caller's snapshot (`session.snapshot()` took it; an id or
+   * the `SnapshotInfo` itself): restored with the snapshot's interpreter state and fresh
+   * randomness, its chain going on from the snapshot's. The answer is checked: the echoed
+   * request id, a new open session whose origin says `restored` from that snapshot's digest
+   * (`sha256`, or a given `SnapshotInfo`'s, which the daemon is also asked to hold it to) and,
+   * given a `SnapshotInfo`, from its session at its place in that session's chain, and whose
+   * chain starts there. A session that fails a check is closed again.
+   */
+  openSnapshot(snapshot: string | SnapshotInfo, options: SnapshotOpenOptions = {}): Promise<Session> {
+    return openSnapshot(this.#http, this.#maxBodyBytes, snapshot, options);
+  }
+
+  /** This caller's snapshots, oldest first (a lookup: it runs nothing). */
+  listSnapshots(options: { signal?: AbortSignal } = {}): Promise<SnapshotList> {
+    return listSnapshots(this.#http, options);
+  }
+
+  /**
+   * Deletes this caller's snapshot (an id or the `SnapshotInfo`): its files are removed.
+   * Resolves to the snapshot as it was, once the answer is checked to be that one.
+   */
+  deleteSnapshot(snapshot: string | SnapshotInfo, options: { signal?: AbortSignal } = {}): Promise<SnapshotInfo> {
+    return deleteSnapshot(this.#http, snapshot, options);
   }
 
   /**

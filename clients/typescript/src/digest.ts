@@ -17,6 +17,7 @@ import {
   type RunRecord,
   type RunRequest,
   type RunResult,
+  type SessionOrigin,
   type TrialStepRecord,
   type Wall,
 } from "./types.js";
@@ -256,7 +257,21 @@ export function encodeRecord(r: RunRecord): Uint8Array {
   // What each trial step's verdict said (field 13), a list of nested: left out when empty, so
   // a record of a run without trial steps keeps its digest.
   e.list("trials", r.trials, encodeTrialStep);
+  // Where a restored or forked session came from (field 14), nested: absent for a session
+  // opened fresh (and outside sessions), so its records keep their digests.
+  e.optional("origin", r.session?.origin, encodeOrigin);
   return e.bytes();
+}
+
+/** A session origin's nested encoding (docs/protocol.md, record field 14). */
+function encodeOrigin(o: SessionOrigin): Uint8Array {
+  return new Encoder()
+    .field("start", utf8(o.start))
+    .field("snapshot_sha256", utf8(o.snapshot_sha256))
+    .field("parent_session_id", utf8(o.parent_session_id))
+    .optional("parent_record_sha256", o.parent_record_sha256, utf8)
+    .field("parent_calls", u64be(o.parent_calls))
+    .bytes();
 }
 
 /** A trial step's nested encoding (docs/protocol.md, record field 13). */

@@ -290,8 +290,12 @@ export class ImageMismatchError extends MayHaveRunError {
  * A session's answer disagrees with the session (docs/sessions.md, "Chained records"): a
  * call's record names another session, or is not the next link of its chain (a call missing,
  * repeated or reordered: `sequence`, `previous_record_sha256`), or names another provider,
- * tier, evidence or environment than the session's; or the answer to opening, resuming or
- * closing a session is not the session asked for (`field` says which member).
+ * tier, evidence or environment than the session's, or another origin (`origin`,
+ * `origin.<member>`: a restored or forked session's every record says where it came from, as
+ * the session does); or the answer to opening, resuming or closing a session is not the
+ * session asked for; or a snapshot is not of this session where its chain stands (`calls`,
+ * `last_record_sha256`), or a copy opened from one does not say it came from there or does
+ * not start its chain there (`field` says which member).
  */
 export class SessionMismatchError extends MayHaveRunError {
   constructor(
@@ -313,13 +317,16 @@ export class SessionMismatchError extends MayHaveRunError {
   }
 }
 
-/** What went wrong looking a session up (`listSessions()`, `session(id)`, `refresh()`). */
+/**
+ * What went wrong looking a session up (`listSessions()`, `session(id)`, `refresh()`), or
+ * listing snapshots (`listSnapshots()`).
+ */
 export type SessionLookupErrorKind = "request" | "unreachable" | "refused" | "transport" | "bad_response";
 
 /**
- * A session lookup gave no verified answer. A lookup runs nothing, so nothing ran; `code`
- * is the daemon's (`session_not_found`, `session_ended`) and `endReason` says why a session
- * ended, when the daemon said.
+ * A session lookup (or a snapshot listing) gave no verified answer. A lookup runs nothing, so
+ * nothing ran; `code` is the daemon's (`session_not_found`, `session_ended`) and `endReason`
+ * says why a session ended, when the daemon said.
  */
 export class SessionLookupError extends PlimsollError {
   readonly code: string;

@@ -63,21 +63,25 @@ export {
 } from "./digest.js";
 export {
   decodeEvidence,
+  decodeForkAnswer,
   decodeProvidersResponse,
   decodeRunRecord,
   decodeRunRequest,
   decodeRunResponse,
   decodeRunResult,
   decodeSessionInfo,
+  decodeSnapshotInfo,
   decodeStreamLine,
   ShapeError,
 } from "./read.js";
 export {
   type CellOptions,
   type ChunkHandler,
+  type Fork,
   Session,
   type SessionFile,
   type SessionOptions,
+  type SnapshotOpenOptions,
   type StepsOptions,
 } from "./session.js";
 export { JsonSyntaxError } from "./json.js";

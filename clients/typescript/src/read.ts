@@ -15,6 +15,7 @@ import {
   type EndReason,
   type ErrorResponse,
   type Evidence,
+  type ForkAnswer,
   type GrantCall,
   type ImageInfo,
   type ImageRef,
@@ -34,10 +35,15 @@ import {
   type RunResponse,
   type RunResult,
   type SentRunSpec,
+  SESSION_STARTS,
   type SessionInfo,
   type SessionLink,
   type SessionList,
+  type SessionOrigin,
+  type SessionStart,
   type SimulatorEntry,
+  type SnapshotInfo,
+  type SnapshotList,
   STARTS,
   type Start,
   CREDENTIAL_KINDS,
@@ -183,6 +189,7 @@ const reason = oneOf<Reason>(REASONS, "reason");
 const language = oneOf<Language>(["javascript", "python"], "language");
 const endReason = oneOf<EndReason>(END_REASONS, "session end reason");
 const trialEnd = oneOf<TrialEnd>(TRIAL_ENDS, "trial end");
+const sessionStart = oneOf<SessionStart>(SESSION_STARTS, "session start");
 
 /** Bytes in either wire form. */
 function bytes(v: JsonValue, path: string): Uint8Array {
@@ -466,9 +473,23 @@ export function readRunResult(v: JsonValue, path = "result"): RunResult {
 }
 
 function sessionLink(v: JsonValue, path: string): SessionLink {
-  const m = object(v, path, ["session_id", "sequence", "previous_record_sha256"]);
+  const m = object(v, path, ["session_id", "sequence", "previous_record_sha256", "origin"]);
   const out: SessionLink = { session_id: req(m, "session_id", path, str), sequence: req(m, "sequence", path, u64) };
   optInto(out, m, "previous_record_sha256", path, str);
+  optInto(out, m, "origin", path, sessionOrigin);
+  return out;
+}
+
+/** Where a restored or forked session came from (a session's, and each of its records'). */
+function sessionOrigin(v: JsonValue, path: string): SessionOrigin {
+  const m = object(v, path, ["start", "snapshot_sha256", "parent_session_id", "parent_record_sha256", "parent_calls"]);
+  const out: SessionOrigin = {
+    start: req(m, "start", path, sessionStart),
+    snapshot_sha256: req(m, "snapshot_sha256", path, str),
+    parent_session_id: req(m, "parent_session_id", path, str),
+    parent_calls: req(m, "parent_calls", path, u64),
+  };
+  optInto(out, m, "parent_record_sha256", path, str);
   return out;
 }
 
@@ -761,6 +782,7 @@ export function readSessionInfo(v: JsonValue, path = "session"): SessionInfo {
     "last_record_sha256",
     "interpreter_alive",
     "end_reason",
+    "origin",
   ]);
   const out: SessionInfo = {
     protocol: req(m, "protocol", path, u32),
@@ -782,6 +804,7 @@ export function readSessionInfo(v: JsonValue, path = "session"): SessionInfo {
   optInto(out, m, "last_record_sha256", path, str);
   optInto(out, m, "end_reason", path, endReason);
   optInto(out, m, "image", path, imageRef);
+  optInto(out, m, "origin", path, sessionOrigin);
   return out;
 }
 
@@ -790,6 +813,63 @@ export function readSessionList(v: JsonValue, path = "answer"): SessionList {
   const m = object(v, path, ["protocol", "sessions"]);
   return {
     protocol: req(m, "protocol", path, u32),
+    sessions: req(m, "sessions", path, list(readSessionInfo)),
+  };
+}
+
+/** Reads a snapshot, as `POST /v1/sessions/{id}/snapshot`, `GET /v1/snapshots` and `DELETE` show it. */
+export function readSnapshotInfo(v: JsonValue, path = "snapshot"): SnapshotInfo {
+  const m = object(v, path, [
+    "protocol",
+    "request_id",
+    "snapshot_id",
+    "session_id",
+    "sha256",
+    "bytes",
+    "provider",
+    "isolation",
+    "language",
+    "calls",
+    "last_record_sha256",
+    "checkpoint_ms",
+    "created_unix_ms",
+    "expires_unix_ms",
+  ]);
+  const out: SnapshotInfo = {
+    protocol: req(m, "protocol", path, u32),
+    snapshot_id: req(m, "snapshot_id", path, str),
+    session_id: req(m, "session_id", path, str),
+    sha256: req(m, "sha256", path, str),
+    bytes: req(m, "bytes", path, u64),
+    provider: req(m, "provider", path, str),
+    isolation: req(m, "isolation", path, tier),
+    language: req(m, "language", path, language),
+    calls: req(m, "calls", path, u64),
+    checkpoint_ms: req(m, "checkpoint_ms", path, u64),
+    created_unix_ms: req(m, "created_unix_ms", path, u64),
+    expires_unix_ms: req(m, "expires_unix_ms", path, u64),
+  };
+  optInto(out, m, "request_id", path, str);
+  optInto(out, m, "last_record_sha256", path, str);
+  return out;
+}
+
+/** Reads the answer to `GET /v1/snapshots`. */
+export function readSnapshotList(v: JsonValue, path = "answer"): SnapshotList {
+  const m = object(v, path, ["protocol", "snapshots"]);
+  return {
+    protocol: req(m, "protocol", path, u32),
+    snapshots: req(m, "snapshots", path, list(readSnapshotInfo)),
+  };
+}
+
+/** Reads the answer to `POST /v1/sessions/{id}/fork` (not yet checked). */
+export function readForkAnswer(v: JsonValue, path = "answer"): ForkAnswer {
+  const m = object(v, path, ["protocol", "request_id", "snapshot", "sessions"]);
+  return {
+    protocol: req(m, "protocol", path, u32),
+    request_id: req(m, "request_id", path, str),
+    snapshot: req(m, "snapshot", path, readSnapshotInfo),
     sessions: req(m, "sessions", path, list(readSessionInfo)),
   };
 }
@@ -855,6 +935,16 @@ export function decodeProvidersResponse(json: Uint8Array | string): ProvidersRes
 /** Parses and reads a session (`SessionInfo`) from its JSON. */
 export function decodeSessionInfo(json: Uint8Array | string): SessionInfo {
   return readSessionInfo(parseJson(json));
+}
+
+/** Parses and reads a snapshot (`SnapshotInfo`) from its JSON. */
+export function decodeSnapshotInfo(json: Uint8Array | string): SnapshotInfo {
+  return readSnapshotInfo(parseJson(json));
+}
+
+/** Parses and reads a fork's answer (`ForkAnswer`) from its JSON (it is not checked). */
+export function decodeForkAnswer(json: Uint8Array | string): ForkAnswer {
+  return readForkAnswer(parseJson(json));
 }
 
 /** Parses and reads one line of a streamed answer from its JSON (a response in it is not verified). */

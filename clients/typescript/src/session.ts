@@ -4,7 +4,9 @@
  * answer is verified as a run's is (request id, floor, digests), and besides: its record names
  * this session, the next sequence number and the previous call's record digest, and the
  * session's provider, tier, evidence and environment. A refusal is believed only with the
- * echoed request id, as any other; a session's end reason rides on the error.
+ * echoed request id, as any other; a session's end reason rides on the error. Snapshots and
+ * forks ("Snapshots and forks"): a session saved, new sessions opened from the snapshot, each
+ * held to where it came from (./snapshot.ts).
  * @module
  */
 
@@ -44,16 +46,21 @@ import { JsonSyntaxError, type JsonValue, parseJson } from "./json.js";
 import {
   ShapeError,
   readErrorResponse,
+  readForkAnswer,
   readRunRequest,
   readRunResponse,
   readSessionInfo,
   readSessionList,
+  readSnapshotInfo,
+  readSnapshotList,
   readStreamLine,
 } from "./read.js";
+import { type CopyParent, checkCopy, checkSnapshotShape, describeOrigin, originDifference } from "./snapshot.js";
 import {
   type Artifact,
   type EndReason,
   type ErrorResponse,
+  type ForkAnswer,
   type Language,
   type Limits,
   type OutputChunk,
@@ -63,9 +70,13 @@ import {
   type RunResponse,
   type SessionInfo,
   type SessionList,
+  type SnapshotInfo,
+  type SnapshotList,
   type Step,
   TIERS,
   type Tier,
+  isSessionId,
+  isSnapshotId,
   tierRank,
 } from "./types.js";
 import { type Floor, checkImage, verifyResponse } from "./verify.js";
@@ -144,6 +155,28 @@ export interface SessionFile extends Artifact {
   response: RunResponse;
 }
 
+/**
+ * A fork (`session.fork(count)`): the snapshot taken of the session, kept until it expires or
+ * is deleted, and the copies opened from it, each a {@link Session} of its own.
+ */
+export interface Fork {
+  snapshot: SnapshotInfo;
+  sessions: Session[];
+}
+
+/** How to open a session from a snapshot (`client.openSnapshot`). */
+export interface SnapshotOpenOptions {
+  /**
+   * The snapshot's digest (its `sha256`): the daemon refuses a snapshot whose files no longer
+   * hash to it, and the session must name it as its origin. Given a `SnapshotInfo`, its own.
+   */
+  sha256?: string;
+  /** Its tier must meet this floor too (it keeps the floor of the session it was taken of). */
+  minimum_isolation?: Tier;
+  /** Aborts the exchange: "may have run" (`transport`), as a session may have been opened. */
+  signal?: AbortSignal;
+}
+
 /** What a session's constructor takes: only the client makes sessions. */
 export interface SessionInternals {
   http: Http;
@@ -153,9 +186,11 @@ export interface SessionInternals {
   image?: string | undefined;
 }
 
-const SESSION_ID = /^ses_[0-9a-f]{16}_[0-9a-f]{32}$/;
 const OPEN_MAY_HAVE = "a session may have been opened";
 const CLOSE_MAY_HAVE = "the session may have been closed";
+const SNAPSHOT_MAY_HAVE = "a snapshot may have been taken";
+const FORK_MAY_HAVE = "a snapshot may have been taken and copies of the session opened";
+const DELETE_MAY_HAVE = "the snapshot may have been deleted";
 /** The ends of an interpreter (a cell's `interpreter_end`); the others end the session. */
 const INTERPRETER_ENDS: readonly EndReason[] = ["interpreter_crash", "out_of_memory", "cell_timeout"];
 
@@ -182,7 +217,10 @@ export class Session {
   #doubt: string | undefined;
   #queue: Promise<unknown> = Promise.resolve();
 
-  /** Not for use: `client.openSession(...)` opens one, `client.session(id)` resumes one. */
+  /**
+   * Not for use: `client.openSession(...)` opens one, `client.session(id)` resumes one,
+   * `client.openSnapshot(...)` and `session.fork(...)` open them from a snapshot.
+   */
   constructor(internals: SessionInternals) {
     this.#http = internals.http;
     this.#maxBodyBytes = internals.maxBodyBytes;
@@ -300,6 +338,64 @@ export class Session {
     });
   }
 
+  /**
+   * Takes a snapshot of the session (docs/sessions.md, "Snapshots and forks"): its sandbox
+   * saved with its interpreter's memory; the session goes on. Resolves to the snapshot once
+   * its answer is checked: the echoed request id, this session, taken where its chain stands
+   * as this client last verified it. `client.openSnapshot(snapshot)` opens a new session from
+   * it.
+   */
+  snapshot(options: { signal?: AbortSignal } = {}): Promise<SnapshotInfo> {
+    return this.#aside(async (requestId) => {
+      const wire = { protocol: PROTOCOL, request_id: requestId };
+      const path = `${sessionPath(this.id)}/snapshot`;
+      const { status, body } = await postSmall(this.#http, this.#maxBodyBytes, path, wire, requestId, SNAPSHOT_MAY_HAVE, options.signal);
+      if (status !== 200) throw refusal(requestId, status, body, SNAPSHOT_MAY_HAVE);
+      const snap = readAnswer(body, readSnapshotInfo, (e) => badResponse(requestId, status, "not a snapshot", e, SNAPSHOT_MAY_HAVE));
+      this.#checkSnapshot(snap, requestId, status, SNAPSHOT_MAY_HAVE);
+      return snap;
+    });
+  }
+
+  /**
+   * Forks the session into `count` new sessions: a snapshot taken, then each copy opened from
+   * it with fresh randomness. Resolves to the snapshot and the copies once the answer is
+   * checked: the echoed request id, the snapshot as {@link Session.snapshot} checks it, and
+   * each copy forked from this session at that snapshot, its chain going on from there (its
+   * first call is the next sequence after the snapshot's `calls`). When a check fails, the
+   * copies the answer names are closed again.
+   */
+  fork(count: number, options: { signal?: AbortSignal } = {}): Promise<Fork> {
+    return this.#aside(async (requestId) => {
+      const n = checked(requestId, () => {
+        only(options, "the fork options", ["signal"]);
+        const n = positive(count, "count");
+        if (n > 0xffffffff) fail(`count must be at most 4294967295 (and the daemon's max_fork), not ${n}`);
+        return n;
+      });
+      const wire = { protocol: PROTOCOL, request_id: requestId, count: n };
+      const path = `${sessionPath(this.id)}/fork`;
+      const { status, body } = await postSmall(this.#http, this.#maxBodyBytes, path, wire, requestId, FORK_MAY_HAVE, options.signal);
+      if (status !== 200) throw refusal(requestId, status, body, FORK_MAY_HAVE);
+      const answer = readAnswer(body, readForkAnswer, (e) => badResponse(requestId, status, "not a fork answer", e, FORK_MAY_HAVE));
+      try {
+        this.#checkFork(answer, n, requestId, status);
+      } catch (e) {
+        // Copies this client will not hand out are closed again (never this session); when
+        // that fails too, both are kept.
+        if (e instanceof MayHaveRunError) {
+          const copies = answer.sessions.map((c) => c.session_id).filter((id) => id !== this.id && isSessionId(id));
+          e.closeError = await closeAll(this.#http, [...new Set(copies)], options.signal);
+        }
+        throw e;
+      }
+      return {
+        snapshot: answer.snapshot,
+        sessions: answer.sessions.map((info) => new Session({ http: this.#http, maxBodyBytes: this.#maxBodyBytes, info, image: this.#image })),
+      };
+    });
+  }
+
   /** The session as the daemon shows it now (its calls, whether its interpreter is alive). */
   refresh(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
     return this.#serial(async () => (this.#info = await this.#show(options.signal)));
@@ -368,7 +464,97 @@ export class Session {
         { status: 200 },
       );
     }
+    if (originDifference(this.#opened.origin, info.origin) !== undefined) {
+      throw new SessionLookupError(
+        "bad_response",
+        `the daemon shows session ${this.id} with origin ${describeOrigin(info.origin) ?? "none"}, not ${describeOrigin(this.#opened.origin) ?? "none"} as when it was opened: the answer was altered on the way or the daemon is faulty`,
+        { status: 200 },
+      );
+    }
     return info;
+  }
+
+  /**
+   * The checks on a snapshot of this session (taken alone or by a fork): the echoed request
+   * id, its shape, this session's, and taken where the chain stands as this client verified it.
+   */
+  #checkSnapshot(snap: SnapshotInfo, requestId: string, status: number, mayHave: string): void {
+    if (snap.request_id !== requestId) {
+      throw new MayHaveRunError(
+        "request_id_mismatch",
+        `${mayHave}: the snapshot echoes request id ${snap.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers`,
+        requestId,
+        { echoedRequestId: snap.request_id ?? null, status },
+      );
+    }
+    checkSnapshotShape(snap, (what) => new MayHaveRunError("bad_response", `${mayHave}: ${what} (request ${requestId})`, requestId, { status }));
+    const mismatch = (field: string, expected: string | undefined, found: string | undefined, why: string): never => {
+      throw new SessionMismatchError(field, expected, found, requestId, why);
+    };
+    if (snap.session_id !== this.id) mismatch("session_id", this.id, snap.session_id, "the snapshot is another session's");
+    const same = "the snapshot is of another sandbox than the session's";
+    if (snap.language !== this.#opened.language) mismatch("language", this.#opened.language, snap.language, same);
+    if (snap.provider !== this.#opened.provider) mismatch("provider", this.#opened.provider, snap.provider, same);
+    if (snap.isolation !== this.#opened.isolation) mismatch("isolation", this.#opened.isolation, snap.isolation, same);
+    const { sequence, record } = this.#last;
+    const where = "the snapshot was not taken where this session's chain stands (a call missing, or made elsewhere)";
+    if (snap.calls !== sequence) mismatch("calls", String(sequence), String(snap.calls), where);
+    if (snap.last_record_sha256 !== record) mismatch("last_record_sha256", record, snap.last_record_sha256, where);
+  }
+
+  /**
+   * The checks on a fork's answer: the echoed request id, the snapshot, and each copy: a new
+   * session (its id its own), forked from this session at that snapshot, where this session
+   * runs, in its image.
+   */
+  #checkFork(answer: ForkAnswer, count: number, requestId: string, status: number): void {
+    const bad = (what: string): MayHaveRunError =>
+      new MayHaveRunError("bad_response", `${FORK_MAY_HAVE}: ${what} (request ${requestId})`, requestId, { status });
+    for (const echoed of [answer.request_id, ...answer.sessions.map((c) => c.request_id)]) {
+      if (echoed !== undefined && echoed !== requestId) {
+        throw new MayHaveRunError(
+          "request_id_mismatch",
+          `${FORK_MAY_HAVE}: the answer echoes request id ${echoed}, not ${requestId}; something between this client and the daemon mixed up answers, so these copies are not yours`,
+          requestId,
+          { echoedRequestId: echoed, status },
+        );
+      }
+    }
+    if (answer.protocol !== PROTOCOL) throw bad(`the answer speaks protocol ${answer.protocol}, this client protocol ${PROTOCOL}`);
+    const snap = answer.snapshot;
+    this.#checkSnapshot(snap, requestId, status, FORK_MAY_HAVE);
+    if (answer.sessions.length !== count) throw bad(`the answer holds ${answer.sessions.length} copies, not the ${count} asked for`);
+    const parent: CopyParent = {
+      language: this.#opened.language,
+      provider: this.#opened.provider,
+      minimum_isolation: this.#opened.minimum_isolation,
+    };
+    const seen = new Set([this.id]);
+    const image = (i: SessionInfo): string | undefined => (i.image === undefined ? undefined : `${i.image.name} (${i.image.identity})`);
+    answer.sessions.forEach((copy, i) => {
+      const what = `copy ${i + 1} of the fork (${copy.session_id})`;
+      checkShown(copy, (w) => bad(`${what}: ${w}`));
+      if (seen.has(copy.session_id)) throw bad(`${what} is named twice, or is the session forked: a copy is a new session`);
+      seen.add(copy.session_id);
+      checkCopy(
+        copy,
+        {
+          start: "forked",
+          snapshot_sha256: snap.sha256,
+          parent_session_id: this.id,
+          parent_record_sha256: snap.last_record_sha256,
+          parent_calls: snap.calls,
+        },
+        parent,
+        requestId,
+        what,
+        status,
+        FORK_MAY_HAVE,
+      );
+      if (image(copy) !== image(this.#opened)) {
+        throw new SessionMismatchError("image", image(this.#opened), image(copy), requestId, `${what}: a copy runs in its parent's image`);
+      }
+    });
   }
 
   /**
@@ -378,15 +564,7 @@ export class Session {
   #call<T>(f: (requestId: string) => Promise<T>): Promise<T> {
     return this.#serial(async () => {
       const requestId = newRequestId();
-      if (this.#doubt !== undefined) {
-        throw new NotDispatchedError(
-          "request",
-          `where session ${this.id}'s chain stands is unknown since ${this.#doubt}, so this client sent nothing; call resync() to take the daemon's word for it, or open a new session`,
-          requestId,
-          "client",
-          { code: "chain_in_doubt" },
-        );
-      }
+      this.#refuseInDoubt(requestId);
       try {
         return await f(requestId);
       } catch (e) {
@@ -396,6 +574,32 @@ export class Session {
         throw e;
       }
     });
+  }
+
+  /**
+   * A request about the session that is no link of its chain (a snapshot, a fork), in turn:
+   * refused here while the chain is in doubt, as its answer is checked against where the
+   * chain stands; one that may have run leaves the chain where it was.
+   */
+  #aside<T>(f: (requestId: string) => Promise<T>): Promise<T> {
+    return this.#serial(async () => {
+      const requestId = newRequestId();
+      this.#refuseInDoubt(requestId);
+      return f(requestId);
+    });
+  }
+
+  /** Refuses request `requestId`, unsent, while where the chain stands is unknown. */
+  #refuseInDoubt(requestId: string): void {
+    if (this.#doubt !== undefined) {
+      throw new NotDispatchedError(
+        "request",
+        `where session ${this.id}'s chain stands is unknown since ${this.#doubt}, so this client sent nothing; call resync() to take the daemon's word for it, or open a new session`,
+        requestId,
+        "client",
+        { code: "chain_in_doubt" },
+      );
+    }
   }
 
   /** Runs `f` after every call made before it has settled. */
@@ -551,6 +755,12 @@ export class Session {
       if (link.previous_record_sha256 !== previous) {
         mismatch("previous_record_sha256", previous, link.previous_record_sha256, why);
       }
+      // A restored or forked session's every record says where it came from, as the
+      // session does; a session opened fresh, nothing.
+      const moved = originDifference(this.#opened.origin, link.origin);
+      if (moved !== undefined) {
+        mismatch(moved.field, moved.expected, moved.found, "the record says the session came from elsewhere than the session says");
+      }
     }
     const same = "the call ran elsewhere than the session (its provider, tier, evidence and environment are fixed at open)";
     if (response.provider !== this.#opened.provider) mismatch("provider", this.#opened.provider, response.provider, same);
@@ -643,8 +853,55 @@ async function closeSession(http: Http, id: string, signal: AbortSignal | undefi
   return info;
 }
 
+/** Closes each of `ids`: `undefined` when all closed, else the error (all of them, when several). */
+async function closeAll(http: Http, ids: readonly string[], signal: AbortSignal | undefined): Promise<unknown> {
+  const failed: unknown[] = [];
+  for (const id of ids) {
+    try {
+      await closeSession(http, id, signal);
+    } catch (e) {
+      failed.push(e);
+    }
+  }
+  if (failed.length === 0) return undefined;
+  return failed.length === 1 ? failed[0] : new AggregateError(failed, `${failed.length} of ${ids.length} sessions were not closed`);
+}
+
+/**
+ * `POST`s a small JSON body (a snapshot, a fork, an open from a snapshot), its request id in
+ * a header too, so a refusal before the body is read can echo it.
+ */
+async function postSmall(
+  http: Http,
+  maxBodyBytes: number,
+  path: string,
+  wire: Record<string, unknown>,
+  requestId: string,
+  mayHave: string,
+  signal: AbortSignal | undefined,
+): Promise<{ status: number; body: Uint8Array }> {
+  const body = utf8(JSON.stringify(wire));
+  if (body.byteLength > maxBodyBytes) throw new RequestTooLargeError(body.byteLength, maxBodyBytes, requestId);
+  try {
+    const answer = await http.send("POST", path, {
+      body,
+      headers: { [REQUEST_ID_HEADER]: requestId },
+      budgetMs: EXCHANGE_SLACK_MS,
+      signal,
+    });
+    return { status: answer.status, body: answer.body };
+  } catch (e) {
+    if (!(e instanceof ExchangeFailure)) throw e;
+    throw exchangeError(e, `${http.url}${path}`, requestId, mayHave);
+  }
+}
+
 function sessionPath(id: string): string {
   return `/v1/sessions/${encodeURIComponent(id)}`;
+}
+
+function snapshotPath(id: string): string {
+  return `/v1/snapshots/${encodeURIComponent(id)}`;
 }
 
 /** A /work path as URL path segments, each percent-encoded. */
@@ -797,7 +1054,7 @@ export async function resumeSession(
   id: string,
   options: { minimum_isolation?: Tier; signal?: AbortSignal },
 ): Promise<Session> {
-  if (typeof id !== "string" || !SESSION_ID.test(id)) {
+  if (typeof id !== "string" || !isSessionId(id)) {
     throw new SessionLookupError("request", `not a session id: ${JSON.stringify(id)} (\`ses_\`, 16 hex digits, \`_\`, 32 hex digits); nothing was sent`);
   }
   if (options.minimum_isolation !== undefined && !(TIERS as readonly unknown[]).includes(options.minimum_isolation)) {
@@ -844,10 +1101,143 @@ export async function listSessions(http: Http, options: { signal?: AbortSignal }
   return list;
 }
 
+// ---------------------------------------------------------------------------------------
+// Snapshots (docs/sessions.md, "Snapshots and forks"); `session.snapshot()` takes one.
+
+/** The id of a snapshot given as an id or a `SnapshotInfo`; a malformed one refused unsent. */
+function snapshotIdOf(snapshot: string | SnapshotInfo): string {
+  const id: unknown = typeof snapshot === "string" ? snapshot : (snapshot as SnapshotInfo | undefined)?.snapshot_id;
+  if (typeof id !== "string" || !isSnapshotId(id)) {
+    fail(`not a snapshot id: ${JSON.stringify(id)} (\`snp_\`, 16 hex digits, \`_\`, 32 hex digits)`);
+  }
+  return id;
+}
+
+/** `client.openSnapshot(snapshot, options)`. */
+export async function openSnapshot(
+  http: Http,
+  maxBodyBytes: number,
+  snapshot: string | SnapshotInfo,
+  options: SnapshotOpenOptions,
+): Promise<Session> {
+  const requestId = newRequestId();
+  // Given a SnapshotInfo, the client knows the snapshot: the session must come from it.
+  const known = typeof snapshot === "string" ? undefined : snapshot;
+  const { id, sha256 } = checked(requestId, () => {
+    const o = only(options, "the snapshot open options", ["sha256", "minimum_isolation", "signal"]);
+    const id = snapshotIdOf(snapshot);
+    if (o.sha256 !== undefined && (typeof o.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(o.sha256))) {
+      fail(`sha256 must be 64 lowercase hex digits (a snapshot's \`sha256\`), not ${JSON.stringify(o.sha256)}`);
+    }
+    if (o.sha256 !== undefined && known !== undefined && o.sha256 !== known.sha256) {
+      fail(`sha256 ${String(o.sha256)} is not the digest of the snapshot given (${known.sha256}): give one or the other`);
+    }
+    if (o.minimum_isolation !== undefined) tier(o.minimum_isolation, "minimum_isolation");
+    return { id, sha256: (o.sha256 as string | undefined) ?? known?.sha256 };
+  });
+  const wire: Record<string, unknown> = { protocol: PROTOCOL, request_id: requestId };
+  if (sha256 !== undefined) wire.sha256 = sha256;
+  const { status, body } = await postSmall(http, maxBodyBytes, `${snapshotPath(id)}/sessions`, wire, requestId, OPEN_MAY_HAVE, options.signal);
+  if (status !== 200) throw refusal(requestId, status, body, OPEN_MAY_HAVE);
+  const info = readAnswer(body, readSessionInfo, (e) => badResponse(requestId, status, "not a session", e, OPEN_MAY_HAVE));
+  if (info.request_id !== requestId) {
+    throw new MayHaveRunError(
+      "request_id_mismatch",
+      `${OPEN_MAY_HAVE}: the answer echoes request id ${info.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers, so this session is not yours`,
+      requestId,
+      { echoedRequestId: info.request_id ?? null, status },
+    );
+  }
+  checkShown(info, (what) => new MayHaveRunError("bad_response", `${OPEN_MAY_HAVE}: ${what} (request ${requestId})`, requestId, { status }));
+  try {
+    checkCopy(
+      info,
+      {
+        start: "restored",
+        ...(sha256 === undefined ? {} : { snapshot_sha256: sha256 }),
+        ...(known === undefined
+          ? {}
+          : { parent_session_id: known.session_id, parent_record_sha256: known.last_record_sha256, parent_calls: known.calls }),
+      },
+      known === undefined ? undefined : { language: known.language, provider: known.provider },
+      requestId,
+      `the session restored from ${id}`,
+      status,
+      OPEN_MAY_HAVE,
+    );
+    if (options.minimum_isolation !== undefined && tierRank(info.isolation) < tierRank(options.minimum_isolation)) {
+      throw new EvidenceMismatchError(info.provider, info.isolation, options.minimum_isolation, "request", requestId);
+    }
+  } catch (e) {
+    // As for an open: a session this client will not hand out is closed again.
+    if (e instanceof MayHaveRunError) {
+      try {
+        await closeSession(http, info.session_id, options.signal);
+      } catch (c) {
+        e.closeError = c;
+      }
+    }
+    throw e;
+  }
+  return new Session({ http, maxBodyBytes, info });
+}
+
+/** `client.listSnapshots()`: a lookup, running nothing. */
+export async function listSnapshots(http: Http, options: { signal?: AbortSignal }): Promise<SnapshotList> {
+  const list = await lookup(http, "/v1/snapshots", readSnapshotList, "a snapshot list", options.signal, newRequestId());
+  if (list.protocol !== PROTOCOL) {
+    throw new SessionLookupError("bad_response", `the snapshot list speaks protocol ${list.protocol}, this client protocol ${PROTOCOL}`, { status: 200 });
+  }
+  for (const snap of list.snapshots) {
+    checkSnapshotShape(snap, (what) => new SessionLookupError("bad_response", `${what} (in the snapshot list)`, { status: 200 }));
+  }
+  return list;
+}
+
+/** `client.deleteSnapshot(snapshot)`: `DELETE /v1/snapshots/{id}`, its answer checked: this snapshot. */
+export async function deleteSnapshot(http: Http, snapshot: string | SnapshotInfo, options: { signal?: AbortSignal }): Promise<SnapshotInfo> {
+  const requestId = newRequestId();
+  const id = checked(requestId, () => snapshotIdOf(snapshot));
+  const path = snapshotPath(id);
+  let answer: { status: number; body: Uint8Array };
+  try {
+    answer = await http.send("DELETE", path, {
+      headers: { [REQUEST_ID_HEADER]: requestId },
+      budgetMs: EXCHANGE_SLACK_MS,
+      signal: options.signal,
+    });
+  } catch (e) {
+    if (!(e instanceof ExchangeFailure)) throw e;
+    throw exchangeError(e, `${http.url}${path}`, requestId, DELETE_MAY_HAVE);
+  }
+  const { status, body } = answer;
+  if (status !== 200) throw refusal(requestId, status, body, DELETE_MAY_HAVE);
+  const info = readAnswer(body, readSnapshotInfo, (e) => badResponse(requestId, status, "not a snapshot", e, DELETE_MAY_HAVE));
+  if (info.request_id !== requestId) {
+    throw new MayHaveRunError(
+      "request_id_mismatch",
+      `${DELETE_MAY_HAVE}: the answer echoes request id ${info.request_id ?? "(none)"}, not ${requestId}; something between this client and the daemon mixed up answers`,
+      requestId,
+      { echoedRequestId: info.request_id ?? null, status },
+    );
+  }
+  const bad = (what: string): MayHaveRunError => new MayHaveRunError("bad_response", `${DELETE_MAY_HAVE}: ${what} (request ${requestId})`, requestId, { status });
+  checkSnapshotShape(info, bad);
+  const known = typeof snapshot === "string" ? undefined : snapshot;
+  for (const [field, want, found] of [
+    ["snapshot_id", id, info.snapshot_id],
+    ["sha256", known?.sha256, info.sha256],
+    ["session_id", known?.session_id, info.session_id],
+  ] as const) {
+    if (want !== undefined && found !== want) throw bad(`the delete answered for a snapshot with ${field} ${found}, not ${want}`);
+  }
+  return info;
+}
+
 /** The checks any session answer must pass: its protocol and its id's shape. */
 function checkShown(info: SessionInfo, bad: (what: string) => Error): void {
   if (info.protocol !== PROTOCOL) throw bad(`the answer speaks protocol ${info.protocol}, this client protocol ${PROTOCOL}`);
-  if (!SESSION_ID.test(info.session_id)) throw bad(`${JSON.stringify(info.session_id)} is not a session id`);
+  if (!isSessionId(info.session_id)) throw bad(`${JSON.stringify(info.session_id)} is not a session id`);
 }
 
 /** A lookup that runs nothing: its failures are {@link SessionLookupError}s. */

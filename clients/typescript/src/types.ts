@@ -490,6 +490,12 @@ export interface SessionLink {
   sequence: number;
   /** The record digest of the session's previous call; absent exactly for sequence 1. */
   previous_record_sha256?: string;
+  /**
+   * Where a restored or forked session came from: on every call record of such a session,
+   * equal to its `SessionInfo.origin`; absent for a session opened fresh. Inside the record
+   * digest (field 14).
+   */
+  origin?: SessionOrigin;
 }
 
 /** A verified `200` answer: the run happened, on `provider` at tier `isolation`. */
@@ -633,11 +639,106 @@ export interface SessionInfo {
   interpreter_alive: boolean;
   /** Why it ended; absent while it is open. */
   end_reason?: EndReason;
+  /**
+   * Where it came from when it was restored or forked from a snapshot (every call's record
+   * says the same); absent for a session opened fresh.
+   */
+  origin?: SessionOrigin;
 }
 
 /** The answer to `GET /v1/sessions`: the caller's own open sessions, oldest first. */
 export interface SessionList {
   protocol: number;
+  sessions: SessionInfo[];
+}
+
+// ---------------------------------------------------------------------------------------
+// Snapshots and forks (docs/sessions.md, "Snapshots and forks").
+
+/**
+ * How a session that did not open fresh began: `restored`, opened from a snapshot (or the same
+ * session brought back after a daemon restart), or `forked`, one copy of a fork.
+ */
+export type SessionStart = "restored" | "forked";
+
+/** Every session start. */
+export const SESSION_STARTS: readonly SessionStart[] = ["restored", "forked"];
+
+/** Whether `s` is a session id: `ses_`, 16 lowercase hex digits, `_`, 32 more. */
+export function isSessionId(s: string): boolean {
+  return /^ses_[0-9a-f]{16}_[0-9a-f]{32}$/.test(s);
+}
+
+/** Whether `s` is a snapshot id: `snp_`, 16 lowercase hex digits, `_`, 32 more. */
+export function isSnapshotId(s: string): boolean {
+  return /^snp_[0-9a-f]{16}_[0-9a-f]{32}$/.test(s);
+}
+
+/**
+ * Where a restored or forked session came from: on its `SessionInfo`, and on every one of its
+ * calls' records, inside the record digest (field 14). Its chain goes on from its parent's:
+ * its first call is sequence `parent_calls + 1`, after `parent_record_sha256`.
+ */
+export interface SessionOrigin {
+  start: SessionStart;
+  /** The snapshot's digest (over its files), recomputed when it was restored. */
+  snapshot_sha256: string;
+  /** The session the snapshot was taken of. */
+  parent_session_id: string;
+  /** The parent's last record digest at the snapshot; absent when it had answered no call. */
+  parent_record_sha256?: string;
+  /** The parent's call count at the snapshot. */
+  parent_calls: number;
+}
+
+/**
+ * A snapshot, as `POST /v1/sessions/{id}/snapshot`, `GET /v1/snapshots` and
+ * `DELETE /v1/snapshots/{id}` show it (and a fork's answer).
+ */
+export interface SnapshotInfo {
+  protocol: number;
+  /** The request id of the request this answers (`POST` and `DELETE`); absent in a list. */
+  request_id?: string;
+  /** `snp_` + 16 hex digits (the daemon instance) + `_` + 32 hex digits. */
+  snapshot_id: string;
+  /** The session it was taken of. */
+  session_id: string;
+  /** SHA-256 over its files (64 lowercase hex digits): what a session opened from it names. */
+  sha256: string;
+  /** Its size on disk: what counts against the snapshot quotas. */
+  bytes: number;
+  /** The provider whose sandbox it holds. */
+  provider: string;
+  /** That provider's tier. */
+  isolation: Tier;
+  /** The session's interpreter. */
+  language: Language;
+  /** The session's call count when it was taken. */
+  calls: number;
+  /** The session's last record digest when it was taken; absent before its first call. */
+  last_record_sha256?: string;
+  /** How long the checkpoint took, milliseconds. */
+  checkpoint_ms: number;
+  created_unix_ms: number;
+  /** When it is removed. */
+  expires_unix_ms: number;
+}
+
+/** The answer to `GET /v1/snapshots`: the caller's own snapshots, oldest first. */
+export interface SnapshotList {
+  protocol: number;
+  snapshots: SnapshotInfo[];
+}
+
+/**
+ * The answer to `POST /v1/sessions/{id}/fork`: the snapshot taken of the session (kept until
+ * it expires or is deleted) and the copies, each a new session whose `origin.start` is
+ * `forked`.
+ */
+export interface ForkAnswer {
+  protocol: number;
+  request_id: string;
+  snapshot: SnapshotInfo;
   sessions: SessionInfo[];
 }
 

@@ -36,6 +36,11 @@ export interface DaemonPlan {
   otherCallers?: string[];
   /** Further settings sections, appended (`[pools]\n`, `[sessions]\n...`). */
   sections?: string;
+  /**
+   * The daemon's `max_concurrent` and `max_per_caller` (default 4 each): every open session
+   * holds one of its uid slots.
+   */
+  maxConcurrent?: number;
 }
 
 /** What keeps these tests from starting a daemon, or `undefined` when nothing does. */
@@ -130,8 +135,8 @@ export class LocalDaemon {
       `default_floor = "container"`,
       `state_dir = ${toml(state)}`,
       `sandbox_uid_base = ${1_000_000_000 + port * 1024}`,
-      "max_concurrent = 4",
-      "max_per_caller = 4",
+      `max_concurrent = ${plan.maxConcurrent ?? 4}`,
+      `max_per_caller = ${plan.maxConcurrent ?? 4}`,
       "",
       "[oci]",
       // The daemon refuses an image reached through a symlink (build/ may be one).

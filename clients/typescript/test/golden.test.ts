@@ -107,6 +107,7 @@ test("nulls at every depth read as absent, and a member with a default takes it"
   assert.deepEqual(read("record/null-floor"), read("record/plain"));
   assert.deepEqual(read("record/trials-nulls"), read("record/trials"));
   assert.deepEqual(read("record/null-trials"), read("record/image"));
+  assert.deepEqual(read("record/restored-first-call-nulls"), read("record/restored-first-call"));
   const nulls = read("request/project-nested-nulls") as { request_id: string };
   const defaults = read("request/project-defaults") as { request_id: string };
   assert.deepEqual({ ...nulls, request_id: "" }, { ...defaults, request_id: "" });
