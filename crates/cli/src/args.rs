@@ -364,6 +364,44 @@ pub enum SessionCommand {
         #[command(flatten)]
         to: DaemonArgs,
     },
+    /// Snapshot the session (paused while it is saved; it goes on) and print the snapshot's
+    /// id on stdout (its digest and size on stderr). runsc sessions in Python only.
+    Snapshot {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Fork the session into N new sessions, each with fresh randomness; print their ids on
+    /// stdout, one a line.
+    Fork {
+        /// The session id.
+        id: String,
+        /// How many copies.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        count: u32,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Open a new session restored from a snapshot and print its id on stdout.
+    Restore {
+        /// The snapshot id.
+        snapshot: String,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// List this caller's snapshots.
+    Snapshots {
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
+    /// Delete a snapshot: its files are removed.
+    DropSnapshot {
+        /// The snapshot id.
+        snapshot: String,
+        #[command(flatten)]
+        to: DaemonArgs,
+    },
 }
 
 /// `plimsoll providers`.

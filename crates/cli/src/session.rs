@@ -7,7 +7,9 @@ use std::path::Path;
 
 use anyhow::{Context as _, anyhow};
 use plimsoll_client::{Client, ClientError, Session, SessionOptions};
-use plimsoll_wire::{OutputChunk, OutputStream, RunRequest, RunResponse, SessionInfo, Tier};
+use plimsoll_wire::{
+    OutputChunk, OutputStream, RunRequest, RunResponse, SessionInfo, SnapshotInfo, Tier,
+};
 
 use crate::args::{DaemonArgs, SessionCommand};
 use crate::local::{client, daemon_url};
@@ -145,6 +147,11 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
                 Err(e) => failed(&e, to.json),
             })
         }
+        command @ (SessionCommand::Snapshot { .. }
+        | SessionCommand::Fork { .. }
+        | SessionCommand::Restore { .. }
+        | SessionCommand::Snapshots { .. }
+        | SessionCommand::DropSnapshot { .. }) => snapshots(command),
         SessionCommand::List { to } => {
             let c = connect(&to)?;
             Ok(match c.list_sessions() {
@@ -168,6 +175,111 @@ pub fn session(command: SessionCommand) -> Result<u8, Failure> {
                 Err(e) => failed(&e, to.json),
             })
         }
+    }
+}
+
+/// `plimsoll session snapshot|fork|restore|snapshots|drop-snapshot`.
+fn snapshots(command: SessionCommand) -> Result<u8, Failure> {
+    let print_snapshot = |s: &SnapshotInfo| {
+        eprintln!(
+            "plimsoll: snapshot {} of session {} after {} calls: {} bytes, sha256 {}, checkpoint {} ms",
+            s.snapshot_id, s.session_id, s.calls, s.bytes, s.sha256, s.checkpoint_ms
+        );
+    };
+    match command {
+        SessionCommand::Snapshot { id, to } => {
+            let c = connect(&to)?;
+            Ok(match c.session(&id).and_then(|mut s| s.snapshot()) {
+                Ok(snap) if to.json => {
+                    print_json(&snap);
+                    EXIT_OK
+                }
+                Ok(snap) => {
+                    print_snapshot(&snap);
+                    println!("{}", snap.snapshot_id);
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+        SessionCommand::Fork { id, count, to } => {
+            let c = connect(&to)?;
+            Ok(match c.session(&id).and_then(|mut s| s.fork(count)) {
+                Ok((snap, copies)) => {
+                    if to.json {
+                        let infos: Vec<&SessionInfo> = copies.iter().map(Session::info).collect();
+                        print_json(&serde_json::json!({"snapshot": snap, "sessions": infos}));
+                    } else {
+                        print_snapshot(&snap);
+                        for copy in &copies {
+                            println!("{}", copy.id());
+                        }
+                    }
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+        SessionCommand::Restore { snapshot, to } => {
+            let c = connect(&to)?;
+            let found = c.list_snapshots().and_then(|l| {
+                l.snapshots
+                    .into_iter()
+                    .find(|s| s.snapshot_id == snapshot)
+                    .ok_or_else(|| ClientError::InvalidRequest {
+                        request_id: String::new(),
+                        message: format!(
+                            "this caller has no snapshot {snapshot}: see `plimsoll session snapshots`"
+                        ),
+                    })
+            });
+            Ok(match found.and_then(|s| c.open_snapshot(&s)) {
+                Ok(s) if to.json => {
+                    print_json(s.info());
+                    EXIT_OK
+                }
+                Ok(s) => {
+                    describe(s.info(), None);
+                    println!("{}", s.id());
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+        SessionCommand::Snapshots { to } => {
+            let c = connect(&to)?;
+            Ok(match c.list_snapshots() {
+                Ok(list) if to.json => {
+                    print_json(&list);
+                    EXIT_OK
+                }
+                Ok(list) => {
+                    for s in &list.snapshots {
+                        println!(
+                            "{}\t{}\t{}\t{} calls\t{} bytes",
+                            s.snapshot_id, s.session_id, s.provider, s.calls, s.bytes
+                        );
+                    }
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+        SessionCommand::DropSnapshot { snapshot, to } => {
+            let c = connect(&to)?;
+            Ok(match c.delete_snapshot(&snapshot) {
+                Ok(s) if to.json => {
+                    print_json(&s);
+                    EXIT_OK
+                }
+                Ok(s) => {
+                    eprintln!("plimsoll: snapshot {} deleted", s.snapshot_id);
+                    EXIT_OK
+                }
+                Err(e) => failed(&e, to.json),
+            })
+        }
+        other => unreachable!("not a snapshot command: {other:?}"),
     }
 }
 

@@ -2017,3 +2017,126 @@ fn trial_examines_a_controller_with_the_images_simulator() {
     );
     assert!(!dir.path().join("no.html").exists());
 }
+
+/// #29: `plimsoll session snapshot|fork|restore|snapshots|drop-snapshot` against a daemon at
+/// runsc: a session holding `x = 41` forked into 2 copies and snapshotted, a session restored
+/// from the snapshot; each prints 42. The exchanges of the parent and its branches sign as one
+/// tree that verifies; a branch put before the call it hangs from is refused.
+#[test]
+fn session_snapshots_and_forks_sign_as_a_tree() {
+    let test = "session_snapshots_and_forks_sign_as_a_tree";
+    if !need_root(test) {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let image = plimsoll_testing::workspace_root().join("build/images/sandbox");
+    let daemon = TestDaemon::start(&format!(
+        "providers = [\"runsc\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[pools]\n[oci]\nimage = \"{}\"\n[sessions]\nmax_total = 6\nmax_per_caller = 6\n",
+        state.path().display(),
+        uid_base(41),
+        image.display()
+    ));
+    let session = |args: &[&str]| {
+        let mut cmd = plimsoll();
+        cmd.arg("session")
+            .args(args)
+            .env("PLIMSOLL_DAEMON", &daemon.url)
+            .env("PLIMSOLL_TOKEN", &daemon.token);
+        run(&mut cmd)
+    };
+    let out = session(&["open", "--lang", "python", "--provider", "runsc"]);
+    if out.status.code() == Some(3) && !plimsoll_env::strict() {
+        eprintln!("SKIP {test}: runsc is unavailable: {}", text(&out.stderr));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let parent = text(&out.stdout).trim().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let ex = dir.path().join("tree.jsonl");
+    let ex = ex.to_str().unwrap();
+    let out = session(&["run", &parent, "-e", "x = 41", "--exchanges", ex]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = session(&["fork", &parent, "--count", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let copies: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(copies.len(), 2, "{}", text(&out.stdout));
+    let out = session(&["snapshot", &parent]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let snapshot = text(&out.stdout).trim().to_owned();
+    let out = session(&["restore", &snapshot]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let restored = text(&out.stdout).trim().to_owned();
+    for id in copies.iter().chain([&restored]) {
+        let out = session(&["run", id, "-e", "print(x + 1)", "--exchanges", ex]);
+        assert_eq!(
+            (out.status.code(), out.stdout.as_slice()),
+            (Some(0), &b"42\n"[..]),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = session(&["snapshots"]);
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        2,
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        session(&["drop-snapshot", &snapshot]).status.code(),
+        Some(0)
+    );
+    let out = session(&["restore", &snapshot]);
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "a deleted snapshot restores nothing"
+    );
+
+    let attest = plimsoll_testing::tool_binary("plimsoll-attest", "plimsoll-attest").unwrap();
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test runs the built plimsoll-attest as a user would"
+    )]
+    let attest_cmd = |args: &[&str]| {
+        let mut cmd = Command::new(&attest);
+        cmd.args(args).stdin(Stdio::null());
+        run(&mut cmd)
+    };
+    let key = dir.path().join("k");
+    let key = key.to_str().unwrap();
+    assert_eq!(attest_cmd(&["keygen", "--out", key]).status.code(), Some(0));
+    let (private, public) = (format!("{key}.key"), format!("{key}.pub"));
+    let bundle = dir.path().join("b.jsonl");
+    let out = attest_cmd(&["sign", "--key", &private, bundle.to_str().unwrap(), ex]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = attest_cmd(&["verify", "--pub", &public, bundle.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A branch before the call it hangs from: refused.
+    let lines: Vec<String> = std::fs::read_to_string(ex)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 4);
+    let swapped = dir.path().join("swapped.jsonl");
+    std::fs::write(
+        &swapped,
+        format!("{}\n{}\n{}\n{}\n", lines[1], lines[0], lines[2], lines[3]),
+    )
+    .unwrap();
+    let out = attest_cmd(&[
+        "sign",
+        "--key",
+        &private,
+        dir.path().join("b2.jsonl").to_str().unwrap(),
+        swapped.to_str().unwrap(),
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("hang from its parent"),
+        "{}",
+        text(&out.stderr)
+    );
+}

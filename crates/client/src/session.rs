@@ -15,6 +15,8 @@ use plimsoll_wire::{
 
 use crate::{Client, ClientError, EXCHANGE_SLACK, new_request_id, refusal, run_budget};
 
+mod snapshot;
+
 /// What to open a session with; the client adds the protocol and a fresh request id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionOptions {
@@ -258,6 +260,20 @@ impl Session {
             message,
         };
         let held = &self.info;
+        // Restored under its own id by a daemon restart since: its tier and evidence are the
+        // restoring daemon's (docs/sessions.md, "Across a restart").
+        let restored = info.origin != held.origin
+            && info.origin.as_ref().is_some_and(|o| {
+                o.start == plimsoll_wire::SessionStart::Restored
+                    && o.parent_session_id == held.session_id
+                    && o.parent_calls >= self.last.0
+            });
+        if info.origin != held.origin && !restored {
+            return Err(bad(format!(
+                "the daemon shows session {} from {:?}, not {:?} as this client holds it: the answer was altered on the way or the daemon is faulty",
+                held.session_id, info.origin, held.origin
+            )));
+        }
         for (field, shown, opened) in [
             (
                 "session_id",
@@ -291,7 +307,7 @@ impl Session {
                 held.environment.clone(),
             ),
         ] {
-            if shown != opened {
+            if shown != opened && !(restored && matches!(field, "isolation" | "evidence_sha256")) {
                 return Err(bad(format!(
                     "the daemon shows session {} with {field} {shown}, not {opened} as this client holds it: the answer was altered on the way or the daemon is faulty",
                     held.session_id
@@ -628,6 +644,27 @@ impl Session {
                 previous.clone(),
                 link.previous_record_sha256.clone(),
             );
+        }
+        // A restored or forked session's every record says where it came from; a session
+        // restored under its own id after a daemon restart says so from the call after its
+        // last saved one, and from there runs at the restoring daemon's tier and evidence.
+        if link.origin != self.info.origin {
+            let previous = previous.clone();
+            if !snapshot::restored_here(
+                link.origin.as_ref(),
+                &self.info.session_id,
+                link.sequence,
+                previous.as_deref(),
+            ) {
+                return broken(
+                    "origin",
+                    self.info.origin.as_ref().map(|o| format!("{o:?}")),
+                    link.origin.as_ref().map(|o| format!("{o:?}")),
+                );
+            }
+            self.info.origin = link.origin.clone();
+            self.info.isolation = resp.isolation;
+            self.info.evidence_sha256 = resp.record.evidence_sha256.clone();
         }
         // Every call runs in the image the session opened in.
         if resp.record.image != self.info.image {
