@@ -423,7 +423,10 @@ type ChainMismatchError struct {
 	// Field is the member that differs: `session` (the record names none), `session_id`,
 	// `sequence`, `previous_record_sha256`, `provider`, `isolation`, `evidence_sha256`,
 	// `environment`, `origin` (the record's origin is not its session's, or it has none, or
-	// has one and its session none). For a snapshot (of Snapshot or Fork):
+	// has one and its session none; the one change taken is a restore of the session under
+	// its own id after a daemon restart, at the call after the last one verified, whose
+	// `isolation` and `evidence_sha256` are then the new ones). For a snapshot (of Snapshot
+	// or Fork):
 	// `snapshot.session_id`, `snapshot.calls`, `snapshot.last_record_sha256`. For a restored
 	// session or a copy: `origin` (it has none), `origin.start`, `origin.snapshot_sha256`,
 	// `origin.parent_session_id`, `origin.parent_calls`, `origin.parent_record_sha256`, and

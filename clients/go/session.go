@@ -218,6 +218,12 @@ type StepsOptions struct {
 // from; none for a session opened fresh). After a call that may have run without an
 // answer it could verify, it sends nothing more (ErrChainInDoubt) until Resync. It is safe
 // for concurrent use (calls wait for each other).
+//
+// A session can outlive a daemon restart: the daemon saves it on SIGTERM and the next one
+// restores it under the same id. From the call after the last one saved, its records carry
+// that restore as their origin (its parent: the session itself, at that call and record),
+// and its tier and evidence are the ones the restoring daemon measured; its provider and
+// environment stay. The client takes that change there (restoredHere), and nowhere else.
 type Session struct {
 	client *Client
 	id     string
@@ -234,6 +240,10 @@ type Session struct {
 	// doubt is the error of a call that may have run without an answer this client could
 	// verify: where the chain stands is then unknown, and no call is sent until Resync.
 	doubt error
+	// resandboxed: a call's record said the session was restored (a daemon restart) since
+	// info was last shown, so its wall and opening time there are not known yet; the next
+	// show takes them from the daemon.
+	resandboxed bool
 }
 
 // ID is the session's id.
@@ -249,7 +259,8 @@ func (s *Session) Doubt() error {
 }
 
 // Info is the session as last seen: at open, after Refresh or Close, and with its calls,
-// last record and interpreter updated by each verified call.
+// last record and interpreter updated by each verified call (and, from a call after a daemon
+// restart restored the session, its origin, tier and evidence).
 func (s *Session) Info() SessionInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -458,7 +469,10 @@ func (c *Client) sessionGet(ctx context.Context, id, url string, v any) error {
 
 // Refresh reads the session as the daemon shows it now (its calls, last record, whether its
 // interpreter is alive, why it ended) into Info. The chain this client follows is not
-// moved by it.
+// moved by it. What was fixed at open must not have changed, but for a restore of the
+// session under its own id (a daemon restart) right after the last call this client
+// verified: then its origin, tier, evidence, wall and opening time are the restoring
+// daemon's.
 func (s *Session) Refresh(ctx context.Context) (*SessionInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -468,7 +482,10 @@ func (s *Session) Refresh(ctx context.Context) (*SessionInfo, error) {
 // Resync takes the chain up where the daemon says it stands now (its last call's sequence
 // number and record digest), as ResumeSession does, and lifts the doubt a call that may
 // have run put on it: the calls since the last one this client verified are taken on the
-// daemon's word (a signer checks them from their records).
+// daemon's word (a signer checks them from their records). As for Refresh, the session must
+// be the one opened, or restored under its own id after a daemon restart right after the
+// last call this client verified; for any other change of origin, ResumeSession takes the
+// daemon's word for all of it.
 func (s *Session) Resync(ctx context.Context) (*SessionInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -491,18 +508,59 @@ func (s *Session) show(ctx context.Context) (*SessionInfo, error) {
 	if err := s.client.sessionGet(ctx, s.id, url, &info); err != nil {
 		return nil, err
 	}
-	// What is fixed at open stays so.
+	// What is fixed at open stays so, but for a restore under the session's own id (a daemon
+	// restart) at the chain verified here: its sandbox is the restoring daemon's, which gives
+	// its tier, evidence and wall, and its opening time again from its age.
+	bad := func(message string) error {
+		return &SessionError{SessionID: s.id, URL: url, Status: http.StatusOK, Code: "bad_response", Message: message}
+	}
+	originChanged := !sameOrigin(info.Origin, s.info.Origin)
+	restored := originChanged && s.restoredHere(info.Origin)
+	if originChanged && !restored {
+		return nil, bad(fmt.Sprintf("the session now shows origin %s, not %s: a session's origin changes only when a daemon restart restored it under its own id right after the last call this client verified (call %d); ResumeSession takes the daemon's word for its chain",
+			info.Origin.String(), s.info.Origin.String(), s.sequence))
+	}
 	was, now := s.info, info
 	for _, i := range []*SessionInfo{&was, &now} {
 		i.Protocol, i.RequestID, i.ExpiresUnixMS, i.IdleTimeoutMS = 0, "", 0, 0
 		i.Calls, i.LastRecordSHA256, i.InterpreterAlive, i.EndReason = 0, "", false, ""
+		if restored || s.resandboxed {
+			i.Wall, i.OpenedUnixMS = Wall{}, 0
+		}
+		if restored {
+			i.Isolation, i.EvidenceSHA256, i.Origin = "", "", nil
+		}
 	}
 	if !reflect.DeepEqual(was, now) {
-		return nil, &SessionError{SessionID: s.id, URL: url, Status: http.StatusOK, Code: "bad_response",
-			Message: fmt.Sprintf("the session now shows another provider, tier, floor, evidence, environment or wall than at open: %+v, was %+v", now, was)}
+		return nil, bad(fmt.Sprintf("the session now shows another provider, tier, floor, evidence, environment or wall than at open: %+v, was %+v", now, was))
 	}
-	s.info = info
+	if !info.Isolation.AtLeast(info.MinimumIsolation) {
+		return nil, bad(fmt.Sprintf("the session's tier %s is below its floor %s", info.Isolation, info.MinimumIsolation))
+	}
+	if (restored || s.resandboxed) && absDiff(info.OpenedUnixMS, s.info.OpenedUnixMS) > restoredOpenSlackMS {
+		return nil, bad(fmt.Sprintf("the restored session says it opened at %d ms, not %d ms as before the restart", info.OpenedUnixMS, s.info.OpenedUnixMS))
+	}
+	s.info, s.resandboxed = info, false
 	return &info, nil
+}
+
+// restoredOpenSlackMS is how far a restored session's opening time may move: the restoring
+// daemon gives it again from the session's age, which it counts to the millisecond.
+const restoredOpenSlackMS = 1000
+
+func absDiff(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
+}
+
+// restoredHere reports whether o says the session was restored under its own id (a daemon
+// restart saved it, the next daemon restored it) right after the last call this client
+// verified: its parent is this session, at the chain's call and record. s.mu is held.
+func (s *Session) restoredHere(o *SessionOrigin) bool {
+	return o != nil && o.Start == OriginRestored && o.ParentSessionID == s.id &&
+		o.ParentCalls == s.sequence && o.ParentRecordSHA256 == s.last
 }
 
 // Close closes the session: its sandbox is removed, and the answer says it ended `closed`.
@@ -713,23 +771,42 @@ func (s *Session) follow(res *Result, kind callKind) (*Result, error) {
 	if link == nil {
 		return nil, mismatch("session", s.id, "(none)")
 	}
-	for _, f := range []struct{ field, want, got string }{
-		{"session_id", s.id, link.SessionID},
-		{"sequence", strconv.FormatUint(s.sequence+1, 10), strconv.FormatUint(link.Sequence, 10)},
-		{"previous_record_sha256", orNone(s.last), orNone(link.PreviousRecordSHA256)},
-		{"provider", s.info.Provider, res.Record.Provider},
-		{"isolation", string(s.info.Isolation), string(res.Record.Isolation)},
-		{"evidence_sha256", s.info.EvidenceSHA256, res.Record.EvidenceSHA256},
-		{"environment", s.info.Environment, res.Record.Environment},
-	} {
-		if f.want != f.got {
-			return nil, mismatch(f.field, f.want, f.got)
-		}
-	}
 	// Every call of a restored or forked session says where it came from, as its session
-	// does; a session opened fresh says nothing of the kind.
-	if !sameOrigin(link.Origin, s.info.Origin) {
+	// does; a session opened fresh says nothing of the kind. Only a restore of this session
+	// under its own id (a daemon restart), at the call after the last one verified here,
+	// brings a new origin; from it on, the session runs in the sandbox the restoring daemon
+	// made, at the tier and evidence that daemon measured.
+	restored := !sameOrigin(link.Origin, s.info.Origin) && s.restoredHere(link.Origin)
+	isolation, evidence := s.info.Isolation, s.info.EvidenceSHA256
+	if restored {
+		isolation, evidence = res.Record.Isolation, res.Record.EvidenceSHA256
+	}
+	type check struct{ field, want, got string }
+	first := func(checks ...check) error {
+		for _, f := range checks {
+			if f.want != f.got {
+				return mismatch(f.field, f.want, f.got)
+			}
+		}
+		return nil
+	}
+	if err := first(
+		check{"session_id", s.id, link.SessionID},
+		check{"sequence", strconv.FormatUint(s.sequence+1, 10), strconv.FormatUint(link.Sequence, 10)},
+		check{"previous_record_sha256", orNone(s.last), orNone(link.PreviousRecordSHA256)},
+	); err != nil {
+		return nil, err
+	}
+	if !restored && !sameOrigin(link.Origin, s.info.Origin) {
 		return nil, mismatch("origin", s.info.Origin.String(), link.Origin.String())
+	}
+	if err := first(
+		check{"provider", s.info.Provider, res.Record.Provider},
+		check{"isolation", string(isolation), string(res.Record.Isolation)},
+		check{"evidence_sha256", evidence, res.Record.EvidenceSHA256},
+		check{"environment", s.info.Environment, res.Record.Environment},
+	); err != nil {
+		return nil, err
 	}
 	// The image the open named, like the session's floor: every call's record must name it.
 	if s.image != "" {
@@ -751,6 +828,11 @@ func (s *Session) follow(res *Result, kind callKind) (*Result, error) {
 	}
 	if problem != "" {
 		return nil, &MayHaveRunError{RequestID: res.RequestID, Code: "bad_response", Status: http.StatusOK, Message: "the result is malformed: " + problem}
+	}
+	if restored {
+		origin := *link.Origin
+		s.info.Origin, s.info.Isolation, s.info.EvidenceSHA256 = &origin, isolation, evidence
+		s.resandboxed = true
 	}
 	s.sequence, s.last = link.Sequence, res.Record.RecordSHA256
 	s.info.Calls, s.info.LastRecordSHA256 = link.Sequence, res.Record.RecordSHA256

@@ -2,7 +2,9 @@
 // here whose sessions can be snapshotted): a Python session holding `x = 41` snapshotted and
 // going on, a session restored from the snapshot, a fork into 4 copies each printing 42 and
 // a random number of its own, every call verified as the next link of its chain; then the
-// refusals: another caller's or an unknown snapshot, a JavaScript session's, the limits.
+// refusals: another caller's or an unknown snapshot, a JavaScript session's, the limits. And
+// sessions that outlive a daemon restart: saved on SIGTERM, restored by the next daemon under
+// their ids, their chains going on across the restore.
 
 package sandbox_test
 
@@ -281,5 +283,74 @@ func TestAJavaScriptSessionsSnapshotIsRefused(t *testing.T) {
 		if l.SessionID == js.ID() {
 			t.Errorf("a snapshot of the JavaScript session was kept: %+v", l)
 		}
+	}
+}
+
+// Two runsc sessions, each with a call before the daemon's SIGTERM; the same daemon started
+// again restores both under their ids. One's next call is the first its client sees of the
+// restore (the chain crosses it on the record's origin, then a Refresh takes the new
+// sandbox's wall); the other is resynced first (the chain takes the restore from the
+// daemon's show). Both go on with their state. The daemon is this test's own: it restarts.
+func TestASessionOutlivesADaemonRestart(t *testing.T) {
+	if why := testdaemon.Missing(); why != "" {
+		testdaemon.SkipOrFail(t, why)
+	}
+	d, err := testdaemon.Start(testdaemon.Options{
+		Providers:     []string{"runsc"},
+		MaxConcurrent: 10,
+		Extra:         "\n[pools]\n\n[sessions]\nmax_total = 8\nmax_per_caller = 8\n",
+	})
+	if err != nil {
+		t.Fatalf("cannot start plimsolld: %v", err)
+	}
+	t.Cleanup(d.Stop)
+	c := sandbox.New(d.URL, d.Token)
+	needProvider(t, c, "runsc")
+	s := openAt(t, c, sandbox.Python, "runsc")
+	u := openAt(t, c, sandbox.Python, "runsc")
+	r1 := cell(t, s, "x = 41")
+	u1 := cell(t, u, "y = 6")
+	if s.Info().Origin != nil || u.Info().Origin != nil {
+		t.Fatalf("fresh sessions with an origin: %+v, %+v", s.Info(), u.Info())
+	}
+
+	status, err := d.Restart()
+	if err != nil || !status.Success() {
+		t.Fatalf("restart: %v (the stopped daemon: %v)\n%s", err, status, d.LogText())
+	}
+
+	r2 := cell(t, s, "print(x + 1)")
+	if got := r2.Output.Stdout.String(); got != "42\n" {
+		t.Errorf("after the restart the session printed %q", got)
+	}
+	link := r2.Record.Session
+	want := sandbox.SessionOrigin{Start: sandbox.OriginRestored, SnapshotSHA256: link.Origin.SnapshotSHA256,
+		ParentSessionID: s.ID(), ParentRecordSHA256: r1.Record.RecordSHA256, ParentCalls: 1}
+	if link.Sequence != 2 || link.PreviousRecordSHA256 != r1.Record.RecordSHA256 || *link.Origin != want || len(want.SnapshotSHA256) != 64 {
+		t.Fatalf("the first call after the restart links %+v, origin %v", link, link.Origin)
+	}
+	if o := s.Info().Origin; o == nil || *o != want {
+		t.Errorf("the session's origin after the restore: %v", o)
+	}
+	info, err := s.Refresh(ctx(t))
+	if err != nil || info.Origin == nil || *info.Origin != want || info.Calls != 2 {
+		t.Fatalf("the daemon's show after the restore: %v, %+v", err, info)
+	}
+	r3 := cell(t, s, "print(x)")
+	if got := r3.Output.Stdout.String(); got != "41\n" || r3.Record.Session.Sequence != 3 || *r3.Record.Session.Origin != want {
+		t.Errorf("the next call: %q, %+v", got, r3.Record.Session)
+	}
+
+	shown, err := u.Resync(ctx(t))
+	if err != nil {
+		t.Fatalf("resync after the restart: %v", err)
+	}
+	if o := shown.Origin; o == nil || o.Start != sandbox.OriginRestored || o.ParentSessionID != u.ID() || o.ParentCalls != 1 ||
+		o.ParentRecordSHA256 != u1.Record.RecordSHA256 {
+		t.Fatalf("the resynced session's origin: %v", o)
+	}
+	u2 := cell(t, u, "print(y * 7)")
+	if got := u2.Output.Stdout.String(); got != "42\n" || u2.Record.Session.Sequence != 2 || u2.Record.Session.PreviousRecordSHA256 != u1.Record.RecordSHA256 {
+		t.Errorf("the resynced session's next call: %q, %+v", got, u2.Record.Session)
 	}
 }

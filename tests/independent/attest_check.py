@@ -195,6 +195,18 @@ def record_sha256(rec):
     steps = rec.get("trials") or []
     if steps:
         fields.append(("trials", list_bytes([trial_step_bytes(s) for s in steps])))
+    # Field 14, where a restored or forked session came from: left out when absent or null.
+    origin = (link or {}).get("origin")
+    if origin is not None:
+        nested = [
+            ("start", origin["start"].encode()),
+            ("snapshot_sha256", origin["snapshot_sha256"].encode()),
+            ("parent_session_id", origin["parent_session_id"].encode()),
+        ]
+        if origin.get("parent_record_sha256") is not None:
+            nested.append(("parent_record_sha256", origin["parent_record_sha256"].encode()))
+        nested.append(("parent_calls", origin["parent_calls"].to_bytes(8, "big")))
+        fields.append(("origin", fields_bytes(nested)))
     return sha256_hex(out + fields_bytes(fields))
 
 
@@ -342,46 +354,84 @@ SANDBOX_FIELDS = ("provider", "isolation", "evidence_sha256", "environment")
 def check_sessions(records):
     """The session chains of a bundle's records (with their line numbers), in order: per
     session, calls 1, 2, 3, ... each naming the previous call's record digest, on one
-    provider, tier, evidence digest and environment. Runs outside sessions are passed over."""
+    provider, tier, evidence digest and environment. Runs outside sessions are passed over.
+    A restored or forked session (its link's origin) is a branch: its first call here follows
+    its parent's call at the snapshot, whose record must be earlier in the bundle; its origin
+    changes only where it was restored under its own id after a daemon restart (from there
+    its tier and evidence digest are the restoring daemon's)."""
     present = {
         (rec["session"]["session_id"], rec["session"]["sequence"])
         for _, rec in records
         if rec.get("session") is not None
     }
     chains = {}
+    seen = {}
     for number, rec in records:
         link = rec.get("session")
         if link is None:
             continue
-        sid, seq = link["session_id"], link["sequence"]
-        where = f"line {number}: session {sid} call {seq}"
-        chain = chains.get(sid)
-        expected = chain["next"] if chain else 1
-        if seq < expected:
-            raise Refused(f"{where}: repeated (calls 1 to {expected - 1} came before)")
-        if seq > expected:
-            if (sid, expected) in present:
-                raise Refused(f"{where}: out of order (call {expected} comes after it)")
-            if chain is None:
-                raise Refused(f"{where}: the session's first call here is not call 1")
-            raise Refused(f"{where}: calls {expected} to {seq - 1} are missing")
+        check_call(number, rec, link, present, chains, seen)
+        seen[rec["record_sha256"]] = (link["session_id"], link["sequence"])
+
+
+def check_call(number, rec, link, present, chains, seen):
+    """One session call's place in its chain (see check_sessions)."""
+    sid, seq = link["session_id"], link["sequence"]
+    where = f"line {number}: session {sid} call {seq}"
+    chain = chains.get(sid)
+    origin = link.get("origin")
+    first = origin["parent_calls"] + 1 if origin is not None else 1
+    expected = chain["next"] if chain else first
+    if seq < expected:
+        raise Refused(f"{where}: repeated (calls 1 to {expected - 1} came before)")
+    if seq > expected:
+        if (sid, expected) in present:
+            raise Refused(f"{where}: out of order (call {expected} comes after it)")
         if chain is None:
-            chains[sid] = {
-                "next": 2,
-                "last": rec["record_sha256"],
-                "first": {f: rec[f] for f in SANDBOX_FIELDS},
-            }
-            continue
-        if link.get("previous_record_sha256") != chain["last"]:
-            raise Refused(
-                f"{where}: names {link.get('previous_record_sha256')} as the previous record, "
-                f"but call {seq - 1} has {chain['last']}"
+            raise Refused(f"{where}: the session's first call here is not call {first}")
+        raise Refused(f"{where}: calls {expected} to {seq - 1} are missing")
+    if chain is None:
+        if origin is not None:
+            parent = origin.get("parent_record_sha256")
+            hangs = link.get("previous_record_sha256") == parent and (
+                parent is None
+                or seen.get(parent) == (origin["parent_session_id"], origin["parent_calls"])
             )
-        for field in SANDBOX_FIELDS:
-            if rec[field] != chain["first"][field]:
-                raise Refused(f"{where}: {field} differs from the session's first call")
-        chain["next"] += 1
-        chain["last"] = rec["record_sha256"]
+            if not hangs:
+                raise Refused(
+                    f"{where}: a branch of session {origin['parent_session_id']} whose "
+                    "parent record is not earlier in the bundle"
+                )
+        chains[sid] = {
+            "next": seq + 1,
+            "last": rec["record_sha256"],
+            "origin": origin,
+            "first": {f: rec[f] for f in SANDBOX_FIELDS},
+        }
+        return
+    if link.get("previous_record_sha256") != chain["last"]:
+        raise Refused(
+            f"{where}: names {link.get('previous_record_sha256')} as the previous record, "
+            f"but call {seq - 1} has {chain['last']}"
+        )
+    if origin != chain["origin"]:
+        restored_here = (
+            origin is not None
+            and origin["start"] == "restored"
+            and origin["parent_session_id"] == sid
+            and origin["parent_calls"] + 1 == seq
+            and origin.get("parent_record_sha256") == chain["last"]
+        )
+        if not restored_here:
+            raise Refused(f"{where}: its origin differs from the session's")
+        chain["origin"] = origin
+        chain["first"]["isolation"] = rec["isolation"]
+        chain["first"]["evidence_sha256"] = rec["evidence_sha256"]
+    for field in SANDBOX_FIELDS:
+        if rec[field] != chain["first"][field]:
+            raise Refused(f"{where}: {field} differs from the session's first call")
+    chain["next"] += 1
+    chain["last"] = rec["record_sha256"]
 
 
 def check_bundle(data, key, key_id):

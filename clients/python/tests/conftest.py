@@ -1,6 +1,6 @@
 """Fixtures: one real plimsolld for the session (process and crun providers, a grant profile
 in front of a real HTTP API on loopback), one keeping sessions at crun, one taking snapshots
-at runsc, and clients of them."""
+at runsc, one at runsc for a test that restarts it, and clients of them."""
 
 from __future__ import annotations
 
@@ -188,3 +188,22 @@ def snapshots(request: pytest.FixtureRequest, snapshot_daemon: Daemon) -> Daemon
     with plimsoll.Client(snapshot_daemon.url, snapshot_daemon.token) as c:
         need_provider(request, c.providers(), "runsc")
     return snapshot_daemon
+
+
+@pytest.fixture
+def restartable(request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """A daemon of this test's own at runsc, as the snapshots one, for a test that restarts
+    it (skipped, or failed under CI=true, when runsc is not offered)."""
+    d = start_daemon(
+        request.node.name,
+        ["runsc"],
+        extra_settings=SNAPSHOT_SETTINGS,
+        max_concurrent=8,
+        max_per_caller=8,
+    )
+    try:
+        with plimsoll.Client(d.url, d.token) as c:
+            need_provider(request, c.providers(), "runsc")
+        yield d
+    finally:
+        d.stop()

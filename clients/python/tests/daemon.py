@@ -1,6 +1,7 @@
 """A real plimsolld for the tests, as a child process: the repository's target/debug/plimsolld,
 a loopback port chosen by the daemon, a fresh state directory and callers file, its own
-sandbox uid range, its log in a file; stopped (SIGTERM, then SIGKILL) at the end."""
+sandbox uid range, its log in a file; restarted (SIGTERM, then the same daemon again on the
+same address) when a test asks; stopped (SIGTERM, then SIGKILL) at the end."""
 
 from __future__ import annotations
 
@@ -93,12 +94,35 @@ class Daemon:
     # daemon's own address.
     router: Optional[subprocess.Popen[bytes]] = field(default=None, repr=False)
     node_url: str = ""
+    # What it was started with: its settings file and environment (a restart reuses them).
+    config: Optional[Path] = None
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    starts: int = 1
 
     def log_text(self) -> str:
         try:
             return self.log.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def restart(self) -> int:
+        """SIGTERM, then the same daemon started again on the same settings, state directory
+        and address (so clients, and the router in front, find it where it was), ready once
+        it has restored what the stopped one saved; with a router, once the router has
+        learnt it. Returns the stopped daemon's exit status."""
+        assert self.config is not None and self.node_url
+        self.process.send_signal(signal.SIGTERM)
+        status = self.process.wait(STOP_TIMEOUT_S)
+        listen = self.node_url.removeprefix("http://")
+        self.starts += 1
+        self.log = self.dir / f"plimsolld.{self.starts}.log"
+        self.process = _launch(self.config, listen, self.env, self.log, self.dir)
+        if _wait_listening(self) != listen:
+            raise RuntimeError(f"plimsolld came back elsewhere than {listen}")
+        _wait_probed(self, self.node_url)
+        if self.router is not None:
+            _wait_router_learnt(self)
+        return status
 
     def stop(self) -> None:
         if self.router is not None and self.router.poll() is None:
@@ -160,29 +184,36 @@ def start_daemon(
         "PLIMSOLL_LOG": "info",
         **(env or {}),
     }
-    with open(log, "wb") as log_file:
-        process = subprocess.Popen(
-            [str(PLIMSOLLD), "--config", str(config), "--listen", "127.0.0.1:0"],
-            env=child_env,
-            cwd=d,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-            preexec_fn=_die_with_parent,
-        )
+    process = _launch(config, "127.0.0.1:0", child_env, log, d)
     daemon = Daemon(
-        url="", token=token, caller=caller, log=log, dir=d, process=process, uid_port=uid_port
+        url="", token=token, caller=caller, log=log, dir=d, process=process, uid_port=uid_port,
+        config=config, env=child_env,
     )
     try:
         daemon.url = "http://" + _wait_listening(daemon)
         daemon.node_url = daemon.url
-        _wait_probed(daemon)
+        _wait_probed(daemon, daemon.url)
         if THROUGH_ROUTER:
             _start_router(daemon, callers, child_env)
     except BaseException:
         daemon.stop()
         raise
     return daemon
+
+
+def _launch(
+    config: Path, listen: str, env: dict[str, str], log: Path, cwd: Path
+) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as log_file:
+        return subprocess.Popen(
+            [str(PLIMSOLLD), "--config", str(config), "--listen", listen],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            preexec_fn=_die_with_parent,
+        )
 
 
 def _start_router(d: Daemon, callers: Path, env: dict[str, str]) -> None:
@@ -259,14 +290,14 @@ def _wait_listening(d: Daemon) -> str:
     raise RuntimeError(f"plimsolld did not start listening within {LISTEN_TIMEOUT_S} s")
 
 
-def _wait_probed(d: Daemon) -> None:
+def _wait_probed(d: Daemon, url: str) -> None:
     import httpx
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     with httpx.Client(trust_env=False) as http:
         while time.monotonic() < deadline:
             try:
-                if http.get(f"{d.url}/readyz", timeout=5).status_code == 200:
+                if http.get(f"{url}/readyz", timeout=5).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -275,3 +306,26 @@ def _wait_probed(d: Daemon) -> None:
             _check_alive(d)
             time.sleep(0.1)
     raise RuntimeError(f"plimsolld probed its providers for more than {READY_TIMEOUT_S} s")
+
+
+def _wait_router_learnt(d: Daemon) -> None:
+    """Waits until the router in front has learnt the daemon as it is now (its instance, and
+    usable: a daemon is ready only once it restored what an earlier one saved, so the router
+    then knows the instances it adopted too)."""
+    import httpx
+
+    deadline = time.monotonic() + LISTEN_TIMEOUT_S
+    with httpx.Client(trust_env=False) as http:
+        instance = http.get(f"{d.node_url}/readyz", timeout=5).headers["plimsoll-instance"]
+        node = d.node_url.removeprefix("http://")
+        nodes: object = None
+        while time.monotonic() < deadline:
+            a = http.get(f"{d.url}/v1/nodes", headers={"authorization": f"Bearer {d.token}"}, timeout=5)
+            nodes = a.json().get("nodes") if a.status_code == 200 else a.text
+            if isinstance(nodes, list) and any(
+                n.get("node") == node and n.get("instance") == instance and n.get("usable")
+                for n in nodes
+            ):
+                return
+            time.sleep(0.05)
+    raise RuntimeError(f"the router never learnt {node} as instance {instance}: {nodes}")

@@ -4,7 +4,9 @@ and a fork into 4 copies, each printing 42 and a random number of its own, every
 verified by the client (its digest, field 14 included, and its place in a chain that goes on
 from the parent's); the refusals (another caller's or an unknown snapshot, a JavaScript
 session, a count out of range); and proxies that alter a fork's copies or a restored
-session's records, caught every time."""
+session's records, caught every time. And a session that outlives a daemon restart: saved
+on SIGTERM, restored by the next daemon under its own id, its chain going on across the
+restore."""
 
 from __future__ import annotations
 
@@ -396,3 +398,52 @@ def test_a_copys_answer_replayed_into_its_parents_chain_is_caught(snapshots: Dae
             with client(snapshots) as direct:
                 for snap in direct.list_snapshots():
                     direct.delete_snapshot(snap)
+
+
+# --- across a daemon restart ------------------------------------------------------------
+
+
+def test_a_session_outlives_a_daemon_restart(restartable: Daemon) -> None:
+    """Two runsc sessions, each with a call before the daemon's SIGTERM; the same daemon
+    started again restores both under their ids. One's next call is the first its client sees
+    of the restore (the chain crosses it on the record's origin); the other is resynced first
+    (the chain takes the restore from the daemon's show). Both go on with their state."""
+    d = restartable
+    with client(d) as c, contextlib.ExitStack() as opened:
+        s = opened.enter_context(c.open_session("python", provider="runsc"))
+        t = opened.enter_context(c.open_session("python", provider="runsc"))
+        r1 = s.cell("x = 41")
+        t1 = t.cell("y = 6")
+        assert r1.exit_code == 0 and t1.exit_code == 0, (r1.stderr, t1.stderr)
+        assert s.info.origin is None and t.info.origin is None
+
+        assert d.restart() == 0, d.log_text()
+
+        r2 = s.cell("print(x + 1)")
+        assert r2.stdout == b"42\n", r2.stderr
+        check_link(r2, s, 2, r1.record.record_sha256)
+        o = r2.record.session.origin  # type: ignore[union-attr]
+        assert o is not None and o.start is SessionStart.RESTORED
+        assert (o.parent_session_id, o.parent_calls, o.parent_record_sha256) == (
+            s.id,
+            1,
+            r1.record.record_sha256,
+        )
+        assert s.info.origin == o and s.in_doubt is None
+        # The daemon shows the same origin; the chain goes on under it.
+        assert c.session(s.id).info.origin == o
+        r3 = s.cell("print(x)")
+        assert r3.stdout == b"41\n"
+        check_link(r3, s, 3, r2.record.record_sha256)
+
+        shown = t.resync()
+        to = shown.origin
+        assert to is not None and to.start is SessionStart.RESTORED
+        assert (to.parent_session_id, to.parent_calls, to.parent_record_sha256) == (
+            t.id,
+            1,
+            t1.record.record_sha256,
+        )
+        t2 = t.cell("print(y * 7)")
+        assert t2.stdout == b"42\n", t2.stderr
+        check_link(t2, t, 2, t1.record.record_sha256)

@@ -22,7 +22,7 @@ from plimsoll import Reason, SessionStart, Tier, _digest, _session, _types, _ver
 from plimsoll._session import Chain
 
 from test_digest import BY_NAME
-from test_sessions_offline import SID, _call, _info, _verified
+from test_sessions_offline import EVIDENCE, SID, _call, _info, _verified
 
 SNAP_ID = "snp_0123456789abcdef_" + "cd" * 16
 SNAP_SHA = "a1" * 32
@@ -697,3 +697,232 @@ def test_a_restored_sessions_call_whose_origin_is_not_its_sessions_is_rejected()
         fresh = plimsoll.Session(c, restored.info, _session.copy_chain(restored.info))
         origin["o"] = _origin("restored")
         assert fresh.cell("print(1)").record.session.sequence == 3  # type: ignore[union-attr]
+
+
+# --- a session that outlives a daemon restart --------------------------------------------
+# On SIGTERM the daemon saves each runsc session, and the next daemon restores it under the
+# same id: from the call after the last one saved, its records carry that restore as their
+# origin (parent: the session itself, at that call and record), and its tier and evidence
+# are the restoring daemon's. Nowhere else may a session's origin change.
+
+RESTORED_SHA = "5e" * 32
+NEW_EVIDENCE = "d" * 64
+
+
+def _restored_here(calls: int, record: Optional[str], **over: Any) -> dict[str, Any]:
+    """The origin of session SID restored under its own id after its call ``calls``."""
+    o: dict[str, Any] = dict(
+        parent_session_id=SID,
+        parent_calls=calls,
+        parent_record_sha256=record,
+        snapshot_sha256=RESTORED_SHA,
+    )
+    o.update(over)
+    return _origin("restored", **o)
+
+
+def _restart_call(
+    p: _verify.Prepared,
+    sequence: int,
+    previous: Optional[str],
+    origin: Optional[dict],
+    **record_over: Any,
+) -> plimsoll.RunResponse:
+    """Session SID's call at ``sequence`` carrying ``origin``, run at kernel tier under the
+    restoring daemon's evidence unless ``record_over`` says otherwise."""
+    record_over.setdefault("isolation", "kernel")
+    record_over.setdefault("evidence_sha256", NEW_EVIDENCE)
+    return _verified(p, _call(p, sequence, previous, session=_link(sequence, previous, origin), **record_over))
+
+
+def _one_call_chain() -> tuple[Chain, str]:
+    """A fresh session's chain after its call 1 (no origin), and that call's record digest."""
+    chain = Chain(plimsoll.SessionInfo.from_wire(_info()), 0, None)
+    p = _verify_cell()
+    r1 = chain.follow(p, _verified(p, _call(p, 1, None)))
+    return chain, r1.record.record_sha256
+
+
+def test_a_restore_under_its_own_id_is_taken_at_the_call_after_the_last_seen() -> None:
+    chain, r1 = _one_call_chain()
+    p = _verify_cell()
+    r2 = chain.follow(p, _restart_call(p, 2, r1, _restored_here(1, r1)))
+    # From here the session's origin, tier and evidence are the restore's.
+    o = chain.info.origin
+    assert o is not None and o.start is SessionStart.RESTORED and o.parent_session_id == SID
+    assert (o.parent_calls, o.parent_record_sha256, o.snapshot_sha256) == (1, r1, RESTORED_SHA)
+    assert (chain.info.isolation, chain.info.evidence_sha256) == (Tier.KERNEL, NEW_EVIDENCE)
+    assert (chain.sequence, chain.previous, chain.info.calls) == (2, r2.record.record_sha256, 2)
+    assert chain.info.provider == "crun" and chain.info.environment == "sha256:" + "1" * 64
+    # The next call carries the same origin, at the new tier and evidence.
+    p = _verify_cell()
+    r3 = chain.follow(p, _restart_call(p, 3, chain.previous, _restored_here(1, r1)))
+    assert chain.sequence == 3
+    # A later record whose origin reverts, or names the restore at another call, or whose
+    # tier or evidence go back: refused, the chain where it was.
+    p = _verify_cell()
+    for origin, over, field in (
+        (None, {}, "origin"),
+        (None, {"isolation": "container", "evidence_sha256": EVIDENCE}, "origin"),
+        (_restored_here(2, r2.record.record_sha256), {}, "origin"),
+        (_restored_here(1, r1), {"isolation": "container"}, "isolation"),
+        (_restored_here(1, r1), {"evidence_sha256": EVIDENCE}, "evidence_sha256"),
+        (_restored_here(1, r1), {"provider": "runc"}, "provider"),
+    ):
+        with pytest.raises(plimsoll.ChainMismatch) as e:
+            chain.follow(p, _restart_call(p, 4, chain.previous, origin, **over))
+        assert e.value.field == field and plimsoll.not_dispatched_reason(e.value) is None
+        assert (chain.sequence, chain.previous) == (3, r3.record.record_sha256)
+        assert chain.info.origin == o
+    # Another restart, after call 3: the next restore's origin is taken there, back at the
+    # first daemon's tier and evidence.
+    r3d = r3.record.record_sha256
+    chain.follow(p, _restart_call(p, 4, r3d, _restored_here(3, r3d), isolation="container", evidence_sha256=EVIDENCE))
+    assert chain.info.origin is not None and chain.info.origin.parent_calls == 3
+    assert (chain.info.isolation, chain.info.evidence_sha256) == (Tier.CONTAINER, EVIDENCE)
+
+
+@pytest.mark.parametrize(
+    "origin, over, field",
+    [
+        # Off by one either way: not the call after the last one this client saw.
+        (lambda r1: _restored_here(0, None), {}, "origin"),
+        (lambda r1: _restored_here(2, r1), {}, "origin"),
+        # Another session's restore, or a fork, or another parent record.
+        (lambda r1: _restored_here(1, r1, parent_session_id=COPIES[0]), {}, "origin"),
+        (lambda r1: _origin("forked", parent_calls=1, parent_record_sha256=r1), {}, "origin"),
+        (lambda r1: _restored_here(1, "0" * 64), {}, "origin"),
+        (lambda r1: _restored_here(1, None), {}, "origin"),
+        # Its provider and environment stay the session's across a restore.
+        (lambda r1: _restored_here(1, r1), {"provider": "runc"}, "provider"),
+        (lambda r1: _restored_here(1, r1), {"environment": "elsewhere"}, "environment"),
+        # Without a restore, the tier and evidence are the session's.
+        (lambda r1: None, {}, "isolation"),
+        (lambda r1: None, {"isolation": "container"}, "evidence_sha256"),
+    ],
+)
+def test_no_other_change_of_origin_or_sandbox_is_taken(
+    origin: Callable[[str], Optional[dict]], over: dict[str, Any], field: str
+) -> None:
+    chain, r1 = _one_call_chain()
+    before = chain.info
+    p = _verify_cell()
+    with pytest.raises(plimsoll.ChainMismatch) as e:
+        chain.follow(p, _restart_call(p, 2, r1, origin(r1), **over))
+    assert e.value.field == field and plimsoll.not_dispatched_reason(e.value) is None
+    assert (chain.sequence, chain.previous, chain.info) == (1, r1, before)
+
+
+def test_a_restore_before_the_first_call_and_of_a_copy_are_taken() -> None:
+    # Saved before its first call: the restore names call 0 and no record.
+    chain = Chain(plimsoll.SessionInfo.from_wire(_info()), 0, None)
+    p = _verify_cell()
+    chain.follow(p, _restart_call(p, 1, None, _restored_here(0, None)))
+    assert chain.info.origin is not None and chain.info.origin.parent_calls == 0
+    # A forked copy (its chain at its parent's call 2) restored under its own id after its
+    # call 3: the fork's origin gives way to the restore's, once.
+    copy_info = plimsoll.SessionInfo.from_wire(
+        _copy("r-1", SID, origin=_origin(parent_session_id=COPIES[0]))
+    )
+    chain = _session.copy_chain(copy_info)
+    p = _verify_cell()
+    forked = _origin(parent_session_id=COPIES[0])
+    r3 = chain.follow(p, _verified(p, _call(p, 3, LAST, session=_link(3, LAST, forked))))
+    r3d = r3.record.record_sha256
+    p = _verify_cell()
+    chain.follow(p, _restart_call(p, 4, r3d, _restored_here(3, r3d)))
+    assert chain.info.origin is not None and chain.info.origin.start is SessionStart.RESTORED
+    p = _verify_cell()
+    with pytest.raises(plimsoll.ChainMismatch) as e:
+        chain.follow(p, _restart_call(p, 5, chain.previous, forked))
+    assert e.value.field == "origin"
+
+
+def _shown(calls: int, last: Optional[str], origin: Optional[dict], **over: Any) -> plimsoll.SessionInfo:
+    over.setdefault("isolation", "kernel")
+    over.setdefault("evidence_sha256", NEW_EVIDENCE)
+    return plimsoll.SessionInfo.from_wire(
+        _info(request_id=None, calls=calls, last_record_sha256=last, origin=origin, **over)
+    )
+
+
+def test_resync_takes_a_restore_at_the_chain_it_knows_and_nothing_else() -> None:
+    chain, r1 = _one_call_chain()
+    # Refused: the restore after another call, of another session, a fork, another record;
+    # a new tier or evidence without a restore; another provider even with one.
+    for info, says in (
+        (_shown(1, r1, _restored_here(0, None)), "origin restored"),
+        (_shown(2, "c" * 64, _restored_here(2, "c" * 64)), "origin restored"),
+        (_shown(1, r1, _restored_here(1, r1, parent_session_id=COPIES[0])), "origin restored"),
+        (_shown(1, r1, _origin("forked", parent_calls=1, parent_record_sha256=r1)), "origin forked"),
+        (_shown(1, r1, _restored_here(1, "0" * 64)), "origin restored"),
+        (_shown(1, r1, None), "isolation kernel"),
+        (_shown(1, r1, None, isolation="container"), "evidence_sha256"),
+        (_shown(1, r1, _restored_here(1, r1), provider="runc"), "provider runc"),
+    ):
+        with pytest.raises(plimsoll.SessionsError, match=says):
+            chain.resync(info)
+        assert (chain.sequence, chain.previous, chain.info.origin) == (1, r1, None)
+    # Taken: restored right after call 1, and a call made since (its answer lost here).
+    chain.doubt("r-lost")
+    chain.resync(_shown(2, "c" * 64, _restored_here(1, r1)))
+    assert (chain.sequence, chain.previous, chain.in_doubt) == (2, "c" * 64, None)
+    assert chain.info.origin is not None and chain.info.isolation is Tier.KERNEL
+    # The next call carries the restore's origin, taken as the session's own now.
+    p = _verify_cell()
+    chain.follow(p, _restart_call(p, 3, "c" * 64, _restored_here(1, r1)))
+    # A later show whose origin reverts, or whose tier goes back, is refused.
+    for info, says in (
+        (_shown(3, chain.previous, None), "origin"),
+        (_shown(3, chain.previous, _restored_here(1, r1), isolation="container"), "isolation"),
+    ):
+        with pytest.raises(plimsoll.SessionsError, match=says):
+            chain.resync(info)
+
+
+def test_a_session_restored_by_a_restart_goes_on_through_a_fake_daemon() -> None:
+    """A Session of a client, its calls and show answered by a loopback fake: call 1 before
+    the restart, call 2 the first after it; then a call whose record drops the origin again
+    is refused, and the resync that follows takes the daemon's word only at the restore."""
+    calls: list[dict[str, Any]] = []
+    state: dict[str, Any] = {"origin": None, "shown": None}
+
+    def answer(method: str, path: str, headers: Any, body: bytes) -> tuple[int, Any]:
+        if method == "GET":
+            assert path == f"/v1/sessions/{SID}"
+            return 200, state["shown"]
+        assert (method, path) == ("POST", f"/v1/sessions/{SID}/cells")
+        request = json.loads(body)
+        p = SimpleNamespace(request_id=request["request_id"], sent=request)
+        n = len(calls) + 1
+        previous = calls[-1]["record"]["record_sha256"] if calls else None
+        over = {} if state["origin"] is None else {"isolation": "kernel", "evidence_sha256": NEW_EVIDENCE}
+        a = _call(p, n, previous, session=_link(n, previous, state["origin"]), **over)  # type: ignore[arg-type]
+        calls.append(a)
+        return 200, a
+
+    with FakeDaemon(answer) as fake, plimsoll.Client(fake.url, "t") as c:
+        info = plimsoll.SessionInfo.from_wire(_info())
+        s = plimsoll.Session(c, info, Chain(info, 0, None))
+        r1 = s.cell("x = 41").record.record_sha256
+        state["origin"] = _restored_here(1, r1)  # the daemon restarted
+        r2 = s.cell("print(x + 1)")
+        assert r2.record.session is not None and r2.record.session.sequence == 2
+        assert s.info.origin is not None and s.info.origin.parent_record_sha256 == r1
+        assert s.info.isolation is Tier.KERNEL
+        state["origin"] = None  # its origin dropped again
+        with pytest.raises(plimsoll.ChainMismatch) as e:
+            s.cell("print(x)")
+        assert e.value.field == "origin" and s.in_doubt == e.value.request_id
+        r3 = calls[-1]["record"]["record_sha256"]
+        state["shown"] = _info(request_id=None, calls=3, last_record_sha256=r3, origin=None,
+                               isolation="kernel", evidence_sha256=NEW_EVIDENCE)
+        with pytest.raises(plimsoll.SessionsError, match="origin"):
+            s.resync()
+        assert s.in_doubt is not None
+        state["shown"] = _info(request_id=None, calls=3, last_record_sha256=r3,
+                               origin=_restored_here(1, r1), isolation="kernel",
+                               evidence_sha256=NEW_EVIDENCE)
+        assert s.resync().calls == 3 and s.in_doubt is None
+        state["origin"] = _restored_here(1, r1)
+        assert s.cell("print(x)").record.session.sequence == 4  # type: ignore[union-attr]

@@ -2113,6 +2113,28 @@ fn session_snapshots_and_forks_sign_as_a_tree() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let out = attest_cmd(&["verify", "--pub", &public, bundle.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The independent check (tests/independent/attest_check.py) agrees.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test runs the project's Python tools as a user would"
+    )]
+    let python = {
+        let root = plimsoll_testing::workspace_root();
+        let o = run(Command::new(root.join("scripts/python-env"))
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin"));
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let python = text(&o.stdout).trim().to_owned();
+        run(Command::new(python)
+            .arg(root.join("tests/independent/attest_check.py"))
+            .args(["bundle", &public, bundle.to_str().unwrap()]))
+    };
+    assert_eq!(
+        python.status.code(),
+        Some(0),
+        "{}{}",
+        text(&python.stdout),
+        text(&python.stderr)
+    );
     // A branch before the call it hangs from: refused.
     let lines: Vec<String> = std::fs::read_to_string(ex)
         .unwrap()

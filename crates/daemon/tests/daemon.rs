@@ -5023,8 +5023,8 @@ fn a_runsc_session_outlives_a_sigterm_restart_but_not_a_sigkill() {
     .unwrap();
     assert_eq!((info.calls, info.origin.as_ref()), (2, Some(&origin)));
     assert_eq!(
-        info.opened_unix_ms / 1000,
-        kept.opened_unix_ms / 1000,
+        (info.opened_unix_ms, info.expires_unix_ms),
+        (kept.opened_unix_ms, kept.expires_unix_ms),
         "its lifetime counts from its first open"
     );
     // The runc session could not be saved: it ended with the daemon.

@@ -63,17 +63,25 @@ fn call(d: &TestDaemon, token: &str, method: &str, path: &str, body: Option<Stri
 }
 
 fn daemon(extra: &str) -> TestDaemon {
+    daemon_of(&["runsc", "runc"], extra)
+}
+
+fn daemon_of(providers: &[&str], extra: &str) -> TestDaemon {
     let image = workspace_root().join("build/images/sandbox");
     TestDaemon::start(&format!(
-        "default_floor = \"container\"\nproviders = [\"runsc\", \"runc\"]\n[pools]\n[oci]\nimage = \"{}\"\n[sessions]\nmax_total = 8\nmax_per_caller = 8\n{extra}",
+        "default_floor = \"container\"\nproviders = {providers:?}\n[pools]\n[oci]\nimage = \"{}\"\n[sessions]\nmax_total = 8\nmax_per_caller = 8\n{extra}",
         image.display()
     ))
 }
 
-/// Whether runsc (and runc) are available; else SKIP, or a failure under CI=true.
+/// Whether runsc and runc are available; else SKIP, or a failure under CI=true.
 fn available(test: &str, d: &TestDaemon) -> bool {
+    available_of(test, d, &["runsc", "runc"])
+}
+
+fn available_of(test: &str, d: &TestDaemon, names: &[&str]) -> bool {
     let p: plimsoll_wire::ProvidersResponse = call(d, &d.token, "GET", "/v1/providers", None).ok();
-    for name in ["runsc", "runc"] {
+    for &name in names {
         let info = p.providers.iter().find(|p| p.name == name);
         if !info.is_some_and(|i| i.available) {
             let why = info
@@ -374,26 +382,43 @@ fn largest_file(dir: &std::path::Path) -> std::path::PathBuf {
 #[test]
 fn snapshots_are_refused_where_they_cannot_be_honest_and_over_their_limits() {
     let test = "snapshots_are_refused_where_they_cannot_be_honest_and_over_their_limits";
-    let d = daemon("snapshot_bytes_per_caller = 1\nmax_fork = 2\n");
-    if !available(test, &d) {
+    let all = ["runsc", "runc", "crun", "qemu"];
+    let d = daemon_of(&all, "snapshot_bytes_per_caller = 1\nmax_fork = 2\n");
+    if !available_of(test, &d, &all) {
         return;
     }
-    // runc: Debian's CRIU cannot dump on this kernel; said, and the session goes on.
-    let runc = open(&d, &d.token, "python", "runc");
-    let e = call(
-        &d,
-        &d.token,
-        "POST",
-        &format!("/v1/sessions/{}/snapshot", runc.session_id),
-        Some(small("s-runc")),
-    )
-    .refused(422);
-    assert_eq!(e.error.not_dispatched, Some(Reason::Unsupported));
-    assert!(e.error.message.contains("CRIU"), "{}", e.error.message);
-    assert_eq!(
-        stdout(&cell(&d, &runc.session_id, "after", "print(7)")),
-        "7"
-    );
+    // runc and crun (CRIU), qemu (the guest's randomness): each says why, and the session
+    // goes on.
+    for (provider, why) in [("runc", "CRIU"), ("crun", "CRIU"), ("qemu", "VMGENID")] {
+        let s = open(&d, &d.token, "python", provider);
+        let e = call(
+            &d,
+            &d.token,
+            "POST",
+            &format!("/v1/sessions/{}/snapshot", s.session_id),
+            Some(small("s-no")),
+        )
+        .refused(422);
+        assert_eq!(
+            e.error.not_dispatched,
+            Some(Reason::Unsupported),
+            "{provider}"
+        );
+        assert!(
+            e.error.message.contains(why),
+            "{provider}: {}",
+            e.error.message
+        );
+        assert_eq!(stdout(&cell(&d, &s.session_id, "after", "print(7)")), "7");
+        let closed = call(
+            &d,
+            &d.token,
+            "DELETE",
+            &format!("/v1/sessions/{}", s.session_id),
+            None,
+        );
+        assert_eq!(closed.status, 200, "{}", closed.body);
+    }
     // JavaScript: node's OpenSSL generator cannot be re-seeded in place.
     let js = open(&d, &d.token, "javascript", "runsc");
     let e = call(

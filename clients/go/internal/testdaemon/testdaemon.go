@@ -1,7 +1,8 @@
 // Package testdaemon starts a real plimsolld for the client's tests: the binary the
 // repository built (target/debug/plimsolld), on a loopback port the kernel picks, with a
 // fresh state directory, settings and callers file, and a caller created for the test. It
-// is stopped (SIGTERM, then SIGKILL) by Stop, and sent SIGTERM by the kernel if the test
+// is restarted (SIGTERM, then the same daemon again on the same address) by Restart,
+// stopped (SIGTERM, then SIGKILL) by Stop, and sent SIGTERM by the kernel if the test
 // process dies first.
 package testdaemon
 
@@ -121,6 +122,10 @@ type Daemon struct {
 	done    chan struct{}
 	uidPort net.Listener
 	router  *exec.Cmd
+	// args (but --listen) and env are what it was started with; a restart reuses them.
+	args   []string
+	env    []string
+	starts int
 }
 
 // Options shape the daemon.
@@ -196,40 +201,26 @@ func Start(opts Options) (*Daemon, error) {
 	if err := os.WriteFile(config, []byte(settings), 0o600); err != nil {
 		return fail(err)
 	}
-	logFile, err := os.Create(d.Log)
-	if err != nil {
-		return fail(err)
-	}
-	defer logFile.Close()
-	args := []string{"--config", config, "--listen", "127.0.0.1:0"}
+	d.args = []string{"--config", config}
 	if opts.Grants != "" {
 		grants := filepath.Join(dir, "grants.toml")
 		if err := os.WriteFile(grants, []byte(opts.Grants), 0o600); err != nil {
 			return fail(err)
 		}
-		args = append(args, "--grants", grants)
+		d.args = append(d.args, "--grants", grants)
 	}
-	d.cmd = exec.Command(Plimsolld(), args...)
 	// A clean environment: the daemon reads only what is given here.
-	d.cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PLIMSOLL_LOG=info"}, opts.Env...)
-	d.cmd.Dir = dir
-	d.cmd.Stdout = nil
-	d.cmd.Stderr = logFile
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := d.cmd.Start(); err != nil {
-		return fail(fmt.Errorf("cannot start %s: %w", Plimsolld(), err))
+	d.env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PLIMSOLL_LOG=info"}, opts.Env...)
+	if err := d.launch("127.0.0.1:0"); err != nil {
+		return fail(err)
 	}
-	go func() {
-		_ = d.cmd.Wait()
-		close(d.done)
-	}()
 	addr, err := d.waitListening()
 	if err != nil {
 		return fail(err)
 	}
 	d.URL = "http://" + addr
 	d.NodeURL = d.URL
-	if err := d.waitProbed(); err != nil {
+	if err := d.waitProbed(d.URL); err != nil {
 		return fail(err)
 	}
 	if ThroughRouter() {
@@ -238,6 +229,106 @@ func Start(opts Options) (*Daemon, error) {
 		}
 	}
 	return d, nil
+}
+
+// launch starts plimsolld on listen, its log in d.Log.
+func (d *Daemon) launch(listen string) error {
+	logFile, err := os.Create(d.Log)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	d.cmd = exec.Command(Plimsolld(), append(append([]string(nil), d.args...), "--listen", listen)...)
+	d.cmd.Env = d.env
+	d.cmd.Dir = d.Dir
+	d.cmd.Stdout = nil
+	d.cmd.Stderr = logFile
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := d.cmd.Start(); err != nil {
+		return fmt.Errorf("cannot start %s: %w", Plimsolld(), err)
+	}
+	d.starts++
+	done := make(chan struct{})
+	d.done = done
+	cmd := d.cmd
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	return nil
+}
+
+// Restart sends the daemon SIGTERM, waits for it to exit, and starts it again on the same
+// settings, state directory and address (so clients, and the router in front, find it where
+// it was); it returns once the new daemon is ready, which is once it has restored what the
+// stopped one saved, and with a router once the router has learnt it. The stopped daemon's
+// exit status is returned with any error.
+func (d *Daemon) Restart() (*os.ProcessState, error) {
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return nil, err
+	}
+	select {
+	case <-d.done:
+	case <-time.After(stopTimeout):
+		return nil, fmt.Errorf("plimsolld did not stop within %s of SIGTERM; see %s", stopTimeout, d.Log)
+	}
+	status := d.cmd.ProcessState
+	listen := strings.TrimPrefix(d.NodeURL, "http://")
+	d.Log = filepath.Join(d.Dir, fmt.Sprintf("plimsolld.%d.log", d.starts+1))
+	if err := d.launch(listen); err != nil {
+		return status, err
+	}
+	addr, err := d.waitListening()
+	if err != nil {
+		return status, err
+	}
+	if addr != listen {
+		return status, fmt.Errorf("plimsolld came back on %s, not %s", addr, listen)
+	}
+	if err := d.waitProbed(d.NodeURL); err != nil {
+		return status, err
+	}
+	if d.router != nil {
+		return status, d.waitRouterLearnt()
+	}
+	return status, nil
+}
+
+// waitRouterLearnt waits until the router in front has learnt the daemon as it is now: its
+// instance, and usable (a daemon is ready only once it restored what an earlier one saved,
+// so the router then knows the instances it adopted too).
+func (d *Daemon) waitRouterLearnt() error {
+	resp, err := http.Get(d.NodeURL + "/readyz")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	instance, node := resp.Header.Get("Plimsoll-Instance"), strings.TrimPrefix(d.NodeURL, "http://")
+	deadline := time.Now().Add(listenTimeout)
+	var last string
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequest(http.MethodGet, d.URL+"/v1/nodes", nil)
+		req.Header.Set("Authorization", "Bearer "+d.Token)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			var list struct {
+				Nodes []struct {
+					Node     string `json:"node"`
+					Instance string `json:"instance"`
+					Usable   bool   `json:"usable"`
+				} `json:"nodes"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&list)
+			resp.Body.Close()
+			for _, n := range list.Nodes {
+				if err == nil && n.Node == node && n.Instance == instance && n.Usable {
+					return nil
+				}
+			}
+			last = fmt.Sprintf("%+v (%v)", list.Nodes, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("the router never learnt %s as instance %s: %s", node, instance, last)
 }
 
 // startRouter puts a plimsoll-router in front of the daemon (its own caller in the same
@@ -379,11 +470,11 @@ func (d *Daemon) waitListening() (string, error) {
 	}
 }
 
-func (d *Daemon) waitProbed() error {
+func (d *Daemon) waitProbed(url string) error {
 	deadline := time.Now().Add(probeTimeout)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL+"/readyz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
 		resp, err := http.DefaultTransport.RoundTrip(req)
 		if err == nil {
 			resp.Body.Close()

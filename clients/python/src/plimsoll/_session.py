@@ -463,7 +463,12 @@ class Chain:
     id, provider, tier, evidence and environment, fixed at open, the image its open named, if
     it named one, and where it came from, if it was restored or forked). A call whose answer
     could not be verified puts the chain in doubt until :meth:`resync`. A restored or forked
-    session's chain starts where its info says (:func:`copy_chain`): its parent's."""
+    session's chain starts where its info says (:func:`copy_chain`): its parent's.
+
+    One change is allowed: a session the daemon saved on its SIGTERM and the next daemon
+    restored under its own id (:meth:`restored_here`). From the call after the last one saved,
+    its records carry that restore as their origin, and its tier and evidence are the ones the
+    restoring daemon measured; its provider, environment and image stay the session's."""
 
     def __init__(
         self,
@@ -488,8 +493,22 @@ class Chain:
         if self.in_doubt is None:
             self.in_doubt = request_id
 
+    def restored_here(self, origin: Optional[SessionOrigin]) -> bool:
+        """Whether ``origin`` says this session was restored under its own id (a daemon
+        restart saved it and the next daemon restored it) right after the last call this
+        client saw: its parent is this session, at this chain's call and record."""
+        return (
+            origin is not None
+            and origin.start is SessionStart.RESTORED
+            and origin.parent_session_id == self.info.session_id
+            and origin.parent_calls == self.sequence
+            and origin.parent_record_sha256 == self.previous
+        )
+
     def resync(self, info: SessionInfo) -> None:
-        """Takes the daemon's word (``GET /v1/sessions/{id}``) for where the chain stands."""
+        """Takes the daemon's word (``GET /v1/sessions/{id}``) for where the chain stands. A
+        session restored under its own id after a daemon restart, right after the last call
+        this client saw, is taken with its new origin, tier and evidence."""
         fixed = self._fixed_problem(info)
         if fixed is not None:
             raise SessionsError(
@@ -501,13 +520,27 @@ class Chain:
         self.in_doubt = None
 
     def _fixed_problem(self, info: SessionInfo) -> Optional[str]:
-        for name in (
-            "session_id", "provider", "isolation", "evidence_sha256", "environment", "image",
-            "origin",
-        ):
+        restored = info.origin != self.info.origin and self.restored_here(info.origin)
+        for name in ("session_id", "provider", "environment", "image"):
             was, now = getattr(self.info, name), getattr(info, name)
             if was != now:
                 return f"with {name} {now}, not {was} as at open"
+        if restored:
+            return None
+        if info.origin != self.info.origin:
+            return (
+                f"with origin {origin_text(info.origin)}, not {origin_text(self.info.origin)}: "
+                "an origin changes only when a daemon restart restored the session under its "
+                f"own id right after the last call this client saw (call {self.sequence}); "
+                "open it again with Client.session() to take the daemon's word for its chain"
+            )
+        for name in ("isolation", "evidence_sha256"):
+            was, now = getattr(self.info, name), getattr(info, name)
+            if was != now:
+                return (
+                    f"with {name} {now}, not {was}: they change only where a daemon restart "
+                    "restored the session"
+                )
         return None
 
     def follow(self, prepared: Prepared, response: RunResponse) -> RunResponse:
@@ -527,14 +560,18 @@ class Chain:
         if link.session_id != sid:
             raise mismatch("session_id", sid, link.session_id, "the record names another session")
         # A restored or forked session's every record says where it came from, as its info
-        # does; a fresh session's never does.
-        if link.origin != self.info.origin:
+        # does; a fresh session's never does. Only a restore of this session under its own id
+        # (a daemon restart), at the call after the last one seen here, brings a new origin:
+        # its sequence and previous record are checked next, as every call's are.
+        restored = link.origin != self.info.origin and self.restored_here(link.origin)
+        if link.origin != self.info.origin and not restored:
             raise mismatch(
                 "origin",
                 origin_text(self.info.origin),
                 origin_text(link.origin),
                 "every record of a restored or forked session carries the session's origin, "
-                "and no other session's record carries one",
+                "and no other session's record carries one; it changes only where a daemon "
+                "restart restored the session, right after its last call",
             )
         gap = "a call of this session is missing, repeated or reordered, or another call's answer"
         if link.sequence != self.sequence + 1:
@@ -547,12 +584,17 @@ class Chain:
                 gap,
             )
         rec = response.record
-        for field, expected, got in (
-            ("provider", self.info.provider, response.provider),
-            ("isolation", self.info.isolation.value, response.isolation.value),
-            ("evidence_sha256", self.info.evidence_sha256, rec.evidence_sha256),
-            ("environment", self.info.environment, rec.environment),
-        ):
+        # Restored, the session runs in the sandbox the restoring daemon made: its tier and
+        # evidence are that daemon's from here on (the floor still holds: the call's answer
+        # was verified against it); its provider and environment stay the session's.
+        fixed = [("provider", self.info.provider, response.provider)]
+        if not restored:
+            fixed += [
+                ("isolation", self.info.isolation.value, response.isolation.value),
+                ("evidence_sha256", self.info.evidence_sha256, rec.evidence_sha256),
+            ]
+        fixed.append(("environment", self.info.environment, rec.environment))
+        for field, expected, got in fixed:
             if expected != got:
                 raise mismatch(field, expected, got, "the call ran elsewhere than the session")
         # The image the open named, like the session's tier: every call's record must say the
@@ -568,7 +610,15 @@ class Chain:
             if wrong is not None:
                 raise wrong
         self.sequence, self.previous = link.sequence, rec.record_sha256
-        self.info = replace(self.info, calls=link.sequence, last_record_sha256=rec.record_sha256)
+        info = self.info
+        if restored:
+            info = replace(
+                info,
+                origin=link.origin,
+                isolation=response.isolation,
+                evidence_sha256=rec.evidence_sha256,
+            )
+        self.info = replace(info, calls=link.sequence, last_record_sha256=rec.record_sha256)
         return response
 
 

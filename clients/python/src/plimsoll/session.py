@@ -7,8 +7,10 @@ session's floor, the three digests, the record against the response) and besides
 session's chain: its record names this session, the next sequence number and the previous
 call's record digest, and the session's provider, tier, evidence and environment, and the
 origin of a restored or forked session. A restored or forked session's chain goes on from its
-parent's. A refusal is believed only with the echoed request id. Calls to one session are
-sent one at a time.
+parent's. A session that outlives a daemon restart (saved on SIGTERM, restored by the next
+daemon under its own id) changes its origin, tier and evidence once, at the call after the
+last one saved, and nowhere else. A refusal is believed only with the echoed request id.
+Calls to one session are sent one at a time.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ class _SessionBase:
 
     @property
     def info(self) -> SessionInfo:
-        """The session as it was opened (or last shown), with ``calls`` and
-        ``last_record_sha256`` where this client's chain stands."""
+        """The session as it was opened (or last resynced), with ``calls`` and
+        ``last_record_sha256`` where this client's chain stands, and, from a call after a
+        daemon restart restored it, the ``origin``, ``isolation`` and ``evidence_sha256`` that
+        call's record carries."""
         return self._chain.info
 
     @property
@@ -301,7 +305,11 @@ class Session(_SessionBase):
 
     def resync(self) -> SessionInfo:
         """Takes the daemon's word for where the session's chain stands, after a call that
-        may have run without a verified answer put it in doubt."""
+        may have run without a verified answer put it in doubt. Its provider, environment and
+        image must be the session's; its origin, tier and evidence too, unless a daemon
+        restart restored the session under its own id right after the last call this client
+        saw (:class:`SessionsError` otherwise: :meth:`Client.session` takes the daemon's word
+        for all of it)."""
         with self._lock:
             info = self._show()
             self._chain.resync(info)

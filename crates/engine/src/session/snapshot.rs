@@ -616,7 +616,7 @@ impl Engine {
         Ok(parent.session(
             session_id,
             parent.origin(start),
-            Instant::now(),
+            (Instant::now(), unix_ms_now()),
             lifetime,
             (sandbox, permit, state, environment),
         ))
@@ -711,16 +711,16 @@ pub(super) type Restored = (
 
 impl Parent {
     /// The session `id` made of a sandbox restored from this parent's snapshot, opened at
-    /// `opened` (now, or when the saved session first opened) for `lifetime` in all.
+    /// `opened` (with `opened_unix_ms`: now, or when the saved session first opened) for
+    /// `lifetime` in all.
     pub(super) fn session(
         &self,
         id: String,
         origin: SessionOrigin,
-        opened: Instant,
+        (opened, opened_unix_ms): (Instant, u64),
         lifetime: Duration,
         (sandbox, permit, state, environment): Restored,
     ) -> Arc<Session> {
-        let opened_unix_ms = unix_ms_now().saturating_sub(millis(opened.elapsed()));
         Arc::new(Session {
             id,
             caller: self.caller.clone(),

@@ -183,7 +183,7 @@ impl Engine {
         Ok(parent.session(
             parent.session_id.clone(),
             origin,
-            opened,
+            (opened, parent.opened_unix_ms),
             lifetime,
             restored,
         ))
