@@ -1302,6 +1302,31 @@ fn a_session_opened_with_a_grant_prints_its_egress_receipts() {
     assert_eq!(text(&out.stdout), "", "nothing left open");
 }
 
+/// A daemon offering `provider` alone, in the sandbox image, with a state directory sandbox
+/// uids can enter and uid range `slot`; `extra` is more settings after `[oci]`.
+fn session_daemon(provider: &str, slot: u32, extra: &str) -> (TestDaemon, tempfile::TempDir) {
+    let state = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let image = plimsoll_testing::workspace_root().join("build/images/sandbox");
+    let daemon = TestDaemon::start(&format!(
+        "providers = [\"{provider}\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[pools]\n[oci]\nimage = \"{}\"\n{extra}",
+        state.path().display(),
+        uid_base(slot),
+        image.display()
+    ));
+    (daemon, state)
+}
+
+/// `plimsoll session ARGS` against `daemon`.
+fn session_command(daemon: &TestDaemon, args: &[&str]) -> Command {
+    let mut cmd = plimsoll();
+    cmd.arg("session")
+        .args(args)
+        .env("PLIMSOLL_DAEMON", &daemon.url)
+        .env("PLIMSOLL_TOKEN", &daemon.token);
+    cmd
+}
+
 /// #13: `plimsoll session` against a daemon at crun: open, cells keeping state, a step, put
 /// and get bytes exact, each call's exchange kept; `plimsoll-attest sign` signs the session as
 /// one chain that verifies, and refuses it with a call dropped or two swapped.
@@ -1311,23 +1336,8 @@ fn session_commands_keep_state_and_their_exchanges_sign_as_one_chain() {
     if !need_root(test) {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let image = plimsoll_testing::workspace_root().join("build/images/sandbox");
-    let daemon = TestDaemon::start(&format!(
-        "providers = [\"crun\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[pools]\n[oci]\nimage = \"{}\"\n",
-        state.path().display(),
-        uid_base(21),
-        image.display()
-    ));
-    let session = |args: &[&str]| {
-        let mut cmd = plimsoll();
-        cmd.arg("session")
-            .args(args)
-            .env("PLIMSOLL_DAEMON", &daemon.url)
-            .env("PLIMSOLL_TOKEN", &daemon.token);
-        cmd
-    };
+    let (daemon, _state) = session_daemon("crun", 21, "");
+    let session = |args: &[&str]| session_command(&daemon, args);
     let out = run(&mut session(&["open", "--lang", "python"]));
     if out.status.code() == Some(3) && !plimsoll_env::strict() {
         eprintln!("SKIP {test}: crun is unavailable: {}", text(&out.stderr));
@@ -2028,23 +2038,12 @@ fn session_snapshots_and_forks_sign_as_a_tree() {
     if !need_root(test) {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let image = plimsoll_testing::workspace_root().join("build/images/sandbox");
-    let daemon = TestDaemon::start(&format!(
-        "providers = [\"runsc\"]\nstate_dir = \"{}\"\nsandbox_uid_base = {}\n[pools]\n[oci]\nimage = \"{}\"\n[sessions]\nmax_total = 6\nmax_per_caller = 6\n",
-        state.path().display(),
-        uid_base(41),
-        image.display()
-    ));
-    let session = |args: &[&str]| {
-        let mut cmd = plimsoll();
-        cmd.arg("session")
-            .args(args)
-            .env("PLIMSOLL_DAEMON", &daemon.url)
-            .env("PLIMSOLL_TOKEN", &daemon.token);
-        run(&mut cmd)
-    };
+    let (daemon, _state) = session_daemon(
+        "runsc",
+        41,
+        "[sessions]\nmax_total = 6\nmax_per_caller = 6\n",
+    );
+    let session = |args: &[&str]| run(&mut session_command(&daemon, args));
     let out = session(&["open", "--lang", "python", "--provider", "runsc"]);
     if out.status.code() == Some(3) && !plimsoll_env::strict() {
         eprintln!("SKIP {test}: runsc is unavailable: {}", text(&out.stderr));

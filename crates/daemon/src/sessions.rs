@@ -573,17 +573,37 @@ fn small_body<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// The caller, the path's id and the parsed body of a snapshot route's `POST`.
-async fn posted<T: serde::de::DeserializeOwned>(
-    st: &AppState,
+/// A snapshot route's `POST`: the caller, the path's id and the parsed body (a `what`)
+/// handed to `f` on a blocking thread; its answer as JSON, or the refusal.
+async fn posted<B, T>(
+    st: AppState,
     id: Result<Path<String>, PathRejection>,
     req: Request,
     what: &str,
-) -> Result<(String, String, T), Response> {
-    let id = target(st, req.headers(), path_of(id)).map_err(|r| *r)?;
-    let (caller, _, bytes) = caller_and_body(st, req).await?;
-    let body = small_body(&bytes, what).map_err(|r| *r)?;
-    Ok((caller, id, body))
+    f: fn(&plimsoll_engine::Engine, &str, &str, &B) -> Result<T, RunError>,
+) -> Response
+where
+    B: serde::de::DeserializeOwned + HasRequestId + Send + 'static,
+    T: serde::Serialize + Send + 'static,
+{
+    let id = match target(&st, req.headers(), path_of(id)) {
+        Ok(id) => id,
+        Err(resp) => return *resp,
+    };
+    let (caller, _, bytes) = match caller_and_body(&st, req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let body: B = match small_body(&bytes, what) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    let request_id = Some(body.request_id().to_owned());
+    let engine = Arc::clone(&st);
+    answered(&st, request_id, move || {
+        f(&engine.engine, &caller, &id, &body)
+    })
+    .await
 }
 
 /// An engine answer on a blocking thread, as JSON or its refusal.
@@ -599,21 +619,42 @@ async fn answered<T: serde::Serialize + Send + 'static>(
     }
 }
 
+/// A snapshot route's body: its request id.
+trait HasRequestId {
+    fn request_id(&self) -> &str;
+}
+
+impl HasRequestId for plimsoll_wire::SnapshotRequest {
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+}
+
+impl HasRequestId for plimsoll_wire::ForkRequest {
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+}
+
+impl HasRequestId for plimsoll_wire::SnapshotOpenRequest {
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+}
+
 /// `POST /v1/sessions/{id}/snapshot`.
 pub(crate) async fn snapshot(
     State(st): State<AppState>,
     id: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
-    let (caller, id, body) =
-        match posted::<plimsoll_wire::SnapshotRequest>(&st, id, req, "snapshot request").await {
-            Ok(x) => x,
-            Err(resp) => return resp,
-        };
-    let engine = Arc::clone(&st);
-    answered(&st, Some(body.request_id.clone()), move || {
-        engine.engine.snapshot_session(&caller, &id, &body)
-    })
+    posted(
+        st,
+        id,
+        req,
+        "snapshot request",
+        plimsoll_engine::Engine::snapshot_session,
+    )
     .await
 }
 
@@ -623,15 +664,13 @@ pub(crate) async fn fork(
     id: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
-    let (caller, id, body) =
-        match posted::<plimsoll_wire::ForkRequest>(&st, id, req, "fork request").await {
-            Ok(x) => x,
-            Err(resp) => return resp,
-        };
-    let engine = Arc::clone(&st);
-    answered(&st, Some(body.request_id.clone()), move || {
-        engine.engine.fork_session(&caller, &id, &body)
-    })
+    posted(
+        st,
+        id,
+        req,
+        "fork request",
+        plimsoll_engine::Engine::fork_session,
+    )
     .await
 }
 
@@ -641,17 +680,13 @@ pub(crate) async fn open_snapshot(
     id: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
-    let (caller, id, body) =
-        match posted::<plimsoll_wire::SnapshotOpenRequest>(&st, id, req, "snapshot open request")
-            .await
-        {
-            Ok(x) => x,
-            Err(resp) => return resp,
-        };
-    let engine = Arc::clone(&st);
-    answered(&st, Some(body.request_id.clone()), move || {
-        engine.engine.open_snapshot(&caller, &id, &body)
-    })
+    posted(
+        st,
+        id,
+        req,
+        "snapshot open request",
+        plimsoll_engine::Engine::open_snapshot,
+    )
     .await
 }
 

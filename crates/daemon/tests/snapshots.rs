@@ -333,19 +333,13 @@ fn a_runsc_session_is_snapshotted_restored_and_forked_with_fresh_randomness() {
     bytes[last] ^= 1;
     std::fs::write(&file, bytes).unwrap();
     let open_before = d.engine().sessions_open();
-    let e = call(
+    refused_post(
         &d,
-        &d.token,
-        "POST",
         &format!("/v1/snapshots/{}/sessions", snap.snapshot_id),
-        Some(small("tampered")),
-    )
-    .refused(503);
-    assert_eq!(e.error.not_dispatched, Some(Reason::Environment));
-    assert!(
-        e.error.message.contains("changed on disk"),
-        "{}",
-        e.error.message
+        small("tampered"),
+        503,
+        Reason::Environment,
+        "changed on disk",
     );
     assert_eq!(d.engine().sessions_open(), open_before);
 
@@ -360,6 +354,26 @@ fn a_runsc_session_is_snapshotted_restored_and_forked_with_fresh_randomness() {
     .ok();
     assert_eq!(gone.snapshot_id, snap.snapshot_id);
     assert!(!dir.exists());
+}
+
+/// POSTs `body` to `path` as the test caller and checks the refusal: `status`, not
+/// dispatched for `reason`, its message naming `says`.
+fn refused_post(
+    d: &TestDaemon,
+    path: &str,
+    body: String,
+    status: u16,
+    reason: Reason,
+    says: &str,
+) -> ErrorResponse {
+    let e = call(d, &d.token, "POST", path, Some(body)).refused(status);
+    assert_eq!(e.error.not_dispatched, Some(reason), "{path}");
+    assert!(
+        e.error.message.contains(says),
+        "{path}: {}",
+        e.error.message
+    );
+    e
 }
 
 fn largest_file(dir: &std::path::Path) -> std::path::PathBuf {
@@ -421,19 +435,13 @@ fn snapshots_are_refused_where_they_cannot_be_honest_and_over_their_limits() {
     }
     // JavaScript: node's OpenSSL generator cannot be re-seeded in place.
     let js = open(&d, &d.token, "javascript", "runsc");
-    let e = call(
+    refused_post(
         &d,
-        &d.token,
-        "POST",
         &format!("/v1/sessions/{}/fork", js.session_id),
-        Some(serde_json::json!({"protocol": 1, "request_id": "f-js", "count": 1}).to_string()),
-    )
-    .refused(422);
-    assert_eq!(e.error.not_dispatched, Some(Reason::Unsupported));
-    assert!(
-        e.error.message.contains("crypto.randomBytes"),
-        "{}",
-        e.error.message
+        serde_json::json!({"protocol": 1, "request_id": "f-js", "count": 1}).to_string(),
+        422,
+        Reason::Unsupported,
+        "crypto.randomBytes",
     );
     // Over max_fork, and a count of 0: refused before anything is taken.
     let py = open(&d, &d.token, "python", "runsc");
@@ -452,19 +460,13 @@ fn snapshots_are_refused_where_they_cannot_be_honest_and_over_their_limits() {
     }
     // Over the caller's quota (1 byte): taken, found too big, removed; the session goes on.
     cell(&d, &py.session_id, "x", "x = 41");
-    let e = call(
+    refused_post(
         &d,
-        &d.token,
-        "POST",
         &format!("/v1/sessions/{}/snapshot", py.session_id),
-        Some(small("s-big")),
-    )
-    .refused(429);
-    assert_eq!(e.error.not_dispatched, Some(Reason::Capacity));
-    assert!(
-        e.error.message.contains("over the quota"),
-        "{}",
-        e.error.message
+        small("s-big"),
+        429,
+        Reason::Capacity,
+        "over the quota",
     );
     let left = std::fs::read_dir(d.engine().config().state_dir.join("snapshots"))
         .map(|r| r.count())
