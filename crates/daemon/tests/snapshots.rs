@@ -327,6 +327,12 @@ fn a_runsc_session_is_snapshotted_restored_and_forked_with_fresh_randomness() {
         .state_dir
         .join("snapshots")
         .join(&snap.snapshot_id);
+    // The snapshot's memory image is root's alone: no sandbox uid reads another's state.
+    for d in [dir.parent().unwrap(), &dir, &dir.join("image")] {
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d).unwrap().permissions());
+        assert_eq!(mode & 0o077, 0, "{}: {mode:o}", d.display());
+    }
     let file = largest_file(&dir);
     let mut bytes = std::fs::read(&file).unwrap();
     let last = bytes.len() - 1;
