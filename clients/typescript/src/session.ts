@@ -55,7 +55,15 @@ import {
   readSnapshotList,
   readStreamLine,
 } from "./read.js";
-import { type CopyParent, checkCopy, checkSnapshotShape, describeOrigin, originDifference } from "./snapshot.js";
+import {
+  type CopyParent,
+  checkCopy,
+  checkSnapshotShape,
+  describeOrigin,
+  originDifference,
+  restoreBoundaryDifference,
+  restoredSince,
+} from "./snapshot.js";
 import {
   type Artifact,
   type EndReason,
@@ -202,12 +210,23 @@ const INTERPRETER_ENDS: readonly EndReason[] = ["interpreter_crash", "out_of_mem
  * After a call that fails "may have run", the chain's position is unknown: the session sends
  * nothing more (`chain_in_doubt`, not dispatched) until {@link Session.resync} takes the
  * daemon's word for where it stands.
+ *
+ * A session can outlive a daemon restart (docs/sessions.md, "Across a restart"): restored
+ * under its own id, its records say so from the call after its last saved one (an origin
+ * `restored` from itself at that call), and from there it runs at the tier and evidence the
+ * restoring daemon measured. The client takes that change at exactly that call, and no other.
  */
 export class Session {
   readonly #http: Http;
   readonly #maxBodyBytes: number;
-  /** The session as opened: what every call is checked against. */
+  /** The session as opened: what every call is checked against (but {@link Session.#runs}). */
   readonly #opened: SessionInfo;
+  /**
+   * Where the session runs now, as every record must say: as opened, until a daemon restart
+   * restored it under its own id (then that origin, and the restoring daemon's tier and
+   * evidence).
+   */
+  #runs: Pick<SessionInfo, "origin" | "isolation" | "evidence_sha256">;
   /** The image the open named, if it named one: every call's record must name it. */
   readonly #image: string | undefined;
   #info: SessionInfo;
@@ -227,6 +246,7 @@ export class Session {
     this.#opened = structuredClone(internals.info);
     this.#image = internals.image;
     this.#info = internals.info;
+    this.#runs = runsOf(internals.info);
     this.#last = { sequence: internals.info.calls, record: internals.info.last_record_sha256 };
   }
 
@@ -396,7 +416,11 @@ export class Session {
     });
   }
 
-  /** The session as the daemon shows it now (its calls, whether its interpreter is alive). */
+  /**
+   * The session as the daemon shows it now (its calls, whether its interpreter is alive;
+   * restored under its own id after a daemon restart, if it was). The chain stays where this
+   * client verified it: the next call's record must still show a restore there.
+   */
   refresh(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
     return this.#serial(async () => (this.#info = await this.#show(options.signal)));
   }
@@ -405,7 +429,9 @@ export class Session {
    * After a call that may have run without an answer this client could verify, where the
    * chain stands is unknown and the session sends nothing more (`chain_in_doubt`, not
    * dispatched): `resync()` takes the daemon's word for it (`GET /v1/sessions/{id}`: its
-   * calls and last record digest), and calls go on from there.
+   * calls and last record digest), and calls go on from there. A session the daemon shows
+   * restored under its own id since (a daemon restart) is taken with its new origin, tier and
+   * evidence.
    */
   resync(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
     return this.#serial(async () => {
@@ -418,6 +444,7 @@ export class Session {
         );
       }
       this.#info = info;
+      this.#runs = runsOf(info);
       this.#last = { sequence: info.calls, record: info.last_record_sha256 };
       this.#doubt = undefined;
       return info;
@@ -434,7 +461,7 @@ export class Session {
 
   /** Shows the session, never the token. */
   [inspect.custom](): string {
-    return `Session { id: ${JSON.stringify(this.id)}, provider: ${JSON.stringify(this.#opened.provider)}, isolation: ${JSON.stringify(this.#opened.isolation)}, calls: ${this.#last.sequence} }`;
+    return `Session { id: ${JSON.stringify(this.id)}, provider: ${JSON.stringify(this.#opened.provider)}, isolation: ${JSON.stringify(this.#runs.isolation)}, calls: ${this.#last.sequence} }`;
   }
 
   /** The session as shown: no token. */
@@ -444,14 +471,23 @@ export class Session {
 
   // -------------------------------------------------------------------------------------
 
-  /** The session as the daemon shows it, checked to be this one as it was opened. */
+  /**
+   * The session as the daemon shows it, checked to be this one as it was opened and as it
+   * runs now; or restored under its own id since (a daemon restart) after the last call this
+   * client saw, then at a tier and evidence of the restoring daemon's, the tier still meeting
+   * the session's floor.
+   */
   async #show(signal: AbortSignal | undefined): Promise<SessionInfo> {
-    const info = await showSession(this.#http, this.id, signal);
-    for (const field of ["session_id", "language", "provider", "isolation", "minimum_isolation", "evidence_sha256", "environment"] as const) {
-      if (info[field] !== this.#opened[field]) {
+    const lookupId = newRequestId();
+    const info = await showSession(this.#http, this.id, signal, lookupId);
+    const restored = originDifference(this.#runs.origin, info.origin) !== undefined && restoredSince(info.origin, this.id, this.#last.sequence);
+    const held = { ...this.#opened, ...this.#runs };
+    const fields = ["session_id", "language", "provider", "minimum_isolation", "environment", ...(restored ? [] : (["isolation", "evidence_sha256"] as const))] as const;
+    for (const field of fields) {
+      if (info[field] !== held[field]) {
         throw new SessionLookupError(
           "bad_response",
-          `the daemon shows session ${this.id} with ${field} ${info[field]}, not ${this.#opened[field]} as when it was opened: the answer was altered on the way or the daemon is faulty`,
+          `the daemon shows session ${this.id} with ${field} ${info[field]}, not ${held[field]} as this client holds it: the answer was altered on the way or the daemon is faulty`,
           { status: 200 },
         );
       }
@@ -464,12 +500,26 @@ export class Session {
         { status: 200 },
       );
     }
-    if (originDifference(this.#opened.origin, info.origin) !== undefined) {
+    if (originDifference(this.#runs.origin, info.origin) !== undefined && !restored) {
       throw new SessionLookupError(
         "bad_response",
-        `the daemon shows session ${this.id} with origin ${describeOrigin(info.origin) ?? "none"}, not ${describeOrigin(this.#opened.origin) ?? "none"} as when it was opened: the answer was altered on the way or the daemon is faulty`,
+        `the daemon shows session ${this.id} with origin ${describeOrigin(info.origin) ?? "none"}, not ${describeOrigin(this.#runs.origin) ?? "none"} as this client holds it, nor restored under its own id after call ${this.#last.sequence}: the answer was altered on the way or the daemon is faulty`,
         { status: 200 },
       );
+    }
+    if (restored) {
+      // Restored after `parent_calls` calls: its chain stands there or later.
+      const o = info.origin!;
+      if (info.calls < o.parent_calls || (info.calls === o.parent_calls && info.last_record_sha256 !== o.parent_record_sha256)) {
+        throw new SessionLookupError(
+          "bad_response",
+          `the daemon shows session ${this.id} restored after call ${o.parent_calls} (record ${o.parent_record_sha256 ?? "none"}), yet at call ${info.calls} (record ${info.last_record_sha256 ?? "none"}): a chain cannot stand so`,
+          { status: 200 },
+        );
+      }
+      if (tierRank(info.isolation) < tierRank(this.#opened.minimum_isolation)) {
+        throw new EvidenceMismatchError(info.provider, info.isolation, this.#opened.minimum_isolation, "session", lookupId);
+      }
     }
     return info;
   }
@@ -495,7 +545,7 @@ export class Session {
     const same = "the snapshot is of another sandbox than the session's";
     if (snap.language !== this.#opened.language) mismatch("language", this.#opened.language, snap.language, same);
     if (snap.provider !== this.#opened.provider) mismatch("provider", this.#opened.provider, snap.provider, same);
-    if (snap.isolation !== this.#opened.isolation) mismatch("isolation", this.#opened.isolation, snap.isolation, same);
+    if (snap.isolation !== this.#runs.isolation) mismatch("isolation", this.#runs.isolation, snap.isolation, same);
     const { sequence, record } = this.#last;
     const where = "the snapshot was not taken where this session's chain stands (a call missing, or made elsewhere)";
     if (snap.calls !== sequence) mismatch("calls", String(sequence), String(snap.calls), where);
@@ -743,6 +793,8 @@ export class Session {
     const mismatch = (field: string, expected: string | undefined, found: string | undefined, why: string): never => {
       throw new SessionMismatchError(field, expected, found, id, why);
     };
+    // Where the session runs, taken only once the whole answer is checked.
+    let runs = this.#runs;
     if (link === undefined) {
       mismatch("session", this.id, undefined, "the record of a session call names no session");
     } else {
@@ -756,17 +808,26 @@ export class Session {
         mismatch("previous_record_sha256", previous, link.previous_record_sha256, why);
       }
       // A restored or forked session's every record says where it came from, as the
-      // session does; a session opened fresh, nothing.
-      const moved = originDifference(this.#opened.origin, link.origin);
+      // session does; a session opened fresh, nothing. The one change taken: the session
+      // restored under its own id by a daemon restart, said from the call right after its
+      // last saved one, and from there at the restoring daemon's tier and evidence.
+      const moved = originDifference(runs.origin, link.origin);
       if (moved !== undefined) {
-        mismatch(moved.field, moved.expected, moved.found, "the record says the session came from elsewhere than the session says");
+        const restore = restoreBoundaryDifference(link.origin, this.id, link.sequence, previous);
+        if (restore === undefined) {
+          runs = { origin: link.origin, isolation: response.isolation, evidence_sha256: record.evidence_sha256 };
+        } else if (link.origin?.start === "restored" && link.origin.parent_session_id === this.id) {
+          mismatch(restore.field, restore.expected, restore.found, "the record says the session was restored under its own id, but not right after its last call");
+        } else {
+          mismatch(moved.field, moved.expected, moved.found, "the record says the session came from elsewhere than the session says");
+        }
       }
     }
-    const same = "the call ran elsewhere than the session (its provider, tier, evidence and environment are fixed at open)";
+    const same = "the call ran elsewhere than the session (its provider and environment are fixed at open, its tier and evidence but across a daemon restart)";
     if (response.provider !== this.#opened.provider) mismatch("provider", this.#opened.provider, response.provider, same);
-    if (response.isolation !== this.#opened.isolation) mismatch("isolation", this.#opened.isolation, response.isolation, same);
-    if (record.evidence_sha256 !== this.#opened.evidence_sha256) {
-      mismatch("evidence_sha256", this.#opened.evidence_sha256, record.evidence_sha256, same);
+    if (response.isolation !== runs.isolation) mismatch("isolation", runs.isolation, response.isolation, same);
+    if (record.evidence_sha256 !== runs.evidence_sha256) {
+      mismatch("evidence_sha256", runs.evidence_sha256, record.evidence_sha256, same);
     }
     if (record.environment !== this.#opened.environment) mismatch("environment", this.#opened.environment, record.environment, same);
     // The image the open named, like the session's floor: every call's record must name it.
@@ -793,12 +854,19 @@ export class Session {
     // A new object: an info handed out earlier stays what it was.
     this.#info = {
       ...this.#info,
+      ...(runs === this.#runs ? {} : runs),
       calls: link!.sequence,
       last_record_sha256: record.record_sha256,
       ...(kind === "cell" ? { interpreter_alive: end === undefined } : {}),
     };
+    this.#runs = runs;
     return response;
   }
+}
+
+/** Where a session shown as `info` runs: its origin, tier and evidence. */
+function runsOf(info: SessionInfo): Pick<SessionInfo, "origin" | "isolation" | "evidence_sha256"> {
+  return { origin: info.origin, isolation: info.isolation, evidence_sha256: info.evidence_sha256 };
 }
 
 /** Runs `f`; a request it finds malformed is refused, not dispatched, nothing sent. */

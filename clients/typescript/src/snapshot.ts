@@ -3,7 +3,9 @@
  * and forks"). A restored or forked session goes on from its parent's chain: its `origin`
  * names the snapshot, the parent and the parent's place in its chain, its own chain starts
  * there (`calls` = `parent_calls`, last record = `parent_record_sha256`), and every record of
- * its calls carries the same origin, inside the record digest (field 14).
+ * its calls carries the same origin, inside the record digest (field 14). A session restored
+ * under its own id by a daemon restart changes its origin once, at the call after its last
+ * saved one: {@link restoreBoundaryDifference} says whether a record is that call.
  * @module
  */
 
@@ -49,6 +51,42 @@ export function originDifference(wanted: OriginWanted | SessionOrigin | undefine
     }
   }
   return undefined;
+}
+
+/**
+ * Whether `origin`, on the record at `sequence` of session `id` whose chain stood at
+ * `previous` (the last record's digest), is that session restored under its own id right
+ * after its last call: a daemon restart saved it and the next daemon restored it
+ * (docs/sessions.md, "Across a restart"). `undefined` when it is; else the first member that
+ * says otherwise (`origin` when there is none), for the mismatch.
+ */
+export function restoreBoundaryDifference(
+  origin: SessionOrigin | undefined,
+  id: string,
+  sequence: number,
+  previous: string | undefined,
+): OriginDifference | undefined {
+  if (origin === undefined) return { field: "origin", expected: `restored from ${id} at call ${sequence - 1}`, found: undefined };
+  const wanted: [keyof SessionOrigin, string | number | undefined][] = [
+    ["start", "restored"],
+    ["parent_session_id", id],
+    ["parent_calls", sequence - 1],
+    ["parent_record_sha256", previous],
+  ];
+  for (const [k, v] of wanted) {
+    if (origin[k] !== v) return { field: `origin.${k}`, expected: shown(v), found: shown(origin[k]) };
+  }
+  return undefined;
+}
+
+/**
+ * Whether a session shown as `origin` (by `GET /v1/sessions/{id}`) was restored under its own
+ * id `id` since this client saw its call `seen`: restored, from itself, after that call or a
+ * later one (calls made elsewhere before the restart are taken on the daemon's word, as a
+ * resync takes them).
+ */
+export function restoredSince(origin: SessionOrigin | undefined, id: string, seen: number): boolean {
+  return origin !== undefined && origin.start === "restored" && origin.parent_session_id === id && origin.parent_calls >= seen;
 }
 
 /**

@@ -1,9 +1,10 @@
 /**
  * Snapshots and forks without a daemon: a session's origin read strictly and digested as
  * record field 14, and the checks on a snapshot, a fork's copies, a session opened from a
- * snapshot and every record of such a session. The answers are synthetic, from a small HTTP
- * server on loopback (not a daemon), and every digest in them is right: only the origin and
- * chain checks can fail them.
+ * snapshot and every record of such a session; and a session that outlives a daemon restart,
+ * restored under its own id (its origin changes at the call after its last saved one, and
+ * nowhere else). The answers are synthetic, from a small HTTP server on loopback (not a
+ * daemon), and every digest in them is right: only the origin and chain checks can fail them.
  * @module
  */
 
@@ -14,9 +15,11 @@ import { inspect } from "node:util";
 
 import {
   Client,
+  EvidenceMismatchError,
   MayHaveRunError,
   NotDispatchedError,
   type Session,
+  SessionLookupError,
   type SessionOrigin,
   SessionMismatchError,
   ShapeError,
@@ -144,7 +147,14 @@ interface Chain {
   calls: number;
   last: string | undefined;
   origin: SessionOrigin | undefined;
+  /** Its tier and evidence digest, when a restart changed them (else the constants). */
+  isolation?: string;
+  evidence?: string;
 }
+
+const EVIDENCE = "7e".repeat(32);
+/** The digest of the files a restart saved a session into. */
+const SAVED_SHA = "6b".repeat(32);
 
 /** What the server does; reset before each test. */
 const serve = {
@@ -157,6 +167,8 @@ const serve = {
   alterSnapshot: undefined as ((answer: Json) => void) | undefined,
   alterRestored: undefined as ((answer: Json) => void) | undefined,
   alterRecord: undefined as ((record: Json) => void) | undefined,
+  /** Alters a session's info as `GET /v1/sessions/{id}` shows it. */
+  alterShown: undefined as ((info: Json) => void) | undefined,
   /** Answered instead, for a refusal: status and body (`{id}` becomes the request id). */
   refuse: undefined as { status: number; code: string; reason: string; echo: boolean } | undefined,
   /** Requests seen: method and path. */
@@ -188,6 +200,8 @@ function shown(id: string, requestId?: string, extra: Record<string, unknown> = 
   const c = serve.chains.get(id)!;
   return sessionInfo(id, {
     ...(requestId === undefined ? {} : { request_id: requestId }),
+    isolation: c.isolation ?? "kernel",
+    evidence_sha256: c.evidence ?? EVIDENCE,
     calls: c.calls,
     ...(c.last === undefined ? {} : { last_record_sha256: c.last }),
     ...(c.origin === undefined ? {} : { origin: c.origin }),
@@ -217,6 +231,20 @@ function copyOf(parent: string, start: "restored" | "forked", requestId: string)
   return shown(id, requestId);
 }
 
+/**
+ * The daemon restarted: session `id` saved where its chain stands and restored under its own
+ * id, its records saying so from its next call on, at the tier and evidence given.
+ */
+function restart(id: string, at: { isolation?: string; evidence?: string } = {}): SessionOrigin {
+  const c = serve.chains.get(id)!;
+  const o: SessionOrigin = { start: "restored", snapshot_sha256: SAVED_SHA, parent_session_id: id, parent_calls: c.calls };
+  if (c.last !== undefined) o.parent_record_sha256 = c.last;
+  c.origin = o;
+  if (at.isolation !== undefined) c.isolation = at.isolation;
+  if (at.evidence !== undefined) c.evidence = at.evidence;
+  return structuredClone(o);
+}
+
 /** An honest answer to a cell `body` of session `id`, the next link of its chain. */
 function cellAnswer(id: string, body: string): Json {
   const req = decodeRunRequest(body);
@@ -230,9 +258,9 @@ function cellAnswer(id: string, body: string): Json {
     request_sha256: requestSha256(req),
     result_sha256: resultSha256(decodeRunResult(JSON.stringify(result))),
     provider: "runsc",
-    isolation: "kernel",
+    isolation: c.isolation ?? "kernel",
     minimum_isolation: "container",
-    evidence_sha256: "7e".repeat(32),
+    evidence_sha256: c.evidence ?? EVIDENCE,
     environment: `sha256:${"5f".repeat(32)}`,
     started_unix_ms: 1,
     ended_unix_ms: 2,
@@ -243,7 +271,7 @@ function cellAnswer(id: string, body: string): Json {
   rec.record_sha256 = recordSha256(decodeRunRecord(JSON.stringify(rec)));
   c.calls += 1;
   c.last = rec.record_sha256;
-  return { protocol: 1, request_id: req.request_id, provider: "runsc", isolation: "kernel", duration_ms: 1, request_sha256: rec.request_sha256, result_sha256: rec.result_sha256, result, record: rec };
+  return { protocol: 1, request_id: req.request_id, provider: "runsc", isolation: rec.isolation, duration_ms: 1, request_sha256: rec.request_sha256, result_sha256: rec.result_sha256, result, record: rec };
 }
 
 function readBody(req: IncomingMessage): Promise<string> {
@@ -296,7 +324,9 @@ async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> 
     send(shown(id!, requestId, { end_reason: "closed", interpreter_alive: false }));
     serve.chains.delete(id!);
   } else if (method === "GET" && kind === "sessions" && serve.chains.has(id!)) {
-    send(shown(id!));
+    const info = shown(id!);
+    serve.alterShown?.(info);
+    send(info);
   } else {
     res.writeHead(404).end();
   }
@@ -328,6 +358,7 @@ beforeEach(() => {
   serve.alterSnapshot = undefined;
   serve.alterRestored = undefined;
   serve.alterRecord = undefined;
+  serve.alterShown = undefined;
   serve.refuse = undefined;
   serve.seen = [];
 });
@@ -564,4 +595,193 @@ test("malformed snapshot ids, digests and counts are refused here, nothing sent"
     assert.match(e.message, /nothing was sent/, what);
   }
   assert.deepEqual(serve.seen.slice(from), [], "the client sent something");
+});
+
+// ---------------------------------------------------------------------------------------
+// Across a daemon restart: the session restored under its own id.
+
+/** A session after one call, and a copy forked from it after one call of its own. */
+async function freshAndCopy(): Promise<[string, Session][]> {
+  const p = await parent();
+  const copy = (await p.fork(1)).sessions[0]!;
+  await copy.cell("print(x + 1)");
+  return [
+    ["a session opened fresh", p],
+    ["a forked copy", copy],
+  ];
+}
+
+test("a session restored under its own id by a daemon restart goes on: its origin, tier and evidence change at the call after its last one", async () => {
+  for (const [what, s] of await freshAndCopy()) {
+    const before = structuredClone(s.info);
+    const last = await s.cell("print(1)");
+    const evidence = "7f".repeat(32);
+    const o = restart(s.id, { isolation: "container", evidence });
+    assert.deepEqual([o.parent_calls, o.parent_record_sha256], [last.record.session!.sequence, last.record.record_sha256], what);
+    const first = await s.cell("print(x + 1)");
+    assert.deepEqual(
+      first.record.session,
+      { session_id: s.id, sequence: o.parent_calls + 1, previous_record_sha256: last.record.record_sha256, origin: o },
+      what,
+    );
+    assert.deepEqual([first.isolation, first.record.evidence_sha256], ["container", evidence], what);
+    assert.deepEqual([s.info.origin, s.info.isolation, s.info.evidence_sha256, s.info.calls], [o, "container", evidence, o.parent_calls + 1], what);
+    // What does not change across a restart stays the session's.
+    assert.deepEqual([s.info.provider, s.info.environment, s.info.minimum_isolation], [before.provider, before.environment, before.minimum_isolation], what);
+    // The next call carries the same origin; the daemon shows it so.
+    const next = await s.cell("print(x + 1)");
+    assert.deepEqual(next.record.session, { session_id: s.id, sequence: o.parent_calls + 2, previous_record_sha256: first.record.record_sha256, origin: o }, what);
+    assert.deepEqual((await s.refresh()).origin, o, what);
+    // A second restart is a second boundary, taken the same way.
+    const again = restart(s.id);
+    assert.equal((await s.cell("print(1)")).record.session?.origin?.parent_calls, again.parent_calls, what);
+    assert.deepEqual(s.info.origin, again, what);
+  }
+});
+
+test("a record that says restored but is no restore boundary of this session is refused", async () => {
+  // Each alters the first record after a restart (its digest recomputed): only the restore
+  // of this session right after its last call, naming that call's record, is taken.
+  const cases: [string, (r: Json) => void, Record<string, string>][] = [
+    ["parent_calls one past the last call", (r) => (r.session.origin.parent_calls += 1), { fresh: "origin.parent_calls", copy: "origin.parent_calls" }],
+    ["parent_calls one before the last call", (r) => (r.session.origin.parent_calls -= 1), { fresh: "origin.parent_calls", copy: "origin.parent_calls" }],
+    ["another session restored", (r) => (r.session.origin.parent_session_id = ELSEWHERE), { fresh: "origin", copy: "origin.start" }],
+    ["forked, not restored", (r) => (r.session.origin.start = "forked"), { fresh: "origin", copy: "origin.snapshot_sha256" }],
+    ["another record than the last", (r) => (r.session.origin.parent_record_sha256 = "00".repeat(32)), { fresh: "origin.parent_record_sha256", copy: "origin.parent_record_sha256" }],
+    ["no record named", (r) => delete r.session.origin.parent_record_sha256, { fresh: "origin.parent_record_sha256", copy: "origin.parent_record_sha256" }],
+    // The new tier or evidence without the restore that allows it.
+    ["a new evidence, no origin", (r) => delete r.session.origin, { fresh: "evidence_sha256", copy: "origin" }],
+  ];
+  for (const [how, alter, fields] of cases) {
+    const [fresh, copy] = (await freshAndCopy()).map(([, s]) => s);
+    for (const [which, s] of [
+      ["fresh", fresh!],
+      ["copy", copy!],
+    ] as const) {
+      const what = `${how} (${which})`;
+      const held = structuredClone(s.info);
+      restart(s.id, { evidence: "7f".repeat(32) });
+      serve.alterRecord = alter;
+      const e = await rejection(s.cell("print(x + 1)"));
+      serve.alterRecord = undefined;
+      assert.ok(e instanceof SessionMismatchError, `${what}: ${inspect(e)}`);
+      assert.equal(e.field, fields[which], `${what}: ${e.message}`);
+      assert.equal(notDispatchedReason(e), undefined, what);
+      // Nothing of the refused record was taken.
+      assert.deepEqual([s.info.origin, s.info.evidence_sha256, s.info.calls], [held.origin, held.evidence_sha256, held.calls], what);
+      const doubt = await rejection(s.cell("print(1)"));
+      assert.ok(doubt instanceof NotDispatchedError && doubt.code === "chain_in_doubt", `${what}: ${inspect(doubt)}`);
+    }
+  }
+});
+
+test("after a restore, a record whose origin reverts, or moves again but at no boundary, is refused", async () => {
+  const cases: [string, (r: Json, before: SessionOrigin | undefined) => void, Record<string, string>][] = [
+    [
+      "reverts to the origin before the restart",
+      (r, before) => {
+        if (before === undefined) delete r.session.origin;
+        else r.session.origin = before;
+      },
+      { fresh: "origin", copy: "origin.start" },
+    ],
+    ["the restore's origin, but at this call", (r) => (r.session.origin.parent_calls = r.session.sequence - 1), { fresh: "origin.parent_record_sha256", copy: "origin.parent_record_sha256" }],
+    ["another snapshot of the restore", (r) => (r.session.origin.snapshot_sha256 = "00".repeat(32)), { fresh: "origin.parent_calls", copy: "origin.parent_calls" }],
+  ];
+  for (const [how, alter, fields] of cases) {
+    const [fresh, copy] = (await freshAndCopy()).map(([, s]) => s);
+    for (const [which, s] of [
+      ["fresh", fresh!],
+      ["copy", copy!],
+    ] as const) {
+      const what = `${how} (${which})`;
+      const before = s.info.origin;
+      const o = restart(s.id);
+      await s.cell("print(x + 1)");
+      assert.deepEqual(s.info.origin, o, what);
+      serve.alterRecord = (r) => alter(r, before);
+      const e = await rejection(s.cell("print(x + 1)"));
+      serve.alterRecord = undefined;
+      assert.ok(e instanceof SessionMismatchError, `${what}: ${inspect(e)}`);
+      assert.equal(e.field, fields[which], `${what}: ${e.message}`);
+      assert.deepEqual(s.info.origin, o, what);
+    }
+  }
+});
+
+test("a resync or refresh takes a restore of this session the daemon shows, and nothing else", async () => {
+  // Shown before its next call: refresh shows it, the chain stays where it was verified, and
+  // the next call crosses the restore itself.
+  for (const [what, s] of await freshAndCopy()) {
+    const o = restart(s.id, { isolation: "vm", evidence: "7f".repeat(32) });
+    const shownInfo = await s.refresh();
+    assert.deepEqual([shownInfo.origin, shownInfo.isolation], [o, "vm"], what);
+    assert.equal((await s.cell("print(1)")).record.session?.origin?.parent_calls, o.parent_calls, what);
+  }
+  // In doubt across the restart (a call unverified before it, or the first after it): the
+  // daemon's word taken, its origin, tier and evidence too.
+  for (const doubtFirst of [true, false]) {
+    for (const [what, s] of await freshAndCopy()) {
+      const unverified = async (): Promise<void> => {
+        serve.alterRecord = (r) => (r.session.sequence += 1);
+        await rejection(s.cell("print(1)"));
+        serve.alterRecord = undefined;
+      };
+      if (doubtFirst) await unverified();
+      const o = restart(s.id, { isolation: "vm", evidence: "7f".repeat(32) });
+      if (!doubtFirst) await unverified();
+      const info = await s.resync();
+      assert.deepEqual([info.origin, info.isolation, info.evidence_sha256, s.info.origin], [o, "vm", "7f".repeat(32), o], what);
+      const next = await s.cell("print(1)");
+      assert.deepEqual([next.record.session?.origin, next.record.session?.sequence, next.isolation], [o, info.calls + 1, "vm"], what);
+    }
+  }
+  // What is refused: a restore of another session, a fork, a restore before calls this
+  // client saw, a chain standing before its restore, a tier below the floor, and a new tier
+  // or evidence without a restore.
+  const refused: [string, (info: Json) => void, (e: unknown) => boolean][] = [
+    ["another session's restore", (i) => (i.origin.parent_session_id = ELSEWHERE), (e) => e instanceof SessionLookupError && /origin/.test(e.message)],
+    ["forked, not restored", (i) => (i.origin.start = "forked"), (e) => e instanceof SessionLookupError && /origin/.test(e.message)],
+    ["restored before the last call seen", (i) => (i.origin.parent_calls -= 1), (e) => e instanceof SessionLookupError && /origin/.test(e.message)],
+    [
+      "a chain standing before its restore",
+      (i) => {
+        i.calls = i.origin.parent_calls - 1;
+        i.last_record_sha256 = "00".repeat(32);
+      },
+      (e) => e instanceof SessionLookupError && /a chain cannot stand so/.test(e.message),
+    ],
+    ["a tier below the floor", (i) => (i.isolation = "process"), (e) => e instanceof EvidenceMismatchError && e.floor === "container"],
+    [
+      "a new evidence, no restore",
+      (i) => {
+        delete i.origin;
+        i.evidence_sha256 = "7f".repeat(32);
+      },
+      (e) => e instanceof SessionLookupError && /evidence_sha256/.test(e.message),
+    ],
+    [
+      "a new tier, no restore",
+      (i) => {
+        delete i.origin;
+        i.isolation = "vm";
+      },
+      (e) => e instanceof SessionLookupError && /isolation/.test(e.message),
+    ],
+  ];
+  for (const [how, alter, check] of refused) {
+    const p = await parent();
+    await p.cell("print(1)");
+    restart(p.id);
+    serve.alterShown = alter;
+    for (const [which, look] of [
+      ["resync", () => p.resync()],
+      ["refresh", () => p.refresh()],
+    ] as const) {
+      const e = await rejection(look());
+      assert.ok(check(e), `${how} (${which}): ${inspect(e)}`);
+    }
+    serve.alterShown = undefined;
+    assert.equal(p.info.origin, undefined, how);
+  }
 });
