@@ -8,10 +8,15 @@ open a session at crun, keep state across cells, share /work between cells, step
 close it, and see a cell on the closed session refused (not dispatched, session_ended); over
 HTTP a session is the token's caller's, the same one `/v1/sessions` shows, and another
 caller's id is not found. A session opened with an egress grant holds it for its whole life:
-each call's result lists the connection attempts since the call before.
+each call's result lists the connection attempts since the call before. The snapshot tools,
+at runsc: a python session forked into two copies that each go on from its state, saying they
+were forked from it; a snapshot of it opened as a new session that says it was restored from
+it; the snapshots listed and deleted, a deleted one refused snapshot_not_found; a JavaScript
+session's snapshot refused unsupported, nothing ran.
 
 Run by `make mcp` (scripts/mcp-test-env installs the clients first), with
-build/mcp/venv/bin/python. Providers `process` and `crun`. Under CI=true nothing may skip.
+build/mcp/venv/bin/python. Providers `process`, `crun` and `runsc`. Under CI=true nothing may
+skip.
 Prints one line per check and closes with `N passed, N failed`.
 """
 
@@ -42,15 +47,17 @@ INSPECTOR = ROOT / "tests" / "mcp" / "inspector" / "node_modules" / ".bin" / "mc
 CI = os.environ.get("CI") in ("true", "1")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 SESSION_ID = re.compile(r"^ses_[0-9a-f]{16}_[0-9a-f]{32}$")
+SNAPSHOT_ID = re.compile(r"^snp_[0-9a-f]{16}_[0-9a-f]{32}$")
 TOOLS = {
     "run_code", "run_project", "list_providers", "open_session", "run_cell", "run_session_steps",
     "write_session_file", "read_session_file", "close_session", "list_sessions",
+    "snapshot_session", "fork_session", "open_snapshot", "list_snapshots", "delete_snapshot",
 }
 # Sandbox uids: above every range the Rust tests derive from ports (1e9 + port * 1024), and
 # derived from a port this process holds, so two runs at once never share one.
 UID_BASE = 1_100_000_000
 # Each engine of this suite (stdio, the daemon, the inspector's stdio) gets its own uids: with
-# max_concurrent 4 and two providers an engine uses base..base+2*4+2-1 (10 uids); 32 apart.
+# max_concurrent 4 and three providers an engine uses base..base+2*4+3-1 (11 uids); 32 apart.
 UIDS_PER_INSTANCE = 32
 UIDS_PER_PORT = 1024
 
@@ -89,7 +96,7 @@ def clean_env(**extra):
 
 
 def settings(dir_, uid_base, listen=None, callers=None):
-    text = f"""providers = ["process", "crun"]
+    text = f"""providers = ["process", "crun", "runsc"]
 state_dir = "{dir_}/state"
 sandbox_uid_base = {uid_base}
 max_concurrent = 4
@@ -100,6 +107,11 @@ image = "{(ROOT / 'build/images/sandbox').resolve()}"
 
 # No warm pools: their members would hold uid slots a session needs.
 [pools]
+
+# A fork's copies are sessions too (each holds one of the max_concurrent uid slots).
+[sessions]
+max_total = 8
+max_per_caller = 8
 """
     if listen:
         text += f'\n[daemon]\nlisten = "{listen}"\ncallers_file = "{callers}"\n'
@@ -171,12 +183,19 @@ async def exercise(session, label, strict_tier):
             "write_session_file": ["session_id", "path", "content", "content_base64"],
             "read_session_file": ["session_id", "path"],
             "close_session": ["session_id"],
+            "snapshot_session": ["session_id"],
+            "fork_session": ["session_id", "count"],
+            "open_snapshot": ["snapshot_id"],
+            "delete_snapshot": ["snapshot_id"],
         }.items():
             props = by_name[tool].input_schema["properties"]
             for a in args:
                 assert a in props, (tool, a, props)
         assert "restart" in by_name["run_cell"].description and "interpreter_end" in by_name["run_cell"].description
         assert "interpreter_ended" in json.dumps(by_name["run_cell"].input_schema)
+        assert by_name["fork_session"].input_schema["properties"]["count"]["minimum"] == 1
+        for tool in ["open_snapshot", "delete_snapshot"]:
+            assert "snapshot_not_found" in by_name[tool].description, by_name[tool].description
 
     check(f"{label}: tools/list names the session tools with their arguments", session_tool_list)
 
@@ -314,15 +333,16 @@ async def exercise(session, label, strict_tier):
         assert not r.is_error, text_of(r)
         s = r.structured_content
         names = {p["name"]: p for p in s["providers"]}
-        assert set(names) == {"process", "crun"}, names
+        assert set(names) == {"process", "crun", "runsc"}, names
         assert names["process"]["isolation"] == "process" and names["process"]["available"] is True
         assert names["crun"]["isolation"] == "container"
+        assert names["runsc"]["isolation"] == "kernel"
         if strict_tier:
             assert names["crun"]["available"] is True, names["crun"]
         assert s["default_floor"] == "container"
         assert "default floor: container" in text_of(r)
 
-    check(f"{label}: list_providers lists process and crun with their tiers", providers)
+    check(f"{label}: list_providers lists process, crun and runsc with their tiers", providers)
 
 
 # --- sessions ------------------------------------------------------------------------------
@@ -545,11 +565,149 @@ async def grant_checks(session, label):
     check(f"{label}: open_session with a grant no one gave opens nothing (permission)", no_such_grant)
 
 
+async def snapshot_checks(session, label):
+    """The snapshot tools at runsc (docs/sessions.md, "Snapshots and forks"): a python session
+    holding x = 41 forked into two copies, each printing 42 and saying it was forked from it
+    after its call 1 (its calls going on from sequence 2); the session going on, snapshotted,
+    and a session opened from the snapshot saying it was restored from it; the caller's
+    snapshots listed oldest first, one deleted and then refused snapshot_not_found; a
+    JavaScript session's snapshot refused unsupported, nothing ran. Every session closed and
+    every snapshot deleted again (the engine has four uid slots: at most three are held)."""
+    if not runsc_usable():
+        return  # reported once as a skip (or, under CI, a failure)
+
+    async def call(tool, **args):
+        return await session.call_tool(tool, args)
+
+    opened = await call("open_session", language="python", provider="runsc")
+    parent = structured(opened).get("session_id", "none")
+    first = await call("run_cell", session_id=parent, code="import random\nx = 41")
+    forked = await call("fork_session", session_id=parent, count=2)
+    seen.setdefault("fork_session", (forked.structured_content, text_of(forked)))
+    copies = structured(forked).get("session_ids") or ["none", "none"]
+    on_copies = [await call("run_cell", session_id=c, code="print(x + 1, random.random())") for c in copies]
+    copies_closed = [await call("close_session", session_id=c) for c in copies]
+    going_on = await call("run_cell", session_id=parent, code="print(x)")
+    taken = await call("snapshot_session", session_id=parent)
+    seen.setdefault("snapshot_session", (taken.structured_content, text_of(taken)))
+    snapshot_id = structured(taken).get("snapshot_id", "none")
+    restored = await call("open_snapshot", snapshot_id=snapshot_id)
+    seen.setdefault("open_snapshot", (restored.structured_content, text_of(restored)))
+    rid = structured(restored).get("session_id", "none")
+    on_restored = await call("run_cell", session_id=rid, code="print(x + 1)")
+    restored_closed = await call("close_session", session_id=rid)
+    listed = await call("list_snapshots")
+    seen.setdefault("list_snapshots", (listed.structured_content, text_of(listed)))
+    deleted = await call("delete_snapshot", snapshot_id=snapshot_id)
+    after_delete = await call("list_snapshots")
+    reopened = await call("open_snapshot", snapshot_id=snapshot_id)
+    seen.setdefault("open_deleted_snapshot", (reopened.structured_content, text_of(reopened)))
+    js = await call("open_session", language="javascript", provider="runsc")
+    jsid = structured(js).get("session_id", "none")
+    js_snapshot = await call("snapshot_session", session_id=jsid)
+    seen.setdefault("snapshot_javascript", (js_snapshot.structured_content, text_of(js_snapshot)))
+    js_cell = await call("run_cell", session_id=jsid, code="console.log(6 * 7)")
+    fork_snapshot = (structured(forked).get("snapshot") or {}).get("snapshot_id", "none")
+    cleanup = [
+        await call("close_session", session_id=jsid),
+        await call("close_session", session_id=parent),
+        await call("delete_snapshot", snapshot_id=fork_snapshot),
+    ]
+    at_end = await call("list_snapshots")
+
+    def forks():
+        assert not opened.is_error and structured(opened)["provider"] == "runsc", text_of(opened)
+        assert structured(opened)["isolation"] == "kernel" and "origin" not in structured(opened), structured(opened)
+        assert not first.is_error, text_of(first)
+        assert not forked.is_error, text_of(forked)
+        f = structured(forked)
+        snap = f["snapshot"]
+        assert snap["session_id"] == parent and snap["calls"] == 1, snap
+        assert snap["last_record_sha256"] == structured(first)["record_sha256"], (snap, structured(first))
+        assert SNAPSHOT_ID.match(snap["snapshot_id"]) and HEX64.match(snap["sha256"]), snap
+        assert len(copies) == 2 and len(set(copies)) == 2 and parent not in copies, copies
+        origin = {"start": "forked", "snapshot_sha256": snap["sha256"], "parent_session_id": parent,
+                  "parent_record_sha256": structured(first)["record_sha256"], "parent_calls": 1}
+        assert [x["origin"] for x in f["sessions"]] == [origin, origin], f["sessions"]
+        assert f"forked from session {parent} after its call 1" in text_of(forked), text_of(forked)
+        randoms = set()
+        for r in on_copies:
+            assert not r.is_error, text_of(r)
+            c = structured(r)
+            answer, random_ = c["stdout"]["text"].split()
+            assert answer == "42", c["stdout"]
+            randoms.add(random_)
+            assert c["session"]["sequence"] == 2 and c["session"]["origin"] == origin, c["session"]
+            assert c["record"]["session"]["origin"] == origin, c["record"]["session"]
+            assert c["session"]["previous_record_sha256"] == origin["parent_record_sha256"], c["session"]
+            assert f"forked from session {parent} after its call 1" in text_of(r), text_of(r)
+        assert len(randoms) == 2, randoms
+        for r in copies_closed:
+            assert not r.is_error and structured(r)["end_reason"] == "closed", text_of(r)
+
+    check(f"{label}: fork_session at runsc: two copies, each going on from the session's state, saying where it came from",
+          forks)
+
+    def restores():
+        assert not going_on.is_error and structured(going_on)["stdout"]["text"] == "41\n", text_of(going_on)
+        assert "origin" not in structured(going_on)["session"], structured(going_on)["session"]
+        assert not taken.is_error, text_of(taken)
+        t = structured(taken)
+        assert SNAPSHOT_ID.match(t["snapshot_id"]) and HEX64.match(t["sha256"]) and t["bytes"] > 0, t
+        assert t["session_id"] == parent and t["calls"] == 2 and t["provider"] == "runsc", t
+        assert t["last_record_sha256"] == structured(going_on)["record_sha256"], t
+        assert not restored.is_error, text_of(restored)
+        r = structured(restored)
+        assert SESSION_ID.match(rid) and rid != parent and rid not in copies, r
+        assert r["origin"] == {"start": "restored", "snapshot_sha256": t["sha256"], "parent_session_id": parent,
+                               "parent_record_sha256": t["last_record_sha256"], "parent_calls": 2}, r
+        assert f"restored from a snapshot of session {parent} after its call 2" in text_of(restored), text_of(restored)
+        assert not on_restored.is_error and structured(on_restored)["stdout"]["text"] == "42\n", text_of(on_restored)
+        assert structured(on_restored)["session"]["sequence"] == 3, structured(on_restored)["session"]
+        assert structured(on_restored)["session"]["origin"] == r["origin"], structured(on_restored)["session"]
+        assert not restored_closed.is_error, text_of(restored_closed)
+
+    check(f"{label}: snapshot_session, then open_snapshot: a new session restored from it, saying so", restores)
+
+    def lists_and_deletes():
+        assert not listed.is_error, text_of(listed)
+        ids = [x["snapshot_id"] for x in structured(listed)["snapshots"]]
+        assert ids == [fork_snapshot, snapshot_id], (ids, fork_snapshot, snapshot_id)
+        assert snapshot_id in text_of(listed), text_of(listed)
+        assert not deleted.is_error and structured(deleted)["status"] == "deleted", text_of(deleted)
+        assert [x["snapshot_id"] for x in structured(after_delete)["snapshots"]] == [fork_snapshot], structured(after_delete)
+        assert reopened.is_error, text_of(reopened)
+        t = text_of(reopened)
+        assert t.startswith("not dispatched (request): nothing ran"), t
+        assert structured(reopened)["code"] == "snapshot_not_found", structured(reopened)
+        for r in cleanup:
+            assert not r.is_error, text_of(r)
+        assert structured(at_end)["snapshots"] == [], structured(at_end)
+
+    check(f"{label}: list_snapshots lists them oldest first; a deleted one is refused snapshot_not_found", lists_and_deletes)
+
+    def javascript_refused():
+        assert not js.is_error, text_of(js)
+        assert js_snapshot.is_error, text_of(js_snapshot)
+        t = text_of(js_snapshot)
+        assert t.startswith("not dispatched (unsupported): nothing ran"), t
+        s = structured(js_snapshot)
+        assert s["code"] == "unsupported" and s["nothing_ran"] is True, s
+        assert not js_cell.is_error and structured(js_cell)["stdout"]["text"] == "42\n", text_of(js_cell)
+        assert structured(js_cell)["session"]["sequence"] == 1, structured(js_cell)["session"]
+
+    check(f"{label}: a JavaScript session's snapshot is refused unsupported, and the session goes on", javascript_refused)
+
+
 # --- transports ----------------------------------------------------------------------------
 
 
 def crun_usable():
     return os.geteuid() == 0 and shutil.which("crun") is not None and (ROOT / "build/images/sandbox/rootfs").is_dir()
+
+
+def runsc_usable():
+    return os.geteuid() == 0 and shutil.which("runsc") is not None and (ROOT / "build/images/sandbox/rootfs").is_dir()
 
 
 async def over_stdio(tmp, uid_base, strict_tier):
@@ -563,6 +721,7 @@ async def over_stdio(tmp, uid_base, strict_tier):
             await session_checks(session, "python sdk, stdio", strict_tier)
             if strict_tier:
                 await grant_checks(session, "python sdk, stdio")
+            await snapshot_checks(session, "python sdk, stdio")
 
 
 class Daemon:
@@ -730,6 +889,7 @@ async def over_http(daemon, strict_tier, label="python sdk, streamable http"):
                 if strict_tier:
                     await rest_opened(daemon, session, auth)
                     await grant_checks(session, label)
+                await snapshot_checks(session, label)
 
     if strict_tier:
         await sessions_via_client(daemon)
@@ -863,6 +1023,7 @@ async def sessions_via_client(daemon):
             after = await session.call_tool("run_cell", {"session_id": sid, "code": "1"})
             bogus = await session.call_tool("run_cell", {"session_id": sid[:-1] + "/", "code": "1"})
             await grant_checks(session, "python sdk, stdio with --daemon")
+            await snapshot_checks(session, "python sdk, stdio with --daemon")
     seen.setdefault("closed_session_cell_via_client", (after.structured_content, text_of(after)))
 
     def through_the_client():
@@ -965,7 +1126,7 @@ def inspector_checks(label, target, strict_tier):
     def list_providers():
         assert provs.returncode == 0, provs.stderr
         names = {p["name"] for p in json.loads(provs.stdout)["structuredContent"]["providers"]}
-        assert names == {"process", "crun"}, names
+        assert names == {"process", "crun", "runsc"}, names
 
     check(f"{label}: list_providers", list_providers)
     return listed
@@ -987,6 +1148,8 @@ def main():
     strict_tier = crun_usable()
     if not strict_tier:
         skip_or_fail("crun checks", "crun, root or build/images/sandbox is missing (run `make images` as root)")
+    if not runsc_usable():
+        skip_or_fail("snapshot checks", "runsc, root or build/images/sandbox is missing (snapshots need runsc)")
 
     hold, port = held_port()
     uid_base = UID_BASE + port * UIDS_PER_PORT

@@ -20,7 +20,9 @@ use http_body_util::BodyExt as _;
 use plimsoll_client::{RunOptions, SessionOptions, new_request_id};
 use plimsoll_engine::RunError;
 use plimsoll_mcp::{Backend, BackendError, Caller, PlimsollMcp, SessionCall, on_engine};
-use plimsoll_wire::{ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList};
+use plimsoll_wire::{
+    ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList, SnapshotInfo, SnapshotList,
+};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
@@ -310,5 +312,67 @@ impl Backend for DaemonBackend {
 
     fn sessions(&self, caller: Option<&str>) -> Result<SessionList, BackendError> {
         Ok(self.shared.engine.list_sessions(authenticated(caller)?))
+    }
+
+    fn snapshot_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<SnapshotInfo, BackendError> {
+        let started = Instant::now();
+        let caller = authenticated(caller)?;
+        let taken = on_engine::snapshot(&self.shared.engine, caller, session_id);
+        self.session_outcome(caller, "snapshot", Some(session_id), started, taken, |s| {
+            (s.session_id.clone(), s.calls)
+        })
+    }
+
+    fn fork_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+        count: u32,
+    ) -> Result<(SnapshotInfo, Vec<SessionInfo>), BackendError> {
+        let started = Instant::now();
+        let caller = authenticated(caller)?;
+        let forked = on_engine::fork(&self.shared.engine, caller, session_id, count);
+        self.session_outcome(
+            caller,
+            "fork",
+            Some(session_id),
+            started,
+            forked,
+            |(s, _)| (s.session_id.clone(), s.calls),
+        )
+    }
+
+    fn open_snapshot(
+        &self,
+        caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SessionInfo, BackendError> {
+        let started = Instant::now();
+        let caller = authenticated(caller)?;
+        let opened = on_engine::open_snapshot(&self.shared.engine, caller, snapshot_id);
+        self.session_outcome(caller, "open_snapshot", None, started, opened, |info| {
+            (info.session_id.clone(), info.calls)
+        })
+    }
+
+    fn snapshots(&self, caller: Option<&str>) -> Result<SnapshotList, BackendError> {
+        Ok(self.shared.engine.list_snapshots(authenticated(caller)?))
+    }
+
+    fn delete_snapshot(
+        &self,
+        caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, BackendError> {
+        let started = Instant::now();
+        let caller = authenticated(caller)?;
+        let deleted = on_engine::delete_snapshot(&self.shared.engine, caller, snapshot_id);
+        self.session_outcome(caller, "delete_snapshot", None, started, deleted, |s| {
+            (s.session_id.clone(), s.calls)
+        })
     }
 }

@@ -7,6 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 use plimsoll_client::{RunOptions, SessionOptions};
 use plimsoll_wire::{
     Bytes, Language, Project, ProjectFile, RunSpec, Step, Tier, validate_session_id,
+    validate_snapshot_id,
 };
 
 use crate::backend::SessionCall;
@@ -270,6 +271,47 @@ pub struct CloseSessionArgs {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 pub struct ListSessionsArgs {}
 
+/// Arguments of `snapshot_session`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct SnapshotSessionArgs {
+    /// The session's id, from `open_session` (`ses_...`): a python session at a provider
+    /// that can save one (`runsc`), opened without a grant. It is paused while it is saved,
+    /// then goes on; its interpreter's state and /work are in the snapshot.
+    pub session_id: String,
+}
+
+/// Arguments of `fork_session`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct ForkSessionArgs {
+    /// The session's id, from `open_session` (`ses_...`): a python session at a provider
+    /// that can save one (`runsc`), opened without a grant. It goes on after the fork.
+    pub session_id: String,
+    /// How many copies: at least 1, at most the operator's `max_fork` (usually 8). Each copy
+    /// is a new session that counts against your session limits.
+    #[schemars(range(min = 1))]
+    pub count: u32,
+}
+
+/// Arguments of `open_snapshot`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct OpenSnapshotArgs {
+    /// The snapshot's id, from `snapshot_session`, `fork_session` or `list_snapshots`
+    /// (`snp_...`).
+    pub snapshot_id: String,
+}
+
+/// Arguments of `list_snapshots` (none).
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct ListSnapshotsArgs {}
+
+/// Arguments of `delete_snapshot`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct DeleteSnapshotArgs {
+    /// The snapshot's id, from `snapshot_session`, `fork_session` or `list_snapshots`
+    /// (`snp_...`).
+    pub snapshot_id: String,
+}
+
 /// Arguments that cannot make a request (checked before anything is sent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
@@ -284,6 +326,11 @@ pub enum ArgsError {
         "`{0}` is not a session id ({1}): use the `session_id` open_session or list_sessions gave"
     )]
     SessionId(String, String),
+    /// A snapshot id that no snapshot can have.
+    #[error(
+        "`{0}` is not a snapshot id ({1}): use the `snapshot_id` snapshot_session, fork_session or list_snapshots gave"
+    )]
+    SnapshotId(String, String),
     /// A session's steps with no command.
     #[error("give at least one command in `commands`")]
     NoCommands,
@@ -308,6 +355,12 @@ fn file_bytes(
 /// daemon's URL path, where a `/` or `?` would name another route.
 pub fn session_id(id: &str) -> Result<&str, ArgsError> {
     validate_session_id(id).map_err(|m| ArgsError::SessionId(id.to_owned(), m))?;
+    Ok(id)
+}
+
+/// `id` if a snapshot can have it. Checked before anything is sent, as a session id is.
+pub fn snapshot_id(id: &str) -> Result<&str, ArgsError> {
+    validate_snapshot_id(id).map_err(|m| ArgsError::SnapshotId(id.to_owned(), m))?;
     Ok(id)
 }
 
@@ -642,6 +695,46 @@ mod tests {
             );
         }
         assert_eq!(session_id(ID), Ok(ID));
+    }
+
+    #[test]
+    fn a_snapshot_id_is_checked_before_it_goes_anywhere() {
+        let good = "snp_0123456789abcdef_00112233445566778899aabbccddeeff";
+        assert_eq!(snapshot_id(good), Ok(good));
+        // A snapshot id goes into the daemon's URL path as a session id does.
+        for bad in [
+            "",
+            ID,
+            "snp_0123456789abcdef_00112233445566778899aabbccddeeff/sessions",
+            "snp_0123456789abcdef_00112233445566778899aabbccddeeff?x=1",
+            "snp_../../v1/runs",
+        ] {
+            assert!(
+                matches!(snapshot_id(bad), Err(ArgsError::SnapshotId(..))),
+                "{bad} was taken"
+            );
+        }
+        let open: OpenSnapshotArgs =
+            serde_json::from_value(serde_json::json!({"snapshot_id": good})).unwrap();
+        assert_eq!(open.snapshot_id, good);
+        // A fork names its copies' count; none is not a fork of one.
+        let fork: ForkSessionArgs =
+            serde_json::from_value(serde_json::json!({"session_id": ID, "count": 3})).unwrap();
+        assert_eq!((fork.session_id.as_str(), fork.count), (ID, 3));
+        assert!(
+            serde_json::from_value::<ForkSessionArgs>(serde_json::json!({"session_id": ID}))
+                .is_err()
+        );
+        assert!(
+            serde_json::from_value::<ForkSessionArgs>(
+                serde_json::json!({"session_id": ID, "count": -1})
+            )
+            .is_err()
+        );
+        let schema = serde_json::to_string(&schemars::schema_for!(ForkSessionArgs)).unwrap();
+        for needle in ["runsc", "max_fork", "session limits"] {
+            assert!(schema.contains(needle), "{needle} missing from {schema}");
+        }
     }
 
     #[test]

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, Once};
 use plimsoll_client::{Client, ClientError, RunOptions, Session, SessionOptions, new_request_id};
 use plimsoll_engine::{Engine, RunError, SessionCallKind};
 use plimsoll_wire::{
-    Bytes, EndReason, Language, Limits, NotDispatched, PROTOCOL, Project, ProjectFile,
-    ProvidersResponse, Reason, RunRequest, RunResponse, RunSpec, SessionInfo, SessionList, Snippet,
-    Step, Tier,
+    Bytes, EndReason, ForkRequest, Language, Limits, NotDispatched, PROTOCOL, Project, ProjectFile,
+    ProvidersResponse, Reason, RunRequest, RunResponse, RunSpec, SessionInfo, SessionList,
+    SnapshotInfo, SnapshotList, SnapshotOpenRequest, SnapshotRequest, Snippet, Step, Tier,
 };
 
 /// A run, a session operation or a listing that gave no result.
@@ -269,6 +269,36 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<SessionInfo, BackendError>;
     /// `caller`'s open sessions.
     fn sessions(&self, caller: Option<&str>) -> Result<SessionList, BackendError>;
+    /// Takes a snapshot of `caller`'s session `session_id`; the session goes on.
+    fn snapshot_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<SnapshotInfo, BackendError>;
+    /// Forks `caller`'s session `session_id` into `count` new sessions, each restored from
+    /// one snapshot of it: that snapshot and the copies (each saying it was forked from the
+    /// session, at the snapshot).
+    fn fork_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+        count: u32,
+    ) -> Result<(SnapshotInfo, Vec<SessionInfo>), BackendError>;
+    /// Opens a new session of `caller` restored from `caller`'s snapshot `snapshot_id` (it
+    /// says it was restored, and from which session).
+    fn open_snapshot(
+        &self,
+        caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SessionInfo, BackendError>;
+    /// `caller`'s snapshots, oldest first.
+    fn snapshots(&self, caller: Option<&str>) -> Result<SnapshotList, BackendError>;
+    /// Deletes `caller`'s snapshot `snapshot_id` and says what it was.
+    fn delete_snapshot(
+        &self,
+        caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, BackendError>;
 }
 
 /// Session operations on an engine, by caller: what the embedded backend and the daemon's
@@ -309,6 +339,56 @@ pub mod on_engine {
     /// Closes `caller`'s session `id`.
     pub fn close(engine: &Engine, caller: &str, id: &str) -> Result<SessionInfo, RunError> {
         engine.close_session(caller, id, Some(&new_request_id()))
+    }
+
+    /// Takes a snapshot of `caller`'s session `id`.
+    pub fn snapshot(engine: &Engine, caller: &str, id: &str) -> Result<SnapshotInfo, RunError> {
+        let request = SnapshotRequest {
+            protocol: PROTOCOL,
+            request_id: new_request_id(),
+        };
+        engine.snapshot_session(caller, id, &request)
+    }
+
+    /// Forks `caller`'s session `id` into `count` copies: the snapshot and the copies.
+    pub fn fork(
+        engine: &Engine,
+        caller: &str,
+        id: &str,
+        count: u32,
+    ) -> Result<(SnapshotInfo, Vec<SessionInfo>), RunError> {
+        let request = ForkRequest {
+            protocol: PROTOCOL,
+            request_id: new_request_id(),
+            count,
+        };
+        let answer = engine.fork_session(caller, id, &request)?;
+        Ok((answer.snapshot, answer.sessions))
+    }
+
+    /// Opens a session of `caller` restored from `caller`'s snapshot `snapshot_id`.
+    pub fn open_snapshot(
+        engine: &Engine,
+        caller: &str,
+        snapshot_id: &str,
+    ) -> Result<SessionInfo, RunError> {
+        // No digest to hold it to: the engine restores what it keeps under this id, and the
+        // session it opens names that snapshot's digest in its origin.
+        let request = SnapshotOpenRequest {
+            protocol: PROTOCOL,
+            request_id: new_request_id(),
+            sha256: None,
+        };
+        engine.open_snapshot(caller, snapshot_id, &request)
+    }
+
+    /// Deletes `caller`'s snapshot `snapshot_id`.
+    pub fn delete_snapshot(
+        engine: &Engine,
+        caller: &str,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, RunError> {
+        engine.delete_snapshot(caller, snapshot_id, Some(&new_request_id()))
     }
 }
 
@@ -440,6 +520,52 @@ impl Backend for EngineBackend {
     fn sessions(&self, caller: Option<&str>) -> Result<SessionList, BackendError> {
         Ok(self.engine.list_sessions(caller.unwrap_or(&self.caller)))
     }
+
+    fn snapshot_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<SnapshotInfo, BackendError> {
+        let caller = caller.unwrap_or(&self.caller);
+        on_engine::snapshot(&self.engine, caller, session_id)
+            .map_err(|e| BackendError::from_engine(&e))
+    }
+
+    fn fork_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+        count: u32,
+    ) -> Result<(SnapshotInfo, Vec<SessionInfo>), BackendError> {
+        let caller = caller.unwrap_or(&self.caller);
+        on_engine::fork(&self.engine, caller, session_id, count)
+            .map_err(|e| BackendError::from_engine(&e))
+    }
+
+    fn open_snapshot(
+        &self,
+        caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SessionInfo, BackendError> {
+        // The snapshot's provider was probed when its session opened: nothing to probe.
+        let caller = caller.unwrap_or(&self.caller);
+        on_engine::open_snapshot(&self.engine, caller, snapshot_id)
+            .map_err(|e| BackendError::from_engine(&e))
+    }
+
+    fn snapshots(&self, caller: Option<&str>) -> Result<SnapshotList, BackendError> {
+        Ok(self.engine.list_snapshots(caller.unwrap_or(&self.caller)))
+    }
+
+    fn delete_snapshot(
+        &self,
+        caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, BackendError> {
+        let caller = caller.unwrap_or(&self.caller);
+        on_engine::delete_snapshot(&self.engine, caller, snapshot_id)
+            .map_err(|e| BackendError::from_engine(&e))
+    }
 }
 
 /// A daemon, through the Rust client (which checks request ids, digests, the tier and each
@@ -477,6 +603,34 @@ impl ClientBackend {
                 format!("cannot look session {id} up on the daemon ({other}), so nothing was sent to it"),
             ),
         })
+    }
+
+    /// The caller's snapshot `id` as the daemon lists it: what the client holds a session
+    /// opened from it to (its digest, its session, its place in that session's chain).
+    /// Looking it up runs nothing, so any failure here is not dispatched.
+    fn snapshot_of_caller(&self, id: &str) -> Result<SnapshotInfo, BackendError> {
+        let listed = self.client.list_snapshots().map_err(|e| {
+            BackendError::refused(
+                Reason::Environment,
+                format!(
+                    "cannot look snapshot {id} up on the daemon ({e}), so nothing was restored"
+                ),
+            )
+        })?;
+        listed
+            .snapshots
+            .into_iter()
+            .find(|s| s.snapshot_id == id)
+            .ok_or_else(|| BackendError::NotDispatched {
+                reason: Reason::Request,
+                // What the daemon answers for it: its list of this caller's snapshots has none
+                // by this id (unknown, another caller's, expired or deleted alike).
+                code: Some("snapshot_not_found".into()),
+                end_reason: None,
+                message: format!(
+                    "the daemon lists no snapshot {id} of this caller, so nothing was restored"
+                ),
+            })
     }
 }
 
@@ -569,6 +723,67 @@ impl Backend for ClientBackend {
                 format!("cannot list the daemon's sessions: {e}"),
             )
         })
+    }
+
+    fn snapshot_session(
+        &self,
+        _caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<SnapshotInfo, BackendError> {
+        // The client checks that the snapshot is of this session where the daemon said its
+        // chain stands.
+        self.resume(session_id)?
+            .snapshot()
+            .map_err(|e| BackendError::from_client(&e))
+    }
+
+    fn fork_session(
+        &self,
+        _caller: Option<&str>,
+        session_id: &str,
+        count: u32,
+    ) -> Result<(SnapshotInfo, Vec<SessionInfo>), BackendError> {
+        // The client checks each copy's origin against the snapshot and the session (and
+        // closes every copy again when one does not hold).
+        let (snapshot, copies) = self
+            .resume(session_id)?
+            .fork(count)
+            .map_err(|e| BackendError::from_client(&e))?;
+        Ok((snapshot, copies.iter().map(|c| c.info().clone()).collect()))
+    }
+
+    fn open_snapshot(
+        &self,
+        _caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SessionInfo, BackendError> {
+        let snapshot = self.snapshot_of_caller(snapshot_id)?;
+        // The client sends the snapshot's digest (the daemon refuses a snapshot whose files no
+        // longer hash to it) and checks that the session says it was restored from it.
+        self.client
+            .open_snapshot(&snapshot)
+            .map(|s| s.info().clone())
+            .map_err(|e| BackendError::from_client(&e))
+    }
+
+    fn snapshots(&self, _caller: Option<&str>) -> Result<SnapshotList, BackendError> {
+        // Listing runs nothing, as above.
+        self.client.list_snapshots().map_err(|e| {
+            BackendError::refused(
+                Reason::Environment,
+                format!("cannot list the daemon's snapshots: {e}"),
+            )
+        })
+    }
+
+    fn delete_snapshot(
+        &self,
+        _caller: Option<&str>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, BackendError> {
+        self.client
+            .delete_snapshot(snapshot_id)
+            .map_err(|e| BackendError::from_client(&e))
     }
 }
 

@@ -1,6 +1,8 @@
-//! plimsoll as Model Context Protocol tools: `run_code`, `run_project`, `list_providers` and
+//! plimsoll as Model Context Protocol tools: `run_code`, `run_project`, `list_providers`,
 //! the session tools (`open_session`, `run_cell`, `run_session_steps`, `write_session_file`,
-//! `read_session_file`, `close_session`, `list_sessions`), built on the official Rust SDK
+//! `read_session_file`, `close_session`, `list_sessions`) and the snapshot tools
+//! (`snapshot_session`, `fork_session`, `open_snapshot`, `list_snapshots`,
+//! `delete_snapshot`), built on the official Rust SDK
 //! (rmcp). The handler ([`PlimsollMcp`]) is transport-agnostic
 //! and reaches plimsoll through a [`Backend`]: the embedded engine ([`EngineBackend`]) or a
 //! daemon through the Rust client ([`ClientBackend`]). `plimsoll mcp` serves it over stdio
@@ -9,7 +11,8 @@
 //! Tool results carry structured content and a text rendering (docs/mcp.md): capped stdout
 //! and stderr with truncation flags, exit code, timed out, provider, isolation and the
 //! request, result and record digests; a session call's also its place in the session's
-//! chain and, for a cell, `state_kept` and `interpreter_end`. A refusal is a tool error
+//! chain and, for a cell, `state_kept` and `interpreter_end`; a restored or forked
+//! session's, and its calls', also its `origin`. A refusal is a tool error
 //! saying "not dispatched (REASON): nothing ran", with its code (`session_ended`,
 //! `interpreter_ended`, ...); any other error says the code may have run.
 

@@ -5,8 +5,8 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use plimsoll_wire::{
-    EgressReceipt, ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList, StepResult,
-    Tier,
+    EgressReceipt, ProvidersResponse, Reason, RunResponse, SessionInfo, SessionList, SessionOrigin,
+    SessionStart, SnapshotInfo, SnapshotList, StepResult, Tier,
 };
 use serde_json::{Value, json};
 
@@ -127,14 +127,18 @@ pub fn run_structured(resp: &RunResponse, cap: usize) -> Value {
         obj.insert("interpreter_end".into(), json!(end));
     }
     if let Some(link) = &resp.record.session {
-        obj.insert(
-            "session".into(),
-            json!({
-                "session_id": link.session_id,
-                "sequence": link.sequence,
-                "previous_record_sha256": link.previous_record_sha256,
-            }),
-        );
+        let mut session = json!({
+            "session_id": link.session_id,
+            "sequence": link.sequence,
+            "previous_record_sha256": link.previous_record_sha256,
+        });
+        if let Some(origin) = &link.origin {
+            session
+                .as_object_mut()
+                .expect("an object")
+                .insert("origin".into(), json!(origin));
+        }
+        obj.insert("session".into(), session);
     }
     v
 }
@@ -318,6 +322,12 @@ fn session_lines(v: &Value) -> String {
             link["session_id"].as_str().unwrap_or(""),
             link["sequence"]
         ));
+        if let Some(origin) = link
+            .get("origin")
+            .and_then(|o| serde_json::from_value::<SessionOrigin>(o.clone()).ok())
+        {
+            out.push_str(&origin_line(&origin));
+        }
     }
     match (v["state_kept"].as_bool(), v["interpreter_end"].as_str()) {
         (_, Some(end)) => out.push_str(&format!(
@@ -361,7 +371,25 @@ pub fn session_structured(info: &SessionInfo) -> Value {
     if let Some(end) = info.end_reason {
         obj.insert("end_reason".into(), json!(end));
     }
+    if let Some(origin) = &info.origin {
+        obj.insert("origin".into(), json!(origin));
+    }
     v
+}
+
+/// Where a restored or forked session came from, as one line of text.
+fn origin_line(o: &SessionOrigin) -> String {
+    let how = match o.start {
+        SessionStart::Restored => "restored from a snapshot of",
+        SessionStart::Forked => "forked from",
+    };
+    format!(
+        "{how} session {parent} after its call {calls} (snapshot sha256 {sha}): it began with that session's state then, and its calls go on from sequence {next}\n",
+        parent = o.parent_session_id,
+        calls = o.parent_calls,
+        sha = o.snapshot_sha256,
+        next = o.parent_calls + 1,
+    )
 }
 
 fn secs(ms: u64) -> String {
@@ -442,9 +470,149 @@ pub fn session_list(list: &SessionList) -> (Value, String) {
             secs(s.idle_timeout_ms),
             s.expires_unix_ms
         ));
+        if let Some(o) = &s.origin {
+            text.push_str("  ");
+            text.push_str(&origin_line(o));
+        }
     }
     let sessions: Vec<Value> = list.sessions.iter().map(session_structured).collect();
     (json!({"sessions": sessions}), text)
+}
+
+/// A snapshot, structured: its id and digest, the session it was taken of and that
+/// session's place in its chain then, where it runs, its size and when it expires.
+pub fn snapshot_structured(snap: &SnapshotInfo) -> Value {
+    json!({
+        "snapshot_id": snap.snapshot_id,
+        "session_id": snap.session_id,
+        "sha256": snap.sha256,
+        "bytes": snap.bytes,
+        "provider": snap.provider,
+        "isolation": snap.isolation,
+        "language": snap.language,
+        "calls": snap.calls,
+        "last_record_sha256": snap.last_record_sha256,
+        "checkpoint_ms": snap.checkpoint_ms,
+        "created_unix_ms": snap.created_unix_ms,
+        "expires_unix_ms": snap.expires_unix_ms,
+    })
+}
+
+/// One snapshot as a line of text.
+fn snapshot_line(snap: &SnapshotInfo) -> String {
+    format!(
+        "snapshot {id} of session {sid} after its call {calls}: {lang} on provider {p} at isolation {t}, {bytes} bytes, sha256 {sha}, expires at unix ms {exp}\n",
+        id = snap.snapshot_id,
+        sid = snap.session_id,
+        calls = snap.calls,
+        lang = snap.language.as_str(),
+        p = snap.provider,
+        t = snap.isolation,
+        bytes = snap.bytes,
+        sha = snap.sha256,
+        exp = snap.expires_unix_ms,
+    )
+}
+
+/// The answer to `snapshot_session`, structured and as text.
+pub fn snapshot_taken(snap: &SnapshotInfo) -> (Value, String) {
+    let mut v = snapshot_structured(snap);
+    v.as_object_mut()
+        .expect("an object")
+        .insert("status".into(), json!("taken"));
+    let text = format!(
+        "took {line}the session was paused {ms} ms while it was saved and goes on; open_snapshot with this snapshot_id opens a new session restored from it (its state as it is now); delete_snapshot when done\n",
+        line = snapshot_line(snap),
+        ms = snap.checkpoint_ms,
+    );
+    (v, text)
+}
+
+/// The answer to `fork_session`: the snapshot the copies were restored from and the copies
+/// (structured and as text), each saying it was forked from the session.
+pub fn forked(snap: &SnapshotInfo, copies: &[SessionInfo]) -> (Value, String) {
+    let ids: Vec<&str> = copies.iter().map(|c| c.session_id.as_str()).collect();
+    let v = json!({
+        "status": "forked",
+        "session_id": snap.session_id,
+        "session_ids": ids,
+        "sessions": copies.iter().map(session_structured).collect::<Vec<Value>>(),
+        "snapshot": snapshot_structured(snap),
+    });
+    let mut text = format!(
+        "forked session {} into {} new session(s), each restored from one snapshot of it and given fresh randomness:\n",
+        snap.session_id,
+        copies.len()
+    );
+    for c in copies {
+        text.push_str(&format!(
+            "{} on provider {} at isolation {}\n",
+            c.session_id, c.provider, c.isolation
+        ));
+        if let Some(o) = &c.origin {
+            text.push_str("  ");
+            text.push_str(&origin_line(o));
+        }
+    }
+    text.push_str(&format!(
+        "use each session_id as any session's, and close_session each when done; session {} goes on. The snapshot stays until it expires or delete_snapshot removes it: {}",
+        snap.session_id,
+        snapshot_line(snap)
+    ));
+    (v, text)
+}
+
+/// The answer to `open_snapshot`: the new session (structured as `open_session`'s, with its
+/// `origin`) and, as text, where it came from.
+pub fn snapshot_opened(info: &SessionInfo, snapshot_id: &str) -> (Value, String) {
+    let mut v = session_structured(info);
+    v.as_object_mut()
+        .expect("an object")
+        .insert("snapshot_id".into(), json!(snapshot_id));
+    let origin = info
+        .origin
+        .as_ref()
+        .map(origin_line)
+        .unwrap_or_else(|| "no origin came with it: treat it as a fresh session\n".to_owned());
+    let text = format!(
+        "opened session {id} ({lang}) from snapshot {snapshot_id} on provider {p} at isolation {t} ({note})\n\
+         {origin}\
+         it ends after {idle} without a call, or at unix ms {exp}, whichever comes first\n\
+         evidence_sha256 {ev}\n\
+         use this session_id with run_cell, run_session_steps, write_session_file and read_session_file; close_session when done\n",
+        id = info.session_id,
+        lang = info.language.as_str(),
+        p = info.provider,
+        t = info.isolation,
+        note = tier_note(info.isolation),
+        idle = secs(info.idle_timeout_ms),
+        exp = info.expires_unix_ms,
+        ev = info.evidence_sha256,
+    );
+    (v, text)
+}
+
+/// The answer to `list_snapshots`, structured and as text.
+pub fn snapshot_list(list: &SnapshotList) -> (Value, String) {
+    let mut text = format!("{} snapshot(s)\n", list.snapshots.len());
+    for snap in &list.snapshots {
+        text.push_str(&snapshot_line(snap));
+    }
+    let snapshots: Vec<Value> = list.snapshots.iter().map(snapshot_structured).collect();
+    (json!({"snapshots": snapshots}), text)
+}
+
+/// The answer to `delete_snapshot`, structured and as text.
+pub fn snapshot_deleted(snap: &SnapshotInfo) -> (Value, String) {
+    let mut v = snapshot_structured(snap);
+    v.as_object_mut()
+        .expect("an object")
+        .insert("status".into(), json!("deleted"));
+    let text = format!(
+        "deleted snapshot {} of session {}: its files are gone and it cannot be opened again; sessions opened or forked from it go on\n",
+        snap.snapshot_id, snap.session_id
+    );
+    (v, text)
 }
 
 /// The answer to `write_session_file`: the call's run facts, the path and the bytes written.
@@ -518,6 +686,9 @@ fn session_hint(code: &str) -> Option<&'static str> {
         }
         "interpreter_ended" => {
             "the session's interpreter ended (see its last cell's interpreter_end) and its state is lost: send the cell again with restart=true, which starts a fresh interpreter, after re-running what it needs"
+        }
+        "snapshot_not_found" => {
+            "this caller has no snapshot with this id (a typo, another caller's, expired, deleted, or taken before the daemon restarted): call list_snapshots, or take one with snapshot_session"
         }
         "sandbox_changed" => {
             "the session's sandbox no longer matched what it was at open, so the session ended: open a new one with open_session"
@@ -1046,6 +1217,72 @@ mod tests {
         assert!(text.contains("retry unchanged"), "{text}");
     }
 
+    fn snapshot() -> SnapshotInfo {
+        SnapshotInfo {
+            protocol: plimsoll_wire::PROTOCOL,
+            request_id: Some("s-1".into()),
+            snapshot_id: "snp_1".into(),
+            session_id: "ses_1".into(),
+            sha256: "5".repeat(64),
+            bytes: 1_048_576,
+            provider: "runsc".into(),
+            isolation: Tier::Kernel,
+            language: plimsoll_wire::Language::Python,
+            calls: 0,
+            last_record_sha256: None,
+            checkpoint_ms: 80,
+            created_unix_ms: 5_000,
+            expires_unix_ms: 3_605_000,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_of_a_session_with_no_call_yet_says_so() {
+        let snap = snapshot();
+        let (v, text) = snapshot_taken(&snap);
+        assert_eq!(
+            (&v["calls"], &v["last_record_sha256"], &v["status"]),
+            (&json!(0), &json!(null), &json!("taken"))
+        );
+        assert_eq!(v["isolation"], "kernel");
+        assert!(
+            text.starts_with("took snapshot snp_1 of session ses_1 after its call 0: python on provider runsc at isolation kernel, 1048576 bytes, sha256 5555")
+                && text.contains("paused 80 ms"),
+            "{text}"
+        );
+        // A copy of it: no parent record to hang from, its first call is sequence 1.
+        let origin = SessionOrigin {
+            start: SessionStart::Forked,
+            snapshot_sha256: snap.sha256.clone(),
+            parent_session_id: "ses_1".into(),
+            parent_record_sha256: None,
+            parent_calls: 0,
+        };
+        let line = origin_line(&origin);
+        assert!(
+            line.starts_with("forked from session ses_1 after its call 0")
+                && line.contains("from sequence 1"),
+            "{line}"
+        );
+        let (v, text) = snapshot_list(&SnapshotList {
+            protocol: plimsoll_wire::PROTOCOL,
+            snapshots: Vec::new(),
+        });
+        assert_eq!(
+            (v, text.as_str()),
+            (json!({"snapshots": []}), "0 snapshot(s)\n")
+        );
+        let (v, text) = snapshot_deleted(&snap);
+        assert_eq!(
+            (&v["status"], &v["snapshot_id"]),
+            (&json!("deleted"), &json!("snp_1"))
+        );
+        assert!(
+            text.starts_with("deleted snapshot snp_1 of session ses_1"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn a_session_opened_closed_and_listed_says_where_it_runs_and_when_it_ends() {
         use plimsoll_wire::{EndReason, Language, PROTOCOL, SessionInfo, SessionList, Wall};
@@ -1075,6 +1312,8 @@ mod tests {
             v.get("grant").is_none() && !text.contains("grant"),
             "{text}"
         );
+        // A session opened fresh has no origin.
+        assert!(v.get("origin").is_none(), "{v}");
         assert_eq!(v["status"], "open");
         assert_eq!(v["session_id"], "ses_1");
         assert_eq!(v["isolation"], "container");

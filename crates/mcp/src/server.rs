@@ -13,8 +13,9 @@ use rmcp::{ErrorData, ServerHandler, tool, tool_handler, tool_router};
 use serde_json::Value;
 
 use crate::args::{
-    ArgsError, CloseSessionArgs, ListProvidersArgs, ListSessionsArgs, OpenSessionArgs,
-    ReadSessionFileArgs, RunCellArgs, RunCodeArgs, RunProjectArgs, RunSessionStepsArgs,
+    ArgsError, CloseSessionArgs, DeleteSnapshotArgs, ForkSessionArgs, ListProvidersArgs,
+    ListSessionsArgs, ListSnapshotsArgs, OpenSessionArgs, OpenSnapshotArgs, ReadSessionFileArgs,
+    RunCellArgs, RunCodeArgs, RunProjectArgs, RunSessionStepsArgs, SnapshotSessionArgs,
     WriteSessionFileArgs,
 };
 use crate::backend::{Backend, BackendError, SessionCall};
@@ -43,11 +44,19 @@ cell (state_kept), run_session_steps runs shell commands and write_session_file 
 read_session_file move files, all in the session's one sandbox and its /work; close_session \
 ends it. A session ends by itself when idle or at its lifetime; a refusal coded \
 session_ended means: open a new one; interpreter_ended means: send the cell with \
-restart=true.";
+restart=true. \
+A python session at a provider that can save one (runsc) can be saved whole: \
+snapshot_session saves it (it goes on), open_snapshot opens a new session restored from a \
+snapshot, fork_session makes several new sessions from it at once; each such session says \
+where it came from (origin: restored or forked, the parent session, the parent's call \
+count) and its calls go on from the parent's chain. list_snapshots and delete_snapshot \
+manage them; a session that cannot be saved is refused `not dispatched (unsupported)`.";
 
-/// The MCP server: `run_code`, `run_project`, `list_providers` and the session tools
+/// The MCP server: `run_code`, `run_project`, `list_providers`, the session tools
 /// (`open_session`, `run_cell`, `run_session_steps`, `write_session_file`,
-/// `read_session_file`, `close_session`, `list_sessions`) over one backend.
+/// `read_session_file`, `close_session`, `list_sessions`) and the snapshot tools
+/// (`snapshot_session`, `fork_session`, `open_snapshot`, `list_snapshots`,
+/// `delete_snapshot`) over one backend.
 #[derive(Debug, Clone)]
 pub struct PlimsollMcp {
     backend: Arc<dyn Backend>,
@@ -91,10 +100,14 @@ fn failed(e: &BackendError) -> CallToolResult {
     r
 }
 
-/// Arguments that made no request: refused, nothing sent. An id no session can have is
-/// answered as the engine answers an unknown one.
+/// Arguments that made no request: refused, nothing sent. An id no session (or snapshot)
+/// can have is answered as the engine answers an unknown one.
 fn bad_args(e: &ArgsError) -> CallToolResult {
-    let code = matches!(e, ArgsError::SessionId(..)).then(|| "session_not_found".to_owned());
+    let code = match e {
+        ArgsError::SessionId(..) => Some("session_not_found".to_owned()),
+        ArgsError::SnapshotId(..) => Some("snapshot_not_found".to_owned()),
+        _ => None,
+    };
     failed(&BackendError::NotDispatched {
         reason: plimsoll_wire::Reason::Request,
         code,
@@ -418,6 +431,149 @@ impl PlimsollMcp {
             render::session_list,
         ))
     }
+
+    /// Takes a snapshot of a session.
+    #[tool(
+        name = "snapshot_session",
+        description = "Save a session whole (its interpreter's memory with every variable, import and function, and its /work) as a snapshot; the session is paused while it is saved, then goes on. Only a python session at a provider that can save one (runsc), opened without a grant, can be saved. Returns the snapshot_id (to pass to open_snapshot or delete_snapshot), its SHA-256 digest, its size in bytes, the session's call count and last record digest when it was taken, and when it expires. A tool error starting `not dispatched (REASON)` means nothing was saved and the session is as it was (unsupported: this session cannot be saved; session_not_found, session_ended: see the message; capacity: delete a snapshot first).",
+        annotations(
+            title = "Snapshot a sandbox session",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn snapshot_session(
+        &self,
+        Parameters(args): Parameters<SnapshotSessionArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let id = match crate::args::session_id(&args.session_id) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return Ok(bad_args(&e)),
+        };
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        Ok(answer(
+            blocking(move || backend.snapshot_session(caller.as_deref(), &id)).await,
+            render::snapshot_taken,
+        ))
+    }
+
+    /// Forks a session into copies.
+    #[tool(
+        name = "fork_session",
+        description = "Fork a session into `count` new sessions: it is saved once as a snapshot, and each copy is a new session restored from it, with the session's state (variables, imports, functions, /work) at the fork and fresh randomness of its own; the session itself goes on. Use copies to try several continuations from one state. Only a python session at a provider that can save one (runsc), opened without a grant, can be forked. Returns the copies' session_ids (each used like any session's, and closed with close_session), each copy's origin (forked from this session, after its call N: the copy's calls go on from sequence N+1) and the snapshot (its snapshot_id; it stays until it expires or delete_snapshot removes it). Each copy counts against your session limits. A tool error starting `not dispatched (REASON)` means no copy was made and the session is as it was (unsupported: this session cannot be forked; capacity: too many sessions or snapshots; request: count out of range).",
+        annotations(
+            title = "Fork a sandbox session",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn fork_session(
+        &self,
+        Parameters(args): Parameters<ForkSessionArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let id = match crate::args::session_id(&args.session_id) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return Ok(bad_args(&e)),
+        };
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        let count = args.count;
+        Ok(answer(
+            blocking(move || backend.fork_session(caller.as_deref(), &id, count)).await,
+            |(snapshot, copies)| render::forked(snapshot, copies),
+        ))
+    }
+
+    /// Opens a session from a snapshot.
+    #[tool(
+        name = "open_snapshot",
+        description = "Open a new session restored from a snapshot (from snapshot_session, fork_session or list_snapshots): its interpreter's state and /work are the snapshotted session's when it was taken, with fresh randomness, at the same provider and isolation tier. Returns its new session_id (used like any session's; close_session when done) and its origin: restored from that session, after its call N (its calls go on from sequence N+1), with the snapshot's digest. The snapshot stays, and can be opened again. A tool error starting `not dispatched (REASON)` means nothing was opened (snapshot_not_found: no such snapshot of yours, it expired or was deleted; capacity: too many sessions).",
+        annotations(
+            title = "Open a session from a snapshot",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn open_snapshot(
+        &self,
+        Parameters(args): Parameters<OpenSnapshotArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let id = match crate::args::snapshot_id(&args.snapshot_id) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return Ok(bad_args(&e)),
+        };
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        let shown = id.clone();
+        Ok(answer(
+            blocking(move || backend.open_snapshot(caller.as_deref(), &id)).await,
+            |info| render::snapshot_opened(info, &shown),
+        ))
+    }
+
+    /// Lists the caller's snapshots.
+    #[tool(
+        name = "list_snapshots",
+        description = "List your snapshots, oldest first: each one's snapshot_id, the session it was taken of and that session's call count then, its provider, isolation tier and language, its digest and size, and when it expires. Runs nothing.",
+        annotations(
+            title = "List session snapshots",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_snapshots(
+        &self,
+        Parameters(_args): Parameters<ListSnapshotsArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        Ok(answer(
+            blocking(move || backend.snapshots(caller.as_deref())).await,
+            render::snapshot_list,
+        ))
+    }
+
+    /// Deletes a snapshot.
+    #[tool(
+        name = "delete_snapshot",
+        description = "Delete a snapshot: its files are removed and it cannot be opened again (sessions already opened or forked from it go on). Returns what it was. A tool error starting `not dispatched (REASON)` means nothing was deleted (snapshot_not_found: no such snapshot of yours, or it already expired or was deleted).",
+        annotations(
+            title = "Delete a session snapshot",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn delete_snapshot(
+        &self,
+        Parameters(args): Parameters<DeleteSnapshotArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let id = match crate::args::snapshot_id(&args.snapshot_id) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return Ok(bad_args(&e)),
+        };
+        let backend = Arc::clone(&self.backend);
+        let caller = caller_of(&ext);
+        Ok(answer(
+            blocking(move || backend.delete_snapshot(caller.as_deref(), &id)).await,
+            render::snapshot_deleted,
+        ))
+    }
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -437,7 +593,13 @@ mod tests {
     use plimsoll_client::{RunOptions, SessionOptions};
     use plimsoll_wire::{
         EndReason, Language, PROTOCOL, ProvidersResponse, Reason, RunRecord, RunResponse,
-        RunResult, SessionInfo, SessionLink, SessionList, Tier, Wall,
+        RunResult, SessionInfo, SessionLink, SessionList, SessionOrigin, SessionStart,
+        SnapshotInfo, SnapshotList, Tier, Wall,
+    };
+
+    use crate::args::{
+        DeleteSnapshotArgs, ForkSessionArgs, ListSnapshotsArgs, OpenSnapshotArgs,
+        SnapshotSessionArgs,
     };
     use serde_json::json;
 
@@ -456,6 +618,107 @@ mod tests {
         calls: Mutex<Vec<(Option<String>, String, SessionCall)>>,
         /// The options of every open that reached the backend.
         opened: Mutex<Vec<SessionOptions>>,
+        /// Where each restored or forked session came from.
+        origins: Mutex<HashMap<String, SessionOrigin>>,
+        /// id → (caller, the snapshot).
+        snapshots: Mutex<HashMap<String, (String, SnapshotInfo)>>,
+        /// Snapshot, fork and open-snapshot operations that reached the backend.
+        snapshot_ops: Mutex<Vec<String>>,
+    }
+
+    /// A session the fake cannot save (as the engine refuses a JavaScript session's).
+    const JS_ID: &str = "ses_0123456789abcdef_ffeeddccbbaa99887766554433221100";
+    /// A snapshot id no snapshot of the fake has.
+    const SNAP: &str = "snp_0123456789abcdef_ffffffffffffffffffffffffffffffff";
+
+    fn snapshot_not_found() -> BackendError {
+        BackendError::NotDispatched {
+            reason: Reason::Request,
+            code: Some("snapshot_not_found".into()),
+            end_reason: None,
+            message: "no such snapshot of this caller".into(),
+        }
+    }
+
+    impl Fake {
+        /// The session `id` of `caller`, open: its call count.
+        fn open_calls(&self, caller: &str, id: &str) -> Result<u64, BackendError> {
+            match self.sessions.lock().unwrap().get(id) {
+                Some((owner, calls, None)) if owner == caller => Ok(*calls),
+                _ => Err(not_found()),
+            }
+        }
+
+        fn session_info(&self, id: &str) -> SessionInfo {
+            let (_, calls, ended) = self.sessions.lock().unwrap()[id].clone();
+            SessionInfo {
+                origin: self.origins.lock().unwrap().get(id).cloned(),
+                last_record_sha256: (calls > 0).then(|| "c".repeat(64)),
+                ..info(id, calls, ended)
+            }
+        }
+
+        /// A new session of `caller` restored from `snap`.
+        fn restore(&self, caller: &str, snap: &SnapshotInfo, start: SessionStart) -> SessionInfo {
+            let n = self.sessions.lock().unwrap().len();
+            let id = format!("ses_0123456789abcdef_{n:032x}");
+            self.sessions
+                .lock()
+                .unwrap()
+                .insert(id.clone(), (caller.into(), snap.calls, None));
+            self.origins.lock().unwrap().insert(
+                id.clone(),
+                SessionOrigin {
+                    start,
+                    snapshot_sha256: snap.sha256.clone(),
+                    parent_session_id: snap.session_id.clone(),
+                    parent_record_sha256: snap.last_record_sha256.clone(),
+                    parent_calls: snap.calls,
+                },
+            );
+            self.session_info(&id)
+        }
+
+        fn take(&self, caller: &str, id: &str) -> Result<SnapshotInfo, BackendError> {
+            let calls = self.open_calls(caller, id)?;
+            if id == JS_ID {
+                return Err(BackendError::NotDispatched {
+                    reason: Reason::Unsupported,
+                    code: Some("unsupported".into()),
+                    end_reason: None,
+                    message: "a JavaScript session cannot be snapshotted or forked".into(),
+                });
+            }
+            let n = self.snapshots.lock().unwrap().len();
+            let snap = SnapshotInfo {
+                protocol: PROTOCOL,
+                request_id: Some(format!("s-{n}")),
+                snapshot_id: format!("snp_0123456789abcdef_{:032x}", n + 10),
+                session_id: id.into(),
+                sha256: "5".repeat(64),
+                bytes: 4096,
+                provider: "runsc".into(),
+                isolation: Tier::Kernel,
+                language: Language::Python,
+                calls,
+                last_record_sha256: (calls > 0).then(|| "c".repeat(64)),
+                checkpoint_ms: 12,
+                created_unix_ms: 1_000 + n as u64,
+                expires_unix_ms: 3_601_000,
+            };
+            self.snapshots
+                .lock()
+                .unwrap()
+                .insert(snap.snapshot_id.clone(), (caller.into(), snap.clone()));
+            Ok(snap)
+        }
+
+        fn snapshot_of(&self, caller: &str, id: &str) -> Result<SnapshotInfo, BackendError> {
+            match self.snapshots.lock().unwrap().get(id) {
+                Some((owner, snap)) if owner == caller => Ok(snap.clone()),
+                _ => Err(snapshot_not_found()),
+            }
+        }
     }
 
     const ID: &str = "ses_0123456789abcdef_00112233445566778899aabbccddeeff";
@@ -577,7 +840,7 @@ mod tests {
                         session_id: id.into(),
                         sequence: *calls,
                         previous_record_sha256: (*calls > 1).then(|| "c".repeat(64)),
-                        origin: None,
+                        origin: self.origins.lock().unwrap().get(id).cloned(),
                     }),
                 },
             })
@@ -597,17 +860,89 @@ mod tests {
             }
         }
         fn sessions(&self, caller: Option<&str>) -> Result<SessionList, BackendError> {
-            let sessions = self.sessions.lock().unwrap();
+            let open: Vec<String> = self
+                .sessions
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, (owner, _, ended))| {
+                    owner == caller.unwrap_or("local") && ended.is_none()
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
             Ok(SessionList {
                 protocol: PROTOCOL,
-                sessions: sessions
-                    .iter()
-                    .filter(|(_, (owner, _, ended))| {
-                        owner == caller.unwrap_or("local") && ended.is_none()
-                    })
-                    .map(|(id, (_, calls, _))| info(id, *calls, None))
-                    .collect(),
+                sessions: open.iter().map(|id| self.session_info(id)).collect(),
             })
+        }
+        fn snapshot_session(
+            &self,
+            caller: Option<&str>,
+            id: &str,
+        ) -> Result<SnapshotInfo, BackendError> {
+            self.snapshot_ops
+                .lock()
+                .unwrap()
+                .push(format!("snapshot {id}"));
+            self.take(caller.unwrap_or("local"), id)
+        }
+        fn fork_session(
+            &self,
+            caller: Option<&str>,
+            id: &str,
+            count: u32,
+        ) -> Result<(SnapshotInfo, Vec<SessionInfo>), BackendError> {
+            self.snapshot_ops
+                .lock()
+                .unwrap()
+                .push(format!("fork {id} {count}"));
+            let caller = caller.unwrap_or("local");
+            let snap = self.take(caller, id)?;
+            let copies = (0..count)
+                .map(|_| self.restore(caller, &snap, SessionStart::Forked))
+                .collect();
+            Ok((snap, copies))
+        }
+        fn open_snapshot(
+            &self,
+            caller: Option<&str>,
+            id: &str,
+        ) -> Result<SessionInfo, BackendError> {
+            self.snapshot_ops.lock().unwrap().push(format!("open {id}"));
+            let caller = caller.unwrap_or("local");
+            let snap = self.snapshot_of(caller, id)?;
+            Ok(self.restore(caller, &snap, SessionStart::Restored))
+        }
+        fn snapshots(&self, caller: Option<&str>) -> Result<SnapshotList, BackendError> {
+            let mut snapshots: Vec<SnapshotInfo> = self
+                .snapshots
+                .lock()
+                .unwrap()
+                .values()
+                .filter(|(owner, _)| owner == caller.unwrap_or("local"))
+                .map(|(_, s)| SnapshotInfo {
+                    request_id: None,
+                    ..s.clone()
+                })
+                .collect();
+            snapshots.sort_by_key(|s| s.created_unix_ms);
+            Ok(SnapshotList {
+                protocol: PROTOCOL,
+                snapshots,
+            })
+        }
+        fn delete_snapshot(
+            &self,
+            caller: Option<&str>,
+            id: &str,
+        ) -> Result<SnapshotInfo, BackendError> {
+            self.snapshot_ops
+                .lock()
+                .unwrap()
+                .push(format!("delete {id}"));
+            let snap = self.snapshot_of(caller.unwrap_or("local"), id)?;
+            self.snapshots.lock().unwrap().remove(id);
+            Ok(snap)
         }
     }
 
@@ -642,14 +977,19 @@ mod tests {
             names,
             [
                 "close_session",
+                "delete_snapshot",
+                "fork_session",
                 "list_providers",
                 "list_sessions",
+                "list_snapshots",
                 "open_session",
+                "open_snapshot",
                 "read_session_file",
                 "run_cell",
                 "run_code",
                 "run_project",
                 "run_session_steps",
+                "snapshot_session",
                 "write_session_file"
             ]
         );
@@ -670,7 +1010,433 @@ mod tests {
                     t.name
                 );
             }
+            if t.name.contains("snapshot") && t.name != "snapshot_session" {
+                let desc = t.description.as_deref().unwrap_or("");
+                assert!(
+                    t.name == "list_snapshots" || schema.contains("snapshot_id"),
+                    "{}: {schema}",
+                    t.name
+                );
+                assert!(
+                    t.name == "list_snapshots" || desc.contains("snapshot_not_found"),
+                    "{}: {desc}",
+                    t.name
+                );
+            }
         }
+        // A fork's count is at least one in the schema a model sees.
+        let fork = tools.iter().find(|t| t.name == "fork_session").unwrap();
+        let schema = serde_json::to_value(&fork.input_schema).unwrap();
+        assert_eq!(schema["properties"]["count"]["minimum"], 1, "{schema}");
+        assert_eq!(
+            schema["required"],
+            json!(["session_id", "count"]),
+            "{schema}"
+        );
+    }
+
+    fn opened_by(fake: &Fake, caller: &str, id: &str) {
+        fake.sessions
+            .lock()
+            .unwrap()
+            .insert(id.into(), (caller.into(), 0, None));
+    }
+
+    #[tokio::test]
+    async fn a_fork_and_a_restore_say_where_they_came_from_and_go_on_from_its_chain() {
+        let fake = Arc::new(Fake::default());
+        let server = PlimsollMcp::new(Arc::clone(&fake) as Arc<dyn Backend>);
+        opened_by(&fake, "alice", ID);
+        let r = server
+            .run_cell(cell("x = 41"), as_caller("alice"))
+            .await
+            .unwrap();
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+
+        let r = server
+            .fork_session(
+                Parameters(ForkSessionArgs {
+                    session_id: ID.into(),
+                    count: 2,
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+        let v = r.structured_content.clone().unwrap();
+        let copies: Vec<String> = v["session_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(copies.len(), 2, "{v}");
+        assert!(!copies.contains(&ID.to_owned()), "{v}");
+        assert_eq!(
+            (&v["status"], &v["session_id"]),
+            (&json!("forked"), &json!(ID))
+        );
+        assert_eq!(
+            (
+                &v["snapshot"]["session_id"],
+                &v["snapshot"]["calls"],
+                &v["snapshot"]["sha256"]
+            ),
+            (&json!(ID), &json!(1), &json!("5".repeat(64)))
+        );
+        for (i, c) in copies.iter().enumerate() {
+            let s = &v["sessions"][i];
+            assert_eq!(s["session_id"], c.as_str());
+            assert_eq!(
+                s["origin"],
+                json!({"start": "forked", "snapshot_sha256": "5".repeat(64),
+                       "parent_session_id": ID, "parent_record_sha256": "c".repeat(64),
+                       "parent_calls": 1}),
+                "{v}"
+            );
+        }
+        let t = text(&r);
+        assert!(
+            t.starts_with(&format!("forked session {ID} into 2 new session(s)")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&copies[0])
+                && t.contains(&copies[1])
+                && t.contains(&format!("forked from session {ID} after its call 1")),
+            "{t}"
+        );
+        assert_eq!(
+            fake.snapshot_ops.lock().unwrap().as_slice(),
+            [format!("fork {ID} 2")]
+        );
+
+        // A copy is used as any session, and each of its results says where it came from.
+        let mut on_copy = cell("print(x + 1)");
+        on_copy.0.session_id = copies[1].clone();
+        let r = server.run_cell(on_copy, as_caller("alice")).await.unwrap();
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(v["session"]["sequence"], 2, "{v}");
+        assert_eq!(v["session"]["origin"]["start"], "forked", "{v}");
+        assert_eq!(v["session"]["origin"]["parent_session_id"], ID, "{v}");
+        let t = text(&r);
+        assert!(
+            t.contains(&format!(
+                "forked from session {ID} after its call 1 (snapshot sha256 {})",
+                "5".repeat(64)
+            )) && t.contains("from sequence 2"),
+            "{t}"
+        );
+        // The parent's own results say nothing of an origin.
+        let r = server
+            .run_cell(cell("x"), as_caller("alice"))
+            .await
+            .unwrap();
+        let v = r.structured_content.clone().unwrap();
+        assert!(v["session"].get("origin").is_none(), "{v}");
+        assert!(!text(&r).contains("forked"), "{}", text(&r));
+
+        // A snapshot of the parent, now at its call 2; a session opened from it.
+        let r = server
+            .snapshot_session(
+                Parameters(SnapshotSessionArgs {
+                    session_id: ID.into(),
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+        let snap = r.structured_content.clone().unwrap();
+        assert_eq!(
+            (&snap["status"], &snap["session_id"], &snap["calls"]),
+            (&json!("taken"), &json!(ID), &json!(2))
+        );
+        assert_eq!(
+            (&snap["bytes"], &snap["provider"], &snap["isolation"]),
+            (&json!(4096), &json!("runsc"), &json!("kernel"))
+        );
+        let snapshot_id = snap["snapshot_id"].as_str().unwrap().to_owned();
+        let t = text(&r);
+        assert!(
+            t.starts_with(&format!(
+                "took snapshot {snapshot_id} of session {ID} after its call 2"
+            )) && t.contains("goes on")
+                && t.contains("open_snapshot"),
+            "{t}"
+        );
+
+        let r = server
+            .open_snapshot(
+                Parameters(OpenSnapshotArgs {
+                    snapshot_id: snapshot_id.clone(),
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+        let v = r.structured_content.clone().unwrap();
+        let restored = v["session_id"].as_str().unwrap().to_owned();
+        assert!(restored != ID && !copies.contains(&restored), "{v}");
+        assert_eq!(
+            (&v["status"], &v["snapshot_id"], &v["calls"]),
+            (&json!("open"), &json!(snapshot_id), &json!(2))
+        );
+        assert_eq!(
+            v["origin"],
+            json!({"start": "restored", "snapshot_sha256": "5".repeat(64),
+                   "parent_session_id": ID, "parent_record_sha256": "c".repeat(64),
+                   "parent_calls": 2}),
+            "{v}"
+        );
+        let t = text(&r);
+        assert!(
+            t.starts_with(&format!(
+                "opened session {restored} (python) from snapshot {snapshot_id}"
+            )) && t.contains(&format!(
+                "restored from a snapshot of session {ID} after its call 2"
+            )),
+            "{t}"
+        );
+        // list_sessions says it too.
+        let listed = server
+            .list_sessions(Parameters(ListSessionsArgs {}), as_caller("alice"))
+            .await
+            .unwrap();
+        assert!(
+            text(&listed).contains(&format!(
+                "restored from a snapshot of session {ID} after its call 2"
+            )),
+            "{}",
+            text(&listed)
+        );
+    }
+
+    #[tokio::test]
+    async fn snapshots_are_their_caller_s_and_their_refusals_say_nothing_ran() {
+        let fake = Arc::new(Fake::default());
+        let server = PlimsollMcp::new(Arc::clone(&fake) as Arc<dyn Backend>);
+        opened_by(&fake, "alice", ID);
+        opened_by(&fake, "alice", JS_ID);
+        let snapshot = |id: &str, caller: &str| {
+            server.snapshot_session(
+                Parameters(SnapshotSessionArgs {
+                    session_id: id.into(),
+                }),
+                as_caller(caller),
+            )
+        };
+        let first = snapshot(ID, "alice").await.unwrap();
+        let second = snapshot(ID, "alice").await.unwrap();
+        let ids: Vec<String> = [&first, &second]
+            .iter()
+            .map(|r| {
+                r.structured_content.as_ref().unwrap()["snapshot_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+
+        let list = |caller: &str| {
+            server.list_snapshots(Parameters(ListSnapshotsArgs {}), as_caller(caller))
+        };
+        let r = list("alice").await.unwrap();
+        let listed: Vec<&str> = r.structured_content.as_ref().unwrap()["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["snapshot_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(listed, [ids[0].as_str(), ids[1].as_str()]);
+        assert!(
+            text(&r).starts_with(&format!(
+                "2 snapshot(s)\nsnapshot {} of session {ID} after its call 0: python on provider runsc at isolation kernel, 4096 bytes",
+                ids[0]
+            )),
+            "{}",
+            text(&r)
+        );
+        let r = list("mallory").await.unwrap();
+        assert_eq!(r.structured_content.unwrap()["snapshots"], json!([]));
+
+        // Another caller's snapshot is not found, as an unknown one; nothing was restored.
+        let open = |id: &str, caller: &str| {
+            server.open_snapshot(
+                Parameters(OpenSnapshotArgs {
+                    snapshot_id: id.into(),
+                }),
+                as_caller(caller),
+            )
+        };
+        for (id, caller) in [(ids[0].as_str(), "mallory"), (SNAP, "alice")] {
+            let r = open(id, caller).await.unwrap();
+            assert_eq!(r.is_error, Some(true), "{}", text(&r));
+            let t = text(&r);
+            assert!(
+                t.starts_with("not dispatched (request): nothing ran")
+                    && t.contains("Code snapshot_not_found.")
+                    && t.contains("list_snapshots"),
+                "{t}"
+            );
+            let v = r.structured_content.unwrap();
+            assert_eq!(
+                (&v["code"], &v["nothing_ran"]),
+                (&json!("snapshot_not_found"), &json!(true))
+            );
+        }
+        let theirs = server
+            .delete_snapshot(
+                Parameters(DeleteSnapshotArgs {
+                    snapshot_id: ids[0].clone(),
+                }),
+                as_caller("mallory"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            theirs.structured_content.unwrap()["code"],
+            "snapshot_not_found"
+        );
+
+        // Deleted: gone from the list, and opening it is refused.
+        let r = server
+            .delete_snapshot(
+                Parameters(DeleteSnapshotArgs {
+                    snapshot_id: ids[0].clone(),
+                }),
+                as_caller("alice"),
+            )
+            .await
+            .unwrap();
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(
+            (&v["status"], &v["snapshot_id"]),
+            (&json!("deleted"), &json!(ids[0]))
+        );
+        assert!(
+            text(&r).starts_with(&format!("deleted snapshot {} of session {ID}", ids[0])),
+            "{}",
+            text(&r)
+        );
+        let r = list("alice").await.unwrap();
+        assert_eq!(
+            r.structured_content.unwrap()["snapshots"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        let r = open(&ids[0], "alice").await.unwrap();
+        assert_eq!(r.structured_content.unwrap()["code"], "snapshot_not_found");
+
+        // A session that cannot be saved: refused unsupported, with the backend's code.
+        for r in [
+            snapshot(JS_ID, "alice").await.unwrap(),
+            server
+                .fork_session(
+                    Parameters(ForkSessionArgs {
+                        session_id: JS_ID.into(),
+                        count: 1,
+                    }),
+                    as_caller("alice"),
+                )
+                .await
+                .unwrap(),
+        ] {
+            assert_eq!(r.is_error, Some(true), "{}", text(&r));
+            let t = text(&r);
+            assert!(
+                t.starts_with("not dispatched (unsupported): nothing ran")
+                    && t.contains("Code unsupported."),
+                "{t}"
+            );
+            let v = r.structured_content.unwrap();
+            assert_eq!(
+                (&v["code"], &v["reason"], &v["retry_safe"]),
+                (&json!("unsupported"), &json!("unsupported"), &json!(true))
+            );
+        }
+        // Another caller's session is not found.
+        let r = snapshot(ID, "mallory").await.unwrap();
+        assert_eq!(r.structured_content.unwrap()["code"], "session_not_found");
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_or_session_id_that_cannot_be_one_never_reaches_the_backend() {
+        let fake = Arc::new(Fake::default());
+        let server = PlimsollMcp::new(Arc::clone(&fake) as Arc<dyn Backend>);
+        opened_by(&fake, "local", ID);
+        let bad_snapshots = [
+            format!("{SNAP}/sessions"),
+            ID.to_owned(),
+            "snp_../../v1/runs".to_owned(),
+            String::new(),
+        ];
+        for bad in &bad_snapshots {
+            for r in [
+                server
+                    .open_snapshot(
+                        Parameters(OpenSnapshotArgs {
+                            snapshot_id: bad.clone(),
+                        }),
+                        Extensions::new(),
+                    )
+                    .await
+                    .unwrap(),
+                server
+                    .delete_snapshot(
+                        Parameters(DeleteSnapshotArgs {
+                            snapshot_id: bad.clone(),
+                        }),
+                        Extensions::new(),
+                    )
+                    .await
+                    .unwrap(),
+            ] {
+                assert!(
+                    text(&r).starts_with("not dispatched (request): nothing ran"),
+                    "{bad}: {}",
+                    text(&r)
+                );
+                assert_eq!(
+                    r.structured_content.unwrap()["code"],
+                    "snapshot_not_found",
+                    "{bad}"
+                );
+            }
+        }
+        let bad_session = format!("{ID}/snapshot");
+        let r = server
+            .snapshot_session(
+                Parameters(SnapshotSessionArgs {
+                    session_id: bad_session.clone(),
+                }),
+                Extensions::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.structured_content.unwrap()["code"], "session_not_found");
+        let r = server
+            .fork_session(
+                Parameters(ForkSessionArgs {
+                    session_id: bad_session,
+                    count: 2,
+                }),
+                Extensions::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.structured_content.unwrap()["code"], "session_not_found");
+        assert!(
+            fake.snapshot_ops.lock().unwrap().is_empty(),
+            "{:?}",
+            fake.snapshot_ops.lock().unwrap()
+        );
     }
 
     #[tokio::test]

@@ -905,20 +905,28 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
-/// The session tools of MCP: each call goes to the node that holds its `session_id`.
-const MCP_SESSION_TOOLS: [&str; 5] = [
+/// The session tools of MCP: each call goes to the node that holds its `session_id` (a
+/// snapshot or a fork is taken there, and a fork's copies live there).
+const MCP_SESSION_TOOLS: [&str; 7] = [
     "run_cell",
     "run_session_steps",
     "write_session_file",
     "read_session_file",
     "close_session",
+    "snapshot_session",
+    "fork_session",
 ];
 
+/// The snapshot tools of MCP that name one: each call goes to the node that holds its
+/// `snapshot_id` (the node whose daemon took it).
+const MCP_SNAPSHOT_TOOLS: [&str; 2] = ["open_snapshot", "delete_snapshot"];
+
 /// MCP (JSON-RPC over HTTP; each POST stands alone at a node). A tool call that runs goes
-/// where a run with its placement would go, a session's tool call to the session's node, and
-/// `list_sessions` is answered from every node's sessions; anything else (initialize,
-/// tools/list, list_providers, ...) goes to the least loaded ready node. What the router says
-/// itself (no node can take it, a node lost) comes back as the tool's error, as a node says it.
+/// where a run with its placement would go, a session's tool call to the session's node, a
+/// snapshot's to the snapshot's node, and `list_sessions` and `list_snapshots` are answered
+/// from every node's; anything else (initialize, tools/list, list_providers, ...) goes to the
+/// least loaded ready node. What the router says itself (no node can take it, a node lost)
+/// comes back as the tool's error, as a node says it.
 async fn mcp(State(st): State<AppState>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     if let Err(r) = authenticate(&st, &parts.headers) {
@@ -948,9 +956,42 @@ async fn mcp(State(st): State<AppState>, req: Request) -> Response {
                 None => least_loaded(&st, &parts, bytes).await,
             }
         }
+        Some(t) if MCP_SNAPSHOT_TOOLS.contains(&t) => {
+            match args.get("snapshot_id").and_then(|v| v.as_str()) {
+                Some(id) => {
+                    let like = Held::Snapshot.session_like(id);
+                    send_to_session(&st, &parts, bytes, &like, None, Held::Snapshot).await
+                }
+                // The node refuses it as it refuses any call without an id.
+                None => least_loaded(&st, &parts, bytes).await,
+            }
+        }
         Some("list_sessions") => {
             let (sessions, unanswered) = joined_sessions(&st, &parts.headers).await;
-            return mcp_sessions(&rpc, sessions, &unanswered);
+            return mcp_list(
+                &rpc,
+                "sessions",
+                sessions,
+                &unanswered,
+                plimsoll_mcp::render::session_list,
+            );
+        }
+        Some("list_snapshots") => {
+            let (snapshots, unanswered) = joined(
+                &st,
+                &parts.headers,
+                "/v1/snapshots",
+                "snapshots",
+                "created_unix_ms",
+            )
+            .await;
+            return mcp_list(
+                &rpc,
+                "snapshots",
+                snapshots,
+                &unanswered,
+                plimsoll_mcp::render::snapshot_list,
+            );
         }
         _ => least_loaded(&st, &parts, bytes).await,
     };
@@ -996,19 +1037,22 @@ fn mcp_tool_error(rpc: &serde_json::Value, said: &ErrorResponse) -> Response {
     mcp_result(rpc, structured, text, true)
 }
 
-/// `list_sessions` over MCP: the caller's sessions of every node, as a node lists its own.
-fn mcp_sessions(
+/// `list_sessions` or `list_snapshots` over MCP: the caller's sessions (or snapshots, `key`)
+/// of every node, as a node lists its own, with the nodes that did not answer.
+fn mcp_list<T: serde::de::DeserializeOwned>(
     rpc: &serde_json::Value,
-    sessions: Vec<serde_json::Value>,
+    key: &str,
+    items: Vec<serde_json::Value>,
     unanswered: &[String],
+    render: fn(&T) -> (serde_json::Value, String),
 ) -> Response {
-    let list = serde_json::json!({"protocol": PROTOCOL, "sessions": sessions});
-    match serde_json::from_value::<plimsoll_wire::SessionList>(list) {
+    let list = serde_json::json!({"protocol": PROTOCOL, key: items});
+    match serde_json::from_value::<T>(list) {
         Ok(list) => {
-            let (mut structured, mut text) = plimsoll_mcp::render::session_list(&list);
+            let (mut structured, mut text) = render(&list);
             if !unanswered.is_empty() {
                 text.push_str(&format!(
-                    "\nNodes that did not answer (their sessions are not listed): {}",
+                    "\nNodes that did not answer (their {key} are not listed): {}",
                     unanswered.join(", ")
                 ));
                 if let Some(o) = structured.as_object_mut() {
@@ -1024,7 +1068,7 @@ fn mcp_sessions(
                 request_id: None,
                 error: ErrorBody {
                     code: "internal".into(),
-                    message: format!("a node's session list does not parse: {e}"),
+                    message: format!("a node's {key} list does not parse: {e}"),
                     not_dispatched: Some(Reason::Environment),
                     end_reason: None,
                 },

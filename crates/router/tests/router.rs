@@ -395,6 +395,9 @@ fn snapshots_and_forks_go_to_the_node_that_holds_them() {
     assert_eq!(a.json()["record"]["session"]["origin"]["start"], "restored");
 }
 
+/// MCP through the router: runs placed, a session's calls at its node, `list_sessions` of
+/// every node; at runsc, a session's fork and snapshot taken at its node, a snapshot opened
+/// and deleted there, `list_snapshots` of every node.
 #[test]
 fn mcp_through_the_router_places_runs_and_follows_sessions() {
     let test = "mcp_through_the_router_places_runs_and_follows_sessions";
@@ -403,7 +406,15 @@ fn mcp_through_the_router_places_runs_and_follows_sessions() {
         nodes,
         cluster,
         ..
-    }) = Started::on_loopback(test, 2, &common::runc_settings(", \"process\""), "runc")
+    }) = Started::on_loopback(
+        test,
+        2,
+        &format!(
+            "{}[sessions]\nmax_total = 8\nmax_per_caller = 8\n",
+            common::runc_settings(", \"process\", \"runsc\"")
+        ),
+        "runc",
+    )
     else {
         return;
     };
@@ -483,6 +494,121 @@ fn mcp_through_the_router_places_runs_and_follows_sessions() {
     );
     assert_eq!(r["isError"], true, "{r}");
     assert_eq!(r["structuredContent"]["code"], "session_not_found", "{r}");
+
+    // Snapshots, at runsc: both nodes known to the router with it (its probe may finish
+    // after runc's).
+    if !common::provider_available(test, &nodes[0], &cluster.token, "runsc") {
+        return;
+    }
+    for n in &nodes {
+        router.wait_learned(&cluster.token, n);
+    }
+    let (r, holder) = tool(
+        10,
+        "open_session",
+        serde_json::json!({"language": "python", "provider": "runsc"}),
+    );
+    assert_ne!(r["isError"], true, "{r}");
+    let parent = r["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (r, node) = tool(
+        11,
+        "run_cell",
+        serde_json::json!({"session_id": parent, "code": "x = 41"}),
+    );
+    assert_ne!(r["isError"], true, "{r}");
+    assert_eq!(node, holder);
+    // A fork is taken at the session's node, and its copies live there.
+    let (r, node) = tool(
+        12,
+        "fork_session",
+        serde_json::json!({"session_id": parent, "count": 2}),
+    );
+    assert_ne!(r["isError"], true, "{r}");
+    assert_eq!(node, holder);
+    let copy = r["structuredContent"]["session_ids"][1]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (r, node) = tool(
+        13,
+        "run_cell",
+        serde_json::json!({"session_id": copy, "code": "print(x + 1)"}),
+    );
+    assert_eq!(
+        (&r["structuredContent"]["stdout"]["text"], node.as_str()),
+        (&serde_json::json!("42\n"), holder.as_str()),
+        "{r}"
+    );
+    assert_eq!(
+        r["structuredContent"]["session"]["origin"]["parent_session_id"],
+        parent.as_str(),
+        "{r}"
+    );
+    let (r, node) = tool(
+        14,
+        "snapshot_session",
+        serde_json::json!({"session_id": parent}),
+    );
+    assert_ne!(r["isError"], true, "{r}");
+    assert_eq!(node, holder);
+    let snapshot_id = r["structuredContent"]["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A snapshot's calls go to the node that took it.
+    let (r, node) = tool(
+        15,
+        "open_snapshot",
+        serde_json::json!({"snapshot_id": snapshot_id}),
+    );
+    assert_ne!(r["isError"], true, "{r}");
+    assert_eq!(node, holder);
+    assert_eq!(r["structuredContent"]["origin"]["start"], "restored", "{r}");
+    let (r, _) = tool(16, "list_snapshots", serde_json::json!({}));
+    assert_eq!(
+        r["structuredContent"]["snapshots"].as_array().map(Vec::len),
+        Some(2),
+        "{r}"
+    );
+    assert!(r.to_string().contains(&snapshot_id), "{r}");
+    let (r, node) = tool(
+        17,
+        "delete_snapshot",
+        serde_json::json!({"snapshot_id": snapshot_id}),
+    );
+    assert_ne!(r["isError"], true, "{r}");
+    assert_eq!(node, holder);
+    let (r, node) = tool(
+        18,
+        "open_snapshot",
+        serde_json::json!({"snapshot_id": snapshot_id}),
+    );
+    assert_eq!(
+        (
+            &r["isError"],
+            &r["structuredContent"]["code"],
+            node.as_str()
+        ),
+        (
+            &serde_json::json!(true),
+            &serde_json::json!("snapshot_not_found"),
+            holder.as_str()
+        ),
+        "{r}"
+    );
+    // An id no node gave: the router's own refusal, nothing ran.
+    let other = format!("snp_{}_{}", "0".repeat(16), "0".repeat(32));
+    let (r, node) = tool(
+        19,
+        "open_snapshot",
+        serde_json::json!({"snapshot_id": other}),
+    );
+    assert_eq!(r["structuredContent"]["code"], "snapshot_not_found", "{r}");
+    assert_eq!(r["structuredContent"]["nothing_ran"], true, "{r}");
+    assert!(node.is_empty(), "no node was asked");
 }
 
 #[test]
