@@ -534,6 +534,7 @@ impl Engine {
                 ),
             ));
         }
+        Engine::files_unchanged(&snap.parent, &snap.dir, &req.request_id)?;
         let policy = self.config.sessions;
         self.sessions.reserve(caller, 1, &policy, rid)?;
         let made = self.restore_copy(caller, &snap, SessionStart::Restored, &req.request_id);
@@ -622,9 +623,37 @@ impl Engine {
         ))
     }
 
+    /// Refused (not dispatched, `environment`) unless the snapshot in `dir` (its files under
+    /// `image/`) of `parent` still hashes to its digest: checked once before a session is
+    /// restored from files that may have lain on disk (a fork restores from the snapshot it
+    /// has just taken and digested).
+    pub(super) fn files_unchanged(
+        parent: &Parent,
+        dir: &Path,
+        request_id: &str,
+    ) -> Result<(), RunError> {
+        let refuse =
+            |message: String| RunError::refused(Some(request_id), Reason::Environment, message);
+        let (sha256, _) = files_digest(&dir.join("image")).map_err(|e| {
+            refuse(format!(
+                "cannot read the snapshot of session {}: {e}",
+                parent.session_id
+            ))
+        })?;
+        if sha256 != parent.sha256 {
+            tracing::error!(dir = %dir.display(), taken = %parent.sha256, now = %sha256, "a snapshot's files changed on disk; refusing to restore it");
+            return Err(refuse(format!(
+                "the snapshot's files changed on disk since it was taken (digest {} then, {sha256} now): it is not restored",
+                parent.sha256
+            )));
+        }
+        Ok(())
+    }
+
     /// A sandbox restored from the snapshot in `dir` (its files under `image/`) of `parent`
-    /// for `caller`: its files checked against the digest, the provider decided again as an
-    /// open is, the sandbox restored with the snapshot's uid, bounded by `lifetime`.
+    /// for `caller` (its files checked first by [`Engine::files_unchanged`] where they may
+    /// have changed): the provider decided again as an open is, the sandbox restored with the
+    /// snapshot's uid, bounded by `lifetime`.
     pub(super) fn restore_sandbox(
         &self,
         caller: &str,
@@ -635,25 +664,6 @@ impl Engine {
     ) -> Result<Restored, RunError> {
         let rid = Some(request_id);
         let refuse = |reason, message: String| RunError::refused(rid, reason, message);
-        let (sha256, _) = files_digest(&dir.join("image")).map_err(|e| {
-            refuse(
-                Reason::Environment,
-                format!(
-                    "cannot read the snapshot of session {}: {e}",
-                    parent.session_id
-                ),
-            )
-        })?;
-        if sha256 != parent.sha256 {
-            tracing::error!(dir = %dir.display(), taken = %parent.sha256, now = %sha256, "a snapshot's files changed on disk; refusing to restore it");
-            return Err(refuse(
-                Reason::Environment,
-                format!(
-                    "the snapshot's files changed on disk since it was taken (digest {} then, {sha256} now): it is not restored",
-                    parent.sha256
-                ),
-            ));
-        }
         let as_run = RunRequest {
             image: parent.image.as_ref().map(|i| i.identity.clone()),
             protocol: PROTOCOL,

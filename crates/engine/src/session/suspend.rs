@@ -170,14 +170,10 @@ impl Engine {
             ));
         }
         let opened = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        let request_id = format!("resume-{}", &parent.session_id[4..20]);
+        Engine::files_unchanged(&parent, dir, &request_id).map_err(|e| lost(e.to_string()))?;
         let restored = self
-            .restore_sandbox(
-                &parent.caller,
-                &parent,
-                dir,
-                lifetime - age,
-                &format!("resume-{}", &parent.session_id[4..20]),
-            )
+            .restore_sandbox(&parent.caller, &parent, dir, lifetime - age, &request_id)
             .map_err(|e| lost(e.to_string()))?;
         let origin = parent.origin(plimsoll_wire::SessionStart::Restored);
         Ok(parent.session(
