@@ -491,9 +491,15 @@ impl Session {
 
     /// The refusal, made here, of a call while the chain is in doubt.
     fn in_doubt(&self, request: &RunRequest) -> Result<(), ClientError> {
+        self.chain_known(&request.request_id)
+    }
+
+    /// The refusal, made here, of anything sent as `request_id` while the chain is in doubt
+    /// (a call, a snapshot, a fork: each answer is checked against the chain).
+    fn chain_known(&self, request_id: &str) -> Result<(), ClientError> {
         match &self.doubt {
             Some(earlier) => Err(ClientError::ChainInDoubt {
-                request_id: request.request_id.clone(),
+                request_id: request_id.to_owned(),
                 session_id: self.info.session_id.clone(),
                 earlier: earlier.clone(),
             }),

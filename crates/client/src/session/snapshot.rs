@@ -142,17 +142,6 @@ impl Session {
         }
     }
 
-    fn chain_known(&self, request_id: &str) -> Result<(), ClientError> {
-        match &self.doubt {
-            Some(earlier) => Err(ClientError::ChainInDoubt {
-                request_id: request_id.to_owned(),
-                session_id: self.info.session_id.clone(),
-                earlier: earlier.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
     /// A snapshot said to be of this session: of it, at its chain's place, at its provider.
     fn check_snapshot(&self, request_id: &str, snap: &SnapshotInfo) -> Result<(), ClientError> {
         let (calls, last) = &self.last;
